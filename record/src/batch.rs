@@ -1,0 +1,406 @@
+//! RecordBatch v2 header: parsing, validation and in-place rewrite.
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  base_offset             rewritten by the broker on append
+//!      8     4  batch_length            bytes after this field
+//!     12     4  partition_leader_epoch  rewritten by the broker on append
+//!     16     1  magic (= 2)
+//!     17     4  crc                     CRC-32C of bytes 21..end
+//!     21     2  attributes              compression, timestamp type, transactional, control
+//!     23     4  last_offset_delta
+//!     27     8  base_timestamp
+//!     35     8  max_timestamp
+//!     43     8  producer_id
+//!     51     2  producer_epoch
+//!     53     4  base_sequence
+//!     57     4  record_count
+//!     61     …  records (possibly compressed)
+//! ```
+
+use crate::{Error, Offset, Result};
+
+/// Size of the fixed batch header; the smallest valid batch (zero records) has this size.
+pub const BATCH_OVERHEAD: usize = 61;
+/// Bytes before the `batch_length` field ends: `base_offset` + `batch_length`.
+pub const LOG_OVERHEAD: usize = 12;
+/// `producer_id` of a batch written by a non-idempotent producer.
+pub const NO_PRODUCER_ID: i64 = -1;
+
+const BASE_OFFSET: usize = 0;
+const LENGTH: usize = 8;
+const LEADER_EPOCH: usize = 12;
+const MAGIC: usize = 16;
+const CRC: usize = 17;
+const ATTRIBUTES: usize = 21;
+const LAST_OFFSET_DELTA: usize = 23;
+const BASE_TIMESTAMP: usize = 27;
+const MAX_TIMESTAMP: usize = 35;
+const PRODUCER_ID: usize = 43;
+const PRODUCER_EPOCH: usize = 51;
+const BASE_SEQUENCE: usize = 53;
+const RECORD_COUNT: usize = 57;
+
+/// Compression codec of a batch (attribute bits 0–2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// Records are stored as is.
+    None = 0,
+    /// gzip.
+    Gzip = 1,
+    /// snappy (xerial framing, as Kafka writes it).
+    Snappy = 2,
+    /// LZ4 frame format.
+    Lz4 = 3,
+    /// zstd.
+    Zstd = 4,
+}
+
+impl Compression {
+    fn from_bits(bits: u8) -> Result<Self> {
+        Ok(match bits {
+            0 => Self::None,
+            1 => Self::Gzip,
+            2 => Self::Snappy,
+            3 => Self::Lz4,
+            4 => Self::Zstd,
+            other => return Err(Error::UnknownCompression(other)),
+        })
+    }
+}
+
+/// Meaning of the record timestamps (attribute bit 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimestampType {
+    /// Set by the producer.
+    CreateTime,
+    /// Set by the broker on append.
+    LogAppendTime,
+}
+
+/// The decoded fixed header of one batch whose framing and CRC have been checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchHeader {
+    /// Offset of the first record.
+    pub base_offset: Offset,
+    /// Bytes after the length field; the whole batch is `batch_length + 12` bytes.
+    pub batch_length: i32,
+    /// Leader epoch of the broker that appended the batch.
+    pub partition_leader_epoch: i32,
+    /// Raw attributes.
+    pub attributes: i16,
+    /// Offset of the last record minus `base_offset`.
+    pub last_offset_delta: i32,
+    /// Timestamp of the first record.
+    pub base_timestamp: i64,
+    /// Largest timestamp in the batch.
+    pub max_timestamp: i64,
+    /// Idempotent producer id, or [`NO_PRODUCER_ID`].
+    pub producer_id: i64,
+    /// Idempotent producer epoch.
+    pub producer_epoch: i16,
+    /// Sequence number of the first record.
+    pub base_sequence: i32,
+    /// Number of records.
+    pub record_count: i32,
+}
+
+impl BatchHeader {
+    /// Parses and validates the batch at the start of `buf` (framing, magic, CRC-32C).
+    /// Returns the header; the batch occupies `header.size()` bytes of `buf`.
+    ///
+    /// Records inside a compressed batch are not looked at; for an uncompressed one
+    /// call [`BatchHeader::validate_records`] to check them too.
+    pub fn parse(buf: &[u8]) -> Result<Self> {
+        let header = Self::parse_unchecked(buf)?;
+        let size = header.size();
+        if buf.len() < size {
+            return Err(Error::Truncated { needed: size, available: buf.len() });
+        }
+        let stored = u32_at(buf, CRC);
+        let computed = crc32c::crc32c(&buf[ATTRIBUTES..size]);
+        if stored != computed {
+            return Err(Error::CrcMismatch { stored, computed });
+        }
+        Ok(header)
+    }
+
+    /// Parses the header fields and checks framing and magic, without reading the
+    /// body or checking the CRC. Used to find batch boundaries quickly in data that
+    /// was validated before (a segment below its recovery point).
+    pub fn parse_unchecked(buf: &[u8]) -> Result<Self> {
+        if buf.len() < BATCH_OVERHEAD {
+            // Report the real need once the length field is readable.
+            let needed = if buf.len() >= LOG_OVERHEAD {
+                (i32_at(buf, LENGTH).max(0) as usize + LOG_OVERHEAD).max(BATCH_OVERHEAD)
+            } else {
+                BATCH_OVERHEAD
+            };
+            return Err(Error::Truncated { needed, available: buf.len() });
+        }
+        let batch_length = i32_at(buf, LENGTH);
+        if batch_length < (BATCH_OVERHEAD - LOG_OVERHEAD) as i32 {
+            return Err(Error::InvalidLength(batch_length));
+        }
+        let magic = buf[MAGIC] as i8;
+        if magic != 2 {
+            return Err(Error::UnsupportedMagic(magic));
+        }
+        let header = Self {
+            base_offset: i64_at(buf, BASE_OFFSET),
+            batch_length,
+            partition_leader_epoch: i32_at(buf, LEADER_EPOCH),
+            attributes: i16_at(buf, ATTRIBUTES),
+            last_offset_delta: i32_at(buf, LAST_OFFSET_DELTA),
+            base_timestamp: i64_at(buf, BASE_TIMESTAMP),
+            max_timestamp: i64_at(buf, MAX_TIMESTAMP),
+            producer_id: i64_at(buf, PRODUCER_ID),
+            producer_epoch: i16_at(buf, PRODUCER_EPOCH),
+            base_sequence: i32_at(buf, BASE_SEQUENCE),
+            record_count: i32_at(buf, RECORD_COUNT),
+        };
+        Compression::from_bits((header.attributes & 0x07) as u8)?;
+        if header.record_count < 0 {
+            return Err(Error::RecordCountMismatch { count: header.record_count, detail: "negative" });
+        }
+        if header.last_offset_delta < 0 || header.record_count > header.last_offset_delta.saturating_add(1) {
+            return Err(Error::RecordCountMismatch {
+                count: header.record_count,
+                detail: "more records than the offset range last_offset_delta allows",
+            });
+        }
+        Ok(header)
+    }
+
+    /// Total size of the batch in bytes, including offset and length fields.
+    pub fn size(&self) -> usize {
+        self.batch_length as usize + LOG_OVERHEAD
+    }
+
+    /// Offset of the last record.
+    pub fn last_offset(&self) -> Offset {
+        self.base_offset + self.last_offset_delta as i64
+    }
+
+    /// Offset after the last record.
+    pub fn next_offset(&self) -> Offset {
+        self.last_offset() + 1
+    }
+
+    /// Compression codec.
+    pub fn compression(&self) -> Compression {
+        // parse_unchecked rejected unknown codecs.
+        Compression::from_bits((self.attributes & 0x07) as u8).unwrap_or(Compression::None)
+    }
+
+    /// Timestamp type.
+    pub fn timestamp_type(&self) -> TimestampType {
+        if self.attributes & 0x08 != 0 {
+            TimestampType::LogAppendTime
+        } else {
+            TimestampType::CreateTime
+        }
+    }
+
+    /// Whether the batch belongs to a transaction.
+    pub fn is_transactional(&self) -> bool {
+        self.attributes & 0x10 != 0
+    }
+
+    /// Whether the batch holds control records (transaction markers).
+    pub fn is_control(&self) -> bool {
+        self.attributes & 0x20 != 0
+    }
+
+    /// For an uncompressed batch, walks every record and checks that there are exactly
+    /// `record_count` of them, that they fill the batch exactly, and that their offset
+    /// deltas stay within `last_offset_delta`. Compressed batches are accepted as is.
+    pub fn validate_records(&self, batch: &[u8]) -> Result<()> {
+        if self.compression() != Compression::None {
+            return Ok(());
+        }
+        let mut seen = 0i32;
+        let mut records = crate::records::Records::new(&batch[BATCH_OVERHEAD..self.size()], BATCH_OVERHEAD);
+        for record in &mut records {
+            let record = record?;
+            if record.offset_delta < 0 || record.offset_delta > self.last_offset_delta {
+                return Err(Error::MalformedRecord {
+                    position: record.position,
+                    detail: "offset delta outside the batch",
+                });
+            }
+            seen += 1;
+            if seen > self.record_count {
+                return Err(Error::RecordCountMismatch {
+                    count: self.record_count,
+                    detail: "batch holds more records",
+                });
+            }
+        }
+        if seen != self.record_count {
+            return Err(Error::RecordCountMismatch { count: self.record_count, detail: "batch holds fewer records" });
+        }
+        Ok(())
+    }
+}
+
+/// Rewrites the base offset of the batch at the start of `batch`. The CRC does not
+/// cover this field, so the batch stays valid.
+pub fn set_base_offset(batch: &mut [u8], base_offset: Offset) {
+    batch[BASE_OFFSET..BASE_OFFSET + 8].copy_from_slice(&base_offset.to_be_bytes());
+}
+
+/// Rewrites the partition leader epoch of the batch at the start of `batch`. The CRC
+/// does not cover this field, so the batch stays valid.
+pub fn set_partition_leader_epoch(batch: &mut [u8], epoch: i32) {
+    batch[LEADER_EPOCH..LEADER_EPOCH + 4].copy_from_slice(&epoch.to_be_bytes());
+}
+
+/// Rewrites the max timestamp and sets the LogAppendTime attribute bit, then
+/// recomputes the CRC (both fields are covered by it).
+pub fn set_log_append_time(batch: &mut [u8], timestamp: i64) {
+    let attributes = i16_at(batch, ATTRIBUTES) | 0x08;
+    batch[ATTRIBUTES..ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
+    batch[MAX_TIMESTAMP..MAX_TIMESTAMP + 8].copy_from_slice(&timestamp.to_be_bytes());
+    let size = i32_at(batch, LENGTH) as usize + LOG_OVERHEAD;
+    let crc = crc32c::crc32c(&batch[ATTRIBUTES..size]);
+    batch[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// Iterates over the batches in `buf`, validating each one (framing, magic, CRC,
+/// and records of uncompressed batches). Yields `(header, bytes_of_that_batch)`.
+/// Stops at the first error, which it yields once.
+pub fn batches(buf: &[u8]) -> Batches<'_> {
+    Batches { buf, failed: false }
+}
+
+/// Iterator returned by [`batches`].
+#[derive(Debug)]
+pub struct Batches<'a> {
+    buf: &'a [u8],
+    failed: bool,
+}
+
+impl<'a> Iterator for Batches<'a> {
+    type Item = Result<(BatchHeader, &'a [u8])>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.buf.is_empty() || self.failed {
+            return None;
+        }
+        let result = BatchHeader::parse(self.buf).and_then(|h| {
+            let (batch, rest) = self.buf.split_at(h.size());
+            h.validate_records(batch)?;
+            self.buf = rest;
+            Ok((h, batch))
+        });
+        self.failed = result.is_err();
+        Some(result)
+    }
+}
+
+pub(crate) fn i16_at(buf: &[u8], at: usize) -> i16 {
+    i16::from_be_bytes([buf[at], buf[at + 1]])
+}
+
+pub(crate) fn i32_at(buf: &[u8], at: usize) -> i32 {
+    i32::from_be_bytes(buf[at..at + 4].try_into().expect("invariant: 4-byte slice"))
+}
+
+fn u32_at(buf: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(buf[at..at + 4].try_into().expect("invariant: 4-byte slice"))
+}
+
+pub(crate) fn i64_at(buf: &[u8], at: usize) -> i64 {
+    i64::from_be_bytes(buf[at..at + 8].try_into().expect("invariant: 8-byte slice"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BatchBuilder;
+
+    fn sample(n: usize) -> Vec<u8> {
+        let mut b = BatchBuilder::new(1_000);
+        for i in 0..n {
+            b.append(1_000 + i as i64, Some(format!("k{i}").as_bytes()), Some(b"value"), &[]);
+        }
+        b.build().to_vec()
+    }
+
+    #[test]
+    fn parses_a_built_batch() {
+        let buf = sample(3);
+        let h = BatchHeader::parse(&buf).unwrap();
+        assert_eq!(h.size(), buf.len());
+        assert_eq!(h.record_count, 3);
+        assert_eq!(h.last_offset_delta, 2);
+        assert_eq!(h.max_timestamp, 1_002);
+        h.validate_records(&buf).unwrap();
+    }
+
+    #[test]
+    fn offset_and_epoch_rewrite_keep_the_crc_valid() {
+        let mut buf = sample(2);
+        set_base_offset(&mut buf, 42);
+        set_partition_leader_epoch(&mut buf, 7);
+        let h = BatchHeader::parse(&buf).unwrap();
+        assert_eq!((h.base_offset, h.partition_leader_epoch, h.next_offset()), (42, 7, 44));
+    }
+
+    #[test]
+    fn log_append_time_rewrite_recomputes_the_crc() {
+        let mut buf = sample(2);
+        set_log_append_time(&mut buf, 99);
+        let h = BatchHeader::parse(&buf).unwrap();
+        assert_eq!((h.max_timestamp, h.timestamp_type()), (99, TimestampType::LogAppendTime));
+    }
+
+    #[test]
+    fn rejects_every_single_bit_flip_in_the_crc_range() {
+        let buf = sample(2);
+        for byte in ATTRIBUTES..buf.len() {
+            let mut bad = buf.clone();
+            bad[byte] ^= 0x01;
+            assert!(BatchHeader::parse(&bad).is_err(), "flip at byte {byte} accepted");
+        }
+    }
+
+    #[test]
+    fn rejects_short_and_lying_lengths() {
+        let buf = sample(1);
+        assert!(matches!(BatchHeader::parse(&buf[..10]), Err(Error::Truncated { .. })));
+        assert!(matches!(BatchHeader::parse(&buf[..buf.len() - 1]), Err(Error::Truncated { .. })));
+        let mut bad = buf.clone();
+        bad[LENGTH..LENGTH + 4].copy_from_slice(&10i32.to_be_bytes());
+        assert_eq!(BatchHeader::parse(&bad), Err(Error::InvalidLength(10)));
+        let mut bad = buf.clone();
+        bad[MAGIC] = 1;
+        assert_eq!(BatchHeader::parse(&bad), Err(Error::UnsupportedMagic(1)));
+    }
+
+    #[test]
+    fn rejects_a_record_count_that_lies() {
+        for lie in [0i32, 2, 5] {
+            let mut buf = sample(3);
+            buf[RECORD_COUNT..RECORD_COUNT + 4].copy_from_slice(&lie.to_be_bytes());
+            let crc = crc32c::crc32c(&buf[ATTRIBUTES..]);
+            buf[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
+            let h = BatchHeader::parse(&buf);
+            let err = h.and_then(|h| h.validate_records(&buf)).unwrap_err();
+            assert!(matches!(err, Error::RecordCountMismatch { .. }), "{lie}: {err}");
+        }
+    }
+
+    #[test]
+    fn batches_iterates_and_stops_at_the_first_bad_one() {
+        let mut buf = sample(1);
+        buf.extend(sample(2));
+        let good = buf.len();
+        buf.extend(&sample(1)[..20]);
+        let items: Vec<_> = batches(&buf).collect();
+        assert_eq!(items.len(), 3);
+        assert_eq!(items[0].as_ref().unwrap().1.len() + items[1].as_ref().unwrap().1.len(), good);
+        assert!(items[2].is_err());
+    }
+}

@@ -1,0 +1,83 @@
+//! `cargo xtask test`: install what the tests need on a fresh Debian machine, then run
+//! every test of the workspace. `.ci/run` calls exactly this.
+//!
+//! Provisioning is idempotent: each tool is looked for first and installed only when
+//! missing, so a developer machine that already has them pays nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// Debian packages the integration tests run: a real ZooKeeper server, kcat
+/// (librdkafka) as an independent Kafka client, and nc for health checks.
+const APT_PACKAGES: &[(&str, &str)] = &[
+    ("kcat", "/usr/bin/kcat"),
+    ("zookeeper", "/usr/share/java/zookeeper.jar"),
+    ("netcat-openbsd", "/bin/nc.openbsd"),
+    ("python3-venv", "/usr/share/doc/python3-venv"),
+];
+
+/// Python packages installed into `target/venv` for independent client tests.
+const PYTHON_PACKAGES: &[&str] = &["confluent-kafka==2.*", "kafka-python==2.*"];
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("test") => test(&args[1..]),
+        Some("provision") => provision(),
+        _ => {
+            eprintln!("usage: cargo xtask test [-- cargo test args]\n       cargo xtask provision");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn test(extra: &[String]) -> Result<()> {
+    provision()?;
+    let root = root();
+    let venv = root.join("target/venv");
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(&root).args(["test", "--workspace", "--no-fail-fast"]).args(extra);
+    // Tests find the independent Python clients here.
+    cmd.env("FJORD_TEST_PYTHON", venv.join("bin/python"));
+    run(&mut cmd)
+}
+
+fn provision() -> Result<()> {
+    let missing: Vec<&str> =
+        APT_PACKAGES.iter().filter(|(_, probe)| !Path::new(probe).exists()).map(|(pkg, _)| *pkg).collect();
+    if !missing.is_empty() {
+        eprintln!("xtask: installing {}", missing.join(" "));
+        run(Command::new("apt-get").arg("update").arg("-qq"))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+        .context("apt-get install failed: the integration tests need these packages (run as root)")?;
+    }
+    let venv = root().join("target/venv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        eprintln!("xtask: creating the Python venv for independent clients in target/venv");
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    }
+    let have = Command::new(&python).args(["-c", "import confluent_kafka, kafka"]).output()?;
+    if !have.status.success() {
+        run(Command::new(&python).args(["-m", "pip", "install", "--quiet"]).args(PYTHON_PACKAGES))
+            .context("pip install of the Python Kafka clients failed")?;
+    }
+    Ok(())
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("could not start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
