@@ -1,14 +1,15 @@
-//! A builder for uncompressed RecordBatch v2 batches.
+//! A builder for RecordBatch v2 batches.
 //!
 //! Records are encoded straight into one buffer that already has room for the header,
-//! so building a batch is one pass over the payload plus one CRC pass.
+//! so building a batch is one pass over the payload plus one CRC pass. A compressed batch
+//! is the same records section run through a codec once, at [`BatchBuilder::build_compressed`].
 
 use bytes::Bytes;
 
-use crate::batch::{BATCH_OVERHEAD, LOG_OVERHEAD, NO_PRODUCER_ID};
+use crate::batch::{Compression, BATCH_OVERHEAD, LOG_OVERHEAD, NO_PRODUCER_ID};
 use crate::varint::{put_varint, put_varlong, varlong_len};
 
-/// Builds one uncompressed batch. Offsets start at delta 0; the broker assigns the
+/// Builds one batch (uncompressed, or compressed at the end). Offsets start at delta 0; the broker assigns the
 /// real base offset on append.
 #[derive(Debug, Clone)]
 pub struct BatchBuilder {
@@ -102,6 +103,26 @@ impl BatchBuilder {
 
     /// Like [`BatchBuilder::build`], as a `Vec`.
     pub fn build_vec(mut self) -> Vec<u8> {
+        self.write_header(Compression::None);
+        self.buf
+    }
+
+    /// Compresses the records section with `codec` and returns the finished batch. The
+    /// header (offsets, timestamps, count) describes the records as appended.
+    pub fn build_compressed(mut self, codec: Compression) -> crate::Result<Bytes> {
+        if codec == Compression::None {
+            return Ok(self.build());
+        }
+        let mut out = Vec::with_capacity(BATCH_OVERHEAD + self.buf.len() / 2);
+        out.resize(BATCH_OVERHEAD, 0);
+        crate::compression::compress(codec, &self.buf[BATCH_OVERHEAD..], &mut out)?;
+        self.buf = out;
+        self.write_header(codec);
+        Ok(self.buf.into())
+    }
+
+    /// Fills in the header of `self.buf`, whose records section is final, and the CRC.
+    fn write_header(&mut self, codec: Compression) {
         let batch_length = (self.buf.len() - LOG_OVERHEAD) as i32;
         let last_offset_delta = (self.count - 1).max(0);
         let mut h = Vec::with_capacity(BATCH_OVERHEAD);
@@ -110,7 +131,7 @@ impl BatchBuilder {
         h.extend_from_slice(&(-1i32).to_be_bytes()); // partition leader epoch
         h.push(2); // magic
         h.extend_from_slice(&[0; 4]); // crc, below
-        h.extend_from_slice(&0i16.to_be_bytes()); // attributes: no compression, create time
+        h.extend_from_slice(&(codec as i16).to_be_bytes()); // attributes: codec bits, create time
         h.extend_from_slice(&last_offset_delta.to_be_bytes());
         h.extend_from_slice(&self.base_timestamp.to_be_bytes());
         h.extend_from_slice(&self.max_timestamp.to_be_bytes());
@@ -121,7 +142,6 @@ impl BatchBuilder {
         self.buf[..BATCH_OVERHEAD].copy_from_slice(&h);
         let crc = crc32c::crc32c(&self.buf[21..]);
         self.buf[17..21].copy_from_slice(&crc.to_be_bytes());
-        self.buf
     }
 }
 

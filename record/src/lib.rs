@@ -5,8 +5,11 @@
 //! - [`batch`]: a validated, zero-copy view of one batch header ([`BatchHeader`]),
 //!   CRC-32C checking, and the in-place rewrite of the fields the broker owns
 //!   (base offset, partition leader epoch), which the CRC deliberately does not cover.
-//! - [`records`]: iteration over the records of an uncompressed batch.
-//! - [`builder`]: a fast builder for uncompressed batches.
+//! - [`records`]: iteration over the records of an uncompressed batch (or of the
+//!   records section that [`compression::records_body`] decompressed).
+//! - [`builder`]: a fast batch builder (uncompressed, or compressed once at the end).
+//! - [`compression`]: the gzip, snappy (xerial), lz4 (frame) and zstd codecs, bounded
+//!   decompression, and the records section of a possibly compressed batch.
 //! - [`varint`]: the zig-zag varints used inside records.
 //!
 //! # Invariants
@@ -17,6 +20,7 @@
 
 pub mod batch;
 pub mod builder;
+pub mod compression;
 pub mod records;
 pub mod varint;
 
@@ -102,6 +106,22 @@ pub enum Error {
     /// Compression codec bits hold a value Kafka does not define.
     #[error("unknown compression codec {0}")]
     UnknownCompression(u8),
+    /// A codec failed to compress (only I/O into memory, so practically never).
+    #[error("{codec:?} compression failed: {detail}")]
+    Compression {
+        /// The codec.
+        codec: Compression,
+        /// The codec's message.
+        detail: String,
+    },
+    /// A compressed records section is corrupt or expands beyond the allowed size.
+    #[error("{codec:?} decompression failed: {detail}")]
+    Decompression {
+        /// The codec.
+        codec: Compression,
+        /// What went wrong.
+        detail: String,
+    },
 }
 
 /// `Result` with this crate's [`Error`].
