@@ -1,0 +1,71 @@
+//! The registry paths of ARCHITECTURE.md, relative to the store's root (ZooKeeper
+//! backends apply the chroot, `/fjord` by default).
+
+/// Default ZooKeeper chroot for a Fjord cluster.
+pub const DEFAULT_CHROOT: &str = "/fjord";
+/// Parent of the live brokers' ephemeral registrations.
+pub const BROKER_IDS: &str = "/brokers/ids";
+/// Parent of the topic assignments.
+pub const TOPICS: &str = "/brokers/topics";
+/// Parent of the topic config overrides.
+pub const TOPIC_CONFIGS: &str = "/config/topics";
+/// Ephemeral node of the active controller.
+pub const CONTROLLER: &str = "/controller";
+/// Persistent, monotonic controller epoch.
+pub const CONTROLLER_EPOCH: &str = "/controller_epoch";
+/// Parent of the consumer groups' registries.
+pub const CONSUMERS: &str = "/consumers";
+/// Parent of schemas by global id.
+pub const SCHEMA_IDS: &str = "/schemas/ids";
+/// Parent of schema subjects.
+pub const SCHEMA_SUBJECTS: &str = "/schemas/subjects";
+
+/// `/brokers/ids/<id>`: a live broker's registration (ephemeral).
+pub fn broker(id: i32) -> String {
+    format!("{BROKER_IDS}/{id}")
+}
+
+/// `/brokers/topics/<topic>`: the replica assignment.
+pub fn topic(topic: &str) -> String {
+    format!("{TOPICS}/{topic}")
+}
+
+/// `/brokers/topics/<topic>/partitions/<p>/state`: leader, epoch, ISR.
+pub fn partition_state(topic: &str, partition: i32) -> String {
+    format!("{TOPICS}/{topic}/partitions/{partition}/state")
+}
+
+/// `/config/topics/<topic>`: topic config overrides.
+pub fn topic_config(topic: &str) -> String {
+    format!("{TOPIC_CONFIGS}/{topic}")
+}
+
+/// `/consumers/<group>/coordinator`: the group's coordinator (ephemeral).
+pub fn group_coordinator(group: &str) -> String {
+    format!("{CONSUMERS}/{group}/coordinator")
+}
+
+/// `/consumers/<group>/owners/<topic>/<p>`: the partition's owner (ephemeral).
+pub fn group_owner(group: &str, topic: &str, partition: i32) -> String {
+    format!("{CONSUMERS}/{group}/owners/{topic}/{partition}")
+}
+
+/// `/consumers/<group>/offsets/<topic>/<p>`: the committed offset (persistent).
+pub fn group_offset(group: &str, topic: &str, partition: i32) -> String {
+    format!("{CONSUMERS}/{group}/offsets/{topic}/{partition}")
+}
+
+/// `/schemas/ids/<id>`: a schema by global id.
+pub fn schema_id(id: i32) -> String {
+    format!("{SCHEMA_IDS}/{id}")
+}
+
+/// `/schemas/subjects/<subject>`: a subject.
+pub fn subject(subject: &str) -> String {
+    format!("{SCHEMA_SUBJECTS}/{subject}")
+}
+
+/// `/schemas/subjects/<subject>/versions/<v>`: one version of a subject.
+pub fn subject_version(subject: &str, version: i32) -> String {
+    format!("{SCHEMA_SUBJECTS}/{subject}/versions/{version}")
+}

@@ -1,0 +1,71 @@
+//! The JSON documents stored at the registry paths, and typed reads and writes.
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, MetadataStore, Result, Stat};
+
+/// `/brokers/ids/<id>`: where a live broker can be reached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerRegistration {
+    /// Advertised host.
+    pub host: String,
+    /// Advertised port.
+    pub port: u16,
+    /// Rack, for rack-aware replica placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack: Option<String>,
+    /// Listener URLs, e.g. `PLAINTEXT://host:port`.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+}
+
+/// `/brokers/topics/<topic>`: replicas of each partition, the first one preferred leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TopicAssignment {
+    /// Partition number (as a string, as Kafka writes it) → replica broker ids.
+    pub partitions: BTreeMap<String, Vec<i32>>,
+}
+
+impl TopicAssignment {
+    /// Number of partitions.
+    pub fn partition_count(&self) -> usize {
+        self.partitions.len()
+    }
+
+    /// Replicas of `partition`.
+    pub fn replicas(&self, partition: i32) -> Option<&[i32]> {
+        self.partitions.get(&partition.to_string()).map(Vec::as_slice)
+    }
+}
+
+/// `/brokers/topics/<topic>/partitions/<p>/state`: who leads and who is in sync.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionState {
+    /// Leader broker id, -1 when none.
+    pub leader: i32,
+    /// Incremented at every leader change; fences stale leaders.
+    pub leader_epoch: i32,
+    /// In-sync replicas.
+    pub isr: Vec<i32>,
+    /// Epoch of the controller that wrote this state.
+    pub controller_epoch: i32,
+}
+
+/// Reads and decodes the JSON document at `path`, with its stat.
+pub async fn read_json<T: DeserializeOwned>(store: &dyn MetadataStore, path: &str) -> Result<Option<(T, Stat)>> {
+    match store.get(path).await? {
+        None => Ok(None),
+        Some((data, stat)) => {
+            let value = serde_json::from_slice(&data).map_err(|source| Error::Codec { path: path.into(), source })?;
+            Ok(Some((value, stat)))
+        }
+    }
+}
+
+/// Encodes `value` as the JSON document for a node.
+pub fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("invariant: registry documents always serialize")
+}

@@ -1,0 +1,206 @@
+//! The ZooKeeper backend, over the `zookeeper-client` crate.
+//!
+//! A handle owns one ZooKeeper session at a time. When the session expires, the
+//! operation that saw it fails with [`Error::SessionExpired`], every outstanding watch
+//! resolves to [`WatchEvent::SessionLost`], and the next operation opens a new
+//! session: callers re-register their ephemerals and re-read what they watched, so
+//! nothing acts on a view from the dead session.
+
+use std::time::Duration;
+
+use tokio::sync::RwLock;
+use zookeeper_client as zk;
+
+use crate::{CreateMode, Error, MetadataStore, Result, Stat, Watch, WatchEvent};
+
+/// Default session timeout, as in Kafka's `zookeeper.session.timeout.ms`.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(18);
+
+/// A metadata store on a ZooKeeper ensemble, under a chroot.
+#[derive(Debug)]
+pub struct ZooKeeperStore {
+    hosts: String,
+    chroot: String,
+    session_timeout: Duration,
+    client: RwLock<zk::Client>,
+}
+
+impl ZooKeeperStore {
+    /// Connects to `connect` (`host:port[,host:port...][/chroot]`, optionally prefixed
+    /// with `zk://`); the chroot defaults to `/fjord` and is created when missing.
+    pub async fn connect(connect: &str, session_timeout: Duration) -> Result<Self> {
+        let connect = connect.strip_prefix("zk://").unwrap_or(connect);
+        let (hosts, chroot) = match connect.find('/') {
+            Some(at) => (&connect[..at], &connect[at..]),
+            None => (connect, crate::paths::DEFAULT_CHROOT),
+        };
+        if hosts.is_empty() {
+            return Err(Error::ZooKeeper(format!("no ZooKeeper host in {connect:?}")));
+        }
+        crate::validate_path(chroot)?;
+        let store = Self {
+            hosts: hosts.to_string(),
+            chroot: chroot.to_string(),
+            session_timeout,
+            client: RwLock::new(Self::new_session(hosts, chroot, session_timeout).await?),
+        };
+        Ok(store)
+    }
+
+    async fn new_session(hosts: &str, chroot: &str, session_timeout: Duration) -> Result<zk::Client> {
+        let connector = || zk::Client::connector().with_session_timeout(session_timeout).with_fail_eagerly();
+        let root = connector().connect(hosts).await.map_err(|e| map_error(e, hosts))?;
+        if chroot != "/" {
+            let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            match root.mkdir(chroot, &options).await {
+                Ok(()) | Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(map_error(e, chroot)),
+            }
+        }
+        connector().connect(&format!("{hosts}{}", if chroot == "/" { "" } else { chroot })).await.map_err(|e| map_error(e, hosts))
+    }
+
+    /// The current client, replacing it first if its session has ended.
+    async fn client(&self) -> Result<zk::Client> {
+        let client = self.client.read().await.clone();
+        if !client.state().is_terminated() {
+            return Ok(client);
+        }
+        let mut slot = self.client.write().await;
+        if slot.state().is_terminated() {
+            tracing::warn!(session = slot.session_id().0, "ZooKeeper session ended; opening a new one");
+            *slot = Self::new_session(&self.hosts, &self.chroot, self.session_timeout).await?;
+        }
+        Ok(slot.clone())
+    }
+}
+
+fn map_error(error: zk::Error, path: &str) -> Error {
+    let path = path.to_string();
+    match error {
+        zk::Error::NoNode => Error::NoNode { path },
+        zk::Error::NodeExists => Error::NodeExists { path },
+        zk::Error::BadVersion => Error::BadVersion { path, expected: -1, actual: -1 },
+        zk::Error::NotEmpty => Error::NotEmpty { path },
+        zk::Error::NoChildrenForEphemerals => Error::NoChildrenForEphemerals { path },
+        zk::Error::SessionExpired | zk::Error::ClientClosed => Error::SessionExpired,
+        zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::NoHosts => Error::ConnectionLoss,
+        other => Error::ZooKeeper(format!("{other} (at {path})")),
+    }
+}
+
+fn stat(s: &zk::Stat) -> Stat {
+    Stat {
+        version: s.version,
+        cversion: s.cversion,
+        ephemeral_owner: s.ephemeral_owner,
+        num_children: s.num_children,
+        ctime_ms: s.ctime,
+        mtime_ms: s.mtime,
+    }
+}
+
+/// Turns a ZooKeeper one-shot watcher into a [`Watch`].
+fn watch(watcher: zk::OneshotWatcher) -> Watch {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let event = watcher.changed().await;
+        let event = match event.event_type {
+            zk::EventType::NodeCreated => WatchEvent::Created,
+            zk::EventType::NodeDeleted => WatchEvent::Deleted,
+            zk::EventType::NodeDataChanged => WatchEvent::DataChanged,
+            zk::EventType::NodeChildrenChanged => WatchEvent::ChildrenChanged,
+            zk::EventType::Session => WatchEvent::SessionLost,
+        };
+        let _ = tx.send(event); // the watcher may have stopped caring
+    });
+    Watch::new(rx)
+}
+
+#[async_trait::async_trait]
+impl MetadataStore for ZooKeeperStore {
+    async fn create(&self, path: &str, data: &[u8], mode: CreateMode) -> Result<String> {
+        crate::validate_path(path)?;
+        let zk_mode = match mode {
+            CreateMode::Persistent => zk::CreateMode::Persistent,
+            CreateMode::Ephemeral => zk::CreateMode::Ephemeral,
+            CreateMode::PersistentSequential => zk::CreateMode::PersistentSequential,
+            CreateMode::EphemeralSequential => zk::CreateMode::EphemeralSequential,
+        };
+        let options = zk_mode.with_acls(zk::Acls::anyone_all());
+        let client = self.client().await?;
+        let (_, sequence) = client.create(path, data, &options).await.map_err(|e| map_error(e, path))?;
+        Ok(if mode.is_sequential() { format!("{path}{sequence}") } else { path.to_string() })
+    }
+
+    async fn get(&self, path: &str) -> Result<Option<(Vec<u8>, Stat)>> {
+        crate::validate_path(path)?;
+        match self.client().await?.get_data(path).await {
+            Ok((data, s)) => Ok(Some((data, stat(&s)))),
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(map_error(e, path)),
+        }
+    }
+
+    async fn exists(&self, path: &str) -> Result<Option<Stat>> {
+        crate::validate_path(path)?;
+        let s = self.client().await?.check_stat(path).await.map_err(|e| map_error(e, path))?;
+        Ok(s.as_ref().map(stat))
+    }
+
+    async fn set(&self, path: &str, data: &[u8], expected_version: Option<i32>) -> Result<Stat> {
+        crate::validate_path(path)?;
+        let client = self.client().await?;
+        match client.set_data(path, data, expected_version).await {
+            Ok(s) => Ok(stat(&s)),
+            Err(zk::Error::BadVersion) => {
+                let actual = client.check_stat(path).await.ok().flatten().map_or(-1, |s| s.version);
+                Err(Error::BadVersion { path: path.into(), expected: expected_version.unwrap_or(-1), actual })
+            }
+            Err(e) => Err(map_error(e, path)),
+        }
+    }
+
+    async fn delete(&self, path: &str, expected_version: Option<i32>) -> Result<()> {
+        crate::validate_path(path)?;
+        self.client().await?.delete(path, expected_version).await.map_err(|e| map_error(e, path))
+    }
+
+    async fn children(&self, path: &str) -> Result<Vec<String>> {
+        crate::validate_path(path)?;
+        let mut children = self.client().await?.list_children(path).await.map_err(|e| map_error(e, path))?;
+        children.sort();
+        Ok(children)
+    }
+
+    async fn watch_data(&self, path: &str) -> Result<(Option<(Vec<u8>, Stat)>, Watch)> {
+        crate::validate_path(path)?;
+        let client = self.client().await?;
+        loop {
+            match client.get_and_watch_data(path).await {
+                Ok((data, s, watcher)) => return Ok((Some((data, stat(&s))), watch(watcher))),
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(map_error(e, path)),
+            }
+            // Missing: watch for its creation instead. If it appeared in between,
+            // read it again rather than report a stale absence.
+            match client.check_and_watch_stat(path).await {
+                Ok((None, watcher)) => return Ok((None, watch(watcher))),
+                Ok((Some(_), _)) => continue,
+                Err(e) => return Err(map_error(e, path)),
+            }
+        }
+    }
+
+    async fn watch_children(&self, path: &str) -> Result<(Vec<String>, Watch)> {
+        crate::validate_path(path)?;
+        let client = self.client().await?;
+        let (mut children, watcher) = client.list_and_watch_children(path).await.map_err(|e| map_error(e, path))?;
+        children.sort();
+        Ok((children, watch(watcher)))
+    }
+
+    fn session_id(&self) -> i64 {
+        self.client.try_read().map(|c| c.session_id().0).unwrap_or(0)
+    }
+}

@@ -1,0 +1,106 @@
+//! Real parts for integration tests, on loopback, each in its own temp directory.
+//!
+//! # Layout
+//! - [`ZooKeeper`]: a standalone ZooKeeper server from Debian's `zookeeper` package
+//!   (`cargo xtask test` installs it), on a free port, stopped and deleted on drop.
+//!
+//! A test that needs one of these never skips: if it cannot start, it fails and says why.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// Where Debian's package puts the server jar and its dependencies.
+const ZOOKEEPER_CLASSPATH: &str = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
+
+/// A standalone ZooKeeper server for one test.
+#[derive(Debug)]
+pub struct ZooKeeper {
+    process: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl ZooKeeper {
+    /// Starts a server on a free loopback port and waits until it serves.
+    pub fn start() -> Result<Self> {
+        if !Path::new("/usr/share/java/zookeeper.jar").exists() {
+            bail!("ZooKeeper is not installed (/usr/share/java/zookeeper.jar missing): run `cargo xtask test`, which installs Debian's zookeeper package");
+        }
+        let dir = tempfile::tempdir()?;
+        let port = free_port()?;
+        let config = dir.path().join("zoo.cfg");
+        std::fs::write(
+            &config,
+            format!(
+                "tickTime=500\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
+                 admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,stat,mntr\n\
+                 minSessionTimeout=1000\nmaxSessionTimeout=60000\n",
+                dir.path().join("data").display()
+            ),
+        )?;
+        let log = std::fs::File::create(dir.path().join("zookeeper.log"))?;
+        let process = Command::new("java")
+            .args(["-Xmx256m", "-cp", ZOOKEEPER_CLASSPATH, "org.apache.zookeeper.server.ZooKeeperServerMain"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("could not start java for ZooKeeper")?;
+        let mut server = Self { process, port, _dir: dir };
+        server.wait_until_serving(Duration::from_secs(30))?;
+        Ok(server)
+    }
+
+    /// `127.0.0.1:PORT`, without a chroot.
+    pub fn connect_string(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn wait_until_serving(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.process.try_wait()? {
+                let log = std::fs::read_to_string(self._dir.path().join("zookeeper.log")).unwrap_or_default();
+                bail!("ZooKeeper exited with {status} before serving:\n{log}");
+            }
+            if self.four_letter("srvr").map(|r| r.contains("Mode:")).unwrap_or(false) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!("ZooKeeper did not serve on port {} within {timeout:?}", self.port)
+    }
+
+    /// Sends one of ZooKeeper's four-letter commands and returns the answer.
+    pub fn four_letter(&self, command: &str) -> std::io::Result<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        stream.write_all(command.as_bytes())?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer)?;
+        Ok(answer)
+    }
+}
+
+impl Drop for ZooKeeper {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
