@@ -18,8 +18,14 @@ const APT_PACKAGES: &[(&str, &str)] = &[
     ("python3-venv", "/usr/share/doc/python3-venv"),
 ];
 
-/// Python packages installed into `target/venv` for independent client tests.
-const PYTHON_PACKAGES: &[&str] = &["confluent-kafka==2.*", "kafka-python==2.*"];
+/// Python packages installed into `target/venv`: independent clients for the tests
+/// (librdkafka's Python binding with its schema-registry and Avro serializers,
+/// kafka-python, and gRPC for the gateway).
+const PYTHON_PACKAGES: &[&str] =
+    &["confluent-kafka[avro,schemaregistry]==2.*", "kafka-python>=2.0", "grpcio", "grpcio-tools"];
+/// What the tests import; a venv missing any of them is topped up with pip.
+const PYTHON_IMPORTS: &str =
+    "import confluent_kafka, confluent_kafka.schema_registry.avro, fastavro, kafka, grpc, grpc_tools";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -66,7 +72,7 @@ fn provision() -> Result<()> {
         eprintln!("xtask: creating the Python venv for independent clients in target/venv");
         run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     }
-    let have = Command::new(&python).args(["-c", "import confluent_kafka, kafka"]).output()?;
+    let have = Command::new(&python).args(["-c", PYTHON_IMPORTS]).output()?;
     if !have.status.success() {
         run(Command::new(&python).args(["-m", "pip", "install", "--quiet"]).args(PYTHON_PACKAGES))
             .context("pip install of the Python Kafka clients failed")?;
