@@ -115,7 +115,7 @@ fn too_large(max_size: usize) -> String {
 
 fn read_bounded(reader: impl Read, max_size: usize, out: &mut Vec<u8>) -> std::result::Result<(), String> {
     // One byte over the limit tells "exactly at the limit" from "too large".
-    let limit = max_size as u64 + 1;
+    let limit = (max_size as u64).saturating_add(1);
     reader.take(limit).read_to_end(out).map_err(|e| e.to_string())?;
     if out.len() > max_size {
         return Err(too_large(max_size));
@@ -125,7 +125,7 @@ fn read_bounded(reader: impl Read, max_size: usize, out: &mut Vec<u8>) -> std::r
 
 fn snappy_raw(block: &[u8], max_size: usize, out: &mut Vec<u8>) -> std::result::Result<(), String> {
     let len = snap::raw::decompress_len(block).map_err(|e| e.to_string())?;
-    if out.len() + len > max_size {
+    if out.len().saturating_add(len) > max_size {
         return Err(too_large(max_size));
     }
     let start = out.len();
@@ -189,6 +189,7 @@ mod tests {
             let err = decompress(codec, &out, 99_999).unwrap_err();
             assert!(matches!(err, Error::Decompression { .. }), "{codec:?}: {err}");
             assert_eq!(decompress(codec, &out, 100_000).unwrap().len(), 100_000);
+            assert_eq!(decompress(codec, &out, usize::MAX).unwrap().len(), 100_000);
         }
     }
 

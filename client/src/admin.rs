@@ -1,0 +1,265 @@
+//! Topic administration and offset lookups.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::{
+    BrokerId, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest, IncrementalAlterConfigsRequest,
+    ListOffsetsRequest, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::cluster::{ClientConfig, Cluster, TopicMetadata};
+use crate::error::{Error, Result};
+
+/// ConfigResource type of a topic in DescribeConfigs/IncrementalAlterConfigs.
+const TOPIC_RESOURCE: i8 = 2;
+
+/// Which offset ListOffsets should find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetSpec {
+    /// The log start offset.
+    Earliest,
+    /// The log end offset.
+    Latest,
+    /// The first offset whose timestamp is at or after this (ms); the log end when none.
+    Timestamp(i64),
+}
+
+impl OffsetSpec {
+    fn wire(self) -> i64 {
+        match self {
+            OffsetSpec::Earliest => -2,
+            OffsetSpec::Latest => -1,
+            OffsetSpec::Timestamp(ts) => ts,
+        }
+    }
+}
+
+/// What to create.
+#[derive(Debug, Clone)]
+pub struct NewTopic {
+    /// Name.
+    pub name: String,
+    /// Partition count; -1 for the broker's `num.partitions`.
+    pub partitions: i32,
+    /// Replication factor; -1 for the broker's default.
+    pub replication_factor: i16,
+    /// Topic config overrides (`retention.ms`, `cleanup.policy`, ...).
+    pub configs: BTreeMap<String, String>,
+}
+
+impl NewTopic {
+    /// A topic with `partitions` partitions and the broker's default replication.
+    pub fn new(name: impl Into<String>, partitions: i32) -> Self {
+        Self { name: name.into(), partitions, replication_factor: -1, configs: BTreeMap::new() }
+    }
+}
+
+/// One config entry of a topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigEntry {
+    /// Key.
+    pub name: String,
+    /// Value (`None` when sensitive or unset).
+    pub value: Option<String>,
+    /// Whether it is the broker's default rather than a topic override.
+    pub is_default: bool,
+}
+
+/// Administration client.
+pub struct Admin {
+    cluster: Arc<Cluster>,
+}
+
+impl Admin {
+    /// Connects to the cluster.
+    pub async fn connect(config: ClientConfig) -> Result<Self> {
+        let config = ClientConfig { allow_auto_create_topics: false, ..config };
+        Ok(Self { cluster: Cluster::connect(config).await? })
+    }
+
+    /// Creates topics; fails on the first topic the broker refused.
+    pub async fn create_topics(&self, topics: &[NewTopic]) -> Result<()> {
+        let timeout = self.cluster.config().request_timeout.as_millis() as i32;
+        let request = CreateTopicsRequest::default().with_timeout_ms(timeout).with_topics(
+            topics
+                .iter()
+                .map(|t| {
+                    CreatableTopic::default()
+                        .with_name(topic_name(&t.name))
+                        .with_num_partitions(t.partitions)
+                        .with_replication_factor(t.replication_factor)
+                        .with_configs(
+                            t.configs
+                                .iter()
+                                .map(|(k, v)| {
+                                    CreatableTopicConfig::default()
+                                        .with_name(StrBytes::from_string(k.clone()))
+                                        .with_value(Some(StrBytes::from_string(v.clone())))
+                                })
+                                .collect(),
+                        )
+                })
+                .collect(),
+        );
+        let response = self.cluster.controller().await?.request(&request, 7).await?;
+        for t in response.topics {
+            if let Some(e) = Error::kafka(t.error_code, format!("create topic {}", t.name.0.as_str()), t.error_message.map(|m| m.to_string())) {
+                return Err(e);
+            }
+        }
+        self.cluster.refresh(None).await?;
+        Ok(())
+    }
+
+    /// Deletes topics.
+    pub async fn delete_topics(&self, names: &[String]) -> Result<()> {
+        let conn = self.cluster.controller().await?;
+        let version = conn.version::<DeleteTopicsRequest>(6)?;
+        let timeout = self.cluster.config().request_timeout.as_millis() as i32;
+        let mut request = DeleteTopicsRequest::default().with_timeout_ms(timeout);
+        // v6 names topics in `topics` (name or id); older versions in `topic_names`.
+        if version >= 6 {
+            request.topics = names.iter().map(|n| DeleteTopicState::default().with_name(Some(topic_name(n)))).collect();
+        } else {
+            request.topic_names = names.iter().map(|n| topic_name(n)).collect();
+        }
+        let response = conn.request_at(&request, version).await?;
+        for r in response.responses {
+            let name = r.name.map(|n| n.0.to_string()).unwrap_or_default();
+            if let Some(e) = Error::kafka(r.error_code, format!("delete topic {name}"), r.error_message.map(|m| m.to_string())) {
+                return Err(e);
+            }
+        }
+        self.cluster.refresh(None).await?;
+        Ok(())
+    }
+
+    /// Every topic, sorted by name.
+    pub async fn list_topics(&self) -> Result<Vec<Arc<TopicMetadata>>> {
+        let md = self.cluster.refresh(None).await?;
+        let mut topics: Vec<_> = md.topics.values().cloned().collect();
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(topics)
+    }
+
+    /// One topic's partitions, leaders, replicas and ISR.
+    pub async fn describe_topic(&self, name: &str) -> Result<Arc<TopicMetadata>> {
+        self.cluster.refresh(Some(&[name.to_string()])).await?;
+        self.cluster.metadata().topics.get(name).cloned().ok_or_else(|| Error::UnknownTopic(name.to_string()))
+    }
+
+    /// A topic's configuration as the broker sees it.
+    pub async fn describe_configs(&self, topic: &str) -> Result<Vec<ConfigEntry>> {
+        let request = DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
+            .with_resource_type(TOPIC_RESOURCE)
+            .with_resource_name(StrBytes::from_string(topic.to_string()))
+            .with_configuration_keys(None)]);
+        let response = self.cluster.any_broker().await?.request(&request, 4).await?;
+        let mut entries = Vec::new();
+        for r in response.results {
+            if let Some(e) = Error::kafka(r.error_code, format!("describe configs of {topic}"), r.error_message.map(|m| m.to_string())) {
+                return Err(e);
+            }
+            for c in r.configs {
+                // config_source 5 = DEFAULT_CONFIG (v1+); v0 has is_default, decoded into the same field.
+                entries.push(ConfigEntry {
+                    name: c.name.to_string(),
+                    value: c.value.map(|v| v.to_string()),
+                    is_default: c.config_source == 5 || c.config_source == 4,
+                });
+            }
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
+    }
+
+    /// Sets topic config overrides (IncrementalAlterConfigs, operation SET).
+    pub async fn alter_configs(&self, topic: &str, configs: &BTreeMap<String, String>) -> Result<()> {
+        let request = IncrementalAlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
+            .with_resource_type(TOPIC_RESOURCE)
+            .with_resource_name(StrBytes::from_string(topic.to_string()))
+            .with_configs(
+                configs
+                    .iter()
+                    .map(|(k, v)| {
+                        AlterableConfig::default()
+                            .with_name(StrBytes::from_string(k.clone()))
+                            .with_config_operation(0)
+                            .with_value(Some(StrBytes::from_string(v.clone())))
+                    })
+                    .collect(),
+            )]);
+        let response = self.cluster.controller().await?.request(&request, 1).await?;
+        for r in response.responses {
+            if let Some(e) = Error::kafka(r.error_code, format!("alter configs of {topic}"), r.error_message.map(|m| m.to_string())) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Offsets of partitions per `spec`, in the order asked.
+    pub async fn list_offsets(&self, partitions: &[(String, i32, OffsetSpec)]) -> Result<Vec<i64>> {
+        list_offsets(&self.cluster, partitions).await
+    }
+}
+
+fn topic_name(name: &str) -> TopicName {
+    TopicName(StrBytes::from_string(name.to_string()))
+}
+
+/// ListOffsets for several partitions, each asked of its leader, in the order given.
+/// A timestamp with no record at or after it gives the log end offset.
+pub(crate) async fn list_offsets(cluster: &Cluster, partitions: &[(String, i32, OffsetSpec)]) -> Result<Vec<i64>> {
+    let mut by_leader: HashMap<i32, Vec<usize>> = HashMap::new();
+    for (i, (topic, partition, _)) in partitions.iter().enumerate() {
+        by_leader.entry(cluster.leader(topic, *partition).await?).or_default().push(i);
+    }
+    let mut out = vec![-1i64; partitions.len()];
+    let mut past_end = Vec::new();
+    for (leader, indexes) in by_leader {
+        let mut topics: Vec<ListOffsetsTopic> = Vec::new();
+        for &i in &indexes {
+            let (topic, partition, spec) = &partitions[i];
+            let p = ListOffsetsPartition::default().with_partition_index(*partition).with_timestamp(spec.wire()).with_current_leader_epoch(-1);
+            match topics.iter_mut().find(|t| *t.name.0 == **topic) {
+                Some(t) => t.partitions.push(p),
+                None => topics.push(ListOffsetsTopic::default().with_name(topic_name(topic)).with_partitions(vec![p])),
+            }
+        }
+        let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(topics);
+        let response = cluster.broker(leader).await?.request(&request, 7).await?;
+        for &i in &indexes {
+            let (topic, partition, spec) = &partitions[i];
+            let r = response
+                .topics
+                .iter()
+                .filter(|t| *t.name.0 == **topic)
+                .flat_map(|t| &t.partitions)
+                .find(|p| p.partition_index == *partition)
+                .ok_or_else(|| Error::Protocol { broker: format!("broker {leader}"), detail: format!("no offset for {topic}-{partition}") })?;
+            if let Some(e) = Error::kafka(r.error_code, format!("list offsets of {topic}-{partition}"), None) {
+                return Err(e);
+            }
+            out[i] = r.offset;
+            if r.offset < 0 && matches!(spec, OffsetSpec::Timestamp(_)) {
+                past_end.push((topic.clone(), *partition, OffsetSpec::Latest));
+            }
+        }
+    }
+    if !past_end.is_empty() {
+        let ends = Box::pin(list_offsets(cluster, &past_end)).await?;
+        for ((topic, partition, _), end) in past_end.iter().zip(ends) {
+            let i = partitions.iter().position(|(t, p, _)| t == topic && p == partition).expect("asked above");
+            out[i] = end;
+        }
+    }
+    Ok(out)
+}

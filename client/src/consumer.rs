@@ -1,0 +1,580 @@
+//! The pull consumer: the application assigns partitions and owns its positions, as in
+//! the paper; it fetches by (offset, max bytes) and can rewind at any time.
+//!
+//! One fetch per leader broker is in flight at a time, and the next one is sent as soon as
+//! a response arrives, before its records are handed out: that is the prefetch buffer,
+//! bounded to one decoded response plus one in flight per broker. At the end of the log
+//! the broker holds the fetch for `fetch.max.wait.ms` (long poll), so [`Consumer::recv`]
+//! waits for new records instead of ending or spinning.
+//!
+//! Positions: `position` is the next offset handed to the application; the fetch offset
+//! runs ahead of it by what is buffered. A seek drops buffered and in-flight data for the
+//! partition (an epoch per partition tells stale responses apart).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fjord_record::compression::records_body;
+use fjord_record::{BatchHeader, Records, TimestampType, TopicPartition, BATCH_OVERHEAD};
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, Stream, StreamExt};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::admin::{list_offsets, OffsetSpec};
+use crate::cluster::{ClientConfig, Cluster};
+use crate::error::{Error, ResponseError, Result};
+
+/// Highest Fetch version used: v12 is flexible; v13 switches to topic ids.
+const FETCH_VERSION: i16 = 12;
+
+/// What to do when there is no valid position (`auto.offset.reset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetReset {
+    /// Start at the log start offset.
+    Earliest,
+    /// Start at the end (only new records).
+    Latest,
+    /// Fail with [`Error::OffsetOutOfRange`].
+    None,
+}
+
+/// Where to move a partition's position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeekTo {
+    /// The log start offset.
+    Beginning,
+    /// The log end offset (the next record produced).
+    End,
+    /// An absolute offset.
+    Offset(i64),
+    /// The first record whose timestamp is at or after this (ms since the epoch);
+    /// the end of the log if there is none.
+    Timestamp(i64),
+}
+
+/// Consumer settings (Kafka's names in the comments).
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// Connection and metadata settings.
+    pub client: ClientConfig,
+    /// `fetch.min.bytes`: the broker answers once it has this much (or max wait passed).
+    pub fetch_min_bytes: i32,
+    /// `fetch.max.wait.ms`: how long the broker may hold a fetch at the end of the log.
+    pub fetch_max_wait: Duration,
+    /// `fetch.max.bytes`: bound on one fetch response.
+    pub fetch_max_bytes: i32,
+    /// `max.partition.fetch.bytes`: bound per partition in one fetch.
+    pub max_partition_fetch_bytes: i32,
+    /// `auto.offset.reset`.
+    pub auto_offset_reset: OffsetReset,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        Self {
+            client: ClientConfig { allow_auto_create_topics: false, ..ClientConfig::default() },
+            fetch_min_bytes: 1,
+            fetch_max_wait: Duration::from_millis(500),
+            fetch_max_bytes: 50 * 1024 * 1024,
+            max_partition_fetch_bytes: 1024 * 1024,
+            auto_offset_reset: OffsetReset::Latest,
+        }
+    }
+}
+
+/// A record as consumed. Key, value and header values share the fetch response's memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerRecord {
+    /// Topic.
+    pub topic: Arc<str>,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Timestamp, ms since the epoch.
+    pub timestamp: i64,
+    /// Whether the producer or the broker set the timestamp.
+    pub timestamp_type: TimestampType,
+    /// Key, `None` when null.
+    pub key: Option<Bytes>,
+    /// Value, `None` when null.
+    pub value: Option<Bytes>,
+    /// Headers in order.
+    pub headers: Vec<(String, Option<Bytes>)>,
+}
+
+struct PartitionState {
+    /// Next offset handed to the application; `None` until a pending seek resolves.
+    position: Option<i64>,
+    /// Next offset to fetch.
+    fetch_offset: i64,
+    /// A seek to resolve with ListOffsets before fetching.
+    pending: Option<SeekTo>,
+    /// Bumped by every seek: responses to older fetches are dropped.
+    epoch: u64,
+    high_watermark: i64,
+    /// When a retriable error last hit this partition (fetches pause for a backoff).
+    backoff_until: Option<Instant>,
+}
+
+/// (topic, partition, seek epoch, fetch offset) of one partition in a fetch.
+type FetchTarget = (Arc<str>, i32, u64, i64);
+
+struct FetchDone {
+    broker: i32,
+    /// (topic, partition, epoch) as sent.
+    sent: Vec<(Arc<str>, i32, u64)>,
+    result: Result<FetchResponse>,
+}
+
+/// A consumer of explicitly assigned partitions.
+pub struct Consumer {
+    cluster: Arc<Cluster>,
+    config: ConsumerConfig,
+    partitions: BTreeMap<(Arc<str>, i32), PartitionState>,
+    buffer: VecDeque<ConsumerRecord>,
+    in_flight: FuturesUnordered<BoxFuture<'static, FetchDone>>,
+    busy_brokers: HashSet<i32>,
+}
+
+impl Consumer {
+    /// Connects to the cluster.
+    pub async fn connect(config: ConsumerConfig) -> Result<Self> {
+        let cluster = Cluster::connect(config.client.clone()).await?;
+        Ok(Self {
+            cluster,
+            config,
+            partitions: BTreeMap::new(),
+            buffer: VecDeque::new(),
+            in_flight: FuturesUnordered::new(),
+            busy_brokers: HashSet::new(),
+        })
+    }
+
+    /// Replaces the assignment. Each partition starts per `auto.offset.reset` unless
+    /// [`Consumer::seek`] says otherwise.
+    pub async fn assign(&mut self, partitions: impl IntoIterator<Item = TopicPartition>) -> Result<()> {
+        let mut next = BTreeMap::new();
+        for tp in partitions {
+            let topic = self.cluster.topic(&tp.topic).await?;
+            if tp.partition < 0 || tp.partition as usize >= topic.partitions.len() {
+                return Err(Error::UnknownPartition { topic: tp.topic, partition: tp.partition });
+            }
+            let topic: Arc<str> = tp.topic.into();
+            let reset = match self.config.auto_offset_reset {
+                OffsetReset::Earliest => Some(SeekTo::Beginning),
+                OffsetReset::Latest => Some(SeekTo::End),
+                OffsetReset::None => None,
+            };
+            next.insert(
+                (topic, tp.partition),
+                PartitionState {
+                    position: None,
+                    fetch_offset: 0,
+                    pending: reset,
+                    epoch: 0,
+                    high_watermark: -1,
+                    backoff_until: None,
+                },
+            );
+        }
+        self.partitions = next;
+        self.buffer.clear();
+        // Responses to fetches for the old assignment are dropped on arrival (unknown partitions).
+        Ok(())
+    }
+
+    /// Assigns every partition of `topic`.
+    pub async fn assign_topic(&mut self, topic: &str) -> Result<()> {
+        let t = self.cluster.topic(topic).await?;
+        self.assign(t.partitions.iter().map(|p| TopicPartition::new(topic, p.partition))).await
+    }
+
+    /// The assigned partitions.
+    pub fn assignment(&self) -> Vec<TopicPartition> {
+        self.partitions.keys().map(|(t, p)| TopicPartition::new(&**t, *p)).collect()
+    }
+
+    /// Moves the position of an assigned partition; takes effect at the next poll.
+    pub fn seek(&mut self, tp: &TopicPartition, to: SeekTo) -> Result<()> {
+        let state = self.partitions.get_mut(&(Arc::from(tp.topic.as_str()), tp.partition)).ok_or_else(|| Error::NotAssigned(tp.to_string()))?;
+        state.epoch += 1;
+        match to {
+            SeekTo::Offset(offset) => {
+                state.position = Some(offset);
+                state.fetch_offset = offset;
+                state.pending = None;
+            }
+            other => {
+                state.position = None;
+                state.pending = Some(other);
+            }
+        }
+        self.buffer.retain(|r| !(*r.topic == *tp.topic && r.partition == tp.partition));
+        Ok(())
+    }
+
+    /// The offset of the next record [`Consumer::recv`]/[`Consumer::poll`] will return
+    /// for the partition (resolving a pending seek first).
+    pub async fn position(&mut self, tp: &TopicPartition) -> Result<i64> {
+        self.resolve_pending().await?;
+        let state = self.partitions.get(&(Arc::from(tp.topic.as_str()), tp.partition)).ok_or_else(|| Error::NotAssigned(tp.to_string()))?;
+        state.position.ok_or_else(|| Error::OffsetOutOfRange { partition: tp.to_string(), offset: -1 })
+    }
+
+    /// The high watermark the last fetch reported for the partition (-1 before any).
+    pub fn high_watermark(&self, tp: &TopicPartition) -> Option<i64> {
+        self.partitions.get(&(Arc::from(tp.topic.as_str()), tp.partition)).map(|s| s.high_watermark)
+    }
+
+    /// Returns the records available now, waiting up to `timeout` for some to arrive.
+    /// An empty vector means none came in time.
+    pub async fn poll(&mut self, timeout: Duration) -> Result<Vec<ConsumerRecord>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if !self.buffer.is_empty() {
+                let records: Vec<ConsumerRecord> = self.buffer.drain(..).collect();
+                for r in &records {
+                    self.advance(r);
+                }
+                return Ok(records);
+            }
+            match tokio::time::timeout_at(deadline, self.fill()).await {
+                Ok(result) => result?,
+                Err(_) => return Ok(Vec::new()),
+            }
+        }
+    }
+
+    /// The next record; at the end of the log, waits for one to be produced.
+    pub async fn recv(&mut self) -> Result<ConsumerRecord> {
+        loop {
+            if let Some(r) = self.buffer.pop_front() {
+                self.advance(&r);
+                return Ok(r);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// The records as an endless stream (it waits at the end of the log).
+    pub fn stream(&mut self) -> impl Stream<Item = Result<ConsumerRecord>> + '_ {
+        futures::stream::unfold(self, |c| async move {
+            let r = c.recv().await;
+            Some((r, c))
+        })
+    }
+
+    fn advance(&mut self, r: &ConsumerRecord) {
+        // Keyed by Arc<str>; lookup by value compares the strings.
+        if let Some(s) = self.partitions.get_mut(&(r.topic.clone(), r.partition)) {
+            s.position = Some(r.offset + 1);
+        }
+    }
+
+    /// Sends fetches where none is in flight and waits for one response to decode into
+    /// the buffer (possibly an empty one after a long poll).
+    async fn fill(&mut self) -> Result<()> {
+        if self.partitions.is_empty() {
+            return Err(Error::InvalidConfig("no partitions assigned".into()));
+        }
+        self.resolve_pending().await?;
+        self.send_fetches().await?;
+        let done = match self.in_flight.next().await {
+            Some(done) => done,
+            None => {
+                // Every partition is backing off or leaderless: wait a bit and try again.
+                tokio::time::sleep(self.cluster.config().retry_backoff).await;
+                return Ok(());
+            }
+        };
+        self.busy_brokers.remove(&done.broker);
+        let result = self.handle_fetch(done).await;
+        // Prefetch: the next fetch goes out before the application sees these records.
+        self.send_fetches().await?;
+        result
+    }
+
+    /// Resolves seeks to beginning/end/timestamp (and the initial reset) with ListOffsets.
+    async fn resolve_pending(&mut self) -> Result<()> {
+        let keys: Vec<(Arc<str>, i32)> =
+            self.partitions.iter().filter(|(_, s)| s.pending.is_some()).map(|(k, _)| k.clone()).collect();
+        if keys.is_empty() {
+            if let Some(((t, p), _)) = self.partitions.iter().find(|(_, s)| s.position.is_none()) {
+                // auto.offset.reset=none and no seek: there is no position to fetch from.
+                return Err(Error::OffsetOutOfRange { partition: format!("{t}-{p}"), offset: -1 });
+            }
+            return Ok(());
+        }
+        let specs: Vec<(String, i32, OffsetSpec)> = keys
+            .iter()
+            .map(|key| {
+                let spec = match self.partitions[key].pending.expect("filtered above") {
+                    SeekTo::Beginning => OffsetSpec::Earliest,
+                    SeekTo::End | SeekTo::Offset(_) => OffsetSpec::Latest,
+                    SeekTo::Timestamp(ts) => OffsetSpec::Timestamp(ts),
+                };
+                (key.0.to_string(), key.1, spec)
+            })
+            .collect();
+        let offsets = list_offsets(&self.cluster, &specs).await?;
+        for (key, offset) in keys.into_iter().zip(offsets) {
+            let state = self.partitions.get_mut(&key).expect("assigned");
+            state.pending = None;
+            state.position = Some(offset);
+            state.fetch_offset = offset;
+        }
+        Ok(())
+    }
+
+    async fn send_fetches(&mut self) -> Result<()> {
+        let now = Instant::now();
+        let metadata = self.cluster.metadata();
+        let mut per_broker: HashMap<i32, Vec<FetchTarget>> = HashMap::new();
+        let mut refresh = false;
+        for ((topic, partition), s) in &self.partitions {
+            if s.pending.is_some() || s.backoff_until.is_some_and(|t| t > now) {
+                continue;
+            }
+            let leader = metadata.topics.get(&**topic).and_then(|t| t.partitions.get(*partition as usize)).map_or(-1, |p| p.leader);
+            if leader < 0 {
+                refresh = true;
+                continue;
+            }
+            if !self.busy_brokers.contains(&leader) {
+                per_broker.entry(leader).or_default().push((topic.clone(), *partition, s.epoch, s.fetch_offset));
+            }
+        }
+        if refresh {
+            self.cluster.refresh(None).await?;
+        }
+        for (broker, partitions) in per_broker {
+            self.busy_brokers.insert(broker);
+            let request = self.fetch_request(&partitions);
+            let sent: Vec<(Arc<str>, i32, u64)> = partitions.into_iter().map(|(t, p, e, _)| (t, p, e)).collect();
+            let cluster = self.cluster.clone();
+            let response: BoxFuture<'static, Result<FetchResponse>> = match cluster.broker(broker).await {
+                Ok(conn) => match conn.version::<FetchRequest>(FETCH_VERSION) {
+                    Ok(v) => match conn.send(&request, v).await {
+                        Ok(f) => f.boxed(),
+                        Err(e) => futures::future::ready(Err(e)).boxed(),
+                    },
+                    Err(e) => return Err(e),
+                },
+                Err(e) => futures::future::ready(Err(e)).boxed(),
+            };
+            self.in_flight.push(async move { FetchDone { broker, sent, result: response.await } }.boxed());
+        }
+        Ok(())
+    }
+
+    fn fetch_request(&self, partitions: &[FetchTarget]) -> FetchRequest {
+        let mut topics: Vec<FetchTopic> = Vec::new();
+        for (topic, partition, _, offset) in partitions {
+            let p = FetchPartition::default()
+                .with_partition(*partition)
+                .with_fetch_offset(*offset)
+                .with_partition_max_bytes(self.config.max_partition_fetch_bytes)
+                .with_current_leader_epoch(-1)
+                .with_log_start_offset(-1);
+            match topics.iter_mut().find(|t| *t.topic.0 == **topic) {
+                Some(t) => t.partitions.push(p),
+                None => topics.push(
+                    FetchTopic::default().with_topic(TopicName(StrBytes::from_string(topic.to_string()))).with_partitions(vec![p]),
+                ),
+            }
+        }
+        FetchRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_max_wait_ms(self.config.fetch_max_wait.as_millis() as i32)
+            .with_min_bytes(self.config.fetch_min_bytes)
+            .with_max_bytes(self.config.fetch_max_bytes)
+            .with_session_epoch(-1)
+            .with_topics(topics)
+    }
+
+    async fn handle_fetch(&mut self, done: FetchDone) -> Result<()> {
+        let response = match done.result {
+            Ok(r) => r,
+            Err(e) if e.is_retriable() => {
+                self.back_off(&done.sent);
+                self.cluster.refresh(None).await.ok();
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(e) = Error::kafka(response.error_code, "fetch", None) {
+            if e.is_retriable() {
+                self.back_off(&done.sent);
+                return Ok(());
+            }
+            return Err(e);
+        }
+        let mut refresh = false;
+        for topic in response.responses {
+            let name: Arc<str> = Arc::from(topic.topic.0.as_str());
+            for p in topic.partitions {
+                let key = (name.clone(), p.partition_index);
+                let sent_epoch = done.sent.iter().find(|(t, part, _)| **t == *name && *part == p.partition_index).map(|s| s.2);
+                let Some(state) = self.partitions.get_mut(&key) else { continue };
+                if sent_epoch != Some(state.epoch) {
+                    continue; // a seek happened while this was in flight
+                }
+                let context = || format!("fetch from {name}-{}", p.partition_index);
+                match ResponseError::try_from_code(p.error_code) {
+                    None => {}
+                    Some(ResponseError::OffsetOutOfRange) => {
+                        state.epoch += 1;
+                        match self.config.auto_offset_reset {
+                            OffsetReset::Earliest => state.pending = Some(SeekTo::Beginning),
+                            OffsetReset::Latest => state.pending = Some(SeekTo::End),
+                            OffsetReset::None => {
+                                return Err(Error::OffsetOutOfRange { partition: format!("{name}-{}", p.partition_index), offset: state.fetch_offset })
+                            }
+                        }
+                        state.position = None;
+                        continue;
+                    }
+                    Some(code) => {
+                        let e = Error::kafka(code.code(), context(), None).expect("non-zero code");
+                        if e.is_retriable() {
+                            refresh |= e.needs_metadata_refresh();
+                            state.backoff_until = Some(Instant::now() + self.cluster.config().retry_backoff);
+                            continue;
+                        }
+                        return Err(e);
+                    }
+                }
+                state.backoff_until = None;
+                state.high_watermark = p.high_watermark;
+                if let Some(records) = p.records {
+                    state.fetch_offset = decode_records(&name, p.partition_index, state.fetch_offset, records, &mut self.buffer)?;
+                }
+            }
+        }
+        if refresh {
+            self.cluster.refresh(None).await.ok();
+        }
+        Ok(())
+    }
+
+    fn back_off(&mut self, sent: &[(Arc<str>, i32, u64)]) {
+        let until = Instant::now() + self.cluster.config().retry_backoff;
+        for (t, p, _) in sent {
+            if let Some(s) = self.partitions.get_mut(&(t.clone(), *p)) {
+                s.backoff_until = Some(until);
+            }
+        }
+    }
+}
+
+/// Decodes the complete batches in `records` into `out`, skipping records before
+/// `fetch_offset` (a fetch may start inside a batch) and control batches. Returns the next
+/// fetch offset. A partial batch at the end (the broker cut at max bytes) is left for the
+/// next fetch.
+pub(crate) fn decode_records(
+    topic: &Arc<str>,
+    partition: i32,
+    fetch_offset: i64,
+    records: Bytes,
+    out: &mut VecDeque<ConsumerRecord>,
+) -> Result<i64> {
+    let mut next = fetch_offset;
+    let mut at = 0;
+    while records.len() - at >= BATCH_OVERHEAD {
+        let rest = &records[at..];
+        let size = BatchHeader::parse_unchecked(rest)?.size();
+        if size > rest.len() {
+            break;
+        }
+        let header = BatchHeader::parse(rest)?;
+        let batch = records.slice(at..at + size);
+        at += size;
+        if header.next_offset() <= next {
+            continue;
+        }
+        if !header.is_control() {
+            let body = match records_body(&header, &batch, crate::MAX_DECOMPRESSED_BATCH)? {
+                std::borrow::Cow::Borrowed(_) => batch.slice(BATCH_OVERHEAD..),
+                std::borrow::Cow::Owned(v) => Bytes::from(v),
+            };
+            let log_append = header.timestamp_type() == TimestampType::LogAppendTime;
+            for record in Records::new(&body, BATCH_OVERHEAD) {
+                let r = record?;
+                let offset = header.base_offset + r.offset_delta as i64;
+                if offset < next {
+                    continue;
+                }
+                out.push_back(ConsumerRecord {
+                    topic: topic.clone(),
+                    partition,
+                    offset,
+                    timestamp: if log_append { header.max_timestamp } else { header.base_timestamp + r.timestamp_delta },
+                    timestamp_type: header.timestamp_type(),
+                    key: r.key.map(|k| body.slice_ref(k)),
+                    value: r.value.map(|v| body.slice_ref(v)),
+                    headers: r
+                        .headers
+                        .iter()
+                        .map(|h| (String::from_utf8_lossy(h.key).into_owned(), h.value.map(|v| body.slice_ref(v))))
+                        .collect(),
+                });
+            }
+        }
+        next = header.next_offset();
+    }
+    Ok(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fjord_record::batch::set_base_offset;
+    use fjord_record::{BatchBuilder, Compression};
+
+    fn batch(base: i64, n: usize, codec: Compression) -> Vec<u8> {
+        let mut b = BatchBuilder::new(1_000);
+        for i in 0..n {
+            let v = format!("v{}", base + i as i64);
+            b.append(1_000 + i as i64, (i % 2 == 0).then_some(&b"k"[..]), Some(v.as_bytes()), &[("h", None)]);
+        }
+        let mut bytes = b.build_compressed(codec).unwrap().to_vec();
+        set_base_offset(&mut bytes, base);
+        bytes
+    }
+
+    #[test]
+    fn decodes_batches_skips_before_fetch_offset_and_leaves_a_partial_tail() {
+        for codec in [Compression::None, Compression::Lz4] {
+            let mut data = batch(10, 5, codec);
+            data.extend(batch(15, 5, codec));
+            let partial = batch(20, 5, codec);
+            data.extend_from_slice(&partial[..partial.len() - 3]);
+            let topic: Arc<str> = "t".into();
+            let mut out = VecDeque::new();
+            let next = decode_records(&topic, 0, 12, Bytes::from(data), &mut out).unwrap();
+            assert_eq!(next, 20);
+            let offsets: Vec<i64> = out.iter().map(|r| r.offset).collect();
+            assert_eq!(offsets, (12..20).collect::<Vec<_>>());
+            assert_eq!(out[0].value.as_deref(), Some(&b"v12"[..]));
+            assert_eq!(out[0].timestamp, 1_002);
+            assert_eq!(out[0].key.as_deref(), Some(&b"k"[..]));
+            assert_eq!(out[1].key, None);
+            assert_eq!(out[0].headers, vec![("h".to_string(), None)]);
+        }
+    }
+
+    #[test]
+    fn corrupt_batches_are_a_typed_error() {
+        let mut data = batch(0, 3, Compression::None);
+        let last = data.len() - 1;
+        data[last] ^= 0xff;
+        let err = decode_records(&"t".into(), 0, 0, Bytes::from(data), &mut VecDeque::new()).unwrap_err();
+        assert!(matches!(err, Error::Record(fjord_record::Error::CrcMismatch { .. })), "{err}");
+    }
+}

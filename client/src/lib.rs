@@ -1,0 +1,42 @@
+//! Rust producer, consumer and admin client for Fjord and Kafka brokers, speaking the
+//! Kafka wire protocol (codecs from the `kafka-protocol` crate; record batches built and
+//! read with `fjord-record`, so a record is encoded once, straight into wire bytes).
+//!
+//! # Layout
+//! - [`error`]: the crate's one [`Error`] enum; broker error codes stay typed
+//!   ([`ResponseError`]).
+//! - `connection`: one pipelined TCP connection per broker (requests in order, responses
+//!   matched FIFO, coalesced writes).
+//! - [`cluster`]: bootstrap, the metadata cache and its refresh rules, the connection pool.
+//! - [`partitioner`]: murmur2 (identical to the Java client and librdkafka
+//!   `murmur2_random`) and the sticky choice for records without a key.
+//! - [`producer`]: batching per partition (`batch.size`, `linger.ms`), compression, acks,
+//!   retries, `max.in.flight` pipelining, bounded `buffer.memory`.
+//! - [`consumer`]: assigned partitions, fetch by (offset, max bytes) with long poll and
+//!   prefetch, seek/rewind, `auto.offset.reset`.
+//! - [`admin`]: create/delete/list/describe topics, describe/alter configs, list offsets.
+//!
+//! # Guarantees
+//! Records of one partition are acknowledged in the order they were sent, except after a
+//! retry with `max.in.flight > 1` (the idempotent producer, which would rule that out, is
+//! not implemented yet). Every `send` ends: success, or a typed error, within
+//! `delivery.timeout.ms`.
+
+pub mod admin;
+pub mod cluster;
+mod connection;
+pub mod consumer;
+pub mod error;
+pub mod partitioner;
+pub mod producer;
+
+pub use admin::{Admin, ConfigEntry, NewTopic, OffsetSpec};
+pub use cluster::{ClientConfig, Metadata, PartitionMetadata, TopicMetadata};
+pub use consumer::{Consumer, ConsumerConfig, ConsumerRecord, OffsetReset, SeekTo};
+pub use error::{Error, ResponseError, Result};
+pub use fjord_record::{Compression, TopicPartition};
+pub use producer::{Acks, DeliveryFuture, Producer, ProducerConfig, ProducerRecord, RecordMetadata};
+
+/// Largest records section a compressed batch may expand to (a guard against
+/// decompression bombs; far above any batch a real producer writes).
+pub(crate) const MAX_DECOMPRESSED_BATCH: usize = 256 * 1024 * 1024;

@@ -1,0 +1,808 @@
+//! The asynchronous producer.
+//!
+//! `send` appends a record to its partition's open batch (a [`BatchBuilder`], so a record
+//! is encoded exactly once, straight into the bytes that go on the wire) and returns a
+//! [`DeliveryFuture`]. A batch is closed when it reaches `batch.size`, when it has waited
+//! `linger.ms`, or on `flush`/`close`. One sender task drains closed batches into produce
+//! requests, one request per leader broker with at most one batch per partition, and keeps
+//! up to `max.in.flight` requests pipelined on the broker's single connection; with
+//! `linger.ms = 0` batching still happens naturally, because records accumulate while
+//! all in-flight slots are taken.
+//!
+//! Memory: every record charges its encoded size to a `buffer.memory` budget, given back
+//! when its batch completes. A full budget makes `send` wait (up to `max.block.ms`) or fail
+//! at once with [`Error::BufferFull`], so a producer faster than the broker never grows
+//! without bound.
+//!
+//! Failures: retriable errors (leadership moved, timeouts, broken connections) refresh
+//! metadata and retry the batch after `retry.backoff.ms`, until `delivery.timeout.ms`.
+//! MESSAGE_TOO_LARGE on a multi-record batch splits it into single-record batches, so only
+//! the record that is really too large fails.
+
+mod batch;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fjord_record::{BatchBuilder, Compression, BATCH_OVERHEAD};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use tokio::sync::{Notify, Semaphore};
+
+pub use batch::{DeliveryFuture, RecordMetadata};
+
+use self::batch::{split_batch, Completion, Outcome};
+use crate::cluster::{ClientConfig, Cluster};
+use crate::connection::Connection;
+use crate::error::{Error, ResponseError, Result};
+use crate::partitioner::{partition_for_key, Random};
+
+/// Highest Produce version used: v9 is the first flexible one; v13 switches to topic ids.
+const PRODUCE_VERSION: i16 = 9;
+
+/// How many replicas must have a batch before the broker answers (`acks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acks {
+    /// `acks=0`: no response; the record counts as sent once written to the socket.
+    None,
+    /// `acks=1`: the leader has appended it.
+    Leader,
+    /// `acks=all`: every in-sync replica has it.
+    All,
+}
+
+impl Acks {
+    fn wire(self) -> i16 {
+        match self {
+            Acks::None => 0,
+            Acks::Leader => 1,
+            Acks::All => -1,
+        }
+    }
+}
+
+impl std::str::FromStr for Acks {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "0" => Ok(Acks::None),
+            "1" => Ok(Acks::Leader),
+            "all" | "-1" => Ok(Acks::All),
+            other => Err(Error::InvalidConfig(format!("acks must be 0, 1 or all, not {other:?}"))),
+        }
+    }
+}
+
+/// Producer settings (Kafka's names in the comments).
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    /// Connection and metadata settings.
+    pub client: ClientConfig,
+    /// `acks`.
+    pub acks: Acks,
+    /// `batch.size`: a partition's batch is closed once it holds this many bytes.
+    pub batch_size: usize,
+    /// `linger.ms`: how long an open batch may wait for more records.
+    pub linger: Duration,
+    /// `compression.type`.
+    pub compression: Compression,
+    /// `max.in.flight.requests.per.connection`.
+    pub max_in_flight: usize,
+    /// `retries`: attempts after the first one, bounded by `delivery_timeout` too.
+    pub retries: u32,
+    /// `delivery.timeout.ms`: bound from `send` to success or failure.
+    pub delivery_timeout: Duration,
+    /// `buffer.memory`: bytes of records waiting to be sent or acknowledged.
+    pub buffer_memory: usize,
+    /// `max.block.ms`: how long `send` may wait for buffer space; zero fails at once.
+    pub max_block: Duration,
+    /// `max.request.size`: largest produce request, and so largest record.
+    pub max_request_size: usize,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        Self {
+            client: ClientConfig::default(),
+            acks: Acks::All,
+            batch_size: 16 * 1024,
+            linger: Duration::from_millis(5),
+            compression: Compression::None,
+            max_in_flight: 5,
+            retries: u32::MAX,
+            delivery_timeout: Duration::from_secs(120),
+            buffer_memory: 32 * 1024 * 1024,
+            max_block: Duration::from_secs(60),
+            max_request_size: 1024 * 1024,
+        }
+    }
+}
+
+impl ProducerConfig {
+    fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::InvalidConfig(m.into()));
+        if self.max_in_flight == 0 {
+            return bad("max.in.flight.requests.per.connection must be at least 1");
+        }
+        if self.buffer_memory < self.max_request_size {
+            return bad("buffer.memory must be at least max.request.size");
+        }
+        if self.buffer_memory > Semaphore::MAX_PERMITS || self.max_request_size > u32::MAX as usize {
+            return bad("buffer.memory is too large");
+        }
+        Ok(())
+    }
+}
+
+/// A record to send.
+#[derive(Debug, Clone, Default)]
+pub struct ProducerRecord {
+    /// Topic.
+    pub topic: String,
+    /// Explicit partition; `None` lets the partitioner choose.
+    pub partition: Option<i32>,
+    /// Key (decides the partition when there is no explicit one).
+    pub key: Option<Bytes>,
+    /// Value; `None` is a null value (a tombstone).
+    pub value: Option<Bytes>,
+    /// Headers, in order.
+    pub headers: Vec<(String, Option<Bytes>)>,
+    /// Create time in ms since the epoch; `None` means now.
+    pub timestamp: Option<i64>,
+}
+
+impl ProducerRecord {
+    /// A record with a value and nothing else.
+    pub fn new(topic: impl Into<String>, value: impl Into<Bytes>) -> Self {
+        Self { topic: topic.into(), value: Some(value.into()), ..Self::default() }
+    }
+
+    /// Sets the key.
+    pub fn key(mut self, key: impl Into<Bytes>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Sets an explicit partition.
+    pub fn partition(mut self, partition: i32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+
+    /// Adds a header.
+    pub fn header(mut self, key: impl Into<String>, value: Option<Bytes>) -> Self {
+        self.headers.push((key.into(), value));
+        self
+    }
+
+    /// Sets the timestamp.
+    pub fn timestamp(mut self, timestamp: i64) -> Self {
+        self.timestamp = Some(timestamp);
+        self
+    }
+
+    /// Bytes this record takes inside a batch (upper bound: varints counted at 5/10 bytes).
+    pub fn encoded_size(&self) -> usize {
+        let nullable = |b: &Option<Bytes>| 5 + b.as_ref().map_or(0, Bytes::len);
+        let headers: usize = self.headers.iter().map(|(k, v)| 5 + k.len() + nullable(v)).sum();
+        5 + 1 + 10 + 5 + nullable(&self.key) + nullable(&self.value) + 5 + headers
+    }
+}
+
+/// An asynchronous producer; clones share the same buffers, sender and connections.
+#[derive(Clone)]
+pub struct Producer {
+    inner: Arc<Inner>,
+    _handle: Arc<Handle>,
+}
+
+/// Dropping the last user handle closes the producer (after sending what is buffered).
+struct Handle(Arc<Inner>);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner()).closing = true;
+        self.0.wake_sender.notify_one();
+    }
+}
+
+struct Inner {
+    config: ProducerConfig,
+    cluster: Arc<Cluster>,
+    memory: Arc<Semaphore>,
+    state: Mutex<State>,
+    wake_sender: Notify,
+    /// Signalled whenever a batch completes (flush waits on it).
+    batch_done: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    topics: HashMap<Arc<str>, TopicState>,
+    /// Batches created and not completed yet.
+    incomplete: usize,
+    flushing: usize,
+    closing: bool,
+    /// In-flight requests per broker id.
+    in_flight: HashMap<i32, usize>,
+    random: Option<Random>,
+}
+
+struct TopicState {
+    name: Arc<str>,
+    partitions: Vec<PartitionQueue>,
+    sticky: Option<i32>,
+}
+
+#[derive(Default)]
+struct PartitionQueue {
+    open: Option<OpenBatch>,
+    ready: VecDeque<ReadyBatch>,
+}
+
+struct OpenBatch {
+    builder: BatchBuilder,
+    created: Instant,
+    completion: Arc<Completion>,
+    memory: usize,
+}
+
+/// A closed batch, waiting to be sent or retried.
+pub(crate) struct ReadyBatch {
+    topic: Arc<str>,
+    partition: i32,
+    bytes: Bytes,
+    records: usize,
+    completion: Arc<Completion>,
+    memory: usize,
+    created: Instant,
+    attempts: u32,
+    retry_at: Option<Instant>,
+}
+
+impl Producer {
+    /// Connects to the cluster and starts the sender task.
+    pub async fn connect(config: ProducerConfig) -> Result<Self> {
+        config.validate()?;
+        let cluster = Cluster::connect(config.client.clone()).await?;
+        let inner = Arc::new(Inner {
+            memory: Arc::new(Semaphore::new(config.buffer_memory)),
+            config,
+            cluster,
+            state: Mutex::new(State { random: Some(Random::new()), ..State::default() }),
+            wake_sender: Notify::new(),
+            batch_done: Notify::new(),
+        });
+        tokio::spawn(sender_loop(inner.clone()));
+        Ok(Self { _handle: Arc::new(Handle(inner.clone())), inner })
+    }
+
+    /// Queues `record` for sending. Waits only for metadata of a new topic and for buffer
+    /// space; the returned future resolves when the broker acknowledged the record.
+    pub async fn send(&self, record: ProducerRecord) -> Result<DeliveryFuture> {
+        let inner = &self.inner;
+        let size = record.encoded_size();
+        if size + BATCH_OVERHEAD > inner.config.max_request_size {
+            return Err(Error::RecordTooLarge { size: size + BATCH_OVERHEAD, max: inner.config.max_request_size });
+        }
+        let partitions = inner.partition_count(&record.topic).await?;
+        if let Some(p) = record.partition {
+            if !(0..partitions).contains(&p) {
+                return Err(Error::UnknownPartition { topic: record.topic, partition: p });
+            }
+        }
+        inner.reserve(size).await?;
+        let timestamp = record.timestamp.unwrap_or_else(now_ms);
+        let headers: Vec<(&str, Option<&[u8]>)> = record.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+
+        let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.closing {
+            drop(state);
+            inner.memory.add_permits(size);
+            return Err(Error::ProducerClosed);
+        }
+        let State { topics, random, incomplete, .. } = &mut *state;
+        let topic = topics.entry_ref(&record.topic, partitions);
+        let partition = match (record.partition, &record.key) {
+            (Some(p), _) => p,
+            (None, Some(key)) => partition_for_key(key, partitions),
+            (None, None) => *topic.sticky.get_or_insert_with(|| random.as_mut().map_or(0, |r| r.partition(partitions, None))),
+        };
+        let name = topic.name.clone();
+        let queue = &mut topic.partitions[partition as usize];
+        let mut woke = false;
+        if let Some(open) = &queue.open {
+            if open.builder.size() + size > inner.config.batch_size {
+                let open = queue.open.take().expect("checked above");
+                queue.ready.push_back(open.close(&name, partition, inner.config.compression)?);
+                woke = true;
+            }
+        }
+        let open = queue.open.get_or_insert_with(|| {
+            *incomplete += 1;
+            woke = true;
+            OpenBatch {
+                builder: BatchBuilder::with_capacity(timestamp, inner.config.batch_size.min(1 << 20)),
+                created: Instant::now(),
+                completion: Arc::new(Completion::default()),
+                memory: 0,
+            }
+        });
+        let index = open.builder.len() as i32;
+        open.builder.append(timestamp, record.key.as_deref(), record.value.as_deref(), &headers);
+        open.memory += size;
+        let future = DeliveryFuture::new(open.completion.clone(), partition, index);
+        if open.builder.size() >= inner.config.batch_size {
+            let open = queue.open.take().expect("just appended");
+            queue.ready.push_back(open.close(&name, partition, inner.config.compression)?);
+            if record.key.is_none() && record.partition.is_none() {
+                // The sticky partition's batch is full: stick to another one next.
+                let next = random.as_mut().map_or(0, |r| r.partition(partitions, Some(partition)));
+                topic.sticky = Some(next);
+            }
+            woke = true;
+        }
+        drop(state);
+        if woke {
+            inner.wake_sender.notify_one();
+        }
+        Ok(future)
+    }
+
+    /// Sends everything buffered now (ignoring `linger.ms`) and waits until every batch
+    /// created so far has completed, successfully or not.
+    pub async fn flush(&self) {
+        let inner = &self.inner;
+        inner.state.lock().unwrap_or_else(|e| e.into_inner()).flushing += 1;
+        inner.wake_sender.notify_one();
+        loop {
+            let done = inner.batch_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if inner.state.lock().unwrap_or_else(|e| e.into_inner()).incomplete == 0 {
+                break;
+            }
+            done.await;
+        }
+        inner.state.lock().unwrap_or_else(|e| e.into_inner()).flushing -= 1;
+    }
+
+    /// Flushes, then stops the sender. Later sends fail with [`Error::ProducerClosed`].
+    pub async fn close(&self) {
+        self.flush().await;
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner()).closing = true;
+        self.inner.wake_sender.notify_one();
+    }
+
+    /// Partitions of `topic` (fetching metadata, and so possibly auto-creating it).
+    pub async fn partition_count(&self, topic: &str) -> Result<i32> {
+        self.inner.partition_count(topic).await
+    }
+}
+
+trait TopicsExt {
+    fn entry_ref(&mut self, topic: &str, partitions: i32) -> &mut TopicState;
+}
+
+impl TopicsExt for HashMap<Arc<str>, TopicState> {
+    /// The topic's state, created (or grown, when partitions were added) on demand,
+    /// without allocating the name on the hot path.
+    fn entry_ref(&mut self, topic: &str, partitions: i32) -> &mut TopicState {
+        if !self.contains_key(topic) {
+            let name: Arc<str> = topic.into();
+            self.insert(name.clone(), TopicState { name, partitions: Vec::new(), sticky: None });
+        }
+        let t = self.get_mut(topic).expect("inserted above");
+        if t.partitions.len() < partitions as usize {
+            t.partitions.resize_with(partitions as usize, PartitionQueue::default);
+        }
+        t
+    }
+}
+
+impl OpenBatch {
+    fn close(self, topic: &Arc<str>, partition: i32, codec: Compression) -> Result<ReadyBatch> {
+        let records = self.builder.len();
+        let bytes = self.builder.build_compressed(codec)?;
+        Ok(ReadyBatch {
+            topic: topic.clone(),
+            partition,
+            bytes,
+            records,
+            completion: self.completion,
+            memory: self.memory,
+            created: self.created,
+            attempts: 0,
+            retry_at: None,
+        })
+    }
+}
+
+impl Inner {
+    async fn partition_count(&self, topic: &str) -> Result<i32> {
+        let t = self.cluster.topic(topic).await?;
+        match t.partitions.len() {
+            0 => Err(Error::UnknownTopic(topic.to_string())),
+            n => Ok(n as i32),
+        }
+    }
+
+    /// Takes `size` bytes of `buffer.memory`, waiting up to `max.block.ms`.
+    async fn reserve(&self, size: usize) -> Result<()> {
+        let permits = size as u32;
+        if let Ok(p) = self.memory.try_acquire_many(permits) {
+            p.forget();
+            return Ok(());
+        }
+        let started = Instant::now();
+        let full = || Error::BufferFull { buffer_memory: self.config.buffer_memory, waited: started.elapsed() };
+        if self.config.max_block.is_zero() {
+            return Err(full());
+        }
+        match tokio::time::timeout(self.config.max_block, self.memory.acquire_many(permits)).await {
+            Ok(Ok(p)) => {
+                p.forget();
+                Ok(())
+            }
+            _ => Err(full()),
+        }
+    }
+
+    /// Completes a batch: wakes its record futures and gives back its memory.
+    fn complete(&self, batch: &ReadyBatch, outcome: Outcome) {
+        batch.completion.complete(outcome);
+        self.memory.add_permits(batch.memory);
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).incomplete -= 1;
+        self.batch_done.notify_waiters();
+    }
+
+    /// Puts a batch back for another attempt, or fails it when out of attempts or time.
+    fn retry_or_fail(&self, mut batch: ReadyBatch, error: Error) {
+        let expired = batch.created.elapsed() >= self.config.delivery_timeout;
+        if !error.is_retriable() || batch.attempts >= self.config.retries || expired {
+            let error = if expired && error.is_retriable() { Error::DeliveryTimeout(self.config.delivery_timeout) } else { error };
+            self.complete(&batch, Outcome::Failed(error));
+            return;
+        }
+        tracing::debug!(topic = %batch.topic, partition = batch.partition, %error, "retrying batch");
+        batch.attempts += 1;
+        batch.retry_at = Some(Instant::now() + self.cluster.config().retry_backoff);
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let partitions = state.topics.get(&*batch.topic).map_or(0, |t| t.partitions.len());
+        let topic = state.topics.entry_ref(&batch.topic.clone(), partitions.max(batch.partition as usize + 1) as i32);
+        topic.partitions[batch.partition as usize].ready.push_front(batch);
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Drains ready batches into produce requests until the producer is closed and empty.
+async fn sender_loop(inner: Arc<Inner>) {
+    let mut refresh_due = false;
+    loop {
+        let woken = inner.wake_sender.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        if refresh_due {
+            refresh_due = false;
+            // Errors here surface as retries of the batches themselves.
+            let _ = inner.cluster.refresh(None).await;
+        }
+        let metadata = inner.cluster.metadata();
+        let (requests, next_deadline, finished) = {
+            let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+            drain(&inner.config, &mut state, &metadata, &mut refresh_due)
+        };
+        let sent_any = !requests.is_empty();
+        for (broker, batches) in requests {
+            send_request(&inner, broker, batches).await;
+        }
+        if finished {
+            return;
+        }
+        if sent_any {
+            // More may be sendable right away (a partition sends one batch per request).
+            continue;
+        }
+        let sleep = next_deadline.map(|d| tokio::time::sleep_until(d.into()));
+        match sleep {
+            _ if refresh_due => tokio::time::sleep(inner.cluster.config().retry_backoff).await,
+            Some(sleep) => {
+                tokio::select! {
+                    _ = &mut woken => {}
+                    _ = sleep => {}
+                }
+            }
+            None => woken.await,
+        }
+    }
+}
+
+type Requests = Vec<(i32, Vec<ReadyBatch>)>;
+
+/// Takes every batch that may be sent now, grouped by leader, respecting the in-flight
+/// limit. Returns the requests, the earliest time something else becomes sendable, and
+/// whether the producer is closed with nothing left.
+fn drain(
+    config: &ProducerConfig,
+    state: &mut State,
+    metadata: &crate::cluster::Metadata,
+    refresh_due: &mut bool,
+) -> (Requests, Option<Instant>, bool) {
+    let now = Instant::now();
+    let force = state.flushing > 0 || state.closing;
+    let mut next_deadline: Option<Instant> = None;
+    let mut per_broker: HashMap<i32, Vec<Vec<ReadyBatch>>> = HashMap::new();
+    let mut request_sizes: HashMap<i32, usize> = HashMap::new();
+    let State { topics, in_flight, .. } = state;
+    for topic in topics.values_mut() {
+        let leaders = metadata.topics.get(&*topic.name);
+        for (p, queue) in topic.partitions.iter_mut().enumerate() {
+            let linger_over = |o: &OpenBatch| force || o.created + config.linger <= now;
+            if let Some(open) = &queue.open {
+                if !linger_over(open) {
+                    let deadline = open.created + config.linger;
+                    next_deadline = Some(next_deadline.map_or(deadline, |d| d.min(deadline)));
+                }
+            }
+            let has_ready = queue.ready.front().is_some() || queue.open.as_ref().is_some_and(linger_over);
+            if !has_ready {
+                continue;
+            }
+            if let Some(retry_at) = queue.ready.front().and_then(|b| b.retry_at).filter(|&t| t > now) {
+                next_deadline = Some(next_deadline.map_or(retry_at, |d| d.min(retry_at)));
+                continue;
+            }
+            let leader = leaders.and_then(|t| t.partitions.get(p)).map_or(-1, |pm| pm.leader);
+            if leader < 0 || !metadata.brokers.contains_key(&leader) {
+                *refresh_due = true;
+                continue;
+            }
+            let requests = per_broker.entry(leader).or_default();
+            let used = in_flight.get(&leader).copied().unwrap_or(0) + requests.len();
+            let size = request_sizes.entry(leader).or_insert(usize::MAX);
+            let next_size = queue.ready.front().map_or_else(|| queue.open.as_ref().map_or(0, |o| o.builder.size()), |b| b.bytes.len());
+            let fits = size.saturating_add(next_size) <= config.max_request_size;
+            if !fits && used >= config.max_in_flight {
+                continue;
+            }
+            let batch = match queue.ready.pop_front() {
+                Some(b) => b,
+                None => match queue.open.take().map(|o| o.close(&topic.name, p as i32, config.compression)) {
+                    Some(Ok(b)) => {
+                        if topic.sticky == Some(p as i32) {
+                            topic.sticky = None;
+                        }
+                        b
+                    }
+                    Some(Err(e)) => {
+                        // Compression into memory does not fail in practice; if it does,
+                        // the batch's records fail with the reason.
+                        tracing::error!(%e, "could not build batch");
+                        continue;
+                    }
+                    None => continue,
+                },
+            };
+            if fits {
+                *size += batch.bytes.len();
+                requests.last_mut().expect("size is MAX until a request exists").push(batch);
+            } else {
+                *size = batch.bytes.len();
+                requests.push(vec![batch]);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (broker, requests) in per_broker {
+        for batches in requests {
+            *in_flight.entry(broker).or_default() += 1;
+            out.push((broker, batches));
+        }
+    }
+    let finished = state.closing && state.incomplete == 0;
+    (out, next_deadline, finished)
+}
+
+async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>) {
+    let release = move |inner: &Inner| {
+        let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = state.in_flight.get_mut(&broker) {
+            *n = n.saturating_sub(1);
+        }
+        drop(state);
+        inner.wake_sender.notify_one();
+    };
+    let conn = match inner.cluster.broker(broker).await {
+        Ok(c) => c,
+        Err(e) => {
+            release(inner);
+            for b in batches {
+                inner.retry_or_fail(b, e.clone());
+            }
+            return;
+        }
+    };
+    let request = produce_request(inner.config.acks, inner.config.client.request_timeout, &batches);
+    let version = match conn.version::<ProduceRequest>(PRODUCE_VERSION) {
+        Ok(v) => v,
+        Err(e) => {
+            release(inner);
+            for b in batches {
+                inner.complete(&b, Outcome::Failed(e.clone()));
+            }
+            return;
+        }
+    };
+    if inner.config.acks == Acks::None {
+        let written = conn.send_oneway(&request, version).await;
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            let result = match written {
+                Ok(w) => w.await,
+                Err(e) => Err(e),
+            };
+            release(&inner);
+            for b in batches {
+                match &result {
+                    Ok(()) => inner.complete(&b, Outcome::Sent { base_offset: -1 }),
+                    Err(e) => inner.retry_or_fail(b, e.clone()),
+                }
+            }
+        });
+        return;
+    }
+    let response = conn.send(&request, version).await;
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        let result = match response {
+            Ok(r) => r.await,
+            Err(e) => Err(e),
+        };
+        release(&inner);
+        match result {
+            Ok(response) => handle_response(&inner, &conn, batches, response),
+            Err(e) => {
+                if e.needs_metadata_refresh() {
+                    let _ = inner.cluster.refresh(None).await;
+                }
+                for b in batches {
+                    inner.retry_or_fail(b, e.clone());
+                }
+            }
+        }
+    });
+}
+
+fn produce_request(acks: Acks, timeout: Duration, batches: &[ReadyBatch]) -> ProduceRequest {
+    let mut topics: Vec<TopicProduceData> = Vec::new();
+    for b in batches {
+        let data = PartitionProduceData::default().with_index(b.partition).with_records(Some(b.bytes.clone()));
+        match topics.iter_mut().find(|t| *t.name.0 == *b.topic) {
+            Some(t) => t.partition_data.push(data),
+            None => topics.push(
+                TopicProduceData::default()
+                    .with_name(TopicName(StrBytes::from_string(b.topic.to_string())))
+                    .with_partition_data(vec![data]),
+            ),
+        }
+    }
+    ProduceRequest::default().with_acks(acks.wire()).with_timeout_ms(timeout.as_millis() as i32).with_topic_data(topics)
+}
+
+fn handle_response(inner: &Arc<Inner>, conn: &Connection, batches: Vec<ReadyBatch>, response: ProduceResponse) {
+    let mut refresh = false;
+    for batch in batches {
+        let result = response
+            .responses
+            .iter()
+            .filter(|t| *t.name.0 == *batch.topic)
+            .flat_map(|t| &t.partition_responses)
+            .find(|p| p.index == batch.partition);
+        let Some(result) = result else {
+            let detail = format!("no produce result for {}-{}", batch.topic, batch.partition);
+            inner.complete(&batch, Outcome::Failed(Error::Protocol { broker: conn.addr().to_string(), detail }));
+            continue;
+        };
+        let context = || format!("produce to {}-{}", batch.topic, batch.partition);
+        match Error::kafka(result.error_code, context(), result.error_message.as_ref().map(|m| m.to_string())) {
+            None => inner.complete(&batch, Outcome::Sent { base_offset: result.base_offset }),
+            Some(e) if e.code() == Some(ResponseError::MessageTooLarge) && batch.records > 1 => {
+                split_and_resend(inner, batch);
+            }
+            Some(e) => {
+                refresh |= e.needs_metadata_refresh();
+                inner.retry_or_fail(batch, e);
+            }
+        }
+    }
+    if refresh {
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            let _ = inner.cluster.refresh(None).await;
+            inner.wake_sender.notify_one();
+        });
+    } else {
+        inner.wake_sender.notify_one();
+    }
+}
+
+/// Replaces a batch the broker found too large by one batch per record; the original
+/// batch completes record by record when they do.
+fn split_and_resend(inner: &Arc<Inner>, batch: ReadyBatch) {
+    let parts = match split_batch(&batch.bytes, inner.config.compression) {
+        Ok(parts) => parts,
+        Err(e) => {
+            inner.complete(&batch, Outcome::Failed(e));
+            return;
+        }
+    };
+    let completions: Vec<Arc<Completion>> = parts.iter().map(|_| Arc::new(Completion::default())).collect();
+    {
+        let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.incomplete += parts.len();
+        let partitions = state.topics.get(&*batch.topic).map_or(0, |t| t.partitions.len()) as i32;
+        let queue = &mut state.topics.entry_ref(&batch.topic.clone(), partitions).partitions[batch.partition as usize];
+        for (bytes, completion) in parts.into_iter().zip(&completions).rev() {
+            queue.ready.push_front(ReadyBatch {
+                topic: batch.topic.clone(),
+                partition: batch.partition,
+                bytes,
+                records: 1,
+                completion: completion.clone(),
+                memory: 0,
+                created: batch.created,
+                attempts: batch.attempts,
+                retry_at: None,
+            });
+        }
+    }
+    inner.wake_sender.notify_one();
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        let mut results = Vec::with_capacity(completions.len());
+        for c in &completions {
+            results.push(c.wait().await);
+        }
+        inner.complete(&batch, Outcome::PerRecord(results));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acks_parse_like_kafka() {
+        assert_eq!("0".parse::<Acks>().unwrap(), Acks::None);
+        assert_eq!("1".parse::<Acks>().unwrap(), Acks::Leader);
+        assert_eq!("all".parse::<Acks>().unwrap(), Acks::All);
+        assert_eq!("-1".parse::<Acks>().unwrap(), Acks::All);
+        assert!("2".parse::<Acks>().is_err());
+    }
+
+    #[test]
+    fn encoded_size_is_an_upper_bound() {
+        let r = ProducerRecord::new("t", vec![1u8; 200]).key(&b"k"[..]).header("h", Some(Bytes::from_static(b"v")));
+        let mut b = BatchBuilder::new(0);
+        b.append(0, Some(b"k"), Some(&[1u8; 200]), &[("h", Some(b"v"))]);
+        assert!(r.encoded_size() >= b.size() - BATCH_OVERHEAD);
+        assert!(r.encoded_size() <= b.size() - BATCH_OVERHEAD + 40);
+    }
+
+    #[test]
+    fn config_is_validated() {
+        let c = ProducerConfig { max_in_flight: 0, ..ProducerConfig::default() };
+        assert!(matches!(c.validate(), Err(Error::InvalidConfig(_))));
+        let c = ProducerConfig { buffer_memory: 10, ..ProducerConfig::default() };
+        assert!(matches!(c.validate(), Err(Error::InvalidConfig(_))));
+        assert!(ProducerConfig::default().validate().is_ok());
+    }
+}
