@@ -1,0 +1,371 @@
+//! The REST service: Confluent Schema Registry's API (the Avro part), on axum.
+//!
+//! Responses carry `application/vnd.schemaregistry.v1+json`; request bodies may be sent as
+//! that, `application/vnd.schemaregistry+json`, `application/json`,
+//! `application/octet-stream` (all of which Confluent accepts) or without a content type.
+//! Errors are Confluent's JSON, `{"error_code": N, "message": "..."}`, with its codes:
+//!
+//! | status | error_code | when |
+//! |---|---|---|
+//! | 404 | 40401 / 40402 / 40403 | subject / version / schema (or id) not found |
+//! | 404 | 40404 / 40406 | subject / version already soft-deleted (use `?permanent=true`) |
+//! | 404 | 40405 / 40407 | permanent delete of a subject / version not soft-deleted first |
+//! | 404 | 40408 | the subject has no compatibility level of its own |
+//! | 409 | 409 | incompatible schema (the message names the version, rule and path) |
+//! | 422 | 42201 / 42202 / 42203 | invalid schema / version / compatibility level |
+//! | 400, 413, 415 | same | malformed JSON body, body over `max_body_bytes`, wrong content type |
+//! | 500 | 50001 | the metadata store failed |
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use fjord_coord::Store;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::compat::CompatibilityLevel;
+use crate::schema::ParsedSchema;
+use crate::store::{SchemaStore, SubjectVersion, VersionSpec};
+use crate::{Error, Result};
+
+/// The content type of every response.
+pub const CONTENT_TYPE: &str = "application/vnd.schemaregistry.v1+json";
+
+const ACCEPTED_CONTENT_TYPES: &[&str] =
+    &[CONTENT_TYPE, "application/vnd.schemaregistry+json", "application/json", "application/octet-stream"];
+
+/// Settings of one registry instance.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// Largest request body accepted; larger ones get 413 before being parsed.
+    pub max_body_bytes: usize,
+    /// Compatibility level in force until `PUT /config` stores one
+    /// (Confluent's `schema.compatibility.level`).
+    pub default_compatibility: CompatibilityLevel,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        // Avro schemas are small; a few MiB leaves room for very large generated ones while
+        // bounding what one request can make the server buffer.
+        Self { max_body_bytes: 4 * 1024 * 1024, default_compatibility: CompatibilityLevel::Backward }
+    }
+}
+
+impl RegistryConfig {
+    /// Rejects settings the service cannot run with.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_body_bytes < 1024 {
+            return Err(Error::Config(format!("max_body_bytes = {} is below 1024: no schema would fit", self.max_body_bytes)));
+        }
+        Ok(())
+    }
+}
+
+type AppState = Arc<SchemaStore>;
+
+/// The REST API over `store`, with its own id → schema cache. Several routers (instances)
+/// may share one store.
+pub fn router(config: &RegistryConfig, store: Store) -> Router {
+    let state: AppState = Arc::new(SchemaStore::new(store, config.default_compatibility));
+    Router::new()
+        .route("/", get(|| async { reply(StatusCode::OK, &json!({})) }))
+        .route("/subjects", get(list_subjects))
+        .route("/subjects/{subject}", post(lookup_schema).delete(delete_subject))
+        .route("/subjects/{subject}/versions", get(list_versions).post(register_schema))
+        .route("/subjects/{subject}/versions/{version}", get(get_version).delete(delete_version))
+        .route("/subjects/{subject}/versions/{version}/schema", get(get_version_schema))
+        .route("/schemas/ids/{id}", get(get_schema_by_id))
+        .route("/schemas/ids/{id}/schema", get(get_raw_schema_by_id))
+        .route("/schemas/ids/{id}/versions", get(get_versions_of_id))
+        .route("/schemas/types", get(|| async { reply(StatusCode::OK, &["AVRO"]) }))
+        .route("/config", get(get_global_config).put(put_global_config))
+        .route("/config/{subject}", get(get_subject_config).put(put_subject_config).delete(delete_subject_config))
+        .route("/compatibility/subjects/{subject}/versions", post(check_all))
+        .route("/compatibility/subjects/{subject}/versions/{version}", post(check_version))
+        .fallback(|| async { ApiError::http(StatusCode::NOT_FOUND, "HTTP 404 Not Found") })
+        .method_not_allowed_fallback(|| async { ApiError::http(StatusCode::METHOD_NOT_ALLOWED, "HTTP 405 Method Not Allowed") })
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` is cancelled, then finishes in-flight
+/// requests and returns. The production entry point of `fjord registry` and `fjord dev`.
+pub async fn run(config: RegistryConfig, store: Store, listener: TcpListener, shutdown: CancellationToken) -> Result<()> {
+    config.validate()?;
+    let addr = listener.local_addr().map_err(Error::Serve)?;
+    tracing::info!(%addr, ?config, "schema registry listening");
+    axum::serve(listener, router(&config, store)).with_graceful_shutdown(shutdown.cancelled_owned()).await.map_err(Error::Serve)
+}
+
+// ---- responses and errors ---------------------------------------------------------------
+
+fn reply<T: Serialize + ?Sized>(status: StatusCode, body: &T) -> Response {
+    let bytes = serde_json::to_vec(body).expect("invariant: API documents always serialize");
+    raw_reply(status, bytes)
+}
+
+fn raw_reply(status: StatusCode, bytes: Vec<u8>) -> Response {
+    let mut response = (status, bytes).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    response
+}
+
+/// An error as the API reports it.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    code: i32,
+    message: String,
+}
+
+impl ApiError {
+    /// Errors of the HTTP layer, whose Confluent error code is the status itself.
+    fn http(status: StatusCode, message: impl Into<String>) -> Self {
+        Self { status, code: i32::from(status.as_u16()), message: message.into() }
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        let (status, code) = match &e {
+            Error::InvalidSchema(_) | Error::UnsupportedSchema(_) => (StatusCode::UNPROCESSABLE_ENTITY, 42201),
+            Error::InvalidVersion(_) => (StatusCode::UNPROCESSABLE_ENTITY, 42202),
+            Error::InvalidCompatibilityLevel(_) => (StatusCode::UNPROCESSABLE_ENTITY, 42203),
+            Error::SubjectNotFound(_) => (StatusCode::NOT_FOUND, 40401),
+            Error::VersionNotFound { .. } => (StatusCode::NOT_FOUND, 40402),
+            Error::SchemaNotFound | Error::UnknownId(_) => (StatusCode::NOT_FOUND, 40403),
+            Error::SubjectSoftDeleted(_) => (StatusCode::NOT_FOUND, 40404),
+            Error::SubjectNotSoftDeleted(_) => (StatusCode::NOT_FOUND, 40405),
+            Error::VersionSoftDeleted { .. } => (StatusCode::NOT_FOUND, 40406),
+            Error::VersionNotSoftDeleted { .. } => (StatusCode::NOT_FOUND, 40407),
+            Error::SubjectConfigNotFound(_) => (StatusCode::NOT_FOUND, 40408),
+            Error::Incompatible { .. } => (StatusCode::CONFLICT, 409),
+            _ => {
+                // The one place server-side failures are logged: the boundary that answers.
+                tracing::error!(error = %e, "schema registry request failed");
+                (StatusCode::INTERNAL_SERVER_ERROR, 50001)
+            }
+        };
+        Self { status, code, message: e.to_string() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        reply(self.status, &json!({ "error_code": self.code, "message": self.message }))
+    }
+}
+
+type ApiResult = std::result::Result<Response, ApiError>;
+
+// ---- request parsing --------------------------------------------------------------------
+
+/// A JSON request body: content type checked, size bounded by [`DefaultBodyLimit`], parsed.
+struct JsonBody<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> std::result::Result<Self, ApiError> {
+        if let Some(value) = req.headers().get(header::CONTENT_TYPE) {
+            let mime = value.to_str().unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+            if !ACCEPTED_CONTENT_TYPES.contains(&mime.as_str()) {
+                return Err(ApiError::http(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    format!("unsupported content type {mime:?}; send {CONTENT_TYPE} or application/json"),
+                ));
+            }
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::http(StatusCode::PAYLOAD_TOO_LARGE, "request body too large")
+            } else {
+                ApiError::http(StatusCode::BAD_REQUEST, rejection.body_text())
+            }
+        })?;
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| ApiError::http(StatusCode::BAD_REQUEST, format!("malformed JSON request body: {e}")))
+    }
+}
+
+/// `POST /subjects/{s}/versions`, `POST /subjects/{s}` and the compatibility endpoints.
+#[derive(Deserialize)]
+struct SchemaRequest {
+    schema: Option<String>,
+    #[serde(rename = "schemaType")]
+    schema_type: Option<String>,
+    references: Option<Vec<Value>>,
+}
+
+impl SchemaRequest {
+    fn parse(&self) -> Result<ParsedSchema> {
+        if let Some(t) = self.schema_type.as_deref().filter(|t| !t.eq_ignore_ascii_case("AVRO")) {
+            return Err(Error::UnsupportedSchema(format!("schema type {t} is not supported; this registry serves AVRO")));
+        }
+        if self.references.as_ref().is_some_and(|r| !r.is_empty()) {
+            return Err(Error::UnsupportedSchema("schema references are not supported".into()));
+        }
+        match self.schema.as_deref() {
+            None | Some("") => Err(Error::InvalidSchema("Empty schema".into())),
+            Some(text) => ParsedSchema::parse(text),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ConfigRequest {
+    compatibility: Option<String>,
+    #[serde(rename = "compatibilityLevel")]
+    compatibility_level: Option<String>,
+}
+
+impl ConfigRequest {
+    fn level(&self) -> Result<CompatibilityLevel> {
+        match self.compatibility.as_deref().or(self.compatibility_level.as_deref()) {
+            Some(name) => name.parse(),
+            None => Err(Error::InvalidCompatibilityLevel("missing \"compatibility\"".into())),
+        }
+    }
+}
+
+type Flags = Query<HashMap<String, String>>;
+
+/// `?name=true` (any case); absent or anything else is false.
+fn flag(flags: &Flags, name: &str) -> bool {
+    flags.get(name).is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+fn parse_id(id: &str) -> Result<i32> {
+    id.parse().map_err(|_| Error::SchemaNotFound)
+}
+
+fn version_doc(v: &SubjectVersion) -> Value {
+    json!({ "subject": v.subject, "version": v.version, "id": v.id, "schema": v.schema.text })
+}
+
+// ---- handlers ---------------------------------------------------------------------------
+
+async fn list_subjects(State(s): State<AppState>, flags: Flags) -> ApiResult {
+    Ok(reply(StatusCode::OK, &s.subjects(flag(&flags, "deleted")).await?))
+}
+
+async fn list_versions(State(s): State<AppState>, Path(subject): Path<String>, flags: Flags) -> ApiResult {
+    Ok(reply(StatusCode::OK, &s.versions(&subject, flag(&flags, "deleted")).await?))
+}
+
+async fn get_version(State(s): State<AppState>, Path((subject, version)): Path<(String, String)>, flags: Flags) -> ApiResult {
+    let v = s.version(&subject, VersionSpec::parse(&version)?, flag(&flags, "deleted")).await?;
+    Ok(reply(StatusCode::OK, &version_doc(&v)))
+}
+
+async fn get_version_schema(State(s): State<AppState>, Path((subject, version)): Path<(String, String)>, flags: Flags) -> ApiResult {
+    let v = s.version(&subject, VersionSpec::parse(&version)?, flag(&flags, "deleted")).await?;
+    Ok(raw_reply(StatusCode::OK, v.schema.text.clone().into_bytes()))
+}
+
+async fn register_schema(State(s): State<AppState>, Path(subject): Path<String>, JsonBody(req): JsonBody<SchemaRequest>) -> ApiResult {
+    let id = s.register(&subject, &req.parse()?).await?;
+    Ok(reply(StatusCode::OK, &json!({ "id": id })))
+}
+
+async fn lookup_schema(
+    State(s): State<AppState>,
+    Path(subject): Path<String>,
+    flags: Flags,
+    JsonBody(req): JsonBody<SchemaRequest>,
+) -> ApiResult {
+    let v = s.lookup(&subject, &req.parse()?, flag(&flags, "deleted")).await?;
+    Ok(reply(StatusCode::OK, &version_doc(&v)))
+}
+
+async fn delete_subject(State(s): State<AppState>, Path(subject): Path<String>, flags: Flags) -> ApiResult {
+    Ok(reply(StatusCode::OK, &s.delete_subject(&subject, flag(&flags, "permanent")).await?))
+}
+
+async fn delete_version(State(s): State<AppState>, Path((subject, version)): Path<(String, String)>, flags: Flags) -> ApiResult {
+    let v = s.delete_version(&subject, VersionSpec::parse(&version)?, flag(&flags, "permanent")).await?;
+    Ok(reply(StatusCode::OK, &v))
+}
+
+async fn get_schema_by_id(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let schema = s.schema_by_id(parse_id(&id)?).await?;
+    Ok(reply(StatusCode::OK, &json!({ "schema": schema.text })))
+}
+
+async fn get_raw_schema_by_id(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let schema = s.schema_by_id(parse_id(&id)?).await?;
+    Ok(raw_reply(StatusCode::OK, schema.text.clone().into_bytes()))
+}
+
+async fn get_versions_of_id(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let pairs = s.subject_versions_of_id(parse_id(&id)?).await?;
+    let docs: Vec<Value> = pairs.into_iter().map(|(subject, version)| json!({ "subject": subject, "version": version })).collect();
+    Ok(reply(StatusCode::OK, &docs))
+}
+
+async fn get_global_config(State(s): State<AppState>) -> ApiResult {
+    Ok(reply(StatusCode::OK, &json!({ "compatibilityLevel": s.global_level().await? })))
+}
+
+async fn put_global_config(State(s): State<AppState>, JsonBody(req): JsonBody<ConfigRequest>) -> ApiResult {
+    let level = req.level()?;
+    s.set_global_level(level).await?;
+    Ok(reply(StatusCode::OK, &json!({ "compatibility": level })))
+}
+
+async fn get_subject_config(State(s): State<AppState>, Path(subject): Path<String>, flags: Flags) -> ApiResult {
+    let level = match s.subject_level(&subject).await? {
+        Some(level) => level,
+        None if flag(&flags, "defaultToGlobal") => s.global_level().await?,
+        None => return Err(Error::SubjectConfigNotFound(subject).into()),
+    };
+    Ok(reply(StatusCode::OK, &json!({ "compatibilityLevel": level })))
+}
+
+async fn put_subject_config(State(s): State<AppState>, Path(subject): Path<String>, JsonBody(req): JsonBody<ConfigRequest>) -> ApiResult {
+    let level = req.level()?;
+    s.set_subject_level(&subject, level).await?;
+    Ok(reply(StatusCode::OK, &json!({ "compatibility": level })))
+}
+
+async fn delete_subject_config(State(s): State<AppState>, Path(subject): Path<String>) -> ApiResult {
+    let previous = s.delete_subject_level(&subject).await?;
+    Ok(reply(StatusCode::OK, &json!({ "compatibilityLevel": previous })))
+}
+
+fn compatibility_doc(messages: Vec<String>, verbose: bool) -> Value {
+    if verbose {
+        json!({ "is_compatible": messages.is_empty(), "messages": messages })
+    } else {
+        json!({ "is_compatible": messages.is_empty() })
+    }
+}
+
+async fn check_version(
+    State(s): State<AppState>,
+    Path((subject, version)): Path<(String, String)>,
+    flags: Flags,
+    JsonBody(req): JsonBody<SchemaRequest>,
+) -> ApiResult {
+    let spec = VersionSpec::parse(&version)?;
+    let parsed = req.parse()?;
+    let messages = s.check_compatibility(&subject, &parsed, Some(spec)).await?;
+    Ok(reply(StatusCode::OK, &compatibility_doc(messages, flag(&flags, "verbose"))))
+}
+
+async fn check_all(State(s): State<AppState>, Path(subject): Path<String>, flags: Flags, JsonBody(req): JsonBody<SchemaRequest>) -> ApiResult {
+    let messages = s.check_compatibility(&subject, &req.parse()?, None).await?;
+    Ok(reply(StatusCode::OK, &compatibility_doc(messages, flag(&flags, "verbose"))))
+}
