@@ -1,0 +1,201 @@
+//! Topic-level log settings, with Kafka's names and defaults.
+
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// How one partition's log behaves. Built from defaults, then overridden key by key
+/// with [`LogConfig::set`] using Kafka's topic config names.
+///
+/// Kafka's "-1 means forever/never" values are `None` here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogConfig {
+    /// `segment.bytes`: roll the active segment when an append would make it larger.
+    /// Default 1 GiB; at most 2 GiB − 1 because index positions are 32-bit.
+    pub segment_bytes: u64,
+    /// `segment.ms`: roll when the incoming batch's timestamp is this much newer than
+    /// the segment's first batch (Kafka's rule, so it follows record time). Default 7 days.
+    pub segment_ms: Option<Duration>,
+    /// `segment.index.bytes`: the most bytes an offset or time index may hold; a full
+    /// index rolls the segment. Default 10 MiB.
+    pub segment_index_bytes: u32,
+    /// `index.interval.bytes`: log bytes between two sparse index entries. Default 4096.
+    pub index_interval_bytes: u32,
+    /// `retention.ms`: delete a sealed segment once its largest timestamp is older.
+    /// Default 7 days; `None` (-1) keeps data forever.
+    pub retention_ms: Option<Duration>,
+    /// `retention.bytes`: delete the oldest sealed segments while the log is larger.
+    /// Default `None` (-1): no size limit.
+    pub retention_bytes: Option<u64>,
+    /// `flush.messages`: fsync after this many records. Default `None`: the OS decides.
+    pub flush_messages: Option<u64>,
+    /// `flush.ms`: fsync when the last flush is this old (checked by
+    /// [`crate::LogManager::flush_due`]). Default `None`.
+    pub flush_ms: Option<Duration>,
+    /// `max.message.bytes`: the largest batch accepted. Default 1048588 (Kafka's).
+    pub max_message_bytes: u32,
+    /// `file.delete.delay.ms`: how long deleted segments stay as `.deleted` files so
+    /// readers that still hold them can finish. Default 60 s.
+    pub file_delete_delay: Duration,
+}
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+/// Positions in the offset index are u32, and Kafka keeps them below i32::MAX.
+const MAX_SEGMENT_BYTES: u64 = i32::MAX as u64;
+/// A segment must fit at least one batch header.
+const MIN_SEGMENT_BYTES: u64 = fjord_record::BATCH_OVERHEAD as u64;
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            segment_bytes: 1 << 30,
+            segment_ms: Some(7 * DAY),
+            segment_index_bytes: 10 << 20,
+            index_interval_bytes: 4096,
+            retention_ms: Some(7 * DAY),
+            retention_bytes: None,
+            flush_messages: None,
+            flush_ms: None,
+            max_message_bytes: 1_048_588,
+            file_delete_delay: Duration::from_secs(60),
+        }
+    }
+}
+
+impl LogConfig {
+    /// The Kafka topic config names [`LogConfig::set`] understands.
+    pub const KEYS: &'static [&'static str] = &[
+        "segment.bytes",
+        "segment.ms",
+        "segment.index.bytes",
+        "index.interval.bytes",
+        "retention.ms",
+        "retention.bytes",
+        "flush.messages",
+        "flush.ms",
+        "max.message.bytes",
+        "file.delete.delay.ms",
+    ];
+
+    /// Sets one value by its Kafka topic config name, e.g. `set("retention.ms", "-1")`.
+    /// An unknown key or an unparsable or out-of-range value is an
+    /// [`Error::InvalidConfig`] and leaves `self` unchanged.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let bad = |reason| Error::InvalidConfig { key: key.to_owned(), value: value.to_owned(), reason };
+        let int = || value.trim().parse::<i64>().map_err(|_| bad("not an integer"));
+        // Kafka spells "never" as -1 and, for the flush settings, as Long.MAX_VALUE.
+        let optional = |v: i64| -> Result<Option<u64>> {
+            match v {
+                -1 | i64::MAX => Ok(None),
+                v if v < 0 => Err(bad("must be -1 or >= 0")),
+                v => Ok(Some(v as u64)),
+            }
+        };
+        let non_negative = |v: i64| u64::try_from(v).map_err(|_| bad("must be >= 0"));
+        let u32_value = |v: i64| u32::try_from(v).map_err(|_| bad("must be between 0 and 4294967295"));
+        let mut next = *self;
+        match key {
+            "segment.bytes" => next.segment_bytes = non_negative(int()?)?,
+            "segment.ms" => next.segment_ms = optional(int()?)?.map(Duration::from_millis),
+            "segment.index.bytes" => next.segment_index_bytes = u32_value(int()?)?,
+            "index.interval.bytes" => next.index_interval_bytes = u32_value(int()?)?,
+            "retention.ms" => next.retention_ms = optional(int()?)?.map(Duration::from_millis),
+            "retention.bytes" => next.retention_bytes = optional(int()?)?,
+            "flush.messages" => next.flush_messages = optional(int()?)?,
+            "flush.ms" => next.flush_ms = optional(int()?)?.map(Duration::from_millis),
+            "max.message.bytes" => next.max_message_bytes = u32_value(int()?)?,
+            "file.delete.delay.ms" => next.file_delete_delay = Duration::from_millis(non_negative(int()?)?),
+            _ => return Err(bad("unknown log config")),
+        }
+        next.check().map_err(bad)?;
+        *self = next;
+        Ok(())
+    }
+
+    /// The current values as Kafka config name and string value (for DescribeConfigs).
+    pub fn entries(&self) -> Vec<(&'static str, String)> {
+        let ms = |d: Option<Duration>| d.map_or("-1".to_owned(), |d| d.as_millis().to_string());
+        let opt = |v: Option<u64>| v.map_or("-1".to_owned(), |v| v.to_string());
+        vec![
+            ("segment.bytes", self.segment_bytes.to_string()),
+            ("segment.ms", ms(self.segment_ms)),
+            ("segment.index.bytes", self.segment_index_bytes.to_string()),
+            ("index.interval.bytes", self.index_interval_bytes.to_string()),
+            ("retention.ms", ms(self.retention_ms)),
+            ("retention.bytes", opt(self.retention_bytes)),
+            ("flush.messages", opt(self.flush_messages)),
+            ("flush.ms", ms(self.flush_ms)),
+            ("max.message.bytes", self.max_message_bytes.to_string()),
+            ("file.delete.delay.ms", self.file_delete_delay.as_millis().to_string()),
+        ]
+    }
+
+    /// Checks the values against each other and the format's limits.
+    pub fn validate(&self) -> Result<()> {
+        self.check().map_err(|reason| Error::InvalidConfig {
+            key: "log config".to_owned(),
+            value: format!("{self:?}"),
+            reason,
+        })
+    }
+
+    fn check(&self) -> std::result::Result<(), &'static str> {
+        if !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&self.segment_bytes) {
+            return Err("segment.bytes must be between 61 and 2147483647");
+        }
+        if self.segment_index_bytes < 64 {
+            return Err("segment.index.bytes must be at least 64");
+        }
+        if self.max_message_bytes as usize <= fjord_record::BATCH_OVERHEAD {
+            return Err("max.message.bytes must be larger than a batch header (61)");
+        }
+        if self.segment_ms == Some(Duration::ZERO) {
+            return Err("segment.ms must be positive");
+        }
+        if self.flush_messages == Some(0) {
+            return Err("flush.messages must be positive");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_uses_kafka_names_and_minus_one_means_never() {
+        let mut c = LogConfig::default();
+        c.set("retention.ms", "-1").unwrap();
+        c.set("segment.bytes", "1024").unwrap();
+        c.set("flush.messages", "9223372036854775807").unwrap();
+        c.set("flush.ms", "1000").unwrap();
+        assert_eq!(c.retention_ms, None);
+        assert_eq!(c.segment_bytes, 1024);
+        assert_eq!(c.flush_messages, None);
+        assert_eq!(c.flush_ms, Some(Duration::from_secs(1)));
+        for key in LogConfig::KEYS {
+            let value = c.entries().into_iter().find(|(k, _)| k == key).unwrap().1;
+            let mut d = LogConfig::default();
+            d.set(key, &value).unwrap();
+        }
+    }
+
+    #[test]
+    fn bad_keys_and_values_are_typed_errors_and_change_nothing() {
+        let mut c = LogConfig::default();
+        for (k, v) in [
+            ("no.such.key", "1"),
+            ("segment.bytes", "abc"),
+            ("segment.bytes", "10"),
+            ("segment.bytes", "4294967296"),
+            ("retention.ms", "-5"),
+            ("max.message.bytes", "-1"),
+            ("flush.messages", "0"),
+        ] {
+            assert!(matches!(c.set(k, v), Err(Error::InvalidConfig { .. })), "{k}={v}");
+        }
+        assert_eq!(c, LogConfig::default());
+        c.validate().unwrap();
+    }
+}

@@ -1,0 +1,100 @@
+//! The crate's one error type.
+
+use std::io;
+use std::path::PathBuf;
+
+use fjord_record::Offset;
+
+/// Everything that can go wrong in the log. Each variant is a failure a caller may
+/// handle differently (the broker maps them to Kafka error codes once, at its edge).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file operation failed.
+    #[error("I/O error on {}: {source}", path.display())]
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A batch in an append is malformed (framing, magic, CRC, record count, ...).
+    /// Nothing was written.
+    #[error("invalid record batch at byte {position} of the append: {source}")]
+    InvalidBatch {
+        /// Byte position of the bad batch inside the appended buffer.
+        position: usize,
+        /// What is wrong with it.
+        #[source]
+        source: fjord_record::Error,
+    },
+    /// A batch (or a whole append) is larger than `max.message.bytes` allows.
+    /// Nothing was written.
+    #[error("record batch of {size} bytes exceeds the limit of {max} bytes")]
+    MessageTooLarge {
+        /// Size of the offending batch or append.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A read asked for an offset outside `[log_start, log_end]`.
+    #[error("offset {requested} is out of range [{log_start}, {log_end}]")]
+    OffsetOutOfRange {
+        /// The offset asked for.
+        requested: Offset,
+        /// Log start offset at the time of the request.
+        log_start: Offset,
+        /// Log end offset at the time of the request.
+        log_end: Offset,
+    },
+    /// A configuration key is unknown or its value is invalid.
+    #[error("invalid config {key}={value}: {reason}")]
+    InvalidConfig {
+        /// Kafka config name.
+        key: String,
+        /// The rejected value.
+        value: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A replicated append carries offsets below the log end offset or out of order.
+    /// Nothing was written.
+    #[error("replicated batch at offset {offset} does not follow offset {expected_at_least}")]
+    NonMonotonicOffset {
+        /// Base offset of the offending batch.
+        offset: Offset,
+        /// The smallest base offset it could have had.
+        expected_at_least: Offset,
+    },
+    /// A checkpoint file (recovery point, replication offsets, leader epochs) cannot be parsed.
+    #[error("malformed checkpoint file {}: line {line}: {detail}", path.display())]
+    MalformedCheckpoint {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        detail: &'static str,
+    },
+    /// The log was closed (or deleted) and takes no more writes.
+    #[error("log {} is closed", dir.display())]
+    Closed {
+        /// The partition directory.
+        dir: PathBuf,
+    },
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Adds the path to an `io::Error`.
+pub(crate) trait IoContext<T> {
+    fn at(self, path: impl Into<PathBuf>) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn at(self, path: impl Into<PathBuf>) -> Result<T> {
+        self.map_err(|source| Error::Io { path: path.into(), source })
+    }
+}

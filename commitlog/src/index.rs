@@ -1,0 +1,279 @@
+//! The sparse offset index and the time index of a segment.
+//!
+//! ```text
+//! .index       8-byte entries: relative offset u32 BE, file position u32 BE
+//! .timeindex  12-byte entries: timestamp i64 BE, relative offset u32 BE
+//! ```
+//!
+//! Both are sorted by both fields, so a lookup is a binary search. An offset entry
+//! points at the start of a batch whose base offset is `base_offset + relative_offset`;
+//! a time entry `(t, r)` says that every record before the batch at relative offset
+//! `r` has a timestamp `<= t`, and that batch holds the largest one seen so far.
+//!
+//! The index is derived data: recovery rebuilds it from the log whenever it is
+//! missing, torn or older than the data. The active segment keeps its entries in
+//! memory (readers search them under a short read lock); a sealed segment keeps
+//! nothing resident and is searched with positional reads of the file.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+/// One fixed-width index entry.
+pub(crate) trait IndexEntry: Copy {
+    /// Encoded size in bytes.
+    const SIZE: usize;
+    fn decode(bytes: &[u8]) -> Self;
+    fn encode_into(&self, out: &mut Vec<u8>);
+}
+
+/// `(relative offset, position)`: the batch with base offset `base + relative_offset`
+/// starts at byte `position` of the segment's `.log`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OffsetEntry {
+    pub(crate) relative_offset: u32,
+    pub(crate) position: u32,
+}
+
+/// `(timestamp, relative offset)`: see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TimeEntry {
+    pub(crate) timestamp: i64,
+    pub(crate) relative_offset: u32,
+}
+
+impl IndexEntry for OffsetEntry {
+    const SIZE: usize = 8;
+    fn decode(b: &[u8]) -> Self {
+        Self {
+            relative_offset: u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+            position: u32::from_be_bytes([b[4], b[5], b[6], b[7]]),
+        }
+    }
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.relative_offset.to_be_bytes());
+        out.extend_from_slice(&self.position.to_be_bytes());
+    }
+}
+
+impl IndexEntry for TimeEntry {
+    const SIZE: usize = 12;
+    fn decode(b: &[u8]) -> Self {
+        Self {
+            timestamp: i64::from_be_bytes(b[0..8].try_into().expect("invariant: 8 bytes")),
+            relative_offset: u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
+        }
+    }
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.timestamp.to_be_bytes());
+        out.extend_from_slice(&self.relative_offset.to_be_bytes());
+    }
+}
+
+/// Where a lookup finds the entries.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Entries<'a, E> {
+    /// Resident (the active segment).
+    Memory(&'a [E]),
+    /// In a file holding `count` entries (a sealed segment).
+    File(&'a File, usize),
+}
+
+impl<E: IndexEntry> Entries<'_, E> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::Memory(v) => v.len(),
+            Self::File(_, n) => *n,
+        }
+    }
+
+    pub(crate) fn get(&self, i: usize) -> io::Result<E> {
+        match self {
+            Self::Memory(v) => Ok(v[i]),
+            Self::File(f, _) => {
+                let mut buf = [0u8; 16];
+                let buf = &mut buf[..E::SIZE];
+                f.read_exact_at(buf, (i * E::SIZE) as u64)?;
+                Ok(E::decode(buf))
+            }
+        }
+    }
+
+    /// The last entry for which `below` holds, where `below` is true for a prefix of
+    /// the entries and false after it (both index fields are sorted, so "key <= x" is
+    /// such a predicate).
+    ///
+    /// Example: entries with relative offsets `[0, 10, 25]` and `below = |e| e.relative_offset <= 12`
+    /// give the entry for 10; `<= 9` gives the entry for 0; an empty index gives `None`.
+    pub(crate) fn floor(&self, below: impl Fn(&E) -> bool) -> io::Result<Option<E>> {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if below(&self.get(mid)?) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        match lo {
+            0 => Ok(None),
+            n => self.get(n - 1).map(Some),
+        }
+    }
+}
+
+/// Encodes entries for writing to an index file.
+pub(crate) fn encode<E: IndexEntry>(entries: &[E]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.len() * E::SIZE);
+    for e in entries {
+        e.encode_into(&mut out);
+    }
+    out
+}
+
+/// Decodes a whole index file's bytes; `None` when the length is not a whole number
+/// of entries (a torn write), which makes the caller rebuild the index.
+pub(crate) fn decode<E: IndexEntry>(bytes: &[u8]) -> Option<Vec<E>> {
+    if bytes.len() % E::SIZE != 0 {
+        return None;
+    }
+    Some(bytes.chunks_exact(E::SIZE).map(E::decode).collect())
+}
+
+/// Whether loaded offset entries are plausible for a log of `log_size` bytes: strictly
+/// increasing in both fields and inside the file. A zero-filled tail (a crash after
+/// the length was extended but before the data reached the disk) fails this.
+pub(crate) fn offsets_are_sane(entries: &[OffsetEntry], log_size: u64) -> bool {
+    entries.windows(2).all(|w| w[0].relative_offset < w[1].relative_offset && w[0].position < w[1].position)
+        && entries.last().is_none_or(|e| u64::from(e.position) < log_size)
+}
+
+/// Whether loaded time entries are sorted in both fields.
+pub(crate) fn times_are_sane(entries: &[TimeEntry]) -> bool {
+    entries.windows(2).all(|w| w[0].timestamp < w[1].timestamp && w[0].relative_offset <= w[1].relative_offset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn offsets(pairs: &[(u32, u32)]) -> Vec<OffsetEntry> {
+        pairs.iter().map(|&(relative_offset, position)| OffsetEntry { relative_offset, position }).collect()
+    }
+
+    #[test]
+    fn floor_finds_the_last_entry_at_or_below_at_every_edge() {
+        let v = offsets(&[(0, 0), (10, 4096), (25, 8200)]);
+        let e = Entries::Memory(&v);
+        let by_offset = |x: u32| e.floor(|en: &OffsetEntry| en.relative_offset <= x).unwrap().map(|en| en.relative_offset);
+        assert_eq!(by_offset(0), Some(0));
+        assert_eq!(by_offset(9), Some(0));
+        assert_eq!(by_offset(10), Some(10));
+        assert_eq!(by_offset(24), Some(10));
+        assert_eq!(by_offset(25), Some(25));
+        assert_eq!(by_offset(u32::MAX), Some(25));
+        let v2 = offsets(&[(5, 100)]);
+        assert_eq!(Entries::Memory(&v2).floor(|en: &OffsetEntry| en.relative_offset <= 4).unwrap(), None);
+        let empty: Vec<OffsetEntry> = Vec::new();
+        assert_eq!(Entries::Memory(&empty).floor(|_: &OffsetEntry| true).unwrap(), None);
+        // By position too: both fields are sorted.
+        assert_eq!(e.floor(|en: &OffsetEntry| en.position <= 8199).unwrap().unwrap().relative_offset, 10);
+    }
+
+    #[test]
+    fn file_and_memory_lookups_agree() {
+        let v: Vec<OffsetEntry> = (0..1000).map(|i| OffsetEntry { relative_offset: i * 3, position: i * 100 }).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&encode(&v)).unwrap();
+        let mem = Entries::Memory(&v);
+        let file = Entries::File(&f, v.len());
+        for x in [0, 1, 2, 3, 1500, 2996, 2997, 2998, 5000] {
+            let pred = |e: &OffsetEntry| e.relative_offset <= x;
+            assert_eq!(mem.floor(pred).unwrap(), file.floor(pred).unwrap(), "{x}");
+        }
+        let t: Vec<TimeEntry> = (0..50).map(|i| TimeEntry { timestamp: 1000 + i * 10, relative_offset: i as u32 }).collect();
+        let bytes = encode(&t);
+        assert_eq!(decode::<TimeEntry>(&bytes).unwrap(), t);
+        assert!(decode::<TimeEntry>(&bytes[..bytes.len() - 1]).is_none());
+        let te = Entries::Memory(&t);
+        assert_eq!(te.floor(|e: &TimeEntry| e.timestamp < 1000).unwrap(), None);
+        assert_eq!(te.floor(|e: &TimeEntry| e.timestamp < 1011).unwrap().unwrap().relative_offset, 1);
+    }
+
+    #[test]
+    fn sanity_checks_catch_zero_fill_and_out_of_file_positions() {
+        assert!(offsets_are_sane(&offsets(&[(1, 10), (5, 300)]), 400));
+        assert!(!offsets_are_sane(&offsets(&[(1, 10), (5, 300), (0, 0)]), 400));
+        assert!(!offsets_are_sane(&offsets(&[(1, 10), (5, 300)]), 300));
+        assert!(!times_are_sane(&[TimeEntry { timestamp: 5, relative_offset: 1 }, TimeEntry { timestamp: 0, relative_offset: 0 }]));
+    }
+}
+
+/// Decides which batches get index entries, the same way on append and on rebuild.
+///
+/// An offset entry is added for a batch once at least `index.interval.bytes` of log
+/// were written since the previous entry; with it, a time entry whenever the largest
+/// timestamp seen so far grew.
+#[derive(Debug, Clone)]
+pub(crate) struct IndexBuilder {
+    bytes_since_entry: u64,
+    /// Largest batch max timestamp so far; `i64::MIN` when none.
+    pub(crate) max_timestamp: i64,
+    relative_offset_of_max: u32,
+    last_time_entry: i64,
+}
+
+impl Default for IndexBuilder {
+    fn default() -> Self {
+        Self { bytes_since_entry: 0, max_timestamp: i64::MIN, relative_offset_of_max: 0, last_time_entry: i64::MIN }
+    }
+}
+
+impl IndexBuilder {
+    /// Resumes after loaded entries; `bytes_since_entry` may be approximate (it only
+    /// affects where the next entry lands).
+    pub(crate) fn resume(bytes_since_entry: u64, last_time: Option<TimeEntry>) -> Self {
+        let (ts, rel) = last_time.map_or((i64::MIN, 0), |t| (t.timestamp, t.relative_offset));
+        Self { bytes_since_entry, max_timestamp: ts, relative_offset_of_max: rel, last_time_entry: ts }
+    }
+
+    /// Accounts for a batch already covered by an index entry.
+    pub(crate) fn observe(&mut self, relative_offset: u32, max_timestamp: i64, size: u64) {
+        if max_timestamp > self.max_timestamp {
+            self.max_timestamp = max_timestamp;
+            self.relative_offset_of_max = relative_offset;
+        }
+        self.bytes_since_entry += size;
+    }
+
+    /// Accounts for the next batch and returns the entries to add for it.
+    pub(crate) fn on_batch(
+        &mut self,
+        interval: u32,
+        relative_offset: u32,
+        position: u32,
+        max_timestamp: i64,
+        size: u64,
+    ) -> (Option<OffsetEntry>, Option<TimeEntry>) {
+        let due = self.bytes_since_entry >= u64::from(interval);
+        self.observe(relative_offset, max_timestamp, size);
+        if !due {
+            return (None, None);
+        }
+        self.bytes_since_entry = size;
+        (Some(OffsetEntry { relative_offset, position }), self.time_entry())
+    }
+
+    /// A time entry for the largest timestamp so far, if the time index lags it
+    /// (called on every offset entry, and before a segment is sealed or flushed so
+    /// the last time entry always holds the segment's largest timestamp).
+    pub(crate) fn time_entry(&mut self) -> Option<TimeEntry> {
+        if self.max_timestamp > self.last_time_entry {
+            self.last_time_entry = self.max_timestamp;
+            Some(TimeEntry { timestamp: self.max_timestamp, relative_offset: self.relative_offset_of_max })
+        } else {
+            None
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! One partition's log on disk: segments, indexes, recovery, retention, flush.
+//!
+//! A [`Log`] is an append-only sequence of Kafka RecordBatch v2 batches addressed
+//! by logical offsets, stored byte for byte as they travel on the wire (compressed
+//! batches stay compressed), split into segment files and deleted a whole segment
+//! at a time. A [`LogManager`] holds the partitions of one log dir.
+//!
+//! # Layout
+//! ```text
+//! <log dir>/recovery-point-offset-checkpoint   per partition: offset flushed to disk   (LogManager)
+//! <log dir>/replication-offset-checkpoint      per partition: high watermark           (LogManager)
+//! <log dir>/<topic>-<partition>/
+//!     00000000000000000000.log        batches, exactly as on the wire
+//!     00000000000000000000.index      sparse (relative offset u32, position u32) every index.interval.bytes
+//!     00000000000000000000.timeindex  (timestamp i64, relative offset u32) when the max timestamp grows
+//!     leader-epoch-checkpoint         epoch -> start offset
+//!     .clean-shutdown                 log end offset, written by close(): no recovery scan needed
+//!     *.deleted                       segments waiting for file.delete.delay.ms
+//! ```
+//! Modules: [`config`] (LogConfig), `segment` (one segment and reads within it),
+//! `index` (offset and time index), `recovery` (opening a directory), `log` (the
+//! partition log), `manager` (the log dir), `checkpoint` and `epoch` (text files).
+//!
+//! # Invariants
+//! - Offsets only grow; the file name of a segment is the offset of its first
+//!   batch; every segment but the last is sealed and never written again.
+//! - Nothing is appended that failed validation (framing, magic, CRC-32C, record
+//!   count); a failed append leaves the files byte for byte as they were.
+//! - Readers never take the writer's lock: they load the log end offset, then an
+//!   `Arc` snapshot of the segment list, then a segment's published size, and read
+//!   with positional I/O. The writer publishes in the opposite order.
+//! - After a crash, everything after the recovery point is re-validated and a torn
+//!   or corrupt tail is cut off; indexes are derived data, rebuilt when damaged.
+#![warn(missing_docs)]
+
+pub mod config;
+mod checkpoint;
+mod epoch;
+mod error;
+mod index;
+mod lock;
+mod log;
+mod manager;
+mod recovery;
+mod segment;
+
+pub use config::LogConfig;
+pub use error::{Error, Result};
+pub use fjord_record::{Offset, TopicPartition};
+pub use log::{AppendInfo, Log, ReadSlice};
+pub use manager::{LogManager, RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT};

@@ -1,0 +1,760 @@
+//! [`Log`]: one partition's log (see the crate docs for the model).
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fjord_record::batch::{self, BatchHeader};
+use fjord_record::{Compression, Offset, Records, TimestampType, BATCH_OVERHEAD};
+
+use crate::checkpoint::sync_dir;
+use crate::epoch::EpochCache;
+use crate::error::IoContext;
+use crate::index::{self, IndexBuilder};
+use crate::recovery::{self, remove_if_exists, Active, CLEAN_SHUTDOWN};
+use crate::segment::{Segment, Slice, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
+use crate::{lock, Error, LogConfig, Result};
+
+type SegmentMap = BTreeMap<Offset, Arc<Segment>>;
+
+/// What an append wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendInfo {
+    /// Offset of the first record appended.
+    pub base_offset: Offset,
+    /// Offset of the last record appended.
+    pub last_offset: Offset,
+    /// Largest batch max timestamp among the appended batches.
+    pub max_timestamp: i64,
+    /// Records appended (sum of the batches' record counts).
+    pub record_count: u64,
+    /// Bytes appended.
+    pub bytes: usize,
+    /// Batches appended.
+    pub batch_count: usize,
+}
+
+/// A region of one segment file holding whole batches, usable by `sendfile(2)`:
+/// `len` bytes at `position` of `file`. It stays readable even if the segment is
+/// deleted meanwhile (the file is only unlinked after `file.delete.delay.ms`, and the
+/// open descriptor keeps the data alive after that too).
+#[derive(Debug, Clone)]
+pub struct ReadSlice {
+    /// The segment's `.log` file.
+    pub file: Arc<File>,
+    /// Byte position of the first batch.
+    pub position: u64,
+    /// Length in bytes (0 when there is nothing to return).
+    pub len: usize,
+    /// Base offset of the first batch returned (may be below the requested offset,
+    /// since whole batches are returned); the requested offset when empty.
+    pub first_offset: Offset,
+    /// The offset to fetch next: after the last batch returned.
+    pub next_offset: Offset,
+}
+
+impl ReadSlice {
+    /// Whether the slice holds no batch.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies the bytes into memory.
+    pub fn read_to_vec(&self) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0; self.len];
+        self.file.read_exact_at(&mut buf, self.position)?;
+        Ok(buf)
+    }
+}
+
+/// One partition's log: a directory of segments. `Send + Sync`; share it as
+/// `Arc<Log>`. Appends, truncation, flush and retention serialize on one writer
+/// lock; reads never take it.
+#[derive(Debug)]
+pub struct Log {
+    dir: PathBuf,
+    config: RwLock<LogConfig>,
+    writer: Mutex<Writer>,
+    /// The segments readers see; replaced whole (copy on write) by the writer.
+    view: RwLock<Arc<SegmentMap>>,
+    log_end_offset: AtomicI64,
+    log_start_offset: AtomicI64,
+    high_watermark: AtomicI64,
+    recovery_point: AtomicI64,
+    size_bytes: AtomicU64,
+    last_flush_ms: AtomicI64,
+}
+
+#[derive(Debug)]
+struct Writer {
+    segments: SegmentMap,
+    active: Active,
+    epochs: EpochCache,
+    unflushed_messages: u64,
+    /// Segments sealed since the last flush: their files still need an fsync.
+    unsynced: Vec<Arc<Segment>>,
+    /// Segment files were created or renamed since the last flush.
+    dir_dirty: bool,
+    pending_deletes: Vec<(Instant, Vec<PathBuf>)>,
+    closed: bool,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Log {
+    /// Opens the partition directory `dir`, creating it when missing. Without a
+    /// clean shutdown marker every segment is re-validated (see
+    /// [`Log::open_with_recovery_point`] to skip the flushed part).
+    pub fn open(dir: impl Into<PathBuf>, config: LogConfig) -> Result<Log> {
+        Self::open_with_recovery_point(dir, config, 0)
+    }
+
+    /// Opens `dir` trusting everything below `recovery_point` (from the log dir's
+    /// `recovery-point-offset-checkpoint`) and re-validating the rest.
+    pub fn open_with_recovery_point(dir: impl Into<PathBuf>, config: LogConfig, recovery_point: Offset) -> Result<Log> {
+        config.validate()?;
+        let dir = dir.into();
+        let loaded = recovery::load(&dir, &config, recovery_point)?;
+        let mut epochs = EpochCache::load(&dir)?;
+        let log_start = *loaded.segments.keys().next().expect("invariant: at least one segment");
+        epochs.truncate_from_end(loaded.log_end_offset)?;
+        epochs.truncate_from_start(log_start)?;
+        let size: u64 = loaded.segments.values().map(|s| s.size()).sum();
+        let view = Arc::new(loaded.segments.clone());
+        Ok(Log {
+            log_end_offset: AtomicI64::new(loaded.log_end_offset),
+            log_start_offset: AtomicI64::new(log_start),
+            high_watermark: AtomicI64::new(log_start),
+            recovery_point: AtomicI64::new(loaded.recovery_point),
+            size_bytes: AtomicU64::new(size),
+            last_flush_ms: AtomicI64::new(now_ms()),
+            writer: Mutex::new(Writer {
+                segments: loaded.segments,
+                active: loaded.active,
+                epochs,
+                unflushed_messages: 0,
+                unsynced: Vec::new(),
+                dir_dirty: true,
+                pending_deletes: Vec::new(),
+                closed: false,
+            }),
+            view: RwLock::new(view),
+            config: RwLock::new(config),
+            dir,
+        })
+    }
+
+    /// The partition directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Leader append: validates every batch in `batches` first (nothing is written
+    /// if any fails), then assigns offsets from the log end offset by rewriting each
+    /// batch's base offset and partition leader epoch in place (the CRC does not
+    /// cover them), appends, indexes, rolls, and applies the flush policy.
+    pub fn append(&self, batches: &mut [u8], leader_epoch: i32) -> Result<AppendInfo> {
+        let config = self.config();
+        let mut headers = validate(batches, config.max_message_bytes)?;
+        let mut w = self.lock_writer()?;
+        let mut next = self.log_end_offset();
+        for (position, h) in &mut headers {
+            let batch = &mut batches[*position..];
+            batch::set_base_offset(batch, next);
+            batch::set_partition_leader_epoch(batch, leader_epoch);
+            h.base_offset = next;
+            h.partition_leader_epoch = leader_epoch;
+            next = h.next_offset();
+        }
+        self.append_validated(&mut w, &config, batches, &headers)
+    }
+
+    /// Follower append: keeps the offsets in the batches, which must start at or
+    /// after the log end offset and increase. Validation as in [`Log::append`].
+    pub fn append_replicated(&self, batches: &[u8]) -> Result<AppendInfo> {
+        let config = self.config();
+        let headers = validate(batches, config.max_message_bytes)?;
+        let mut w = self.lock_writer()?;
+        let mut expected = self.log_end_offset();
+        for (_, h) in &headers {
+            if h.base_offset < expected {
+                return Err(Error::NonMonotonicOffset { offset: h.base_offset, expected_at_least: expected });
+            }
+            expected = h.next_offset();
+        }
+        self.append_validated(&mut w, &config, batches, &headers)
+    }
+
+    fn lock_writer(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
+        let w = lock::mutex(&self.writer);
+        if w.closed {
+            return Err(Error::Closed { dir: self.dir.clone() });
+        }
+        Ok(w)
+    }
+
+    fn append_validated(
+        &self,
+        w: &mut Writer,
+        config: &LogConfig,
+        batches: &[u8],
+        headers: &[(usize, BatchHeader)],
+    ) -> Result<AppendInfo> {
+        let first = headers[0].1;
+        let last = headers[headers.len() - 1].1;
+        let max_timestamp = headers.iter().map(|(_, h)| h.max_timestamp).max().unwrap_or(i64::MIN);
+        self.maybe_roll(w, config, &first, &last, batches.len() as u64, max_timestamp)?;
+        let leo_before = self.log_end_offset();
+        for (_, h) in headers {
+            w.epochs.assign(h.partition_leader_epoch, h.base_offset)?;
+        }
+        let active = &mut w.active;
+        let segment = active.segment.clone();
+        let position = segment.size();
+        if let Err(e) = segment.file.write_all_at(batches, position) {
+            // Leave the log byte for byte as it was.
+            let _ = segment.file.set_len(position);
+            let _ = w.epochs.truncate_from_end(leo_before);
+            return Err(Error::Io { path: segment.path(LOG_SUFFIX), source: e });
+        }
+        let mut record_count = 0u64;
+        for (at, h) in headers {
+            let rel = (h.base_offset - segment.base_offset) as u32;
+            let batch_position = (position + *at as u64) as u32;
+            let (o, t) =
+                active.builder.on_batch(config.index_interval_bytes, rel, batch_position, h.max_timestamp, h.size() as u64);
+            if let Some(o) = o {
+                segment.push_offset(o);
+            }
+            if let Some(t) = t {
+                segment.push_time(t);
+            }
+            active.first_timestamp.get_or_insert(h.max_timestamp);
+            record_count += h.record_count as u64;
+        }
+        segment.set_max_timestamp(active.builder.max_timestamp);
+        // Publish: bytes first, then the segment size, then the log end offset.
+        segment.set_size(position + batches.len() as u64);
+        self.size_bytes.fetch_add(batches.len() as u64, Ordering::AcqRel);
+        self.log_end_offset.store(last.next_offset(), Ordering::Release);
+        w.unflushed_messages += record_count;
+        if config.flush_messages.is_some_and(|n| w.unflushed_messages >= n) {
+            self.flush_locked(w)?;
+        }
+        Ok(AppendInfo {
+            base_offset: first.base_offset,
+            last_offset: last.last_offset(),
+            max_timestamp,
+            record_count,
+            bytes: batches.len(),
+            batch_count: headers.len(),
+        })
+    }
+
+    /// Rolls to a new segment when the append would not fit the active one
+    /// (`segment.bytes`), its index is full (`segment.index.bytes`), it is older than
+    /// `segment.ms` in record time, or the offsets would overflow its relative index.
+    fn maybe_roll(
+        &self,
+        w: &mut Writer,
+        config: &LogConfig,
+        first: &BatchHeader,
+        last: &BatchHeader,
+        bytes: u64,
+        max_timestamp: i64,
+    ) -> Result<()> {
+        let seg = &w.active.segment;
+        let size = seg.size();
+        if size == 0 {
+            if first.base_offset != seg.base_offset {
+                // A follower starting past our end: the segment must begin at its first offset.
+                self.roll(w, first.base_offset)?;
+            }
+            return Ok(());
+        }
+        let (offsets, times) = seg.resident_len();
+        let index_full = (offsets + 1) * 8 > config.segment_index_bytes as usize
+            || (times + 1) * 12 > config.segment_index_bytes as usize;
+        let too_old = match (config.segment_ms, w.active.first_timestamp) {
+            (Some(ms), Some(first_ts)) => max_timestamp.saturating_sub(first_ts) > ms.as_millis() as i64,
+            _ => false,
+        };
+        let overflow = last.last_offset() - seg.base_offset > i64::from(i32::MAX);
+        if size + bytes > config.segment_bytes || index_full || too_old || overflow {
+            self.roll(w, first.base_offset)?;
+        }
+        Ok(())
+    }
+
+    /// Seals the active segment and starts a new one at `base_offset`.
+    fn roll(&self, w: &mut Writer, base_offset: Offset) -> Result<()> {
+        self.write_active_indexes(w, true)?;
+        let old = w.active.segment.clone();
+        old.seal();
+        w.unsynced.push(old);
+        let new = self.create_segment(base_offset)?;
+        w.segments.insert(base_offset, new.clone());
+        w.active = Active::install(new, Vec::new(), Vec::new(), IndexBuilder::default(), None, true)?;
+        w.dir_dirty = true;
+        self.publish(w);
+        tracing::debug!(dir = %self.dir.display(), base_offset, "rolled a new segment");
+        Ok(())
+    }
+
+    fn create_segment(&self, base_offset: Offset) -> Result<Arc<Segment>> {
+        let path = crate::segment::segment_path(&self.dir, base_offset, LOG_SUFFIX);
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).at(&path)?;
+        Ok(Arc::new(Segment::new(&self.dir, base_offset, file, 0, i64::MIN)))
+    }
+
+    /// Appends the resident index entries not yet in the active segment's files
+    /// (with a final time entry when `final_time` is set, so the time index's last
+    /// entry holds the segment's largest timestamp).
+    fn write_active_indexes(&self, w: &mut Writer, final_time: bool) -> Result<()> {
+        let a = &mut w.active;
+        if final_time {
+            if let Some(t) = a.builder.time_entry() {
+                a.segment.push_time(t);
+            }
+        }
+        let (offsets, times) = a.segment.resident_tail(a.index_written, a.times_written);
+        if !offsets.is_empty() {
+            a.index_file.write_all(&index::encode(&offsets)).at(a.segment.path(INDEX_SUFFIX))?;
+            a.index_written += offsets.len();
+        }
+        if !times.is_empty() {
+            a.time_index_file.write_all(&index::encode(&times)).at(a.segment.path(TIME_INDEX_SUFFIX))?;
+            a.times_written += times.len();
+        }
+        Ok(())
+    }
+
+    fn publish(&self, w: &Writer) {
+        *lock::write(&self.view) = Arc::new(w.segments.clone());
+    }
+
+    fn view(&self) -> Arc<SegmentMap> {
+        lock::read(&self.view).clone()
+    }
+
+    /// Whole batches from the one containing `offset`, at most `max_bytes` of them,
+    /// but at least one whole batch when `min_one` is set (KIP-74), never a batch
+    /// whose last offset is `>= upper_bound` (the high watermark for consumers). One
+    /// slice comes from one segment. `offset == log end` gives an empty slice;
+    /// `offset` below the log start or above the log end is
+    /// [`Error::OffsetOutOfRange`].
+    ///
+    /// Example: batches at offsets 0–9, 10–19 and 20–29, `read(15, 1 MiB, Some(25), _)`
+    /// returns the batch 10–19 only (20–29 reaches the bound), `first_offset` 10 and
+    /// `next_offset` 20.
+    pub fn read(&self, offset: Offset, max_bytes: usize, upper_bound: Option<Offset>, min_one: bool) -> Result<ReadSlice> {
+        let log_end = self.log_end_offset();
+        let log_start = self.log_start_offset();
+        if offset < log_start || offset > log_end {
+            return Err(Error::OffsetOutOfRange { requested: offset, log_start, log_end });
+        }
+        let view = self.view();
+        let empty = |seg: &Segment| ReadSlice {
+            file: seg.file.clone(),
+            position: seg.size(),
+            len: 0,
+            first_offset: offset,
+            next_offset: offset,
+        };
+        let floor = view.range(..=offset).next_back();
+        let candidates = floor.into_iter().chain(view.range(offset + 1..));
+        if offset < log_end && upper_bound.is_none_or(|u| offset < u) {
+            for (_, seg) in candidates {
+                if let Some(Slice { position, len, first_offset, next_offset }) =
+                    seg.read(offset, max_bytes, upper_bound, min_one).at(seg.path(LOG_SUFFIX))?
+                {
+                    return Ok(ReadSlice { file: seg.file.clone(), position, len, first_offset, next_offset });
+                }
+            }
+            // Raced with retention or truncation: the data moved away under us.
+            let log_start = self.log_start_offset();
+            if offset < log_start {
+                return Err(Error::OffsetOutOfRange { requested: offset, log_start, log_end: self.log_end_offset() });
+            }
+        }
+        let seg = view.values().next_back().expect("invariant: at least one segment");
+        Ok(empty(seg))
+    }
+
+    /// [`Log::read`], copying the bytes into memory.
+    pub fn read_bytes(&self, offset: Offset, max_bytes: usize, upper_bound: Option<Offset>, min_one: bool) -> Result<Vec<u8>> {
+        let slice = self.read(offset, max_bytes, upper_bound, min_one)?;
+        slice.read_to_vec().map_err(|source| Error::Io { path: self.dir.clone(), source })
+    }
+
+    /// The first offset in the log.
+    pub fn log_start_offset(&self) -> Offset {
+        self.log_start_offset.load(Ordering::Acquire)
+    }
+
+    /// The offset the next appended record gets.
+    pub fn log_end_offset(&self) -> Offset {
+        self.log_end_offset.load(Ordering::Acquire)
+    }
+
+    /// The high watermark (set by replication; reads for consumers stop there).
+    pub fn high_watermark(&self) -> Offset {
+        self.high_watermark.load(Ordering::Acquire)
+    }
+
+    /// Sets the high watermark, clamped to `[log start, log end]`.
+    pub fn set_high_watermark(&self, offset: Offset) {
+        let clamped = offset.min(self.log_end_offset()).max(self.log_start_offset());
+        self.high_watermark.store(clamped, Ordering::Release);
+    }
+
+    /// Every offset below this one is fsynced.
+    pub fn recovery_point(&self) -> Offset {
+        self.recovery_point.load(Ordering::Acquire)
+    }
+
+    /// fsyncs everything appended so far; the recovery point becomes the log end offset.
+    pub fn flush(&self) -> Result<()> {
+        let mut w = lock::mutex(&self.writer);
+        if w.closed {
+            return Ok(());
+        }
+        self.flush_locked(&mut w)
+    }
+
+    /// Flushes when `flush.ms` is set and the last flush is at least that old at
+    /// `now_ms` (wall clock, ms). Returns whether it flushed.
+    pub fn flush_if_due(&self, now_ms: i64) -> Result<bool> {
+        let Some(interval) = self.config().flush_ms else { return Ok(false) };
+        let due = now_ms - self.last_flush_ms.load(Ordering::Acquire) >= interval.as_millis() as i64;
+        if due && self.log_end_offset() > self.recovery_point() {
+            self.flush()?;
+            self.last_flush_ms.store(now_ms, Ordering::Release);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn flush_locked(&self, w: &mut Writer) -> Result<()> {
+        let log_end = self.log_end_offset();
+        for seg in std::mem::take(&mut w.unsynced) {
+            if seg.size() == 0 && !seg.path(LOG_SUFFIX).exists() {
+                continue; // deleted meanwhile
+            }
+            seg.file.sync_data().at(seg.path(LOG_SUFFIX))?;
+            for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+                let path = seg.path(suffix);
+                if let Ok(f) = File::open(&path) {
+                    f.sync_all().at(&path)?;
+                }
+            }
+        }
+        self.write_active_indexes(w, true)?;
+        let a = &w.active;
+        a.segment.file.sync_data().at(a.segment.path(LOG_SUFFIX))?;
+        a.index_file.sync_data().at(a.segment.path(INDEX_SUFFIX))?;
+        a.time_index_file.sync_data().at(a.segment.path(TIME_INDEX_SUFFIX))?;
+        if w.dir_dirty {
+            sync_dir(&self.dir)?;
+            w.dir_dirty = false;
+        }
+        w.unflushed_messages = 0;
+        self.recovery_point.fetch_max(log_end, Ordering::AcqRel);
+        self.last_flush_ms.store(now_ms(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Drops everything at and after `offset`. When `offset` falls inside a batch,
+    /// that whole batch goes too (the log end becomes its base offset), as in Kafka.
+    /// Below the log start offset, the log is emptied and restarts at `offset`.
+    pub fn truncate_to(&self, offset: Offset) -> Result<()> {
+        let mut w = self.lock_writer()?;
+        if offset >= self.log_end_offset() {
+            return Ok(());
+        }
+        if offset <= self.log_start_offset() {
+            return self.truncate_fully_locked(&mut w, offset);
+        }
+        let config = self.config();
+        let keep = w.segments.range(..offset).next_back().map(|(_, s)| s.clone()).expect("invariant: offset > log start");
+        let doomed: Vec<Offset> = w.segments.range(offset..).map(|(b, _)| *b).collect();
+        for base in doomed {
+            if let Some(seg) = w.segments.remove(&base) {
+                self.schedule_delete(&mut w, &config, &seg)?;
+            }
+        }
+        let log_path = keep.path(LOG_SUFFIX);
+        let cut = keep.find_batch(offset, keep.size()).at(&log_path)?.map_or(keep.size(), |(p, _)| p);
+        keep.file.set_len(cut).at(&log_path)?;
+        let s = recovery::scan(&keep.file, keep.base_offset, cut, None, config.index_interval_bytes, false).at(&log_path)?;
+        keep.set_size(s.valid_size);
+        keep.set_max_timestamp(s.builder.max_timestamp);
+        let new_end = s.next_offset.unwrap_or(keep.base_offset);
+        w.active = Active::install(keep, s.offsets, s.times, s.builder, s.first_timestamp, true)?;
+        w.dir_dirty = true;
+        self.finish_truncation(&mut w, new_end)
+    }
+
+    /// Empties the log and restarts it at `offset` (a follower whose leader's log
+    /// starts after this log's end).
+    pub fn truncate_fully_and_start_at(&self, offset: Offset) -> Result<()> {
+        let mut w = self.lock_writer()?;
+        self.truncate_fully_locked(&mut w, offset)
+    }
+
+    fn truncate_fully_locked(&self, w: &mut Writer, offset: Offset) -> Result<()> {
+        let config = self.config();
+        let all = std::mem::take(&mut w.segments);
+        for seg in all.values() {
+            self.schedule_delete(w, &config, seg)?;
+        }
+        let new = self.create_segment(offset)?;
+        w.segments.insert(offset, new.clone());
+        w.active = Active::install(new, Vec::new(), Vec::new(), IndexBuilder::default(), None, true)?;
+        w.dir_dirty = true;
+        w.epochs.clear()?;
+        self.log_start_offset.store(offset, Ordering::Release);
+        self.high_watermark.store(offset, Ordering::Release);
+        self.recovery_point.store(offset, Ordering::Release);
+        self.finish_truncation(w, offset)
+    }
+
+    fn finish_truncation(&self, w: &mut Writer, new_end: Offset) -> Result<()> {
+        w.unsynced.retain(|s| w.segments.contains_key(&s.base_offset));
+        self.publish(w);
+        self.log_end_offset.store(new_end, Ordering::Release);
+        self.size_bytes.store(w.segments.values().map(|s| s.size()).sum(), Ordering::Release);
+        self.high_watermark.fetch_min(new_end, Ordering::AcqRel);
+        self.recovery_point.fetch_min(new_end, Ordering::AcqRel);
+        w.epochs.truncate_from_end(new_end)
+    }
+
+    /// Renames a segment's files to `*.deleted` and deletes them after
+    /// `file.delete.delay.ms`, so readers holding it finish first.
+    fn schedule_delete(&self, w: &mut Writer, config: &LogConfig, seg: &Segment) -> Result<()> {
+        let mut renamed = Vec::new();
+        for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+            let from = seg.path(suffix);
+            let mut to = from.clone().into_os_string();
+            to.push(DELETED_SUFFIX);
+            let to = PathBuf::from(to);
+            match fs::rename(&from, &to) {
+                Ok(()) => renamed.push(to),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::Io { path: from, source: e }),
+            }
+        }
+        seg.mark_deleted();
+        w.dir_dirty = true;
+        if config.file_delete_delay.is_zero() {
+            for p in &renamed {
+                remove_if_exists(p)?;
+            }
+        } else {
+            w.pending_deletes.push((Instant::now() + config.file_delete_delay, renamed));
+        }
+        Ok(())
+    }
+
+    /// Unlinks the `.deleted` files whose delay has passed (all of them with `all`).
+    fn delete_expired(&self, w: &mut Writer, all: bool) -> Result<()> {
+        let now = Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) = w.pending_deletes.drain(..).partition(|(at, _)| all || *at <= now);
+        w.pending_deletes = later;
+        for (_, paths) in due {
+            for p in &paths {
+                remove_if_exists(p)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The first offset whose record timestamp is `>= ts`, with that record's
+    /// timestamp (Kafka's ListOffsets by time). For a compressed batch or one with
+    /// LogAppendTime: the batch's base offset and max timestamp. `None` when every
+    /// record is older.
+    pub fn offset_for_timestamp(&self, ts: i64) -> Result<Option<(Offset, i64)>> {
+        let view = self.view();
+        for seg in view.values() {
+            if seg.max_timestamp() < ts {
+                continue;
+            }
+            let path = seg.path(LOG_SUFFIX);
+            let start = seg.time_floor_below(ts).at(&path)?.map_or(seg.base_offset, |t| seg.base_offset + i64::from(t.relative_offset));
+            let size = seg.size();
+            let Some((position, _)) = seg.find_batch(start, size).at(&path)? else { continue };
+            let mut walk = crate::segment::Walker::new(&seg.file, position, size);
+            while let crate::segment::Step::Batch { position, header } = walk.step(false).at(&path)? {
+                if header.max_timestamp < ts {
+                    continue;
+                }
+                if header.compression() != Compression::None || header.timestamp_type() == TimestampType::LogAppendTime {
+                    return Ok(Some((header.base_offset, header.max_timestamp)));
+                }
+                let bytes = walk.batch_bytes(position, header.size()).at(&path)?;
+                for record in Records::new(&bytes[BATCH_OVERHEAD..], BATCH_OVERHEAD).flatten() {
+                    let record_ts = header.base_timestamp + record.timestamp_delta;
+                    if record_ts >= ts {
+                        return Ok(Some((header.base_offset + i64::from(record.offset_delta), record_ts)));
+                    }
+                }
+                return Ok(Some((header.base_offset, header.max_timestamp)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Deletes whole sealed segments, oldest first, while `retention.ms` (by the
+    /// segment's largest timestamp, against `now_ms`) or `retention.bytes` says so;
+    /// the active segment always stays. Returns how many segments were deleted.
+    pub fn apply_retention(&self, now_ms: i64) -> Result<usize> {
+        let mut w = lock::mutex(&self.writer);
+        self.delete_expired(&mut w, false)?;
+        if w.closed {
+            return Ok(0);
+        }
+        let config = self.config();
+        let active_base = w.active.segment.base_offset;
+        let mut size = self.size_bytes();
+        let mut doomed = Vec::new();
+        for (&base, seg) in &w.segments {
+            if base == active_base {
+                break;
+            }
+            let expired = config.retention_ms.is_some_and(|ms| seg.max_timestamp() < now_ms.saturating_sub(ms.as_millis() as i64));
+            let oversize = config.retention_bytes.is_some_and(|limit| size.saturating_sub(seg.size()) >= limit);
+            if !expired && !oversize {
+                break;
+            }
+            size -= seg.size();
+            doomed.push(base);
+        }
+        if doomed.is_empty() {
+            return Ok(0);
+        }
+        for base in &doomed {
+            if let Some(seg) = w.segments.remove(base) {
+                tracing::info!(dir = %self.dir.display(), segment = base, "deleting a segment by retention");
+                self.schedule_delete(&mut w, &config, &seg)?;
+            }
+        }
+        let log_start = *w.segments.keys().next().expect("invariant: the active segment stays");
+        // Readers check the start offset first, then look at the segments.
+        self.log_start_offset.store(log_start, Ordering::Release);
+        self.publish(&w);
+        self.size_bytes.store(size, Ordering::Release);
+        self.high_watermark.fetch_max(log_start, Ordering::AcqRel);
+        self.recovery_point.fetch_max(log_start, Ordering::AcqRel);
+        w.unsynced.retain(|s| s.base_offset >= log_start);
+        w.epochs.truncate_from_start(log_start)?;
+        Ok(doomed.len())
+    }
+
+    /// The current configuration.
+    pub fn config(&self) -> LogConfig {
+        *lock::read(&self.config)
+    }
+
+    /// Replaces the configuration (it applies from the next append or retention run).
+    pub fn update_config(&self, config: LogConfig) -> Result<()> {
+        config.validate()?;
+        *lock::write(&self.config) = config;
+        Ok(())
+    }
+
+    /// Bytes in all segments.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes.load(Ordering::Acquire)
+    }
+
+    /// Number of segments (including the active one).
+    pub fn segment_count(&self) -> usize {
+        self.view().len()
+    }
+
+    /// `(epoch, start offset)` pairs of the leader epoch cache, oldest first.
+    pub fn leader_epochs(&self) -> Vec<(i32, Offset)> {
+        lock::mutex(&self.writer).epochs.entries().to_vec()
+    }
+
+    /// For OffsetForLeaderEpoch: the largest epoch `<= epoch` this log knows and the
+    /// offset where it ended (the next epoch's start, or the log end offset).
+    pub fn end_offset_for_epoch(&self, epoch: i32) -> Option<(i32, Offset)> {
+        let w = lock::mutex(&self.writer);
+        w.epochs.end_offset_for(epoch, self.log_end_offset())
+    }
+
+    /// Flushes, deletes pending `.deleted` files, and writes the clean shutdown
+    /// marker so the next open needs no recovery scan. Later writes fail with
+    /// [`Error::Closed`]; reads keep working.
+    pub fn close(&self) -> Result<()> {
+        let mut w = lock::mutex(&self.writer);
+        if w.closed {
+            return Ok(());
+        }
+        self.flush_locked(&mut w)?;
+        self.delete_expired(&mut w, true)?;
+        let marker = self.dir.join(CLEAN_SHUTDOWN);
+        let mut f = File::create(&marker).at(&marker)?;
+        f.write_all(self.log_end_offset().to_string().as_bytes()).at(&marker)?;
+        f.sync_all().at(&marker)?;
+        sync_dir(&self.dir)?;
+        w.closed = true;
+        Ok(())
+    }
+
+    /// Closes the log and removes its directory.
+    pub fn delete(&self) -> Result<()> {
+        let mut w = lock::mutex(&self.writer);
+        w.closed = true;
+        w.pending_deletes.clear();
+        fs::remove_dir_all(&self.dir).at(&self.dir)
+    }
+
+    /// Time since the last flush (for metrics).
+    pub fn time_since_flush(&self) -> Duration {
+        Duration::from_millis((now_ms() - self.last_flush_ms.load(Ordering::Acquire)).max(0) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Checks every batch of an append before anything is written: framing, magic, CRC,
+/// records of uncompressed batches, a non-zero record count, and the size limit.
+/// Returns each batch's position in `buf` and header.
+fn validate(buf: &[u8], max_message_bytes: u32) -> Result<Vec<(usize, BatchHeader)>> {
+    if buf.is_empty() {
+        let source = fjord_record::Error::Truncated { needed: BATCH_OVERHEAD, available: 0 };
+        return Err(Error::InvalidBatch { position: 0, source });
+    }
+    if buf.len() > i32::MAX as usize {
+        return Err(Error::MessageTooLarge { size: buf.len(), max: i32::MAX as usize });
+    }
+    let mut out = Vec::new();
+    let mut position = 0;
+    while position < buf.len() {
+        let rest = &buf[position..];
+        let invalid = |source| Error::InvalidBatch { position, source };
+        let header = BatchHeader::parse_unchecked(rest).map_err(invalid)?;
+        if header.size() > max_message_bytes as usize {
+            return Err(Error::MessageTooLarge { size: header.size(), max: max_message_bytes as usize });
+        }
+        let header = BatchHeader::parse(rest).map_err(invalid)?;
+        let bytes = &rest[..header.size()];
+        header.validate_records(bytes).map_err(invalid)?;
+        if header.record_count == 0 {
+            return Err(invalid(fjord_record::Error::RecordCountMismatch { count: 0, detail: "empty batch" }));
+        }
+        out.push((position, header));
+        position += header.size();
+    }
+    Ok(out)
+}

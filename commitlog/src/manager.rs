@@ -1,0 +1,196 @@
+//! [`LogManager`]: the partitions of one log dir (`log.dirs`) and its checkpoints.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use fjord_record::{Offset, TopicPartition};
+
+use crate::checkpoint;
+use crate::error::IoContext;
+use crate::{lock, Error, Log, LogConfig, Result};
+
+/// Per partition: everything below is fsynced.
+pub const RECOVERY_POINT_CHECKPOINT: &str = "recovery-point-offset-checkpoint";
+/// Per partition: the high watermark.
+pub const REPLICATION_CHECKPOINT: &str = "replication-offset-checkpoint";
+/// Files the log dir may hold besides partition directories.
+const KNOWN_FILES: &[&str] = &[RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT, "meta.properties", ".lock"];
+
+/// Many partitions under one log dir, with the dir-level checkpoint files.
+#[derive(Debug)]
+pub struct LogManager {
+    dir: PathBuf,
+    default_config: LogConfig,
+    logs: RwLock<BTreeMap<TopicPartition, Arc<Log>>>,
+    /// Serializes checkpoint writes (they share a temp file name).
+    checkpoint_lock: Mutex<()>,
+}
+
+impl LogManager {
+    /// Opens (creating if needed) the log dir and every `<topic>-<partition>`
+    /// directory in it, trusting data below each partition's checkpointed recovery
+    /// point and restoring its high watermark. Other entries are ignored with a
+    /// warning; a malformed checkpoint is ignored with a warning (all partitions are
+    /// then fully re-validated).
+    pub fn open(dir: impl Into<PathBuf>, default_config: LogConfig) -> Result<LogManager> {
+        default_config.validate()?;
+        let dir = dir.into();
+        fs::create_dir_all(&dir).at(&dir)?;
+        let read = |name: &str| {
+            checkpoint::read_offsets(&dir.join(name)).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "ignoring a malformed checkpoint");
+                BTreeMap::new()
+            })
+        };
+        let recovery_points = read(RECOVERY_POINT_CHECKPOINT);
+        let high_watermarks = read(REPLICATION_CHECKPOINT);
+        let mut logs = BTreeMap::new();
+        for entry in fs::read_dir(&dir).at(&dir)? {
+            let entry = entry.at(&dir)?;
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !path.is_dir() {
+                if !KNOWN_FILES.contains(&name.as_str()) && !name.ends_with(".tmp") {
+                    tracing::warn!(path = %path.display(), "ignoring unexpected file in the log dir");
+                }
+                continue;
+            }
+            let Some(tp) = parse_partition_dir(&name) else {
+                tracing::warn!(path = %path.display(), "ignoring a directory that is not <topic>-<partition>");
+                continue;
+            };
+            let recovery_point = recovery_points.get(&tp).copied().unwrap_or(0);
+            let log = Log::open_with_recovery_point(&path, default_config, recovery_point)?;
+            if let Some(&hw) = high_watermarks.get(&tp) {
+                log.set_high_watermark(hw);
+            }
+            logs.insert(tp, Arc::new(log));
+        }
+        Ok(LogManager { dir, default_config, logs: RwLock::new(logs), checkpoint_lock: Mutex::new(()) })
+    }
+
+    /// The log dir.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The partition's log, if this log dir holds it.
+    pub fn get(&self, tp: &TopicPartition) -> Option<Arc<Log>> {
+        lock::read(&self.logs).get(tp).cloned()
+    }
+
+    /// The partition's log, created with `config` when missing (an existing log
+    /// gets `config` applied).
+    pub fn get_or_create(&self, tp: &TopicPartition, config: LogConfig) -> Result<Arc<Log>> {
+        if let Some(log) = self.get(tp) {
+            log.update_config(config)?;
+            return Ok(log);
+        }
+        if parse_partition_dir(&tp.dir_name()).as_ref() != Some(tp) || tp.topic.contains(['/', '\\']) {
+            return Err(Error::InvalidConfig {
+                key: "topic".to_owned(),
+                value: tp.to_string(),
+                reason: "not a valid topic-partition directory name",
+            });
+        }
+        let mut logs = lock::write(&self.logs);
+        if let Some(log) = logs.get(tp) {
+            return Ok(log.clone());
+        }
+        let log = Arc::new(Log::open(self.dir.join(tp.dir_name()), config)?);
+        logs.insert(tp.clone(), log.clone());
+        Ok(log)
+    }
+
+    /// The default config partitions were opened with.
+    pub fn default_config(&self) -> LogConfig {
+        self.default_config
+    }
+
+    /// Every partition in this log dir.
+    pub fn partitions(&self) -> Vec<TopicPartition> {
+        lock::read(&self.logs).keys().cloned().collect()
+    }
+
+    /// Deletes the partition's log and directory (no-op when absent).
+    pub fn delete(&self, tp: &TopicPartition) -> Result<()> {
+        let log = lock::write(&self.logs).remove(tp);
+        if let Some(log) = log {
+            log.delete()?;
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// Writes both checkpoint files atomically (temp file, fsync, rename, fsync dir).
+    pub fn checkpoint(&self) -> Result<()> {
+        let _guard = lock::mutex(&self.checkpoint_lock);
+        let logs: Vec<(TopicPartition, Arc<Log>)> = lock::read(&self.logs).iter().map(|(t, l)| (t.clone(), l.clone())).collect();
+        let collect = |f: fn(&Log) -> Offset| -> BTreeMap<TopicPartition, Offset> {
+            logs.iter().map(|(tp, log)| (tp.clone(), f(log))).collect()
+        };
+        checkpoint::write_offsets(&self.dir.join(RECOVERY_POINT_CHECKPOINT), &collect(Log::recovery_point))?;
+        checkpoint::write_offsets(&self.dir.join(REPLICATION_CHECKPOINT), &collect(Log::high_watermark))
+    }
+
+    /// The `flush.ms` policy: flushes every log whose last flush is older than its
+    /// `flush.ms` at `now_ms`, then checkpoints the recovery points. Call periodically.
+    pub fn flush_due(&self, now_ms: i64) -> Result<()> {
+        let mut flushed = false;
+        for log in self.logs() {
+            flushed |= log.flush_if_due(now_ms)?;
+        }
+        if flushed {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// Applies retention to every log; returns the number of segments deleted.
+    pub fn apply_retention(&self, now_ms: i64) -> Result<usize> {
+        let mut deleted = 0;
+        for log in self.logs() {
+            deleted += log.apply_retention(now_ms)?;
+        }
+        Ok(deleted)
+    }
+
+    /// Flushes and closes every log and checkpoints: the next open needs no
+    /// recovery scan.
+    pub fn close(&self) -> Result<()> {
+        for log in self.logs() {
+            log.close()?;
+        }
+        self.checkpoint()
+    }
+
+    fn logs(&self) -> Vec<Arc<Log>> {
+        lock::read(&self.logs).values().cloned().collect()
+    }
+}
+
+/// `orders-3` → `orders`, 3; topic names may contain `-`, the last one splits.
+fn parse_partition_dir(name: &str) -> Option<TopicPartition> {
+    let (topic, partition) = name.rsplit_once('-')?;
+    let partition: i32 = partition.parse().ok()?;
+    if topic.is_empty() || partition < 0 || partition.to_string().len() != name.len() - topic.len() - 1 {
+        return None;
+    }
+    Some(TopicPartition::new(topic, partition))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_directory_names() {
+        assert_eq!(parse_partition_dir("orders-3"), Some(TopicPartition::new("orders", 3)));
+        assert_eq!(parse_partition_dir("my-topic-10"), Some(TopicPartition::new("my-topic", 10)));
+        for bad in ["orders", "-1", "orders-x", "orders-01", "orders-+1"] {
+            assert_eq!(parse_partition_dir(bad), None, "{bad}");
+        }
+    }
+}

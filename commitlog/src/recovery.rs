@@ -1,0 +1,383 @@
+//! Opening a partition directory: find the segments, trust what was flushed, and
+//! re-validate everything after the recovery point.
+//!
+//! For each segment, oldest first:
+//! - segments entirely below the recovery point are trusted: only their index
+//!   files are sanity-checked (whole entries, sorted, inside the file); a bad or
+//!   missing index is rebuilt from the log;
+//! - the segment holding the recovery point and everything after it is re-read
+//!   batch by batch with the CRC and record framing checked, and its indexes are
+//!   rebuilt; the first invalid or incomplete batch and everything after it (in
+//!   that segment and in later ones) is truncated away, with a warning;
+//! - after a clean shutdown (the `.clean-shutdown` marker names the log end
+//!   offset) nothing is re-read but the active segment's tail after its last index
+//!   entry, which is CRC-checked.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fjord_record::Offset;
+
+use crate::checkpoint::sync_dir;
+use crate::error::IoContext;
+use crate::index::{self, IndexBuilder, OffsetEntry, TimeEntry};
+use crate::segment::{segment_path, Segment, Step, Walker, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
+use crate::{epoch, LogConfig, Result};
+
+/// Written by `Log::close` with the log end offset; its presence on open means no
+/// recovery scan is needed.
+pub(crate) const CLEAN_SHUTDOWN: &str = ".clean-shutdown";
+
+/// The state of one segment after a scan of its `.log`.
+#[derive(Debug, Default)]
+pub(crate) struct Scan {
+    /// Bytes of whole valid batches from the start.
+    pub(crate) valid_size: u64,
+    /// Offset after the last valid batch, `None` when there is none.
+    pub(crate) next_offset: Option<Offset>,
+    pub(crate) offsets: Vec<OffsetEntry>,
+    pub(crate) times: Vec<TimeEntry>,
+    pub(crate) builder: IndexBuilder,
+    pub(crate) first_timestamp: Option<i64>,
+    /// Where and why the scan stopped before the end of the file.
+    pub(crate) torn: Option<(u64, String)>,
+}
+
+/// Reads the segment's batches from the start, rebuilding its index entries. With
+/// `validate`, checks CRCs and records too. Batches must have offsets inside
+/// `[base_offset, next_base)` and in order; the scan stops at the first that does not.
+pub(crate) fn scan(
+    file: &File,
+    base_offset: Offset,
+    len: u64,
+    next_base: Option<Offset>,
+    interval: u32,
+    validate: bool,
+) -> io::Result<Scan> {
+    let mut s = Scan::default();
+    let mut walk = Walker::new(file, 0, len);
+    let mut expected = base_offset;
+    loop {
+        match walk.step(validate)? {
+            Step::End => break,
+            Step::Torn { position, reason } => {
+                s.torn = Some((position, reason.to_string()));
+                break;
+            }
+            Step::Batch { position, header } => {
+                let in_range = header.base_offset >= expected
+                    && header.last_offset() - base_offset <= i64::from(u32::MAX)
+                    && next_base.is_none_or(|n| header.last_offset() < n);
+                if !in_range {
+                    s.torn = Some((position, format!("batch offset {} out of order", header.base_offset)));
+                    break;
+                }
+                let rel = (header.base_offset - base_offset) as u32;
+                let (o, t) = s.builder.on_batch(interval, rel, position as u32, header.max_timestamp, header.size() as u64);
+                s.offsets.extend(o);
+                s.times.extend(t);
+                s.first_timestamp.get_or_insert(header.max_timestamp);
+                s.valid_size = position + header.size() as u64;
+                s.next_offset = Some(header.next_offset());
+                expected = header.next_offset();
+            }
+        }
+    }
+    Ok(s)
+}
+
+/// The active segment's writer-side state.
+#[derive(Debug)]
+pub(crate) struct Active {
+    pub(crate) segment: Arc<Segment>,
+    pub(crate) index_file: File,
+    pub(crate) time_index_file: File,
+    /// Resident entries already written to the files.
+    pub(crate) index_written: usize,
+    pub(crate) times_written: usize,
+    pub(crate) builder: IndexBuilder,
+    /// Max timestamp of the first batch (Kafka's base for `segment.ms`).
+    pub(crate) first_timestamp: Option<i64>,
+}
+
+impl Active {
+    /// Makes `segment` active with the given entries, writing them as its index files.
+    pub(crate) fn install(
+        segment: Arc<Segment>,
+        offsets: Vec<OffsetEntry>,
+        times: Vec<TimeEntry>,
+        builder: IndexBuilder,
+        first_timestamp: Option<i64>,
+        rewrite_files: bool,
+    ) -> Result<Self> {
+        let index_path = segment.path(INDEX_SUFFIX);
+        let time_path = segment.path(TIME_INDEX_SUFFIX);
+        if rewrite_files {
+            fs::write(&index_path, index::encode(&offsets)).at(&index_path)?;
+            fs::write(&time_path, index::encode(&times)).at(&time_path)?;
+        }
+        let open = |p: &Path| OpenOptions::new().append(true).create(true).open(p).at(p);
+        let index_file = open(&index_path)?;
+        let time_index_file = open(&time_path)?;
+        let (index_written, times_written) = (offsets.len(), times.len());
+        segment.activate(offsets, times);
+        Ok(Self { segment, index_file, time_index_file, index_written, times_written, builder, first_timestamp })
+    }
+}
+
+/// What [`load`] found.
+#[derive(Debug)]
+pub(crate) struct Loaded {
+    pub(crate) segments: BTreeMap<Offset, Arc<Segment>>,
+    pub(crate) active: Active,
+    pub(crate) log_end_offset: Offset,
+    pub(crate) recovery_point: Offset,
+}
+
+/// Opens or creates the partition directory `dir` (see the module docs).
+pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Result<Loaded> {
+    fs::create_dir_all(dir).at(dir)?;
+    let mut bases = Vec::new();
+    let mut index_files = Vec::new();
+    for entry in fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == epoch::FILE_NAME || name == CLEAN_SHUTDOWN {
+            continue;
+        }
+        if name.ends_with(DELETED_SUFFIX) || name.ends_with(".tmp") {
+            // A deletion or a checkpoint write that a crash interrupted: finish it.
+            fs::remove_file(&path).at(&path)?;
+            continue;
+        }
+        match parse_segment_name(&name) {
+            Some((base, LOG_SUFFIX)) if path.is_file() => bases.push(base),
+            Some((base, INDEX_SUFFIX | TIME_INDEX_SUFFIX)) => index_files.push((base, path)),
+            _ => tracing::warn!(path = %path.display(), "ignoring unexpected file in a partition directory"),
+        }
+    }
+    bases.sort_unstable();
+    for (base, path) in index_files {
+        if bases.binary_search(&base).is_err() {
+            tracing::warn!(path = %path.display(), "removing an index without its log segment");
+            fs::remove_file(&path).at(&path)?;
+        }
+    }
+
+    let marker = dir.join(CLEAN_SHUTDOWN);
+    let clean_end: Option<Offset> = match fs::read_to_string(&marker) {
+        Ok(text) => {
+            fs::remove_file(&marker).at(&marker)?;
+            // From here on a crash must lead to a recovery scan.
+            sync_dir(dir)?;
+            text.trim().parse().ok()
+        }
+        Err(_) => None,
+    };
+    // Everything below this offset is trusted without a CRC check.
+    let trusted = if clean_end.is_some() { Offset::MAX } else { recovery_point };
+
+    if bases.is_empty() {
+        bases.push(0);
+    }
+    let mut segments = BTreeMap::new();
+    let mut active = None;
+    let last = bases.len() - 1;
+    for (i, &base) in bases.iter().enumerate() {
+        let is_last = i == last;
+        let next_base = bases.get(i + 1).copied();
+        let log_path = segment_path(dir, base, LOG_SUFFIX);
+        let file = Segment::open_log_file(dir, base).at(&log_path)?;
+        let len = file.metadata().at(&log_path)?.len();
+        let must_scan = match next_base {
+            _ if trusted == Offset::MAX => false,
+            Some(next) => next > trusted,
+            None => true,
+        };
+        let segment = Arc::new(Segment::new(dir, base, file, len, i64::MIN));
+        if !must_scan {
+            if is_last {
+                if let Some(a) = load_clean_active(&segment, len, config)? {
+                    segments.insert(base, segment);
+                    active = Some(a);
+                    break;
+                }
+            } else if sealed_indexes_are_sane(&segment, len)? {
+                let max = segment.last_time_entry().at(segment.path(TIME_INDEX_SUFFIX))?;
+                segment.set_max_timestamp(max.map_or(i64::MIN, |t| t.timestamp));
+                segments.insert(base, segment);
+                continue;
+            }
+            tracing::warn!(dir = %dir.display(), segment = base, "rebuilding a missing or damaged index");
+        }
+        let s = scan(&segment.file, base, len, next_base, config.index_interval_bytes, true).at(&log_path)?;
+        let truncated = s.valid_size < len;
+        if truncated {
+            let (position, reason) = s.torn.clone().unwrap_or_default();
+            tracing::warn!(
+                dir = %dir.display(), segment = base, position, reason = %reason, dropped_bytes = len - s.valid_size,
+                "truncating an invalid log tail"
+            );
+            segment.file.set_len(s.valid_size).at(&log_path)?;
+        }
+        segment.set_size(s.valid_size);
+        segment.set_max_timestamp(s.builder.max_timestamp);
+        segments.insert(base, segment.clone());
+        if is_last || truncated {
+            for &later in &bases[i + 1..] {
+                tracing::warn!(dir = %dir.display(), segment = later, "removing a segment after a truncated tail");
+                for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+                    remove_if_exists(&segment_path(dir, later, suffix))?;
+                }
+            }
+            active = Some(Active::install(segment, s.offsets, s.times, s.builder, s.first_timestamp, true)?);
+            break;
+        }
+        let mut builder = s.builder;
+        let mut times = s.times;
+        times.extend(builder.time_entry());
+        write_index_files(&segment, &s.offsets, &times)?;
+    }
+    let active = active.expect("invariant: the loop ends with an active segment");
+    let log_end_offset = next_offset_of(&active)?;
+    let recovery_point = match clean_end {
+        Some(_) => log_end_offset,
+        None => recovery_point.clamp(active_floor(&segments), log_end_offset),
+    };
+    if clean_end.is_some_and(|end| end != log_end_offset) {
+        tracing::warn!(dir = %dir.display(), "clean shutdown marker disagrees with the log end offset");
+    }
+    Ok(Loaded { segments, active, log_end_offset, recovery_point })
+}
+
+fn active_floor(segments: &BTreeMap<Offset, Arc<Segment>>) -> Offset {
+    segments.keys().next().copied().unwrap_or(0)
+}
+
+/// The log end offset: after the active segment's last batch, or its base when empty.
+fn next_offset_of(active: &Active) -> Result<Offset> {
+    let seg = &active.segment;
+    let size = seg.size();
+    let path = seg.path(LOG_SUFFIX);
+    // The last resident entry is a batch start near the end; walk from there.
+    let (entries, _) = seg.resident_tail(0, 0);
+    let start = entries.last().map_or(0, |e| u64::from(e.position));
+    let mut walk = Walker::new(&seg.file, start, size);
+    let mut next = seg.base_offset;
+    while let Step::Batch { header, .. } = walk.step(false).at(&path)? {
+        next = header.next_offset();
+    }
+    Ok(next)
+}
+
+/// Loads the active segment's indexes after a clean shutdown and CRC-checks the
+/// batches after the last index entry. `None` when anything looks wrong: the caller
+/// then rebuilds everything from the log.
+fn load_clean_active(segment: &Arc<Segment>, len: u64, config: &LogConfig) -> Result<Option<Active>> {
+    let read = |suffix| -> Option<Vec<u8>> { fs::read(segment.path(suffix)).ok() };
+    let (Some(o), Some(t)) = (read(INDEX_SUFFIX), read(TIME_INDEX_SUFFIX)) else {
+        return Ok(None);
+    };
+    let (Some(offsets), Some(times)) = (index::decode::<OffsetEntry>(&o), index::decode::<TimeEntry>(&t)) else {
+        return Ok(None);
+    };
+    if !index::offsets_are_sane(&offsets, len) || !index::times_are_sane(&times) || (len > 0 && times.is_empty()) {
+        return Ok(None);
+    }
+    let start = offsets.last().map_or(0, |e| u64::from(e.position));
+    let mut builder = IndexBuilder::resume(0, times.last().copied());
+    let mut walk = Walker::new(&segment.file, start, len);
+    let path = segment.path(LOG_SUFFIX);
+    let mut first_at_entry = !offsets.is_empty();
+    let mut new_offsets = Vec::new();
+    let mut new_times = Vec::new();
+    loop {
+        match walk.step(true).at(&path)? {
+            Step::End => break,
+            Step::Torn { .. } => return Ok(None),
+            Step::Batch { position, header } => {
+                let rel = (header.base_offset - segment.base_offset).clamp(0, i64::from(u32::MAX)) as u32;
+                if first_at_entry {
+                    first_at_entry = false;
+                    builder.observe(rel, header.max_timestamp, header.size() as u64);
+                } else {
+                    let (o, t) = builder.on_batch(
+                        config.index_interval_bytes,
+                        rel,
+                        position as u32,
+                        header.max_timestamp,
+                        header.size() as u64,
+                    );
+                    new_offsets.extend(o);
+                    new_times.extend(t);
+                }
+            }
+        }
+    }
+    let first_timestamp = match Walker::new(&segment.file, 0, len).step(false).at(&path)? {
+        Step::Batch { header, .. } => Some(header.max_timestamp),
+        _ => None,
+    };
+    segment.set_max_timestamp(builder.max_timestamp);
+    let rewrite = !new_offsets.is_empty() || !new_times.is_empty();
+    let mut offsets = offsets;
+    let mut times = times;
+    offsets.extend(new_offsets);
+    times.extend(new_times);
+    Active::install(segment.clone(), offsets, times, builder, first_timestamp, rewrite).map(Some)
+}
+
+/// Cheap checks of a trusted sealed segment's index files without reading them
+/// whole: whole entries, a last offset entry inside the log, and a time index that
+/// holds the segment's largest timestamp (it is never empty for a non-empty log).
+fn sealed_indexes_are_sane(segment: &Segment, len: u64) -> Result<bool> {
+    let meta = |suffix| fs::metadata(segment.path(suffix)).map(|m| m.len()).ok();
+    let (Some(o), Some(t)) = (meta(INDEX_SUFFIX), meta(TIME_INDEX_SUFFIX)) else {
+        return Ok(false);
+    };
+    if o % OFFSET_ENTRY_SIZE != 0 || t % TIME_ENTRY_SIZE != 0 || (len > 0 && t == 0) {
+        return Ok(false);
+    }
+    if o > 0 {
+        let path = segment.path(INDEX_SUFFIX);
+        let f = File::open(&path).at(&path)?;
+        let mut buf = [0u8; 8];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, o - 8).at(&path)?;
+        let last = <OffsetEntry as index::IndexEntry>::decode(&buf);
+        if u64::from(last.position) >= len {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+const OFFSET_ENTRY_SIZE: u64 = <OffsetEntry as index::IndexEntry>::SIZE as u64;
+const TIME_ENTRY_SIZE: u64 = <TimeEntry as index::IndexEntry>::SIZE as u64;
+
+/// Writes a sealed segment's index files whole.
+pub(crate) fn write_index_files(segment: &Segment, offsets: &[OffsetEntry], times: &[TimeEntry]) -> Result<()> {
+    let index_path = segment.path(INDEX_SUFFIX);
+    fs::write(&index_path, index::encode(offsets)).at(&index_path)?;
+    let time_path = segment.path(TIME_INDEX_SUFFIX);
+    fs::write(&time_path, index::encode(times)).at(&time_path)
+}
+
+pub(crate) fn remove_if_exists(path: &PathBuf) -> Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(crate::Error::Io { path: path.clone(), source: e }),
+        _ => Ok(()),
+    }
+}
+
+/// `00000000000000000123.log` → `(123, "log")`.
+fn parse_segment_name(name: &str) -> Option<(Offset, &str)> {
+    let (stem, suffix) = name.split_once('.')?;
+    if stem.len() != 20 || !stem.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((stem.parse().ok()?, suffix))
+}
