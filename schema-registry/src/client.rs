@@ -121,7 +121,7 @@ impl RegistryClient {
 
     /// Registers `schema` under `subject` if needed and encodes `value` with it, framed.
     /// `value` is resolved against the schema first, so a value built from JSON
-    /// (`Value::from(serde_json::Value)`: maps for records, strings for enums) works; a value
+    /// (`Value::try_from(serde_json::Value)`: maps for records, strings for enums) works; a value
     /// that does not fit the schema is [`Error::Avro`].
     pub async fn serialize(&self, subject: &str, schema: &str, value: Value) -> Result<Vec<u8>> {
         let (id, schema) = self.register_parsed(subject, &ParsedSchema::parse(schema)?).await?;

@@ -278,50 +278,5 @@ async fn soft_and_permanent_deletes() {
 #[tokio::test]
 async fn two_instances_on_one_store_serve_each_others_schemas_and_never_share_ids() {
     let (_dir, store) = embedded_store();
-    let a = Registry::start(store.clone()).await;
-    let b = Registry::start(store).await;
-    let (ha, hb) = (Http::new(&a.url), Http::new(&b.url));
-
-    assert_eq!(register(&ha, "s", V1).await.ok()["id"], 1);
-    assert_eq!(hb.get("/subjects/s/versions/1").await.ok()["id"], 1);
-    assert!(hb.get("/schemas/ids/1").await.ok()["schema"].as_str().unwrap().contains("\"a\""));
-    assert_eq!(register(&hb, "other", V1).await.ok()["id"], 1);
-    assert_eq!(register(&hb, "s", &v2()).await.ok()["id"], 2);
-    assert_eq!(ha.get("/subjects/s/versions/latest").await.ok()["id"], 2);
-    // Config written through one is enforced by the other.
-    hb.put("/config/s", json!({"compatibility": "FULL"})).await.ok();
-    register(&ha, "s", &record(r#"{"name":"a","type":"long"}"#)).await.assert_error(409, 409);
-
-    // Concurrent registrations through both: distinct schemas get distinct ids, the same
-    // schema gets one id, and racing versions in one subject all land, numbered 1..=n.
-    let mut tasks = Vec::new();
-    for i in 0..16 {
-        let url = if i % 2 == 0 { a.url.clone() } else { b.url.clone() };
-        tasks.push(tokio::spawn(async move {
-            let http = Http::new(&url);
-            let own = record(&format!(r#"{{"name":"f{i}","type":"int","default":0}}"#));
-            let distinct = register(&http, &format!("race-{i}"), &own).await.ok()["id"].as_i64().unwrap();
-            let shared = register(&http, &format!("shared-{i}"), &record(r#"{"name":"same","type":"int"}"#)).await.ok()["id"].as_i64().unwrap();
-            let in_one_subject = register(&http, "crowded", &own).await.ok()["id"].as_i64().unwrap();
-            assert_eq!(distinct, in_one_subject);
-            (distinct, shared)
-        }));
-    }
-    let mut distinct = Vec::new();
-    let mut shared = Vec::new();
-    for t in tasks {
-        let (d, s) = t.await.unwrap();
-        distinct.push(d);
-        shared.push(s);
-    }
-    shared.sort();
-    shared.dedup();
-    assert_eq!(shared.len(), 1, "one schema, one id: {shared:?}");
-    distinct.sort();
-    distinct.dedup();
-    assert_eq!(distinct.len(), 16, "{distinct:?}");
-    assert!(!distinct.contains(&shared[0]));
-    assert_eq!(ha.get("/subjects/crowded/versions").await.ok(), json!((1..=16).collect::<Vec<_>>()));
-    a.stop().await;
-    b.stop().await;
+    support::two_instances_scenario(store.clone(), store).await;
 }
