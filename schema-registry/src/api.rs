@@ -85,6 +85,7 @@ pub fn router(config: &RegistryConfig, store: Store) -> Router {
         .route("/subjects/{subject}/versions", get(list_versions).post(register_schema))
         .route("/subjects/{subject}/versions/{version}", get(get_version).delete(delete_version))
         .route("/subjects/{subject}/versions/{version}/schema", get(get_version_schema))
+        .route("/subjects/{subject}/versions/{version}/referencedby", get(get_referenced_by))
         .route("/schemas/ids/{id}", get(get_schema_by_id))
         .route("/schemas/ids/{id}/schema", get(get_raw_schema_by_id))
         .route("/schemas/ids/{id}/versions", get(get_versions_of_id))
@@ -273,6 +274,12 @@ async fn get_version(State(s): State<AppState>, Path((subject, version)): Path<(
 async fn get_version_schema(State(s): State<AppState>, Path((subject, version)): Path<(String, String)>, flags: Flags) -> ApiResult {
     let v = s.version(&subject, VersionSpec::parse(&version)?, flag(&flags, "deleted")).await?;
     Ok(raw_reply(StatusCode::OK, v.schema.text.clone().into_bytes()))
+}
+
+/// Schema references are not supported, so no version is ever referenced by another.
+async fn get_referenced_by(State(s): State<AppState>, Path((subject, version)): Path<(String, String)>) -> ApiResult {
+    s.version(&subject, VersionSpec::parse(&version)?, false).await?;
+    Ok(reply(StatusCode::OK, &Vec::<i32>::new()))
 }
 
 async fn register_schema(State(s): State<AppState>, Path(subject): Path<String>, JsonBody(req): JsonBody<SchemaRequest>) -> ApiResult {

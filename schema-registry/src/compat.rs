@@ -140,7 +140,7 @@ pub fn can_read(writer: &Schema, reader: &Schema) -> Result<(), Incompatibility>
 }
 
 /// Every named type a schema defines, by full name, so references can be followed.
-fn names(schema: &Schema) -> HashMap<String, &Schema> {
+pub(crate) fn names(schema: &Schema) -> HashMap<String, &Schema> {
     fn walk<'a>(s: &'a Schema, out: &mut HashMap<String, &'a Schema>) {
         match s {
             Schema::Record(r) => {
@@ -171,7 +171,7 @@ fn names(schema: &Schema) -> HashMap<String, &Schema> {
 
 /// A schema seen through resolution: logical types as their underlying type.
 #[derive(Clone, Copy)]
-enum Shape<'a> {
+pub(crate) enum Shape<'a> {
     Null,
     Boolean,
     Int,
@@ -191,7 +191,7 @@ enum Shape<'a> {
 }
 
 impl Shape<'_> {
-    fn type_name(&self) -> String {
+    pub(crate) fn type_name(&self) -> String {
         match self {
             Shape::Null => "null".into(),
             Shape::Boolean => "boolean".into(),
@@ -220,7 +220,7 @@ struct Checker<'a> {
     assumed: HashSet<(String, String)>,
 }
 
-fn shape<'a>(schema: &'a Schema, names: &HashMap<String, &'a Schema>) -> Shape<'a> {
+pub(crate) fn shape<'a>(schema: &'a Schema, names: &HashMap<String, &'a Schema>) -> Shape<'a> {
     match schema {
         Schema::Null => Shape::Null,
         Schema::Boolean => Shape::Boolean,

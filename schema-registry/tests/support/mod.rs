@@ -5,10 +5,12 @@ use std::sync::Arc;
 
 use fjord_coord::{EmbeddedStore, Store};
 use fjord_schema_registry::{run, RegistryConfig};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tempfile::TempDir;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+pub mod scenarios;
 
 /// An embedded metadata store in a temporary directory.
 pub fn embedded_store() -> (TempDir, Store) {
@@ -128,58 +130,4 @@ pub async fn register(http: &Http, subject: &str, schema: &str) -> Reply {
 /// A record schema named `R` with the given fields JSON.
 pub fn record(fields: &str) -> String {
     format!(r#"{{"type":"record","name":"R","namespace":"test","fields":[{fields}]}}"#)
-}
-
-/// Two registry instances over `store_a` and `store_b` (one store, or two handles on one
-/// ZooKeeper): each serves what the other registered, config written through one is
-/// enforced by the other, and concurrent registrations through both never share an id.
-pub async fn two_instances_scenario(store_a: Store, store_b: Store) {
-    const V1: &str = r#"{"type":"record","name":"R","namespace":"test","fields":[{"name":"a","type":"int"}]}"#;
-    let v2 = || record(r#"{"name":"a","type":"int"},{"name":"b","type":"string","default":""}"#);
-    let a = Registry::start(store_a).await;
-    let b = Registry::start(store_b).await;
-    let (ha, hb) = (Http::new(&a.url), Http::new(&b.url));
-
-    assert_eq!(register(&ha, "s", V1).await.ok()["id"], 1);
-    assert_eq!(hb.get("/subjects/s/versions/1").await.ok()["id"], 1);
-    assert!(hb.get("/schemas/ids/1").await.ok()["schema"].as_str().unwrap().contains("\"a\""));
-    assert_eq!(register(&hb, "other", V1).await.ok()["id"], 1);
-    assert_eq!(register(&hb, "s", &v2()).await.ok()["id"], 2);
-    assert_eq!(ha.get("/subjects/s/versions/latest").await.ok()["id"], 2);
-    // Config written through one is enforced by the other.
-    hb.put("/config/s", json!({"compatibility": "FULL"})).await.ok();
-    register(&ha, "s", &record(r#"{"name":"a","type":"long"}"#)).await.assert_error(409, 409);
-
-    // Concurrent registrations through both: distinct schemas get distinct ids, the same
-    // schema gets one id, and racing versions in one subject all land, numbered 1..=n.
-    let mut tasks = Vec::new();
-    for i in 0..16 {
-        let url = if i % 2 == 0 { a.url.clone() } else { b.url.clone() };
-        tasks.push(tokio::spawn(async move {
-            let http = Http::new(&url);
-            let own = record(&format!(r#"{{"name":"f{i}","type":"int","default":0}}"#));
-            let distinct = register(&http, &format!("race-{i}"), &own).await.ok()["id"].as_i64().unwrap();
-            let shared = register(&http, &format!("shared-{i}"), &record(r#"{"name":"same","type":"int"}"#)).await.ok()["id"].as_i64().unwrap();
-            let in_one_subject = register(&http, "crowded", &own).await.ok()["id"].as_i64().unwrap();
-            assert_eq!(distinct, in_one_subject);
-            (distinct, shared)
-        }));
-    }
-    let mut distinct = Vec::new();
-    let mut shared = Vec::new();
-    for t in tasks {
-        let (d, s) = t.await.unwrap();
-        distinct.push(d);
-        shared.push(s);
-    }
-    shared.sort();
-    shared.dedup();
-    assert_eq!(shared.len(), 1, "one schema, one id: {shared:?}");
-    distinct.sort();
-    distinct.dedup();
-    assert_eq!(distinct.len(), 16, "{distinct:?}");
-    assert!(!distinct.contains(&shared[0]));
-    assert_eq!(ha.get("/subjects/crowded/versions").await.ok(), json!((1..=16).collect::<Vec<_>>()));
-    a.stop().await;
-    b.stop().await;
 }
