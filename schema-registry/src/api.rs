@@ -258,12 +258,34 @@ fn version_doc(v: &SubjectVersion) -> Value {
 
 // ---- handlers ---------------------------------------------------------------------------
 
+/// `?offset=N&limit=M` (limit -1 or absent: all), as Confluent pages its lists.
+fn page<T>(items: Vec<T>, flags: &Flags) -> Vec<T> {
+    let offset = flags.get("offset").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    let limit = flags.get("limit").and_then(|v| v.parse::<usize>().ok()).unwrap_or(usize::MAX);
+    items.into_iter().skip(offset).take(limit).collect()
+}
+
 async fn list_subjects(State(s): State<AppState>, flags: Flags) -> ApiResult {
-    Ok(reply(StatusCode::OK, &s.subjects(flag(&flags, "deleted")).await?))
+    let deleted_only = flag(&flags, "deletedOnly");
+    let mut subjects = s.subjects(deleted_only || flag(&flags, "deleted")).await?;
+    if deleted_only {
+        let live = s.subjects(false).await?;
+        subjects.retain(|subject| !live.contains(subject));
+    }
+    if let Some(prefix) = flags.get("subjectPrefix") {
+        subjects.retain(|subject| subject.starts_with(prefix.as_str()));
+    }
+    Ok(reply(StatusCode::OK, &page(subjects, &flags)))
 }
 
 async fn list_versions(State(s): State<AppState>, Path(subject): Path<String>, flags: Flags) -> ApiResult {
-    Ok(reply(StatusCode::OK, &s.versions(&subject, flag(&flags, "deleted")).await?))
+    let deleted_only = flag(&flags, "deletedOnly");
+    let mut versions = s.versions(&subject, deleted_only || flag(&flags, "deleted")).await?;
+    if deleted_only {
+        let live = s.versions(&subject, false).await.unwrap_or_default();
+        versions.retain(|v| !live.contains(v));
+    }
+    Ok(reply(StatusCode::OK, &page(versions, &flags)))
 }
 
 async fn get_version(State(s): State<AppState>, Path((subject, version)): Path<(String, String)>, flags: Flags) -> ApiResult {

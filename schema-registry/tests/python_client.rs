@@ -14,6 +14,7 @@ use std::process::Command;
 
 use apache_avro::types::Value;
 use fjord_schema_registry::RegistryClient;
+use serde_json::json;
 use support::{embedded_store, Registry};
 
 const SCHEMA: &str = r#"{"type":"record","name":"PageView","namespace":"fjord.test","fields":[
@@ -29,11 +30,13 @@ const SCHEMA: &str = r#"{"type":"record","name":"PageView","namespace":"fjord.te
   {"name":"geo","type":{"type":"record","name":"Geo","fields":[{"name":"country","type":"string"}]}}
 ]}"#;
 
-/// Python side: serialize a record (auto-registering under `py-topic-value`), then
-/// deserialize the Fjord-written payload given in hex; print both as one JSON line.
+/// Python side: serialize a record (auto-registering under `py-topic-value`), deserialize
+/// the Fjord-written payload given in hex, then drive the rest of the API through the
+/// client's own methods (which parse our responses their way); print one JSON line.
 const SCRIPT: &str = r#"
 import json, sys
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import SchemaRegistryClient, Schema
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.avro import AvroSerializer, AvroDeserializer
 from confluent_kafka.serialization import SerializationContext, MessageField
 
@@ -46,7 +49,41 @@ payload = ser(record, SerializationContext("py-topic", MessageField.VALUE))
 de = AvroDeserializer(client)
 decoded = de(fjord_payload, SerializationContext("rust-topic", MessageField.VALUE))
 registered = client.get_latest_version("py-topic-value")
-print(json.dumps({"payload": payload.hex(), "decoded": decoded, "registered_id": registered.schema_id}))
+out = {"payload": payload.hex(), "decoded": decoded, "registered_id": registered.schema_id}
+
+def error_of(call):
+    try:
+        call()
+        return "accepted"
+    except SchemaRegistryError as e:
+        return [e.http_status_code, e.error_code]
+
+subject = "py-topic-value"
+evolved = json.loads(schema)
+evolved["fields"].append({"name": "extra", "type": "string", "default": ""})
+incompatible = json.loads(schema)
+incompatible["fields"][0]["type"] = "int"
+evolved, incompatible = Schema(json.dumps(evolved), "AVRO"), Schema(json.dumps(incompatible), "AVRO")
+out["subjects"] = client.get_subjects()
+out["prefixed"] = client.get_subjects(subject_prefix="py-")
+out["versions"] = client.get_versions(subject)
+v = client.get_version(subject, 1)
+out["version"] = [v.schema_id, v.subject, v.version]
+looked = client.lookup_schema(subject, Schema(schema, "AVRO"))
+out["lookup"] = [looked.schema_id, looked.version]
+out["compatible"] = client.test_compatibility(subject, evolved)
+out["incompatible"] = client.test_compatibility(subject, incompatible)
+out["set_level"] = client.set_compatibility(subject, "FULL")
+out["get_level"] = client.get_compatibility(subject)
+out["global_level"] = client.get_compatibility()
+out["register_incompatible"] = error_of(lambda: client.register_schema(subject, incompatible))
+out["evolved_id"] = client.register_schema(subject, evolved)
+out["unknown_id"] = error_of(lambda: client.get_schema(999999))
+out["unknown_subject"] = error_of(lambda: client.get_versions("nope"))
+out["deleted"] = client.delete_subject(subject)
+out["deleted_permanent"] = client.delete_subject(subject, permanent=True)
+out["subjects_after"] = client.get_subjects()
+print(json.dumps(out))
 "#;
 
 fn python() -> PathBuf {
@@ -100,11 +137,37 @@ async fn confluent_python_client_and_fjord_read_each_others_payloads() {
     // Python read what Fjord wrote.
     assert_eq!(
         result["decoded"],
-        serde_json::json!({"url": "/rust", "count": 3, "ms": 42, "score": 1.25, "ok": false, "kind": "VIEW",
+        json!({"url": "/rust", "count": 3, "ms": 42, "score": 1.25, "ok": false, "kind": "VIEW",
                            "tags": ["r"], "attrs": {"n": -1}, "ref": null, "geo": {"country": "SE"}})
     );
 
-    // Fjord reads what Python wrote, with the id Python's registration got.
+    // The rest of the API as the Confluent client sees it.
+    let expect = [
+        ("subjects", json!(["py-topic-value", "rust-topic-value"])),
+        ("prefixed", json!(["py-topic-value"])),
+        ("versions", json!([1])),
+        ("version", json!([1, "py-topic-value", 1])),
+        ("lookup", json!([1, 1])),
+        ("compatible", json!(true)),
+        ("incompatible", json!(false)),
+        // The client hands back the PUT /config response document as it is.
+        ("set_level", json!({"compatibility": "FULL"})),
+        ("get_level", json!("FULL")),
+        ("global_level", json!("BACKWARD")),
+        ("register_incompatible", json!([409, 409])),
+        ("evolved_id", json!(2)),
+        ("unknown_id", json!([404, 40403])),
+        ("unknown_subject", json!([404, 40401])),
+        ("deleted", json!([1, 2])),
+        ("deleted_permanent", json!([1, 2])),
+        ("subjects_after", json!(["rust-topic-value"])),
+    ];
+    for (key, want) in expect {
+        assert_eq!(result[key], want, "{key}: {result}");
+    }
+
+    // Fjord reads what Python wrote, with the id Python's registration got (and after the
+    // subject's permanent deletion: ids stay, so written data stays readable).
     let payload: Vec<u8> = (0..result["payload"].as_str().unwrap().len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&result["payload"].as_str().unwrap()[i..i + 2], 16).unwrap())

@@ -46,6 +46,9 @@ pub async fn register_lookup_and_fetch_by_subject_version_and_id(store: Store) {
     assert_eq!(register(&http, "orders-value", &v2()).await.ok(), json!({"id": 2}));
 
     assert_eq!(http.get("/subjects").await.ok(), json!(["orders-value", "payments-value"]));
+    assert_eq!(http.get("/subjects?subjectPrefix=pay").await.ok(), json!(["payments-value"]));
+    assert_eq!(http.get("/subjects?offset=1&limit=1").await.ok(), json!(["payments-value"]));
+    assert_eq!(http.get("/subjects?limit=1").await.ok(), json!(["orders-value"]));
     assert_eq!(http.get("/subjects/orders-value/versions").await.ok(), json!([1, 2]));
 
     let canonical_v1 = http.get("/schemas/ids/1").await.ok()["schema"].as_str().unwrap().to_string();
@@ -227,6 +230,7 @@ pub async fn soft_and_permanent_deletes(store: Store) {
     assert_eq!(http.delete("/subjects/s/versions/1").await.ok(), json!(1));
     assert_eq!(http.get("/subjects/s/versions").await.ok(), json!([2]));
     assert_eq!(http.get("/subjects/s/versions?deleted=true").await.ok(), json!([1, 2]));
+    assert_eq!(http.get("/subjects/s/versions?deletedOnly=true").await.ok(), json!([1]));
     http.get("/subjects/s/versions/1").await.assert_error(404, 40402);
     assert_eq!(http.get("/subjects/s/versions/1?deleted=true").await.ok()["id"], 1);
     http.delete("/subjects/s/versions/1").await.assert_error(404, 40406);
@@ -243,6 +247,7 @@ pub async fn soft_and_permanent_deletes(store: Store) {
     assert_eq!(http.delete("/subjects/s").await.ok(), json!([2]));
     assert_eq!(http.get("/subjects").await.ok(), json!([]));
     assert_eq!(http.get("/subjects?deleted=true").await.ok(), json!(["s"]));
+    assert_eq!(http.get("/subjects?deletedOnly=true").await.ok(), json!(["s"]));
     http.get("/subjects/s/versions").await.assert_error(404, 40401);
     http.get("/subjects/s/versions/latest").await.assert_error(404, 40401);
     http.delete("/subjects/s").await.assert_error(404, 40404);
