@@ -15,9 +15,12 @@ fn config() -> LogConfig {
     LogConfig { segment_bytes: 4000, index_interval_bytes: 256, file_delete_delay: Duration::ZERO, ..LogConfig::default() }
 }
 
+type Files = BTreeMap<String, Vec<u8>>;
+type Batches = Vec<(Offset, Vec<u8>)>;
+
 /// A log left as a crash would leave it (never closed), with what was appended:
 /// batches of 1–4 records of 10–40 bytes.
-fn crashed_log(batches: usize, seed: u64) -> (BTreeMap<String, Vec<u8>>, Vec<(Offset, Vec<u8>)>) {
+fn crashed_log(batches: usize, seed: u64) -> (Files, Batches) {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path(), config()).unwrap();
     let mut appended = Vec::new();
