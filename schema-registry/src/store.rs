@@ -242,25 +242,36 @@ impl SchemaStore {
         Ok(versions)
     }
 
-    /// One version of a subject. `Latest` is the highest live version.
+    /// One version of a subject. `Latest` is the highest live version (with
+    /// `include_deleted`, the highest one when none is live). Reads only the nodes it needs:
+    /// serving `latest` or a given version is one listing and usually one read, however
+    /// many versions the subject has (each read is a round trip to ZooKeeper).
     pub async fn version(&self, subject: &str, spec: VersionSpec, include_deleted: bool) -> Result<SubjectVersion> {
-        let nodes = self.version_nodes(subject).await?;
-        let visible = |n: &&VersionNode| include_deleted || !n.doc.deleted;
-        if !nodes.iter().any(|n| !n.doc.deleted || include_deleted) {
-            return Err(Error::SubjectNotFound(subject.into()));
+        let numbers = self.version_numbers(subject).await?;
+        if let VersionSpec::Number(v) = spec {
+            if numbers.contains(&v) {
+                if let Some(node) = self.read_version(subject, v).await?.filter(|n| include_deleted || !n.doc.deleted) {
+                    return self.subject_version(subject, &node).await;
+                }
+            }
         }
-        let node = match spec {
-            VersionSpec::Latest => nodes.iter().rev().find(|n| !n.doc.deleted).or_else(|| nodes.iter().rev().find(visible)),
-            VersionSpec::Number(v) => nodes.iter().find(|n| n.version == v).filter(visible),
-        };
-        let node = node.ok_or(Error::VersionNotFound {
-            subject: subject.into(),
-            version: match spec {
-                VersionSpec::Number(v) => v,
-                VersionSpec::Latest => -1,
-            },
-        })?;
-        self.subject_version(subject, node).await
+        // Newest first: the highest live version, else the highest at all (for `deleted`).
+        let mut newest_visible = None;
+        for &v in numbers.iter().rev() {
+            let Some(node) = self.read_version(subject, v).await? else { continue };
+            if !node.doc.deleted {
+                newest_visible = Some(node);
+                break;
+            }
+            if include_deleted && newest_visible.is_none() {
+                newest_visible = Some(node);
+            }
+        }
+        match (spec, newest_visible) {
+            (_, None) => Err(Error::SubjectNotFound(subject.into())),
+            (VersionSpec::Latest, Some(node)) => self.subject_version(subject, &node).await,
+            (VersionSpec::Number(version), Some(_)) => Err(Error::VersionNotFound { subject: subject.into(), version }),
+        }
     }
 
     async fn subject_version(&self, subject: &str, node: &VersionNode) -> Result<SubjectVersion> {
@@ -460,25 +471,41 @@ impl SchemaStore {
 
     /// All version nodes of a subject (live and soft-deleted), ascending by version.
     async fn version_nodes(&self, subject: &str) -> Result<Vec<VersionNode>> {
+        let mut nodes = Vec::new();
+        for version in self.version_numbers(subject).await? {
+            // Gone between the listing and the read: deleted concurrently, skip it.
+            if let Some(node) = self.read_version(subject, version).await? {
+                nodes.push(node);
+            }
+        }
+        Ok(nodes)
+    }
+
+    /// The version numbers present (live or soft-deleted), ascending, without reading them.
+    async fn version_numbers(&self, subject: &str) -> Result<Vec<i32>> {
         let parent = format!("{}/versions", paths::subject(&encode_subject(subject)));
         let names = match self.store.children(&parent).await {
             Ok(names) => names,
             Err(fjord_coord::Error::NoNode { .. }) => return Ok(Vec::new()),
             Err(e) => return Err(e.into()),
         };
-        let mut nodes = Vec::with_capacity(names.len());
-        for name in names {
-            let version: i32 = name.parse().map_err(|_| Error::Corrupt {
-                path: format!("{parent}/{name}"),
-                detail: "version node name is not a number".into(),
-            })?;
-            let path = format!("{parent}/{name}");
-            // Gone between the listing and the read: deleted concurrently, skip it.
-            let Some((data, stat)) = self.store.get(&path).await? else { continue };
-            nodes.push(VersionNode { version, doc: decode(&path, &data)?, stat_version: stat.version });
-        }
-        nodes.sort_by_key(|n| n.version);
-        Ok(nodes)
+        let mut numbers = names
+            .iter()
+            .map(|name| {
+                name.parse::<i32>().map_err(|_| Error::Corrupt {
+                    path: format!("{parent}/{name}"),
+                    detail: "version node name is not a number".into(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        numbers.sort_unstable();
+        Ok(numbers)
+    }
+
+    async fn read_version(&self, subject: &str, version: i32) -> Result<Option<VersionNode>> {
+        let path = paths::subject_version(&encode_subject(subject), version);
+        let Some((data, stat)) = self.store.get(&path).await? else { return Ok(None) };
+        Ok(Some(VersionNode { version, doc: decode(&path, &data)?, stat_version: stat.version }))
     }
 
     // ---- compatibility config ---------------------------------------------------------
