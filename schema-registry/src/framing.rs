@@ -54,6 +54,15 @@ mod tests {
         assert_eq!(unframe(&frame(1, &[])).unwrap(), (1, &[][..]));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn unframe_never_panics_and_inverts_frame(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64), id in proptest::prelude::any::<i32>()) {
+            let _ = unframe(&bytes);
+            let framed = frame(id, &bytes);
+            proptest::prop_assert_eq!(unframe(&framed).unwrap(), (id, &bytes[..]));
+        }
+    }
+
     #[test]
     fn short_and_bad_magic_are_typed_errors() {
         for len in 0..HEADER_LEN {

@@ -124,6 +124,19 @@ mod tests {
     }
 
     #[test]
+    fn nesting_is_bounded_by_the_json_parser_not_the_stack() {
+        let nested = |depth: usize| {
+            let mut s = String::from("\"int\"");
+            for _ in 0..depth {
+                s = format!(r#"{{"type":"array","items":{s}}}"#);
+            }
+            s
+        };
+        ParsedSchema::parse(&nested(40)).unwrap();
+        assert!(matches!(ParsedSchema::parse(&nested(10_000)), Err(Error::InvalidSchema(_))));
+    }
+
+    #[test]
     fn defaults_are_part_of_identity() {
         let a = ParsedSchema::parse(r#"{"type":"record","name":"R","fields":[{"name":"a","type":"int","default":1}]}"#).unwrap();
         let b = ParsedSchema::parse(r#"{"type":"record","name":"R","fields":[{"name":"a","type":"int","default":2}]}"#).unwrap();

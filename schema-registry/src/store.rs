@@ -631,6 +631,15 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_subject_round_trips_through_a_legal_node_name(subject in ".*") {
+            let enc = encode_subject(&subject);
+            proptest::prop_assert!(fjord_coord::validate_path(&format!("/{enc}")).is_ok(), "{enc:?}");
+            proptest::prop_assert_eq!(decode_subject(&enc), subject);
+        }
+    }
+
     #[test]
     fn versions_parse_like_confluent() {
         assert_eq!(VersionSpec::parse("latest").unwrap(), VersionSpec::Latest);
