@@ -223,13 +223,24 @@ impl SchemaStore {
         let mut out = Vec::new();
         for name in names {
             let subject = decode_subject(&name);
-            let nodes = self.version_nodes(&subject).await?;
-            if nodes.iter().any(|n| include_deleted || !n.doc.deleted) {
+            if self.has_version(&subject, include_deleted).await? {
                 out.push(subject);
             }
         }
         out.sort();
         Ok(out)
+    }
+
+    /// Whether the subject has a live version (or any, with `include_deleted`). Reads from
+    /// the newest version down and stops at the first live one: usually one read.
+    async fn has_version(&self, subject: &str, include_deleted: bool) -> Result<bool> {
+        for v in self.version_numbers(subject).await?.into_iter().rev() {
+            match self.read_version(subject, v).await? {
+                Some(node) if include_deleted || !node.doc.deleted => return Ok(true),
+                _ => {}
+            }
+        }
+        Ok(false)
     }
 
     /// Version numbers of a subject, ascending ([`Error::SubjectNotFound`] if none).
