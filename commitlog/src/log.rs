@@ -445,12 +445,10 @@ impl Log {
     fn flush_locked(&self, w: &mut Writer) -> Result<()> {
         let log_end = self.log_end_offset();
         for seg in std::mem::take(&mut w.unsynced) {
-            if seg.size() == 0 && !seg.path(LOG_SUFFIX).exists() {
-                continue; // deleted meanwhile
-            }
             seg.file.sync_data().at(seg.path(LOG_SUFFIX))?;
             for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
                 let path = seg.path(suffix);
+                // The index is derived data: a missing file is rebuilt on open.
                 if let Ok(f) = File::open(&path) {
                     f.sync_all().at(&path)?;
                 }

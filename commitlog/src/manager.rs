@@ -184,6 +184,90 @@ fn parse_partition_dir(name: &str) -> Option<TopicPartition> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    fn batch(n: usize) -> Vec<u8> {
+        let mut b = fjord_record::BatchBuilder::new(1_000);
+        for i in 0..n {
+            b.append(1_000 + i as i64, None, Some(b"value"), &[]);
+        }
+        b.build_vec()
+    }
+
+    fn config() -> LogConfig {
+        LogConfig { segment_bytes: 300, file_delete_delay: Duration::ZERO, ..LogConfig::default() }
+    }
+
+    #[test]
+    fn partitions_and_checkpoints_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        let a = TopicPartition::new("my-topic", 0);
+        let b = TopicPartition::new("orders", 11);
+        let la = m.get_or_create(&a, config()).unwrap();
+        let lb = m.get_or_create(&b, config()).unwrap();
+        assert!(Arc::ptr_eq(&la, &m.get_or_create(&a, config()).unwrap()));
+        for _ in 0..10 {
+            la.append(&mut batch(3), 0).unwrap();
+        }
+        lb.append(&mut batch(2), 0).unwrap();
+        la.set_high_watermark(21);
+        la.flush().unwrap();
+        m.checkpoint().unwrap();
+        let rp = fs::read_to_string(dir.path().join(RECOVERY_POINT_CHECKPOINT)).unwrap();
+        assert_eq!(rp, "0\n2\nmy-topic 0 30\norders 11 0\n");
+        let hw = fs::read_to_string(dir.path().join(REPLICATION_CHECKPOINT)).unwrap();
+        assert_eq!(hw, "0\n2\nmy-topic 0 21\norders 11 0\n");
+        lb.append(&mut batch(2), 0).unwrap();
+        drop((la, lb));
+        drop(m); // a crash: no close, the checkpoints say what was flushed
+
+        fs::write(dir.path().join("stray.txt"), "x").unwrap();
+        fs::create_dir(dir.path().join("not_a_partition")).unwrap();
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        assert_eq!(m.partitions(), vec![a.clone(), b.clone()]);
+        let la = m.get(&a).unwrap();
+        assert_eq!((la.log_end_offset(), la.recovery_point(), la.high_watermark()), (30, 30, 21));
+        let lb = m.get(&b).unwrap();
+        assert_eq!((lb.log_end_offset(), lb.recovery_point()), (4, 0));
+        m.close().unwrap();
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        assert_eq!(m.get(&b).unwrap().recovery_point(), 4);
+
+        m.delete(&a).unwrap();
+        assert!(!dir.path().join("my-topic-0").exists());
+        assert_eq!(m.partitions(), vec![b]);
+        let rp = fs::read_to_string(dir.path().join(RECOVERY_POINT_CHECKPOINT)).unwrap();
+        assert_eq!(rp, "0\n1\norders 11 4\n");
+    }
+
+    #[test]
+    fn flush_and_retention_policies_run_over_all_partitions() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig { flush_ms: Some(Duration::from_millis(10)), retention_bytes: Some(200), ..config() };
+        let m = LogManager::open(dir.path(), config).unwrap();
+        let log = m.get_or_create(&TopicPartition::new("t", 0), config).unwrap();
+        for _ in 0..20 {
+            log.append(&mut batch(2), 0).unwrap();
+        }
+        assert_eq!(log.recovery_point(), 0);
+        m.flush_due(i64::MAX / 2).unwrap();
+        assert_eq!(log.recovery_point(), 40);
+        assert!(fs::read_to_string(dir.path().join(RECOVERY_POINT_CHECKPOINT)).unwrap().contains("t 0 40"));
+        assert!(m.apply_retention(0).unwrap() > 0);
+        assert!(log.log_start_offset() > 0);
+    }
+
+    #[test]
+    fn malformed_checkpoints_and_bad_names_are_handled() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(RECOVERY_POINT_CHECKPOINT), "garbage").unwrap();
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        assert!(m.partitions().is_empty());
+        for bad in [TopicPartition::new("a/b", 0), TopicPartition::new("", 0), TopicPartition::new("t", -1)] {
+            assert!(matches!(m.get_or_create(&bad, config()), Err(Error::InvalidConfig { .. })), "{bad}");
+        }
+    }
 
     #[test]
     fn partition_directory_names() {

@@ -334,15 +334,19 @@ impl<'a> Walker<'a> {
         Self { file, position, end, buf: Vec::new(), buf_start: position, chunk: FIRST_CHUNK }
     }
 
-    /// Makes `[at, at + len)` available in the buffer; `at + len <= end`.
-    fn fill(&mut self, at: u64, len: usize) -> io::Result<&[u8]> {
+    /// Makes `[at, at + len)` available in the buffer; `at + len <= end`. Reads
+    /// ahead `chunk` bytes; the chunk grows only for whole-batch reads, since a
+    /// header-only walk over large batches would read bytes it then skips.
+    fn fill(&mut self, at: u64, len: usize, grow: bool) -> io::Result<&[u8]> {
         let have = at >= self.buf_start && at + len as u64 <= self.buf_start + self.buf.len() as u64;
         if !have {
             let want = len.max(self.chunk).min((self.end - at) as usize).max(len);
             self.buf.resize(want, 0);
             self.file.read_exact_at(&mut self.buf, at)?;
             self.buf_start = at;
-            self.chunk = (self.chunk * 2).min(MAX_CHUNK);
+            if grow {
+                self.chunk = (self.chunk * 2).min(MAX_CHUNK);
+            }
         }
         let from = (at - self.buf_start) as usize;
         Ok(&self.buf[from..from + len])
@@ -360,7 +364,7 @@ impl<'a> Walker<'a> {
         if available < BATCH_OVERHEAD as u64 {
             return torn(fjord_record::Error::Truncated { needed: BATCH_OVERHEAD, available: available as usize });
         }
-        let header = match BatchHeader::parse_unchecked(self.fill(position, BATCH_OVERHEAD)?) {
+        let header = match BatchHeader::parse_unchecked(self.fill(position, BATCH_OVERHEAD, validate)?) {
             Ok(h) => h,
             Err(e) => return torn(e),
         };
@@ -369,7 +373,7 @@ impl<'a> Walker<'a> {
             return torn(fjord_record::Error::Truncated { needed: size, available: available as usize });
         }
         if validate {
-            let bytes = self.fill(position, size)?;
+            let bytes = self.fill(position, size, true)?;
             if let Err(e) = BatchHeader::parse(bytes).and_then(|h| h.validate_records(bytes)) {
                 return torn(e);
             }
@@ -380,6 +384,6 @@ impl<'a> Walker<'a> {
 
     /// The bytes of the batch the last step returned (`size` bytes at `position`).
     pub(crate) fn batch_bytes(&mut self, position: u64, size: usize) -> io::Result<&[u8]> {
-        self.fill(position, size)
+        self.fill(position, size, true)
     }
 }
