@@ -22,7 +22,9 @@
 //!   (ids are never deleted, so data written with them stays readable).
 //! - A version node is created only after the compatibility check passed, with a create that
 //!   fails if another instance took the version number first (the loser re-checks). A
-//!   rejected request writes nothing.
+//!   rejected request writes nothing, with one exception: a registration that lost such a
+//!   race and then fails the re-check leaves the id it took allocated (in no subject), since
+//!   another instance may already have found that id by the schema's fingerprint.
 
 pub mod api;
 pub mod client;

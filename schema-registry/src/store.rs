@@ -631,6 +631,104 @@ fn decode_subject(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::OnceLock;
+
+    use fjord_coord::{MetadataStore, Stat, Watch};
+
+    /// A store that, the first time someone creates a node under `trigger`, first lets a
+    /// competing registry instance register `schema` under `subject` (through the inner
+    /// store): a deterministic interleaving of two instances racing.
+    struct RaceOnce {
+        inner: Store,
+        trigger: &'static str,
+        armed: AtomicBool,
+        competitor: OnceLock<(SchemaStore, String, ParsedSchema)>,
+    }
+
+    #[async_trait::async_trait]
+    impl MetadataStore for RaceOnce {
+        async fn create(&self, path: &str, data: &[u8], mode: CreateMode) -> fjord_coord::Result<String> {
+            if path.starts_with(self.trigger) && self.armed.swap(false, Ordering::SeqCst) {
+                let (store, subject, schema) = self.competitor.get().expect("competitor set");
+                store.register(subject, schema).await.expect("competitor registers");
+            }
+            self.inner.create(path, data, mode).await
+        }
+        async fn get(&self, path: &str) -> fjord_coord::Result<Option<(Vec<u8>, Stat)>> {
+            self.inner.get(path).await
+        }
+        async fn exists(&self, path: &str) -> fjord_coord::Result<Option<Stat>> {
+            self.inner.exists(path).await
+        }
+        async fn set(&self, path: &str, data: &[u8], expected_version: Option<i32>) -> fjord_coord::Result<Stat> {
+            self.inner.set(path, data, expected_version).await
+        }
+        async fn delete(&self, path: &str, expected_version: Option<i32>) -> fjord_coord::Result<()> {
+            self.inner.delete(path, expected_version).await
+        }
+        async fn children(&self, path: &str) -> fjord_coord::Result<Vec<String>> {
+            self.inner.children(path).await
+        }
+        async fn watch_data(&self, path: &str) -> fjord_coord::Result<(Option<(Vec<u8>, Stat)>, Watch)> {
+            self.inner.watch_data(path).await
+        }
+        async fn watch_children(&self, path: &str) -> fjord_coord::Result<(Vec<String>, Watch)> {
+            self.inner.watch_children(path).await
+        }
+        fn session_id(&self) -> i64 {
+            self.inner.session_id()
+        }
+    }
+
+    fn racing(trigger: &'static str, subject: &str, competing: &str) -> (tempfile::TempDir, Store, SchemaStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let inner: Store = Arc::new(fjord_coord::EmbeddedStore::open(dir.path()).unwrap());
+        let racing = Arc::new(RaceOnce { inner: inner.clone(), trigger, armed: AtomicBool::new(true), competitor: OnceLock::new() });
+        let competitor = SchemaStore::new(inner.clone(), CompatibilityLevel::Backward);
+        racing.competitor.set((competitor, subject.to_string(), ParsedSchema::parse(competing).unwrap())).ok().unwrap();
+        (dir, inner, SchemaStore::new(racing, CompatibilityLevel::Backward))
+    }
+
+    const A: &str = r#"{"type":"record","name":"R","fields":[{"name":"a","type":"int"}]}"#;
+    const AB: &str = r#"{"type":"record","name":"R","fields":[{"name":"a","type":"int"},{"name":"b","type":"int","default":0}]}"#;
+
+    #[tokio::test]
+    async fn losing_the_race_for_a_schema_id_uses_the_winners_id_and_removes_the_orphan() {
+        // While we claim the fingerprint, another instance registers the same schema elsewhere.
+        let (_dir, inner, ours) = racing(FINGERPRINTS, "theirs", A);
+        let id = ours.register("ours", &ParsedSchema::parse(A).unwrap()).await.unwrap();
+        assert_eq!(inner.children(paths::SCHEMA_IDS).await.unwrap(), vec![id.to_string()], "orphan id node left behind");
+        let theirs = SchemaStore::new(inner, CompatibilityLevel::Backward);
+        assert_eq!(theirs.version("theirs", VersionSpec::Latest, false).await.unwrap().id, id);
+        assert_eq!(theirs.version("ours", VersionSpec::Latest, false).await.unwrap().id, id);
+    }
+
+    #[tokio::test]
+    async fn losing_the_race_for_a_version_number_rechecks_and_takes_the_next() {
+        // While we create version 1, another instance registers a different schema as version 1.
+        let (_dir, inner, ours) = racing(paths::SCHEMA_SUBJECTS, "s", A);
+        let id = ours.register("s", &ParsedSchema::parse(AB).unwrap()).await.unwrap();
+        let view = SchemaStore::new(inner, CompatibilityLevel::Backward);
+        assert_eq!(view.versions("s", false).await.unwrap(), vec![1, 2]);
+        assert_eq!(view.version("s", VersionSpec::Number(2), false).await.unwrap().id, id);
+        assert_ne!(view.version("s", VersionSpec::Number(1), false).await.unwrap().id, id);
+    }
+
+    #[tokio::test]
+    async fn a_race_that_makes_the_schema_incompatible_is_a_409_after_the_recheck() {
+        // Ours needs a field `c` without default: fine in an empty subject, but the competitor
+        // makes {a} version 1 first, and under BACKWARD ours cannot read that.
+        let needs_c = r#"{"type":"record","name":"R","fields":[{"name":"a","type":"int"},{"name":"c","type":"int"}]}"#;
+        let (_dir, inner, ours) = racing(paths::SCHEMA_SUBJECTS, "s", A);
+        let err = ours.register("s", &ParsedSchema::parse(needs_c).unwrap()).await.unwrap_err();
+        assert!(matches!(err, Error::Incompatible { .. }), "{err:?}");
+        let view = SchemaStore::new(inner.clone(), CompatibilityLevel::Backward);
+        assert_eq!(view.versions("s", false).await.unwrap(), vec![1]);
+        // The one trace of the lost race: the id we took stays allocated, in no subject. It
+        // cannot be taken back, as another instance may already have found it by fingerprint.
+        assert_eq!(inner.children(paths::SCHEMA_IDS).await.unwrap().len(), 2);
+    }
 
     #[test]
     fn subject_names_round_trip_through_node_names() {
