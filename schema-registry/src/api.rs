@@ -20,7 +20,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -241,7 +242,39 @@ impl ConfigRequest {
     }
 }
 
-type Flags = Query<HashMap<String, String>>;
+/// Path parameters whose rejection (e.g. invalid UTF-8 in a subject) is a Confluent error
+/// document like every other error, not axum's plain text.
+struct Params<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> std::result::Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(Self(value)),
+            Err(rejection) => Err(ApiError::http(rejection.status(), rejection.body_text())),
+        }
+    }
+}
+
+/// Query flags; lenient by design (an unparsable query reads as no flags), as Confluent's are.
+struct Flags(HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Flags {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> std::result::Result<Self, Self::Rejection> {
+        Ok(Self(Query::<HashMap<String, String>>::from_request_parts(parts, state).await.map(|Query(q)| q).unwrap_or_default()))
+    }
+}
+
+impl std::ops::Deref for Flags {
+    type Target = HashMap<String, String>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
 
 /// `?name=true` (any case); absent or anything else is false.
 fn flag(flags: &Flags, name: &str) -> bool {
@@ -278,7 +311,7 @@ async fn list_subjects(State(s): State<AppState>, flags: Flags) -> ApiResult {
     Ok(reply(StatusCode::OK, &page(subjects, &flags)))
 }
 
-async fn list_versions(State(s): State<AppState>, Path(subject): Path<String>, flags: Flags) -> ApiResult {
+async fn list_versions(State(s): State<AppState>, Params(subject): Params<String>, flags: Flags) -> ApiResult {
     let deleted_only = flag(&flags, "deletedOnly");
     let mut versions = s.versions(&subject, deleted_only || flag(&flags, "deleted")).await?;
     if deleted_only {
@@ -288,30 +321,30 @@ async fn list_versions(State(s): State<AppState>, Path(subject): Path<String>, f
     Ok(reply(StatusCode::OK, &page(versions, &flags)))
 }
 
-async fn get_version(State(s): State<AppState>, Path((subject, version)): Path<(String, String)>, flags: Flags) -> ApiResult {
+async fn get_version(State(s): State<AppState>, Params((subject, version)): Params<(String, String)>, flags: Flags) -> ApiResult {
     let v = s.version(&subject, VersionSpec::parse(&version)?, flag(&flags, "deleted")).await?;
     Ok(reply(StatusCode::OK, &version_doc(&v)))
 }
 
-async fn get_version_schema(State(s): State<AppState>, Path((subject, version)): Path<(String, String)>, flags: Flags) -> ApiResult {
+async fn get_version_schema(State(s): State<AppState>, Params((subject, version)): Params<(String, String)>, flags: Flags) -> ApiResult {
     let v = s.version(&subject, VersionSpec::parse(&version)?, flag(&flags, "deleted")).await?;
     Ok(raw_reply(StatusCode::OK, v.schema.text.clone().into_bytes()))
 }
 
 /// Schema references are not supported, so no version is ever referenced by another.
-async fn get_referenced_by(State(s): State<AppState>, Path((subject, version)): Path<(String, String)>) -> ApiResult {
+async fn get_referenced_by(State(s): State<AppState>, Params((subject, version)): Params<(String, String)>) -> ApiResult {
     s.version(&subject, VersionSpec::parse(&version)?, false).await?;
     Ok(reply(StatusCode::OK, &Vec::<i32>::new()))
 }
 
-async fn register_schema(State(s): State<AppState>, Path(subject): Path<String>, JsonBody(req): JsonBody<SchemaRequest>) -> ApiResult {
+async fn register_schema(State(s): State<AppState>, Params(subject): Params<String>, JsonBody(req): JsonBody<SchemaRequest>) -> ApiResult {
     let id = s.register(&subject, &req.parse()?).await?;
     Ok(reply(StatusCode::OK, &json!({ "id": id })))
 }
 
 async fn lookup_schema(
     State(s): State<AppState>,
-    Path(subject): Path<String>,
+    Params(subject): Params<String>,
     flags: Flags,
     JsonBody(req): JsonBody<SchemaRequest>,
 ) -> ApiResult {
@@ -319,26 +352,26 @@ async fn lookup_schema(
     Ok(reply(StatusCode::OK, &version_doc(&v)))
 }
 
-async fn delete_subject(State(s): State<AppState>, Path(subject): Path<String>, flags: Flags) -> ApiResult {
+async fn delete_subject(State(s): State<AppState>, Params(subject): Params<String>, flags: Flags) -> ApiResult {
     Ok(reply(StatusCode::OK, &s.delete_subject(&subject, flag(&flags, "permanent")).await?))
 }
 
-async fn delete_version(State(s): State<AppState>, Path((subject, version)): Path<(String, String)>, flags: Flags) -> ApiResult {
+async fn delete_version(State(s): State<AppState>, Params((subject, version)): Params<(String, String)>, flags: Flags) -> ApiResult {
     let v = s.delete_version(&subject, VersionSpec::parse(&version)?, flag(&flags, "permanent")).await?;
     Ok(reply(StatusCode::OK, &v))
 }
 
-async fn get_schema_by_id(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
+async fn get_schema_by_id(State(s): State<AppState>, Params(id): Params<String>) -> ApiResult {
     let schema = s.schema_by_id(parse_id(&id)?).await?;
     Ok(reply(StatusCode::OK, &json!({ "schema": schema.text })))
 }
 
-async fn get_raw_schema_by_id(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
+async fn get_raw_schema_by_id(State(s): State<AppState>, Params(id): Params<String>) -> ApiResult {
     let schema = s.schema_by_id(parse_id(&id)?).await?;
     Ok(raw_reply(StatusCode::OK, schema.text.clone().into_bytes()))
 }
 
-async fn get_versions_of_id(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
+async fn get_versions_of_id(State(s): State<AppState>, Params(id): Params<String>) -> ApiResult {
     let pairs = s.subject_versions_of_id(parse_id(&id)?).await?;
     let docs: Vec<Value> = pairs.into_iter().map(|(subject, version)| json!({ "subject": subject, "version": version })).collect();
     Ok(reply(StatusCode::OK, &docs))
@@ -354,7 +387,7 @@ async fn put_global_config(State(s): State<AppState>, JsonBody(req): JsonBody<Co
     Ok(reply(StatusCode::OK, &json!({ "compatibility": level })))
 }
 
-async fn get_subject_config(State(s): State<AppState>, Path(subject): Path<String>, flags: Flags) -> ApiResult {
+async fn get_subject_config(State(s): State<AppState>, Params(subject): Params<String>, flags: Flags) -> ApiResult {
     let level = match s.subject_level(&subject).await? {
         Some(level) => level,
         None if flag(&flags, "defaultToGlobal") => s.global_level().await?,
@@ -363,13 +396,13 @@ async fn get_subject_config(State(s): State<AppState>, Path(subject): Path<Strin
     Ok(reply(StatusCode::OK, &json!({ "compatibilityLevel": level })))
 }
 
-async fn put_subject_config(State(s): State<AppState>, Path(subject): Path<String>, JsonBody(req): JsonBody<ConfigRequest>) -> ApiResult {
+async fn put_subject_config(State(s): State<AppState>, Params(subject): Params<String>, JsonBody(req): JsonBody<ConfigRequest>) -> ApiResult {
     let level = req.level()?;
     s.set_subject_level(&subject, level).await?;
     Ok(reply(StatusCode::OK, &json!({ "compatibility": level })))
 }
 
-async fn delete_subject_config(State(s): State<AppState>, Path(subject): Path<String>) -> ApiResult {
+async fn delete_subject_config(State(s): State<AppState>, Params(subject): Params<String>) -> ApiResult {
     let previous = s.delete_subject_level(&subject).await?;
     Ok(reply(StatusCode::OK, &json!({ "compatibilityLevel": previous })))
 }
@@ -384,7 +417,7 @@ fn compatibility_doc(messages: Vec<String>, verbose: bool) -> Value {
 
 async fn check_version(
     State(s): State<AppState>,
-    Path((subject, version)): Path<(String, String)>,
+    Params((subject, version)): Params<(String, String)>,
     flags: Flags,
     JsonBody(req): JsonBody<SchemaRequest>,
 ) -> ApiResult {
@@ -394,7 +427,7 @@ async fn check_version(
     Ok(reply(StatusCode::OK, &compatibility_doc(messages, flag(&flags, "verbose"))))
 }
 
-async fn check_all(State(s): State<AppState>, Path(subject): Path<String>, flags: Flags, JsonBody(req): JsonBody<SchemaRequest>) -> ApiResult {
+async fn check_all(State(s): State<AppState>, Params(subject): Params<String>, flags: Flags, JsonBody(req): JsonBody<SchemaRequest>) -> ApiResult {
     let messages = s.check_compatibility(&subject, &req.parse()?, None).await?;
     Ok(reply(StatusCode::OK, &compatibility_doc(messages, flag(&flags, "verbose"))))
 }

@@ -159,7 +159,9 @@ pub async fn error_codes_and_rejected_requests_store_nothing(store: Store) {
     http.get("/schemas/ids/999/versions").await.assert_error(404, 40403);
     http.get("/config/s").await.assert_error(404, 40408);
     http.delete("/config/s").await.assert_error(404, 40408);
-    // Unknown routes and methods still answer in Confluent's error format.
+    // Unknown routes and methods, and undecodable path parameters, still answer in
+    // Confluent's error format.
+    http.get("/subjects/%FF/versions").await.assert_error(400, 400);
     http.get("/nope").await.assert_error(404, 404);
     http.put("/subjects", json!({})).await.assert_error(405, 405);
 
