@@ -15,6 +15,14 @@
 //! | 422 | 42201 / 42202 / 42203 | invalid schema / version / compatibility level |
 //! | 400, 413, 415 | same | malformed JSON body, body over `max_body_bytes`, wrong content type |
 //! | 500 | 50001 | the metadata store failed |
+//!
+//! Endpoints: `GET /subjects`, `GET|POST|DELETE /subjects/{s}`, `GET|POST /subjects/{s}/versions`,
+//! `GET|DELETE /subjects/{s}/versions/{v}`, `GET .../{v}/schema`, `GET .../{v}/referencedby`,
+//! `GET /schemas/ids/{id}` (and `/schema`, `/versions`, `/subjects`), `GET /schemas/types`,
+//! `GET|PUT|DELETE /config`, `GET|PUT|DELETE /config/{s}`,
+//! `POST /compatibility/subjects/{s}/versions[/{v}]`. Lists take `deleted`, `deletedOnly`,
+//! `subjectPrefix`, `offset` and `limit`; deletes take `permanent`; compatibility checks
+//! take `verbose`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -90,8 +98,9 @@ pub fn router(config: &RegistryConfig, store: Store) -> Router {
         .route("/schemas/ids/{id}", get(get_schema_by_id))
         .route("/schemas/ids/{id}/schema", get(get_raw_schema_by_id))
         .route("/schemas/ids/{id}/versions", get(get_versions_of_id))
+        .route("/schemas/ids/{id}/subjects", get(get_subjects_of_id))
         .route("/schemas/types", get(|| async { reply(StatusCode::OK, &["AVRO"]) }))
-        .route("/config", get(get_global_config).put(put_global_config))
+        .route("/config", get(get_global_config).put(put_global_config).delete(delete_global_config))
         .route("/config/{subject}", get(get_subject_config).put(put_subject_config).delete(delete_subject_config))
         .route("/compatibility/subjects/{subject}/versions", post(check_all))
         .route("/compatibility/subjects/{subject}/versions/{version}", post(check_version))
@@ -377,6 +386,12 @@ async fn get_versions_of_id(State(s): State<AppState>, Params(id): Params<String
     Ok(reply(StatusCode::OK, &docs))
 }
 
+async fn get_subjects_of_id(State(s): State<AppState>, Params(id): Params<String>) -> ApiResult {
+    let mut subjects: Vec<String> = s.subject_versions_of_id(parse_id(&id)?).await?.into_iter().map(|(subject, _)| subject).collect();
+    subjects.dedup();
+    Ok(reply(StatusCode::OK, &subjects))
+}
+
 async fn get_global_config(State(s): State<AppState>) -> ApiResult {
     Ok(reply(StatusCode::OK, &json!({ "compatibilityLevel": s.global_level().await? })))
 }
@@ -385,6 +400,13 @@ async fn put_global_config(State(s): State<AppState>, JsonBody(req): JsonBody<Co
     let level = req.level()?;
     s.set_global_level(level).await?;
     Ok(reply(StatusCode::OK, &json!({ "compatibility": level })))
+}
+
+/// Back to the configured default; answers with the level that was in force.
+async fn delete_global_config(State(s): State<AppState>) -> ApiResult {
+    let previous = s.global_level().await?;
+    s.reset_global_level().await?;
+    Ok(reply(StatusCode::OK, &json!({ "compatibilityLevel": previous })))
 }
 
 async fn get_subject_config(State(s): State<AppState>, Params(subject): Params<String>, flags: Flags) -> ApiResult {

@@ -534,6 +534,14 @@ impl SchemaStore {
         self.put(GLOBAL_CONFIG, &encode(&ConfigDoc { compatibility_level: level })).await
     }
 
+    /// `DELETE /config`: forget the stored global level (the configured default applies).
+    pub async fn reset_global_level(&self) -> Result<()> {
+        match self.store.delete(GLOBAL_CONFIG, None).await {
+            Ok(()) | Err(fjord_coord::Error::NoNode { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The subject's own level, if it has one.
     pub async fn subject_level(&self, subject: &str) -> Result<Option<CompatibilityLevel>> {
         let path = paths::subject(&encode_subject(subject));

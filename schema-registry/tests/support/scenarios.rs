@@ -69,6 +69,10 @@ pub async fn register_lookup_and_fetch_by_subject_version_and_id(store: Store) {
     assert_eq!(http.get("/subjects/orders-value/versions/1/referencedby").await.ok(), json!([]));
     http.get("/subjects/orders-value/versions/5/referencedby").await.assert_error(404, 40402);
 
+    assert_eq!(http.get("/schemas/ids/1/subjects").await.ok(), json!(["orders-value", "payments-value"]));
+    assert_eq!(http.get("/schemas/ids/2/subjects").await.ok(), json!(["orders-value"]));
+    http.get("/schemas/ids/99/subjects").await.assert_error(404, 40403);
+
     // Lookup: which version of the subject is this schema?
     let found = http.post("/subjects/orders-value", json!({"schema": respelled})).await.ok();
     assert_eq!(found, json!({"subject": "orders-value", "version": 1, "id": 1, "schema": canonical_v1}));
@@ -205,6 +209,10 @@ pub async fn config_and_compatibility_endpoints(store: Store) {
     http.get("/config/s").await.assert_error(404, 40408);
     // Back under the global FULL: string → long is not allowed either way.
     register(&http, "s", &record(r#"{"name":"a","type":"long"}"#)).await.assert_error(409, 409);
+    // DELETE /config goes back to the default and answers with what was in force.
+    assert_eq!(http.delete("/config").await.ok(), json!({"compatibilityLevel": "FULL"}));
+    assert_eq!(http.get("/config").await.ok(), json!({"compatibilityLevel": "BACKWARD"}));
+    assert_eq!(http.delete("/config").await.ok(), json!({"compatibilityLevel": "BACKWARD"}));
     // Config for a subject that has no versions yet is allowed (set before the first schema).
     assert_eq!(http.put("/config/later", json!({"compatibilityLevel": "forward"})).await.ok(), json!({"compatibility": "FORWARD"}));
     assert_eq!(http.get("/subjects").await.ok(), json!(["s"]));
