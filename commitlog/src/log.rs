@@ -489,13 +489,44 @@ impl Log {
             }
         }
         let log_path = keep.path(LOG_SUFFIX);
-        let cut = keep.find_batch(offset, keep.size()).at(&log_path)?.map_or(keep.size(), |(p, _)| p);
+        let size = keep.size();
+        let cut_batch = keep.find_batch(offset, size).at(&log_path)?;
+        let cut = cut_batch.map_or(size, |(p, _)| p);
+        // The kept segment's entries below the cut stay; only the tail after the last
+        // one is re-read. Without usable entries the whole segment is re-indexed.
+        let entries = if Arc::ptr_eq(&keep, &w.active.segment) {
+            Some(keep.resident_tail(0, 0))
+        } else {
+            recovery::read_index_files(&keep, size)
+        };
         keep.file.set_len(cut).at(&log_path)?;
-        let s = recovery::scan(&keep.file, keep.base_offset, cut, None, config.index_interval_bytes, false).at(&log_path)?;
-        keep.set_size(s.valid_size);
-        keep.set_max_timestamp(s.builder.max_timestamp);
-        let new_end = s.next_offset.unwrap_or(keep.base_offset);
-        w.active = Active::install(keep, s.offsets, s.times, s.builder, s.first_timestamp, true)?;
+        let interval = config.index_interval_bytes;
+        let resumed = match (entries, cut_batch) {
+            (Some((mut offsets, mut times)), Some((_, header))) => {
+                offsets.retain(|e| u64::from(e.position) < cut);
+                times.retain(|t| keep.base_offset + i64::from(t.relative_offset) < header.base_offset);
+                recovery::resume(&keep, offsets, times, cut, interval, false).at(&log_path)?
+            }
+            (Some((offsets, times)), None) => recovery::resume(&keep, offsets, times, cut, interval, false).at(&log_path)?,
+            (None, _) => None,
+        };
+        let r = match resumed {
+            Some(r) => r,
+            None => {
+                let s = recovery::scan(&keep.file, keep.base_offset, cut, None, interval, false).at(&log_path)?;
+                recovery::Resumed {
+                    offsets: s.offsets,
+                    times: s.times,
+                    builder: s.builder,
+                    next_offset: s.next_offset,
+                    first_timestamp: s.first_timestamp,
+                }
+            }
+        };
+        keep.set_size(cut);
+        keep.set_max_timestamp(r.builder.max_timestamp);
+        let new_end = r.next_offset.unwrap_or(keep.base_offset);
+        w.active = Active::install(keep, r.offsets, r.times, r.builder, r.first_timestamp, true)?;
         w.dir_dirty = true;
         self.finish_truncation(&mut w, new_end)
     }

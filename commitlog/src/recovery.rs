@@ -278,57 +278,82 @@ fn next_offset_of(active: &Active) -> Result<Offset> {
 /// batches after the last index entry. `None` when anything looks wrong: the caller
 /// then rebuilds everything from the log.
 fn load_clean_active(segment: &Arc<Segment>, len: u64, config: &LogConfig) -> Result<Option<Active>> {
-    let read = |suffix| -> Option<Vec<u8>> { fs::read(segment.path(suffix)).ok() };
-    let (Some(o), Some(t)) = (read(INDEX_SUFFIX), read(TIME_INDEX_SUFFIX)) else {
+    let Some((offsets, times)) = read_index_files(segment, len) else {
         return Ok(None);
     };
-    let (Some(offsets), Some(times)) = (index::decode::<OffsetEntry>(&o), index::decode::<TimeEntry>(&t)) else {
-        return Ok(None);
-    };
-    if !index::offsets_are_sane(&offsets, len) || !index::times_are_sane(&times) || (len > 0 && times.is_empty()) {
+    if len > 0 && times.is_empty() {
         return Ok(None);
     }
+    let loaded = (offsets.len(), times.len());
+    let path = segment.path(LOG_SUFFIX);
+    let Some(r) = resume(segment, offsets, times, len, config.index_interval_bytes, true).at(&path)? else {
+        return Ok(None);
+    };
+    segment.set_max_timestamp(r.builder.max_timestamp);
+    let rewrite = (r.offsets.len(), r.times.len()) != loaded;
+    Active::install(segment.clone(), r.offsets, r.times, r.builder, r.first_timestamp, rewrite).map(Some)
+}
+
+/// A segment's whole index files, when present and sane for a `.log` of `len` bytes.
+pub(crate) fn read_index_files(segment: &Segment, len: u64) -> Option<(Vec<OffsetEntry>, Vec<TimeEntry>)> {
+    let offsets = index::decode::<OffsetEntry>(&fs::read(segment.path(INDEX_SUFFIX)).ok()?)?;
+    let times = index::decode::<TimeEntry>(&fs::read(segment.path(TIME_INDEX_SUFFIX)).ok()?)?;
+    (index::offsets_are_sane(&offsets, len) && index::times_are_sane(&times)).then_some((offsets, times))
+}
+
+/// Index state resumed from loaded entries by [`resume`].
+#[derive(Debug)]
+pub(crate) struct Resumed {
+    pub(crate) offsets: Vec<OffsetEntry>,
+    pub(crate) times: Vec<TimeEntry>,
+    pub(crate) builder: IndexBuilder,
+    /// Offset after the last batch below `len`; `None` when there is none.
+    pub(crate) next_offset: Option<Offset>,
+    pub(crate) first_timestamp: Option<i64>,
+}
+
+/// Continues index building from loaded entries that all point below `len`: walks
+/// the batches from the last offset entry to `len` (CRC-checked with `validate`),
+/// adding the entries append would have added. Only that tail is read, not the
+/// whole segment. `None` when a batch there is torn or invalid.
+pub(crate) fn resume(
+    segment: &Segment,
+    mut offsets: Vec<OffsetEntry>,
+    mut times: Vec<TimeEntry>,
+    len: u64,
+    interval: u32,
+    validate: bool,
+) -> io::Result<Option<Resumed>> {
     let start = offsets.last().map_or(0, |e| u64::from(e.position));
     let mut builder = IndexBuilder::resume(0, times.last().copied());
     let mut walk = Walker::new(&segment.file, start, len);
-    let path = segment.path(LOG_SUFFIX);
-    let mut first_at_entry = !offsets.is_empty();
-    let mut new_offsets = Vec::new();
-    let mut new_times = Vec::new();
+    // The batch at the last entry is indexed already: account for it without an entry.
+    let mut at_entry = !offsets.is_empty();
+    let mut next_offset = None;
     loop {
-        match walk.step(true).at(&path)? {
+        match walk.step(validate)? {
             Step::End => break,
             Step::Torn { .. } => return Ok(None),
             Step::Batch { position, header } => {
                 let rel = (header.base_offset - segment.base_offset).clamp(0, i64::from(u32::MAX)) as u32;
-                if first_at_entry {
-                    first_at_entry = false;
-                    builder.observe(rel, header.max_timestamp, header.size() as u64);
+                let size = header.size() as u64;
+                if at_entry {
+                    at_entry = false;
+                    builder.observe(rel, header.max_timestamp, size);
                 } else {
-                    let (o, t) = builder.on_batch(
-                        config.index_interval_bytes,
-                        rel,
-                        position as u32,
-                        header.max_timestamp,
-                        header.size() as u64,
-                    );
-                    new_offsets.extend(o);
-                    new_times.extend(t);
+                    let (o, t) = builder.on_batch(interval, rel, position as u32, header.max_timestamp, size);
+                    offsets.extend(o);
+                    times.extend(t);
                 }
+                next_offset = Some(header.next_offset());
             }
         }
     }
-    let first_timestamp = match Walker::new(&segment.file, 0, len).step(false).at(&path)? {
+    let first_timestamp = match Walker::new(&segment.file, 0, len).step(false)? {
         Step::Batch { header, .. } => Some(header.max_timestamp),
         _ => None,
     };
-    segment.set_max_timestamp(builder.max_timestamp);
-    let rewrite = !new_offsets.is_empty() || !new_times.is_empty();
-    let mut offsets = offsets;
-    let mut times = times;
-    offsets.extend(new_offsets);
-    times.extend(new_times);
-    Active::install(segment.clone(), offsets, times, builder, first_timestamp, rewrite).map(Some)
+    Ok(Some(Resumed { offsets, times, builder, next_offset, first_timestamp }))
 }
 
 /// Cheap checks of a trusted sealed segment's index files without reading them

@@ -457,3 +457,34 @@ fn flush_messages_moves_the_recovery_point() {
     assert!(log.flush_if_due(now_ms() + 1000).unwrap());
     assert_eq!(log.recovery_point(), 8);
 }
+
+#[test]
+fn truncation_keeps_indexes_equal_to_a_rebuild() {
+    for (cut, interval) in [(57, 100), (40, 100), (3, 0), (75, 0), (61, 333)] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig { index_interval_bytes: interval, ..small(3000) };
+        let log = Log::open(dir.path(), config).unwrap();
+        for i in 0..40 {
+            // Timestamps go up and down, so the time index has gaps to get right.
+            log.append(&mut batch(2, 40, (i * 37) % 50 * 10), 0).unwrap();
+        }
+        log.truncate_to(cut).unwrap();
+        log.close().unwrap();
+        let after_truncate: Vec<_> = snapshot(dir.path()).into_iter().filter(|(n, _)| n.ends_with("index")).collect();
+        for (name, _) in &after_truncate {
+            fs::remove_file(dir.path().join(name)).unwrap();
+        }
+        let log = Log::open(dir.path(), config).unwrap();
+        log.close().unwrap();
+        let rebuilt: Vec<_> = snapshot(dir.path()).into_iter().filter(|(n, _)| n.ends_with("index")).collect();
+        assert_eq!(after_truncate, rebuilt, "cut {cut}, interval {interval}");
+    }
+}
+
+#[test]
+fn the_log_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Log>();
+    assert_send_sync::<crate::LogManager>();
+    assert_send_sync::<ReadSlice>();
+}
