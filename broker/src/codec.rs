@@ -1,0 +1,220 @@
+//! Request decoding and response framing: bytes in, typed requests out; typed (or
+//! hand-encoded) responses in, [`Response`] chunks out.
+//!
+//! Frames are `i32 length | body`. A request body starts with
+//! `api_key i16 | api_version i16 | correlation_id i32`, which this module reads by hand
+//! so that even a request it cannot decode gets an answer carrying its correlation id.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
+use kafka_protocol::protocol::{Decodable, Encodable};
+
+use crate::response::Response;
+
+/// The Kafka error codes this broker answers with.
+pub(crate) mod error_code {
+    pub(crate) const NONE: i16 = 0;
+    pub(crate) const UNKNOWN_SERVER_ERROR: i16 = -1;
+    pub(crate) const OFFSET_OUT_OF_RANGE: i16 = 1;
+    pub(crate) const CORRUPT_MESSAGE: i16 = 2;
+    pub(crate) const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+    pub(crate) const MESSAGE_TOO_LARGE: i16 = 10;
+    pub(crate) const INVALID_TOPIC_EXCEPTION: i16 = 17;
+    pub(crate) const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    pub(crate) const INVALID_REQUIRED_ACKS: i16 = 21;
+    pub(crate) const TOPIC_ALREADY_EXISTS: i16 = 36;
+    pub(crate) const UNSUPPORTED_VERSION: i16 = 35;
+    pub(crate) const INVALID_PARTITIONS: i16 = 37;
+    pub(crate) const INVALID_REPLICATION_FACTOR: i16 = 38;
+    pub(crate) const INVALID_REQUEST: i16 = 42;
+    pub(crate) const UNSUPPORTED_FOR_MESSAGE_FORMAT: i16 = 43;
+    pub(crate) const INVALID_CONFIG: i16 = 40;
+    pub(crate) const KAFKA_STORAGE_ERROR: i16 = 56;
+    pub(crate) const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
+}
+
+/// The APIs this broker implements, with the versions it advertises (inclusive).
+///
+/// Produce is advertised from v0 although only v3+ (RecordBatch v2) payloads are
+/// accepted: librdkafka derives features such as compression support from the broker
+/// accepting old versions, and silently disables them otherwise. Fetch starts at v4, the
+/// first version that carries RecordBatch v2, and stops at v12: v13 names topics by id.
+/// FindCoordinator is there for librdkafka's feature detection (see `handler::no_coordinator`).
+pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 0, 9),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 6),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::ApiVersions, 0, 3),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::FindCoordinator, 0, 3),
+];
+
+/// Produce versions whose payloads are old message sets; answered by hand
+/// ([`crate::handler::produce::legacy`]) because the codec crate starts at v3.
+pub(crate) const LEGACY_PRODUCE: std::ops::RangeInclusive<i16> = 0..=2;
+
+/// Whether `(api_key, version)` is implemented.
+pub(crate) fn is_supported(api_key: i16, version: i16) -> bool {
+    SUPPORTED_APIS.iter().any(|&(key, min, max)| key as i16 == api_key && (min..=max).contains(&version))
+}
+
+/// One decoded request frame.
+#[derive(Debug)]
+pub(crate) enum Decoded {
+    /// A request this broker implements.
+    Request {
+        /// Its header (correlation id, client id).
+        header: RequestHeader,
+        /// The API version the client used.
+        version: i16,
+        /// The decoded body.
+        request: Box<RequestKind>,
+    },
+    /// Produce v0-v2: the header plus the undecoded body.
+    LegacyProduce {
+        /// Its header.
+        header: RequestHeader,
+        /// The version.
+        version: i16,
+        /// The body after the header.
+        body: Bytes,
+    },
+    /// A well-framed request for an API key or version this broker does not implement.
+    Unsupported {
+        /// Its correlation id.
+        correlation_id: i32,
+        /// The API key as sent.
+        api_key: i16,
+        /// The version as sent.
+        version: i16,
+    },
+}
+
+/// Decodes one request frame body (without the length prefix). An error means the
+/// bytes are not a Kafka request; the caller closes the connection.
+pub(crate) fn decode_request(mut frame: Bytes) -> Result<Decoded, String> {
+    if frame.len() < 8 {
+        return Err(format!("request of {} bytes is shorter than a request header", frame.len()));
+    }
+    let api_key = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    let legacy_produce = api_key == ApiKey::Produce as i16 && LEGACY_PRODUCE.contains(&version);
+    if !is_supported(api_key, version) {
+        return Ok(Decoded::Unsupported { correlation_id, api_key, version });
+    }
+    let key = ApiKey::try_from(api_key).map_err(|_| format!("unknown api key {api_key}"))?;
+    let header_version = key.request_header_version(version);
+    let header = RequestHeader::decode(&mut frame, header_version).map_err(|e| format!("bad request header: {e}"))?;
+    if legacy_produce {
+        return Ok(Decoded::LegacyProduce { header, version, body: frame });
+    }
+    // The codec crate pre-allocates arrays by their claimed length; see `guard`.
+    crate::guard::check_body(key, version, &frame).map_err(|e| format!("bad {key:?} v{version} request body: {e}"))?;
+    let request = RequestKind::decode(key, &mut frame, version)
+        .map_err(|e| format!("bad {key:?} v{version} request body: {e}"))?;
+    Ok(Decoded::Request { header, version, request: Box::new(request) })
+}
+
+/// Frames a typed response: length, response header (v0 or flexible v1), body.
+pub(crate) fn encode_response(correlation_id: i32, api_key: ApiKey, version: i16, body: &ResponseKind) -> Response {
+    let mut buf = BytesMut::with_capacity(128);
+    buf.put_i32(0); // length, patched below
+    let header = ResponseHeader::default().with_correlation_id(correlation_id);
+    let header_version = api_key.response_header_version(version);
+    // Encoding only fails on a value that does not fit the version (a broker bug); an
+    // empty, well-framed error answer is better than a dropped connection then.
+    if let Err(e) = header.encode(&mut buf, header_version).and_then(|()| body.encode(&mut buf, version)) {
+        tracing::error!(?api_key, version, error = %e, "response does not encode; answering with UNKNOWN_SERVER_ERROR");
+        return error_response(correlation_id, error_code::UNKNOWN_SERVER_ERROR);
+    }
+    patch_length(&mut buf);
+    Response::from(buf.freeze())
+}
+
+/// The answer to a request this broker cannot decode by version: the correlation id and
+/// an error code, which is how every response schema that starts with `error_code`
+/// (ApiVersions v0 among them) reads an error.
+pub(crate) fn error_response(correlation_id: i32, code: i16) -> Response {
+    let mut buf = BytesMut::with_capacity(10);
+    buf.put_i32(6);
+    buf.put_i32(correlation_id);
+    buf.put_i16(code);
+    Response::from(buf.freeze())
+}
+
+/// Writes the frame length (everything after the 4-byte prefix) into the prefix.
+pub(crate) fn patch_length(buf: &mut BytesMut) {
+    let len = i32::try_from(buf.len() - 4).expect("invariant: responses are smaller than 2 GiB");
+    buf[..4].copy_from_slice(&len.to_be_bytes());
+}
+
+/// Concatenates a response into one buffer (tests, and the copying path).
+#[cfg(test)]
+pub(crate) fn response_bytes(response: &Response) -> Vec<u8> {
+    use crate::response::Chunk;
+    let mut out = Vec::new();
+    for chunk in &response.chunks {
+        match chunk {
+            Chunk::Bytes(b) => out.extend_from_slice(b),
+            Chunk::File { file, position, len } => {
+                let mut buf = vec![0; *len];
+                std::os::unix::fs::FileExt::read_exact_at(file.as_ref(), &mut buf, *position).unwrap();
+                out.extend_from_slice(&buf);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::{ApiVersionsRequest, MetadataRequest};
+    use kafka_protocol::protocol::StrBytes;
+
+    fn frame<T: Encodable>(key: ApiKey, version: i16, body: &T) -> Bytes {
+        let mut buf = BytesMut::new();
+        RequestHeader::default()
+            .with_request_api_key(key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(7)
+            .with_client_id(Some(StrBytes::from_static_str("t")))
+            .encode(&mut buf, key.request_header_version(version))
+            .unwrap();
+        body.encode(&mut buf, version).unwrap();
+        buf.freeze()
+    }
+
+    #[test]
+    fn decodes_supported_versions_and_flags_the_rest() {
+        let ok = decode_request(frame(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default())).unwrap();
+        assert!(matches!(ok, Decoded::Request { version: 3, .. }));
+        let v4 = decode_request(frame(ApiKey::ApiVersions, 4, &ApiVersionsRequest::default())).unwrap();
+        assert!(matches!(v4, Decoded::Unsupported { correlation_id: 7, version: 4, .. }));
+        let meta = decode_request(frame(ApiKey::Metadata, 13, &MetadataRequest::default())).unwrap();
+        assert!(matches!(meta, Decoded::Unsupported { .. }));
+        let mut unknown = frame(ApiKey::Metadata, 1, &MetadataRequest::default()).to_vec();
+        unknown[..2].copy_from_slice(&999i16.to_be_bytes());
+        assert!(matches!(decode_request(unknown.into()).unwrap(), Decoded::Unsupported { api_key: 999, .. }));
+    }
+
+    #[test]
+    fn short_and_truncated_frames_are_errors() {
+        assert!(decode_request(Bytes::from_static(&[0, 18, 0])).is_err());
+        let full = frame(ApiKey::Metadata, 1, &MetadataRequest::default().with_topics(Some(vec![])));
+        assert!(decode_request(full.slice(..full.len() - 2)).is_err());
+    }
+
+    #[test]
+    fn supported_versions_are_within_what_the_codec_crate_knows() {
+        for &(key, min, max) in SUPPORTED_APIS {
+            let crate_range = key.valid_versions();
+            let min = if key == ApiKey::Produce { *LEGACY_PRODUCE.end() + 1 } else { min };
+            assert!(crate_range.min <= min && max <= crate_range.max, "{key:?}");
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! `BrokerConfig`: the broker's settings under Kafka's key names.
+//!
+//! Every key is applied through [`BrokerConfig::set`], so the TOML file, the `FJORD_*`
+//! environment and the command line all go through one parser. Broker-wide `log.*` keys
+//! map onto the topic-level names of [`fjord_log::LogConfig`] (`log.segment.bytes` →
+//! `segment.bytes`), as in Kafka, where the broker key is the default of the topic key.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fjord_log::LogConfig;
+use serde::Deserialize;
+
+use crate::{Error, Result};
+
+/// Settings of one broker. Defaults are Kafka's unless noted.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// `broker.id`, default 0.
+    pub broker_id: i32,
+    /// `listeners`: the address to bind, `HOST:PORT` or `PLAINTEXT://HOST:PORT`; default 127.0.0.1:9092.
+    pub listeners: SocketAddr,
+    /// `advertised.listeners`: `HOST:PORT` handed to clients in Metadata; default the bound address.
+    pub advertised_listener: Option<String>,
+    /// `log.dirs`: the one log directory (partitions, checkpoints, meta.properties, metadata store).
+    pub log_dir: PathBuf,
+    /// `zookeeper.connect`: empty means the embedded metadata store under `log.dirs`.
+    pub zookeeper_connect: Option<String>,
+    /// `auto.create.topics.enable`, default true.
+    pub auto_create_topics: bool,
+    /// `num.partitions`: partitions of an auto-created topic, default 1.
+    pub num_partitions: i32,
+    /// `default.replication.factor`, default 1 (one broker: only 1 can be satisfied).
+    pub default_replication_factor: i16,
+    /// `socket.request.max.bytes`: larger frames close the connection; default 100 MiB.
+    pub socket_request_max_bytes: usize,
+    /// `max.connections`: connections beyond this wait in the accept queue; default 10,000.
+    pub max_connections: usize,
+    /// `fetch.zero.copy` (Fjord): send fetched records with sendfile(2); default true.
+    /// false copies them through user space (the fallback, and the benchmark baseline).
+    pub fetch_zero_copy: bool,
+    /// `log.retention.check.interval.ms`, default 5 min.
+    pub retention_check_interval: Duration,
+    /// `log.flush.scheduler.interval.ms`: how often `flush.ms` is checked, default 1 s
+    /// (Kafka's default is "never", which makes `flush.ms` inert).
+    pub flush_scheduler_interval: Duration,
+    /// `log.flush.offset.checkpoint.interval.ms`, default 60 s.
+    pub checkpoint_interval: Duration,
+    /// Broker-wide defaults of every topic's log (`log.segment.bytes`, `log.retention.ms`, ...).
+    pub log: LogConfig,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        Self {
+            broker_id: 0,
+            listeners: SocketAddr::from(([127, 0, 0, 1], 9092)),
+            advertised_listener: None,
+            log_dir: PathBuf::from("./fjord-data"),
+            zookeeper_connect: None,
+            auto_create_topics: true,
+            num_partitions: 1,
+            default_replication_factor: 1,
+            socket_request_max_bytes: 100 * 1024 * 1024,
+            max_connections: 10_000,
+            fetch_zero_copy: true,
+            retention_check_interval: Duration::from_secs(300),
+            flush_scheduler_interval: Duration::from_secs(1),
+            checkpoint_interval: Duration::from_secs(60),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+/// Broker keys that set a topic-level log default, with the topic key they map to.
+const LOG_KEYS: &[(&str, &str)] = &[
+    ("log.segment.bytes", "segment.bytes"),
+    ("log.roll.ms", "segment.ms"),
+    ("log.index.size.max.bytes", "segment.index.bytes"),
+    ("log.index.interval.bytes", "index.interval.bytes"),
+    ("log.retention.ms", "retention.ms"),
+    ("log.retention.bytes", "retention.bytes"),
+    ("log.flush.interval.messages", "flush.messages"),
+    ("log.flush.interval.ms", "flush.ms"),
+    ("message.max.bytes", "max.message.bytes"),
+    ("log.segment.delete.delay.ms", "file.delete.delay.ms"),
+];
+
+impl BrokerConfig {
+    /// Parses a TOML file body. Dotted Kafka keys may be written bare (`log.dirs = "..."`,
+    /// which TOML reads as nested tables) or quoted (`"log.dirs" = "..."`).
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let table: toml::Table = toml::from_str(text)?;
+        let mut config = Self::default();
+        config.apply_table("", &table)?;
+        Ok(config)
+    }
+
+    fn apply_table(&mut self, prefix: &str, table: &toml::Table) -> Result<()> {
+        for (key, value) in table {
+            let key = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+            let text = match value {
+                toml::Value::Table(inner) => {
+                    self.apply_table(&key, inner)?;
+                    continue;
+                }
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                other => {
+                    return Err(Error::InvalidConfig {
+                        key,
+                        value: other.to_string(),
+                        reason: "expected a string, number or boolean".into(),
+                    })
+                }
+            };
+            self.set(&key, &text)?;
+        }
+        Ok(())
+    }
+
+    /// Applies `FJORD_*` environment variables: `FJORD_LOG_RETENTION_MS=1000` sets
+    /// `log.retention.ms`. Variables that name no broker key (other Fjord tools share
+    /// the prefix) are skipped; a known key with a bad value is an error.
+    pub fn apply_env(&mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<()> {
+        for (name, value) in vars {
+            let Some(rest) = name.strip_prefix("FJORD_") else { continue };
+            let key = rest.to_ascii_lowercase().replace('_', ".");
+            match self.set(&key, &value) {
+                Err(Error::UnknownConfig { .. }) => {
+                    tracing::debug!(variable = %name, "environment variable names no broker config key; skipped")
+                }
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets one key, Kafka name and value syntax.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let invalid = |reason: &str| Error::InvalidConfig {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let int = || value.trim().parse::<i64>().map_err(|_| invalid("not an integer"));
+        let millis = || -> Result<Duration> {
+            let ms = int()?;
+            u64::try_from(ms).map(Duration::from_millis).map_err(|_| invalid("must not be negative"))
+        };
+        let boolean = || value.trim().parse::<bool>().map_err(|_| invalid("expected true or false"));
+        match key {
+            "broker.id" => self.broker_id = i32::try_from(int()?).map_err(|_| invalid("out of range"))?,
+            "listeners" => self.listeners = parse_listener(value).ok_or_else(|| invalid("expected HOST:PORT"))?,
+            "advertised.listeners" => {
+                let address = strip_scheme(value);
+                split_host_port(address).ok_or_else(|| invalid("expected HOST:PORT"))?;
+                self.advertised_listener = Some(address.to_owned());
+            }
+            "log.dirs" | "log.dir" => {
+                if value.contains(',') {
+                    return Err(invalid("only one log directory is supported"));
+                }
+                self.log_dir = PathBuf::from(value.trim());
+            }
+            "zookeeper.connect" => {
+                self.zookeeper_connect = Some(value.trim().to_owned()).filter(|s| !s.is_empty())
+            }
+            "auto.create.topics.enable" => self.auto_create_topics = boolean()?,
+            "num.partitions" => self.num_partitions = i32::try_from(int()?).map_err(|_| invalid("out of range"))?,
+            "default.replication.factor" => {
+                self.default_replication_factor = i16::try_from(int()?).map_err(|_| invalid("out of range"))?
+            }
+            "socket.request.max.bytes" => {
+                self.socket_request_max_bytes = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
+            }
+            "max.connections" => {
+                self.max_connections = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
+            }
+            "fetch.zero.copy" => self.fetch_zero_copy = boolean()?,
+            "log.retention.check.interval.ms" => self.retention_check_interval = millis()?,
+            "log.flush.scheduler.interval.ms" => self.flush_scheduler_interval = millis()?,
+            "log.flush.offset.checkpoint.interval.ms" => self.checkpoint_interval = millis()?,
+            "log.retention.minutes" | "log.retention.hours" | "log.roll.hours" => {
+                let unit = if key.ends_with("minutes") { 60_000 } else { 3_600_000 };
+                let n = int()?;
+                let ms = if n < 0 { -1 } else { n.checked_mul(unit).ok_or_else(|| invalid("out of range"))? };
+                let topic_key = if key.starts_with("log.roll") { "segment.ms" } else { "retention.ms" };
+                self.log.set(topic_key, &ms.to_string())?;
+            }
+            _ => match LOG_KEYS.iter().find(|(broker_key, _)| *broker_key == key) {
+                Some((_, topic_key)) => self.log.set(topic_key, value.trim())?,
+                None => return Err(Error::UnknownConfig { key: key.to_owned() }),
+            },
+        }
+        Ok(())
+    }
+
+    /// Checks the combination of settings.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |key: &str, value: String, reason: &str| Error::InvalidConfig {
+            key: key.to_owned(),
+            value,
+            reason: reason.to_owned(),
+        };
+        if self.broker_id < 0 {
+            return Err(invalid("broker.id", self.broker_id.to_string(), "must not be negative"));
+        }
+        if self.num_partitions < 1 {
+            return Err(invalid("num.partitions", self.num_partitions.to_string(), "must be at least 1"));
+        }
+        if self.default_replication_factor != 1 {
+            return Err(invalid(
+                "default.replication.factor",
+                self.default_replication_factor.to_string(),
+                "a single broker can only hold 1 replica",
+            ));
+        }
+        if self.socket_request_max_bytes < 1024 || self.socket_request_max_bytes > i32::MAX as usize {
+            return Err(invalid(
+                "socket.request.max.bytes",
+                self.socket_request_max_bytes.to_string(),
+                "must be between 1 KiB and 2 GiB",
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err(invalid("max.connections", "0".into(), "must be at least 1"));
+        }
+        self.log.validate()?;
+        Ok(())
+    }
+
+    /// The `HOST:PORT` clients are told to connect to, given the bound address.
+    pub(crate) fn advertised(&self, bound: SocketAddr) -> (String, i32) {
+        match self.advertised_listener.as_deref().and_then(split_host_port) {
+            Some((host, port)) => (host.to_owned(), i32::from(port)),
+            None => (bound.ip().to_string(), i32::from(bound.port())),
+        }
+    }
+}
+
+/// The TOML body deserializes through [`BrokerConfig::set`], so serde users get the same
+/// key names and validation as the file loader.
+impl<'de> Deserialize<'de> for BrokerConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let table = toml::Table::deserialize(deserializer)?;
+        let mut config = Self::default();
+        config.apply_table("", &table).map_err(serde::de::Error::custom)?;
+        Ok(config)
+    }
+}
+
+fn strip_scheme(value: &str) -> &str {
+    let value = value.trim();
+    value.split_once("://").map_or(value, |(_, rest)| rest)
+}
+
+fn split_host_port(address: &str) -> Option<(&str, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (!host.is_empty()).then_some(())?;
+    Some((host, port.parse().ok()?))
+}
+
+fn parse_listener(value: &str) -> Option<SocketAddr> {
+    let address = strip_scheme(value);
+    if address.contains(',') {
+        return None;
+    }
+    let (host, port) = split_host_port(address)?;
+    let host = if host == "0.0.0.0" || host.is_empty() { "0.0.0.0" } else { host };
+    (host, port).to_socket_addrs().ok()?.next()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_with_kafka_keys_bare_and_quoted() {
+        let config = BrokerConfig::from_toml(
+            r#"
+            broker.id = 3
+            listeners = "PLAINTEXT://127.0.0.1:19092"
+            "log.dirs" = "/tmp/x"
+            num.partitions = 4
+            auto.create.topics.enable = false
+            log.retention.hours = 2
+            log.segment.bytes = 1048576
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.broker_id, 3);
+        assert_eq!(config.listeners, "127.0.0.1:19092".parse().unwrap());
+        assert_eq!(config.log_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(config.num_partitions, 4);
+        assert!(!config.auto_create_topics);
+        assert_eq!(config.log.retention_ms, Some(Duration::from_secs(7200)));
+        assert_eq!(config.log.segment_bytes, 1 << 20);
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_typed_errors() {
+        assert!(matches!(BrokerConfig::from_toml("no.such.key = 1"), Err(Error::UnknownConfig { .. })));
+        assert!(matches!(BrokerConfig::from_toml("broker.id = \"x\""), Err(Error::InvalidConfig { .. })));
+        assert!(matches!(BrokerConfig::from_toml("listeners = \"nope\""), Err(Error::InvalidConfig { .. })));
+        let mut config = BrokerConfig { num_partitions: 0, ..BrokerConfig::default() };
+        assert!(config.validate().is_err());
+        config.num_partitions = 1;
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn env_overrides_and_skips_foreign_variables() {
+        let mut config = BrokerConfig::default();
+        config
+            .apply_env([
+                ("FJORD_NUM_PARTITIONS".to_owned(), "7".to_owned()),
+                ("FJORD_TEST_HDFS".to_owned(), "hdfs://x".to_owned()),
+                ("PATH".to_owned(), "/bin".to_owned()),
+            ])
+            .unwrap();
+        assert_eq!(config.num_partitions, 7);
+        assert!(config.apply_env([("FJORD_BROKER_ID".to_owned(), "x".to_owned())]).is_err());
+    }
+
+    #[test]
+    fn advertised_defaults_to_the_bound_address() {
+        let mut config = BrokerConfig::default();
+        let bound: SocketAddr = "127.0.0.1:4242".parse().unwrap();
+        assert_eq!(config.advertised(bound), ("127.0.0.1".to_owned(), 4242));
+        config.set("advertised.listeners", "PLAINTEXT://kafka.example:9093").unwrap();
+        assert_eq!(config.advertised(bound), ("kafka.example".to_owned(), 9093));
+    }
+}

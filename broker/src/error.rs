@@ -1,0 +1,81 @@
+//! The broker's error type: what can stop the broker or a connection. Per-request
+//! failures never become an [`Error`]; they are answered with a Kafka error code.
+
+use std::path::PathBuf;
+
+/// Why the broker (or one of its connections) stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configuration key this broker does not know.
+    #[error("unknown config key `{key}`")]
+    UnknownConfig {
+        /// The key as given.
+        key: String,
+    },
+    /// A configuration value that does not parse or is out of range.
+    #[error("invalid value `{value}` for config `{key}`: {reason}")]
+    InvalidConfig {
+        /// The key.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The TOML config file does not parse.
+    #[error("config file does not parse: {0}")]
+    ConfigFile(#[from] toml::de::Error),
+    /// The storage engine failed.
+    #[error("log: {0}")]
+    Log(#[from] fjord_log::Error),
+    /// The metadata store failed.
+    #[error("metadata store: {0}")]
+    Coord(#[from] fjord_coord::Error),
+    /// A metadata record in the store does not parse.
+    #[error("metadata at {path} does not parse: {source}")]
+    Metadata {
+        /// Store path.
+        path: String,
+        /// The decoding error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A file in the log dir (meta.properties) could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `meta.properties` belongs to another broker or is malformed.
+    #[error("{}: {reason}", path.display())]
+    MetaProperties {
+        /// The file.
+        path: PathBuf,
+        /// What does not match.
+        reason: String,
+    },
+    /// Socket I/O on a connection or the listener.
+    #[error("network: {0}")]
+    Network(#[source] std::io::Error),
+    /// A client sent bytes that are not a Kafka request; its connection is closed.
+    #[error("malformed request from client: {0}")]
+    Protocol(String),
+    /// A request frame larger than `socket.request.max.bytes`; the connection is closed.
+    #[error("request frame of {size} bytes exceeds socket.request.max.bytes = {max}")]
+    FrameTooLarge {
+        /// Announced frame size.
+        size: i64,
+        /// The limit.
+        max: usize,
+    },
+    /// A background task panicked or was cancelled unexpectedly.
+    #[error("background task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,413 @@
+//! A structural walk over a request body before the codec crate decodes it.
+//!
+//! Why: `kafka-protocol` 0.18 decodes an array by reading its count and calling
+//! `Vec::with_capacity(count)` before reading any element. A frame of a few bytes that
+//! claims two billion elements makes that allocation fail, and a failed allocation
+//! aborts the process: one client could take the broker down. This walk follows the
+//! same schemas (for exactly the API versions the broker advertises) without
+//! allocating, and refuses any array longer than the bytes left in the frame, since
+//! every element takes at least one byte. A body that passes is safe to decode.
+//!
+//! The schemas mirror the codec crate's generated decoders; the tests walk requests
+//! that the crate itself encoded, for every advertised version, so a mismatch shows.
+
+use kafka_protocol::messages::ApiKey;
+
+type Walk<T = ()> = Result<T, &'static str>;
+
+struct Walker<'a> {
+    buf: &'a [u8],
+    flexible: bool,
+}
+
+impl Walker<'_> {
+    fn skip(&mut self, n: usize) -> Walk {
+        if n > self.buf.len() {
+            return Err("field runs past the end of the request");
+        }
+        self.buf = &self.buf[n..];
+        Ok(())
+    }
+
+    fn take<const N: usize>(&mut self) -> Walk<[u8; N]> {
+        let bytes: [u8; N] = self.buf.get(..N).ok_or("field runs past the end of the request")?.try_into().unwrap_or([0; N]);
+        self.buf = &self.buf[N..];
+        Ok(bytes)
+    }
+
+    fn int8(&mut self) -> Walk {
+        self.skip(1)
+    }
+    fn int16(&mut self) -> Walk {
+        self.skip(2)
+    }
+    fn int32(&mut self) -> Walk {
+        self.skip(4)
+    }
+    fn int64(&mut self) -> Walk {
+        self.skip(8)
+    }
+    fn uuid(&mut self) -> Walk {
+        self.skip(16)
+    }
+
+    fn unsigned_varint(&mut self) -> Walk<u32> {
+        let mut value = 0u32;
+        for shift in (0..35).step_by(7) {
+            let [byte] = self.take::<1>()?;
+            value |= u32::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err("varint longer than 5 bytes")
+    }
+
+    /// A (nullable) string or byte string: compact or classic, `len_bytes` wide when classic.
+    fn sized(&mut self, classic_len_bytes: usize) -> Walk {
+        let len = if self.flexible {
+            match self.unsigned_varint()? {
+                0 => return Ok(()), // null
+                n => i64::from(n) - 1,
+            }
+        } else if classic_len_bytes == 2 {
+            i64::from(i16::from_be_bytes(self.take::<2>()?))
+        } else {
+            i64::from(i32::from_be_bytes(self.take::<4>()?))
+        };
+        if len < 0 {
+            return Ok(()); // null; the decoder rejects other negative lengths itself
+        }
+        self.skip(usize::try_from(len).map_err(|_| "length out of range")?)
+    }
+
+    fn string(&mut self) -> Walk {
+        self.sized(2)
+    }
+    fn bytes(&mut self) -> Walk {
+        self.sized(4)
+    }
+
+    /// An array whose elements `each` walks; the count may not exceed the bytes left.
+    fn array(&mut self, mut each: impl FnMut(&mut Self) -> Walk) -> Walk {
+        let count = if self.flexible {
+            match self.unsigned_varint()? {
+                0 => return Ok(()),
+                n => i64::from(n) - 1,
+            }
+        } else {
+            match i32::from_be_bytes(self.take::<4>()?) {
+                -1 => return Ok(()),
+                n if n < 0 => return Err("negative array length"),
+                n => i64::from(n),
+            }
+        };
+        if count > self.buf.len() as i64 {
+            return Err("array claims more elements than the request has bytes");
+        }
+        for _ in 0..count {
+            each(self)?;
+        }
+        Ok(())
+    }
+
+    /// The tagged fields of a flexible struct: skipped by their declared sizes.
+    fn tagged_fields(&mut self) -> Walk {
+        if self.flexible {
+            let count = self.unsigned_varint()?;
+            for _ in 0..count {
+                self.unsigned_varint()?;
+                let size = self.unsigned_varint()?;
+                self.skip(size as usize)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Walks the body (after the header) of a request of an advertised API and version.
+/// `Err` says why the body is malformed; `Ok` means decoding it allocates no more than
+/// the frame's size justifies.
+pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
+    let flexible = match api_key {
+        ApiKey::Produce => v >= 9,
+        ApiKey::Fetch => v >= 12,
+        ApiKey::ListOffsets => v >= 6,
+        ApiKey::Metadata => v >= 9,
+        ApiKey::ApiVersions => v >= 3,
+        ApiKey::CreateTopics => v >= 5,
+        ApiKey::DeleteTopics => v >= 4,
+        ApiKey::DescribeConfigs => v >= 4,
+        ApiKey::FindCoordinator => v >= 3,
+        _ => return Err("no schema for this api"),
+    };
+    let w = &mut Walker { buf: body, flexible };
+    match api_key {
+        ApiKey::Produce => {
+            w.string()?; // transactional id
+            w.int16()?;
+            w.int32()?;
+            w.array(|w| {
+                w.string()?;
+                w.array(|w| {
+                    w.int32()?;
+                    w.bytes()?;
+                    w.tagged_fields()
+                })?;
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::Fetch => {
+            w.int32()?; // replica id
+            w.int32()?;
+            w.int32()?;
+            w.int32()?; // max bytes
+            w.int8()?; // isolation level
+            if v >= 7 {
+                w.int32()?;
+                w.int32()?;
+            }
+            w.array(|w| {
+                w.string()?;
+                w.array(|w| {
+                    w.int32()?;
+                    if v >= 9 {
+                        w.int32()?; // current leader epoch
+                    }
+                    w.int64()?;
+                    if v >= 12 {
+                        w.int32()?; // last fetched epoch
+                    }
+                    if v >= 5 {
+                        w.int64()?; // log start offset
+                    }
+                    w.int32()?;
+                    w.tagged_fields()
+                })?;
+                w.tagged_fields()
+            })?;
+            if v >= 7 {
+                w.array(|w| {
+                    w.string()?;
+                    w.array(Walker::int32)?;
+                    w.tagged_fields()
+                })?;
+            }
+            if v >= 11 {
+                w.string()?; // rack id
+            }
+        }
+        ApiKey::ListOffsets => {
+            w.int32()?;
+            if v >= 2 {
+                w.int8()?;
+            }
+            w.array(|w| {
+                w.string()?;
+                w.array(|w| {
+                    w.int32()?;
+                    if v >= 4 {
+                        w.int32()?;
+                    }
+                    w.int64()?;
+                    w.tagged_fields()
+                })?;
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::Metadata => {
+            w.array(|w| {
+                if v >= 10 {
+                    w.uuid()?;
+                }
+                w.string()?;
+                w.tagged_fields()
+            })?;
+            if v >= 4 {
+                w.int8()?; // allow auto topic creation (boolean)
+            }
+            if (8..=10).contains(&v) {
+                w.int8()?;
+            }
+            if v >= 8 {
+                w.int8()?;
+            }
+        }
+        ApiKey::ApiVersions => {
+            if v >= 3 {
+                w.string()?;
+                w.string()?;
+            }
+        }
+        ApiKey::CreateTopics => {
+            w.array(|w| {
+                w.string()?;
+                w.int32()?;
+                w.int16()?;
+                w.array(|w| {
+                    w.int32()?;
+                    w.array(Walker::int32)?;
+                    w.tagged_fields()
+                })?;
+                w.array(|w| {
+                    w.string()?;
+                    w.string()?;
+                    w.tagged_fields()
+                })?;
+                w.tagged_fields()
+            })?;
+            w.int32()?;
+            w.int8()?; // validate only (boolean)
+        }
+        ApiKey::DeleteTopics => {
+            if v >= 6 {
+                w.array(|w| {
+                    w.string()?;
+                    w.uuid()?;
+                    w.tagged_fields()
+                })?;
+            } else {
+                w.array(Walker::string)?;
+            }
+            w.int32()?;
+        }
+        ApiKey::DescribeConfigs => {
+            w.array(|w| {
+                w.int8()?;
+                w.string()?;
+                w.array(Walker::string)?;
+                w.tagged_fields()
+            })?;
+            w.int8()?; // include synonyms
+            if v >= 3 {
+                w.int8()?;
+            }
+        }
+        ApiKey::FindCoordinator => {
+            w.string()?;
+            if v >= 1 {
+                w.int8()?;
+            }
+        }
+        _ => unreachable!("flexible versions are listed for every api walked above"),
+    }
+    w.tagged_fields()
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::BytesMut;
+    use kafka_protocol::messages::create_topics_request::{CreatableReplicaAssignment, CreatableTopic, CreatableTopicConfig};
+    use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+    use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic, ForgottenTopic};
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::*;
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+
+    use super::*;
+    use crate::codec::{LEGACY_PRODUCE, SUPPORTED_APIS};
+
+    fn s(v: &str) -> StrBytes {
+        StrBytes::from_string(v.to_owned())
+    }
+
+    /// A request with every array populated (two elements where possible).
+    fn sample(key: ApiKey, v: i16) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        let name = || TopicName(s("topic-a"));
+        let result = match key {
+            ApiKey::Produce => ProduceRequest::default()
+                .with_acks(-1)
+                .with_topic_data(vec![
+                    TopicProduceData::default().with_name(name()).with_partition_data(vec![
+                        PartitionProduceData::default().with_index(1).with_records(Some(bytes::Bytes::from_static(b"batch"))),
+                        PartitionProduceData::default().with_index(2).with_records(None),
+                    ]),
+                    TopicProduceData::default().with_name(name()),
+                ])
+                .encode(&mut buf, v),
+            ApiKey::Fetch => FetchRequest::default()
+                .with_session_id(if v >= 7 { 3 } else { 0 })
+                .with_rack_id(if v >= 11 { s("rack") } else { s("") })
+                .with_topics(vec![FetchTopic::default().with_topic(name()).with_partitions(vec![
+                    FetchPartition::default().with_partition(0).with_fetch_offset(7).with_partition_max_bytes(100),
+                    FetchPartition::default().with_partition(1),
+                ])])
+                .with_forgotten_topics_data(if v >= 7 {
+                    vec![ForgottenTopic::default().with_topic(name()).with_partitions(vec![1, 2])]
+                } else {
+                    vec![]
+                })
+                .encode(&mut buf, v),
+            ApiKey::ListOffsets => ListOffsetsRequest::default()
+                .with_topics(vec![ListOffsetsTopic::default().with_name(name()).with_partitions(vec![
+                    ListOffsetsPartition::default().with_timestamp(-1),
+                    ListOffsetsPartition::default().with_partition_index(3).with_timestamp(123),
+                ])])
+                .encode(&mut buf, v),
+            ApiKey::Metadata => MetadataRequest::default()
+                .with_topics(Some(vec![
+                    MetadataRequestTopic::default().with_name(Some(name())),
+                    MetadataRequestTopic::default().with_name(Some(TopicName(s("b")))),
+                ]))
+                .encode(&mut buf, v),
+            ApiKey::ApiVersions => ApiVersionsRequest::default()
+                .with_client_software_name(s("kcat"))
+                .with_client_software_version(s("1.7"))
+                .encode(&mut buf, v),
+            ApiKey::CreateTopics => CreateTopicsRequest::default()
+                .with_topics(vec![CreatableTopic::default()
+                    .with_name(name())
+                    .with_assignments(vec![CreatableReplicaAssignment::default().with_broker_ids(vec![BrokerId(0), BrokerId(1)])])
+                    .with_configs(vec![
+                        CreatableTopicConfig::default().with_name(s("retention.ms")).with_value(Some(s("1"))),
+                        CreatableTopicConfig::default().with_name(s("x")).with_value(None),
+                    ])])
+                .encode(&mut buf, v),
+            ApiKey::DeleteTopics => if v >= 6 {
+                DeleteTopicsRequest::default().with_topics(vec![DeleteTopicState::default().with_name(Some(name()))])
+            } else {
+                DeleteTopicsRequest::default().with_topic_names(vec![name(), TopicName(s("b"))])
+            }
+            .encode(&mut buf, v),
+            ApiKey::DescribeConfigs => DescribeConfigsRequest::default()
+                .with_resources(vec![
+                    DescribeConfigsResource::default().with_resource_name(s("t")).with_configuration_keys(Some(vec![s("a")])),
+                    DescribeConfigsResource::default().with_resource_name(s("u")).with_configuration_keys(None),
+                ])
+                .encode(&mut buf, v),
+            ApiKey::FindCoordinator => FindCoordinatorRequest::default().with_key(s("group")).encode(&mut buf, v),
+            other => panic!("no sample for {other:?}"),
+        };
+        result.unwrap_or_else(|e| panic!("{key:?} v{v} does not encode: {e}"));
+        buf.to_vec()
+    }
+
+    #[test]
+    fn accepts_what_the_codec_encodes_for_every_advertised_version() {
+        for &(key, min, max) in SUPPORTED_APIS {
+            let min = if key == ApiKey::Produce { *LEGACY_PRODUCE.end() + 1 } else { min };
+            for v in min..=max {
+                let body = sample(key, v);
+                assert_eq!(check_body(key, v, &body), Ok(()), "{key:?} v{v}");
+                // Every strict prefix ends inside some field.
+                for cut in 0..body.len() {
+                    assert!(check_body(key, v, &body[..cut]).is_err(), "{key:?} v{v} prefix of {cut} bytes");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_arrays_longer_than_the_request() {
+        // Metadata v1: a topics array of 2^31-1 elements in a 4-byte body.
+        assert!(check_body(ApiKey::Metadata, 1, &i32::MAX.to_be_bytes()).is_err());
+        // Flexible: a compact array count of u32::MAX - 1.
+        assert!(check_body(ApiKey::Metadata, 9, &[0xff, 0xff, 0xff, 0xff, 0x0f]).is_err());
+        assert!(check_body(ApiKey::Metadata, 1, &(-2i32).to_be_bytes()).is_err());
+        assert!(check_body(ApiKey::Metadata, 1, &(-1i32).to_be_bytes()).is_ok(), "null means all topics");
+    }
+}

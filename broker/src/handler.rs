@@ -1,0 +1,108 @@
+//! Request dispatch: one decoded request in, at most one response out (acks=0 produce
+//! has none). Every failure a client can cause is answered with a Kafka error code here;
+//! nothing below returns an [`crate::Error`] for client input.
+
+pub(crate) mod admin;
+pub(crate) mod fetch;
+pub(crate) mod metadata;
+pub(crate) mod offsets;
+pub(crate) mod produce;
+
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, BrokerId, FindCoordinatorResponse, RequestKind, ResponseKind};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::codec::{self, error_code, Decoded, SUPPORTED_APIS};
+use crate::response::Response;
+use crate::topics::Topics;
+use crate::BrokerConfig;
+
+/// What every handler needs: the config, who we are, and the topics.
+pub(crate) struct Broker {
+    pub(crate) config: BrokerConfig,
+    /// Advertised host and port.
+    pub(crate) host: String,
+    pub(crate) port: i32,
+    pub(crate) cluster_id: String,
+    pub(crate) topics: Topics,
+}
+
+impl Broker {
+    /// Answers one request.
+    pub(crate) async fn handle(&self, decoded: Decoded) -> Option<Response> {
+        let (header, version, request) = match decoded {
+            Decoded::Unsupported { correlation_id, api_key, version } => {
+                tracing::debug!(api_key, version, "unsupported api key or version");
+                if api_key == ApiKey::ApiVersions as i16 {
+                    // KIP-511: a v0 body with the error and our ranges, so the client can retry
+                    // with a version we both know.
+                    let body = api_versions(error_code::UNSUPPORTED_VERSION);
+                    return Some(codec::encode_response(correlation_id, ApiKey::ApiVersions, 0, &body));
+                }
+                return Some(codec::error_response(correlation_id, error_code::UNSUPPORTED_VERSION));
+            }
+            Decoded::LegacyProduce { header, version, body } => {
+                return produce::legacy(&header, version, body);
+            }
+            Decoded::Request { header, version, request } => (header, version, request),
+        };
+        let correlation_id = header.correlation_id;
+        let (key, body) = match *request {
+            RequestKind::ApiVersions(_) => (ApiKey::ApiVersions, api_versions(error_code::NONE)),
+            RequestKind::Metadata(req) => (ApiKey::Metadata, self.metadata(req, version).await),
+            RequestKind::Produce(req) => {
+                let response = self.produce(req, version).await?;
+                (ApiKey::Produce, response)
+            }
+            RequestKind::Fetch(req) => {
+                let data = self.fetch(req).await;
+                return Some(crate::fetch_response::encode(correlation_id, version, &data));
+            }
+            RequestKind::ListOffsets(req) => (ApiKey::ListOffsets, self.list_offsets(req, version)),
+            RequestKind::CreateTopics(req) => (ApiKey::CreateTopics, self.create_topics(req, version).await),
+            RequestKind::DeleteTopics(req) => (ApiKey::DeleteTopics, self.delete_topics(req, version).await),
+            RequestKind::DescribeConfigs(req) => (ApiKey::DescribeConfigs, self.describe_configs(req)),
+            RequestKind::FindCoordinator(_) => (ApiKey::FindCoordinator, no_coordinator()),
+            other => {
+                // decode_request only decodes what SUPPORTED_APIS lists, and every entry is matched above.
+                tracing::error!(request = ?other, "decoded a request without a handler");
+                return Some(codec::error_response(correlation_id, error_code::UNSUPPORTED_VERSION));
+            }
+        };
+        Some(codec::encode_response(correlation_id, key, version, &body))
+    }
+}
+
+/// The ApiVersions answer: exactly the implemented APIs and versions.
+fn api_versions(error: i16) -> ResponseKind {
+    let api_keys = SUPPORTED_APIS
+        .iter()
+        .map(|&(key, min, max)| ApiVersion::default().with_api_key(key as i16).with_min_version(min).with_max_version(max))
+        .collect();
+    ResponseKind::ApiVersions(ApiVersionsResponse::default().with_error_code(error).with_api_keys(api_keys))
+}
+
+/// FindCoordinator is answered, but there is no group coordinator yet: every lookup gets
+/// COORDINATOR_NOT_AVAILABLE, which clients treat as "retry later". It is advertised at
+/// all because librdkafka enables LZ4 only for brokers that accept FindCoordinator v0.
+fn no_coordinator() -> ResponseKind {
+    ResponseKind::FindCoordinator(
+        FindCoordinatorResponse::default()
+            .with_error_code(error_code::COORDINATOR_NOT_AVAILABLE)
+            .with_error_message(Some(StrBytes::from_static_str("consumer groups are not implemented yet")))
+            .with_node_id(BrokerId(-1))
+            .with_port(-1),
+    )
+}
+
+/// The Kafka error code for a storage failure: the one place log errors meet the wire.
+pub(crate) fn log_error_code(error: &fjord_log::Error) -> i16 {
+    use fjord_log::Error as E;
+    match error {
+        E::InvalidBatch { .. } => error_code::CORRUPT_MESSAGE,
+        E::MessageTooLarge { .. } => error_code::MESSAGE_TOO_LARGE,
+        E::OffsetOutOfRange { .. } => error_code::OFFSET_OUT_OF_RANGE,
+        E::Io { .. } => error_code::KAFKA_STORAGE_ERROR,
+        _ => error_code::UNKNOWN_SERVER_ERROR,
+    }
+}

@@ -1,0 +1,200 @@
+//! CreateTopics, DeleteTopics and DescribeConfigs.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use fjord_log::LogConfig;
+use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
+use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult};
+use kafka_protocol::messages::{
+    CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeConfigsRequest,
+    DescribeConfigsResponse, ResponseKind, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::codec::error_code;
+use crate::handler::Broker;
+use crate::topics::TopicError;
+
+/// DescribeConfigs resource types.
+const RESOURCE_TOPIC: i8 = 2;
+const RESOURCE_BROKER: i8 = 4;
+/// DescribeConfigs config sources.
+const SOURCE_DYNAMIC_TOPIC: i8 = 1;
+const SOURCE_STATIC_BROKER: i8 = 4;
+const SOURCE_DEFAULT: i8 = 5;
+/// DescribeConfigs config types (v3+).
+const TYPE_BOOLEAN: i8 = 1;
+const TYPE_STRING: i8 = 2;
+const TYPE_INT: i8 = 3;
+const TYPE_LONG: i8 = 5;
+const TYPE_LIST: i8 = 7;
+/// CreateTopics error for a replica assignment naming another broker.
+const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
+
+impl Broker {
+    pub(crate) async fn create_topics(&self, request: CreateTopicsRequest, version: i16) -> ResponseKind {
+        let mut results = Vec::with_capacity(request.topics.len());
+        for topic in request.topics {
+            let name = topic.name.0.to_string();
+            let mut result = CreatableTopicResult::default().with_name(topic.name.clone());
+            let partitions = if !topic.assignments.is_empty() {
+                if topic.assignments.iter().any(|a| a.broker_ids.iter().any(|b| b.0 != self.config.broker_id)) {
+                    results.push(
+                        result
+                            .with_error_code(INVALID_REPLICA_ASSIGNMENT)
+                            .with_error_message(Some(StrBytes::from_static_str("replicas must be on this broker"))),
+                    );
+                    continue;
+                }
+                topic.assignments.len() as i32
+            } else if topic.num_partitions == -1 {
+                self.config.num_partitions
+            } else {
+                topic.num_partitions
+            };
+            let replication_factor = match topic.replication_factor {
+                -1 => self.config.default_replication_factor,
+                n if !topic.assignments.is_empty() => n.max(1),
+                n => n,
+            };
+            let overrides: BTreeMap<String, String> = topic
+                .configs
+                .into_iter()
+                .filter_map(|c| Some((c.name.to_string(), c.value?.to_string())))
+                .collect();
+            match self.topics.create(&name, partitions, replication_factor, overrides, request.validate_only).await {
+                Ok(_) => {
+                    if version >= 5 {
+                        result = result.with_num_partitions(partitions).with_replication_factor(replication_factor);
+                    }
+                }
+                Err(e) => {
+                    if let TopicError::Internal(e) = &e {
+                        tracing::error!(topic = %name, error = %e, "creating topic failed");
+                    }
+                    result = result.with_error_code(e.code()).with_error_message(Some(StrBytes::from_string(e.to_string())));
+                }
+            }
+            results.push(result);
+        }
+        ResponseKind::CreateTopics(CreateTopicsResponse::default().with_topics(results))
+    }
+
+    pub(crate) async fn delete_topics(&self, request: DeleteTopicsRequest, version: i16) -> ResponseKind {
+        let names: Vec<Option<TopicName>> = if version >= 6 {
+            request.topics.into_iter().map(|t| t.name).collect()
+        } else {
+            request.topic_names.into_iter().map(Some).collect()
+        };
+        let mut responses = Vec::with_capacity(names.len());
+        for name in names {
+            let result = DeletableTopicResult::default().with_name(name.clone());
+            // v6 may name topics by id; this broker has no topic ids.
+            let outcome = match &name {
+                Some(name) => self.topics.delete(&name.0).await,
+                None => Err(TopicError::Unknown),
+            };
+            responses.push(match outcome {
+                Ok(()) => result,
+                Err(e) => {
+                    if let TopicError::Internal(e) = &e {
+                        tracing::error!(topic = ?name, error = %e, "deleting topic failed");
+                    }
+                    let result = result.with_error_code(e.code());
+                    if version >= 5 {
+                        result.with_error_message(Some(StrBytes::from_string(e.to_string())))
+                    } else {
+                        result
+                    }
+                }
+            });
+        }
+        ResponseKind::DeleteTopics(DeleteTopicsResponse::default().with_responses(responses))
+    }
+
+    pub(crate) fn describe_configs(&self, request: DescribeConfigsRequest) -> ResponseKind {
+        let results = request
+            .resources
+            .into_iter()
+            .map(|resource| {
+                let result = DescribeConfigsResult::default()
+                    .with_resource_type(resource.resource_type)
+                    .with_resource_name(resource.resource_name.clone());
+                let entries = match resource.resource_type {
+                    RESOURCE_TOPIC => match self.topics.get(&resource.resource_name) {
+                        Some(topic) => log_config_entries(&topic.config)
+                            .into_iter()
+                            .map(|(name, value, config_type)| {
+                                let source = if topic.overrides.contains_key(name) {
+                                    SOURCE_DYNAMIC_TOPIC
+                                } else {
+                                    SOURCE_DEFAULT
+                                };
+                                (name, value, config_type, source)
+                            })
+                            .collect(),
+                        None => return result.with_error_code(error_code::UNKNOWN_TOPIC_OR_PARTITION),
+                    },
+                    RESOURCE_BROKER if resource.resource_name.parse() == Ok(self.config.broker_id) => self.broker_entries(),
+                    _ => {
+                        return result
+                            .with_error_code(error_code::INVALID_REQUEST)
+                            .with_error_message(Some(StrBytes::from_static_str("unknown resource")))
+                    }
+                };
+                let wanted = resource.configuration_keys;
+                let configs = entries
+                    .into_iter()
+                    .filter(|(name, ..)| wanted.as_ref().is_none_or(|keys| keys.iter().any(|k| k.as_str() == *name)))
+                    .map(|(name, value, config_type, source)| {
+                        DescribeConfigsResourceResult::default()
+                            .with_name(StrBytes::from_static_str(name))
+                            .with_value(Some(StrBytes::from_string(value)))
+                            .with_config_source(source)
+                            .with_config_type(config_type)
+                    })
+                    .collect();
+                result.with_configs(configs)
+            })
+            .collect();
+        ResponseKind::DescribeConfigs(DescribeConfigsResponse::default().with_results(results))
+    }
+
+    fn broker_entries(&self) -> Vec<(&'static str, String, i8, i8)> {
+        let c = &self.config;
+        let mut entries = vec![
+            ("broker.id", c.broker_id.to_string(), TYPE_INT, SOURCE_STATIC_BROKER),
+            ("num.partitions", c.num_partitions.to_string(), TYPE_INT, SOURCE_STATIC_BROKER),
+            ("auto.create.topics.enable", c.auto_create_topics.to_string(), TYPE_BOOLEAN, SOURCE_STATIC_BROKER),
+            ("socket.request.max.bytes", c.socket_request_max_bytes.to_string(), TYPE_INT, SOURCE_STATIC_BROKER),
+            ("log.dirs", c.log_dir.display().to_string(), TYPE_STRING, SOURCE_STATIC_BROKER),
+        ];
+        entries.extend(
+            log_config_entries(&c.log).into_iter().map(|(name, value, config_type)| (name, value, config_type, SOURCE_STATIC_BROKER)),
+        );
+        entries
+    }
+}
+
+/// A topic's effective config under Kafka's names and value syntax ("none" is -1 for
+/// retention, Long.MAX for flush and roll settings, as Kafka shows them).
+fn log_config_entries(c: &LogConfig) -> Vec<(&'static str, String, i8)> {
+    fn ms(d: Option<Duration>, none: i64) -> String {
+        d.map_or(none, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)).to_string()
+    }
+    vec![
+        ("cleanup.policy", "delete".to_owned(), TYPE_LIST),
+        ("segment.bytes", c.segment_bytes.to_string(), TYPE_INT),
+        ("segment.ms", ms(c.segment_ms, i64::MAX), TYPE_LONG),
+        ("segment.index.bytes", c.segment_index_bytes.to_string(), TYPE_INT),
+        ("index.interval.bytes", c.index_interval_bytes.to_string(), TYPE_INT),
+        ("retention.ms", ms(c.retention_ms, -1), TYPE_LONG),
+        ("retention.bytes", c.retention_bytes.map_or(-1, |b| b as i64).to_string(), TYPE_LONG),
+        ("flush.messages", c.flush_messages.map_or(i64::MAX, |m| m as i64).to_string(), TYPE_LONG),
+        ("flush.ms", ms(c.flush_ms, i64::MAX), TYPE_LONG),
+        ("max.message.bytes", c.max_message_bytes.to_string(), TYPE_INT),
+        ("file.delete.delay.ms", ms(Some(c.file_delete_delay), 0), TYPE_LONG),
+    ]
+}

@@ -1,0 +1,146 @@
+//! Fetch: whole batches from the requested offsets, up to the high watermark, as file
+//! regions (sendfile) or copied bytes; a delayed fetch waits for appends without polling.
+//!
+//! A fetch that has fewer than `min_bytes` registers a [`Notify`] on every partition it
+//! reads, re-reads when any of them is appended to, and gives up at `max_wait_ms` (a
+//! tokio timer). Registering before reading means an append between the read and the
+//! wait leaves a permit behind instead of being missed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka_protocol::messages::FetchRequest;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::codec::error_code;
+use crate::fetch_response::{FetchResponseData, FetchedRecords, PartitionData, TopicData};
+use crate::handler::{log_error_code, Broker};
+use crate::topics::Partition;
+
+/// One requested partition, resolved once per fetch.
+struct Wanted {
+    partition_index: i32,
+    partition: Option<Arc<Partition>>,
+    fetch_offset: i64,
+    partition_max_bytes: usize,
+}
+
+impl Broker {
+    pub(crate) async fn fetch(&self, request: FetchRequest) -> FetchResponseData {
+        // Fetch sessions (KIP-227) are not implemented: session 0 means "no session", which
+        // every client accepts; an id we never handed out is unknown.
+        if request.session_id != 0 {
+            return FetchResponseData { error_code: error_code::FETCH_SESSION_ID_NOT_FOUND, ..Default::default() };
+        }
+        let wanted: Vec<(String, Vec<Wanted>)> = request
+            .topics
+            .into_iter()
+            .map(|t| {
+                let name = t.topic.0.to_string();
+                let topic = self.topics.get(&name);
+                let partitions = t
+                    .partitions
+                    .into_iter()
+                    .map(|p| Wanted {
+                        partition_index: p.partition,
+                        partition: topic
+                            .as_ref()
+                            .and_then(|topic| usize::try_from(p.partition).ok().and_then(|i| topic.partitions.get(i)))
+                            .cloned(),
+                        fetch_offset: p.fetch_offset,
+                        partition_max_bytes: usize::try_from(p.partition_max_bytes).unwrap_or(0),
+                    })
+                    .collect();
+                (name, partitions)
+            })
+            .collect();
+        let max_bytes = usize::try_from(request.max_bytes).unwrap_or(0);
+        let min_bytes = usize::try_from(request.min_bytes).unwrap_or(0);
+        let deadline = Instant::now() + Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0));
+        let waiter = Arc::new(Notify::new());
+        loop {
+            for (_, partitions) in &wanted {
+                for partition in partitions.iter().filter_map(|w| w.partition.as_ref()) {
+                    partition.register_waiter(&waiter);
+                }
+            }
+            let (data, has_error) = self.read_partitions(&wanted, max_bytes);
+            if has_error || data.records_bytes() >= min_bytes || Instant::now() >= deadline {
+                return data;
+            }
+            tokio::select! {
+                () = waiter.notified() => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    return self.read_partitions(&wanted, max_bytes).0;
+                }
+            }
+        }
+    }
+
+    /// One pass over the requested partitions; also says whether any partition has an
+    /// error (a delayed fetch answers at once then, as Kafka does).
+    fn read_partitions(&self, wanted: &[(String, Vec<Wanted>)], max_bytes: usize) -> (FetchResponseData, bool) {
+        let mut total = 0usize;
+        let mut has_error = false;
+        let topics = wanted
+            .iter()
+            .map(|(name, partitions)| TopicData {
+                topic: name.clone(),
+                partitions: partitions
+                    .iter()
+                    .map(|w| {
+                        let data = self.read_partition(w, max_bytes.saturating_sub(total), total == 0);
+                        total += data.records.len();
+                        has_error |= data.error_code != error_code::NONE;
+                        data
+                    })
+                    .collect(),
+            })
+            .collect();
+        (FetchResponseData { topics, ..Default::default() }, has_error)
+    }
+
+    fn read_partition(&self, wanted: &Wanted, remaining: usize, first: bool) -> PartitionData {
+        let mut data = PartitionData {
+            partition_index: wanted.partition_index,
+            error_code: error_code::NONE,
+            high_watermark: -1,
+            last_stable_offset: -1,
+            log_start_offset: -1,
+            records: FetchedRecords::Empty,
+        };
+        let Some(partition) = &wanted.partition else {
+            data.error_code = error_code::UNKNOWN_TOPIC_OR_PARTITION;
+            return data;
+        };
+        let log = &partition.log;
+        let high_watermark = log.high_watermark();
+        data.high_watermark = high_watermark;
+        data.last_stable_offset = high_watermark; // no transactions: everything is stable
+        data.log_start_offset = log.log_start_offset();
+        let limit = wanted.partition_max_bytes.min(remaining);
+        // KIP-74: the first batch of the first non-empty partition is returned whole even
+        // when it exceeds the limits, so a consumer can always make progress.
+        let records = if self.config.fetch_zero_copy {
+            log.read(wanted.fetch_offset, limit, Some(high_watermark), first).map(|slice| {
+                if slice.is_empty() {
+                    FetchedRecords::Empty
+                } else {
+                    FetchedRecords::File { file: slice.file.clone(), position: slice.position, len: slice.len }
+                }
+            })
+        } else {
+            log.read_bytes(wanted.fetch_offset, limit, Some(high_watermark), first)
+                .map(|bytes| if bytes.is_empty() { FetchedRecords::Empty } else { FetchedRecords::Memory(bytes.into()) })
+        };
+        match records {
+            Ok(records) => data.records = records,
+            Err(e) => {
+                tracing::debug!(tp = %partition.tp, offset = wanted.fetch_offset, error = %e, "fetch refused");
+                data.error_code = log_error_code(&e);
+            }
+        }
+        data
+    }
+}

@@ -1,0 +1,57 @@
+//! ListOffsets: earliest, latest, or the first offset at or after a timestamp.
+
+use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
+use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse, ResponseKind};
+
+use crate::codec::error_code;
+use crate::handler::{log_error_code, Broker};
+
+/// `timestamp` value asking for the offset the next record will get (the high watermark).
+const LATEST: i64 = -1;
+/// `timestamp` value asking for the log start offset.
+const EARLIEST: i64 = -2;
+
+impl Broker {
+    pub(crate) fn list_offsets(&self, request: ListOffsetsRequest, version: i16) -> ResponseKind {
+        let topics = request
+            .topics
+            .into_iter()
+            .map(|t| {
+                let topic = self.topics.get(&t.name.0);
+                let partitions = t
+                    .partitions
+                    .into_iter()
+                    .map(|p| {
+                        let mut response = ListOffsetsPartitionResponse::default()
+                            .with_partition_index(p.partition_index)
+                            .with_timestamp(-1)
+                            .with_offset(-1);
+                        if version >= 4 {
+                            response = response.with_leader_epoch(0);
+                        }
+                        let partition = topic
+                            .as_ref()
+                            .and_then(|topic| usize::try_from(p.partition_index).ok().and_then(|i| topic.partitions.get(i)));
+                        let Some(partition) = partition else {
+                            return response.with_error_code(error_code::UNKNOWN_TOPIC_OR_PARTITION);
+                        };
+                        let log = &partition.log;
+                        match p.timestamp {
+                            LATEST => response.with_offset(log.high_watermark()),
+                            EARLIEST => response.with_offset(log.log_start_offset()),
+                            ts if ts >= 0 => match log.offset_for_timestamp(ts) {
+                                Ok(Some((offset, timestamp))) => response.with_offset(offset).with_timestamp(timestamp),
+                                Ok(None) => response,
+                                Err(e) => response.with_error_code(log_error_code(&e)),
+                            },
+                            // -3 (max timestamp, v7) and anything else negative.
+                            _ => response.with_error_code(error_code::INVALID_REQUEST),
+                        }
+                    })
+                    .collect();
+                ListOffsetsTopicResponse::default().with_name(t.name).with_partitions(partitions)
+            })
+            .collect();
+        ResponseKind::ListOffsets(ListOffsetsResponse::default().with_topics(topics))
+    }
+}

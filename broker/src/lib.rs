@@ -1,0 +1,45 @@
+//! Kafka-protocol broker: a single node that existing Kafka clients (kcat, librdkafka,
+//! the Java and Python clients) talk to unchanged.
+//!
+//! The broker keeps no per-consumer state (a consumer carries its own offset) and no
+//! cache of its own: a Fetch sends the segment bytes, exactly as they were produced, from
+//! the page cache to the socket with sendfile(2).
+//!
+//! # Layout
+//! - [`server`]: [`run`], the production entry point: log dir, metadata store,
+//!   accept loop, periodic retention / flush / checkpoint tasks, clean shutdown.
+//! - `connection`: one client connection: frames in, requests handled in order,
+//!   responses (byte buffers and file regions) out.
+//! - `codec`: request decoding with the `kafka-protocol` crate, response framing, the
+//!   advertised API versions and the Kafka error codes.
+//! - `fetch_response`: the hand-written Fetch response encoder that leaves the records
+//!   as file regions for sendfile.
+//! - `guard`: a structural walk of each request body before it is decoded, so that no
+//!   claimed array length can make the decoder allocate beyond the frame's size.
+//! - `handler`: one module per API (metadata, produce, fetch, offsets, admin).
+//! - `topics`: the partition manager: topics from the metadata store, their logs, and the
+//!   wake-ups of delayed fetches.
+//! - [`config`]: [`BrokerConfig`], under Kafka's key names.
+//!
+//! # Invariants
+//! - Requests on one connection are handled one after the other and answered in order,
+//!   so batches produced on a connection are appended in the order they were sent.
+//! - A fetch never returns records at or above the high watermark; with one replica the
+//!   high watermark is the log end offset after every append.
+//! - Client input never panics the broker: a frame that is not a Kafka request closes
+//!   that one connection; a request the broker does not implement gets UNSUPPORTED_VERSION.
+
+pub mod config;
+mod codec;
+mod connection;
+mod error;
+mod fetch_response;
+mod guard;
+mod handler;
+mod response;
+pub mod server;
+mod topics;
+
+pub use config::BrokerConfig;
+pub use error::{Error, Result};
+pub use server::run;

@@ -1,0 +1,233 @@
+//! The production entry point: open the log dir and the metadata store, accept
+//! connections, run the periodic log tasks, and shut down cleanly.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fjord_coord::registry::{to_json, BrokerRegistration};
+use fjord_coord::{create_all, paths, CreateMode, Store};
+use fjord_log::LogManager;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::connection;
+use crate::handler::Broker;
+use crate::topics::Topics;
+use crate::{BrokerConfig, Error, Result};
+
+/// The embedded metadata store's directory inside the log dir. No `-` in the name, so it
+/// can never be mistaken for a `<topic>-<partition>` directory.
+pub const METADATA_DIR: &str = "__metadata";
+/// `meta.properties` in the log dir: which broker and cluster the directory belongs to.
+const META_PROPERTIES: &str = "meta.properties";
+/// How long a start waits for a stale registration of its broker id to expire.
+const REGISTRATION_WAIT: Duration = Duration::from_secs(30);
+
+/// Runs the broker on an already-bound listener until `shutdown` is cancelled, then stops
+/// accepting, closes the connections, flushes every log and writes the checkpoints.
+/// Tests bind `127.0.0.1:0` and call exactly this.
+pub async fn run(config: BrokerConfig, listener: TcpListener, shutdown: CancellationToken) -> Result<()> {
+    config.validate()?;
+    let bound = listener.local_addr().map_err(Error::Network)?;
+    std::fs::create_dir_all(&config.log_dir).map_err(|source| Error::Io { path: config.log_dir.clone(), source })?;
+    let cluster_id = load_or_create_meta_properties(&config.log_dir, config.broker_id)?;
+    let store: Store =
+        fjord_coord::open(config.zookeeper_connect.as_deref(), &config.log_dir.join(METADATA_DIR)).await?;
+    let logs = {
+        let (dir, defaults) = (config.log_dir.clone(), config.log);
+        Arc::new(tokio::task::spawn_blocking(move || LogManager::open(dir, defaults)).await??)
+    };
+    let topics = Topics::open(store.clone(), logs.clone(), config.broker_id, config.log).await?;
+    let (host, port) = config.advertised(bound);
+    register(&*store, config.broker_id, &host, port).await?;
+    tracing::info!(
+        broker_id = config.broker_id,
+        listening = %bound,
+        advertised = %format!("{host}:{port}"),
+        log_dir = %config.log_dir.display(),
+        %cluster_id,
+        topics = topics.list().len(),
+        zero_copy_fetch = config.fetch_zero_copy,
+        "broker started"
+    );
+    tracing::debug!(?config, "effective config");
+    let max_connections = config.max_connections;
+    let broker = Arc::new(Broker { config, host, port, cluster_id, topics });
+
+    let tracker = TaskTracker::new();
+    spawn_periodic_tasks(&tracker, &broker, &shutdown);
+    let connections = Arc::new(Semaphore::new(max_connections));
+    loop {
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => permit.expect("invariant: the semaphore is never closed"),
+            () = shutdown.cancelled() => break,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => break,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let (broker, shutdown) = (broker.clone(), shutdown.clone());
+                tracker.spawn(async move {
+                    connection::serve(broker, stream, peer, shutdown).await;
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                // Usually out of file descriptors: back off instead of spinning (mini-redis).
+                tracing::warn!(error = %e, "accept failed; backing off");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    drop(listener);
+    tracker.close();
+    tracker.wait().await;
+    let logs = broker.topics.logs().clone();
+    tokio::task::spawn_blocking(move || logs.close()).await??;
+    tracing::info!("broker stopped: logs flushed and checkpointed");
+    Ok(())
+}
+
+/// `/brokers/ids/<id>`, ephemeral: this broker is alive and reachable there.
+async fn register(store: &dyn fjord_coord::MetadataStore, broker_id: i32, host: &str, port: i32) -> Result<()> {
+    let registration = BrokerRegistration {
+        host: host.to_owned(),
+        port: u16::try_from(port).unwrap_or(0),
+        rack: None,
+        endpoints: vec![format!("PLAINTEXT://{host}:{port}")],
+    };
+    let path = paths::broker(broker_id);
+    // After a crash, ZooKeeper keeps the previous session's node until that session
+    // expires; wait for it (as Kafka does) rather than fail the start.
+    let deadline = tokio::time::Instant::now() + REGISTRATION_WAIT;
+    loop {
+        match create_all(store, &path, &to_json(&registration), CreateMode::Ephemeral).await {
+            Err(fjord_coord::Error::NodeExists { .. }) if tokio::time::Instant::now() < deadline => {
+                tracing::info!(path, "a previous registration of this broker id is still alive; waiting for it to expire");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(fjord_coord::Error::NodeExists { .. }) => {
+                return Err(Error::InvalidConfig {
+                    key: "broker.id".into(),
+                    value: broker_id.to_string(),
+                    reason: "another live broker is registered with this id".into(),
+                })
+            }
+            other => return other.map(drop).map_err(Error::from),
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Retention, `flush.ms` and the checkpoint files, each on its own interval, on the
+/// blocking pool (the log is synchronous).
+fn spawn_periodic_tasks(tracker: &TaskTracker, broker: &Arc<Broker>, shutdown: &CancellationToken) {
+    type Job = fn(&LogManager) -> Result<(), fjord_log::Error>;
+    let jobs: [(&str, Duration, Job); 3] = [
+        ("retention", broker.config.retention_check_interval, |logs| {
+            let deleted = logs.apply_retention(now_ms())?;
+            if deleted > 0 {
+                tracing::info!(segments = deleted, "retention deleted segments");
+            }
+            Ok(())
+        }),
+        ("flush", broker.config.flush_scheduler_interval, |logs| logs.flush_due(now_ms())),
+        ("checkpoint", broker.config.checkpoint_interval, LogManager::checkpoint),
+    ];
+    for (name, every, job) in jobs {
+        let (logs, shutdown) = (broker.topics.logs().clone(), shutdown.clone());
+        tracker.spawn(async move {
+            let mut interval = tokio::time::interval(every.max(Duration::from_millis(10)));
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval.tick().await; // the first tick is immediate
+            loop {
+                tokio::select! {
+                    _ = interval.tick() => {}
+                    () = shutdown.cancelled() => return,
+                }
+                let logs = logs.clone();
+                match tokio::task::spawn_blocking(move || job(&logs)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::error!(task = name, error = %e, "periodic log task failed"),
+                    Err(e) => tracing::error!(task = name, error = %e, "periodic log task panicked"),
+                }
+            }
+        });
+    }
+}
+
+/// Reads `meta.properties` (`broker.id`, `cluster.id`), or writes it for a fresh log
+/// dir. A log dir that belongs to another broker id is refused.
+fn load_or_create_meta_properties(dir: &Path, broker_id: i32) -> Result<String> {
+    let path = dir.join(META_PROPERTIES);
+    let io = |source| Error::Io { path: path.clone(), source };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let mut stored_id = None;
+            let mut cluster_id = None;
+            for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+                match line.split_once('=') {
+                    Some(("broker.id", v)) => stored_id = v.trim().parse::<i32>().ok(),
+                    Some(("cluster.id", v)) => cluster_id = Some(v.trim().to_owned()),
+                    _ => {}
+                }
+            }
+            let bad = |reason: String| Error::MetaProperties { path: path.clone(), reason };
+            match (stored_id, cluster_id) {
+                (Some(id), Some(cluster)) if id == broker_id => Ok(cluster),
+                (Some(id), Some(_)) => {
+                    Err(bad(format!("log dir belongs to broker.id {id}, this broker is {broker_id}")))
+                }
+                _ => Err(bad("missing or malformed broker.id / cluster.id".into())),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let cluster_id = new_cluster_id();
+            let text = format!("#Written by fjord\nversion=0\nbroker.id={broker_id}\ncluster.id={cluster_id}\n");
+            let tmp = dir.join(format!("{META_PROPERTIES}.tmp"));
+            std::fs::write(&tmp, text).map_err(io)?;
+            std::fs::rename(&tmp, &path).map_err(io)?;
+            Ok(cluster_id)
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
+/// A 22-character URL-safe base64 id of 128 random bits, the shape of Kafka's cluster ids.
+/// The randomness comes from std's randomly keyed hasher, seeded per process by the OS.
+fn new_cluster_id() -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut bits: u128 = 0;
+    for i in 0..2u64 {
+        let mut hasher = RandomState::new().build_hasher();
+        hasher.write_u64(i);
+        hasher.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        bits = (bits << 64) | u128::from(hasher.finish());
+    }
+    (0..22).map(|i| ALPHABET[((bits >> (i * 6)) & 63) as usize] as char).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meta_properties_are_created_then_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = load_or_create_meta_properties(dir.path(), 1).unwrap();
+        assert_eq!(cluster.len(), 22);
+        assert_eq!(load_or_create_meta_properties(dir.path(), 1).unwrap(), cluster);
+        assert!(matches!(load_or_create_meta_properties(dir.path(), 2), Err(Error::MetaProperties { .. })));
+        assert_ne!(new_cluster_id(), new_cluster_id());
+    }
+}

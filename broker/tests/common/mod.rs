@@ -1,0 +1,159 @@
+//! Shared test helpers: an in-process broker on 127.0.0.1:0 (through the production
+//! `run`), a raw Kafka-protocol client, and kcat.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use fjord_broker::BrokerConfig;
+use kafka_protocol::messages::{ApiKey, RequestHeader};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+}
+
+/// A broker running in this process.
+pub(crate) struct TestBroker {
+    pub(crate) addr: SocketAddr,
+    pub(crate) data_dir: PathBuf,
+    shutdown: CancellationToken,
+    task: JoinHandle<fjord_broker::Result<()>>,
+}
+
+impl TestBroker {
+    /// Starts a broker on a fresh port with its data in `data_dir`.
+    pub(crate) async fn start_in(data_dir: PathBuf, configure: impl FnOnce(&mut BrokerConfig)) -> anyhow::Result<Self> {
+        init_tracing();
+        let mut config = BrokerConfig { log_dir: data_dir.clone(), ..BrokerConfig::default() };
+        configure(&mut config);
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
+        Ok(Self { addr, data_dir, shutdown, task })
+    }
+
+    /// Clean shutdown; returns what `run` returned.
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task).await.context("broker did not stop")??
+            .context("broker run failed")
+    }
+
+    pub(crate) fn bootstrap(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+/// A raw Kafka-protocol connection: typed requests out, raw response bodies back.
+pub(crate) struct RawClient {
+    pub(crate) stream: TcpStream,
+    correlation_id: i32,
+}
+
+impl RawClient {
+    pub(crate) async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Self { stream, correlation_id: 0 })
+    }
+
+    /// Encodes a request (header + body), without the length prefix.
+    pub(crate) fn encode<T: Encodable>(&mut self, key: ApiKey, version: i16, body: &T) -> Bytes {
+        self.correlation_id += 1;
+        let mut buf = BytesMut::new();
+        RequestHeader::default()
+            .with_request_api_key(key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(self.correlation_id)
+            .with_client_id(Some(StrBytes::from_static_str("fjord-test")))
+            .encode(&mut buf, key.request_header_version(version))
+            .unwrap();
+        body.encode(&mut buf, version).unwrap();
+        buf.freeze()
+    }
+
+    pub(crate) async fn send_frame(&mut self, frame: &[u8]) -> anyhow::Result<()> {
+        let mut buf = BytesMut::with_capacity(frame.len() + 4);
+        buf.put_i32(frame.len() as i32);
+        buf.put_slice(frame);
+        self.stream.write_all(&buf).await?;
+        Ok(())
+    }
+
+    /// Reads one response frame: (correlation id, the rest).
+    pub(crate) async fn read_frame(&mut self) -> anyhow::Result<Bytes> {
+        let len = self.stream.read_i32().await? as usize;
+        let mut buf = vec![0; len];
+        self.stream.read_exact(&mut buf).await?;
+        Ok(Bytes::from(buf))
+    }
+
+    /// Sends a request and decodes the typed response.
+    pub(crate) async fn call<Req: Encodable, Resp: Decodable>(&mut self, key: ApiKey, version: i16, body: &Req) -> anyhow::Result<Resp> {
+        let frame = self.encode(key, version, body);
+        self.send_frame(&frame).await?;
+        let expected = self.correlation_id;
+        self.read_response(key, version, expected).await
+    }
+
+    pub(crate) async fn read_response<Resp: Decodable>(&mut self, key: ApiKey, version: i16, correlation_id: i32) -> anyhow::Result<Resp> {
+        let mut frame = self.read_frame().await?;
+        let got = frame.get_i32();
+        if got != correlation_id {
+            bail!("correlation id {got}, expected {correlation_id}");
+        }
+        if key.response_header_version(version) >= 1 {
+            let tagged = frame.get_u8();
+            assert_eq!(tagged, 0, "no tagged fields in the response header");
+        }
+        let response = Resp::decode(&mut frame, version)?;
+        if frame.has_remaining() {
+            bail!("{} bytes left after the {key:?} v{version} response", frame.remaining());
+        }
+        Ok(response)
+    }
+
+    /// True when the broker closed the connection (EOF or reset) within a few seconds.
+    pub(crate) async fn is_closed_by_broker(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(Duration::from_secs(5), self.stream.read(&mut byte)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => true,
+            Ok(Ok(_)) | Err(_) => false,
+        }
+    }
+}
+
+/// Runs kcat with `args`, feeding `stdin`; fails on a non-zero exit.
+pub(crate) async fn kcat(args: &[&str], stdin: Option<&[u8]>) -> anyhow::Result<Vec<u8>> {
+    use std::process::Stdio;
+    let mut child = tokio::process::Command::new("kcat")
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("kcat must be installed (cargo xtask test installs it)")?;
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(input).await?;
+        drop(pipe);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output()).await.context("kcat timed out")??;
+    if !output.status.success() {
+        bail!("kcat {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(output.stdout)
+}
