@@ -18,10 +18,10 @@
 //! type mismatch when one side defines a record inline and the other refers to it (a field
 //! reordering or the removal of the field that first defined a type makes that happen), it
 //! ignores reader aliases for named types, and it answers "partial" where Avro (and
-//! Confluent) say incompatible. Run over the table in `compat/tests.rs` (48 pairs, both
+//! Confluent) say incompatible. Run over the table in `compat/tests.rs` (55 pairs, both
 //! directions) it disagrees with the expected verdict on 2 pairs when only `Full` counts as
 //! compatible (a record renamed with an alias, and the removed field that defined a named
-//! type) and on 10 when `Partial` counts too. This checker resolves references against the
+//! type) and on 14 when `Partial` counts too. This checker resolves references against the
 //! named types of each schema and says which rule failed, and where.
 
 use std::collections::{HashMap, HashSet};

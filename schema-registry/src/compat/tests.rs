@@ -75,6 +75,43 @@ fn table() -> Vec<(&'static str, String, String, bool, bool)> {
         ("date (int) promoted to long", field(r#"{"type":"int","logicalType":"date"}"#), field(r#""long""#), true, false),
         ("top-level primitive unchanged", r#""string""#.to_string(), r#""string""#.to_string(), true, true),
         ("top-level null to [null,string]", r#""null""#.to_string(), r#"["null","string"]"#.to_string(), true, false),
+        ("narrow float to long", field(r#""float""#), field(r#""long""#), false, true),
+        ("enum becomes string", enum_field(r#""A""#, ""), rec(r#"{"name":"e","type":"string"}"#), false, false),
+        (
+            "union of two records loses one",
+            field(r#"[{"type":"record","name":"A","fields":[]},{"type":"record","name":"B","fields":[]}]"#),
+            field(r#"[{"type":"record","name":"A","fields":[]}]"#),
+            false,
+            true,
+        ),
+        (
+            "record inside a union gains a field without default",
+            field(r#"["null",{"type":"record","name":"In","fields":[{"name":"x","type":"int"}]}]"#),
+            field(r#"["null",{"type":"record","name":"In","fields":[{"name":"x","type":"int"},{"name":"y","type":"int"}]}]"#),
+            false,
+            true,
+        ),
+        (
+            "array of records gains a defaulted field",
+            field(r#"{"type":"array","items":{"type":"record","name":"It","fields":[{"name":"x","type":"int"}]}}"#),
+            field(r#"{"type":"array","items":{"type":"record","name":"It","fields":[{"name":"x","type":"int"},{"name":"y","type":"int","default":1}]}}"#),
+            true,
+            true,
+        ),
+        (
+            "map of enums gains a symbol",
+            field(r#"{"type":"map","values":{"type":"enum","name":"E","symbols":["A"]}}"#),
+            field(r#"{"type":"map","values":{"type":"enum","name":"E","symbols":["A","B"]}}"#),
+            true,
+            false,
+        ),
+        (
+            "fixed inside a union changes size",
+            field(r#"["null",{"type":"fixed","name":"F","size":4}]"#),
+            field(r#"["null",{"type":"fixed","name":"F","size":8}]"#),
+            false,
+            false,
+        ),
     ]
 }
 
