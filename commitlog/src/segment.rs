@@ -252,8 +252,12 @@ impl Segment {
         // every batch before an entry ends at or before the entry's position, and
         // holds offsets below the entry's offset.
         let max_rel = upper_bound.map_or(u32::MAX, |u| relative(u - self.base_offset));
+        // Entries of batches still being appended can point past `size`: skip them.
         let jump = self.with_entries(&self.offsets, &self.sealed_offsets, INDEX_SUFFIX, |e| {
-            e.floor(|x: &OffsetEntry| u64::from(x.position) <= limit && x.relative_offset <= max_rel)
+            e.floor(|x: &OffsetEntry| {
+                let position = u64::from(x.position);
+                position <= limit && position < size && x.relative_offset <= max_rel
+            })
         })?;
         if let Some(Some(e)) = jump {
             let position = u64::from(e.position);

@@ -40,7 +40,7 @@ fn model_end(m: &Model) -> Offset {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
     fn log_behaves_like_a_vec_of_batches(
