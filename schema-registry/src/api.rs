@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tower::limit::ConcurrencyLimitLayer;
 
 use crate::compat::CompatibilityLevel;
 use crate::schema::ParsedSchema;
@@ -58,6 +59,9 @@ const ACCEPTED_CONTENT_TYPES: &[&str] =
 pub struct RegistryConfig {
     /// Largest request body accepted; larger ones get 413 before being parsed.
     pub max_body_bytes: usize,
+    /// Requests served at once; more wait (unread) for a slot. With `max_body_bytes` this
+    /// bounds the memory a burst of large requests can take.
+    pub max_concurrent_requests: usize,
     /// Compatibility level in force until `PUT /config` stores one
     /// (Confluent's `schema.compatibility.level`).
     pub default_compatibility: CompatibilityLevel,
@@ -67,7 +71,7 @@ impl Default for RegistryConfig {
     fn default() -> Self {
         // Avro schemas are small; a few MiB leaves room for very large generated ones while
         // bounding what one request can make the server buffer.
-        Self { max_body_bytes: 4 * 1024 * 1024, default_compatibility: CompatibilityLevel::Backward }
+        Self { max_body_bytes: 4 * 1024 * 1024, max_concurrent_requests: 256, default_compatibility: CompatibilityLevel::Backward }
     }
 }
 
@@ -76,6 +80,9 @@ impl RegistryConfig {
     pub fn validate(&self) -> Result<()> {
         if self.max_body_bytes < 1024 {
             return Err(Error::Config(format!("max_body_bytes = {} is below 1024: no schema would fit", self.max_body_bytes)));
+        }
+        if self.max_concurrent_requests == 0 {
+            return Err(Error::Config("max_concurrent_requests = 0 would serve nothing".into()));
         }
         Ok(())
     }
@@ -107,6 +114,7 @@ pub fn router(config: &RegistryConfig, store: Store) -> Router {
         .fallback(|| async { ApiError::http(StatusCode::NOT_FOUND, "HTTP 404 Not Found") })
         .method_not_allowed_fallback(|| async { ApiError::http(StatusCode::METHOD_NOT_ALLOWED, "HTTP 405 Method Not Allowed") })
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(ConcurrencyLimitLayer::new(config.max_concurrent_requests))
         .with_state(state)
 }
 
@@ -452,4 +460,25 @@ async fn check_version(
 async fn check_all(State(s): State<AppState>, Params(subject): Params<String>, flags: Flags, JsonBody(req): JsonBody<SchemaRequest>) -> ApiResult {
     let messages = s.check_compatibility(&subject, &req.parse()?, None).await?;
     Ok(reply(StatusCode::OK, &compatibility_doc(messages, flag(&flags, "verbose"))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_validation() {
+        RegistryConfig::default().validate().unwrap();
+        let bad = [
+            RegistryConfig { max_body_bytes: 10, ..RegistryConfig::default() },
+            RegistryConfig { max_concurrent_requests: 0, ..RegistryConfig::default() },
+        ];
+        for config in bad {
+            assert!(matches!(config.validate(), Err(Error::Config(_))), "{config:?}");
+        }
+        let parsed: RegistryConfig = serde_json::from_str(r#"{"default_compatibility":"FULL_TRANSITIVE"}"#).unwrap();
+        assert_eq!(parsed.default_compatibility, CompatibilityLevel::FullTransitive);
+        assert_eq!(parsed.max_body_bytes, RegistryConfig::default().max_body_bytes);
+        assert!(serde_json::from_str::<RegistryConfig>(r#"{"max_body_byte":1}"#).is_err(), "typos are refused");
+    }
 }

@@ -41,3 +41,26 @@ async fn two_instances_on_one_store_serve_each_others_schemas_and_never_share_id
     let (_dir, store) = embedded_store();
     scenarios::two_instances(store.clone(), store).await;
 }
+
+#[tokio::test]
+async fn requests_over_the_concurrency_limit_wait_their_turn() {
+    let (_dir, store) = embedded_store();
+    let config = fjord_schema_registry::RegistryConfig { max_concurrent_requests: 1, ..Default::default() };
+    let registry = support::Registry::start_with(config, store).await;
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let url = registry.url.clone();
+        tasks.push(tokio::spawn(async move {
+            let http = support::Http::new(&url);
+            let schema = support::record(&format!(r#"{{"name":"f{i}","type":"int"}}"#));
+            support::register(&http, &format!("s{i}"), &schema).await.ok()["id"].as_i64().unwrap()
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.unwrap());
+    }
+    ids.sort();
+    assert_eq!(ids, (1..=20).collect::<Vec<_>>());
+    registry.stop().await;
+}
