@@ -24,9 +24,12 @@ pub struct LogManager {
     dir: PathBuf,
     default_config: LogConfig,
     logs: RwLock<BTreeMap<TopicPartition, Arc<Log>>>,
-    /// Serializes checkpoint writes (they share a temp file name).
-    checkpoint_lock: Mutex<()>,
+    /// Serializes checkpoint writes (they share a temp file name) and remembers
+    /// what was last written: (recovery points, high watermarks).
+    last_checkpoint: Mutex<Option<Checkpoints>>,
 }
+
+type Checkpoints = (BTreeMap<TopicPartition, Offset>, BTreeMap<TopicPartition, Offset>);
 
 impl LogManager {
     /// Opens (creating if needed) the log dir and every `<topic>-<partition>`
@@ -68,7 +71,7 @@ impl LogManager {
             }
             logs.insert(tp, Arc::new(log));
         }
-        Ok(LogManager { dir, default_config, logs: RwLock::new(logs), checkpoint_lock: Mutex::new(()) })
+        Ok(LogManager { dir, default_config, logs: RwLock::new(logs), last_checkpoint: Mutex::new(None) })
     }
 
     /// The log dir.
@@ -126,26 +129,36 @@ impl LogManager {
 
     /// Writes both checkpoint files atomically (temp file, fsync, rename, fsync dir).
     pub fn checkpoint(&self) -> Result<()> {
-        let _guard = lock::mutex(&self.checkpoint_lock);
+        self.write_checkpoints(true)
+    }
+
+    /// Writes the checkpoints when `always` or when a recovery point or high
+    /// watermark changed since the last write.
+    fn write_checkpoints(&self, always: bool) -> Result<()> {
+        let mut last = lock::mutex(&self.last_checkpoint);
         let logs: Vec<(TopicPartition, Arc<Log>)> = lock::read(&self.logs).iter().map(|(t, l)| (t.clone(), l.clone())).collect();
         let collect = |f: fn(&Log) -> Offset| -> BTreeMap<TopicPartition, Offset> {
             logs.iter().map(|(tp, log)| (tp.clone(), f(log))).collect()
         };
-        checkpoint::write_offsets(&self.dir.join(RECOVERY_POINT_CHECKPOINT), &collect(Log::recovery_point))?;
-        checkpoint::write_offsets(&self.dir.join(REPLICATION_CHECKPOINT), &collect(Log::high_watermark))
+        let current = (collect(Log::recovery_point), collect(Log::high_watermark));
+        if !always && last.as_ref() == Some(&current) {
+            return Ok(());
+        }
+        checkpoint::write_offsets(&self.dir.join(RECOVERY_POINT_CHECKPOINT), &current.0)?;
+        checkpoint::write_offsets(&self.dir.join(REPLICATION_CHECKPOINT), &current.1)?;
+        *last = Some(current);
+        Ok(())
     }
 
-    /// The `flush.ms` policy: flushes every log whose last flush is older than its
-    /// `flush.ms` at `now_ms`, then checkpoints the recovery points. Call periodically.
+    /// The periodic task (call it every second or so): flushes every log whose last
+    /// flush is older than its `flush.ms` at `now_ms`, then rewrites the checkpoint
+    /// files if any recovery point or high watermark moved (flushes triggered by
+    /// `flush.messages`, truncations and high watermark updates included).
     pub fn flush_due(&self, now_ms: i64) -> Result<()> {
-        let mut flushed = false;
         for log in self.logs() {
-            flushed |= log.flush_if_due(now_ms)?;
+            log.flush_if_due(now_ms)?;
         }
-        if flushed {
-            self.checkpoint()?;
-        }
-        Ok(())
+        self.write_checkpoints(false)
     }
 
     /// Applies retention to every log; returns the number of segments deleted.
@@ -254,6 +267,10 @@ mod tests {
         m.flush_due(i64::MAX / 2).unwrap();
         assert_eq!(log.recovery_point(), 40);
         assert!(fs::read_to_string(dir.path().join(RECOVERY_POINT_CHECKPOINT)).unwrap().contains("t 0 40"));
+        // A moved high watermark is checkpointed on the next run, with nothing to flush.
+        log.set_high_watermark(10);
+        m.flush_due(0).unwrap();
+        assert!(fs::read_to_string(dir.path().join(REPLICATION_CHECKPOINT)).unwrap().contains("t 0 10"));
         assert!(m.apply_retention(0).unwrap() > 0);
         assert!(log.log_start_offset() > 0);
     }

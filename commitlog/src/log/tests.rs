@@ -488,3 +488,17 @@ fn the_log_is_shareable_across_threads() {
     assert_send_sync::<crate::LogManager>();
     assert_send_sync::<ReadSlice>();
 }
+
+#[test]
+fn opening_a_bad_path_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    fs::write(&file, "x").unwrap();
+    assert!(matches!(Log::open(&file, LogConfig::default()), Err(Error::Io { .. })));
+    let bad = LogConfig { segment_bytes: 1, ..LogConfig::default() };
+    assert!(matches!(Log::open(dir.path().join("p-0"), bad), Err(Error::InvalidConfig { .. })));
+    // A directory squatting on the first segment's file name: a clear error.
+    let p = dir.path().join("q-0");
+    fs::create_dir_all(p.join("00000000000000000000.log")).unwrap();
+    assert!(matches!(Log::open(&p, LogConfig::default()), Err(Error::Io { .. })));
+}
