@@ -89,7 +89,9 @@ async fn serialize_deserialize_round_trip_with_cache_and_typed_framing_errors() 
 
     // The id → schema cache: with the registry gone, known ids still decode.
     registry.stop().await;
-    let fresh = RegistryClient::new(&format!("http://{}", "127.0.0.1:9")).unwrap();
+    // A port nothing listens on: bound, then released.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let fresh = RegistryClient::new(&format!("http://{closed}")).unwrap();
     assert!(matches!(fresh.deserialize(&payload).await, Err(Error::Http { .. })), "an uncached id needs the registry");
     assert_eq!(client.deserialize(&payload).await.unwrap().value, click("/home"));
 }
