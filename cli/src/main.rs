@@ -1,5 +1,14 @@
-//! `fjord`: one thin binary over the Fjord libraries.
+//! `fjord`: one thin binary over the Fjord libraries. Each subcommand parses its flags
+//! and calls a library; nothing here holds logic of its own.
+//!
+//! # Layout
+//! - `server`: `fjord dev` and `fjord broker` (config layering, signals, `fjord_broker::run`).
+//! - `registry`: `fjord registry`, the schema registry service.
 use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+mod registry;
+mod server;
 
 #[derive(Parser)]
 #[command(name = "fjord", version, about = "Fjord: a partitioned, replicated commit log for event data")]
@@ -10,18 +19,24 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the whole system on this machine (not available yet: the broker is being built).
-    Dev {
-        /// Where data lives.
-        #[arg(long, default_value = "./fjord-data")]
-        data_dir: std::path::PathBuf,
-    },
+    /// Run Fjord on this machine: a broker on 127.0.0.1:9092, data in ./fjord-data.
+    Dev(server::DevArgs),
+    /// Run one broker.
+    Broker(server::BrokerArgs),
+    /// Run the Avro schema registry (Confluent Schema Registry REST API).
+    Registry(registry::RegistryArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Dev { .. } => {
-            anyhow::bail!("`fjord dev` needs the broker, which is not built yet (see the open issues)")
-        }
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // RUST_LOG picks the levels; info by default.
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+    match cli.command {
+        Command::Dev(args) => server::dev(args).await,
+        Command::Broker(args) => server::broker(args).await,
+        Command::Registry(args) => registry::registry(args).await,
     }
 }

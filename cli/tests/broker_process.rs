@@ -1,0 +1,143 @@
+//! `fjord broker` and `fjord dev` as real processes: kill -9 and SIGTERM restarts,
+//! checked with kcat (an independent client).
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_until_listening(addr: SocketAddr, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(addr).is_err() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("fjord exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "fjord did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn start_broker(port: u16, data_dir: &Path) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fjord"))
+        .args(["broker", "--id", "0", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(data_dir)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut child);
+    child
+}
+
+fn kcat(args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = Command::new("kcat")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kcat must be installed (cargo xtask test installs it)");
+    let mut pipe = child.stdin.take().unwrap();
+    if let Some(input) = stdin {
+        pipe.write_all(input.as_bytes()).unwrap();
+    }
+    drop(pipe);
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "kcat {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// `offset:value` lines of partition 0, from the beginning to the end.
+fn consume_all(bootstrap: &str, topic: &str) -> String {
+    kcat(&["-b", bootstrap, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e", "-q", "-f", "%o:%s\n"], None)
+}
+
+fn produce(bootstrap: &str, topic: &str, values: std::ops::Range<usize>) {
+    let input: String = values.map(|i| format!("v{i}\n")).collect();
+    // acks=all: kcat exits only once every message is acknowledged.
+    kcat(&["-b", bootstrap, "-P", "-t", topic, "-p", "0", "-X", "acks=all"], Some(&input));
+}
+
+fn expected(values: std::ops::Range<usize>) -> String {
+    values.map(|i| format!("{i}:v{i}\n")).collect()
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn acknowledged_messages_survive_kill_9_and_sigterm_and_offsets_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let port = free_port();
+    let bootstrap = format!("127.0.0.1:{port}");
+
+    let mut broker = start_broker(port, &data);
+    produce(&bootstrap, "crash", 0..3000);
+    broker.kill().unwrap(); // SIGKILL: no flush, no checkpoint
+    broker.wait().unwrap();
+
+    let mut broker = start_broker(port, &data);
+    assert_eq!(consume_all(&bootstrap, "crash"), expected(0..3000), "everything acknowledged survives kill -9");
+    produce(&bootstrap, "crash", 3000..3100);
+    assert_eq!(consume_all(&bootstrap, "crash"), expected(0..3100), "new offsets continue where they stopped");
+
+    sigterm(&broker);
+    let status = broker.wait().unwrap();
+    assert!(status.success(), "SIGTERM is a clean shutdown: {status}");
+    let recovery_points = std::fs::read_to_string(data.join("recovery-point-offset-checkpoint")).unwrap();
+    assert!(recovery_points.contains("crash 0 3100"), "clean shutdown checkpoints: {recovery_points}");
+
+    let mut broker = start_broker(port, &data);
+    assert_eq!(consume_all(&bootstrap, "crash"), expected(0..3100));
+    broker.kill().unwrap();
+    broker.wait().unwrap();
+}
+
+#[test]
+fn dev_prints_where_it_runs_and_takes_env_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut dev = Command::new(env!("CARGO_BIN_EXE_fjord"))
+        .args(["dev", "--data-dir"])
+        .arg(dir.path().join("fjord-data"))
+        // FJORD_* variables override the defaults (dev's fixed port, here).
+        .env("FJORD_LISTENERS", format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut dev);
+    let bootstrap = format!("127.0.0.1:{port}");
+    produce(&bootstrap, "dev", 0..10);
+    assert_eq!(consume_all(&bootstrap, "dev"), expected(0..10));
+    sigterm(&dev);
+    let output = dev.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(stdout.contains(&format!("Kafka broker   127.0.0.1:{port}")), "{stdout}");
+    assert!(dir.path().join("fjord-data/meta.properties").exists());
+}
+
+#[test]
+fn broker_refuses_bad_flags_with_a_clear_error() {
+    let output = Command::new(env!("CARGO_BIN_EXE_fjord")).args(["broker", "--id", "0"]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--listen"));
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_fjord"))
+        .args(["broker", "--id", "0", "--listen", "not-an-address", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("listeners"), "{}", String::from_utf8_lossy(&output.stderr));
+}
