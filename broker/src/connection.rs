@@ -41,10 +41,15 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAd
         result = read_requests(&broker, read, responses) => result,
         () = shutdown.cancelled() => Ok(()),
     };
-    // The reader has dropped its sender: the writer drains what is queued and stops.
-    let write_result = match writer.await {
-        Ok(result) => result,
-        Err(e) => Err(Error::Task(e)),
+    // The reader has dropped its sender: the writer drains what is queued and stops,
+    // unless a client that stopped reading holds it up at shutdown.
+    let mut writer = writer;
+    let write_result = tokio::select! {
+        joined = &mut writer => joined.unwrap_or_else(|e| Err(Error::Task(e))),
+        () = shutdown.cancelled() => {
+            writer.abort();
+            Ok(())
+        }
     };
     match read_result.and(write_result) {
         Ok(()) => tracing::debug!(%peer, "connection closed"),

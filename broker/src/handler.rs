@@ -99,6 +99,10 @@ fn no_coordinator() -> ResponseKind {
 pub(crate) fn log_error_code(error: &fjord_log::Error) -> i16 {
     use fjord_log::Error as E;
     match error {
+        // Message format v0/v1 (magic 0 or 1) is well-formed, just not stored here.
+        E::InvalidBatch { source: fjord_record::Error::UnsupportedMagic(_), .. } => {
+            error_code::UNSUPPORTED_FOR_MESSAGE_FORMAT
+        }
         E::InvalidBatch { .. } => error_code::CORRUPT_MESSAGE,
         E::MessageTooLarge { .. } => error_code::MESSAGE_TOO_LARGE,
         E::OffsetOutOfRange { .. } => error_code::OFFSET_OUT_OF_RANGE,
