@@ -1,0 +1,83 @@
+//! Two more independent clients: confluent-kafka (librdkafka 2.16, which negotiates the
+//! flexible Produce v9 and Fetch v12) and kafka-python 3 (which opens with ApiVersions v4,
+//! a version this broker answers with the v0 fallback).
+//!
+//! The interpreter is `$FJORD_TEST_PYTHON` (set by `cargo xtask test`), else the
+//! workspace's `target/venv/bin/python` that `cargo xtask` provisions.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::TestBroker;
+
+const SCRIPT: &str = r#"
+import sys, time
+from confluent_kafka import Producer, Consumer, TopicPartition as CTP
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+bootstrap = sys.argv[1]
+p = Producer({'bootstrap.servers': bootstrap, 'compression.type': 'zstd', 'linger.ms': 5})
+for i in range(2000):
+    p.produce('confluent', key=b'k%d' % i, value=b'v%d' % i, headers=[('h', b'x%d' % i)])
+assert p.flush(20) == 0, "confluent-kafka left messages undelivered"
+
+c = Consumer({'bootstrap.servers': bootstrap, 'group.id': 'unused', 'enable.auto.commit': False})
+c.assign([CTP('confluent', 0, 0)])
+seen = []
+deadline = time.time() + 30
+while len(seen) < 2000 and time.time() < deadline:
+    m = c.poll(0.5)
+    if m is None or m.error():
+        continue
+    i = len(seen)
+    assert (m.key(), m.value(), m.headers(), m.offset()) == (b'k%d' % i, b'v%d' % i, [('h', b'x%d' % i)], i), m
+    seen.append(m.offset())
+c.close()
+assert len(seen) == 2000, len(seen)
+
+# kafka-python 3 defaults to the idempotent producer, which needs InitProducerId (not yet here).
+kp = KafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, compression_type='gzip')
+for i in range(100):
+    kp.send('kafka-python', key=b'k', value=b'kp%d' % i).get(timeout=10)
+kc = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000)
+kc.assign([TopicPartition('kafka-python', 0)])
+kc.seek_to_beginning()
+values = [m.value for m in kc]
+assert values == [b'kp%d' % i for i in range(100)], values
+print("ok")
+"#;
+
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("FJORD_TEST_PYTHON") {
+        return PathBuf::from(p);
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin/python")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confluent_kafka_and_kafka_python_produce_and_consume() {
+    let python = python();
+    assert!(
+        python.exists(),
+        "Python venv with confluent-kafka and kafka-python not found at {} (set FJORD_TEST_PYTHON, or run \
+         `cargo xtask test`, which provisions target/venv)",
+        python.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
+    let output = tokio::process::Command::new(&python)
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg(broker.bootstrap())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(std::time::Duration::from_secs(120), output).await.unwrap().unwrap();
+    assert!(
+        output.status.success() && String::from_utf8_lossy(&output.stdout).contains("ok"),
+        "python clients failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    broker.stop().await.unwrap();
+}
