@@ -91,6 +91,11 @@ pub async fn run(config: BrokerConfig, listener: TcpListener, shutdown: Cancella
     tracker.wait().await;
     let logs = broker.topics.logs().clone();
     tokio::task::spawn_blocking(move || logs.close()).await??;
+    // Leave at once rather than when the session expires, so a restart need not wait.
+    match store.delete(&paths::broker(broker.config.broker_id), None).await {
+        Ok(()) | Err(fjord_coord::Error::NoNode { .. }) => {}
+        Err(e) => tracing::warn!(error = %e, "could not remove this broker's registration"),
+    }
     tracing::info!("broker stopped: logs flushed and checkpointed");
     Ok(())
 }

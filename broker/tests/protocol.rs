@@ -444,3 +444,24 @@ async fn topics_and_data_survive_a_clean_restart() {
     assert_eq!(metadata.topics[0].partitions.len(), 2);
     broker.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn cleanup_policy_delete_is_accepted_and_compact_refused() {
+    let (broker, _dir) = start(|_| {}).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let create = |topic: &str, policy: &'static str| {
+        CreateTopicsRequest::default().with_timeout_ms(5000).with_topics(vec![CreatableTopic::default()
+            .with_name(name(topic))
+            .with_num_partitions(1)
+            .with_replication_factor(1)
+            .with_configs(vec![CreatableTopicConfig::default()
+                .with_name(StrBytes::from_static_str("cleanup.policy"))
+                .with_value(Some(StrBytes::from_static_str(policy)))])])
+    };
+    let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 5, &create("deleting", "delete")).await.unwrap();
+    assert_eq!(response.topics[0].error_code, 0);
+    let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 5, &create("compacted", "compact")).await.unwrap();
+    assert_eq!(response.topics[0].error_code, 40, "INVALID_CONFIG");
+    assert!(response.topics[0].error_message.as_deref().unwrap_or_default().contains("compaction"));
+    broker.stop().await.unwrap();
+}

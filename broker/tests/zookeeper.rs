@@ -1,0 +1,79 @@
+//! The broker on a real ZooKeeper (`zookeeper.connect`): topics land in the registry paths
+//! of ARCHITECTURE.md, the broker registers and deregisters itself, and a restart on the
+//! same ZooKeeper and log dir finds its topics and data again.
+
+mod common;
+
+use bytes::Bytes;
+use common::{RawClient, TestBroker};
+use fjord_coord::registry::{read_json, BrokerRegistration, PartitionState, TopicAssignment};
+use fjord_coord::paths;
+use fjord_record::BatchBuilder;
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+
+fn batch(value: &str) -> Bytes {
+    let mut builder = BatchBuilder::new(1_700_000_000_000);
+    builder.append(1_700_000_000_000, None, Some(value.as_bytes()), &[]);
+    builder.build()
+}
+
+async fn produce(client: &mut RawClient, topic: &str, partition: i32, value: &str) -> (i16, i64) {
+    let request = ProduceRequest::default().with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
+        .with_name(TopicName(StrBytes::from_string(topic.into())))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(batch(value)))])]);
+    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &request).await.unwrap();
+    let p = &response.responses[0].partition_responses[0];
+    (p.error_code, p.base_offset)
+}
+
+async fn latest(client: &mut RawClient, topic: &str, partition: i32) -> (i16, i64) {
+    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
+        .with_name(TopicName(StrBytes::from_string(topic.into())))
+        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(partition).with_timestamp(-1)])]);
+    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
+    let p = &response.topics[0].partitions[0];
+    (p.error_code, p.offset)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_live_in_zookeeper_and_survive_a_restart() {
+    let zk = fjord_testkit::ZooKeeper::start().unwrap();
+    let connect = zk.connect_string();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let with_zk = |c: &mut fjord_broker::BrokerConfig| {
+        c.zookeeper_connect = Some(connect.clone());
+        c.num_partitions = 2;
+    };
+    let broker = TestBroker::start_in(data.clone(), with_zk).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert_eq!(produce(&mut client, "zk-topic", 1, "one").await, (0, 0));
+    assert_eq!(produce(&mut client, "zk-topic", 1, "two").await, (0, 1));
+
+    let store = fjord_coord::open(Some(&connect), &dir.path().join("unused")).await.unwrap();
+    let (assignment, _) = read_json::<TopicAssignment>(&*store, &paths::topic("zk-topic")).await.unwrap().unwrap();
+    assert_eq!(assignment.partition_count(), 2);
+    assert_eq!(assignment.replicas(1), Some(&[0][..]));
+    let (state, _) = read_json::<PartitionState>(&*store, &paths::partition_state("zk-topic", 1)).await.unwrap().unwrap();
+    assert_eq!((state.leader, state.isr), (0, vec![0]));
+    assert!(store.exists(&paths::topic_config("zk-topic")).await.unwrap().is_some());
+    let (registration, _) = read_json::<BrokerRegistration>(&*store, &paths::broker(0)).await.unwrap().unwrap();
+    assert_eq!(registration.port, broker.addr.port());
+
+    broker.stop().await.unwrap();
+    assert!(store.exists(&paths::broker(0)).await.unwrap().is_none(), "a clean stop deregisters at once");
+
+    let broker = TestBroker::start_in(data, |c| {
+        with_zk(c);
+        c.auto_create_topics = false;
+    })
+    .await
+    .unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert_eq!(latest(&mut client, "zk-topic", 1).await, (0, 2));
+    assert_eq!(produce(&mut client, "zk-topic", 1, "three").await, (0, 2));
+    broker.stop().await.unwrap();
+}
