@@ -4,11 +4,13 @@
 //! # Layout
 //! - `server`: `fjord dev` and `fjord broker` (config layering, signals, `fjord_broker::run`).
 //! - `registry`: `fjord registry`, the schema registry service.
+//! - `tools`: `fjord topics`, `produce`, `consume`, `bench` over `fjord_client`.
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 mod registry;
 mod server;
+mod tools;
 
 #[derive(Parser)]
 #[command(name = "fjord", version, about = "Fjord: a partitioned, replicated commit log for event data")]
@@ -25,6 +27,14 @@ enum Command {
     Broker(server::BrokerArgs),
     /// Run the Avro schema registry (Confluent Schema Registry REST API).
     Registry(registry::RegistryArgs),
+    /// Create, list, describe, delete or alter topics.
+    Topics(tools::topics::TopicsArgs),
+    /// Send stdin lines as records.
+    Produce(tools::produce::ProduceArgs),
+    /// Print records from a topic.
+    Consume(tools::consume::ConsumeArgs),
+    /// Measure producer/consumer throughput and latency.
+    Bench(tools::bench::BenchArgs),
 }
 
 #[tokio::main]
@@ -38,5 +48,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Dev(args) => server::dev(args).await,
         Command::Broker(args) => server::broker(args).await,
         Command::Registry(args) => registry::registry(args).await,
+        Command::Topics(args) => tools::run_or_exit(tools::topics::run(args)).await,
+        Command::Produce(args) => tools::run_or_exit(tools::produce::run(args)).await,
+        Command::Consume(args) => tools::run_or_exit(tools::consume::run(args)).await,
+        Command::Bench(args) => tools::run_or_exit(tools::bench::run(args)).await,
     }
 }

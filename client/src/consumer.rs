@@ -77,7 +77,7 @@ pub struct ConsumerConfig {
 impl Default for ConsumerConfig {
     fn default() -> Self {
         Self {
-            client: ClientConfig { allow_auto_create_topics: false, ..ClientConfig::default() },
+            client: ClientConfig::default(),
             fetch_min_bytes: 1,
             fetch_max_wait: Duration::from_millis(500),
             fetch_max_bytes: 50 * 1024 * 1024,
@@ -143,9 +143,10 @@ pub struct Consumer {
 }
 
 impl Consumer {
-    /// Connects to the cluster.
+    /// Connects to the cluster. A consumer never auto-creates topics: reading a topic
+    /// that does not exist is an error ([`Error::UnknownTopic`]), not a new empty topic.
     pub async fn connect(config: ConsumerConfig) -> Result<Self> {
-        let cluster = Cluster::connect(config.client.clone()).await?;
+        let cluster = Cluster::connect(ClientConfig { allow_auto_create_topics: false, ..config.client.clone() }).await?;
         Ok(Self {
             cluster,
             config,

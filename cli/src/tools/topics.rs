@@ -1,0 +1,104 @@
+//! `fjord topics create|list|describe|delete|alter`.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use fjord_client::{Admin, NewTopic};
+
+use super::{parse_key_value, ConnectArgs};
+
+#[derive(Args, Debug)]
+pub(crate) struct TopicsArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Subcommand, Debug)]
+enum Action {
+    /// Create a topic.
+    Create {
+        /// Topic name.
+        #[arg(long)]
+        topic: String,
+        /// Partition count (the broker's num.partitions when absent).
+        #[arg(long)]
+        partitions: Option<i32>,
+        /// Replication factor (the broker's default when absent).
+        #[arg(long)]
+        replication_factor: Option<i16>,
+        /// Topic config override, KEY=VALUE (repeatable).
+        #[arg(long = "config", value_parser = parse_key_value)]
+        configs: Vec<(String, String)>,
+    },
+    /// List topics, one per line.
+    List,
+    /// Show partitions, leaders, replicas, ISR and config overrides.
+    Describe {
+        /// Topic name.
+        topic: String,
+    },
+    /// Delete a topic.
+    Delete {
+        /// Topic name.
+        topic: String,
+    },
+    /// Change topic config overrides.
+    Alter {
+        /// Topic name.
+        topic: String,
+        /// KEY=VALUE (repeatable).
+        #[arg(long = "config", value_parser = parse_key_value, required = true)]
+        configs: Vec<(String, String)>,
+    },
+}
+
+pub(crate) async fn run(args: TopicsArgs) -> anyhow::Result<()> {
+    let admin = Admin::connect(args.connect.client()).await?;
+    match args.action {
+        Action::Create { topic, partitions, replication_factor, configs } => {
+            let new = NewTopic {
+                name: topic.clone(),
+                partitions: partitions.unwrap_or(-1),
+                replication_factor: replication_factor.unwrap_or(-1),
+                configs: configs.into_iter().collect(),
+            };
+            admin.create_topics(&[new]).await.with_context(|| format!("cannot create topic {topic}"))?;
+            println!("created topic {topic}");
+        }
+        Action::List => {
+            for t in admin.list_topics().await? {
+                println!("{}", t.name);
+            }
+        }
+        Action::Describe { topic } => {
+            let t = admin.describe_topic(&topic).await?;
+            println!("topic {}  partitions {}", t.name, t.partitions.len());
+            for p in &t.partitions {
+                println!(
+                    "  partition {:>3}  leader {:>3}  epoch {:>3}  replicas {:?}  isr {:?}",
+                    p.partition, p.leader, p.leader_epoch, p.replicas, p.in_sync_replicas
+                );
+            }
+            let overrides: Vec<_> = admin.describe_configs(&topic).await?.into_iter().filter(|c| !c.is_default).collect();
+            if !overrides.is_empty() {
+                println!("  config overrides:");
+                for c in overrides {
+                    println!("    {}={}", c.name, c.value.as_deref().unwrap_or(""));
+                }
+            }
+        }
+        Action::Delete { topic } => {
+            admin.delete_topics(std::slice::from_ref(&topic)).await.with_context(|| format!("cannot delete topic {topic}"))?;
+            println!("deleted topic {topic}");
+        }
+        Action::Alter { topic, configs } => {
+            let configs: BTreeMap<String, String> = configs.into_iter().collect();
+            admin.alter_configs(&topic, &configs).await.with_context(|| format!("cannot alter topic {topic}"))?;
+            println!("altered topic {topic}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,169 @@
+//! `fjord topics|produce|consume|bench` as a user runs them, against an in-process broker,
+//! and cross-checked with kcat (librdkafka), an independent Kafka client.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const KCAT: &str = "kcat";
+
+struct Broker {
+    addr: String,
+    shutdown: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn start_broker() -> Broker {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let config = fjord_broker::BrokerConfig { log_dir: dir.path().to_path_buf(), listeners: addr, ..Default::default() };
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    tokio::spawn(async move { fjord_broker::run(config, listener, token).await.expect("broker failed") });
+    Broker { addr: addr.to_string(), shutdown, _dir: dir }
+}
+
+/// Runs a program off the runtime's threads (the broker keeps serving meanwhile).
+async fn run(program: &str, args: &[&str], stdin: &str) -> Output {
+    let (program, args, stdin) = (program.to_string(), args.iter().map(|s| s.to_string()).collect::<Vec<_>>(), stdin.to_string());
+    tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(&program)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {program} (kcat comes from `apt-get install kcat`): {e}"));
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+async fn fjord(args: &[&str], stdin: &str) -> String {
+    let out = run(env!("CARGO_BIN_EXE_fjord"), args, stdin).await;
+    assert!(out.status.success(), "fjord {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+async fn kcat(args: &[&str], stdin: &str) -> String {
+    let out = run(KCAT, args, stdin).await;
+    assert!(out.status.success(), "kcat {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn sorted_lines(s: &str) -> Vec<String> {
+    let mut v: Vec<String> = s.lines().map(String::from).collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fjord_produce_is_read_by_kcat_and_kcat_produce_by_fjord_consume() {
+    let b = start_broker().await;
+    fjord(&["topics", "--bootstrap", &b.addr, "create", "--topic", "x", "--partitions", "2"], "").await;
+    let input: String = (0..50).map(|i| format!("key{i}|value {i}\n")).collect();
+    fjord(&["produce", "--bootstrap", &b.addr, "--topic", "x", "--key-separator", "|", "--header", "origin=fjord"], &input).await;
+    let read = kcat(&["-b", &b.addr, "-C", "-t", "x", "-e", "-q", "-f", "%k|%s|%h\n"], "").await;
+    let expected: String = (0..50).map(|i| format!("key{i}|value {i}|origin=fjord\n")).collect();
+    assert_eq!(sorted_lines(&read), sorted_lines(&expected));
+
+    fjord(&["topics", "--bootstrap", &b.addr, "create", "--topic", "y", "--partitions", "1"], "").await;
+    let input: String = (0..50).map(|i| format!("k{i}:from kcat {i}\n")).collect();
+    kcat(&["-b", &b.addr, "-P", "-t", "y", "-K", ":", "-z", "snappy"], &input).await;
+    let out = fjord(&["consume", "--bootstrap", &b.addr, "--topic", "y", "--from", "beginning", "--max-messages", "50", "--format", "json"], "").await;
+    let records: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 50);
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(r["offset"], i as i64);
+        assert_eq!(r["key"], format!("k{i}"));
+        assert_eq!(r["value"], format!("from kcat {i}"));
+    }
+    // Plain output and starting from an offset.
+    let out = fjord(&["consume", "--bootstrap", &b.addr, "--topic", "y", "--from", "48", "--max-messages", "2"], "").await;
+    assert_eq!(out, "from kcat 48\nfrom kcat 49\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_keys_land_on_the_same_partitions_as_with_kcat_murmur2_random() {
+    let b = start_broker().await;
+    fjord(&["topics", "--bootstrap", &b.addr, "create", "--topic", "keys", "--partitions", "7"], "").await;
+    let input: String = (0..100).map(|i| format!("user-{i}:x\n")).collect();
+    fjord(&["produce", "--bootstrap", &b.addr, "--topic", "keys", "--key-separator", ":", "--header", "by=fjord"], &input).await;
+    kcat(&["-b", &b.addr, "-P", "-t", "keys", "-K", ":", "-X", "partitioner=murmur2_random", "-H", "by=kcat"], &input).await;
+    let read = kcat(&["-b", &b.addr, "-C", "-t", "keys", "-e", "-q", "-f", "%k %p %h\n"], "").await;
+    let mut fjord_p = std::collections::BTreeMap::new();
+    let mut kcat_p = std::collections::BTreeMap::new();
+    for line in read.lines() {
+        let mut parts = line.split(' ');
+        let (key, partition, by) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+        let map = if by == "by=fjord" { &mut fjord_p } else { &mut kcat_p };
+        map.insert(key.to_string(), partition.to_string());
+    }
+    assert_eq!(fjord_p.len(), 100);
+    assert_eq!(fjord_p, kcat_p);
+    let used: std::collections::BTreeSet<_> = fjord_p.values().collect();
+    assert!(used.len() > 3, "keys spread over partitions: {used:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_subcommands_and_one_line_errors() {
+    let b = start_broker().await;
+    let created =
+        fjord(&["topics", "--bootstrap", &b.addr, "create", "--topic", "t", "--partitions", "3", "--config", "retention.ms=60000"], "").await;
+    assert_eq!(created, "created topic t\n");
+    assert_eq!(fjord(&["topics", "--bootstrap", &b.addr, "list"], "").await, "t\n");
+    let described = fjord(&["topics", "--bootstrap", &b.addr, "describe", "t"], "").await;
+    assert!(described.contains("partitions 3") && described.contains("retention.ms=60000"), "{described}");
+    // Already exists: one line on stderr, non-zero exit.
+    let out = run(env!("CARGO_BIN_EXE_fjord"), &["topics", "--bootstrap", &b.addr, "create", "--topic", "t"], "").await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("TopicAlreadyExists"), "{stderr}");
+    fjord(&["topics", "--bootstrap", &b.addr, "delete", "t"], "").await;
+    assert_eq!(fjord(&["topics", "--bootstrap", &b.addr, "list"], "").await, "");
+    // Consuming a missing topic does not create it.
+    let out = run(env!("CARGO_BIN_EXE_fjord"), &["consume", "--bootstrap", &b.addr, "--topic", "missing"], "").await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown topic missing"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_bootstrap_is_a_clear_error_in_bounded_time() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    let out = run(env!("CARGO_BIN_EXE_fjord"), &["produce", "--bootstrap", &addr, "--topic", "t"], "x\n").await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("no bootstrap broker reachable") && stderr.contains(&addr), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_reports_json_for_produce_consume_and_e2e() {
+    let b = start_broker().await;
+    for mode in ["produce", "consume", "e2e"] {
+        let out = fjord(&["bench", mode, "--bootstrap", &b.addr, "--topic", "b", "--messages", "2000", "--size", "100", "--batch", "50", "--json"], "").await;
+        let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{mode}: {e}: {out}"));
+        assert_eq!(report["messages"], 2000, "{mode}");
+        assert_eq!(report["bytes"], 200_000, "{mode}");
+        for field in ["seconds", "msg_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms"] {
+            assert!(report[field].as_f64().is_some_and(|v| v >= 0.0), "{mode}: {field} in {report}");
+        }
+        assert!(report["p50_ms"].as_f64() <= report["p999_ms"].as_f64());
+    }
+}

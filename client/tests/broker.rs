@@ -1,0 +1,345 @@
+//! The client against a real in-process `fjord-broker` on 127.0.0.1:0, one broker and
+//! one temp dir per test.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fjord_client::{
+    Acks, Admin, ClientConfig, Compression, Consumer, ConsumerConfig, ConsumerRecord, Error, NewTopic, OffsetReset, OffsetSpec,
+    Producer, ProducerConfig, ProducerRecord, ResponseError, SeekTo, TopicPartition,
+};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+struct Broker {
+    addr: String,
+    shutdown: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Starts a broker; `advertise` makes it hand out another address (a proxy's) in metadata.
+async fn start_broker_advertising(advertise: Option<String>) -> Broker {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let config = fjord_broker::BrokerConfig {
+        log_dir: dir.path().to_path_buf(),
+        listeners: listener.local_addr().unwrap(),
+        advertised_listener: advertise,
+        ..fjord_broker::BrokerConfig::default()
+    };
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = fjord_broker::run(config, listener, token).await {
+            panic!("broker failed: {e}");
+        }
+    });
+    Broker { addr, shutdown, _dir: dir }
+}
+
+async fn start_broker() -> Broker {
+    start_broker_advertising(None).await
+}
+
+fn client(addr: &str) -> ClientConfig {
+    ClientConfig { connect_timeout: Duration::from_secs(5), ..ClientConfig::new(addr) }
+}
+
+async fn create_topic(addr: &str, name: &str, partitions: i32, configs: &[(&str, &str)]) {
+    let admin = Admin::connect(client(addr)).await.unwrap();
+    let mut t = NewTopic::new(name, partitions);
+    t.configs = configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    admin.create_topics(&[t]).await.unwrap();
+}
+
+async fn producer(addr: &str, f: impl FnOnce(&mut ProducerConfig)) -> Producer {
+    let mut config = ProducerConfig { client: client(addr), ..ProducerConfig::default() };
+    f(&mut config);
+    Producer::connect(config).await.unwrap()
+}
+
+async fn consumer(addr: &str) -> Consumer {
+    let config = ConsumerConfig {
+        client: client(addr),
+        auto_offset_reset: OffsetReset::Earliest,
+        fetch_max_wait: Duration::from_millis(100),
+        ..ConsumerConfig::default()
+    };
+    Consumer::connect(config).await.unwrap()
+}
+
+/// Consumes until `n` records arrived (or fails after 20 s).
+async fn consume_n(c: &mut Consumer, n: usize) -> Vec<ConsumerRecord> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut out = Vec::new();
+    while out.len() < n {
+        assert!(Instant::now() < deadline, "only {} of {n} records arrived", out.len());
+        out.extend(c.poll(Duration::from_millis(500)).await.unwrap());
+    }
+    out
+}
+
+fn record(topic: &str, i: usize) -> ProducerRecord {
+    let mut r = ProducerRecord {
+        topic: topic.to_string(),
+        key: (!i.is_multiple_of(4)).then(|| Bytes::from(format!("key-{}", i % 10))),
+        value: (!i.is_multiple_of(9)).then(|| Bytes::from(format!("value-{i}-").repeat(1 + i % 5))),
+        timestamp: Some(1_700_000_000_000 + i as i64),
+        ..ProducerRecord::default()
+    };
+    r = r.header("i", Some(Bytes::from(i.to_string())));
+    if i.is_multiple_of(3) {
+        r = r.header("null-header", None);
+    }
+    r
+}
+
+#[tokio::test]
+async fn every_codec_round_trips_keys_headers_nulls_timestamps_in_partition_order() {
+    let broker = start_broker().await;
+    for codec in [Compression::None, Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd] {
+        let topic = format!("rt-{codec:?}").to_lowercase();
+        create_topic(&broker.addr, &topic, 3, &[]).await;
+        let p = producer(&broker.addr, |c| {
+            c.compression = codec;
+            c.acks = Acks::All;
+            c.batch_size = 2_000; // several batches per partition
+        })
+        .await;
+        let mut futures = Vec::new();
+        for i in 0..300 {
+            futures.push((i, p.send(record(&topic, i)).await.unwrap()));
+        }
+        p.flush().await;
+        let mut sent: BTreeMap<i32, Vec<(i64, usize)>> = BTreeMap::new();
+        for (i, f) in futures {
+            let md = f.await.unwrap();
+            sent.entry(md.partition).or_default().push((md.offset, i));
+        }
+        let mut c = consumer(&broker.addr).await;
+        c.assign_topic(&topic).await.unwrap();
+        let got = consume_n(&mut c, 300).await;
+        assert_eq!(got.len(), 300, "{codec:?}");
+        let mut got_by_partition: BTreeMap<i32, Vec<&ConsumerRecord>> = BTreeMap::new();
+        for r in &got {
+            got_by_partition.entry(r.partition).or_default().push(r);
+        }
+        for (partition, sent) in &sent {
+            let got = &got_by_partition[partition];
+            assert_eq!(got.len(), sent.len());
+            for (r, (offset, i)) in got.iter().zip(sent) {
+                let expected = record(&topic, *i);
+                assert_eq!(r.offset, *offset, "{codec:?}: acknowledged offsets are the consumed ones, in order");
+                assert_eq!(r.key, expected.key);
+                assert_eq!(r.value, expected.value);
+                assert_eq!(r.timestamp, expected.timestamp.unwrap());
+                assert_eq!(r.headers, expected.headers);
+            }
+        }
+        // Same key, same partition.
+        for r in &got {
+            if let Some(k) = &r.key {
+                assert_eq!(r.partition, fjord_client::partitioner::partition_for_key(k, 3));
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn rewind_rereads_identical_records() {
+    let broker = start_broker().await;
+    create_topic(&broker.addr, "rewind", 1, &[]).await;
+    let p = producer(&broker.addr, |c| c.acks = Acks::Leader).await;
+    for i in 0..1000 {
+        drop(p.send(ProducerRecord::new("rewind", format!("m{i}")).key(format!("k{i}"))).await.unwrap());
+    }
+    p.flush().await;
+    let mut c = consumer(&broker.addr).await;
+    let tp = TopicPartition::new("rewind", 0);
+    c.assign([tp.clone()]).await.unwrap();
+    let first = consume_n(&mut c, 1000).await;
+    assert_eq!(first.iter().map(|r| r.offset).collect::<Vec<_>>(), (0..1000).collect::<Vec<_>>());
+    assert_eq!(c.position(&tp).await.unwrap(), 1000);
+    c.seek(&tp, SeekTo::Offset(500)).unwrap();
+    assert_eq!(c.position(&tp).await.unwrap(), 500);
+    let again = consume_n(&mut c, 500).await;
+    assert_eq!(&again[..], &first[500..]);
+    // Beginning, timestamp and end.
+    c.seek(&tp, SeekTo::Beginning).unwrap();
+    assert_eq!(c.recv().await.unwrap(), first[0]);
+    c.seek(&tp, SeekTo::Timestamp(first[700].timestamp)).unwrap();
+    assert!(c.position(&tp).await.unwrap() <= 700);
+    c.seek(&tp, SeekTo::End).unwrap();
+    assert_eq!(c.position(&tp).await.unwrap(), 1000);
+    assert!(c.poll(Duration::from_millis(300)).await.unwrap().is_empty(), "nothing past the end");
+}
+
+#[tokio::test]
+async fn the_stream_waits_at_the_end_of_the_log() {
+    let broker = start_broker().await;
+    create_topic(&broker.addr, "tail", 1, &[]).await;
+    let mut c = consumer(&broker.addr).await;
+    c.assign([TopicPartition::new("tail", 0)]).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let r = c.recv().await.unwrap();
+        (r.offset, r.value)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "recv must wait, not end");
+    let p = producer(&broker.addr, |c| c.acks = Acks::None).await;
+    let md = p.send(ProducerRecord::new("tail", "late")).await.unwrap().await.unwrap();
+    assert_eq!(md.offset, -1, "acks=0 reports no offset");
+    let (offset, value) = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap();
+    assert_eq!((offset, value.as_deref()), (0, Some(&b"late"[..])));
+}
+
+#[tokio::test]
+async fn an_oversize_record_fails_alone() {
+    let broker = start_broker().await;
+    create_topic(&broker.addr, "small", 1, &[("max.message.bytes", "2000")]).await;
+    let p = producer(&broker.addr, |c| {
+        c.linger = Duration::from_millis(200); // all three in one batch
+        c.max_request_size = 100_000;
+    })
+    .await;
+    let a = p.send(ProducerRecord::new("small", "before")).await.unwrap();
+    let big = p.send(ProducerRecord::new("small", vec![b'x'; 5_000])).await.unwrap();
+    let b = p.send(ProducerRecord::new("small", "after")).await.unwrap();
+    let err = big.await.unwrap_err();
+    assert_eq!(err.code(), Some(ResponseError::MessageTooLarge), "{err}");
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    assert!(a.offset >= 0 && b.offset > a.offset);
+    // Larger than max.request.size: refused before it is queued.
+    let err = p.send(ProducerRecord::new("small", vec![0u8; 200_000])).await.unwrap_err();
+    assert!(matches!(err, Error::RecordTooLarge { max: 100_000, .. }), "{err}");
+}
+
+/// A TCP proxy that can stop forwarding client → broker bytes: a broker that has stopped
+/// reading, as far as the producer can tell.
+async fn pausable_proxy(upstream: SocketAddr, listener: TcpListener, paused: Arc<AtomicBool>) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else { return };
+        let paused = paused.clone();
+        tokio::spawn(async move {
+            let Ok(server) = TcpStream::connect(upstream).await else { return };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut sr, &mut cw).await;
+            });
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let n = match cr.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                // Checked after the read too: bytes read just before a pause are held back.
+                while paused.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                if sw.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+#[tokio::test]
+async fn back_pressure_bounds_buffer_memory() {
+    let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_addr = proxy.local_addr().unwrap();
+    let broker = start_broker_advertising(Some(proxy_addr.to_string())).await;
+    let paused = Arc::new(AtomicBool::new(false));
+    tokio::spawn(pausable_proxy(broker.addr.parse().unwrap(), proxy, paused.clone()));
+    create_topic(&broker.addr, "bp", 1, &[]).await;
+
+    const MEMORY: usize = 256 * 1024;
+    let p = producer(&proxy_addr.to_string(), |c| {
+        c.buffer_memory = MEMORY;
+        c.max_request_size = 64 * 1024;
+        c.max_block = Duration::ZERO;
+        c.linger = Duration::ZERO;
+        c.max_in_flight = 1;
+    })
+    .await;
+    p.partition_count("bp").await.unwrap();
+    // A second producer that waits (up to max.block.ms) for space instead of failing at once.
+    let blocking = producer(&proxy_addr.to_string(), |c| {
+        c.buffer_memory = 64 * 1024;
+        c.max_request_size = 64 * 1024;
+        c.max_block = Duration::from_millis(300);
+    })
+    .await;
+    blocking.partition_count("bp").await.unwrap();
+    paused.store(true, Ordering::Relaxed);
+    let value = Bytes::from(vec![7u8; 1000]);
+    let mut accepted = Vec::new();
+    let err = loop {
+        match p.send(ProducerRecord::new("bp", value.clone())).await {
+            Ok(f) => accepted.push(f),
+            Err(e) => break e,
+        }
+        assert!(accepted.len() < 10_000, "send never pushed back");
+    };
+    assert!(matches!(err, Error::BufferFull { .. }), "{err}");
+    // Bounded: no more than buffer.memory worth of records was taken in.
+    assert!(accepted.len() * 1000 <= MEMORY, "{} records of 1000 bytes accepted", accepted.len());
+    assert!(accepted.len() * 1000 >= MEMORY / 2, "only {} accepted", accepted.len());
+
+    // With max.block.ms, send waits for space, then gives up.
+    let mut n = 0;
+    let started = Instant::now();
+    let err = loop {
+        match blocking.send(ProducerRecord::new("bp", value.clone())).await {
+            Ok(_) => n += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::BufferFull { .. }), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(300) && n <= 64, "{n} sends in {:?}", started.elapsed());
+
+    // Once the broker reads again, everything accepted is delivered.
+    paused.store(false, Ordering::Relaxed);
+    p.flush().await;
+    for f in accepted {
+        f.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn admin_creates_describes_lists_and_deletes_topics() {
+    let broker = start_broker().await;
+    let admin = Admin::connect(client(&broker.addr)).await.unwrap();
+    let mut t = NewTopic::new("adm", 4);
+    t.configs.insert("retention.ms".into(), "12345".into());
+    admin.create_topics(&[t.clone()]).await.unwrap();
+    let err = admin.create_topics(&[t]).await.unwrap_err();
+    assert_eq!(err.code(), Some(ResponseError::TopicAlreadyExists), "{err}");
+    let d = admin.describe_topic("adm").await.unwrap();
+    assert_eq!(d.partitions.len(), 4);
+    assert!(d.partitions.iter().all(|p| p.leader >= 0));
+    assert!(admin.list_topics().await.unwrap().iter().any(|t| t.name == "adm"));
+    let configs = admin.describe_configs("adm").await.unwrap();
+    let retention = configs.iter().find(|c| c.name == "retention.ms").unwrap();
+    assert_eq!(retention.value.as_deref(), Some("12345"));
+    let offsets = admin
+        .list_offsets(&[("adm".into(), 0, OffsetSpec::Earliest), ("adm".into(), 3, OffsetSpec::Latest)])
+        .await
+        .unwrap();
+    assert_eq!(offsets, [0, 0]);
+    admin.delete_topics(&["adm".into()]).await.unwrap();
+    assert!(matches!(admin.describe_topic("adm").await, Err(Error::UnknownTopic(_))));
+}
