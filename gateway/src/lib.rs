@@ -1,0 +1,84 @@
+//! Fjord's front door: HTTP (Kafka REST Proxy v2 produce, bulk NDJSON, stateless pull)
+//! and gRPC (`fjord.v1.Publisher` / `Subscriber`) in front of the brokers, so web services
+//! and backend producers publish events without a Kafka client.
+//!
+//! Events of all concurrent requests go through one shared producer, so many small
+//! requests become few large produce requests (the batching that made the paper's producer
+//! fast). A request is answered only once its events are acknowledged as it asked (`acks`,
+//! default all), with their offsets.
+//!
+//! # Layout
+//! - [`config`]: [`GatewayConfig`], every setting and its default.
+//! - `error`: the crate's [`Error`] and its HTTP status / gRPC code mapping.
+//! - [`backend`]: the [`Backend`] trait (publish a batch, stateless fetch, topic metadata)
+//!   and [`KafkaBackend`], its implementation over `fjord-client`.
+//! - `service`: what both fronts share: stamping, the bounded buffer, the registry.
+//! - `avro`: JSON → Avro with field paths in errors, Confluent framing.
+//! - `http` (+ `http/produce.rs`, `http/read.rs`): the axum routes; `openapi`: their
+//!   OpenAPI document; `metrics`: the Prometheus text.
+//! - `grpc`: the tonic services, health and reflection.
+//!
+//! # Invariants
+//! - A request is checked whole (parsing, base64, Avro, key fields, event sizes, topic
+//!   and partitions) before its first event is handed to the producer: a refused request
+//!   produced nothing.
+//! - Memory is bounded: events accepted and not yet acknowledged never exceed
+//!   `buffer_bytes`; past it requests are refused with 429 / RESOURCE_EXHAUSTED and a
+//!   retry hint, never queued.
+//! - Every event carries `fjord.host` and `fjord.created_ms` headers (the audit counts
+//!   by them); the caller's own values win.
+//! - No request waits on the brokers longer than `broker_timeout`: then it is 503 /
+//!   UNAVAILABLE.
+
+pub mod backend;
+pub mod config;
+mod error;
+
+mod avro;
+mod grpc;
+mod http;
+mod metrics;
+mod openapi;
+mod service;
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use backend::{Backend, KafkaBackend};
+pub use config::GatewayConfig;
+pub use error::{Error, Result};
+pub use service::{CREATED_HEADER, HOST_HEADER};
+
+/// Runs the gateway on already-bound listeners (HTTP and gRPC) until `shutdown` is
+/// cancelled. Tests and `fjord dev` call exactly this. The brokers need not be up yet:
+/// the gateway connects on first use and answers 503 until they are.
+pub async fn run(config: GatewayConfig, http: TcpListener, grpc: TcpListener, shutdown: CancellationToken) -> Result<()> {
+    let backend = Arc::new(KafkaBackend::new(config.clone()));
+    serve(config, backend, http, grpc, shutdown).await
+}
+
+/// [`run`] over any [`Backend`].
+pub async fn serve(config: GatewayConfig, backend: Arc<dyn Backend>, http: TcpListener, grpc: TcpListener, shutdown: CancellationToken) -> Result<()> {
+    tracing::info!(?config, http = ?http.local_addr().ok(), grpc = ?grpc.local_addr().ok(), "gateway starting");
+    let gateway = Arc::new(service::Gateway::new(config, backend)?);
+    let app = http::router(gateway.clone());
+    let http_shutdown = shutdown.clone();
+    let http_server = async {
+        let r = axum::serve(http, app)
+            .with_graceful_shutdown(http_shutdown.cancelled_owned())
+            .await
+            .map_err(|e| Error::Serve(format!("HTTP: {e}")));
+        // If one server fails, stop the other rather than running half a gateway.
+        shutdown.cancel();
+        r
+    };
+    let grpc_server = async {
+        let r = grpc::serve(gateway, grpc, shutdown.clone()).await;
+        shutdown.cancel();
+        r
+    };
+    let (http_result, grpc_result) = tokio::join!(http_server, grpc_server);
+    http_result.and(grpc_result)
+}
