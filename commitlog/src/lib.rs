@@ -27,8 +27,9 @@
 //! - Nothing is appended that failed validation (framing, magic, CRC-32C, record
 //!   count); a failed append leaves the files byte for byte as they were.
 //! - Readers never take the writer's lock: they load the log end offset, then an
-//!   `Arc` snapshot of the segment list, then a segment's published size, and read
-//!   with positional I/O. The writer publishes in the opposite order.
+//!   `Arc` snapshot of the segment list, then the log start offset, then a
+//!   segment's published size, and read with positional I/O. The writer publishes
+//!   in the opposite order.
 //! - After a crash, everything after the recovery point is re-validated and a torn
 //!   or corrupt tail is cut off; indexes are derived data, rebuilt when damaged.
 #![warn(missing_docs)]

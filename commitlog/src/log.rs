@@ -355,12 +355,15 @@ impl Log {
     /// returns the batch 10–19 only (20–29 reaches the bound), `first_offset` 10 and
     /// `next_offset` 20.
     pub fn read(&self, offset: Offset, max_bytes: usize, upper_bound: Option<Offset>, min_one: bool) -> Result<ReadSlice> {
+        // The writer publishes a new segment before the log end that reaches into it,
+        // and a new log start before the segment list without the deleted segments:
+        // so load the log end, then the segments, then the log start.
         let log_end = self.log_end_offset();
+        let view = self.view();
         let log_start = self.log_start_offset();
         if offset < log_start || offset > log_end {
             return Err(Error::OffsetOutOfRange { requested: offset, log_start, log_end });
         }
-        let view = self.view();
         let empty = |seg: &Segment| ReadSlice {
             file: seg.file.clone(),
             position: seg.size(),

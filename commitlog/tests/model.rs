@@ -1,5 +1,5 @@
 //! Model-based test: random sequences of append / read / roll (tiny segments) /
-//! flush / truncate / reopen, compared with a `Vec` of batches.
+//! flush / truncate / retention / reopen, compared with a `Vec` of batches.
 
 mod common;
 
@@ -18,6 +18,8 @@ enum Op {
     Read { at: u32, max_bytes: usize, bound: Option<u32> },
     Flush,
     Truncate { at: u32 },
+    /// Size retention down to `retention.bytes = keep`.
+    Retention { keep: u64 },
     Reopen { clean: bool },
 }
 
@@ -28,6 +30,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(at, max_bytes, bound)| Op::Read { at, max_bytes, bound }),
         1 => Just(Op::Flush),
         1 => any::<u32>().prop_map(|at| Op::Truncate { at }),
+        1 => (0u64..3000).prop_map(|keep| Op::Retention { keep }),
         1 => any::<bool>().prop_map(|clean| Op::Reopen { clean }),
     ]
 }
@@ -35,8 +38,9 @@ fn op() -> impl Strategy<Value = Op> {
 /// The model: `(base offset, next offset, bytes)` of every batch, in order.
 type Model = Vec<(Offset, Offset, Vec<u8>)>;
 
-fn model_end(m: &Model) -> Offset {
-    m.last().map_or(0, |b| b.1)
+/// The log end: after the last batch, or the start offset when there is none.
+fn model_end(m: &Model, start: Offset) -> Offset {
+    m.last().map_or(start, |b| b.1)
 }
 
 proptest! {
@@ -57,13 +61,14 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let mut log = Log::open(dir.path(), config).unwrap();
         let mut model: Model = Vec::new();
+        let mut start: Offset = 0;
         let mut ts = 0i64;
         for op in ops {
             match op {
                 Op::Append(specs) => {
                     let mut input = Vec::new();
                     let mut expected = Vec::new();
-                    let mut next = model_end(&model);
+                    let mut next = model_end(&model, start);
                     for (records, value_len) in specs {
                         ts += 1;
                         let b = batch(records, value_len, ts);
@@ -81,8 +86,12 @@ proptest! {
                     }
                 }
                 Op::Read { at, max_bytes, bound } => {
-                    let end = model_end(&model);
-                    let offset = i64::from(at) % (end + 1);
+                    let end = model_end(&model, start);
+                    let offset = start + i64::from(at) % (end - start + 1);
+                    if start > 0 {
+                        let below = log.read(start - 1, max_bytes, None, true);
+                        prop_assert!(matches!(below, Err(fjord_log::Error::OffsetOutOfRange { .. })), "{:?}", below);
+                    }
                     let upper = bound.map(|b| offset + i64::from(b));
                     let s = log.read(offset, max_bytes, upper, true).unwrap();
                     let bytes = s.read_to_vec().unwrap();
@@ -106,12 +115,34 @@ proptest! {
                 }
                 Op::Flush => {
                     log.flush().unwrap();
-                    prop_assert_eq!(log.recovery_point(), model_end(&model));
+                    prop_assert_eq!(log.recovery_point(), model_end(&model, start));
                 }
                 Op::Truncate { at } => {
-                    let offset = i64::from(at) % (model_end(&model) + 1);
+                    // Anywhere from 0 (below the start: the log restarts there) to the end.
+                    let offset = i64::from(at) % (model_end(&model, start) + 1);
                     log.truncate_to(offset).unwrap();
-                    model.retain(|b| b.1 <= offset);
+                    if offset < model_end(&model, start) && offset <= start {
+                        model.clear();
+                        start = offset;
+                    } else {
+                        model.retain(|b| b.1 <= offset);
+                    }
+                }
+                Op::Retention { keep } => {
+                    log.update_config(LogConfig { retention_bytes: Some(keep), ..config }).unwrap();
+                    log.apply_retention(0).unwrap();
+                    log.update_config(config).unwrap();
+                    // Whole batches from the front went, and only while over the limit.
+                    let new_start = log.log_start_offset();
+                    prop_assert!(new_start >= start);
+                    if new_start > start {
+                        prop_assert!(model.iter().any(|b| b.0 == new_start) || new_start == model_end(&model, start));
+                        let dropped: u64 = model.iter().filter(|b| b.0 < new_start).map(|b| b.2.len() as u64).sum();
+                        let total: u64 = model.iter().map(|b| b.2.len() as u64).sum();
+                        prop_assert!(total - dropped >= keep);
+                        model.retain(|b| b.0 >= new_start);
+                        start = new_start;
+                    }
                 }
                 Op::Reopen { clean } => {
                     if clean {
@@ -121,8 +152,8 @@ proptest! {
                     log = Log::open(dir.path(), config).unwrap();
                 }
             }
-            prop_assert_eq!(log.log_end_offset(), model_end(&model));
-            prop_assert_eq!(log.log_start_offset(), 0);
+            prop_assert_eq!(log.log_end_offset(), model_end(&model, start));
+            prop_assert_eq!(log.log_start_offset(), start);
         }
         let all = read_all(&log);
         prop_assert_eq!(all.len(), model.len());

@@ -502,3 +502,52 @@ fn opening_a_bad_path_is_an_error_not_a_panic() {
     fs::create_dir_all(p.join("00000000000000000000.log")).unwrap();
     assert!(matches!(Log::open(&p, LogConfig::default()), Err(Error::Io { .. })));
 }
+
+#[test]
+fn readers_stay_correct_while_retention_deletes_under_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig { retention_bytes: Some(3000), retention_ms: None, ..small(1000) };
+    let log = Arc::new(Log::open(dir.path(), config).unwrap());
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2u64)
+        .map(|seed| {
+            let (log, done) = (log.clone(), done.clone());
+            std::thread::spawn(move || {
+                let (mut ok, mut out_of_range) = (0, 0);
+                let mut x = seed + 1;
+                while !done.load(Ordering::Acquire) || ok == 0 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let (start, end) = (log.log_start_offset(), log.log_end_offset());
+                    let offset = start + (x >> 33) as i64 % (end - start + 1);
+                    match log.read(offset, 700, None, true) {
+                        // Empty only at the log end (as loaded before the read).
+                        Ok(s) if s.is_empty() => assert_eq!(offset, end),
+                        Ok(s) => {
+                            // Deleted or not, the slice's bytes are whole valid batches.
+                            let bytes = s.read_to_vec().unwrap();
+                            let first = batch::batches(&bytes).next().unwrap().unwrap().0;
+                            assert!(first.base_offset <= offset && offset <= first.last_offset());
+                            assert_eq!(batch::batches(&bytes).filter(|b| b.is_err()).count(), 0);
+                            ok += 1;
+                        }
+                        Err(Error::OffsetOutOfRange { .. }) => out_of_range += 1,
+                        Err(e) => panic!("read failed: {e}"),
+                    }
+                }
+                (ok, out_of_range)
+            })
+        })
+        .collect();
+    for i in 0..400 {
+        log.append(&mut batch(1 + i % 3, 40, i as i64), 0).unwrap();
+        if i % 10 == 0 {
+            log.apply_retention(0).unwrap();
+        }
+    }
+    done.store(true, Ordering::Release);
+    for r in readers {
+        let (ok, _) = r.join().unwrap();
+        assert!(ok > 0);
+    }
+    assert!(log.log_start_offset() > 0);
+}
