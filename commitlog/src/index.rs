@@ -13,7 +13,8 @@
 //! The index is derived data: recovery rebuilds it from the log whenever it is
 //! missing, torn or older than the data. The active segment keeps its entries in
 //! memory (readers search them under a short read lock); a sealed segment keeps
-//! nothing resident and is searched with positional reads of the file.
+//! nothing resident until a read needs its index, and then only every 64th entry
+//! ([`SealedFile`]), reading the rest with one positional read per lookup.
 
 use std::fs::File;
 use std::io;
@@ -70,30 +71,69 @@ impl IndexEntry for TimeEntry {
     }
 }
 
+/// Every how many entries a sealed index keeps one in memory (see [`SealedFile`]).
+pub(crate) const SUMMARY_STRIDE: usize = 64;
+
+/// A sealed segment's index file, opened on the first lookup, with every
+/// [`SUMMARY_STRIDE`]-th entry resident: a lookup binary-searches the summary in
+/// memory, then reads one block of at most 64 entries (512 bytes) with a single
+/// positional read. Resident memory is 1/64 of the index, and only for segments
+/// that were read.
+#[derive(Debug)]
+pub(crate) struct SealedFile<E> {
+    file: File,
+    count: usize,
+    summary: Vec<E>,
+}
+
+impl<E: IndexEntry> SealedFile<E> {
+    /// Reads the index file once to build the summary.
+    pub(crate) fn load(file: File) -> io::Result<Self> {
+        let count = file.metadata()?.len() as usize / E::SIZE;
+        let mut summary = Vec::with_capacity(count.div_ceil(SUMMARY_STRIDE));
+        let block = SUMMARY_STRIDE * E::SIZE;
+        let mut buf = vec![0u8; block * 256];
+        let mut i = 0;
+        while i < count {
+            let n = (count - i).min(buf.len() / E::SIZE);
+            let bytes = &mut buf[..n * E::SIZE];
+            file.read_exact_at(bytes, (i * E::SIZE) as u64)?;
+            summary.extend(bytes.chunks(block).map(E::decode));
+            i += n;
+        }
+        Ok(Self { file, count, summary })
+    }
+
+    pub(crate) fn entries(&self) -> Entries<'_, E> {
+        Entries::File { file: &self.file, count: self.count, summary: &self.summary }
+    }
+}
+
 /// Where a lookup finds the entries.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Entries<'a, E> {
     /// Resident (the active segment).
     Memory(&'a [E]),
-    /// In a file holding `count` entries (a sealed segment).
-    File(&'a File, usize),
+    /// In a file holding `count` entries, with every [`SUMMARY_STRIDE`]-th one in
+    /// `summary` (a sealed segment).
+    File { file: &'a File, count: usize, summary: &'a [E] },
 }
 
 impl<E: IndexEntry> Entries<'_, E> {
     pub(crate) fn len(&self) -> usize {
         match self {
             Self::Memory(v) => v.len(),
-            Self::File(_, n) => *n,
+            Self::File { count, .. } => *count,
         }
     }
 
     pub(crate) fn get(&self, i: usize) -> io::Result<E> {
         match self {
             Self::Memory(v) => Ok(v[i]),
-            Self::File(f, _) => {
+            Self::File { file, .. } => {
                 let mut buf = [0u8; 16];
                 let buf = &mut buf[..E::SIZE];
-                f.read_exact_at(buf, (i * E::SIZE) as u64)?;
+                file.read_exact_at(buf, (i * E::SIZE) as u64)?;
                 Ok(E::decode(buf))
             }
         }
@@ -106,18 +146,21 @@ impl<E: IndexEntry> Entries<'_, E> {
     /// Example: entries with relative offsets `[0, 10, 25]` and `below = |e| e.relative_offset <= 12`
     /// give the entry for 10; `<= 9` gives the entry for 0; an empty index gives `None`.
     pub(crate) fn floor(&self, below: impl Fn(&E) -> bool) -> io::Result<Option<E>> {
-        let (mut lo, mut hi) = (0, self.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if below(&self.get(mid)?) {
-                lo = mid + 1;
-            } else {
-                hi = mid;
+        match self {
+            Self::Memory(v) => Ok(v.partition_point(|e| below(e)).checked_sub(1).map(|i| v[i])),
+            Self::File { file, count, summary } => {
+                // The last true entry lies in the block of the last true summary entry.
+                let Some(block) = summary.partition_point(|e| below(e)).checked_sub(1) else {
+                    return Ok(None);
+                };
+                let from = block * SUMMARY_STRIDE;
+                let n = (*count - from).min(SUMMARY_STRIDE);
+                let mut buf = [0u8; SUMMARY_STRIDE * 16];
+                let bytes = &mut buf[..n * E::SIZE];
+                file.read_exact_at(bytes, (from * E::SIZE) as u64)?;
+                let entries: Vec<E> = bytes.chunks_exact(E::SIZE).map(E::decode).collect();
+                Ok(entries.partition_point(|e| below(e)).checked_sub(1).map(|i| entries[i]))
             }
-        }
-        match lo {
-            0 => Ok(None),
-            n => self.get(n - 1).map(Some),
         }
     }
 }
@@ -184,13 +227,22 @@ mod tests {
     #[test]
     fn file_and_memory_lookups_agree() {
         let v: Vec<OffsetEntry> = (0..1000).map(|i| OffsetEntry { relative_offset: i * 3, position: i * 100 }).collect();
-        let mut f = tempfile::tempfile().unwrap();
-        f.write_all(&encode(&v)).unwrap();
-        let mem = Entries::Memory(&v);
-        let file = Entries::File(&f, v.len());
-        for x in [0, 1, 2, 3, 1500, 2996, 2997, 2998, 5000] {
-            let pred = |e: &OffsetEntry| e.relative_offset <= x;
-            assert_eq!(mem.floor(pred).unwrap(), file.floor(pred).unwrap(), "{x}");
+        // Whole blocks, a partial last block, fewer entries than one block, none.
+        for n in [1000, 640, 65, 64, 63, 1, 0] {
+            let v = &v[..n];
+            let mut f = tempfile::tempfile().unwrap();
+            f.write_all(&encode(v)).unwrap();
+            let sealed = SealedFile::<OffsetEntry>::load(f).unwrap();
+            let mem = Entries::Memory(v);
+            let file = sealed.entries();
+            assert_eq!(file.len(), n);
+            for x in (0..3003).step_by(7).chain([1, 2, 3, 189, 190, 191, 192, 193, 2996, 2997, 2998, 5000]) {
+                let pred = |e: &OffsetEntry| e.relative_offset <= x;
+                assert_eq!(mem.floor(pred).unwrap(), file.floor(pred).unwrap(), "{n} entries, {x}");
+            }
+            if n > 0 {
+                assert_eq!(file.get(n - 1).unwrap(), v[n - 1]);
+            }
         }
         let t: Vec<TimeEntry> = (0..50).map(|i| TimeEntry { timestamp: 1000 + i * 10, relative_offset: i as u32 }).collect();
         let bytes = encode(&t);

@@ -5,7 +5,8 @@
 //! The writer publishes appended bytes by raising `size` (release) after writing
 //! them; readers never look past the `size` they loaded (acquire). Index entries of
 //! the active segment are resident and guarded by a short `RwLock` (no I/O is ever
-//! done under it); a sealed segment drops them and is searched in its files.
+//! done under it); a sealed segment drops them and is searched in its files
+//! through a small summary loaded on the first lookup (see `index::SealedFile`).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -16,7 +17,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use fjord_record::{BatchHeader, Offset, BATCH_OVERHEAD};
 
-use crate::index::{Entries, IndexEntry, OffsetEntry, TimeEntry};
+use crate::index::{Entries, IndexEntry, OffsetEntry, SealedFile, TimeEntry};
 use crate::lock;
 
 /// Segment file suffixes.
@@ -38,8 +39,8 @@ enum Resident<E> {
     Sealed,
 }
 
-/// A lazily opened index file of a sealed segment and its entry count.
-type SealedIndex = Mutex<Option<(Arc<File>, usize)>>;
+/// A sealed segment's index file, loaded on the first lookup.
+type SealedIndex<E> = Mutex<Option<Arc<SealedFile<E>>>>;
 
 /// One segment (see the module docs).
 #[derive(Debug)]
@@ -52,8 +53,8 @@ pub(crate) struct Segment {
     max_timestamp: AtomicI64,
     offsets: RwLock<Resident<OffsetEntry>>,
     times: RwLock<Resident<TimeEntry>>,
-    sealed_offsets: SealedIndex,
-    sealed_times: SealedIndex,
+    sealed_offsets: SealedIndex<OffsetEntry>,
+    sealed_times: SealedIndex<TimeEntry>,
     deleted: AtomicBool,
 }
 
@@ -171,7 +172,7 @@ impl Segment {
     fn with_entries<E: IndexEntry, R>(
         &self,
         resident: &RwLock<Resident<E>>,
-        sealed: &SealedIndex,
+        sealed: &SealedIndex<E>,
         suffix: &str,
         f: impl FnOnce(Entries<'_, E>) -> io::Result<R>,
     ) -> io::Result<Option<R>> {
@@ -181,11 +182,11 @@ impl Segment {
                 return f(Entries::Memory(v)).map(Some);
             }
         }
-        let handle = {
+        let loaded = {
             let mut cached = lock::mutex(sealed);
             if cached.is_none() {
-                match File::open(self.path(suffix)).and_then(|f| Ok((f.metadata()?.len(), f))) {
-                    Ok((len, file)) => *cached = Some((Arc::new(file), len as usize / E::SIZE)),
+                match File::open(self.path(suffix)).and_then(SealedFile::load) {
+                    Ok(s) => *cached = Some(Arc::new(s)),
                     Err(e) => {
                         tracing::debug!(segment = self.base_offset, error = %e, "index file unavailable, scanning the segment");
                         return Ok(None);
@@ -194,8 +195,8 @@ impl Segment {
             }
             cached.clone()
         };
-        match handle {
-            Some((file, count)) => f(Entries::File(&file, count)).map(Some),
+        match loaded {
+            Some(s) => f(s.entries()).map(Some),
             None => Ok(None),
         }
     }
