@@ -284,14 +284,18 @@ impl Segment {
         Ok(self.with_entries(&self.times, &self.sealed_times, TIME_INDEX_SUFFIX, |e| e.floor(|x: &TimeEntry| x.timestamp < ts))?.flatten())
     }
 
-    /// The last entry of the time index file (for a sealed segment loaded on open).
+    /// The last entry of the time index file (for a sealed segment loaded on open):
+    /// one positional read, without loading the index.
     pub(crate) fn last_time_entry(&self) -> io::Result<Option<TimeEntry>> {
-        Ok(self
-            .with_entries(&self.times, &self.sealed_times, TIME_INDEX_SUFFIX, |e| match e.len() {
-                0 => Ok(None),
-                n => e.get(n - 1).map(Some),
-            })?
-            .flatten())
+        let file = File::open(self.path(TIME_INDEX_SUFFIX))?;
+        let len = file.metadata()?.len();
+        let size = TimeEntry::SIZE as u64;
+        if len < size {
+            return Ok(None);
+        }
+        let mut buf = [0u8; TimeEntry::SIZE];
+        file.read_exact_at(&mut buf, (len / size - 1) * size)?;
+        Ok(Some(TimeEntry::decode(&buf)))
     }
 }
 
