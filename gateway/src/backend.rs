@@ -174,7 +174,7 @@ impl KafkaBackend {
             delivery_timeout: self.config.broker_timeout,
             // The gateway bounds what it accepts itself (buffer_bytes, answered with 429);
             // the producer's own bound is a backstop that must not make sends wait.
-            buffer_memory: self.config.buffer_bytes * 2,
+            buffer_memory: (self.config.buffer_bytes * 2).max(ProducerConfig::default().max_request_size),
             max_block: self.config.broker_timeout,
             ..ProducerConfig::default()
         };
@@ -310,22 +310,20 @@ impl Backend for KafkaBackend {
     async fn describe(&self, topic: &str) -> Result<Vec<PartitionDescription>> {
         let admin = self.admin().await?;
         let t = bounded(self.config.broker_timeout, "describing the topic", admin.describe_topic(topic)).await?;
-        let specs: Vec<(String, i32, OffsetSpec)> = t
-            .partitions
-            .iter()
-            .flat_map(|p| [(topic.to_string(), p.partition, OffsetSpec::Earliest), (topic.to_string(), p.partition, OffsetSpec::Latest)])
-            .collect();
-        let offsets = bounded(self.config.broker_timeout, "listing offsets", admin.list_offsets(&specs)).await?;
+        // One ListOffsets per spec: a request names each partition once.
+        let specs = |spec: OffsetSpec| -> Vec<(String, i32, OffsetSpec)> { t.partitions.iter().map(|p| (topic.to_string(), p.partition, spec)).collect() };
+        let earliest = bounded(self.config.broker_timeout, "listing offsets", admin.list_offsets(&specs(OffsetSpec::Earliest))).await?;
+        let latest = bounded(self.config.broker_timeout, "listing offsets", admin.list_offsets(&specs(OffsetSpec::Latest))).await?;
         Ok(t.partitions
             .iter()
-            .zip(offsets.chunks(2))
-            .map(|(p, o)| PartitionDescription {
+            .zip(earliest.into_iter().zip(latest))
+            .map(|(p, (earliest_offset, latest_offset))| PartitionDescription {
                 partition: p.partition,
                 leader: p.leader,
                 replicas: p.replicas.clone(),
                 in_sync_replicas: p.in_sync_replicas.clone(),
-                earliest_offset: o[0],
-                latest_offset: o[1],
+                earliest_offset,
+                latest_offset,
             })
             .collect())
     }
