@@ -4,10 +4,12 @@
 //! # Layout
 //! - `server`: `fjord dev` and `fjord broker` (config layering, signals, `fjord_broker::run`).
 //! - `registry`: `fjord registry`, the schema registry service.
+//! - `gateway`: `fjord gateway`, the HTTP/gRPC front door.
 //! - `tools`: `fjord topics`, `produce`, `consume`, `bench` over `fjord_client`.
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+mod gateway;
 mod registry;
 mod server;
 mod tools;
@@ -27,6 +29,8 @@ enum Command {
     Broker(server::BrokerArgs),
     /// Run the Avro schema registry (Confluent Schema Registry REST API).
     Registry(registry::RegistryArgs),
+    /// Run the HTTP and gRPC gateway that publishes events into the brokers.
+    Gateway(gateway::GatewayArgs),
     /// Create, list, describe, delete or alter topics.
     Topics(tools::topics::TopicsArgs),
     /// Send stdin lines as records.
@@ -48,6 +52,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Dev(args) => server::dev(args).await,
         Command::Broker(args) => server::broker(args).await,
         Command::Registry(args) => registry::registry(args).await,
+        Command::Gateway(args) => gateway::gateway(args).await,
         Command::Topics(args) => tools::run_or_exit(tools::topics::run(args)).await,
         Command::Produce(args) => tools::run_or_exit(tools::produce::run(args)).await,
         Command::Consume(args) => tools::run_or_exit(tools::consume::run(args)).await,

@@ -1,0 +1,74 @@
+//! `fjord gateway`: the HTTP and gRPC front door alone, publishing into the brokers at
+//! `--bootstrap` (and validating Avro against `--registry` when given).
+
+use std::time::Duration;
+
+use fjord_gateway::GatewayConfig;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Flags of `fjord gateway`.
+#[derive(clap::Args)]
+pub(crate) struct GatewayArgs {
+    /// Brokers to publish into, `HOST:PORT[,HOST:PORT...]` (Kafka's bootstrap.servers).
+    #[arg(long, env = "FJORD_GATEWAY_BOOTSTRAP")]
+    bootstrap: String,
+    /// Address of the HTTP API (REST Proxy v2, NDJSON, pull, /metrics, /openapi.json).
+    #[arg(long, env = "FJORD_GATEWAY_HTTP", default_value = "127.0.0.1:8082")]
+    http: String,
+    /// Address of the gRPC API (fjord.v1.Publisher / Subscriber, health, reflection).
+    #[arg(long, env = "FJORD_GATEWAY_GRPC", default_value = "127.0.0.1:50051")]
+    grpc: String,
+    /// Schema registry base URL (`http://HOST:PORT`), needed for the Avro content types.
+    #[arg(long, env = "FJORD_GATEWAY_REGISTRY")]
+    registry: Option<String>,
+    /// Largest HTTP request body in bytes (larger: 413).
+    #[arg(long, env = "FJORD_GATEWAY_MAX_BODY_BYTES")]
+    max_body_bytes: Option<usize>,
+    /// Bytes of events accepted but not yet acknowledged (beyond: 429 with Retry-After).
+    #[arg(long, env = "FJORD_GATEWAY_BUFFER_BYTES")]
+    buffer_bytes: Option<usize>,
+    /// How long the shared producer waits for more events before sending a batch (ms).
+    #[arg(long, env = "FJORD_GATEWAY_LINGER_MS")]
+    linger_ms: Option<u64>,
+    /// Bound on waiting for the brokers before answering 503 (ms).
+    #[arg(long, env = "FJORD_GATEWAY_BROKER_TIMEOUT_MS")]
+    broker_timeout_ms: Option<u64>,
+}
+
+impl GatewayArgs {
+    fn config(&self) -> GatewayConfig {
+        let defaults = GatewayConfig::new(self.bootstrap.clone());
+        GatewayConfig {
+            registry_url: self.registry.clone(),
+            max_body_bytes: self.max_body_bytes.unwrap_or(defaults.max_body_bytes),
+            buffer_bytes: self.buffer_bytes.unwrap_or(defaults.buffer_bytes),
+            linger: self.linger_ms.map_or(defaults.linger, Duration::from_millis),
+            broker_timeout: self.broker_timeout_ms.map_or(defaults.broker_timeout, Duration::from_millis),
+            ..defaults
+        }
+    }
+}
+
+/// Runs the gateway until Ctrl-C or SIGTERM.
+pub(crate) async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
+    let config = args.config();
+    config.validate()?;
+    let http = TcpListener::bind(&args.http).await?;
+    let grpc = TcpListener::bind(&args.grpc).await?;
+    println!("gateway HTTP: http://{} (OpenAPI at /openapi.json)", http.local_addr()?);
+    println!("gateway gRPC: {} (fjord.v1.Publisher, fjord.v1.Subscriber, health, reflection)", grpc.local_addr()?);
+    println!("publishing into {}", config.bootstrap);
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: shutting down"),
+            _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+        }
+        on_signal.cancel();
+    });
+    fjord_gateway::run(config, http, grpc, shutdown).await?;
+    Ok(())
+}
