@@ -93,7 +93,7 @@ pub(crate) fn document() -> Value {
                     query_param("offset", "string", "First offset: a number, earliest (default) or latest."),
                     query_param("max_bytes", "integer", "Bound on record bytes (default 1 MiB); one record is returned even if larger."),
                     query_param("max_wait_ms", "integer", "Long poll: wait this long for a record when there is none (default 0)."),
-                    query_param("format", "string", "binary (base64, default), text (UTF-8) or json (values embedded)."),
+                    query_param("format", "string", "binary (base64, default), text (UTF-8) or json (values embedded as JSON, keys and headers as text)."),
                 ],
                 "responses": {
                     "200": { "description": "Records and the next offset.", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Records" } } } },

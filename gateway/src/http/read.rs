@@ -28,7 +28,7 @@ enum Format {
     Binary,
     /// UTF-8 text.
     Text,
-    /// The value embedded as JSON (for events published as JSON).
+    /// The value embedded as JSON (for events published as JSON); keys and headers as text.
     Json,
 }
 
@@ -85,16 +85,18 @@ fn show(bytes: &Option<Bytes>, format: Format, offset: i64, what: &str) -> Resul
 fn render(topic: &str, partition: i32, fetched: &Fetched, format: Format) -> Result<Json> {
     let mut records = Vec::with_capacity(fetched.records.len());
     for r in &fetched.records {
-        let header_format = if format == Format::Json { Format::Text } else { format };
+        // json embeds values; keys and headers are shown as text then (a key taken from an
+        // NDJSON field is plain text, not JSON).
+        let text_format = if format == Format::Json { Format::Text } else { format };
         let headers = r
             .headers
             .iter()
-            .map(|(k, v)| Ok(json!({ "key": k, "value": show(v, header_format, r.offset, "a header")? })))
+            .map(|(k, v)| Ok(json!({ "key": k, "value": show(v, text_format, r.offset, "a header")? })))
             .collect::<Result<Vec<_>>>()?;
         records.push(json!({
             "offset": r.offset,
             "timestamp": r.timestamp_ms,
-            "key": show(&r.key, format, r.offset, "the key")?,
+            "key": show(&r.key, text_format, r.offset, "the key")?,
             "value": show(&r.value, format, r.offset, "the value")?,
             "headers": headers,
         }));
