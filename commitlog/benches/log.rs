@@ -7,7 +7,8 @@
 //! 1,000 records and ~1 MiB, sequential read throughput, and random `read(offset)`
 //! lookup latency p50/p99 on a 1 GiB log (in page cache, 128 MiB segments so most
 //! lookups go through sealed segments' index files). Then the same operations as
-//! short criterion benchmarks.
+//! short criterion benchmarks. `FJORD_BENCH_DIR=/some/dir` measures another file
+//! system (e.g. a tmpfs, to see the software overhead without disk writeback).
 
 use std::fs::File;
 use std::hint::black_box;
@@ -57,6 +58,7 @@ fn bench_config() -> LogConfig {
 /// log's appends (128 MiB segments, retention 512 MiB), so both meet the same
 /// page-cache and writeback conditions.
 fn page_cache_write_rate(dir: &Path, total: u64, write_size: usize) -> f64 {
+    settle();
     let chunk = vec![0u8; write_size];
     let mut files = std::collections::VecDeque::new();
     let mut written = 0u64;
@@ -82,11 +84,19 @@ fn page_cache_write_rate(dir: &Path, total: u64, write_size: usize) -> f64 {
     rate
 }
 
+/// Writes back other dirty pages first (`sync`), so that a measurement does not
+/// pay for the writeback of earlier ones or of other processes on this machine.
+fn settle() {
+    let _ = std::process::Command::new("sync").status();
+}
+
 /// Appends `batch` until `total` bytes went in; keeps at most ~512 MiB on disk.
 /// Returns (bytes/s, records/s).
 fn append_rate(dir: &Path, batch: &[u8], records: usize, total: u64) -> (f64, f64) {
     let config = LogConfig { retention_bytes: Some(512 << 20), ..bench_config() };
     let log = Log::open(dir.join("append-0"), config).unwrap();
+    log.append(&mut batch.to_vec(), 0).unwrap(); // the first append writes the epoch checkpoint
+    settle();
     let mut buf = batch.to_vec();
     let mut written = 0u64;
     let mut appends = 0u64;
@@ -138,7 +148,7 @@ fn summary(dir: &Path) {
     // shared and noisy.
     for (label, records) in [("1-record batches", 1), ("50-record batches", 50), ("1000-record batches", 1000), ("1 MiB batches", 0)] {
         let (batch, n) = build_batch(records);
-        let total = if records == 1 { 64 << 20 } else { 512 << 20 };
+        let total = if records == 1 { 64 << 20 } else { 256 << 20 };
         let (mut page_cache, mut same_size, mut bytes, mut msgs) = (0f64, 0f64, 0f64, 0f64);
         for _ in 0..3 {
             page_cache = page_cache.max(page_cache_write_rate(dir, total, 1 << 20));
@@ -232,7 +242,11 @@ fn criterion_benches(c: &mut Criterion, dir: &Path) {
 }
 
 fn main() {
-    let dir = tempfile::tempdir().unwrap();
+    // FJORD_BENCH_DIR picks the file system to measure (default: the temp dir).
+    let dir = match std::env::var_os("FJORD_BENCH_DIR") {
+        Some(d) => tempfile::tempdir_in(d).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    };
     summary(dir.path());
     let mut c = Criterion::default()
         .configure_from_args()
