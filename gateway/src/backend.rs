@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use fjord_client::{
@@ -233,26 +233,26 @@ impl Backend for KafkaBackend {
         if let Some(partition) = events.iter().filter_map(|e| e.partition).find(|p| !(0..partitions).contains(p)) {
             return Err(Error::UnknownPartition { topic: topic.to_string(), partition });
         }
-        let deadline = Instant::now() + self.config.broker_timeout;
-        let mut futures = Vec::with_capacity(events.len());
-        for e in events {
-            let record = ProducerRecord {
-                topic: topic.to_string(),
-                partition: e.partition,
-                key: e.key,
-                value: e.value,
-                headers: e.headers,
-                timestamp: e.timestamp_ms,
-            };
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            futures.push(bounded(remaining, "queueing events", producer.send(record)).await?);
-        }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let results = match tokio::time::timeout(remaining, futures::future::join_all(futures)).await {
-            Ok(results) => results,
-            Err(_) => {
-                return Err(Error::Unavailable(format!("no acknowledgement within {:?}", self.config.broker_timeout)));
+        // One bound for queueing and acknowledgement together (a timer per event would
+        // cost more than the send).
+        let send_all = async {
+            let mut futures = Vec::with_capacity(events.len());
+            for e in events {
+                let record = ProducerRecord {
+                    topic: topic.to_string(),
+                    partition: e.partition,
+                    key: e.key,
+                    value: e.value,
+                    headers: e.headers,
+                    timestamp: e.timestamp_ms,
+                };
+                futures.push(producer.send(record).await?);
             }
+            Ok::<_, fjord_client::Error>(futures::future::join_all(futures).await)
+        };
+        let results = match tokio::time::timeout(self.config.broker_timeout, send_all).await {
+            Ok(results) => results?,
+            Err(_) => return Err(Error::Unavailable(format!("no acknowledgement within {:?}", self.config.broker_timeout))),
         };
         Ok(results.into_iter().map(|r| r.map(|m| Delivered { partition: m.partition, offset: m.offset }).map_err(Error::from)).collect())
     }
