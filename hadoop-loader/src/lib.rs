@@ -79,12 +79,14 @@ pub enum Error {
         source: std::io::Error,
     },
     /// HDFS failure.
-    #[error("HDFS {op} {path}: {source}")]
+    #[error("HDFS {op} {path} (namenode {namenode}): {source}")]
     Hdfs {
         /// Operation.
         op: &'static str,
         /// Path operated on.
         path: String,
+        /// The namenode address.
+        namenode: String,
         /// Cause.
         #[source]
         source: Box<hdfs_native::HdfsError>,

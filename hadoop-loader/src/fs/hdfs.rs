@@ -35,13 +35,13 @@ impl HdfsFs {
                 ("dfs.client.failover.sleep.max.millis", "500"),
             ])
             .build()
-            .map_err(|source| Error::Hdfs { op: "connect", path: url.clone(), source: Box::new(source) })?;
+            .map_err(|source| Error::Hdfs { op: "connect", path: url.clone(), namenode: authority.to_string(), source: Box::new(source) })?;
         Ok(Self { client, namenode: authority.to_string(), timeout })
     }
 
     async fn bounded<T>(&self, op: &'static str, path: &str, call: impl Future<Output = Result<T, HdfsError>>) -> Result<T> {
         match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => result.map_err(|e| map(op, path, e)),
+            Ok(result) => result.map_err(|e| map(op, path, &self.namenode, e)),
             Err(_) => Err(Error::Timeout { op, path: path.to_string(), namenode: self.namenode.clone(), timeout: self.timeout }),
         }
     }
@@ -55,11 +55,11 @@ impl HdfsFs {
     }
 }
 
-fn map(op: &'static str, path: &str, e: HdfsError) -> Error {
+fn map(op: &'static str, path: &str, namenode: &str, e: HdfsError) -> Error {
     match e {
         HdfsError::FileNotFound(_) => Error::NotFound(path.to_string()),
         HdfsError::AlreadyExists(_) => Error::AlreadyExists(path.to_string()),
-        other => Error::Hdfs { op, path: path.to_string(), source: Box::new(other) },
+        other => Error::Hdfs { op, path: path.to_string(), namenode: namenode.to_string(), source: Box::new(other) },
     }
 }
 
@@ -73,7 +73,7 @@ struct HdfsWriter {
 impl HdfsWriter {
     fn finish<T>(&self, op: &'static str, outcome: Result<Result<T, HdfsError>, tokio::time::error::Elapsed>) -> Result<T> {
         match outcome {
-            Ok(result) => result.map_err(|e| map(op, &self.path, e)),
+            Ok(result) => result.map_err(|e| map(op, &self.path, &self.namenode, e)),
             Err(_) => Err(Error::Timeout { op, path: self.path.clone(), namenode: self.namenode.clone(), timeout: self.timeout }),
         }
     }
