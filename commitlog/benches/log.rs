@@ -1,9 +1,9 @@
 //! Log benchmarks: `cargo bench -p fjord-log`.
 //!
 //! First a summary measured with plain timed loops, all in one run so the numbers
-//! compare: before each append run, this machine's sequential page-cache write rate
-//! for the same volume (std::fs, 1 MiB writes like `dd bs=1M`, and writes of the
-//! batch's size), then append throughput of 200-byte records in batches of 1, 50,
+//! compare: this machine's sequential page-cache write rate paired round by round
+//! with the same volume of appends (std::fs, 1 MiB writes like `dd bs=1M`, and
+//! writes of the batch's size), append throughput of 200-byte records in batches of 1, 50,
 //! 1,000 records and ~1 MiB, sequential read throughput, and random `read(offset)`
 //! lookup latency p50/p99 on a 1 GiB log (in page cache, 128 MiB segments so most
 //! lookups go through sealed segments' index files). Then the same operations as
@@ -58,7 +58,6 @@ fn bench_config() -> LogConfig {
 /// log's appends (128 MiB segments, retention 512 MiB), so both meet the same
 /// page-cache and writeback conditions.
 fn page_cache_write_rate(dir: &Path, total: u64, write_size: usize) -> f64 {
-    settle();
     let chunk = vec![0u8; write_size];
     let mut files = std::collections::VecDeque::new();
     let mut written = 0u64;
@@ -96,7 +95,6 @@ fn append_rate(dir: &Path, batch: &[u8], records: usize, total: u64) -> (f64, f6
     let config = LogConfig { retention_bytes: Some(512 << 20), ..bench_config() };
     let log = Log::open(dir.join("append-0"), config).unwrap();
     log.append(&mut batch.to_vec(), 0).unwrap(); // the first append writes the epoch checkpoint
-    settle();
     let mut buf = batch.to_vec();
     let mut written = 0u64;
     let mut appends = 0u64;
@@ -142,24 +140,29 @@ impl Rng {
 
 fn summary(dir: &Path) {
     println!("== fjord-log summary (one run; 200-byte records) ==");
-    // Each append measurement alternates with two reference measurements of the
-    // same volume: 1 MiB writes (dd bs=1M) and writes of the batch's size (the
-    // kernel's per-write cost). Best of three rounds each, because the machine is
-    // shared and noisy.
+    // Paired measurements: each round writes the same volume three ways, back to
+    // back, after a `sync`: 1 MiB writes (dd bs=1M), writes of the batch's size (the
+    // kernel's per-write cost), and log appends. Times add up over the rounds, so
+    // all three see the same (shared, noisy) machine.
+    const ROUNDS: u32 = 8;
     for (label, records) in [("1-record batches", 1), ("50-record batches", 50), ("1000-record batches", 1000), ("1 MiB batches", 0)] {
         let (batch, n) = build_batch(records);
-        let total = if records == 1 { 64 << 20 } else { 256 << 20 };
-        let (mut page_cache, mut same_size, mut bytes, mut msgs) = (0f64, 0f64, 0f64, 0f64);
-        for _ in 0..3 {
-            page_cache = page_cache.max(page_cache_write_rate(dir, total, 1 << 20));
-            same_size = same_size.max(page_cache_write_rate(dir, total, batch.len()));
+        let total: u64 = if records == 1 { 8 << 20 } else { 64 << 20 };
+        let (mut page_cache, mut same_size, mut append, mut msgs) = (0f64, 0f64, 0f64, 0f64);
+        for _ in 0..ROUNDS {
+            settle();
+            page_cache += total as f64 / page_cache_write_rate(dir, total, 1 << 20);
+            same_size += total as f64 / page_cache_write_rate(dir, total, batch.len());
             let (b, m) = append_rate(dir, &batch, n, total);
-            (bytes, msgs) = (bytes.max(b), msgs.max(m));
+            append += total as f64 / b;
+            msgs += m * (total as f64 / b);
         }
+        let volume = (total * u64::from(ROUNDS)) as f64;
+        let (page_cache, same_size, bytes, msgs) = (volume / page_cache, volume / same_size, volume / append, msgs / append);
         println!(
             "append {label:<20} ({:>7} B/batch, {:>4} MiB): {:>6.0} MB/s {:>9.0} msg/s | page cache 1 MiB writes {:>6.0} MB/s -> {:>5.1}% | same-size writes {:>6.0} MB/s -> {:>5.1}%",
             batch.len(),
-            total >> 20,
+            (total * u64::from(ROUNDS)) >> 20,
             bytes / MIB,
             msgs,
             page_cache / MIB,

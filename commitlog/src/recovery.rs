@@ -75,6 +75,11 @@ pub(crate) fn scan(
                     s.torn = Some((position, format!("batch offset {} out of order", header.base_offset)));
                     break;
                 }
+                // Index positions are u32; segment.bytes keeps real segments far below.
+                if position + header.size() as u64 > u64::from(u32::MAX) {
+                    s.torn = Some((position, "segment larger than 4 GiB".to_owned()));
+                    break;
+                }
                 let rel = (header.base_offset - base_offset) as u32;
                 let (o, t) = s.builder.on_batch(interval, rel, position as u32, header.max_timestamp, header.size() as u64);
                 s.offsets.extend(o);
