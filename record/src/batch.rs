@@ -221,7 +221,7 @@ impl BatchHeader {
         }
         let mut seen = 0i32;
         let mut records = crate::records::Records::new(&batch[BATCH_OVERHEAD..self.size()], BATCH_OVERHEAD);
-        for record in &mut records {
+        while let Some(record) = records.next_skipping_headers() {
             let record = record?;
             if record.offset_delta < 0 || record.offset_delta > self.last_offset_delta {
                 return Err(Error::MalformedRecord {

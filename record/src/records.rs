@@ -51,7 +51,20 @@ impl<'a> Records<'a> {
         Self { body, at: 0, base_position, failed: false }
     }
 
-    fn read_record(&mut self) -> Result<Record<'a>> {
+    /// Reads the next record, checking its framing exactly as the iterator does, but
+    /// skipping over the headers instead of collecting them: the append path's
+    /// validation, which must not allocate per record. `None` at the end.
+    pub fn next_skipping_headers(&mut self) -> Option<Result<Record<'a>>> {
+        if self.failed || self.at >= self.body.len() {
+            return None;
+        }
+        let record = self.read_record(false);
+        self.failed = record.is_err();
+        Some(record)
+    }
+
+    /// Reads one record; headers are collected only when `collect_headers`.
+    fn read_record(&mut self, collect_headers: bool) -> Result<Record<'a>> {
         let position = self.base_position + self.at;
         let bad = |detail| Error::MalformedRecord { position, detail };
         let (length, n) = get_varint(&self.body[self.at..]).ok_or(bad("unreadable length"))?;
@@ -68,11 +81,16 @@ impl<'a> Records<'a> {
         let key = cursor.nullable_bytes().ok_or(bad("bad key"))?;
         let value = cursor.nullable_bytes().ok_or(bad("bad value"))?;
         let header_count = cursor.varint().filter(|&c| c >= 0).ok_or(bad("bad header count"))?;
-        let mut headers = Vec::with_capacity((header_count as usize).min(64));
+        let mut headers = Vec::new();
+        if collect_headers {
+            headers.reserve((header_count as usize).min(64));
+        }
         for _ in 0..header_count {
             let key = cursor.nullable_bytes().flatten().ok_or(bad("bad header key"))?;
             let value = cursor.nullable_bytes().ok_or(bad("bad header value"))?;
-            headers.push(Header { key, value });
+            if collect_headers {
+                headers.push(Header { key, value });
+            }
         }
         if cursor.at != cursor.buf.len() {
             return Err(bad("trailing bytes after the headers"));
@@ -89,7 +107,7 @@ impl<'a> Iterator for Records<'a> {
         if self.failed || self.at >= self.body.len() {
             return None;
         }
-        let record = self.read_record();
+        let record = self.read_record(true);
         self.failed = record.is_err();
         Some(record)
     }
