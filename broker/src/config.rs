@@ -226,6 +226,13 @@ impl BrokerConfig {
                 "must be between 1 KiB and 2 GiB",
             ));
         }
+        if self.listeners.ip().is_unspecified() && self.advertised_listener.is_none() {
+            return Err(invalid(
+                "advertised.listeners",
+                String::new(),
+                "required when listening on a wildcard address: clients need a host they can reach",
+            ));
+        }
         if self.max_connections == 0 {
             return Err(invalid("max.connections", "0".into(), "must be at least 1"));
         }
@@ -326,6 +333,15 @@ mod tests {
             .unwrap();
         assert_eq!(config.num_partitions, 7);
         assert!(config.apply_env([("FJORD_BROKER_ID".to_owned(), "x".to_owned())]).is_err());
+    }
+
+    #[test]
+    fn a_wildcard_listener_needs_an_advertised_address() {
+        let mut config = BrokerConfig::default();
+        config.set("listeners", "PLAINTEXT://0.0.0.0:9092").unwrap();
+        assert!(matches!(config.validate(), Err(Error::InvalidConfig { .. })));
+        config.set("advertised.listeners", "broker1.example:9092").unwrap();
+        config.validate().unwrap();
     }
 
     #[test]
