@@ -76,6 +76,14 @@ fn record_values(records: &Bytes) -> Vec<String> {
     values
 }
 
+async fn earliest_offset(client: &mut RawClient, topic: &str) -> i64 {
+    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
+        .with_name(name(topic))
+        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-2)])]);
+    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
+    response.topics[0].partitions[0].offset
+}
+
 async fn latest_offset(client: &mut RawClient, topic: &str) -> (i16, i64) {
     let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
         .with_name(name(topic))
@@ -463,5 +471,32 @@ async fn cleanup_policy_delete_is_accepted_and_compact_refused() {
     let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 5, &create("compacted", "compact")).await.unwrap();
     assert_eq!(response.topics[0].error_code, 40, "INVALID_CONFIG");
     assert!(response.topics[0].error_message.as_deref().unwrap_or_default().contains("compaction"));
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retention_task_deletes_old_segments_and_moves_the_log_start() {
+    let (broker, _dir) = start(|c| {
+        c.retention_check_interval = Duration::from_millis(50);
+        c.set("log.segment.bytes", "1024").unwrap();
+        c.set("log.retention.ms", "60000").unwrap();
+        c.set("log.segment.delete.delay.ms", "0").unwrap();
+    })
+    .await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    // Batches stamped in 2023: far older than retention.ms, so every sealed segment expires.
+    let value = "r".repeat(600);
+    for _ in 0..6 {
+        produce(&mut client, "old", batch(&[&value])).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while earliest_offset(&mut client, "old").await < 5 {
+        assert!(Instant::now() < deadline, "retention never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Only the active segment is left; reading below the log start is out of range.
+    let response: FetchResponse = client.call(ApiKey::Fetch, 11, &fetch_request("old", 0, 0, 1 << 20)).await.unwrap();
+    let p = fetched_partition(&response);
+    assert_eq!((p.error_code, p.log_start_offset, p.high_watermark), (OFFSET_OUT_OF_RANGE, 5, 6));
     broker.stop().await.unwrap();
 }
