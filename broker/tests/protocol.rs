@@ -500,3 +500,15 @@ async fn the_retention_task_deletes_old_segments_and_moves_the_log_start() {
     assert_eq!((p.error_code, p.log_start_offset, p.high_watermark), (OFFSET_OUT_OF_RANGE, 5, 6));
     broker.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_that_fsync_run_on_the_blocking_pool_and_still_answer() {
+    let (broker, _dir) = start(|c| c.set("log.flush.interval.messages", "1").unwrap()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    for i in 0..5 {
+        assert_eq!(produce(&mut client, "synced", batch(&[&format!("s{i}")])).await, (0, i));
+    }
+    let response: FetchResponse = client.call(ApiKey::Fetch, 11, &fetch_request("synced", 0, 0, 1 << 20)).await.unwrap();
+    assert_eq!(record_values(fetched_partition(&response).records.as_ref().unwrap()), ["s0", "s1", "s2", "s3", "s4"]);
+    broker.stop().await.unwrap();
+}
