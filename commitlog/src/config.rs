@@ -8,7 +8,7 @@ use crate::{Error, Result};
 /// with [`LogConfig::set`] using Kafka's topic config names.
 ///
 /// Kafka's "-1 means forever/never" values are `None` here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LogConfig {
     /// `segment.bytes`: roll the active segment when an append would make it larger.
     /// Default 1 GiB; at most 2 GiB − 1 because index positions are 32-bit.
@@ -37,6 +37,72 @@ pub struct LogConfig {
     /// `file.delete.delay.ms`: how long deleted segments stay as `.deleted` files so
     /// readers that still hold them can finish. Default 60 s.
     pub file_delete_delay: Duration,
+    /// `cleanup.policy`: `delete` (default), `compact` or `compact,delete`. Without
+    /// `delete`, `retention.ms` and `retention.bytes` delete nothing.
+    pub cleanup_policy: CleanupPolicy,
+    /// `delete.retention.ms`: how long a tombstone (a record with a null value) stays
+    /// after the cleaner first passed over it. Default 24 h.
+    pub delete_retention: Duration,
+    /// `min.cleanable.dirty.ratio`: clean when the bytes not yet cleaned are at least
+    /// this share of the cleanable bytes. Default 0.5; between 0 and 1.
+    pub min_cleanable_dirty_ratio: f64,
+    /// `min.compaction.lag.ms`: a segment whose largest timestamp is younger than this
+    /// is not cleaned yet. Default 0.
+    pub min_compaction_lag: Duration,
+}
+
+// `check` rejects a NaN ratio, so equality is reflexive.
+impl Eq for LogConfig {}
+
+/// `cleanup.policy`: what happens to old segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CleanupPolicy {
+    /// Delete whole segments by `retention.ms` / `retention.bytes`.
+    #[default]
+    Delete,
+    /// Keep the latest record per key (log compaction); no retention.
+    Compact,
+    /// Both: compact, and delete old segments by retention.
+    CompactDelete,
+}
+
+impl CleanupPolicy {
+    /// Whether the cleaner compacts this log.
+    pub fn compacts(self) -> bool {
+        matches!(self, Self::Compact | Self::CompactDelete)
+    }
+
+    /// Whether retention deletes old segments.
+    pub fn deletes(self) -> bool {
+        matches!(self, Self::Delete | Self::CompactDelete)
+    }
+
+    /// Kafka's spelling: `delete`, `compact`, `compact,delete`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Delete => "delete",
+            Self::Compact => "compact",
+            Self::CompactDelete => "compact,delete",
+        }
+    }
+
+    /// Parses Kafka's list syntax (order and spaces do not matter).
+    pub fn parse(value: &str) -> Option<Self> {
+        let (mut compact, mut delete) = (false, false);
+        for item in value.split(',') {
+            match item.trim() {
+                "compact" => compact = true,
+                "delete" => delete = true,
+                _ => return None,
+            }
+        }
+        match (compact, delete) {
+            (true, true) => Some(Self::CompactDelete),
+            (true, false) => Some(Self::Compact),
+            (false, true) => Some(Self::Delete),
+            (false, false) => None,
+        }
+    }
 }
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -58,6 +124,10 @@ impl Default for LogConfig {
             flush_ms: None,
             max_message_bytes: 1_048_588,
             file_delete_delay: Duration::from_secs(60),
+            cleanup_policy: CleanupPolicy::Delete,
+            delete_retention: DAY,
+            min_cleanable_dirty_ratio: 0.5,
+            min_compaction_lag: Duration::ZERO,
         }
     }
 }
@@ -75,6 +145,10 @@ impl LogConfig {
         "flush.ms",
         "max.message.bytes",
         "file.delete.delay.ms",
+        "cleanup.policy",
+        "delete.retention.ms",
+        "min.cleanable.dirty.ratio",
+        "min.compaction.lag.ms",
     ];
 
     /// Sets one value by its Kafka topic config name, e.g. `set("retention.ms", "-1")`.
@@ -105,6 +179,14 @@ impl LogConfig {
             "flush.ms" => next.flush_ms = optional(int()?)?.map(Duration::from_millis),
             "max.message.bytes" => next.max_message_bytes = u32_value(int()?)?,
             "file.delete.delay.ms" => next.file_delete_delay = Duration::from_millis(non_negative(int()?)?),
+            "cleanup.policy" => {
+                next.cleanup_policy = CleanupPolicy::parse(value).ok_or(bad("must be delete, compact or compact,delete"))?
+            }
+            "delete.retention.ms" => next.delete_retention = Duration::from_millis(non_negative(int()?)?),
+            "min.cleanable.dirty.ratio" => {
+                next.min_cleanable_dirty_ratio = value.trim().parse::<f64>().map_err(|_| bad("not a number"))?
+            }
+            "min.compaction.lag.ms" => next.min_compaction_lag = Duration::from_millis(non_negative(int()?)?),
             _ => return Err(bad("unknown log config")),
         }
         next.check().map_err(bad)?;
@@ -127,6 +209,10 @@ impl LogConfig {
             ("flush.ms", ms(self.flush_ms)),
             ("max.message.bytes", self.max_message_bytes.to_string()),
             ("file.delete.delay.ms", self.file_delete_delay.as_millis().to_string()),
+            ("cleanup.policy", self.cleanup_policy.as_str().to_owned()),
+            ("delete.retention.ms", self.delete_retention.as_millis().to_string()),
+            ("min.cleanable.dirty.ratio", self.min_cleanable_dirty_ratio.to_string()),
+            ("min.compaction.lag.ms", self.min_compaction_lag.as_millis().to_string()),
         ]
     }
 
@@ -155,6 +241,9 @@ impl LogConfig {
         if self.flush_messages == Some(0) {
             return Err("flush.messages must be positive");
         }
+        if !(0.0..=1.0).contains(&self.min_cleanable_dirty_ratio) {
+            return Err("min.cleanable.dirty.ratio must be between 0 and 1");
+        }
         Ok(())
     }
 }
@@ -174,6 +263,10 @@ mod tests {
         assert_eq!(c.segment_bytes, 1024);
         assert_eq!(c.flush_messages, None);
         assert_eq!(c.flush_ms, Some(Duration::from_secs(1)));
+        c.set("cleanup.policy", "delete, compact").unwrap();
+        assert_eq!(c.cleanup_policy, CleanupPolicy::CompactDelete);
+        c.set("min.cleanable.dirty.ratio", "0.25").unwrap();
+        assert_eq!(c.min_cleanable_dirty_ratio, 0.25);
         for key in LogConfig::KEYS {
             let value = c.entries().into_iter().find(|(k, _)| k == key).unwrap().1;
             let mut d = LogConfig::default();
@@ -192,6 +285,11 @@ mod tests {
             ("retention.ms", "-5"),
             ("max.message.bytes", "-1"),
             ("flush.messages", "0"),
+            ("cleanup.policy", "compact,shred"),
+            ("cleanup.policy", ""),
+            ("min.cleanable.dirty.ratio", "1.5"),
+            ("min.cleanable.dirty.ratio", "NaN"),
+            ("delete.retention.ms", "-1"),
         ] {
             assert!(matches!(c.set(k, v), Err(Error::InvalidConfig { .. })), "{k}={v}");
         }

@@ -83,6 +83,41 @@ pub enum Error {
         /// The partition directory.
         dir: PathBuf,
     },
+    /// A sealed segment holds a batch that fails its CRC or framing (found by the cleaner).
+    #[error("corrupt batch at byte {position} of {}: {source}", path.display())]
+    CorruptSegment {
+        /// The segment file.
+        path: PathBuf,
+        /// Byte position of the batch (or base offset of the batch for record errors).
+        position: u64,
+        /// What is wrong.
+        #[source]
+        source: fjord_record::Error,
+    },
+    /// One batch holds more keys than the cleaner's offset map
+    /// (`log.cleaner.dedupe.buffer.size`) can take.
+    #[error("cleaning {}: a batch holds more keys than the offset map's {capacity}", dir.display())]
+    CleanerBufferTooSmall {
+        /// The partition directory.
+        dir: PathBuf,
+        /// Keys the map holds.
+        capacity: usize,
+    },
+    /// A segment swap stopped after its commit point; reopening the log finishes it.
+    #[error("segment swap in {} interrupted: {source}", dir.display())]
+    SwapInterrupted {
+        /// The partition directory.
+        dir: PathBuf,
+        /// Why it stopped.
+        #[source]
+        source: Box<Error>,
+    },
+    /// An earlier swap was interrupted: this log is not cleaned again until reopened.
+    #[error("the cleaner stopped on {} after an interrupted swap; reopen the log", dir.display())]
+    CleanerStopped {
+        /// The partition directory.
+        dir: PathBuf,
+    },
 }
 
 /// `Result` with this crate's [`Error`].

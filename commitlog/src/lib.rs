@@ -15,9 +15,11 @@
 //!     00000000000000000000.timeindex  (timestamp i64, relative offset u32) when the max timestamp grows
 //!     leader-epoch-checkpoint         epoch -> start offset
 //!     .clean-shutdown                 log end offset, written by close(): no recovery scan needed
+//!     cleaner-offset-checkpoint       compacted logs: first dirty offset, tombstone ages (cleaner)
+//!     *.cleaned, *.swap               a clean in progress (see [`cleaner`] for the swap protocol)
 //!     *.deleted                       segments waiting for file.delete.delay.ms
 //! ```
-//! Modules: [`config`] (LogConfig), `segment` (one segment and reads within it),
+//! Modules: [`config`] (LogConfig), [`cleaner`] (log compaction), `segment` (one segment and reads within it),
 //! `index` (offset and time index), `recovery` (opening a directory), `log` (the
 //! partition log), `manager` (the log dir), `checkpoint` and `epoch` (text files).
 //!
@@ -36,6 +38,7 @@
 
 pub mod config;
 mod checkpoint;
+pub mod cleaner;
 mod epoch;
 mod error;
 mod index;
@@ -45,7 +48,8 @@ mod manager;
 mod recovery;
 mod segment;
 
-pub use config::LogConfig;
+pub use cleaner::{CleanStats, Cleaner, CleanerConfig};
+pub use config::{CleanupPolicy, LogConfig};
 pub use error::{Error, Result};
 pub use fjord_record::{Offset, TopicPartition};
 pub use log::{AppendInfo, Log, ReadSlice};

@@ -13,6 +13,7 @@ use fjord_record::batch::{self, BatchHeader};
 use fjord_record::{Compression, Offset, Records, TimestampType, BATCH_OVERHEAD};
 
 use crate::checkpoint::sync_dir;
+use crate::cleaner::{self, CleanStats, Cleaned, CleanerState, SwapHook, SwapStep, CLEANED_SUFFIX, SWAP_SUFFIX};
 use crate::epoch::EpochCache;
 use crate::error::IoContext;
 use crate::index::{self, IndexBuilder};
@@ -88,6 +89,10 @@ pub struct Log {
     recovery_point: AtomicI64,
     size_bytes: AtomicU64,
     last_flush_ms: AtomicI64,
+    /// Compaction state; also serializes cleans of this log.
+    pub(crate) cleaner: Mutex<CleanerState>,
+    /// What the last clean did (for metrics).
+    pub(crate) last_clean: Mutex<Option<CleanStats>>,
 }
 
 #[derive(Debug)]
@@ -147,6 +152,8 @@ impl Log {
             }),
             view: RwLock::new(view),
             config: RwLock::new(config),
+            cleaner: Mutex::new(CleanerState::load(&dir)),
+            last_clean: Mutex::new(None),
             dir,
         })
     }
@@ -340,7 +347,7 @@ impl Log {
         *lock::write(&self.view) = Arc::new(w.segments.clone());
     }
 
-    fn view(&self) -> Arc<SegmentMap> {
+    pub(crate) fn view(&self) -> Arc<SegmentMap> {
         lock::read(&self.view).clone()
     }
 
@@ -653,6 +660,9 @@ impl Log {
             return Ok(0);
         }
         let config = self.config();
+        if !config.cleanup_policy.deletes() {
+            return Ok(0);
+        }
         let active_base = w.active.segment.base_offset;
         let mut size = self.size_bytes();
         let mut doomed = Vec::new();
@@ -748,6 +758,79 @@ impl Log {
         w.closed = true;
         w.pending_deletes.clear();
         fs::remove_dir_all(&self.dir).at(&self.dir)
+    }
+
+    /// What the last clean of this log did (`None` before the first one).
+    pub fn last_clean(&self) -> Option<CleanStats> {
+        *lock::mutex(&self.last_clean)
+    }
+
+    /// Replaces the sealed segments `group` (consecutive, the first at
+    /// `cleaned.base`) with the cleaned segment written as `.cleaned` files, following
+    /// the swap protocol of [`crate::cleaner`]. `Ok(false)`, with the cleaned files
+    /// removed, when the group changed since the clean started (retention, truncation).
+    pub(crate) fn install_cleaned(&self, group: &[Arc<Segment>], cleaned: Cleaned, hook: &mut Option<SwapHook>) -> Result<bool> {
+        let dir = self.dir.clone();
+        let base = cleaned.base;
+        let interrupted = |source: Error| Error::SwapInterrupted { dir: dir.clone(), source: Box::new(source) };
+        // A hook error stands for a crash: the files stay exactly as they are.
+        let mut step = |s: SwapStep| -> Result<()> {
+            match hook {
+                Some(h) => h(s).map_err(|e| interrupted(Error::Io { path: dir.clone(), source: e })),
+                None => Ok(()),
+            }
+        };
+        let mut w = lock::mutex(&self.writer);
+        let unchanged = !w.closed && group.iter().all(|s| w.segments.get(&s.base_offset).is_some_and(|c| Arc::ptr_eq(c, s)));
+        if !unchanged {
+            drop(w);
+            cleaner::remove_cleaned(&dir, base)?;
+            return Ok(false);
+        }
+        // Readers of the old segments must never open the new files under the old names.
+        for s in group {
+            s.pin_indexes();
+        }
+        step(SwapStep::Commit)?;
+        for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX] {
+            step(SwapStep::RenameToSwap(suffix))?;
+            let from = cleaner::suffixed(&dir, base, suffix, CLEANED_SUFFIX);
+            let to = cleaner::suffixed(&dir, base, suffix, SWAP_SUFFIX);
+            if let Err(e) = fs::rename(&from, &to) {
+                // Not committed (the .log rename is the commit): back to the old set.
+                let _ = cleaner::remove_cleaned(&dir, base);
+                return Err(Error::Io { path: to, source: e });
+            }
+        }
+        let config = self.config();
+        let committed = (|| -> Result<Arc<Segment>> {
+            sync_dir(&dir)?;
+            for s in group {
+                step(SwapStep::DeleteOld(s.base_offset))?;
+                self.schedule_delete(&mut w, &config, s)?;
+            }
+            for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX] {
+                step(SwapStep::Install(suffix))?;
+                let to = crate::segment::segment_path(&dir, base, suffix);
+                fs::rename(cleaner::suffixed(&dir, base, suffix, SWAP_SUFFIX), &to).at(&to)?;
+            }
+            sync_dir(&dir)?;
+            let path = crate::segment::segment_path(&dir, base, LOG_SUFFIX);
+            let file = Segment::open_log_file(&dir, base).at(&path)?;
+            Ok(Arc::new(Segment::new(&dir, base, file, cleaned.size, cleaned.max_timestamp)))
+        })();
+        let new = committed.map_err(|e| match e {
+            e @ Error::SwapInterrupted { .. } => e,
+            e => interrupted(e),
+        })?;
+        for s in group {
+            w.segments.remove(&s.base_offset);
+        }
+        w.segments.insert(base, new);
+        w.unsynced.retain(|s| !group.iter().any(|g| Arc::ptr_eq(g, s)));
+        self.publish(&w);
+        self.size_bytes.store(w.segments.values().map(|s| s.size()).sum(), Ordering::Release);
+        Ok(true)
     }
 
     /// Time since the last flush (for metrics).

@@ -145,13 +145,14 @@ pub(crate) struct Loaded {
 /// Opens or creates the partition directory `dir` (see the module docs).
 pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Result<Loaded> {
     fs::create_dir_all(dir).at(dir)?;
+    crate::cleaner::finish_interrupted_swaps(dir)?;
     let mut bases = Vec::new();
     let mut index_files = Vec::new();
     for entry in fs::read_dir(dir).at(dir)? {
         let entry = entry.at(dir)?;
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name == epoch::FILE_NAME || name == CLEAN_SHUTDOWN {
+        if name == epoch::FILE_NAME || name == CLEAN_SHUTDOWN || name == crate::cleaner::CLEANER_CHECKPOINT {
             continue;
         }
         if name.ends_with(DELETED_SUFFIX) || name.ends_with(".tmp") {

@@ -201,6 +201,14 @@ impl Segment {
         }
     }
 
+    /// Loads a sealed segment's index summaries now, so later lookups keep using these
+    /// files even after the names are reused (a cleaned segment replacing this one).
+    pub(crate) fn pin_indexes(&self) {
+        // A missing index means "scan": nothing to pin, and that stays correct.
+        let _ = self.with_entries(&self.offsets, &self.sealed_offsets, INDEX_SUFFIX, |_| Ok(()));
+        let _ = self.with_entries(&self.times, &self.sealed_times, TIME_INDEX_SUFFIX, |_| Ok(()));
+    }
+
     /// Position of a batch at or before the one holding `offset` (0 when unknown).
     fn position_at_or_before(&self, offset: Offset) -> io::Result<u64> {
         let rel = relative(offset - self.base_offset);
