@@ -244,17 +244,23 @@ impl Cleaner {
         if state.failed {
             return Err(Error::CleanerStopped { dir: log.dir().to_path_buf() });
         }
-        state.first_dirty = state.first_dirty.clamp(log.log_start_offset(), log.log_end_offset());
+        let truncated = log.truncated_below.swap(Offset::MAX, std::sync::atomic::Ordering::AcqRel);
+        state.truncated(truncated.min(log.log_end_offset()));
+        state.first_dirty = state.first_dirty.max(log.log_start_offset());
         stats.first_dirty_before = state.first_dirty;
         stats.first_dirty_after = state.first_dirty;
         stats.dirty_ratio = log.cleanable_ratio_with(state.first_dirty, now_ms).unwrap_or(0.0);
         let capacity = self.config.dedupe_buffer_size;
         let map = self.map.get_or_insert_with(|| OffsetMap::new(capacity));
         let mut throttle = Throttle::new(self.config.io_max_bytes_per_second);
+        // The end is fixed when the clean starts: under steady appends, later passes
+        // would otherwise chase an end that keeps moving.
+        let target = cleanable_end(&log.view(), now_ms, config.min_compaction_lag, log.high_watermark());
         let mut tombstone_pass_done = false;
         loop {
             let view = log.view();
-            let clean_end = cleanable_end(&view, now_ms, config.min_compaction_lag);
+            let truncations = log.truncations.load(std::sync::atomic::Ordering::Acquire);
+            let clean_end = target.min(cleanable_end(&view, now_ms, config.min_compaction_lag, log.high_watermark()));
             let dirty = clean_end > state.first_dirty;
             // Nothing new, but tombstones below the first dirty offset have expired:
             // one pass with an empty map drops them.
@@ -284,7 +290,7 @@ impl Cleaner {
             let groups = group_segments(&view, map_end, config.segment_bytes);
             let mut outcome = Ok(true);
             for group in groups {
-                outcome = clean_group(log, &group, &pass, &mut throttle, &mut stats, &mut self.hook);
+                outcome = clean_group(log, &group, truncations, &pass, &mut throttle, &mut stats, &mut self.hook);
                 if !matches!(outcome, Ok(true)) {
                     break;
                 }
@@ -403,6 +409,21 @@ impl CleanerState {
         }
         let i = self.horizons.partition_point(|(end, _)| *end <= offset);
         self.horizons.get(i).map(|(_, ms)| *ms)
+    }
+
+    /// Forgets what lies at or above `offset`, which a truncation removed (new
+    /// records will take those offsets).
+    fn truncated(&mut self, offset: Offset) {
+        self.first_dirty = self.first_dirty.min(offset);
+        self.expired_below = self.expired_below.min(offset);
+        let mut kept: Vec<(Offset, i64)> = Vec::with_capacity(self.horizons.len());
+        for &(end, ms) in &self.horizons {
+            let end = end.min(offset);
+            if end > self.expired_below && kept.last().is_none_or(|(e, _)| *e < end) {
+                kept.push((end, ms));
+            }
+        }
+        self.horizons = kept;
     }
 
     /// Records that a pass at `now_ms` cleaned everything below `end`, and forgets
@@ -526,12 +547,16 @@ impl Throttle {
 
 type View = std::collections::BTreeMap<Offset, Arc<Segment>>;
 
-/// The base of the active segment, or of the first sealed segment whose largest
-/// timestamp is younger than `min.compaction.lag.ms`.
-fn cleanable_end(view: &View, now_ms: i64, lag: Duration) -> Offset {
+/// Where cleaning must stop: the base of the active segment, of the segment holding
+/// the high watermark (records above it may still be truncated away, and must not
+/// shadow committed ones), or of the first segment whose largest timestamp is
+/// younger than `min.compaction.lag.ms`, whichever is lowest.
+fn cleanable_end(view: &View, now_ms: i64, lag: Duration, high_watermark: Offset) -> Offset {
     let active = *view.keys().next_back().expect("invariant: at least one segment");
+    let by_hw = view.range(..=high_watermark).next_back().map_or(active, |(b, _)| *b);
+    let end = active.min(by_hw);
     let horizon = now_ms.saturating_sub(lag.as_millis() as i64);
-    view.range(..active).find(|(_, s)| !lag.is_zero() && s.max_timestamp() > horizon).map_or(active, |(b, _)| *b)
+    view.range(..end).find(|(_, s)| !lag.is_zero() && s.max_timestamp() > horizon).map_or(end, |(b, _)| *b)
 }
 
 impl Log {
@@ -543,7 +568,7 @@ impl Log {
 
     fn cleanable_ratio_with(&self, first_dirty: Offset, now_ms: i64) -> Option<f64> {
         let view = self.view();
-        let end = cleanable_end(&view, now_ms, self.config().min_compaction_lag);
+        let end = cleanable_end(&view, now_ms, self.config().min_compaction_lag, self.high_watermark());
         let (mut clean, mut dirty) = (0u64, 0u64);
         let bases: Vec<Offset> = view.range(..end).map(|(b, _)| *b).collect();
         for (i, base) in bases.iter().enumerate() {
@@ -622,24 +647,22 @@ fn records_body<'a>(header: &BatchHeader, bytes: &'a [u8], path: &Path) -> Resul
 /// Consecutive sealed segments below `map_end`, grouped so that each group's
 /// source bytes fit `segment.bytes` and its offsets fit a relative index.
 fn group_segments(view: &View, map_end: Offset, segment_bytes: u64) -> Vec<Vec<Arc<Segment>>> {
-    let segs: Vec<&Arc<Segment>> = view.range(..map_end).map(|(_, s)| s).collect();
     let active = *view.keys().next_back().expect("invariant: at least one segment");
+    let bases: Vec<Offset> = view.keys().copied().collect();
     let mut groups: Vec<Vec<Arc<Segment>>> = Vec::new();
     let mut size = 0u64;
-    for (i, seg) in segs.iter().enumerate() {
-        if seg.base_offset >= active {
-            break;
-        }
-        let next_base = segs.get(i + 1).map_or_else(|| view.range(seg.base_offset + 1..).next().map_or(active, |(b, _)| *b), |s| s.base_offset);
+    for (i, (&base, seg)) in view.range(..map_end.min(active)).enumerate() {
+        let next_base = bases[i + 1];
         let fits = groups.last().is_some_and(|g| {
             size + seg.size() <= segment_bytes && next_base - g[0].base_offset <= i64::from(i32::MAX)
         });
         if fits {
             size += seg.size();
-            groups.last_mut().expect("checked above").push((*seg).clone());
+            groups.last_mut().expect("checked above").push(seg.clone());
         } else {
+            debug_assert!(next_base - base <= i64::from(i32::MAX), "a segment's offsets fit its index");
             size = seg.size();
-            groups.push(vec![(*seg).clone()]);
+            groups.push(vec![seg.clone()]);
         }
     }
     groups
@@ -683,6 +706,7 @@ impl Pass<'_> {
 fn clean_group(
     log: &Log,
     group: &[Arc<Segment>],
+    truncations: u64,
     pass: &Pass<'_>,
     throttle: &mut Throttle,
     stats: &mut CleanStats,
@@ -691,13 +715,14 @@ fn clean_group(
     let dir = log.dir();
     let base = group[0].base_offset;
     let config = log.config();
+    let sizes: Vec<u64> = group.iter().map(|s| s.size()).collect();
     let mut out = CleanedWriter::create(dir, base)?;
     let mut kept: Vec<(usize, usize)> = Vec::new();
     let mut scratch = Vec::new();
-    for seg in group {
+    for (seg, &size) in group.iter().zip(&sizes) {
         let path = seg.path(LOG_SUFFIX);
-        let mut walk = Walker::new(&seg.file, 0, seg.size());
-        stats.bytes_before += seg.size();
+        let mut walk = Walker::new(&seg.file, 0, size);
+        stats.bytes_before += size;
         while let Some((header, bytes)) = next_batch(&mut walk, &path)? {
             throttle.account(bytes.len());
             stats.bytes_read += bytes.len() as u64;
@@ -733,7 +758,7 @@ fn clean_group(
     }
     let written = out.finish()?;
     throttle.account(written.size as usize);
-    match log.install_cleaned(group, written, hook) {
+    match log.install_cleaned(group, &sizes, truncations, written, hook) {
         Ok(true) => {
             stats.segments_cleaned += group.len();
             stats.bytes_after += written.size;

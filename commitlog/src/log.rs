@@ -93,6 +93,10 @@ pub struct Log {
     pub(crate) cleaner: Mutex<CleanerState>,
     /// What the last clean did (for metrics).
     pub(crate) last_clean: Mutex<Option<CleanStats>>,
+    /// Counts truncations: a clean that saw a truncation happen drops its output.
+    pub(crate) truncations: AtomicU64,
+    /// Lowest offset truncated to since the last clean started (`Offset::MAX`: none).
+    pub(crate) truncated_below: AtomicI64,
 }
 
 #[derive(Debug)]
@@ -154,6 +158,8 @@ impl Log {
             config: RwLock::new(config),
             cleaner: Mutex::new(CleanerState::load(&dir)),
             last_clean: Mutex::new(None),
+            truncations: AtomicU64::new(0),
+            truncated_below: AtomicI64::new(Offset::MAX),
             dir,
         })
     }
@@ -566,6 +572,8 @@ impl Log {
     }
 
     fn finish_truncation(&self, w: &mut Writer, new_end: Offset) -> Result<()> {
+        self.truncations.fetch_add(1, Ordering::AcqRel);
+        self.truncated_below.fetch_min(new_end, Ordering::AcqRel);
         w.unsynced.retain(|s| w.segments.contains_key(&s.base_offset));
         self.publish(w);
         self.log_end_offset.store(new_end, Ordering::Release);
@@ -768,8 +776,16 @@ impl Log {
     /// Replaces the sealed segments `group` (consecutive, the first at
     /// `cleaned.base`) with the cleaned segment written as `.cleaned` files, following
     /// the swap protocol of [`crate::cleaner`]. `Ok(false)`, with the cleaned files
-    /// removed, when the group changed since the clean started (retention, truncation).
-    pub(crate) fn install_cleaned(&self, group: &[Arc<Segment>], cleaned: Cleaned, hook: &mut Option<SwapHook>) -> Result<bool> {
+    /// removed, when the group changed since the clean started (retention deleted a
+    /// segment, a truncation happened: `truncations` is the count the clean saw).
+    pub(crate) fn install_cleaned(
+        &self,
+        group: &[Arc<Segment>],
+        sizes: &[u64],
+        truncations: u64,
+        cleaned: Cleaned,
+        hook: &mut Option<SwapHook>,
+    ) -> Result<bool> {
         let dir = self.dir.clone();
         let base = cleaned.base;
         let interrupted = |source: Error| Error::SwapInterrupted { dir: dir.clone(), source: Box::new(source) };
@@ -781,7 +797,13 @@ impl Log {
             }
         };
         let mut w = lock::mutex(&self.writer);
-        let unchanged = !w.closed && group.iter().all(|s| w.segments.get(&s.base_offset).is_some_and(|c| Arc::ptr_eq(c, s)));
+        let unchanged = !w.closed
+            && self.truncations.load(Ordering::Acquire) == truncations
+            && group.iter().zip(sizes).all(|(s, &size)| {
+                w.segments.get(&s.base_offset).is_some_and(|c| Arc::ptr_eq(c, s))
+                    && !Arc::ptr_eq(s, &w.active.segment)
+                    && s.size() == size
+            });
         if !unchanged {
             drop(w);
             cleaner::remove_cleaned(&dir, base)?;

@@ -119,6 +119,8 @@ fn append(log: &Log, model: &mut Model, records: &[(Vec<u8>, Option<Vec<u8>>)], 
 fn seal(log: &Log, model: &mut Model, round: i64) -> Offset {
     let end = log.log_end_offset();
     append(log, model, &[(SENTINEL.to_vec(), Some(round.to_be_bytes().to_vec()))], (round + 1) * 2 * HOUR_MS, Compression::None);
+    // As the broker does once records are committed: the cleaner stops at the high watermark.
+    log.set_high_watermark(log.log_end_offset());
     end
 }
 
@@ -181,6 +183,7 @@ proptest! {
                     }
                     drop(log);
                     log = Log::open(dir.path(), config()).unwrap();
+                    log.set_high_watermark(log.log_end_offset());
                     prop_assert_eq!(records(&log), model.expected(clean_end, now));
                 }
             }
@@ -362,6 +365,7 @@ fn a_crash_at_any_step_of_the_swap_loses_nothing() {
         let dir = tempfile::tempdir().unwrap();
         common::restore(dir.path(), &files);
         let log = Log::open(dir.path(), config()).unwrap();
+        log.set_high_watermark(end + 1);
         let mut cleaner = Cleaner::new(CleanerConfig { dedupe_buffer_size: 1 << 10, ..CleanerConfig::default() });
         let calls = Arc::new(AtomicUsize::new(0));
         let seen = Arc::new(std::sync::Mutex::new(None));
@@ -386,6 +390,7 @@ fn a_crash_at_any_step_of_the_swap_loses_nothing() {
         drop(log);
 
         let log = Log::open(dir.path(), config()).unwrap();
+        log.set_high_watermark(end + 1);
         let leftovers: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -405,5 +410,93 @@ fn a_crash_at_any_step_of_the_swap_loses_nothing() {
     }
     for step in [SwapStep::Commit, SwapStep::RenameToSwap("log"), SwapStep::DeleteOld(0), SwapStep::Install("index"), SwapStep::Install("log")] {
         assert!(steps_seen.contains(&step), "{step:?} not covered: {steps_seen:?}");
+    }
+}
+
+#[test]
+fn cleaning_stops_at_the_high_watermark_and_forgets_truncated_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, mut model, end) = history(dir.path(), 6, 8, Compression::None);
+    let mut cleaner = Cleaner::new(CleanerConfig::default());
+    // Nothing committed: nothing may be cleaned (uncommitted records may be truncated).
+    log.set_high_watermark(0);
+    let stats = cleaner.clean(&log, HOUR_MS).unwrap();
+    assert_eq!(stats.passes, 0);
+    assert_eq!(records(&log), model.appended);
+    log.set_high_watermark(log.log_end_offset());
+    cleaner.clean(&log, HOUR_MS).unwrap();
+    model.clean(end, HOUR_MS);
+    assert_eq!(records(&log), model.expected(end, HOUR_MS));
+
+    // A follower truncation into the cleaned part, new records at the same offsets:
+    // they are dirty, and their tombstones' age starts at their own first clean.
+    let cut = end / 2;
+    log.truncate_to(cut).unwrap();
+    let cut = log.log_end_offset();
+    model.appended = records(&log);
+    model.seen.retain(|(e, _)| *e <= cut);
+    if model.seen.last().is_none_or(|(e, _)| *e < cut) {
+        model.seen.push((cut, HOUR_MS));
+    }
+    for k in 0..6 {
+        let value = (k % 2 == 0).then(|| format!("new-{k}").into_bytes());
+        append(&log, &mut model, &[(format!("key-{k}").into_bytes(), value)], 5_000, Compression::Gzip);
+    }
+    let end = seal(&log, &mut model, 5);
+    let now = HOUR_MS + 2 * RETENTION_MS;
+    cleaner.clean(&log, now).unwrap();
+    model.clean(end, now);
+    let got = records(&log);
+    assert_eq!(got, model.expected(end, now));
+    assert!(got.iter().any(|r| r.0 >= cut && r.2.is_none()), "new tombstones are kept for delete.retention.ms");
+}
+
+#[test]
+fn appends_and_reads_run_while_the_cleaner_swaps_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::open(dir.path(), config()).unwrap());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            let mut i = 0u32;
+            while i < 1_500 {
+                let recs = [(format!("key-{}", i % 7).into_bytes(), Some(i.to_be_bytes().to_vec()))];
+                log.append(&mut keyed_batch(&recs, 1_000, Compression::None), 0).unwrap();
+                log.set_high_watermark(log.log_end_offset());
+                i += 1;
+                if i % 10 == 0 {
+                    std::thread::sleep(Duration::from_millis(3));
+                }
+            }
+            i
+        })
+    };
+    let reader = {
+        let (log, stop) = (log.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                // Valid batches, increasing offsets, whatever the cleaner does.
+                records(&log);
+            }
+        })
+    };
+    let mut cleaner = Cleaner::new(CleanerConfig::default());
+    let mut cleans = 0;
+    while !writer.is_finished() {
+        cleaner.clean(&log, HOUR_MS).unwrap();
+        cleans += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let appended = writer.join().unwrap();
+    assert!(cleans > 1);
+    reader.join().unwrap();
+    // Every key's latest value is there, and nothing else but the uncleaned tail.
+    let got = records(&log);
+    for k in 0..7u32.min(appended) {
+        let last = (0..appended).rev().find(|i| i % 7 == k).unwrap();
+        let key = format!("key-{k}").into_bytes();
+        let latest = got.iter().rev().find(|r| r.1 == key).unwrap();
+        assert_eq!(latest.2.as_deref(), Some(&last.to_be_bytes()[..]));
     }
 }
