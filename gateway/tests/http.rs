@@ -211,7 +211,8 @@ async fn unknown_topic_is_404_when_the_broker_does_not_auto_create() {
 }
 
 /// A broker that accepts connections and never answers: requests get 503 after the
-/// bounded wait, and while one holds the buffer, others get 429 with Retry-After.
+/// bounded wait, and while one holds the buffer, others get 429 with Retry-After (HTTP)
+/// or RESOURCE_EXHAUSTED (gRPC).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_broker_gives_503_after_the_bound_and_a_full_buffer_429() {
     let (silent, addr) = support::bind().await;
@@ -222,7 +223,7 @@ async fn silent_broker_gives_503_after_the_bound_and_a_full_buffer_429() {
         }
     });
     let (http, http_addr) = support::bind().await;
-    let (grpc, _) = support::bind().await;
+    let (grpc, grpc_addr) = support::bind().await;
     let config = fjord_gateway::GatewayConfig {
         broker_timeout: Duration::from_secs(2),
         max_body_bytes: 64 * 1024,
@@ -244,6 +245,12 @@ async fn silent_broker_gives_503_after_the_bound_and_a_full_buffer_429() {
     let retry_after = r.headers().get("retry-after").cloned();
     assert_eq!(status, 429, "{}", r.text().await.unwrap());
     assert_eq!(retry_after.unwrap(), "1");
+    // The same bound over gRPC: RESOURCE_EXHAUSTED with the pushback in the trailers.
+    let mut publisher = fjord_proto::v1::publisher_client::PublisherClient::connect(format!("http://{grpc_addr}")).await.unwrap();
+    let event = fjord_proto::v1::Event { value: Some(vec![b'x'; 40 * 1024].into()), ..Default::default() };
+    let status = publisher.publish(fjord_proto::v1::PublishRequest { topic: "t".into(), events: vec![event], ..Default::default() }).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert_eq!(status.metadata().get("grpc-retry-pushback-ms").unwrap(), "1000");
     let (status, doc) = first.await.unwrap();
     assert_eq!(status, 503, "{doc}");
     let waited = started.elapsed();
