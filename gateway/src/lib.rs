@@ -54,13 +54,24 @@ pub use service::{CREATED_HEADER, HOST_HEADER};
 /// Runs the gateway on already-bound listeners (HTTP and gRPC) until `shutdown` is
 /// cancelled. Tests and `fjord dev` call exactly this. The brokers need not be up yet:
 /// the gateway connects on first use and answers 503 until they are.
-pub async fn run(config: GatewayConfig, http: TcpListener, grpc: TcpListener, shutdown: CancellationToken) -> Result<()> {
+pub async fn run(
+    config: GatewayConfig,
+    http: TcpListener,
+    grpc: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<()> {
     let backend = Arc::new(KafkaBackend::new(config.clone()));
     serve(config, backend, http, grpc, shutdown).await
 }
 
 /// [`run`] over any [`Backend`].
-pub async fn serve(config: GatewayConfig, backend: Arc<dyn Backend>, http: TcpListener, grpc: TcpListener, shutdown: CancellationToken) -> Result<()> {
+pub async fn serve(
+    config: GatewayConfig,
+    backend: Arc<dyn Backend>,
+    http: TcpListener,
+    grpc: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<()> {
     tracing::info!(?config, http = ?http.local_addr().ok(), grpc = ?grpc.local_addr().ok(), "gateway starting");
     let gateway = Arc::new(service::Gateway::new(config, backend)?);
     let app = http::router(gateway.clone());
