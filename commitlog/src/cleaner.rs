@@ -66,7 +66,7 @@ const SLOT_BYTES: usize = 24;
 /// (keeping the later time, so tombstones only ever stay longer).
 const MAX_HORIZONS: usize = 256;
 /// Decompressed records sections larger than this are refused (a corrupt batch).
-const MAX_DECOMPRESSED: usize = 1 << 30;
+pub(crate) const MAX_DECOMPRESSED: usize = 1 << 30;
 /// Buffered output per cleaned segment.
 const WRITE_BUFFER: usize = 1 << 20;
 

@@ -83,6 +83,13 @@ pub enum Error {
         /// The partition directory.
         dir: PathBuf,
     },
+    /// A record without a key was appended to a compacted log (Kafka's
+    /// INVALID_RECORD). Nothing was written.
+    #[error("record batch at byte {position} of the append has a record without a key, which a compacted topic refuses")]
+    MissingKey {
+        /// Byte position of the batch inside the appended buffer.
+        position: usize,
+    },
     /// A sealed segment holds a batch that fails its CRC or framing (found by the cleaner).
     #[error("corrupt batch at byte {position} of {}: {source}", path.display())]
     CorruptSegment {

@@ -170,12 +170,16 @@ impl Log {
     }
 
     /// Leader append: validates every batch in `batches` first (nothing is written
-    /// if any fails), then assigns offsets from the log end offset by rewriting each
+    /// if any fails; in a compacted log a record without a key is
+    /// [`Error::MissingKey`], as Kafka refuses them), then assigns offsets from the log end offset by rewriting each
     /// batch's base offset and partition leader epoch in place (the CRC does not
     /// cover them), appends, indexes, rolls, and applies the flush policy.
     pub fn append(&self, batches: &mut [u8], leader_epoch: i32) -> Result<AppendInfo> {
         let config = self.config();
         let mut headers = validate(batches, config.max_message_bytes)?;
+        if config.cleanup_policy.compacts() {
+            require_keys(batches, &headers)?;
+        }
         let mut w = self.lock_writer()?;
         let mut next = self.log_end_offset();
         for (position, h) in &mut headers {
@@ -894,4 +898,23 @@ fn validate(buf: &[u8], max_message_bytes: u32) -> Result<Vec<(usize, BatchHeade
         position += header.size();
     }
     Ok(out)
+}
+
+/// In a compacted log every record needs a key (control batches aside): the cleaner
+/// could never tell which value is the latest.
+fn require_keys(buf: &[u8], headers: &[(usize, BatchHeader)]) -> Result<()> {
+    for (position, h) in headers {
+        if h.is_control() {
+            continue;
+        }
+        let invalid = |source| Error::InvalidBatch { position: *position, source };
+        let batch = &buf[*position..*position + h.size()];
+        let body = fjord_record::compression::records_body(h, batch, cleaner::MAX_DECOMPRESSED).map_err(invalid)?;
+        for record in Records::new(&body, BATCH_OVERHEAD) {
+            if record.map_err(invalid)?.key.is_none() {
+                return Err(Error::MissingKey { position: *position });
+            }
+        }
+    }
+    Ok(())
 }

@@ -500,3 +500,27 @@ fn appends_and_reads_run_while_the_cleaner_swaps_segments() {
         assert_eq!(latest.2.as_deref(), Some(&last.to_be_bytes()[..]));
     }
 }
+
+#[test]
+fn a_compacted_log_refuses_records_without_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), config()).unwrap();
+    for codec in [Compression::None, Compression::Zstd] {
+        let mut b = BatchBuilder::new(1);
+        b.append(1, Some(b"k"), Some(b"v"), &[]);
+        b.append(1, None, Some(b"v"), &[]);
+        let mut good = keyed_batch(&[(b"k".to_vec(), Some(b"v".to_vec()))], 1, codec);
+        let mut bytes = good.clone();
+        bytes.extend(b.build_compressed(codec).unwrap());
+        let len = bytes.len();
+        assert!(matches!(log.append(&mut bytes, 0), Err(Error::MissingKey { position }) if position == good.len()), "{codec:?}");
+        assert_eq!((log.log_end_offset(), bytes.len()), (0, len), "nothing appended");
+        log.append(&mut good, 0).unwrap();
+        log.truncate_to(0).unwrap();
+    }
+    // A delete-policy log takes them.
+    log.update_config(LogConfig { cleanup_policy: CleanupPolicy::Delete, ..config() }).unwrap();
+    let mut b = BatchBuilder::new(1);
+    b.append(1, None, Some(b"v"), &[]);
+    log.append(&mut b.build_vec(), 0).unwrap();
+}
