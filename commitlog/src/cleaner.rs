@@ -130,7 +130,7 @@ impl CleanerConfig {
 pub struct CleanStats {
     /// Dirty bytes / cleanable bytes when the clean started.
     pub dirty_ratio: f64,
-    /// First dirty offset before and after.
+    /// First dirty offset when the clean started.
     pub first_dirty_before: Offset,
     /// First dirty offset after the clean (everything below is cleaned).
     pub first_dirty_after: Offset,
@@ -205,9 +205,10 @@ impl Cleaner {
 
     /// The periodic task: cleans every compacted log of `logs` whose dirty ratio is
     /// at least its `min.cleanable.dirty.ratio` or whose oldest tombstone has
-    /// expired, dirtiest first. Returns what was
-    /// cleaned. Blocking (file I/O, throttling sleeps): run it off the async runtime.
-    pub fn clean_due(&mut self, logs: &LogManager, now_ms: i64) -> Result<Vec<(TopicPartition, CleanStats)>> {
+    /// expired, dirtiest first. Returns each log it cleaned with the outcome; one
+    /// log's failure (logged) does not keep the others from being cleaned. Blocking
+    /// (file I/O, throttling sleeps): run it off the async runtime.
+    pub fn clean_due(&mut self, logs: &LogManager, now_ms: i64) -> Vec<(TopicPartition, Result<CleanStats>)> {
         let mut due: Vec<(f64, TopicPartition, Arc<Log>)> = Vec::new();
         for tp in logs.partitions() {
             let Some(log) = logs.get(&tp) else { continue };
@@ -224,10 +225,13 @@ impl Cleaner {
         due.sort_by(|a, b| b.0.total_cmp(&a.0));
         let mut out = Vec::new();
         for (_, tp, log) in due {
-            let stats = self.clean(&log, now_ms)?;
-            out.push((tp, stats));
+            let result = self.clean(&log, now_ms);
+            if let Err(e) = &result {
+                tracing::error!(partition = %tp, error = %e, "cleaning failed");
+            }
+            out.push((tp, result));
         }
-        Ok(out)
+        out
     }
 
     /// Cleans `log` now, whatever its dirty ratio (a log whose `cleanup.policy` does

@@ -34,6 +34,10 @@
 //!   in the opposite order.
 //! - After a crash, everything after the recovery point is re-validated and a torn
 //!   or corrupt tail is cut off; indexes are derived data, rebuilt when damaged.
+//! - Compaction (`cleanup.policy=compact`, [`Cleaner`]) only rewrites sealed segments
+//!   below the high watermark; kept records keep their offsets, and a cleaned set of
+//!   segments replaces the old one through a crash-safe swap that opening a log
+//!   finishes or rolls back.
 #![warn(missing_docs)]
 
 pub mod config;

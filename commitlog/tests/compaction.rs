@@ -295,13 +295,13 @@ fn the_dirty_ratio_and_the_compaction_lag_decide_when() {
     let mut cleaner = Cleaner::new(CleanerConfig::default());
     // Nothing sealed yet but the rolls by size: the compaction lag holds them back.
     log.update_config(LogConfig { min_compaction_lag: Duration::from_millis(500), ..config() }).unwrap();
-    assert!(cleaner.clean_due(&manager, 1_200).unwrap().is_empty());
+    assert!(cleaner.clean_due(&manager, 1_200).is_empty());
     let end = seal(&log, &mut model, 0);
     log.update_config(config()).unwrap();
-    let cleaned = cleaner.clean_due(&manager, 1_200).unwrap();
+    let cleaned = cleaner.clean_due(&manager, 1_200);
     assert_eq!(cleaned.len(), 1);
     assert_eq!(cleaned[0].0, tp);
-    assert_eq!(cleaned[0].1.dirty_ratio, 1.0);
+    assert_eq!(cleaned[0].1.as_ref().unwrap().dirty_ratio, 1.0);
     model.clean(end, 1_200);
     assert_eq!(records(&log), model.expected(end, 1_200));
     assert_eq!(records(&plain), before, "a delete-policy log is never compacted");
@@ -309,9 +309,18 @@ fn the_dirty_ratio_and_the_compaction_lag_decide_when() {
     append(&log, &mut model, &[(b"a".to_vec(), Some(vec![9; 50]))], 5_000, Compression::None);
     seal(&log, &mut model, 1);
     log.update_config(LogConfig { min_cleanable_dirty_ratio: 0.9, ..config() }).unwrap();
-    assert!(cleaner.clean_due(&manager, 1_300).unwrap().is_empty());
+    assert!(cleaner.clean_due(&manager, 1_300).is_empty());
     log.update_config(LogConfig { min_cleanable_dirty_ratio: 0.01, ..config() }).unwrap();
-    assert_eq!(cleaner.clean_due(&manager, 1_300).unwrap().len(), 1);
+    assert_eq!(cleaner.clean_due(&manager, 1_300).len(), 1);
+    // Tombstones whose delete.retention.ms ran out make a log due without new data.
+    append(&log, &mut model, &[(b"a".to_vec(), None)], 6_000, Compression::None);
+    let end = seal(&log, &mut model, 2);
+    assert_eq!(cleaner.clean_due(&manager, 2_000).len(), 1);
+    assert!(records(&log).iter().any(|r| r.2.is_none()), "kept within delete.retention.ms");
+    assert!(cleaner.clean_due(&manager, 2_000 + RETENTION_MS - 1).is_empty());
+    let cleaned = cleaner.clean_due(&manager, 2_000 + RETENTION_MS);
+    assert_eq!(cleaned[0].1.as_ref().unwrap().tombstones_removed, 1);
+    assert!(records(&log).iter().all(|r| r.2.is_some() || r.0 >= end));
 
     // Retention deletes nothing under cleanup.policy=compact, and does with compact,delete.
     assert_eq!(log.apply_retention(i64::MAX / 2).unwrap(), 0);
