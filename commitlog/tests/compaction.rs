@@ -533,3 +533,58 @@ fn a_compacted_log_refuses_records_without_a_key() {
     b.append(1, None, Some(b"v"), &[]);
     log.append(&mut b.build_vec(), 0).unwrap();
 }
+
+/// In child mode (the env var names a partition dir), cleans it slowly and exits.
+const CHILD_ENV: &str = "FJORD_CLEANER_CHILD_DIR";
+
+/// A real crash: a child process cleaning a throttled log is SIGKILLed at spread
+/// out moments (reading, writing, swapping). Each time, the reopened log holds the
+/// latest value of every key at its offset and only appended records, and a clean
+/// afterwards gives exactly the compacted log.
+#[test]
+fn a_cleaner_process_killed_at_any_moment_leaves_a_complete_log() {
+    if let Some(dir) = std::env::var_os(CHILD_ENV) {
+        let log = Log::open(Path::new(&dir), config()).unwrap();
+        log.set_high_watermark(log.log_end_offset());
+        // Slow enough that the parent's kills land all over the clean.
+        let mut cleaner = Cleaner::new(CleanerConfig { io_max_bytes_per_second: Some(100_000.0), ..CleanerConfig::default() });
+        cleaner.clean(&log, HOUR_MS).unwrap();
+        return;
+    }
+    let source = tempfile::tempdir().unwrap();
+    let (log, mut model, end) = history(source.path(), 10, 40, Compression::Snappy);
+    let size = log.size_bytes();
+    drop(log);
+    model.clean(end, HOUR_MS);
+    let expected = model.expected(end, HOUR_MS);
+    let original: BTreeMap<Offset, Rec> = model.appended.iter().map(|r| (r.0, r.clone())).collect();
+    let files = common::snapshot(source.path());
+    // Reading and writing each byte once at 100 kB/s: about this long.
+    let duration_ms = (2 * size / 100) as u64;
+    for i in 0..12u64 {
+        let dir = tempfile::tempdir().unwrap();
+        common::restore(dir.path(), &files);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "a_cleaner_process_killed_at_any_moment_leaves_a_complete_log", "--test-threads=1"])
+            .env(CHILD_ENV, dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50 + 2 * duration_ms * i / 11));
+        child.kill().unwrap();
+        child.wait().unwrap();
+
+        let log = Log::open(dir.path(), config()).unwrap();
+        log.set_high_watermark(log.log_end_offset());
+        let got = records(&log);
+        for r in &got {
+            assert_eq!(Some(r), original.get(&r.0), "kill {i}: a record that was never appended");
+        }
+        for r in &expected {
+            assert!(got.contains(r), "kill {i}: lost {r:?}");
+        }
+        Cleaner::new(CleanerConfig::default()).clean(&log, HOUR_MS).unwrap();
+        assert_eq!(records(&log), expected, "kill {i}: the next clean finishes the job");
+    }
+}
