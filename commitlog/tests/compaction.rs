@@ -560,7 +560,7 @@ fn a_cleaner_process_killed_at_any_moment_leaves_a_complete_log() {
     let original: BTreeMap<Offset, Rec> = model.appended.iter().map(|r| (r.0, r.clone())).collect();
     let files = common::snapshot(source.path());
     // Reading and writing each byte once at 100 kB/s: about this long.
-    let duration_ms = (2 * size / 100) as u64;
+    let duration_ms = 2 * size / 100;
     for i in 0..12u64 {
         let dir = tempfile::tempdir().unwrap();
         common::restore(dir.path(), &files);
