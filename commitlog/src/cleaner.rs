@@ -720,10 +720,38 @@ fn clean_group(
     let base = group[0].base_offset;
     let config = log.config();
     let sizes: Vec<u64> = group.iter().map(|s| s.size()).collect();
-    let mut out = CleanedWriter::create(dir, base)?;
+    let written = match write_cleaned(group, &sizes, pass, &config, throttle, stats) {
+        Ok(w) => w,
+        Err(e) => {
+            // Not committed: the old segments stay; drop the partial output.
+            let _ = remove_cleaned(dir, base);
+            return Err(e);
+        }
+    };
+    throttle.account(written.size as usize);
+    match log.install_cleaned(group, &sizes, truncations, written, hook) {
+        Ok(true) => {
+            stats.segments_cleaned += group.len();
+            stats.bytes_after += written.size;
+            Ok(true)
+        }
+        other => other,
+    }
+}
+
+/// Writes the `.cleaned` files of one group: the records of `group` that `pass` keeps.
+fn write_cleaned(
+    group: &[Arc<Segment>],
+    sizes: &[u64],
+    pass: &Pass<'_>,
+    config: &crate::LogConfig,
+    throttle: &mut Throttle,
+    stats: &mut CleanStats,
+) -> Result<Cleaned> {
+    let mut out = CleanedWriter::create(group[0].dir(), group[0].base_offset)?;
     let mut kept: Vec<(usize, usize)> = Vec::new();
     let mut scratch = Vec::new();
-    for (seg, &size) in group.iter().zip(&sizes) {
+    for (seg, &size) in group.iter().zip(sizes) {
         let path = seg.path(LOG_SUFFIX);
         let mut walk = Walker::new(&seg.file, 0, size);
         stats.bytes_before += size;
@@ -760,16 +788,7 @@ fn clean_group(
             }
         }
     }
-    let written = out.finish()?;
-    throttle.account(written.size as usize);
-    match log.install_cleaned(group, &sizes, truncations, written, hook) {
-        Ok(true) => {
-            stats.segments_cleaned += group.len();
-            stats.bytes_after += written.size;
-            Ok(true)
-        }
-        other => other,
-    }
+    out.finish()
 }
 
 /// A copy of the batch `src` holding only the records `body[start..end]` of `kept`

@@ -98,6 +98,11 @@ impl Segment {
         self.max_timestamp.store(ts, Ordering::Release);
     }
 
+    /// The partition directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub(crate) fn path(&self, suffix: &str) -> PathBuf {
         let p = segment_path(&self.dir, self.base_offset, suffix);
         if self.deleted.load(Ordering::Acquire) {
