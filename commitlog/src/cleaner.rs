@@ -5,9 +5,10 @@
 //! - The log is split at the *first dirty offset* (persisted per partition in
 //!   `cleaner-offset-checkpoint`): below it every key appears at most once (it was
 //!   cleaned); from it to the *cleanable end* it is dirty. The cleanable end is the
-//!   base of the active segment, or of the first segment whose largest timestamp is
-//!   younger than `min.compaction.lag.ms`. The active segment is never touched.
-//! - A pass fills an [`OffsetMap`] (key hash → latest offset) from the dirty records,
+//!   base of the active segment, of the segment holding the high watermark, or of
+//!   the first segment whose largest timestamp is younger than
+//!   `min.compaction.lag.ms`, whichever is lowest. The active segment is never touched.
+//! - A pass fills an offset map (key hash → latest offset) from the dirty records,
 //!   stopping at a batch boundary when the map is full, then rewrites every sealed
 //!   segment below where the map stopped: a record is dropped when the map holds a
 //!   later offset for its key, or when it is a tombstone first cleaned more than
@@ -25,13 +26,15 @@
 //! 3. rename the replaced segments to .deleted (deleted after file.delete.delay.ms)
 //! 4. rename the .swap files to their final names, fsync the directory
 //! ```
-//! On open ([`finish_interrupted_swaps`]): `.cleaned` files and index `.swap` files
+//! On open (`finish_interrupted_swaps`): `.cleaned` files and index `.swap` files
 //! without a `<base>.log.swap` are an uncommitted clean and are removed; a
 //! `<base>.log.swap` is committed: the segments it replaces (base offsets in
 //! `(base, its next offset)`) are removed and it is installed, its indexes rebuilt
 //! when their `.swap` is gone. Old segments above its next offset that a crash left
-//! behind only hold records superseded later in the log, so reads stay correct and
-//! the next clean removes them.
+//! behind only hold records the clean dropped (superseded later in the log, or
+//! expired tombstones) next to everything they held, so reads stay correct (every
+//! latest value is there, offsets increase) and the next clean removes them; the
+//! cleaner checkpoint is only written after a swap, so that clean redoes the range.
 //!
 //! Tombstone ages: the checkpoint also keeps, per range of offsets, when the
 //! cleaner first passed over it; a tombstone goes once that is `delete.retention.ms`
