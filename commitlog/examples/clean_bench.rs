@@ -76,9 +76,10 @@ fn main() {
     let stats = cleaner.clean(&log, 0).expect("clean");
     let secs = stats.elapsed.max(Duration::from_micros(1)).as_secs_f64();
     println!(
-        "clean: {:.1} MB -> {:.1} MB in {:.2?}: {:.1} MB/s of source log, {} passes, {} of {} records kept",
+        "clean: {:.1} MB read and rewritten -> {:.1} MB written (log now {:.1} MB) in {:.2?}: {:.1} MB/s, {} passes, {} of {} records kept",
         stats.bytes_before as f64 / 1e6,
         stats.bytes_after as f64 / 1e6,
+        log.size_bytes() as f64 / 1e6,
         stats.elapsed,
         stats.bytes_before as f64 / 1e6 / secs,
         stats.passes,
