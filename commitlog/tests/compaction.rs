@@ -145,7 +145,7 @@ fn round() -> impl Strategy<Value = (Vec<Batch>, Action)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
     /// The cleaned log equals the model: per key the latest record (below the
     /// cleanable end), tombstones only while younger than delete.retention.ms since
