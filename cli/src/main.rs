@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 mod gateway;
+mod load;
 mod registry;
 mod server;
 mod tools;
@@ -39,6 +40,8 @@ enum Command {
     Consume(tools::consume::ConsumeArgs),
     /// Measure producer/consumer throughput and latency.
     Bench(tools::bench::BenchArgs),
+    /// Load topics into HDFS or a local directory as hourly Avro files (one job run).
+    Load(load::LoadArgs),
 }
 
 #[tokio::main]
@@ -57,5 +60,6 @@ async fn main() -> anyhow::Result<()> {
         Command::Produce(args) => tools::run_or_exit(tools::produce::run(args)).await,
         Command::Consume(args) => tools::run_or_exit(tools::consume::run(args)).await,
         Command::Bench(args) => tools::run_or_exit(tools::bench::run(args)).await,
+        Command::Load(args) => tools::run_or_exit(load::load(args)).await,
     }
 }
