@@ -50,7 +50,8 @@ pub use ocf::Codec;
 
 use std::time::Duration;
 
-/// Everything the loader can fail with.
+/// Everything the loader can fail with. Causes are `source()`s, not repeated in the
+/// message: print with the chain (`{:#}` of anyhow, or walk `source()`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The destination URL is not `file:///path` or `hdfs://host:port/path`.
@@ -62,13 +63,13 @@ pub enum Error {
         reason: &'static str,
     },
     /// The `--topics` pattern does not compile.
-    #[error("bad topic pattern: {0}")]
+    #[error("bad topic pattern")]
     BadTopicPattern(#[from] regex::Error),
     /// A job name that cannot be a directory name.
     #[error("bad job name {0:?}: use letters, digits, '.', '_' and '-'")]
     BadJobName(String),
     /// Local filesystem failure.
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     Io {
         /// Operation (create, rename, ...).
         op: &'static str,
@@ -79,7 +80,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// HDFS failure.
-    #[error("HDFS {op} {path} (namenode {namenode}): {source}")]
+    #[error("HDFS {op} {path} (namenode {namenode})")]
     Hdfs {
         /// Operation.
         op: &'static str,
@@ -110,10 +111,10 @@ pub enum Error {
     #[error("{0} not found")]
     NotFound(String),
     /// Talking to the brokers failed.
-    #[error("Kafka: {0}")]
+    #[error("Kafka client")]
     Kafka(#[from] Box<fjord_client::Error>),
     /// Talking to the schema registry failed (not a bad record: the job stops).
-    #[error("schema registry: {0}")]
+    #[error("schema registry")]
     Registry(#[source] Box<fjord_schema_registry::Error>),
     /// A record could not be written and the policy is [`BadRecordPolicy::Fail`].
     #[error("bad record {topic}-{partition} at offset {offset}: {reason}")]
@@ -128,7 +129,7 @@ pub enum Error {
         reason: String,
     },
     /// A state or manifest file in the destination does not parse.
-    #[error("corrupt loader state {path}: {source}")]
+    #[error("corrupt loader state {path}")]
     CorruptState {
         /// The file.
         path: String,

@@ -414,7 +414,7 @@ async fn killed_at_any_step_then_rerun_gives_every_record_exactly_once() {
                     Ok(s) if s.committed_seq.is_none() && s.rolled_back + s.rolled_forward == 0 => break,
                     Ok(_) => {}
                     Err(Error::InjectedCrash(_)) => crashes += 1,
-                    Err(e) => panic!("{name} (round {round}, attempt {attempt}): {e}"),
+                    Err(e) => panic!("{name} (round {round}, attempt {attempt}): {e:?}"),
                 }
             }
             let files = read_back_with_apache_avro(dest.path());
@@ -443,7 +443,7 @@ async fn unreachable_namenode_fails_within_seconds_with_a_clear_error() {
     let err = run_once(&cfg, &()).await.unwrap_err();
     let took = t.elapsed();
     let text = err.to_string();
-    eprintln!("after {took:?}: {text}");
+    eprintln!("after {took:?}: {err:?}");
     assert!(took < Duration::from_secs(8), "took {took:?}");
     assert!(matches!(err, Error::Hdfs { .. } | Error::Timeout { .. }), "{text}");
     assert!(text.contains(&format!("namenode 127.0.0.1:{port}")), "{text}");
@@ -492,6 +492,6 @@ async fn fs_conformance_hdfs_when_fjord_test_hdfs_is_set_else_local_only() {
     };
     let dest = fjord_hadoop_loader::fs::open(&url, Duration::from_secs(20)).unwrap();
     let base = dest.path(&format!("fjord-conformance-{}", std::process::id()));
-    fjord_hadoop_loader::fs::conformance(&*dest.fs, &base).await.unwrap_or_else(|e| panic!("conformance against {url}: {e}"));
+    fjord_hadoop_loader::fs::conformance(&*dest.fs, &base).await.unwrap_or_else(|e| panic!("conformance against {url}: {e:?}"));
     drop(local);
 }
