@@ -4,6 +4,10 @@
 //! minute by default. A nightly job must fail fast and say why instead, so failover
 //! attempts are set to one and every call is bounded by a timeout; a call that runs out is
 //! [`Error::Timeout`] naming the namenode.
+//!
+//! Cluster settings come the Hadoop way: `HADOOP_CONF_DIR` (or `HADOOP_HOME/etc/hadoop`)
+//! `core-site.xml`/`hdfs-site.xml` for nameservices and HA namenodes, `HADOOP_USER_NAME`
+//! for the user without Kerberos; the failover settings above override the files.
 
 use std::future::Future;
 use std::time::Duration;
