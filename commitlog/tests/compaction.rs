@@ -151,7 +151,7 @@ proptest! {
     /// cleanable end), tombstones only while younger than delete.retention.ms since
     /// their first clean, everything at its original offset; also across reopens.
     #[test]
-    fn compaction_keeps_the_latest_record_per_key(rounds in prop::collection::vec(round(), 1..12), map_bytes in 0usize..3) {
+    fn compaction_keeps_the_latest_record_per_key(rounds in prop::collection::vec(round(), 1..10), map_bytes in 0usize..3) {
         let dir = tempfile::tempdir().unwrap();
         let mut log = Log::open(dir.path(), config()).unwrap();
         // 12 keys and a sentinel: the smallest map forces several passes.
@@ -226,13 +226,13 @@ fn history(dir: &Path, keys: usize, rounds: usize, codec: Compression) -> (Log, 
 #[test]
 fn more_keys_than_the_offset_map_holds_take_several_passes() {
     let dir = tempfile::tempdir().unwrap();
-    let (log, mut model, end) = history(dir.path(), 100, 5, Compression::None);
+    let (log, mut model, end) = history(dir.path(), 60, 4, Compression::None);
     let mut cleaner = Cleaner::new(CleanerConfig { dedupe_buffer_size: 384, ..CleanerConfig::default() });
     assert_eq!(cleaner.map_capacity(), 12);
     let now = 10 * HOUR_MS;
     let stats = cleaner.clean(&log, now).unwrap();
     model.clean(end, now);
-    assert!(stats.passes >= 100 / 12, "{stats:?}");
+    assert!(stats.passes >= 60 / 12, "{stats:?}");
     assert_eq!(records(&log), model.expected(end, now));
     assert!(stats.bytes_after < stats.bytes_before);
     assert_eq!(log.last_clean(), Some(stats));
@@ -362,7 +362,7 @@ fn a_reader_holding_replaced_segments_finishes() {
 #[test]
 fn a_crash_at_any_step_of_the_swap_loses_nothing() {
     let source = tempfile::tempdir().unwrap();
-    let (log, mut model, end) = history(source.path(), 10, 12, Compression::Lz4);
+    let (log, mut model, end) = history(source.path(), 8, 8, Compression::Lz4);
     drop(log);
     let now = HOUR_MS;
     model.clean(end, now);
