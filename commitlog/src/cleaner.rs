@@ -904,6 +904,7 @@ pub(crate) fn remove_cleaned(dir: &Path, base: Offset) -> Result<()> {
 /// finishes committed swaps (see the module docs).
 pub(crate) fn finish_interrupted_swaps(dir: &Path) -> Result<()> {
     let mut swaps = Vec::new();
+    let mut index_swaps = Vec::new();
     let mut stale = Vec::new();
     let mut logs = Vec::new();
     for entry in fs::read_dir(dir).at(dir)? {
@@ -915,7 +916,7 @@ pub(crate) fn finish_interrupted_swaps(dir: &Path) -> Result<()> {
         } else if let Some(stem) = name.strip_suffix(SWAP_SUFFIX) {
             match parse_name(stem) {
                 Some((base, LOG_SUFFIX)) => swaps.push(base),
-                Some(_) => {}
+                Some((base, _)) => index_swaps.push((base, path)),
                 None => stale.push(path),
             }
         } else if let Some((base, LOG_SUFFIX)) = parse_name(&name) {
@@ -958,14 +959,10 @@ pub(crate) fn finish_interrupted_swaps(dir: &Path) -> Result<()> {
         changed = true;
     }
     // Index swaps without a log swap: the commit never happened.
-    for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
-        for entry in fs::read_dir(dir).at(dir)? {
-            let entry = entry.at(dir)?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.strip_suffix(SWAP_SUFFIX).and_then(parse_name).is_some_and(|(_, s)| s == suffix) {
-                crate::recovery::remove_if_exists(&entry.path())?;
-                changed = true;
-            }
+    for (base, path) in index_swaps {
+        if !swaps.contains(&base) {
+            crate::recovery::remove_if_exists(&path)?;
+            changed = true;
         }
     }
     if changed {
