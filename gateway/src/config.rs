@@ -35,6 +35,13 @@ pub struct GatewayConfig {
     pub max_fetch_wait: Duration,
     /// Value of the `fjord.host` header stamped on events; `None` = this machine's hostname.
     pub host_name: Option<String>,
+    /// How often the gateway tier's audit counts (events acknowledged, per topic and
+    /// window of creation time) are published to `_audit`; `None` = no audit counting.
+    pub audit_interval: Option<Duration>,
+    /// Audit window length; every tier and the report must use the same.
+    pub audit_window: Duration,
+    /// Datacenter / cluster name written into the gateway's audit records.
+    pub audit_cluster: String,
 }
 
 impl Default for GatewayConfig {
@@ -54,6 +61,9 @@ impl Default for GatewayConfig {
             max_fetch_bytes: 8 * 1024 * 1024,
             max_fetch_wait: Duration::from_secs(30),
             host_name: None,
+            audit_interval: None,
+            audit_window: Duration::from_millis(fjord_audit::DEFAULT_WINDOW_MS as u64),
+            audit_cluster: "default".into(),
         }
     }
 }
@@ -84,6 +94,9 @@ impl GatewayConfig {
                 "buffer_bytes = {} is below max_body_bytes = {}: a full-size request could never be accepted",
                 self.buffer_bytes, self.max_body_bytes
             ));
+        }
+        if self.audit_interval.is_some_and(|i| i.is_zero()) || self.audit_window.as_millis() == 0 {
+            return bad("audit_interval and audit_window must be positive".into());
         }
         if self.broker_timeout.is_zero() {
             return bad("broker_timeout must be positive".into());

@@ -29,6 +29,9 @@
 //!   by them); the caller's own values win.
 //! - No request waits on the brokers longer than `broker_timeout`: then it is 503 /
 //!   UNAVAILABLE.
+//! - With `audit_interval` set, the gateway tier's audit counter (`fjord-audit`) counts
+//!   every acknowledged event by its `fjord.created_ms`, publishes to `_audit` every
+//!   interval, and flushes once more when the gateway stops.
 
 pub mod backend;
 pub mod config;
@@ -73,7 +76,19 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<()> {
     tracing::info!(?config, http = ?http.local_addr().ok(), grpc = ?grpc.local_addr().ok(), "gateway starting");
+    let audit_publisher = config.audit_interval.map(|interval| (interval, config.bootstrap.clone()));
     let gateway = Arc::new(service::Gateway::new(config, backend)?);
+    // The publisher has its own token: it flushes after both servers stopped, so the
+    // counts of the last requests are published too.
+    let audit_stop = CancellationToken::new();
+    let audit_task = match (&gateway.audit, audit_publisher) {
+        (Some(counter), Some((interval, bootstrap))) => Some(counter.clone().spawn_publisher(
+            fjord_client::ClientConfig::new(&bootstrap),
+            interval,
+            audit_stop.clone(),
+        )),
+        _ => None,
+    };
     let app = http::router(gateway.clone());
     let http_shutdown = shutdown.clone();
     let http_server = async {
@@ -91,5 +106,13 @@ pub async fn serve(
         r
     };
     let (http_result, grpc_result) = tokio::join!(http_server, grpc_server);
+    audit_stop.cancel();
+    if let Some(task) = audit_task {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "final audit flush failed; the report will show these counts missing"),
+            Err(e) => tracing::warn!(error = %e, "audit publisher panicked"),
+        }
+    }
     http_result.and(grpc_result)
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use apache_avro::Schema;
 use bytes::Bytes;
+use fjord_audit::AuditCounter;
 use fjord_client::Acks;
 use fjord_schema_registry::RegistryClient;
 use tokio::sync::Semaphore;
@@ -29,6 +30,8 @@ pub(crate) struct Gateway {
     /// One permit per byte of events accepted and not yet acknowledged.
     budget: Semaphore,
     host: Bytes,
+    /// The gateway tier's audit counter, when `audit_interval` is set.
+    pub(crate) audit: Option<Arc<AuditCounter>>,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -45,8 +48,18 @@ impl Gateway {
             .as_deref()
             .map(RegistryClient::new)
             .transpose()?;
+        let host = config.resolved_host_name();
+        let audit = match config.audit_interval {
+            Some(_) => Some(Arc::new(
+                AuditCounter::new("gateway", host.clone(), config.audit_cluster.clone())
+                    .with_window(config.audit_window)
+                    .map_err(|e| Error::Config(e.to_string()))?,
+            )),
+            None => None,
+        };
         Ok(Self {
-            host: Bytes::from(config.resolved_host_name()),
+            host: Bytes::from(host),
+            audit,
             budget: Semaphore::new(config.buffer_bytes),
             registry,
             metrics: Metrics::default(),
@@ -120,7 +133,24 @@ impl Gateway {
                     capacity: self.config.buffer_bytes,
                     retry_after: self.config.retry_after,
                 })?;
-        self.backend.publish(topic, events, acks).await
+        let Some(audit) = &self.audit else {
+            return self.backend.publish(topic, events, acks).await;
+        };
+        // Count by creation time, and only what the brokers acknowledged.
+        let created: Vec<i64> = events
+            .iter()
+            .map(|e| {
+                let headers = e.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
+                fjord_audit::record::created_ms(headers, e.timestamp_ms.unwrap_or(now))
+            })
+            .collect();
+        let results = self.backend.publish(topic, events, acks).await?;
+        for (r, created) in results.iter().zip(created) {
+            if r.is_ok() {
+                audit.record(topic, created);
+            }
+        }
+        Ok(results)
     }
 
     fn registry(&self) -> Result<&RegistryClient> {

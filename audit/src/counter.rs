@@ -1,0 +1,227 @@
+//! [`AuditCounter`]: the counter a tier embeds. `record` is a mutex-guarded map update (no
+//! I/O); [`AuditCounter::publish`] turns the counts since the last publish into audit
+//! records and sends them to `_audit`; [`AuditCounter::spawn_publisher`] does that every
+//! interval and once more at shutdown.
+//!
+//! A record that failed to send keeps its id and is sent again on the next publish, so a
+//! retry after a lost acknowledgement is counted once by the report. A crash loses at most
+//! the counts since the last publish: the report then shows that tier short for the
+//! affected windows (loss), never silent agreement.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use fjord_client::{Admin, ClientConfig, ConsumerRecord, NewTopic, Producer, ProducerConfig, ProducerRecord, ResponseError};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::record::{created_ms, window_start, AuditRecord, AUDIT_TOPIC, DEFAULT_WINDOW_MS};
+use crate::{Error, Result};
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Counts events per (topic, window of creation time) for one tier on one host.
+#[derive(Debug)]
+pub struct AuditCounter {
+    tier: String,
+    host: String,
+    cluster: String,
+    window_ms: i64,
+    /// Distinguishes counter instances (restarts) on one host, so ids never repeat.
+    instance: String,
+    seq: AtomicU64,
+    counts: Mutex<BTreeMap<(String, i64), u64>>,
+    /// Records taken from `counts` whose send has not been acknowledged yet.
+    unsent: Mutex<Vec<AuditRecord>>,
+}
+
+impl AuditCounter {
+    /// A counter for `tier` (e.g. `gateway`, `loader`) on `host` in `cluster`, with the
+    /// default 10-minute windows.
+    pub fn new(tier: impl Into<String>, host: impl Into<String>, cluster: impl Into<String>) -> Self {
+        static INSTANCES: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        Self {
+            tier: tier.into(),
+            host: host.into(),
+            cluster: cluster.into(),
+            window_ms: DEFAULT_WINDOW_MS,
+            instance: format!("{}-{nanos:x}-{}", std::process::id(), INSTANCES.fetch_add(1, Ordering::Relaxed)),
+            seq: AtomicU64::new(0),
+            counts: Mutex::new(BTreeMap::new()),
+            unsent: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Sets the window length (every tier and the report must agree on it).
+    pub fn with_window(mut self, window: Duration) -> Result<Self> {
+        self.window_ms = window_ms(window)?;
+        Ok(self)
+    }
+
+    /// The tier name.
+    pub fn tier(&self) -> &str {
+        &self.tier
+    }
+
+    /// Counts one event of `topic` created at `created_ms` (ms since the epoch).
+    pub fn record(&self, topic: &str, created_ms: i64) {
+        self.record_n(topic, created_ms, 1);
+    }
+
+    /// Counts `n` events of `topic` created in the same window as `created_ms`.
+    pub fn record_n(&self, topic: &str, created_ms: i64, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let key = (topic.to_owned(), window_start(created_ms, self.window_ms));
+        *self.counts.lock().expect("audit counts lock").entry(key).or_default() += n;
+    }
+
+    /// Counts a consumed record (opt-in consumer tier), by its `fjord.created_ms` header
+    /// or else its timestamp.
+    pub fn record_consumed(&self, r: &ConsumerRecord) {
+        let headers = r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
+        self.record(&r.topic, created_ms(headers, r.timestamp));
+    }
+
+    /// Counts a record the application produced and had acknowledged (opt-in producer
+    /// tier), by its `fjord.created_ms` header, its timestamp, or else now.
+    pub fn record_produced(&self, r: &ProducerRecord) {
+        let headers = r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
+        self.record(&r.topic, created_ms(headers, r.timestamp.unwrap_or_else(now_ms)));
+    }
+
+    /// Moves the counts since the last call into audit records with fresh ids, behind
+    /// any records still unsent. Returns everything that is due to be sent.
+    fn take(&self) -> Vec<AuditRecord> {
+        let counts = std::mem::take(&mut *self.counts.lock().expect("audit counts lock"));
+        let now = now_ms();
+        let mut unsent = self.unsent.lock().expect("audit unsent lock");
+        for ((topic, window_start_ms), count) in counts {
+            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            unsent.push(AuditRecord {
+                id: format!("{}/{}/{}/{seq}", self.host, self.tier, self.instance),
+                tier: self.tier.clone(),
+                host: self.host.clone(),
+                cluster: self.cluster.clone(),
+                topic,
+                window_start_ms,
+                window_ms: self.window_ms,
+                count,
+                published_ms: now,
+            });
+        }
+        unsent.clone()
+    }
+
+    /// Publishes the counts since the last publish to `_audit` and waits for the
+    /// acknowledgements. Records that failed stay queued (same ids) for the next call.
+    /// Returns how many records were acknowledged.
+    pub async fn publish(&self, producer: &Producer) -> Result<usize> {
+        let due = self.take();
+        let mut pending = Vec::with_capacity(due.len());
+        let mut first_error = None;
+        for r in &due {
+            let record = ProducerRecord::new(AUDIT_TOPIC, Bytes::from(r.encode())).key(Bytes::from(r.topic.clone()));
+            match producer.send(record).await {
+                Ok(delivery) => pending.push((r.id.clone(), delivery)),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        let mut acked = std::collections::HashSet::new();
+        for (id, delivery) in pending {
+            match delivery.await {
+                Ok(_) => {
+                    acked.insert(id);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        self.unsent.lock().expect("audit unsent lock").retain(|r| !acked.contains(&r.id));
+        match first_error {
+            Some(e) => Err(e.into()),
+            None => Ok(acked.len()),
+        }
+    }
+
+    /// Publishes every `interval` until `shutdown`, then once more (the flush at
+    /// shutdown), over a producer of its own to the cluster of `client`. Creates `_audit`
+    /// if missing. Publish failures are logged and retried on the next tick.
+    pub fn spawn_publisher(self: Arc<Self>, client: ClientConfig, interval: Duration, shutdown: CancellationToken) -> JoinHandle<Result<()>> {
+        tokio::spawn(async move {
+            let producer = Producer::connect(ProducerConfig { client: client.clone(), ..ProducerConfig::default() }).await?;
+            if let Err(e) = ensure_audit_topic(&client).await {
+                tracing::warn!(error = %e, "could not create {AUDIT_TOPIC}; relying on auto-creation");
+            }
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        if let Err(e) = self.publish(&producer).await {
+                            tracing::warn!(tier = %self.tier, error = %e, "audit publish failed; retrying next interval");
+                        }
+                    }
+                    () = shutdown.cancelled() => break,
+                }
+            }
+            let flushed = self.publish(&producer).await;
+            producer.close().await;
+            flushed.map(drop)
+        })
+    }
+}
+
+/// Creates `_audit` (one partition) unless it exists.
+pub async fn ensure_audit_topic(client: &ClientConfig) -> Result<()> {
+    let admin = Admin::connect(client.clone()).await?;
+    match admin.create_topics(&[NewTopic::new(AUDIT_TOPIC, 1)]).await {
+        Err(e) if e.code() == Some(ResponseError::TopicAlreadyExists) => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+/// A window length in ms, refusing zero and sub-millisecond lengths.
+pub(crate) fn window_ms(window: Duration) -> Result<i64> {
+    let ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+    if ms <= 0 {
+        return Err(Error::InvalidConfig(format!("window length {window:?} must be at least 1 ms")));
+    }
+    Ok(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_by_window_and_takes_deltas_with_fresh_ids() {
+        let c = AuditCounter::new("gateway", "h1", "online").with_window(Duration::from_secs(60)).unwrap();
+        c.record("a", 1_000);
+        c.record("a", 59_999);
+        c.record("a", 60_000);
+        c.record_n("b", 5, 4);
+        c.record_n("b", 5, 0);
+        let first = c.take();
+        let got: Vec<_> = first.iter().map(|r| (r.topic.as_str(), r.window_start_ms, r.count)).collect();
+        assert_eq!(got, [("a", 0, 2), ("a", 60_000, 1), ("b", 0, 4)]);
+        // Unacknowledged records are offered again with the same ids, new counts get new ids.
+        c.record("a", 2);
+        let second = c.take();
+        assert_eq!(second.len(), 4);
+        assert_eq!(second[..3], first[..]);
+        assert!(first.iter().all(|r| r.id != second[3].id));
+        assert!(AuditCounter::new("t", "h", "c").with_window(Duration::from_micros(10)).is_err());
+    }
+}

@@ -1,0 +1,42 @@
+//! The audit: every tier of the pipeline counts the events it handled per topic and
+//! fixed window of event creation time, publishes the counts to the `_audit` topic, and a
+//! report compares the tiers window by window, so loss and duplication are measured, not
+//! assumed.
+//!
+//! Audit records are JSON (one [`AuditRecord`] per Kafka record on `_audit`); counts are
+//! deltas with a unique id, so a repeated publish is counted once. Windows are by the
+//! event's `fjord.created_ms` header (stamped by the gateway), else its record timestamp,
+//! so a late event lands in its own window and the grace period covers it.
+//!
+//! Embedding a tier:
+//! ```no_run
+//! # async fn f(client: fjord_client::ClientConfig, shutdown: tokio_util::sync::CancellationToken) {
+//! use std::sync::Arc;
+//! let counter = Arc::new(fjord_audit::AuditCounter::new("loader", "host-1", "analytics"));
+//! let publisher = counter.clone().spawn_publisher(client, std::time::Duration::from_secs(30), shutdown);
+//! counter.record("page-views", 1_796_010_000_000); // per event, once it is committed
+//! // ... on shutdown the token is cancelled and the publisher flushes:
+//! let _ = publisher.await;
+//! # }
+//! ```
+//!
+//! # Layout
+//! - [`record`]: the [`AuditRecord`] and its JSON encoding, windows, creation time.
+//! - [`counter`]: [`AuditCounter`], the embeddable counter and its periodic publisher.
+//! - [`report`]: [`collect`] reads `_audit` (and the topics, for the broker tier) and
+//!   [`compare`]s tiers into a [`Report`] with a [`Verdict`] per topic and window.
+//! - [`render`]: text, JSON and self-contained HTML (inline SVG) output.
+//! - [`time`]: UTC formatting and `--since` parsing.
+
+pub mod counter;
+mod error;
+pub mod record;
+pub mod render;
+pub mod report;
+pub mod time;
+
+pub use counter::{ensure_audit_topic, AuditCounter};
+pub use error::{Error, Result};
+pub use record::{AuditRecord, AUDIT_TOPIC, CREATED_HEADER, DEFAULT_WINDOW_MS};
+pub use render::{render, Format};
+pub use report::{collect, compare, Collected, Report, ReportConfig, Verdict, WindowRow, BROKER_TIER};

@@ -1,0 +1,112 @@
+//! The audit record: what one tier on one host counted for one topic and window since its
+//! previous publish. Encoded as one JSON object per Kafka record value on `_audit`
+//! (keyed by the counted topic), so any Kafka tool can read it.
+
+use serde::{Deserialize, Serialize};
+
+/// The monitoring topic the counters publish to and the report reads.
+pub const AUDIT_TOPIC: &str = "_audit";
+
+/// Default window length: 10 minutes of event creation time.
+pub const DEFAULT_WINDOW_MS: i64 = 10 * 60 * 1000;
+
+/// Header holding an event's creation time, ms since the epoch as decimal text (stamped
+/// by the gateway; the same name as `fjord_gateway::CREATED_HEADER`).
+pub const CREATED_HEADER: &str = "fjord.created_ms";
+
+/// One audit record. Counts are deltas: the events of `topic` whose creation time falls in
+/// `[window_start_ms, window_start_ms + window_ms)` that `tier` on `host` handled since its
+/// previous record for that window. The report sums them, counting each `id` once, so a
+/// publish repeated after a lost acknowledgement is harmless.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    /// Unique per publish: `host/tier/instance/sequence`.
+    pub id: String,
+    /// The pipeline stage: `producer`, `gateway`, `mirror`, `loader`, `consumer`, ...
+    pub tier: String,
+    /// The host that counted.
+    pub host: String,
+    /// Datacenter or cluster the tier runs in (e.g. `online`, `analytics`).
+    pub cluster: String,
+    /// The counted topic.
+    pub topic: String,
+    /// Window start, ms since the epoch, a multiple of `window_ms`.
+    pub window_start_ms: i64,
+    /// Window length in ms.
+    pub window_ms: i64,
+    /// Events counted in this window since the previous record.
+    pub count: u64,
+    /// When the record was published (ms since the epoch), for people reading `_audit`.
+    pub published_ms: i64,
+}
+
+impl AuditRecord {
+    /// Decodes a record value; `None` for anything that is not a well-formed record
+    /// (bad JSON, missing fields, a window start that is not on a window boundary).
+    pub fn decode(value: &[u8]) -> Option<Self> {
+        let r: Self = serde_json::from_slice(value).ok()?;
+        let sane = r.window_ms > 0
+            && r.window_start_ms.rem_euclid(r.window_ms) == 0
+            && !r.id.is_empty()
+            && !r.tier.is_empty()
+            && !r.topic.is_empty();
+        sane.then_some(r)
+    }
+
+    /// The JSON encoding.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an audit record always serializes")
+    }
+}
+
+/// Start of the window holding `ms`.
+pub fn window_start(ms: i64, window_ms: i64) -> i64 {
+    ms - ms.rem_euclid(window_ms)
+}
+
+/// An event's creation time: the `fjord.created_ms` header when present and numeric,
+/// else the record timestamp.
+pub fn created_ms<'a>(headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>, timestamp: i64) -> i64 {
+    headers
+        .into_iter()
+        .find(|(k, _)| *k == CREATED_HEADER)
+        .and_then(|(_, v)| std::str::from_utf8(v?).ok()?.trim().parse().ok())
+        .unwrap_or(timestamp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_refuses_malformed_records() {
+        let good = AuditRecord {
+            id: "h/gateway/1/0".into(),
+            tier: "gateway".into(),
+            host: "h".into(),
+            cluster: "online".into(),
+            topic: "t".into(),
+            window_start_ms: 600_000,
+            window_ms: 600_000,
+            count: 3,
+            published_ms: 1,
+        };
+        assert_eq!(AuditRecord::decode(&good.encode()), Some(good.clone()));
+        assert_eq!(AuditRecord::decode(b"not json"), None);
+        assert_eq!(AuditRecord::decode(b"{\"tier\":\"x\"}"), None);
+        let off_boundary = AuditRecord { window_start_ms: 5, ..good.clone() };
+        assert_eq!(AuditRecord::decode(&off_boundary.encode()), None);
+        let zero = AuditRecord { window_ms: 0, ..good };
+        assert_eq!(AuditRecord::decode(&zero.encode()), None);
+    }
+
+    #[test]
+    fn creation_time_prefers_the_header() {
+        assert_eq!(created_ms([(CREATED_HEADER, Some(&b"1234"[..]))], 9), 1234);
+        assert_eq!(created_ms([("other", Some(&b"1234"[..]))], 9), 9);
+        assert_eq!(created_ms([(CREATED_HEADER, Some(&b"x"[..]))], 9), 9);
+        assert_eq!(created_ms([(CREATED_HEADER, None)], 9), 9);
+        assert_eq!(window_start(1_234_567, 600_000), 1_200_000);
+        assert_eq!(window_start(-1, 600_000), -600_000);
+    }
+}

@@ -1,0 +1,231 @@
+//! The audit over a real pipeline on loopback: broker (`fjord_broker::run`) ← gateway
+//! (`fjord_gateway::run`, gateway tier counted inside the gateway) and a direct producer
+//! (opt-in producer tier) → a consumer (opt-in consumer tier), with the broker tier
+//! computed by the report from the topics. The mirror and the loader do not exist yet, so
+//! the downstream tier here is the consumer.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fjord_audit::record::{created_ms, window_start};
+use fjord_audit::{collect, render, AuditCounter, Format, Report, ReportConfig, Verdict, AUDIT_TOPIC};
+use fjord_client::{Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord, SeekTo, TopicPartition};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const WINDOW: Duration = Duration::from_secs(1);
+const TOPICS: [&str; 2] = ["clicks", "views"];
+
+async fn bind() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0").await.expect("bind loopback")
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// Reads every record of `topic` up to its current end.
+async fn read_all(client: &ClientConfig, topic: &str, partitions: i32, expect: usize) -> Vec<ConsumerRecord> {
+    let mut consumer = Consumer::connect(ConsumerConfig { client: client.clone(), auto_offset_reset: OffsetReset::Earliest, ..ConsumerConfig::default() }).await.unwrap();
+    let tps: Vec<_> = (0..partitions).map(|p| TopicPartition::new(topic, p)).collect();
+    consumer.assign(tps.clone()).await.unwrap();
+    for tp in &tps {
+        consumer.seek(tp, SeekTo::Beginning).unwrap();
+    }
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while out.len() < expect {
+        assert!(Instant::now() < deadline, "read {} of {expect} records of {topic}", out.len());
+        out.extend(consumer.poll(Duration::from_millis(200)).await.unwrap());
+    }
+    out
+}
+
+fn report_config(client: &ClientConfig) -> ReportConfig {
+    ReportConfig { window: WINDOW, grace: Duration::from_millis(500), ..ReportConfig::new(client.clone()) }
+}
+
+fn windows_of(r: &Report) -> Vec<(String, i64, BTreeMap<String, u64>, Verdict)> {
+    r.windows.iter().map(|w| (w.topic.clone(), w.window_start, w.counts.clone(), w.verdict)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipeline_report_flags_exactly_the_dropped_window_and_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+
+    let listener = bind().await;
+    let broker_addr = listener.local_addr().unwrap();
+    let config = fjord_broker::BrokerConfig { log_dir: dir.path().join("broker"), listeners: broker_addr, num_partitions: 2, ..fjord_broker::BrokerConfig::default() };
+    tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
+    let client = ClientConfig::new(&broker_addr.to_string());
+    let admin = Admin::connect(client.clone()).await.unwrap();
+    admin.create_topics(&TOPICS.map(|t| NewTopic::new(t, 2))).await.unwrap();
+
+    // Gateway with its audit counter on (the gateway tier).
+    let gateway_stop = CancellationToken::new();
+    let http = bind().await;
+    let http_addr = http.local_addr().unwrap();
+    let gw_config = fjord_gateway::GatewayConfig {
+        host_name: Some("gw-1".into()),
+        audit_interval: Some(Duration::from_millis(200)),
+        audit_window: WINDOW,
+        audit_cluster: "online".into(),
+        ..fjord_gateway::GatewayConfig::new(broker_addr.to_string())
+    };
+    let gateway = tokio::spawn(fjord_gateway::run(gw_config, http, bind().await, gateway_stop.clone()));
+
+    // A direct producer with the opt-in producer tier, also feeding "clicks".
+    let producer = Producer::connect(ProducerConfig { client: client.clone(), ..ProducerConfig::default() }).await.unwrap();
+    let producer_tier = Arc::new(AuditCounter::new("producer", "app-1", "online").with_window(WINDOW).unwrap());
+    let producer_publisher = producer_tier.clone().spawn_publisher(client.clone(), Duration::from_millis(200), shutdown.clone());
+
+    // Publish for ~3.5 windows: a batch every 250 ms over HTTP, and a few direct records.
+    let http_client = reqwest::Client::new();
+    let mut sent: BTreeMap<&str, usize> = BTreeMap::new();
+    let start = Instant::now();
+    let mut round = 0;
+    while start.elapsed() < Duration::from_millis(3500) {
+        for (i, topic) in TOPICS.iter().enumerate() {
+            let n = 10 + 3 * i + round % 4;
+            let body: String = (0..n).map(|k| format!("{{\"round\":{round},\"k\":{k}}}\n")).collect();
+            let r = http_client.post(format!("http://{http_addr}/v1/events/{topic}")).header("content-type", "application/x-ndjson").body(body).send().await.unwrap();
+            assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+            *sent.entry(topic).or_default() += n;
+        }
+        for k in 0..3 {
+            let created = now_ms();
+            let record = ProducerRecord::new("clicks", Bytes::from(format!("direct {round} {k}"))).header(fjord_audit::CREATED_HEADER, Some(Bytes::from(created.to_string())));
+            producer.send(record.clone()).await.unwrap().await.unwrap();
+            producer_tier.record_produced(&record);
+            *sent.entry("clicks").or_default() += 1;
+        }
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Stopping the gateway flushes its last counts; run returns after the flush.
+    gateway_stop.cancel();
+    gateway.await.unwrap().unwrap();
+    producer_tier.publish(&producer).await.unwrap();
+
+    // 1. Gateway + producer tiers against the broker tier: complete everywhere.
+    let cfg = report_config(&client);
+    let report = collect(&cfg).await.unwrap();
+    assert!(report.all_complete(), "{}", fjord_audit::render::text(&report));
+    for topic in TOPICS {
+        let rows: Vec<_> = report.windows.iter().filter(|w| w.topic == topic).collect();
+        assert!(rows.len() >= 3, "{topic} spans only {} windows", rows.len());
+        let broker: u64 = rows.iter().map(|w| w.counts["broker"]).sum();
+        assert_eq!(broker as usize, sent[topic], "{topic}");
+    }
+    assert_eq!(report.topics.iter().find(|t| t.topic == "clicks").unwrap().producing, ["producer", "gateway"]);
+    assert_eq!(report.malformed_skipped, 0);
+
+    // 2. A consumer tier that loses 7 events of "views" in its second window.
+    let consumer_tier = AuditCounter::new("consumer", "reader-1", "online").with_window(WINDOW).unwrap();
+    let views = read_all(&client, "views", 2, sent["views"]).await;
+    let created = |r: &ConsumerRecord| created_ms(r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())), r.timestamp);
+    let mut view_windows: Vec<i64> = views.iter().map(|r| window_start(created(r), WINDOW.as_millis() as i64)).collect();
+    view_windows.sort();
+    view_windows.dedup();
+    let dropped_window = view_windows[1];
+    let mut dropped = 0;
+    for r in &views {
+        if dropped < 7 && window_start(created(r), WINDOW.as_millis() as i64) == dropped_window {
+            dropped += 1;
+            continue;
+        }
+        consumer_tier.record_consumed(r);
+    }
+    for r in read_all(&client, "clicks", 2, sent["clicks"]).await {
+        consumer_tier.record_consumed(&r);
+    }
+    consumer_tier.publish(&producer).await.unwrap();
+
+    let report = collect(&cfg).await.unwrap();
+    let bad: Vec<_> = report.windows.iter().filter(|w| w.verdict != Verdict::Complete).collect();
+    assert_eq!(bad.len(), 1, "{}", fjord_audit::render::text(&report));
+    assert_eq!((bad[0].topic.as_str(), bad[0].window_start, bad[0].verdict), ("views", dropped_window, Verdict::Loss));
+    assert_eq!(bad[0].problems, ["consumer"]);
+    assert_eq!(bad[0].differences["consumer"], -7);
+    assert_eq!(bad[0].differences["broker"], 0);
+    for w in &report.windows {
+        assert_eq!(w.counts["broker"], w.produced, "{} {}", w.topic, w.window_start_utc);
+    }
+    let before = windows_of(&report);
+
+    // 3. Replaying an audit record (the same value again) changes nothing.
+    let audit = read_all(&client, AUDIT_TOPIC, 1, report.audit_records as usize).await;
+    let last = audit.last().unwrap().value.clone().unwrap();
+    producer.send(ProducerRecord::new(AUDIT_TOPIC, last)).await.unwrap().await.unwrap();
+    // 4. Malformed records are skipped and counted.
+    for bad in [Some(Bytes::from_static(b"garbage")), Some(Bytes::from_static(b"{\"tier\":\"x\"}")), None] {
+        let record = ProducerRecord { topic: AUDIT_TOPIC.into(), value: bad, ..ProducerRecord::default() };
+        producer.send(record).await.unwrap().await.unwrap();
+    }
+    let after = collect(&cfg).await.unwrap();
+    assert_eq!((after.replays_ignored, after.malformed_skipped), (1, 3));
+    assert_eq!(after.audit_records, report.audit_records);
+    assert_eq!(windows_of(&after), before);
+
+    // The JSON contract.
+    let json: serde_json::Value = serde_json::from_str(&render(&after, Format::Json).unwrap()).unwrap();
+    let w = &json["windows"][0];
+    assert!(w["topic"].is_string() && w["window_start"].is_i64() && w["counts"]["broker"].is_u64() && w["verdict"].is_string(), "{w}");
+    assert!(json["windows"].as_array().unwrap().iter().any(|w| w["verdict"] == "loss"));
+    let text = render(&after, Format::Text).unwrap();
+    assert!(text.contains("3 malformed skipped") && text.contains("loss (consumer)"), "{text}");
+    println!("{text}");
+
+    // 5. The HTML page in headless Chromium: parses, one chart per topic, a screenshot.
+    let html_path = dir.path().join("report.html");
+    std::fs::write(&html_path, render(&after, Format::Html).unwrap()).unwrap();
+    let lines: usize = after.topics.iter().map(|t| t.tiers.len()).sum();
+    assert_eq!(lines, 7, "clicks: producer, gateway, broker, consumer; views: gateway, broker, consumer");
+    check_in_chromium(&html_path, dir.path(), TOPICS.len(), lines);
+
+    shutdown.cancel();
+    producer_publisher.await.unwrap().unwrap();
+}
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+fn chromium(dir: &Path, args: &[String]) -> std::process::Output {
+    assert!(
+        Path::new(CHROMIUM).exists(),
+        "{CHROMIUM} is missing: the HTML report test needs Debian's chromium (apt-get install -y chromium)"
+    );
+    let profile = tempfile::tempdir_in(dir).unwrap();
+    let out = Command::new(CHROMIUM)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--enable-logging=stderr", "--v=0"])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(args)
+        .output()
+        .expect("run chromium");
+    assert!(out.status.success(), "chromium failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn check_in_chromium(html: &Path, dir: &Path, topics: usize, lines: usize) {
+    let url = format!("file://{}", html.display());
+    // The DOM as Chromium parsed it: one chart per topic survived parsing.
+    let dom = chromium(dir, &["--dump-dom".into(), url.clone()]);
+    let dom_text = String::from_utf8_lossy(&dom.stdout);
+    assert_eq!(dom_text.matches("<svg class=\"chart\"").count(), topics, "{dom_text}");
+    assert_eq!(dom_text.matches("<polyline").count(), lines, "one line per tier");
+    let log = String::from_utf8_lossy(&dom.stderr);
+    for bad in ["Uncaught", "Failed to load", "ERR_FILE_NOT_FOUND", "Refused to"] {
+        assert!(!log.contains(bad), "chromium reported {bad:?}: {log}");
+    }
+    let shot = dir.join("report.png");
+    chromium(dir, &[format!("--screenshot={}", shot.display()), "--window-size=1000,1400".into(), url]);
+    let size = std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0);
+    assert!(size > 8 * 1024, "screenshot is only {size} bytes");
+    let png = std::fs::read(&shot).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
