@@ -6,6 +6,7 @@
 //! is stale (NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, a broken connection).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -111,6 +112,8 @@ pub struct Metadata {
 pub(crate) struct Cluster {
     config: ClientConfig,
     metadata: RwLock<Arc<Metadata>>,
+    /// Bumped by every refresh, so hot paths can cache what they derived from metadata.
+    version: AtomicU64,
     connections: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
     /// One refresh at a time; callers that waited on it reuse its result.
     refreshing: tokio::sync::Mutex<()>,
@@ -127,6 +130,7 @@ impl Cluster {
                 topics: HashMap::new(),
                 fetched_at: Instant::now(),
             })),
+            version: AtomicU64::new(0),
             connections: tokio::sync::Mutex::new(HashMap::new()),
             refreshing: tokio::sync::Mutex::new(()),
             config,
@@ -149,6 +153,21 @@ impl Cluster {
     /// The current metadata snapshot (possibly stale; see [`Cluster::topic`]).
     pub(crate) fn metadata(&self) -> Arc<Metadata> {
         self.metadata.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Changes whenever the metadata snapshot does.
+    pub(crate) fn metadata_version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// The metadata snapshot, refreshed first when older than `metadata.max.age.ms`.
+    /// A failed refresh leaves the old snapshot in use: requests on it fail and retry.
+    pub(crate) async fn fresh_metadata(&self) -> Arc<Metadata> {
+        let md = self.metadata();
+        if md.fetched_at.elapsed() < self.config.metadata_max_age {
+            return md;
+        }
+        self.refresh(None).await.unwrap_or(md)
     }
 
     /// Metadata of `topic`, fetching it when unknown or older than `metadata.max.age.ms`.
@@ -195,6 +214,7 @@ impl Cluster {
                 Ok(response) => {
                     let merged = merge(&current, response, topics.is_none())?;
                     *self.metadata.write().unwrap_or_else(|e| e.into_inner()) = merged.clone();
+                    self.version.fetch_add(1, Ordering::Release);
                     return Ok(merged);
                 }
                 Err(e) => last_error = Some(e),

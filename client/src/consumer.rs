@@ -335,7 +335,7 @@ impl Consumer {
 
     async fn send_fetches(&mut self) -> Result<()> {
         let now = Instant::now();
-        let metadata = self.cluster.metadata();
+        let metadata = self.cluster.fresh_metadata().await;
         let mut per_broker: HashMap<i32, Vec<FetchTarget>> = HashMap::new();
         let mut refresh = false;
         for ((topic, partition), s) in &self.partitions {

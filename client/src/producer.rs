@@ -220,9 +220,34 @@ struct Inner {
     batch_done: Notify,
 }
 
+/// Topic names are the application's own, so a fast non-keyed hash (FNV-1a) is safe
+/// here; SipHash showed up in profiles of the send path.
+#[derive(Clone, Copy)]
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+type TopicMap = HashMap<Arc<str>, TopicState, std::hash::BuildHasherDefault<Fnv>>;
+
 #[derive(Default)]
 struct State {
-    topics: HashMap<Arc<str>, TopicState>,
+    topics: TopicMap,
     /// Batches created and not completed yet.
     incomplete: usize,
     flushing: usize,
@@ -234,6 +259,9 @@ struct State {
 
 struct TopicState {
     name: Arc<str>,
+    /// Partition count as of metadata version `metadata_version`.
+    partition_count: i32,
+    metadata_version: u64,
     partitions: Vec<PartitionQueue>,
     sticky: Option<i32>,
 }
@@ -289,24 +317,44 @@ impl Producer {
         if size + BATCH_OVERHEAD > inner.config.max_request_size {
             return Err(Error::RecordTooLarge { size: size + BATCH_OVERHEAD, max: inner.config.max_request_size });
         }
-        let partitions = inner.partition_count(&record.topic).await?;
+        inner.reserve(size).await?;
+        let result = self.append(record, size).await;
+        if result.is_err() {
+            inner.memory.add_permits(size);
+        }
+        result
+    }
+
+    /// Appends a record whose `size` bytes of buffer memory are reserved.
+    async fn append(&self, record: ProducerRecord, size: usize) -> Result<DeliveryFuture> {
+        let inner = &self.inner;
+        // Hot path: the partition count cached with the topic's batches, valid until the
+        // metadata changes (no clock read, no metadata lock, one hash per send).
+        let version = inner.cluster.metadata_version();
+        let cached = {
+            let state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.topics.get(record.topic.as_str()).filter(|t| t.metadata_version == version).map(|t| t.partition_count)
+        };
+        let partitions = match cached {
+            Some(n) => n,
+            None => inner.partition_count(&record.topic).await?,
+        };
         if let Some(p) = record.partition {
             if !(0..partitions).contains(&p) {
                 return Err(Error::UnknownPartition { topic: record.topic, partition: p });
             }
         }
-        inner.reserve(size).await?;
         let timestamp = record.timestamp.unwrap_or_else(now_ms);
         let headers: Vec<(&str, Option<&[u8]>)> = record.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
 
         let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.closing {
-            drop(state);
-            inner.memory.add_permits(size);
             return Err(Error::ProducerClosed);
         }
         let State { topics, random, incomplete, .. } = &mut *state;
         let topic = topics.entry_ref(&record.topic, partitions);
+        topic.partition_count = partitions;
+        topic.metadata_version = version;
         let partition = match (record.partition, &record.key) {
             (Some(p), _) => p,
             (None, Some(key)) => partition_for_key(key, partitions),
@@ -388,13 +436,14 @@ trait TopicsExt {
     fn entry_ref(&mut self, topic: &str, partitions: i32) -> &mut TopicState;
 }
 
-impl TopicsExt for HashMap<Arc<str>, TopicState> {
+impl TopicsExt for TopicMap {
     /// The topic's state, created (or grown, when partitions were added) on demand,
     /// without allocating the name on the hot path.
     fn entry_ref(&mut self, topic: &str, partitions: i32) -> &mut TopicState {
-        if !self.contains_key(topic) {
+        if self.get(topic).is_none() {
             let name: Arc<str> = topic.into();
-            self.insert(name.clone(), TopicState { name, partitions: Vec::new(), sticky: None });
+            let state = TopicState { name: name.clone(), partition_count: 0, metadata_version: u64::MAX, partitions: Vec::new(), sticky: None };
+            self.insert(name, state);
         }
         let t = self.get_mut(topic).expect("inserted above");
         if t.partitions.len() < partitions as usize {
@@ -475,6 +524,9 @@ impl Inner {
         let partitions = state.topics.get(&*batch.topic).map_or(0, |t| t.partitions.len());
         let topic = state.topics.entry_ref(&batch.topic.clone(), partitions.max(batch.partition as usize + 1) as i32);
         topic.partitions[batch.partition as usize].ready.push_front(batch);
+        drop(state);
+        // The sender may be asleep with nothing else to do: it must see the retry.
+        self.wake_sender.notify_one();
     }
 }
 
@@ -495,11 +547,14 @@ async fn sender_loop(inner: Arc<Inner>) {
             // Errors here surface as retries of the batches themselves.
             let _ = inner.cluster.refresh(None).await;
         }
-        let metadata = inner.cluster.metadata();
-        let (requests, next_deadline, finished) = {
+        let metadata = inner.cluster.fresh_metadata().await;
+        let Drained { requests, expired, next_deadline, finished } = {
             let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
             drain(&inner.config, &mut state, &metadata, &mut refresh_due)
         };
+        for batch in expired {
+            inner.complete(&batch, Outcome::Failed(Error::DeliveryTimeout(inner.config.delivery_timeout)));
+        }
         let sent_any = !requests.is_empty();
         for (broker, batches) in requests {
             send_request(&inner, broker, batches).await;
@@ -525,18 +580,23 @@ async fn sender_loop(inner: Arc<Inner>) {
     }
 }
 
-type Requests = Vec<(i32, Vec<ReadyBatch>)>;
+/// What one pass of the sender found to do.
+struct Drained {
+    /// Produce requests to send: leader broker id and its batches.
+    requests: Vec<(i32, Vec<ReadyBatch>)>,
+    /// Batches past `delivery.timeout.ms` that were never sent (no leader, say).
+    expired: Vec<ReadyBatch>,
+    /// The earliest time something else becomes sendable.
+    next_deadline: Option<Instant>,
+    /// Closed, with nothing left.
+    finished: bool,
+}
 
 /// Takes every batch that may be sent now, grouped by leader, respecting the in-flight
-/// limit. Returns the requests, the earliest time something else becomes sendable, and
-/// whether the producer is closed with nothing left.
-fn drain(
-    config: &ProducerConfig,
-    state: &mut State,
-    metadata: &crate::cluster::Metadata,
-    refresh_due: &mut bool,
-) -> (Requests, Option<Instant>, bool) {
+/// limit and one batch per partition per request.
+fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::Metadata, refresh_due: &mut bool) -> Drained {
     let now = Instant::now();
+    let mut expired = Vec::new();
     let force = state.flushing > 0 || state.closing;
     let mut next_deadline: Option<Instant> = None;
     let mut per_broker: HashMap<i32, Vec<Vec<ReadyBatch>>> = HashMap::new();
@@ -545,6 +605,12 @@ fn drain(
     for topic in topics.values_mut() {
         let leaders = metadata.topics.get(&*topic.name);
         for (p, queue) in topic.partitions.iter_mut().enumerate() {
+            while queue.ready.front().is_some_and(|b| b.created.elapsed() >= config.delivery_timeout) {
+                expired.extend(queue.ready.pop_front());
+            }
+            if queue.open.as_ref().is_some_and(|o| o.created.elapsed() >= config.delivery_timeout) {
+                expired.extend(queue.open.take().and_then(|o| o.close(&topic.name, p as i32, config.compression).ok()));
+            }
             let linger_over = |o: &OpenBatch| force || o.created + config.linger <= now;
             if let Some(open) = &queue.open {
                 if !linger_over(open) {
@@ -608,7 +674,7 @@ fn drain(
         }
     }
     let finished = state.closing && state.incomplete == 0;
-    (out, next_deadline, finished)
+    Drained { requests: out, expired, next_deadline, finished }
 }
 
 async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>) {

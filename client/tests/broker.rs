@@ -343,3 +343,32 @@ async fn admin_creates_describes_lists_and_deletes_topics() {
     admin.delete_topics(&["adm".into()]).await.unwrap();
     assert!(matches!(admin.describe_topic("adm").await, Err(Error::UnknownTopic(_))));
 }
+
+#[tokio::test]
+async fn a_stalled_broker_times_records_out_and_the_producer_recovers_after() {
+    let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_addr = proxy.local_addr().unwrap().to_string();
+    let broker = start_broker_advertising(Some(proxy_addr.clone())).await;
+    let paused = Arc::new(AtomicBool::new(false));
+    tokio::spawn(pausable_proxy(broker.addr.parse().unwrap(), proxy, paused.clone()));
+    create_topic(&broker.addr, "stall", 1, &[]).await;
+    let p = producer(&proxy_addr, |c| {
+        c.client.request_timeout = Duration::from_millis(300);
+        c.client.connect_timeout = Duration::from_millis(300);
+        c.client.retry_backoff = Duration::from_millis(50);
+        c.delivery_timeout = Duration::from_millis(1500);
+    })
+    .await;
+    p.send(ProducerRecord::new("stall", "ok")).await.unwrap().await.unwrap();
+    paused.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    let f = tokio::time::timeout(Duration::from_secs(5), p.send(ProducerRecord::new("stall", "lost"))).await.expect("send of lost hangs").unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(5), f).await.expect("delivery of lost hangs").unwrap_err();
+    assert!(matches!(err, Error::DeliveryTimeout(_)), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    // The broker reads again: a new connection is made and records flow.
+    paused.store(false, Ordering::Relaxed);
+    let f = tokio::time::timeout(Duration::from_secs(5), p.send(ProducerRecord::new("stall", "after"))).await.expect("send of after hangs").unwrap();
+    let md = tokio::time::timeout(Duration::from_secs(10), f).await.expect("delivery of after hangs").unwrap();
+    assert!(md.offset >= 1);
+}
