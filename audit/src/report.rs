@@ -68,7 +68,7 @@ impl ReportConfig {
 
     /// Keeps only topics matching `pattern` (a regular expression, unanchored).
     pub fn with_topics(mut self, pattern: &str) -> Result<Self> {
-        self.topics = Some(Regex::new(pattern)?);
+        self.topics = Some(Regex::new(pattern).map_err(|e| Error::InvalidRegex(e.to_string()))?);
         Ok(self)
     }
 

@@ -6,9 +6,11 @@
 //! - `registry`: `fjord registry`, the schema registry service.
 //! - `gateway`: `fjord gateway`, the HTTP/gRPC front door.
 //! - `tools`: `fjord topics`, `produce`, `consume`, `bench` over `fjord_client`.
+//! - `audit`: `fjord audit report|watch` over `fjord_audit`.
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+mod audit;
 mod gateway;
 mod load;
 mod registry;
@@ -42,6 +44,8 @@ enum Command {
     Bench(tools::bench::BenchArgs),
     /// Load topics into HDFS or a local directory as hourly Avro files (one job run).
     Load(load::LoadArgs),
+    /// Compare per-tier audit counts per topic and window (report once, or watch live).
+    Audit(audit::AuditArgs),
 }
 
 #[tokio::main]
@@ -61,5 +65,6 @@ async fn main() -> anyhow::Result<()> {
         Command::Consume(args) => tools::run_or_exit(tools::consume::run(args)).await,
         Command::Bench(args) => tools::run_or_exit(tools::bench::run(args)).await,
         Command::Load(args) => tools::run_or_exit(load::load(args)).await,
+        Command::Audit(args) => tools::run_or_exit(audit::run(args)).await,
     }
 }
