@@ -20,7 +20,6 @@ pub(crate) mod error_code {
     pub(crate) const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
     pub(crate) const MESSAGE_TOO_LARGE: i16 = 10;
     pub(crate) const INVALID_TOPIC_EXCEPTION: i16 = 17;
-    pub(crate) const COORDINATOR_NOT_AVAILABLE: i16 = 15;
     pub(crate) const INVALID_REQUIRED_ACKS: i16 = 21;
     pub(crate) const TOPIC_ALREADY_EXISTS: i16 = 36;
     pub(crate) const UNSUPPORTED_VERSION: i16 = 35;
@@ -39,7 +38,7 @@ pub(crate) mod error_code {
 /// accepted: librdkafka derives features such as compression support from the broker
 /// accepting old versions, and silently disables them otherwise. Fetch starts at v4, the
 /// first version that carries RecordBatch v2, and stops at v12: v13 names topics by id.
-/// FindCoordinator is there for librdkafka's feature detection (see `handler::no_coordinator`).
+/// The group APIs are answered by the group coordinator (`crate::group`).
 pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 0, 9),
     (ApiKey::Fetch, 4, 12),
@@ -49,7 +48,16 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::DescribeConfigs, 1, 4),
-    (ApiKey::FindCoordinator, 0, 3),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 9),
+    (ApiKey::OffsetFetch, 1, 9),
+    (ApiKey::ListGroups, 0, 5),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::DeleteGroups, 0, 2),
 ];
 
 /// Produce versions whose payloads are old message sets; answered by hand

@@ -12,6 +12,7 @@ use std::time::Duration;
 use fjord_log::LogConfig;
 use serde::Deserialize;
 
+use crate::group::GroupConfig;
 use crate::{Error, Result};
 
 /// Settings of one broker. Defaults are Kafka's unless noted.
@@ -49,6 +50,8 @@ pub struct BrokerConfig {
     pub checkpoint_interval: Duration,
     /// Broker-wide defaults of every topic's log (`log.segment.bytes`, `log.retention.ms`, ...).
     pub log: LogConfig,
+    /// Group coordinator settings (`group.*`, `offset.metadata.max.bytes`).
+    pub group: GroupConfig,
 }
 
 impl Default for BrokerConfig {
@@ -69,6 +72,7 @@ impl Default for BrokerConfig {
             flush_scheduler_interval: Duration::from_secs(1),
             checkpoint_interval: Duration::from_secs(60),
             log: LogConfig::default(),
+            group: GroupConfig::default(),
         }
     }
 }
@@ -181,6 +185,12 @@ impl BrokerConfig {
                 self.max_connections = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
             }
             "fetch.zero.copy" => self.fetch_zero_copy = boolean()?,
+            "group.min.session.timeout.ms" => self.group.min_session_timeout_ms = millis()?.as_millis() as u64,
+            "group.max.session.timeout.ms" => self.group.max_session_timeout_ms = millis()?.as_millis() as u64,
+            "group.initial.rebalance.delay.ms" => self.group.initial_rebalance_delay_ms = millis()?.as_millis() as u64,
+            "offset.metadata.max.bytes" => {
+                self.group.offset_metadata_max_bytes = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
+            }
             "log.retention.check.interval.ms" => self.retention_check_interval = millis()?,
             "log.flush.scheduler.interval.ms" => self.flush_scheduler_interval = millis()?,
             "log.flush.offset.checkpoint.interval.ms" => self.checkpoint_interval = millis()?,

@@ -38,7 +38,7 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAd
     let (responses, queue) = mpsc::channel(RESPONSE_QUEUE);
     let writer = tokio::spawn(write_responses(write, queue));
     let read_result = tokio::select! {
-        result = read_requests(&broker, read, responses) => result,
+        result = read_requests(&broker, read, responses, peer) => result,
         () = shutdown.cancelled() => Ok(()),
     };
     // The reader has dropped its sender: the writer drains what is queued and stops,
@@ -60,12 +60,12 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAd
     }
 }
 
-async fn read_requests(broker: &Broker, mut read: OwnedReadHalf, responses: mpsc::Sender<Response>) -> Result<()> {
+async fn read_requests(broker: &Broker, mut read: OwnedReadHalf, responses: mpsc::Sender<Response>, peer: SocketAddr) -> Result<()> {
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let max = broker.config.socket_request_max_bytes;
     while let Some(frame) = read_frame(&mut read, &mut buf, max).await? {
         let decoded = decode_request(frame).map_err(Error::Protocol)?;
-        if let Some(response) = broker.handle(decoded).await {
+        if let Some(response) = broker.handle(decoded, peer).await {
             if responses.send(response).await.is_err() {
                 break; // the writer failed: the client is gone
             }

@@ -139,6 +139,15 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::DeleteTopics => v >= 4,
         ApiKey::DescribeConfigs => v >= 4,
         ApiKey::FindCoordinator => v >= 3,
+        ApiKey::JoinGroup => v >= 6,
+        ApiKey::SyncGroup => v >= 4,
+        ApiKey::Heartbeat => v >= 4,
+        ApiKey::LeaveGroup => v >= 4,
+        ApiKey::OffsetCommit => v >= 8,
+        ApiKey::OffsetFetch => v >= 6,
+        ApiKey::ListGroups => v >= 3,
+        ApiKey::DescribeGroups => v >= 5,
+        ApiKey::DeleteGroups => v >= 2,
         _ => return Err("no schema for this api"),
     };
     let w = &mut Walker { buf: body, flexible };
@@ -284,10 +293,142 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
             }
         }
         ApiKey::FindCoordinator => {
-            w.string()?;
+            if v <= 3 {
+                w.string()?; // key
+            }
             if v >= 1 {
+                w.int8()?; // key type
+            }
+            if v >= 4 {
+                w.array(Walker::string)?; // coordinator keys
+            }
+        }
+        ApiKey::JoinGroup => {
+            w.string()?; // group id
+            w.int32()?; // session timeout
+            if v >= 1 {
+                w.int32()?; // rebalance timeout
+            }
+            w.string()?; // member id
+            if v >= 5 {
+                w.string()?; // group instance id
+            }
+            w.string()?; // protocol type
+            w.array(|w| {
+                w.string()?;
+                w.bytes()?;
+                w.tagged_fields()
+            })?;
+            if v >= 8 {
+                w.string()?; // reason
+            }
+        }
+        ApiKey::SyncGroup => {
+            w.string()?;
+            w.int32()?;
+            w.string()?;
+            if v >= 3 {
+                w.string()?;
+            }
+            if v >= 5 {
+                w.string()?; // protocol type
+                w.string()?; // protocol name
+            }
+            w.array(|w| {
+                w.string()?;
+                w.bytes()?;
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::Heartbeat => {
+            w.string()?;
+            w.int32()?;
+            w.string()?;
+            if v >= 3 {
+                w.string()?;
+            }
+        }
+        ApiKey::LeaveGroup => {
+            w.string()?;
+            if v <= 2 {
+                w.string()?;
+            } else {
+                w.array(|w| {
+                    w.string()?;
+                    w.string()?;
+                    if v >= 5 {
+                        w.string()?; // reason
+                    }
+                    w.tagged_fields()
+                })?;
+            }
+        }
+        ApiKey::OffsetCommit => {
+            w.string()?;
+            w.int32()?; // generation id or member epoch
+            w.string()?; // member id
+            if v >= 7 {
+                w.string()?; // group instance id
+            }
+            if (2..=4).contains(&v) {
+                w.int64()?; // retention time
+            }
+            w.array(|w| {
+                w.string()?;
+                w.array(|w| {
+                    w.int32()?;
+                    w.int64()?;
+                    if v >= 6 {
+                        w.int32()?; // committed leader epoch
+                    }
+                    w.string()?; // metadata
+                    w.tagged_fields()
+                })?;
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::OffsetFetch => {
+            let topics = |w: &mut Walker<'_>| {
+                w.array(|w| {
+                    w.string()?;
+                    w.array(Walker::int32)?;
+                    w.tagged_fields()
+                })
+            };
+            if v <= 7 {
+                w.string()?;
+                topics(w)?;
+            } else {
+                w.array(|w| {
+                    w.string()?;
+                    if v >= 9 {
+                        w.string()?; // member id
+                        w.int32()?; // member epoch
+                    }
+                    topics(w)?;
+                    w.tagged_fields()
+                })?;
+            }
+            if v >= 7 {
+                w.int8()?; // require stable
+            }
+        }
+        ApiKey::ListGroups => {
+            if v >= 4 {
+                w.array(Walker::string)?;
+            }
+            if v >= 5 {
+                w.array(Walker::string)?;
+            }
+        }
+        ApiKey::DescribeGroups => {
+            w.array(Walker::string)?;
+            if v >= 3 {
                 w.int8()?;
             }
+        }
+        ApiKey::DeleteGroups => {
+            w.array(Walker::string)?;
         }
         _ => unreachable!("flexible versions are listed for every api walked above"),
     }
@@ -296,7 +437,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
 
 #[cfg(test)]
 mod tests {
-    use bytes::BytesMut;
+    use bytes::{Bytes, BytesMut};
     use kafka_protocol::messages::create_topics_request::{CreatableReplicaAssignment, CreatableTopic, CreatableTopicConfig};
     use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
     use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
@@ -379,7 +520,67 @@ mod tests {
                     DescribeConfigsResource::default().with_resource_name(s("u")).with_configuration_keys(None),
                 ])
                 .encode(&mut buf, v),
-            ApiKey::FindCoordinator => FindCoordinatorRequest::default().with_key(s("group")).encode(&mut buf, v),
+            ApiKey::FindCoordinator => if v >= 4 {
+                FindCoordinatorRequest::default().with_coordinator_keys(vec![s("g1"), s("g2")])
+            } else {
+                FindCoordinatorRequest::default().with_key(s("group"))
+            }
+            .encode(&mut buf, v),
+            ApiKey::JoinGroup => JoinGroupRequest::default()
+                .with_group_id(GroupId(s("g")))
+                .with_session_timeout_ms(10_000)
+                .with_member_id(s("m"))
+                .with_group_instance_id(if v >= 5 { Some(s("i")) } else { None })
+                .with_protocol_type(s("consumer"))
+                .with_protocols(vec![
+                    join_group_request::JoinGroupRequestProtocol::default().with_name(s("range")).with_metadata(Bytes::from_static(b"meta")),
+                    join_group_request::JoinGroupRequestProtocol::default().with_name(s("roundrobin")),
+                ])
+                .with_reason(if v >= 8 { Some(s("why")) } else { None })
+                .encode(&mut buf, v),
+            ApiKey::SyncGroup => SyncGroupRequest::default()
+                .with_group_id(GroupId(s("g")))
+                .with_member_id(s("m"))
+                .with_protocol_type(if v >= 5 { Some(s("consumer")) } else { None })
+                .with_assignments(vec![sync_group_request::SyncGroupRequestAssignment::default()
+                    .with_member_id(s("m"))
+                    .with_assignment(Bytes::from_static(b"assignment"))])
+                .encode(&mut buf, v),
+            ApiKey::Heartbeat => HeartbeatRequest::default().with_group_id(GroupId(s("g"))).with_member_id(s("m")).encode(&mut buf, v),
+            ApiKey::LeaveGroup => if v >= 3 {
+                LeaveGroupRequest::default()
+                    .with_group_id(GroupId(s("g")))
+                    .with_members(vec![leave_group_request::MemberIdentity::default().with_member_id(s("m"))])
+            } else {
+                LeaveGroupRequest::default().with_group_id(GroupId(s("g"))).with_member_id(s("m"))
+            }
+            .encode(&mut buf, v),
+            ApiKey::OffsetCommit => OffsetCommitRequest::default()
+                .with_group_id(GroupId(s("g")))
+                .with_member_id(s("m"))
+                .with_topics(vec![offset_commit_request::OffsetCommitRequestTopic::default().with_name(name()).with_partitions(vec![
+                    offset_commit_request::OffsetCommitRequestPartition::default()
+                        .with_committed_offset(42)
+                        .with_committed_metadata(Some(s("md"))),
+                ])])
+                .encode(&mut buf, v),
+            ApiKey::OffsetFetch => if v >= 8 {
+                OffsetFetchRequest::default().with_groups(vec![offset_fetch_request::OffsetFetchRequestGroup::default()
+                    .with_group_id(GroupId(s("g")))
+                    .with_topics(Some(vec![offset_fetch_request::OffsetFetchRequestTopics::default()
+                        .with_name(name())
+                        .with_partition_indexes(vec![0, 1])]))])
+            } else {
+                OffsetFetchRequest::default().with_group_id(GroupId(s("g"))).with_topics(Some(vec![
+                    offset_fetch_request::OffsetFetchRequestTopic::default().with_name(name()).with_partition_indexes(vec![0, 1]),
+                ]))
+            }
+            .encode(&mut buf, v),
+            ApiKey::ListGroups => ListGroupsRequest::default()
+                .with_states_filter(if v >= 4 { vec![s("Stable")] } else { vec![] })
+                .encode(&mut buf, v),
+            ApiKey::DescribeGroups => DescribeGroupsRequest::default().with_groups(vec![GroupId(s("g"))]).encode(&mut buf, v),
+            ApiKey::DeleteGroups => DeleteGroupsRequest::default().with_groups_names(vec![GroupId(s("g"))]).encode(&mut buf, v),
             other => panic!("no sample for {other:?}"),
         };
         result.unwrap_or_else(|e| panic!("{key:?} v{v} does not encode: {e}"));

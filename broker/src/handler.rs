@@ -9,10 +9,12 @@ pub(crate) mod offsets;
 pub(crate) mod produce;
 
 use kafka_protocol::messages::api_versions_response::ApiVersion;
-use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, BrokerId, FindCoordinatorResponse, RequestKind, ResponseKind};
-use kafka_protocol::protocol::StrBytes;
+use std::net::SocketAddr;
+
+use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, RequestKind, ResponseKind};
 
 use crate::codec::{self, error_code, Decoded, SUPPORTED_APIS};
+use crate::group::GroupCoordinator;
 use crate::response::Response;
 use crate::topics::Topics;
 use crate::BrokerConfig;
@@ -25,11 +27,12 @@ pub(crate) struct Broker {
     pub(crate) port: i32,
     pub(crate) cluster_id: String,
     pub(crate) topics: Topics,
+    pub(crate) groups: GroupCoordinator,
 }
 
 impl Broker {
     /// Answers one request.
-    pub(crate) async fn handle(&self, decoded: Decoded) -> Option<Response> {
+    pub(crate) async fn handle(&self, decoded: Decoded, peer: SocketAddr) -> Option<Response> {
         let (header, version, request) = match decoded {
             Decoded::Unsupported { correlation_id, api_key, version } => {
                 tracing::debug!(api_key, version, "unsupported api key or version");
@@ -62,7 +65,20 @@ impl Broker {
             RequestKind::CreateTopics(req) => (ApiKey::CreateTopics, self.create_topics(req, version).await),
             RequestKind::DeleteTopics(req) => (ApiKey::DeleteTopics, self.delete_topics(req, version).await),
             RequestKind::DescribeConfigs(req) => (ApiKey::DescribeConfigs, self.describe_configs(req)),
-            RequestKind::FindCoordinator(_) => (ApiKey::FindCoordinator, no_coordinator()),
+            RequestKind::FindCoordinator(req) => (ApiKey::FindCoordinator, self.groups.find_coordinator(req, version).await),
+            RequestKind::JoinGroup(req) => {
+                let client_id = header.client_id.as_deref().unwrap_or_default();
+                let client_host = format!("/{}", peer.ip());
+                (ApiKey::JoinGroup, self.groups.join_group(req, version, client_id, &client_host).await)
+            }
+            RequestKind::SyncGroup(req) => (ApiKey::SyncGroup, self.groups.sync_group(req, version).await),
+            RequestKind::Heartbeat(req) => (ApiKey::Heartbeat, self.groups.heartbeat(req).await),
+            RequestKind::LeaveGroup(req) => (ApiKey::LeaveGroup, self.groups.leave_group(req, version).await),
+            RequestKind::OffsetCommit(req) => (ApiKey::OffsetCommit, self.groups.offset_commit(req, version).await),
+            RequestKind::OffsetFetch(req) => (ApiKey::OffsetFetch, self.groups.offset_fetch(req, version).await),
+            RequestKind::ListGroups(req) => (ApiKey::ListGroups, self.groups.list_groups(req).await),
+            RequestKind::DescribeGroups(req) => (ApiKey::DescribeGroups, self.groups.describe_groups(req).await),
+            RequestKind::DeleteGroups(req) => (ApiKey::DeleteGroups, self.groups.delete_groups(req).await),
             other => {
                 // decode_request only decodes what SUPPORTED_APIS lists, and every entry is matched above.
                 tracing::error!(request = ?other, "decoded a request without a handler");
@@ -80,19 +96,6 @@ fn api_versions(error: i16) -> ResponseKind {
         .map(|&(key, min, max)| ApiVersion::default().with_api_key(key as i16).with_min_version(min).with_max_version(max))
         .collect();
     ResponseKind::ApiVersions(ApiVersionsResponse::default().with_error_code(error).with_api_keys(api_keys))
-}
-
-/// FindCoordinator is answered, but there is no group coordinator yet: every lookup gets
-/// COORDINATOR_NOT_AVAILABLE, which clients treat as "retry later". It is advertised at
-/// all because librdkafka enables LZ4 only for brokers that accept FindCoordinator v0.
-fn no_coordinator() -> ResponseKind {
-    ResponseKind::FindCoordinator(
-        FindCoordinatorResponse::default()
-            .with_error_code(error_code::COORDINATOR_NOT_AVAILABLE)
-            .with_error_message(Some(StrBytes::from_static_str("consumer groups are not implemented yet")))
-            .with_node_id(BrokerId(-1))
-            .with_port(-1),
-    )
 }
 
 /// The Kafka error code for a storage failure: the one place log errors meet the wire.

@@ -34,6 +34,7 @@ mod codec;
 mod connection;
 mod error;
 mod fetch_response;
+mod group;
 mod guard;
 mod handler;
 mod response;
@@ -41,5 +42,6 @@ pub mod server;
 mod topics;
 
 pub use config::BrokerConfig;
+pub use group::GroupConfig;
 pub use error::{Error, Result};
 pub use server::run;

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::connection;
+use crate::group::{Endpoint, GroupCoordinator};
 use crate::handler::Broker;
 use crate::topics::Topics;
 use crate::{BrokerConfig, Error, Result};
@@ -57,7 +58,9 @@ pub async fn run(config: BrokerConfig, listener: TcpListener, shutdown: Cancella
     );
     tracing::debug!(?config, "effective config");
     let max_connections = config.max_connections;
-    let broker = Arc::new(Broker { config, host, port, cluster_id, topics });
+    let endpoint = Endpoint { broker_id: config.broker_id, host: host.clone(), port };
+    let groups = GroupCoordinator::new(store.clone(), endpoint, config.group.clone());
+    let broker = Arc::new(Broker { config, host, port, cluster_id, topics, groups });
 
     let tracker = TaskTracker::new();
     spawn_periodic_tasks(&tracker, &broker, &shutdown);

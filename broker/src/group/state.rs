@@ -1,0 +1,726 @@
+//! One consumer group's membership state machine, without I/O: Kafka's classic group
+//! protocol (JoinGroup / SyncGroup / Heartbeat / LeaveGroup) with generations.
+//!
+//! ```text
+//!            join                    all rejoined or             leader's
+//!  Empty ──────────► Preparing ───── rebalance deadline ───────► Completing ── SyncGroup ──► Stable
+//!    ▲               Rebalance ◄─────────────────────────────────  Rebalance ◄─ join/leave/expiry ┘
+//!    └── last member leaves or expires ─────────────────────────────────┘
+//! ```
+//!
+//! Every transition that answers waiting members hands the answers back as
+//! [`Reply`] values; the caller delivers them after releasing the group's lock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use tokio::sync::oneshot;
+
+/// Answer to a JoinGroup request that had to wait for the rebalance.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct JoinResult {
+    pub(crate) error: i16,
+    pub(crate) generation_id: i32,
+    pub(crate) protocol_type: String,
+    pub(crate) protocol_name: String,
+    pub(crate) leader: String,
+    pub(crate) member_id: String,
+    /// Only the leader gets the members and their metadata, to compute the assignment.
+    pub(crate) members: Vec<(String, Option<String>, Bytes)>,
+}
+
+/// Answer to a SyncGroup request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct SyncResult {
+    pub(crate) error: i16,
+    pub(crate) protocol_type: String,
+    pub(crate) protocol_name: String,
+    pub(crate) assignment: Bytes,
+}
+
+impl JoinResult {
+    pub(crate) fn error(error: ResponseError, member_id: &str) -> Self {
+        Self { error: error.code(), member_id: member_id.to_string(), generation_id: -1, ..Self::default() }
+    }
+}
+
+impl SyncResult {
+    pub(crate) fn error(error: ResponseError) -> Self {
+        Self { error: error.code(), ..Self::default() }
+    }
+}
+
+/// A delivery the caller makes once the lock is released.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Join(oneshot::Sender<JoinResult>, JoinResult),
+    Sync(oneshot::Sender<SyncResult>, SyncResult),
+}
+
+impl Reply {
+    pub(crate) fn deliver(self) {
+        // A receiver that went away (the client disconnected) does not care.
+        match self {
+            Reply::Join(tx, result) => drop(tx.send(result)),
+            Reply::Sync(tx, result) => drop(tx.send(result)),
+        }
+    }
+}
+
+/// Group states, named as DescribeGroups and ListGroups report them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GroupState {
+    Empty,
+    PreparingRebalance,
+    CompletingRebalance,
+    Stable,
+}
+
+impl GroupState {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Empty => "Empty",
+            Self::PreparingRebalance => "PreparingRebalance",
+            Self::CompletingRebalance => "CompletingRebalance",
+            Self::Stable => "Stable",
+        }
+    }
+}
+
+/// One member of the group.
+#[derive(Debug)]
+pub(crate) struct Member {
+    pub(crate) member_id: String,
+    pub(crate) group_instance_id: Option<String>,
+    pub(crate) client_id: String,
+    pub(crate) client_host: String,
+    pub(crate) session_timeout: Duration,
+    pub(crate) rebalance_timeout: Duration,
+    /// (protocol name, metadata) in the member's order of preference.
+    pub(crate) protocols: Vec<(String, Bytes)>,
+    pub(crate) assignment: Bytes,
+    pub(crate) heartbeat_deadline: Instant,
+    join_waiter: Option<oneshot::Sender<JoinResult>>,
+    sync_waiter: Option<oneshot::Sender<SyncResult>>,
+}
+
+impl Member {
+    fn metadata(&self, protocol: &str) -> Bytes {
+        self.protocols.iter().find(|(name, _)| name == protocol).map(|(_, m)| m.clone()).unwrap_or_default()
+    }
+}
+
+/// What a JoinGroup request carries, decoded.
+#[derive(Debug, Clone)]
+pub(crate) struct JoinRequest {
+    pub(crate) member_id: String,
+    pub(crate) group_instance_id: Option<String>,
+    pub(crate) client_id: String,
+    pub(crate) client_host: String,
+    pub(crate) session_timeout: Duration,
+    pub(crate) rebalance_timeout: Duration,
+    pub(crate) protocol_type: String,
+    pub(crate) protocols: Vec<(String, Bytes)>,
+    /// JoinGroup v4+ clients accept MEMBER_ID_REQUIRED and rejoin with the id.
+    pub(crate) requires_known_member_id: bool,
+}
+
+/// What the caller does with a JoinGroup.
+#[derive(Debug)]
+pub(crate) enum JoinOutcome {
+    /// Answer now.
+    Now(JoinResult),
+    /// Wait on this receiver for the rebalance to complete.
+    Wait(oneshot::Receiver<JoinResult>),
+}
+
+/// What the caller does with a SyncGroup.
+#[derive(Debug)]
+pub(crate) enum SyncOutcome {
+    Now(SyncResult),
+    Wait(oneshot::Receiver<SyncResult>),
+}
+
+/// A consumer group's membership.
+#[derive(Debug)]
+pub(crate) struct Group {
+    pub(crate) group_id: String,
+    pub(crate) state: GroupState,
+    pub(crate) generation_id: i32,
+    pub(crate) protocol_type: Option<String>,
+    pub(crate) protocol_name: Option<String>,
+    pub(crate) leader: Option<String>,
+    pub(crate) members: BTreeMap<String, Member>,
+    /// Member ids handed out with MEMBER_ID_REQUIRED and not yet used.
+    pending_member_ids: HashMap<String, Instant>,
+    /// When the current rebalance gives up on members that have not rejoined.
+    pub(crate) rebalance_deadline: Option<Instant>,
+    /// Until then a rebalance of an empty group waits for more members to arrive
+    /// (group.initial.rebalance.delay.ms), so a group starting up rebalances once.
+    initial_delay_until: Option<Instant>,
+    next_member: u64,
+}
+
+impl Group {
+    pub(crate) fn new(group_id: &str) -> Self {
+        Self {
+            group_id: group_id.to_string(),
+            state: GroupState::Empty,
+            generation_id: 0,
+            protocol_type: None,
+            protocol_name: None,
+            leader: None,
+            members: BTreeMap::new(),
+            pending_member_ids: HashMap::new(),
+            rebalance_deadline: None,
+            initial_delay_until: None,
+            next_member: 0,
+        }
+    }
+
+    /// A member id unique across this coordinator's lifetime and restarts: the
+    /// client id, the wall clock in ns and a counter.
+    fn new_member_id(&mut self, client_id: &str) -> String {
+        self.next_member += 1;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        format!("{client_id}-{nanos:x}-{}", self.next_member)
+    }
+
+    /// Handles a JoinGroup. `initial_delay` is group.initial.rebalance.delay.ms.
+    pub(crate) fn join(&mut self, req: JoinRequest, now: Instant, initial_delay: Duration) -> (JoinOutcome, Vec<Reply>) {
+        let reject = |e: ResponseError| (JoinOutcome::Now(JoinResult::error(e, &req.member_id)), Vec::new());
+        if req.protocol_type.is_empty() || req.protocols.is_empty() {
+            return reject(ResponseError::InconsistentGroupProtocol);
+        }
+        if !self.members.is_empty() {
+            let same_type = self.protocol_type.as_deref() == Some(req.protocol_type.as_str());
+            let shared = req.protocols.iter().any(|(name, _)| {
+                self.members.values().filter(|m| m.member_id != req.member_id).all(|m| m.protocols.iter().any(|(n, _)| n == name))
+            });
+            if !same_type || !shared {
+                return reject(ResponseError::InconsistentGroupProtocol);
+            }
+        }
+        let mut member_id = req.member_id.clone();
+        if member_id.is_empty() {
+            member_id = self.new_member_id(&req.client_id);
+            if let Some(instance) = &req.group_instance_id {
+                // Static membership: the new incarnation takes over the instance's slot;
+                // the old member id is fenced from now on.
+                let old = self.members.iter().find(|(_, m)| m.group_instance_id.as_ref() == Some(instance)).map(|(id, _)| id.clone());
+                if let Some(old) = old {
+                    let mut previous = self.members.remove(&old).expect("invariant: found above");
+                    let mut replies = Vec::new();
+                    if let Some(tx) = previous.join_waiter.take() {
+                        replies.push(Reply::Join(tx, JoinResult::error(ResponseError::FencedInstanceId, &old)));
+                    }
+                    if let Some(tx) = previous.sync_waiter.take() {
+                        replies.push(Reply::Sync(tx, SyncResult::error(ResponseError::FencedInstanceId)));
+                    }
+                    if self.leader.as_deref() == Some(old.as_str()) {
+                        self.leader = Some(member_id.clone());
+                    }
+                    let (outcome, more) = self.add_and_rebalance(member_id, req, now, initial_delay);
+                    replies.extend(more);
+                    return (outcome, replies);
+                }
+            } else if req.requires_known_member_id {
+                self.pending_member_ids.insert(member_id.clone(), now);
+                return (JoinOutcome::Now(JoinResult::error(ResponseError::MemberIdRequired, &member_id)), Vec::new());
+            }
+            return self.add_and_rebalance(member_id, req, now, initial_delay);
+        }
+        if self.pending_member_ids.remove(&member_id).is_some() {
+            return self.add_and_rebalance(member_id, req, now, initial_delay);
+        }
+        let Some(member) = self.members.get(&member_id) else {
+            return reject(ResponseError::UnknownMemberId);
+        };
+        if member.group_instance_id.is_some() && member.group_instance_id != req.group_instance_id {
+            return reject(ResponseError::FencedInstanceId);
+        }
+        // A known member rejoining: after a Stable group's member rejoins with the
+        // same protocols, Kafka answers with the current generation without a
+        // rebalance only for the leader's metadata refresh; we always rebalance, which
+        // is correct and simpler (a rejoin is rare outside rebalances).
+        self.add_and_rebalance(member_id, req, now, initial_delay)
+    }
+
+    fn add_and_rebalance(&mut self, member_id: String, req: JoinRequest, now: Instant, initial_delay: Duration) -> (JoinOutcome, Vec<Reply>) {
+        let (tx, rx) = oneshot::channel();
+        let mut replies = Vec::new();
+        let member = self.members.entry(member_id.clone()).or_insert_with(|| Member {
+            member_id: member_id.clone(),
+            group_instance_id: None,
+            client_id: String::new(),
+            client_host: String::new(),
+            session_timeout: req.session_timeout,
+            rebalance_timeout: req.rebalance_timeout,
+            protocols: Vec::new(),
+            assignment: Bytes::new(),
+            heartbeat_deadline: now + req.session_timeout,
+            join_waiter: None,
+            sync_waiter: None,
+        });
+        if let Some(old) = member.join_waiter.replace(tx) {
+            // The same member joined twice (a retry): the older request is superseded.
+            replies.push(Reply::Join(old, JoinResult::error(ResponseError::UnknownMemberId, &member_id)));
+        }
+        member.group_instance_id = req.group_instance_id;
+        member.client_id = req.client_id;
+        member.client_host = req.client_host;
+        member.session_timeout = req.session_timeout;
+        member.rebalance_timeout = req.rebalance_timeout;
+        member.protocols = req.protocols;
+        member.heartbeat_deadline = now + req.session_timeout;
+        if self.protocol_type.is_none() || self.members.len() == 1 {
+            self.protocol_type = Some(req.protocol_type);
+        }
+        replies.extend(self.prepare_rebalance(now, initial_delay));
+        replies.extend(self.try_complete_join(now, false));
+        (JoinOutcome::Wait(rx), replies)
+    }
+
+    /// Moves to PreparingRebalance (if not already there): members waiting in
+    /// SyncGroup are told to rejoin.
+    fn prepare_rebalance(&mut self, now: Instant, initial_delay: Duration) -> Vec<Reply> {
+        let mut replies = Vec::new();
+        if self.state == GroupState::PreparingRebalance {
+            return replies;
+        }
+        for member in self.members.values_mut() {
+            if let Some(tx) = member.sync_waiter.take() {
+                replies.push(Reply::Sync(tx, SyncResult::error(ResponseError::RebalanceInProgress)));
+            }
+        }
+        let timeout = self.members.values().map(|m| m.rebalance_timeout).max().unwrap_or(Duration::ZERO);
+        self.rebalance_deadline = Some(now + timeout);
+        self.initial_delay_until = (self.state == GroupState::Empty).then(|| now + initial_delay.min(timeout));
+        self.state = GroupState::PreparingRebalance;
+        replies
+    }
+
+    /// Completes the join phase when every member has rejoined (and an empty group's
+    /// initial delay has passed), or unconditionally when `deadline_passed`.
+    fn try_complete_join(&mut self, now: Instant, deadline_passed: bool) -> Vec<Reply> {
+        if self.state != GroupState::PreparingRebalance {
+            return Vec::new();
+        }
+        let all_joined = self.members.values().all(|m| m.join_waiter.is_some());
+        let delayed = self.initial_delay_until.is_some_and(|until| now < until);
+        if !deadline_passed && (!all_joined || delayed) {
+            return Vec::new();
+        }
+        // Members that did not rejoin in time are out.
+        self.members.retain(|_, m| m.join_waiter.is_some());
+        self.rebalance_deadline = None;
+        self.initial_delay_until = None;
+        self.generation_id += 1;
+        if self.members.is_empty() {
+            self.state = GroupState::Empty;
+            self.leader = None;
+            self.protocol_name = None;
+            return Vec::new();
+        }
+        let protocol = self.select_protocol();
+        self.protocol_name = Some(protocol.clone());
+        if !self.leader.as_ref().is_some_and(|l| self.members.contains_key(l)) {
+            self.leader = self.members.keys().next().cloned();
+        }
+        let leader = self.leader.clone().expect("invariant: members is not empty");
+        let everyone: Vec<(String, Option<String>, Bytes)> =
+            self.members.values().map(|m| (m.member_id.clone(), m.group_instance_id.clone(), m.metadata(&protocol))).collect();
+        self.state = GroupState::CompletingRebalance;
+        let protocol_type = self.protocol_type.clone().unwrap_or_default();
+        let mut replies = Vec::new();
+        for member in self.members.values_mut() {
+            member.assignment = Bytes::new();
+            member.heartbeat_deadline = now + member.session_timeout;
+            let tx = member.join_waiter.take().expect("invariant: every remaining member is waiting");
+            let result = JoinResult {
+                error: 0,
+                generation_id: self.generation_id,
+                protocol_type: protocol_type.clone(),
+                protocol_name: protocol.clone(),
+                leader: leader.clone(),
+                member_id: member.member_id.clone(),
+                members: if member.member_id == leader { everyone.clone() } else { Vec::new() },
+            };
+            replies.push(Reply::Join(tx, result));
+        }
+        replies
+    }
+
+    /// The protocol every member supports that the members, voting by their order of
+    /// preference, like best (Kafka's rule).
+    fn select_protocol(&self) -> String {
+        let candidates: Vec<&String> = self
+            .members
+            .values()
+            .next()
+            .map(|m| m.protocols.iter().map(|(n, _)| n).collect())
+            .unwrap_or_default();
+        let supported: Vec<&String> = candidates
+            .into_iter()
+            .filter(|name| self.members.values().all(|m| m.protocols.iter().any(|(n, _)| n == *name)))
+            .collect();
+        let mut votes: Vec<(usize, &String)> = supported.iter().map(|name| (0, *name)).collect();
+        for member in self.members.values() {
+            if let Some(choice) = member.protocols.iter().find(|(n, _)| supported.contains(&n)) {
+                if let Some(entry) = votes.iter_mut().find(|(_, name)| *name == &choice.0) {
+                    entry.0 += 1;
+                }
+            }
+        }
+        // Highest vote; ties go to the earliest in the first member's preference.
+        let best = votes.iter().enumerate().max_by_key(|(i, (count, _))| (*count, usize::MAX - i)).map(|(_, (_, n))| (*n).clone());
+        best.unwrap_or_default()
+    }
+
+    /// Checks the member and generation of a SyncGroup/Heartbeat/OffsetCommit.
+    pub(crate) fn check_member(&self, member_id: &str, instance: Option<&str>, generation_id: i32) -> Result<(), ResponseError> {
+        let Some(member) = self.members.get(member_id) else {
+            if let Some(instance) = instance {
+                if self.members.values().any(|m| m.group_instance_id.as_deref() == Some(instance)) {
+                    return Err(ResponseError::FencedInstanceId);
+                }
+            }
+            return Err(ResponseError::UnknownMemberId);
+        };
+        if member.group_instance_id.is_some() && member.group_instance_id.as_deref() != instance {
+            return Err(ResponseError::FencedInstanceId);
+        }
+        if generation_id != self.generation_id {
+            return Err(ResponseError::IllegalGeneration);
+        }
+        Ok(())
+    }
+
+    /// Handles a SyncGroup; the leader's call carries everyone's assignment.
+    pub(crate) fn sync(
+        &mut self,
+        member_id: &str,
+        instance: Option<&str>,
+        generation_id: i32,
+        assignments: Vec<(String, Bytes)>,
+        now: Instant,
+    ) -> (SyncOutcome, Vec<Reply>) {
+        if let Err(e) = self.check_member(member_id, instance, generation_id) {
+            return (SyncOutcome::Now(SyncResult::error(e)), Vec::new());
+        }
+        let protocol_type = self.protocol_type.clone().unwrap_or_default();
+        let protocol_name = self.protocol_name.clone().unwrap_or_default();
+        match self.state {
+            GroupState::Empty => (SyncOutcome::Now(SyncResult::error(ResponseError::UnknownMemberId)), Vec::new()),
+            GroupState::PreparingRebalance => (SyncOutcome::Now(SyncResult::error(ResponseError::RebalanceInProgress)), Vec::new()),
+            GroupState::Stable => {
+                let member = self.members.get_mut(member_id).expect("invariant: checked above");
+                member.heartbeat_deadline = now + member.session_timeout;
+                let result = SyncResult { error: 0, protocol_type, protocol_name, assignment: member.assignment.clone() };
+                (SyncOutcome::Now(result), Vec::new())
+            }
+            GroupState::CompletingRebalance => {
+                let (tx, rx) = oneshot::channel();
+                let member = self.members.get_mut(member_id).expect("invariant: checked above");
+                member.heartbeat_deadline = now + member.session_timeout;
+                let mut replies = Vec::new();
+                if let Some(old) = member.sync_waiter.replace(tx) {
+                    replies.push(Reply::Sync(old, SyncResult::error(ResponseError::UnknownMemberId)));
+                }
+                if self.leader.as_deref() == Some(member_id) {
+                    let mut by_member: HashMap<String, Bytes> = assignments.into_iter().collect();
+                    for member in self.members.values_mut() {
+                        member.assignment = by_member.remove(&member.member_id).unwrap_or_default();
+                    }
+                    self.state = GroupState::Stable;
+                    for member in self.members.values_mut() {
+                        if let Some(tx) = member.sync_waiter.take() {
+                            let result = SyncResult {
+                                error: 0,
+                                protocol_type: protocol_type.clone(),
+                                protocol_name: protocol_name.clone(),
+                                assignment: member.assignment.clone(),
+                            };
+                            replies.push(Reply::Sync(tx, result));
+                        }
+                    }
+                }
+                (SyncOutcome::Wait(rx), replies)
+            }
+        }
+    }
+
+    /// Handles a Heartbeat: extends the member's session, and tells it to rejoin
+    /// when a rebalance is under way.
+    pub(crate) fn heartbeat(&mut self, member_id: &str, instance: Option<&str>, generation_id: i32, now: Instant) -> Result<(), ResponseError> {
+        if self.state == GroupState::Empty {
+            return Err(ResponseError::UnknownMemberId);
+        }
+        self.check_member(member_id, instance, generation_id)?;
+        let member = self.members.get_mut(member_id).expect("invariant: checked above");
+        member.heartbeat_deadline = now + member.session_timeout;
+        match self.state {
+            GroupState::PreparingRebalance => Err(ResponseError::RebalanceInProgress),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes a member that left (LeaveGroup) and starts a rebalance for the rest.
+    pub(crate) fn leave(&mut self, member_id: &str, instance: Option<&str>, now: Instant) -> Result<Vec<Reply>, ResponseError> {
+        let id = match (member_id.is_empty(), instance) {
+            // v3+ may name a static member by instance id alone.
+            (true, Some(instance)) => self
+                .members
+                .values()
+                .find(|m| m.group_instance_id.as_deref() == Some(instance))
+                .map(|m| m.member_id.clone())
+                .ok_or(ResponseError::UnknownMemberId)?,
+            _ => {
+                let member = self.members.get(member_id).ok_or(ResponseError::UnknownMemberId)?;
+                if instance.is_some() && member.group_instance_id.as_deref() != instance {
+                    return Err(ResponseError::FencedInstanceId);
+                }
+                member_id.to_string()
+            }
+        };
+        Ok(self.remove_member(&id, now))
+    }
+
+    fn remove_member(&mut self, member_id: &str, now: Instant) -> Vec<Reply> {
+        let mut replies = Vec::new();
+        if let Some(mut member) = self.members.remove(member_id) {
+            if let Some(tx) = member.join_waiter.take() {
+                replies.push(Reply::Join(tx, JoinResult::error(ResponseError::UnknownMemberId, member_id)));
+            }
+            if let Some(tx) = member.sync_waiter.take() {
+                replies.push(Reply::Sync(tx, SyncResult::error(ResponseError::UnknownMemberId)));
+            }
+        }
+        match self.state {
+            GroupState::PreparingRebalance => replies.extend(self.try_complete_join(now, false)),
+            _ if self.members.is_empty() => {
+                self.state = GroupState::Empty;
+                self.generation_id += 1;
+                self.leader = None;
+                self.protocol_name = None;
+            }
+            _ => {
+                replies.extend(self.prepare_rebalance(now, Duration::ZERO));
+                replies.extend(self.try_complete_join(now, false));
+            }
+        }
+        replies
+    }
+
+    /// Periodic work: expire members whose session ran out, complete a rebalance
+    /// whose deadline (or initial delay) passed, forget unused pending member ids.
+    pub(crate) fn tick(&mut self, now: Instant) -> Vec<Reply> {
+        let mut replies = Vec::new();
+        let expired: Vec<String> = self
+            .members
+            .values()
+            // A member waiting in JoinGroup is not heartbeating, by design.
+            .filter(|m| m.join_waiter.is_none() && m.heartbeat_deadline <= now)
+            .map(|m| m.member_id.clone())
+            .collect();
+        for member_id in expired {
+            tracing::info!(group = %self.group_id, member = %member_id, "member session expired");
+            replies.extend(self.remove_member(&member_id, now));
+        }
+        if self.state == GroupState::PreparingRebalance {
+            let deadline_passed = self.rebalance_deadline.is_some_and(|d| d <= now);
+            replies.extend(self.try_complete_join(now, deadline_passed));
+        }
+        self.pending_member_ids.retain(|_, created| now.duration_since(*created) < Duration::from_secs(300));
+        replies
+    }
+
+    /// Each member's id and assignment, once Stable (for the ownership registry).
+    pub(crate) fn assignments(&self) -> Vec<(String, Bytes)> {
+        self.members.values().map(|m| (m.member_id.clone(), m.assignment.clone())).collect()
+    }
+
+    /// Metadata the member sent for the chosen protocol.
+    pub(crate) fn member_metadata(&self, member: &Member) -> Bytes {
+        member.metadata(self.protocol_name.as_deref().unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SESSION: Duration = Duration::from_secs(10);
+
+    fn request(member_id: &str) -> JoinRequest {
+        JoinRequest {
+            member_id: member_id.to_string(),
+            group_instance_id: None,
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+            session_timeout: SESSION,
+            rebalance_timeout: Duration::from_secs(30),
+            protocol_type: "consumer".into(),
+            protocols: vec![("range".into(), Bytes::from_static(b"meta"))],
+            requires_known_member_id: true,
+        }
+    }
+
+    fn deliver(replies: Vec<Reply>) {
+        replies.into_iter().for_each(Reply::deliver);
+    }
+
+    /// Joins with MEMBER_ID_REQUIRED handled; returns the member id and the waiter.
+    fn join(group: &mut Group, now: Instant) -> (String, oneshot::Receiver<JoinResult>) {
+        let (outcome, replies) = group.join(request(""), now, Duration::ZERO);
+        deliver(replies);
+        let JoinOutcome::Now(first) = outcome else { panic!("expected MEMBER_ID_REQUIRED") };
+        assert_eq!(first.error, ResponseError::MemberIdRequired.code());
+        let (outcome, replies) = group.join(request(&first.member_id), now, Duration::ZERO);
+        deliver(replies);
+        let JoinOutcome::Wait(rx) = outcome else { panic!("expected to wait") };
+        (first.member_id, rx)
+    }
+
+    #[test]
+    fn two_members_join_sync_and_become_stable() {
+        let now = Instant::now();
+        let mut group = Group::new("g");
+        let (a, mut rx_a) = join(&mut group, now);
+        // A single member completes the join at once (no initial delay here).
+        let ja = rx_a.try_recv().unwrap();
+        assert_eq!((ja.generation_id, ja.leader.as_str(), ja.members.len()), (1, a.as_str(), 1));
+        let (b, mut rx_b) = join(&mut group, now);
+        assert_eq!(group.state, GroupState::PreparingRebalance);
+        // a must rejoin before generation 2 completes.
+        assert!(rx_b.try_recv().is_err());
+        assert_eq!(group.heartbeat(&a, None, 1, now), Err(ResponseError::RebalanceInProgress));
+        let (outcome, replies) = group.join(request(&a), now, Duration::ZERO);
+        deliver(replies);
+        let JoinOutcome::Wait(mut rx_a) = outcome else { panic!() };
+        let (ja, jb) = (rx_a.try_recv().unwrap(), rx_b.try_recv().unwrap());
+        assert_eq!((ja.generation_id, jb.generation_id), (2, 2));
+        assert_eq!(ja.leader, a, "the leader is kept across rebalances");
+        assert_eq!((ja.members.len(), jb.members.len()), (2, 0), "only the leader gets the member list");
+        // follower syncs first and waits; leader's sync completes both
+        let (outcome, _) = group.sync(&b, None, 2, vec![], now);
+        let SyncOutcome::Wait(mut sync_b) = outcome else { panic!() };
+        let assignments = vec![(a.clone(), Bytes::from_static(b"A")), (b.clone(), Bytes::from_static(b"B"))];
+        let (outcome, replies) = group.sync(&a, None, 2, assignments, now);
+        deliver(replies);
+        let SyncOutcome::Wait(mut sync_a) = outcome else { panic!() };
+        assert_eq!(sync_a.try_recv().unwrap().assignment, Bytes::from_static(b"A"));
+        assert_eq!(sync_b.try_recv().unwrap().assignment, Bytes::from_static(b"B"));
+        assert_eq!(group.state, GroupState::Stable);
+        assert_eq!(group.heartbeat(&b, None, 2, now), Ok(()));
+    }
+
+    #[test]
+    fn stale_generation_and_unknown_member_are_refused() {
+        let now = Instant::now();
+        let mut group = Group::new("g");
+        let (a, _rx) = join(&mut group, now);
+        assert_eq!(group.heartbeat(&a, None, 0, now), Err(ResponseError::IllegalGeneration));
+        assert_eq!(group.heartbeat("nobody", None, 1, now), Err(ResponseError::UnknownMemberId));
+        let (outcome, _) = group.sync(&a, None, 7, vec![], now);
+        let SyncOutcome::Now(result) = outcome else { panic!() };
+        assert_eq!(result.error, ResponseError::IllegalGeneration.code());
+    }
+
+    #[test]
+    fn a_silent_member_expires_and_the_rest_rebalance() {
+        let now = Instant::now();
+        let mut group = Group::new("g");
+        let (a, _) = join(&mut group, now);
+        let (b, rx_b) = join(&mut group, now);
+        let (outcome, replies) = group.join(request(&a), now, Duration::ZERO);
+        deliver(replies);
+        drop((outcome, rx_b));
+        let assignments = vec![(a.clone(), Bytes::new()), (b.clone(), Bytes::new())];
+        deliver(group.sync(&a, None, 2, assignments, now).1);
+        assert_eq!(group.state, GroupState::Stable);
+        // a keeps heartbeating, b goes silent
+        let later = now + SESSION / 2;
+        group.heartbeat(&a, None, 2, later).unwrap();
+        deliver(group.tick(now + SESSION + Duration::from_millis(1)));
+        assert!(!group.members.contains_key(&b));
+        assert_eq!(group.state, GroupState::PreparingRebalance);
+        assert_eq!(group.heartbeat(&a, None, 2, later), Err(ResponseError::RebalanceInProgress));
+    }
+
+    #[test]
+    fn a_member_that_does_not_rejoin_is_dropped_at_the_rebalance_deadline() {
+        let now = Instant::now();
+        let mut group = Group::new("g");
+        let (a, _) = join(&mut group, now);
+        let (_b, mut rx_b) = join(&mut group, now);
+        // a never rejoins
+        let deadline = group.rebalance_deadline.unwrap();
+        let replies = group.tick(deadline);
+        deliver(replies);
+        let jb = rx_b.try_recv().unwrap();
+        assert_eq!(jb.generation_id, 2);
+        assert!(!group.members.contains_key(&a));
+        assert_eq!(group.members.len(), 1);
+    }
+
+    #[test]
+    fn leaving_last_member_empties_the_group() {
+        let now = Instant::now();
+        let mut group = Group::new("g");
+        let (a, _) = join(&mut group, now);
+        deliver(group.leave(&a, None, now).unwrap());
+        assert_eq!(group.state, GroupState::Empty);
+        assert_eq!(group.leave(&a, None, now).unwrap_err(), ResponseError::UnknownMemberId);
+    }
+
+    #[test]
+    fn static_member_rejoining_fences_its_old_id() {
+        let now = Instant::now();
+        let mut group = Group::new("g");
+        let mut req = request("");
+        req.group_instance_id = Some("instance-1".into());
+        let (outcome, replies) = group.join(req.clone(), now, Duration::ZERO);
+        deliver(replies);
+        let JoinOutcome::Wait(mut rx) = outcome else { panic!("static members need no MEMBER_ID_REQUIRED") };
+        let old = rx.try_recv().unwrap().member_id;
+        let (outcome, replies) = group.join(req, now, Duration::ZERO);
+        deliver(replies);
+        let JoinOutcome::Wait(mut rx) = outcome else { panic!() };
+        let new = rx.try_recv().unwrap().member_id;
+        assert_ne!(old, new);
+        assert_eq!(group.members.len(), 1);
+        assert_eq!(group.heartbeat(&old, Some("instance-1"), 2, now), Err(ResponseError::FencedInstanceId));
+    }
+
+    #[test]
+    fn incompatible_protocols_are_refused() {
+        let now = Instant::now();
+        let mut group = Group::new("g");
+        join(&mut group, now);
+        let mut other = request("");
+        other.protocols = vec![("roundrobin".into(), Bytes::new())];
+        let (outcome, _) = group.join(other, now, Duration::ZERO);
+        let JoinOutcome::Now(result) = outcome else { panic!() };
+        assert_eq!(result.error, ResponseError::InconsistentGroupProtocol.code());
+    }
+
+    #[test]
+    fn initial_delay_lets_a_starting_group_gather_before_the_first_generation() {
+        let now = Instant::now();
+        let mut group = Group::new("g");
+        let delay = Duration::from_secs(3);
+        let (outcome, _) = group.join(request(""), now, delay);
+        let JoinOutcome::Now(first) = outcome else { panic!() };
+        let (outcome, _) = group.join(request(&first.member_id), now, delay);
+        let JoinOutcome::Wait(mut rx) = outcome else { panic!() };
+        assert!(rx.try_recv().is_err(), "waits for the initial delay");
+        deliver(group.tick(now + delay));
+        assert_eq!(rx.try_recv().unwrap().generation_id, 1);
+    }
+}
