@@ -2,7 +2,8 @@
 //! (`fjord_gateway::run`, gateway tier counted inside the gateway) and a direct producer
 //! (opt-in producer tier) → a consumer (opt-in consumer tier), with the broker tier
 //! computed by the report from the topics. The mirror and the loader do not exist yet, so
-//! the downstream tier here is the consumer.
+//! the downstream tier here is the consumer. A second test deletes a range with retention
+//! and checks that the broker tier is flagged for exactly that topic and window.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -228,4 +229,65 @@ fn check_in_chromium(html: &Path, dir: &Path, topics: usize, lines: usize) {
     assert!(size > 8 * 1024, "screenshot is only {size} bytes");
     let png = std::fs::read(&shot).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+/// Data deleted by retention before anyone read it: the broker tier (computed from what the
+/// topic holds now) comes up short in exactly the deleted window of exactly that topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deleting_a_range_shows_as_broker_loss_in_that_window_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let listener = bind().await;
+    let addr = listener.local_addr().unwrap();
+    let mut config = fjord_broker::BrokerConfig { log_dir: dir.path().join("broker"), listeners: addr, num_partitions: 1, ..fjord_broker::BrokerConfig::default() };
+    config.retention_check_interval = Duration::from_millis(50);
+    config.set("log.segment.delete.delay.ms", "0").unwrap();
+    tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
+    let client = ClientConfig::new(&addr.to_string());
+    let admin = Admin::connect(client.clone()).await.unwrap();
+    let mut expiring = NewTopic::new("expiring", 1);
+    // One ~700-byte batch per 1 KiB segment, so every old batch sits in a segment of its own.
+    expiring.configs.insert("segment.bytes".into(), "1024".into());
+    expiring.configs.insert("retention.ms".into(), "3600000".into());
+    admin.create_topics(&[expiring, NewTopic::new("kept", 1)]).await.unwrap();
+
+    let producer = Producer::connect(ProducerConfig { client: client.clone(), ..ProducerConfig::default() }).await.unwrap();
+    let tier = AuditCounter::new("producer", "app-1", "online");
+    let old = now_ms() - 3 * 3_600_000;
+    let send = |topic: &'static str, created: i64| {
+        let record = ProducerRecord::new(topic, Bytes::from("x".repeat(600))).timestamp(created).header(fjord_audit::CREATED_HEADER, Some(Bytes::from(created.to_string())));
+        let (producer, tier) = (&producer, &tier);
+        async move {
+            producer.send(record.clone()).await.unwrap().await.unwrap();
+            tier.record_produced(&record);
+        }
+    };
+    for _ in 0..6 {
+        send("expiring", old).await;
+        send("kept", old).await;
+    }
+    for _ in 0..3 {
+        send("expiring", now_ms()).await;
+        send("kept", now_ms()).await;
+    }
+    tier.publish(&producer).await.unwrap();
+    // Retention removes the six old segments (three hours old, retention one hour).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while admin.list_offsets(&[("expiring".into(), 0, fjord_client::OffsetSpec::Earliest)]).await.unwrap()[0] < 6 {
+        assert!(Instant::now() < deadline, "retention never deleted the old segments");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let report = collect(&ReportConfig::new(client.clone())).await.unwrap();
+    let text = render(&report, Format::Text).unwrap();
+    let old_window = window_start(old, fjord_audit::DEFAULT_WINDOW_MS);
+    let bad: Vec<_> = report.windows.iter().filter(|w| w.verdict != Verdict::Complete).collect();
+    assert_eq!(bad.len(), 1, "{text}");
+    assert_eq!((bad[0].topic.as_str(), bad[0].window_start, bad[0].verdict), ("expiring", old_window, Verdict::Loss), "{text}");
+    assert_eq!(bad[0].problems, ["broker"]);
+    assert_eq!((bad[0].produced, bad[0].differences["broker"]), (6, -6));
+    let old_windows: Vec<_> = report.windows.iter().filter(|w| w.window_start == old_window).map(|w| (w.topic.as_str(), w.produced)).collect();
+    assert_eq!(old_windows, [("expiring", 6), ("kept", 6)], "{text}");
+    shutdown.cancel();
 }

@@ -76,7 +76,9 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<()> {
     tracing::info!(?config, http = ?http.local_addr().ok(), grpc = ?grpc.local_addr().ok(), "gateway starting");
-    let audit_publisher = config.audit_interval.map(|interval| (interval, config.bootstrap.clone()));
+    let audit_publisher = config
+        .audit_interval
+        .map(|interval| (interval, config.bootstrap.clone()));
     let gateway = Arc::new(service::Gateway::new(config, backend)?);
     // The publisher has its own token: it flushes after both servers stopped, so the
     // counts of the last requests are published too.
@@ -110,7 +112,9 @@ pub async fn serve(
     if let Some(task) = audit_task {
         match task.await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "final audit flush failed; the report will show these counts missing"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "final audit flush failed; the report will show these counts missing")
+            }
             Err(e) => tracing::warn!(error = %e, "audit publisher panicked"),
         }
     }
