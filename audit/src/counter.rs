@@ -69,6 +69,22 @@ impl AuditCounter {
         &self.tier
     }
 
+    /// An empty set of counts held back until their data is committed (see
+    /// [`PendingCounts`]).
+    pub fn pending(&self) -> PendingCounts {
+        PendingCounts { window_ms: self.window_ms, counts: BTreeMap::new() }
+    }
+
+    /// Adds counts held back by [`PendingCounts`] once their data is committed; they go
+    /// out with the next publish.
+    pub fn commit(&self, pending: PendingCounts) {
+        debug_assert_eq!(pending.window_ms, self.window_ms, "pending counts of another counter");
+        let mut counts = self.counts.lock().expect("audit counts lock");
+        for (key, n) in pending.counts {
+            *counts.entry(key).or_default() += n;
+        }
+    }
+
     /// Counts one event of `topic` created at `created_ms` (ms since the epoch).
     pub fn record(&self, topic: &str, created_ms: i64) {
         self.record_n(topic, created_ms, 1);
@@ -183,6 +199,32 @@ impl AuditCounter {
     }
 }
 
+/// Counts of a tier that may only report committed data (the loader): collected while a
+/// run reads, handed to [`AuditCounter::commit`] after the commit, dropped if the run fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingCounts {
+    window_ms: i64,
+    counts: BTreeMap<(String, i64), u64>,
+}
+
+impl PendingCounts {
+    /// Counts one event of `topic` created at `created_ms`.
+    pub fn record(&mut self, topic: &str, created_ms: i64) {
+        *self.counts.entry((topic.to_owned(), window_start(created_ms, self.window_ms))).or_default() += 1;
+    }
+
+    /// Counts a consumed record by its `fjord.created_ms` header or else its timestamp.
+    pub fn record_consumed(&mut self, r: &ConsumerRecord) {
+        let headers = r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
+        self.record(&r.topic, created_ms(headers, r.timestamp));
+    }
+
+    /// Events counted so far.
+    pub fn total(&self) -> u64 {
+        self.counts.values().sum()
+    }
+}
+
 /// Creates `_audit` (one partition) unless it exists.
 pub async fn ensure_audit_topic(client: &ClientConfig) -> Result<()> {
     let admin = Admin::connect(client.clone()).await?;
@@ -223,5 +265,21 @@ mod tests {
         assert_eq!(second[..3], first[..]);
         assert!(first.iter().all(|r| r.id != second[3].id));
         assert!(AuditCounter::new("t", "h", "c").with_window(Duration::from_micros(10)).is_err());
+    }
+
+    #[test]
+    fn pending_counts_reach_the_counter_only_when_committed() {
+        let c = AuditCounter::new("loader", "h1", "analytics").with_window(Duration::from_secs(60)).unwrap();
+        let mut failed_run = c.pending();
+        failed_run.record("a", 1);
+        drop(failed_run);
+        let mut run = c.pending();
+        run.record("a", 1);
+        run.record("a", 61_000);
+        assert_eq!(run.total(), 2);
+        assert!(c.take().is_empty());
+        c.commit(run);
+        let got: Vec<_> = c.take().iter().map(|r| (r.window_start_ms, r.count)).collect();
+        assert_eq!(got, [(0, 1), (60_000, 1)]);
     }
 }

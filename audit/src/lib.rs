@@ -22,7 +22,8 @@
 //!
 //! # Layout
 //! - [`record`]: the [`AuditRecord`] and its JSON encoding, windows, creation time.
-//! - [`counter`]: [`AuditCounter`], the embeddable counter and its periodic publisher.
+//! - [`counter`]: [`AuditCounter`], the embeddable counter and its periodic publisher;
+//!   [`PendingCounts`] for tiers that count only committed data.
 //! - [`report`]: [`collect`] reads `_audit` (and the topics, for the broker tier) and
 //!   [`compare`]s tiers into a [`Report`] with a [`Verdict`] per topic and window.
 //! - [`render`]: text, JSON and self-contained HTML (inline SVG) output.
@@ -35,7 +36,7 @@ pub mod render;
 pub mod report;
 pub mod time;
 
-pub use counter::{ensure_audit_topic, AuditCounter};
+pub use counter::{ensure_audit_topic, AuditCounter, PendingCounts};
 pub use error::{Error, Result};
 pub use record::{AuditRecord, AUDIT_TOPIC, CREATED_HEADER, DEFAULT_WINDOW_MS};
 pub use render::{render, Format};

@@ -30,10 +30,10 @@ pub fn render(report: &Report, format: Format) -> Result<String> {
 fn header_lines(r: &Report) -> Vec<String> {
     vec![
         format!(
-            "audit report at {}: windows of {} s, grace {} s, tolerance {}",
+            "audit report at {}: windows of {}, grace {}, tolerance {}",
             format_utc(r.generated_ms),
-            r.window_ms / 1000,
-            r.grace_ms / 1000,
+            span(r.window_ms),
+            span(r.grace_ms),
             if r.tolerance == 0.0 { "exact".to_string() } else { format!("{}%", r.tolerance * 100.0) }
         ),
         format!(
@@ -46,6 +46,15 @@ fn header_lines(r: &Report) -> Vec<String> {
             "broker tier: not computed".to_string()
         },
     ]
+}
+
+/// `600 s` for whole seconds, else `1500 ms`.
+fn span(ms: i64) -> String {
+    if ms % 1000 == 0 {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{ms} ms")
+    }
 }
 
 fn cell(w: &WindowRow, tier: &str) -> String {
