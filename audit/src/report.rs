@@ -214,7 +214,11 @@ pub async fn collect(config: &ReportConfig) -> Result<Report> {
     let window_ms = config.validate()?;
     let mut collected = Collected::default();
     let mut seen = HashSet::new();
-    match read_topic(&config.client, AUDIT_TOPIC, config.read_timeout, |r| collected.add_audit_value(r.value.as_deref(), window_ms, &mut seen)).await {
+    // With --since, reading starts at the first record timestamped an hour (or a window)
+    // before it: audit records are published after their window starts and events are
+    // timestamped at creation, so only clock skew beyond that slack could hide a record.
+    let from = config.since_ms.map(|s| s.saturating_sub(window_ms.max(3_600_000)));
+    match read_topic(&config.client, AUDIT_TOPIC, from, config.read_timeout, |r| collected.add_audit_value(r.value.as_deref(), window_ms, &mut seen)).await {
         Err(Error::Client(ClientError::UnknownTopic(_))) => tracing::info!("no {AUDIT_TOPIC} topic yet"),
         other => other?,
     }
@@ -223,7 +227,7 @@ pub async fn collect(config: &ReportConfig) -> Result<Report> {
         let topics: BTreeSet<String> = collected.counts.keys().map(|(t, _)| t.clone()).filter(|t| wanted(config, t)).collect();
         for topic in topics {
             let mut per_window: HashMap<i64, u64> = HashMap::new();
-            let read = read_topic(&config.client, &topic, config.read_timeout, |r| {
+            let read = read_topic(&config.client, &topic, from, config.read_timeout, |r| {
                 let headers = r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
                 *per_window.entry(window_start(created_ms(headers, r.timestamp), window_ms)).or_default() += 1;
             })
@@ -329,9 +333,10 @@ pub fn compare(config: &ReportConfig, collected: Collected, now: i64) -> Report 
     }
 }
 
-/// Reads every partition of `topic` from its log start to the high watermark as of the
-/// start of the read, calling `f` for each record.
-async fn read_topic(client: &ClientConfig, topic: &str, timeout: Duration, mut f: impl FnMut(&ConsumerRecord)) -> Result<()> {
+/// Reads every partition of `topic` from its log start (or the first record timestamped
+/// at or after `from`) to the high watermark as of the start of the read, calling `f` for
+/// each record.
+async fn read_topic(client: &ClientConfig, topic: &str, from: Option<i64>, timeout: Duration, mut f: impl FnMut(&ConsumerRecord)) -> Result<()> {
     let admin = Admin::connect(ClientConfig { allow_auto_create_topics: false, ..client.clone() }).await?;
     let meta = admin.describe_topic(topic).await?;
     let specs: Vec<(String, i32, OffsetSpec)> = meta.partitions.iter().map(|p| (topic.to_owned(), p.partition, OffsetSpec::Latest)).collect();
@@ -350,7 +355,7 @@ async fn read_topic(client: &ClientConfig, topic: &str, timeout: Duration, mut f
     let tps: Vec<TopicPartition> = remaining.keys().map(|p| TopicPartition::new(topic, *p)).collect();
     consumer.assign(tps.clone()).await?;
     for tp in &tps {
-        consumer.seek(tp, SeekTo::Beginning)?;
+        consumer.seek(tp, from.map_or(SeekTo::Beginning, SeekTo::Timestamp))?;
     }
     let deadline = tokio::time::Instant::now() + timeout;
     while !remaining.is_empty() {

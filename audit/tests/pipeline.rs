@@ -289,5 +289,10 @@ async fn retention_deleting_a_range_shows_as_broker_loss_in_that_window_only() {
     assert_eq!((bad[0].produced, bad[0].differences["broker"]), (6, -6));
     let old_windows: Vec<_> = report.windows.iter().filter(|w| w.window_start == old_window).map(|w| (w.topic.as_str(), w.produced)).collect();
     assert_eq!(old_windows, [("expiring", 6), ("kept", 6)], "{text}");
+
+    // --since an hour ago: only the recent windows, read from an offset found by timestamp.
+    let recent = collect(&ReportConfig { since_ms: Some(now_ms() - 3_600_000), ..ReportConfig::new(client.clone()) }).await.unwrap();
+    assert!(recent.all_complete() && recent.windows.iter().all(|w| w.window_start > old_window), "{}", render(&recent, Format::Text).unwrap());
+    assert_eq!(recent.windows.iter().map(|w| w.produced).sum::<u64>(), 6);
     shutdown.cancel();
 }
