@@ -1,10 +1,10 @@
 //! The audit over a real pipeline on loopback: broker (`fjord_broker::run`) ← gateway
 //! (`fjord_gateway::run`, gateway tier counted inside the gateway) and a direct producer
 //! (opt-in producer tier) → a consumer (opt-in consumer tier), with the broker tier
-//! computed by the report from the topics. The mirror does not exist yet and the loader has
-//! no counter yet, so
-//! the downstream tier here is the consumer. A second test deletes a range with retention
-//! and checks that the broker tier is flagged for exactly that topic and window.
+//! computed by the report from the topics. The mirror does not exist yet and the loader
+//! has no counter yet, so the downstream tier here is the consumer. A second test deletes a
+//! range with retention and checks that the broker tier is flagged for exactly that topic
+//! and window.
 
 use std::collections::BTreeMap;
 use std::path::Path;
