@@ -34,11 +34,24 @@ const REGISTRATION_WAIT: Duration = Duration::from_secs(30);
 /// Tests bind `127.0.0.1:0` and call exactly this.
 pub async fn run(config: BrokerConfig, listener: TcpListener, shutdown: CancellationToken) -> Result<()> {
     config.validate()?;
+    std::fs::create_dir_all(&config.log_dir).map_err(|source| Error::Io { path: config.log_dir.clone(), source })?;
+    let store = open_store(&config).await?;
+    run_with_store(config, store, listener, shutdown).await
+}
+
+/// The metadata store `run` uses: ZooKeeper when `zookeeper.connect` is set, otherwise
+/// the embedded store in the log dir. `fjord dev` opens it once and shares it with the
+/// schema registry.
+pub async fn open_store(config: &BrokerConfig) -> Result<Store> {
+    Ok(fjord_coord::open(config.zookeeper_connect.as_deref(), &config.log_dir.join(METADATA_DIR)).await?)
+}
+
+/// [`run`] on a metadata store the caller opened (see [`open_store`]).
+pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpListener, shutdown: CancellationToken) -> Result<()> {
+    config.validate()?;
     let bound = listener.local_addr().map_err(Error::Network)?;
     std::fs::create_dir_all(&config.log_dir).map_err(|source| Error::Io { path: config.log_dir.clone(), source })?;
     let cluster_id = load_or_create_meta_properties(&config.log_dir, config.broker_id)?;
-    let store: Store =
-        fjord_coord::open(config.zookeeper_connect.as_deref(), &config.log_dir.join(METADATA_DIR)).await?;
     let logs = {
         let (dir, defaults) = (config.log_dir.clone(), config.log);
         Arc::new(tokio::task::spawn_blocking(move || LogManager::open(dir, defaults)).await??)

@@ -1,7 +1,10 @@
 //! `fjord dev` and `fjord broker`: build the broker config (defaults, then the TOML
 //! file, then `FJORD_*` environment variables, then flags), bind, and run until Ctrl-C
 //! or SIGTERM, which shut the broker down cleanly (logs flushed, checkpoints written).
+//! `fjord dev` also runs the schema registry and the gateway in the same process, on
+//! the broker's metadata store.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -15,6 +18,15 @@ pub(crate) struct DevArgs {
     /// Where data lives.
     #[arg(long, default_value = "./fjord-data")]
     data_dir: PathBuf,
+    /// Schema registry address (Confluent REST API).
+    #[arg(long, env = "FJORD_DEV_REGISTRY", default_value = "127.0.0.1:8081")]
+    registry: SocketAddr,
+    /// Gateway HTTP address.
+    #[arg(long, env = "FJORD_DEV_HTTP", default_value = "127.0.0.1:8082")]
+    http: SocketAddr,
+    /// Gateway gRPC address.
+    #[arg(long, env = "FJORD_DEV_GRPC", default_value = "127.0.0.1:50051")]
+    grpc: SocketAddr,
 }
 
 /// `fjord broker`.
@@ -46,12 +58,43 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     config.set("log.dirs", &path_text(&args.data_dir)?)?;
     let listener = bind(&config).await?;
     let address = listener.local_addr()?;
+    let bind_at = |addr: SocketAddr, what: &'static str| async move {
+        TcpListener::bind(addr).await.with_context(|| format!("binding the {what} to {addr}"))
+    };
+    let (registry, http, grpc) =
+        (bind_at(args.registry, "schema registry").await?, bind_at(args.http, "gateway HTTP").await?, bind_at(args.grpc, "gateway gRPC").await?);
+    std::fs::create_dir_all(&config.log_dir).with_context(|| format!("creating {}", config.log_dir.display()))?;
+    let store = fjord_broker::server::open_store(&config).await?;
     println!("fjord dev");
-    println!("  Kafka broker   {address}   (try: kcat -b {address} -L)");
-    println!("  data           {}", config.log_dir.display());
-    println!("  metadata store embedded, in {}", config.log_dir.join(fjord_broker::server::METADATA_DIR).display());
+    println!("  Kafka broker     {address}   (try: kcat -b {address} -L)");
+    println!("  schema registry  http://{}", registry.local_addr()?);
+    println!("  gateway HTTP     http://{}", http.local_addr()?);
+    println!("  gateway gRPC     {}", grpc.local_addr()?);
+    println!("  data             {}", config.log_dir.display());
+    println!("  metadata store   embedded, in {}", config.log_dir.join(fjord_broker::server::METADATA_DIR).display());
     println!("Ctrl-C stops everything cleanly.");
-    serve(config, listener).await
+
+    let shutdown = shutdown_on_signal()?;
+    let registry_config = fjord_schema_registry::RegistryConfig::default();
+    let registry_url = format!("http://{}", registry.local_addr()?);
+    let gateway_config =
+        fjord_gateway::GatewayConfig { registry_url: Some(registry_url), ..fjord_gateway::GatewayConfig::new(address.to_string()) };
+    // Any service failing stops the others: `dev` is one system.
+    let stop_all = |result: anyhow::Result<()>, shutdown: &CancellationToken| {
+        if result.is_err() {
+            shutdown.cancel();
+        }
+        result
+    };
+    let (broker, registry, gateway) = tokio::join!(
+        async { stop_all(fjord_broker::server::run_with_store(config, store.clone(), listener, shutdown.clone()).await.map_err(Into::into), &shutdown) },
+        async { stop_all(fjord_schema_registry::run(registry_config, store.clone(), registry, shutdown.clone()).await.map_err(Into::into), &shutdown) },
+        async { stop_all(fjord_gateway::run(gateway_config, http, grpc, shutdown.clone()).await.map_err(Into::into), &shutdown) },
+    );
+    broker.context("broker")?;
+    registry.context("schema registry")?;
+    gateway.context("gateway")?;
+    Ok(())
 }
 
 pub(crate) async fn broker(args: BrokerArgs) -> anyhow::Result<()> {
@@ -91,8 +134,14 @@ async fn bind(config: &BrokerConfig) -> anyhow::Result<TcpListener> {
     TcpListener::bind(config.listeners).await.with_context(|| format!("binding {}", config.listeners))
 }
 
-/// Runs the broker; the first Ctrl-C or SIGTERM starts a clean shutdown.
+/// Runs the broker until Ctrl-C or SIGTERM.
 async fn serve(config: BrokerConfig, listener: TcpListener) -> anyhow::Result<()> {
+    fjord_broker::run(config, listener, shutdown_on_signal()?).await?;
+    Ok(())
+}
+
+/// A token cancelled by the first Ctrl-C or SIGTERM, which starts a clean shutdown.
+fn shutdown_on_signal() -> anyhow::Result<CancellationToken> {
     let shutdown = CancellationToken::new();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let on_signal = shutdown.clone();
@@ -103,6 +152,5 @@ async fn serve(config: BrokerConfig, listener: TcpListener) -> anyhow::Result<()
         }
         on_signal.cancel();
     });
-    fjord_broker::run(config, listener, shutdown).await?;
-    Ok(())
+    Ok(shutdown)
 }

@@ -103,27 +103,49 @@ fn acknowledged_messages_survive_kill_9_and_sigterm_and_offsets_continue() {
 }
 
 #[test]
-fn dev_prints_where_it_runs_and_takes_env_overrides() {
+fn dev_runs_broker_registry_and_gateway_and_takes_env_overrides() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
+    let (registry, http, grpc) = (free_port(), free_port(), free_port());
     let mut dev = Command::new(env!("CARGO_BIN_EXE_fjord"))
         .args(["dev", "--data-dir"])
         .arg(dir.path().join("fjord-data"))
-        // FJORD_* variables override the defaults (dev's fixed port, here).
+        .args(["--registry", &format!("127.0.0.1:{registry}"), "--http", &format!("127.0.0.1:{http}")])
+        // FJORD_* variables override the defaults (dev's fixed ports, here).
         .env("FJORD_LISTENERS", format!("127.0.0.1:{port}"))
+        .env("FJORD_DEV_GRPC", format!("127.0.0.1:{grpc}"))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut dev);
+    for service in [registry, http, grpc] {
+        wait_until_listening(SocketAddr::from(([127, 0, 0, 1], service)), &mut dev);
+    }
     let bootstrap = format!("127.0.0.1:{port}");
     produce(&bootstrap, "dev", 0..10);
     assert_eq!(consume_all(&bootstrap, "dev"), expected(0..10));
+    // The registry and the gateway answer too, over plain HTTP/1.1.
+    let get = |port: u16, path: &str| {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    let subjects = get(registry, "/subjects");
+    assert!(subjects.starts_with("HTTP/1.1 200") && subjects.ends_with("[]"), "{subjects}");
+    let health = get(http, "/healthz");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let topic = get(http, "/topics/dev");
+    assert!(topic.starts_with("HTTP/1.1 200") && topic.contains("\"dev\""), "{topic}");
     sigterm(&dev);
     let output = dev.wait_with_output().unwrap();
-    assert!(output.status.success());
+    assert!(output.status.success(), "SIGTERM stops every service cleanly: {output:?}");
     let stdout = String::from_utf8(output.stdout).unwrap();
-    assert!(stdout.contains(&format!("Kafka broker   127.0.0.1:{port}")), "{stdout}");
+    assert!(stdout.contains(&format!("Kafka broker     127.0.0.1:{port}")), "{stdout}");
+    assert!(stdout.contains(&format!("schema registry  http://127.0.0.1:{registry}")), "{stdout}");
     assert!(dir.path().join("fjord-data/meta.properties").exists());
 }
 

@@ -10,12 +10,15 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 /// Debian packages the integration tests run: a real ZooKeeper server, kcat
-/// (librdkafka) as an independent Kafka client, and nc for health checks.
+/// (librdkafka) as an independent Kafka client, nc for health checks, the Python venv
+/// module, and Chromium. Each is `(package, a file it installs)`.
 const APT_PACKAGES: &[(&str, &str)] = &[
     ("kcat", "/usr/bin/kcat"),
     ("zookeeper", "/usr/share/java/zookeeper.jar"),
     ("netcat-openbsd", "/bin/nc.openbsd"),
     ("python3-venv", "/usr/share/doc/python3-venv"),
+    // Headless browser that opens the audit's HTML report in its test.
+    ("chromium", "/usr/bin/chromium"),
 ];
 
 /// Python packages installed into `target/venv`: independent clients for the tests
