@@ -15,6 +15,8 @@
 //! - [`consumer`]: assigned partitions, fetch by (offset, max bytes) with long poll and
 //!   prefetch, seek/rewind, `auto.offset.reset`.
 //! - [`admin`]: create/delete/list/describe topics, describe/alter configs, list offsets.
+//! - [`assignor`]: range (the paper's Algorithm 1), roundrobin, sticky, cooperative-sticky.
+//! - [`group`]: the group consumer (join/sync/heartbeat, committed offsets, rebalances).
 //!
 //! # Guarantees
 //! Records of one partition are acknowledged in the order they were sent, except after a
@@ -23,10 +25,12 @@
 //! `delivery.timeout.ms`.
 
 pub mod admin;
+pub mod assignor;
 pub mod cluster;
 mod connection;
 pub mod consumer;
 pub mod error;
+pub mod group;
 pub mod partitioner;
 pub mod producer;
 
@@ -34,6 +38,7 @@ pub use admin::{Admin, ConfigEntry, NewTopic, OffsetSpec};
 pub use cluster::{ClientConfig, Metadata, PartitionMetadata, TopicMetadata};
 pub use consumer::{Consumer, ConsumerConfig, ConsumerRecord, OffsetReset, SeekTo};
 pub use error::{Error, ResponseError, Result};
+pub use group::{GroupConfig, GroupConsumer, Rebalance, RebalanceListener};
 pub use fjord_record::{Compression, TopicPartition};
 pub use producer::{Acks, DeliveryFuture, Producer, ProducerConfig, ProducerRecord, RecordMetadata};
 

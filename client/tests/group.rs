@@ -1,0 +1,278 @@
+//! The group consumer against a real in-process `fjord-broker` (127.0.0.1:0, one temp
+//! dir per test), alone and in a mixed group with librdkafka (kcat -G).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fjord_client::{Admin, ClientConfig, GroupConfig, GroupConsumer, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord, TopicPartition};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+struct Broker {
+    addr: String,
+    shutdown: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// A broker whose groups form fast and accept 1 s sessions, so tests can kill members.
+async fn start_broker() -> Broker {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut config = fjord_broker::BrokerConfig {
+        log_dir: dir.path().to_path_buf(),
+        listeners: listener.local_addr().unwrap(),
+        ..fjord_broker::BrokerConfig::default()
+    };
+    config.group.initial_rebalance_delay_ms = 100;
+    config.group.min_session_timeout_ms = 1000;
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = fjord_broker::run(config, listener, token).await {
+            panic!("broker failed: {e}");
+        }
+    });
+    Broker { addr, shutdown, _dir: dir }
+}
+
+async fn setup(addr: &str, topic: &str, partitions: i32) -> Producer {
+    let client = ClientConfig { connect_timeout: Duration::from_secs(5), ..ClientConfig::new(addr) };
+    Admin::connect(client.clone()).await.unwrap().create_topics(&[NewTopic::new(topic, partitions)]).await.unwrap();
+    Producer::connect(ProducerConfig { client, ..ProducerConfig::default() }).await.unwrap()
+}
+
+/// `per_partition` records into every partition; values are `p:o`-unique.
+async fn produce(producer: &Producer, topic: &str, partitions: i32, per_partition: usize, round: usize) {
+    let mut acks = Vec::new();
+    for i in 0..per_partition {
+        for p in 0..partitions {
+            acks.push(producer.send(ProducerRecord::new(topic, format!("r{round}-p{p}-{i}")).partition(p)).await.unwrap());
+        }
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+}
+
+fn group_config(addr: &str, group: &str) -> GroupConfig {
+    let mut c = GroupConfig::new(addr, group);
+    c.consumer.auto_offset_reset = OffsetReset::Earliest;
+    c.consumer.fetch_max_wait = Duration::from_millis(100);
+    c.session_timeout = Duration::from_secs(2);
+    c.heartbeat_interval = Duration::from_millis(300);
+    c.max_poll_interval = Duration::from_secs(5);
+    c.enable_auto_commit = false;
+    c
+}
+
+#[derive(Default)]
+struct Seen {
+    /// (partition, offset) → members that consumed it.
+    records: HashMap<(i32, i64), Vec<usize>>,
+    /// generation → member → owned partitions.
+    owners: BTreeMap<i32, BTreeMap<usize, Vec<TopicPartition>>>,
+}
+
+/// Three members over 12 partitions; one dies without leaving. Its partitions move
+/// within the session timeout, every record is consumed, and the only duplicates are
+/// the dead member's records after its last commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_share_partitions_and_survive_a_dead_member() {
+    let broker = start_broker().await;
+    let (topic, partitions) = ("events", 12);
+    let producer = setup(&broker.addr, topic, partitions).await;
+    produce(&producer, topic, partitions, 20, 0).await;
+
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let victim_commits = Arc::new(AtomicBool::new(true));
+    let kill_victim = Arc::new(AtomicBool::new(false));
+    // The victim's last committed position per partition, as the coordinator has it.
+    let victim_committed: Arc<Mutex<HashMap<i32, i64>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for idx in 0..3usize {
+        let config = group_config(&broker.addr, "g");
+        let (seen, stop, victim_commits, kill_victim, victim_committed) =
+            (seen.clone(), stop.clone(), victim_commits.clone(), kill_victim.clone(), victim_committed.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c = GroupConsumer::subscribe(config, &[topic]).await.unwrap();
+            let mut position: HashMap<i32, i64> = HashMap::new();
+            while !stop.load(Ordering::Acquire) {
+                if idx == 2 && kill_victim.load(Ordering::Acquire) {
+                    c.abort();
+                    return;
+                }
+                let records = c.poll(Duration::from_millis(100)).await.unwrap();
+                {
+                    let mut s = seen.lock().unwrap();
+                    for r in &records {
+                        s.records.entry((r.partition, r.offset)).or_default().push(idx);
+                        position.insert(r.partition, r.offset + 1);
+                    }
+                    s.owners.entry(c.generation()).or_default().insert(idx, c.assignment());
+                }
+                if idx != 2 || victim_commits.load(Ordering::Acquire) {
+                    // A failed commit (rebalance under way) is retried after the rejoin.
+                    if c.commit_sync().await.is_ok() && idx == 2 {
+                        victim_committed.lock().unwrap().extend(position.iter().map(|(p, o)| (*p, *o)));
+                    }
+                }
+            }
+            c.close().await.unwrap();
+        }));
+    }
+
+    let total_after = |n: usize, seen: &Arc<Mutex<Seen>>| seen.lock().unwrap().records.len() >= n;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !total_after(240, &seen) {
+        assert!(Instant::now() < deadline, "first round not consumed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Now the victim consumes without committing, then dies.
+    victim_commits.store(false, Ordering::Release);
+    let victim_owned: Vec<i32> = {
+        let s = seen.lock().unwrap();
+        let (_, members) = s.owners.iter().next_back().unwrap();
+        members.get(&2).map(|a| a.iter().map(|tp| tp.partition).collect()).unwrap_or_default()
+    };
+    assert!(!victim_owned.is_empty(), "the victim owns nothing");
+    produce(&producer, topic, partitions, 20, 1).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = seen.lock().unwrap();
+        let victim_new = s.records.iter().filter(|((p, o), who)| *o >= 20 && who.contains(&2) && victim_owned.contains(p)).count();
+        if victim_new >= 10 {
+            break;
+        }
+        drop(s);
+        assert!(Instant::now() < deadline, "victim consumed nothing new");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    kill_victim.store(true, Ordering::Release);
+    let killed_at = Instant::now();
+    tasks.pop().unwrap().await.unwrap();
+
+    // Its partitions move to the survivors within the session timeout (plus a rejoin).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let moved = loop {
+        {
+            let s = seen.lock().unwrap();
+            let (_, members) = s.owners.iter().next_back().unwrap();
+            let owned: BTreeSet<i32> = members.iter().filter(|(m, _)| **m != 2).flat_map(|(_, a)| a.iter().map(|tp| tp.partition)).collect();
+            if members.len() == 2 && owned.len() == partitions as usize {
+                break killed_at.elapsed();
+            }
+        }
+        assert!(Instant::now() < deadline, "partitions of the dead member never moved");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!("partitions of the dead member moved after {moved:?}");
+    assert!(moved < Duration::from_secs(2) + Duration::from_secs(3), "moved after {moved:?}");
+
+    let expected = (partitions * 40) as usize;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !total_after(expected, &seen) {
+        assert!(Instant::now() < deadline, "not every record was consumed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::Release);
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    let s = seen.lock().unwrap();
+    assert_eq!(s.records.len(), expected, "consumed records outside the produced range");
+    // Every partition has one owner per generation.
+    for (generation, members) in &s.owners {
+        let mut all = Vec::new();
+        for a in members.values() {
+            all.extend(a.iter().cloned());
+        }
+        let unique: BTreeSet<_> = all.iter().cloned().collect();
+        assert_eq!(unique.len(), all.len(), "generation {generation}: a partition has two owners: {members:?}");
+    }
+    assert!(s.owners.values().any(|m| m.len() == 3 && m.values().all(|a| !a.is_empty())), "never a 3-way split: {:?}", s.owners);
+    // Duplicates: exactly the dead member's records after its last commit, read again by a survivor.
+    let committed = victim_committed.lock().unwrap();
+    let duplicates: BTreeSet<(i32, i64)> = s.records.iter().filter(|(_, who)| who.len() > 1).map(|(k, _)| *k).collect();
+    let uncommitted: BTreeSet<(i32, i64)> = s
+        .records
+        .iter()
+        .filter(|((p, o), who)| who.contains(&2) && *o >= committed.get(p).copied().unwrap_or(0))
+        .map(|(k, _)| *k)
+        .collect();
+    eprintln!("duplicates: {} (the dead member's uncommitted records: {})", duplicates.len(), uncommitted.len());
+    assert!(uncommitted.len() >= 10);
+    assert_eq!(duplicates, uncommitted);
+    for k in &duplicates {
+        let who = &s.records[k];
+        assert_eq!(who.len(), 2, "{k:?} consumed by {who:?}");
+    }
+}
+
+/// A librdkafka member (kcat -G) and a fjord member agree on the range assignor and
+/// split the partitions between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_group_with_librdkafka_splits_partitions() {
+    let broker = start_broker().await;
+    let (topic, partitions) = ("mixed", 12);
+    let producer = setup(&broker.addr, topic, partitions).await;
+    let mut kcat = tokio::process::Command::new("kcat")
+        .args(["-b", &broker.addr, "-G", "mixed-g", "-X", "partition.assignment.strategy=range", "-X", "auto.offset.reset=earliest"])
+        .args(["-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=300", "-q", "-u", "-f", "%p %o\n", topic])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kcat is installed");
+    let stdout = kcat.stdout.take().unwrap();
+    let kcat_seen: Arc<Mutex<BTreeSet<(i32, i64)>>> = Arc::default();
+    let reader = {
+        let kcat_seen = kcat_seen.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt;
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut it = line.split_whitespace().map(|n| n.parse::<i64>().unwrap());
+                let (p, o) = (it.next().unwrap(), it.next().unwrap());
+                kcat_seen.lock().unwrap().insert((p as i32, o));
+            }
+        })
+    };
+    // Let kcat form the group first, then join it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut c = GroupConsumer::subscribe(group_config(&broker.addr, "mixed-g"), &[topic]).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.assignment().len() != 6 {
+        assert!(Instant::now() < deadline, "fjord member never got half: {:?}", c.assignment());
+        c.poll(Duration::from_millis(100)).await.unwrap();
+    }
+    let mine: BTreeSet<i32> = c.assignment().iter().map(|tp| tp.partition).collect();
+    produce(&producer, topic, partitions, 10, 0).await;
+    let mut fjord_seen = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fjord_seen.len() + kcat_seen.lock().unwrap().len() < 120 {
+        assert!(Instant::now() < deadline, "fjord {} + kcat {} of 120", fjord_seen.len(), kcat_seen.lock().unwrap().len());
+        for r in c.poll(Duration::from_millis(100)).await.unwrap() {
+            fjord_seen.insert((r.partition, r.offset));
+        }
+    }
+    assert_eq!(c.assignment().len(), 6, "the group rebalanced while consuming");
+    let theirs = kcat_seen.lock().unwrap().clone();
+    assert_eq!(fjord_seen.len(), 60);
+    assert_eq!(theirs.len(), 60);
+    assert!(fjord_seen.iter().all(|(p, _)| mine.contains(p)));
+    assert!(theirs.iter().all(|(p, _)| !mine.contains(p)), "kcat read a partition the fjord member owns");
+    c.close().await.unwrap();
+    kcat.kill().await.unwrap();
+    reader.abort();
+}
