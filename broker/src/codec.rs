@@ -30,6 +30,7 @@ pub(crate) mod error_code {
     pub(crate) const INVALID_CONFIG: i16 = 40;
     pub(crate) const KAFKA_STORAGE_ERROR: i16 = 56;
     pub(crate) const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
+    pub(crate) const INVALID_RECORD: i16 = 87;
 }
 
 /// The APIs this broker implements, with the versions it advertises (inclusive).

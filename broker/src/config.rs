@@ -4,12 +4,14 @@
 //! environment and the command line all go through one parser. Broker-wide `log.*` keys
 //! map onto the topic-level names of [`fjord_log::LogConfig`] (`log.segment.bytes` →
 //! `segment.bytes`), as in Kafka, where the broker key is the default of the topic key.
+//! The remaining `log.cleaner.*` keys configure the broker's one log cleaner
+//! ([`fjord_log::CleanerConfig`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fjord_log::LogConfig;
+use fjord_log::{CleanerConfig, LogConfig};
 use serde::Deserialize;
 
 use crate::group::GroupConfig;
@@ -50,6 +52,9 @@ pub struct BrokerConfig {
     pub checkpoint_interval: Duration,
     /// Broker-wide defaults of every topic's log (`log.segment.bytes`, `log.retention.ms`, ...).
     pub log: LogConfig,
+    /// The log cleaner (`log.cleaner.dedupe.buffer.size`, `log.cleaner.io.max.bytes.per.second`,
+    /// `log.cleaner.backoff.ms`: how often compacted logs are checked, default 15 s).
+    pub cleaner: CleanerConfig,
     /// Group coordinator settings (`group.*`, `offset.metadata.max.bytes`).
     pub group: GroupConfig,
 }
@@ -72,6 +77,7 @@ impl Default for BrokerConfig {
             flush_scheduler_interval: Duration::from_secs(1),
             checkpoint_interval: Duration::from_secs(60),
             log: LogConfig::default(),
+            cleaner: CleanerConfig::default(),
             group: GroupConfig::default(),
         }
     }
@@ -89,6 +95,10 @@ const LOG_KEYS: &[(&str, &str)] = &[
     ("log.flush.interval.ms", "flush.ms"),
     ("message.max.bytes", "max.message.bytes"),
     ("log.segment.delete.delay.ms", "file.delete.delay.ms"),
+    ("log.cleanup.policy", "cleanup.policy"),
+    ("log.cleaner.delete.retention.ms", "delete.retention.ms"),
+    ("log.cleaner.min.cleanable.ratio", "min.cleanable.dirty.ratio"),
+    ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms"),
 ];
 
 impl BrokerConfig {
@@ -201,6 +211,7 @@ impl BrokerConfig {
                 let topic_key = if key.starts_with("log.roll") { "segment.ms" } else { "retention.ms" };
                 self.log.set(topic_key, &ms.to_string())?;
             }
+            _ if CleanerConfig::KEYS.contains(&key) => self.cleaner.set(key, value)?,
             _ => match LOG_KEYS.iter().find(|(broker_key, _)| *broker_key == key) {
                 Some((_, topic_key)) => self.log.set(topic_key, value.trim())?,
                 None => return Err(Error::UnknownConfig { key: key.to_owned() }),
@@ -329,6 +340,40 @@ mod tests {
         assert!(config.validate().is_err());
         config.num_partitions = 1;
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn cleaner_keys_set_the_cleaner_and_the_compaction_defaults() {
+        let config = BrokerConfig::from_toml(
+            r#"
+            log.cleaner.backoff.ms = 250
+            log.cleaner.dedupe.buffer.size = 1048576
+            log.cleaner.io.max.bytes.per.second = 1e6
+            log.cleanup.policy = "compact"
+            log.cleaner.delete.retention.ms = 1000
+            log.cleaner.min.cleanable.ratio = 0.1
+            log.cleaner.min.compaction.lag.ms = 5
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.cleaner.backoff, Duration::from_millis(250));
+        assert_eq!(config.cleaner.dedupe_buffer_size, 1 << 20);
+        assert_eq!(config.cleaner.io_max_bytes_per_second, Some(1e6));
+        assert_eq!(config.log.cleanup_policy, fjord_log::CleanupPolicy::Compact);
+        assert_eq!(config.log.delete_retention, Duration::from_secs(1));
+        assert_eq!(config.log.min_cleanable_dirty_ratio, 0.1);
+        assert_eq!(config.log.min_compaction_lag, Duration::from_millis(5));
+        for (key, value) in [
+            ("log.cleaner.backoff.ms", "-1"),
+            ("log.cleaner.dedupe.buffer.size", "10"),
+            ("log.cleanup.policy", "shred"),
+            ("log.cleaner.min.cleanable.ratio", "1.5"),
+        ] {
+            let mut config = BrokerConfig::default();
+            assert!(config.set(key, value).is_err(), "{key}={value} is refused");
+            assert_eq!(config.cleaner, CleanerConfig::default(), "a refused value changes nothing");
+            assert_eq!(config.log, LogConfig::default());
+        }
     }
 
     #[test]

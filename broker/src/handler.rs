@@ -108,6 +108,8 @@ pub(crate) fn log_error_code(error: &fjord_log::Error) -> i16 {
         }
         E::InvalidBatch { .. } => error_code::CORRUPT_MESSAGE,
         E::MessageTooLarge { .. } => error_code::MESSAGE_TOO_LARGE,
+        // A keyless record on a compacted topic: the cleaner could never deduplicate it.
+        E::MissingKey { .. } => error_code::INVALID_RECORD,
         E::OffsetOutOfRange { .. } => error_code::OFFSET_OUT_OF_RANGE,
         E::Io { .. } => error_code::KAFKA_STORAGE_ERROR,
         _ => error_code::UNKNOWN_SERVER_ERROR,

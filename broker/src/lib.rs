@@ -7,7 +7,8 @@
 //!
 //! # Layout
 //! - [`server`]: [`run`], the production entry point: log dir, metadata store,
-//!   accept loop, periodic retention / flush / checkpoint tasks, clean shutdown.
+//!   accept loop, periodic retention / flush / checkpoint tasks, the log cleaner
+//!   (compaction of `cleanup.policy=compact` topics), clean shutdown.
 //! - `connection`: one client connection: frames in, requests handled in order,
 //!   responses (byte buffers and file regions) out.
 //! - `codec`: request decoding with the `kafka-protocol` crate, response framing, the

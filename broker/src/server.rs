@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fjord_coord::registry::{to_json, BrokerRegistration};
 use fjord_coord::{create_all, paths, CreateMode, Store};
-use fjord_log::LogManager;
+use fjord_log::{Cleaner, LogManager};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -77,6 +77,7 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
 
     let tracker = TaskTracker::new();
     spawn_periodic_tasks(&tracker, &broker, &shutdown);
+    spawn_cleaner(&tracker, &broker, &shutdown);
     let connections = Arc::new(Semaphore::new(max_connections));
     loop {
         let permit = tokio::select! {
@@ -104,6 +105,7 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
     }
     drop(listener);
     tracker.close();
+    // Also waits for a clean in progress: the logs are closed only once no swap is running.
     tracker.wait().await;
     let logs = broker.topics.logs().clone();
     tokio::task::spawn_blocking(move || logs.close()).await??;
@@ -185,6 +187,63 @@ fn spawn_periodic_tasks(tracker: &TaskTracker, broker: &Arc<Broker>, shutdown: &
             }
         });
     }
+}
+
+/// The log cleaner: every `log.cleaner.backoff.ms`, compacts the logs whose dirty
+/// ratio (or expired tombstones) make them due. One [`Cleaner`] per broker, so its
+/// offset map is allocated once and its I/O throttle covers every log. A clean blocks
+/// (file I/O, throttling sleeps), so it runs on the blocking pool; the task awaits it
+/// outside the `select!`, so shutdown waits for a running clean to finish.
+fn spawn_cleaner(tracker: &TaskTracker, broker: &Arc<Broker>, shutdown: &CancellationToken) {
+    let config = broker.config.cleaner;
+    let (logs, shutdown) = (broker.topics.logs().clone(), shutdown.clone());
+    tracker.spawn(async move {
+        let mut cleaner = Some(Cleaner::new(config));
+        let mut interval = tokio::time::interval(config.backoff.max(Duration::from_millis(10)));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        interval.tick().await; // the first tick is immediate
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            let logs = logs.clone();
+            let mut running = cleaner.take().unwrap_or_else(|| Cleaner::new(config));
+            let job = tokio::task::spawn_blocking(move || {
+                let outcomes = running.clean_due(&logs, now_ms());
+                (running, outcomes)
+            });
+            match job.await {
+                Ok((running, outcomes)) => {
+                    cleaner = Some(running);
+                    for (tp, outcome) in outcomes {
+                        match outcome {
+                            Ok(stats) => tracing::info!(
+                                partition = %tp,
+                                dirty_ratio = stats.dirty_ratio,
+                                first_dirty_before = stats.first_dirty_before,
+                                first_dirty_after = stats.first_dirty_after,
+                                passes = stats.passes,
+                                segments = stats.segments_cleaned,
+                                bytes_before = stats.bytes_before,
+                                bytes_after = stats.bytes_after,
+                                records_read = stats.records_read,
+                                records_kept = stats.records_kept,
+                                tombstones_removed = stats.tombstones_removed,
+                                elapsed_ms = stats.elapsed.as_millis() as u64,
+                                "cleaned log"
+                            ),
+                            // clean_due has logged it; the log is retried next time unless
+                            // the cleaner marked it failed.
+                            Err(e) => tracing::warn!(partition = %tp, error = %e, "cleaning a log failed"),
+                        }
+                    }
+                }
+                // The cleaner is lost with the panic; the next round starts a fresh one.
+                Err(e) => tracing::error!(error = %e, "log cleaner panicked"),
+            }
+        }
+    });
 }
 
 /// Reads `meta.properties` (`broker.id`, `cluster.id`), or writes it for a fresh log

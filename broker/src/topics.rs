@@ -20,9 +20,6 @@ use tokio::sync::Notify;
 use crate::codec::error_code;
 use crate::{Error, Result};
 
-/// The one topic config the broker interprets itself rather than the log.
-const CLEANUP_POLICY: &str = "cleanup.policy";
-
 /// Kafka's limit on topic name length (the partition dir name must fit a file name).
 const MAX_TOPIC_NAME_LEN: usize = 249;
 
@@ -188,16 +185,9 @@ impl Topics {
 
     fn effective_config(&self, overrides: &BTreeMap<String, String>) -> Result<LogConfig, TopicError> {
         let mut config = self.defaults;
+        // Every topic key, `cleanup.policy` and the compaction settings included, is the
+        // log's: the cleaner reads them from the log's config on each pass.
         for (key, value) in overrides {
-            if key == CLEANUP_POLICY {
-                // Kept in the overrides so DescribeConfigs shows it; only `delete` exists here.
-                if value != "delete" {
-                    return Err(TopicError::InvalidConfig(format!(
-                        "cleanup.policy={value} is not supported (log compaction is not implemented); use delete"
-                    )));
-                }
-                continue;
-            }
             config.set(key, value).map_err(|e| TopicError::InvalidConfig(e.to_string()))?;
         }
         config.validate().map_err(|e| TopicError::InvalidConfig(e.to_string()))?;

@@ -455,7 +455,7 @@ async fn topics_and_data_survive_a_clean_restart() {
 }
 
 #[tokio::test]
-async fn cleanup_policy_delete_is_accepted_and_compact_refused() {
+async fn cleanup_policies_delete_and_compact_are_accepted_and_others_refused() {
     let (broker, _dir) = start(|_| {}).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     let create = |topic: &str, policy: &'static str| {
@@ -467,11 +467,13 @@ async fn cleanup_policy_delete_is_accepted_and_compact_refused() {
                 .with_name(StrBytes::from_static_str("cleanup.policy"))
                 .with_value(Some(StrBytes::from_static_str(policy)))])])
     };
-    let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 5, &create("deleting", "delete")).await.unwrap();
-    assert_eq!(response.topics[0].error_code, 0);
-    let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 5, &create("compacted", "compact")).await.unwrap();
+    for (topic, policy) in [("deleting", "delete"), ("compacted", "compact"), ("both", "compact,delete")] {
+        let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 5, &create(topic, policy)).await.unwrap();
+        assert_eq!(response.topics[0].error_code, 0, "{policy}");
+    }
+    let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 5, &create("shredded", "compact,shred")).await.unwrap();
     assert_eq!(response.topics[0].error_code, 40, "INVALID_CONFIG");
-    assert!(response.topics[0].error_message.as_deref().unwrap_or_default().contains("compaction"));
+    assert!(response.topics[0].error_message.as_deref().unwrap_or_default().contains("cleanup.policy"));
     broker.stop().await.unwrap();
 }
 

@@ -29,6 +29,7 @@ const TYPE_BOOLEAN: i8 = 1;
 const TYPE_STRING: i8 = 2;
 const TYPE_INT: i8 = 3;
 const TYPE_LONG: i8 = 5;
+const TYPE_DOUBLE: i8 = 6;
 const TYPE_LIST: i8 = 7;
 /// CreateTopics error for a replica assignment naming another broker.
 const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
@@ -185,7 +186,7 @@ fn log_config_entries(c: &LogConfig) -> Vec<(&'static str, String, i8)> {
         d.map_or(none, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)).to_string()
     }
     vec![
-        ("cleanup.policy", "delete".to_owned(), TYPE_LIST),
+        ("cleanup.policy", c.cleanup_policy.as_str().to_owned(), TYPE_LIST),
         ("segment.bytes", c.segment_bytes.to_string(), TYPE_INT),
         ("segment.ms", ms(c.segment_ms, i64::MAX), TYPE_LONG),
         ("segment.index.bytes", c.segment_index_bytes.to_string(), TYPE_INT),
@@ -196,5 +197,8 @@ fn log_config_entries(c: &LogConfig) -> Vec<(&'static str, String, i8)> {
         ("flush.ms", ms(c.flush_ms, i64::MAX), TYPE_LONG),
         ("max.message.bytes", c.max_message_bytes.to_string(), TYPE_INT),
         ("file.delete.delay.ms", ms(Some(c.file_delete_delay), 0), TYPE_LONG),
+        ("delete.retention.ms", ms(Some(c.delete_retention), 0), TYPE_LONG),
+        ("min.cleanable.dirty.ratio", c.min_cleanable_dirty_ratio.to_string(), TYPE_DOUBLE),
+        ("min.compaction.lag.ms", ms(Some(c.min_compaction_lag), 0), TYPE_LONG),
     ]
 }
