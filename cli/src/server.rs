@@ -1,5 +1,6 @@
 //! `fjord dev` and `fjord broker`: build the broker config (defaults, then the TOML
-//! file, then `FJORD_*` environment variables, then flags), bind, and run until Ctrl-C
+//! file, then flags, then `FJORD_*` environment variables, as ARCHITECTURE.md's
+//! contract orders them), bind, and run until Ctrl-C
 //! or SIGTERM, which shut the broker down cleanly (logs flushed, checkpoints written).
 //! `fjord dev` also runs the schema registry and the gateway in the same process, on
 //! the broker's metadata store.
@@ -54,8 +55,8 @@ pub(crate) struct BrokerArgs {
 
 pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let mut config = BrokerConfig::default();
-    config.apply_env(std::env::vars())?;
     config.set("log.dirs", &path_text(&args.data_dir)?)?;
+    config.apply_env(std::env::vars())?;
     let listener = bind(&config).await?;
     let address = listener.local_addr()?;
     let bind_at = |addr: SocketAddr, what: &'static str| async move {
@@ -105,7 +106,6 @@ pub(crate) async fn broker(args: BrokerArgs) -> anyhow::Result<()> {
         }
         None => BrokerConfig::default(),
     };
-    config.apply_env(std::env::vars())?;
     if let Some(id) = args.id {
         config.set("broker.id", &id.to_string())?;
     }
@@ -121,6 +121,7 @@ pub(crate) async fn broker(args: BrokerArgs) -> anyhow::Result<()> {
     if let Some(connect) = &args.zookeeper {
         config.set("zookeeper.connect", connect)?;
     }
+    config.apply_env(std::env::vars())?;
     let listener = bind(&config).await?;
     serve(config, listener).await
 }
