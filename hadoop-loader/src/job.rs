@@ -347,56 +347,58 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
             client,
             auto_offset_reset: OffsetReset::Earliest,
             fetch_max_wait: Duration::from_millis(100),
+            // A bulk reader: large fetches, and room for a producer's whole batch (1 MB in
+            // librdkafka) per partition.
+            max_partition_fetch_bytes: 8 * 1024 * 1024,
+            fetch_max_bytes: 64 * 1024 * 1024,
             ..ConsumerConfig::default()
         })
         .await?;
         assign(&mut consumer, &parts, &remaining).await?;
         let index: HashMap<(String, i32), usize> = parts.iter().enumerate().map(|(i, p)| ((p.topic.clone(), p.partition), i)).collect();
         let mut taken = 0u64;
-        let mut last_record = Instant::now();
         while !remaining.is_empty() {
-            let records = consumer.poll(Duration::from_millis(500)).await?;
-            if records.is_empty() {
-                if last_record.elapsed() >= config.idle_timeout {
+            // recv, not poll(timeout): a poll timing out in the middle of decoding a fetch
+            // response drops it, and with large responses that repeats (fjord-client issue).
+            // The idle bound here ends the run, so dropping state on it is harmless.
+            let record = match tokio::time::timeout(config.idle_timeout, consumer.recv()).await {
+                Ok(record) => record?,
+                Err(_) => {
                     let p = &parts[remaining[0]];
                     return Err(Error::Stalled { topic: p.topic.clone(), partition: p.partition, offset: p.next, end: p.end, idle: config.idle_timeout });
                 }
+            };
+            let Some(&i) = index.get(&(record.topic.to_string(), record.partition)) else { continue };
+            let part = &mut parts[i];
+            if record.offset < part.next || record.offset >= part.end {
                 continue;
             }
-            last_record = Instant::now();
-            let (mut n, mut bytes) = (0u64, 0u64);
-            for record in records {
-                let Some(&i) = index.get(&(record.topic.to_string(), record.partition)) else { continue };
-                let part = &mut parts[i];
-                if record.offset < part.next || record.offset >= part.end {
-                    continue;
-                }
-                taken += 1;
-                n += 1;
-                bytes += record.key.as_ref().map_or(0, |k| k.len() as u64) + record.value.as_ref().map_or(0, |v| v.len() as u64);
-                writer.take(part, &record).await?;
-                crash(config, Step::Read(taken))?;
-                if config.max_records.is_some_and(|max| taken >= max) {
-                    // Cap reached: every partition ends where it is now.
-                    for p in parts.iter_mut() {
-                        p.end = p.end.min(p.next);
-                    }
+            taken += 1;
+            let bytes = record.key.as_ref().map_or(0, |k| k.len() as u64) + record.value.as_ref().map_or(0, |v| v.len() as u64);
+            writer.take(part, &record).await?;
+            crash(config, Step::Read(taken))?;
+            summary.bytes_in += bytes;
+            progress.advance(1, bytes);
+            let capped = config.max_records.is_some_and(|max| taken >= max);
+            if capped {
+                // Cap reached: every partition ends where it is now.
+                for p in parts.iter_mut() {
+                    p.end = p.end.min(p.next);
                 }
             }
-            summary.bytes_in += bytes;
-            progress.advance(n, bytes);
-            let before = remaining.len();
-            for &i in &remaining {
-                if parts[i].next >= parts[i].end {
-                    writer.finish_partition(&mut parts[i]).await?;
+            if parts[i].next < parts[i].end && !capped {
+                continue;
+            }
+            for &j in &remaining {
+                if parts[j].next >= parts[j].end {
+                    writer.finish_partition(&mut parts[j]).await?;
                     progress.partition_done();
                 }
             }
-            remaining.retain(|&i| parts[i].next < parts[i].end);
-            if !remaining.is_empty() && remaining.len() < before {
-                // Stop fetching finished partitions.
-                assign(&mut consumer, &parts, &remaining).await?;
-            }
+            // Finished partitions stay assigned (their records are skipped above): a new
+            // assignment can take in a response to an old fetch that ran ahead of the
+            // position, which would skip records (fjord-client: the seek epoch restarts).
+            remaining.retain(|&j| parts[j].next < parts[j].end);
         }
     }
     crash(config, Step::FilesWritten)?;
@@ -451,6 +453,7 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
     Ok(summary)
 }
 
+/// Assigns the partitions with records to read, each at its start offset.
 async fn assign(consumer: &mut Consumer, parts: &[PartitionRun], which: &[usize]) -> Result<()> {
     consumer.assign(which.iter().map(|&i| TopicPartition::new(parts[i].topic.as_str(), parts[i].partition))).await?;
     for &i in which {

@@ -495,3 +495,38 @@ async fn fs_conformance_hdfs_when_fjord_test_hdfs_is_set_else_local_only() {
     fjord_hadoop_loader::fs::conformance(&*dest.fs, &base).await.unwrap_or_else(|e| panic!("conformance against {url}: {e:?}"));
     drop(local);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_that_finish_at_different_times_lose_nothing() {
+    // Partition p holds (p + 1) * 2,000 records of 500 bytes: partitions reach their end
+    // offsets at different moments while fetches of the others are in flight. (Reassigning
+    // at such a moment once skipped records; that showed with 100 MB of kcat batches, which
+    // this smaller test does not reproduce reliably.)
+    let c = start().await;
+    create_topics(&c, &[("uneven", 4)]).await;
+    let producer = Producer::connect(ProducerConfig { client: client(&c.bootstrap), linger: Duration::from_millis(20), batch_size: 512 * 1024, ..ProducerConfig::default() }).await.unwrap();
+    let mut pending = Vec::new();
+    let mut seq = 0u64;
+    for p in 0..4u64 {
+        for _ in 0..(p + 1) * 2_000 {
+            let value = format!("raw-{seq}-{}", "x".repeat(490));
+            pending.push(producer.send(ProducerRecord::new("uneven", value).partition(p as i32).timestamp(BASE_TS)).await.unwrap());
+            seq += 1;
+        }
+    }
+    for d in pending {
+        d.await.unwrap();
+    }
+    producer.close().await;
+    let dest = tempfile::tempdir().unwrap();
+    let summary = run_once(&config(&c, dest.path(), "uneven"), &()).await.unwrap();
+    assert_eq!(summary.records, seq);
+    let mut seen = BTreeSet::new();
+    for f in read_back_with_apache_avro(dest.path()) {
+        for r in f["records"].as_array().unwrap() {
+            let s: u64 = r[3].as_str().unwrap().strip_prefix("raw-").unwrap().split('-').next().unwrap().parse().unwrap();
+            assert!(seen.insert(s), "record {s} twice");
+        }
+    }
+    assert_eq!(seen.len() as u64, seq, "records lost");
+}
