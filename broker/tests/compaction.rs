@@ -203,5 +203,21 @@ async fn a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset() {
     }
     assert_eq!(latest.len(), KEYS - TOMBSTONED);
     assert_eq!(log_end_offset(&mut client).await, produced.len() as i64, "compaction keeps the log end");
+    drop(client);
+    broker.stop().await.unwrap();
+
+    // After a restart the topic is still compacted (its config comes back from the
+    // store) and the cleaned segments read back the same.
+    let broker = TestBroker::start_in(dir.path().join("data"), |c| {
+        c.auto_create_topics = false;
+        c.set("log.cleaner.backoff.ms", "100").unwrap();
+    })
+    .await
+    .unwrap();
+    assert_eq!(consume_all(&broker).await, records, "the compacted log survives a restart");
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &produce).await.unwrap();
+    assert_eq!(response.responses[0].partition_responses[0].error_code, INVALID_RECORD, "still compacted");
+    drop(client);
     broker.stop().await.unwrap();
 }
