@@ -148,12 +148,13 @@ async fn members_share_partitions_and_survive_a_dead_member() {
     produce(&producer, topic, partitions, 20, 1).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let s = seen.lock().unwrap();
-        let victim_new = s.records.iter().filter(|((p, o), who)| *o >= 20 && who.contains(&2) && victim_owned.contains(p)).count();
+        let victim_new = {
+            let s = seen.lock().unwrap();
+            s.records.iter().filter(|((p, o), who)| *o >= 20 && who.contains(&2) && victim_owned.contains(p)).count()
+        };
         if victim_new >= 10 {
             break;
         }
-        drop(s);
         assert!(Instant::now() < deadline, "victim consumed nothing new");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -275,4 +276,58 @@ async fn mixed_group_with_librdkafka_splits_partitions() {
     c.close().await.unwrap();
     kcat.kill().await.unwrap();
     reader.abort();
+}
+
+/// cooperative-sticky: when a second member joins, the first gives up only the
+/// partitions that move (never all of them), and the two end with half each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooperative_sticky_revokes_only_what_moves() {
+    let broker = start_broker().await;
+    let (topic, partitions) = ("coop", 12);
+    let _producer = setup(&broker.addr, topic, partitions).await;
+    let mut config = group_config(&broker.addr, "coop-g");
+    config.assignment_strategies = vec!["cooperative-sticky".into()];
+    let events: Arc<Mutex<Vec<fjord_client::Rebalance>>> = Arc::default();
+    let mut first = GroupConsumer::subscribe(config.clone(), &[topic]).await.unwrap();
+    let log = events.clone();
+    first.set_rebalance_listener(Box::new(move |e| log.lock().unwrap().push(e.clone())));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while first.assignment().len() != 12 {
+        assert!(Instant::now() < deadline, "first member never got everything");
+        first.poll(Duration::from_millis(100)).await.unwrap();
+    }
+    let second = GroupConsumer::subscribe(config, &[topic]).await.unwrap();
+    // Each member polls in its own task, as applications do: a member blocked in
+    // JoinGroup must not stop the other from rejoining.
+    let stop = Arc::new(AtomicBool::new(false));
+    let run = |mut c: GroupConsumer, view: Arc<Mutex<Vec<TopicPartition>>>, stop: Arc<AtomicBool>| {
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Acquire) {
+                c.poll(Duration::from_millis(100)).await.unwrap();
+                *view.lock().unwrap() = c.assignment();
+            }
+            c
+        })
+    };
+    let view1: Arc<Mutex<Vec<TopicPartition>>> = Arc::default();
+    let view2: Arc<Mutex<Vec<TopicPartition>>> = Arc::default();
+    let t1 = run(first, view1.clone(), stop.clone());
+    let t2 = run(second, view2.clone(), stop.clone());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while view1.lock().unwrap().len() != 6 || view2.lock().unwrap().len() != 6 {
+        assert!(Instant::now() < deadline, "no 6/6 split: {:?} / {:?}", view1.lock().unwrap(), view2.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Release);
+    let (first, second) = (t1.await.unwrap(), t2.await.unwrap());
+    let mine: BTreeSet<TopicPartition> = first.assignment().into_iter().collect();
+    assert_eq!(mine.len(), 6);
+    assert!(second.assignment().iter().all(|tp| !mine.contains(tp)));
+    let events = events.lock().unwrap().clone();
+    let revoked: Vec<TopicPartition> =
+        events.iter().flat_map(|e| match e { fjord_client::Rebalance::Revoked(p) => p.clone(), _ => Vec::new() }).collect();
+    assert_eq!(revoked.len(), 6, "revoked more than what moved: {events:?}");
+    assert!(revoked.iter().all(|tp| !mine.contains(tp)), "revoked a partition it kept: {events:?}");
+    first.close().await.unwrap();
+    second.close().await.unwrap();
 }
