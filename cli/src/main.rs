@@ -40,6 +40,8 @@ enum Command {
     Produce(tools::produce::ProduceArgs),
     /// Print records from a topic.
     Consume(tools::consume::ConsumeArgs),
+    /// List and describe consumer groups; reset their committed offsets.
+    Groups(tools::groups::GroupsArgs),
     /// Measure producer/consumer throughput and latency.
     Bench(tools::bench::BenchArgs),
     /// Load topics into HDFS or a local directory as hourly Avro files (one job run).
@@ -63,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Topics(args) => tools::run_or_exit(tools::topics::run(args)).await,
         Command::Produce(args) => tools::run_or_exit(tools::produce::run(args)).await,
         Command::Consume(args) => tools::run_or_exit(tools::consume::run(args)).await,
+        Command::Groups(args) => tools::run_or_exit(tools::groups::run(args)).await,
         Command::Bench(args) => tools::run_or_exit(tools::bench::run(args)).await,
         Command::Load(args) => tools::run_or_exit(load::load(args)).await,
         Command::Audit(args) => tools::run_or_exit(audit::run(args)).await,

@@ -5,10 +5,12 @@
 //! - `topics`: create/list/describe/delete/alter through [`fjord_client::Admin`].
 //! - `produce`: stdin lines → records (optional key separator and headers).
 //! - `consume`: records → stdout, plain or JSON lines, from beginning/end/offset/time.
+//! - `groups`: list/describe consumer groups (lag per partition), reset committed offsets.
 //! - `bench`: the paper's producer/consumer throughput experiment, with latency percentiles.
 
 pub(crate) mod bench;
 pub(crate) mod consume;
+pub(crate) mod groups;
 pub(crate) mod produce;
 pub(crate) mod topics;
 

@@ -38,7 +38,7 @@ pub use admin::{Admin, ConfigEntry, NewTopic, OffsetSpec};
 pub use cluster::{ClientConfig, Metadata, PartitionMetadata, TopicMetadata};
 pub use consumer::{Consumer, ConsumerConfig, ConsumerRecord, OffsetReset, SeekTo};
 pub use error::{Error, ResponseError, Result};
-pub use group::{GroupConfig, GroupConsumer, Rebalance, RebalanceListener};
+pub use group::{GroupAdmin, GroupConfig, GroupConsumer, GroupDescription, MemberDescription, Rebalance, RebalanceListener};
 pub use fjord_record::{Compression, TopicPartition};
 pub use producer::{Acks, DeliveryFuture, Producer, ProducerConfig, ProducerRecord, RecordMetadata};
 

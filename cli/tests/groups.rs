@@ -1,0 +1,96 @@
+//! `fjord groups list|describe|reset-offsets` as a user runs them, against an
+//! in-process broker and a live fjord group member.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use fjord_client::{Admin, ClientConfig, GroupConfig, GroupConsumer, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+struct Broker {
+    addr: String,
+    shutdown: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn start_broker() -> Broker {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut config = fjord_broker::BrokerConfig { log_dir: dir.path().to_path_buf(), listeners: addr, ..Default::default() };
+    config.group.initial_rebalance_delay_ms = 100;
+    config.group.min_session_timeout_ms = 1000;
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    tokio::spawn(async move { fjord_broker::run(config, listener, token).await.expect("broker failed") });
+    Broker { addr: addr.to_string(), shutdown, _dir: dir }
+}
+
+/// Runs `fjord` off the runtime's threads (the broker keeps serving meanwhile).
+async fn fjord(args: &[&str]) -> Output {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(&args).output().unwrap()).await.unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(o.status.success(), "fjord failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_shows_members_and_lag_and_reset_needs_an_empty_group() {
+    let broker = start_broker().await;
+    let client = ClientConfig::new(&broker.addr);
+    Admin::connect(client.clone()).await.unwrap().create_topics(&[NewTopic::new("t", 4)]).await.unwrap();
+    let producer = Producer::connect(ProducerConfig { client, ..ProducerConfig::default() }).await.unwrap();
+    for i in 0..40 {
+        producer.send(ProducerRecord::new("t", format!("v{i}")).partition(i % 4)).await.unwrap().await.unwrap();
+    }
+
+    let mut config = GroupConfig::new(&broker.addr, "g");
+    config.consumer.auto_offset_reset = OffsetReset::Earliest;
+    config.session_timeout = Duration::from_secs(2);
+    config.heartbeat_interval = Duration::from_millis(300);
+    config.enable_auto_commit = false;
+    let mut member = GroupConsumer::subscribe(config, &["t"]).await.unwrap();
+    let (mut consumed, deadline) = (0, Instant::now() + Duration::from_secs(20));
+    while consumed < 30 {
+        assert!(Instant::now() < deadline, "consumed only {consumed}");
+        consumed += member.poll(Duration::from_millis(100)).await.unwrap().len();
+    }
+    member.commit_sync().await.unwrap();
+    // Keep the member alive (heartbeats run in the background) while the CLI looks.
+    let bootstrap = format!("--bootstrap={}", broker.addr);
+
+    let list = stdout(&fjord(&["groups", &bootstrap, "list"]).await);
+    assert!(list.lines().any(|l| l.starts_with("g\t")), "{list}");
+
+    let describe = stdout(&fjord(&["groups", &bootstrap, "describe", "g"]).await);
+    assert!(describe.contains("members 1"), "{describe}");
+    assert!(describe.contains("partitions [t-0,t-1,t-2,t-3]"), "{describe}");
+    assert!(describe.contains(&format!("total lag {}", 40 - consumed)), "{describe}");
+    let rows = describe.lines().filter(|l| l.starts_with("t\t")).count();
+    assert_eq!(rows, 4, "{describe}");
+
+    let refused = fjord(&["groups", &bootstrap, "reset-offsets", "g", "--topic", "t", "--to-earliest"]).await;
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("active member"), "{err}");
+
+    member.close().await.unwrap();
+    let reset = stdout(&fjord(&["groups", &bootstrap, "reset-offsets", "g", "--topic", "t", "--to-earliest"]).await);
+    assert_eq!(reset.lines().count(), 4, "{reset}");
+    let describe = stdout(&fjord(&["groups", &bootstrap, "describe", "g"]).await);
+    assert!(describe.contains("members 0") && describe.contains("total lag 40"), "{describe}");
+
+    stdout(&fjord(&["groups", &bootstrap, "reset-offsets", "g", "--topic", "t", "--to-offset", "7"]).await);
+    let describe = stdout(&fjord(&["groups", &bootstrap, "describe", "g"]).await);
+    assert!(describe.contains("total lag 12"), "{describe}");
+}
