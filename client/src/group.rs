@@ -148,7 +148,8 @@ pub struct GroupConsumer {
     /// Next offset to consume per owned partition, from the records handed out.
     consumed: HashMap<TopicPartition, i64>,
     /// What was last committed, so commits send only what changed.
-    committed: HashMap<TopicPartition, i64>,
+    /// Shared with in-flight commits, which record what the coordinator accepted.
+    committed: Arc<Mutex<HashMap<TopicPartition, i64>>>,
     last_auto_commit: Instant,
 }
 
@@ -176,7 +177,7 @@ impl GroupConsumer {
             protocol: None,
             owned: BTreeSet::new(),
             consumed: HashMap::new(),
-            committed: HashMap::new(),
+            committed: Arc::default(),
             last_auto_commit: Instant::now(),
             config,
         })
@@ -307,7 +308,10 @@ impl Coordinator {
 
 impl GroupConsumer {
     async fn commit_offsets(&mut self, offsets: &[(TopicPartition, i64)]) -> Result<impl Future<Output = Result<()>> + Send + 'static> {
-        let changed: Vec<&(TopicPartition, i64)> = offsets.iter().filter(|(tp, o)| self.committed.get(tp) != Some(o)).collect();
+        let changed: Vec<(TopicPartition, i64)> = {
+            let committed = lock(&self.committed);
+            offsets.iter().filter(|(tp, o)| committed.get(tp) != Some(o)).cloned().collect()
+        };
         let mut topics: BTreeMap<&str, Vec<OffsetCommitRequestPartition>> = BTreeMap::new();
         for (tp, offset) in &changed {
             topics.entry(&tp.topic).or_default().push(
@@ -329,11 +333,8 @@ impl GroupConsumer {
             }
             None => None,
         };
-        // Optimistic: a failed commit is retried by the next one only if the positions differ,
-        // so on failure the caller sees the error and the next commit resends everything.
-        for (tp, o) in changed {
-            self.committed.insert(tp.clone(), *o);
-        }
+        // Only accepted offsets count as committed: after a failure the next commit resends them.
+        let committed = self.committed.clone();
         let member = self.member.clone();
         let group = self.config.group_id.clone();
         Ok(async move {
@@ -349,10 +350,10 @@ impl GroupConsumer {
                     }
                 }
             }
+            lock(&committed).extend(changed);
             Ok(())
         })
     }
-
 }
 
 impl Coordinator {
@@ -514,7 +515,7 @@ impl GroupConsumer {
         for tp in &partitions {
             self.owned.remove(tp);
             self.consumed.remove(tp);
-            self.committed.remove(tp);
+            lock(&self.committed).remove(tp);
         }
         self.notify(Rebalance::Revoked(partitions.into_iter().collect()));
     }
@@ -530,7 +531,7 @@ impl GroupConsumer {
             let start = self.consumed.get(tp).or_else(|| committed.get(tp)).copied().filter(|o| *o >= 0);
             if let Some(offset) = start {
                 self.consumer.seek(tp, SeekTo::Offset(offset))?;
-                self.committed.entry(tp.clone()).or_insert(offset);
+                lock(&self.committed).entry(tp.clone()).or_insert(offset);
             }
         }
         self.owned = assigned.clone();
