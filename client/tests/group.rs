@@ -331,3 +331,50 @@ async fn cooperative_sticky_revokes_only_what_moves() {
     first.close().await.unwrap();
     second.close().await.unwrap();
 }
+
+/// enable.auto.commit: positions are committed every interval while polling and at
+/// close; a commit_async is answered; a new member resumes after the committed offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_commit_and_resume_after_committed_offsets() {
+    let broker = start_broker().await;
+    let (topic, partitions) = ("auto", 4);
+    let producer = setup(&broker.addr, topic, partitions).await;
+    produce(&producer, topic, partitions, 10, 0).await;
+    let mut config = group_config(&broker.addr, "auto-g");
+    config.enable_auto_commit = true;
+    config.auto_commit_interval = Duration::from_millis(200);
+    let mut c = GroupConsumer::subscribe(config.clone(), &[topic]).await.unwrap();
+    let (mut consumed, deadline) = (0, Instant::now() + Duration::from_secs(20));
+    while consumed < 40 {
+        assert!(Instant::now() < deadline, "consumed only {consumed}");
+        consumed += c.poll(Duration::from_millis(100)).await.unwrap().len();
+    }
+    let admin = fjord_client::GroupAdmin::connect(ClientConfig::new(&broker.addr)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        c.poll(Duration::from_millis(100)).await.unwrap();
+        let committed: i64 = admin.committed_offsets("auto-g").await.unwrap().values().sum();
+        if committed == 40 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "auto-commit committed {committed} of 40");
+    }
+    c.commit_async().await.unwrap().await.unwrap();
+    produce(&producer, topic, partitions, 1, 1).await;
+    while consumed < 44 {
+        consumed += c.poll(Duration::from_millis(100)).await.unwrap().len();
+    }
+    c.close().await.unwrap();
+    assert_eq!(admin.committed_offsets("auto-g").await.unwrap().values().sum::<i64>(), 44, "close commits");
+    // A new member of the group starts where the group left off: nothing to read.
+    produce(&producer, topic, partitions, 1, 2).await;
+    let mut c = GroupConsumer::subscribe(config, &[topic]).await.unwrap();
+    let mut offsets = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while offsets.len() < 4 {
+        assert!(Instant::now() < deadline, "resumed member read {offsets:?}");
+        offsets.extend(c.poll(Duration::from_millis(100)).await.unwrap().iter().map(|r| r.offset));
+    }
+    assert!(offsets.iter().all(|o| *o == 11), "re-read committed records: {offsets:?}");
+    c.close().await.unwrap();
+}
