@@ -34,6 +34,12 @@ pub(crate) struct GatewayArgs {
     /// Bound on waiting for the brokers before answering 503 (ms).
     #[arg(long, env = "FJORD_GATEWAY_BROKER_TIMEOUT_MS")]
     broker_timeout_ms: Option<u64>,
+    /// Publish the gateway tier's audit counts to `_audit` every N seconds (0: off).
+    #[arg(long, env = "FJORD_GATEWAY_AUDIT_INTERVAL_SECS", default_value_t = 30)]
+    audit_interval_secs: u64,
+    /// Cluster (datacenter) name in the audit records.
+    #[arg(long, env = "FJORD_GATEWAY_AUDIT_CLUSTER", default_value = "default")]
+    audit_cluster: String,
 }
 
 impl GatewayArgs {
@@ -49,6 +55,8 @@ impl GatewayArgs {
             broker_timeout: self
                 .broker_timeout_ms
                 .map_or(defaults.broker_timeout, Duration::from_millis),
+            audit_interval: (self.audit_interval_secs > 0).then(|| Duration::from_secs(self.audit_interval_secs)),
+            audit_cluster: self.audit_cluster.clone(),
             ..defaults
         }
     }

@@ -78,8 +78,14 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let shutdown = shutdown_on_signal()?;
     let registry_config = fjord_schema_registry::RegistryConfig::default();
     let registry_url = format!("http://{}", registry.local_addr()?);
-    let gateway_config =
-        fjord_gateway::GatewayConfig { registry_url: Some(registry_url), ..fjord_gateway::GatewayConfig::new(address.to_string()) };
+    // The gateway tier's audit counts go to `_audit` every 30 s, so `fjord audit report`
+    // works against `dev` out of the box.
+    let gateway_config = fjord_gateway::GatewayConfig {
+        registry_url: Some(registry_url),
+        audit_interval: Some(std::time::Duration::from_secs(30)),
+        audit_cluster: "dev".into(),
+        ..fjord_gateway::GatewayConfig::new(address.to_string())
+    };
     // Any service failing stops the others: `dev` is one system.
     let stop_all = |result: anyhow::Result<()>, shutdown: &CancellationToken| {
         if result.is_err() {
