@@ -45,6 +45,10 @@ pub(crate) struct LoadArgs {
     /// Bound on every HDFS call; an unreachable namenode fails the run after this.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     hdfs_timeout: Duration,
+    /// Publish the loader tier's counts of committed records to `_audit`, under this
+    /// cluster name (e.g. the analytics cluster's).
+    #[arg(long, value_name = "NAME")]
+    audit_cluster: Option<String>,
 }
 
 fn parse_until(s: &str) -> Result<Until, String> {
@@ -137,6 +141,12 @@ pub(crate) async fn load(args: LoadArgs) -> anyhow::Result<()> {
         codec: args.codec,
         on_bad_record: args.on_bad_record,
         hdfs_timeout: args.hdfs_timeout,
+        // One counter for every run of this process, so counts a failed publish kept are
+        // retried by the next run's publish.
+        audit: args.audit_cluster.map(|cluster| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned());
+            std::sync::Arc::new(fjord_audit::AuditCounter::new("loader", host.unwrap_or_else(|_| "unknown".into()), cluster))
+        }),
         ..LoaderConfig::default()
     };
     tracing::debug!(?config, "load job");

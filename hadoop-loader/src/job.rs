@@ -94,6 +94,9 @@ pub struct LoaderConfig {
     pub idle_timeout: Duration,
     /// Test hook; `None` in production.
     pub crash_hook: Option<CrashHook>,
+    /// The loader's audit tier: when set, each committed run publishes how many records
+    /// it loaded per topic and window to `_audit` (counts of committed data only).
+    pub audit: Option<std::sync::Arc<fjord_audit::AuditCounter>>,
 }
 
 impl Default for LoaderConfig {
@@ -112,6 +115,7 @@ impl Default for LoaderConfig {
             hdfs_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             crash_hook: None,
+            audit: None,
         }
     }
 }
@@ -123,6 +127,7 @@ impl fmt::Debug for LoaderConfig {
             .field("topics", &self.topics)
             .field("dest", &self.dest)
             .field("registry", &self.registry)
+            .field("audit", &self.audit.as_ref().map(|a| a.tier().to_owned()))
             .field("job", &self.job)
             .field("until", &self.until)
             .field("max_records", &self.max_records)
@@ -339,6 +344,7 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
     // 3. Read and write.
     let run_dir = format!("{}/{run_id}", layout::tmp_dir(&config.job));
     let mut writer = RunWriter { dest: &dest, config, run_dir: run_dir.clone(), registry: registry.as_ref(), schemas: HashMap::new(), moves: Vec::new(), next_file: 0, bytes_out: 0, scratch: Vec::new() };
+    let mut audit_pending = config.audit.as_ref().map(|a| a.pending());
     let mut remaining: Vec<usize> = (0..parts.len()).filter(|&i| parts[i].next < parts[i].end).collect();
     progress.start(remaining.len(), remaining.iter().map(|&i| (parts[i].end - parts[i].next) as u64).sum());
     summary.partitions = remaining.len();
@@ -375,7 +381,13 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
             }
             taken += 1;
             let bytes = record.key.as_ref().map_or(0, |k| k.len() as u64) + record.value.as_ref().map_or(0, |v| v.len() as u64);
+            let bad_before = part.bad_records;
             writer.take(part, &record).await?;
+            if part.bad_records == bad_before {
+                if let Some(pending) = audit_pending.as_mut() {
+                    pending.record_consumed(&record);
+                }
+            }
             crash(config, Step::Read(taken))?;
             summary.bytes_in += bytes;
             progress.advance(1, bytes);
@@ -447,10 +459,33 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
     crash(config, Step::ManifestWritten)?;
     complete(&dest, config, &run_dir, &manifest, next.seq, false).await?;
     summary.committed_seq = Some(next.seq);
+    if let (Some(audit), Some(pending)) = (&config.audit, audit_pending.take()) {
+        // Counted only now that the data is committed; a failed publish keeps the counts
+        // in the counter, and the next run's publish retries them under the same ids.
+        audit.commit(pending);
+        publish_audit(audit, &config.bootstrap).await;
+    }
     summary.markers += write_markers(&dest, &next).await?;
     prune_states(&dest, &config.job, next.seq).await?;
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// Publishes the loader tier's committed counts; failures are logged, not fatal: the
+/// data is committed already and the counts stay queued for the next publish.
+async fn publish_audit(audit: &fjord_audit::AuditCounter, bootstrap: &str) {
+    let client = ClientConfig::new(bootstrap);
+    if let Err(e) = fjord_audit::ensure_audit_topic(&client).await {
+        tracing::warn!(error = %e, "could not create the audit topic; relying on auto-creation");
+    }
+    let producer = match fjord_client::Producer::connect(fjord_client::ProducerConfig { client, ..Default::default() }).await {
+        Ok(producer) => producer,
+        Err(e) => return tracing::warn!(error = %e, "loader audit counts not published; retried at the next publish"),
+    };
+    if let Err(e) = audit.publish(&producer).await {
+        tracing::warn!(error = %e, "loader audit counts not published; retried at the next publish");
+    }
+    producer.close().await;
 }
 
 /// Assigns the partitions with records to read, each at its start offset.

@@ -530,3 +530,36 @@ async fn partitions_that_finish_at_different_times_lose_nothing() {
     }
     assert_eq!(seen.len() as u64, seq, "records lost");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_run_publishes_the_loader_tier_to_the_audit_topic() {
+    let c = start().await;
+    create_topics(&c, &[("audited", 2)]).await;
+    produce_raw(&c, "audited", 2, 0..500, 1).await;
+    let dest = tempfile::tempdir().unwrap();
+    let counter = Arc::new(fjord_audit::AuditCounter::new("loader", "test-host", "analytics"));
+    let summary = run_once(&LoaderConfig { audit: Some(counter), ..config(&c, dest.path(), "audited") }, &()).await.unwrap();
+    assert_eq!(summary.records, 500);
+
+    // The loader tier's records in _audit add up to exactly what was committed.
+    let mut consumer = fjord_client::Consumer::connect(fjord_client::ConsumerConfig {
+        client: client(&c.bootstrap),
+        auto_offset_reset: fjord_client::OffsetReset::Earliest,
+        ..fjord_client::ConsumerConfig::default()
+    })
+    .await
+    .unwrap();
+    consumer.assign_topic(fjord_audit::AUDIT_TOPIC).await.unwrap();
+    let audit_partition = fjord_client::TopicPartition::new(fjord_audit::AUDIT_TOPIC, 0);
+    consumer.seek(&audit_partition, fjord_client::SeekTo::Beginning).unwrap();
+    let mut counted = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while counted < 500 && Instant::now() < deadline {
+        for r in consumer.poll(Duration::from_millis(500)).await.unwrap() {
+            let audit: Json = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+            assert_eq!((audit["tier"].as_str(), audit["topic"].as_str()), (Some("loader"), Some("audited")), "{audit}");
+            counted += audit["count"].as_u64().unwrap();
+        }
+    }
+    assert_eq!(counted, 500, "the loader tier counts every committed record once");
+}
