@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use fjord_gateway::GatewayConfig;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 /// Flags of `fjord gateway`.
 #[derive(clap::Args)]
@@ -77,16 +76,7 @@ pub(crate) async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
         grpc.local_addr()?
     );
     println!("publishing into {}", config.bootstrap);
-    let shutdown = CancellationToken::new();
-    let on_signal = shutdown.clone();
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: shutting down"),
-            _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
-        }
-        on_signal.cancel();
-    });
+    let shutdown = crate::server::shutdown_on_signal()?;
     fjord_gateway::run(config, http, grpc, shutdown).await?;
     Ok(())
 }

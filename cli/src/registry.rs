@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use fjord_schema_registry::RegistryConfig;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 /// Flags of `fjord registry`.
 #[derive(clap::Args)]
@@ -32,16 +31,7 @@ pub(crate) async fn registry(args: RegistryArgs) -> anyhow::Result<()> {
         None => format!("embedded metadata store in {}", args.data_dir.display()),
     };
     println!("schema registry: http://{} ({backing})", listener.local_addr()?);
-    let shutdown = CancellationToken::new();
-    let on_signal = shutdown.clone();
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: shutting down"),
-            _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
-        }
-        on_signal.cancel();
-    });
+    let shutdown = crate::server::shutdown_on_signal()?;
     fjord_schema_registry::run(RegistryConfig::default(), store, listener, shutdown).await?;
     Ok(())
 }

@@ -148,7 +148,7 @@ async fn serve(config: BrokerConfig, listener: TcpListener) -> anyhow::Result<()
 }
 
 /// A token cancelled by the first Ctrl-C or SIGTERM, which starts a clean shutdown.
-fn shutdown_on_signal() -> anyhow::Result<CancellationToken> {
+pub(crate) fn shutdown_on_signal() -> anyhow::Result<CancellationToken> {
     let shutdown = CancellationToken::new();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let on_signal = shutdown.clone();
