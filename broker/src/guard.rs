@@ -138,6 +138,8 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::CreateTopics => v >= 5,
         ApiKey::DeleteTopics => v >= 4,
         ApiKey::DescribeConfigs => v >= 4,
+        ApiKey::AlterConfigs => v >= 2,
+        ApiKey::IncrementalAlterConfigs => v >= 1,
         ApiKey::FindCoordinator => v >= 3,
         ApiKey::JoinGroup => v >= 6,
         ApiKey::SyncGroup => v >= 4,
@@ -291,6 +293,23 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
             if v >= 3 {
                 w.int8()?;
             }
+        }
+        ApiKey::AlterConfigs | ApiKey::IncrementalAlterConfigs => {
+            let incremental = api_key == ApiKey::IncrementalAlterConfigs;
+            w.array(|w| {
+                w.int8()?; // resource type
+                w.string()?; // resource name
+                w.array(|w| {
+                    w.string()?; // name
+                    if incremental {
+                        w.int8()?; // operation
+                    }
+                    w.string()?; // value (nullable)
+                    w.tagged_fields()
+                })?;
+                w.tagged_fields()
+            })?;
+            w.int8()?; // validate only
         }
         ApiKey::FindCoordinator => {
             if v <= 3 {
@@ -520,6 +539,30 @@ mod tests {
                     DescribeConfigsResource::default().with_resource_name(s("u")).with_configuration_keys(None),
                 ])
                 .encode(&mut buf, v),
+            ApiKey::AlterConfigs => AlterConfigsRequest::default()
+                .with_resources(vec![
+                    alter_configs_request::AlterConfigsResource::default().with_resource_type(2).with_resource_name(s("t")).with_configs(
+                        vec![
+                            alter_configs_request::AlterableConfig::default().with_name(s("retention.ms")).with_value(Some(s("1"))),
+                            alter_configs_request::AlterableConfig::default().with_name(s("flush.ms")).with_value(None),
+                        ],
+                    ),
+                    alter_configs_request::AlterConfigsResource::default().with_resource_type(4).with_resource_name(s("0")),
+                ])
+                .with_validate_only(true)
+                .encode(&mut buf, v),
+            ApiKey::IncrementalAlterConfigs => IncrementalAlterConfigsRequest::default()
+                .with_resources(vec![incremental_alter_configs_request::AlterConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(s("t"))
+                    .with_configs(vec![
+                        incremental_alter_configs_request::AlterableConfig::default()
+                            .with_name(s("cleanup.policy"))
+                            .with_config_operation(2)
+                            .with_value(Some(s("compact"))),
+                        incremental_alter_configs_request::AlterableConfig::default().with_name(s("flush.ms")).with_config_operation(1),
+                    ])])
+                .encode(&mut buf, v),
             ApiKey::FindCoordinator => if v >= 4 {
                 FindCoordinatorRequest::default().with_coordinator_keys(vec![s("g1"), s("g2")])
             } else {
@@ -610,5 +653,15 @@ mod tests {
         assert!(check_body(ApiKey::Metadata, 9, &[0xff, 0xff, 0xff, 0xff, 0x0f]).is_err());
         assert!(check_body(ApiKey::Metadata, 1, &(-2i32).to_be_bytes()).is_err());
         assert!(check_body(ApiKey::Metadata, 1, &(-1i32).to_be_bytes()).is_ok(), "null means all topics");
+        // AlterConfigs v0: one topic resource whose configs array claims 2^31-1 entries.
+        let mut body = 1i32.to_be_bytes().to_vec();
+        body.push(2);
+        body.extend(1i16.to_be_bytes());
+        body.push(b't');
+        body.extend(i32::MAX.to_be_bytes());
+        body.push(0);
+        assert_eq!(check_body(ApiKey::AlterConfigs, 0, &body), Err("array claims more elements than the request has bytes"));
+        // IncrementalAlterConfigs v1 (flexible): a compact resources count of u32::MAX - 1.
+        assert!(check_body(ApiKey::IncrementalAlterConfigs, 1, &[0xff, 0xff, 0xff, 0xff, 0x0f, 0]).is_err());
     }
 }

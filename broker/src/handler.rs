@@ -3,6 +3,7 @@
 //! nothing below returns an [`crate::Error`] for client input.
 
 pub(crate) mod admin;
+pub(crate) mod alter_configs;
 pub(crate) mod fetch;
 pub(crate) mod metadata;
 pub(crate) mod offsets;
@@ -65,6 +66,10 @@ impl Broker {
             RequestKind::CreateTopics(req) => (ApiKey::CreateTopics, self.create_topics(req, version).await),
             RequestKind::DeleteTopics(req) => (ApiKey::DeleteTopics, self.delete_topics(req, version).await),
             RequestKind::DescribeConfigs(req) => (ApiKey::DescribeConfigs, self.describe_configs(req)),
+            RequestKind::AlterConfigs(req) => (ApiKey::AlterConfigs, self.alter_configs(req).await),
+            RequestKind::IncrementalAlterConfigs(req) => {
+                (ApiKey::IncrementalAlterConfigs, self.incremental_alter_configs(req).await)
+            }
             RequestKind::FindCoordinator(req) => (ApiKey::FindCoordinator, self.groups.find_coordinator(req, version).await),
             RequestKind::JoinGroup(req) => {
                 let client_id = header.client_id.as_deref().unwrap_or_default();

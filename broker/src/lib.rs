@@ -17,9 +17,11 @@
 //!   as file regions for sendfile.
 //! - `guard`: a structural walk of each request body before it is decoded, so that no
 //!   claimed array length can make the decoder allocate beyond the frame's size.
-//! - `handler`: one module per API (metadata, produce, fetch, offsets, admin).
+//! - `handler`: one module per API (metadata, produce, fetch, offsets, admin, alter_configs).
 //! - `topics`: the partition manager: topics from the metadata store, their logs, and the
 //!   wake-ups of delayed fetches.
+//! - `topic_config`: topic config changes (AlterConfigs) in the store, and the watch
+//!   through which every broker applies them.
 //! - [`config`]: [`BrokerConfig`], under Kafka's key names.
 //!
 //! # Invariants
@@ -40,6 +42,7 @@ mod guard;
 mod handler;
 mod response;
 pub mod server;
+mod topic_config;
 mod topics;
 
 pub use config::BrokerConfig;

@@ -78,6 +78,7 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
     let tracker = TaskTracker::new();
     spawn_periodic_tasks(&tracker, &broker, &shutdown);
     spawn_cleaner(&tracker, &broker, &shutdown);
+    crate::topic_config::spawn_watcher(&tracker, &broker, &shutdown);
     let connections = Arc::new(Semaphore::new(max_connections));
     loop {
         let permit = tokio::select! {

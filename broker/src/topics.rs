@@ -25,9 +25,9 @@ const MAX_TOPIC_NAME_LEN: usize = 249;
 
 /// `/config/topics/<t>`, as Kafka writes it.
 #[derive(Debug, Default, Serialize, Deserialize)]
-struct TopicConfigDocument {
-    version: i32,
-    config: BTreeMap<String, String>,
+pub(crate) struct TopicConfigDocument {
+    pub(crate) version: i32,
+    pub(crate) config: BTreeMap<String, String>,
 }
 
 /// One partition this broker leads: its log and the fetches waiting for it to grow.
@@ -183,7 +183,9 @@ impl Topics {
         }
     }
 
-    fn effective_config(&self, overrides: &BTreeMap<String, String>) -> Result<LogConfig, TopicError> {
+    /// The broker defaults with `overrides` applied, validated (CreateTopics and the
+    /// AlterConfigs APIs check a new override set with this before storing it).
+    pub(crate) fn effective_config(&self, overrides: &BTreeMap<String, String>) -> Result<LogConfig, TopicError> {
         let mut config = self.defaults;
         // Every topic key, `cleanup.policy` and the compaction settings included, is the
         // log's: the cleaner reads them from the log's config on each pass.
@@ -318,6 +320,34 @@ impl Topics {
         delete_all(&*self.store, &paths::topic_config(name)).await.map_err(Error::from)?;
         tracing::info!(topic = name, "deleted topic");
         Ok(())
+    }
+
+    /// Applies the overrides stored in `/config/topics/<name>` to the topic's live logs
+    /// (after an AlterConfigs here, or a config watch firing for a change made through
+    /// another broker). Reading the store under the admin lock orders the reloads, so the
+    /// last one applies the latest stored config. `Ok(false)` when nothing changed;
+    /// [`TopicError::Unknown`] when this broker has no such topic.
+    pub(crate) async fn reload_config(&self, name: &str) -> Result<bool, TopicError> {
+        let _admin = self.admin.lock().await;
+        let topic = self.get(name).ok_or(TopicError::Unknown)?;
+        let overrides = self.read_overrides(name).await?;
+        if overrides == topic.overrides {
+            return Ok(false);
+        }
+        let config = self.effective_config(&overrides)?;
+        for partition in &topic.partitions {
+            partition.log.update_config(config).map_err(Error::from)?;
+        }
+        tracing::info!(topic = name, ?overrides, "applied topic config");
+        let updated = Topic { name: topic.name.clone(), partitions: topic.partitions.clone(), config, overrides };
+        self.topics.write().expect("invariant: topics lock is never poisoned").insert(name.to_owned(), Arc::new(updated));
+        Ok(true)
+    }
+
+    /// The metadata store (the config watcher and the AlterConfigs APIs write and watch
+    /// `/config/topics`).
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
     }
 
     /// The log manager (periodic tasks, shutdown).

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// API keys the broker implements, and a few it does not.
-const KEYS: &[i16] = &[0, 1, 2, 3, 10, 18, 19, 20, 32, 11, 999, -1];
+const KEYS: &[i16] = &[0, 1, 2, 3, 10, 18, 19, 20, 32, 33, 44, 11, 999, -1];
 
 /// A frame: a plausible request header (known key, any version, a client id) in front of
 /// random bytes, or random bytes from the first byte on.

@@ -515,3 +515,175 @@ async fn appends_that_fsync_run_on_the_blocking_pool_and_still_answer() {
     assert_eq!(record_values(fetched_partition(&response).records.as_ref().unwrap()), ["s0", "s1", "s2", "s3", "s4"]);
     broker.stop().await.unwrap();
 }
+
+const INVALID_TOPIC_EXCEPTION: i16 = 17;
+const INVALID_CONFIG: i16 = 40;
+const INVALID_REQUEST: i16 = 42;
+/// IncrementalAlterConfigs operations.
+const SET: i8 = 0;
+const DELETE: i8 = 1;
+const APPEND: i8 = 2;
+
+/// One IncrementalAlterConfigs v1 resource: (error code, error message).
+async fn alter_incrementally(
+    client: &mut RawClient,
+    resource_type: i8,
+    resource: &str,
+    ops: &[(&str, i8, Option<&str>)],
+    validate_only: bool,
+) -> (i16, Option<String>) {
+    use incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
+    let configs = ops
+        .iter()
+        .map(|(k, op, v)| {
+            AlterableConfig::default()
+                .with_name(StrBytes::from_string(k.to_string()))
+                .with_config_operation(*op)
+                .with_value(v.map(|v| StrBytes::from_string(v.to_owned())))
+        })
+        .collect();
+    let request = IncrementalAlterConfigsRequest::default().with_validate_only(validate_only).with_resources(vec![
+        AlterConfigsResource::default()
+            .with_resource_type(resource_type)
+            .with_resource_name(StrBytes::from_string(resource.to_owned()))
+            .with_configs(configs),
+    ]);
+    let response: IncrementalAlterConfigsResponse = client.call(ApiKey::IncrementalAlterConfigs, 1, &request).await.unwrap();
+    assert_eq!(response.responses.len(), 1);
+    let r = &response.responses[0];
+    assert_eq!((r.resource_type, r.resource_name.as_str()), (resource_type, resource));
+    (r.error_code, r.error_message.as_ref().map(|m| m.to_string()))
+}
+
+/// One legacy AlterConfigs resource at `version`: (error code, error message).
+async fn alter_replacing(client: &mut RawClient, version: i16, topic: &str, configs: &[(&str, Option<&str>)]) -> (i16, Option<String>) {
+    use alter_configs_request::{AlterConfigsResource, AlterableConfig};
+    let configs = configs
+        .iter()
+        .map(|(k, v)| {
+            AlterableConfig::default()
+                .with_name(StrBytes::from_string(k.to_string()))
+                .with_value(v.map(|v| StrBytes::from_string(v.to_owned())))
+        })
+        .collect();
+    let request = AlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
+        .with_resource_type(2)
+        .with_resource_name(StrBytes::from_string(topic.to_owned()))
+        .with_configs(configs)]);
+    let response: AlterConfigsResponse = client.call(ApiKey::AlterConfigs, version, &request).await.unwrap();
+    let r = &response.responses[0];
+    (r.error_code, r.error_message.as_ref().map(|m| m.to_string()))
+}
+
+/// A topic's configs as DescribeConfigs reports them: name → (value, config source).
+async fn topic_configs(client: &mut RawClient, topic: &str) -> std::collections::BTreeMap<String, (String, i8)> {
+    let describe = DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
+        .with_resource_type(2)
+        .with_resource_name(StrBytes::from_string(topic.to_owned()))
+        .with_configuration_keys(None)]);
+    let response: DescribeConfigsResponse = client.call(ApiKey::DescribeConfigs, 4, &describe).await.unwrap();
+    assert_eq!(response.results[0].error_code, 0);
+    response.results[0]
+        .configs
+        .iter()
+        .map(|c| (c.name.to_string(), (c.value.as_deref().unwrap_or_default().to_owned(), c.config_source)))
+        .collect()
+}
+
+#[tokio::test]
+async fn alter_configs_change_live_topics_and_refuse_bad_input_precisely() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let broker = TestBroker::start_in(data.clone(), |c| c.auto_create_topics = false).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let create = CreateTopicsRequest::default().with_timeout_ms(5000).with_topics(vec![CreatableTopic::default()
+        .with_name(name("tunable"))
+        .with_num_partitions(1)
+        .with_replication_factor(1)
+        .with_configs(vec![CreatableTopicConfig::default()
+            .with_name(StrBytes::from_static_str("retention.ms"))
+            .with_value(Some(StrBytes::from_static_str("3600000")))])]);
+    let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 7, &create).await.unwrap();
+    assert_eq!(response.topics[0].error_code, 0);
+    let big = || batch(&[&"x".repeat(200)]);
+
+    // SET, DELETE and APPEND at once; the live log applies the new max.message.bytes.
+    let ops = [("max.message.bytes", SET, Some("100")), ("retention.ms", DELETE, None), ("cleanup.policy", APPEND, Some("compact"))];
+    assert_eq!(alter_incrementally(&mut client, 2, "tunable", &ops, false).await, (0, None));
+    let configs = topic_configs(&mut client, "tunable").await;
+    assert_eq!(configs["max.message.bytes"], ("100".to_owned(), 1));
+    assert_eq!(configs["retention.ms"].1, 5, "deleted: back to the default");
+    assert_eq!(configs["cleanup.policy"], ("compact,delete".to_owned(), 1));
+    assert_eq!(produce(&mut client, "tunable", big()).await.0, MESSAGE_TOO_LARGE);
+
+    // validate_only checks and changes nothing.
+    let ops = [("max.message.bytes", SET, Some("100000"))];
+    assert_eq!(alter_incrementally(&mut client, 2, "tunable", &ops, true).await, (0, None));
+    assert_eq!(topic_configs(&mut client, "tunable").await["max.message.bytes"].0, "100");
+    assert_eq!(produce(&mut client, "tunable", big()).await.0, MESSAGE_TOO_LARGE);
+
+    // Legacy AlterConfigs replaces the whole set; a null value leaves its key unset.
+    assert_eq!(alter_replacing(&mut client, 0, "tunable", &[("segment.bytes", Some("1048576")), ("flush.ms", None)]).await, (0, None));
+    let configs = topic_configs(&mut client, "tunable").await;
+    assert_eq!(configs["segment.bytes"], ("1048576".to_owned(), 1));
+    assert_eq!(configs["max.message.bytes"].1, 5);
+    assert_eq!(configs["cleanup.policy"], ("delete".to_owned(), 5));
+    assert_eq!(configs["flush.ms"].1, 5);
+    assert_eq!(produce(&mut client, "tunable", big()).await.0, 0);
+    // The flexible version.
+    let keep = [("segment.bytes", Some("1048576")), ("retention.ms", Some("60000"))];
+    assert_eq!(alter_replacing(&mut client, 2, "tunable", &keep).await, (0, None));
+
+    // Bad input: a precise code, a message naming what is wrong, and no change.
+    let before = topic_configs(&mut client, "tunable").await;
+    let (code, message) = alter_incrementally(&mut client, 2, "tunable", &[("retention.ms", SET, Some("soon"))], false).await;
+    assert_eq!(code, INVALID_CONFIG);
+    let message = message.unwrap();
+    assert!(message.contains("retention.ms") && message.contains("soon"), "{message}");
+    let (code, message) = alter_incrementally(&mut client, 2, "tunable", &[("no.such.config", SET, Some("1"))], false).await;
+    assert_eq!(code, INVALID_CONFIG);
+    assert!(message.unwrap().contains("no.such.config"));
+    let (code, message) = alter_replacing(&mut client, 1, "tunable", &[("segment.bytes", Some("-5"))]).await;
+    assert_eq!(code, INVALID_CONFIG);
+    assert!(message.unwrap().contains("segment.bytes"));
+    for ops in [
+        &[("retention.ms", APPEND, Some("1"))][..],
+        &[("retention.ms", 9, Some("1"))],
+        &[("retention.ms", SET, None)],
+        &[("retention.ms", SET, Some("1")), ("retention.ms", DELETE, None)],
+    ] {
+        assert_eq!(alter_incrementally(&mut client, 2, "tunable", ops, false).await.0, INVALID_REQUEST, "{ops:?}");
+    }
+    let set = [("retention.ms", SET, Some("1"))];
+    assert_eq!(alter_incrementally(&mut client, 2, "nope", &set, false).await.0, UNKNOWN_TOPIC_OR_PARTITION);
+    assert_eq!(alter_incrementally(&mut client, 2, "a/b", &set, false).await.0, INVALID_TOPIC_EXCEPTION);
+    let (code, message) = alter_incrementally(&mut client, 4, "0", &[("log.retention.ms", SET, Some("1"))], false).await;
+    assert_eq!(code, INVALID_REQUEST, "broker configs are static");
+    assert!(message.unwrap().contains("broker configs"));
+    // The same resource twice: both refused.
+    let twice = alter_configs_request::AlterConfigsResource::default().with_resource_type(2).with_resource_name(StrBytes::from_static_str("tunable"));
+    let request = AlterConfigsRequest::default().with_resources(vec![twice.clone(), twice]);
+    let response: AlterConfigsResponse = client.call(ApiKey::AlterConfigs, 1, &request).await.unwrap();
+    assert_eq!(response.responses.iter().map(|r| r.error_code).collect::<Vec<_>>(), [INVALID_REQUEST, INVALID_REQUEST]);
+    assert_eq!(topic_configs(&mut client, "tunable").await, before);
+
+    // A body whose configs array claims 2^31-1 entries closes only that connection.
+    let mut bad = RawClient::connect(broker.addr).await.unwrap();
+    let empty = bad.encode(ApiKey::IncrementalAlterConfigs, 0, &IncrementalAlterConfigsRequest::default());
+    let mut frame = empty[..empty.len() - 5].to_vec(); // the header: drop `resources: []` and `validate_only`
+    frame.extend(1i32.to_be_bytes());
+    frame.extend([2, 0, 1, b't']);
+    frame.extend(i32::MAX.to_be_bytes());
+    frame.push(0);
+    bad.send_frame(&frame).await.unwrap();
+    assert!(bad.is_closed_by_broker().await);
+    assert_eq!(topic_configs(&mut client, "tunable").await, before);
+
+    // The new config is stored: a restart finds it.
+    broker.stop().await.unwrap();
+    let broker = TestBroker::start_in(data, |c| c.auto_create_topics = false).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert_eq!(topic_configs(&mut client, "tunable").await, before);
+    assert_eq!(before["retention.ms"], ("60000".to_owned(), 1));
+    broker.stop().await.unwrap();
+}

@@ -48,6 +48,55 @@ assert values == [b'kp%d' % i for i in range(100)], values
 print("ok")
 "#;
 
+/// Topic config changes through both admin clients: kafka-python's `alter_configs`
+/// (IncrementalAlterConfigs by default, legacy AlterConfigs when forced) and
+/// confluent-kafka's `incremental_alter_configs` / `alter_configs` (librdkafka). kcat has
+/// no admin mode, so it cannot take part here.
+const ADMIN_SCRIPT: &str = r#"
+import sys
+from kafka.admin import KafkaAdminClient, NewTopic, ConfigResource, ConfigResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource as CR, ConfigEntry, AlterConfigOpType, ResourceType
+
+bootstrap = sys.argv[1]
+ka = KafkaAdminClient(bootstrap_servers=bootstrap)
+ka.create_topics([NewTopic('admin', 1, 1, topic_configs={'retention.ms': '60000'})])
+topic = lambda **configs: ConfigResource(ConfigResourceType.TOPIC, 'admin', configs=configs or None)
+def overrides():
+    return {k: v['value'] for k, v in ka.describe_configs([topic()])['topic']['admin'].items()}
+
+assert ka.alter_configs([topic(**{'max.message.bytes': '5000'})]) == {'topic': {'admin': 'OK'}}
+assert overrides() == {'retention.ms': '60000', 'max.message.bytes': '5000'}, overrides()
+assert ka.alter_configs([topic(**{'segment.bytes': '1048576'})], incremental=False) == {'topic': {'admin': 'OK'}}
+assert overrides() == {'retention.ms': '60000', 'max.message.bytes': '5000', 'segment.bytes': '1048576'}, overrides()
+bad = ka.alter_configs([topic(**{'retention.ms': 'soon'})])['topic']['admin']
+assert 'Error 40' in bad and 'retention.ms=soon' in bad, bad
+broker = ka.alter_configs([ConfigResource(ConfigResourceType.BROKER, '0', configs={'log.retention.ms': '1'})], raise_on_unknown=False)
+assert 'Error 42' in broker['broker']['0'], broker
+assert overrides() == {'retention.ms': '60000', 'max.message.bytes': '5000', 'segment.bytes': '1048576'}, overrides()
+
+ca = AdminClient({'bootstrap.servers': bootstrap})
+def c_overrides():
+    [f] = ca.describe_configs([CR(ResourceType.TOPIC, 'admin')]).values()
+    return {n: c.value for n, c in f.result().items() if not c.is_default}
+append = CR(ResourceType.TOPIC, 'admin', incremental_configs=[
+    ConfigEntry('cleanup.policy', 'compact', incremental_operation=AlterConfigOpType.APPEND),
+    ConfigEntry('segment.bytes', None, incremental_operation=AlterConfigOpType.DELETE)])
+[f] = ca.incremental_alter_configs([append]).values()
+f.result()
+assert c_overrides() == {'retention.ms': '60000', 'max.message.bytes': '5000', 'cleanup.policy': 'compact,delete'}, c_overrides()
+[f] = ca.alter_configs([CR(ResourceType.TOPIC, 'admin', set_config={'retention.ms': '1000'})]).values()
+f.result()
+assert c_overrides() == {'retention.ms': '1000'}, c_overrides()
+not_a_list = CR(ResourceType.TOPIC, 'admin', incremental_configs=[ConfigEntry('retention.ms', '5', incremental_operation=AlterConfigOpType.APPEND)])
+[f] = ca.incremental_alter_configs([not_a_list]).values()
+try:
+    f.result()
+    raise AssertionError('APPEND to a non-list config was accepted')
+except Exception as e:
+    assert 'INVALID_REQUEST' in str(e), e
+print("ok")
+"#;
+
 fn python() -> PathBuf {
     if let Some(p) = std::env::var_os("FJORD_TEST_PYTHON") {
         return PathBuf::from(p);
@@ -76,6 +125,28 @@ async fn confluent_kafka_and_kafka_python_produce_and_consume() {
     assert!(
         output.status.success() && String::from_utf8_lossy(&output.stdout).contains("ok"),
         "python clients failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_python_and_confluent_kafka_alter_topic_configs() {
+    let python = python();
+    assert!(python.exists(), "Python venv not found at {} (set FJORD_TEST_PYTHON)", python.display());
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
+    let output = tokio::process::Command::new(&python)
+        .arg("-c")
+        .arg(ADMIN_SCRIPT)
+        .arg(broker.bootstrap())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(std::time::Duration::from_secs(60), output).await.unwrap().unwrap();
+    assert!(
+        output.status.success() && String::from_utf8_lossy(&output.stdout).contains("ok"),
+        "python admin clients failed:\n{}\n{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );

@@ -77,3 +77,56 @@ async fn topics_live_in_zookeeper_and_survive_a_restart() {
     assert_eq!(produce(&mut client, "zk-topic", 1, "three").await, (0, 2));
     broker.stop().await.unwrap();
 }
+
+/// `retention.ms` of `topic` as `broker` reports it (DescribeConfigs answers from the
+/// broker's live topic config).
+async fn retention_ms(client: &mut RawClient, topic: &str) -> String {
+    use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+    let describe = DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
+        .with_resource_type(2)
+        .with_resource_name(StrBytes::from_string(topic.into()))
+        .with_configuration_keys(Some(vec![StrBytes::from_static_str("retention.ms")]))]);
+    let response: DescribeConfigsResponse = client.call(ApiKey::DescribeConfigs, 4, &describe).await.unwrap();
+    assert_eq!(response.results[0].error_code, 0);
+    response.results[0].configs[0].value.as_deref().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_change_through_one_broker_reaches_the_broker_hosting_the_topic() {
+    use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
+    let zk = fjord_testkit::ZooKeeper::start().unwrap();
+    let connect = zk.connect_string();
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestBroker::start_in(dir.path().join("b0"), |c| c.zookeeper_connect = Some(connect.clone())).await.unwrap();
+    let other = TestBroker::start_in(dir.path().join("b1"), |c| {
+        c.zookeeper_connect = Some(connect.clone());
+        c.broker_id = 1;
+    })
+    .await
+    .unwrap();
+    let mut to_host = RawClient::connect(host.addr).await.unwrap();
+    assert_eq!(produce(&mut to_host, "shared", 0, "one").await, (0, 0));
+    assert_eq!(retention_ms(&mut to_host, "shared").await, "604800000");
+
+    let alter = |value: &'static str| {
+        IncrementalAlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
+            .with_resource_type(2)
+            .with_resource_name(StrBytes::from_static_str("shared"))
+            .with_configs(vec![AlterableConfig::default()
+                .with_name(StrBytes::from_static_str("retention.ms"))
+                .with_config_operation(0)
+                .with_value(Some(StrBytes::from_static_str(value)))])])
+    };
+    let mut to_other = RawClient::connect(other.addr).await.unwrap();
+    for value in ["60000", "120000"] {
+        let response: IncrementalAlterConfigsResponse = to_other.call(ApiKey::IncrementalAlterConfigs, 1, &alter(value)).await.unwrap();
+        assert_eq!(response.responses[0].error_code, 0, "{:?}", response.responses[0].error_message);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while retention_ms(&mut to_host, "shared").await != value {
+            assert!(std::time::Instant::now() < deadline, "the hosting broker never applied retention.ms={value}");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    other.stop().await.unwrap();
+    host.stop().await.unwrap();
+}

@@ -132,6 +132,20 @@ async fn topics_subcommands_and_one_line_errors() {
     assert!(!out.status.success());
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("TopicAlreadyExists"), "{stderr}");
+    // Alter: changes the named keys only; a bad value is one line naming key and value.
+    let altered =
+        fjord(&["topics", "--bootstrap", &b.addr, "alter", "t", "--config", "max.message.bytes=5000", "--config", "cleanup.policy=compact"], "")
+            .await;
+    assert_eq!(altered, "altered topic t\n");
+    let described = fjord(&["topics", "--bootstrap", &b.addr, "describe", "t"], "").await;
+    for expected in ["retention.ms=60000", "max.message.bytes=5000", "cleanup.policy=compact"] {
+        assert!(described.contains(expected), "{expected} missing from {described}");
+    }
+    let out = run(env!("CARGO_BIN_EXE_fjord"), &["topics", "--bootstrap", &b.addr, "alter", "t", "--config", "retention.ms=soon"], "").await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("retention.ms=soon"), "{stderr}");
     fjord(&["topics", "--bootstrap", &b.addr, "delete", "t"], "").await;
     assert_eq!(fjord(&["topics", "--bootstrap", &b.addr, "list"], "").await, "");
     // Consuming a missing topic does not create it.

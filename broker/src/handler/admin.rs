@@ -17,9 +17,9 @@ use crate::codec::error_code;
 use crate::handler::Broker;
 use crate::topics::TopicError;
 
-/// DescribeConfigs resource types.
-const RESOURCE_TOPIC: i8 = 2;
-const RESOURCE_BROKER: i8 = 4;
+/// DescribeConfigs (and AlterConfigs) resource types.
+pub(super) const RESOURCE_TOPIC: i8 = 2;
+pub(super) const RESOURCE_BROKER: i8 = 4;
 /// DescribeConfigs config sources.
 const SOURCE_DYNAMIC_TOPIC: i8 = 1;
 const SOURCE_STATIC_BROKER: i8 = 4;
