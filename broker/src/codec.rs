@@ -18,8 +18,12 @@ pub(crate) mod error_code {
     pub(crate) const OFFSET_OUT_OF_RANGE: i16 = 1;
     pub(crate) const CORRUPT_MESSAGE: i16 = 2;
     pub(crate) const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+    pub(crate) const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+    pub(crate) const REQUEST_TIMED_OUT: i16 = 7;
     pub(crate) const MESSAGE_TOO_LARGE: i16 = 10;
     pub(crate) const INVALID_TOPIC_EXCEPTION: i16 = 17;
+    pub(crate) const NOT_ENOUGH_REPLICAS: i16 = 19;
+    pub(crate) const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
     pub(crate) const INVALID_REQUIRED_ACKS: i16 = 21;
     pub(crate) const TOPIC_ALREADY_EXISTS: i16 = 36;
     pub(crate) const UNSUPPORTED_VERSION: i16 = 35;
@@ -30,6 +34,8 @@ pub(crate) mod error_code {
     pub(crate) const INVALID_CONFIG: i16 = 40;
     pub(crate) const KAFKA_STORAGE_ERROR: i16 = 56;
     pub(crate) const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
+    pub(crate) const FENCED_LEADER_EPOCH: i16 = 74;
+    pub(crate) const UNKNOWN_LEADER_EPOCH: i16 = 75;
     pub(crate) const INVALID_RECORD: i16 = 87;
 }
 

@@ -99,6 +99,7 @@ const LOG_KEYS: &[(&str, &str)] = &[
     ("log.cleaner.delete.retention.ms", "delete.retention.ms"),
     ("log.cleaner.min.cleanable.ratio", "min.cleanable.dirty.ratio"),
     ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms"),
+    ("min.insync.replicas", "min.insync.replicas"),
 ];
 
 impl BrokerConfig {

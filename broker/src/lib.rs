@@ -18,10 +18,13 @@
 //! - `guard`: a structural walk of each request body before it is decoded, so that no
 //!   claimed array length can make the decoder allocate beyond the frame's size.
 //! - `handler`: one module per API (metadata, produce, fetch, offsets, admin, alter_configs).
-//! - `topics`: the partition manager: topics from the metadata store, their logs, and the
-//!   wake-ups of delayed fetches.
+//! - `topics`: the topic manager: topics from the metadata store and their logs.
 //! - `topic_config`: topic config changes (AlterConfigs) in the store, and the watch
 //!   through which every broker applies them.
+//! - `partition`: one replica of a partition: its log, its role, the wake-ups of delayed
+//!   fetches and acks=all produces.
+//! - `replication`: the replica manager: leader / follower / neither from the partition
+//!   states, the high watermark and the ISR.
 //! - [`config`]: [`BrokerConfig`], under Kafka's key names.
 //!
 //! # Invariants
@@ -40,6 +43,8 @@ mod fetch_response;
 mod group;
 mod guard;
 mod handler;
+mod partition;
+mod replication;
 mod response;
 pub mod server;
 mod topic_config;

@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::connection;
 use crate::group::{Endpoint, GroupCoordinator};
 use crate::handler::Broker;
+use crate::replication::ReplicaManager;
 use crate::topics::Topics;
 use crate::{BrokerConfig, Error, Result};
 
@@ -56,7 +57,8 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
         let (dir, defaults) = (config.log_dir.clone(), config.log);
         Arc::new(tokio::task::spawn_blocking(move || LogManager::open(dir, defaults)).await??)
     };
-    let topics = Topics::open(store.clone(), logs.clone(), config.broker_id, config.log).await?;
+    let replicas = Arc::new(ReplicaManager::new(config.broker_id));
+    let topics = Topics::open(store.clone(), logs.clone(), replicas, config.log).await?;
     let (host, port) = config.advertised(bound);
     register(&*store, config.broker_id, &host, port).await?;
     tracing::info!(

@@ -1,5 +1,6 @@
-//! The partition manager: which topics exist (the metadata store is the source of truth,
-//! this is its in-memory view), their logs, and the wake-ups of delayed fetches.
+//! The topic manager: which topics exist (the metadata store is the source of truth,
+//! this is its in-memory view) and their partitions' logs; the replicas' roles are the
+//! [`ReplicaManager`]'s.
 //!
 //! Store layout (ARCHITECTURE.md): `/config/topics/<t>` holds the topic's config overrides,
 //! `/brokers/topics/<t>` its replica assignment, and `/brokers/topics/<t>/partitions/<p>/state`
@@ -8,16 +9,17 @@
 //! create, overwritten by the next one.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, RwLock};
 
 use fjord_coord::registry::{read_json, to_json, PartitionState, TopicAssignment};
 use fjord_coord::{create_all, delete_all, paths, CreateMode, Store};
-use fjord_log::{Log, LogConfig, LogManager};
+use fjord_log::{LogConfig, LogManager};
 use fjord_record::TopicPartition;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
 
 use crate::codec::error_code;
+use crate::partition::Partition;
+use crate::replication::ReplicaManager;
 use crate::{Error, Result};
 
 /// Kafka's limit on topic name length (the partition dir name must fit a file name).
@@ -28,41 +30,6 @@ const MAX_TOPIC_NAME_LEN: usize = 249;
 pub(crate) struct TopicConfigDocument {
     pub(crate) version: i32,
     pub(crate) config: BTreeMap<String, String>,
-}
-
-/// One partition this broker leads: its log and the fetches waiting for it to grow.
-#[derive(Debug)]
-pub(crate) struct Partition {
-    pub(crate) tp: TopicPartition,
-    pub(crate) log: Arc<Log>,
-    /// Delayed fetches waiting for an append. Weak, so a fetch that timed out leaves
-    /// nothing alive behind; dead entries are pruned as the list grows.
-    waiters: Mutex<Vec<Weak<Notify>>>,
-}
-
-impl Partition {
-    fn new(tp: TopicPartition, log: Arc<Log>) -> Self {
-        Self { tp, log, waiters: Mutex::new(Vec::new()) }
-    }
-
-    /// Registers a delayed fetch; `waiter` is notified (once) at the next append.
-    pub(crate) fn register_waiter(&self, waiter: &Arc<Notify>) {
-        let mut waiters = self.waiters.lock().expect("invariant: waiter lock is never poisoned");
-        if waiters.len() >= 64 {
-            waiters.retain(|w| w.strong_count() > 0);
-        }
-        waiters.push(Arc::downgrade(waiter));
-    }
-
-    /// Wakes every delayed fetch registered on this partition.
-    pub(crate) fn notify_appended(&self) {
-        let waiters = std::mem::take(&mut *self.waiters.lock().expect("invariant: waiter lock is never poisoned"));
-        for waiter in waiters.iter().filter_map(Weak::upgrade) {
-            // notify_one stores a permit, so a fetch between registering and awaiting
-            // does not miss this append.
-            waiter.notify_one();
-        }
-    }
 }
 
 /// A topic: its partitions (index = partition number) and its config.
@@ -130,6 +97,7 @@ pub(crate) fn validate_topic_name(name: &str) -> Result<(), TopicError> {
 pub(crate) struct Topics {
     store: Store,
     logs: Arc<LogManager>,
+    replicas: Arc<ReplicaManager>,
     broker_id: i32,
     defaults: LogConfig,
     topics: RwLock<HashMap<String, Arc<Topic>>>,
@@ -139,11 +107,12 @@ pub(crate) struct Topics {
 
 impl Topics {
     /// Loads every topic of the store and opens its logs.
-    pub(crate) async fn open(store: Store, logs: Arc<LogManager>, broker_id: i32, defaults: LogConfig) -> Result<Self> {
+    pub(crate) async fn open(store: Store, logs: Arc<LogManager>, replicas: Arc<ReplicaManager>, defaults: LogConfig) -> Result<Self> {
         let topics = Self {
             store,
             logs,
-            broker_id,
+            broker_id: replicas.broker_id(),
+            replicas,
             defaults,
             topics: RwLock::new(HashMap::new()),
             admin: tokio::sync::Mutex::new(()),
@@ -163,10 +132,13 @@ impl Topics {
             })?;
             let count = assignment.partition_count() as i32;
             let topic = topics.open_topic(&name, count, config, overrides)?;
+            // The roles come from the partition states as they are now.
             for partition in &topic.partitions {
-                // One replica: everything the log recovered was acknowledged by this
-                // broker alone, so the high watermark is the log end.
-                partition.log.set_high_watermark(partition.log.log_end_offset());
+                let path = paths::partition_state(&name, partition.tp.partition);
+                if let Some((state, stat)) = read_json::<PartitionState>(&*topics.store, &path).await? {
+                    let replicas = assignment.replicas(partition.tp.partition).unwrap_or_default();
+                    topics.replicas.apply(&partition.tp, replicas, &state, stat.version);
+                }
             }
             topics.topics.write().expect("invariant: topics lock is never poisoned").insert(name, topic);
         }
@@ -208,7 +180,7 @@ impl Topics {
             let tp = TopicPartition::new(name, p);
             let log = self.logs.get_or_create(&tp, config)?;
             log.update_config(config)?;
-            opened.push(Arc::new(Partition::new(tp, log)));
+            opened.push(self.replicas.add_partition(&tp, log));
         }
         Ok(Arc::new(Topic { name: name.to_owned(), partitions: opened, config, overrides }))
     }
@@ -298,6 +270,9 @@ impl Topics {
                 .map_err(Error::from)?;
         }
         let topic = self.open_topic(name, partitions, config, overrides)?;
+        for partition in &topic.partitions {
+            self.replicas.apply(&partition.tp, &[self.broker_id], &state, 0);
+        }
         self.topics.write().expect("invariant: topics lock is never poisoned").insert(name.to_owned(), topic.clone());
         tracing::info!(topic = name, partitions, "created topic");
         Ok(topic)
@@ -313,6 +288,7 @@ impl Topics {
             .remove(name)
             .ok_or(TopicError::Unknown)?;
         for partition in &topic.partitions {
+            self.replicas.remove(&partition.tp);
             self.logs.delete(&partition.tp).map_err(Error::from)?;
             partition.notify_appended(); // delayed fetches re-check and see the topic gone
         }

@@ -49,6 +49,10 @@ pub struct LogConfig {
     /// `min.compaction.lag.ms`: a segment whose largest timestamp is younger than this
     /// is not cleaned yet. Default 0.
     pub min_compaction_lag: Duration,
+    /// `min.insync.replicas`: an acks=all produce needs at least this many replicas in
+    /// the ISR. Not used by the log itself; it lives here because it is a topic config
+    /// with a broker-wide default, like the rest. Default 1.
+    pub min_insync_replicas: u32,
 }
 
 // `check` rejects a NaN ratio, so equality is reflexive.
@@ -128,6 +132,7 @@ impl Default for LogConfig {
             delete_retention: DAY,
             min_cleanable_dirty_ratio: 0.5,
             min_compaction_lag: Duration::ZERO,
+            min_insync_replicas: 1,
         }
     }
 }
@@ -149,6 +154,7 @@ impl LogConfig {
         "delete.retention.ms",
         "min.cleanable.dirty.ratio",
         "min.compaction.lag.ms",
+        "min.insync.replicas",
     ];
 
     /// Sets one value by its Kafka topic config name, e.g. `set("retention.ms", "-1")`.
@@ -187,6 +193,7 @@ impl LogConfig {
                 next.min_cleanable_dirty_ratio = value.trim().parse::<f64>().map_err(|_| bad("not a number"))?
             }
             "min.compaction.lag.ms" => next.min_compaction_lag = Duration::from_millis(non_negative(int()?)?),
+            "min.insync.replicas" => next.min_insync_replicas = u32_value(int()?)?,
             _ => return Err(bad("unknown log config")),
         }
         next.check().map_err(bad)?;
@@ -213,6 +220,7 @@ impl LogConfig {
             ("delete.retention.ms", self.delete_retention.as_millis().to_string()),
             ("min.cleanable.dirty.ratio", self.min_cleanable_dirty_ratio.to_string()),
             ("min.compaction.lag.ms", self.min_compaction_lag.as_millis().to_string()),
+            ("min.insync.replicas", self.min_insync_replicas.to_string()),
         ]
     }
 
@@ -237,6 +245,9 @@ impl LogConfig {
         }
         if self.segment_ms == Some(Duration::ZERO) {
             return Err("segment.ms must be positive");
+        }
+        if self.min_insync_replicas == 0 {
+            return Err("min.insync.replicas must be at least 1");
         }
         if self.flush_messages == Some(0) {
             return Err("flush.messages must be positive");

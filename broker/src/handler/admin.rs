@@ -200,5 +200,6 @@ fn log_config_entries(c: &LogConfig) -> Vec<(&'static str, String, i8)> {
         ("delete.retention.ms", ms(Some(c.delete_retention), 0), TYPE_LONG),
         ("min.cleanable.dirty.ratio", c.min_cleanable_dirty_ratio.to_string(), TYPE_DOUBLE),
         ("min.compaction.lag.ms", ms(Some(c.min_compaction_lag), 0), TYPE_LONG),
+        ("min.insync.replicas", c.min_insync_replicas.to_string(), TYPE_INT),
     ]
 }

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::codec::error_code;
 use crate::fetch_response::{FetchResponseData, FetchedRecords, PartitionData, TopicData};
 use crate::handler::{log_error_code, Broker};
-use crate::topics::Partition;
+use crate::partition::Partition;
 
 /// One requested partition, resolved once per fetch.
 struct Wanted {
@@ -24,6 +24,8 @@ struct Wanted {
     partition: Option<Arc<Partition>>,
     fetch_offset: i64,
     partition_max_bytes: usize,
+    /// The fetcher's leader epoch (-1: not given, before v9).
+    current_leader_epoch: i32,
 }
 
 impl Broker {
@@ -50,6 +52,7 @@ impl Broker {
                             .cloned(),
                         fetch_offset: p.fetch_offset,
                         partition_max_bytes: usize::try_from(p.partition_max_bytes).unwrap_or(0),
+                        current_leader_epoch: p.current_leader_epoch,
                     })
                     .collect();
                 (name, partitions)
@@ -114,6 +117,10 @@ impl Broker {
             data.error_code = error_code::UNKNOWN_TOPIC_OR_PARTITION;
             return data;
         };
+        if let Err(code) = partition.check_leader(wanted.current_leader_epoch) {
+            data.error_code = code;
+            return data;
+        }
         let log = &partition.log;
         let high_watermark = log.high_watermark();
         data.high_watermark = high_watermark;

@@ -1,6 +1,8 @@
-//! Produce: validate and append record batches, answer with the base offsets.
+//! Produce: validate and append record batches as the partition's leader, answer with
+//! the base offsets; acks=all answers once the ISR has the batches.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fjord_log::AppendInfo;
@@ -9,19 +11,27 @@ use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader, R
 
 use crate::codec::{self, error_code, patch_length};
 use crate::handler::{log_error_code, Broker};
+use crate::partition::Partition;
 use crate::response::Response;
-use crate::topics::Partition;
 
-/// The leader epoch written into appended batches: one broker, one epoch, until
-/// leader election exists.
-const LEADER_EPOCH: i32 = 0;
+/// An appended acks=all batch waiting for the ISR: where its answer goes, and what it waits for.
+struct AwaitingReplication {
+    topic: usize,
+    partition: usize,
+    replica: Arc<Partition>,
+    last_offset: i64,
+    min_isr: usize,
+}
 
 impl Broker {
     /// Appends every partition's batches; `None` for acks=0, which has no response.
+    /// With acks=all, answers once the ISR has every batch (or the request timed out).
     pub(crate) async fn produce(&self, request: ProduceRequest, version: i16) -> Option<ResponseKind> {
         let acks = request.acks;
         let valid_acks = matches!(acks, -1..=1);
+        let acks_all = acks == -1;
         let mut responses = Vec::with_capacity(request.topic_data.len());
+        let mut awaiting = Vec::new();
         for topic_data in request.topic_data {
             let name = topic_data.name.0.to_string();
             let topic = if valid_acks {
@@ -43,17 +53,32 @@ impl Broker {
                 let outcome = match (partition, data.records) {
                     (Err(code), _) => Err(code),
                     (Ok(_), None) => Err(error_code::CORRUPT_MESSAGE),
-                    (Ok(partition), Some(records)) => match append(partition, records).await {
-                        Ok(appended) => Ok(appended),
-                        Err(AppendError::Log(e)) => {
-                            tracing::debug!(topic = %name, partition = data.index, error = %e, "produce refused");
-                            Err(log_error_code(&e))
+                    (Ok(partition), Some(records)) => {
+                        let min_isr = partition.log.config().min_insync_replicas as usize;
+                        match append(partition, records, acks_all, min_isr).await {
+                            Ok((info, log_start)) => {
+                                if acks_all {
+                                    awaiting.push(AwaitingReplication {
+                                        topic: responses.len(),
+                                        partition: partition_responses.len(),
+                                        replica: partition.clone(),
+                                        last_offset: info.last_offset,
+                                        min_isr,
+                                    });
+                                }
+                                Ok((info, log_start))
+                            }
+                            Err(AppendError::Refused(code)) => Err(code),
+                            Err(AppendError::Log(e)) => {
+                                tracing::debug!(topic = %name, partition = data.index, error = %e, "produce refused");
+                                Err(log_error_code(&e))
+                            }
+                            Err(AppendError::Task(e)) => {
+                                tracing::error!(topic = %name, partition = data.index, error = %e, "append task failed");
+                                Err(error_code::UNKNOWN_SERVER_ERROR)
+                            }
                         }
-                        Err(AppendError::Task(e)) => {
-                            tracing::error!(topic = %name, partition = data.index, error = %e, "append task failed");
-                            Err(error_code::UNKNOWN_SERVER_ERROR)
-                        }
-                    },
+                    }
                 };
                 response = match outcome {
                     Ok((info, log_start)) => {
@@ -68,39 +93,45 @@ impl Broker {
                 TopicProduceResponse::default().with_name(topic_data.name).with_partition_responses(partition_responses),
             );
         }
+        // Every batch is appended before the first wait, so the followers fetch them all
+        // in one round; the waits share the request's timeout.
+        let timeout = Duration::from_millis(u64::try_from(request.timeout_ms).unwrap_or(0));
+        let deadline = tokio::time::Instant::now() + timeout;
+        for wait in awaiting {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if let Err(code) = wait.replica.wait_for_replication(wait.last_offset, wait.min_isr, left).await {
+                let response = &mut responses[wait.topic].partition_responses[wait.partition];
+                response.error_code = code;
+                response.base_offset = -1;
+            }
+        }
         (acks != 0).then(|| ResponseKind::Produce(ProduceResponse::default().with_responses(responses)))
     }
 }
 
 enum AppendError {
+    /// This broker cannot take the batch (not the leader, ISR too small).
+    Refused(i16),
     Log(fjord_log::Error),
     Task(tokio::task::JoinError),
 }
 
-/// Appends `records` and advances the high watermark; returns what was appended and the
-/// log start offset.
+/// Appends `records` as the leader; returns what was appended and the log start offset.
 ///
 /// Without a `flush.messages` policy an append is a write into the page cache, which
 /// does not block for long: it runs right here, because handing it to the blocking pool
 /// costs two thread switches per request, which measured as most of the CPU of an
 /// unbatched producer. Appends that may fsync go to the blocking pool.
-async fn append(partition: &Arc<Partition>, records: Bytes) -> Result<(AppendInfo, i64), AppendError> {
-    fn run(partition: &Partition, records: &[u8]) -> Result<(AppendInfo, i64), fjord_log::Error> {
-        let mut batches = records.to_vec();
-        let info = partition.log.append(&mut batches, LEADER_EPOCH)?;
-        // One replica: acks=1 and acks=all are both satisfied now.
-        partition.log.set_high_watermark(partition.log.log_end_offset());
-        partition.notify_appended();
+async fn append(partition: &Arc<Partition>, records: Bytes, acks_all: bool, min_isr: usize) -> Result<(AppendInfo, i64), AppendError> {
+    fn run(partition: &Partition, records: &[u8], acks_all: bool, min_isr: usize) -> Result<(AppendInfo, i64), AppendError> {
+        let info = partition.append_as_leader(records, acks_all, min_isr).map_err(AppendError::Refused)?.map_err(AppendError::Log)?;
         Ok((info, partition.log.log_start_offset()))
     }
     if partition.log.config().flush_messages.is_none() {
-        return run(partition, &records).map_err(AppendError::Log);
+        return run(partition, &records, acks_all, min_isr);
     }
     let partition = partition.clone();
-    tokio::task::spawn_blocking(move || run(&partition, &records))
-        .await
-        .map_err(AppendError::Task)?
-        .map_err(AppendError::Log)
+    tokio::task::spawn_blocking(move || run(&partition, &records, acks_all, min_isr)).await.map_err(AppendError::Task)?
 }
 
 /// Produce v0-v2 carry old message sets (magic 0/1), which this broker does not store.

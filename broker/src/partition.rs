@@ -1,0 +1,218 @@
+//! One partition replica on this broker: its log, its role in the partition (leader,
+//! follower or neither, set by [`crate::replication::ReplicaManager::apply`]), and the
+//! wake-ups of delayed fetches and of acks=all produces.
+//!
+//! # Invariants
+//! - Only the leader appends with [`fjord_log::Log::append`], stamping its leader
+//!   epoch; only a follower appends with `append_replicated`. Both happen under the
+//!   replica state lock after checking the role, so a role change never interleaves
+//!   with an append.
+//! - The high watermark never goes down while this broker stays leader, and is never
+//!   above the smallest log end offset of the ISR.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use fjord_log::{AppendInfo, Log, Offset};
+use fjord_record::TopicPartition;
+use tokio::sync::{watch, Notify};
+
+use crate::codec::error_code;
+use crate::replication::leader::{self, FollowerProgress};
+
+/// What this broker is for a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Neither leader nor follower (no leader, or not assigned yet).
+    None,
+    /// The leader: takes produce requests and serves fetches.
+    Leader,
+    /// A follower replicating from `leader`.
+    Follower { leader: i32 },
+}
+
+/// The replica's view of the partition state plus what the leader tracks.
+#[derive(Debug)]
+pub(crate) struct ReplicaState {
+    pub(crate) role: Role,
+    pub(crate) leader_epoch: i32,
+    pub(crate) replicas: Vec<i32>,
+    pub(crate) isr: Vec<i32>,
+    pub(crate) controller_epoch: i32,
+    /// Version of the partition state znode this state came from (the CAS token for
+    /// ISR changes).
+    pub(crate) state_version: i32,
+    /// Leader: the log end offset when this epoch started (a follower joins the ISR
+    /// only once it reached it).
+    pub(crate) epoch_start_offset: Offset,
+    /// Leader: each other replica's progress.
+    pub(crate) followers: HashMap<i32, FollowerProgress>,
+    /// Leader: an ISR change is being written to the store.
+    pub(crate) isr_change_in_flight: bool,
+    /// Follower: the log has not yet been truncated against the leader's epochs.
+    pub(crate) truncation_pending: bool,
+}
+
+/// Why a produce or fetch was refused, as a Kafka error code.
+pub(crate) type Refusal = i16;
+
+/// One partition this broker holds a replica of.
+#[derive(Debug)]
+pub(crate) struct Partition {
+    pub(crate) tp: TopicPartition,
+    pub(crate) log: Arc<Log>,
+    /// Delayed fetches waiting for an append. Weak, so a fetch that timed out leaves
+    /// nothing alive behind; dead entries are pruned as the list grows.
+    waiters: Mutex<Vec<Weak<Notify>>>,
+    state: Mutex<ReplicaState>,
+    /// Bumped whenever the high watermark, the ISR or the role changes; acks=all
+    /// produces wait on it instead of polling.
+    changed: watch::Sender<u64>,
+}
+
+impl Partition {
+    /// A replica with no role yet: it refuses produce and fetch until a state is applied.
+    pub(crate) fn new(tp: TopicPartition, log: Arc<Log>) -> Self {
+        let state = ReplicaState {
+            role: Role::None,
+            leader_epoch: -1,
+            replicas: Vec::new(),
+            isr: Vec::new(),
+            controller_epoch: 0,
+            state_version: -1,
+            epoch_start_offset: 0,
+            followers: HashMap::new(),
+            isr_change_in_flight: false,
+            truncation_pending: false,
+        };
+        Self { tp, log, waiters: Mutex::new(Vec::new()), state: Mutex::new(state), changed: watch::Sender::new(0) }
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, ReplicaState> {
+        self.state.lock().expect("invariant: replica state lock is never poisoned")
+    }
+
+    /// Registers a delayed fetch; `waiter` is notified (once) at the next append or
+    /// high watermark move.
+    pub(crate) fn register_waiter(&self, waiter: &Arc<Notify>) {
+        let mut waiters = self.waiters.lock().expect("invariant: waiter lock is never poisoned");
+        if waiters.len() >= 64 {
+            waiters.retain(|w| w.strong_count() > 0);
+        }
+        waiters.push(Arc::downgrade(waiter));
+    }
+
+    /// Wakes every delayed fetch registered on this partition.
+    pub(crate) fn notify_appended(&self) {
+        let waiters = std::mem::take(&mut *self.waiters.lock().expect("invariant: waiter lock is never poisoned"));
+        for waiter in waiters.iter().filter_map(Weak::upgrade) {
+            // notify_one stores a permit, so a fetch between registering and awaiting
+            // does not miss this append.
+            waiter.notify_one();
+        }
+    }
+
+    /// Wakes acks=all produces (and delayed fetches) after a change of the high
+    /// watermark, the ISR or the role.
+    pub(crate) fn notify_changed(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        self.notify_appended();
+    }
+
+    /// Checks a fetch's `current_leader_epoch` (-1: not given) against ours.
+    pub(crate) fn check_leader_epoch(state: &ReplicaState, current_leader_epoch: i32) -> Result<(), Refusal> {
+        match current_leader_epoch {
+            -1 => Ok(()),
+            e if e < state.leader_epoch => Err(error_code::FENCED_LEADER_EPOCH),
+            e if e > state.leader_epoch => Err(error_code::UNKNOWN_LEADER_EPOCH),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks that this broker leads the partition (for produce, consumer fetches,
+    /// ListOffsets and OffsetForLeaderEpoch), and the client's view of the epoch.
+    pub(crate) fn check_leader(&self, current_leader_epoch: i32) -> Result<i32, Refusal> {
+        let state = self.state();
+        if state.role != Role::Leader {
+            return Err(error_code::NOT_LEADER_OR_FOLLOWER);
+        }
+        Self::check_leader_epoch(&state, current_leader_epoch)?;
+        Ok(state.leader_epoch)
+    }
+
+    /// Leader append of a produce request. With acks=all, refuses with
+    /// NOT_ENOUGH_REPLICAS (nothing appended) when the ISR is smaller than `min_isr`.
+    pub(crate) fn append_as_leader(
+        &self,
+        records: &[u8],
+        acks_all: bool,
+        min_isr: usize,
+    ) -> Result<Result<AppendInfo, fjord_log::Error>, Refusal> {
+        let appended = {
+            let state = self.state();
+            if state.role != Role::Leader {
+                return Err(error_code::NOT_LEADER_OR_FOLLOWER);
+            }
+            if acks_all && state.isr.len() < min_isr {
+                return Err(error_code::NOT_ENOUGH_REPLICAS);
+            }
+            let mut batches = records.to_vec();
+            self.log.append(&mut batches, state.leader_epoch)
+        };
+        if appended.is_ok() {
+            // A sole in-sync replica commits at once; otherwise followers will fetch it.
+            if !self.maybe_advance_high_watermark() {
+                self.notify_appended();
+            }
+        }
+        Ok(appended)
+    }
+
+    /// Leader: recomputes the high watermark from the ISR's log end offsets; wakes
+    /// waiters when it moved. Returns whether it moved.
+    pub(crate) fn maybe_advance_high_watermark(&self) -> bool {
+        let moved = {
+            let state = self.state();
+            if state.role != Role::Leader {
+                return false;
+            }
+            let current = self.log.high_watermark();
+            match leader::high_watermark(self.log.log_end_offset(), &state.isr, &state.followers) {
+                Some(hw) if hw > current => {
+                    self.log.set_high_watermark(hw);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if moved {
+            self.notify_changed();
+        }
+        moved
+    }
+
+    /// Waits until the high watermark passes `last_offset` (the batch is on every ISR
+    /// member), then checks the ISR still has `min_isr` members. Wakes on changes only.
+    pub(crate) async fn wait_for_replication(&self, last_offset: Offset, min_isr: usize, timeout: Duration) -> Result<(), Refusal> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut changes = self.changed.subscribe();
+        loop {
+            {
+                let state = self.state();
+                if state.role != Role::Leader {
+                    return Err(error_code::NOT_LEADER_OR_FOLLOWER);
+                }
+                if self.log.high_watermark() > last_offset {
+                    return if state.isr.len() < min_isr { Err(error_code::NOT_ENOUGH_REPLICAS_AFTER_APPEND) } else { Ok(()) };
+                }
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                // The sender lives as long as the partition; a closed channel cannot happen
+                // while we hold `self`, but answer rather than spin if it did.
+                Ok(Err(_)) | Err(_) => return Err(error_code::REQUEST_TIMED_OUT),
+            }
+        }
+    }
+}
