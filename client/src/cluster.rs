@@ -160,6 +160,11 @@ impl Cluster {
         self.version.load(Ordering::Acquire)
     }
 
+    /// Whether the cached metadata is older than `metadata.max.age.ms`.
+    pub(crate) fn metadata_is_stale(&self) -> bool {
+        self.metadata().fetched_at.elapsed() >= self.config.metadata_max_age
+    }
+
     /// The metadata snapshot, refreshed first when older than `metadata.max.age.ms`.
     /// A failed refresh leaves the old snapshot in use: requests on it fail and retry.
     pub(crate) async fn fresh_metadata(&self) -> Arc<Metadata> {

@@ -7,9 +7,18 @@
 //! the broker holds the fetch for `fetch.max.wait.ms` (long poll), so [`Consumer::recv`]
 //! waits for new records instead of ending or spinning.
 //!
+//! Cancel safety: [`Consumer::poll`] gives up at its timeout, and a caller may drop a
+//! `recv` in a `select!`. So the network round trips run as tasks of their own (each fetch,
+//! with its connect; the ListOffsets of a seek) that outlive an abandoned call, and every
+//! change of the consumer's state happens without an await in between: a dropped call
+//! leaves a fetch in flight (its response is taken by the next call), never a broker
+//! marked busy with no fetch, nor a response half handled. Metadata refreshes run in the
+//! background too.
+//!
 //! Positions: `position` is the next offset handed to the application; the fetch offset
 //! runs ahead of it by what is buffered. A seek drops buffered and in-flight data for the
-//! partition (an epoch per partition tells stale responses apart).
+//! partition: each fetch carries the partition's epoch, drawn from one counter per
+//! consumer, so no later seek or assignment can reuse an epoch a stale response carries.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -18,12 +27,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use fjord_record::compression::records_body;
 use fjord_record::{BatchHeader, Records, TimestampType, TopicPartition, BATCH_OVERHEAD};
-use futures::future::BoxFuture;
-use futures::stream::FuturesUnordered;
-use futures::{FutureExt, Stream, StreamExt};
+use futures::Stream;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
+use tokio::task::{JoinHandle, JoinSet};
 
 use crate::admin::{list_offsets, OffsetSpec};
 use crate::cluster::{ClientConfig, Cluster};
@@ -115,7 +123,8 @@ struct PartitionState {
     fetch_offset: i64,
     /// A seek to resolve with ListOffsets before fetching.
     pending: Option<SeekTo>,
-    /// Bumped by every seek: responses to older fetches are dropped.
+    /// Replaced (from [`Consumer::epochs`]) by every seek and reset: responses to older
+    /// fetches are dropped.
     epoch: u64,
     high_watermark: i64,
     /// When a retriable error last hit this partition (fetches pause for a backoff).
@@ -132,14 +141,26 @@ struct FetchDone {
     result: Result<FetchResponse>,
 }
 
+/// The ListOffsets task resolving pending seeks: (partition, epoch) in the order asked.
+struct Resolving {
+    task: JoinHandle<Result<Vec<i64>>>,
+    partitions: Vec<((Arc<str>, i32), u64)>,
+}
+
 /// A consumer of explicitly assigned partitions.
 pub struct Consumer {
     cluster: Arc<Cluster>,
     config: ConsumerConfig,
     partitions: BTreeMap<(Arc<str>, i32), PartitionState>,
     buffer: VecDeque<ConsumerRecord>,
-    in_flight: FuturesUnordered<BoxFuture<'static, FetchDone>>,
+    /// Fetch tasks (aborted when the consumer is dropped).
+    in_flight: JoinSet<FetchDone>,
     busy_brokers: HashSet<i32>,
+    resolving: Option<Resolving>,
+    /// A metadata refresh running in the background.
+    refreshing: Option<JoinHandle<()>>,
+    /// The last epoch handed to a partition.
+    epochs: u64,
 }
 
 impl Consumer {
@@ -152,9 +173,17 @@ impl Consumer {
             config,
             partitions: BTreeMap::new(),
             buffer: VecDeque::new(),
-            in_flight: FuturesUnordered::new(),
+            in_flight: JoinSet::new(),
             busy_brokers: HashSet::new(),
+            resolving: None,
+            refreshing: None,
+            epochs: 0,
         })
+    }
+
+    fn next_epoch(&mut self) -> u64 {
+        self.epochs += 1;
+        self.epochs
     }
 
     /// Replaces the assignment. Each partition starts per `auto.offset.reset` unless
@@ -172,13 +201,14 @@ impl Consumer {
                 OffsetReset::Latest => Some(SeekTo::End),
                 OffsetReset::None => None,
             };
+            let epoch = self.next_epoch();
             next.insert(
                 (topic, tp.partition),
                 PartitionState {
                     position: None,
                     fetch_offset: 0,
                     pending: reset,
-                    epoch: 0,
+                    epoch,
                     high_watermark: -1,
                     backoff_until: None,
                 },
@@ -186,7 +216,8 @@ impl Consumer {
         }
         self.partitions = next;
         self.buffer.clear();
-        // Responses to fetches for the old assignment are dropped on arrival (unknown partitions).
+        // Responses to fetches for the old assignment are dropped on arrival: their
+        // partitions are unknown or carry an older epoch.
         Ok(())
     }
 
@@ -203,8 +234,13 @@ impl Consumer {
 
     /// Moves the position of an assigned partition; takes effect at the next poll.
     pub fn seek(&mut self, tp: &TopicPartition, to: SeekTo) -> Result<()> {
-        let state = self.partitions.get_mut(&(Arc::from(tp.topic.as_str()), tp.partition)).ok_or_else(|| Error::NotAssigned(tp.to_string()))?;
-        state.epoch += 1;
+        let key = (Arc::from(tp.topic.as_str()), tp.partition);
+        if !self.partitions.contains_key(&key) {
+            return Err(Error::NotAssigned(tp.to_string()));
+        }
+        let epoch = self.next_epoch();
+        let state = self.partitions.get_mut(&key).expect("checked above");
+        state.epoch = epoch;
         match to {
             SeekTo::Offset(offset) => {
                 state.position = Some(offset);
@@ -234,7 +270,8 @@ impl Consumer {
     }
 
     /// Returns the records available now, waiting up to `timeout` for some to arrive.
-    /// An empty vector means none came in time.
+    /// An empty vector means none came in time. Cancel-safe: a timeout (or dropping the
+    /// call) loses no record; what is in flight is picked up by the next call.
     pub async fn poll(&mut self, timeout: Duration) -> Result<Vec<ConsumerRecord>> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -252,7 +289,8 @@ impl Consumer {
         }
     }
 
-    /// The next record; at the end of the log, waits for one to be produced.
+    /// The next record; at the end of the log, waits for one to be produced. Cancel-safe,
+    /// as [`Consumer::poll`].
     pub async fn recv(&mut self) -> Result<ConsumerRecord> {
         loop {
             if let Some(r) = self.buffer.pop_front() {
@@ -285,9 +323,13 @@ impl Consumer {
             return Err(Error::InvalidConfig("no partitions assigned".into()));
         }
         self.resolve_pending().await?;
-        self.send_fetches().await?;
-        let done = match self.in_flight.next().await {
-            Some(done) => done,
+        self.send_fetches();
+        let done = match self.in_flight.join_next().await {
+            Some(Ok(done)) => done,
+            Some(Err(e)) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(e) => unreachable!("fetch tasks are aborted only with the consumer: {e}"),
+            },
             None => {
                 // Every partition is backing off or leaderless: wait a bit and try again.
                 tokio::time::sleep(self.cluster.config().retry_backoff).await;
@@ -295,49 +337,79 @@ impl Consumer {
             }
         };
         self.busy_brokers.remove(&done.broker);
-        let result = self.handle_fetch(done).await;
+        let result = self.handle_fetch(done);
         // Prefetch: the next fetch goes out before the application sees these records.
-        self.send_fetches().await?;
+        self.send_fetches();
         result
     }
 
-    /// Resolves seeks to beginning/end/timestamp (and the initial reset) with ListOffsets.
-    async fn resolve_pending(&mut self) -> Result<()> {
-        let keys: Vec<(Arc<str>, i32)> =
-            self.partitions.iter().filter(|(_, s)| s.pending.is_some()).map(|(k, _)| k.clone()).collect();
-        if keys.is_empty() {
-            if let Some(((t, p), _)) = self.partitions.iter().find(|(_, s)| s.position.is_none()) {
-                // auto.offset.reset=none and no seek: there is no position to fetch from.
-                return Err(Error::OffsetOutOfRange { partition: format!("{t}-{p}"), offset: -1 });
-            }
-            return Ok(());
+    /// Starts a metadata refresh in the background unless one is running.
+    fn refresh_in_background(&mut self) {
+        if self.refreshing.as_ref().is_none_or(JoinHandle::is_finished) {
+            let cluster = self.cluster.clone();
+            self.refreshing = Some(tokio::spawn(async move {
+                if let Err(e) = cluster.refresh(None).await {
+                    tracing::debug!(error = %e, "consumer metadata refresh failed");
+                }
+            }));
         }
-        let specs: Vec<(String, i32, OffsetSpec)> = keys
-            .iter()
-            .map(|key| {
-                let spec = match self.partitions[key].pending.expect("filtered above") {
-                    SeekTo::Beginning => OffsetSpec::Earliest,
-                    SeekTo::End | SeekTo::Offset(_) => OffsetSpec::Latest,
-                    SeekTo::Timestamp(ts) => OffsetSpec::Timestamp(ts),
-                };
-                (key.0.to_string(), key.1, spec)
-            })
-            .collect();
-        let offsets = list_offsets(&self.cluster, &specs).await?;
-        for (key, offset) in keys.into_iter().zip(offsets) {
-            let state = self.partitions.get_mut(&key).expect("assigned");
-            state.pending = None;
-            state.position = Some(offset);
-            state.fetch_offset = offset;
+    }
+
+    /// Resolves seeks to beginning/end/timestamp (and the initial reset) with ListOffsets,
+    /// in a task: a call abandoned while it runs finds its answer on the next call.
+    async fn resolve_pending(&mut self) -> Result<()> {
+        loop {
+            if self.resolving.is_none() {
+                let partitions: Vec<((Arc<str>, i32), u64)> =
+                    self.partitions.iter().filter(|(_, s)| s.pending.is_some()).map(|(k, s)| (k.clone(), s.epoch)).collect();
+                if partitions.is_empty() {
+                    break;
+                }
+                let specs: Vec<(String, i32, OffsetSpec)> = partitions
+                    .iter()
+                    .map(|(key, _)| {
+                        let spec = match self.partitions[key].pending.expect("filtered above") {
+                            SeekTo::Beginning => OffsetSpec::Earliest,
+                            SeekTo::End | SeekTo::Offset(_) => OffsetSpec::Latest,
+                            SeekTo::Timestamp(ts) => OffsetSpec::Timestamp(ts),
+                        };
+                        (key.0.to_string(), key.1, spec)
+                    })
+                    .collect();
+                let cluster = self.cluster.clone();
+                let task = tokio::spawn(async move { list_offsets(&cluster, &specs).await });
+                self.resolving = Some(Resolving { task, partitions });
+            }
+            let resolving = self.resolving.as_mut().expect("set above");
+            let outcome = (&mut resolving.task).await;
+            let partitions = self.resolving.take().expect("set above").partitions;
+            let offsets = match outcome {
+                Ok(offsets) => offsets?,
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            };
+            for ((key, epoch), offset) in partitions.into_iter().zip(offsets) {
+                // A seek or assignment since the lookup started has its own.
+                if let Some(state) = self.partitions.get_mut(&key).filter(|s| s.epoch == epoch && s.pending.is_some()) {
+                    state.pending = None;
+                    state.position = Some(offset);
+                    state.fetch_offset = offset;
+                }
+            }
+        }
+        if let Some(((t, p), _)) = self.partitions.iter().find(|(_, s)| s.position.is_none()) {
+            // auto.offset.reset=none and no seek: there is no position to fetch from.
+            return Err(Error::OffsetOutOfRange { partition: format!("{t}-{p}"), offset: -1 });
         }
         Ok(())
     }
 
-    async fn send_fetches(&mut self) -> Result<()> {
+    /// Starts a fetch task for every leader that has none in flight. Synchronous, so the
+    /// busy mark and the task come into being together.
+    fn send_fetches(&mut self) {
         let now = Instant::now();
-        let metadata = self.cluster.fresh_metadata().await;
+        let metadata = self.cluster.metadata();
+        let mut refresh = self.cluster.metadata_is_stale();
         let mut per_broker: HashMap<i32, Vec<FetchTarget>> = HashMap::new();
-        let mut refresh = false;
         for ((topic, partition), s) in &self.partitions {
             if s.pending.is_some() || s.backoff_until.is_some_and(|t| t > now) {
                 continue;
@@ -352,26 +424,23 @@ impl Consumer {
             }
         }
         if refresh {
-            self.cluster.refresh(None).await?;
+            self.refresh_in_background();
         }
         for (broker, partitions) in per_broker {
             self.busy_brokers.insert(broker);
             let request = self.fetch_request(&partitions);
             let sent: Vec<(Arc<str>, i32, u64)> = partitions.into_iter().map(|(t, p, e, _)| (t, p, e)).collect();
             let cluster = self.cluster.clone();
-            let response: BoxFuture<'static, Result<FetchResponse>> = match cluster.broker(broker).await {
-                Ok(conn) => match conn.version::<FetchRequest>(FETCH_VERSION) {
-                    Ok(v) => match conn.send(&request, v).await {
-                        Ok(f) => f.boxed(),
-                        Err(e) => futures::future::ready(Err(e)).boxed(),
-                    },
-                    Err(e) => return Err(e),
-                },
-                Err(e) => futures::future::ready(Err(e)).boxed(),
-            };
-            self.in_flight.push(async move { FetchDone { broker, sent, result: response.await } }.boxed());
+            self.in_flight.spawn(async move {
+                let result = async {
+                    let conn = cluster.broker(broker).await?;
+                    let version = conn.version::<FetchRequest>(FETCH_VERSION)?;
+                    conn.send(&request, version).await?.await
+                }
+                .await;
+                FetchDone { broker, sent, result }
+            });
         }
-        Ok(())
     }
 
     fn fetch_request(&self, partitions: &[FetchTarget]) -> FetchRequest {
@@ -399,12 +468,14 @@ impl Consumer {
             .with_topics(topics)
     }
 
-    async fn handle_fetch(&mut self, done: FetchDone) -> Result<()> {
+    /// Takes a fetch response: records into the buffer, errors into backoffs, resets or
+    /// the returned error. Synchronous, so a response is never half handled.
+    fn handle_fetch(&mut self, done: FetchDone) -> Result<()> {
         let response = match done.result {
             Ok(r) => r,
             Err(e) if e.is_retriable() => {
                 self.back_off(&done.sent);
-                self.cluster.refresh(None).await.ok();
+                self.refresh_in_background();
                 return Ok(());
             }
             Err(e) => return Err(e),
@@ -430,7 +501,8 @@ impl Consumer {
                 match ResponseError::try_from_code(p.error_code) {
                     None => {}
                     Some(ResponseError::OffsetOutOfRange) => {
-                        state.epoch += 1;
+                        self.epochs += 1;
+                        state.epoch = self.epochs;
                         match self.config.auto_offset_reset {
                             OffsetReset::Earliest => state.pending = Some(SeekTo::Beginning),
                             OffsetReset::Latest => state.pending = Some(SeekTo::End),
@@ -459,7 +531,7 @@ impl Consumer {
             }
         }
         if refresh {
-            self.cluster.refresh(None).await.ok();
+            self.refresh_in_background();
         }
         Ok(())
     }

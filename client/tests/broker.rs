@@ -372,3 +372,93 @@ async fn a_stalled_broker_times_records_out_and_the_producer_recovers_after() {
     let md = tokio::time::timeout(Duration::from_secs(10), f).await.expect("delivery of after hangs").unwrap();
     assert!(md.offset >= 1);
 }
+
+/// `n` records of `topic`, spread round-robin over `partitions`, acknowledged.
+async fn produce_spread(addr: &str, topic: &str, partitions: i32, n: usize) {
+    let p = producer(addr, |c| c.acks = Acks::Leader).await;
+    for i in 0..n {
+        drop(p.send(ProducerRecord::new(topic, format!("v{i}")).partition(i as i32 % partitions)).await.unwrap());
+    }
+    p.flush().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polls_with_tiny_timeouts_get_every_record_exactly_once() {
+    // The broker advertises a proxy: the consumer's first fetch has to open a new
+    // connection through it, and while the proxy holds the bytes back, every poll times
+    // out in the middle of that fetch.
+    let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let broker = start_broker_advertising(Some(proxy.local_addr().unwrap().to_string())).await;
+    let paused = Arc::new(AtomicBool::new(false));
+    tokio::spawn(pausable_proxy(broker.addr.parse().unwrap(), proxy, paused.clone()));
+    create_topic(&broker.addr, "tiny", 3, &[]).await;
+    let n = 3000;
+    produce_spread(&broker.addr, "tiny", 3, n).await;
+    // Small fetches, so that many of them are in flight when a poll times out.
+    let config = ConsumerConfig {
+        client: client(&broker.addr),
+        fetch_max_wait: Duration::from_millis(100),
+        max_partition_fetch_bytes: 1024,
+        ..ConsumerConfig::default()
+    };
+    let mut c = Consumer::connect(config).await.unwrap();
+    let partitions: Vec<TopicPartition> = (0..3).map(|p| TopicPartition::new("tiny", p)).collect();
+    c.assign(partitions.clone()).await.unwrap();
+    for tp in &partitions {
+        c.seek(tp, SeekTo::Offset(0)).unwrap();
+    }
+    paused.store(true, Ordering::Relaxed);
+    for _ in 0..20 {
+        assert!(c.poll(Duration::from_millis(1)).await.unwrap().is_empty());
+    }
+    paused.store(false, Ordering::Relaxed);
+    let mut next = [0i64; 3];
+    let (mut got, mut empty_polls) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got < n {
+        assert!(Instant::now() < deadline, "only {got} of {n} records arrived ({empty_polls} polls timed out)");
+        let records = c.poll(Duration::from_micros(50)).await.unwrap();
+        empty_polls += usize::from(records.is_empty());
+        for r in records {
+            let p = r.partition as usize;
+            assert_eq!(r.offset, next[p], "partition {p}: a record lost or repeated");
+            assert_eq!(r.value.as_deref(), Some(format!("v{}", r.offset as usize * 3 + p).as_bytes()));
+            next[p] += 1;
+            got += 1;
+        }
+    }
+    assert!(empty_polls > 0, "the timeouts never cut a poll short: the test did not test anything");
+    assert!(c.poll(Duration::from_millis(300)).await.unwrap().is_empty(), "nothing beyond what was produced");
+    // A tiny timeout also covers the ListOffsets of a seek (and of auto.offset.reset).
+    c.seek(&partitions[1], SeekTo::Beginning).unwrap();
+    let mut again = Vec::new();
+    while again.len() < n / 3 {
+        assert!(Instant::now() < deadline, "only {} records after the rewind", again.len());
+        again.extend(c.poll(Duration::from_micros(50)).await.unwrap().into_iter().map(|r| (r.partition, r.offset)));
+    }
+    assert_eq!(again, (0..n as i64 / 3).map(|o| (1, o)).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_in_flight_before_a_reassign_is_not_taken_for_the_new_assignment() {
+    let broker = start_broker().await;
+    create_topic(&broker.addr, "reassigned", 1, &[]).await;
+    produce_spread(&broker.addr, "reassigned", 1, 10).await;
+    let config = ConsumerConfig {
+        client: client(&broker.addr),
+        auto_offset_reset: OffsetReset::Earliest,
+        fetch_max_wait: Duration::from_secs(5),
+        ..ConsumerConfig::default()
+    };
+    let mut c = Consumer::connect(config).await.unwrap();
+    let tp = TopicPartition::new("reassigned", 0);
+    c.assign([tp.clone()]).await.unwrap();
+    let first = consume_n(&mut c, 10).await;
+    assert_eq!(first.last().unwrap().offset, 9);
+    // The prefetch for offset 10 is in flight now (the broker holds it); these records
+    // answer it, after the new assignment starts over from the beginning.
+    produce_spread(&broker.addr, "reassigned", 1, 10).await;
+    c.assign([tp.clone()]).await.unwrap();
+    let again = consume_n(&mut c, 20).await;
+    assert_eq!(again.iter().map(|r| r.offset).collect::<Vec<_>>(), (0..20).collect::<Vec<_>>());
+}
