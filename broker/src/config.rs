@@ -30,6 +30,9 @@ pub struct BrokerConfig {
     pub log_dir: PathBuf,
     /// `zookeeper.connect`: empty means the embedded metadata store under `log.dirs`.
     pub zookeeper_connect: Option<String>,
+    /// `zookeeper.session.timeout.ms`, default 18 s: how long ZooKeeper keeps a silent
+    /// broker's session (its registration, its controllership) before the others act.
+    pub zookeeper_session_timeout: Duration,
     /// `auto.create.topics.enable`, default true.
     pub auto_create_topics: bool,
     /// `num.partitions`: partitions of an auto-created topic, default 1.
@@ -67,6 +70,7 @@ impl Default for BrokerConfig {
             advertised_listener: None,
             log_dir: PathBuf::from("./fjord-data"),
             zookeeper_connect: None,
+            zookeeper_session_timeout: fjord_coord::zookeeper::DEFAULT_SESSION_TIMEOUT,
             auto_create_topics: true,
             num_partitions: 1,
             default_replication_factor: 1,
@@ -184,6 +188,7 @@ impl BrokerConfig {
             "zookeeper.connect" => {
                 self.zookeeper_connect = Some(value.trim().to_owned()).filter(|s| !s.is_empty())
             }
+            "zookeeper.session.timeout.ms" => self.zookeeper_session_timeout = millis()?,
             "auto.create.topics.enable" => self.auto_create_topics = boolean()?,
             "num.partitions" => self.num_partitions = i32::try_from(int()?).map_err(|_| invalid("out of range"))?,
             "default.replication.factor" => {
@@ -319,10 +324,12 @@ mod tests {
             auto.create.topics.enable = false
             log.retention.hours = 2
             log.segment.bytes = 1048576
+            zookeeper.session.timeout.ms = 6000
             "#,
         )
         .unwrap();
         assert_eq!(config.broker_id, 3);
+        assert_eq!(config.zookeeper_session_timeout, Duration::from_secs(6));
         assert_eq!(config.listeners, "127.0.0.1:19092".parse().unwrap());
         assert_eq!(config.log_dir, PathBuf::from("/tmp/x"));
         assert_eq!(config.num_partitions, 4);

@@ -44,7 +44,10 @@ pub async fn run(config: BrokerConfig, listener: TcpListener, shutdown: Cancella
 /// the embedded store in the log dir. `fjord dev` opens it once and shares it with the
 /// schema registry.
 pub async fn open_store(config: &BrokerConfig) -> Result<Store> {
-    Ok(fjord_coord::open(config.zookeeper_connect.as_deref(), &config.log_dir.join(METADATA_DIR)).await?)
+    Ok(match &config.zookeeper_connect {
+        Some(connect) => Arc::new(fjord_coord::ZooKeeperStore::connect(connect, config.zookeeper_session_timeout).await?),
+        None => fjord_coord::open(None, &config.log_dir.join(METADATA_DIR)).await?,
+    })
 }
 
 /// [`run`] on a metadata store the caller opened (see [`open_store`]).

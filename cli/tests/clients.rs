@@ -5,32 +5,12 @@ use std::io::Write;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
+use fjord_testkit::StandaloneBroker;
 
 const KCAT: &str = "kcat";
 
-struct Broker {
-    addr: String,
-    shutdown: CancellationToken,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-async fn start_broker() -> Broker {
-    let dir = tempfile::tempdir().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let config = fjord_broker::BrokerConfig { log_dir: dir.path().to_path_buf(), listeners: addr, ..Default::default() };
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    tokio::spawn(async move { fjord_broker::run(config, listener, token).await.expect("broker failed") });
-    Broker { addr: addr.to_string(), shutdown, _dir: dir }
+async fn start_broker() -> StandaloneBroker {
+    StandaloneBroker::start().await.expect("broker starts")
 }
 
 /// Runs a program off the runtime's threads (the broker keeps serving meanwhile).

@@ -5,32 +5,15 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use fjord_client::{Admin, ClientConfig, GroupConfig, GroupConsumer, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
+use fjord_testkit::StandaloneBroker;
 
-struct Broker {
-    addr: String,
-    shutdown: CancellationToken,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-async fn start_broker() -> Broker {
-    let dir = tempfile::tempdir().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut config = fjord_broker::BrokerConfig { log_dir: dir.path().to_path_buf(), listeners: addr, ..Default::default() };
-    config.group.initial_rebalance_delay_ms = 100;
-    config.group.min_session_timeout_ms = 1000;
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    tokio::spawn(async move { fjord_broker::run(config, listener, token).await.expect("broker failed") });
-    Broker { addr: addr.to_string(), shutdown, _dir: dir }
+async fn start_broker() -> StandaloneBroker {
+    StandaloneBroker::start_with(|config| {
+        config.group.initial_rebalance_delay_ms = 100;
+        config.group.min_session_timeout_ms = 1000;
+    })
+    .await
+    .expect("broker starts")
 }
 
 /// Runs `fjord` off the runtime's threads (the broker keeps serving meanwhile).

@@ -12,43 +12,15 @@ use fjord_client::{
     Acks, Admin, ClientConfig, Compression, Consumer, ConsumerConfig, ConsumerRecord, Error, NewTopic, OffsetReset, OffsetSpec,
     Producer, ProducerConfig, ProducerRecord, ResponseError, SeekTo, TopicPartition,
 };
+use fjord_testkit::StandaloneBroker;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
-
-struct Broker {
-    addr: String,
-    shutdown: CancellationToken,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
 
 /// Starts a broker; `advertise` makes it hand out another address (a proxy's) in metadata.
-async fn start_broker_advertising(advertise: Option<String>) -> Broker {
-    let dir = tempfile::tempdir().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let config = fjord_broker::BrokerConfig {
-        log_dir: dir.path().to_path_buf(),
-        listeners: listener.local_addr().unwrap(),
-        advertised_listener: advertise,
-        ..fjord_broker::BrokerConfig::default()
-    };
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    tokio::spawn(async move {
-        if let Err(e) = fjord_broker::run(config, listener, token).await {
-            panic!("broker failed: {e}");
-        }
-    });
-    Broker { addr, shutdown, _dir: dir }
+async fn start_broker_advertising(advertise: Option<String>) -> StandaloneBroker {
+    StandaloneBroker::start_with(|config| config.advertised_listener = advertise).await.expect("broker starts")
 }
 
-async fn start_broker() -> Broker {
+async fn start_broker() -> StandaloneBroker {
     start_broker_advertising(None).await
 }
 

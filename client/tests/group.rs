@@ -7,41 +7,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fjord_client::{Admin, ClientConfig, GroupConfig, GroupConsumer, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord, TopicPartition};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-
-struct Broker {
-    addr: String,
-    shutdown: CancellationToken,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
+use fjord_testkit::StandaloneBroker;
 
 /// A broker whose groups form fast and accept 1 s sessions, so tests can kill members.
-async fn start_broker() -> Broker {
-    let dir = tempfile::tempdir().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let mut config = fjord_broker::BrokerConfig {
-        log_dir: dir.path().to_path_buf(),
-        listeners: listener.local_addr().unwrap(),
-        ..fjord_broker::BrokerConfig::default()
-    };
-    config.group.initial_rebalance_delay_ms = 100;
-    config.group.min_session_timeout_ms = 1000;
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    tokio::spawn(async move {
-        if let Err(e) = fjord_broker::run(config, listener, token).await {
-            panic!("broker failed: {e}");
-        }
-    });
-    Broker { addr, shutdown, _dir: dir }
+async fn start_broker() -> StandaloneBroker {
+    StandaloneBroker::start_with(|config| {
+        config.group.initial_rebalance_delay_ms = 100;
+        config.group.min_session_timeout_ms = 1000;
+    })
+    .await
+    .expect("broker starts")
 }
 
 async fn setup(addr: &str, topic: &str, partitions: i32) -> Producer {

@@ -1,8 +1,13 @@
 //! Real parts for integration tests, on loopback, each in its own temp directory.
 //!
 //! # Layout
-//! - [`ZooKeeper`]: a standalone ZooKeeper server from Debian's `zookeeper` package
-//!   (`cargo xtask test` installs it), on a free port, stopped and deleted on drop.
+//! - [`ZooKeeper`] (this file): a standalone ZooKeeper server from Debian's `zookeeper`
+//!   package (`cargo xtask test` installs it), on a free port, stopped and deleted on drop.
+//! - [`Cluster`] (`cluster`): ZooKeeper + N brokers, as child processes of the `fjord`
+//!   binary (kill -9, SIGSTOP/SIGCONT, restart on the same data dir) or in process;
+//!   leaders, ISRs and the controller read from ZooKeeper.
+//! - [`StandaloneBroker`] (`standalone`): one in-process broker on the embedded store.
+//! - [`wait_until`] (`wait`): poll a condition with a deadline instead of sleeping.
 //!
 //! A test that needs one of these never skips: if it cannot start, it fails and says why.
 
@@ -13,6 +18,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+mod cluster;
+mod standalone;
+mod wait;
+
+pub use cluster::{Cluster, ClusterBuilder};
+pub use standalone::StandaloneBroker;
+pub use wait::wait_until;
 
 /// Where Debian's package puts the server jar and its dependencies.
 const ZOOKEEPER_CLASSPATH: &str = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";

@@ -1,0 +1,600 @@
+//! A real ZooKeeper and N brokers on loopback: the fixture of the cluster tests.
+//!
+//! Brokers run either as child processes of the `fjord` binary (the only way to test
+//! `kill -9`, SIGSTOP and a restart on the same data dir as a real crash) or as tasks in
+//! this process (faster to start, clean stops only). Every broker keeps its port and data
+//! dir across restarts, so clients that knew it find it again. Everything the tests ask
+//! about the cluster (leaders, ISRs, the controller) is read from ZooKeeper, the source of
+//! truth, through a session of the cluster's own.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Context, Result};
+use fjord_broker::BrokerConfig;
+use fjord_coord::registry::{read_json, PartitionState, TopicAssignment};
+use fjord_coord::{paths, Store, ZooKeeperStore};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::{free_port, wait_until, ZooKeeper};
+
+/// How long a broker may take to start serving (a restart after `kill -9` waits for the
+/// old ZooKeeper session to expire before it can register again).
+const START_TIMEOUT: Duration = Duration::from_secs(45);
+/// How long a clean stop may take (controlled shutdown moves leaderships away first).
+const STOP_TIMEOUT: Duration = Duration::from_secs(45);
+/// Session timeout of the brokers unless the test sets `zookeeper.session.timeout.ms`:
+/// short, so a killed broker is noticed in seconds, not in Kafka's 18 s.
+const SESSION_TIMEOUT_MS: &str = "3000";
+
+/// How the brokers run.
+#[derive(Debug, Clone)]
+enum Mode {
+    InProcess,
+    /// Child processes of this `fjord` binary.
+    Process(PathBuf),
+}
+
+/// Configures and starts a [`Cluster`].
+#[derive(Debug, Clone)]
+pub struct ClusterBuilder {
+    brokers: usize,
+    mode: Mode,
+    configs: Vec<(String, String)>,
+    zookeeper: Option<String>,
+}
+
+impl ClusterBuilder {
+    /// Number of brokers (ids 0..n); default 3.
+    pub fn brokers(mut self, n: usize) -> Self {
+        self.brokers = n;
+        self
+    }
+
+    /// Runs the brokers as child processes of `fjord_binary` (a test of the `fjord` package
+    /// passes `env!("CARGO_BIN_EXE_fjord")`), so they can be killed with SIGKILL and paused.
+    pub fn processes(mut self, fjord_binary: impl Into<PathBuf>) -> Self {
+        self.mode = Mode::Process(fjord_binary.into());
+        self
+    }
+
+    /// Sets a broker config key (Kafka's name, as in the TOML file) on every broker.
+    pub fn config(mut self, key: &str, value: impl ToString) -> Self {
+        self.configs.push((key.to_owned(), value.to_string()));
+        self
+    }
+
+    /// Uses an already running ZooKeeper (`host:port`, no chroot) instead of starting one;
+    /// the cluster still gets a chroot of its own.
+    pub fn zookeeper(mut self, connect: impl Into<String>) -> Self {
+        self.zookeeper = Some(connect.into());
+        self
+    }
+
+    /// Starts ZooKeeper (unless given) and every broker, and waits until each one serves.
+    pub async fn start(self) -> Result<Cluster> {
+        // Each config is checked once here, so a typo fails the test at its start with
+        // the broker's own message rather than as a broker that never comes up.
+        let mut probe = BrokerConfig::default();
+        for (key, value) in &self.configs {
+            probe.set(key, value).with_context(|| format!("cluster config {key}={value}"))?;
+        }
+        let (zookeeper, hosts) = match self.zookeeper {
+            Some(hosts) => (None, hosts),
+            None => {
+                let zk = tokio::task::spawn_blocking(ZooKeeper::start).await??;
+                let hosts = zk.connect_string();
+                (Some(zk), hosts)
+            }
+        };
+        let connect = format!("{hosts}{}", unique_chroot());
+        let store: Store = std::sync::Arc::new(
+            ZooKeeperStore::connect(&connect, Duration::from_secs(10))
+                .await
+                .with_context(|| format!("test session on ZooKeeper {connect}"))?,
+        );
+        let dir = tempfile::Builder::new().prefix("fjord-cluster-").tempdir()?;
+        let mut configs = vec![("zookeeper.session.timeout.ms".to_owned(), SESSION_TIMEOUT_MS.to_owned())];
+        configs.extend(self.configs);
+        let mut cluster = Cluster { brokers: BTreeMap::new(), store, connect, mode: self.mode, configs, dir, _zookeeper: zookeeper };
+        for id in 0..self.brokers as i32 {
+            let data_dir = cluster.dir.path().join(format!("broker-{id}"));
+            std::fs::create_dir_all(&data_dir)?;
+            let node = Node { port: free_port()?, log_file: cluster.dir.path().join(format!("broker-{id}.log")), data_dir, running: None };
+            cluster.brokers.insert(id, node);
+        }
+        // Start them all, then wait for them all: their start-ups overlap.
+        for id in cluster.ids() {
+            cluster.launch(id).await?;
+        }
+        for id in cluster.ids() {
+            cluster.wait_serving(id).await?;
+        }
+        Ok(cluster)
+    }
+}
+
+/// One broker's fixed place: port, data dir, log file; and its run, if any.
+struct Node {
+    port: u16,
+    data_dir: PathBuf,
+    log_file: PathBuf,
+    running: Option<Running>,
+}
+
+enum Running {
+    Process(Child),
+    InProcess { shutdown: CancellationToken, task: JoinHandle<fjord_broker::Result<()>> },
+}
+
+/// ZooKeeper and brokers 0..n on loopback. Dropping it kills every broker (and the
+/// ZooKeeper it started) and deletes the data. If the test is panicking, the tail of each
+/// broker's log is printed first, as the evidence of what went wrong.
+pub struct Cluster {
+    brokers: BTreeMap<i32, Node>,
+    store: Store,
+    connect: String,
+    mode: Mode,
+    configs: Vec<(String, String)>,
+    dir: tempfile::TempDir,
+    // Dropped last: the brokers go first.
+    _zookeeper: Option<ZooKeeper>,
+}
+
+impl Cluster {
+    /// A builder for 3 in-process brokers on a ZooKeeper of their own.
+    pub fn builder() -> ClusterBuilder {
+        ClusterBuilder { brokers: 3, mode: Mode::InProcess, configs: Vec::new(), zookeeper: None }
+    }
+
+    /// Broker ids.
+    pub fn ids(&self) -> Vec<i32> {
+        self.brokers.keys().copied().collect()
+    }
+
+    /// `host:port` of every broker, comma-separated (running or not: clients skip the
+    /// unreachable ones).
+    pub fn bootstrap(&self) -> String {
+        self.ids().iter().map(|&id| self.addr(id)).collect::<Vec<_>>().join(",")
+    }
+
+    /// `127.0.0.1:PORT` of broker `id`.
+    pub fn addr(&self, id: i32) -> String {
+        format!("127.0.0.1:{}", self.node(id).port)
+    }
+
+    /// The brokers' `zookeeper.connect`, chroot included.
+    pub fn zookeeper_connect(&self) -> &str {
+        &self.connect
+    }
+
+    /// A ZooKeeper session on the cluster's chroot, for reads (and deliberate writes) of
+    /// the registry.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Broker `id`'s log dir (`log.dirs`).
+    pub fn data_dir(&self, id: i32) -> &Path {
+        &self.node(id).data_dir
+    }
+
+    /// Whether broker `id` was started and not stopped or killed since (a paused broker
+    /// is running).
+    pub fn is_running(&self, id: i32) -> bool {
+        self.node(id).running.is_some()
+    }
+
+    /// Starts broker `id` again, on its port and data dir, and waits until it serves.
+    pub async fn start(&mut self, id: i32) -> Result<()> {
+        if self.is_running(id) {
+            bail!("broker {id} is already running");
+        }
+        self.launch(id).await?;
+        self.wait_serving(id).await
+    }
+
+    /// `kill -9`: no flush, no checkpoint, no deregistration (ZooKeeper notices when the
+    /// session expires). Child-process brokers only.
+    pub async fn kill(&mut self, id: i32) -> Result<()> {
+        let running = self.node_mut(id).running.take().ok_or_else(|| anyhow!("broker {id} is not running"))?;
+        let Running::Process(mut child) = running else {
+            self.node_mut(id).running = Some(running);
+            bail!("kill -9 needs brokers as processes (ClusterBuilder::processes)");
+        };
+        child.kill().with_context(|| format!("SIGKILL broker {id}"))?;
+        tokio::task::spawn_blocking(move || child.wait()).await??;
+        Ok(())
+    }
+
+    /// A clean stop (SIGTERM for a process, the shutdown token in process) that waits
+    /// until the broker has exited; fails if it exited with an error.
+    pub async fn stop(&mut self, id: i32) -> Result<()> {
+        let running = self.node_mut(id).running.take().ok_or_else(|| anyhow!("broker {id} is not running"))?;
+        match running {
+            Running::Process(mut child) => {
+                signal(&child, Signal::SIGCONT)?; // a paused broker could not act on SIGTERM
+                signal(&child, Signal::SIGTERM)?;
+                let waited = tokio::time::timeout(STOP_TIMEOUT, tokio::task::spawn_blocking(move || {
+                    let status = child.wait();
+                    (child, status)
+                }))
+                .await;
+                match waited {
+                    Ok(joined) => {
+                        let (_, status) = joined?;
+                        let status = status?;
+                        if !status.success() {
+                            bail!("broker {id} exited with {status} after SIGTERM:\n{}", self.log_tail(id, 30));
+                        }
+                    }
+                    Err(_) => bail!("broker {id} did not exit within {STOP_TIMEOUT:?} of SIGTERM:\n{}", self.log_tail(id, 30)),
+                }
+            }
+            Running::InProcess { shutdown, task } => {
+                shutdown.cancel();
+                tokio::time::timeout(STOP_TIMEOUT, task)
+                    .await
+                    .map_err(|_| anyhow!("broker {id} did not stop within {STOP_TIMEOUT:?}"))??
+                    .with_context(|| format!("broker {id} failed"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP: the broker keeps its sockets and its session (until ZooKeeper expires it)
+    /// but does nothing. Child-process brokers only.
+    pub fn pause(&self, id: i32) -> Result<()> {
+        signal(self.child(id)?, Signal::SIGSTOP)
+    }
+
+    /// SIGCONT after [`Cluster::pause`].
+    pub fn resume(&self, id: i32) -> Result<()> {
+        signal(self.child(id)?, Signal::SIGCONT)
+    }
+
+    /// OS process id of a child-process broker.
+    pub fn pid(&self, id: i32) -> Result<u32> {
+        Ok(self.child(id)?.id())
+    }
+
+    /// The state znode of a partition (`None` before the topic's creation wrote it).
+    pub async fn partition_state(&self, topic: &str, partition: i32) -> Result<Option<PartitionState>> {
+        Ok(read_json::<PartitionState>(&*self.store, &paths::partition_state(topic, partition)).await?.map(|(state, _)| state))
+    }
+
+    /// The replica assignment of a topic.
+    pub async fn assignment(&self, topic: &str) -> Result<Option<TopicAssignment>> {
+        Ok(read_json::<TopicAssignment>(&*self.store, &paths::topic(topic)).await?.map(|(a, _)| a))
+    }
+
+    /// The partition's leader, `None` when it has none (-1) or no state yet.
+    pub async fn leader(&self, topic: &str, partition: i32) -> Result<Option<i32>> {
+        Ok(self.partition_state(topic, partition).await?.map(|s| s.leader).filter(|&l| l >= 0))
+    }
+
+    /// Waits until the partition's state satisfies `accept` and returns it.
+    pub async fn wait_for_state(
+        &self,
+        topic: &str,
+        partition: i32,
+        timeout: Duration,
+        what: &str,
+        accept: impl Fn(&PartitionState) -> bool,
+    ) -> Result<PartitionState> {
+        let described = format!("{topic}-{partition}: {what}");
+        let accept = &accept;
+        let waited = wait_until(timeout, &described, || async move {
+            Ok(self.partition_state(topic, partition).await?.filter(accept))
+        })
+        .await;
+        match waited {
+            Ok(state) => Ok(state),
+            Err(e) => Err(e.context(self.describe_states_of(topic).await)),
+        }
+    }
+
+    /// Waits until the partition has a leader, and returns its id.
+    pub async fn wait_for_leader(&self, topic: &str, partition: i32, timeout: Duration) -> Result<i32> {
+        Ok(self.wait_for_state(topic, partition, timeout, "a leader", |s| s.leader >= 0).await?.leader)
+    }
+
+    /// Waits until the partition has a leader and exactly `isr` (any order) in sync.
+    pub async fn wait_for_isr(&self, topic: &str, partition: i32, isr: &[i32], timeout: Duration) -> Result<PartitionState> {
+        let mut want = isr.to_vec();
+        want.sort_unstable();
+        self.wait_for_state(topic, partition, timeout, &format!("ISR {want:?}"), |s| {
+            let mut have = s.isr.clone();
+            have.sort_unstable();
+            s.leader >= 0 && have == want
+        })
+        .await
+    }
+
+    /// Waits until every partition of `topic` (per its assignment) has a leader and all
+    /// its assigned replicas in sync: the state after a creation, or after a recovery.
+    pub async fn wait_fully_replicated(&self, topic: &str, timeout: Duration) -> Result<()> {
+        let assignment = wait_until(timeout, &format!("the assignment of {topic}"), || async { self.assignment(topic).await })
+            .await?;
+        for (partition, replicas) in &assignment.partitions {
+            let partition: i32 = partition.parse().with_context(|| format!("partition {partition:?} of {topic}"))?;
+            self.wait_for_isr(topic, partition, replicas, timeout).await?;
+        }
+        Ok(())
+    }
+
+    /// The broker id in `/controller`, if a controller is elected.
+    pub async fn controller(&self) -> Result<Option<i32>> {
+        let Some((data, _)) = self.store.get(paths::CONTROLLER).await? else { return Ok(None) };
+        let value: serde_json::Value = serde_json::from_slice(&data).context("/controller is not JSON")?;
+        // ARCHITECTURE.md names the field `broker_id`; Kafka's `brokerid` is read too.
+        let id = value.get("broker_id").or_else(|| value.get("brokerid")).and_then(serde_json::Value::as_i64);
+        Ok(Some(id.ok_or_else(|| anyhow!("no broker id in /controller: {value}"))? as i32))
+    }
+
+    /// Waits until a controller other than those in `not` is elected, and returns it.
+    pub async fn wait_for_controller(&self, not: &[i32], timeout: Duration) -> Result<i32> {
+        wait_until(timeout, &format!("a controller other than {not:?}"), || async {
+            Ok(self.controller().await?.filter(|id| !not.contains(id)))
+        })
+        .await
+    }
+
+    /// Ids under `/brokers/ids`, sorted.
+    pub async fn registered_brokers(&self) -> Result<Vec<i32>> {
+        let mut ids: Vec<i32> = match self.store.children(paths::BROKER_IDS).await {
+            Ok(children) => children.iter().filter_map(|c| c.parse().ok()).collect(),
+            Err(fjord_coord::Error::NoNode { .. }) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Waits until exactly `ids` are registered (e.g. until ZooKeeper has expired a
+    /// killed broker's session).
+    pub async fn wait_for_registered(&self, ids: &[i32], timeout: Duration) -> Result<()> {
+        let mut want = ids.to_vec();
+        want.sort_unstable();
+        wait_until(timeout, &format!("registered brokers {want:?}"), || async {
+            Ok((self.registered_brokers().await? == want).then_some(()))
+        })
+        .await
+    }
+
+    /// The bytes of a partition's log on broker `id`: its `.log` segments concatenated in
+    /// offset order. Two replicas that hold the same batches at the same offsets give the
+    /// same bytes (the batches are stored exactly as on the wire).
+    pub fn log_bytes(&self, id: i32, topic: &str, partition: i32) -> Result<Vec<u8>> {
+        let dir = self.data_dir(id).join(format!("{topic}-{partition}"));
+        let mut segments: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .with_context(|| format!("{}", dir.display()))?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<std::io::Result<_>>()?;
+        // 20-digit zero-padded base offsets: name order is offset order.
+        segments.retain(|p| p.extension().is_some_and(|e| e == "log"));
+        segments.sort();
+        let mut bytes = Vec::new();
+        for segment in segments {
+            bytes.extend(std::fs::read(&segment).with_context(|| format!("{}", segment.display()))?);
+        }
+        Ok(bytes)
+    }
+
+    /// The last `lines` lines of broker `id`'s output (its tracing log), across restarts.
+    pub fn log_tail(&self, id: i32, lines: usize) -> String {
+        match &self.mode {
+            Mode::InProcess => "(in-process broker: its log goes to the test's tracing subscriber)".into(),
+            Mode::Process(_) => {
+                let text = std::fs::read_to_string(&self.node(id).log_file).unwrap_or_default();
+                let all: Vec<&str> = text.lines().collect();
+                all[all.len().saturating_sub(lines)..].join("\n")
+            }
+        }
+    }
+
+    /// Partition states of a topic, one line each: context for a failed wait.
+    async fn describe_states_of(&self, topic: &str) -> String {
+        let mut out = format!("partition states of {topic}:");
+        let partitions = format!("{}/partitions", paths::topic(topic));
+        let Ok(children) = self.store.children(&partitions).await else {
+            return format!("{out} (none readable)");
+        };
+        for p in children {
+            let state = self.store.get(&format!("{partitions}/{p}/state")).await.ok().flatten();
+            let text = state.map(|(d, s)| format!("{} (version {})", String::from_utf8_lossy(&d), s.version));
+            let _ = write!(out, "\n  {p}: {}", text.unwrap_or_else(|| "none".into()));
+        }
+        out
+    }
+
+    fn node(&self, id: i32) -> &Node {
+        self.brokers.get(&id).unwrap_or_else(|| panic!("no broker {id} in this cluster"))
+    }
+
+    fn node_mut(&mut self, id: i32) -> &mut Node {
+        self.brokers.get_mut(&id).unwrap_or_else(|| panic!("no broker {id} in this cluster"))
+    }
+
+    fn child(&self, id: i32) -> Result<&Child> {
+        match &self.node(id).running {
+            Some(Running::Process(child)) => Ok(child),
+            Some(Running::InProcess { .. }) => bail!("signals need brokers as processes (ClusterBuilder::processes)"),
+            None => bail!("broker {id} is not running"),
+        }
+    }
+
+    /// Starts broker `id` without waiting for it to serve.
+    async fn launch(&mut self, id: i32) -> Result<()> {
+        let node = self.node(id);
+        let listen = format!("127.0.0.1:{}", node.port);
+        let running = match &self.mode {
+            Mode::Process(binary) => {
+                // Extra keys go through the same TOML file users write.
+                let config_file = self.dir.path().join(format!("broker-{id}.toml"));
+                let mut toml = String::new();
+                for (key, value) in &self.configs {
+                    let _ = writeln!(toml, "{} = {}", toml_string(key), toml_string(value));
+                }
+                std::fs::write(&config_file, toml)?;
+                let mut log = std::fs::OpenOptions::new().create(true).append(true).open(&node.log_file)?;
+                writeln!(log, "---- fjord broker {id} starting ----")?;
+                let child = Command::new(binary)
+                    .args(["broker", "--config"])
+                    .arg(&config_file)
+                    .args(["--id", &id.to_string(), "--listen", &listen, "--zookeeper", &self.connect, "--data-dir"])
+                    .arg(&node.data_dir)
+                    .env("RUST_LOG", std::env::var("FJORD_TEST_BROKER_LOG").unwrap_or_else(|_| "info".into()))
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone()?)
+                    .stderr(log)
+                    .spawn()
+                    .with_context(|| format!("starting {}", binary.display()))?;
+                Running::Process(child)
+            }
+            Mode::InProcess => {
+                let mut config = BrokerConfig::default();
+                for (key, value) in &self.configs {
+                    config.set(key, value)?;
+                }
+                config.broker_id = id;
+                config.listeners = listen.parse()?;
+                config.log_dir = node.data_dir.clone();
+                config.zookeeper_connect = Some(self.connect.clone());
+                let listener = TcpListener::bind(&listen).await.with_context(|| format!("binding {listen} for broker {id}"))?;
+                let shutdown = CancellationToken::new();
+                let task = tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
+                Running::InProcess { shutdown, task }
+            }
+        };
+        self.node_mut(id).running = Some(running);
+        Ok(())
+    }
+
+    /// Waits until broker `id` answers an ApiVersions request: its accept loop runs only
+    /// once it has registered in ZooKeeper, so it is then a full member.
+    async fn wait_serving(&mut self, id: i32) -> Result<()> {
+        let addr = self.addr(id);
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(exited) = self.exited(id).await {
+                bail!("broker {id} exited while starting: {exited}\n{}", self.log_tail(id, 40));
+            }
+            if api_versions(&addr).await.is_ok() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("broker {id} did not serve on {addr} within {START_TIMEOUT:?}\n{}", self.log_tail(id, 40));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `Some(how)` once a started broker has ended (it then counts as not running).
+    async fn exited(&mut self, id: i32) -> Option<String> {
+        let node = self.node_mut(id);
+        let how = match node.running.as_mut()? {
+            Running::Process(child) => child.try_wait().ok().flatten().map(|status| status.to_string()),
+            Running::InProcess { task, .. } if task.is_finished() => {
+                let Some(Running::InProcess { task, .. }) = node.running.take() else { unreachable!("matched above") };
+                return Some(match task.await {
+                    Ok(Ok(())) => "stopped".into(),
+                    Ok(Err(e)) => format!("failed: {e}"),
+                    Err(e) => format!("panicked: {e}"),
+                });
+            }
+            Running::InProcess { .. } => None,
+        };
+        if how.is_some() {
+            node.running = None;
+        }
+        how
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Mode::Process(_) = self.mode {
+                let mut report = String::new();
+                for id in self.ids() {
+                    let _ = writeln!(report, "==== broker {id} log (last 60 lines) ====\n{}", self.log_tail(id, 60));
+                }
+                eprintln!("{report}");
+            }
+        }
+        for node in self.brokers.values_mut() {
+            match node.running.take() {
+                Some(Running::Process(mut child)) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                Some(Running::InProcess { shutdown, task }) => {
+                    shutdown.cancel();
+                    task.abort();
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+fn signal(child: &Child, signal: Signal) -> Result<()> {
+    let pid = i32::try_from(child.id()).context("pid out of range")?;
+    kill(Pid::from_raw(pid), signal).with_context(|| format!("{signal} to pid {pid}"))
+}
+
+/// A TOML basic string: keys with dots must be quoted, or TOML reads them as tables.
+fn toml_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A chroot no other cluster on the same ZooKeeper uses.
+fn unique_chroot() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    format!("/fjord-test-{}-{}-{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// One ApiVersions v0 round trip, bounded by 2 s.
+async fn api_versions(addr: &str) -> Result<()> {
+    tokio::time::timeout(Duration::from_secs(2), async {
+        let mut stream = TcpStream::connect(addr).await?;
+        // size, api key 18, version 0, correlation id 1, client id "t".
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&11i32.to_be_bytes());
+        frame.extend_from_slice(&18i16.to_be_bytes());
+        frame.extend_from_slice(&0i16.to_be_bytes());
+        frame.extend_from_slice(&1i32.to_be_bytes());
+        frame.extend_from_slice(&1i16.to_be_bytes());
+        frame.push(b't');
+        stream.write_all(&frame).await?;
+        let len = stream.read_i32().await?;
+        let correlation = stream.read_i32().await?;
+        if len < 4 || correlation != 1 {
+            bail!("unexpected ApiVersions answer (size {len}, correlation id {correlation})");
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|_| anyhow!("no ApiVersions answer from {addr} within 2 s"))?
+}
