@@ -60,6 +60,9 @@ pub struct BrokerConfig {
     pub cleaner: CleanerConfig,
     /// Group coordinator settings (`group.*`, `offset.metadata.max.bytes`).
     pub group: GroupConfig,
+    /// `metrics.listen` (Fjord): `HOST:PORT` serving the Prometheus text at `/metrics`;
+    /// default none (off).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for BrokerConfig {
@@ -83,6 +86,7 @@ impl Default for BrokerConfig {
             log: LogConfig::default(),
             cleaner: CleanerConfig::default(),
             group: GroupConfig::default(),
+            metrics_listen: None,
         }
     }
 }
@@ -201,6 +205,12 @@ impl BrokerConfig {
                 self.max_connections = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
             }
             "fetch.zero.copy" => self.fetch_zero_copy = boolean()?,
+            "metrics.listen" => {
+                self.metrics_listen = match value.trim() {
+                    "" => None,
+                    address => Some(parse_listener(address).ok_or_else(|| invalid("expected HOST:PORT"))?),
+                }
+            }
             "group.min.session.timeout.ms" => self.group.min_session_timeout_ms = millis()?.as_millis() as u64,
             "group.max.session.timeout.ms" => self.group.max_session_timeout_ms = millis()?.as_millis() as u64,
             "group.initial.rebalance.delay.ms" => self.group.initial_rebalance_delay_ms = millis()?.as_millis() as u64,
@@ -405,6 +415,17 @@ mod tests {
         assert!(matches!(config.validate(), Err(Error::InvalidConfig { .. })));
         config.set("advertised.listeners", "broker1.example:9092").unwrap();
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn metrics_are_off_unless_an_address_is_given() {
+        let mut config = BrokerConfig::default();
+        assert_eq!(config.metrics_listen, None);
+        config.set("metrics.listen", "127.0.0.1:9094").unwrap();
+        assert_eq!(config.metrics_listen, Some("127.0.0.1:9094".parse().unwrap()));
+        assert!(matches!(config.set("metrics.listen", "nowhere"), Err(Error::InvalidConfig { .. })));
+        config.set("metrics.listen", "").unwrap();
+        assert_eq!(config.metrics_listen, None);
     }
 
     #[test]

@@ -54,6 +54,7 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAd
     match read_result.and(write_result) {
         Ok(()) => tracing::debug!(%peer, "connection closed"),
         Err(e @ (Error::Protocol(_) | Error::FrameTooLarge { .. })) => {
+            broker.metrics.malformed();
             tracing::warn!(%peer, error = %e, "closing connection after bad request")
         }
         Err(e) => tracing::info!(%peer, error = %e, "connection closed"),

@@ -16,6 +16,7 @@ use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, RequestKind, Respons
 
 use crate::codec::{self, error_code, Decoded, SUPPORTED_APIS};
 use crate::group::GroupCoordinator;
+use crate::metrics::{fetch_errors, response_errors, Metrics};
 use crate::response::Response;
 use crate::topics::Topics;
 use crate::BrokerConfig;
@@ -29,6 +30,8 @@ pub(crate) struct Broker {
     pub(crate) cluster_id: String,
     pub(crate) topics: Topics,
     pub(crate) groups: GroupCoordinator,
+    /// Requests and errors per API, for the metrics endpoint.
+    pub(crate) metrics: Metrics,
 }
 
 impl Broker {
@@ -37,6 +40,8 @@ impl Broker {
         let (header, version, request) = match decoded {
             Decoded::Unsupported { correlation_id, api_key, version } => {
                 tracing::debug!(api_key, version, "unsupported api key or version");
+                self.metrics.request(api_key);
+                self.metrics.errors(api_key, [error_code::UNSUPPORTED_VERSION]);
                 if api_key == ApiKey::ApiVersions as i16 {
                     // KIP-511: a v0 body with the error and our ranges, so the client can retry
                     // with a version we both know.
@@ -46,11 +51,13 @@ impl Broker {
                 return Some(codec::error_response(correlation_id, error_code::UNSUPPORTED_VERSION));
             }
             Decoded::LegacyProduce { header, version, body } => {
+                self.metrics.request(header.request_api_key);
                 return produce::legacy(&header, version, body);
             }
             Decoded::Request { header, version, request } => (header, version, request),
         };
         let correlation_id = header.correlation_id;
+        self.metrics.request(header.request_api_key);
         let (key, body) = match *request {
             RequestKind::ApiVersions(_) => (ApiKey::ApiVersions, api_versions(error_code::NONE)),
             RequestKind::Metadata(req) => (ApiKey::Metadata, self.metadata(req, version).await),
@@ -60,6 +67,7 @@ impl Broker {
             }
             RequestKind::Fetch(req) => {
                 let data = self.fetch(req).await;
+                self.metrics.errors(ApiKey::Fetch as i16, fetch_errors(&data));
                 return Some(crate::fetch_response::encode(correlation_id, version, &data));
             }
             RequestKind::ListOffsets(req) => (ApiKey::ListOffsets, self.list_offsets(req, version)),
@@ -90,6 +98,7 @@ impl Broker {
                 return Some(codec::error_response(correlation_id, error_code::UNSUPPORTED_VERSION));
             }
         };
+        self.metrics.errors(key as i16, response_errors(&body));
         Some(codec::encode_response(correlation_id, key, version, &body))
     }
 }

@@ -19,6 +19,8 @@
 //!   claimed array length can make the decoder allocate beyond the frame's size.
 //! - `handler`: one module per API (metadata, produce, fetch, offsets, admin, alter_configs).
 //! - `topics`: the topic manager: topics from the metadata store and their logs.
+//! - `metrics`: the Prometheus text on `metrics.listen`: partitions, the cleaner, requests
+//!   and errors per API.
 //! - `topic_config`: topic config changes (AlterConfigs) in the store, and the watch
 //!   through which every broker applies them.
 //! - `partition`: one replica of a partition: its log, its role, the wake-ups of delayed
@@ -43,6 +45,7 @@ mod fetch_response;
 mod group;
 mod guard;
 mod handler;
+mod metrics;
 mod partition;
 mod replication;
 mod response;

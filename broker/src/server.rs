@@ -54,6 +54,14 @@ pub async fn open_store(config: &BrokerConfig) -> Result<Store> {
 pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpListener, shutdown: CancellationToken) -> Result<()> {
     config.validate()?;
     let bound = listener.local_addr().map_err(Error::Network)?;
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| Error::InvalidConfig {
+            key: "metrics.listen".into(),
+            value: addr.to_string(),
+            reason: format!("cannot listen there: {e}"),
+        })?),
+        None => None,
+    };
     std::fs::create_dir_all(&config.log_dir).map_err(|source| Error::Io { path: config.log_dir.clone(), source })?;
     let cluster_id = load_or_create_meta_properties(&config.log_dir, config.broker_id)?;
     let logs = {
@@ -78,12 +86,16 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
     let max_connections = config.max_connections;
     let endpoint = Endpoint { broker_id: config.broker_id, host: host.clone(), port };
     let groups = GroupCoordinator::new(store.clone(), endpoint, config.group.clone());
-    let broker = Arc::new(Broker { config, host, port, cluster_id, topics, groups });
+    let broker = Arc::new(Broker { config, host, port, cluster_id, topics, groups, metrics: Default::default() });
 
     let tracker = TaskTracker::new();
     spawn_periodic_tasks(&tracker, &broker, &shutdown);
     spawn_cleaner(&tracker, &broker, &shutdown);
     crate::topic_config::spawn_watcher(&tracker, &broker, &shutdown);
+    if let Some(listener) = metrics_listener {
+        tracing::info!(address = %listener.local_addr().map_err(Error::Network)?, "serving metrics at /metrics");
+        crate::metrics::spawn_endpoint(&tracker, listener, broker.clone(), shutdown.clone());
+    }
     let connections = Arc::new(Semaphore::new(max_connections));
     loop {
         let permit = tokio::select! {

@@ -28,6 +28,9 @@ pub(crate) struct DevArgs {
     /// Gateway gRPC address.
     #[arg(long, env = "FJORD_DEV_GRPC", default_value = "127.0.0.1:50051")]
     grpc: SocketAddr,
+    /// Broker metrics address (Prometheus text at /metrics).
+    #[arg(long, env = "FJORD_DEV_METRICS", default_value = "127.0.0.1:9094")]
+    metrics: SocketAddr,
 }
 
 /// `fjord broker`.
@@ -51,11 +54,15 @@ pub(crate) struct BrokerArgs {
     /// ZooKeeper connect string (`zookeeper.connect`); without it, the embedded metadata store.
     #[arg(long, value_name = "CONNECT")]
     zookeeper: Option<String>,
+    /// Serve the Prometheus metrics at http://ADDR/metrics (`metrics.listen`; off by default).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics: Option<String>,
 }
 
 pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let mut config = BrokerConfig::default();
     config.set("log.dirs", &path_text(&args.data_dir)?)?;
+    config.metrics_listen = Some(args.metrics);
     config.apply_env(std::env::vars())?;
     let listener = bind(&config).await?;
     let address = listener.local_addr()?;
@@ -71,6 +78,9 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     println!("  schema registry  http://{}", registry.local_addr()?);
     println!("  gateway HTTP     http://{}", http.local_addr()?);
     println!("  gateway gRPC     {}", grpc.local_addr()?);
+    if let Some(metrics) = config.metrics_listen {
+        println!("  broker metrics   http://{metrics}/metrics");
+    }
     println!("  data             {}", config.log_dir.display());
     println!("  metadata store   embedded, in {}", config.log_dir.join(fjord_broker::server::METADATA_DIR).display());
     println!("Ctrl-C stops everything cleanly.");
@@ -126,6 +136,9 @@ pub(crate) async fn broker(args: BrokerArgs) -> anyhow::Result<()> {
     }
     if let Some(connect) = &args.zookeeper {
         config.set("zookeeper.connect", connect)?;
+    }
+    if let Some(metrics) = &args.metrics {
+        config.set("metrics.listen", metrics)?;
     }
     config.apply_env(std::env::vars())?;
     let listener = bind(&config).await?;

@@ -106,11 +106,12 @@ fn acknowledged_messages_survive_kill_9_and_sigterm_and_offsets_continue() {
 fn dev_runs_broker_registry_and_gateway_and_takes_env_overrides() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let (registry, http, grpc) = (free_port(), free_port(), free_port());
+    let (registry, http, grpc, metrics) = (free_port(), free_port(), free_port(), free_port());
     let mut dev = Command::new(env!("CARGO_BIN_EXE_fjord"))
         .args(["dev", "--data-dir"])
         .arg(dir.path().join("fjord-data"))
         .args(["--registry", &format!("127.0.0.1:{registry}"), "--http", &format!("127.0.0.1:{http}")])
+        .args(["--metrics", &format!("127.0.0.1:{metrics}")])
         // FJORD_* variables override the defaults (dev's fixed ports, here).
         .env("FJORD_LISTENERS", format!("127.0.0.1:{port}"))
         .env("FJORD_DEV_GRPC", format!("127.0.0.1:{grpc}"))
@@ -119,7 +120,7 @@ fn dev_runs_broker_registry_and_gateway_and_takes_env_overrides() {
         .spawn()
         .unwrap();
     wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut dev);
-    for service in [registry, http, grpc] {
+    for service in [registry, http, grpc, metrics] {
         wait_until_listening(SocketAddr::from(([127, 0, 0, 1], service)), &mut dev);
     }
     let bootstrap = format!("127.0.0.1:{port}");
@@ -140,12 +141,16 @@ fn dev_runs_broker_registry_and_gateway_and_takes_env_overrides() {
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     let topic = get(http, "/topics/dev");
     assert!(topic.starts_with("HTTP/1.1 200") && topic.contains("\"dev\""), "{topic}");
+    let scraped = get(metrics, "/metrics");
+    assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
+    assert!(scraped.contains("fjord_broker_log_end_offset{topic=\"dev\",partition=\"0\"} 10\n"), "{scraped}");
     sigterm(&dev);
     let output = dev.wait_with_output().unwrap();
     assert!(output.status.success(), "SIGTERM stops every service cleanly: {output:?}");
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert!(stdout.contains(&format!("Kafka broker     127.0.0.1:{port}")), "{stdout}");
     assert!(stdout.contains(&format!("schema registry  http://127.0.0.1:{registry}")), "{stdout}");
+    assert!(stdout.contains(&format!("broker metrics   http://127.0.0.1:{metrics}/metrics")), "{stdout}");
     assert!(dir.path().join("fjord-data/meta.properties").exists());
 }
 
@@ -162,4 +167,11 @@ fn broker_refuses_bad_flags_with_a_clear_error() {
         .unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("listeners"), "{}", String::from_utf8_lossy(&output.stderr));
+    let output = Command::new(env!("CARGO_BIN_EXE_fjord"))
+        .args(["broker", "--id", "0", "--listen", "127.0.0.1:0", "--metrics", "nowhere", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("metrics.listen"), "{}", String::from_utf8_lossy(&output.stderr));
 }

@@ -1,0 +1,319 @@
+//! Broker metrics in the Prometheus text format, served over HTTP on `metrics.listen`
+//! (`fjord broker --metrics ADDR`; off by default, `fjord dev` serves it on 127.0.0.1:9094).
+//!
+//! - Per partition of this broker's logs: log end and start offsets, size, segments, high
+//!   watermark; read from the logs at scrape time.
+//! - The log cleaner, per partition it has cleaned: when it last ran, how long it took,
+//!   bytes before and after, the ratio of the two, the dirty ratio that triggered it,
+//!   records and tombstones removed ([`fjord_log::Log::last_clean`]).
+//! - Requests per API, and the error codes answered per API: one per failed partition or
+//!   resource, as Kafka's `ErrorsPerSec` counts them; frames that were no request at all
+//!   (the connection was closed) count as `malformed`.
+//!
+//! Why no metrics crate: the registry is an array of atomics and one small map, and the
+//! exposition is a few `writeln!`s (as in the gateway); a client crate would bring a
+//! registry abstraction for nothing. The HTTP side is one `GET /metrics` answered with
+//! `Connection: close`, hand-written too, so the broker carries no HTTP stack.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fjord_log::{CleanStats, Log, LogManager};
+use kafka_protocol::messages::{ApiKey, ResponseKind};
+use kafka_protocol::ResponseError;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::fetch_response::FetchResponseData;
+use crate::handler::Broker;
+
+/// API keys counted one by one; larger (unknown) keys share one counter.
+const API_KEYS: usize = 128;
+/// The most bytes of an HTTP request head read before answering 400.
+const MAX_REQUEST_HEAD: usize = 8 * 1024;
+/// A scrape connection that has not sent its request head by then is dropped.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The request counters.
+pub(crate) struct Metrics {
+    /// Requests by API key; the last slot counts keys beyond the table.
+    requests: Box<[AtomicU64]>,
+    /// (API key, error code) → responses' error count.
+    errors: Mutex<BTreeMap<(i16, i16), u64>>,
+    /// Frames that closed their connection: not a request, or larger than allowed.
+    malformed: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            requests: (0..=API_KEYS).map(|_| AtomicU64::new(0)).collect(),
+            errors: Mutex::new(BTreeMap::new()),
+            malformed: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts one request of `api_key`.
+    pub(crate) fn request(&self, api_key: i16) {
+        let slot = usize::try_from(api_key).ok().filter(|&k| k < API_KEYS).unwrap_or(API_KEYS);
+        self.requests[slot].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts the non-zero error codes of one response of `api_key`.
+    pub(crate) fn errors(&self, api_key: i16, codes: impl IntoIterator<Item = i16>) {
+        let mut codes = codes.into_iter().filter(|&c| c != 0).peekable();
+        if codes.peek().is_none() {
+            return; // the common case takes no lock
+        }
+        let mut errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        for code in codes {
+            *errors.entry((api_key, code)).or_default() += 1;
+        }
+    }
+
+    /// Counts a frame that was not a request.
+    pub(crate) fn malformed(&self) {
+        self.malformed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The exposition text: these counters, then the logs' gauges.
+    fn render(&self, logs: &LogManager) -> String {
+        let mut out = String::with_capacity(4096);
+        family(&mut out, "fjord_broker_requests_total", "counter", "Requests received, by API.");
+        for (key, counter) in self.requests.iter().enumerate() {
+            let n = counter.load(Ordering::Relaxed);
+            if n > 0 {
+                let api = if key == API_KEYS { "unknown".to_owned() } else { api_name(key as i16) };
+                let _ = writeln!(out, "fjord_broker_requests_total{{api=\"{api}\"}} {n}");
+            }
+        }
+        family(
+            &mut out,
+            "fjord_broker_request_errors_total",
+            "counter",
+            "Error codes answered, by API and error (one per failed partition or resource).",
+        );
+        for (&(key, code), n) in self.errors.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let error = ResponseError::try_from_code(code).map(|e| e.to_string()).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "fjord_broker_request_errors_total{{api=\"{}\",error=\"{}\",code=\"{code}\"}} {n}",
+                api_name(key),
+                escape(&error)
+            );
+        }
+        family(&mut out, "fjord_broker_malformed_requests_total", "counter", "Frames that were not a request; each closed its connection.");
+        let _ = writeln!(out, "fjord_broker_malformed_requests_total {}", self.malformed.load(Ordering::Relaxed));
+
+        let mut partitions: Vec<(String, Arc<Log>)> = logs
+            .partitions()
+            .into_iter()
+            .filter_map(|tp| {
+                let log = logs.get(&tp)?;
+                Some((format!("topic=\"{}\",partition=\"{}\"", escape(&tp.topic), tp.partition), log))
+            })
+            .collect();
+        partitions.sort_by(|a, b| a.0.cmp(&b.0));
+        type Gauge = fn(&Log) -> f64;
+        let gauges: [(&str, &str, Gauge); 5] = [
+            ("fjord_broker_log_end_offset", "Offset the next appended record gets.", |l| l.log_end_offset() as f64),
+            ("fjord_broker_log_start_offset", "First offset still in the log.", |l| l.log_start_offset() as f64),
+            ("fjord_broker_log_size_bytes", "Bytes of all segments.", |l| l.size_bytes() as f64),
+            ("fjord_broker_log_segments", "Segments, the active one included.", |l| l.segment_count() as f64),
+            ("fjord_broker_high_watermark", "Offset below which records are committed and visible.", |l| l.high_watermark() as f64),
+        ];
+        for (name, help, gauge) in gauges {
+            family(&mut out, name, "gauge", help);
+            for (labels, log) in &partitions {
+                let _ = writeln!(out, "{name}{{{labels}}} {}", gauge(log));
+            }
+        }
+
+        let cleaned: Vec<(&String, CleanStats)> = partitions.iter().filter_map(|(labels, log)| Some((labels, log.last_clean()?))).collect();
+        type Stat = fn(&CleanStats) -> f64;
+        let stats: [(&str, &str, Stat); 8] = [
+            ("fjord_broker_cleaner_last_run_timestamp_seconds", "When the cleaner last cleaned the log (Unix time).", |s| s.at_ms as f64 / 1000.0),
+            ("fjord_broker_cleaner_last_duration_seconds", "How long that clean took, throttling included.", |s| s.elapsed.as_secs_f64()),
+            ("fjord_broker_cleaner_last_bytes_before", "Bytes of the segments that clean rewrote.", |s| s.bytes_before as f64),
+            ("fjord_broker_cleaner_last_bytes_after", "Bytes of the cleaned segments that replaced them.", |s| s.bytes_after as f64),
+            ("fjord_broker_cleaner_last_ratio", "bytes_after / bytes_before of that clean (1 when nothing was rewritten).", |s| {
+                if s.bytes_before == 0 {
+                    1.0
+                } else {
+                    s.bytes_after as f64 / s.bytes_before as f64
+                }
+            }),
+            ("fjord_broker_cleaner_last_dirty_ratio", "Dirty share of the cleanable bytes when that clean started.", |s| s.dirty_ratio),
+            ("fjord_broker_cleaner_last_records_removed", "Records that clean dropped (older values of a key, expired tombstones).", |s| {
+                s.records_read.saturating_sub(s.records_kept) as f64
+            }),
+            ("fjord_broker_cleaner_last_tombstones_removed", "Tombstones that clean dropped (past delete.retention.ms).", |s| {
+                s.tombstones_removed as f64
+            }),
+        ];
+        for (name, help, stat) in stats {
+            family(&mut out, name, "gauge", help);
+            for (labels, s) in &cleaned {
+                let _ = writeln!(out, "{name}{{{labels}}} {}", stat(s));
+            }
+        }
+        out
+    }
+}
+
+/// The error codes of a typed response: one per partition, topic, resource or group
+/// that failed (top-level codes included).
+pub(crate) fn response_errors(body: &ResponseKind) -> Vec<i16> {
+    match body {
+        ResponseKind::ApiVersions(r) => vec![r.error_code],
+        ResponseKind::Produce(r) => r.responses.iter().flat_map(|t| &t.partition_responses).map(|p| p.error_code).collect(),
+        ResponseKind::ListOffsets(r) => r.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).collect(),
+        ResponseKind::Metadata(r) => r
+            .topics
+            .iter()
+            .flat_map(|t| std::iter::once(t.error_code).chain(t.partitions.iter().map(|p| p.error_code)))
+            .collect(),
+        ResponseKind::CreateTopics(r) => r.topics.iter().map(|t| t.error_code).collect(),
+        ResponseKind::DeleteTopics(r) => r.responses.iter().map(|t| t.error_code).collect(),
+        ResponseKind::DescribeConfigs(r) => r.results.iter().map(|t| t.error_code).collect(),
+        ResponseKind::AlterConfigs(r) => r.responses.iter().map(|t| t.error_code).collect(),
+        ResponseKind::IncrementalAlterConfigs(r) => r.responses.iter().map(|t| t.error_code).collect(),
+        ResponseKind::FindCoordinator(r) => {
+            std::iter::once(r.error_code).chain(r.coordinators.iter().map(|c| c.error_code)).collect()
+        }
+        ResponseKind::JoinGroup(r) => vec![r.error_code],
+        ResponseKind::SyncGroup(r) => vec![r.error_code],
+        ResponseKind::Heartbeat(r) => vec![r.error_code],
+        ResponseKind::LeaveGroup(r) => std::iter::once(r.error_code).chain(r.members.iter().map(|m| m.error_code)).collect(),
+        ResponseKind::OffsetCommit(r) => r.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).collect(),
+        ResponseKind::ListGroups(r) => vec![r.error_code],
+        ResponseKind::DescribeGroups(r) => r.groups.iter().map(|g| g.error_code).collect(),
+        ResponseKind::DeleteGroups(r) => r.results.iter().map(|g| g.error_code).collect(),
+        // APIs not listed (OffsetFetch's several layouts, newer ones) count requests only.
+        _ => Vec::new(),
+    }
+}
+
+/// The error codes of a fetch response.
+pub(crate) fn fetch_errors(data: &FetchResponseData) -> impl Iterator<Item = i16> + '_ {
+    std::iter::once(data.error_code).chain(data.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code))
+}
+
+/// Kafka's name of an API key (`Produce`, `Fetch`, ...), or its number.
+fn api_name(key: i16) -> String {
+    ApiKey::try_from(key).map_or_else(|_| key.to_string(), |k| format!("{k:?}"))
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A label value with `\`, `"` and newlines escaped, as the text format wants.
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown`.
+pub(crate) fn spawn_endpoint(tracker: &TaskTracker, listener: TcpListener, broker: Arc<Broker>, shutdown: CancellationToken) {
+    tracker.spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = shutdown.cancelled() => return,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    let broker = broker.clone();
+                    // Not tracked: a scrape is bounded by SCRAPE_TIMEOUT and reads only
+                    // counters, so shutdown need not wait for it.
+                    tokio::spawn(async move {
+                        if let Err(e) = tokio::time::timeout(SCRAPE_TIMEOUT, scrape(stream, &broker)).await.unwrap_or_else(|_| {
+                            Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no request head in time"))
+                        }) {
+                            tracing::debug!(%peer, error = %e, "metrics scrape failed");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics accept failed; backing off");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    });
+}
+
+/// Reads one HTTP request head and answers it.
+async fn scrape(mut stream: TcpStream, broker: &Broker) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        if head.len() > MAX_REQUEST_HEAD {
+            return respond(&mut stream, "400 Bad Request", "request head too large\n").await;
+        }
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(()); // gone before asking anything
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let mut parts = std::str::from_utf8(line).unwrap_or_default().split(' ');
+    let (method, target) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+    let path = target.split('?').next().unwrap_or_default();
+    match (method, path) {
+        ("GET", "/metrics") => {
+            let text = broker.metrics.render(broker.topics.logs());
+            respond(&mut stream, "200 OK", &text).await
+        }
+        (_, "/metrics") => respond(&mut stream, "405 Method Not Allowed", "only GET\n").await,
+        ("", _) => respond(&mut stream, "400 Bad Request", "not an HTTP request\n").await,
+        _ => respond(&mut stream, "404 Not Found", "the metrics are at /metrics\n").await,
+    }
+}
+
+async fn respond(stream: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_render_by_api_and_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = LogManager::open(dir.path(), fjord_log::LogConfig::default()).unwrap();
+        let metrics = Metrics::default();
+        metrics.request(ApiKey::Produce as i16);
+        metrics.request(ApiKey::Produce as i16);
+        metrics.request(999);
+        metrics.errors(ApiKey::Produce as i16, [0, 10, 10]);
+        metrics.malformed();
+        logs.get_or_create(&fjord_record::TopicPartition::new("t\"x", 0), fjord_log::LogConfig::default()).unwrap();
+        let text = metrics.render(&logs);
+        assert!(text.contains("fjord_broker_requests_total{api=\"Produce\"} 2\n"), "{text}");
+        assert!(text.contains("fjord_broker_requests_total{api=\"unknown\"} 1\n"), "{text}");
+        assert!(text.contains("fjord_broker_request_errors_total{api=\"Produce\",error=\"MessageTooLarge\",code=\"10\"} 2\n"), "{text}");
+        assert!(text.contains("fjord_broker_malformed_requests_total 1\n"), "{text}");
+        assert!(text.contains("fjord_broker_log_end_offset{topic=\"t\\\"x\",partition=\"0\"} 0\n"), "{text}");
+        // Every sample line belongs to a family declared before it.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(text.contains(&format!("# TYPE {name} ")), "{line}");
+        }
+    }
+}
