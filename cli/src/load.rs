@@ -71,7 +71,7 @@ fn parse_policy(s: &str) -> Result<BadRecordPolicy, String> {
 }
 
 /// `500ms`, `30s`, `15m`, `2h`, `1d`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(split);
     let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration like 30s, 15m or 1h"))?;

@@ -7,12 +7,14 @@
 //! - `gateway`: `fjord gateway`, the HTTP/gRPC front door.
 //! - `tools`: `fjord topics`, `produce`, `consume`, `bench` over `fjord_client`.
 //! - `audit`: `fjord audit report|watch` over `fjord_audit`.
+//! - `mirror`: `fjord mirror` (and `status`) over `fjord_mirror`.
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 mod audit;
 mod gateway;
 mod load;
+mod mirror;
 mod registry;
 mod server;
 mod tools;
@@ -46,6 +48,8 @@ enum Command {
     Bench(tools::bench::BenchArgs),
     /// Load topics into HDFS or a local directory as hourly Avro files (one job run).
     Load(load::LoadArgs),
+    /// Copy topics from online clusters into an analytics cluster (or show a mirror's lag).
+    Mirror(mirror::MirrorArgs),
     /// Compare per-tier audit counts per topic and window (report once, or watch live).
     Audit(audit::AuditArgs),
 }
@@ -68,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Groups(args) => tools::run_or_exit(tools::groups::run(args)).await,
         Command::Bench(args) => tools::run_or_exit(tools::bench::run(args)).await,
         Command::Load(args) => tools::run_or_exit(load::load(args)).await,
+        Command::Mirror(args) => tools::run_or_exit(mirror::run(args)).await,
         Command::Audit(args) => tools::run_or_exit(audit::run(args)).await,
     }
 }

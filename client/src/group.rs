@@ -203,6 +203,14 @@ impl GroupConsumer {
         lock(&self.member.member_id).clone()
     }
 
+    /// Whether the next [`GroupConsumer::poll`] rejoins the group (a rebalance started, or
+    /// the member must join): an application that commits by hand (auto-commit off) flushes
+    /// what it derived from the records and commits before that poll, because an eager
+    /// rejoin gives up every partition first.
+    pub fn rebalance_pending(&self) -> bool {
+        self.member.rejoin.load(Ordering::Acquire)
+    }
+
     /// Records available now, waiting up to `timeout`; joins or rejoins the group first
     /// when needed, and auto-commits when the interval has passed.
     pub async fn poll(&mut self, timeout: Duration) -> Result<Vec<ConsumerRecord>> {
@@ -231,6 +239,13 @@ impl GroupConsumer {
     pub async fn commit_sync(&mut self) -> Result<()> {
         let offsets: Vec<(TopicPartition, i64)> = self.consumed.iter().map(|(tp, o)| (tp.clone(), *o)).collect();
         self.commit_offsets(&offsets).await?.await
+    }
+
+    /// Commits the given positions (per partition, the next offset to consume), waiting
+    /// for the answer: for applications that commit only what they finished with, which
+    /// may be less than what [`GroupConsumer::poll`] handed out.
+    pub async fn commit_offsets_sync(&mut self, offsets: &[(TopicPartition, i64)]) -> Result<()> {
+        self.commit_offsets(offsets).await?.await
     }
 
     /// Sends a commit of the positions consumed so far; the returned future resolves

@@ -1,0 +1,135 @@
+//! `fjord mirror`: flags → [`fjord_mirror::MirrorConfig`] → [`fjord_mirror::run`] until
+//! Ctrl-C/SIGTERM; `fjord mirror status` prints a running mirror's per-partition lag.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use fjord_mirror::{AuditConfig, MirrorConfig, SourceConfig, SourceState, Status};
+
+use crate::load::parse_duration;
+
+/// Flags of `fjord mirror`.
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub(crate) struct MirrorArgs {
+    #[command(subcommand)]
+    command: Option<MirrorCommand>,
+    /// A source cluster, `[ALIAS=]HOST:PORT[,HOST:PORT...]`; repeat for several.
+    #[arg(long = "source", value_name = "ALIAS=HOST:PORT", required = true)]
+    sources: Vec<String>,
+    /// The target (analytics) cluster, HOST:PORT[,HOST:PORT...].
+    #[arg(long, value_name = "HOST:PORT", required = true)]
+    target: Option<String>,
+    /// Topics to mirror: a regex that must match the whole name; new matching topics are
+    /// picked up while running.
+    #[arg(long, value_name = "REGEX", required = true)]
+    topics: Option<String>,
+    /// Consumer group in each source cluster (mirrors with the same group share partitions).
+    #[arg(long, default_value = "fjord-mirror")]
+    group: String,
+    /// Target topic names, e.g. '{alias}.{topic}'; by default names are kept.
+    #[arg(long, value_name = "TEMPLATE")]
+    rename: Option<String>,
+    /// Accept target topics with fewer partitions than the source: place records by key hash.
+    #[arg(long)]
+    repartition_by_key: bool,
+    /// Serve /metrics (Prometheus) and /status on this address, e.g. 127.0.0.1:9400.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
+    /// Flush the target and commit source offsets this often (the duplicate window after a crash).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    commit_interval: Duration,
+    /// Look for new matching topics this often.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    topic_refresh: Duration,
+    /// Static group membership id: a restarted mirror with the same id gets its partitions back at once.
+    #[arg(long, value_name = "ID")]
+    instance_id: Option<String>,
+    /// Publish the mirror tier's audit counts to the target's `_audit` under this cluster name.
+    #[arg(long, value_name = "NAME")]
+    audit_cluster: Option<String>,
+    /// How often audit counts are published.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    audit_interval: Duration,
+    /// Audit window length (the same for every tier and the report).
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    audit_window: Duration,
+}
+
+#[derive(clap::Subcommand)]
+enum MirrorCommand {
+    /// Per source partition: mirrored position, source log end and lag, and the gaps found,
+    /// read from a running mirror's --metrics endpoint.
+    Status(StatusArgs),
+}
+
+#[derive(clap::Args)]
+struct StatusArgs {
+    /// The running mirror's --metrics address.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9400")]
+    metrics: String,
+    /// Print the status as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) async fn run(args: MirrorArgs) -> anyhow::Result<()> {
+    if let Some(MirrorCommand::Status(s)) = args.command {
+        return status(s).await;
+    }
+    let sources = args.sources.iter().map(|s| SourceConfig::parse(s)).collect::<Result<Vec<_>, _>>()?;
+    let mut config = MirrorConfig::new(sources, args.target.unwrap_or_default(), args.topics.unwrap_or_default());
+    config.group = args.group;
+    config.rename = args.rename;
+    config.repartition_by_key = args.repartition_by_key;
+    config.commit_interval = args.commit_interval;
+    config.topic_refresh = args.topic_refresh;
+    config.instance_id = args.instance_id;
+    config.audit = args.audit_cluster.map(|cluster| AuditConfig { cluster, interval: args.audit_interval, window: args.audit_window });
+    // Bad flags fail here, before anything binds or connects.
+    config.validate()?;
+    let listener = match &args.metrics {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on --metrics {addr}"))?;
+            eprintln!("mirror metrics on http://{}/metrics, status on /status", l.local_addr()?);
+            Some(l)
+        }
+        None => None,
+    };
+    fjord_mirror::run(config, listener, crate::server::shutdown_on_signal()?).await?;
+    Ok(())
+}
+
+async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let status = fjord_mirror::fetch_status(&args.metrics).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print!("{}", render(&status));
+    }
+    Ok(())
+}
+
+fn render(status: &Status) -> String {
+    let mut out = String::new();
+    for s in &status.sources {
+        let state = match s.state {
+            SourceState::Up => "up".to_string(),
+            SourceState::Connecting => "connecting".to_string(),
+            SourceState::Retrying => format!("RETRYING: {}", s.last_error.as_deref().unwrap_or("?")),
+        };
+        out += &format!("source {} ({}): {state}; {} records mirrored, {} commits, {} failures\n", s.alias, s.bootstrap, s.records, s.commits, s.failures);
+        out += &format!("  {:<30} {:>5} {:<30} {:>12} {:>12} {:>10}\n", "TOPIC", "PART", "TARGET", "MIRRORED", "LOG-END", "LAG");
+        for p in &s.partitions {
+            let lag = p.lag.map_or_else(|| "-".to_string(), |l| l.to_string());
+            out += &format!("  {:<30} {:>5} {:<30} {:>12} {:>12} {:>10}\n", p.topic, p.partition, p.target_topic, p.mirrored, p.log_end, lag);
+        }
+    }
+    if status.gaps.is_empty() {
+        out += "no gaps\n";
+    }
+    for g in &status.gaps {
+        out += &format!("GAP {} {}-{}: offsets {}..={} ({} records) deleted by retention before they were mirrored\n", g.source, g.topic, g.partition, g.first_offset, g.last_offset, g.records);
+    }
+    out
+}

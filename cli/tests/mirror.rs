@@ -1,0 +1,406 @@
+//! `fjord mirror` end to end on loopback: in-process source and target brokers (each a
+//! standalone broker with its own data dir), the mirror as a library or as the `fjord`
+//! binary (so it can be killed with SIGKILL), and checks of every copied record.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fjord_client::{
+    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, GroupAdmin, NewTopic, OffsetReset, OffsetSpec, Producer, ProducerConfig, ProducerRecord,
+    TopicPartition,
+};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+struct Broker {
+    addr: String,
+    shutdown: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn start_broker(retention_check: Duration) -> Broker {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut config = fjord_broker::BrokerConfig { log_dir: dir.path().to_path_buf(), listeners: addr, retention_check_interval: retention_check, ..Default::default() };
+    config.group.initial_rebalance_delay_ms = 0;
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    // After the test, the temp dir may go before the broker finished stopping: not a failure.
+    tokio::spawn(async move {
+        if let Err(e) = fjord_broker::run(config, listener, token).await {
+            eprintln!("broker stopped: {e}");
+        }
+    });
+    Broker { addr: addr.to_string(), shutdown, _dir: dir }
+}
+
+async fn admin(addr: &str) -> Admin {
+    Admin::connect(ClientConfig::new(addr)).await.unwrap()
+}
+
+async fn create(addr: &str, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
+    let mut t = NewTopic::new(topic, partitions);
+    t.configs = configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    admin(addr).await.create_topics(&[t]).await.unwrap();
+}
+
+/// Produces `n` records keyed `k{i % 1000}` with value `{prefix}:{i}`; returns each
+/// value's (partition, offset).
+async fn produce(addr: &str, topic: &str, prefix: &str, range: std::ops::Range<usize>) -> HashMap<String, (i32, i64)> {
+    produce_batched(addr, topic, prefix, range, 128 * 1024).await
+}
+
+async fn produce_batched(addr: &str, topic: &str, prefix: &str, range: std::ops::Range<usize>, batch_size: usize) -> HashMap<String, (i32, i64)> {
+    let producer = Producer::connect(ProducerConfig { client: ClientConfig::new(addr), acks: Acks::Leader, batch_size, ..Default::default() }).await.unwrap();
+    let mut pending = Vec::with_capacity(range.len());
+    for i in range {
+        let value = format!("{prefix}:{i}");
+        let record = ProducerRecord::new(topic, value.clone()).key(format!("k{}", i % 1000)).header("trace", Some(Bytes::from(format!("t{i}"))));
+        pending.push((value, producer.send(record).await.unwrap()));
+    }
+    let mut out = HashMap::with_capacity(pending.len());
+    for (value, delivery) in pending {
+        let m = delivery.await.unwrap();
+        out.insert(value, (m.partition, m.offset));
+    }
+    producer.close().await;
+    out
+}
+
+async fn offsets(addr: &str, topic: &str, spec: OffsetSpec) -> Vec<i64> {
+    let a = admin(addr).await;
+    let n = a.describe_topic(topic).await.unwrap().partitions.len() as i32;
+    a.list_offsets(&(0..n).map(|p| (topic.to_string(), p, spec)).collect::<Vec<_>>()).await.unwrap()
+}
+
+/// Waits until `f` is true, polling every 50 ms, failing after `limit`.
+async fn wait_for<F, Fut>(what: &str, limit: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every record of `topic` from the log start to the end, per partition in order.
+async fn read_all(addr: &str, topic: &str) -> BTreeMap<i32, Vec<ConsumerRecord>> {
+    let ends = offsets(addr, topic, OffsetSpec::Latest).await;
+    let starts = offsets(addr, topic, OffsetSpec::Earliest).await;
+    let mut consumer = Consumer::connect(ConsumerConfig { client: ClientConfig::new(addr), auto_offset_reset: OffsetReset::Earliest, fetch_max_wait: Duration::from_millis(50), ..Default::default() })
+        .await
+        .unwrap();
+    consumer.assign_topic(topic).await.unwrap();
+    let want: i64 = ends.iter().zip(&starts).map(|(e, s)| e - s).sum();
+    let mut out: BTreeMap<i32, Vec<ConsumerRecord>> = BTreeMap::new();
+    let mut got = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got < want {
+        assert!(Instant::now() < deadline, "read {got} of {want} records of {topic}");
+        for r in consumer.poll(Duration::from_millis(200)).await.unwrap() {
+            if r.offset < ends[r.partition as usize] {
+                got += 1;
+                out.entry(r.partition).or_default().push(r);
+            }
+        }
+    }
+    out
+}
+
+fn value(r: &ConsumerRecord) -> String {
+    String::from_utf8(r.value.as_deref().unwrap().to_vec()).unwrap()
+}
+
+fn header<'a>(r: &'a ConsumerRecord, name: &str) -> Option<&'a [u8]> {
+    r.headers.iter().find(|(k, _)| k == name).and_then(|(_, v)| v.as_deref())
+}
+
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+async fn http_get(addr: &str, path: &str) -> String {
+    let (addr, path) = (addr.to_string(), path.to_string());
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sources_are_mirrored_completely_in_per_key_order_while_a_dead_source_is_retried() {
+    const N: usize = 100_000;
+    let (dc1, dc2, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+    for dc in [&dc1, &dc2] {
+        create(&dc.addr, "events", 8, &[("retention.ms", "86400000")]).await;
+    }
+    let (p1, p2) = tokio::join!(produce(&dc1.addr, "events", "dc1", 0..N), produce(&dc2.addr, "events", "dc2", 0..N));
+    let dead = free_addr();
+    let sources = vec![
+        fjord_mirror::SourceConfig::parse(&format!("dc1={}", dc1.addr)).unwrap(),
+        fjord_mirror::SourceConfig::parse(&format!("dc2={}", dc2.addr)).unwrap(),
+        fjord_mirror::SourceConfig::parse(&format!("dc3={dead}")).unwrap(),
+    ];
+    let mut config = fjord_mirror::MirrorConfig::new(sources, target.addr.clone(), "ev.*");
+    config.commit_interval = Duration::from_millis(500);
+    let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = metrics.local_addr().unwrap().to_string();
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let mirror = tokio::spawn(fjord_mirror::run(config, Some(metrics), shutdown.clone()));
+
+    wait_for("200,000 records in the target", Duration::from_secs(50), || async {
+        admin(&target.addr).await.describe_topic("events").await.is_ok() && offsets(&target.addr, "events", OffsetSpec::Latest).await.iter().sum::<i64>() >= 2 * N as i64
+    })
+    .await;
+    eprintln!("mirrored {} records in {:?}", 2 * N, started.elapsed());
+    // The target topic got the source's partition count and configs.
+    let t = admin(&target.addr).await;
+    assert_eq!(t.describe_topic("events").await.unwrap().partitions.len(), 8);
+    let retention = t.describe_configs("events").await.unwrap().into_iter().find(|c| c.name == "retention.ms").unwrap();
+    assert_eq!(retention.value.as_deref(), Some("86400000"));
+
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut last_per_key: HashMap<(String, String), usize> = HashMap::new();
+    for (partition, records) in read_all(&target.addr, "events").await {
+        for r in records {
+            let v = value(&r);
+            let origin = std::str::from_utf8(header(&r, fjord_mirror::ORIGIN_HEADER).expect("origin header")).unwrap().to_string();
+            let (prefix, i) = v.split_once(':').unwrap();
+            assert_eq!(prefix, origin, "{v} has origin {origin}");
+            let i: usize = i.parse().unwrap();
+            let source = if origin == "dc1" { &p1 } else { &p2 };
+            assert_eq!(source[&v].0, partition, "{v} left its partition");
+            let key = std::str::from_utf8(r.key.as_deref().unwrap()).unwrap().to_string();
+            assert_eq!(key, format!("k{}", i % 1000));
+            assert_eq!(header(&r, "trace"), Some(format!("t{i}").as_bytes()), "headers are copied");
+            // Per key and origin, the target holds the records in the order produced.
+            if let Some(prev) = last_per_key.insert((origin, key), i) {
+                assert!(prev < i, "{v} after {prev}: per-key order broken");
+            }
+            *seen.entry(v).or_default() += 1;
+        }
+    }
+    assert_eq!(seen.len(), 2 * N, "every message is in the target");
+    assert!(seen.values().all(|n| *n == 1), "no duplicates without a crash");
+
+    // The dead source is retried and reported, the others are up with zero lag.
+    wait_for("zero lag reported", Duration::from_secs(20), || async {
+        let s = fjord_mirror::fetch_status(&metrics_addr).await.unwrap();
+        s.sources[..2].iter().all(|s| s.partitions.len() == 8 && s.partitions.iter().all(|p| p.lag == Some(0)))
+    })
+    .await;
+    let status = fjord_mirror::fetch_status(&metrics_addr).await.unwrap();
+    assert_eq!(status.sources[0].state, fjord_mirror::SourceState::Up);
+    assert_eq!(status.sources[0].records, N as u64);
+    assert_eq!(status.sources[2].state, fjord_mirror::SourceState::Retrying);
+    assert!(status.sources[2].failures >= 2, "{:?}", status.sources[2]);
+    assert!(status.sources[2].last_error.as_deref().unwrap().contains(&dead));
+    assert!(status.gaps.is_empty());
+    let metrics = http_get(&metrics_addr, "/metrics").await;
+    assert!(metrics.contains("fjord_mirror_source_up{source=\"dc3\"} 0"), "{metrics}");
+    assert!(metrics.contains("fjord_mirror_lag{source=\"dc1\",topic=\"events\",partition=\"7\"} 0"), "{metrics}");
+    assert!(metrics.contains(&format!("fjord_mirror_records_total{{source=\"dc2\",topic=\"events\"}} {N}")), "{metrics}");
+
+    // A new matching topic is picked up while running.
+    create(&dc1.addr, "everything-else", 2, &[]).await;
+    produce(&dc1.addr, "everything-else", "dc1", 0..10).await;
+    wait_for("the new topic mirrored", Duration::from_secs(30), || async {
+        admin(&target.addr).await.describe_topic("everything-else").await.is_ok() && offsets(&target.addr, "everything-else", OffsetSpec::Latest).await.iter().sum::<i64>() == 10
+    })
+    .await;
+
+    shutdown.cancel();
+    mirror.await.unwrap().unwrap();
+}
+
+/// The `fjord mirror` binary as a child, its output (the log) to a file the test reads.
+struct MirrorProcess {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl MirrorProcess {
+    fn start(args: &[&str], log: std::path::PathBuf) -> Self {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_fjord")).arg("mirror").args(args).stdout(file.try_clone().unwrap()).stderr(file).spawn().unwrap();
+        Self { child, log }
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+impl Drop for MirrorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn committed(addr: &str, group: &str) -> BTreeMap<TopicPartition, i64> {
+    GroupAdmin::connect(ClientConfig::new(addr)).await.unwrap().committed_offsets(group).await.unwrap()
+}
+
+async fn all_committed(addr: &str, group: &str, topic: &str) -> bool {
+    let ends = offsets(addr, topic, OffsetSpec::Latest).await;
+    let c = committed(addr, group).await;
+    ends.iter().enumerate().all(|(p, end)| c.get(&TopicPartition::new(topic, p as i32)) == Some(end))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_midway_loses_nothing_and_duplicates_only_what_followed_the_last_commit() {
+    const N: usize = 100_000;
+    let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+    create(&source.addr, "events", 8, &[]).await;
+    let produced = produce(&source.addr, "events", "dc1", 0..N).await;
+    let dir = tempfile::tempdir().unwrap();
+    let src = format!("dc1={}", source.addr);
+    let args = ["--source", &src, "--target", &target.addr, "--topics", "events", "--group", "g", "--instance-id", "m1", "--commit-interval", "300ms"];
+    let mut first = MirrorProcess::start(&args, dir.path().join("first.log"));
+    wait_for("a third of the records mirrored", Duration::from_secs(40), || async {
+        admin(&target.addr).await.describe_topic("events").await.is_ok() && offsets(&target.addr, "events", OffsetSpec::Latest).await.iter().sum::<i64>() >= N as i64 / 3
+    })
+    .await;
+    first.kill9();
+    // Produce requests already on the wire still land: wait until the target stops growing.
+    let mut at_kill: i64 = -1;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now: i64 = offsets(&target.addr, "events", OffsetSpec::Latest).await.iter().sum();
+        if now == at_kill {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the target kept growing after the kill");
+        at_kill = now;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(at_kill < N as i64, "the mirror finished before it was killed; nothing to test ({})", first.log());
+    let commits = committed(&source.addr, "g").await;
+    let committed_at_kill: Vec<i64> = (0..8).map(|p| commits.get(&TopicPartition::new("events", p)).copied().unwrap_or(0)).collect();
+    eprintln!("killed with {at_kill} records in the target, {} committed", committed_at_kill.iter().sum::<i64>());
+
+    let _second = MirrorProcess::start(&args, dir.path().join("second.log"));
+    wait_for("everything committed after the restart", Duration::from_secs(40), || all_committed(&source.addr, "g", "events")).await;
+
+    // Per target partition (= source partition), the source offsets copied must read
+    // 0, 1, ..., m-1, c, c+1, ..., end-1 with c the offset committed at the kill and
+    // c <= m: the first run's copies, then the second run from the commit on.
+    let mut duplicates = 0i64;
+    let mut present = 0usize;
+    for (partition, records) in read_all(&target.addr, "events").await {
+        let sources: Vec<i64> = records
+            .iter()
+            .map(|r| {
+                let (p, o) = produced[&value(r)];
+                assert_eq!(p, partition);
+                o
+            })
+            .collect();
+        let c = committed_at_kill[partition as usize];
+        // m: where the second run's copies start (no step back: it started at m = c).
+        let m = sources.windows(2).position(|w| w[1] <= w[0]).map_or(c, |i| i as i64 + 1);
+        let expected: Vec<i64> = (0..m).chain(c..*sources.iter().max().unwrap() + 1).collect();
+        assert!(c <= m, "partition {partition}: committed {c} but only {m} copied before the kill: a commit ran ahead of the target");
+        assert_eq!(sources, expected, "partition {partition}: copies are not 0..{m} then {c}..: loss or duplicates outside the window after the last commit");
+        duplicates += m - c;
+        present += sources.iter().collect::<std::collections::HashSet<_>>().len();
+    }
+    assert_eq!(present, N, "every message is in the target");
+    let total: i64 = offsets(&target.addr, "events", OffsetSpec::Latest).await.iter().sum();
+    assert_eq!(total, N as i64 + duplicates);
+    // Exactly the records the killed mirror copied after its last commit came twice.
+    assert_eq!(duplicates, at_kill - committed_at_kill.iter().sum::<i64>(), "duplicates beyond the records copied after the last commit");
+    eprintln!("duplicates after kill -9: {duplicates} (records copied after the last commit)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_past_the_committed_offset_is_reported_as_a_gap_with_exact_offsets() {
+    let (source, target) = (start_broker(Duration::from_millis(100)).await, start_broker(Duration::from_secs(300)).await);
+    // Small batches in small segments; retention keeps about 10 KB, more than the first
+    // 200 records, far less than all 700.
+    create(&source.addr, "r", 1, &[("segment.bytes", "2048"), ("retention.bytes", "10000")]).await;
+    produce_batched(&source.addr, "r", "a", 0..200, 512).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (src, metrics) = (format!("dc1={}", source.addr), free_addr());
+    let args = ["--source", &src, "--target", &target.addr, "--topics", "r", "--group", "g", "--instance-id", "m1", "--commit-interval", "200ms", "--metrics", &metrics];
+    let mut first = MirrorProcess::start(&args, dir.path().join("first.log"));
+    wait_for("the first 200 records committed", Duration::from_secs(30), || all_committed(&source.addr, "g", "r")).await;
+    first.kill9();
+    assert_eq!(offsets(&source.addr, "r", OffsetSpec::Earliest).await[0], 0, "retention ran too early");
+
+    // While the mirror is down: 500 more records, and retention deletes segments past
+    // the committed offset 200.
+    produce_batched(&source.addr, "r", "a", 200..700, 512).await;
+    wait_for("retention past offset 200", Duration::from_secs(20), || async { offsets(&source.addr, "r", OffsetSpec::Earliest).await[0] > 200 }).await;
+    let log_start = offsets(&source.addr, "r", OffsetSpec::Earliest).await[0];
+
+    let second = MirrorProcess::start(&args, dir.path().join("second.log"));
+    wait_for("the rest committed", Duration::from_secs(30), || all_committed(&source.addr, "g", "r")).await;
+    let status = fjord_mirror::fetch_status(&metrics).await.unwrap();
+    assert_eq!(status.gaps.len(), 1, "{:?}", status.gaps);
+    let gap = &status.gaps[0];
+    assert_eq!((gap.source.as_str(), gap.topic.as_str(), gap.partition, gap.first_offset, gap.last_offset, gap.records), ("dc1", "r", 0, 200, log_start - 1, log_start - 200));
+    let text = http_get(&metrics, "/metrics").await;
+    assert!(text.contains(&format!("fjord_mirror_gap_records_total{{source=\"dc1\",topic=\"r\",partition=\"0\"}} {}", log_start - 200)), "{text}");
+    assert!(second.log().contains(&format!("offsets 200..={} of r-0", log_start - 1)), "{}", second.log());
+    // On record in the analytics cluster too.
+    let recorded = read_all(&target.addr, fjord_mirror::GAPS_TOPIC).await;
+    let recorded: Vec<fjord_mirror::Gap> = recorded[&0].iter().map(|r| serde_json::from_slice(r.value.as_deref().unwrap()).unwrap()).collect();
+    assert_eq!(&recorded, &status.gaps);
+    // The target holds exactly what survived: 0..200, then log_start..700.
+    let copied: Vec<String> = read_all(&target.addr, "r").await[&0].iter().map(value).collect();
+    let expected: Vec<String> = (0..200).chain(log_start as usize..700).map(|i| format!("a:{i}")).collect();
+    assert_eq!(copied, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_topic_with_fewer_partitions_is_refused_unless_repartitioning_by_key() {
+    let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+    create(&source.addr, "t", 4, &[]).await;
+    create(&target.addr, "t", 2, &[]).await;
+    produce(&source.addr, "t", "a", 0..100).await;
+    let src = format!("dc1={}", source.addr);
+    let args: Vec<String> = ["mirror", "--source", &src, "--target", &target.addr, "--topics", "t"].map(String::from).to_vec();
+    let out = tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(args).output().unwrap()).await.unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("target topic \"t\" has 2 partitions, fewer than the 4") && stderr.contains("--repartition-by-key"), "{stderr}");
+    assert_eq!(offsets(&target.addr, "t", OffsetSpec::Latest).await.iter().sum::<i64>(), 0, "nothing copied");
+
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--source", &src, "--target", &target.addr, "--topics", "t", "--group", "g", "--repartition-by-key"];
+    let _mirror = MirrorProcess::start(&args, dir.path().join("mirror.log"));
+    wait_for("everything committed", Duration::from_secs(30), || all_committed(&source.addr, "g", "t")).await;
+    for (partition, records) in read_all(&target.addr, "t").await {
+        for r in records {
+            assert_eq!(fjord_client::partitioner::partition_for_key(r.key.as_deref().unwrap(), 2), partition);
+        }
+    }
+    assert_eq!(offsets(&target.addr, "t", OffsetSpec::Latest).await.iter().sum::<i64>(), 100);
+}

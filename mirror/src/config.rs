@@ -1,0 +1,250 @@
+//! [`MirrorConfig`]: sources, target, which topics, how to name and partition them, and the
+//! intervals of commits, topic discovery and lag refresh.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use regex::Regex;
+
+use crate::{Error, Result};
+
+/// One source cluster: an alias (the origin header's value, `{alias}` in renames, the
+/// `source` label of metrics) and its bootstrap list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceConfig {
+    /// Short name of the cluster, e.g. `dc1`.
+    pub alias: String,
+    /// `HOST:PORT[,HOST:PORT...]`.
+    pub bootstrap: String,
+}
+
+impl SourceConfig {
+    /// Parses `[ALIAS=]HOST:PORT[,HOST:PORT...]`; without an alias the bootstrap list is
+    /// the alias.
+    pub fn parse(s: &str) -> Result<Self> {
+        let (alias, bootstrap) = match s.split_once('=') {
+            Some((alias, bootstrap)) => (alias.trim(), bootstrap.trim()),
+            None => (s.trim(), s.trim()),
+        };
+        if alias.is_empty() {
+            return Err(Error::InvalidConfig(format!("source {s:?}: the alias before '=' is empty")));
+        }
+        check_bootstrap(bootstrap, &format!("source {alias}"))?;
+        Ok(Self { alias: alias.to_string(), bootstrap: bootstrap.to_string() })
+    }
+}
+
+/// The mirror tier of the audit: counts of records the target acknowledged, per source
+/// topic and window of creation time, published to the target's `_audit`.
+#[derive(Debug, Clone)]
+pub struct AuditConfig {
+    /// Cluster name written into the audit records (e.g. `analytics`).
+    pub cluster: String,
+    /// How often counts are published (and once more at shutdown).
+    pub interval: Duration,
+    /// Window length; every tier and the report must agree on it.
+    pub window: Duration,
+}
+
+/// Everything one mirror process needs.
+#[derive(Debug, Clone)]
+pub struct MirrorConfig {
+    /// Source clusters, each consumed by its own group member.
+    pub sources: Vec<SourceConfig>,
+    /// Target (analytics) cluster bootstrap list.
+    pub target: String,
+    /// Topics to mirror: a regex that must match the whole name. Internal topics
+    /// (`__*`) never match.
+    pub topics: String,
+    /// Consumer group, in each source cluster, whose committed offsets are the mirror's
+    /// positions; several mirror processes with the same group share the partitions.
+    pub group: String,
+    /// Target topic name template with `{alias}` and `{topic}`; `None` keeps the name
+    /// (the analytics cluster aggregates every datacenter under one name).
+    pub rename: Option<String>,
+    /// Accept a target topic with fewer partitions than its source and place records by
+    /// key hash (records without a key: source partition modulo the target's count).
+    pub repartition_by_key: bool,
+    /// Flush the target and commit the source offsets at least this often; the window
+    /// of possible duplicates after a crash.
+    pub commit_interval: Duration,
+    /// How often each source's topic list is read to pick up new matching topics.
+    pub topic_refresh: Duration,
+    /// How often each source's log end offsets are read for the lag.
+    pub lag_interval: Duration,
+    /// Longest pause between attempts to reach an unreachable source.
+    pub retry_backoff_max: Duration,
+    /// `session.timeout.ms` of the group members.
+    pub session_timeout: Duration,
+    /// `group.instance.id` (static membership): a restarted mirror with the same id takes
+    /// its partitions back at once instead of after the session timeout.
+    pub instance_id: Option<String>,
+    /// The audit tier, when wanted.
+    pub audit: Option<AuditConfig>,
+    /// Host name for audit records; `None` = this machine's.
+    pub host: Option<String>,
+}
+
+impl MirrorConfig {
+    /// Defaults for the given sources, target and topic regex.
+    pub fn new(sources: Vec<SourceConfig>, target: impl Into<String>, topics: impl Into<String>) -> Self {
+        Self {
+            sources,
+            target: target.into(),
+            topics: topics.into(),
+            group: "fjord-mirror".into(),
+            rename: None,
+            repartition_by_key: false,
+            commit_interval: Duration::from_secs(1),
+            topic_refresh: Duration::from_secs(10),
+            lag_interval: Duration::from_secs(1),
+            retry_backoff_max: Duration::from_secs(30),
+            session_timeout: Duration::from_secs(10),
+            instance_id: None,
+            audit: None,
+            host: None,
+        }
+    }
+
+    /// Checks everything that can be checked without a network, and compiles the topic
+    /// regex (anchored: it must match the whole topic name).
+    pub fn validate(&self) -> Result<Regex> {
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        if self.sources.is_empty() {
+            return bad("at least one --source ALIAS=HOST:PORT is required".into());
+        }
+        let mut aliases = HashSet::new();
+        for s in &self.sources {
+            if !aliases.insert(s.alias.as_str()) {
+                return bad(format!("source alias {:?} is given twice", s.alias));
+            }
+            check_bootstrap(&s.bootstrap, &format!("source {}", s.alias))?;
+        }
+        check_bootstrap(&self.target, "target")?;
+        if self.group.is_empty() {
+            return bad("the group name is empty".into());
+        }
+        for (name, d) in [("commit interval", self.commit_interval), ("topic refresh", self.topic_refresh), ("lag interval", self.lag_interval)] {
+            if d.is_zero() {
+                return bad(format!("the {name} must be above zero"));
+            }
+        }
+        if let Some(template) = &self.rename {
+            if !template.contains("{topic}") {
+                return bad(format!("rename template {template:?} lacks {{topic}}: every source topic would land in one target topic"));
+            }
+            let rest = template.replace("{alias}", "").replace("{topic}", "");
+            if rest.contains('{') || rest.contains('}') {
+                return bad(format!("rename template {template:?}: only {{alias}} and {{topic}} can be substituted"));
+            }
+        }
+        for s in &self.sources {
+            let sample = self.target_topic(&s.alias, "topic");
+            if !is_legal_topic(&sample) {
+                return bad(format!(
+                    "rename template {:?} makes the illegal topic name {sample:?} for source {:?} (legal: ASCII letters, digits, '.', '_', '-'; \
+                     give the source a short alias: --source NAME=HOST:PORT)",
+                    self.rename.as_deref().unwrap_or_default(),
+                    s.alias
+                ));
+            }
+            // Copying a cluster into itself under the same names would copy the copies forever.
+            if self.rename.is_none() && same_cluster(&s.bootstrap, &self.target) {
+                return bad(format!("source {} is the target cluster and topics keep their names: the mirror would copy its own output; pass --rename", s.alias));
+            }
+        }
+        let invalid = |e: regex::Error| Error::InvalidRegex { regex: self.topics.clone(), detail: e.to_string() };
+        // Compiled alone first, so an error points into the text the user wrote.
+        Regex::new(&self.topics).map_err(invalid)?;
+        Regex::new(&format!("^(?:{})$", self.topics)).map_err(invalid)
+    }
+
+    /// The target topic of `topic` from source `alias`.
+    pub fn target_topic(&self, alias: &str, topic: &str) -> String {
+        match &self.rename {
+            Some(template) => template.replace("{alias}", alias).replace("{topic}", topic),
+            None => topic.to_string(),
+        }
+    }
+}
+
+fn check_bootstrap(bootstrap: &str, what: &str) -> Result<()> {
+    let servers: Vec<&str> = bootstrap.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    if servers.is_empty() {
+        return Err(Error::InvalidConfig(format!("{what}: no HOST:PORT given")));
+    }
+    if let Some(bad) = servers.iter().find(|s| s.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())) {
+        return Err(Error::InvalidConfig(format!("{what}: {bad:?} is not HOST:PORT")));
+    }
+    Ok(())
+}
+
+fn same_cluster(a: &str, b: &str) -> bool {
+    let set = |s: &str| s.split(',').map(|x| x.trim().to_string()).collect::<HashSet<_>>();
+    !set(a).is_disjoint(&set(b))
+}
+
+/// Kafka's rule for topic names.
+pub(crate) fn is_legal_topic(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 249
+        && name != "."
+        && name != ".."
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> MirrorConfig {
+        MirrorConfig::new(
+            vec![SourceConfig::parse("dc1=127.0.0.1:9092").unwrap(), SourceConfig::parse("dc2=127.0.0.1:9093,127.0.0.1:9094").unwrap()],
+            "127.0.0.1:9095",
+            "events|clicks-.*",
+        )
+    }
+
+    #[test]
+    fn the_regex_matches_whole_names_and_names_are_kept_or_renamed() {
+        let mut c = config();
+        let re = c.validate().unwrap();
+        assert!(re.is_match("events") && re.is_match("clicks-eu"));
+        assert!(!re.is_match("events2") && !re.is_match("old-events"));
+        assert_eq!(c.target_topic("dc1", "events"), "events");
+        c.rename = Some("{alias}.{topic}".into());
+        c.validate().unwrap();
+        assert_eq!(c.target_topic("dc2", "events"), "dc2.events");
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error() {
+        let mut c = config();
+        c.topics = "events(".into();
+        assert!(matches!(c.validate(), Err(Error::InvalidRegex { .. })), "{:?}", c.validate());
+        for (rename, needle) in [("{alias}", "lacks {topic}"), ("{dc}.{topic}", "only {alias} and {topic}"), ("{alias}/{topic}", "illegal topic name")] {
+            let mut c = config();
+            c.rename = Some(rename.into());
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(needle), "{rename}: {e}");
+        }
+        let mut c = config();
+        c.sources.push(SourceConfig::parse("dc1=127.0.0.1:1").unwrap());
+        assert!(c.validate().unwrap_err().to_string().contains("given twice"));
+        let mut c = config();
+        c.sources.clear();
+        assert!(c.validate().unwrap_err().to_string().contains("at least one --source"));
+        let mut c = config();
+        c.target = "127.0.0.1:9093".into();
+        assert!(c.validate().unwrap_err().to_string().contains("copy its own output"));
+        for bad in ["=h:1", "dc1=nohost", "dc1=h:99999", "dc1="] {
+            assert!(SourceConfig::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(SourceConfig::parse("h:1").unwrap().alias, "h:1");
+        // An alias with ':' cannot go into a topic name.
+        let mut c = config();
+        c.sources = vec![SourceConfig::parse("h:1").unwrap()];
+        c.rename = Some("{alias}.{topic}".into());
+        assert!(c.validate().unwrap_err().to_string().contains("short alias"));
+    }
+}

@@ -1,0 +1,70 @@
+//! The crate's one error type.
+
+/// What can stop the mirror or one of its sources.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A source or the target refused a request or could not be reached.
+    #[error(transparent)]
+    Client(#[from] fjord_client::Error),
+    /// The configuration is unusable (missing or duplicate sources, bad template, ...).
+    #[error("invalid mirror configuration: {0}")]
+    InvalidConfig(String),
+    /// `--topics` is not a valid regular expression.
+    #[error("invalid --topics regex {regex:?}: {detail}")]
+    InvalidRegex {
+        /// The regex as given.
+        regex: String,
+        /// Why it does not compile (the regex crate's message, pointing into the text).
+        detail: String,
+    },
+    /// The target cluster cannot be reached at start.
+    #[error("target cluster {target} unreachable: {error}")]
+    TargetUnreachable {
+        /// The target bootstrap list.
+        target: String,
+        /// The client's error (its message is part of this one's).
+        error: fjord_client::Error,
+    },
+    /// The target topic has fewer partitions than the source topic, so keeping a key's
+    /// partition is impossible; refused unless repartitioning by key was asked for.
+    #[error(
+        "target topic {target_topic:?} has {target_partitions} partitions, fewer than the {source_partitions} of \
+         {source_topic:?} on source {alias}: records cannot keep their partition; create the target topic with at least \
+         {source_partitions} partitions, or pass --repartition-by-key to spread them by key hash (per-key order is kept)"
+    )]
+    FewerTargetPartitions {
+        /// Source alias.
+        alias: String,
+        /// Source topic.
+        source_topic: String,
+        /// Its partition count.
+        source_partitions: i32,
+        /// Target topic.
+        target_topic: String,
+        /// Its partition count.
+        target_partitions: i32,
+    },
+    /// The target did not acknowledge a copied record; nothing past it is committed.
+    #[error("target did not acknowledge records of {topic}: {error}")]
+    NotAcknowledged {
+        /// Target topic.
+        topic: String,
+        /// The producer's error (its message is part of this one's).
+        error: fjord_client::Error,
+    },
+    /// Binding or serving the metrics endpoint failed.
+    #[error("metrics endpoint: {0}")]
+    Http(#[source] std::io::Error),
+    /// Reading a running mirror's status over HTTP failed.
+    #[error("cannot read mirror status from {url}: {detail}")]
+    Status {
+        /// The status URL.
+        url: String,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,125 @@
+//! The mirror: an embedded consumer that copies topics from one or more online clusters
+//! (sources) into an analytics cluster (target), as in the paper's deployment, with the
+//! guarantees other mirrors lack: source offsets are committed only after the target
+//! acknowledged (acks=all), so a crash duplicates at most the records after the last
+//! commit and loses none; data deleted by source retention before it was copied is
+//! reported as a [`Gap`] with its exact offsets; the lag of every source partition is on
+//! `/metrics`.
+//!
+//! ```no_run
+//! # async fn f() -> fjord_mirror::Result<()> {
+//! use fjord_mirror::{MirrorConfig, SourceConfig};
+//! let sources = vec![SourceConfig::parse("dc1=10.0.0.1:9092")?, SourceConfig::parse("dc2=10.1.0.1:9092")?];
+//! let config = MirrorConfig::new(sources, "10.2.0.1:9092", "events|clicks-.*");
+//! fjord_mirror::run(config, None, tokio_util::sync::CancellationToken::new()).await
+//! # }
+//! ```
+//!
+//! # Layout
+//! - [`config`]: [`MirrorConfig`], [`SourceConfig`], validation, target topic names.
+//! - `source`: one task per source cluster: group member, copy loop, commits, gaps,
+//!   retries with backoff.
+//! - [`stats`]: shared state, Prometheus text and the JSON [`Status`].
+//! - `http`: `GET /metrics` and `GET /status`; [`fetch_status`] reads the latter.
+//!
+//! # What the target gets
+//! Each target topic is created (when missing) with its source topic's partition count
+//! and non-default configs. A record keeps key, value, headers and timestamp, gains the
+//! [`ORIGIN_HEADER`] (the source alias), and goes to the same partition number, so a key
+//! stays on one partition and per-key order holds. A target topic with fewer partitions
+//! is refused unless [`MirrorConfig::repartition_by_key`].
+
+pub mod config;
+mod error;
+mod http;
+mod source;
+pub mod stats;
+
+use std::sync::Arc;
+
+use fjord_audit::AuditCounter;
+use fjord_client::ClientConfig;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{AuditConfig, MirrorConfig, SourceConfig};
+pub use error::{Error, Result};
+pub use http::fetch_status;
+pub use stats::{Gap, PartitionStatus, SourceState, SourceStatus, Status};
+
+use source::{run_source, Shared, Target};
+
+/// Header naming the cluster a mirrored record came from (the source alias).
+pub const ORIGIN_HEADER: &str = "fjord.origin";
+
+/// Topic in the target cluster where every [`Gap`] is written (JSON, keyed by
+/// `source/topic-partition`), next to `_audit`.
+pub const GAPS_TOPIC: &str = "_mirror_gaps";
+
+/// The audit tier name of the mirror.
+pub const AUDIT_TIER: &str = "mirror";
+
+/// Runs the mirror until `shutdown`: one task per source, the metrics endpoint on
+/// `metrics` when given, and the audit publisher when configured. Returns an error for
+/// a bad configuration (at start), an unreachable target (at start), or a target topic
+/// with too few partitions; unreachable sources are retried instead.
+pub async fn run(config: MirrorConfig, metrics: Option<TcpListener>, shutdown: CancellationToken) -> Result<()> {
+    let topics = config.validate()?;
+    tracing::info!(?config, "starting the mirror");
+    let stats = Arc::new(stats::Stats::new(&config.sources));
+    let target_client = ClientConfig::new(&config.target);
+    let target = Target::connect(target_client.clone()).await.map_err(|error| Error::TargetUnreachable { target: config.target.clone(), error })?;
+    // Cancelled at shutdown or when a source fails for good: everything stops.
+    let stop = shutdown.child_token();
+    let http = metrics.map(|listener| tokio::spawn(http::serve(listener, stats.clone(), stop.clone())));
+    let (audit, publisher) = match &config.audit {
+        Some(a) => {
+            let host = config.host.clone().unwrap_or_else(host_name);
+            let counter = Arc::new(AuditCounter::new(AUDIT_TIER, host, a.cluster.clone()).with_window(a.window).map_err(|e| Error::InvalidConfig(e.to_string()))?);
+            // Its own token: the last counts are published after the sources stopped.
+            let done = CancellationToken::new();
+            let handle = counter.clone().spawn_publisher(target_client.clone(), a.interval, done.clone());
+            (Some(counter), Some((handle, done)))
+        }
+        None => (None, None),
+    };
+    let shared = Arc::new(Shared { config: config.clone(), topics, stats, target, audit });
+    let mut tasks = JoinSet::new();
+    for source in config.sources {
+        tasks.spawn(run_source(shared.clone(), source, stop.clone()));
+    }
+    let mut result = Ok(());
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                stop.cancel();
+                if result.is_ok() {
+                    result = Err(e);
+                }
+            }
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => stop.cancel(),
+        }
+    }
+    stop.cancel();
+    if let Some((handle, done)) = publisher {
+        done.cancel();
+        match handle.await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "the last audit publish failed"),
+            Err(e) => tracing::warn!(error = %e, "the audit publisher stopped abnormally"),
+            Ok(Ok(())) => {}
+        }
+    }
+    if let Some(http) = http {
+        if let Ok(Err(e)) = http.await {
+            tracing::warn!(error = %e, "the metrics endpoint failed");
+        }
+    }
+    result
+}
+
+fn host_name() -> String {
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "unknown".into())
+}

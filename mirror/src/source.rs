@@ -1,0 +1,535 @@
+//! One source cluster: a group member that copies its partitions into the target.
+//!
+//! The loop: poll records, send each to the target (same partition, or by key when the
+//! target has fewer partitions and that was allowed), and every `commit_interval`, or
+//! before the group rebalances, flush the producer, check that the target acknowledged
+//! every record (acks=all), and only then commit the consumed positions in the source
+//! group. So a committed offset never runs ahead of the target: a crash copies again at
+//! most the records after the last commit (duplicates), never loses any.
+//!
+//! Gaps: the position a partition resumes at is the group's committed offset; when
+//! retention has deleted data past it, the consumer restarts at the log start. The mirror
+//! compares the committed offset (or, while running, the next expected offset) with the
+//! source's log start and reports the deleted range as a [`Gap`] instead of skipping it.
+//!
+//! Failures of the source (unreachable, topic listing fails, ...) end the session; the
+//! caller retries with exponential backoff while the other sources go on.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fjord_audit::{AuditCounter, PendingCounts, AUDIT_TOPIC};
+use fjord_client::{
+    Acks, Admin, ClientConfig, ConsumerRecord, DeliveryFuture, GroupAdmin, GroupConfig, GroupConsumer, NewTopic, OffsetReset, OffsetSpec, Producer,
+    ProducerConfig, ProducerRecord, Rebalance, ResponseError, TopicMetadata, TopicPartition,
+};
+use regex::Regex;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{MirrorConfig, SourceConfig};
+use crate::stats::{Gap, Stats};
+use crate::{Error, Result, GAPS_TOPIC, ORIGIN_HEADER};
+
+/// First pause after a source failed; doubled per failure up to `retry_backoff_max`.
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+/// How long one poll may wait for records before the loop looks at commits and topics.
+const POLL_TIMEOUT: Duration = Duration::from_millis(200);
+/// Bound on the last flush and commit at shutdown or after a failure.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every source task shares.
+pub(crate) struct Shared {
+    pub(crate) config: MirrorConfig,
+    pub(crate) topics: Regex,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) target: Target,
+    pub(crate) audit: Option<Arc<AuditCounter>>,
+}
+
+/// The target cluster: its admin client and the partition counts of its topics, created
+/// on demand (one creation at a time, so two sources never race on one topic).
+pub(crate) struct Target {
+    client: ClientConfig,
+    admin: Admin,
+    partitions: tokio::sync::Mutex<HashMap<String, i32>>,
+}
+
+impl Target {
+    pub(crate) async fn connect(client: ClientConfig) -> fjord_client::Result<Self> {
+        Ok(Self { admin: Admin::connect(client.clone()).await?, client, partitions: tokio::sync::Mutex::default() })
+    }
+
+    /// The partition count of `name`, creating it with `partitions` and `configs` if missing.
+    async fn ensure(&self, name: &str, partitions: i32, configs: BTreeMap<String, String>) -> Result<i32> {
+        let mut known = self.partitions.lock().await;
+        if let Some(n) = known.get(name) {
+            return Ok(*n);
+        }
+        let n = match self.admin.describe_topic(name).await {
+            Ok(t) => t.partitions.len() as i32,
+            Err(fjord_client::Error::UnknownTopic(_)) => {
+                let topic = NewTopic { configs: configs.clone(), ..NewTopic::new(name, partitions) };
+                match self.admin.create_topics(&[topic]).await {
+                    Ok(()) => {
+                        tracing::info!(topic = name, partitions, ?configs, "created target topic");
+                        partitions
+                    }
+                    Err(e) if e.code() == Some(ResponseError::TopicAlreadyExists) => self.admin.describe_topic(name).await?.partitions.len() as i32,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        };
+        known.insert(name.to_string(), n);
+        Ok(n)
+    }
+}
+
+/// Runs one source until `shutdown`, retrying failed sessions with backoff. Only a
+/// configuration problem found on the clusters (a target topic with too few partitions)
+/// ends it with an error.
+pub(crate) async fn run_source(shared: Arc<Shared>, source: SourceConfig, shutdown: CancellationToken) -> Result<()> {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let started = Instant::now();
+        let result = Session::run(&shared, &source, &shutdown).await;
+        shared.stats.revoke_all(&source.alias);
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e @ Error::FewerTargetPartitions { .. }) => return Err(e),
+            Err(e) => {
+                // A session that ran healthily for a while starts the backoff over.
+                if started.elapsed() > shared.config.retry_backoff_max {
+                    backoff = FIRST_BACKOFF;
+                }
+                shared.stats.failed(&source.alias, &e.to_string());
+                tracing::warn!(source = %source.alias, bootstrap = %source.bootstrap, error = %e, retry_in = ?backoff, "source failed; retrying (other sources go on)");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = shutdown.cancelled() => return Ok(()),
+                }
+                backoff = (backoff * 2).min(shared.config.retry_backoff_max);
+            }
+        }
+    }
+}
+
+/// Where a source topic's records go.
+struct Route {
+    target: String,
+    source_partitions: i32,
+    target_partitions: i32,
+}
+
+impl Route {
+    /// Same partition when the target has enough (so a key stays on its partition, and
+    /// per-key order holds); else by key hash (or the source partition modulo the count
+    /// for records without a key), which also keeps each key on one partition.
+    fn partition(&self, source_partition: i32, key: Option<&[u8]>) -> i32 {
+        if self.target_partitions >= self.source_partitions {
+            return source_partition;
+        }
+        match key {
+            Some(k) => fjord_client::partitioner::partition_for_key(k, self.target_partitions),
+            None => source_partition % self.target_partitions,
+        }
+    }
+}
+
+struct Session<'a> {
+    shared: &'a Shared,
+    alias: &'a str,
+    source_client: ClientConfig,
+    admin: Admin,
+    groups: GroupAdmin,
+    producer: Producer,
+    routes: BTreeMap<String, Route>,
+    /// Next source offset expected per owned partition (absent until known).
+    next: HashMap<TopicPartition, i64>,
+    /// Deliveries since the last commit.
+    sent: Vec<(String, DeliveryFuture)>,
+    /// Next source offset per partition after the records sent since the last commit.
+    sent_next: HashMap<TopicPartition, i64>,
+    /// Next source offset per owned partition up to which the target acknowledged
+    /// everything: what is committed (a failed commit is sent again with the next).
+    acked: HashMap<TopicPartition, i64>,
+    sent_counts: BTreeMap<String, u64>,
+    audit_pending: Option<PendingCounts>,
+    rebalances: Arc<Mutex<Vec<Rebalance>>>,
+    last_commit: Instant,
+}
+
+impl<'a> Session<'a> {
+    async fn run(shared: &'a Shared, source: &'a SourceConfig, shutdown: &CancellationToken) -> Result<()> {
+        let source_client = ClientConfig { client_id: "fjord-mirror".into(), connect_timeout: Duration::from_secs(5), ..ClientConfig::new(&source.bootstrap) };
+        let admin = Admin::connect(source_client.clone()).await?;
+        let groups = GroupAdmin::connect(source_client.clone()).await?;
+        let producer = Producer::connect(ProducerConfig {
+            client: ClientConfig { client_id: "fjord-mirror".into(), ..shared.target.client.clone() },
+            acks: Acks::All,
+            // One request in flight per broker: a retried batch can never overtake the
+            // next one, so per-key order survives retries.
+            max_in_flight: 1,
+            batch_size: 256 * 1024,
+            linger: Duration::from_millis(10),
+            ..ProducerConfig::default()
+        })
+        .await?;
+        let mut session = Session {
+            shared,
+            alias: &source.alias,
+            source_client,
+            admin,
+            groups,
+            producer,
+            routes: BTreeMap::new(),
+            next: HashMap::new(),
+            sent: Vec::new(),
+            sent_next: HashMap::new(),
+            acked: HashMap::new(),
+            sent_counts: BTreeMap::new(),
+            audit_pending: shared.audit.as_ref().map(|a| a.pending()),
+            rebalances: Arc::default(),
+            last_commit: Instant::now(),
+        };
+        let lag = tokio::spawn(lag_loop(shared.stats.clone(), source.alias.clone(), session.source_client.clone(), shared.config.lag_interval));
+        let result = session.mirror(shutdown).await;
+        lag.abort();
+        result
+    }
+
+    /// Subscribes to the matching topics and copies until shutdown; resubscribes when the
+    /// set of matching topics changes.
+    async fn mirror(&mut self, shutdown: &CancellationToken) -> Result<()> {
+        let mut topics = self.discover().await?;
+        self.shared.stats.up(self.alias);
+        loop {
+            let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+            tracing::info!(source = %self.alias, topics = ?names, "subscribing");
+            let mut consumer = self.subscribe(&names).await?;
+            let result = self.copy(&mut consumer, &topics, shutdown).await;
+            // Flush and commit what was copied (bounded: the source may be the problem),
+            // then leave the group so the partitions move at once.
+            match tokio::time::timeout(CLOSE_TIMEOUT, self.finish(consumer, result.is_ok())).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(source = %self.alias, error = %e, "the last flush and commit failed; the records since the previous commit will be copied again"),
+                Err(_) => tracing::warn!(source = %self.alias, "the last flush and commit did not finish within {CLOSE_TIMEOUT:?}; the records since the previous commit will be copied again"),
+            }
+            self.next.clear();
+            self.acked.clear();
+            match result? {
+                None => return Ok(()),
+                Some(changed) => topics = changed,
+            }
+        }
+    }
+
+    async fn finish(&mut self, mut consumer: GroupConsumer, checkpoint: bool) -> Result<()> {
+        if checkpoint {
+            self.checkpoint(&mut consumer).await?;
+        }
+        self.sent.clear();
+        self.sent_next.clear();
+        self.sent_counts.clear();
+        if let (Some(audit), Some(pending)) = (&self.shared.audit, self.audit_pending.as_mut()) {
+            // Counts of records that were never acknowledged do not reach the audit.
+            *pending = audit.pending();
+        }
+        consumer.close().await?;
+        Ok(())
+    }
+
+    async fn subscribe(&mut self, topics: &[&str]) -> Result<GroupConsumer> {
+        let config = &self.shared.config;
+        let mut group = GroupConfig::new("", &config.group);
+        group.consumer.client = self.source_client.clone();
+        // A partition the group never committed starts at the log start: a new mirror
+        // copies what the source holds.
+        group.consumer.auto_offset_reset = OffsetReset::Earliest;
+        // Commits happen here, only after the target acknowledged.
+        group.enable_auto_commit = false;
+        group.group_instance_id = config.instance_id.clone();
+        group.session_timeout = config.session_timeout;
+        group.heartbeat_interval = config.session_timeout / 3;
+        let mut consumer = GroupConsumer::subscribe(group, topics).await?;
+        let events = self.rebalances.clone();
+        events.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        consumer.set_rebalance_listener(Box::new(move |e| events.lock().unwrap_or_else(|p| p.into_inner()).push(e.clone())));
+        Ok(consumer)
+    }
+
+    /// Copies until shutdown (`None`) or until the matching topics change (`Some(new set)`).
+    async fn copy(&mut self, consumer: &mut GroupConsumer, topics: &BTreeSet<String>, shutdown: &CancellationToken) -> Result<Option<BTreeSet<String>>> {
+        let mut last_discovery = Instant::now();
+        loop {
+            if shutdown.is_cancelled() {
+                return Ok(None);
+            }
+            if last_discovery.elapsed() >= self.shared.config.topic_refresh {
+                last_discovery = Instant::now();
+                let now = self.discover().await?;
+                if &now != topics {
+                    return Ok(Some(now));
+                }
+            }
+            // An eager rejoin gives up every partition: what was copied is committed first.
+            if consumer.rebalance_pending() || self.last_commit.elapsed() >= self.shared.config.commit_interval {
+                self.checkpoint(consumer).await?;
+            }
+            let records = tokio::select! {
+                r = consumer.poll(POLL_TIMEOUT) => r?,
+                () = shutdown.cancelled() => return Ok(None),
+            };
+            self.handle_rebalances().await?;
+            for r in records {
+                self.forward(r).await?;
+                // One poll can hand out megabytes: commits go on within it, so the
+                // duplicate window after a crash stays about one commit interval.
+                if self.last_commit.elapsed() >= self.shared.config.commit_interval {
+                    self.checkpoint(consumer).await?;
+                }
+            }
+        }
+    }
+
+    /// The source topics to mirror now, each with its target topic ready.
+    async fn discover(&mut self) -> Result<BTreeSet<String>> {
+        let mut out = BTreeSet::new();
+        for t in self.admin.list_topics().await? {
+            if t.is_internal || t.name.starts_with("__") || !self.shared.topics.is_match(&t.name) {
+                continue;
+            }
+            if !self.routes.contains_key(&t.name) {
+                let route = self.route(&t).await?;
+                self.routes.insert(t.name.clone(), route);
+            }
+            out.insert(t.name.clone());
+        }
+        Ok(out)
+    }
+
+    async fn route(&self, t: &TopicMetadata) -> Result<Route> {
+        let target = self.shared.config.target_topic(self.alias, &t.name);
+        let source_partitions = t.partitions.len() as i32;
+        let configs: BTreeMap<String, String> =
+            self.admin.describe_configs(&t.name).await?.into_iter().filter(|c| !c.is_default).filter_map(|c| c.value.map(|v| (c.name, v))).collect();
+        let target_partitions = self.shared.target.ensure(&target, source_partitions, configs).await?;
+        if target_partitions < source_partitions && !self.shared.config.repartition_by_key {
+            return Err(Error::FewerTargetPartitions {
+                alias: self.alias.to_string(),
+                source_topic: t.name.clone(),
+                source_partitions,
+                target_topic: target,
+                target_partitions,
+            });
+        }
+        Ok(Route { target, source_partitions, target_partitions })
+    }
+
+    /// Applies the group's assignment changes: new partitions resume at the committed
+    /// offset, and a committed offset below the log start is a gap.
+    async fn handle_rebalances(&mut self) -> Result<()> {
+        let events = std::mem::take(&mut *self.rebalances.lock().unwrap_or_else(|p| p.into_inner()));
+        for event in events {
+            match event {
+                Rebalance::Revoked(partitions) => {
+                    for tp in partitions {
+                        self.next.remove(&tp);
+                        self.acked.remove(&tp);
+                        self.shared.stats.revoked(self.alias, &tp);
+                    }
+                }
+                Rebalance::Assigned(partitions) => {
+                    if partitions.is_empty() {
+                        continue;
+                    }
+                    let committed = self.groups.committed_offsets(&self.shared.config.group).await?;
+                    let specs: Vec<(String, i32, OffsetSpec)> = partitions.iter().map(|tp| (tp.topic.clone(), tp.partition, OffsetSpec::Earliest)).collect();
+                    let starts = self.admin.list_offsets(&specs).await?;
+                    for (tp, log_start) in partitions.into_iter().zip(starts) {
+                        let target = self.routes.get(&tp.topic).map_or_else(String::new, |r| r.target.clone());
+                        let position = match committed.get(&tp).copied() {
+                            Some(c) if c < log_start => {
+                                self.report_gap(&tp, c, log_start - 1).await;
+                                log_start
+                            }
+                            Some(c) => c,
+                            None => log_start,
+                        };
+                        if committed.contains_key(&tp) {
+                            self.next.insert(tp.clone(), position);
+                        }
+                        self.shared.stats.assigned(self.alias, &tp, &target, position);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn forward(&mut self, r: ConsumerRecord) -> Result<()> {
+        let tp = TopicPartition::new(&*r.topic, r.partition);
+        if let Some(&expected) = self.next.get(&tp) {
+            if r.offset > expected {
+                // Offsets jump at compacted or transaction-marker holes too; only data
+                // below the log start is a loss.
+                let log_start = self.admin.list_offsets(&[(tp.topic.clone(), tp.partition, OffsetSpec::Earliest)]).await?[0];
+                if log_start > expected {
+                    self.report_gap(&tp, expected, log_start.min(r.offset) - 1).await;
+                }
+            }
+        }
+        self.next.insert(tp.clone(), r.offset + 1);
+        let Some(route) = self.routes.get(&*r.topic) else {
+            return Err(Error::InvalidConfig(format!("a record of {} arrived, which is not subscribed", r.topic)));
+        };
+        if let Some(pending) = self.audit_pending.as_mut().filter(|_| *r.topic != *AUDIT_TOPIC) {
+            pending.record_consumed(&r);
+        }
+        let partition = route.partition(r.partition, r.key.as_deref());
+        let mut headers = r.headers;
+        // The first mirror stamps the origin; a mirror of a mirror keeps it.
+        if !headers.iter().any(|(k, _)| k == ORIGIN_HEADER) {
+            headers.push((ORIGIN_HEADER.to_string(), Some(Bytes::copy_from_slice(self.alias.as_bytes()))));
+        }
+        let record = ProducerRecord { topic: route.target.clone(), partition: Some(partition), key: r.key, value: r.value, headers, timestamp: Some(r.timestamp) };
+        let target = route.target.clone();
+        let delivery = self.producer.send(record).await.map_err(|error| Error::NotAcknowledged { topic: target.clone(), error })?;
+        self.sent.push((target, delivery));
+        self.sent_next.insert(tp, r.offset + 1);
+        *self.sent_counts.entry(r.topic.to_string()).or_default() += 1;
+        Ok(())
+    }
+
+    /// Flushes the target, checks every acknowledgement, then commits the source offsets.
+    async fn checkpoint(&mut self, consumer: &mut GroupConsumer) -> Result<()> {
+        self.last_commit = Instant::now();
+        if self.sent.is_empty() {
+            return Ok(());
+        }
+        self.producer.flush().await;
+        for (topic, delivery) in self.sent.drain(..) {
+            delivery.await.map_err(|error| Error::NotAcknowledged { topic, error })?;
+        }
+        let owned: HashSet<TopicPartition> = consumer.assignment().into_iter().collect();
+        for (tp, next) in self.sent_next.drain() {
+            self.shared.stats.mirrored(self.alias, &tp, next);
+            // A partition revoked meanwhile is its new owner's to commit.
+            if owned.contains(&tp) {
+                self.acked.insert(tp, next);
+            }
+        }
+        self.shared.stats.acknowledged(self.alias, &std::mem::take(&mut self.sent_counts));
+        if let (Some(audit), Some(pending)) = (&self.shared.audit, self.audit_pending.as_mut()) {
+            audit.commit(std::mem::replace(pending, audit.pending()));
+        }
+        // Exactly what the target acknowledged, which may be less than what was polled.
+        let offsets: Vec<(TopicPartition, i64)> = self.acked.iter().map(|(tp, o)| (tp.clone(), *o)).collect();
+        match consumer.commit_offsets_sync(&offsets).await {
+            Ok(()) => self.shared.stats.committed(self.alias),
+            // The group is rebalancing: the next poll rejoins; whoever owns these
+            // partitions next copies them again from the previous commit (duplicates).
+            Err(e) => tracing::warn!(source = %self.alias, error = %e, "offset commit failed; the records since the previous commit will be copied again"),
+        }
+        Ok(())
+    }
+
+    async fn report_gap(&mut self, tp: &TopicPartition, first: i64, last: i64) {
+        let gap = Gap {
+            source: self.alias.to_string(),
+            topic: tp.topic.clone(),
+            partition: tp.partition,
+            first_offset: first,
+            last_offset: last,
+            records: last - first + 1,
+            detected_ms: now_ms(),
+        };
+        tracing::error!(
+            source = %gap.source, topic = %gap.topic, partition = gap.partition, first_offset = first, last_offset = last, records = gap.records,
+            "LOSS: source retention deleted offsets {first}..={last} of {}-{} before they were mirrored", gap.topic, gap.partition
+        );
+        self.record_gap(&gap).await;
+        self.shared.stats.gap(gap);
+    }
+
+    /// Writes the gap to the target's gap topic, next to `_audit`, so the loss is on
+    /// record in the analytics cluster and not only in this process's log.
+    async fn record_gap(&self, gap: &Gap) {
+        let topic = NewTopic::new(GAPS_TOPIC, 1);
+        match self.shared.target.admin.create_topics(&[topic]).await {
+            Err(e) if e.code() != Some(ResponseError::TopicAlreadyExists) => {
+                tracing::warn!(error = %e, "cannot create {GAPS_TOPIC}; the gap is only logged");
+                return;
+            }
+            _ => {}
+        }
+        let value = serde_json::to_vec(gap).expect("a gap always serializes");
+        let key = format!("{}/{}-{}", gap.source, gap.topic, gap.partition);
+        let record = ProducerRecord::new(GAPS_TOPIC, value).key(key);
+        match self.producer.send(record).await {
+            Ok(delivery) => {
+                if let Err(e) = delivery.await {
+                    tracing::warn!(error = %e, "writing the gap to {GAPS_TOPIC} failed; the gap is only logged");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "writing the gap to {GAPS_TOPIC} failed; the gap is only logged"),
+        }
+    }
+}
+
+/// Reads the source's log end offsets of the owned partitions every `interval` (the lag),
+/// and says whether the source answers, even while the copy loop waits on it.
+async fn lag_loop(stats: Arc<Stats>, alias: String, client: ClientConfig, interval: Duration) {
+    let mut admin = None;
+    loop {
+        tokio::time::sleep(interval).await;
+        let owned = stats.owned(&alias);
+        if owned.is_empty() {
+            continue;
+        }
+        if admin.is_none() {
+            match Admin::connect(client.clone()).await {
+                Ok(a) => admin = Some(a),
+                Err(e) => {
+                    stats.failed(&alias, &e.to_string());
+                    continue;
+                }
+            }
+        }
+        let specs: Vec<(String, i32, OffsetSpec)> = owned.iter().map(|tp| (tp.topic.clone(), tp.partition, OffsetSpec::Latest)).collect();
+        match admin.as_ref().expect("connected above").list_offsets(&specs).await {
+            Ok(ends) => {
+                let ends: Vec<(TopicPartition, i64)> = owned.into_iter().zip(ends).collect();
+                stats.log_ends(&alias, &ends);
+                stats.up(&alias);
+            }
+            Err(e) => stats.failed(&alias, &e.to_string()),
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_keep_their_partition_or_hash_when_the_target_is_smaller() {
+        let same = Route { target: "t".into(), source_partitions: 8, target_partitions: 8 };
+        let more = Route { target: "t".into(), source_partitions: 8, target_partitions: 12 };
+        for p in 0..8 {
+            assert_eq!(same.partition(p, Some(b"k")), p);
+            assert_eq!(more.partition(p, None), p);
+        }
+        let fewer = Route { target: "t".into(), source_partitions: 8, target_partitions: 3 };
+        let k = fjord_client::partitioner::partition_for_key(b"user-7", 3);
+        assert_eq!(fewer.partition(5, Some(b"user-7")), k);
+        assert_eq!(fewer.partition(1, Some(b"user-7")), k);
+        assert_eq!(fewer.partition(5, None), 2);
+    }
+}
