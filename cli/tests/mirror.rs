@@ -13,35 +13,16 @@ use fjord_client::{
     TopicPartition,
 };
 use tokio::net::TcpListener;
+use fjord_testkit::StandaloneBroker;
 use tokio_util::sync::CancellationToken;
 
-struct Broker {
-    addr: String,
-    shutdown: CancellationToken,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-async fn start_broker(retention_check: Duration) -> Broker {
-    let dir = tempfile::tempdir().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut config = fjord_broker::BrokerConfig { log_dir: dir.path().to_path_buf(), listeners: addr, retention_check_interval: retention_check, ..Default::default() };
-    config.group.initial_rebalance_delay_ms = 0;
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    // After the test, the temp dir may go before the broker finished stopping: not a failure.
-    tokio::spawn(async move {
-        if let Err(e) = fjord_broker::run(config, listener, token).await {
-            eprintln!("broker stopped: {e}");
-        }
-    });
-    Broker { addr: addr.to_string(), shutdown, _dir: dir }
+async fn start_broker(retention_check: Duration) -> StandaloneBroker {
+    StandaloneBroker::start_with(|c| {
+        c.retention_check_interval = retention_check;
+        c.group.initial_rebalance_delay_ms = 0;
+    })
+    .await
+    .expect("broker starts")
 }
 
 async fn admin(addr: &str) -> Admin {
