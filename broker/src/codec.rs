@@ -21,6 +21,7 @@ pub(crate) mod error_code {
     pub(crate) const NOT_LEADER_OR_FOLLOWER: i16 = 6;
     pub(crate) const REQUEST_TIMED_OUT: i16 = 7;
     pub(crate) const MESSAGE_TOO_LARGE: i16 = 10;
+    pub(crate) const COORDINATOR_NOT_AVAILABLE: i16 = 15;
     pub(crate) const INVALID_TOPIC_EXCEPTION: i16 = 17;
     pub(crate) const NOT_ENOUGH_REPLICAS: i16 = 19;
     pub(crate) const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
@@ -32,6 +33,8 @@ pub(crate) mod error_code {
     pub(crate) const INVALID_REQUEST: i16 = 42;
     pub(crate) const UNSUPPORTED_FOR_MESSAGE_FORMAT: i16 = 43;
     pub(crate) const INVALID_CONFIG: i16 = 40;
+    pub(crate) const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
+    pub(crate) const INVALID_PRODUCER_EPOCH: i16 = 47;
     pub(crate) const KAFKA_STORAGE_ERROR: i16 = 56;
     pub(crate) const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
     pub(crate) const FENCED_LEADER_EPOCH: i16 = 74;
@@ -67,6 +70,7 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 5),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::InitProducerId, 0, 4),
 ];
 
 /// Produce versions whose payloads are old message sets; answered by hand

@@ -217,6 +217,8 @@ impl BrokerConfig {
             "offset.metadata.max.bytes" => {
                 self.group.offset_metadata_max_bytes = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
             }
+            // Checked with retention, every log.retention.check.interval.ms.
+            "producer.id.expiration.ms" => self.log.producer_id_expiration = millis()?,
             "log.retention.check.interval.ms" => self.retention_check_interval = millis()?,
             "log.flush.scheduler.interval.ms" => self.flush_scheduler_interval = millis()?,
             "log.flush.offset.checkpoint.interval.ms" => self.checkpoint_interval = millis()?,

@@ -41,6 +41,15 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// The producer id block in the store is unusable (bounds that are not numbers,
+    /// or no ids left).
+    #[error("producer id block at {path}: {reason}")]
+    ProducerIdBlock {
+        /// Store path.
+        path: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A file in the log dir (meta.properties) could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {

@@ -150,6 +150,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::ListGroups => v >= 3,
         ApiKey::DescribeGroups => v >= 5,
         ApiKey::DeleteGroups => v >= 2,
+        ApiKey::InitProducerId => v >= 2,
         _ => return Err("no schema for this api"),
     };
     let w = &mut Walker { buf: body, flexible };
@@ -449,6 +450,14 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::DeleteGroups => {
             w.array(Walker::string)?;
         }
+        ApiKey::InitProducerId => {
+            w.string()?; // transactional id
+            w.int32()?; // transaction timeout
+            if v >= 3 {
+                w.int64()?; // producer id
+                w.int16()?; // producer epoch
+            }
+        }
         _ => unreachable!("flexible versions are listed for every api walked above"),
     }
     w.tagged_fields()
@@ -624,6 +633,11 @@ mod tests {
                 .encode(&mut buf, v),
             ApiKey::DescribeGroups => DescribeGroupsRequest::default().with_groups(vec![GroupId(s("g"))]).encode(&mut buf, v),
             ApiKey::DeleteGroups => DeleteGroupsRequest::default().with_groups_names(vec![GroupId(s("g"))]).encode(&mut buf, v),
+            ApiKey::InitProducerId => InitProducerIdRequest::default()
+                .with_transactional_id(Some(TransactionalId(s("tx"))))
+                .with_transaction_timeout_ms(60_000)
+                .with_producer_id(ProducerId(if v >= 3 { 7 } else { -1 }))
+                .encode(&mut buf, v),
             other => panic!("no sample for {other:?}"),
         };
         result.unwrap_or_else(|e| panic!("{key:?} v{v} does not encode: {e}"));

@@ -8,6 +8,7 @@ pub(crate) mod fetch;
 pub(crate) mod metadata;
 pub(crate) mod offsets;
 pub(crate) mod produce;
+pub(crate) mod producer_id;
 
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, RequestKind, Respons
 
 use crate::codec::{self, error_code, Decoded, SUPPORTED_APIS};
 use crate::group::GroupCoordinator;
+use crate::handler::producer_id::ProducerIdManager;
 use crate::metrics::{fetch_errors, response_errors, Metrics};
 use crate::response::Response;
 use crate::topics::Topics;
@@ -32,6 +34,8 @@ pub(crate) struct Broker {
     pub(crate) groups: GroupCoordinator,
     /// Requests and errors per API, for the metrics endpoint.
     pub(crate) metrics: Metrics,
+    /// Idempotent producer ids (InitProducerId).
+    pub(crate) producer_ids: ProducerIdManager,
 }
 
 impl Broker {
@@ -92,6 +96,7 @@ impl Broker {
             RequestKind::ListGroups(req) => (ApiKey::ListGroups, self.groups.list_groups(req).await),
             RequestKind::DescribeGroups(req) => (ApiKey::DescribeGroups, self.groups.describe_groups(req).await),
             RequestKind::DeleteGroups(req) => (ApiKey::DeleteGroups, self.groups.delete_groups(req).await),
+            RequestKind::InitProducerId(req) => (ApiKey::InitProducerId, self.init_producer_id(req).await),
             other => {
                 // decode_request only decodes what SUPPORTED_APIS lists, and every entry is matched above.
                 tracing::error!(request = ?other, "decoded a request without a handler");
@@ -124,6 +129,9 @@ pub(crate) fn log_error_code(error: &fjord_log::Error) -> i16 {
         E::MessageTooLarge { .. } => error_code::MESSAGE_TOO_LARGE,
         // A keyless record on a compacted topic: the cleaner could never deduplicate it.
         E::MissingKey { .. } => error_code::INVALID_RECORD,
+        // Idempotent producers: a gap in the sequence, or a fenced (older) epoch.
+        E::OutOfOrderSequence { .. } => error_code::OUT_OF_ORDER_SEQUENCE_NUMBER,
+        E::InvalidProducerEpoch { .. } => error_code::INVALID_PRODUCER_EPOCH,
         E::OffsetOutOfRange { .. } => error_code::OFFSET_OUT_OF_RANGE,
         E::Io { .. } => error_code::KAFKA_STORAGE_ERROR,
         _ => error_code::UNKNOWN_SERVER_ERROR,

@@ -196,6 +196,7 @@ pub(crate) fn response_errors(body: &ResponseKind) -> Vec<i16> {
         ResponseKind::ListGroups(r) => vec![r.error_code],
         ResponseKind::DescribeGroups(r) => r.groups.iter().map(|g| g.error_code).collect(),
         ResponseKind::DeleteGroups(r) => r.results.iter().map(|g| g.error_code).collect(),
+        ResponseKind::InitProducerId(r) => vec![r.error_code],
         // APIs not listed (OffsetFetch's several layouts, newer ones) count requests only.
         _ => Vec::new(),
     }

@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::connection;
 use crate::group::{Endpoint, GroupCoordinator};
+use crate::handler::producer_id::ProducerIdManager;
 use crate::handler::Broker;
 use crate::replication::ReplicaManager;
 use crate::topics::Topics;
@@ -86,7 +87,8 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
     let max_connections = config.max_connections;
     let endpoint = Endpoint { broker_id: config.broker_id, host: host.clone(), port };
     let groups = GroupCoordinator::new(store.clone(), endpoint, config.group.clone());
-    let broker = Arc::new(Broker { config, host, port, cluster_id, topics, groups, metrics: Default::default() });
+    let producer_ids = ProducerIdManager::new(store.clone(), config.broker_id);
+    let broker = Arc::new(Broker { config, host, port, cluster_id, topics, groups, metrics: Default::default(), producer_ids });
 
     let tracker = TaskTracker::new();
     spawn_periodic_tasks(&tracker, &broker, &shutdown);

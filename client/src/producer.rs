@@ -18,6 +18,18 @@
 //! metadata and retry the batch after `retry.backoff.ms`, until `delivery.timeout.ms`.
 //! MESSAGE_TOO_LARGE on a multi-record batch splits it into single-record batches, so only
 //! the record that is really too large fails.
+//!
+//! Idempotence (`enable.idempotence`, on by default as in the Java client): `connect`
+//! asks for a producer id (InitProducerId); every batch gets the id, the epoch and its
+//! partition's next sequence number when it is first sent (stamped into the built batch,
+//! CRC recomputed), and keeps them across retries, so a broker that already appended it
+//! (the acknowledgement was lost) answers the retry with the original offset instead of
+//! appending it again. Order holds with up to 5 requests in flight: a failed batch goes
+//! back in front of the later ones by sequence number, and a later batch the broker
+//! refuses as out of order while an earlier one is unresolved is retried too. A batch
+//! that fails for good leaves a hole in its partition's sequence, so the producer then
+//! waits for what is in flight and takes a new producer id (an unknown id starts a new
+//! sequence on every partition) before sending on.
 
 mod batch;
 
@@ -28,7 +40,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use fjord_record::{BatchBuilder, Compression, BATCH_OVERHEAD};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::messages::{InitProducerIdRequest, ProduceRequest, ProduceResponse, ProducerId, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::{Notify, Semaphore};
 
@@ -102,6 +114,11 @@ pub struct ProducerConfig {
     pub max_block: Duration,
     /// `max.request.size`: largest produce request, and so largest record.
     pub max_request_size: usize,
+    /// `enable.idempotence`: retries never duplicate a batch (see the module docs).
+    /// `None` is the Java client's default: on, unless `acks`, `retries` or
+    /// `max_in_flight` conflict with it (acks other than all, no retries, more than 5
+    /// in flight), in which case it is off; `Some(true)` with a conflict is an error.
+    pub enable_idempotence: Option<bool>,
 }
 
 impl Default for ProducerConfig {
@@ -118,6 +135,7 @@ impl Default for ProducerConfig {
             buffer_memory: 32 * 1024 * 1024,
             max_block: Duration::from_secs(60),
             max_request_size: 1024 * 1024,
+            enable_idempotence: None,
         }
     }
 }
@@ -134,8 +152,55 @@ impl ProducerConfig {
         if self.buffer_memory > Semaphore::MAX_PERMITS || self.max_request_size > u32::MAX as usize {
             return bad("buffer.memory is too large");
         }
+        if self.enable_idempotence == Some(true) && self.idempotence_conflict().is_some() {
+            return Err(Error::InvalidConfig(format!(
+                "enable.idempotence needs {}",
+                self.idempotence_conflict().unwrap_or_default()
+            )));
+        }
         Ok(())
     }
+
+    /// What keeps idempotence from working with these settings, if anything.
+    fn idempotence_conflict(&self) -> Option<&'static str> {
+        if self.acks != Acks::All {
+            Some("acks=all")
+        } else if self.retries == 0 {
+            Some("retries > 0")
+        } else if self.max_in_flight > MAX_IN_FLIGHT_IDEMPOTENT {
+            Some("max.in.flight.requests.per.connection <= 5")
+        } else {
+            None
+        }
+    }
+
+    /// Whether the producer is idempotent (see [`ProducerConfig::enable_idempotence`]).
+    pub fn idempotent(&self) -> bool {
+        self.enable_idempotence.unwrap_or_else(|| self.idempotence_conflict().is_none())
+    }
+}
+
+/// The broker remembers the last 5 batches per producer and partition: a retry of an
+/// older one could not be recognised.
+const MAX_IN_FLIGHT_IDEMPOTENT: usize = 5;
+
+/// Id and epoch from InitProducerId.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProducerIdentity {
+    id: i64,
+    epoch: i16,
+}
+
+/// What an idempotent producer stamped into a batch when it first sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    identity: ProducerIdentity,
+    sequence: i32,
+}
+
+/// `sequence + n` in Kafka's sequence space, which wraps from `i32::MAX` to 0.
+fn add_sequence(sequence: i32, n: usize) -> i32 {
+    ((i64::from(sequence) + n as i64) % (i64::from(i32::MAX) + 1)) as i32
 }
 
 /// A record to send.
@@ -255,6 +320,10 @@ struct State {
     /// In-flight requests per broker id.
     in_flight: HashMap<i32, usize>,
     random: Option<Random>,
+    /// The idempotent producer's id and epoch; `None` when not idempotent.
+    identity: Option<ProducerIdentity>,
+    /// A stamped batch failed for good: take a new producer id before sending more.
+    reset_pending: bool,
 }
 
 struct TopicState {
@@ -270,6 +339,10 @@ struct TopicState {
 struct PartitionQueue {
     open: Option<OpenBatch>,
     ready: VecDeque<ReadyBatch>,
+    /// Idempotence: the sequence number of the next batch sent for the first time.
+    next_sequence: i32,
+    /// Idempotence: the sequence after the last acknowledged batch.
+    acked_sequence: i32,
 }
 
 struct OpenBatch {
@@ -290,18 +363,25 @@ pub(crate) struct ReadyBatch {
     created: Instant,
     attempts: u32,
     retry_at: Option<Instant>,
+    /// Idempotence: id, epoch and sequence, from the first time it was sent.
+    stamp: Option<Stamp>,
 }
 
 impl Producer {
-    /// Connects to the cluster and starts the sender task.
+    /// Connects to the cluster, gets a producer id when idempotent, and starts the
+    /// sender task.
     pub async fn connect(config: ProducerConfig) -> Result<Self> {
         config.validate()?;
         let cluster = Cluster::connect(config.client.clone()).await?;
+        let identity = match config.idempotent() {
+            true => Some(init_producer_id(&cluster, config.delivery_timeout).await?),
+            false => None,
+        };
         let inner = Arc::new(Inner {
             memory: Arc::new(Semaphore::new(config.buffer_memory)),
             config,
             cluster,
-            state: Mutex::new(State { random: Some(Random::new()), ..State::default() }),
+            state: Mutex::new(State { random: Some(Random::new()), identity, ..State::default() }),
             wake_sender: Notify::new(),
             batch_done: Notify::new(),
         });
@@ -453,6 +533,16 @@ impl TopicsExt for TopicMap {
     }
 }
 
+impl ReadyBatch {
+    /// Stamps the producer id, epoch and first sequence into the batch bytes.
+    fn stamp(&mut self, identity: ProducerIdentity, sequence: i32) {
+        let mut bytes = std::mem::take(&mut self.bytes).try_into_mut().unwrap_or_else(|shared| shared[..].into());
+        fjord_record::batch::set_producer(&mut bytes, identity.id, identity.epoch, sequence);
+        self.bytes = bytes.freeze();
+        self.stamp = Some(Stamp { identity, sequence });
+    }
+}
+
 impl OpenBatch {
     fn close(self, topic: &Arc<str>, partition: i32, codec: Compression) -> Result<ReadyBatch> {
         let records = self.builder.len();
@@ -467,6 +557,7 @@ impl OpenBatch {
             created: self.created,
             attempts: 0,
             retry_at: None,
+            stamp: None,
         })
     }
 }
@@ -501,19 +592,40 @@ impl Inner {
         }
     }
 
-    /// Completes a batch: wakes its record futures and gives back its memory.
+    /// Completes a batch: wakes its record futures and gives back its memory. A stamped
+    /// batch that succeeded moves its partition's acknowledged sequence; one that failed
+    /// leaves a hole in the sequence, which a new producer id closes.
     fn complete(&self, batch: &ReadyBatch, outcome: Outcome) {
+        let succeeded = !matches!(outcome, Outcome::Failed(_));
         batch.completion.complete(outcome);
         self.memory.add_permits(batch.memory);
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).incomplete -= 1;
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.incomplete -= 1;
+        if let Some(stamp) = batch.stamp.filter(|s| Some(s.identity) == state.identity) {
+            if succeeded {
+                if let Some(queue) = state.queue(&batch.topic, batch.partition) {
+                    queue.acked_sequence = add_sequence(stamp.sequence, batch.records);
+                }
+            } else {
+                state.reset_pending = true;
+                self.wake_sender.notify_one();
+            }
+        }
+        drop(state);
         self.batch_done.notify_waiters();
     }
 
     /// Puts a batch back for another attempt, or fails it when out of attempts or time.
-    fn retry_or_fail(&self, mut batch: ReadyBatch, error: Error) {
+    fn retry_or_fail(&self, batch: ReadyBatch, error: Error) {
+        let retriable = error.is_retriable();
+        self.retry_or_fail_as(batch, error, retriable);
+    }
+
+    /// [`Inner::retry_or_fail`] with the caller deciding whether `error` is retriable.
+    fn retry_or_fail_as(&self, mut batch: ReadyBatch, error: Error, retriable: bool) {
         let expired = batch.created.elapsed() >= self.config.delivery_timeout;
-        if !error.is_retriable() || batch.attempts >= self.config.retries || expired {
-            let error = if expired && error.is_retriable() { Error::DeliveryTimeout(self.config.delivery_timeout) } else { error };
+        if !retriable || batch.attempts >= self.config.retries || expired {
+            let error = if expired && retriable { Error::DeliveryTimeout(self.config.delivery_timeout) } else { error };
             self.complete(&batch, Outcome::Failed(error));
             return;
         }
@@ -523,10 +635,68 @@ impl Inner {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let partitions = state.topics.get(&*batch.topic).map_or(0, |t| t.partitions.len());
         let topic = state.topics.entry_ref(&batch.topic.clone(), partitions.max(batch.partition as usize + 1) as i32);
-        topic.partitions[batch.partition as usize].ready.push_front(batch);
+        let ready = &mut topic.partitions[batch.partition as usize].ready;
+        match batch.stamp {
+            // Back in sequence order: in front of every later batch, behind earlier retries.
+            Some(stamp) => {
+                let at = ready
+                    .iter()
+                    .position(|b| b.stamp.is_none_or(|s| s.identity != stamp.identity || s.sequence > stamp.sequence))
+                    .unwrap_or(ready.len());
+                ready.insert(at, batch);
+            }
+            None => ready.push_front(batch),
+        }
         drop(state);
         // The sender may be asleep with nothing else to do: it must see the retry.
         self.wake_sender.notify_one();
+    }
+}
+
+impl State {
+    fn queue(&mut self, topic: &str, partition: i32) -> Option<&mut PartitionQueue> {
+        self.topics.get_mut(topic)?.partitions.get_mut(usize::try_from(partition).ok()?)
+    }
+
+    /// Whether the broker may have refused `batch` as out of order only because an
+    /// earlier batch of its partition is still unresolved (then it is worth a retry).
+    fn earlier_batch_pending(&mut self, batch: &ReadyBatch) -> bool {
+        let Some(stamp) = batch.stamp else {
+            return false;
+        };
+        Some(stamp.identity) == self.identity
+            && self.queue(&batch.topic, batch.partition).is_some_and(|q| q.acked_sequence != stamp.sequence)
+    }
+}
+
+/// Asks any broker for a producer id, retrying retriable errors until `timeout`.
+async fn init_producer_id(cluster: &Cluster, timeout: Duration) -> Result<ProducerIdentity> {
+    let deadline = Instant::now() + timeout;
+    let request = InitProducerIdRequest::default()
+        .with_transactional_id(None)
+        .with_transaction_timeout_ms(60_000)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    loop {
+        let attempt = async {
+            let conn = cluster.any_broker().await?;
+            let response = conn.request(&request, 4).await?;
+            match Error::kafka(response.error_code, "InitProducerId", None) {
+                None => Ok(ProducerIdentity { id: response.producer_id.0, epoch: response.producer_epoch }),
+                Some(e) => Err(e),
+            }
+        };
+        match attempt.await {
+            Ok(identity) => {
+                tracing::debug!(producer_id = identity.id, epoch = identity.epoch, "idempotent producer id");
+                return Ok(identity);
+            }
+            Err(e) if e.is_retriable() && Instant::now() < deadline => {
+                tracing::debug!(%e, "InitProducerId failed; retrying");
+                tokio::time::sleep(cluster.config().retry_backoff).await;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -546,6 +716,12 @@ async fn sender_loop(inner: Arc<Inner>) {
             refresh_due = false;
             // Errors here surface as retries of the batches themselves.
             let _ = inner.cluster.refresh(None).await;
+        }
+        if let Some(Err(e)) = reset_if_due(&inner).await {
+            // Nothing can be sent without an id: try again after the backoff.
+            tracing::warn!(%e, "could not get a new producer id");
+            tokio::time::sleep(inner.cluster.config().retry_backoff).await;
+            continue;
         }
         let metadata = inner.cluster.fresh_metadata().await;
         let Drained { requests, expired, next_deadline, finished } = {
@@ -580,6 +756,33 @@ async fn sender_loop(inner: Arc<Inner>) {
     }
 }
 
+/// After a stamped batch failed for good: once nothing is in flight, takes a new
+/// producer id and restarts every partition's sequence (batches already stamped with the
+/// old id are stamped again when sent). `None` when no reset is due now.
+async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
+    {
+        let state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !state.reset_pending || state.in_flight.values().any(|&n| n > 0) {
+            return None;
+        }
+    }
+    let identity = match init_producer_id(&inner.cluster, inner.config.delivery_timeout).await {
+        Ok(identity) => identity,
+        Err(e) => return Some(Err(e)),
+    };
+    tracing::info!(producer_id = identity.id, "a batch failed: continuing with a new producer id");
+    let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+    state.identity = Some(identity);
+    state.reset_pending = false;
+    for topic in state.topics.values_mut() {
+        for queue in &mut topic.partitions {
+            queue.next_sequence = 0;
+            queue.acked_sequence = 0;
+        }
+    }
+    Some(Ok(()))
+}
+
 /// What one pass of the sender found to do.
 struct Drained {
     /// Produce requests to send: leader broker id and its batches.
@@ -601,7 +804,9 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
     let mut next_deadline: Option<Instant> = None;
     let mut per_broker: HashMap<i32, Vec<Vec<ReadyBatch>>> = HashMap::new();
     let mut request_sizes: HashMap<i32, usize> = HashMap::new();
-    let State { topics, in_flight, .. } = state;
+    let State { topics, in_flight, identity, reset_pending, .. } = state;
+    // A hole in a sequence: nothing goes out until the producer has a new id.
+    let stalled = *reset_pending;
     for topic in topics.values_mut() {
         let leaders = metadata.topics.get(&*topic.name);
         for (p, queue) in topic.partitions.iter_mut().enumerate() {
@@ -619,7 +824,7 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
                 }
             }
             let has_ready = queue.ready.front().is_some() || queue.open.as_ref().is_some_and(linger_over);
-            if !has_ready {
+            if !has_ready || stalled {
                 continue;
             }
             if let Some(retry_at) = queue.ready.front().and_then(|b| b.retry_at).filter(|&t| t > now) {
@@ -639,7 +844,7 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
             if !fits && used >= config.max_in_flight {
                 continue;
             }
-            let batch = match queue.ready.pop_front() {
+            let mut batch = match queue.ready.pop_front() {
                 Some(b) => b,
                 None => match queue.open.take().map(|o| o.close(&topic.name, p as i32, config.compression)) {
                     Some(Ok(b)) => {
@@ -657,6 +862,13 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
                     None => continue,
                 },
             };
+            if let Some(identity) = *identity {
+                if batch.stamp.is_none_or(|s| s.identity != identity) {
+                    let sequence = queue.next_sequence;
+                    queue.next_sequence = add_sequence(sequence, batch.records);
+                    batch.stamp(identity, sequence);
+                }
+            }
             if fits {
                 *size += batch.bytes.len();
                 requests.last_mut().expect("size is MAX until a request exists").push(batch);
@@ -780,6 +992,14 @@ fn handle_response(inner: &Arc<Inner>, conn: &Connection, batches: Vec<ReadyBatc
         let context = || format!("produce to {}-{}", batch.topic, batch.partition);
         match Error::kafka(result.error_code, context(), result.error_message.as_ref().map(|m| m.to_string())) {
             None => inner.complete(&batch, Outcome::Sent { base_offset: result.base_offset }),
+            // Older brokers answer a retry of an appended batch this way: it is stored.
+            Some(e) if e.code() == Some(ResponseError::DuplicateSequenceNumber) => {
+                inner.complete(&batch, Outcome::Sent { base_offset: result.base_offset })
+            }
+            Some(e) if e.code() == Some(ResponseError::OutOfOrderSequenceNumber) => {
+                let retriable = inner.state.lock().unwrap_or_else(|e| e.into_inner()).earlier_batch_pending(&batch);
+                inner.retry_or_fail_as(batch, e, retriable);
+            }
             Some(e) if e.code() == Some(ResponseError::MessageTooLarge) && batch.records > 1 => {
                 split_and_resend(inner, batch);
             }
@@ -816,8 +1036,8 @@ fn split_and_resend(inner: &Arc<Inner>, batch: ReadyBatch) {
         state.incomplete += parts.len();
         let partitions = state.topics.get(&*batch.topic).map_or(0, |t| t.partitions.len()) as i32;
         let queue = &mut state.topics.entry_ref(&batch.topic.clone(), partitions).partitions[batch.partition as usize];
-        for (bytes, completion) in parts.into_iter().zip(&completions).rev() {
-            queue.ready.push_front(ReadyBatch {
+        for (i, (bytes, completion)) in parts.into_iter().zip(&completions).enumerate().rev() {
+            let mut part = ReadyBatch {
                 topic: batch.topic.clone(),
                 partition: batch.partition,
                 bytes,
@@ -827,7 +1047,13 @@ fn split_and_resend(inner: &Arc<Inner>, batch: ReadyBatch) {
                 created: batch.created,
                 attempts: batch.attempts,
                 retry_at: None,
-            });
+                stamp: None,
+            };
+            // The parts take the original batch's sequence numbers, one each.
+            if let Some(stamp) = batch.stamp {
+                part.stamp(stamp.identity, add_sequence(stamp.sequence, i));
+            }
+            queue.ready.push_front(part);
         }
     }
     inner.wake_sender.notify_one();
@@ -870,5 +1096,23 @@ mod tests {
         let c = ProducerConfig { buffer_memory: 10, ..ProducerConfig::default() };
         assert!(matches!(c.validate(), Err(Error::InvalidConfig(_))));
         assert!(ProducerConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn idempotence_is_on_by_default_unless_settings_conflict() {
+        assert!(ProducerConfig::default().idempotent());
+        for c in [
+            ProducerConfig { acks: Acks::Leader, ..ProducerConfig::default() },
+            ProducerConfig { retries: 0, ..ProducerConfig::default() },
+            ProducerConfig { max_in_flight: 6, ..ProducerConfig::default() },
+        ] {
+            assert!(!c.idempotent());
+            assert!(c.validate().is_ok());
+            let explicit = ProducerConfig { enable_idempotence: Some(true), ..c };
+            assert!(matches!(explicit.validate(), Err(Error::InvalidConfig(_))));
+        }
+        assert!(!ProducerConfig { enable_idempotence: Some(false), ..ProducerConfig::default() }.idempotent());
+        assert_eq!(add_sequence(i32::MAX, 1), 0);
+        assert_eq!(add_sequence(i32::MAX - 1, 3), 1);
     }
 }

@@ -53,6 +53,10 @@ pub struct LogConfig {
     /// the ISR. Not used by the log itself; it lives here because it is a topic config
     /// with a broker-wide default, like the rest. Default 1.
     pub min_insync_replicas: u32,
+    /// `producer.id.expiration.ms`: forget an idempotent producer after this long
+    /// without a batch (by batch timestamp, as Kafka). A broker key, not a topic key,
+    /// so [`LogConfig::set`] does not take it; the broker copies it in. Default 1 day.
+    pub producer_id_expiration: Duration,
 }
 
 // `check` rejects a NaN ratio, so equality is reflexive.
@@ -133,6 +137,7 @@ impl Default for LogConfig {
             min_cleanable_dirty_ratio: 0.5,
             min_compaction_lag: Duration::ZERO,
             min_insync_replicas: 1,
+            producer_id_expiration: DAY,
         }
     }
 }

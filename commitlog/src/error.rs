@@ -90,6 +90,30 @@ pub enum Error {
         /// Byte position of the batch inside the appended buffer.
         position: usize,
     },
+    /// An idempotent producer's batch does not continue its sequence (Kafka's
+    /// OUT_OF_ORDER_SEQUENCE_NUMBER): an earlier batch is missing. Nothing was written.
+    #[error("producer {producer_id} (epoch {epoch}): expected sequence {expected}, got {found}")]
+    OutOfOrderSequence {
+        /// The producer id.
+        producer_id: i64,
+        /// The batch's producer epoch.
+        epoch: i16,
+        /// The sequence the next batch must start with.
+        expected: i32,
+        /// The batch's first sequence.
+        found: i32,
+    },
+    /// An idempotent producer's batch carries an epoch older than the producer's
+    /// current one (Kafka's INVALID_PRODUCER_EPOCH): a fenced zombie. Nothing was written.
+    #[error("producer {producer_id}: epoch {epoch} is older than the current epoch {current}")]
+    InvalidProducerEpoch {
+        /// The producer id.
+        producer_id: i64,
+        /// The batch's epoch.
+        epoch: i16,
+        /// The producer's current epoch in this log.
+        current: i16,
+    },
     /// A sealed segment holds a batch that fails its CRC or framing (found by the cleaner).
     #[error("corrupt batch at byte {position} of {}: {source}", path.display())]
     CorruptSegment {

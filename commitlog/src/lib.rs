@@ -14,6 +14,7 @@
 //!     00000000000000000000.index      sparse (relative offset u32, position u32) every index.interval.bytes
 //!     00000000000000000000.timeindex  (timestamp i64, relative offset u32) when the max timestamp grows
 //!     leader-epoch-checkpoint         epoch -> start offset
+//!     00000000000000000000.snapshot   idempotent producer state as of that offset (`producer_state`)
 //!     .clean-shutdown                 log end offset, written by close(): no recovery scan needed
 //!     cleaner-offset-checkpoint       compacted logs: first dirty offset, tombstone ages (cleaner)
 //!     *.cleaned, *.swap               a clean in progress (see [`cleaner`] for the swap protocol)
@@ -49,6 +50,7 @@ mod index;
 mod lock;
 mod log;
 mod manager;
+mod producer_state;
 mod recovery;
 mod segment;
 
@@ -58,3 +60,4 @@ pub use error::{Error, Result};
 pub use fjord_record::{Offset, TopicPartition};
 pub use log::{AppendInfo, Log, ReadSlice};
 pub use manager::{LogManager, RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT};
+pub use producer_state::ProducerInfo;

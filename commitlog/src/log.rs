@@ -17,6 +17,7 @@ use crate::cleaner::{self, CleanStats, Cleaned, CleanerState, SwapHook, SwapStep
 use crate::epoch::EpochCache;
 use crate::error::IoContext;
 use crate::index::{self, IndexBuilder};
+use crate::producer_state::{ProducerInfo, ProducerState};
 use crate::recovery::{self, remove_if_exists, Active, CLEAN_SHUTDOWN};
 use crate::segment::{Segment, Slice, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
 use crate::{lock, Error, LogConfig, Result};
@@ -38,6 +39,10 @@ pub struct AppendInfo {
     pub bytes: usize,
     /// Batches appended.
     pub batch_count: usize,
+    /// The append was a retry of an idempotent producer's batch already in the log:
+    /// nothing was appended, and the offsets are those of the original batch (Kafka
+    /// answers such a retry as a success with the original offsets).
+    pub duplicate: bool,
 }
 
 /// A region of one segment file holding whole batches, usable by `sendfile(2)`:
@@ -104,6 +109,8 @@ struct Writer {
     segments: SegmentMap,
     active: Active,
     epochs: EpochCache,
+    /// Idempotent producers: changed only together with the segments, under this lock.
+    producers: ProducerState,
     unflushed_messages: u64,
     /// Segments sealed since the last flush: their files still need an fsync.
     unsynced: Vec<Arc<Segment>>,
@@ -136,6 +143,8 @@ impl Log {
         epochs.truncate_from_end(loaded.log_end_offset)?;
         epochs.truncate_from_start(log_start)?;
         let size: u64 = loaded.segments.values().map(|s| s.size()).sum();
+        let mut producers = ProducerState::new(&dir);
+        producers.reload(loaded.segments.values(), log_start, loaded.log_end_offset)?;
         let view = Arc::new(loaded.segments.clone());
         Ok(Log {
             log_end_offset: AtomicI64::new(loaded.log_end_offset),
@@ -148,6 +157,7 @@ impl Log {
                 segments: loaded.segments,
                 active: loaded.active,
                 epochs,
+                producers,
                 unflushed_messages: 0,
                 unsynced: Vec::new(),
                 dir_dirty: true,
@@ -174,6 +184,12 @@ impl Log {
     /// [`Error::MissingKey`], as Kafka refuses them), then assigns offsets from the log end offset by rewriting each
     /// batch's base offset and partition leader epoch in place (the CRC does not
     /// cover them), appends, indexes, rolls, and applies the flush policy.
+    ///
+    /// Batches of idempotent producers are checked against the producer state under
+    /// the same lock as the append (see `producer_state`): a retry of a recent batch
+    /// appends nothing and returns the original offsets with
+    /// [`AppendInfo::duplicate`] set; a sequence gap is [`Error::OutOfOrderSequence`],
+    /// an older producer epoch [`Error::InvalidProducerEpoch`].
     pub fn append(&self, batches: &mut [u8], leader_epoch: i32) -> Result<AppendInfo> {
         let config = self.config();
         let mut headers = validate(batches, config.max_message_bytes)?;
@@ -181,6 +197,17 @@ impl Log {
             require_keys(batches, &headers)?;
         }
         let mut w = self.lock_writer()?;
+        if let Some(original) = w.producers.check(&headers)? {
+            return Ok(AppendInfo {
+                base_offset: original.first_offset,
+                last_offset: original.last_offset,
+                max_timestamp: -1,
+                record_count: 0,
+                bytes: 0,
+                batch_count: 0,
+                duplicate: true,
+            });
+        }
         let mut next = self.log_end_offset();
         for (position, h) in &mut headers {
             let batch = &mut batches[*position..];
@@ -194,7 +221,8 @@ impl Log {
     }
 
     /// Follower append: keeps the offsets in the batches, which must start at or
-    /// after the log end offset and increase. Validation as in [`Log::append`].
+    /// after the log end offset and increase. Validation as in [`Log::append`], but no
+    /// producer checks: the leader made them; the producer state just follows.
     pub fn append_replicated(&self, batches: &[u8]) -> Result<AppendInfo> {
         let config = self.config();
         let headers = validate(batches, config.max_message_bytes)?;
@@ -257,6 +285,7 @@ impl Log {
             record_count += h.record_count as u64;
         }
         segment.set_max_timestamp(active.builder.max_timestamp);
+        w.producers.apply(headers);
         // Publish: bytes first, then the segment size, then the log end offset.
         segment.set_size(position + batches.len() as u64);
         self.size_bytes.fetch_add(batches.len() as u64, Ordering::AcqRel);
@@ -272,6 +301,7 @@ impl Log {
             record_count,
             bytes: batches.len(),
             batch_count: headers.len(),
+            duplicate: false,
         })
     }
 
@@ -310,9 +340,12 @@ impl Log {
         Ok(())
     }
 
-    /// Seals the active segment and starts a new one at `base_offset`.
+    /// Seals the active segment and starts a new one at `base_offset`, with a
+    /// producer state snapshot as of the log end (so recovery replays at most the
+    /// new segment).
     fn roll(&self, w: &mut Writer, base_offset: Offset) -> Result<()> {
         self.write_active_indexes(w, true)?;
+        w.producers.snapshot(self.log_end_offset())?;
         let old = w.active.segment.clone();
         old.seal();
         w.unsynced.push(old);
@@ -452,7 +485,9 @@ impl Log {
     /// Flushes when `flush.ms` is set and the last flush is at least that old at
     /// `now_ms` (wall clock, ms). Returns whether it flushed.
     pub fn flush_if_due(&self, now_ms: i64) -> Result<bool> {
-        let Some(interval) = self.config().flush_ms else { return Ok(false) };
+        let Some(interval) = self.config().flush_ms else {
+            return Ok(false);
+        };
         let due = now_ms - self.last_flush_ms.load(Ordering::Acquire) >= interval.as_millis() as i64;
         if due && self.log_end_offset() > self.recovery_point() {
             self.flush()?;
@@ -548,7 +583,9 @@ impl Log {
         let new_end = r.next_offset.unwrap_or(keep.base_offset);
         w.active = Active::install(keep, r.offsets, r.times, r.builder, r.first_timestamp, true)?;
         w.dir_dirty = true;
-        self.finish_truncation(&mut w, new_end)
+        self.finish_truncation(&mut w, new_end)?;
+        let w = &mut *w;
+        w.producers.reload(w.segments.values(), self.log_start_offset(), new_end)
     }
 
     /// Empties the log and restarts it at `offset` (a follower whose leader's log
@@ -569,6 +606,7 @@ impl Log {
         w.active = Active::install(new, Vec::new(), Vec::new(), IndexBuilder::default(), None, true)?;
         w.dir_dirty = true;
         w.epochs.clear()?;
+        w.producers.clear()?;
         self.log_start_offset.store(offset, Ordering::Release);
         self.high_watermark.store(offset, Ordering::Release);
         self.recovery_point.store(offset, Ordering::Release);
@@ -640,7 +678,9 @@ impl Log {
             let path = seg.path(LOG_SUFFIX);
             let start = seg.time_floor_below(ts).at(&path)?.map_or(seg.base_offset, |t| seg.base_offset + i64::from(t.relative_offset));
             let size = seg.size();
-            let Some((position, _)) = seg.find_batch(start, size).at(&path)? else { continue };
+            let Some((position, _)) = seg.find_batch(start, size).at(&path)? else {
+                continue;
+            };
             let mut walk = crate::segment::Walker::new(&seg.file, position, size);
             while let crate::segment::Step::Batch { position, header } = walk.step(false).at(&path)? {
                 if header.max_timestamp < ts {
@@ -665,6 +705,7 @@ impl Log {
     /// Deletes whole sealed segments, oldest first, while `retention.ms` (by the
     /// segment's largest timestamp, against `now_ms`) or `retention.bytes` says so;
     /// the active segment always stays. Returns how many segments were deleted.
+    /// Also forgets idempotent producers idle for `producer.id.expiration.ms`.
     pub fn apply_retention(&self, now_ms: i64) -> Result<usize> {
         let mut w = lock::mutex(&self.writer);
         self.delete_expired(&mut w, false)?;
@@ -672,6 +713,10 @@ impl Log {
             return Ok(0);
         }
         let config = self.config();
+        let expired = w.producers.remove_expired(now_ms, config.producer_id_expiration.as_millis() as i64);
+        if expired > 0 {
+            tracing::debug!(dir = %self.dir.display(), producers = expired, "expired idle producer ids");
+        }
         if !config.cleanup_policy.deletes() {
             return Ok(0);
         }
@@ -708,6 +753,7 @@ impl Log {
         self.recovery_point.fetch_max(log_start, Ordering::AcqRel);
         w.unsynced.retain(|s| s.base_offset >= log_start);
         w.epochs.truncate_from_start(log_start)?;
+        w.producers.on_log_start(log_start)?;
         Ok(doomed.len())
     }
 
@@ -745,15 +791,21 @@ impl Log {
         w.epochs.end_offset_for(epoch, self.log_end_offset())
     }
 
-    /// Flushes, deletes pending `.deleted` files, and writes the clean shutdown
-    /// marker so the next open needs no recovery scan. Later writes fail with
-    /// [`Error::Closed`]; reads keep working.
+    /// The idempotent producers this log knows, by producer id.
+    pub fn producers(&self) -> Vec<ProducerInfo> {
+        lock::mutex(&self.writer).producers.info()
+    }
+
+    /// Flushes, snapshots the producer state, deletes pending `.deleted` files, and
+    /// writes the clean shutdown marker so the next open needs no recovery scan. Later
+    /// writes fail with [`Error::Closed`]; reads keep working.
     pub fn close(&self) -> Result<()> {
         let mut w = lock::mutex(&self.writer);
         if w.closed {
             return Ok(());
         }
         self.flush_locked(&mut w)?;
+        w.producers.snapshot(self.log_end_offset())?;
         self.delete_expired(&mut w, true)?;
         let marker = self.dir.join(CLEAN_SHUTDOWN);
         let mut f = File::create(&marker).at(&marker)?;

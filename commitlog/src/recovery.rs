@@ -163,6 +163,8 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
         match parse_segment_name(&name) {
             Some((base, LOG_SUFFIX)) if path.is_file() => bases.push(base),
             Some((base, INDEX_SUFFIX | TIME_INDEX_SUFFIX)) => index_files.push((base, path)),
+            // Producer state snapshots: loaded by the log after the segments.
+            Some((_, crate::producer_state::SNAPSHOT_SUFFIX)) => {}
             _ => tracing::warn!(path = %path.display(), "ignoring unexpected file in a partition directory"),
         }
     }

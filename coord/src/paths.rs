@@ -15,6 +15,8 @@ pub const CONTROLLER: &str = "/controller";
 pub const CONTROLLER_EPOCH: &str = "/controller_epoch";
 /// Parent of the consumer groups' registries.
 pub const CONSUMERS: &str = "/consumers";
+/// Persistent: the last block of producer ids handed to a broker (Kafka's path).
+pub const LATEST_PRODUCER_ID_BLOCK: &str = "/latest_producer_id_block";
 /// Parent of schemas by global id.
 pub const SCHEMA_IDS: &str = "/schemas/ids";
 /// Parent of schema subjects.

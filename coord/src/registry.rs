@@ -54,6 +54,22 @@ pub struct PartitionState {
     pub controller_epoch: i32,
 }
 
+/// `/latest_producer_id_block`: the last block of idempotent producer ids a broker
+/// claimed (Kafka's document; the bounds are strings there because JSON numbers lose
+/// precision above 2^53 in some readers). Brokers claim the next block with a
+/// compare-and-set on the node's version, so no two brokers ever share an id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProducerIdBlock {
+    /// Document version, 1.
+    pub version: i32,
+    /// Broker that claimed the block.
+    pub broker: i32,
+    /// First id of the block.
+    pub block_start: String,
+    /// Last id of the block (inclusive).
+    pub block_end: String,
+}
+
 /// Reads and decodes the JSON document at `path`, with its stat.
 pub async fn read_json<T: DeserializeOwned>(store: &dyn MetadataStore, path: &str) -> Result<Option<(T, Stat)>> {
     match store.get(path).await? {

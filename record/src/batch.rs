@@ -267,6 +267,18 @@ pub fn set_log_append_time(batch: &mut [u8], timestamp: i64) {
     batch[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
 }
 
+/// Stamps an idempotent producer's id, epoch and first sequence into the batch at
+/// the start of `batch`, then recomputes the CRC (it covers these fields). Producers
+/// number a batch when they first send it, after it was built.
+pub fn set_producer(batch: &mut [u8], producer_id: i64, producer_epoch: i16, base_sequence: i32) {
+    batch[PRODUCER_ID..PRODUCER_ID + 8].copy_from_slice(&producer_id.to_be_bytes());
+    batch[PRODUCER_EPOCH..PRODUCER_EPOCH + 2].copy_from_slice(&producer_epoch.to_be_bytes());
+    batch[BASE_SEQUENCE..BASE_SEQUENCE + 4].copy_from_slice(&base_sequence.to_be_bytes());
+    let size = i32_at(batch, LENGTH) as usize + LOG_OVERHEAD;
+    let crc = crc32c::crc32c(&batch[ATTRIBUTES..size]);
+    batch[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
+}
+
 /// Iterates over the batches in `buf`, validating each one (framing, magic, CRC,
 /// and records of uncompressed batches). Yields `(header, bytes_of_that_batch)`.
 /// Stops at the first error, which it yields once.
@@ -346,6 +358,18 @@ mod tests {
         set_partition_leader_epoch(&mut buf, 7);
         let h = BatchHeader::parse(&buf).unwrap();
         assert_eq!((h.base_offset, h.partition_leader_epoch, h.next_offset()), (42, 7, 44));
+    }
+
+    #[test]
+    fn producer_stamp_recomputes_the_crc() {
+        let mut b = crate::BatchBuilder::new(5);
+        b.append(5, None, Some(b"v"), &[]);
+        b.append(6, None, Some(b"w"), &[]);
+        let mut buf = b.build_vec();
+        set_producer(&mut buf, 42, 3, 1000);
+        let h = BatchHeader::parse(&buf).unwrap();
+        assert_eq!((h.producer_id, h.producer_epoch, h.base_sequence), (42, 3, 1000));
+        h.validate_records(&buf).unwrap();
     }
 
     #[test]

@@ -1,0 +1,115 @@
+//! The idempotent producer over the raw protocol: InitProducerId (every version, bad
+//! input), and Produce answering a retry with the original offset, a gap with
+//! OUT_OF_ORDER_SEQUENCE_NUMBER and an older epoch with INVALID_PRODUCER_EPOCH, before
+//! and after a broker restart.
+
+mod common;
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+use common::{RawClient, TestBroker};
+use fjord_record::BatchBuilder;
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+
+const INVALID_REQUEST: i16 = 42;
+const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
+const INVALID_PRODUCER_EPOCH: i16 = 47;
+
+fn batch(pid: i64, epoch: i16, seq: i32, values: &[&str]) -> Bytes {
+    let mut b = BatchBuilder::new(1_700_000_000_000).producer(pid, epoch, seq);
+    for v in values {
+        b.append(1_700_000_000_000, None, Some(v.as_bytes()), &[]);
+    }
+    b.build()
+}
+
+async fn produce(client: &mut RawClient, records: Bytes) -> (i16, i64) {
+    let request =
+        ProduceRequest::default().with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_static_str("idem")))
+            .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(records))])]);
+    let response: ProduceResponse = client.call(ApiKey::Produce, 9, &request).await.unwrap();
+    let p = &response.responses[0].partition_responses[0];
+    (p.error_code, p.base_offset)
+}
+
+async fn log_end(client: &mut RawClient) -> i64 {
+    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
+        .with_name(TopicName(StrBytes::from_static_str("idem")))
+        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1)])]);
+    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
+    response.topics[0].partitions[0].offset
+}
+
+async fn init_producer_id(client: &mut RawClient, version: i16, transactional_id: Option<&str>) -> InitProducerIdResponse {
+    let request = InitProducerIdRequest::default()
+        .with_transactional_id(transactional_id.map(|t| TransactionalId(StrBytes::from_string(t.to_owned()))))
+        .with_transaction_timeout_ms(60_000)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    client.call(ApiKey::InitProducerId, version, &request).await.unwrap()
+}
+
+#[tokio::test]
+async fn init_producer_id_hands_out_unique_ids_and_refuses_transactions_and_bad_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let mut ids = HashSet::new();
+    for version in 0..=4 {
+        let r = init_producer_id(&mut client, version, None).await;
+        assert_eq!((r.error_code, r.producer_epoch), (0, 0), "v{version}");
+        assert!(r.producer_id.0 >= 0 && ids.insert(r.producer_id.0), "v{version}: {:?}", r.producer_id);
+    }
+    let r = init_producer_id(&mut client, 4, Some("tx-1")).await;
+    assert_eq!((r.error_code, r.producer_id.0), (INVALID_REQUEST, -1));
+    // A body that stops inside the transaction timeout: only this connection closes.
+    let mut bad = RawClient::connect(broker.addr).await.unwrap();
+    let frame = bad.encode(ApiKey::InitProducerId, 1, &InitProducerIdRequest::default());
+    bad.send_frame(&frame[..frame.len() - 2]).await.unwrap();
+    assert!(bad.is_closed_by_broker().await);
+    assert_eq!(init_producer_id(&mut client, 2, None).await.error_code, 0);
+    broker.stop().await.unwrap();
+
+    // After a restart the ids continue after the claimed block: none is reused.
+    let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let r = init_producer_id(&mut client, 4, None).await;
+    assert!(!ids.contains(&r.producer_id.0) && r.producer_id.0 > *ids.iter().max().unwrap());
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn retries_gaps_and_fenced_epochs_before_and_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let broker = TestBroker::start_in(data.clone(), |_| {}).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let pid = init_producer_id(&mut client, 4, None).await.producer_id.0;
+    assert_eq!(produce(&mut client, batch(pid, 0, 0, &["a", "b"])).await, (0, 0));
+    assert_eq!(produce(&mut client, batch(pid, 0, 2, &["c"])).await, (0, 2));
+    // The retry of the first batch: success with its original offset, nothing appended.
+    assert_eq!(produce(&mut client, batch(pid, 0, 0, &["a", "b"])).await, (0, 0));
+    assert_eq!(log_end(&mut client).await, 3);
+    // A gap.
+    assert_eq!(produce(&mut client, batch(pid, 0, 5, &["x"])).await.0, OUT_OF_ORDER_SEQUENCE_NUMBER);
+    broker.stop().await.unwrap();
+
+    let broker = TestBroker::start_in(data, |_| {}).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    // The producer state came back: the old batch is still a duplicate.
+    assert_eq!(produce(&mut client, batch(pid, 0, 2, &["c"])).await, (0, 2));
+    assert_eq!(produce(&mut client, batch(pid, 0, 0, &["a", "b"])).await, (0, 0));
+    assert_eq!(log_end(&mut client).await, 3);
+    assert_eq!(produce(&mut client, batch(pid, 0, 4, &["x"])).await.0, OUT_OF_ORDER_SEQUENCE_NUMBER);
+    assert_eq!(produce(&mut client, batch(pid, 0, 3, &["d"])).await, (0, 3));
+    // A new epoch fences the old one.
+    assert_eq!(produce(&mut client, batch(pid, 1, 0, &["e"])).await, (0, 4));
+    assert_eq!(produce(&mut client, batch(pid, 0, 4, &["zombie"])).await.0, INVALID_PRODUCER_EPOCH);
+    assert_eq!(log_end(&mut client).await, 5);
+    broker.stop().await.unwrap();
+}

@@ -1,0 +1,445 @@
+//! Idempotent producer state: per producer id, its epoch and the last five batches'
+//! sequence and offset ranges, as Kafka's `ProducerStateManager` keeps them.
+//!
+//! A leader append checks every batch that carries a producer id (`producer_id >= 0`)
+//! against it under the log's writer lock, so the check and the append are atomic:
+//! - same epoch, same first and last sequence as one of the cached batches: a retry of
+//!   a batch already in the log, answered with that batch's offsets, nothing appended;
+//! - same epoch, first sequence not the successor of the last one: a gap
+//!   ([`Error::OutOfOrderSequence`]);
+//! - an older epoch: a zombie producer ([`Error::InvalidProducerEpoch`]);
+//! - a newer epoch must restart at sequence 0;
+//! - an unknown producer id (new, expired, or its batches deleted by retention) is
+//!   accepted at any sequence, as Kafka does since the state may be gone for good
+//!   reasons.
+//!
+//! Followers (`append_replicated`) apply the batches without checks, so a follower that
+//! becomes leader already knows every producer.
+//!
+//! # Persistence
+//! The state is derived from the batch headers in the log. `<offset>.snapshot` files in
+//! the partition directory hold the state as of an offset (everything below it applied);
+//! they are written when a segment rolls and on close, so opening a log loads the
+//! latest snapshot at or below the log end and replays only the batch headers after it.
+//! Truncation reloads from a snapshot at or below the new end; retention evicts
+//! producers whose last batch was deleted, and the snapshots below the log start.
+//!
+//! Snapshot file (the checkpoint text format, written atomically), one line per producer:
+//! ```text
+//! producer_id epoch last_timestamp (first_seq last_seq first_offset last_offset)...
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use fjord_record::batch::BatchHeader;
+use fjord_record::Offset;
+
+use crate::checkpoint;
+use crate::error::IoContext;
+use crate::segment::{Segment, Step, Walker, LOG_SUFFIX};
+use crate::{Error, Result};
+
+pub(crate) const SNAPSHOT_SUFFIX: &str = "snapshot";
+
+/// Batches remembered per producer: Kafka's `max.in.flight.requests.per.connection`
+/// limit for idempotence is 5, so a retry is always of one of the last five.
+pub(crate) const MAX_CACHED_BATCHES: usize = 5;
+
+/// Sequence and offset range of one appended batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BatchMetadata {
+    pub(crate) first_seq: i32,
+    pub(crate) last_seq: i32,
+    pub(crate) first_offset: Offset,
+    pub(crate) last_offset: Offset,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ProducerEntry {
+    epoch: i16,
+    batches: VecDeque<BatchMetadata>,
+    /// Largest batch timestamp seen: expiry counts inactivity from it (as Kafka).
+    last_timestamp: i64,
+}
+
+/// What a producer looks like to an observer (tests, tools).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerInfo {
+    /// Producer id.
+    pub producer_id: i64,
+    /// Its current epoch.
+    pub epoch: i16,
+    /// Last sequence number appended.
+    pub last_sequence: i32,
+    /// Offset of the last record it appended.
+    pub last_offset: Offset,
+    /// Largest timestamp of its batches (expiry counts from here).
+    pub last_timestamp: i64,
+}
+
+/// The state of one partition (see the module docs).
+#[derive(Debug)]
+pub(crate) struct ProducerState {
+    dir: PathBuf,
+    producers: HashMap<i64, ProducerEntry>,
+}
+
+/// `first + delta` in Kafka's sequence space, which wraps from `i32::MAX` to 0.
+fn add_seq(first: i32, delta: i32) -> i32 {
+    ((i64::from(first) + i64::from(delta)) % (i64::from(i32::MAX) + 1)) as i32
+}
+
+fn meta_of(h: &BatchHeader) -> BatchMetadata {
+    BatchMetadata {
+        first_seq: h.base_sequence,
+        last_seq: add_seq(h.base_sequence, h.last_offset_delta),
+        first_offset: h.base_offset,
+        last_offset: h.last_offset(),
+    }
+}
+
+/// Whether a batch takes part in idempotence (control batches belong to transactions,
+/// which this broker does not run).
+fn is_idempotent(h: &BatchHeader) -> bool {
+    h.producer_id >= 0 && !h.is_control()
+}
+
+impl ProducerEntry {
+    fn apply(&mut self, h: &BatchHeader) {
+        if h.producer_epoch != self.epoch {
+            self.epoch = h.producer_epoch;
+            self.batches.clear();
+        }
+        if self.batches.len() == MAX_CACHED_BATCHES {
+            self.batches.pop_front();
+        }
+        self.batches.push_back(meta_of(h));
+        self.last_timestamp = self.last_timestamp.max(h.max_timestamp);
+    }
+
+    /// Leader checks of one batch against this entry (see the module docs).
+    fn check(&self, producer_id: i64, h: &BatchHeader) -> Result<Option<BatchMetadata>> {
+        if h.producer_epoch < self.epoch {
+            return Err(Error::InvalidProducerEpoch { producer_id, epoch: h.producer_epoch, current: self.epoch });
+        }
+        if h.producer_epoch > self.epoch {
+            if h.base_sequence != 0 {
+                return Err(Error::OutOfOrderSequence {
+                    producer_id,
+                    epoch: h.producer_epoch,
+                    expected: 0,
+                    found: h.base_sequence,
+                });
+            }
+            return Ok(None);
+        }
+        let m = meta_of(h);
+        if let Some(dup) = self.batches.iter().find(|b| b.first_seq == m.first_seq && b.last_seq == m.last_seq) {
+            return Ok(Some(*dup));
+        }
+        match self.batches.back() {
+            Some(last) if add_seq(last.last_seq, 1) != m.first_seq => Err(Error::OutOfOrderSequence {
+                producer_id,
+                epoch: h.producer_epoch,
+                expected: add_seq(last.last_seq, 1),
+                found: m.first_seq,
+            }),
+            _ => Ok(None),
+        }
+    }
+}
+
+impl ProducerState {
+    pub(crate) fn new(dir: &Path) -> Self {
+        Self { dir: dir.to_path_buf(), producers: HashMap::new() }
+    }
+
+    /// Leader checks of an append's batches, in order, as if the earlier ones were
+    /// applied. `Some` when the append is a retry of a batch already in the log: its
+    /// offsets (the whole append is then skipped, as Kafka does).
+    pub(crate) fn check(&self, headers: &[(usize, BatchHeader)]) -> Result<Option<BatchMetadata>> {
+        let mut pending: HashMap<i64, ProducerEntry> = HashMap::new();
+        for (_, h) in headers.iter().filter(|(_, h)| is_idempotent(h)) {
+            let entry = match pending.get(&h.producer_id).or_else(|| self.producers.get(&h.producer_id)) {
+                Some(e) => e,
+                None => {
+                    // Unknown: any sequence starts it.
+                    pending.insert(
+                        h.producer_id,
+                        ProducerEntry { epoch: h.producer_epoch, batches: VecDeque::new(), last_timestamp: 0 },
+                    );
+                    pending.get_mut(&h.producer_id).expect("just inserted").apply(h);
+                    continue;
+                }
+            };
+            if let Some(dup) = entry.check(h.producer_id, h)? {
+                return Ok(Some(dup));
+            }
+            let mut next = entry.clone();
+            next.apply(h);
+            pending.insert(h.producer_id, next);
+        }
+        Ok(None)
+    }
+
+    /// Records appended batches (their offsets final).
+    pub(crate) fn apply(&mut self, headers: &[(usize, BatchHeader)]) {
+        for (_, h) in headers.iter().filter(|(_, h)| is_idempotent(h)) {
+            self.producers
+                .entry(h.producer_id)
+                .or_insert_with(|| ProducerEntry { epoch: h.producer_epoch, batches: VecDeque::new(), last_timestamp: i64::MIN })
+                .apply(h);
+        }
+    }
+
+    pub(crate) fn info(&self) -> Vec<ProducerInfo> {
+        let mut out: Vec<ProducerInfo> = self
+            .producers
+            .iter()
+            .filter_map(|(&producer_id, e)| {
+                let last = e.batches.back()?;
+                Some(ProducerInfo {
+                    producer_id,
+                    epoch: e.epoch,
+                    last_sequence: last.last_seq,
+                    last_offset: last.last_offset,
+                    last_timestamp: e.last_timestamp,
+                })
+            })
+            .collect();
+        out.sort_by_key(|p| p.producer_id);
+        out
+    }
+
+    /// Forgets producers idle (by batch timestamp) for at least `expiration_ms` at `now_ms`.
+    /// Returns how many were removed.
+    pub(crate) fn remove_expired(&mut self, now_ms: i64, expiration_ms: i64) -> usize {
+        let before = self.producers.len();
+        self.producers.retain(|_, e| now_ms.saturating_sub(e.last_timestamp) < expiration_ms);
+        before - self.producers.len()
+    }
+
+    /// After retention moved the log start: producers whose batches are all gone are
+    /// forgotten (a follower rebuilding from the log could not know them either), and so
+    /// are snapshots below the log start.
+    pub(crate) fn on_log_start(&mut self, log_start: Offset) -> Result<()> {
+        self.producers.retain(|_, e| e.batches.back().is_some_and(|b| b.last_offset >= log_start));
+        for (offset, path) in list_snapshots(&self.dir)? {
+            if offset < log_start {
+                remove(&path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `<offset>.snapshot` with the state as of `offset` (everything below it
+    /// applied). Nothing to remember writes nothing.
+    pub(crate) fn snapshot(&self, offset: Offset) -> Result<()> {
+        if self.producers.is_empty() {
+            return Ok(());
+        }
+        let mut lines: Vec<(i64, String)> = self
+            .producers
+            .iter()
+            .map(|(pid, e)| {
+                let mut line = format!("{pid} {} {}", e.epoch, e.last_timestamp);
+                for b in &e.batches {
+                    line.push_str(&format!(" {} {} {} {}", b.first_seq, b.last_seq, b.first_offset, b.last_offset));
+                }
+                (*pid, line)
+            })
+            .collect();
+        lines.sort_unstable_by_key(|(pid, _)| *pid);
+        let lines: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
+        checkpoint::write_lines(&snapshot_path(&self.dir, offset), &lines)
+    }
+
+    /// Rebuilds the state for a log holding `[log_start, log_end)` in `segments`: drops
+    /// snapshots above `log_end` (truncated away), loads the latest readable one, and
+    /// replays the batch headers after it. Without a snapshot the whole log is replayed.
+    pub(crate) fn reload<'a>(
+        &mut self,
+        segments: impl Iterator<Item = &'a std::sync::Arc<Segment>>,
+        log_start: Offset,
+        log_end: Offset,
+    ) -> Result<()> {
+        self.producers.clear();
+        let mut from = log_start;
+        let mut snapshots = list_snapshots(&self.dir)?;
+        while let Some((offset, path)) = snapshots.pop() {
+            if offset > log_end {
+                remove(&path)?;
+                continue;
+            }
+            match read_snapshot(&path) {
+                Ok(producers) => {
+                    self.producers = producers;
+                    from = from.max(offset);
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "removing an unreadable producer state snapshot");
+                    remove(&path)?;
+                }
+            }
+        }
+        self.producers.retain(|_, e| e.batches.back().is_some_and(|b| b.last_offset >= log_start));
+        for seg in segments {
+            let path = seg.path(LOG_SUFFIX);
+            let size = seg.size();
+            // Skip segments that end before `from`: the next segment starts at or below it.
+            let Some((position, _)) = seg.find_batch(from, size).at(&path)? else {
+                continue;
+            };
+            let mut walk = Walker::new(&seg.file, position, size);
+            while let Step::Batch { header, .. } = walk.step(false).at(&path)? {
+                if header.base_offset >= from && header.base_offset < log_end {
+                    self.apply(&[(0, header)]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The log was emptied: no state, no snapshots.
+    pub(crate) fn clear(&mut self) -> Result<()> {
+        self.producers.clear();
+        for (_, path) in list_snapshots(&self.dir)? {
+            remove(&path)?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn snapshot_path(dir: &Path, offset: Offset) -> PathBuf {
+    dir.join(format!("{offset:020}.{SNAPSHOT_SUFFIX}"))
+}
+
+fn remove(path: &Path) -> Result<()> {
+    crate::recovery::remove_if_exists(&path.to_path_buf())
+}
+
+/// Snapshot files of `dir`, by offset.
+fn list_snapshots(dir: &Path) -> Result<Vec<(Offset, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".snapshot") else {
+            continue;
+        };
+        if stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()) {
+            if let Ok(offset) = stem.parse() {
+                out.push((offset, entry.path()));
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+fn read_snapshot(path: &Path) -> Result<HashMap<i64, ProducerEntry>> {
+    let mut out = HashMap::new();
+    for (i, fields) in checkpoint::read_lines(path)?.unwrap_or_default().into_iter().enumerate() {
+        let bad = |detail| Error::MalformedCheckpoint { path: path.to_path_buf(), line: i + 3, detail };
+        let nums: Vec<i64> =
+            fields.iter().map(|f| f.parse::<i64>()).collect::<std::result::Result<_, _>>().map_err(|_| bad("not a number"))?;
+        let [pid, epoch, last_timestamp, rest @ ..] = nums.as_slice() else {
+            return Err(bad("expected `producer_id epoch last_timestamp batches...`"));
+        };
+        if rest.len() % 4 != 0 || rest.len() / 4 > MAX_CACHED_BATCHES {
+            return Err(bad("batches need four fields each, at most five batches"));
+        }
+        let epoch = i16::try_from(*epoch).map_err(|_| bad("epoch out of range"))?;
+        let seq = |v: i64| i32::try_from(v).map_err(|_| bad("sequence out of range"));
+        let mut batches = VecDeque::new();
+        for b in rest.chunks_exact(4) {
+            batches.push_back(BatchMetadata {
+                first_seq: seq(b[0])?,
+                last_seq: seq(b[1])?,
+                first_offset: b[2],
+                last_offset: b[3],
+            });
+        }
+        out.insert(*pid, ProducerEntry { epoch, batches, last_timestamp: *last_timestamp });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(pid: i64, epoch: i16, seq: i32, records: i32, offset: Offset) -> (usize, BatchHeader) {
+        let mut b = fjord_record::BatchBuilder::new(1_000).producer(pid, epoch, seq);
+        for _ in 0..records {
+            b.append(1_000, None, Some(b"v"), &[]);
+        }
+        let mut bytes = b.build_vec();
+        fjord_record::batch::set_base_offset(&mut bytes, offset);
+        (0, BatchHeader::parse(&bytes).unwrap())
+    }
+
+    #[test]
+    fn duplicates_gaps_and_epochs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = ProducerState::new(dir.path());
+        // Unknown producer: any sequence is accepted.
+        assert_eq!(s.check(&[header(7, 0, 42, 3, 0)]).unwrap(), None);
+        s.apply(&[header(7, 0, 42, 3, 0)]);
+        // The same batch again is a duplicate with its original offsets.
+        let dup = s.check(&[header(7, 0, 42, 3, 99)]).unwrap().unwrap();
+        assert_eq!((dup.first_offset, dup.last_offset), (0, 2));
+        // A gap, and a batch overlapping but not equal to a cached one.
+        assert!(matches!(s.check(&[header(7, 0, 46, 1, 3)]), Err(Error::OutOfOrderSequence { expected: 45, found: 46, .. })));
+        assert!(matches!(s.check(&[header(7, 0, 43, 2, 3)]), Err(Error::OutOfOrderSequence { .. })));
+        // In sequence, and two batches in one append.
+        assert_eq!(s.check(&[header(7, 0, 45, 1, 3), header(7, 0, 46, 1, 4)]).unwrap(), None);
+        assert!(s.check(&[header(7, 0, 45, 1, 3), header(7, 0, 47, 1, 4)]).is_err());
+        // Older epoch: fenced; newer epoch must start at 0.
+        s.apply(&[header(7, 2, 0, 1, 3)]);
+        assert!(matches!(s.check(&[header(7, 1, 1, 1, 4)]), Err(Error::InvalidProducerEpoch { current: 2, .. })));
+        assert!(matches!(s.check(&[header(7, 3, 5, 1, 4)]), Err(Error::OutOfOrderSequence { expected: 0, .. })));
+        assert_eq!(s.check(&[header(7, 3, 0, 1, 4)]).unwrap(), None);
+        // Other producers and non-idempotent batches are independent.
+        assert_eq!(s.check(&[header(8, 0, 0, 1, 4), header(-1, -1, -1, 1, 5)]).unwrap(), None);
+    }
+
+    #[test]
+    fn only_the_last_five_batches_are_remembered_and_sequences_wrap() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = ProducerState::new(dir.path());
+        for i in 0..7 {
+            s.apply(&[header(1, 0, i, 1, i64::from(i))]);
+        }
+        assert!(s.check(&[header(1, 0, 2, 1, 9)]).unwrap().is_some());
+        // Seq 1 fell out of the cache: it is no longer a duplicate but a gap.
+        assert!(matches!(s.check(&[header(1, 0, 1, 1, 9)]), Err(Error::OutOfOrderSequence { .. })));
+        s.apply(&[header(2, 0, i32::MAX - 1, 2, 10)]);
+        assert_eq!(s.info()[1].last_sequence, i32::MAX);
+        assert_eq!(s.check(&[header(2, 0, 0, 1, 12)]).unwrap(), None);
+    }
+
+    #[test]
+    fn snapshots_round_trip_expiry_and_eviction() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = ProducerState::new(dir.path());
+        s.apply(&[header(1, 0, 0, 2, 0), header(2, 4, 10, 1, 2)]);
+        s.snapshot(3).unwrap();
+        let loaded = read_snapshot(&snapshot_path(dir.path(), 3)).unwrap();
+        assert_eq!(loaded, s.producers);
+        fs::write(snapshot_path(dir.path(), 5), "0\n1\n1 x\n").unwrap();
+        assert!(matches!(read_snapshot(&snapshot_path(dir.path(), 5)), Err(Error::MalformedCheckpoint { .. })));
+        s.on_log_start(2).unwrap();
+        assert_eq!(s.info().iter().map(|p| p.producer_id).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(list_snapshots(dir.path()).unwrap().len(), 2);
+        assert_eq!(s.remove_expired(1_000 + 999, 1_000), 0);
+        assert_eq!(s.remove_expired(1_000 + 1_000, 1_000), 1);
+        s.on_log_start(4).unwrap();
+        assert_eq!(list_snapshots(dir.path()).unwrap().len(), 1);
+        s.clear().unwrap();
+        assert!(list_snapshots(dir.path()).unwrap().is_empty());
+    }
+}
