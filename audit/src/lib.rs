@@ -27,7 +27,7 @@
 //! - [`report`]: [`collect`] reads `_audit` (and the topics, for the broker tier) and
 //!   [`compare`]s tiers into a [`Report`] with a [`Verdict`] per topic and window.
 //! - [`render`]: text, JSON and self-contained HTML (inline SVG) output.
-//! - [`time`]: UTC formatting and `--since` parsing.
+//! - [`time`]: UTC calendar arithmetic, formatting and parsing (the loader uses it too).
 
 pub mod counter;
 mod error;

@@ -1,30 +1,59 @@
-//! UTC timestamps without a date library: formatting window starts and parsing `--since`.
+//! UTC timestamps without a date library: the proleptic Gregorian calendar arithmetic,
+//! formatting window starts, and parsing `YYYY-MM-DDTHH:MM[:SS]Z` and `--since`. The
+//! Hadoop loader's hour directories use the same functions.
 
 use crate::{Error, Result};
 
-/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian (Howard Hinnant's
-/// `civil_from_days`).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
+/// `(year, month, day)` of a day number since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`, valid far beyond any Kafka timestamp).
+///
+/// ```
+/// assert_eq!(fjord_audit::time::civil_from_days(0), (1970, 1, 1));
+/// assert_eq!(fjord_audit::time::civil_from_days(19_723), (2024, 1, 1));
+/// ```
+pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
-/// (year, month, day) → days since 1970-01-01.
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
+/// Days since 1970-01-01 of a civil date (inverse of [`civil_from_days`]).
+pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
     let era = y.div_euclid(400);
     let yoe = y.rem_euclid(400);
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let m = i64::from(month);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146_097 + doe - 719_468
+}
+
+/// Ms since the epoch of `YYYY-MM-DDTHH:MM[:SS]Z` (UTC); `None` when it is not that.
+///
+/// ```
+/// assert_eq!(fjord_audit::time::parse_utc("2000-02-29T23:00Z"), Some(951_865_200_000));
+/// assert_eq!(fjord_audit::time::parse_utc("2000-02-29 23:00Z"), None);
+/// ```
+pub fn parse_utc(s: &str) -> Option<i64> {
+    let (date, time) = s.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.split('-');
+    let (y, mo, da) = (d.next()?.parse::<i64>().ok()?, d.next()?.parse::<u32>().ok()?, d.next()?.parse::<u32>().ok()?);
+    let mut t = time.split(':');
+    let (h, mi) = (t.next()?.parse::<i64>().ok()?, t.next()?.parse::<i64>().ok()?);
+    let sec = t.next().map_or(Some(0), |x| x.parse::<i64>().ok())?;
+    if d.next().is_some() || t.next().is_some() || !(1..=12).contains(&mo) || !(1..=31).contains(&da) {
+        return None;
+    }
+    if !(0..24).contains(&h) || !(0..60).contains(&mi) || !(0..60).contains(&sec) {
+        return None;
+    }
+    Some(((days_from_civil(y, mo, da) * 24 + h) * 60 + mi) * 60_000 + sec * 1000)
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for ms since the epoch.
@@ -54,30 +83,21 @@ pub fn parse_since(s: &str, now_ms: i64) -> Result<i64> {
             return n.checked_mul(per).and_then(|age| now_ms.checked_sub(age)).filter(|_| n >= 0).ok_or_else(bad);
         }
     }
-    let body = s.strip_suffix('Z').ok_or_else(bad)?;
-    let (date, time) = body.split_once('T').ok_or_else(bad)?;
-    let num = |x: &str| x.parse::<u32>().map_err(|_| bad());
-    let mut date_parts = date.splitn(3, '-');
-    let (y, mo, d) = match (date_parts.next(), date_parts.next(), date_parts.next()) {
-        (Some(y), Some(m), Some(d)) => (y.parse::<i64>().map_err(|_| bad())?, num(m)?, num(d)?),
-        _ => return Err(bad()),
-    };
-    let t: Vec<u32> = time.split(':').map(num).collect::<Result<_>>()?;
-    let (h, mi, sec) = match t[..] {
-        [h, m] => (h, m, 0),
-        [h, m, s] => (h, m, s),
-        _ => return Err(bad()),
-    };
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 59 {
-        return Err(bad());
-    }
-    let secs = days_from_civil(y, mo, d) * 86_400 + i64::from(h * 3600 + mi * 60 + sec);
-    Ok(secs * 1000)
+    parse_utc(s).ok_or_else(bad)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calendar_round_trips() {
+        for days in (-800_000..800_000).step_by(997) {
+            let (y, m, d) = civil_from_days(days);
+            assert_eq!(days_from_civil(y, m, d), days);
+        }
+        assert_eq!(civil_from_days(-1), (1969, 12, 31));
+    }
 
     #[test]
     fn formats_and_parses_utc() {
