@@ -53,6 +53,7 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 0, 9),
     (ApiKey::Fetch, 4, 12),
     (ApiKey::ListOffsets, 1, 6),
+    (ApiKey::OffsetForLeaderEpoch, 2, 4),
     (ApiKey::Metadata, 0, 12),
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::CreateTopics, 2, 7),

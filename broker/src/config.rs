@@ -15,6 +15,7 @@ use fjord_log::{CleanerConfig, LogConfig};
 use serde::Deserialize;
 
 use crate::group::GroupConfig;
+use crate::replication::ReplicationConfig;
 use crate::{Error, Result};
 
 /// Settings of one broker. Defaults are Kafka's unless noted.
@@ -63,6 +64,8 @@ pub struct BrokerConfig {
     /// `metrics.listen` (Fjord): `HOST:PORT` serving the Prometheus text at `/metrics`;
     /// default none (off).
     pub metrics_listen: Option<SocketAddr>,
+    /// Replication settings (`replica.*`).
+    pub replication: ReplicationConfig,
 }
 
 impl Default for BrokerConfig {
@@ -87,6 +90,7 @@ impl Default for BrokerConfig {
             cleaner: CleanerConfig::default(),
             group: GroupConfig::default(),
             metrics_listen: None,
+            replication: ReplicationConfig::default(),
         }
     }
 }
@@ -230,6 +234,7 @@ impl BrokerConfig {
                 self.log.set(topic_key, &ms.to_string())?;
             }
             _ if CleanerConfig::KEYS.contains(&key) => self.cleaner.set(key, value)?,
+            _ if ReplicationConfig::KEYS.contains(&key) => self.replication.set(key, value).map_err(invalid)?,
             _ => match LOG_KEYS.iter().find(|(broker_key, _)| *broker_key == key) {
                 Some((_, topic_key)) => self.log.set(topic_key, value.trim())?,
                 None => return Err(Error::UnknownConfig { key: key.to_owned() }),

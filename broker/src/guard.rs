@@ -133,6 +133,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::Produce => v >= 9,
         ApiKey::Fetch => v >= 12,
         ApiKey::ListOffsets => v >= 6,
+        ApiKey::OffsetForLeaderEpoch => v >= 4,
         ApiKey::Metadata => v >= 9,
         ApiKey::ApiVersions => v >= 3,
         ApiKey::CreateTopics => v >= 5,
@@ -458,6 +459,23 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                 w.int16()?; // producer epoch
             }
         }
+        ApiKey::OffsetForLeaderEpoch => {
+            if v >= 3 {
+                w.int32()?; // replica id
+            }
+            w.array(|w| {
+                w.string()?;
+                w.array(|w| {
+                    w.int32()?;
+                    if v >= 2 {
+                        w.int32()?; // current leader epoch
+                    }
+                    w.int32()?; // leader epoch
+                    w.tagged_fields()
+                })?;
+                w.tagged_fields()
+            })?;
+        }
         _ => unreachable!("flexible versions are listed for every api walked above"),
     }
     w.tagged_fields()
@@ -637,6 +655,15 @@ mod tests {
                 .with_transactional_id(Some(TransactionalId(s("tx"))))
                 .with_transaction_timeout_ms(60_000)
                 .with_producer_id(ProducerId(if v >= 3 { 7 } else { -1 }))
+                .encode(&mut buf, v),
+            ApiKey::OffsetForLeaderEpoch => OffsetForLeaderEpochRequest::default()
+                .with_replica_id(BrokerId(if v >= 3 { 2 } else { -1 }))
+                .with_topics(vec![offset_for_leader_epoch_request::OffsetForLeaderTopic::default().with_topic(name()).with_partitions(vec![
+                    offset_for_leader_epoch_request::OffsetForLeaderPartition::default()
+                        .with_partition(1)
+                        .with_current_leader_epoch(4)
+                        .with_leader_epoch(3),
+                ])])
                 .encode(&mut buf, v),
             other => panic!("no sample for {other:?}"),
         };

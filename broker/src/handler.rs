@@ -5,6 +5,7 @@
 pub(crate) mod admin;
 pub(crate) mod alter_configs;
 pub(crate) mod fetch;
+pub(crate) mod leader_epoch;
 pub(crate) mod metadata;
 pub(crate) mod offsets;
 pub(crate) mod produce;
@@ -12,6 +13,7 @@ pub(crate) mod producer_id;
 
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, RequestKind, ResponseKind};
 
@@ -20,6 +22,7 @@ use crate::group::GroupCoordinator;
 use crate::handler::producer_id::ProducerIdManager;
 use crate::metrics::{fetch_errors, response_errors, Metrics};
 use crate::response::Response;
+use crate::replication::ReplicaManager;
 use crate::topics::Topics;
 use crate::BrokerConfig;
 
@@ -31,6 +34,7 @@ pub(crate) struct Broker {
     pub(crate) port: i32,
     pub(crate) cluster_id: String,
     pub(crate) topics: Topics,
+    pub(crate) replicas: Arc<ReplicaManager>,
     pub(crate) groups: GroupCoordinator,
     /// Requests and errors per API, for the metrics endpoint.
     pub(crate) metrics: Metrics,
@@ -74,6 +78,7 @@ impl Broker {
                 self.metrics.errors(ApiKey::Fetch as i16, fetch_errors(&data));
                 return Some(crate::fetch_response::encode(correlation_id, version, &data));
             }
+            RequestKind::OffsetForLeaderEpoch(req) => (ApiKey::OffsetForLeaderEpoch, self.offset_for_leader_epoch(req)),
             RequestKind::ListOffsets(req) => (ApiKey::ListOffsets, self.list_offsets(req, version)),
             RequestKind::CreateTopics(req) => (ApiKey::CreateTopics, self.create_topics(req, version).await),
             RequestKind::DeleteTopics(req) => (ApiKey::DeleteTopics, self.delete_topics(req, version).await),

@@ -55,5 +55,6 @@ mod topics;
 
 pub use config::BrokerConfig;
 pub use group::GroupConfig;
+pub use replication::ReplicationConfig;
 pub use error::{Error, Result};
 pub use server::run;

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fjord_log::{AppendInfo, Log, Offset};
 use fjord_record::TopicPartition;
@@ -20,6 +20,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::codec::error_code;
 use crate::replication::leader::{self, FollowerProgress};
+use crate::replication::truncation::{truncation, Truncation};
 
 /// What this broker is for a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,4 +216,133 @@ impl Partition {
             }
         }
     }
+
+    /// Leader: records a follower's fetch from `fetch_offset` (its log end offset).
+    /// Returns the ISR to propose when the follower just caught up and is not in it.
+    pub(crate) fn record_follower_fetch(&self, replica: i32, fetch_offset: Offset, now: Instant) -> Option<Vec<i32>> {
+        let expand = {
+            let mut state = self.state();
+            if state.role != Role::Leader {
+                return None;
+            }
+            let leo = self.log.log_end_offset();
+            let progress = state.followers.get_mut(&replica)?;
+            progress.on_fetch(fetch_offset, leo, now);
+            let hw = self.log.high_watermark();
+            let caught_up = leader::may_join_isr(fetch_offset, hw, state.epoch_start_offset);
+            (caught_up && !state.isr.contains(&replica) && !state.isr_change_in_flight).then(|| {
+                let mut isr = state.isr.clone();
+                isr.push(replica);
+                isr
+            })
+        };
+        self.maybe_advance_high_watermark();
+        expand
+    }
+
+    /// Leader: the ISR without the followers that have not caught up within `lag`,
+    /// when that differs from the current ISR and no change is in flight.
+    pub(crate) fn shrunk_isr(&self, me: i32, lag: Duration, now: Instant) -> Option<Vec<i32>> {
+        let state = self.state();
+        if state.role != Role::Leader || state.isr_change_in_flight {
+            return None;
+        }
+        let out = leader::out_of_sync(me, &state.isr, &state.followers, lag, now);
+        (!out.is_empty()).then(|| state.isr.iter().copied().filter(|r| !out.contains(r)).collect())
+    }
+
+    /// Follower: what the fetcher of `leader` should do next for this replica.
+    pub(crate) fn next_follower_step(&self, leader: i32) -> FollowerStep {
+        let state = self.state();
+        if state.role != (Role::Follower { leader }) {
+            return FollowerStep::Idle;
+        }
+        let epoch = state.leader_epoch;
+        if state.truncation_pending {
+            let latest_epoch = self.log.leader_epochs().last().map(|&(e, _)| e);
+            FollowerStep::Truncate { leader_epoch: epoch, latest_epoch }
+        } else {
+            FollowerStep::Fetch { leader_epoch: epoch, fetch_offset: self.log.log_end_offset(), log_start_offset: self.log.log_start_offset() }
+        }
+    }
+
+    /// Follower: truncates after the leader's OffsetForLeaderEpoch answer, unless the
+    /// role changed since the question was asked (then nothing happens).
+    pub(crate) fn truncate_as_follower(
+        &self,
+        leader: i32,
+        leader_epoch: i32,
+        asked: Option<i32>,
+        answer: (i32, Offset),
+    ) -> Result<Option<Truncation>, fjord_log::Error> {
+        let mut state = self.state();
+        if state.role != (Role::Follower { leader }) || state.leader_epoch != leader_epoch || !state.truncation_pending {
+            return Ok(None);
+        }
+        let local = self.log.end_offset_for_epoch(answer.0);
+        let t = truncation(asked, answer, local, self.log.log_end_offset(), self.log.high_watermark());
+        let before = self.log.log_end_offset();
+        self.log.truncate_to(t.offset)?;
+        state.truncation_pending = !t.complete;
+        tracing::info!(tp = %self.tp, leader, leader_epoch, ?asked, ?answer, log_end_before = before, truncated_to = t.offset, complete = t.complete, "follower truncated");
+        Ok(Some(t))
+    }
+
+    /// Follower: appends what the leader sent for a fetch from `fetch_offset` and takes
+    /// the leader's high watermark (never above our own log end, never backwards).
+    /// Returns false when the role or the log changed since the fetch was sent (the
+    /// answer is stale and dropped).
+    pub(crate) fn append_as_follower(
+        &self,
+        leader: i32,
+        leader_epoch: i32,
+        fetch_offset: Offset,
+        records: &[u8],
+        leader_high_watermark: Offset,
+    ) -> Result<bool, fjord_log::Error> {
+        let state = self.state();
+        if state.role != (Role::Follower { leader })
+            || state.leader_epoch != leader_epoch
+            || state.truncation_pending
+            || self.log.log_end_offset() != fetch_offset
+        {
+            return Ok(false);
+        }
+        if !records.is_empty() {
+            self.log.append_replicated(records)?;
+        }
+        if leader_high_watermark > self.log.high_watermark() {
+            self.log.set_high_watermark(leader_high_watermark);
+        }
+        Ok(true)
+    }
+
+    /// Follower: the leader no longer has our fetch offset. Below its log start, the
+    /// log restarts there (retention went past us); otherwise our log is ahead of the
+    /// leader's and is truncated against its epochs again.
+    pub(crate) fn follower_out_of_range(&self, leader: i32, leader_epoch: i32, fetch_offset: Offset, leader_log_start: Offset) -> Result<(), fjord_log::Error> {
+        let mut state = self.state();
+        if state.role != (Role::Follower { leader }) || state.leader_epoch != leader_epoch || self.log.log_end_offset() != fetch_offset {
+            return Ok(());
+        }
+        if fetch_offset < leader_log_start {
+            tracing::warn!(tp = %self.tp, fetch_offset, leader_log_start, "follower is behind the leader's log start; restarting the log there");
+            self.log.truncate_fully_and_start_at(leader_log_start)?;
+        } else {
+            tracing::warn!(tp = %self.tp, fetch_offset, "follower's log end is beyond the leader's; truncating again");
+            state.truncation_pending = true;
+        }
+        Ok(())
+    }
+}
+
+/// The next thing a follower's fetcher does for one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FollowerStep {
+    /// Not following this leader (any more).
+    Idle,
+    /// Ask the leader where `latest_epoch` ended (OffsetForLeaderEpoch), then truncate.
+    Truncate { leader_epoch: i32, latest_epoch: Option<i32> },
+    /// Fetch from the log end.
+    Fetch { leader_epoch: i32, fetch_offset: Offset, log_start_offset: Offset },
 }

@@ -7,24 +7,37 @@
 //! - leader (leader == this broker, newer epoch): stops fetching the partition, records
 //!   where its epoch starts, tracks each follower's log end offset from their fetches,
 //!   advances the high watermark to the smallest log end offset of the ISR;
-//! - follower (leader is another broker): stops leading;
+//! - follower (leader is another broker): stops leading, asks the leader where its
+//!   latest epoch ended and truncates there, then fetches from the leader as a replica
+//!   (`fetcher`);
 //! - neither (no leader): stops both.
 //!
-//! Modules: `leader` (the high watermark and ISR rules, pure).
+//! As leader it also writes ISR changes to the partition state znode, by
+//! compare-and-set on the version it last saw with the same leader and epoch: a
+//! follower that has not caught up for `replica.lag.time.max.ms` leaves, one that
+//! reached the high watermark comes back.
+//!
+//! Modules: `leader` (high watermark and ISR rules), `truncation` (where a follower
+//! truncates), both pure; `fetcher` (the replica fetcher tasks), `peer` (their connection).
 
-// The follower-side rules are used by the replica fetch handling (next commit).
-#[allow(dead_code)]
+mod fetcher;
 pub(crate) mod leader;
+mod peer;
+pub(crate) mod truncation;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use fjord_coord::registry::PartitionState;
+use fjord_coord::registry::{read_json, to_json, PartitionState};
+use fjord_coord::{paths, Store};
 use fjord_log::Log;
 use fjord_record::TopicPartition;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::partition::{Partition, Role};
+use crate::replication::fetcher::{FetchContext, Fetchers};
 use crate::replication::leader::FollowerProgress;
 
 /// A state applied to a partition, kept until its log is opened.
@@ -35,17 +48,103 @@ struct Applied {
     state_version: i32,
 }
 
+/// Replication settings (Kafka's names and defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicationConfig {
+    /// `replica.lag.time.max.ms`: a follower not caught up for this long leaves the ISR. 30 s.
+    pub lag_time_max: Duration,
+    /// `replica.fetch.max.bytes`: per partition in a replica fetch. 1 MiB.
+    pub fetch_max_bytes: i32,
+    /// `replica.fetch.response.max.bytes`: per replica fetch. 10 MiB.
+    pub fetch_response_max_bytes: i32,
+    /// `replica.fetch.wait.max.ms`: how long the leader may hold a replica fetch. 500 ms.
+    pub fetch_wait_max: Duration,
+    /// `replica.fetch.backoff.ms`: pause after a failed replica fetch. 1 s.
+    pub fetch_backoff: Duration,
+    /// `replica.socket.timeout.ms`: connect and request timeout towards the leader. 30 s.
+    pub socket_timeout: Duration,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        Self {
+            lag_time_max: Duration::from_secs(30),
+            fetch_max_bytes: 1 << 20,
+            fetch_response_max_bytes: 10 << 20,
+            fetch_wait_max: Duration::from_millis(500),
+            fetch_backoff: Duration::from_secs(1),
+            socket_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ReplicationConfig {
+    /// The broker keys [`ReplicationConfig::set`] understands.
+    pub const KEYS: &'static [&'static str] = &[
+        "replica.lag.time.max.ms",
+        "replica.fetch.max.bytes",
+        "replica.fetch.response.max.bytes",
+        "replica.fetch.wait.max.ms",
+        "replica.fetch.backoff.ms",
+        "replica.socket.timeout.ms",
+    ];
+
+    /// Sets one key; `Err` carries the reason.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), &'static str> {
+        let int = value.trim().parse::<i64>().map_err(|_| "not an integer")?;
+        let millis = || u64::try_from(int).ok().filter(|&ms| ms > 0).map(Duration::from_millis).ok_or("must be positive");
+        let bytes = || i32::try_from(int).ok().filter(|&b| b > 0).ok_or("must be between 1 and 2147483647");
+        match key {
+            "replica.lag.time.max.ms" => self.lag_time_max = millis()?,
+            "replica.fetch.max.bytes" => self.fetch_max_bytes = bytes()?,
+            "replica.fetch.response.max.bytes" => self.fetch_response_max_bytes = bytes()?,
+            "replica.fetch.wait.max.ms" => self.fetch_wait_max = millis()?,
+            "replica.fetch.backoff.ms" => self.fetch_backoff = millis()?,
+            "replica.socket.timeout.ms" => self.socket_timeout = millis()?,
+            _ => return Err("unknown replication key"),
+        }
+        Ok(())
+    }
+}
+
 /// The replicas this broker holds and their roles.
 pub(crate) struct ReplicaManager {
     broker_id: i32,
+    store: Store,
+    config: ReplicationConfig,
     partitions: RwLock<HashMap<TopicPartition, Arc<Partition>>>,
     /// States applied before the partition's log was opened; applied when it is.
     pending: Mutex<HashMap<TopicPartition, Applied>>,
+    fetchers: Fetchers,
+    /// Fetchers, ISR writes and the ISR expiry task; stopped by [`ReplicaManager::shutdown`].
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
 }
 
 impl ReplicaManager {
-    pub(crate) fn new(broker_id: i32) -> Self {
-        Self { broker_id, partitions: RwLock::new(HashMap::new()), pending: Mutex::new(HashMap::new()) }
+    pub(crate) fn new(broker_id: i32, store: Store, config: ReplicationConfig) -> Arc<Self> {
+        let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
+        let context = FetchContext { broker_id, store: store.clone(), config, tasks: tasks.clone(), shutdown: shutdown.clone() };
+        let manager = Arc::new(Self {
+            broker_id,
+            store,
+            config,
+            partitions: RwLock::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            fetchers: Fetchers::new(Arc::new(context)),
+            tasks,
+            shutdown,
+        });
+        manager.spawn_isr_expiry();
+        manager
+    }
+
+    /// Stops the fetchers, ISR writes and the expiry task, and waits for them (before
+    /// the logs are closed).
+    pub(crate) async fn shutdown(&self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 
     /// This broker's id.
@@ -95,20 +194,21 @@ impl ReplicaManager {
     pub(crate) fn remove(&self, tp: &TopicPartition) {
         self.pending.lock().expect("invariant: pending lock is never poisoned").remove(tp);
         let removed = self.partitions.write().expect("invariant: partitions lock is never poisoned").remove(tp);
+        self.fetchers.unfollow(tp);
         if let Some(partition) = removed {
             partition.state().role = Role::None;
             partition.notify_changed();
         }
     }
 
-    fn apply_to(&self, partition: &Partition, replicas: &[i32], state: &PartitionState, state_version: i32) {
+    fn apply_to(&self, partition: &Arc<Partition>, replicas: &[i32], state: &PartitionState, state_version: i32) {
         let me = self.broker_id;
         let role = match state.leader {
             leader if leader == me => Role::Leader,
             leader if leader >= 0 && replicas.contains(&me) => Role::Follower { leader },
             _ => Role::None,
         };
-        {
+        let new_term = {
             let mut s = partition.state();
             if state.leader_epoch < s.leader_epoch
                 || (state.leader_epoch == s.leader_epoch && state_version < s.state_version)
@@ -146,11 +246,108 @@ impl ReplicaManager {
                     "partition role"
                 );
             }
+            !same_term
+        };
+        if new_term {
+            match role {
+                Role::Follower { leader } => self.fetchers.follow(partition.clone(), leader),
+                Role::Leader | Role::None => self.fetchers.unfollow(&partition.tp),
+            }
         }
         // A new ISR (or leadership) may let the high watermark move; acks=all produces
         // re-check the role and the ISR either way.
         if !partition.maybe_advance_high_watermark() {
             partition.notify_changed();
         }
+    }
+
+    /// Leader: writes `isr` to the partition state znode (compare-and-set on the version
+    /// last seen, same leader and epoch), then adopts it. On a version conflict the
+    /// znode is re-read: if this broker still leads in the same epoch, its ISR and
+    /// version are taken and the next check proposes again. One write per partition
+    /// at a time.
+    pub(crate) fn propose_isr(&self, partition: &Arc<Partition>, isr: Vec<i32>) {
+        let (leader_epoch, expected_version, controller_epoch) = {
+            let mut s = partition.state();
+            if s.role != Role::Leader || s.isr_change_in_flight || s.isr == isr {
+                return;
+            }
+            s.isr_change_in_flight = true;
+            (s.leader_epoch, s.state_version, s.controller_epoch)
+        };
+        let (store, partition, me) = (self.store.clone(), partition.clone(), self.broker_id);
+        self.tasks.spawn(async move {
+            let path = paths::partition_state(&partition.tp.topic, partition.tp.partition);
+            let proposed = PartitionState { leader: me, leader_epoch, isr: isr.clone(), controller_epoch };
+            let written = store.set(&path, &to_json(&proposed), Some(expected_version)).await;
+            let adopted = match written {
+                Ok(stat) => Some((isr, stat.version)),
+                Err(fjord_coord::Error::BadVersion { .. }) => match read_json::<PartitionState>(&*store, &path).await {
+                    Ok(Some((current, stat))) if current.leader == me && current.leader_epoch == leader_epoch => {
+                        tracing::info!(tp = %partition.tp, isr = ?current.isr, "ISR changed meanwhile; re-read the partition state");
+                        Some((current.isr, stat.version))
+                    }
+                    Ok(_) => None, // a new leader or epoch: the next applied state says what we are
+                    Err(e) => {
+                        tracing::warn!(tp = %partition.tp, error = %e, "re-reading the partition state failed");
+                        None
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(tp = %partition.tp, error = %e, "writing the ISR failed; retried at the next change");
+                    None
+                }
+            };
+            {
+                let mut s = partition.state();
+                s.isr_change_in_flight = false;
+                if let Some((isr, version)) = adopted {
+                    if s.role == Role::Leader && s.leader_epoch == leader_epoch && version > s.state_version {
+                        tracing::info!(tp = %partition.tp, from = ?s.isr, to = ?isr, leader_epoch, "ISR changed");
+                        s.isr = isr;
+                        s.state_version = version;
+                    }
+                }
+            }
+            // A smaller ISR may let the high watermark move; acks=all waits re-check the ISR.
+            if !partition.maybe_advance_high_watermark() {
+                partition.notify_changed();
+            }
+        });
+    }
+
+    /// Leader: records a replica fetch from `replica` at `fetch_offset`; proposes the
+    /// ISR with it when it just caught up.
+    pub(crate) fn follower_fetched(&self, partition: &Arc<Partition>, replica: i32, fetch_offset: i64) {
+        if let Some(isr) = partition.record_follower_fetch(replica, fetch_offset, Instant::now()) {
+            self.propose_isr(partition, isr);
+        }
+    }
+
+    /// Every `replica.lag.time.max.ms / 2` (as Kafka), drops the followers that have not
+    /// caught up for `replica.lag.time.max.ms` from the ISR of every partition led here.
+    fn spawn_isr_expiry(self: &Arc<Self>) {
+        let manager = Arc::downgrade(self);
+        let (every, shutdown) = (self.config.lag_time_max / 2, self.shutdown.clone());
+        self.tasks.spawn(async move {
+            let mut interval = tokio::time::interval(every.max(Duration::from_millis(10)));
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = interval.tick() => {}
+                    () = shutdown.cancelled() => return,
+                }
+                let Some(manager) = manager.upgrade() else { return };
+                let partitions: Vec<_> =
+                    manager.partitions.read().expect("invariant: partitions lock is never poisoned").values().cloned().collect();
+                let now = Instant::now();
+                for partition in partitions {
+                    if let Some(isr) = partition.shrunk_isr(manager.broker_id, manager.config.lag_time_max, now) {
+                        tracing::info!(tp = %partition.tp, isr = ?isr, "followers fell behind; shrinking the ISR");
+                        manager.propose_isr(&partition, isr);
+                    }
+                }
+            }
+        });
     }
 }

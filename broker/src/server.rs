@@ -69,8 +69,8 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
         let (dir, defaults) = (config.log_dir.clone(), config.log);
         Arc::new(tokio::task::spawn_blocking(move || LogManager::open(dir, defaults)).await??)
     };
-    let replicas = Arc::new(ReplicaManager::new(config.broker_id));
-    let topics = Topics::open(store.clone(), logs.clone(), replicas, config.log).await?;
+    let replicas = ReplicaManager::new(config.broker_id, store.clone(), config.replication);
+    let topics = Topics::open(store.clone(), logs.clone(), replicas.clone(), config.log).await?;
     let (host, port) = config.advertised(bound);
     register(&*store, config.broker_id, &host, port).await?;
     tracing::info!(
@@ -88,7 +88,8 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
     let endpoint = Endpoint { broker_id: config.broker_id, host: host.clone(), port };
     let groups = GroupCoordinator::new(store.clone(), endpoint, config.group.clone());
     let producer_ids = ProducerIdManager::new(store.clone(), config.broker_id);
-    let broker = Arc::new(Broker { config, host, port, cluster_id, topics, groups, metrics: Default::default(), producer_ids });
+    let broker =
+        Arc::new(Broker { config, host, port, cluster_id, topics, replicas, groups, metrics: Default::default(), producer_ids });
 
     let tracker = TaskTracker::new();
     spawn_periodic_tasks(&tracker, &broker, &shutdown);
@@ -127,6 +128,8 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
     tracker.close();
     // Also waits for a clean in progress: the logs are closed only once no swap is running.
     tracker.wait().await;
+    // No fetcher may append while the logs close.
+    broker.replicas.shutdown().await;
     let logs = broker.topics.logs().clone();
     tokio::task::spawn_blocking(move || logs.close()).await??;
     // Leave at once rather than when the session expires, so a restart need not wait.

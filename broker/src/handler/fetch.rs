@@ -1,5 +1,8 @@
-//! Fetch: whole batches from the requested offsets, up to the high watermark, as file
-//! regions (sendfile) or copied bytes; a delayed fetch waits for appends without polling.
+//! Fetch: whole batches from the requested offsets, as file regions (sendfile) or copied
+//! bytes, from the partition's leader only: up to the high watermark for consumers, up
+//! to the log end for followers (replica id >= 0), whose fetch offsets are their log end
+//! offsets and move the high watermark. A delayed fetch waits for appends (and high
+//! watermark moves) without polling.
 //!
 //! A fetch that has fewer than `min_bytes` registers a [`Notify`] on every partition it
 //! reads, re-reads when any of them is appended to, and gives up at `max_wait_ms` (a
@@ -58,6 +61,19 @@ impl Broker {
                 (name, partitions)
             })
             .collect();
+        // A follower (replica id >= 0) reads up to the log end and reports its log end
+        // offset with its fetch offset, once per request.
+        let replica = (request.replica_id.0 >= 0).then_some(request.replica_id.0);
+        if let Some(replica) = replica {
+            for w in wanted.iter().flat_map(|(_, partitions)| partitions) {
+                if let Some(partition) = &w.partition {
+                    let leo = partition.log.log_end_offset();
+                    if partition.check_leader(w.current_leader_epoch).is_ok() && w.fetch_offset <= leo {
+                        self.replicas.follower_fetched(partition, replica, w.fetch_offset);
+                    }
+                }
+            }
+        }
         let max_bytes = usize::try_from(request.max_bytes).unwrap_or(0);
         let min_bytes = usize::try_from(request.min_bytes).unwrap_or(0);
         let deadline = Instant::now() + Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0));
@@ -68,14 +84,14 @@ impl Broker {
                     partition.register_waiter(&waiter);
                 }
             }
-            let (data, has_error) = self.read_partitions(&wanted, max_bytes);
+            let (data, has_error) = self.read_partitions(&wanted, max_bytes, replica.is_some());
             if has_error || data.records_bytes() >= min_bytes || Instant::now() >= deadline {
                 return data;
             }
             tokio::select! {
                 () = waiter.notified() => {}
                 () = tokio::time::sleep_until(deadline) => {
-                    return self.read_partitions(&wanted, max_bytes).0;
+                    return self.read_partitions(&wanted, max_bytes, replica.is_some()).0;
                 }
             }
         }
@@ -83,7 +99,7 @@ impl Broker {
 
     /// One pass over the requested partitions; also says whether any partition has an
     /// error (a delayed fetch answers at once then, as Kafka does).
-    fn read_partitions(&self, wanted: &[(String, Vec<Wanted>)], max_bytes: usize) -> (FetchResponseData, bool) {
+    fn read_partitions(&self, wanted: &[(String, Vec<Wanted>)], max_bytes: usize, replica: bool) -> (FetchResponseData, bool) {
         let mut total = 0usize;
         let mut has_error = false;
         let topics = wanted
@@ -93,7 +109,7 @@ impl Broker {
                 partitions: partitions
                     .iter()
                     .map(|w| {
-                        let data = self.read_partition(w, max_bytes.saturating_sub(total), total == 0);
+                        let data = self.read_partition(w, max_bytes.saturating_sub(total), total == 0, replica);
                         total += data.records.len();
                         has_error |= data.error_code != error_code::NONE;
                         data
@@ -104,7 +120,7 @@ impl Broker {
         (FetchResponseData { topics, ..Default::default() }, has_error)
     }
 
-    fn read_partition(&self, wanted: &Wanted, remaining: usize, first: bool) -> PartitionData {
+    fn read_partition(&self, wanted: &Wanted, remaining: usize, first: bool, replica: bool) -> PartitionData {
         let mut data = PartitionData {
             partition_index: wanted.partition_index,
             error_code: error_code::NONE,
@@ -127,10 +143,12 @@ impl Broker {
         data.last_stable_offset = high_watermark; // no transactions: everything is stable
         data.log_start_offset = log.log_start_offset();
         let limit = wanted.partition_max_bytes.min(remaining);
+        // Consumers never see above the high watermark; followers need everything.
+        let upper_bound = (!replica).then_some(high_watermark);
         // KIP-74: the first batch of the first non-empty partition is returned whole even
         // when it exceeds the limits, so a consumer can always make progress.
         let records = if self.config.fetch_zero_copy {
-            log.read(wanted.fetch_offset, limit, Some(high_watermark), first).map(|slice| {
+            log.read(wanted.fetch_offset, limit, upper_bound, first).map(|slice| {
                 if slice.is_empty() {
                     FetchedRecords::Empty
                 } else {
@@ -138,7 +156,7 @@ impl Broker {
                 }
             })
         } else {
-            log.read_bytes(wanted.fetch_offset, limit, Some(high_watermark), first)
+            log.read_bytes(wanted.fetch_offset, limit, upper_bound, first)
                 .map(|bytes| if bytes.is_empty() { FetchedRecords::Empty } else { FetchedRecords::Memory(bytes.into()) })
         };
         match records {

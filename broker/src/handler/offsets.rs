@@ -26,15 +26,20 @@ impl Broker {
                             .with_partition_index(p.partition_index)
                             .with_timestamp(-1)
                             .with_offset(-1);
-                        if version >= 4 {
-                            response = response.with_leader_epoch(0);
-                        }
                         let partition = topic
                             .as_ref()
                             .and_then(|topic| usize::try_from(p.partition_index).ok().and_then(|i| topic.partitions.get(i)));
                         let Some(partition) = partition else {
                             return response.with_error_code(error_code::UNKNOWN_TOPIC_OR_PARTITION);
                         };
+                        // Offsets come from the leader only (followers' high watermarks lag).
+                        let leader_epoch = match partition.check_leader(p.current_leader_epoch) {
+                            Ok(epoch) => epoch,
+                            Err(code) => return response.with_error_code(code),
+                        };
+                        if version >= 4 {
+                            response = response.with_leader_epoch(leader_epoch);
+                        }
                         let log = &partition.log;
                         match p.timestamp {
                             LATEST => response.with_offset(log.high_watermark()),

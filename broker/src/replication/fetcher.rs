@@ -1,0 +1,347 @@
+//! Replica fetchers: one task per leader broker this broker follows partitions of.
+//!
+//! Each round, the task asks the leader where the latest epoch of every partition that
+//! just became a follower ended (OffsetForLeaderEpoch) and truncates, then sends one
+//! Fetch for all its partitions (replica id = this broker, from each log end offset),
+//! appends what comes back with `append_replicated` and takes the leader's high
+//! watermark. Failures (leader unreachable, not registered, errors in the answer) are
+//! logged and retried after `replica.fetch.backoff.ms`; they never stop the broker.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use fjord_coord::registry::{read_json, BrokerRegistration};
+use fjord_coord::{paths, Store};
+use fjord_record::TopicPartition;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::offset_for_leader_epoch_request::{OffsetForLeaderPartition, OffsetForLeaderTopic};
+use kafka_protocol::messages::{BrokerId, FetchRequest, OffsetForLeaderEpochRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::codec::error_code;
+use crate::partition::{FollowerStep, Partition};
+use crate::replication::peer::{Peer, PeerError};
+use crate::replication::ReplicationConfig;
+
+/// Fetch v12: the last version that names topics by name (as this broker serves).
+const FETCH_VERSION: i16 = 12;
+/// OffsetForLeaderEpoch v4 (flexible).
+const OFFSET_FOR_LEADER_EPOCH_VERSION: i16 = 4;
+
+/// What every fetcher task shares.
+pub(crate) struct FetchContext {
+    pub(crate) broker_id: i32,
+    pub(crate) store: Store,
+    pub(crate) config: ReplicationConfig,
+    pub(crate) tasks: TaskTracker,
+    pub(crate) shutdown: CancellationToken,
+}
+
+type PartitionSet = Arc<Mutex<HashMap<TopicPartition, Arc<Partition>>>>;
+
+struct Fetcher {
+    partitions: PartitionSet,
+    wake: Arc<Notify>,
+    stop: CancellationToken,
+}
+
+/// The fetcher tasks, by leader broker id.
+pub(crate) struct Fetchers {
+    context: Arc<FetchContext>,
+    by_leader: Mutex<HashMap<i32, Fetcher>>,
+}
+
+impl Fetchers {
+    pub(crate) fn new(context: Arc<FetchContext>) -> Self {
+        Self { context, by_leader: Mutex::new(HashMap::new()) }
+    }
+
+    /// Fetches `partition` from `leader` from now on (and from no other broker).
+    pub(crate) fn follow(&self, partition: Arc<Partition>, leader: i32) {
+        let mut by_leader = self.by_leader.lock().expect("invariant: fetchers lock is never poisoned");
+        remove_from_all(&mut by_leader, &partition.tp, Some(leader));
+        let fetcher = by_leader.entry(leader).or_insert_with(|| {
+            let fetcher = Fetcher {
+                partitions: Arc::new(Mutex::new(HashMap::new())),
+                wake: Arc::new(Notify::new()),
+                stop: self.context.shutdown.child_token(),
+            };
+            let task = run(self.context.clone(), leader, fetcher.partitions.clone(), fetcher.wake.clone(), fetcher.stop.clone());
+            self.context.tasks.spawn(task);
+            fetcher
+        });
+        fetcher.partitions.lock().expect("invariant: fetcher partitions lock is never poisoned").insert(partition.tp.clone(), partition);
+        fetcher.wake.notify_one();
+    }
+
+    /// Stops fetching `tp` (it is led here now, or by nobody).
+    pub(crate) fn unfollow(&self, tp: &TopicPartition) {
+        let mut by_leader = self.by_leader.lock().expect("invariant: fetchers lock is never poisoned");
+        remove_from_all(&mut by_leader, tp, None);
+    }
+}
+
+/// Removes `tp` from every fetcher but `keep`'s; a fetcher left without partitions stops.
+fn remove_from_all(by_leader: &mut HashMap<i32, Fetcher>, tp: &TopicPartition, keep: Option<i32>) {
+    by_leader.retain(|&leader, fetcher| {
+        if Some(leader) == keep {
+            return true;
+        }
+        let mut partitions = fetcher.partitions.lock().expect("invariant: fetcher partitions lock is never poisoned");
+        partitions.remove(tp);
+        if partitions.is_empty() {
+            fetcher.stop.cancel();
+            return false;
+        }
+        true
+    });
+}
+
+/// One fetcher task: rounds of truncation and fetching from `leader` until stopped.
+async fn run(context: Arc<FetchContext>, leader: i32, partitions: PartitionSet, wake: Arc<Notify>, stop: CancellationToken) {
+    let mut peer: Option<Peer> = None;
+    let mut failing = false;
+    tracing::debug!(leader, "replica fetcher started");
+    loop {
+        let snapshot: Vec<Arc<Partition>> =
+            partitions.lock().expect("invariant: fetcher partitions lock is never poisoned").values().cloned().collect();
+        if snapshot.is_empty() {
+            tokio::select! {
+                () = wake.notified() => continue,
+                () = stop.cancelled() => break,
+            }
+        }
+        let outcome = tokio::select! {
+            outcome = round(&context, leader, &mut peer, &snapshot) => outcome,
+            () = stop.cancelled() => break,
+        };
+        let backoff = match outcome {
+            Ok(Round { errors: 0 }) => {
+                if failing {
+                    tracing::info!(leader, "replica fetcher recovered");
+                    failing = false;
+                }
+                false
+            }
+            Ok(Round { errors }) => {
+                tracing::debug!(leader, errors, "partition errors in a replica fetch round; backing off");
+                true
+            }
+            Err(e) => {
+                // The first failure of a streak is a warning; the rest would flood the log.
+                if failing {
+                    tracing::debug!(leader, error = %e, "replica fetch failed again");
+                } else {
+                    tracing::warn!(leader, error = %e, "replica fetch failed; retrying with backoff");
+                    failing = true;
+                }
+                peer = None;
+                true
+            }
+        };
+        if backoff {
+            tokio::select! {
+                () = tokio::time::sleep(context.config.fetch_backoff) => {}
+                () = stop.cancelled() => break,
+            }
+        }
+    }
+    tracing::debug!(leader, "replica fetcher stopped");
+}
+
+/// What one round saw: how many partitions answered with an error.
+struct Round {
+    errors: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error("broker {0} is not registered")]
+    NotRegistered(i32),
+    #[error("reading the registration of broker {leader}: {source}")]
+    Store { leader: i32, source: fjord_coord::Error },
+    #[error(transparent)]
+    Peer(#[from] PeerError),
+    #[error("replica fetch answered with error {0}")]
+    Response(i16),
+}
+
+async fn connect(context: &FetchContext, leader: i32) -> Result<Peer, FetchError> {
+    let registration = read_json::<BrokerRegistration>(&*context.store, &paths::broker(leader))
+        .await
+        .map_err(|source| FetchError::Store { leader, source })?;
+    let Some((registration, _)) = registration else {
+        return Err(FetchError::NotRegistered(leader));
+    };
+    let addr = format!("{}:{}", registration.host, registration.port);
+    let client_id = format!("fjord-replica-fetcher-{}", context.broker_id);
+    let peer = Peer::connect(&addr, client_id, context.config.socket_timeout).await?;
+    tracing::debug!(leader, %addr, "replica fetcher connected");
+    Ok(peer)
+}
+
+async fn round(context: &FetchContext, leader: i32, peer: &mut Option<Peer>, partitions: &[Arc<Partition>]) -> Result<Round, FetchError> {
+    if peer.is_none() {
+        *peer = Some(connect(context, leader).await?);
+    }
+    let peer = peer.as_mut().expect("invariant: connected above");
+    let steps: Vec<(&Arc<Partition>, FollowerStep)> = partitions.iter().map(|p| (p, p.next_follower_step(leader))).collect();
+    let mut errors = 0;
+    let truncating: Vec<_> = steps
+        .iter()
+        .filter_map(|(p, step)| match *step {
+            FollowerStep::Truncate { leader_epoch, latest_epoch } => Some((*p, leader_epoch, latest_epoch)),
+            _ => None,
+        })
+        .collect();
+    if !truncating.is_empty() {
+        errors += truncate(context, leader, peer, &truncating).await?;
+    }
+    let fetching: Vec<_> = steps
+        .iter()
+        .filter_map(|(p, step)| match *step {
+            FollowerStep::Fetch { leader_epoch, fetch_offset, log_start_offset } => Some((*p, leader_epoch, fetch_offset, log_start_offset)),
+            _ => None,
+        })
+        .collect();
+    if !fetching.is_empty() {
+        errors += fetch(context, leader, peer, &fetching).await?;
+    } else if truncating.is_empty() {
+        // Nothing to do for this leader right now (roles are changing): wait a little.
+        errors += 1;
+    }
+    Ok(Round { errors })
+}
+
+fn topic_name(name: &str) -> TopicName {
+    TopicName(StrBytes::from_string(name.to_owned()))
+}
+
+/// Asks the leader where each partition's latest epoch ended, and truncates there.
+async fn truncate(
+    context: &FetchContext,
+    leader: i32,
+    peer: &mut Peer,
+    partitions: &[(&Arc<Partition>, i32, Option<i32>)],
+) -> Result<usize, FetchError> {
+    let mut errors = 0;
+    let mut by_topic: HashMap<&str, Vec<OffsetForLeaderPartition>> = HashMap::new();
+    let mut asked = HashMap::new();
+    for &(partition, leader_epoch, latest_epoch) in partitions {
+        let Some(latest) = latest_epoch else {
+            // No epochs at all (an empty log): nothing to compare, keep what is committed.
+            if let Err(e) = partition.truncate_as_follower(leader, leader_epoch, None, (-1, -1)) {
+                tracing::error!(tp = %partition.tp, error = %e, "follower truncation failed");
+                errors += 1;
+            }
+            continue;
+        };
+        by_topic.entry(&partition.tp.topic).or_default().push(
+            OffsetForLeaderPartition::default()
+                .with_partition(partition.tp.partition)
+                .with_current_leader_epoch(leader_epoch)
+                .with_leader_epoch(latest),
+        );
+        asked.insert(partition.tp.clone(), (partition, leader_epoch, latest));
+    }
+    if by_topic.is_empty() {
+        return Ok(errors);
+    }
+    let request = OffsetForLeaderEpochRequest::default().with_replica_id(BrokerId(context.broker_id)).with_topics(
+        by_topic
+            .into_iter()
+            .map(|(topic, partitions)| OffsetForLeaderTopic::default().with_topic(topic_name(topic)).with_partitions(partitions))
+            .collect(),
+    );
+    let response = peer.call(&request, OFFSET_FOR_LEADER_EPOCH_VERSION, context.config.socket_timeout).await?;
+    for topic in response.topics {
+        for answer in topic.partitions {
+            let tp = TopicPartition::new(topic.topic.0.to_string(), answer.partition);
+            let Some(&(partition, leader_epoch, latest)) = asked.get(&tp) else { continue };
+            if answer.error_code != error_code::NONE {
+                tracing::debug!(%tp, leader, error = answer.error_code, "OffsetForLeaderEpoch refused");
+                errors += 1;
+                continue;
+            }
+            if let Err(e) = partition.truncate_as_follower(leader, leader_epoch, Some(latest), (answer.leader_epoch, answer.end_offset)) {
+                tracing::error!(%tp, error = %e, "follower truncation failed");
+                errors += 1;
+            }
+        }
+    }
+    Ok(errors)
+}
+
+/// One Fetch for every partition ready to fetch; appends what comes back.
+async fn fetch(
+    context: &FetchContext,
+    leader: i32,
+    peer: &mut Peer,
+    partitions: &[(&Arc<Partition>, i32, i64, i64)],
+) -> Result<usize, FetchError> {
+    let config = &context.config;
+    let mut by_topic: HashMap<&str, Vec<FetchPartition>> = HashMap::new();
+    let mut sent = HashMap::new();
+    for &(partition, leader_epoch, fetch_offset, log_start_offset) in partitions {
+        by_topic.entry(&partition.tp.topic).or_default().push(
+            FetchPartition::default()
+                .with_partition(partition.tp.partition)
+                .with_current_leader_epoch(leader_epoch)
+                .with_fetch_offset(fetch_offset)
+                .with_last_fetched_epoch(-1)
+                .with_log_start_offset(log_start_offset)
+                .with_partition_max_bytes(config.fetch_max_bytes),
+        );
+        sent.insert(partition.tp.clone(), (partition, leader_epoch, fetch_offset));
+    }
+    let wait_ms = i32::try_from(config.fetch_wait_max.as_millis()).unwrap_or(i32::MAX);
+    let request = FetchRequest::default()
+        .with_replica_id(BrokerId(context.broker_id))
+        .with_max_wait_ms(wait_ms)
+        .with_min_bytes(1)
+        .with_max_bytes(config.fetch_response_max_bytes)
+        .with_session_id(0)
+        .with_session_epoch(-1)
+        .with_topics(
+            by_topic
+                .into_iter()
+                .map(|(topic, partitions)| FetchTopic::default().with_topic(topic_name(topic)).with_partitions(partitions))
+                .collect(),
+        );
+    // The leader may hold the request for max_wait before answering.
+    let response = peer.call(&request, FETCH_VERSION, config.socket_timeout + config.fetch_wait_max).await?;
+    if response.error_code != error_code::NONE {
+        return Err(FetchError::Response(response.error_code));
+    }
+    let mut errors = 0;
+    for topic in response.responses {
+        for data in topic.partitions {
+            let tp = TopicPartition::new(topic.topic.0.to_string(), data.partition_index);
+            let Some(&(partition, leader_epoch, fetch_offset)) = sent.get(&tp) else { continue };
+            let result = match data.error_code {
+                error_code::NONE => {
+                    let records = data.records.as_deref().unwrap_or_default();
+                    partition.append_as_follower(leader, leader_epoch, fetch_offset, records, data.high_watermark).map(drop)
+                }
+                error_code::OFFSET_OUT_OF_RANGE => {
+                    partition.follower_out_of_range(leader, leader_epoch, fetch_offset, data.log_start_offset)
+                }
+                code => {
+                    // NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH: the leader and we
+                    // disagree on the state; the next state applied sorts it out.
+                    tracing::debug!(%tp, leader, error = code, "replica fetch refused");
+                    errors += 1;
+                    continue;
+                }
+            };
+            if let Err(e) = result {
+                tracing::error!(%tp, leader, error = %e, "appending replicated records failed");
+                errors += 1;
+            }
+        }
+    }
+    Ok(errors)
+}

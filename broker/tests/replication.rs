@@ -1,0 +1,257 @@
+//! Replication between in-process brokers on a real ZooKeeper: followers fetch from the
+//! leader, acks=all waits for the ISR, the ISR shrinks and grows back through the
+//! partition state znode, and a returning old leader truncates what the new leader
+//! overwrote, so the replicas' logs end up identical byte for byte.
+//!
+//! The tests write the topic's assignment and partition state znodes themselves (as
+//! the controller would) and restart brokers to hand them a new state.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{RawClient, TestBroker};
+use fjord_coord::registry::{read_json, to_json, PartitionState, TopicAssignment};
+use fjord_coord::{create_all, paths, CreateMode, Store};
+use fjord_record::BatchBuilder;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::offset_for_leader_epoch_request::{OffsetForLeaderPartition, OffsetForLeaderTopic};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+
+const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+const REQUEST_TIMED_OUT: i16 = 7;
+const OFFSET_OUT_OF_RANGE: i16 = 1;
+const NOT_ENOUGH_REPLICAS: i16 = 19;
+const UNKNOWN_LEADER_EPOCH: i16 = 75;
+const FENCED_LEADER_EPOCH: i16 = 74;
+
+fn name(topic: &str) -> TopicName {
+    TopicName(StrBytes::from_string(topic.into()))
+}
+
+/// One batch of `count` records `"{tag}-{i}"`.
+fn batch(tag: &str, count: usize) -> Bytes {
+    let mut builder = BatchBuilder::new(1_700_000_000_000);
+    for i in 0..count {
+        builder.append(1_700_000_000_000 + i as i64, None, Some(format!("{tag}-{i}").as_bytes()), &[]);
+    }
+    builder.build()
+}
+
+async fn produce(client: &mut RawClient, topic: &str, acks: i16, timeout_ms: i32, records: Bytes) -> (i16, i64) {
+    let request = ProduceRequest::default().with_acks(acks).with_timeout_ms(timeout_ms).with_topic_data(vec![
+        TopicProduceData::default()
+            .with_name(name(topic))
+            .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(records))]),
+    ]);
+    let response: ProduceResponse = client.call(ApiKey::Produce, 9, &request).await.unwrap();
+    let p = &response.responses[0].partition_responses[0];
+    (p.error_code, p.base_offset)
+}
+
+/// A Fetch of partition 0 from `offset`, as `replica_id` (-1: a consumer).
+async fn fetch(client: &mut RawClient, topic: &str, replica_id: i32, offset: i64, current_leader_epoch: i32) -> (i16, i64, usize) {
+    let request = FetchRequest::default()
+        .with_replica_id(BrokerId(replica_id))
+        .with_max_wait_ms(0)
+        .with_max_bytes(1 << 20)
+        .with_session_epoch(-1)
+        .with_topics(vec![FetchTopic::default().with_topic(name(topic)).with_partitions(vec![FetchPartition::default()
+            .with_partition(0)
+            .with_fetch_offset(offset)
+            .with_current_leader_epoch(current_leader_epoch)
+            .with_partition_max_bytes(1 << 20)])]);
+    let response: FetchResponse = client.call(ApiKey::Fetch, 12, &request).await.unwrap();
+    let p = &response.responses[0].partitions[0];
+    (p.error_code, p.high_watermark, p.records.as_ref().map_or(0, |r| r.len()))
+}
+
+async fn latest_offset(client: &mut RawClient, topic: &str) -> (i16, i64) {
+    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
+        .with_name(name(topic))
+        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1)])]);
+    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
+    let p = &response.topics[0].partitions[0];
+    (p.error_code, p.offset)
+}
+
+async fn end_offset_for_epoch(client: &mut RawClient, topic: &str, current: i32, epoch: i32) -> (i16, i32, i64) {
+    let request = OffsetForLeaderEpochRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![
+        OffsetForLeaderTopic::default().with_topic(name(topic)).with_partitions(vec![OffsetForLeaderPartition::default()
+            .with_partition(0)
+            .with_current_leader_epoch(current)
+            .with_leader_epoch(epoch)]),
+    ]);
+    let response: OffsetForLeaderEpochResponse = client.call(ApiKey::OffsetForLeaderEpoch, 4, &request).await.unwrap();
+    let p = &response.topics[0].partitions[0];
+    (p.error_code, p.leader_epoch, p.end_offset)
+}
+
+/// Writes what topic creation writes: config (with `min.insync.replicas`), one
+/// partition on `replicas`, and its state.
+async fn create_topic(store: &Store, topic: &str, replicas: &[i32], min_isr: u32) {
+    let config = format!(r#"{{"version":1,"config":{{"min.insync.replicas":"{min_isr}"}}}}"#);
+    create_all(&**store, &paths::topic_config(topic), config.as_bytes(), CreateMode::Persistent).await.unwrap();
+    let assignment = TopicAssignment { partitions: [("0".to_string(), replicas.to_vec())].into() };
+    create_all(&**store, &paths::topic(topic), &to_json(&assignment), CreateMode::Persistent).await.unwrap();
+    let state = PartitionState { leader: replicas[0], leader_epoch: 0, isr: replicas.to_vec(), controller_epoch: 0 };
+    create_all(&**store, &paths::partition_state(topic, 0), &to_json(&state), CreateMode::Persistent).await.unwrap();
+}
+
+async fn state(store: &Store, topic: &str) -> (PartitionState, i32) {
+    let (state, stat) = read_json::<PartitionState>(&**store, &paths::partition_state(topic, 0)).await.unwrap().unwrap();
+    (state, stat.version)
+}
+
+/// Polls `check` until it holds, for at most 20 s.
+async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The partition's log bytes on disk (its segments in order).
+fn log_bytes(data_dir: &Path, topic: &str) -> Vec<u8> {
+    let dir = data_dir.join(format!("{topic}-0"));
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    segments.sort();
+    segments.iter().flat_map(|p| std::fs::read(p).unwrap()).collect()
+}
+
+struct Cluster {
+    zk: fjord_testkit::ZooKeeper,
+    store: Store,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn new() -> Self {
+        let zk = fjord_testkit::ZooKeeper::start().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = fjord_coord::open(Some(&zk.connect_string()), &dir.path().join("unused")).await.unwrap();
+        Self { zk, store, dir }
+    }
+
+    fn data_dir(&self, id: i32) -> PathBuf {
+        self.dir.path().join(format!("broker-{id}"))
+    }
+
+    async fn start(&self, id: i32, lag: Duration) -> TestBroker {
+        let connect = self.zk.connect_string();
+        TestBroker::start_in(self.data_dir(id), |c| {
+            c.broker_id = id;
+            c.zookeeper_connect = Some(connect);
+            c.auto_create_topics = false;
+            c.replication.lag_time_max = lag;
+            c.replication.fetch_backoff = Duration::from_millis(100);
+        })
+        .await
+        .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_replicate_byte_for_byte_and_acks_all_follows_the_isr() {
+    let cluster = Cluster::new().await;
+    let store = &cluster.store;
+    create_topic(store, "r", &[0, 1], 2).await;
+    let lag = Duration::from_millis(1_500);
+    let leader = cluster.start(0, lag).await;
+    let follower = cluster.start(1, lag).await;
+    let mut client = RawClient::connect(leader.addr).await.unwrap();
+
+    // acks=all answers once the follower has the batch: its log equals the leader's then.
+    for i in 0..10 {
+        assert_eq!(produce(&mut client, "r", -1, 10_000, batch(&format!("a{i}"), 5)).await, (0, i * 5));
+        assert_eq!(log_bytes(&follower.data_dir, "r"), log_bytes(&leader.data_dir, "r"), "after batch {i}");
+    }
+    assert_eq!(latest_offset(&mut client, "r").await, (0, 50), "the high watermark covers every acknowledged batch");
+
+    // The follower serves no clients; epochs are checked; OffsetForLeaderEpoch answers.
+    let mut to_follower = RawClient::connect(follower.addr).await.unwrap();
+    assert_eq!(produce(&mut to_follower, "r", 1, 1_000, batch("x", 1)).await.0, NOT_LEADER_OR_FOLLOWER);
+    assert_eq!(fetch(&mut to_follower, "r", -1, 0, -1).await.0, NOT_LEADER_OR_FOLLOWER);
+    assert_eq!(fetch(&mut client, "r", -1, 0, 1).await.0, UNKNOWN_LEADER_EPOCH);
+    assert_eq!(end_offset_for_epoch(&mut client, "r", 0, 0).await, (0, 0, 50));
+    // A follower asking for an offset the leader does not have gets the protocol's error.
+    assert_eq!(fetch(&mut client, "r", 1, 1_000, 0).await.0, OFFSET_OUT_OF_RANGE);
+    assert_eq!(fetch(&mut client, "r", -1, 0, 0).await.0, 0, "the leader still serves");
+
+    // Follower gone: acks=all cannot complete, then the ISR shrinks in ZooKeeper and
+    // acks=all is refused before appending; acks=1 still works.
+    follower.stop().await.unwrap();
+    assert_eq!(produce(&mut client, "r", -1, 300, batch("b", 1)).await.0, REQUEST_TIMED_OUT);
+    wait_until("the ISR to shrink", || async { state(store, "r").await.0.isr == vec![0] }).await;
+    let (shrunk, version) = state(store, "r").await;
+    assert_eq!((shrunk.leader, shrunk.leader_epoch, version), (0, 0, 1), "the leader wrote it, same epoch, by CAS");
+    let end_before = log_bytes(&leader.data_dir, "r").len();
+    assert_eq!(produce(&mut client, "r", -1, 1_000, batch("c", 1)).await.0, NOT_ENOUGH_REPLICAS);
+    assert_eq!(log_bytes(&leader.data_dir, "r").len(), end_before, "nothing appended");
+    assert_eq!(produce(&mut client, "r", 1, 1_000, batch("d", 1)).await, (0, 51));
+
+    // Back: it catches up, rejoins the ISR, and acks=all works again.
+    let follower = cluster.start(1, lag).await;
+    wait_until("the follower to rejoin the ISR", || async { state(store, "r").await.0.isr == vec![0, 1] }).await;
+    assert_eq!(produce(&mut client, "r", -1, 10_000, batch("e", 3)).await, (0, 52));
+    assert_eq!(log_bytes(&follower.data_dir, "r"), log_bytes(&leader.data_dir, "r"));
+    follower.stop().await.unwrap();
+    leader.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_old_leader_drops_what_the_new_leader_overwrote() {
+    let cluster = Cluster::new().await;
+    let store = &cluster.store;
+    create_topic(store, "t", &[0, 1], 1).await;
+    // A long lag: the old leader must keep broker 1 in its ISR, so its high watermark
+    // stays where broker 1 was.
+    let lag = Duration::from_secs(60);
+    let a = cluster.start(0, lag).await;
+    let b = cluster.start(1, lag).await;
+    let mut client = RawClient::connect(a.addr).await.unwrap();
+    for i in 0..9 {
+        assert_eq!(produce(&mut client, "t", -1, 10_000, batch(&format!("common{i}"), 10)).await, (0, i * 10));
+    }
+    // B pauses (stops); A takes 90..100 that nobody else gets: LEO 100, HW 90.
+    b.stop().await.unwrap();
+    assert_eq!(produce(&mut client, "t", 1, 1_000, batch("lost", 10)).await, (0, 90));
+    assert_eq!(latest_offset(&mut client, "t").await, (0, 90));
+    a.stop().await.unwrap();
+    let a_before = log_bytes(&cluster.data_dir(0), "t");
+
+    // The controller moves leadership to B (epoch 1, ISR [1]); B writes its own 90..100.
+    let (_, version) = state(store, "t").await;
+    let moved = PartitionState { leader: 1, leader_epoch: 1, isr: vec![1], controller_epoch: 0 };
+    store.set(&paths::partition_state("t", 0), &to_json(&moved), Some(version)).await.unwrap();
+    let b = cluster.start(1, lag).await;
+    let mut client = RawClient::connect(b.addr).await.unwrap();
+    assert_eq!(latest_offset(&mut client, "t").await, (0, 90), "B leads from its log end");
+    assert_eq!(produce(&mut client, "t", 1, 1_000, batch("kept", 10)).await, (0, 90));
+    assert_eq!(end_offset_for_epoch(&mut client, "t", 1, 0).await, (0, 0, 90), "epoch 0 ended at 90 on B");
+    assert_eq!(fetch(&mut client, "t", -1, 0, 0).await.0, FENCED_LEADER_EPOCH);
+
+    // A returns as a follower: it truncates to 90 and fetches B's 90..100.
+    let a = cluster.start(0, lag).await;
+    let b_log = log_bytes(&b.data_dir, "t");
+    assert_eq!(b_log.len(), a_before.len(), "same sizes, different records: the test sets up a real divergence");
+    assert_ne!(b_log, a_before);
+    wait_until("A to converge on B's log", || async { log_bytes(&a.data_dir, "t") == b_log }).await;
+    wait_until("A to rejoin the ISR", || async { state(store, "t").await.0.isr == vec![1, 0] }).await;
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
