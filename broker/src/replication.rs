@@ -351,3 +351,81 @@ impl ReplicaManager {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use fjord_log::LogConfig;
+    use fjord_record::BatchBuilder;
+
+    use super::*;
+    use crate::codec::error_code;
+
+    fn batch() -> Vec<u8> {
+        let mut builder = BatchBuilder::new(1_000);
+        builder.append(1_000, None, Some(b"v"), &[]);
+        builder.build_vec()
+    }
+
+    fn state(leader: i32, leader_epoch: i32, isr: &[i32]) -> PartitionState {
+        PartitionState { leader, leader_epoch, isr: isr.to_vec(), controller_epoch: 0 }
+    }
+
+    /// acks=all on leader 1 of replicas [1, 2]: refused below min ISR, answered when the
+    /// follower's fetch moves the high watermark, timed out without it, refused after
+    /// the append when the ISR shrank meanwhile, and NOT_LEADER once leadership moved.
+    #[tokio::test]
+    async fn acks_all_waits_for_the_isr_without_polling() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
+        let manager = ReplicaManager::new(1, store, ReplicationConfig::default());
+        let tp = TopicPartition::new("t", 0);
+        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
+        let partition = manager.add_partition(&tp, log.clone());
+        assert_eq!(partition.append_as_leader(&batch(), false, 1).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
+        manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
+
+        assert_eq!(partition.append_as_leader(&batch(), true, 3).unwrap_err(), error_code::NOT_ENOUGH_REPLICAS);
+        assert_eq!(log.log_end_offset(), 0, "nothing appended");
+        let info = partition.append_as_leader(&batch(), true, 2).unwrap().unwrap();
+        assert_eq!((info.last_offset, log.high_watermark()), (0, 0), "the follower has not fetched it yet");
+        let waiting = {
+            let partition = partition.clone();
+            tokio::spawn(async move { partition.wait_for_replication(0, 2, Duration::from_secs(30)).await })
+        };
+        tokio::task::yield_now().await;
+        manager.follower_fetched(&partition, 2, 1);
+        assert_eq!(log.high_watermark(), 1);
+        assert_eq!(waiting.await.unwrap(), Ok(()));
+
+        partition.append_as_leader(&batch(), true, 2).unwrap().unwrap();
+        let timed_out = partition.wait_for_replication(1, 2, Duration::from_millis(20)).await;
+        assert_eq!(timed_out, Err(error_code::REQUEST_TIMED_OUT));
+
+        let waiting = {
+            let partition = partition.clone();
+            tokio::spawn(async move { partition.wait_for_replication(1, 2, Duration::from_secs(30)).await })
+        };
+        tokio::task::yield_now().await;
+        // The controller takes 2 out of the ISR: the high watermark moves to the log end,
+        // but the batch is on one replica only.
+        manager.apply(&tp, &[1, 2], &state(1, 0, &[1]), 1);
+        assert_eq!(waiting.await.unwrap(), Err(error_code::NOT_ENOUGH_REPLICAS_AFTER_APPEND));
+        assert_eq!(log.high_watermark(), 2);
+
+        // An older state is ignored; a new epoch led by 2 makes this broker a follower.
+        manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
+        assert_eq!(partition.state().isr, vec![1]);
+        partition.append_as_leader(&batch(), true, 1).unwrap().unwrap();
+        let waiting = {
+            let partition = partition.clone();
+            tokio::spawn(async move { partition.wait_for_replication(10, 1, Duration::from_secs(30)).await })
+        };
+        tokio::task::yield_now().await;
+        manager.apply(&tp, &[1, 2], &state(2, 1, &[2]), 2);
+        assert_eq!(waiting.await.unwrap(), Err(error_code::NOT_LEADER_OR_FOLLOWER));
+        assert_eq!(partition.append_as_leader(&batch(), false, 1).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
+        manager.shutdown().await;
+    }
+}

@@ -56,9 +56,15 @@ async fn produce(client: &mut RawClient, topic: &str, acks: i16, timeout_ms: i32
 
 /// A Fetch of partition 0 from `offset`, as `replica_id` (-1: a consumer).
 async fn fetch(client: &mut RawClient, topic: &str, replica_id: i32, offset: i64, current_leader_epoch: i32) -> (i16, i64, usize) {
+    long_poll(client, topic, replica_id, offset, current_leader_epoch, 0).await
+}
+
+/// [`fetch`] waiting up to `max_wait_ms` for at least one byte.
+async fn long_poll(client: &mut RawClient, topic: &str, replica_id: i32, offset: i64, current_leader_epoch: i32, max_wait_ms: i32) -> (i16, i64, usize) {
     let request = FetchRequest::default()
         .with_replica_id(BrokerId(replica_id))
-        .with_max_wait_ms(0)
+        .with_max_wait_ms(max_wait_ms)
+        .with_min_bytes(1)
         .with_max_bytes(1 << 20)
         .with_session_epoch(-1)
         .with_topics(vec![FetchTopic::default().with_topic(name(topic)).with_partitions(vec![FetchPartition::default()
@@ -182,12 +188,23 @@ async fn followers_replicate_byte_for_byte_and_acks_all_follows_the_isr() {
     }
     assert_eq!(latest_offset(&mut client, "r").await, (0, 50), "the high watermark covers every acknowledged batch");
 
+    // A consumer waiting at the high watermark wakes when it moves (the follower fetched
+    // the batch), not at the append and not at its 20 s deadline.
+    let mut consumer = RawClient::connect(leader.addr).await.unwrap();
+    let started = std::time::Instant::now();
+    let poll = tokio::spawn(async move { long_poll(&mut consumer, "r", -1, 50, 0, 20_000).await });
+    tokio::time::sleep(Duration::from_millis(100)).await; // let the fetch start waiting
+    assert_eq!(produce(&mut client, "r", 1, 10_000, batch("w", 2)).await, (0, 50));
+    let (error, high_watermark, bytes) = poll.await.unwrap();
+    assert_eq!((error, high_watermark), (0, 52));
+    assert!(bytes > 0 && started.elapsed() < Duration::from_secs(10), "{bytes} bytes after {:?}", started.elapsed());
+
     // The follower serves no clients; epochs are checked; OffsetForLeaderEpoch answers.
     let mut to_follower = RawClient::connect(follower.addr).await.unwrap();
     assert_eq!(produce(&mut to_follower, "r", 1, 1_000, batch("x", 1)).await.0, NOT_LEADER_OR_FOLLOWER);
     assert_eq!(fetch(&mut to_follower, "r", -1, 0, -1).await.0, NOT_LEADER_OR_FOLLOWER);
     assert_eq!(fetch(&mut client, "r", -1, 0, 1).await.0, UNKNOWN_LEADER_EPOCH);
-    assert_eq!(end_offset_for_epoch(&mut client, "r", 0, 0).await, (0, 0, 50));
+    assert_eq!(end_offset_for_epoch(&mut client, "r", 0, 0).await, (0, 0, 52));
     // A follower asking for an offset the leader does not have gets the protocol's error.
     assert_eq!(fetch(&mut client, "r", 1, 1_000, 0).await.0, OFFSET_OUT_OF_RANGE);
     assert_eq!(fetch(&mut client, "r", -1, 0, 0).await.0, 0, "the leader still serves");
@@ -202,12 +219,12 @@ async fn followers_replicate_byte_for_byte_and_acks_all_follows_the_isr() {
     let end_before = log_bytes(&leader.data_dir, "r").len();
     assert_eq!(produce(&mut client, "r", -1, 1_000, batch("c", 1)).await.0, NOT_ENOUGH_REPLICAS);
     assert_eq!(log_bytes(&leader.data_dir, "r").len(), end_before, "nothing appended");
-    assert_eq!(produce(&mut client, "r", 1, 1_000, batch("d", 1)).await, (0, 51));
+    assert_eq!(produce(&mut client, "r", 1, 1_000, batch("d", 1)).await, (0, 53));
 
     // Back: it catches up, rejoins the ISR, and acks=all works again.
     let follower = cluster.start(1, lag).await;
     wait_until("the follower to rejoin the ISR", || async { state(store, "r").await.0.isr == vec![0, 1] }).await;
-    assert_eq!(produce(&mut client, "r", -1, 10_000, batch("e", 3)).await, (0, 52));
+    assert_eq!(produce(&mut client, "r", -1, 10_000, batch("e", 3)).await, (0, 54));
     assert_eq!(log_bytes(&follower.data_dir, "r"), log_bytes(&leader.data_dir, "r"));
     follower.stop().await.unwrap();
     leader.stop().await.unwrap();
