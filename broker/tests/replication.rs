@@ -27,6 +27,7 @@ const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 const REQUEST_TIMED_OUT: i16 = 7;
 const OFFSET_OUT_OF_RANGE: i16 = 1;
 const NOT_ENOUGH_REPLICAS: i16 = 19;
+const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
 const UNKNOWN_LEADER_EPOCH: i16 = 75;
 const FENCED_LEADER_EPOCH: i16 = 74;
 
@@ -271,4 +272,46 @@ async fn a_returning_old_leader_drops_what_the_new_leader_overwrote() {
     wait_until("A to rejoin the ISR", || async { state(store, "t").await.0.isr == vec![1, 0] }).await;
     a.stop().await.unwrap();
     b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_with_min_isr_two_survive_one_loss_and_refuse_two() {
+    let cluster = Cluster::new().await;
+    let store = &cluster.store;
+    create_topic(store, "m", &[0, 1, 2], 2).await;
+    let lag = Duration::from_millis(1_000);
+    let leader = cluster.start(0, lag).await;
+    let one = cluster.start(1, lag).await;
+    let two = cluster.start(2, lag).await;
+    let mut client = RawClient::connect(leader.addr).await.unwrap();
+    assert_eq!(produce(&mut client, "m", -1, 10_000, batch("a", 4)).await, (0, 0));
+
+    // One follower lost: acks=all completes once the ISR dropped it (two remain).
+    two.stop().await.unwrap();
+    assert_eq!(produce(&mut client, "m", -1, 10_000, batch("b", 4)).await, (0, 4));
+    assert_eq!(state(store, "m").await.0.isr, vec![0, 1]);
+
+    // The second one lost while a batch waits: appended with an ISR of two, answered
+    // once the ISR is down to the leader alone. The next one is refused up front.
+    one.stop().await.unwrap();
+    assert_eq!(produce(&mut client, "m", -1, 10_000, batch("c", 4)).await.0, NOT_ENOUGH_REPLICAS_AFTER_APPEND);
+    assert_eq!(state(store, "m").await.0.isr, vec![0]);
+    assert_eq!(produce(&mut client, "m", -1, 10_000, batch("d", 4)).await.0, NOT_ENOUGH_REPLICAS);
+
+    // Both return, catch up and rejoin; the three logs are identical.
+    let one = cluster.start(1, lag).await;
+    let two = cluster.start(2, lag).await;
+    wait_until("both followers to rejoin", || async {
+        let mut isr = state(store, "m").await.0.isr;
+        isr.sort();
+        isr == vec![0, 1, 2]
+    })
+    .await;
+    assert_eq!(produce(&mut client, "m", -1, 10_000, batch("e", 4)).await, (0, 12));
+    let leader_log = log_bytes(&leader.data_dir, "m");
+    assert_eq!(log_bytes(&one.data_dir, "m"), leader_log);
+    assert_eq!(log_bytes(&two.data_dir, "m"), leader_log);
+    for broker in [one, two, leader] {
+        broker.stop().await.unwrap();
+    }
 }
