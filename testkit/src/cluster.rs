@@ -455,6 +455,8 @@ impl Cluster {
                     .args(["--id", &id.to_string(), "--listen", &listen, "--zookeeper", &self.connect, "--data-dir"])
                     .arg(&node.data_dir)
                     .env("RUST_LOG", std::env::var("FJORD_TEST_BROKER_LOG").unwrap_or_else(|_| "info".into()))
+                    // The log is a file that tests print: no terminal colour codes.
+                    .env("NO_COLOR", "1")
                     .stdin(Stdio::null())
                     .stdout(log.try_clone()?)
                     .stderr(log)
