@@ -385,3 +385,89 @@ async fn a_target_topic_with_fewer_partitions_is_refused_unless_repartitioning_b
     }
     assert_eq!(offsets(&target.addr, "t", OffsetSpec::Latest).await.iter().sum::<i64>(), 100);
 }
+
+async fn http_post_ndjson(addr: &str, path: &str, body: &str) -> String {
+    let (addr, path, body) = (addr.to_string(), path.to_string(), body.to_string());
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(s, "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap()
+}
+
+/// gateway → online cluster → mirror → analytics cluster → loader, each tier counting:
+/// `fjord audit report` on the analytics cluster (whose `_audit` the mirror fed with the
+/// online cluster's) compares gateway, broker, mirror and loader window by window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_report_on_the_analytics_cluster_shows_gateway_mirror_and_loader_tiers() {
+    const WINDOW: Duration = Duration::from_secs(1);
+    let (online, analytics) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+    create(&online.addr, "views", 2, &[]).await;
+
+    let gateway_stop = CancellationToken::new();
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http_addr = http.local_addr().unwrap().to_string();
+    let gw = fjord_gateway::GatewayConfig {
+        host_name: Some("gw-1".into()),
+        audit_interval: Some(Duration::from_millis(200)),
+        audit_window: WINDOW,
+        audit_cluster: "online".into(),
+        ..fjord_gateway::GatewayConfig::new(online.addr.clone())
+    };
+    let gateway = tokio::spawn(fjord_gateway::run(gw, http, TcpListener::bind("127.0.0.1:0").await.unwrap(), gateway_stop.clone()));
+    // Events over about three windows.
+    let mut sent = 0;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(2500) {
+        let body: String = (0..20).map(|k| format!("{{\"n\":{sent},\"k\":{k}}}\n")).collect();
+        let response = http_post_ndjson(&http_addr, "/v1/events/views", &body).await;
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        sent += 20;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    gateway_stop.cancel();
+    gateway.await.unwrap().unwrap();
+
+    let mut config = fjord_mirror::MirrorConfig::new(vec![fjord_mirror::SourceConfig::parse(&format!("online={}", online.addr)).unwrap()], analytics.addr.clone(), "views");
+    config.commit_interval = Duration::from_millis(200);
+    config.topic_refresh = Duration::from_millis(500);
+    config.audit = Some(fjord_mirror::AuditConfig { cluster: "analytics".into(), interval: Duration::from_millis(200), window: WINDOW });
+    let shutdown = CancellationToken::new();
+    let mirror = tokio::spawn(fjord_mirror::run(config, None, shutdown.clone()));
+    wait_for("views and _audit mirrored", Duration::from_secs(30), || async {
+        all_committed(&online.addr, "fjord-mirror", "views").await && all_committed(&online.addr, "fjord-mirror", fjord_audit::AUDIT_TOPIC).await
+    })
+    .await;
+    // Stopping publishes the mirror tier's last counts.
+    shutdown.cancel();
+    mirror.await.unwrap().unwrap();
+
+    let dest = tempfile::tempdir().unwrap();
+    let loader_tier = std::sync::Arc::new(fjord_audit::AuditCounter::new("loader", "loader-1", "analytics").with_window(WINDOW).unwrap());
+    let load = fjord_hadoop_loader::LoaderConfig {
+        bootstrap: analytics.addr.clone(),
+        topics: "views".into(),
+        dest: format!("file://{}", dest.path().display()),
+        audit: Some(loader_tier),
+        ..Default::default()
+    };
+    let summary = fjord_hadoop_loader::run_once(&load, &()).await.unwrap();
+    assert_eq!(summary.records, sent as u64);
+
+    let report_config = fjord_audit::ReportConfig { window: WINDOW, grace: Duration::from_millis(500), ..fjord_audit::ReportConfig::new(ClientConfig::new(&analytics.addr)) };
+    let report = fjord_audit::collect(&report_config).await.unwrap();
+    let text = fjord_audit::render::text(&report);
+    let views = report.topics.iter().find(|t| t.topic == "views").unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(views.tiers, ["gateway", "broker", "mirror", "loader"], "{text}");
+    assert!(report.windows.len() >= 3, "{text}");
+    assert!(report.all_complete(), "{text}");
+    for tier in ["gateway", "broker", "mirror", "loader"] {
+        let total: u64 = report.windows.iter().map(|w| w.counts[tier]).sum();
+        assert_eq!(total, sent as u64, "{tier}: {text}");
+    }
+    eprintln!("{text}");
+}

@@ -35,7 +35,9 @@ impl SourceConfig {
 }
 
 /// The mirror tier of the audit: counts of records the target acknowledged, per source
-/// topic and window of creation time, published to the target's `_audit`.
+/// topic and window of creation time, published to the target's `_audit`. The sources'
+/// `_audit` topics are then mirrored into the target's `_audit` too (whatever the topic
+/// regex), so one report on the analytics cluster compares every tier.
 #[derive(Debug, Clone)]
 pub struct AuditConfig {
     /// Cluster name written into the audit records (e.g. `analytics`).

@@ -298,7 +298,10 @@ impl<'a> Session<'a> {
     async fn discover(&mut self) -> Result<BTreeSet<String>> {
         let mut out = BTreeSet::new();
         for t in self.admin.list_topics().await? {
-            if t.is_internal || t.name.starts_with("__") || !self.shared.topics.is_match(&t.name) {
+            // With the audit tier on, the sources' `_audit` joins the target's, so a report
+            // on the analytics cluster sees every tier (the gateway's counts included).
+            let audit_feed = self.shared.audit.is_some() && t.name == AUDIT_TOPIC;
+            if t.is_internal || t.name.starts_with("__") || !(audit_feed || self.shared.topics.is_match(&t.name)) {
                 continue;
             }
             if !self.routes.contains_key(&t.name) {
@@ -311,12 +314,14 @@ impl<'a> Session<'a> {
     }
 
     async fn route(&self, t: &TopicMetadata) -> Result<Route> {
-        let target = self.shared.config.target_topic(self.alias, &t.name);
+        let audit_feed = self.shared.audit.is_some() && t.name == AUDIT_TOPIC;
+        let target = if audit_feed { AUDIT_TOPIC.to_string() } else { self.shared.config.target_topic(self.alias, &t.name) };
         let source_partitions = t.partitions.len() as i32;
         let configs: BTreeMap<String, String> =
             self.admin.describe_configs(&t.name).await?.into_iter().filter(|c| !c.is_default).filter_map(|c| c.value.map(|v| (c.name, v))).collect();
         let target_partitions = self.shared.target.ensure(&target, source_partitions, configs).await?;
-        if target_partitions < source_partitions && !self.shared.config.repartition_by_key {
+        // Audit records need no order: `_audit` of any size takes them by key.
+        if target_partitions < source_partitions && !self.shared.config.repartition_by_key && !audit_feed {
             return Err(Error::FewerTargetPartitions {
                 alias: self.alias.to_string(),
                 source_topic: t.name.clone(),
