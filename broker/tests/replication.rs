@@ -28,6 +28,7 @@ use kafka_protocol::protocol::StrBytes;
 const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 const REQUEST_TIMED_OUT: i16 = 7;
 const OFFSET_OUT_OF_RANGE: i16 = 1;
+const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
 const NOT_ENOUGH_REPLICAS: i16 = 19;
 const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
 const UNKNOWN_LEADER_EPOCH: i16 = 75;
@@ -215,6 +216,10 @@ async fn followers_replicate_byte_for_byte_and_acks_all_follows_the_isr() {
     assert_eq!(fetch(&mut to_follower, "r", -1, 0, -1).await.0, NOT_LEADER_OR_FOLLOWER);
     assert_eq!(fetch(&mut client, "r", -1, 0, 1).await.0, UNKNOWN_LEADER_EPOCH);
     assert_eq!(end_offset_for_epoch(&mut client, "r", 0, 0).await, (0, 0, 52));
+    assert_eq!(end_offset_for_epoch(&mut client, "r", -1, 7).await, (0, 0, 52), "a later epoch: the latest one's end");
+    assert_eq!(end_offset_for_epoch(&mut client, "r", 3, 0).await, (UNKNOWN_LEADER_EPOCH, -1, -1));
+    assert_eq!(end_offset_for_epoch(&mut client, "nope", -1, 0).await, (UNKNOWN_TOPIC_OR_PARTITION, -1, -1));
+    assert_eq!(end_offset_for_epoch(&mut to_follower, "r", -1, 0).await, (NOT_LEADER_OR_FOLLOWER, -1, -1));
     // A follower asking for an offset the leader does not have gets the protocol's error.
     assert_eq!(fetch(&mut client, "r", 1, 1_000, 0).await.0, OFFSET_OUT_OF_RANGE);
     assert_eq!(fetch(&mut client, "r", -1, 0, 0).await.0, 0, "the leader still serves");
