@@ -275,11 +275,15 @@ impl ReplicaManager {
             s.isr_change_in_flight = true;
             (s.leader_epoch, s.state_version, s.controller_epoch)
         };
-        let (store, partition, me) = (self.store.clone(), partition.clone(), self.broker_id);
+        let (store, partition, me, shutdown) = (self.store.clone(), partition.clone(), self.broker_id, self.shutdown.clone());
         self.tasks.spawn(async move {
             let path = paths::partition_state(&partition.tp.topic, partition.tp.partition);
-            let proposed = PartitionState { leader: me, leader_epoch, isr: isr.clone(), controller_epoch };
-            let written = store.set(&path, &to_json(&proposed), Some(expected_version)).await;
+            let proposed = to_json(&PartitionState { leader: me, leader_epoch, isr: isr.clone(), controller_epoch });
+            // A store that stopped answering must not hold up the broker's shutdown.
+            let written = tokio::select! {
+                written = store.set(&path, &proposed, Some(expected_version)) => written,
+                () = shutdown.cancelled() => return,
+            };
             let adopted = match written {
                 Ok(stat) => Some((isr, stat.version)),
                 Err(fjord_coord::Error::BadVersion { .. }) => match read_json::<PartitionState>(&*store, &path).await {
