@@ -36,8 +36,8 @@ while len(seen) < 2000 and time.time() < deadline:
 c.close()
 assert len(seen) == 2000, len(seen)
 
-# kafka-python 3 defaults to the idempotent producer, which needs InitProducerId (not yet here).
-kp = KafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, compression_type='gzip')
+# kafka-python 3 defaults to the idempotent producer (InitProducerId, sequence numbers).
+kp = KafkaProducer(bootstrap_servers=bootstrap, compression_type='gzip')
 for i in range(100):
     kp.send('kafka-python', key=b'k', value=b'kp%d' % i).get(timeout=10)
 kc = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000)
