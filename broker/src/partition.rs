@@ -142,14 +142,15 @@ impl Partition {
         Ok(state.leader_epoch)
     }
 
-    /// Leader append of a produce request. With acks=all, refuses with
-    /// NOT_ENOUGH_REPLICAS (nothing appended) when the ISR is smaller than `min_isr`.
+    /// Leader append of a produce request; also returns the leader epoch it was
+    /// appended in. With acks=all, refuses with NOT_ENOUGH_REPLICAS (nothing appended)
+    /// when the ISR is smaller than `min_isr`.
     pub(crate) fn append_as_leader(
         &self,
         records: &[u8],
         acks_all: bool,
         min_isr: usize,
-    ) -> Result<Result<AppendInfo, fjord_log::Error>, Refusal> {
+    ) -> Result<Result<(AppendInfo, i32), fjord_log::Error>, Refusal> {
         let appended = {
             let state = self.state();
             if state.role != Role::Leader {
@@ -159,7 +160,7 @@ impl Partition {
                 return Err(error_code::NOT_ENOUGH_REPLICAS);
             }
             let mut batches = records.to_vec();
-            self.log.append(&mut batches, state.leader_epoch)
+            self.log.append(&mut batches, state.leader_epoch).map(|info| (info, state.leader_epoch))
         };
         if appended.is_ok() {
             // A sole in-sync replica commits at once; otherwise followers will fetch it.
@@ -193,15 +194,23 @@ impl Partition {
         moved
     }
 
-    /// Waits until the high watermark passes `last_offset` (the batch is on every ISR
-    /// member), then checks the ISR still has `min_isr` members. Wakes on changes only.
-    pub(crate) async fn wait_for_replication(&self, last_offset: Offset, min_isr: usize, timeout: Duration) -> Result<(), Refusal> {
+    /// Waits until the high watermark passes `last_offset`, appended in `leader_epoch`
+    /// (the batch is on every ISR member), then checks the ISR still has `min_isr`
+    /// members. Wakes on changes only. A new epoch, even led here again, fails the wait:
+    /// the batch may have been truncated meanwhile.
+    pub(crate) async fn wait_for_replication(
+        &self,
+        leader_epoch: i32,
+        last_offset: Offset,
+        min_isr: usize,
+        timeout: Duration,
+    ) -> Result<(), Refusal> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut changes = self.changed.subscribe();
         loop {
             {
                 let state = self.state();
-                if state.role != Role::Leader {
+                if state.role != Role::Leader || state.leader_epoch != leader_epoch {
                     return Err(error_code::NOT_LEADER_OR_FOLLOWER);
                 }
                 if self.log.high_watermark() > last_offset {

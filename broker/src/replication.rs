@@ -392,11 +392,12 @@ mod tests {
 
         assert_eq!(partition.append_as_leader(&batch(), true, 3).unwrap_err(), error_code::NOT_ENOUGH_REPLICAS);
         assert_eq!(log.log_end_offset(), 0, "nothing appended");
-        let info = partition.append_as_leader(&batch(), true, 2).unwrap().unwrap();
+        let (info, epoch) = partition.append_as_leader(&batch(), true, 2).unwrap().unwrap();
+        assert_eq!(epoch, 0);
         assert_eq!((info.last_offset, log.high_watermark()), (0, 0), "the follower has not fetched it yet");
         let waiting = {
             let partition = partition.clone();
-            tokio::spawn(async move { partition.wait_for_replication(0, 2, Duration::from_secs(30)).await })
+            tokio::spawn(async move { partition.wait_for_replication(0, 0, 2, Duration::from_secs(30)).await })
         };
         tokio::task::yield_now().await;
         manager.follower_fetched(&partition, 2, 1);
@@ -404,12 +405,12 @@ mod tests {
         assert_eq!(waiting.await.unwrap(), Ok(()));
 
         partition.append_as_leader(&batch(), true, 2).unwrap().unwrap();
-        let timed_out = partition.wait_for_replication(1, 2, Duration::from_millis(20)).await;
+        let timed_out = partition.wait_for_replication(0, 1, 2, Duration::from_millis(20)).await;
         assert_eq!(timed_out, Err(error_code::REQUEST_TIMED_OUT));
 
         let waiting = {
             let partition = partition.clone();
-            tokio::spawn(async move { partition.wait_for_replication(1, 2, Duration::from_secs(30)).await })
+            tokio::spawn(async move { partition.wait_for_replication(0, 1, 2, Duration::from_secs(30)).await })
         };
         tokio::task::yield_now().await;
         // The controller takes 2 out of the ISR: the high watermark moves to the log end,
@@ -424,11 +425,17 @@ mod tests {
         partition.append_as_leader(&batch(), true, 1).unwrap().unwrap();
         let waiting = {
             let partition = partition.clone();
-            tokio::spawn(async move { partition.wait_for_replication(10, 1, Duration::from_secs(30)).await })
+            tokio::spawn(async move { partition.wait_for_replication(0, 10, 1, Duration::from_secs(30)).await })
         };
         tokio::task::yield_now().await;
         manager.apply(&tp, &[1, 2], &state(2, 1, &[2]), 2);
         assert_eq!(waiting.await.unwrap(), Err(error_code::NOT_LEADER_OR_FOLLOWER));
+        // Leading again in a later epoch does not answer a wait from an earlier one.
+        manager.apply(&tp, &[1, 2], &state(1, 2, &[1]), 3);
+        assert_eq!(log.high_watermark(), 3);
+        assert_eq!(partition.wait_for_replication(0, 2, 1, Duration::from_secs(30)).await, Err(error_code::NOT_LEADER_OR_FOLLOWER));
+        assert_eq!(partition.wait_for_replication(2, 2, 1, Duration::from_secs(30)).await, Ok(()));
+        manager.apply(&tp, &[1, 2], &state(2, 3, &[2]), 4);
         assert_eq!(partition.append_as_leader(&batch(), false, 1).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
         manager.shutdown().await;
     }

@@ -19,6 +19,7 @@ struct AwaitingReplication {
     topic: usize,
     partition: usize,
     replica: Arc<Partition>,
+    leader_epoch: i32,
     last_offset: i64,
     min_isr: usize,
 }
@@ -56,12 +57,13 @@ impl Broker {
                     (Ok(partition), Some(records)) => {
                         let min_isr = partition.log.config().min_insync_replicas as usize;
                         match append(partition, records, acks_all, min_isr).await {
-                            Ok((info, log_start)) => {
+                            Ok((info, leader_epoch, log_start)) => {
                                 if acks_all {
                                     awaiting.push(AwaitingReplication {
                                         topic: responses.len(),
                                         partition: partition_responses.len(),
                                         replica: partition.clone(),
+                                        leader_epoch,
                                         last_offset: info.last_offset,
                                         min_isr,
                                     });
@@ -99,7 +101,7 @@ impl Broker {
         let deadline = tokio::time::Instant::now() + timeout;
         for wait in awaiting {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if let Err(code) = wait.replica.wait_for_replication(wait.last_offset, wait.min_isr, left).await {
+            if let Err(code) = wait.replica.wait_for_replication(wait.leader_epoch, wait.last_offset, wait.min_isr, left).await {
                 let response = &mut responses[wait.topic].partition_responses[wait.partition];
                 response.error_code = code;
                 response.base_offset = -1;
@@ -116,16 +118,18 @@ enum AppendError {
     Task(tokio::task::JoinError),
 }
 
-/// Appends `records` as the leader; returns what was appended and the log start offset.
+/// Appends `records` as the leader; returns what was appended, in which leader epoch,
+/// and the log start offset.
 ///
 /// Without a `flush.messages` policy an append is a write into the page cache, which
 /// does not block for long: it runs right here, because handing it to the blocking pool
 /// costs two thread switches per request, which measured as most of the CPU of an
 /// unbatched producer. Appends that may fsync go to the blocking pool.
-async fn append(partition: &Arc<Partition>, records: Bytes, acks_all: bool, min_isr: usize) -> Result<(AppendInfo, i64), AppendError> {
-    fn run(partition: &Partition, records: &[u8], acks_all: bool, min_isr: usize) -> Result<(AppendInfo, i64), AppendError> {
-        let info = partition.append_as_leader(records, acks_all, min_isr).map_err(AppendError::Refused)?.map_err(AppendError::Log)?;
-        Ok((info, partition.log.log_start_offset()))
+async fn append(partition: &Arc<Partition>, records: Bytes, acks_all: bool, min_isr: usize) -> Result<(AppendInfo, i32, i64), AppendError> {
+    fn run(partition: &Partition, records: &[u8], acks_all: bool, min_isr: usize) -> Result<(AppendInfo, i32, i64), AppendError> {
+        let (info, epoch) =
+            partition.append_as_leader(records, acks_all, min_isr).map_err(AppendError::Refused)?.map_err(AppendError::Log)?;
+        Ok((info, epoch, partition.log.log_start_offset()))
     }
     if partition.log.config().flush_messages.is_none() {
         return run(partition, &records, acks_all, min_isr);
