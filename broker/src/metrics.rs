@@ -197,7 +197,15 @@ pub(crate) fn response_errors(body: &ResponseKind) -> Vec<i16> {
         ResponseKind::DescribeGroups(r) => r.groups.iter().map(|g| g.error_code).collect(),
         ResponseKind::DeleteGroups(r) => r.results.iter().map(|g| g.error_code).collect(),
         ResponseKind::InitProducerId(r) => vec![r.error_code],
-        // APIs not listed (OffsetFetch's several layouts, newer ones) count requests only.
+        // v0-7 answer in `topics`, v8+ per group in `groups`; the unused layout is empty.
+        ResponseKind::OffsetFetch(r) => std::iter::once(r.error_code)
+            .chain(r.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code))
+            .chain(r.groups.iter().flat_map(|g| {
+                std::iter::once(g.error_code).chain(g.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code))
+            }))
+            .collect(),
+        ResponseKind::OffsetForLeaderEpoch(r) => r.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).collect(),
+        // APIs without an entry here count requests only.
         _ => Vec::new(),
     }
 }
@@ -311,6 +319,15 @@ mod tests {
         assert!(text.contains("fjord_broker_request_errors_total{api=\"Produce\",error=\"MessageTooLarge\",code=\"10\"} 2\n"), "{text}");
         assert!(text.contains("fjord_broker_malformed_requests_total 1\n"), "{text}");
         assert!(text.contains("fjord_broker_log_end_offset{topic=\"t\\\"x\",partition=\"0\"} 0\n"), "{text}");
+        // Error codes come from every layer of a response.
+        use kafka_protocol::messages::{offset_fetch_response as of, produce_response as pr};
+        let produce = pr::ProduceResponse::default().with_responses(vec![pr::TopicProduceResponse::default()
+            .with_partition_responses(vec![pr::PartitionProduceResponse::default(), pr::PartitionProduceResponse::default().with_error_code(10)])]);
+        assert_eq!(response_errors(&ResponseKind::Produce(produce)), [0, 10]);
+        let fetched = of::OffsetFetchResponse::default().with_groups(vec![of::OffsetFetchResponseGroup::default()
+            .with_error_code(16)
+            .with_topics(vec![of::OffsetFetchResponseTopics::default().with_partitions(vec![of::OffsetFetchResponsePartitions::default()])])]);
+        assert_eq!(response_errors(&ResponseKind::OffsetFetch(fetched)), [0, 16, 0]);
         // Every sample line belongs to a family declared before it.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();
