@@ -18,6 +18,7 @@ pub(crate) mod error_code {
     pub(crate) const OFFSET_OUT_OF_RANGE: i16 = 1;
     pub(crate) const CORRUPT_MESSAGE: i16 = 2;
     pub(crate) const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+    pub(crate) const LEADER_NOT_AVAILABLE: i16 = 5;
     pub(crate) const NOT_LEADER_OR_FOLLOWER: i16 = 6;
     pub(crate) const REQUEST_TIMED_OUT: i16 = 7;
     pub(crate) const MESSAGE_TOO_LARGE: i16 = 10;
@@ -30,6 +31,7 @@ pub(crate) mod error_code {
     pub(crate) const UNSUPPORTED_VERSION: i16 = 35;
     pub(crate) const INVALID_PARTITIONS: i16 = 37;
     pub(crate) const INVALID_REPLICATION_FACTOR: i16 = 38;
+    pub(crate) const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
     pub(crate) const INVALID_REQUEST: i16 = 42;
     pub(crate) const UNSUPPORTED_FOR_MESSAGE_FORMAT: i16 = 43;
     pub(crate) const INVALID_CONFIG: i16 = 40;

@@ -38,8 +38,19 @@ pub struct BrokerConfig {
     pub auto_create_topics: bool,
     /// `num.partitions`: partitions of an auto-created topic, default 1.
     pub num_partitions: i32,
-    /// `default.replication.factor`, default 1 (one broker: only 1 can be satisfied).
+    /// `default.replication.factor`: replicas of an auto-created topic (and of a
+    /// CreateTopics that leaves it to the broker), default 1.
     pub default_replication_factor: i16,
+    /// `unclean.leader.election.enable`: the default of the topic key, default false.
+    pub unclean_leader_election: bool,
+    /// `broker.rack`: this broker's rack, for rack-aware replica placement; default none.
+    pub broker_rack: Option<String>,
+    /// `controlled.shutdown.enable`: on shutdown in cluster mode, hand leadership over
+    /// before closing (bounded by `controlled.shutdown.timeout.ms`, Fjord, default 30 s);
+    /// default true.
+    pub controlled_shutdown: bool,
+    /// `controlled.shutdown.timeout.ms` (Fjord; Kafka bounds it by retries × backoff).
+    pub controlled_shutdown_timeout: Duration,
     /// `socket.request.max.bytes`: larger frames close the connection; default 100 MiB.
     pub socket_request_max_bytes: usize,
     /// `max.connections`: connections beyond this wait in the accept queue; default 10,000.
@@ -80,6 +91,10 @@ impl Default for BrokerConfig {
             auto_create_topics: true,
             num_partitions: 1,
             default_replication_factor: 1,
+            unclean_leader_election: false,
+            broker_rack: None,
+            controlled_shutdown: true,
+            controlled_shutdown_timeout: Duration::from_secs(30),
             socket_request_max_bytes: 100 * 1024 * 1024,
             max_connections: 10_000,
             fetch_zero_copy: true,
@@ -202,6 +217,10 @@ impl BrokerConfig {
             "default.replication.factor" => {
                 self.default_replication_factor = i16::try_from(int()?).map_err(|_| invalid("out of range"))?
             }
+            "unclean.leader.election.enable" => self.unclean_leader_election = boolean()?,
+            "broker.rack" => self.broker_rack = Some(value.trim().to_owned()).filter(|s| !s.is_empty()),
+            "controlled.shutdown.enable" => self.controlled_shutdown = boolean()?,
+            "controlled.shutdown.timeout.ms" => self.controlled_shutdown_timeout = millis()?,
             "socket.request.max.bytes" => {
                 self.socket_request_max_bytes = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
             }
@@ -256,11 +275,11 @@ impl BrokerConfig {
         if self.num_partitions < 1 {
             return Err(invalid("num.partitions", self.num_partitions.to_string(), "must be at least 1"));
         }
-        if self.default_replication_factor != 1 {
+        if self.default_replication_factor < 1 {
             return Err(invalid(
                 "default.replication.factor",
                 self.default_replication_factor.to_string(),
-                "a single broker can only hold 1 replica",
+                "must be at least 1",
             ));
         }
         if self.socket_request_max_bytes < 1024 || self.socket_request_max_bytes > i32::MAX as usize {

@@ -15,18 +15,21 @@ use kafka_protocol::messages::api_versions_response::ApiVersion;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use fjord_record::TopicPartition;
+
 use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, RequestKind, ResponseKind};
 
 use crate::codec::{self, error_code, Decoded, SUPPORTED_APIS};
 use crate::group::GroupCoordinator;
 use crate::handler::producer_id::ProducerIdManager;
 use crate::metrics::{fetch_errors, response_errors, Metrics};
-use crate::response::Response;
 use crate::replication::ReplicaManager;
-use crate::topics::Topics;
+use crate::response::Response;
+use crate::partition::Partition;
+use crate::topics::{Topic, Topics};
 use crate::BrokerConfig;
 
-/// What every handler needs: the config, who we are, and the topics.
+/// What every handler needs: the config, who we are, the topics and the partitions served here.
 pub(crate) struct Broker {
     pub(crate) config: BrokerConfig,
     /// Advertised host and port.
@@ -43,6 +46,24 @@ pub(crate) struct Broker {
 }
 
 impl Broker {
+    /// This broker's replica of partition `index` of `topic`: UNKNOWN_TOPIC_OR_PARTITION
+    /// when the topic has no such partition, NOT_LEADER_OR_FOLLOWER when this broker holds
+    /// no replica of it (the client refreshes its metadata and goes to the leader). The
+    /// replica's role is checked by whoever uses it.
+    pub(crate) fn replica(&self, topic: &Topic, index: i32) -> Result<Arc<Partition>, i16> {
+        if topic.partition_replicas(index).is_none() {
+            return Err(error_code::UNKNOWN_TOPIC_OR_PARTITION);
+        }
+        self.replicas.get(&TopicPartition::new(&topic.name, index)).ok_or(error_code::NOT_LEADER_OR_FOLLOWER)
+    }
+
+    /// The topic, auto-created (when `allowed` and `auto.create.topics.enable`) with the
+    /// broker's `num.partitions` and `default.replication.factor`.
+    pub(crate) async fn topic_or_auto_create(&self, name: &str, allowed: bool) -> Result<Arc<Topic>, crate::topics::TopicError> {
+        let c = &self.config;
+        self.topics.get_or_auto_create(name, c.auto_create_topics && allowed, c.num_partitions, c.default_replication_factor).await
+    }
+
     /// Answers one request.
     pub(crate) async fn handle(&self, decoded: Decoded, peer: SocketAddr) -> Option<Response> {
         let (header, version, request) = match decoded {

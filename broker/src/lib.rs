@@ -18,7 +18,13 @@
 //! - `guard`: a structural walk of each request body before it is decoded, so that no
 //!   claimed array length can make the decoder allocate beyond the frame's size.
 //! - `handler`: one module per API (metadata, produce, fetch, offsets, admin, alter_configs).
-//! - `topics`: the topic manager: topics from the metadata store and their logs.
+//! - `cluster`: the metadata view (live brokers, topics, partition states) kept current
+//!   by store watches; it opens the logs of this broker's replicas and hands their
+//!   states to the replica manager.
+//! - `controller`: controller election (`/controller`, `/controller_epoch`) and leader
+//!   election / ISR cleanup when brokers come and go.
+//! - `topics`: topics (from the view), their creation with a replica placement over the
+//!   live brokers, deletion, and config reloads.
 //! - `metrics`: the Prometheus text on `metrics.listen`: partitions, the cleaner, requests
 //!   and errors per API.
 //! - `topic_config`: topic config changes (AlterConfigs) in the store, and the watch
@@ -37,9 +43,11 @@
 //! - Client input never panics the broker: a frame that is not a Kafka request closes
 //!   that one connection; a request the broker does not implement gets UNSUPPORTED_VERSION.
 
+mod cluster;
 pub mod config;
 mod codec;
 mod connection;
+mod controller;
 mod error;
 mod fetch_response;
 mod group;

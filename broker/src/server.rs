@@ -8,19 +8,20 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fjord_coord::registry::{to_json, BrokerRegistration};
-use fjord_coord::{create_all, paths, CreateMode, Store};
+use fjord_coord::{create_all, paths, CreateMode, MetadataStore, Store};
 use fjord_log::{Cleaner, LogManager};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::connection;
+use crate::cluster::ClusterView;
 use crate::group::{Endpoint, GroupCoordinator};
 use crate::handler::producer_id::ProducerIdManager;
 use crate::handler::Broker;
 use crate::replication::ReplicaManager;
-use crate::topics::Topics;
+use crate::topics::{TopicSettings, Topics};
+use crate::{connection, controller};
 use crate::{BrokerConfig, Error, Result};
 
 /// The embedded metadata store's directory inside the log dir. No `-` in the name, so it
@@ -28,6 +29,8 @@ use crate::{BrokerConfig, Error, Result};
 pub const METADATA_DIR: &str = "__metadata";
 /// `meta.properties` in the log dir: which broker and cluster the directory belongs to.
 const META_PROPERTIES: &str = "meta.properties";
+/// How long a start waits for the controller to hand back offline partitions.
+const OWED_LEADERSHIP_WAIT: Duration = Duration::from_secs(15);
 /// How long a start waits for a stale registration of its broker id to expire.
 const REGISTRATION_WAIT: Duration = Duration::from_secs(30);
 
@@ -69,51 +72,99 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
         let (dir, defaults) = (config.log_dir.clone(), config.log);
         Arc::new(tokio::task::spawn_blocking(move || LogManager::open(dir, defaults)).await??)
     };
-    let replicas = ReplicaManager::new(config.broker_id, store.clone(), config.replication);
-    let topics = Topics::open(store.clone(), logs.clone(), replicas.clone(), config.log).await?;
     let (host, port) = config.advertised(bound);
-    register(&*store, config.broker_id, &host, port).await?;
+    let registration = BrokerRegistration {
+        host: host.clone(),
+        port: u16::try_from(port).unwrap_or(0),
+        rack: config.broker_rack.clone(),
+        endpoints: vec![format!("PLAINTEXT://{host}:{port}")],
+    };
+    register(&*store, config.broker_id, &registration).await?;
+    // Everything below runs until `stop`, which a controlled shutdown fires only once
+    // this broker leads nothing any more.
+    let stop = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let settings = TopicSettings {
+        log: config.log,
+        unclean_leader_election: config.unclean_leader_election,
+    };
+    let replicas = ReplicaManager::new(config.broker_id, store.clone(), config.replication);
+    let view = ClusterView::new(store.clone(), settings, logs.clone(), replicas.clone());
+    if let Err(e) = view.start(&tracker, &stop).await {
+        stop.cancel();
+        tracker.close();
+        tracker.wait().await;
+        deregister(&*store, config.broker_id).await;
+        return Err(e);
+    }
+    tracker.spawn(controller::run(store.clone(), config.broker_id, config.unclean_leader_election, stop.clone()));
+    tracker.spawn(keep_registered(store.clone(), config.broker_id, registration, shutdown.clone()));
+    // A broker that was the last in-sync replica of a partition (a single broker
+    // restarting, say) gets it back from the controller right after registering; wait
+    // for that (bounded), so the first clients find it leading as before the restart.
+    let me = config.broker_id;
+    if !view.wait_for(OWED_LEADERSHIP_WAIT, |v| v.owed_to(me).is_empty()).await {
+        tracing::warn!(partitions = ?view.owed_to(me), "the controller has not made this broker leader of its offline partitions yet");
+    }
+    let topics = Topics::new(store.clone(), view.clone(), replicas.clone(), settings);
     tracing::info!(
         broker_id = config.broker_id,
         listening = %bound,
         advertised = %format!("{host}:{port}"),
         log_dir = %config.log_dir.display(),
         %cluster_id,
+        zookeeper = config.zookeeper_connect.as_deref().unwrap_or("embedded store"),
+        rack = config.broker_rack.as_deref().unwrap_or("none"),
         topics = topics.list().len(),
         zero_copy_fetch = config.fetch_zero_copy,
         "broker started"
     );
-    tracing::debug!(?config, "effective config");
     let max_connections = config.max_connections;
     let endpoint = Endpoint { broker_id: config.broker_id, host: host.clone(), port };
     let groups = GroupCoordinator::new(store.clone(), endpoint, config.group.clone());
+    // On a cluster, leadership is handed over before this broker stops serving; alone
+    // (the embedded store) there is nobody to hand it to.
+    let controlled = config.controlled_shutdown && config.zookeeper_connect.is_some();
+    let handover = config.controlled_shutdown_timeout;
     let producer_ids = ProducerIdManager::new(store.clone(), config.broker_id);
     let broker =
         Arc::new(Broker { config, host, port, cluster_id, topics, replicas, groups, metrics: Default::default(), producer_ids });
+    {
+        let (store, view, shutdown, stop) = (store.clone(), view.clone(), shutdown.clone(), stop.clone());
+        tracker.spawn(async move {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = stop.cancelled() => return,
+            }
+            if controlled {
+                controlled_shutdown(&*store, &view, handover).await;
+            }
+            stop.cancel();
+        });
+    }
 
-    let tracker = TaskTracker::new();
-    spawn_periodic_tasks(&tracker, &broker, &shutdown);
-    spawn_cleaner(&tracker, &broker, &shutdown);
-    crate::topic_config::spawn_watcher(&tracker, &broker, &shutdown);
+    spawn_periodic_tasks(&tracker, &logs, &broker.config, &stop);
+    spawn_cleaner(&tracker, &logs, &broker.config, &stop);
+    crate::topic_config::spawn_watcher(&tracker, &broker, &stop);
     if let Some(listener) = metrics_listener {
         tracing::info!(address = %listener.local_addr().map_err(Error::Network)?, "serving metrics at /metrics");
-        crate::metrics::spawn_endpoint(&tracker, listener, broker.clone(), shutdown.clone());
+        crate::metrics::spawn_endpoint(&tracker, listener, broker.clone(), stop.clone());
     }
     let connections = Arc::new(Semaphore::new(max_connections));
     loop {
         let permit = tokio::select! {
             permit = connections.clone().acquire_owned() => permit.expect("invariant: the semaphore is never closed"),
-            () = shutdown.cancelled() => break,
+            () = stop.cancelled() => break,
         };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            () = shutdown.cancelled() => break,
+            () = stop.cancelled() => break,
         };
         match accepted {
             Ok((stream, peer)) => {
-                let (broker, shutdown) = (broker.clone(), shutdown.clone());
+                let (broker, stop) = (broker.clone(), stop.clone());
                 tracker.spawn(async move {
-                    connection::serve(broker, stream, peer, shutdown).await;
+                    connection::serve(broker, stream, peer, stop).await;
                     drop(permit);
                 });
             }
@@ -130,31 +181,89 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
     tracker.wait().await;
     // No fetcher may append while the logs close.
     broker.replicas.shutdown().await;
-    let logs = broker.topics.logs().clone();
-    tokio::task::spawn_blocking(move || logs.close()).await??;
-    // Leave at once rather than when the session expires, so a restart need not wait.
-    match store.delete(&paths::broker(broker.config.broker_id), None).await {
-        Ok(()) | Err(fjord_coord::Error::NoNode { .. }) => {}
-        Err(e) => tracing::warn!(error = %e, "could not remove this broker's registration"),
+    {
+        let logs = logs.clone();
+        tokio::task::spawn_blocking(move || logs.close()).await??;
     }
+    // Leave at once rather than when the session expires, so a restart need not wait.
+    deregister(&*store, broker.config.broker_id).await;
     tracing::info!("broker stopped: logs flushed and checkpointed");
     Ok(())
 }
 
+/// Deletes `/brokers/ids/<id>` (a missing node is fine).
+async fn deregister(store: &dyn MetadataStore, broker_id: i32) {
+    match store.delete(&paths::broker(broker_id), None).await {
+        Ok(()) | Err(fjord_coord::Error::NoNode { .. }) => {}
+        Err(e) => tracing::warn!(error = %e, "could not remove this broker's registration"),
+    }
+}
+
+/// Kafka's controlled shutdown: deregister, so the controller moves this broker's
+/// leaderships to other ISR members as for a failure (or marks them offline when there
+/// is none), and keep serving until no partition state names this broker leader, at
+/// most `timeout`.
+async fn controlled_shutdown(store: &dyn MetadataStore, view: &ClusterView, timeout: Duration) {
+    let me = view.broker_id();
+    let started = tokio::time::Instant::now();
+    let leading = view.led_by(me).len();
+    tracing::info!(broker_id = me, leading, "controlled shutdown: deregistering and waiting for leadership to move");
+    deregister(store, me).await;
+    if view.wait_for(timeout, |v| v.led_by(me).is_empty()).await {
+        tracing::info!(broker_id = me, leading, elapsed_ms = started.elapsed().as_millis() as u64, "controlled shutdown: leadership moved");
+    } else {
+        let left = view.led_by(me);
+        tracing::warn!(broker_id = me, still_leading = ?left, ?timeout, "controlled shutdown timed out; stopping anyway");
+    }
+}
+
+/// Registers again when the registration disappears while the broker runs: after a
+/// session expiry ZooKeeper drops it with the session. Stops at `shutdown` (a
+/// controlled shutdown deregisters on purpose right after).
+async fn keep_registered(store: Store, broker_id: i32, registration: BrokerRegistration, shutdown: CancellationToken) {
+    let path = paths::broker(broker_id);
+    loop {
+        let outcome = match store.watch_data(&path).await {
+            Ok((Some((_, stat)), watch)) if stat.ephemeral_owner == store.session_id() => {
+                tokio::select! {
+                    _ = watch => continue,
+                    () = shutdown.cancelled() => return,
+                }
+            }
+            // An older session's node: wait for it to expire.
+            Ok((Some(_), watch)) => {
+                tokio::select! {
+                    _ = watch => continue,
+                    () = shutdown.cancelled() => return,
+                }
+            }
+            Ok((None, _)) if shutdown.is_cancelled() => return,
+            Ok((None, _)) => match create_all(&*store, &path, &to_json(&registration), CreateMode::Ephemeral).await {
+                Ok(_) => {
+                    tracing::warn!(broker_id, "registration was lost (session expired?); registered again");
+                    continue;
+                }
+                Err(fjord_coord::Error::NodeExists { .. }) => continue,
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        tracing::warn!(broker_id, error = %outcome, "keeping the registration failed; retrying");
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
 /// `/brokers/ids/<id>`, ephemeral: this broker is alive and reachable there.
-async fn register(store: &dyn fjord_coord::MetadataStore, broker_id: i32, host: &str, port: i32) -> Result<()> {
-    let registration = BrokerRegistration {
-        host: host.to_owned(),
-        port: u16::try_from(port).unwrap_or(0),
-        rack: None,
-        endpoints: vec![format!("PLAINTEXT://{host}:{port}")],
-    };
+async fn register(store: &dyn MetadataStore, broker_id: i32, registration: &BrokerRegistration) -> Result<()> {
     let path = paths::broker(broker_id);
     // After a crash, ZooKeeper keeps the previous session's node until that session
     // expires; wait for it (as Kafka does) rather than fail the start.
     let deadline = tokio::time::Instant::now() + REGISTRATION_WAIT;
     loop {
-        match create_all(store, &path, &to_json(&registration), CreateMode::Ephemeral).await {
+        match create_all(store, &path, &to_json(registration), CreateMode::Ephemeral).await {
             Err(fjord_coord::Error::NodeExists { .. }) if tokio::time::Instant::now() < deadline => {
                 tracing::info!(path, "a previous registration of this broker id is still alive; waiting for it to expire");
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -177,21 +286,21 @@ fn now_ms() -> i64 {
 
 /// Retention, `flush.ms` and the checkpoint files, each on its own interval, on the
 /// blocking pool (the log is synchronous).
-fn spawn_periodic_tasks(tracker: &TaskTracker, broker: &Arc<Broker>, shutdown: &CancellationToken) {
+fn spawn_periodic_tasks(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &BrokerConfig, shutdown: &CancellationToken) {
     type Job = fn(&LogManager) -> Result<(), fjord_log::Error>;
     let jobs: [(&str, Duration, Job); 3] = [
-        ("retention", broker.config.retention_check_interval, |logs| {
+        ("retention", config.retention_check_interval, |logs| {
             let deleted = logs.apply_retention(now_ms())?;
             if deleted > 0 {
                 tracing::info!(segments = deleted, "retention deleted segments");
             }
             Ok(())
         }),
-        ("flush", broker.config.flush_scheduler_interval, |logs| logs.flush_due(now_ms())),
-        ("checkpoint", broker.config.checkpoint_interval, LogManager::checkpoint),
+        ("flush", config.flush_scheduler_interval, |logs| logs.flush_due(now_ms())),
+        ("checkpoint", config.checkpoint_interval, LogManager::checkpoint),
     ];
     for (name, every, job) in jobs {
-        let (logs, shutdown) = (broker.topics.logs().clone(), shutdown.clone());
+        let (logs, shutdown) = (logs.clone(), shutdown.clone());
         tracker.spawn(async move {
             let mut interval = tokio::time::interval(every.max(Duration::from_millis(10)));
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -217,9 +326,9 @@ fn spawn_periodic_tasks(tracker: &TaskTracker, broker: &Arc<Broker>, shutdown: &
 /// offset map is allocated once and its I/O throttle covers every log. A clean blocks
 /// (file I/O, throttling sleeps), so it runs on the blocking pool; the task awaits it
 /// outside the `select!`, so shutdown waits for a running clean to finish.
-fn spawn_cleaner(tracker: &TaskTracker, broker: &Arc<Broker>, shutdown: &CancellationToken) {
-    let config = broker.config.cleaner;
-    let (logs, shutdown) = (broker.topics.logs().clone(), shutdown.clone());
+fn spawn_cleaner(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &BrokerConfig, shutdown: &CancellationToken) {
+    let config = config.cleaner;
+    let (logs, shutdown) = (logs.clone(), shutdown.clone());
     tracker.spawn(async move {
         let mut cleaner = Some(Cleaner::new(config));
         let mut interval = tokio::time::interval(config.backoff.max(Duration::from_millis(10)));

@@ -1,46 +1,128 @@
-//! The topic manager: which topics exist (the metadata store is the source of truth,
-//! this is its in-memory view) and their partitions' logs; the replicas' roles are the
-//! [`ReplicaManager`]'s.
+//! Topics: their metadata (from the [`ClusterView`]), creation with a replica assignment
+//! over the live brokers, deletion, and config reloads (AlterConfigs).
 //!
 //! Store layout (ARCHITECTURE.md): `/config/topics/<t>` holds the topic's config overrides,
 //! `/brokers/topics/<t>` its replica assignment, and `/brokers/topics/<t>/partitions/<p>/state`
 //! leader, epoch and ISR. The assignment is written after the config, so a topic whose
 //! assignment exists is complete; a config without an assignment is an interrupted
 //! create, overwritten by the next one.
+//!
+//! Any broker creates and deletes topics by writing the store; every broker's view (the
+//! creating one's too) then opens or deletes the logs of its own replicas. A create or
+//! delete answers once this broker's view has caught up, so a client that asks the same
+//! broker next sees its own change.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
 
-use fjord_coord::registry::{read_json, to_json, PartitionState, TopicAssignment};
+use fjord_coord::registry::{read_json, to_json, BrokerRegistration, PartitionState, TopicAssignment};
 use fjord_coord::{create_all, delete_all, paths, CreateMode, Store};
-use fjord_log::{LogConfig, LogManager};
+use fjord_log::LogConfig;
 use fjord_record::TopicPartition;
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::ClusterView;
 use crate::codec::error_code;
-use crate::partition::Partition;
 use crate::replication::ReplicaManager;
-use crate::{Error, Result};
+use crate::Error;
 
 /// Kafka's limit on topic name length (the partition dir name must fit a file name).
 const MAX_TOPIC_NAME_LEN: usize = 249;
+/// How long a create or delete waits for this broker's view to show it.
+const VIEW_WAIT: Duration = Duration::from_secs(15);
+/// The topic-level key the controller applies (the others belong to the log).
+pub(crate) const UNCLEAN_LEADER_ELECTION: &str = "unclean.leader.election.enable";
 
 /// `/config/topics/<t>`, as Kafka writes it.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct TopicConfigDocument {
     pub(crate) version: i32,
+    #[serde(default)]
     pub(crate) config: BTreeMap<String, String>,
 }
 
-/// A topic: its partitions (index = partition number) and its config.
+/// Broker-wide defaults of the topic-level settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TopicSettings {
+    /// The log keys (`log.*` broker keys, `min.insync.replicas`).
+    pub(crate) log: LogConfig,
+    /// `unclean.leader.election.enable`.
+    pub(crate) unclean_leader_election: bool,
+}
+
+/// A topic as the store describes it.
 #[derive(Debug)]
 pub(crate) struct Topic {
     pub(crate) name: String,
-    pub(crate) partitions: Vec<Arc<Partition>>,
-    /// The effective log config (broker defaults + overrides).
+    /// Replicas of each partition (index = partition number); the first is the preferred leader.
+    pub(crate) replicas: Vec<Vec<i32>>,
+    /// The effective log config (broker defaults + overrides), `min.insync.replicas` included.
     pub(crate) config: LogConfig,
     /// The topic-level overrides, as stored.
     pub(crate) overrides: BTreeMap<String, String>,
+    /// Effective `unclean.leader.election.enable`.
+    pub(crate) unclean_leader_election: bool,
+}
+
+impl Topic {
+    /// Builds the topic from its stored assignment and overrides.
+    pub(crate) fn from_assignment(
+        name: &str,
+        assignment: &TopicAssignment,
+        overrides: BTreeMap<String, String>,
+        settings: &TopicSettings,
+    ) -> Result<Self, TopicError> {
+        let count = assignment.partition_count() as i32;
+        let replicas = (0..count)
+            .map(|p| assignment.replicas(p).map(<[i32]>::to_vec))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| TopicError::InvalidReplicaAssignment("partitions are not numbered 0..n".into()))?;
+        Self::new(name, replicas, overrides, settings)
+    }
+
+    pub(crate) fn new(
+        name: &str,
+        replicas: Vec<Vec<i32>>,
+        overrides: BTreeMap<String, String>,
+        settings: &TopicSettings,
+    ) -> Result<Self, TopicError> {
+        let (config, unclean_leader_election) = effective_config(settings, &overrides)?;
+        Ok(Self { name: name.to_owned(), replicas, config, overrides, unclean_leader_election })
+    }
+
+    /// Number of partitions.
+    pub(crate) fn partition_count(&self) -> i32 {
+        self.replicas.len() as i32
+    }
+
+    /// Replicas of `partition`, `None` when the topic has no such partition.
+    pub(crate) fn partition_replicas(&self, partition: i32) -> Option<&[i32]> {
+        usize::try_from(partition).ok().and_then(|p| self.replicas.get(p)).map(Vec::as_slice)
+    }
+}
+
+/// The effective log config and `unclean.leader.election.enable` of a topic with `overrides`.
+fn effective_config(settings: &TopicSettings, overrides: &BTreeMap<String, String>) -> Result<(LogConfig, bool), TopicError> {
+    let mut config = settings.log;
+    let mut unclean = settings.unclean_leader_election;
+    // Every other topic key, `cleanup.policy`, `min.insync.replicas` and the compaction
+    // settings included, is the log's: the cleaner and the produce path read them from
+    // the log's config.
+    for (key, value) in overrides {
+        if key == UNCLEAN_LEADER_ELECTION {
+            unclean = value
+                .trim()
+                .parse()
+                .map_err(|_| TopicError::InvalidConfig(format!("{key}={value}: expected true or false")))?;
+        } else {
+            config.set(key, value).map_err(|e| TopicError::InvalidConfig(e.to_string()))?;
+        }
+    }
+    config.validate().map_err(|e| TopicError::InvalidConfig(e.to_string()))?;
+    Ok((config, unclean))
 }
 
 /// Why a topic operation was refused; each maps to a Kafka error code.
@@ -54,8 +136,10 @@ pub(crate) enum TopicError {
     InvalidName(&'static str),
     #[error("number of partitions must be at least 1, got {0}")]
     InvalidPartitions(i32),
-    #[error("replication factor must be 1 on a single broker, got {0}")]
-    InvalidReplicationFactor(i16),
+    #[error("{0}")]
+    InvalidReplicationFactor(String),
+    #[error("invalid replica assignment: {0}")]
+    InvalidReplicaAssignment(String),
     #[error("invalid topic config: {0}")]
     InvalidConfig(String),
     #[error(transparent)]
@@ -70,9 +154,16 @@ impl TopicError {
             TopicError::InvalidName(_) => error_code::INVALID_TOPIC_EXCEPTION,
             TopicError::InvalidPartitions(_) => error_code::INVALID_PARTITIONS,
             TopicError::InvalidReplicationFactor(_) => error_code::INVALID_REPLICATION_FACTOR,
+            TopicError::InvalidReplicaAssignment(_) => error_code::INVALID_REPLICA_ASSIGNMENT,
             TopicError::InvalidConfig(_) => error_code::INVALID_CONFIG,
             TopicError::Internal(_) => error_code::UNKNOWN_SERVER_ERROR,
         }
+    }
+}
+
+impl From<fjord_coord::Error> for TopicError {
+    fn from(e: fjord_coord::Error) -> Self {
+        TopicError::Internal(e.into())
     }
 }
 
@@ -93,231 +184,29 @@ pub(crate) fn validate_topic_name(name: &str) -> Result<(), TopicError> {
     Ok(())
 }
 
-/// All topics of this broker.
+/// What a CreateTopics names for one topic.
+#[derive(Debug)]
+pub(crate) enum Layout {
+    /// This many partitions with this many replicas each, placed by the broker.
+    Spread { partitions: i32, replication_factor: i16 },
+    /// The client's own replica lists, one per partition.
+    Manual(Vec<Vec<i32>>),
+}
+
+/// Topic creation and deletion; topic lookups go to the view.
 pub(crate) struct Topics {
     store: Store,
-    logs: Arc<LogManager>,
+    view: Arc<ClusterView>,
     replicas: Arc<ReplicaManager>,
-    broker_id: i32,
-    defaults: LogConfig,
-    topics: RwLock<HashMap<String, Arc<Topic>>>,
-    /// Serialises creations and deletions (auto-creation races between connections).
+    settings: TopicSettings,
+    /// Serialises this broker's creations and deletions (auto-creation races between
+    /// connections); other brokers are kept off by the store's create-if-absent.
     admin: tokio::sync::Mutex<()>,
 }
 
 impl Topics {
-    /// Loads every topic of the store and opens its logs.
-    pub(crate) async fn open(store: Store, logs: Arc<LogManager>, replicas: Arc<ReplicaManager>, defaults: LogConfig) -> Result<Self> {
-        let topics = Self {
-            store,
-            logs,
-            broker_id: replicas.broker_id(),
-            replicas,
-            defaults,
-            topics: RwLock::new(HashMap::new()),
-            admin: tokio::sync::Mutex::new(()),
-        };
-        let names = match topics.store.children(paths::TOPICS).await {
-            Ok(names) => names,
-            Err(fjord_coord::Error::NoNode { .. }) => Vec::new(),
-            Err(e) => return Err(e.into()),
-        };
-        for name in names {
-            let Some((assignment, _)) = read_json::<TopicAssignment>(&*topics.store, &paths::topic(&name)).await? else {
-                continue; // deleted since listed
-            };
-            let overrides = topics.read_overrides(&name).await?;
-            let config = topics.effective_config(&overrides).map_err(|e| {
-                Error::Metadata { path: paths::topic_config(&name), source: serde::de::Error::custom(e) }
-            })?;
-            let count = assignment.partition_count() as i32;
-            let topic = topics.open_topic(&name, count, config, overrides)?;
-            // The roles come from the partition states as they are now.
-            for partition in &topic.partitions {
-                let path = paths::partition_state(&name, partition.tp.partition);
-                if let Some((state, stat)) = read_json::<PartitionState>(&*topics.store, &path).await? {
-                    let replicas = assignment.replicas(partition.tp.partition).unwrap_or_default();
-                    topics.replicas.apply(&partition.tp, replicas, &state, stat.version);
-                }
-            }
-            topics.topics.write().expect("invariant: topics lock is never poisoned").insert(name, topic);
-        }
-        Ok(topics)
-    }
-
-    async fn read_overrides(&self, name: &str) -> Result<BTreeMap<String, String>> {
-        let path = paths::topic_config(name);
-        match self.store.get(&path).await? {
-            None => Ok(BTreeMap::new()),
-            Some((data, _)) => serde_json::from_slice::<TopicConfigDocument>(&data)
-                .map(|doc| doc.config)
-                .map_err(|source| Error::Metadata { path, source }),
-        }
-    }
-
-    /// The broker defaults with `overrides` applied, validated (CreateTopics and the
-    /// AlterConfigs APIs check a new override set with this before storing it).
-    pub(crate) fn effective_config(&self, overrides: &BTreeMap<String, String>) -> Result<LogConfig, TopicError> {
-        let mut config = self.defaults;
-        // Every topic key, `cleanup.policy` and the compaction settings included, is the
-        // log's: the cleaner reads them from the log's config on each pass.
-        for (key, value) in overrides {
-            config.set(key, value).map_err(|e| TopicError::InvalidConfig(e.to_string()))?;
-        }
-        config.validate().map_err(|e| TopicError::InvalidConfig(e.to_string()))?;
-        Ok(config)
-    }
-
-    fn open_topic(
-        &self,
-        name: &str,
-        partitions: i32,
-        config: LogConfig,
-        overrides: BTreeMap<String, String>,
-    ) -> Result<Arc<Topic>> {
-        let mut opened = Vec::with_capacity(partitions as usize);
-        for p in 0..partitions {
-            let tp = TopicPartition::new(name, p);
-            let log = self.logs.get_or_create(&tp, config)?;
-            log.update_config(config)?;
-            opened.push(self.replicas.add_partition(&tp, log));
-        }
-        Ok(Arc::new(Topic { name: name.to_owned(), partitions: opened, config, overrides }))
-    }
-
-    /// The topic, if it exists.
-    pub(crate) fn get(&self, name: &str) -> Option<Arc<Topic>> {
-        self.topics.read().expect("invariant: topics lock is never poisoned").get(name).cloned()
-    }
-
-    /// Every topic, sorted by name.
-    pub(crate) fn list(&self) -> Vec<Arc<Topic>> {
-        let mut all: Vec<_> = self.topics.read().expect("invariant: topics lock is never poisoned").values().cloned().collect();
-        all.sort_by(|a, b| a.name.cmp(&b.name));
-        all
-    }
-
-    /// The topic, created with `num_partitions` and no overrides when missing and `auto_create`.
-    pub(crate) async fn get_or_auto_create(
-        &self,
-        name: &str,
-        auto_create: bool,
-        num_partitions: i32,
-    ) -> Result<Arc<Topic>, TopicError> {
-        if let Some(topic) = self.get(name) {
-            return Ok(topic);
-        }
-        if !auto_create {
-            return Err(TopicError::Unknown);
-        }
-        match self.create(name, num_partitions, 1, BTreeMap::new(), false).await {
-            Ok(topic) => Ok(topic),
-            // Created by someone else between the check and the create.
-            Err(TopicError::AlreadyExists) => self.get(name).ok_or(TopicError::Unknown),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Creates a topic: config, assignment and partition states in the store, then the logs.
-    /// With `validate_only`, checks everything and creates nothing.
-    pub(crate) async fn create(
-        &self,
-        name: &str,
-        partitions: i32,
-        replication_factor: i16,
-        overrides: BTreeMap<String, String>,
-        validate_only: bool,
-    ) -> Result<Arc<Topic>, TopicError> {
-        validate_topic_name(name)?;
-        if partitions < 1 {
-            return Err(TopicError::InvalidPartitions(partitions));
-        }
-        if replication_factor != 1 {
-            return Err(TopicError::InvalidReplicationFactor(replication_factor));
-        }
-        let config = self.effective_config(&overrides)?;
-        let _admin = self.admin.lock().await;
-        if self.get(name).is_some() {
-            return Err(TopicError::AlreadyExists);
-        }
-        let store = &*self.store;
-        if store.exists(&paths::topic(name)).await.map_err(Error::from)?.is_some() {
-            return Err(TopicError::AlreadyExists);
-        }
-        if validate_only {
-            return Ok(Arc::new(Topic { name: name.to_owned(), partitions: Vec::new(), config, overrides }));
-        }
-        let config_doc = to_json(&TopicConfigDocument { version: 1, config: overrides.clone() });
-        let config_path = paths::topic_config(name);
-        match create_all(store, &config_path, &config_doc, CreateMode::Persistent).await {
-            Err(fjord_coord::Error::NodeExists { .. }) => {
-                store.set(&config_path, &config_doc, None).await.map_err(Error::from)?;
-            }
-            other => {
-                other.map_err(Error::from)?;
-            }
-        }
-        let assignment = TopicAssignment {
-            partitions: (0..partitions).map(|p| (p.to_string(), vec![self.broker_id])).collect(),
-        };
-        create_all(store, &paths::topic(name), &to_json(&assignment), CreateMode::Persistent)
-            .await
-            .map_err(Error::from)?;
-        let state = PartitionState { leader: self.broker_id, leader_epoch: 0, isr: vec![self.broker_id], controller_epoch: 0 };
-        for p in 0..partitions {
-            create_all(store, &paths::partition_state(name, p), &to_json(&state), CreateMode::Persistent)
-                .await
-                .map_err(Error::from)?;
-        }
-        let topic = self.open_topic(name, partitions, config, overrides)?;
-        for partition in &topic.partitions {
-            self.replicas.apply(&partition.tp, &[self.broker_id], &state, 0);
-        }
-        self.topics.write().expect("invariant: topics lock is never poisoned").insert(name.to_owned(), topic.clone());
-        tracing::info!(topic = name, partitions, "created topic");
-        Ok(topic)
-    }
-
-    /// Deletes a topic: it disappears for clients first, then its logs and store nodes go.
-    pub(crate) async fn delete(&self, name: &str) -> Result<(), TopicError> {
-        let _admin = self.admin.lock().await;
-        let topic = self
-            .topics
-            .write()
-            .expect("invariant: topics lock is never poisoned")
-            .remove(name)
-            .ok_or(TopicError::Unknown)?;
-        for partition in &topic.partitions {
-            self.replicas.remove(&partition.tp);
-            self.logs.delete(&partition.tp).map_err(Error::from)?;
-            partition.notify_appended(); // delayed fetches re-check and see the topic gone
-        }
-        delete_all(&*self.store, &paths::topic(name)).await.map_err(Error::from)?;
-        delete_all(&*self.store, &paths::topic_config(name)).await.map_err(Error::from)?;
-        tracing::info!(topic = name, "deleted topic");
-        Ok(())
-    }
-
-    /// Applies the overrides stored in `/config/topics/<name>` to the topic's live logs
-    /// (after an AlterConfigs here, or a config watch firing for a change made through
-    /// another broker). Reading the store under the admin lock orders the reloads, so the
-    /// last one applies the latest stored config. `Ok(false)` when nothing changed;
-    /// [`TopicError::Unknown`] when this broker has no such topic.
-    pub(crate) async fn reload_config(&self, name: &str) -> Result<bool, TopicError> {
-        let _admin = self.admin.lock().await;
-        let topic = self.get(name).ok_or(TopicError::Unknown)?;
-        let overrides = self.read_overrides(name).await?;
-        if overrides == topic.overrides {
-            return Ok(false);
-        }
-        let config = self.effective_config(&overrides)?;
-        for partition in &topic.partitions {
-            partition.log.update_config(config).map_err(Error::from)?;
-        }
-        tracing::info!(topic = name, ?overrides, "applied topic config");
-        let updated = Topic { name: topic.name.clone(), partitions: topic.partitions.clone(), config, overrides };
-        self.topics.write().expect("invariant: topics lock is never poisoned").insert(name.to_owned(), Arc::new(updated));
-        Ok(true)
+    pub(crate) fn new(store: Store, view: Arc<ClusterView>, replicas: Arc<ReplicaManager>, settings: TopicSettings) -> Self {
+        Self { store, view, replicas, settings, admin: tokio::sync::Mutex::new(()) }
     }
 
     /// The metadata store (the config watcher and the AlterConfigs APIs write and watch
@@ -326,10 +215,274 @@ impl Topics {
         &self.store
     }
 
-    /// The log manager (periodic tasks, shutdown).
-    pub(crate) fn logs(&self) -> &Arc<LogManager> {
-        &self.logs
+    /// The broker defaults with `overrides` applied, validated (CreateTopics and the
+    /// AlterConfigs APIs check a new override set with this before storing it).
+    pub(crate) fn effective_config(&self, overrides: &BTreeMap<String, String>) -> Result<LogConfig, TopicError> {
+        effective_config(&self.settings, overrides).map(|(config, _)| config)
     }
+
+    /// Applies the overrides stored in `/config/topics/<name>` to the topic in the view
+    /// and to this broker's replicas' logs (after an AlterConfigs here, or a config
+    /// watch firing for a change made through another broker). Reading the store under
+    /// the admin lock orders the reloads, so the last one applies the latest stored
+    /// config. `Ok(false)` when nothing changed; [`TopicError::Unknown`] when the view
+    /// has no such topic.
+    pub(crate) async fn reload_config(&self, name: &str) -> Result<bool, TopicError> {
+        let _admin = self.admin.lock().await;
+        let topic = self.get(name).ok_or(TopicError::Unknown)?;
+        let overrides = crate::cluster::read_overrides(&*self.store, name).await?;
+        if overrides == topic.overrides {
+            return Ok(false);
+        }
+        let updated = Topic::new(name, topic.replicas.clone(), overrides, &self.settings)?;
+        for p in 0..updated.partition_count() {
+            if let Some(partition) = self.replicas.get(&TopicPartition::new(name, p)) {
+                partition.log.update_config(updated.config).map_err(Error::from)?;
+            }
+        }
+        tracing::info!(topic = name, overrides = ?updated.overrides, "applied topic config");
+        self.view.replace_topic(Arc::new(updated));
+        Ok(true)
+    }
+
+    /// The topic, if it exists.
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<Topic>> {
+        self.view.topic(name)
+    }
+
+    /// Every topic, sorted by name.
+    pub(crate) fn list(&self) -> Vec<Arc<Topic>> {
+        self.view.topics()
+    }
+
+    /// The log manager (metrics).
+    pub(crate) fn logs(&self) -> &Arc<fjord_log::LogManager> {
+        self.view.logs()
+    }
+
+    /// The view this broker answers from.
+    pub(crate) fn view(&self) -> &Arc<ClusterView> {
+        &self.view
+    }
+
+    /// The topic, created with `num_partitions`, `replication_factor` and no overrides
+    /// when missing and `auto_create`.
+    pub(crate) async fn get_or_auto_create(
+        &self,
+        name: &str,
+        auto_create: bool,
+        num_partitions: i32,
+        replication_factor: i16,
+    ) -> Result<Arc<Topic>, TopicError> {
+        if let Some(topic) = self.get(name) {
+            return Ok(topic);
+        }
+        if !auto_create {
+            return Err(TopicError::Unknown);
+        }
+        let layout = Layout::Spread { partitions: num_partitions, replication_factor };
+        match self.create(name, layout, BTreeMap::new(), false).await {
+            Ok(topic) => Ok(topic),
+            // Created by someone else between the check and the create.
+            Err(TopicError::AlreadyExists) => {
+                self.view.wait_for(VIEW_WAIT, |v| v.is_ready(name)).await;
+                self.get(name).ok_or(TopicError::Unknown)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates a topic: config, assignment and partition states in the store; answers
+    /// once this broker's view has it (and its own replicas are open). With
+    /// `validate_only`, checks everything and creates nothing.
+    pub(crate) async fn create(
+        &self,
+        name: &str,
+        layout: Layout,
+        overrides: BTreeMap<String, String>,
+        validate_only: bool,
+    ) -> Result<Arc<Topic>, TopicError> {
+        validate_topic_name(name)?;
+        let brokers = live_brokers(&*self.store).await?;
+        let replicas = match layout {
+            Layout::Spread { partitions, .. } if partitions < 1 => return Err(TopicError::InvalidPartitions(partitions)),
+            Layout::Spread { replication_factor, .. } if replication_factor < 1 => {
+                return Err(TopicError::InvalidReplicationFactor(format!(
+                    "replication factor must be at least 1, got {replication_factor}"
+                )))
+            }
+            Layout::Spread { replication_factor, .. } if replication_factor as usize > brokers.len() => {
+                return Err(TopicError::InvalidReplicationFactor(format!(
+                    "replication factor {replication_factor} is larger than the {} live brokers",
+                    brokers.len()
+                )))
+            }
+            Layout::Spread { partitions, replication_factor } => {
+                assign_replicas(&brokers, partitions, replication_factor as usize, random_u64())
+            }
+            Layout::Manual(replicas) => {
+                check_manual_assignment(&replicas, &brokers)?;
+                replicas
+            }
+        };
+        let topic = Topic::new(name, replicas, overrides, &self.settings)?;
+        let _admin = self.admin.lock().await;
+        let store = &*self.store;
+        if self.get(name).is_some() || store.exists(&paths::topic(name)).await?.is_some() {
+            return Err(TopicError::AlreadyExists);
+        }
+        if validate_only {
+            return Ok(Arc::new(topic));
+        }
+        let config_doc = to_json(&TopicConfigDocument { version: 1, config: topic.overrides.clone() });
+        let config_path = paths::topic_config(name);
+        match create_all(store, &config_path, &config_doc, CreateMode::Persistent).await {
+            Err(fjord_coord::Error::NodeExists { .. }) => {
+                store.set(&config_path, &config_doc, None).await?;
+            }
+            other => {
+                other?;
+            }
+        }
+        let assignment = TopicAssignment {
+            partitions: topic.replicas.iter().enumerate().map(|(p, r)| (p.to_string(), r.clone())).collect(),
+        };
+        match create_all(store, &paths::topic(name), &to_json(&assignment), CreateMode::Persistent).await {
+            // Another broker created it first.
+            Err(fjord_coord::Error::NodeExists { .. }) => return Err(TopicError::AlreadyExists),
+            other => {
+                other?;
+            }
+        }
+        let controller_epoch = match read_json::<i32>(store, paths::CONTROLLER_EPOCH).await {
+            Ok(found) => found.map_or(0, |(epoch, _)| epoch),
+            Err(_) => 0,
+        };
+        for (p, replicas) in topic.replicas.iter().enumerate() {
+            let state = PartitionState { leader: replicas[0], leader_epoch: 0, isr: replicas.clone(), controller_epoch };
+            create_all(store, &paths::partition_state(name, p as i32), &to_json(&state), CreateMode::Persistent).await?;
+        }
+        tracing::info!(topic = name, partitions = topic.partition_count(), replicas = ?topic.replicas, "created topic");
+        if !self.view.wait_for(VIEW_WAIT, |v| v.is_ready(name)).await {
+            tracing::warn!(topic = name, "created topic not yet in this broker's view");
+        }
+        Ok(self.get(name).unwrap_or_else(|| Arc::new(topic)))
+    }
+
+    /// Deletes a topic: its store nodes go, then every broker's view drops the topic and
+    /// deletes its replicas' logs; answers once this broker's view has.
+    pub(crate) async fn delete(&self, name: &str) -> Result<(), TopicError> {
+        let _admin = self.admin.lock().await;
+        if self.get(name).is_none() && self.store.exists(&paths::topic(name)).await?.is_none() {
+            return Err(TopicError::Unknown);
+        }
+        delete_all(&*self.store, &paths::topic(name)).await?;
+        delete_all(&*self.store, &paths::topic_config(name)).await?;
+        if !self.view.wait_for(VIEW_WAIT, |v| !v.topic_exists(name)).await {
+            tracing::warn!(topic = name, "deleted topic still in this broker's view");
+        }
+        tracing::info!(topic = name, "deleted topic");
+        Ok(())
+    }
+}
+
+/// The live brokers with their racks, sorted by id, read from the store (fresher than
+/// the view, which a create must not trail).
+async fn live_brokers(store: &dyn fjord_coord::MetadataStore) -> Result<Vec<(i32, Option<String>)>, TopicError> {
+    let mut brokers = Vec::new();
+    for id in store.children(paths::BROKER_IDS).await? {
+        let Ok(id) = id.parse::<i32>() else { continue };
+        if let Some((registration, _)) = read_json::<BrokerRegistration>(store, &paths::broker(id)).await? {
+            brokers.push((id, registration.rack));
+        }
+    }
+    brokers.sort();
+    Ok(brokers)
+}
+
+fn check_manual_assignment(replicas: &[Vec<i32>], brokers: &[(i32, Option<String>)]) -> Result<(), TopicError> {
+    let invalid = |reason: String| Err(TopicError::InvalidReplicaAssignment(reason));
+    let Some(first) = replicas.first() else { return invalid("no partitions".into()) };
+    for (p, list) in replicas.iter().enumerate() {
+        if list.is_empty() || list.len() != first.len() {
+            return invalid(format!("partition {p} has {} replicas, partition 0 has {}", list.len(), first.len()));
+        }
+        if list.iter().collect::<BTreeSet<_>>().len() != list.len() {
+            return invalid(format!("partition {p} names a broker twice"));
+        }
+        if let Some(unknown) = list.iter().find(|b| !brokers.iter().any(|(id, _)| id == *b)) {
+            return invalid(format!("partition {p} names broker {unknown}, which is not live"));
+        }
+    }
+    Ok(())
+}
+
+/// Kafka's replica placement: partition `p`'s leader is broker `(start + p) mod n`,
+/// so leaders are spread evenly; the followers are the next brokers at a shift that
+/// grows every `n` partitions, so the followers of one broker's partitions spread too.
+/// When every broker has a rack, the brokers are first ordered rack by rack alternately
+/// and followers on racks the partition has no replica on yet come first, so replicas
+/// land on as many racks as there are (Kafka's rack-aware placement).
+pub(crate) fn assign_replicas(brokers: &[(i32, Option<String>)], partitions: i32, replication_factor: usize, seed: u64) -> Vec<Vec<i32>> {
+    let n = brokers.len();
+    assert!(n > 0 && (1..=n).contains(&replication_factor), "invariant: checked by the caller");
+    let rack_aware = brokers.iter().all(|(_, rack)| rack.is_some());
+    let ordered: Vec<(i32, Option<String>)> = if rack_aware { rack_alternated(brokers) } else { brokers.to_vec() };
+    let start = (seed % n as u64) as usize;
+    let mut shift = ((seed >> 32) % n as u64) as usize;
+    let mut result = Vec::with_capacity(partitions as usize);
+    for p in 0..partitions as usize {
+        if p > 0 && p % n == 0 {
+            shift += 1;
+        }
+        let first = (p + start) % n;
+        // Every other broker once, in Kafka's follower order.
+        let others: Vec<&(i32, Option<String>)> =
+            (0..n - 1).map(|k| &ordered[(first + 1 + (shift + k) % (n - 1)) % n]).collect();
+        let mut replicas = vec![ordered[first].0];
+        if rack_aware {
+            let mut racks = BTreeSet::from([&ordered[first].1]);
+            for (id, rack) in &others {
+                if replicas.len() < replication_factor && racks.insert(rack) {
+                    replicas.push(*id);
+                }
+            }
+        }
+        for (id, _) in &others {
+            if replicas.len() < replication_factor && !replicas.contains(id) {
+                replicas.push(*id);
+            }
+        }
+        result.push(replicas);
+    }
+    result
+}
+
+/// Brokers reordered so that consecutive brokers are on different racks (rack a's
+/// first, rack b's first, ..., rack a's second, ...).
+fn rack_alternated(brokers: &[(i32, Option<String>)]) -> Vec<(i32, Option<String>)> {
+    let mut by_rack: BTreeMap<&Option<String>, Vec<i32>> = BTreeMap::new();
+    for (id, rack) in brokers {
+        by_rack.entry(rack).or_default().push(*id);
+    }
+    let longest = by_rack.values().map(Vec::len).max().unwrap_or(0);
+    let mut ordered = Vec::with_capacity(brokers.len());
+    for i in 0..longest {
+        for (rack, ids) in &by_rack {
+            if let Some(id) = ids.get(i) {
+                ordered.push((*id, (*rack).clone()));
+            }
+        }
+    }
+    ordered
+}
+
+/// A random number for the placement's starting point (no `rand` dependency: the std
+/// hasher is randomly keyed per process and per instance).
+fn random_u64() -> u64 {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    hasher.finish()
 }
 
 #[cfg(test)]
@@ -343,5 +496,71 @@ mod tests {
         assert!(validate_topic_name("..").is_err());
         assert!(validate_topic_name("a/b").is_err());
         assert!(validate_topic_name(&"x".repeat(250)).is_err());
+    }
+
+    fn brokers(racks: &[Option<&str>]) -> Vec<(i32, Option<String>)> {
+        racks.iter().enumerate().map(|(i, r)| (i as i32 + 1, r.map(str::to_owned))).collect()
+    }
+
+    #[test]
+    fn placement_spreads_leaders_and_replicas() {
+        for seed in [0, 1, 7, u64::MAX, 0x1234_5678_9abc_def0] {
+            let assignment = assign_replicas(&brokers(&[None, None, None]), 6, 3, seed);
+            assert_eq!(assignment.len(), 6);
+            let mut leaders = BTreeMap::new();
+            for replicas in &assignment {
+                assert_eq!(replicas.iter().collect::<BTreeSet<_>>().len(), 3, "{assignment:?}");
+                *leaders.entry(replicas[0]).or_insert(0) += 1;
+            }
+            assert_eq!(leaders.values().collect::<Vec<_>>(), [&2, &2, &2], "{assignment:?}");
+            let assignment = assign_replicas(&brokers(&[None, None, None, None]), 8, 2, seed);
+            let mut count = BTreeMap::new();
+            for id in assignment.iter().flatten() {
+                *count.entry(*id).or_insert(0) += 1;
+            }
+            assert_eq!(count.values().collect::<Vec<_>>(), [&4, &4, &4, &4], "{assignment:?}");
+        }
+        assert_eq!(assign_replicas(&brokers(&[None]), 3, 1, 99), vec![vec![1], vec![1], vec![1]]);
+    }
+
+    #[test]
+    fn placement_with_racks_uses_every_rack() {
+        let racks = brokers(&[Some("a"), Some("a"), Some("b"), Some("b"), Some("c"), Some("c")]);
+        for seed in 0..20u64 {
+            for replicas in assign_replicas(&racks, 12, 3, seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)) {
+                let used: BTreeSet<_> = replicas.iter().map(|id| &racks[(*id - 1) as usize].1).collect();
+                assert_eq!(used.len(), 3, "{replicas:?} on racks {used:?}");
+            }
+        }
+        // Fewer racks than replicas: every rack, then any broker.
+        let two_racks = brokers(&[Some("a"), Some("a"), Some("b")]);
+        for replicas in assign_replicas(&two_racks, 6, 3, 5) {
+            assert_eq!(replicas.iter().collect::<BTreeSet<_>>().len(), 3);
+        }
+    }
+
+    #[test]
+    fn manual_assignments_are_checked() {
+        let live = brokers(&[None, None]);
+        check_manual_assignment(&[vec![1, 2], vec![2, 1]], &live).unwrap();
+        for bad in [vec![], vec![vec![1, 2], vec![1]], vec![vec![1, 1]], vec![vec![1, 3]], vec![vec![]]] {
+            assert!(matches!(check_manual_assignment(&bad, &live), Err(TopicError::InvalidReplicaAssignment(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn replication_settings_are_topic_configs() {
+        let settings = TopicSettings { log: LogConfig::default(), unclean_leader_election: false };
+        let overrides = BTreeMap::from([
+            ("min.insync.replicas".to_owned(), "2".to_owned()),
+            ("unclean.leader.election.enable".to_owned(), "true".to_owned()),
+            ("retention.ms".to_owned(), "1000".to_owned()),
+        ]);
+        let topic = Topic::new("t", vec![vec![1, 2]], overrides, &settings).unwrap();
+        assert_eq!((topic.config.min_insync_replicas, topic.unclean_leader_election), (2, true));
+        for (key, value) in [("min.insync.replicas", "0"), ("unclean.leader.election.enable", "maybe"), ("nope", "1")] {
+            let overrides = BTreeMap::from([(key.to_owned(), value.to_owned())]);
+            assert!(matches!(Topic::new("t", vec![vec![1]], overrides, &settings), Err(TopicError::InvalidConfig(_))));
+        }
     }
 }

@@ -98,15 +98,16 @@ async fn a_config_change_through_one_broker_reaches_the_broker_hosting_the_topic
     let connect = zk.connect_string();
     let dir = tempfile::tempdir().unwrap();
     let host = TestBroker::start_in(dir.path().join("b0"), |c| c.zookeeper_connect = Some(connect.clone())).await.unwrap();
+    let mut to_host = RawClient::connect(host.addr).await.unwrap();
+    // Auto-created while broker 0 is the only live broker, so its one replica is there.
+    assert_eq!(produce(&mut to_host, "shared", 0, "one").await, (0, 0));
+    assert_eq!(retention_ms(&mut to_host, "shared").await, "604800000");
     let other = TestBroker::start_in(dir.path().join("b1"), |c| {
         c.zookeeper_connect = Some(connect.clone());
         c.broker_id = 1;
     })
     .await
     .unwrap();
-    let mut to_host = RawClient::connect(host.addr).await.unwrap();
-    assert_eq!(produce(&mut to_host, "shared", 0, "one").await, (0, 0));
-    assert_eq!(retention_ms(&mut to_host, "shared").await, "604800000");
 
     let alter = |value: &'static str| {
         IncrementalAlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()

@@ -15,7 +15,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use crate::codec::error_code;
 use crate::handler::Broker;
-use crate::topics::TopicError;
+use crate::topics::{Layout, TopicError};
 
 /// DescribeConfigs (and AlterConfigs) resource types.
 pub(super) const RESOURCE_TOPIC: i8 = 2;
@@ -31,8 +31,6 @@ const TYPE_INT: i8 = 3;
 const TYPE_LONG: i8 = 5;
 const TYPE_DOUBLE: i8 = 6;
 const TYPE_LIST: i8 = 7;
-/// CreateTopics error for a replica assignment naming another broker.
-const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
 
 impl Broker {
     pub(crate) async fn create_topics(&self, request: CreateTopicsRequest, version: i16) -> ResponseKind {
@@ -40,35 +38,43 @@ impl Broker {
         for topic in request.topics {
             let name = topic.name.0.to_string();
             let mut result = CreatableTopicResult::default().with_name(topic.name.clone());
-            let partitions = if !topic.assignments.is_empty() {
-                if topic.assignments.iter().any(|a| a.broker_ids.iter().any(|b| b.0 != self.config.broker_id)) {
-                    results.push(
-                        result
-                            .with_error_code(INVALID_REPLICA_ASSIGNMENT)
-                            .with_error_message(Some(StrBytes::from_static_str("replicas must be on this broker"))),
-                    );
+            let layout = if !topic.assignments.is_empty() {
+                // Kafka: with an assignment, num_partitions and replication_factor are -1.
+                if topic.num_partitions != -1 || topic.replication_factor != -1 {
+                    results.push(result.with_error_code(error_code::INVALID_REQUEST).with_error_message(Some(
+                        StrBytes::from_static_str("both a replica assignment and numPartitions or replicationFactor"),
+                    )));
                     continue;
                 }
-                topic.assignments.len() as i32
-            } else if topic.num_partitions == -1 {
-                self.config.num_partitions
+                let mut assignments = topic.assignments;
+                assignments.sort_by_key(|a| a.partition_index);
+                if assignments.iter().enumerate().any(|(i, a)| a.partition_index != i as i32) {
+                    results.push(result.with_error_code(error_code::INVALID_REPLICA_ASSIGNMENT).with_error_message(Some(
+                        StrBytes::from_static_str("partitions must be numbered 0..n, each once"),
+                    )));
+                    continue;
+                }
+                Layout::Manual(assignments.into_iter().map(|a| a.broker_ids.into_iter().map(|b| b.0).collect()).collect())
             } else {
-                topic.num_partitions
-            };
-            let replication_factor = match topic.replication_factor {
-                -1 => self.config.default_replication_factor,
-                n if !topic.assignments.is_empty() => n.max(1),
-                n => n,
+                Layout::Spread {
+                    partitions: if topic.num_partitions == -1 { self.config.num_partitions } else { topic.num_partitions },
+                    replication_factor: if topic.replication_factor == -1 {
+                        self.config.default_replication_factor
+                    } else {
+                        topic.replication_factor
+                    },
+                }
             };
             let overrides: BTreeMap<String, String> = topic
                 .configs
                 .into_iter()
                 .filter_map(|c| Some((c.name.to_string(), c.value?.to_string())))
                 .collect();
-            match self.topics.create(&name, partitions, replication_factor, overrides, request.validate_only).await {
-                Ok(_) => {
+            match self.topics.create(&name, layout, overrides, request.validate_only).await {
+                Ok(created) => {
                     if version >= 5 {
-                        result = result.with_num_partitions(partitions).with_replication_factor(replication_factor);
+                        let replication_factor = created.replicas.first().map_or(0, Vec::len) as i16;
+                        result = result.with_num_partitions(created.partition_count()).with_replication_factor(replication_factor);
                     }
                 }
                 Err(e) => {
@@ -127,6 +133,9 @@ impl Broker {
                     RESOURCE_TOPIC => match self.topics.get(&resource.resource_name) {
                         Some(topic) => log_config_entries(&topic.config)
                             .into_iter()
+                            .chain([
+                                ("unclean.leader.election.enable", topic.unclean_leader_election.to_string(), TYPE_BOOLEAN),
+                            ])
                             .map(|(name, value, config_type)| {
                                 let source = if topic.overrides.contains_key(name) {
                                     SOURCE_DYNAMIC_TOPIC
@@ -168,6 +177,9 @@ impl Broker {
         let mut entries = vec![
             ("broker.id", c.broker_id.to_string(), TYPE_INT, SOURCE_STATIC_BROKER),
             ("num.partitions", c.num_partitions.to_string(), TYPE_INT, SOURCE_STATIC_BROKER),
+            ("default.replication.factor", c.default_replication_factor.to_string(), TYPE_INT, SOURCE_STATIC_BROKER),
+            ("unclean.leader.election.enable", c.unclean_leader_election.to_string(), TYPE_BOOLEAN, SOURCE_STATIC_BROKER),
+            ("controlled.shutdown.enable", c.controlled_shutdown.to_string(), TYPE_BOOLEAN, SOURCE_STATIC_BROKER),
             ("auto.create.topics.enable", c.auto_create_topics.to_string(), TYPE_BOOLEAN, SOURCE_STATIC_BROKER),
             ("socket.request.max.bytes", c.socket_request_max_bytes.to_string(), TYPE_INT, SOURCE_STATIC_BROKER),
             ("log.dirs", c.log_dir.display().to_string(), TYPE_STRING, SOURCE_STATIC_BROKER),

@@ -24,7 +24,8 @@ use crate::partition::Partition;
 /// One requested partition, resolved once per fetch.
 struct Wanted {
     partition_index: i32,
-    partition: Option<Arc<Partition>>,
+    /// The partition, or the error code to answer for it.
+    partition: Result<Arc<Partition>, i16>,
     fetch_offset: i64,
     partition_max_bytes: usize,
     /// The fetcher's leader epoch (-1: not given, before v9).
@@ -49,10 +50,10 @@ impl Broker {
                     .into_iter()
                     .map(|p| Wanted {
                         partition_index: p.partition,
-                        partition: topic
-                            .as_ref()
-                            .and_then(|topic| usize::try_from(p.partition).ok().and_then(|i| topic.partitions.get(i)))
-                            .cloned(),
+                        partition: match &topic {
+                            Some(topic) => self.replica(topic, p.partition),
+                            None => Err(error_code::UNKNOWN_TOPIC_OR_PARTITION),
+                        },
                         fetch_offset: p.fetch_offset,
                         partition_max_bytes: usize::try_from(p.partition_max_bytes).unwrap_or(0),
                         current_leader_epoch: p.current_leader_epoch,
@@ -66,7 +67,7 @@ impl Broker {
         let replica = (request.replica_id.0 >= 0).then_some(request.replica_id.0);
         if let Some(replica) = replica {
             for w in wanted.iter().flat_map(|(_, partitions)| partitions) {
-                if let Some(partition) = &w.partition {
+                if let Ok(partition) = &w.partition {
                     let leo = partition.log.log_end_offset();
                     if partition.check_leader(w.current_leader_epoch).is_ok() && w.fetch_offset <= leo {
                         self.replicas.follower_fetched(partition, replica, w.fetch_offset);
@@ -80,7 +81,7 @@ impl Broker {
         let waiter = Arc::new(Notify::new());
         loop {
             for (_, partitions) in &wanted {
-                for partition in partitions.iter().filter_map(|w| w.partition.as_ref()) {
+                for partition in partitions.iter().filter_map(|w| w.partition.as_ref().ok()) {
                     partition.register_waiter(&waiter);
                 }
             }
@@ -129,9 +130,12 @@ impl Broker {
             log_start_offset: -1,
             records: FetchedRecords::Empty,
         };
-        let Some(partition) = &wanted.partition else {
-            data.error_code = error_code::UNKNOWN_TOPIC_OR_PARTITION;
-            return data;
+        let partition = match &wanted.partition {
+            Ok(partition) => partition,
+            Err(code) => {
+                data.error_code = *code;
+                return data;
+            }
         };
         if let Err(code) = partition.check_leader(wanted.current_leader_epoch) {
             data.error_code = code;

@@ -24,11 +24,13 @@ impl Broker {
                             .with_partition(p.partition)
                             .with_leader_epoch(UNDEFINED as i32)
                             .with_end_offset(UNDEFINED);
-                        let partition = topic
-                            .as_ref()
-                            .and_then(|topic| usize::try_from(p.partition).ok().and_then(|i| topic.partitions.get(i)));
-                        let Some(partition) = partition else {
-                            return answer.with_error_code(error_code::UNKNOWN_TOPIC_OR_PARTITION);
+                        let partition = match &topic {
+                            Some(topic) => self.replica(topic, p.partition),
+                            None => Err(error_code::UNKNOWN_TOPIC_OR_PARTITION),
+                        };
+                        let partition = match partition {
+                            Ok(partition) => partition,
+                            Err(code) => return answer.with_error_code(code),
                         };
                         // current_leader_epoch is -1 (not checked) before v2, as in Kafka.
                         if let Err(code) = partition.check_leader(p.current_leader_epoch) {

@@ -1,9 +1,14 @@
-//! Metadata: this broker, and the topics asked for (auto-created when allowed).
+//! Metadata: the live brokers, the controller, and the topics asked for (auto-created
+//! when allowed), each partition with its leader, leader epoch, replicas, ISR and
+//! offline replicas, as this broker's cluster view has them.
+
+use std::collections::BTreeSet;
 
 use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
 use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, ResponseKind, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
+use crate::codec::error_code;
 use crate::handler::Broker;
 use crate::topics::{Topic, TopicError};
 
@@ -17,52 +22,88 @@ impl Broker {
         };
         // Clients before v4 have no opt-out of auto-creation.
         let allow_auto_create = version < 4 || request.allow_auto_topic_creation;
-        let mut topics = Vec::new();
-        match requested {
-            None => topics.extend(self.topics.list().iter().map(|t| self.topic_metadata(t))),
+        let found: Vec<(String, Result<_, TopicError>)> = match requested {
+            None => self.topics.list().into_iter().map(|t| (t.name.clone(), Ok(t))).collect(),
             Some(names) => {
+                let mut found = Vec::with_capacity(names.len());
                 for name in names {
-                    let auto = self.config.auto_create_topics && allow_auto_create;
-                    let entry = match self.topics.get_or_auto_create(&name, auto, self.config.num_partitions).await {
-                        Ok(topic) => self.topic_metadata(&topic),
-                        Err(e) => {
-                            if let TopicError::Internal(e) = &e {
-                                tracing::error!(topic = %name, error = %e, "auto-creating topic failed");
-                            }
-                            MetadataResponseTopic::default()
-                                .with_name(Some(TopicName(StrBytes::from_string(name))))
-                                .with_error_code(e.code())
-                        }
-                    };
-                    topics.push(entry);
+                    let topic = self.topic_or_auto_create(&name, allow_auto_create).await;
+                    if let Err(TopicError::Internal(e)) = &topic {
+                        tracing::error!(topic = %name, error = %e, "auto-creating topic failed");
+                    }
+                    found.push((name, topic));
                 }
+                found
             }
+        };
+        let view = self.topics.view();
+        let mut brokers: Vec<MetadataResponseBroker> = view
+            .brokers()
+            .into_iter()
+            .map(|(id, registration)| {
+                MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(id))
+                    .with_host(StrBytes::from_string(registration.host))
+                    .with_port(i32::from(registration.port))
+                    .with_rack(registration.rack.map(StrBytes::from_string))
+            })
+            .collect();
+        // Between its start and its registration reaching the view (or while stopping),
+        // this broker still answers for itself.
+        if !brokers.iter().any(|b| b.node_id.0 == self.config.broker_id) {
+            brokers.push(
+                MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(self.config.broker_id))
+                    .with_host(StrBytes::from_string(self.host.clone()))
+                    .with_port(self.port)
+                    .with_rack(self.config.broker_rack.clone().map(StrBytes::from_string)),
+            );
+            brokers.sort_by_key(|b| b.node_id.0);
         }
-        let broker = MetadataResponseBroker::default()
-            .with_node_id(BrokerId(self.config.broker_id))
-            .with_host(StrBytes::from_string(self.host.clone()))
-            .with_port(self.port);
+        let live: BTreeSet<i32> = brokers.iter().map(|b| b.node_id.0).collect();
+        let topics = found
+            .into_iter()
+            .map(|(name, topic)| match topic {
+                Ok(topic) => self.topic_metadata(&topic, &live),
+                Err(e) => MetadataResponseTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_string(name))))
+                    .with_error_code(e.code()),
+            })
+            .collect();
         ResponseKind::Metadata(
             MetadataResponse::default()
-                .with_brokers(vec![broker])
+                .with_brokers(brokers)
                 .with_cluster_id(Some(StrBytes::from_string(self.cluster_id.clone())))
-                .with_controller_id(BrokerId(self.config.broker_id))
+                .with_controller_id(BrokerId(view.controller().unwrap_or(-1)))
                 .with_topics(topics),
         )
     }
 
-    fn topic_metadata(&self, topic: &Topic) -> MetadataResponseTopic {
-        let me = BrokerId(self.config.broker_id);
+    fn topic_metadata(&self, topic: &Topic, live: &BTreeSet<i32>) -> MetadataResponseTopic {
+        let view = self.topics.view();
+        let ids = |ids: &[i32]| ids.iter().copied().map(BrokerId).collect::<Vec<_>>();
         let partitions = topic
-            .partitions
+            .replicas
             .iter()
-            .map(|p| {
+            .enumerate()
+            .map(|(p, replicas)| {
+                let p = p as i32;
+                let state = view.partition_state(&fjord_record::TopicPartition::new(&topic.name, p));
+                let (leader, leader_epoch, isr) =
+                    state.map_or((-1, -1, Vec::new()), |s| (s.state.leader, s.state.leader_epoch, s.state.isr));
+                let offline: Vec<i32> = replicas.iter().copied().filter(|r| !live.contains(r)).collect();
+                // A leader that is not live cannot be reached: the controller is about to
+                // elect another; until then the client must wait, as with no leader.
+                let (leader, error) =
+                    if leader >= 0 && live.contains(&leader) { (leader, error_code::NONE) } else { (-1, error_code::LEADER_NOT_AVAILABLE) };
                 MetadataResponsePartition::default()
-                    .with_partition_index(p.tp.partition)
-                    .with_leader_id(me)
-                    .with_leader_epoch(0)
-                    .with_replica_nodes(vec![me])
-                    .with_isr_nodes(vec![me])
+                    .with_error_code(error)
+                    .with_partition_index(p)
+                    .with_leader_id(BrokerId(leader))
+                    .with_leader_epoch(leader_epoch)
+                    .with_replica_nodes(ids(replicas))
+                    .with_isr_nodes(ids(&isr))
+                    .with_offline_replicas(ids(&offline))
             })
             .collect();
         MetadataResponseTopic::default()

@@ -26,11 +26,13 @@ impl Broker {
                             .with_partition_index(p.partition_index)
                             .with_timestamp(-1)
                             .with_offset(-1);
-                        let partition = topic
-                            .as_ref()
-                            .and_then(|topic| usize::try_from(p.partition_index).ok().and_then(|i| topic.partitions.get(i)));
-                        let Some(partition) = partition else {
-                            return response.with_error_code(error_code::UNKNOWN_TOPIC_OR_PARTITION);
+                        let partition = match &topic {
+                            Some(topic) => self.replica(topic, p.partition_index),
+                            None => Err(error_code::UNKNOWN_TOPIC_OR_PARTITION),
+                        };
+                        let partition = match partition {
+                            Ok(partition) => partition,
+                            Err(code) => return response.with_error_code(code),
                         };
                         // Offsets come from the leader only (followers' high watermarks lag).
                         let leader_epoch = match partition.check_leader(p.current_leader_epoch) {

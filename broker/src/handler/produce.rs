@@ -36,7 +36,7 @@ impl Broker {
         for topic_data in request.topic_data {
             let name = topic_data.name.0.to_string();
             let topic = if valid_acks {
-                self.topics.get_or_auto_create(&name, self.config.auto_create_topics, self.config.num_partitions).await
+                self.topic_or_auto_create(&name, true).await
             } else {
                 Err(crate::topics::TopicError::Unknown)
             };
@@ -46,17 +46,14 @@ impl Broker {
                 let partition = match &topic {
                     _ if !valid_acks => Err(error_code::INVALID_REQUIRED_ACKS),
                     Err(e) => Err(e.code()),
-                    Ok(topic) => usize::try_from(data.index)
-                        .ok()
-                        .and_then(|i| topic.partitions.get(i))
-                        .ok_or(error_code::UNKNOWN_TOPIC_OR_PARTITION),
+                    Ok(topic) => self.replica(topic, data.index),
                 };
                 let outcome = match (partition, data.records) {
                     (Err(code), _) => Err(code),
                     (Ok(_), None) => Err(error_code::CORRUPT_MESSAGE),
                     (Ok(partition), Some(records)) => {
                         let min_isr = partition.log.config().min_insync_replicas as usize;
-                        match append(partition, records, acks_all, min_isr).await {
+                        match append(&partition, records, acks_all, min_isr).await {
                             Ok((info, leader_epoch, log_start)) => {
                                 if acks_all {
                                     awaiting.push(AwaitingReplication {

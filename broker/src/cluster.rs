@@ -1,0 +1,548 @@
+//! The cluster metadata view: what every broker knows about the cluster, kept current by
+//! watches on the metadata store, and the hand-off of partition states to the
+//! [`ReplicaManager`].
+//!
+//! The store is the truth (CLUSTER_DESIGN.md): brokers learn leadership from the
+//! partition state znodes, never from controller RPCs. This view mirrors
+//! - `/brokers/ids` (children, and each registration): the live brokers;
+//! - `/controller`: who the controller is (Metadata answers name it);
+//! - `/brokers/topics` (children), each `/brokers/topics/<t>` (the assignment) and the
+//!   topic's `/config/topics/<t>` overrides, read when the assignment is;
+//! - each `/brokers/topics/<t>/partitions/<p>/state`, with its znode version.
+//!
+//! One task per watched node: it reads the node and leaves a one-shot watch, applies what
+//! it read, waits for the watch, and reads again. Any event, including
+//! [`WatchEvent::SessionLost`], leads to a fresh read, so after a session loss every
+//! task re-reads its node on the new session (and an error is retried with a backoff):
+//! the view never stays on the dead session's data.
+//!
+//! Partition tasks are the only callers of [`ReplicaManager::apply`] and
+//! [`ReplicaManager::remove`] for their partition, so the calls for one partition come in
+//! order. A partition task opens the partition's log (with the topic's config) before
+//! the first `apply` and deletes it after `remove`: a broker has logs exactly for the
+//! partitions assigned to it.
+//!
+//! [`WatchEvent::SessionLost`]: fjord_coord::WatchEvent::SessionLost
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use fjord_coord::registry::{read_json, BrokerRegistration, PartitionState, TopicAssignment};
+use fjord_coord::{paths, Store};
+use fjord_log::LogManager;
+use fjord_record::TopicPartition;
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::replication::ReplicaManager;
+use crate::topics::{Topic, TopicSettings};
+
+/// Pause before a watch loop retries after a store error.
+const RETRY_BACKOFF: Duration = Duration::from_millis(250);
+
+/// A partition's state as last read, with the znode version (the compare-and-set token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StateVersion {
+    pub(crate) state: PartitionState,
+    pub(crate) version: i32,
+}
+
+/// What the view holds; read through [`ClusterView::snapshot`]-style accessors.
+#[derive(Debug, Default)]
+struct ViewState {
+    brokers: BTreeMap<i32, BrokerRegistration>,
+    controller: Option<i32>,
+    topics: BTreeMap<String, Arc<Topic>>,
+    /// Every partition whose state node has been read at least once; `None` while the
+    /// node is missing (a topic being created or deleted).
+    partitions: HashMap<TopicPartition, Option<StateVersion>>,
+}
+
+/// The `/controller` document (Kafka's layout).
+#[derive(Debug, Deserialize)]
+struct ControllerDocument {
+    brokerid: i32,
+}
+
+/// The metadata view of one broker.
+pub(crate) struct ClusterView {
+    store: Store,
+    broker_id: i32,
+    settings: TopicSettings,
+    logs: Arc<LogManager>,
+    replicas: Arc<ReplicaManager>,
+    state: RwLock<ViewState>,
+    /// Bumped after every change, so waiters ([`ClusterView::wait_for`]) need no polling.
+    changed: watch::Sender<u64>,
+}
+
+impl std::fmt::Debug for ClusterView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterView").field("broker_id", &self.broker_id).finish_non_exhaustive()
+    }
+}
+
+impl ClusterView {
+    pub(crate) fn new(store: Store, settings: TopicSettings, logs: Arc<LogManager>, replicas: Arc<ReplicaManager>) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            broker_id: replicas.broker_id(),
+            settings,
+            logs,
+            replicas,
+            state: RwLock::new(ViewState::default()),
+            changed: watch::Sender::new(0),
+        })
+    }
+
+    /// Starts the watch tasks on `tracker` (they stop at `shutdown`) and waits until
+    /// every topic present now is loaded (its partitions applied), as a single broker
+    /// used to before accepting connections.
+    pub(crate) async fn start(self: &Arc<Self>, tracker: &TaskTracker, shutdown: &CancellationToken) -> crate::Result<()> {
+        for parent in [paths::BROKER_IDS, paths::TOPICS, paths::TOPIC_CONFIGS] {
+            ensure_path(&*self.store, parent).await?;
+        }
+        let initial = self.store.children(paths::TOPICS).await?;
+        tracker.spawn(self.clone().watch_brokers(shutdown.clone()));
+        tracker.spawn(self.clone().watch_controller(shutdown.clone()));
+        tracker.spawn(self.clone().watch_topics(shutdown.clone()));
+        let loaded = self
+            .wait_for(Duration::from_secs(60), |view| initial.iter().all(|name| view.is_loaded(name)))
+            .await;
+        if !loaded {
+            // A topic deleted meanwhile is never loaded; anything else is a slow store.
+            tracing::warn!("not every topic was loaded within 60 s of start; serving anyway");
+        }
+        Ok(())
+    }
+
+    /// The log manager holding this broker's replicas' logs.
+    pub(crate) fn logs(&self) -> &Arc<LogManager> {
+        &self.logs
+    }
+
+    /// This broker's id.
+    pub(crate) fn broker_id(&self) -> i32 {
+        self.broker_id
+    }
+
+    /// The topic, if it exists (its assignment has been read).
+    pub(crate) fn topic(&self, name: &str) -> Option<Arc<Topic>> {
+        self.read().topics.get(name).cloned()
+    }
+
+    /// Every topic, sorted by name.
+    pub(crate) fn topics(&self) -> Vec<Arc<Topic>> {
+        self.read().topics.values().cloned().collect()
+    }
+
+    /// Replaces the topic's entry (same assignment, new config: AlterConfigs).
+    pub(crate) fn replace_topic(&self, topic: Arc<Topic>) {
+        self.update(|v| {
+            if let Some(entry) = v.topics.get_mut(&topic.name) {
+                *entry = topic;
+            }
+        });
+    }
+
+    /// The live brokers, sorted by id.
+    pub(crate) fn brokers(&self) -> Vec<(i32, BrokerRegistration)> {
+        self.read().brokers.iter().map(|(id, b)| (*id, b.clone())).collect()
+    }
+
+    /// The controller's broker id, if there is one.
+    pub(crate) fn controller(&self) -> Option<i32> {
+        self.read().controller
+    }
+
+    /// The partition's state as last read.
+    pub(crate) fn partition_state(&self, tp: &TopicPartition) -> Option<StateVersion> {
+        self.read().partitions.get(tp).cloned().flatten()
+    }
+
+    /// Partitions whose state names `broker` leader.
+    pub(crate) fn led_by(&self, broker: i32) -> Vec<TopicPartition> {
+        let view = self.read();
+        let mut led: Vec<_> =
+            view.partitions.iter().filter(|(_, s)| s.as_ref().is_some_and(|s| s.state.leader == broker)).map(|(tp, _)| tp.clone()).collect();
+        led.sort();
+        led
+    }
+
+    /// Offline partitions (leader -1) whose ISR names `broker`: the controller makes it
+    /// their leader as soon as it sees `broker` live.
+    pub(crate) fn owed_to(&self, broker: i32) -> Vec<TopicPartition> {
+        let view = self.read();
+        let mut owed: Vec<_> = view
+            .partitions
+            .iter()
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.state.leader == -1 && s.state.isr.contains(&broker)))
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        owed.sort();
+        owed
+    }
+
+    /// Waits (without polling: woken by every change) until `done` holds for the view,
+    /// at most `timeout`; says whether it held.
+    pub(crate) async fn wait_for(&self, timeout: Duration, done: impl Fn(&ClusterView) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut changes = self.changed.subscribe();
+        loop {
+            if done(self) {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return done(self),
+            }
+        }
+    }
+
+    /// Whether the topic's assignment and every partition state node have been read.
+    pub(crate) fn is_loaded(&self, name: &str) -> bool {
+        let view = self.read();
+        view.topics.get(name).is_some_and(|topic| {
+            (0..topic.partition_count()).all(|p| view.partitions.contains_key(&TopicPartition::new(name, p)))
+        })
+    }
+
+    /// Whether the topic is loaded and every partition has a state (a create is complete).
+    pub(crate) fn is_ready(&self, name: &str) -> bool {
+        let view = self.read();
+        view.topics.get(name).is_some_and(|topic| {
+            (0..topic.partition_count()).all(|p| view.partitions.get(&TopicPartition::new(name, p)).is_some_and(Option::is_some))
+        })
+    }
+
+    /// Whether the topic is in the view (its assignment has been read).
+    pub(crate) fn topic_exists(&self, name: &str) -> bool {
+        self.read().topics.contains_key(name)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, ViewState> {
+        self.state.read().expect("invariant: view lock is never poisoned")
+    }
+
+    fn update(&self, change: impl FnOnce(&mut ViewState)) {
+        change(&mut self.state.write().expect("invariant: view lock is never poisoned"));
+        self.changed.send_modify(|generation| *generation += 1);
+    }
+
+    /// `/brokers/ids`: the live brokers and where they listen.
+    async fn watch_brokers(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let read = async {
+                let (ids, watch) = self.store.watch_children(paths::BROKER_IDS).await?;
+                let mut brokers = BTreeMap::new();
+                for id in ids {
+                    let Ok(broker_id) = id.parse::<i32>() else { continue };
+                    // Gone since listed: the next child event re-reads.
+                    if let Some((registration, _)) = read_json::<BrokerRegistration>(&*self.store, &paths::broker(broker_id)).await? {
+                        brokers.insert(broker_id, registration);
+                    }
+                }
+                Ok::<_, fjord_coord::Error>((brokers, watch))
+            };
+            match read.await {
+                Ok((brokers, watch)) => {
+                    tracing::debug!(brokers = ?brokers.keys().collect::<Vec<_>>(), "live brokers");
+                    self.update(|v| v.brokers = brokers);
+                    tokio::select! {
+                        _ = watch => {}
+                        () = shutdown.cancelled() => return,
+                    }
+                }
+                Err(e) => {
+                    if !backoff("/brokers/ids", &e, &shutdown).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `/controller`: who the controller is.
+    async fn watch_controller(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            match self.store.watch_data(paths::CONTROLLER).await {
+                Ok((data, watch)) => {
+                    let controller =
+                        data.and_then(|(bytes, _)| serde_json::from_slice::<ControllerDocument>(&bytes).ok()).map(|d| d.brokerid);
+                    self.update(|v| v.controller = controller);
+                    tokio::select! {
+                        _ = watch => {}
+                        () = shutdown.cancelled() => return,
+                    }
+                }
+                Err(e) => {
+                    if !backoff(paths::CONTROLLER, &e, &shutdown).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `/brokers/topics`: one task per topic, started when the topic appears and
+    /// cancelled when it goes. A topic that reappears (deleted and created again) waits
+    /// for its previous task to finish, which has removed the old logs by then.
+    async fn watch_topics(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut running: HashMap<String, (CancellationToken, tokio::task::JoinHandle<()>)> = HashMap::new();
+        loop {
+            match self.store.watch_children(paths::TOPICS).await {
+                Ok((names, watch)) => {
+                    let gone: Vec<String> = running.keys().filter(|n| !names.contains(n)).cloned().collect();
+                    for name in gone {
+                        let (token, task) = running.remove(&name).expect("invariant: listed from the map");
+                        token.cancel();
+                        let _ = task.await; // quick: it removes its partitions and stops
+                    }
+                    for name in names {
+                        if let Some((_, task)) = running.get(&name) {
+                            if !task.is_finished() {
+                                continue;
+                            }
+                        }
+                        let token = shutdown.child_token();
+                        let task = tokio::spawn(self.clone().watch_topic(name.clone(), token.clone()));
+                        running.insert(name, (token, task));
+                    }
+                    tokio::select! {
+                        _ = watch => {}
+                        () = shutdown.cancelled() => break,
+                    }
+                }
+                Err(e) => {
+                    if !backoff(paths::TOPICS, &e, &shutdown).await {
+                        break;
+                    }
+                }
+            }
+        }
+        for (_, (token, task)) in running {
+            token.cancel();
+            let _ = task.await;
+        }
+    }
+
+    /// `/brokers/topics/<t>`: the assignment (and the config overrides with it), one
+    /// task per partition. Ends when the assignment node is deleted or `stop` fires,
+    /// after every partition task has finished.
+    async fn watch_topic(self: Arc<Self>, name: String, stop: CancellationToken) {
+        let mut partitions: BTreeMap<i32, (watch::Sender<Vec<i32>>, CancellationToken)> = BTreeMap::new();
+        let mut tasks = JoinSet::new();
+        loop {
+            let read = async {
+                let (data, watch) = self.store.watch_data(&paths::topic(&name)).await?;
+                let Some((bytes, _)) = data else { return Ok(None) };
+                let assignment: TopicAssignment = serde_json::from_slice(&bytes)
+                    .map_err(|source| fjord_coord::Error::Codec { path: paths::topic(&name), source })?;
+                let overrides = read_overrides(&*self.store, &name).await?;
+                Ok::<_, fjord_coord::Error>(Some((assignment, overrides, watch)))
+            };
+            match read.await {
+                Ok(None) => break, // deleted
+                Ok(Some((assignment, overrides, watch))) => {
+                    let topic = match Topic::from_assignment(&name, &assignment, overrides, &self.settings) {
+                        Ok(topic) => Arc::new(topic),
+                        Err(e) => {
+                            // Written by something else than a broker; keep the last good view.
+                            tracing::error!(topic = %name, error = %e, "topic in the store is invalid; ignored");
+                            tokio::select! {
+                                _ = watch => continue,
+                                () = stop.cancelled() => break,
+                            }
+                        }
+                    };
+                    self.update(|v| {
+                        v.topics.insert(name.clone(), topic.clone());
+                    });
+                    for (p, replicas) in topic.replicas.iter().enumerate() {
+                        let p = p as i32;
+                        match partitions.get(&p) {
+                            Some((sender, _)) => {
+                                sender.send_if_modified(|current| {
+                                    let modified = current != replicas;
+                                    *current = replicas.clone();
+                                    modified
+                                });
+                            }
+                            None => {
+                                let (sender, receiver) = watch::channel(replicas.clone());
+                                let token = stop.child_token();
+                                let tp = TopicPartition::new(&name, p);
+                                tasks.spawn(self.clone().watch_partition(tp, topic.clone(), receiver, token.clone()));
+                                partitions.insert(p, (sender, token));
+                            }
+                        }
+                    }
+                    // Partitions beyond the assignment (never shrinks in Kafka; be safe).
+                    for (_, token) in partitions.split_off(&topic.partition_count()).into_values() {
+                        token.cancel();
+                    }
+                    tokio::select! {
+                        _ = watch => {}
+                        () = stop.cancelled() => break,
+                    }
+                }
+                Err(e) => {
+                    if !backoff(&paths::topic(&name), &e, &stop).await {
+                        break;
+                    }
+                }
+            }
+        }
+        for (_, token) in partitions.values() {
+            token.cancel();
+        }
+        while tasks.join_next().await.is_some() {}
+        self.update(|v| {
+            v.topics.remove(&name);
+            v.partitions.retain(|tp, _| tp.topic != name);
+        });
+    }
+
+    /// `/brokers/topics/<t>/partitions/<p>/state`: records it in the view and hands it to
+    /// the replica manager when this broker is a replica. On `stop` (topic deleted or
+    /// broker stopping) the replica is removed; its log is deleted only when the topic
+    /// is gone, not when the broker merely stops.
+    async fn watch_partition(
+        self: Arc<Self>,
+        tp: TopicPartition,
+        topic: Arc<Topic>,
+        mut replicas: watch::Receiver<Vec<i32>>,
+        stop: CancellationToken,
+    ) {
+        let path = paths::partition_state(&tp.topic, tp.partition);
+        let mut applied: Option<(Vec<i32>, StateVersion)> = None;
+        loop {
+            let read = async {
+                let (data, watch) = self.store.watch_data(&path).await?;
+                let state = match data {
+                    None => None,
+                    Some((bytes, stat)) => Some(StateVersion {
+                        state: serde_json::from_slice(&bytes).map_err(|source| fjord_coord::Error::Codec { path: path.clone(), source })?,
+                        version: stat.version,
+                    }),
+                };
+                Ok::<_, fjord_coord::Error>((state, watch))
+            };
+            match read.await {
+                Ok((state, watch)) => {
+                    let current = replicas.borrow_and_update().clone();
+                    applied = self.reconcile_replica(&tp, &topic, &current, state.as_ref(), applied);
+                    self.update(|v| {
+                        v.partitions.insert(tp.clone(), state);
+                    });
+                    tokio::select! {
+                        _ = watch => {}
+                        _ = replicas.changed() => {}
+                        () = stop.cancelled() => break,
+                    }
+                }
+                Err(e) => {
+                    if !backoff(&path, &e, &stop).await {
+                        break;
+                    }
+                }
+            }
+        }
+        if applied.is_some() {
+            self.replicas.remove(&tp);
+            if !self.topic_assigned_here(&tp).await {
+                if let Err(e) = self.logs.delete(&tp) {
+                    tracing::error!(partition = %tp, error = %e, "deleting the log of a removed replica failed");
+                }
+            }
+        }
+    }
+
+    /// Whether the store still assigns `tp` to this broker (false once the topic is
+    /// deleted). A broker that is stopping keeps its logs; so does one that cannot ask.
+    async fn topic_assigned_here(&self, tp: &TopicPartition) -> bool {
+        match read_json::<TopicAssignment>(&*self.store, &paths::topic(&tp.topic)).await {
+            Ok(Some((assignment, _))) => assignment.replicas(tp.partition).is_some_and(|r| r.contains(&self.broker_id)),
+            Ok(None) => false,
+            Err(_) => true,
+        }
+    }
+
+    /// Brings the local replica in line with (replicas, state): opens the log and
+    /// applies a new state when this broker is a replica, removes it when it no longer
+    /// is. Returns what is applied now.
+    fn reconcile_replica(
+        &self,
+        tp: &TopicPartition,
+        topic: &Topic,
+        replicas: &[i32],
+        state: Option<&StateVersion>,
+        applied: Option<(Vec<i32>, StateVersion)>,
+    ) -> Option<(Vec<i32>, StateVersion)> {
+        let assigned_here = replicas.contains(&self.broker_id);
+        match state {
+            Some(state) if assigned_here => {
+                if applied.as_ref().is_some_and(|(r, s)| r == replicas && s == state) {
+                    return applied;
+                }
+                if applied.is_none() {
+                    match self.logs.get_or_create(tp, topic.config) {
+                        Ok(log) => {
+                            self.replicas.add_partition(tp, log);
+                        }
+                        Err(e) => {
+                            tracing::error!(partition = %tp, error = %e, "opening the log of an assigned replica failed");
+                            return None;
+                        }
+                    }
+                }
+                self.replicas.apply(tp, replicas, &state.state, state.version);
+                Some((replicas.to_vec(), state.clone()))
+            }
+            // Not written yet (topic being created) or being deleted: wait.
+            None if assigned_here => applied,
+            _ => {
+                if applied.is_some() {
+                    // Reassigned away from this broker.
+                    self.replicas.remove(tp);
+                    if let Err(e) = self.logs.delete(tp) {
+                        tracing::error!(partition = %tp, error = %e, "deleting the log of a removed replica failed");
+                    }
+                }
+                None
+            }
+        }
+    }
+}
+
+/// `/config/topics/<t>`'s overrides (Kafka's `{version, config}` document).
+pub(crate) async fn read_overrides(store: &dyn fjord_coord::MetadataStore, name: &str) -> fjord_coord::Result<BTreeMap<String, String>> {
+    #[derive(Deserialize)]
+    struct Document {
+        #[serde(default)]
+        config: BTreeMap<String, String>,
+    }
+    Ok(read_json::<Document>(store, &paths::topic_config(name)).await?.map(|(d, _)| d.config).unwrap_or_default())
+}
+
+/// Creates a persistent, empty node (and its parents) unless it exists.
+async fn ensure_path(store: &dyn fjord_coord::MetadataStore, path: &str) -> fjord_coord::Result<()> {
+    match fjord_coord::create_all(store, path, &[], fjord_coord::CreateMode::Persistent).await {
+        Ok(_) | Err(fjord_coord::Error::NodeExists { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Logs a failed read and waits before the retry; false when `stop` fired meanwhile.
+async fn backoff(path: &str, error: &fjord_coord::Error, stop: &CancellationToken) -> bool {
+    tracing::warn!(path, %error, "reading the metadata store failed; retrying");
+    tokio::select! {
+        () = tokio::time::sleep(RETRY_BACKOFF) => true,
+        () = stop.cancelled() => false,
+    }
+}

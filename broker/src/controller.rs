@@ -1,0 +1,374 @@
+//! The controller: one broker at a time moves partition leadership when brokers come
+//! and go (CLUSTER_DESIGN.md).
+//!
+//! # Election and fencing
+//! Every broker tries to create the ephemeral `/controller` ({brokerid}); the winner
+//! increments `/controller_epoch` by compare-and-set and acts; the others watch
+//! `/controller` and try again when it goes. Every partition state the controller writes
+//! carries its epoch and is a compare-and-set on the znode version it read. A controller
+//! stops acting (and competes again) when `/controller_epoch` has moved past its own,
+//! when a state carries a newer controller epoch, when `/controller` is no longer its
+//! node, or when its session is lost.
+//!
+//! # What it does
+//! On taking over and on every change to `/brokers/ids` or `/brokers/topics`, it brings
+//! every partition state in line with the live brokers ([`decide`]):
+//! - leader dead: the first live replica (in assignment order) that is in the ISR leads,
+//!   the ISR loses its dead members, the leader epoch grows by one; with no live ISR
+//!   member, the first live replica only with `unclean.leader.election.enable`, else
+//!   leader -1 (offline) with the ISR left as it was (the last members stay recorded);
+//! - leader live: dead followers leave the ISR (same leader, same leader epoch);
+//! - leader -1: a live ISR member (or, unclean, any live replica) leads again.
+//!
+//! A broker whose registration was replaced by a new session (it restarted between two
+//! watch events) is handled as a failure followed by a return, so its leaderships get a
+//! new epoch.
+//!
+//! Every pass is level-triggered (it reads the whole state), so a missed event or a new
+//! controller after a failover converges all the same.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use fjord_coord::registry::{read_json, to_json, PartitionState, TopicAssignment};
+use fjord_coord::{create_all, paths, CreateMode, MetadataStore, Store, Watch, WatchEvent};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::read_overrides;
+
+/// Pause before competing again after a store error.
+const RETRY_BACKOFF: Duration = Duration::from_millis(500);
+
+/// `/controller` (Kafka's layout).
+#[derive(Debug, Serialize, Deserialize)]
+struct ControllerDocument {
+    version: i32,
+    brokerid: i32,
+    timestamp: String,
+}
+
+/// Why a controller stopped acting.
+#[derive(Debug)]
+enum Stop {
+    /// Shutdown was requested.
+    Shutdown,
+    /// Another controller (a newer epoch) took over, or our node is gone.
+    Fenced(String),
+    /// The store failed; compete again after a backoff.
+    Store(fjord_coord::Error),
+}
+
+impl From<fjord_coord::Error> for Stop {
+    fn from(e: fjord_coord::Error) -> Self {
+        Stop::Store(e)
+    }
+}
+
+/// Competes for the controller role until `shutdown`, acting while it holds it.
+/// `unclean_default` is the broker's `unclean.leader.election.enable` (topics may override).
+pub(crate) async fn run(store: Store, broker_id: i32, unclean_default: bool, shutdown: CancellationToken) {
+    loop {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        match elect(&*store, broker_id, &shutdown).await {
+            Ok(Some(epoch)) => {
+                tracing::info!(broker_id, controller_epoch = epoch, "became the controller");
+                let stop = act(&*store, broker_id, epoch, unclean_default, &shutdown).await;
+                resign(&*store, broker_id).await;
+                match stop {
+                    Stop::Shutdown => {
+                        tracing::info!(broker_id, controller_epoch = epoch, "controller resigned: broker stopping");
+                        return;
+                    }
+                    Stop::Fenced(why) => tracing::warn!(broker_id, controller_epoch = epoch, why, "no longer the controller"),
+                    Stop::Store(e) => {
+                        tracing::warn!(broker_id, controller_epoch = epoch, error = %e, "controller lost the store; competing again");
+                        if !pause(&shutdown).await {
+                            return;
+                        }
+                    }
+                }
+            }
+            Ok(None) => return, // shutdown while waiting
+            Err(e) => {
+                tracing::warn!(broker_id, error = %e, "controller election failed; retrying");
+                if !pause(&shutdown).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Waits until this broker holds `/controller`, then bumps the epoch; `None` at shutdown.
+async fn elect(store: &dyn MetadataStore, broker_id: i32, shutdown: &CancellationToken) -> fjord_coord::Result<Option<i32>> {
+    loop {
+        let document = ControllerDocument { version: 1, brokerid: broker_id, timestamp: now_ms().to_string() };
+        match store.create(paths::CONTROLLER, &to_json(&document), CreateMode::Ephemeral).await {
+            Ok(_) => return bump_epoch(store).await.map(Some),
+            Err(fjord_coord::Error::NodeExists { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let (current, watch) = store.watch_data(paths::CONTROLLER).await?;
+        if current.is_some() {
+            tokio::select! {
+                _ = watch => {}
+                () = shutdown.cancelled() => return Ok(None),
+            }
+        }
+    }
+}
+
+/// `/controller_epoch` + 1 by compare-and-set (created at 1).
+async fn bump_epoch(store: &dyn MetadataStore) -> fjord_coord::Result<i32> {
+    loop {
+        match read_json::<i32>(store, paths::CONTROLLER_EPOCH).await? {
+            None => match create_all(store, paths::CONTROLLER_EPOCH, b"1", CreateMode::Persistent).await {
+                Ok(_) => return Ok(1),
+                Err(fjord_coord::Error::NodeExists { .. }) => continue,
+                Err(e) => return Err(e),
+            },
+            Some((epoch, stat)) => match store.set(paths::CONTROLLER_EPOCH, (epoch + 1).to_string().as_bytes(), Some(stat.version)).await {
+                Ok(_) => return Ok(epoch + 1),
+                Err(fjord_coord::Error::BadVersion { .. }) => continue,
+                Err(e) => return Err(e),
+            },
+        }
+    }
+}
+
+/// Deletes `/controller` if it is still this broker's (same session), so another
+/// broker takes over at once instead of after the session timeout.
+async fn resign(store: &dyn MetadataStore, broker_id: i32) {
+    if let Ok(Some((data, stat))) = store.get(paths::CONTROLLER).await {
+        let ours = stat.ephemeral_owner == store.session_id()
+            && serde_json::from_slice::<ControllerDocument>(&data).is_ok_and(|d| d.brokerid == broker_id);
+        if ours {
+            if let Err(e) = store.delete(paths::CONTROLLER, Some(stat.version)).await {
+                tracing::debug!(error = %e, "could not delete /controller on resigning");
+            }
+        }
+    }
+}
+
+/// The controller's work loop: a reconciling pass at start and after every change of
+/// the live brokers or the topics, until fenced, failed or shut down.
+async fn act(store: &dyn MetadataStore, broker_id: i32, epoch: i32, unclean_default: bool, shutdown: &CancellationToken) -> Stop {
+    // Session owner of each registration seen in the previous pass.
+    let mut sessions: BTreeMap<i32, i64> = BTreeMap::new();
+    // One outstanding watch per node: a pass re-arms only those that fired.
+    let (mut brokers_changed, mut topics_changed, mut controller_changed): (Option<Watch>, Option<Watch>, Option<Watch>) =
+        (None, None, None);
+    loop {
+        let pass = async {
+            let ids = match brokers_changed {
+                Some(_) => store.children(paths::BROKER_IDS).await?,
+                None => {
+                    let (ids, watch) = store.watch_children(paths::BROKER_IDS).await?;
+                    brokers_changed = Some(watch);
+                    ids
+                }
+            };
+            if topics_changed.is_none() {
+                topics_changed = Some(store.watch_children(paths::TOPICS).await?.1);
+            }
+            let node = match controller_changed {
+                Some(_) => store.get(paths::CONTROLLER).await?,
+                None => {
+                    let (node, watch) = store.watch_data(paths::CONTROLLER).await?;
+                    controller_changed = Some(watch);
+                    node
+                }
+            };
+            let ours = node.as_ref().is_some_and(|(data, stat)| {
+                stat.ephemeral_owner == store.session_id()
+                    && serde_json::from_slice::<ControllerDocument>(data).is_ok_and(|d| d.brokerid == broker_id)
+            });
+            if !ours {
+                return Err(Stop::Fenced("/controller is not this broker's node".into()));
+            }
+            check_epoch(store, epoch).await?;
+            let mut live = BTreeMap::new();
+            for id in ids {
+                let Ok(id) = id.parse::<i32>() else { continue };
+                if let Some(stat) = store.exists(&paths::broker(id)).await? {
+                    live.insert(id, stat.ephemeral_owner);
+                }
+            }
+            // Restarted since the last pass: fail it first, so its leaderships move on
+            // to a new epoch even if it leads again right after.
+            let bounced: BTreeSet<i32> =
+                live.iter().filter(|(id, owner)| sessions.get(id).is_some_and(|old| old != *owner)).map(|(id, _)| *id).collect();
+            let alive: BTreeSet<i32> = live.keys().copied().collect();
+            if !bounced.is_empty() {
+                tracing::info!(brokers = ?bounced, "brokers restarted since the last pass");
+                let without: BTreeSet<i32> = alive.difference(&bounced).copied().collect();
+                reconcile(store, epoch, &without, unclean_default).await?;
+            }
+            reconcile(store, epoch, &alive, unclean_default).await?;
+            sessions = live;
+            Ok::<_, Stop>(())
+        };
+        if let Err(stop) = pass.await {
+            return stop;
+        }
+        let (Some(brokers), Some(topics), Some(controller)) =
+            (brokers_changed.as_mut(), topics_changed.as_mut(), controller_changed.as_mut())
+        else {
+            unreachable!("invariant: every watch is armed after a successful pass")
+        };
+        let event = tokio::select! {
+            event = brokers => { brokers_changed = None; event }
+            event = topics => { topics_changed = None; event }
+            // Deleted (session lost) or replaced: the next pass finds out which.
+            event = controller => { controller_changed = None; event }
+            () = shutdown.cancelled() => return Stop::Shutdown,
+        };
+        if event == WatchEvent::SessionLost {
+            return Stop::Fenced("session lost".into());
+        }
+    }
+}
+
+/// Fails when `/controller_epoch` has moved past `epoch`.
+async fn check_epoch(store: &dyn MetadataStore, epoch: i32) -> Result<(), Stop> {
+    match read_json::<i32>(store, paths::CONTROLLER_EPOCH).await? {
+        Some((current, _)) if current != epoch => Err(Stop::Fenced(format!("controller epoch is now {current}"))),
+        _ => Ok(()),
+    }
+}
+
+/// One pass over every partition: writes the states [`decide`] changes.
+async fn reconcile(store: &dyn MetadataStore, epoch: i32, live: &BTreeSet<i32>, unclean_default: bool) -> Result<(), Stop> {
+    let topics = match store.children(paths::TOPICS).await {
+        Ok(topics) => topics,
+        Err(fjord_coord::Error::NoNode { .. }) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    for topic in topics {
+        let Some((assignment, _)) = read_json::<TopicAssignment>(store, &paths::topic(&topic)).await? else { continue };
+        let mut unclean = None; // read when first needed
+        for (partition, replicas) in &assignment.partitions {
+            let Ok(partition) = partition.parse::<i32>() else { continue };
+            let path = paths::partition_state(&topic, partition);
+            loop {
+                // Missing: being created (the creator writes it) or deleted.
+                let Some((state, stat)) = read_json::<PartitionState>(store, &path).await? else { break };
+                if state.controller_epoch > epoch {
+                    return Err(Stop::Fenced(format!("{path} was written by controller epoch {}", state.controller_epoch)));
+                }
+                let allow_unclean = match unclean {
+                    Some(u) => u,
+                    None if needs_election(&state, live) => {
+                        let overrides = read_overrides(store, &topic).await?;
+                        let u = overrides.get("unclean.leader.election.enable").map_or(unclean_default, |v| v.trim() == "true");
+                        unclean = Some(u);
+                        u
+                    }
+                    None => unclean_default,
+                };
+                let Some(mut next) = decide(&state, replicas, live, allow_unclean) else { break };
+                next.controller_epoch = epoch;
+                match store.set(&path, &to_json(&next), Some(stat.version)).await {
+                    Ok(_) => {
+                        tracing::info!(
+                            partition = %format!("{topic}-{partition}"),
+                            leader = next.leader,
+                            leader_epoch = next.leader_epoch,
+                            isr = ?next.isr,
+                            previous_leader = state.leader,
+                            previous_isr = ?state.isr,
+                            "controller changed partition state"
+                        );
+                        break;
+                    }
+                    // Someone (the leader changing its ISR) wrote first: decide again.
+                    Err(fjord_coord::Error::BadVersion { .. }) => continue,
+                    Err(fjord_coord::Error::NoNode { .. }) => break,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the partition needs a leader elected (where unclean election may matter).
+fn needs_election(state: &PartitionState, live: &BTreeSet<i32>) -> bool {
+    state.leader == -1 || !live.contains(&state.leader)
+}
+
+/// The state a partition should have, given the live brokers; `None` when it is right
+/// as it is. The controller epoch of the result is the caller's to set.
+pub(crate) fn decide(state: &PartitionState, replicas: &[i32], live: &BTreeSet<i32>, unclean: bool) -> Option<PartitionState> {
+    let is_live = |b: &i32| live.contains(b);
+    if !needs_election(state, live) {
+        let isr: Vec<i32> = state.isr.iter().copied().filter(|b| is_live(b) || *b == state.leader).collect();
+        return (isr != state.isr).then(|| PartitionState { isr, ..state.clone() });
+    }
+    let clean = replicas.iter().copied().find(|b| is_live(b) && state.isr.contains(b));
+    let (leader, isr) = match clean {
+        Some(leader) => (leader, state.isr.iter().copied().filter(is_live).collect()),
+        None => match replicas.iter().copied().find(is_live).filter(|_| unclean) {
+            Some(leader) => {
+                tracing::warn!(leader, isr = ?state.isr, "unclean leader election: a replica outside the ISR leads; records may be lost");
+                (leader, vec![leader])
+            }
+            // Offline: nobody may lead. The ISR stays as the record of who has it all.
+            None if state.leader == -1 => return None,
+            None => (-1, state.isr.clone()),
+        },
+    };
+    Some(PartitionState { leader, leader_epoch: state.leader_epoch + 1, isr, controller_epoch: state.controller_epoch })
+}
+
+/// Backoff before competing again; false when shut down meanwhile.
+async fn pause(shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(RETRY_BACKOFF) => true,
+        () = shutdown.cancelled() => false,
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(leader: i32, epoch: i32, isr: &[i32]) -> PartitionState {
+        PartitionState { leader, leader_epoch: epoch, isr: isr.to_vec(), controller_epoch: 1 }
+    }
+
+    fn live(ids: &[i32]) -> BTreeSet<i32> {
+        ids.iter().copied().collect()
+    }
+
+    #[test]
+    fn leader_failure_elects_from_the_isr_in_assignment_order() {
+        let replicas = [1, 2, 3];
+        // Leader 1 dies; 3 precedes 2 in the ISR but 2 precedes 3 in the assignment.
+        assert_eq!(decide(&state(1, 4, &[1, 3, 2]), &replicas, &live(&[2, 3]), false), Some(state(2, 5, &[3, 2])));
+        // Only an out-of-sync replica is live: offline, ISR kept.
+        assert_eq!(decide(&state(1, 4, &[1]), &replicas, &live(&[2, 3]), false), Some(state(-1, 5, &[1])));
+        // ... unless unclean election is allowed.
+        assert_eq!(decide(&state(1, 4, &[1]), &replicas, &live(&[3]), true), Some(state(3, 5, &[3])));
+        // Already offline and still nobody: nothing to write.
+        assert_eq!(decide(&state(-1, 5, &[1]), &replicas, &live(&[2]), false), None);
+    }
+
+    #[test]
+    fn followers_leave_the_isr_and_leaders_return() {
+        let replicas = [1, 2, 3];
+        assert_eq!(decide(&state(1, 4, &[1, 2, 3]), &replicas, &live(&[1, 3]), false), Some(state(1, 4, &[1, 3])));
+        assert_eq!(decide(&state(1, 4, &[1, 3]), &replicas, &live(&[1, 3]), false), None);
+        // An offline partition gets its last ISR member back as leader.
+        assert_eq!(decide(&state(-1, 5, &[1]), &replicas, &live(&[1, 2]), false), Some(state(1, 6, &[1])));
+        // The leader alone stays in its own ISR even if it were not listed live.
+        assert_eq!(decide(&state(2, 1, &[2]), &replicas, &live(&[2]), false), None);
+    }
+}

@@ -1,0 +1,279 @@
+//! Cluster mode on a real ZooKeeper with several in-process brokers: replica placement,
+//! Metadata listing every broker, leader election when a broker stops, controller
+//! failover, and the errors of a topic the cluster cannot hold.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{RawClient, TestBroker};
+use fjord_record::BatchBuilder;
+use kafka_protocol::messages::create_topics_request::{CreatableReplicaAssignment, CreatableTopic};
+use kafka_protocol::messages::metadata_response::MetadataResponseTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+
+const LEADER_NOT_AVAILABLE: i16 = 5;
+const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+const INVALID_REPLICATION_FACTOR: i16 = 38;
+const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
+const WAIT: Duration = Duration::from_secs(30);
+
+/// N brokers (ids 1..=N) on one ZooKeeper chroot, each with its own data dir.
+struct Cluster {
+    connect: String,
+    dir: tempfile::TempDir,
+    brokers: BTreeMap<i32, TestBroker>,
+}
+
+impl Cluster {
+    async fn start(zk: &fjord_testkit::ZooKeeper, chroot: &str, n: i32, configure: fn(&mut fjord_broker::BrokerConfig)) -> Self {
+        let mut cluster = Cluster {
+            connect: format!("{}/{chroot}", zk.connect_string()),
+            dir: tempfile::tempdir().unwrap(),
+            brokers: BTreeMap::new(),
+        };
+        for id in 1..=n {
+            cluster.start_broker(id, configure).await;
+        }
+        cluster
+    }
+
+    async fn start_broker(&mut self, id: i32, configure: fn(&mut fjord_broker::BrokerConfig)) {
+        let connect = self.connect.clone();
+        let broker = TestBroker::start_in(self.dir.path().join(format!("broker-{id}")), |c| {
+            c.broker_id = id;
+            c.zookeeper_connect = Some(connect);
+            c.auto_create_topics = false;
+            configure(c);
+        })
+        .await
+        .unwrap();
+        self.brokers.insert(id, broker);
+    }
+
+    async fn stop_broker(&mut self, id: i32) {
+        self.brokers.remove(&id).unwrap().stop().await.unwrap();
+    }
+
+    async fn client(&self, id: i32) -> RawClient {
+        RawClient::connect(self.brokers[&id].addr).await.unwrap()
+    }
+
+    async fn stop(self) {
+        for (_, broker) in self.brokers {
+            broker.stop().await.unwrap();
+        }
+    }
+}
+
+fn name(topic: &str) -> TopicName {
+    TopicName(StrBytes::from_string(topic.into()))
+}
+
+async fn metadata(client: &mut RawClient, topics: Option<&[&str]>) -> MetadataResponse {
+    let request = MetadataRequest::default().with_topics(
+        topics.map(|names| names.iter().map(|n| metadata_request::MetadataRequestTopic::default().with_name(Some(name(n)))).collect()),
+    );
+    client.call(ApiKey::Metadata, 12, &request).await.unwrap()
+}
+
+async fn create(client: &mut RawClient, topic: CreatableTopic) -> (i16, Option<String>) {
+    let request = CreateTopicsRequest::default().with_timeout_ms(10_000).with_topics(vec![topic]);
+    let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 7, &request).await.unwrap();
+    let result = &response.topics[0];
+    (result.error_code, result.error_message.as_ref().map(|m| m.to_string()))
+}
+
+fn spread(topic: &str, partitions: i32, replication_factor: i16) -> CreatableTopic {
+    CreatableTopic::default().with_name(name(topic)).with_num_partitions(partitions).with_replication_factor(replication_factor)
+}
+
+async fn produce(client: &mut RawClient, topic: &str, partition: i32, value: &str) -> (i16, i64) {
+    let mut builder = BatchBuilder::new(1_700_000_000_000);
+    builder.append(1_700_000_000_000, None, Some(value.as_bytes()), &[]);
+    let records: Bytes = builder.build();
+    let request = ProduceRequest::default().with_acks(1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
+        .with_name(name(topic))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(records))])]);
+    let response: ProduceResponse = client.call(ApiKey::Produce, 9, &request).await.unwrap();
+    let p = &response.responses[0].partition_responses[0];
+    (p.error_code, p.base_offset)
+}
+
+/// (leader, leader epoch, replicas, isr, offline, error) of each partition.
+type PartitionRow = (i32, i32, Vec<i32>, Vec<i32>, Vec<i32>, i16);
+
+fn partitions(topic: &MetadataResponseTopic) -> Vec<PartitionRow> {
+    let ids = |v: &[BrokerId]| v.iter().map(|b| b.0).collect::<Vec<_>>();
+    let mut rows: Vec<_> = topic.partitions.iter().map(|p| (p.partition_index, p)).collect();
+    rows.sort_by_key(|(i, _)| *i);
+    rows.into_iter()
+        .map(|(_, p)| (p.leader_id.0, p.leader_epoch, ids(&p.replica_nodes), ids(&p.isr_nodes), ids(&p.offline_replicas), p.error_code))
+        .collect()
+}
+
+/// Asks `client` for Metadata of `topics` every 100 ms until `check` returns `Some`, at most `WAIT`.
+async fn metadata_until<T>(
+    client: &mut RawClient,
+    topics: Option<&[&str]>,
+    what: &str,
+    mut check: impl FnMut(&MetadataResponse) -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let response = metadata(client, topics).await;
+        if let Some(value) = check(&response) {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}; last answer: {response:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_metadata_and_replication_factor_errors() {
+    let zk = fjord_testkit::ZooKeeper::start().unwrap();
+    let cluster = Cluster::start(&zk, "placement", 3, |_| {}).await;
+    let mut client = cluster.client(1).await;
+    assert_eq!(create(&mut client, spread("spread", 6, 3)).await.0, 0);
+
+    // Any broker answers for the whole cluster, once its view has the topic.
+    let mut other = cluster.client(3).await;
+    let response = metadata_until(&mut other, None, "broker 3 to see the topic", |response| {
+        (response.topics.len() == 1 && partitions(&response.topics[0]).iter().all(|p| p.5 == 0)).then(|| response.clone())
+    })
+    .await;
+    let brokers: Vec<(i32, u16)> = response.brokers.iter().map(|b| (b.node_id.0, b.port as u16)).collect();
+    let expected: Vec<(i32, u16)> = cluster.brokers.iter().map(|(id, b)| (*id, b.addr.port())).collect();
+    assert_eq!(brokers, expected);
+    assert!((1..=3).contains(&response.controller_id.0), "controller {:?}", response.controller_id);
+    let rows = partitions(&response.topics[0]);
+    assert_eq!(rows.len(), 6);
+    let mut leaders = BTreeMap::new();
+    for (leader, epoch, replicas, isr, offline, error) in &rows {
+        let mut sorted = replicas.clone();
+        sorted.sort();
+        assert_eq!(sorted, [1, 2, 3], "{rows:?}");
+        assert_eq!((leader, epoch, isr, offline.len(), *error), (&replicas[0], &0, replicas, 0, 0), "{rows:?}");
+        *leaders.entry(*leader).or_insert(0) += 1;
+    }
+    assert_eq!(leaders, BTreeMap::from([(1, 2), (2, 2), (3, 2)]), "leaders are spread: {rows:?}");
+
+    // The leader takes the write; another broker sends the client to it.
+    let (leader, follower) = (rows[0].0, rows[0].2[1]);
+    assert_eq!(produce(&mut cluster.client(leader).await, "spread", 0, "x").await, (0, 0));
+    assert_eq!(produce(&mut cluster.client(follower).await, "spread", 0, "y").await.0, NOT_LEADER_OR_FOLLOWER);
+
+    // More replicas than live brokers.
+    let (code, message) = create(&mut client, spread("too-wide", 2, 4)).await;
+    assert_eq!(code, INVALID_REPLICATION_FACTOR, "{message:?}");
+    assert!(message.unwrap().contains("3 live brokers"));
+    // A manual assignment naming a broker that does not exist.
+    let manual = CreatableTopic::default()
+        .with_name(name("manual"))
+        .with_num_partitions(-1)
+        .with_replication_factor(-1)
+        .with_assignments(vec![CreatableReplicaAssignment::default().with_partition_index(0).with_broker_ids(vec![BrokerId(1), BrokerId(9)])]);
+    assert_eq!(create(&mut client, manual.clone()).await.0, INVALID_REPLICA_ASSIGNMENT);
+    // A valid one is taken as given.
+    let manual = manual.with_assignments(vec![
+        CreatableReplicaAssignment::default().with_partition_index(0).with_broker_ids(vec![BrokerId(3), BrokerId(1)]),
+        CreatableReplicaAssignment::default().with_partition_index(1).with_broker_ids(vec![BrokerId(2), BrokerId(3)]),
+    ]);
+    assert_eq!(create(&mut client, manual).await.0, 0);
+    let response = metadata(&mut client, Some(&["manual", "too-wide"])).await;
+    let rows = partitions(&response.topics[0]);
+    assert_eq!(rows.iter().map(|r| (r.0, r.2.clone())).collect::<Vec<_>>(), [(3, vec![3, 1]), (2, vec![2, 3])]);
+    assert_eq!(response.topics[1].error_code, 3, "never created");
+    // Replica directories exist exactly on the assigned brokers.
+    assert!(cluster.brokers[&3].data_dir.join("manual-0").exists());
+    assert!(cluster.brokers[&1].data_dir.join("manual-0").exists());
+    assert!(!cluster.brokers[&2].data_dir.join("manual-0").exists());
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaders_move_when_a_broker_stops_and_the_controller_fails_over() {
+    let zk = fjord_testkit::ZooKeeper::start().unwrap();
+    // No controlled shutdown: a stopping broker just disappears, as a crashed one does.
+    let mut cluster = Cluster::start(&zk, "failover", 3, |c| c.controlled_shutdown = false).await;
+    let mut client = cluster.client(1).await;
+    assert_eq!(create(&mut client, spread("moving", 3, 3)).await.0, 0);
+    let before = metadata(&mut client, Some(&["moving"])).await;
+    let controller = before.controller_id.0;
+    let rows_before = partitions(&before.topics[0]);
+
+    // Stop the controller's broker: another broker becomes controller and moves the
+    // leaderships of the stopped one to the next ISR member, with a new epoch.
+    cluster.stop_broker(controller).await;
+    let survivor = *cluster.brokers.keys().next().unwrap();
+    let mut client = cluster.client(survivor).await;
+    let after = metadata_until(&mut client, Some(&["moving"]), "a new controller and new leaders", |response| {
+        let rows = partitions(&response.topics[0]);
+        let settled = response.controller_id.0 != controller
+            && response.controller_id.0 != -1
+            && rows.iter().all(|r| r.0 != controller && r.0 != -1 && !r.3.contains(&controller));
+        settled.then(|| response.clone())
+    })
+    .await;
+    assert_eq!(after.brokers.len(), 2);
+    for (old, new) in rows_before.iter().zip(partitions(&after.topics[0])) {
+        assert_eq!(new.2, old.2, "the assignment does not change");
+        assert_eq!(new.4, vec![controller], "the stopped broker is an offline replica");
+        if old.0 == controller {
+            let expected_leader = *old.2.iter().find(|b| **b != controller).unwrap();
+            assert_eq!((new.0, new.1), (expected_leader, old.1 + 1), "next replica in the ISR leads, epoch + 1");
+        } else {
+            assert_eq!((new.0, new.1), (old.0, old.1), "untouched leadership keeps its epoch");
+        }
+    }
+
+    // The new controller serves topic creation too.
+    assert_eq!(create(&mut client, spread("after-failover", 2, 2)).await.0, 0);
+    // The stopped broker comes back and is listed again.
+    cluster.start_broker(controller, |c| c.controlled_shutdown = false).await;
+    metadata_until(&mut client, None, "the restarted broker in Metadata", |r| (r.brokers.len() == 3).then_some(())).await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_without_live_isr_is_offline_until_its_replica_returns() {
+    let zk = fjord_testkit::ZooKeeper::start().unwrap();
+    let mut cluster = Cluster::start(&zk, "offline", 2, |_| {}).await;
+    let mut client = cluster.client(1).await;
+    let manual = CreatableTopic::default()
+        .with_name(name("alone"))
+        .with_num_partitions(-1)
+        .with_replication_factor(-1)
+        .with_assignments(vec![CreatableReplicaAssignment::default().with_partition_index(0).with_broker_ids(vec![BrokerId(2)])]);
+    assert_eq!(create(&mut client, manual).await.0, 0);
+    let mut leader = cluster.client(2).await;
+    metadata_until(&mut leader, Some(&["alone"]), "broker 2 to lead", |r| (partitions(&r.topics[0])[0].0 == 2).then_some(())).await;
+    assert_eq!(produce(&mut leader, "alone", 0, "kept").await, (0, 0));
+
+    // Broker 2 stops (controlled: it waits for the controller to take its leadership).
+    cluster.stop_broker(2).await;
+    let rows = metadata_until(&mut client, Some(&["alone"]), "the partition offline", |r| {
+        let rows = partitions(&r.topics[0]);
+        (rows[0].0 == -1).then_some(rows)
+    })
+    .await;
+    assert_eq!(rows[0], (-1, 1, vec![2], vec![2], vec![2], LEADER_NOT_AVAILABLE), "offline, ISR kept");
+
+    // No unclean election: it comes back only with broker 2, which still has the record.
+    cluster.start_broker(2, |_| {}).await;
+    let rows = metadata_until(&mut client, Some(&["alone"]), "broker 2 leading again", |r| {
+        let rows = partitions(&r.topics[0]);
+        (rows[0].0 == 2).then_some(rows)
+    })
+    .await;
+    assert_eq!(rows[0], (2, 2, vec![2], vec![2], vec![], 0));
+    let mut leader = cluster.client(2).await;
+    metadata_until(&mut leader, Some(&["alone"]), "broker 2 to lead", |r| (partitions(&r.topics[0])[0].0 == 2).then_some(())).await;
+    assert_eq!(produce(&mut leader, "alone", 0, "more").await, (0, 1), "the log survived");
+    cluster.stop().await;
+}
