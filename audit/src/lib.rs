@@ -21,7 +21,8 @@
 //! ```
 //!
 //! # Layout
-//! - [`record`]: the [`AuditRecord`] and its JSON encoding, windows, creation time.
+//! - [`record`]: the [`AuditRecord`] and its JSON encoding, windows, creation time; the
+//!   [`GapRecord`] of data known to be lost (`_mirror_gaps`).
 //! - [`counter`]: [`AuditCounter`], the embeddable counter and its periodic publisher;
 //!   [`PendingCounts`] for tiers that count only committed data.
 //! - [`report`]: [`collect`] reads `_audit` (and the topics, for the broker tier) and
@@ -38,6 +39,6 @@ pub mod time;
 
 pub use counter::{ensure_audit_topic, AuditCounter, PendingCounts};
 pub use error::{Error, Result};
-pub use record::{AuditRecord, AUDIT_TOPIC, CREATED_HEADER, DEFAULT_WINDOW_MS};
+pub use record::{AuditRecord, GapRecord, AUDIT_TOPIC, CREATED_HEADER, DEFAULT_WINDOW_MS, GAPS_TOPIC};
 pub use render::{render, Format};
 pub use report::{collect, compare, Collected, Report, ReportConfig, Verdict, WindowRow, BROKER_TIER};

@@ -14,6 +14,31 @@ pub const DEFAULT_WINDOW_MS: i64 = 10 * 60 * 1000;
 /// by the gateway; the same name as `fjord_gateway::CREATED_HEADER`).
 pub const CREATED_HEADER: &str = "fjord.created_ms";
 
+/// Topic where tiers record data they know is lost (today: the mirror's retention gaps),
+/// one [`GapRecord`] per JSON value; the report lists them next to the counts.
+pub const GAPS_TOPIC: &str = "_mirror_gaps";
+
+/// A range of offsets of a source partition that retention deleted before the mirror
+/// copied it. The events' creation times are gone with them, so the report cannot place
+/// the loss in a window; it lists the gap and the mirror tier falls short in some window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GapRecord {
+    /// Source cluster alias.
+    pub source: String,
+    /// Source topic.
+    pub topic: String,
+    /// Source partition.
+    pub partition: i32,
+    /// First lost offset.
+    pub first_offset: i64,
+    /// Last lost offset (inclusive).
+    pub last_offset: i64,
+    /// `last_offset - first_offset + 1`.
+    pub records: i64,
+    /// When the gap was found (ms since the epoch).
+    pub detected_ms: i64,
+}
+
 /// One audit record. Counts are deltas: the events of `topic` whose creation time falls in
 /// `[window_start_ms, window_start_ms + window_ms)` that `tier` on `host` handled since its
 /// previous record for that window. The report sums them, counting each `id` once, so a

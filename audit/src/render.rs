@@ -28,7 +28,19 @@ pub fn render(report: &Report, format: Format) -> Result<String> {
 }
 
 fn header_lines(r: &Report) -> Vec<String> {
-    vec![
+    let gaps = r.gaps.iter().map(|g| {
+        format!(
+            "known loss: mirror gap {} {}-{} offsets {}..={} ({} records) deleted by retention before they were mirrored (found {})",
+            g.source,
+            g.topic,
+            g.partition,
+            g.first_offset,
+            g.last_offset,
+            g.records,
+            format_utc(g.detected_ms)
+        )
+    });
+    let lines = vec![
         format!(
             "audit report at {}: windows of {}, grace {}, tolerance {}",
             format_utc(r.generated_ms),
@@ -45,7 +57,8 @@ fn header_lines(r: &Report) -> Vec<String> {
         } else {
             "broker tier: not computed".to_string()
         },
-    ]
+    ];
+    lines.into_iter().chain(gaps).collect()
 }
 
 /// `600 s` for whole seconds, else `1500 ms`.

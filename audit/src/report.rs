@@ -16,7 +16,7 @@ use regex::Regex;
 use serde::Serialize;
 
 use crate::counter::{now_ms, window_ms};
-use crate::record::{created_ms, window_start, AuditRecord, AUDIT_TOPIC, DEFAULT_WINDOW_MS};
+use crate::record::{created_ms, window_start, AuditRecord, GapRecord, AUDIT_TOPIC, DEFAULT_WINDOW_MS, GAPS_TOPIC};
 use crate::time::format_utc;
 use crate::{Error, Result};
 
@@ -163,6 +163,9 @@ pub struct Report {
     pub topics: Vec<TopicTiers>,
     /// Windows, by topic then start.
     pub windows: Vec<WindowRow>,
+    /// Known losses recorded in `_mirror_gaps` (source data deleted before the mirror
+    /// copied it), for the topics reported, in the order recorded.
+    pub gaps: Vec<GapRecord>,
 }
 
 impl Report {
@@ -187,6 +190,7 @@ pub struct Collected {
     malformed_skipped: u64,
     other_window_skipped: u64,
     broker_tier_computed: bool,
+    gaps: Vec<GapRecord>,
 }
 
 impl Collected {
@@ -220,6 +224,17 @@ pub async fn collect(config: &ReportConfig) -> Result<Report> {
     let from = config.since_ms.map(|s| s.saturating_sub(window_ms.max(3_600_000)));
     match read_topic(&config.client, AUDIT_TOPIC, from, config.read_timeout, |r| collected.add_audit_value(r.value.as_deref(), window_ms, &mut seen)).await {
         Err(Error::Client(ClientError::UnknownTopic(_))) => tracing::info!("no {AUDIT_TOPIC} topic yet"),
+        other => other?,
+    }
+    // Gaps are few and rare: read them all (the report filters by topic, not time).
+    match read_topic(&config.client, GAPS_TOPIC, None, config.read_timeout, |r| {
+        if let Some(gap) = r.value.as_deref().and_then(|v| serde_json::from_slice::<GapRecord>(v).ok()) {
+            collected.gaps.push(gap);
+        }
+    })
+    .await
+    {
+        Err(Error::Client(ClientError::UnknownTopic(_))) => {}
         other => other?,
     }
     if config.broker_tier {
@@ -330,6 +345,7 @@ pub fn compare(config: &ReportConfig, collected: Collected, now: i64) -> Report 
         broker_tier_computed: collected.broker_tier_computed,
         topics,
         windows,
+        gaps: collected.gaps.into_iter().filter(|g| wanted(config, &g.topic)).collect(),
     }
 }
 

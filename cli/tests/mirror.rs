@@ -354,6 +354,11 @@ async fn retention_past_the_committed_offset_is_reported_as_a_gap_with_exact_off
     let recorded = read_all(&target.addr, fjord_mirror::GAPS_TOPIC).await;
     let recorded: Vec<fjord_mirror::Gap> = recorded[&0].iter().map(|r| serde_json::from_slice(r.value.as_deref().unwrap()).unwrap()).collect();
     assert_eq!(&recorded, &status.gaps);
+    // And `fjord audit report` on the analytics cluster lists it.
+    let report = fjord_audit::collect(&fjord_audit::ReportConfig::new(ClientConfig::new(&target.addr))).await.unwrap();
+    assert_eq!(report.gaps, status.gaps);
+    let text = fjord_audit::render::text(&report);
+    assert!(text.contains(&format!("known loss: mirror gap dc1 r-0 offsets 200..={} ({} records)", log_start - 1, log_start - 200)), "{text}");
     // The target holds exactly what survived: 0..200, then log_start..700.
     let copied: Vec<String> = read_all(&target.addr, "r").await[&0].iter().map(value).collect();
     let expected: Vec<String> = (0..200).chain(log_start as usize..700).map(|i| format!("a:{i}")).collect();

@@ -54,8 +54,8 @@ use source::{run_source, Shared, Target};
 pub const ORIGIN_HEADER: &str = "fjord.origin";
 
 /// Topic in the target cluster where every [`Gap`] is written (JSON, keyed by
-/// `source/topic-partition`), next to `_audit`.
-pub const GAPS_TOPIC: &str = "_mirror_gaps";
+/// `source/topic-partition`), next to `_audit`; `fjord audit report` lists them.
+pub use fjord_audit::GAPS_TOPIC;
 
 /// The audit tier name of the mirror.
 pub const AUDIT_TIER: &str = "mirror";

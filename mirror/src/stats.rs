@@ -25,23 +25,8 @@ pub enum SourceState {
 }
 
 /// A range of source offsets that retention deleted before the mirror copied it: lost.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Gap {
-    /// Source alias.
-    pub source: String,
-    /// Source topic.
-    pub topic: String,
-    /// Source partition.
-    pub partition: i32,
-    /// First lost offset.
-    pub first_offset: i64,
-    /// Last lost offset (inclusive).
-    pub last_offset: i64,
-    /// `last_offset - first_offset + 1`.
-    pub records: i64,
-    /// When the mirror found it (ms since the epoch).
-    pub detected_ms: i64,
-}
+/// The audit's record type, so what `/status` shows is what `_mirror_gaps` holds.
+pub use fjord_audit::GapRecord as Gap;
 
 /// One owned source partition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
