@@ -137,7 +137,8 @@ async fn metadata_until<T>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn placement_metadata_and_replication_factor_errors() {
     let zk = fjord_testkit::ZooKeeper::start().unwrap();
-    let cluster = Cluster::start(&zk, "placement", 3, |_| {}).await;
+    // Racks: broker 2 alone on rack "b".
+    let cluster = Cluster::start(&zk, "placement", 3, |c| c.broker_rack = Some(if c.broker_id == 2 { "b" } else { "a" }.into())).await;
     let mut client = cluster.client(1).await;
     assert_eq!(create(&mut client, spread("spread", 6, 3)).await.0, 0);
 
@@ -147,8 +148,10 @@ async fn placement_metadata_and_replication_factor_errors() {
         (response.topics.len() == 1 && partitions(&response.topics[0]).iter().all(|p| p.5 == 0)).then(|| response.clone())
     })
     .await;
-    let brokers: Vec<(i32, u16)> = response.brokers.iter().map(|b| (b.node_id.0, b.port as u16)).collect();
-    let expected: Vec<(i32, u16)> = cluster.brokers.iter().map(|(id, b)| (*id, b.addr.port())).collect();
+    let brokers: Vec<(i32, u16, Option<&str>)> =
+        response.brokers.iter().map(|b| (b.node_id.0, b.port as u16, b.rack.as_deref())).collect();
+    let rack = |id: i32| Some(if id == 2 { "b" } else { "a" });
+    let expected: Vec<(i32, u16, Option<&str>)> = cluster.brokers.iter().map(|(id, b)| (*id, b.addr.port(), rack(*id))).collect();
     assert_eq!(brokers, expected);
     assert!((1..=3).contains(&response.controller_id.0), "controller {:?}", response.controller_id);
     let rows = partitions(&response.topics[0]);
@@ -167,6 +170,13 @@ async fn placement_metadata_and_replication_factor_errors() {
     let (leader, follower) = (rows[0].0, rows[0].2[1]);
     assert_eq!(produce(&mut cluster.client(leader).await, "spread", 0, "x").await, (0, 0));
     assert_eq!(produce(&mut cluster.client(follower).await, "spread", 0, "y").await.0, NOT_LEADER_OR_FOLLOWER);
+
+    // Rack-aware: with two replicas, every partition has one on each rack.
+    assert_eq!(create(&mut client, spread("racked", 6, 2)).await.0, 0);
+    let response = metadata(&mut client, Some(&["racked"])).await;
+    for (_, _, replicas, ..) in partitions(&response.topics[0]) {
+        assert!(replicas.contains(&2), "rack b's only broker is in every partition: {replicas:?}");
+    }
 
     // More replicas than live brokers.
     let (code, message) = create(&mut client, spread("too-wide", 2, 4)).await;
@@ -193,6 +203,15 @@ async fn placement_metadata_and_replication_factor_errors() {
     assert!(cluster.brokers[&3].data_dir.join("manual-0").exists());
     assert!(cluster.brokers[&1].data_dir.join("manual-0").exists());
     assert!(!cluster.brokers[&2].data_dir.join("manual-0").exists());
+
+    // Deleted through one broker: every broker drops its replicas' logs.
+    let delete = DeleteTopicsRequest::default().with_topic_names(vec![name("manual")]);
+    let response: DeleteTopicsResponse = client.call(ApiKey::DeleteTopics, 4, &delete).await.unwrap();
+    assert_eq!(response.responses[0].error_code, 0);
+    assert!(!cluster.brokers[&1].data_dir.join("manual-0").exists(), "the deleting broker answers once its logs are gone");
+    metadata_until(&mut other, Some(&["manual"]), "broker 3 to drop the topic", |r| (r.topics[0].error_code == 3).then_some(())).await;
+    assert!(!cluster.brokers[&3].data_dir.join("manual-0").exists());
+    assert!(!cluster.brokers[&3].data_dir.join("manual-1").exists());
     cluster.stop().await;
 }
 
@@ -275,5 +294,51 @@ async fn a_partition_without_live_isr_is_offline_until_its_replica_returns() {
     let mut leader = cluster.client(2).await;
     metadata_until(&mut leader, Some(&["alone"]), "broker 2 to lead", |r| (partitions(&r.topics[0])[0].0 == 2).then_some(())).await;
     assert_eq!(produce(&mut leader, "alone", 0, "more").await, (0, 1), "the log survived");
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_that_finds_a_newer_epoch_steps_down_and_competes_again() {
+    use fjord_coord::registry::{read_json, PartitionState};
+    use fjord_coord::{paths, MetadataStore};
+    let zk = fjord_testkit::ZooKeeper::start().unwrap();
+    // No controlled shutdown: the stopping broker's own controller task ends before it
+    // leaves, so only the fenced controller competes afterwards.
+    let mut cluster = Cluster::start(&zk, "fencing", 2, |c| c.controlled_shutdown = false).await;
+    let store = fjord_coord::open(Some(&cluster.connect), &cluster.dir.path().join("observer")).await.unwrap();
+    async fn epoch(store: &dyn MetadataStore) -> Option<i32> {
+        read_json::<i32>(store, paths::CONTROLLER_EPOCH).await.unwrap().map(|(e, _)| e)
+    }
+    let mut client = cluster.client(1).await;
+    let controller = metadata_until(&mut client, None, "a controller", |r| (r.controller_id.0 > 0).then_some(r.controller_id.0)).await;
+    let other = 3 - controller;
+    let before = epoch(&*store).await.unwrap();
+    let manual = CreatableTopic::default()
+        .with_name(name("fenced"))
+        .with_num_partitions(-1)
+        .with_replication_factor(-1)
+        .with_assignments(vec![CreatableReplicaAssignment::default()
+            .with_partition_index(0)
+            .with_broker_ids(vec![BrokerId(other), BrokerId(controller)])]);
+    assert_eq!(create(&mut client, manual).await.0, 0);
+
+    // A newer controller epoch appears (as if another controller had been elected): the
+    // controller finds it at its next pass (broker `other` leaving), steps down without
+    // writing, and wins again with an epoch above it.
+    store.set(paths::CONTROLLER_EPOCH, (before + 5).to_string().as_bytes(), None).await.unwrap();
+    cluster.stop_broker(other).await;
+    let state_path = paths::partition_state("fenced", 0);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let state = loop {
+        let (state, _) = read_json::<PartitionState>(&*store, &state_path).await.unwrap().unwrap();
+        if state.leader == controller {
+            break state;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no new leader: {state:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let now = epoch(&*store).await.unwrap();
+    assert_eq!(now, before + 6, "re-elected once, above the newer epoch");
+    assert_eq!((state.leader_epoch, state.isr, state.controller_epoch), (1, vec![controller], now), "written by the new epoch");
     cluster.stop().await;
 }
