@@ -169,13 +169,18 @@ impl Cluster {
     }
 
     async fn start(&self, id: i32, lag: Duration) -> TestBroker {
+        self.start_with_backoff(id, lag, Duration::from_millis(100)).await
+    }
+
+    /// Broker `id` with `replica.lag.time.max.ms` = `lag`, `replica.fetch.backoff.ms` = `backoff`.
+    async fn start_with_backoff(&self, id: i32, lag: Duration, backoff: Duration) -> TestBroker {
         let connect = self.zk.connect_string();
         TestBroker::start_in(self.data_dir(id), |c| {
             c.broker_id = id;
             c.zookeeper_connect = Some(connect);
             c.auto_create_topics = false;
             c.replication.lag_time_max = lag;
-            c.replication.fetch_backoff = Duration::from_millis(100);
+            c.replication.fetch_backoff = backoff;
         })
         .await
         .unwrap()
@@ -345,4 +350,37 @@ async fn three_replicas_with_min_isr_two_survive_one_loss_and_refuse_two() {
     for broker in [one, two, leader] {
         broker.stop().await.unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_the_leader_refuses_does_not_slow_the_others() {
+    let cluster = Cluster::new().await;
+    let store = &cluster.store;
+    // Two partitions led by 0. The follower starts believing partition 1 is in epoch 5
+    // (a state the leader never sees): the leader answers UNKNOWN_LEADER_EPOCH for it at
+    // every fetch, while partition 0 must keep replicating at full speed.
+    create_topic(store, "s", &[0, 1], 2).await;
+    let assignment = TopicAssignment { partitions: [("0".to_string(), vec![0, 1]), ("1".to_string(), vec![0, 1])].into() };
+    store.set(&paths::topic("s"), &to_json(&assignment), None).await.unwrap();
+    let ahead = PartitionState { leader: 0, leader_epoch: 5, isr: vec![0, 1], controller_epoch: 0 };
+    create_all(&**store, &paths::partition_state("s", 1), &to_json(&ahead), CreateMode::Persistent).await.unwrap();
+    let (lag, backoff) = (Duration::from_secs(60), Duration::from_secs(1));
+    let follower = cluster.start_with_backoff(1, lag, backoff).await;
+    // Answered once the broker has read the states (it serves only after that).
+    let mut to_follower = RawClient::connect(follower.addr).await.unwrap();
+    assert_eq!(latest_offset(&mut to_follower, "s").await.0, NOT_LEADER_OR_FOLLOWER);
+    let behind = PartitionState { leader_epoch: 0, ..ahead };
+    store.set(&paths::partition_state("s", 1), &to_json(&behind), None).await.unwrap();
+    let leader = cluster.start_with_backoff(0, lag, backoff).await;
+
+    let mut client = RawClient::connect(leader.addr).await.unwrap();
+    let started = std::time::Instant::now();
+    for i in 0..20 {
+        assert_eq!(produce(&mut client, "s", -1, 10_000, batch(&format!("f{i}"), 2)).await, (0, i * 2));
+    }
+    // With the whole fetcher backing off (replica.fetch.backoff.ms, 1 s here) after each
+    // refusal, every acks=all would wait about a second.
+    assert!(started.elapsed() < Duration::from_secs(8), "20 acks=all produces took {:?}", started.elapsed());
+    follower.stop().await.unwrap();
+    leader.stop().await.unwrap();
 }

@@ -4,11 +4,14 @@
 //! just became a follower ended (OffsetForLeaderEpoch) and truncates, then sends one
 //! Fetch for all its partitions (replica id = this broker, from each log end offset),
 //! appends what comes back with `append_replicated` and takes the leader's high
-//! watermark. Failures (leader unreachable, not registered, errors in the answer) are
-//! logged and retried after `replica.fetch.backoff.ms`; they never stop the broker.
+//! watermark. Failures are retried after `replica.fetch.backoff.ms`: a partition the
+//! leader answers with an error waits alone (the others keep fetching, so one stale
+//! partition cannot push the rest out of the ISR); a leader that is unreachable or not
+//! registered is logged and retried. Nothing here stops the broker.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use fjord_coord::registry::{read_json, BrokerRegistration};
 use fjord_coord::{paths, Store};
@@ -104,31 +107,37 @@ fn remove_from_all(by_leader: &mut HashMap<i32, Fetcher>, tp: &TopicPartition, k
 async fn run(context: Arc<FetchContext>, leader: i32, partitions: PartitionSet, wake: Arc<Notify>, stop: CancellationToken) {
     let mut peer: Option<Peer> = None;
     let mut failing = false;
+    // Partitions that failed, and when they may be tried again.
+    let mut delayed: HashMap<TopicPartition, Instant> = HashMap::new();
     tracing::debug!(leader, "replica fetcher started");
     loop {
-        let snapshot: Vec<Arc<Partition>> =
+        let now = Instant::now();
+        let members: Vec<Arc<Partition>> =
             partitions.lock().expect("invariant: fetcher partitions lock is never poisoned").values().cloned().collect();
-        if snapshot.is_empty() {
+        delayed.retain(|tp, until| *until > now && members.iter().any(|p| &p.tp == tp));
+        let ready: Vec<Arc<Partition>> = members.into_iter().filter(|p| !delayed.contains_key(&p.tp)).collect();
+        if ready.is_empty() {
+            // Nothing to fetch until a partition arrives or a delay ends.
+            let next = delayed.values().min().copied();
             tokio::select! {
-                () = wake.notified() => continue,
+                () = wake.notified() => {}
+                () = sleep_until(next) => {}
                 () = stop.cancelled() => break,
             }
+            continue;
         }
         let outcome = tokio::select! {
-            outcome = round(&context, leader, &mut peer, &snapshot) => outcome,
+            outcome = round(&context, leader, &mut peer, &ready) => outcome,
             () = stop.cancelled() => break,
         };
-        let backoff = match outcome {
-            Ok(Round { errors: 0 }) => {
+        match outcome {
+            Ok(failed) => {
                 if failing {
                     tracing::info!(leader, "replica fetcher recovered");
                     failing = false;
                 }
-                false
-            }
-            Ok(Round { errors }) => {
-                tracing::debug!(leader, errors, "partition errors in a replica fetch round; backing off");
-                true
+                let until = Instant::now() + context.config.fetch_backoff;
+                delayed.extend(failed.into_iter().map(|tp| (tp, until)));
             }
             Err(e) => {
                 // The first failure of a streak is a warning; the rest would flood the log.
@@ -139,22 +148,21 @@ async fn run(context: Arc<FetchContext>, leader: i32, partitions: PartitionSet, 
                     failing = true;
                 }
                 peer = None;
-                true
-            }
-        };
-        if backoff {
-            tokio::select! {
-                () = tokio::time::sleep(context.config.fetch_backoff) => {}
-                () = stop.cancelled() => break,
+                tokio::select! {
+                    () = tokio::time::sleep(context.config.fetch_backoff) => {}
+                    () = stop.cancelled() => break,
+                }
             }
         }
     }
     tracing::debug!(leader, "replica fetcher stopped");
 }
 
-/// What one round saw: how many partitions answered with an error.
-struct Round {
-    errors: usize,
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -183,37 +191,37 @@ async fn connect(context: &FetchContext, leader: i32) -> Result<Peer, FetchError
     Ok(peer)
 }
 
-async fn round(context: &FetchContext, leader: i32, peer: &mut Option<Peer>, partitions: &[Arc<Partition>]) -> Result<Round, FetchError> {
+/// One round over `partitions`; returns those that failed (answered with an error, or
+/// not in a state to fetch), to be delayed.
+async fn round(
+    context: &FetchContext,
+    leader: i32,
+    peer: &mut Option<Peer>,
+    partitions: &[Arc<Partition>],
+) -> Result<Vec<TopicPartition>, FetchError> {
     if peer.is_none() {
         *peer = Some(connect(context, leader).await?);
     }
     let peer = peer.as_mut().expect("invariant: connected above");
-    let steps: Vec<(&Arc<Partition>, FollowerStep)> = partitions.iter().map(|p| (p, p.next_follower_step(leader))).collect();
-    let mut errors = 0;
-    let truncating: Vec<_> = steps
-        .iter()
-        .filter_map(|(p, step)| match *step {
-            FollowerStep::Truncate { leader_epoch, latest_epoch } => Some((*p, leader_epoch, latest_epoch)),
-            _ => None,
-        })
-        .collect();
+    let mut failed = Vec::new();
+    let (mut truncating, mut fetching) = (Vec::new(), Vec::new());
+    for partition in partitions {
+        match partition.next_follower_step(leader) {
+            FollowerStep::Truncate { leader_epoch, latest_epoch } => truncating.push((partition, leader_epoch, latest_epoch)),
+            FollowerStep::Fetch { leader_epoch, fetch_offset, log_start_offset } => {
+                fetching.push((partition, leader_epoch, fetch_offset, log_start_offset))
+            }
+            // Its role is changing; the next state applied moves it or makes it fetchable.
+            FollowerStep::Idle => failed.push(partition.tp.clone()),
+        }
+    }
     if !truncating.is_empty() {
-        errors += truncate(context, leader, peer, &truncating).await?;
+        failed.extend(truncate(context, leader, peer, &truncating).await?);
     }
-    let fetching: Vec<_> = steps
-        .iter()
-        .filter_map(|(p, step)| match *step {
-            FollowerStep::Fetch { leader_epoch, fetch_offset, log_start_offset } => Some((*p, leader_epoch, fetch_offset, log_start_offset)),
-            _ => None,
-        })
-        .collect();
     if !fetching.is_empty() {
-        errors += fetch(context, leader, peer, &fetching).await?;
-    } else if truncating.is_empty() {
-        // Nothing to do for this leader right now (roles are changing): wait a little.
-        errors += 1;
+        failed.extend(fetch(context, leader, peer, &fetching).await?);
     }
-    Ok(Round { errors })
+    Ok(failed)
 }
 
 fn topic_name(name: &str) -> TopicName {
@@ -226,8 +234,8 @@ async fn truncate(
     leader: i32,
     peer: &mut Peer,
     partitions: &[(&Arc<Partition>, i32, Option<i32>)],
-) -> Result<usize, FetchError> {
-    let mut errors = 0;
+) -> Result<Vec<TopicPartition>, FetchError> {
+    let mut failed = Vec::new();
     let mut by_topic: HashMap<&str, Vec<OffsetForLeaderPartition>> = HashMap::new();
     let mut asked = HashMap::new();
     for &(partition, leader_epoch, latest_epoch) in partitions {
@@ -235,7 +243,7 @@ async fn truncate(
             // No epochs at all (an empty log): nothing to compare, keep what is committed.
             if let Err(e) = partition.truncate_as_follower(leader, leader_epoch, None, (-1, -1)) {
                 tracing::error!(tp = %partition.tp, error = %e, "follower truncation failed");
-                errors += 1;
+                failed.push(partition.tp.clone());
             }
             continue;
         };
@@ -248,7 +256,7 @@ async fn truncate(
         asked.insert(partition.tp.clone(), (partition, leader_epoch, latest));
     }
     if by_topic.is_empty() {
-        return Ok(errors);
+        return Ok(failed);
     }
     let request = OffsetForLeaderEpochRequest::default().with_replica_id(BrokerId(context.broker_id)).with_topics(
         by_topic
@@ -263,16 +271,16 @@ async fn truncate(
             let Some(&(partition, leader_epoch, latest)) = asked.get(&tp) else { continue };
             if answer.error_code != error_code::NONE {
                 tracing::debug!(%tp, leader, error = answer.error_code, "OffsetForLeaderEpoch refused");
-                errors += 1;
+                failed.push(tp);
                 continue;
             }
             if let Err(e) = partition.truncate_as_follower(leader, leader_epoch, Some(latest), (answer.leader_epoch, answer.end_offset)) {
                 tracing::error!(%tp, error = %e, "follower truncation failed");
-                errors += 1;
+                failed.push(tp);
             }
         }
     }
-    Ok(errors)
+    Ok(failed)
 }
 
 /// One Fetch for every partition ready to fetch; appends what comes back.
@@ -281,7 +289,7 @@ async fn fetch(
     leader: i32,
     peer: &mut Peer,
     partitions: &[(&Arc<Partition>, i32, i64, i64)],
-) -> Result<usize, FetchError> {
+) -> Result<Vec<TopicPartition>, FetchError> {
     let config = &context.config;
     let mut by_topic: HashMap<&str, Vec<FetchPartition>> = HashMap::new();
     let mut sent = HashMap::new();
@@ -316,7 +324,7 @@ async fn fetch(
     if response.error_code != error_code::NONE {
         return Err(FetchError::Response(response.error_code));
     }
-    let mut errors = 0;
+    let mut failed = Vec::new();
     for topic in response.responses {
         for data in topic.partitions {
             let tp = TopicPartition::new(topic.topic.0.to_string(), data.partition_index);
@@ -333,15 +341,15 @@ async fn fetch(
                     // NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH: the leader and we
                     // disagree on the state; the next state applied sorts it out.
                     tracing::debug!(%tp, leader, error = code, "replica fetch refused");
-                    errors += 1;
+                    failed.push(tp);
                     continue;
                 }
             };
             if let Err(e) = result {
                 tracing::error!(%tp, leader, error = %e, "appending replicated records failed");
-                errors += 1;
+                failed.push(tp);
             }
         }
     }
-    Ok(errors)
+    Ok(failed)
 }
