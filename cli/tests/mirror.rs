@@ -32,7 +32,10 @@ async fn admin(addr: &str) -> Admin {
 async fn create(addr: &str, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
     let mut t = NewTopic::new(topic, partitions);
     t.configs = configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    admin(addr).await.create_topics(&[t]).await.unwrap();
+    let a = admin(addr).await;
+    a.create_topics(&[t]).await.unwrap();
+    // Leaders are elected a moment after CreateTopics answered.
+    wait_for("leaders of the new topic", Duration::from_secs(10), || async { a.describe_topic(topic).await.is_ok_and(|t| t.partitions.iter().all(|p| p.leader >= 0)) }).await;
 }
 
 /// Produces `n` records keyed `k{i % 1000}` with value `{prefix}:{i}`; returns each
@@ -62,6 +65,15 @@ async fn offsets(addr: &str, topic: &str, spec: OffsetSpec) -> Vec<i64> {
     let a = admin(addr).await;
     let n = a.describe_topic(topic).await.unwrap().partitions.len() as i32;
     a.list_offsets(&(0..n).map(|p| (topic.to_string(), p, spec)).collect::<Vec<_>>()).await.unwrap()
+}
+
+/// Records in `topic` (sum of log end offsets); -1 while it is missing or leaderless (a
+/// topic the mirror just created gets its leaders a moment later).
+async fn total(addr: &str, topic: &str) -> i64 {
+    let a = admin(addr).await;
+    let Ok(t) = a.describe_topic(topic).await else { return -1 };
+    let specs: Vec<_> = t.partitions.iter().map(|p| (topic.to_string(), p.partition, OffsetSpec::Latest)).collect();
+    a.list_offsets(&specs).await.map_or(-1, |o| o.iter().sum())
 }
 
 /// Waits until `f` is true, polling every 50 ms, failing after `limit`.
@@ -150,7 +162,7 @@ async fn two_sources_are_mirrored_completely_in_per_key_order_while_a_dead_sourc
     let mirror = tokio::spawn(fjord_mirror::run(config, Some(metrics), shutdown.clone()));
 
     wait_for("200,000 records in the target", Duration::from_secs(50), || async {
-        admin(&target.addr).await.describe_topic("events").await.is_ok() && offsets(&target.addr, "events", OffsetSpec::Latest).await.iter().sum::<i64>() >= 2 * N as i64
+        total(&target.addr, "events").await >= 2 * N as i64
     })
     .await;
     eprintln!("mirrored {} records in {:?}", 2 * N, started.elapsed());
@@ -206,7 +218,7 @@ async fn two_sources_are_mirrored_completely_in_per_key_order_while_a_dead_sourc
     create(&dc1.addr, "everything-else", 2, &[]).await;
     produce(&dc1.addr, "everything-else", "dc1", 0..10).await;
     wait_for("the new topic mirrored", Duration::from_secs(30), || async {
-        admin(&target.addr).await.describe_topic("everything-else").await.is_ok() && offsets(&target.addr, "everything-else", OffsetSpec::Latest).await.iter().sum::<i64>() == 10
+        total(&target.addr, "everything-else").await == 10
     })
     .await;
 
@@ -265,7 +277,7 @@ async fn kill_9_midway_loses_nothing_and_duplicates_only_what_followed_the_last_
     let args = ["--source", &src, "--target", &target.addr, "--topics", "events", "--group", "g", "--instance-id", "m1", "--commit-interval", "300ms"];
     let mut first = MirrorProcess::start(&args, dir.path().join("first.log"));
     wait_for("a third of the records mirrored", Duration::from_secs(40), || async {
-        admin(&target.addr).await.describe_topic("events").await.is_ok() && offsets(&target.addr, "events", OffsetSpec::Latest).await.iter().sum::<i64>() >= N as i64 / 3
+        total(&target.addr, "events").await >= N as i64 / 3
     })
     .await;
     first.kill9();
@@ -475,4 +487,47 @@ async fn audit_report_on_the_analytics_cluster_shows_gateway_mirror_and_loader_t
         assert_eq!(total, sent as u64, "{tier}: {text}");
     }
     eprintln!("{text}");
+}
+
+/// A second mirror process joining the group takes over half the partitions: the first
+/// flushes and commits before it gives them up, so the target holds every partition's
+/// records exactly once, in source order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_mirror_joining_the_group_causes_no_duplicates() {
+    const N: usize = 50_000;
+    let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+    create(&source.addr, "events", 8, &[]).await;
+    let mut produced = produce(&source.addr, "events", "dc1", 0..N).await;
+    let config = |id: &str| {
+        let mut c = fjord_mirror::MirrorConfig::new(vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", source.addr)).unwrap()], target.addr.clone(), "events");
+        c.group = "shared".into();
+        c.instance_id = Some(id.into());
+        c
+    };
+    let shutdown = CancellationToken::new();
+    let first = tokio::spawn(fjord_mirror::run(config("a"), None, shutdown.clone()));
+    wait_for("the first half committed", Duration::from_secs(40), || all_committed(&source.addr, "shared", "events")).await;
+    // The second mirror joins while the first copies the second half.
+    let more = tokio::spawn({
+        let addr = source.addr.clone();
+        async move { produce(&addr, "events", "dc1", N..2 * N).await }
+    });
+    let second = tokio::spawn(fjord_mirror::run(config("b"), None, shutdown.clone()));
+    produced.extend(more.await.unwrap());
+    let groups = GroupAdmin::connect(ClientConfig::new(&source.addr)).await.unwrap();
+    wait_for("both mirrors owning partitions", Duration::from_secs(30), || async {
+        let members = groups.describe_group("shared").await.unwrap().members;
+        members.len() == 2 && members.iter().all(|m| !m.assignment.is_empty())
+    })
+    .await;
+    wait_for("everything committed", Duration::from_secs(40), || all_committed(&source.addr, "shared", "events")).await;
+    shutdown.cancel();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    for (partition, records) in read_all(&target.addr, "events").await {
+        let sources: Vec<i64> = records.iter().map(|r| produced[&value(r)].1).collect();
+        let expected: Vec<i64> = (0..sources.len() as i64).collect();
+        assert_eq!(sources, expected, "partition {partition}: duplicates or reordering across the rebalance");
+    }
+    assert_eq!(offsets(&target.addr, "events", OffsetSpec::Latest).await.iter().sum::<i64>(), 2 * N as i64);
 }

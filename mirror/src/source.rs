@@ -74,6 +74,7 @@ impl Target {
                 match self.admin.create_topics(&[topic]).await {
                     Ok(()) => {
                         tracing::info!(topic = name, partitions, ?configs, "created target topic");
+                        self.wait_for_leaders(name).await?;
                         partitions
                     }
                     Err(e) if e.code() == Some(ResponseError::TopicAlreadyExists) => self.admin.describe_topic(name).await?.partitions.len() as i32,
@@ -84,6 +85,24 @@ impl Target {
         };
         known.insert(name.to_string(), n);
         Ok(n)
+    }
+}
+
+impl Target {
+    /// A new topic's partitions get their leaders a moment after CreateTopics answered:
+    /// copying starts once they have them, not with a burst of failed sends.
+    async fn wait_for_leaders(&self, name: &str) -> Result<()> {
+        let deadline = Instant::now() + self.client.request_timeout;
+        loop {
+            match self.admin.describe_topic(name).await {
+                Ok(t) if t.partitions.iter().all(|p| p.leader >= 0) => return Ok(()),
+                Ok(_) | Err(fjord_client::Error::UnknownTopic(_) | fjord_client::Error::LeaderNotAvailable(_)) if Instant::now() < deadline => {
+                    tokio::time::sleep(self.client.retry_backoff).await;
+                }
+                Ok(_) => return Err(fjord_client::Error::LeaderNotAvailable(name.to_string()).into()),
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 }
 
