@@ -362,6 +362,11 @@ async fn retention_past_the_committed_offset_is_reported_as_a_gap_with_exact_off
     let text = http_get(&metrics, "/metrics").await;
     assert!(text.contains(&format!("fjord_mirror_gap_records_total{{source=\"dc1\",topic=\"r\",partition=\"0\"}} {}", log_start - 200)), "{text}");
     assert!(second.log().contains(&format!("offsets 200..={} of r-0", log_start - 1)), "{}", second.log());
+    // `fjord mirror status` shows it.
+    let out = Command::new(env!("CARGO_BIN_EXE_fjord")).args(["mirror", "status", "--metrics", &metrics]).output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.contains(&format!("GAP dc1 r-0: offsets 200..={} ({} records)", log_start - 1, log_start - 200)), "{printed}");
+    assert!(printed.contains("source dc1 (") && printed.contains(": up;"), "{printed}");
     // On record in the analytics cluster too.
     let recorded = read_all(&target.addr, fjord_mirror::GAPS_TOPIC).await;
     let recorded: Vec<fjord_mirror::Gap> = recorded[&0].iter().map(|r| serde_json::from_slice(r.value.as_deref().unwrap()).unwrap()).collect();
