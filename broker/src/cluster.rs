@@ -114,11 +114,31 @@ impl ClusterView {
         let loaded = self
             .wait_for(Duration::from_secs(60), |view| initial.iter().all(|name| view.is_loaded(name)))
             .await;
-        if !loaded {
+        if loaded {
+            self.delete_stray_logs(&initial);
+        } else {
             // A topic deleted meanwhile is never loaded; anything else is a slow store.
             tracing::warn!("not every topic was loaded within 60 s of start; serving anyway");
         }
         Ok(())
+    }
+
+    /// Deletes the logs in the log dir that belong to no replica of this broker: their
+    /// topic was deleted, or the partition reassigned away, while the broker was down.
+    /// A topic that is listed but not in the view (unreadable) keeps its logs.
+    fn delete_stray_logs(&self, listed: &[String]) {
+        for tp in self.logs.partitions() {
+            let stray = match self.topic(&tp.topic) {
+                Some(topic) => !topic.partition_replicas(tp.partition).is_some_and(|r| r.contains(&self.broker_id)),
+                None => !listed.contains(&tp.topic),
+            };
+            if stray {
+                tracing::warn!(partition = %tp, "deleting a log this broker holds no replica of (deleted or moved while it was down)");
+                if let Err(e) = self.logs.delete(&tp) {
+                    tracing::error!(partition = %tp, error = %e, "deleting a stray log failed");
+                }
+            }
+        }
     }
 
     /// The log manager holding this broker's replicas' logs.
@@ -310,7 +330,7 @@ impl ClusterView {
                             }
                         }
                         let token = shutdown.child_token();
-                        let task = tokio::spawn(self.clone().watch_topic(name.clone(), token.clone()));
+                        let task = tokio::spawn(self.clone().watch_topic(name.clone(), token.clone(), shutdown.clone()));
                         running.insert(name, (token, task));
                     }
                     tokio::select! {
@@ -332,23 +352,40 @@ impl ClusterView {
     }
 
     /// `/brokers/topics/<t>`: the assignment (and the config overrides with it), one
-    /// task per partition. Ends when the assignment node is deleted or `stop` fires,
-    /// after every partition task has finished.
-    async fn watch_topic(self: Arc<Self>, name: String, stop: CancellationToken) {
+    /// task per partition. Lives while the topic is listed (until `stop`): when the
+    /// assignment node is deleted, the replicas and their logs go at once, and a topic
+    /// created again under the same name starts afresh.
+    async fn watch_topic(self: Arc<Self>, name: String, stop: CancellationToken, shutdown: CancellationToken) {
         let mut partitions: BTreeMap<i32, (watch::Sender<Vec<i32>>, CancellationToken)> = BTreeMap::new();
         let mut tasks = JoinSet::new();
+        // Creation time of the assignment node read last: tells a new topic of the same
+        // name from an update of the old one.
+        let mut incarnation: Option<i64> = None;
         loop {
             let read = async {
                 let (data, watch) = self.store.watch_data(&paths::topic(&name)).await?;
-                let Some((bytes, _)) = data else { return Ok(None) };
+                let Some((bytes, stat)) = data else { return Ok((None, watch)) };
                 let assignment: TopicAssignment = serde_json::from_slice(&bytes)
                     .map_err(|source| fjord_coord::Error::Codec { path: paths::topic(&name), source })?;
                 let overrides = read_overrides(&*self.store, &name).await?;
-                Ok::<_, fjord_coord::Error>(Some((assignment, overrides, watch)))
+                Ok::<_, fjord_coord::Error>((Some((assignment, overrides, stat.ctime_ms)), watch))
             };
             match read.await {
-                Ok(None) => break, // deleted
-                Ok(Some((assignment, overrides, watch))) => {
+                Ok((None, watch)) => {
+                    incarnation = None;
+                    self.drop_partitions(&name, &mut partitions, &mut tasks, true).await;
+                    tokio::select! {
+                        _ = watch => {}
+                        () = stop.cancelled() => break,
+                    }
+                }
+                Ok((Some((assignment, overrides, created)), watch)) => {
+                    // Deleted and created again between two reads: the old replicas
+                    // (and their data) must not carry over into the new topic.
+                    if incarnation.is_some_and(|seen| seen != created) {
+                        self.drop_partitions(&name, &mut partitions, &mut tasks, true).await;
+                    }
+                    incarnation = Some(created);
                     let topic = match Topic::from_assignment(&name, &assignment, overrides, &self.settings) {
                         Ok(topic) => Arc::new(topic),
                         Err(e) => {
@@ -382,10 +419,6 @@ impl ClusterView {
                             }
                         }
                     }
-                    // Partitions beyond the assignment (never shrinks in Kafka; be safe).
-                    for (_, token) in partitions.split_off(&topic.partition_count()).into_values() {
-                        token.cancel();
-                    }
                     tokio::select! {
                         _ = watch => {}
                         () = stop.cancelled() => break,
@@ -398,27 +431,49 @@ impl ClusterView {
                 }
             }
         }
+        // No longer listed (deleted), or the broker is stopping (its logs stay).
+        self.drop_partitions(&name, &mut partitions, &mut tasks, !shutdown.is_cancelled()).await;
+    }
+
+    /// Stops the topic's partition tasks, deletes the logs of the replicas they held when
+    /// the topic was `deleted`, and removes the topic from the view.
+    async fn drop_partitions(
+        &self,
+        name: &str,
+        partitions: &mut BTreeMap<i32, (watch::Sender<Vec<i32>>, CancellationToken)>,
+        tasks: &mut JoinSet<(TopicPartition, bool)>,
+        deleted: bool,
+    ) {
         for (_, token) in partitions.values() {
             token.cancel();
         }
-        while tasks.join_next().await.is_some() {}
+        partitions.clear();
+        while let Some(joined) = tasks.join_next().await {
+            if let Ok((tp, true)) = joined {
+                if deleted {
+                    if let Err(e) = self.logs.delete(&tp) {
+                        tracing::error!(partition = %tp, error = %e, "deleting the log of a deleted topic failed");
+                    }
+                }
+            }
+        }
         self.update(|v| {
-            v.topics.remove(&name);
+            v.topics.remove(name);
             v.partitions.retain(|tp, _| tp.topic != name);
         });
     }
 
     /// `/brokers/topics/<t>/partitions/<p>/state`: records it in the view and hands it to
     /// the replica manager when this broker is a replica. On `stop` (topic deleted or
-    /// broker stopping) the replica is removed; its log is deleted only when the topic
-    /// is gone, not when the broker merely stops.
+    /// broker stopping) the replica is removed; returns whether there was one (the topic
+    /// task deletes its log if the topic is gone).
     async fn watch_partition(
         self: Arc<Self>,
         tp: TopicPartition,
         topic: Arc<Topic>,
         mut replicas: watch::Receiver<Vec<i32>>,
         stop: CancellationToken,
-    ) {
+    ) -> (TopicPartition, bool) {
         let path = paths::partition_state(&tp.topic, tp.partition);
         let mut applied: Option<(Vec<i32>, StateVersion)> = None;
         loop {
@@ -455,22 +510,8 @@ impl ClusterView {
         }
         if applied.is_some() {
             self.replicas.remove(&tp);
-            if !self.topic_assigned_here(&tp).await {
-                if let Err(e) = self.logs.delete(&tp) {
-                    tracing::error!(partition = %tp, error = %e, "deleting the log of a removed replica failed");
-                }
-            }
         }
-    }
-
-    /// Whether the store still assigns `tp` to this broker (false once the topic is
-    /// deleted). A broker that is stopping keeps its logs; so does one that cannot ask.
-    async fn topic_assigned_here(&self, tp: &TopicPartition) -> bool {
-        match read_json::<TopicAssignment>(&*self.store, &paths::topic(&tp.topic)).await {
-            Ok(Some((assignment, _))) => assignment.replicas(tp.partition).is_some_and(|r| r.contains(&self.broker_id)),
-            Ok(None) => false,
-            Err(_) => true,
-        }
+        (tp, applied.is_some())
     }
 
     /// Brings the local replica in line with (replicas, state): opens the log and

@@ -294,7 +294,54 @@ async fn a_partition_without_live_isr_is_offline_until_its_replica_returns() {
     let mut leader = cluster.client(2).await;
     metadata_until(&mut leader, Some(&["alone"]), "broker 2 to lead", |r| (partitions(&r.topics[0])[0].0 == 2).then_some(())).await;
     assert_eq!(produce(&mut leader, "alone", 0, "more").await, (0, 1), "the log survived");
+
+    // Deleted while broker 2 is down: its log goes when it comes back.
+    cluster.stop_broker(2).await;
+    assert_eq!(delete(&mut client, "alone").await, 0);
+    cluster.start_broker(2, |_| {}).await;
+    metadata(&mut cluster.client(2).await, None).await; // answered once it has started
+    assert!(!cluster.brokers[&2].data_dir.join("alone-0").exists(), "stray log deleted at start");
+
+    // Deleted and created again at once: broker 2 starts the new topic from an empty log.
+    let on_two = |topic: &str| {
+        CreatableTopic::default()
+            .with_name(name(topic))
+            .with_num_partitions(-1)
+            .with_replication_factor(-1)
+            .with_assignments(vec![CreatableReplicaAssignment::default().with_partition_index(0).with_broker_ids(vec![BrokerId(2)])])
+    };
+    assert_eq!(create(&mut client, on_two("again")).await.0, 0);
+    let mut leader = cluster.client(2).await;
+    metadata_until(&mut leader, Some(&["again"]), "broker 2 to lead", |r| (partitions(&r.topics[0])[0].0 == 2).then_some(())).await;
+    assert_eq!(produce(&mut leader, "again", 0, "old").await, (0, 0));
+    assert_eq!(delete(&mut client, "again").await, 0);
+    assert_eq!(create(&mut client, on_two("again")).await.0, 0);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let latest = latest_offset(&mut leader, "again").await;
+        if latest == (0, 0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "broker 2 still serves the old topic: {latest:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     cluster.stop().await;
+}
+
+async fn delete(client: &mut RawClient, topic: &str) -> i16 {
+    let request = DeleteTopicsRequest::default().with_topic_names(vec![name(topic)]);
+    let response: DeleteTopicsResponse = client.call(ApiKey::DeleteTopics, 4, &request).await.unwrap();
+    response.responses[0].error_code
+}
+
+async fn latest_offset(client: &mut RawClient, topic: &str) -> (i16, i64) {
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
+        .with_name(name(topic))
+        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1)])]);
+    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
+    let p = &response.topics[0].partitions[0];
+    (p.error_code, p.offset)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
