@@ -389,3 +389,67 @@ async fn a_controller_that_finds_a_newer_epoch_steps_down_and_competes_again() {
     assert_eq!((state.leader_epoch, state.isr, state.controller_epoch), (1, vec![controller], now), "written by the new epoch");
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controlled_shutdown_hands_leadership_over_and_unclean_election_is_opt_in() {
+    use fjord_coord::registry::{read_json, PartitionState};
+    use fjord_coord::{paths, MetadataStore};
+    let zk = fjord_testkit::ZooKeeper::start().unwrap();
+    let mut cluster = Cluster::start(&zk, "handover", 3, |_| {}).await;
+    let store = fjord_coord::open(Some(&cluster.connect), &cluster.dir.path().join("observer")).await.unwrap();
+    async fn state(store: &dyn MetadataStore, topic: &str) -> (PartitionState, i32) {
+        let (state, stat) = read_json::<PartitionState>(store, &paths::partition_state(topic, 0)).await.unwrap().unwrap();
+        (state, stat.version)
+    }
+    let on = |topic: &str, replicas: &[i32], unclean: Option<&str>| {
+        let configs = unclean.map(|v| {
+            vec![create_topics_request::CreatableTopicConfig::default()
+                .with_name(StrBytes::from_static_str("unclean.leader.election.enable"))
+                .with_value(Some(StrBytes::from_string(v.into())))]
+        });
+        CreatableTopic::default()
+            .with_name(name(topic))
+            .with_num_partitions(-1)
+            .with_replication_factor(-1)
+            .with_configs(configs.unwrap_or_default())
+            .with_assignments(vec![CreatableReplicaAssignment::default()
+                .with_partition_index(0)
+                .with_broker_ids(replicas.iter().copied().map(BrokerId).collect())])
+    };
+    let mut client = cluster.client(3).await;
+    assert_eq!(create(&mut client, on("handed", &[1, 2], None)).await.0, 0);
+    assert_eq!(create(&mut client, on("clean", &[2, 1], None)).await.0, 0);
+    assert_eq!(create(&mut client, on("unclean", &[2, 1], Some("true"))).await.0, 0);
+    assert_eq!(create(&mut client, on("bad", &[2, 1], Some("maybe"))).await.0, 40, "INVALID_CONFIG");
+
+    // Controlled shutdown: by the time broker 1 has stopped, broker 2 leads its partition.
+    cluster.stop_broker(1).await;
+    let (handed, _) = state(&*store, "handed").await;
+    assert_eq!((handed.leader, handed.leader_epoch, handed.isr), (2, 1, vec![2]), "moved before broker 1 exited");
+
+    // Broker 1 left the ISR of "clean" and "unclean" when it stopped; then their leader,
+    // 2, goes too: both offline. When broker 1 returns, out of sync, only the topic that
+    // allows it elects broker 1.
+    for topic in ["clean", "unclean"] {
+        assert_eq!(state(&*store, topic).await.0.isr, vec![2], "{topic}");
+    }
+    cluster.stop_broker(2).await;
+    for topic in ["clean", "unclean"] {
+        let (offline, _) = state(&*store, topic).await;
+        assert_eq!((offline.leader, offline.leader_epoch, offline.isr), (-1, 1, vec![2]), "{topic}");
+    }
+    cluster.start_broker(1, |_| {}).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let unclean = loop {
+        let (unclean, _) = state(&*store, "unclean").await;
+        if unclean.leader != -1 {
+            break unclean;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no unclean election");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!((unclean.leader, unclean.leader_epoch, unclean.isr), (1, 2, vec![1]), "unclean election allowed by the topic");
+    let (clean, _) = state(&*store, "clean").await;
+    assert_eq!((clean.leader, clean.leader_epoch, clean.isr), (-1, 1, vec![2]), "still offline: no unclean election");
+    cluster.stop().await;
+}
