@@ -310,8 +310,9 @@ impl ClusterView {
     }
 
     /// `/brokers/topics`: one task per topic, started when the topic appears and
-    /// cancelled when it goes. A topic that reappears (deleted and created again) waits
-    /// for its previous task to finish, which has removed the old logs by then.
+    /// cancelled (and awaited: it deletes the topic's logs) when it goes, before any new
+    /// topic is started. A topic deleted and created again between two listings is its
+    /// task's to notice ([`ClusterView::watch_topic`]).
     async fn watch_topics(self: Arc<Self>, shutdown: CancellationToken) {
         let mut running: HashMap<String, (CancellationToken, tokio::task::JoinHandle<()>)> = HashMap::new();
         loop {
