@@ -219,28 +219,12 @@ impl BatchHeader {
         if self.compression() != Compression::None {
             return Ok(());
         }
-        let mut seen = 0i32;
-        let mut records = crate::records::Records::new(&batch[BATCH_OVERHEAD..self.size()], BATCH_OVERHEAD);
-        while let Some(record) = records.next_skipping_headers() {
-            let record = record?;
-            if record.offset_delta < 0 || record.offset_delta > self.last_offset_delta {
-                return Err(Error::MalformedRecord {
-                    position: record.position,
-                    detail: "offset delta outside the batch",
-                });
-            }
-            seen += 1;
-            if seen > self.record_count {
-                return Err(Error::RecordCountMismatch {
-                    count: self.record_count,
-                    detail: "batch holds more records",
-                });
-            }
-        }
-        if seen != self.record_count {
-            return Err(Error::RecordCountMismatch { count: self.record_count, detail: "batch holds fewer records" });
-        }
-        Ok(())
+        crate::records::check_framing(
+            &batch[BATCH_OVERHEAD..self.size()],
+            BATCH_OVERHEAD,
+            self.last_offset_delta,
+            self.record_count,
+        )
     }
 }
 

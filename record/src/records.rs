@@ -51,20 +51,8 @@ impl<'a> Records<'a> {
         Self { body, at: 0, base_position, failed: false }
     }
 
-    /// Reads the next record, checking its framing exactly as the iterator does, but
-    /// skipping over the headers instead of collecting them: the append path's
-    /// validation, which must not allocate per record. `None` at the end.
-    pub fn next_skipping_headers(&mut self) -> Option<Result<Record<'a>>> {
-        if self.failed || self.at >= self.body.len() {
-            return None;
-        }
-        let record = self.read_record(false);
-        self.failed = record.is_err();
-        Some(record)
-    }
-
-    /// Reads one record; headers are collected only when `collect_headers`.
-    fn read_record(&mut self, collect_headers: bool) -> Result<Record<'a>> {
+    /// Reads one record with its headers.
+    fn read_record(&mut self) -> Result<Record<'a>> {
         let position = self.base_position + self.at;
         let bad = |detail| Error::MalformedRecord { position, detail };
         let (length, n) = get_varint(&self.body[self.at..]).ok_or(bad("unreadable length"))?;
@@ -81,16 +69,11 @@ impl<'a> Records<'a> {
         let key = cursor.nullable_bytes().ok_or(bad("bad key"))?;
         let value = cursor.nullable_bytes().ok_or(bad("bad value"))?;
         let header_count = cursor.varint().filter(|&c| c >= 0).ok_or(bad("bad header count"))?;
-        let mut headers = Vec::new();
-        if collect_headers {
-            headers.reserve((header_count as usize).min(64));
-        }
+        let mut headers = Vec::with_capacity((header_count as usize).min(64));
         for _ in 0..header_count {
             let key = cursor.nullable_bytes().flatten().ok_or(bad("bad header key"))?;
             let value = cursor.nullable_bytes().ok_or(bad("bad header value"))?;
-            if collect_headers {
-                headers.push(Header { key, value });
-            }
+            headers.push(Header { key, value });
         }
         if cursor.at != cursor.buf.len() {
             return Err(bad("trailing bytes after the headers"));
@@ -107,10 +90,105 @@ impl<'a> Iterator for Records<'a> {
         if self.failed || self.at >= self.body.len() {
             return None;
         }
-        let record = self.read_record(true);
+        let record = self.read_record();
         self.failed = record.is_err();
         Some(record)
     }
+}
+
+/// Checks the framing of every record in the uncompressed batch body `body` exactly as
+/// [`Records`] reads it (lengths, every field, headers, no trailing bytes), that each
+/// offset delta lies in `0..=last_offset_delta`, and that there are exactly
+/// `record_count` records. Errors name positions offset by `base_position`.
+///
+/// The append path's validation: a tight walk over the varints that skips keys,
+/// values and headers without building records, so it costs a few nanoseconds per
+/// record instead of a decode.
+pub(crate) fn check_framing(body: &[u8], base_position: usize, last_offset_delta: i32, record_count: i32) -> Result<()> {
+    let mut at = 0;
+    let mut seen = 0i32;
+    while at < body.len() {
+        let position = base_position + at;
+        let bad = |detail| Error::MalformedRecord { position, detail };
+        let length = varint_at(body, &mut at).ok_or(bad("unreadable length"))?;
+        let end = usize::try_from(length)
+            .ok()
+            .and_then(|len| at.checked_add(len))
+            .filter(|&end| end <= body.len())
+            .ok_or(bad("length runs past the batch"))?;
+        let record = &body[..end];
+        if at == end {
+            return Err(bad("missing attributes"));
+        }
+        at += 1;
+        varlong_at(record, &mut at).ok_or(bad("bad timestamp delta"))?;
+        let offset_delta = varint_at(record, &mut at).ok_or(bad("bad offset delta"))?;
+        skip_nullable(record, &mut at).ok_or(bad("bad key"))?;
+        skip_nullable(record, &mut at).ok_or(bad("bad value"))?;
+        let header_count = varint_at(record, &mut at).filter(|&c| c >= 0).ok_or(bad("bad header count"))?;
+        for _ in 0..header_count {
+            skip_nullable(record, &mut at).filter(|&null| !null).ok_or(bad("bad header key"))?;
+            skip_nullable(record, &mut at).ok_or(bad("bad header value"))?;
+        }
+        if at != end {
+            return Err(bad("trailing bytes after the headers"));
+        }
+        if offset_delta < 0 || offset_delta > last_offset_delta {
+            return Err(bad("offset delta outside the batch"));
+        }
+        seen += 1;
+        if seen > record_count {
+            return Err(Error::RecordCountMismatch { count: record_count, detail: "batch holds more records" });
+        }
+    }
+    if seen != record_count {
+        return Err(Error::RecordCountMismatch { count: record_count, detail: "batch holds fewer records" });
+    }
+    Ok(())
+}
+
+/// Reads the zig-zag varlong at `*at` of `buf` (the same encoding and limits as
+/// [`get_varlong`]) and moves `*at` past it; one and two bytes, nearly all the
+/// varints of a record (lengths and deltas below 8192), take no loop.
+#[inline(always)]
+fn varlong_at(buf: &[u8], at: &mut usize) -> Option<i64> {
+    let first = *buf.get(*at)?;
+    if first < 0x80 {
+        *at += 1;
+        return Some(i64::from(first >> 1) ^ -i64::from(first & 1));
+    }
+    if let Some(&second) = buf.get(*at + 1) {
+        if second < 0x80 {
+            *at += 2;
+            let raw = i64::from(first & 0x7f) | i64::from(second) << 7;
+            return Some((raw >> 1) ^ -(raw & 1));
+        }
+    }
+    let (value, n) = get_varlong(&buf[*at..])?;
+    *at += n;
+    Some(value)
+}
+
+/// [`varlong_at`] for a value that must fit an `i32`, as [`get_varint`].
+#[inline(always)]
+fn varint_at(buf: &[u8], at: &mut usize) -> Option<i32> {
+    i32::try_from(varlong_at(buf, at)?).ok()
+}
+
+/// Skips a length-prefixed byte string (-1 = null) at `*at`; `Some(true)` when null,
+/// `None` when malformed (as [`Cursor::nullable_bytes`]).
+#[inline(always)]
+fn skip_nullable(buf: &[u8], at: &mut usize) -> Option<bool> {
+    let len = varint_at(buf, at)?;
+    if len == -1 {
+        return Some(true);
+    }
+    let end = at.checked_add(usize::try_from(len).ok()?)?;
+    if end > buf.len() {
+        return None;
+    }
+    *at = end;
+    Some(false)
 }
 
 struct Cursor<'a> {
@@ -147,5 +225,88 @@ impl<'a> Cursor<'a> {
         let bytes = self.buf.get(self.at..self.at.checked_add(len)?)?;
         self.at += len;
         Some(Some(bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BatchBuilder, BATCH_OVERHEAD};
+    use proptest::prelude::*;
+
+    /// The verdict of the decoding iterator (what the append path used before
+    /// [`check_framing`]): the reference the fast walk must match exactly.
+    fn reference(body: &[u8], last_offset_delta: i32, record_count: i32) -> Result<()> {
+        let mut seen = 0i32;
+        for record in Records::new(body, BATCH_OVERHEAD) {
+            let record = record?;
+            if record.offset_delta < 0 || record.offset_delta > last_offset_delta {
+                return Err(Error::MalformedRecord { position: record.position, detail: "offset delta outside the batch" });
+            }
+            seen += 1;
+            if seen > record_count {
+                return Err(Error::RecordCountMismatch { count: record_count, detail: "batch holds more records" });
+            }
+        }
+        if seen != record_count {
+            return Err(Error::RecordCountMismatch { count: record_count, detail: "batch holds fewer records" });
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn fast_walk_refuses_exactly_what_decoding_refuses(
+            records in prop::collection::vec(
+                (0i64..100_000,
+                 prop::option::of(prop::collection::vec(any::<u8>(), 0..20)),
+                 prop::option::of(prop::collection::vec(any::<u8>(), 0..200)),
+                 prop::collection::vec(("[a-z]{0,4}", prop::option::of(prop::collection::vec(any::<u8>(), 0..4))), 0..3)),
+                1..12),
+            flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..3),
+            cut in any::<prop::sample::Index>(),
+            cut_it in any::<bool>(),
+            count_lie in -1i32..2,
+            delta_lie in -1i32..2,
+        ) {
+            let mut b = BatchBuilder::new(0);
+            for (ts, k, v, h) in &records {
+                let headers: Vec<(&str, Option<&[u8]>)> = h.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+                b.append(*ts, k.as_deref(), v.as_deref(), &headers);
+            }
+            let bytes = b.build_vec();
+            let mut body = bytes[BATCH_OVERHEAD..].to_vec();
+            for (at, value) in &flips {
+                let i = at.index(body.len());
+                body[i] = *value;
+            }
+            if cut_it {
+                body.truncate(cut.index(body.len() + 1));
+            }
+            let count = records.len() as i32 + count_lie;
+            let last_delta = records.len() as i32 - 1 + delta_lie;
+            prop_assert_eq!(check_framing(&body, BATCH_OVERHEAD, last_delta, count), reference(&body, last_delta, count));
+        }
+
+        #[test]
+        fn fast_varints_read_as_the_reference(value in any::<i64>(), tail in prop::collection::vec(any::<u8>(), 0..3)) {
+            let mut buf = Vec::new();
+            crate::varint::put_varlong(&mut buf, value);
+            let full = buf.len();
+            buf.extend(&tail);
+            for len in 0..=buf.len() {
+                let mut at = 0;
+                let fast = varlong_at(&buf[..len], &mut at).map(|v| (v, at));
+                prop_assert_eq!(fast, get_varlong(&buf[..len]));
+                prop_assert_eq!(fast.is_some(), len >= full);
+            }
+        }
+
+        #[test]
+        fn fast_varints_read_random_bytes_as_the_reference(bytes in prop::collection::vec(any::<u8>(), 0..12)) {
+            let mut at = 0;
+            let fast = varlong_at(&bytes, &mut at).map(|v| (v, at));
+            prop_assert_eq!(fast, get_varlong(&bytes));
+        }
     }
 }
