@@ -151,6 +151,9 @@ pub struct GroupConsumer {
     /// Shared with in-flight commits, which record what the coordinator accepted.
     committed: Arc<Mutex<HashMap<TopicPartition, i64>>>,
     last_auto_commit: Instant,
+    /// With auto-commit off, a poll that finds a rebalance pending returns once without
+    /// joining, so the application commits what it finished before its partitions go.
+    rebalance_announced: bool,
 }
 
 impl GroupConsumer {
@@ -179,6 +182,7 @@ impl GroupConsumer {
             consumed: HashMap::new(),
             committed: Arc::default(),
             last_auto_commit: Instant::now(),
+            rebalance_announced: false,
             config,
         })
     }
@@ -206,15 +210,26 @@ impl GroupConsumer {
     /// Whether the next [`GroupConsumer::poll`] rejoins the group (a rebalance started, or
     /// the member must join): an application that commits by hand (auto-commit off) flushes
     /// what it derived from the records and commits before that poll, because an eager
-    /// rejoin gives up every partition first.
+    /// rejoin gives up every partition first (see [`GroupConsumer::poll`]).
     pub fn rebalance_pending(&self) -> bool {
         self.member.rejoin.load(Ordering::Acquire)
     }
 
     /// Records available now, waiting up to `timeout`; joins or rejoins the group first
     /// when needed, and auto-commits when the interval has passed.
+    ///
+    /// With auto-commit off, the first poll that finds a rebalance pending while this
+    /// member owns partitions returns no records at once instead of rejoining
+    /// ([`GroupConsumer::rebalance_pending`] is then true): the application commits what
+    /// it finished, and the next poll rejoins. So a heartbeat that flags the rebalance
+    /// just after the application checked cannot take partitions with uncommitted work.
     pub async fn poll(&mut self, timeout: Duration) -> Result<Vec<ConsumerRecord>> {
         if self.member.rejoin.load(Ordering::Acquire) {
+            if !self.config.enable_auto_commit && !self.rebalance_announced && !self.owned.is_empty() {
+                self.rebalance_announced = true;
+                return Ok(Vec::new());
+            }
+            self.rebalance_announced = false;
             self.join().await?;
         }
         if self.config.enable_auto_commit && self.last_auto_commit.elapsed() >= self.config.auto_commit_interval {

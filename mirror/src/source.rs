@@ -293,7 +293,9 @@ impl<'a> Session<'a> {
                     return Ok(Some(now));
                 }
             }
-            // An eager rejoin gives up every partition: what was copied is committed first.
+            // An eager rejoin gives up every partition: what was copied is committed first
+            // (a poll that finds a rebalance flagged after this check returns empty
+            // instead of rejoining, so the next round commits first).
             if consumer.rebalance_pending() || self.last_commit.elapsed() >= self.shared.config.commit_interval {
                 self.checkpoint(consumer).await?;
             }
