@@ -160,6 +160,15 @@ impl ProducerState {
     /// applied. `Some` when the append is a retry of a batch already in the log: its
     /// offsets (the whole append is then skipped, as Kafka does).
     pub(crate) fn check(&self, headers: &[(usize, BatchHeader)]) -> Result<Option<BatchMetadata>> {
+        if let [(_, h)] = headers {
+            // One batch, the common append (a produce request carries one batch per
+            // partition): checked against the state itself, without the scratch copy
+            // below and its allocations on every append.
+            return match self.producers.get(&h.producer_id) {
+                Some(entry) if is_idempotent(h) => entry.check(h.producer_id, h),
+                _ => Ok(None),
+            };
+        }
         let mut pending: HashMap<i64, ProducerEntry> = HashMap::new();
         for (_, h) in headers.iter().filter(|(_, h)| is_idempotent(h)) {
             let entry = match pending.get(&h.producer_id).or_else(|| self.producers.get(&h.producer_id)) {
