@@ -203,6 +203,18 @@ fn add_sequence(sequence: i32, n: usize) -> i32 {
     ((i64::from(sequence) + n as i64) % (i64::from(i32::MAX) + 1)) as i32
 }
 
+/// Whether a completed batch was a split one (its parts carry its sequences).
+enum OutcomeKind {
+    Whole,
+    Split,
+}
+
+/// Whether sequence `a` comes after `b` (less than half the space ahead, across the wrap).
+fn sequence_ahead(a: i32, b: i32) -> bool {
+    let distance = (i64::from(a) - i64::from(b)).rem_euclid(i64::from(i32::MAX) + 1);
+    distance > 0 && distance < 1 << 30
+}
+
 /// A record to send.
 #[derive(Debug, Clone, Default)]
 pub struct ProducerRecord {
@@ -343,6 +355,12 @@ struct PartitionQueue {
     next_sequence: i32,
     /// Idempotence: the sequence after the last acknowledged batch.
     acked_sequence: i32,
+    /// Idempotence: the sequences of the batches numbered since the oldest one still
+    /// unresolved (in flight or waiting for a retry), with whether each completed. A new
+    /// batch is numbered only while this holds fewer than 5: the broker remembers a
+    /// producer's last 5 batches, so a retry of the oldest one is still recognised even
+    /// if every later batch was appended meanwhile.
+    window: VecDeque<(i32, bool)>,
 }
 
 struct OpenBatch {
@@ -597,14 +615,29 @@ impl Inner {
     /// leaves a hole in the sequence, which a new producer id closes.
     fn complete(&self, batch: &ReadyBatch, outcome: Outcome) {
         let succeeded = !matches!(outcome, Outcome::Failed(_));
+        let outcome_kind = if matches!(outcome, Outcome::PerRecord(_)) { OutcomeKind::Split } else { OutcomeKind::Whole };
         batch.completion.complete(outcome);
         self.memory.add_permits(batch.memory);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.incomplete -= 1;
         if let Some(stamp) = batch.stamp.filter(|s| Some(s.identity) == state.identity) {
+            // A split batch completes after its parts, which hold its sequence numbers now.
+            let split = matches!(outcome_kind, OutcomeKind::Split);
+            if let Some(queue) = state.queue(&batch.topic, batch.partition).filter(|_| !split) {
+                if let Some(entry) = queue.window.iter_mut().find(|(sequence, _)| *sequence == stamp.sequence) {
+                    entry.1 = true;
+                }
+                while queue.window.front().is_some_and(|(_, done)| *done) {
+                    queue.window.pop_front();
+                }
+            }
             if succeeded {
                 if let Some(queue) = state.queue(&batch.topic, batch.partition) {
-                    queue.acked_sequence = add_sequence(stamp.sequence, batch.records);
+                    // Answers of different requests may be handled out of order: only move forward.
+                    let acked = add_sequence(stamp.sequence, batch.records);
+                    if sequence_ahead(acked, queue.acked_sequence) {
+                        queue.acked_sequence = acked;
+                    }
                 }
             } else {
                 state.reset_pending = true;
@@ -629,7 +662,7 @@ impl Inner {
             self.complete(&batch, Outcome::Failed(error));
             return;
         }
-        tracing::debug!(topic = %batch.topic, partition = batch.partition, %error, "retrying batch");
+        tracing::debug!(topic = %batch.topic, partition = batch.partition, sequence = ?batch.stamp.map(|s| s.sequence), %error, "retrying batch");
         batch.attempts += 1;
         batch.retry_at = Some(Instant::now() + self.cluster.config().retry_backoff);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -778,6 +811,7 @@ async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
         for queue in &mut topic.partitions {
             queue.next_sequence = 0;
             queue.acked_sequence = 0;
+            queue.window.clear();
         }
     }
     Some(Ok(()))
@@ -831,6 +865,14 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
                 next_deadline = Some(next_deadline.map_or(retry_at, |d| d.min(retry_at)));
                 continue;
             }
+            // Idempotence: a new batch waits while 5 numbered ones are unresolved (see
+            // `PartitionQueue::outstanding`); retries go first anyway, in sequence order.
+            if let Some(id) = *identity {
+                let front_is_new = queue.ready.front().is_none_or(|b| b.stamp.is_none_or(|s| s.identity != id));
+                if front_is_new && queue.window.len() >= MAX_IN_FLIGHT_IDEMPOTENT {
+                    continue;
+                }
+            }
             let leader = leaders.and_then(|t| t.partitions.get(p)).map_or(-1, |pm| pm.leader);
             if leader < 0 || !metadata.brokers.contains_key(&leader) {
                 *refresh_due = true;
@@ -866,6 +908,7 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
                 if batch.stamp.is_none_or(|s| s.identity != identity) {
                     let sequence = queue.next_sequence;
                     queue.next_sequence = add_sequence(sequence, batch.records);
+                    queue.window.push_back((sequence, false));
                     batch.stamp(identity, sequence);
                 }
             }
@@ -1036,6 +1079,15 @@ fn split_and_resend(inner: &Arc<Inner>, batch: ReadyBatch) {
         state.incomplete += parts.len();
         let partitions = state.topics.get(&*batch.topic).map_or(0, |t| t.partitions.len()) as i32;
         let queue = &mut state.topics.entry_ref(&batch.topic.clone(), partitions).partitions[batch.partition as usize];
+        if let Some(stamp) = batch.stamp {
+            // The parts take the original's place in the window, one sequence each.
+            if let Some(at) = queue.window.iter().position(|(sequence, _)| *sequence == stamp.sequence) {
+                queue.window.remove(at);
+                for i in (0..parts.len()).rev() {
+                    queue.window.insert(at, (add_sequence(stamp.sequence, i), false));
+                }
+            }
+        }
         for (i, (bytes, completion)) in parts.into_iter().zip(&completions).enumerate().rev() {
             let mut part = ReadyBatch {
                 topic: batch.topic.clone(),
@@ -1114,5 +1166,7 @@ mod tests {
         assert!(!ProducerConfig { enable_idempotence: Some(false), ..ProducerConfig::default() }.idempotent());
         assert_eq!(add_sequence(i32::MAX, 1), 0);
         assert_eq!(add_sequence(i32::MAX - 1, 3), 1);
+        assert!(sequence_ahead(5, 3) && !sequence_ahead(3, 5) && !sequence_ahead(3, 3));
+        assert!(sequence_ahead(2, i32::MAX - 1), "across the wrap");
     }
 }

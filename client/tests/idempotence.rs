@@ -2,6 +2,8 @@
 //! some produce requests reach the broker but closes the connection instead of
 //! returning their answer. The producer retries those batches; with idempotence the log
 //! holds every record exactly once and in order, without it the retries duplicate.
+//! And a leader change in the middle of an idempotent stream (three brokers on a real
+//! ZooKeeper): the new leader knows the producer from the batches it replicated.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,7 +14,9 @@ use bytes::Bytes;
 use fjord_client::{
     Admin, ClientConfig, Consumer, ConsumerConfig, NewTopic, OffsetReset, OffsetSpec, Producer, ProducerConfig, ProducerRecord,
 };
-use fjord_testkit::StandaloneBroker;
+use fjord_coord::registry::{read_json, to_json, PartitionState, TopicAssignment};
+use fjord_coord::{create_all, paths, CreateMode};
+use fjord_testkit::{Cluster, StandaloneBroker};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -153,4 +157,122 @@ async fn without_idempotence_lost_acknowledgements_duplicate_records() {
     let distinct: std::collections::HashSet<&String> = partitions.iter().flatten().collect();
     assert_eq!(distinct.len(), n, "nothing is lost");
     assert!(stored > n, "retries after lost acknowledgements stored {stored} records for {n} sent: expected duplicates");
+}
+
+/// Reads every record of partition 0 of `topic` up to its log end, through `bootstrap`.
+async fn read_partition(bootstrap: &str, topic: &str) -> Vec<String> {
+    let admin = Admin::connect(client(bootstrap)).await.unwrap();
+    let end = admin.list_offsets(&[(topic.to_string(), 0, OffsetSpec::Latest)]).await.unwrap()[0];
+    let mut consumer = Consumer::connect(ConsumerConfig {
+        client: client(bootstrap),
+        auto_offset_reset: OffsetReset::Earliest,
+        fetch_max_wait: Duration::from_millis(50),
+        ..ConsumerConfig::default()
+    })
+    .await
+    .unwrap();
+    consumer.assign([fjord_client::TopicPartition::new(topic, 0)]).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut values = Vec::new();
+    while (values.len() as i64) < end {
+        assert!(Instant::now() < deadline, "read {} of {end} records", values.len());
+        for r in consumer.poll(Duration::from_millis(200)).await.unwrap() {
+            values.push(String::from_utf8(r.value.unwrap().to_vec()).unwrap());
+        }
+    }
+    values
+}
+
+/// The leader of an idempotent stream stops while records are in flight; broker 1 takes
+/// over (the partition state is written as the controller would, and brokers 1 and 2
+/// restart to load it). Every record is acknowledged in the end, and the new leader's log
+/// holds each exactly once, in send order: retries of batches that broker 1 had already
+/// replicated are recognised from the producer state it built as a follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_change_in_the_middle_of_an_idempotent_stream_loses_and_duplicates_nothing() {
+    let mut cluster = Cluster::builder()
+        .brokers(3)
+        .config("auto.create.topics.enable", "false")
+        .config("replica.fetch.wait.max.ms", "50")
+        .start()
+        .await
+        .unwrap();
+    let store = cluster.store().clone();
+    let topic = "failover";
+    create_all(
+        &*store,
+        &paths::topic_config(topic),
+        br#"{"version":1,"config":{"min.insync.replicas":"2"}}"#,
+        CreateMode::Persistent,
+    )
+    .await
+    .unwrap();
+    let assignment = TopicAssignment { partitions: [("0".to_string(), vec![0, 1, 2])].into() };
+    create_all(&*store, &paths::topic(topic), &to_json(&assignment), CreateMode::Persistent).await.unwrap();
+    let state = PartitionState { leader: 0, leader_epoch: 0, isr: vec![0, 1, 2], controller_epoch: 0 };
+    let state_path = paths::partition_state(topic, 0);
+    // A topic written by a controller may already exist when one runs: keep its state.
+    let _ = create_all(&*store, &state_path, &to_json(&state), CreateMode::Persistent).await;
+    for id in cluster.ids() {
+        cluster.stop(id).await.unwrap();
+        cluster.start(id).await.unwrap();
+    }
+    let leader = cluster.wait_for_leader(topic, 0, Duration::from_secs(30)).await.unwrap();
+
+    let config = ProducerConfig {
+        client: client(&cluster.bootstrap()),
+        batch_size: 400,
+        linger: Duration::from_millis(1),
+        ..ProducerConfig::default()
+    };
+    assert!(config.idempotent());
+    let producer = Producer::connect(config).await.unwrap();
+    let n = 20_000;
+    let send = |i: usize| ProducerRecord::new(topic, Bytes::from(format!("m{i}"))).partition(0);
+    let mut first = Vec::new();
+    for i in 0..n / 4 {
+        first.push(producer.send(send(i)).await.unwrap());
+    }
+    for f in first {
+        f.await.unwrap();
+    }
+    let mut rest = Vec::new();
+    for i in n / 4..n / 2 {
+        rest.push(producer.send(send(i)).await.unwrap());
+    }
+    // Records are in flight: the leader goes.
+    cluster.stop(leader).await.unwrap();
+    let next = if leader == 1 { 2 } else { 1 };
+    loop {
+        let (current, stat) = read_json::<PartitionState>(&*store, &state_path).await.unwrap().unwrap();
+        if current.leader != leader {
+            break; // a controller moved it already
+        }
+        let moved = PartitionState {
+            leader: next,
+            leader_epoch: current.leader_epoch + 1,
+            isr: current.isr.iter().copied().filter(|&b| b != leader).collect(),
+            controller_epoch: current.controller_epoch,
+        };
+        if store.set(&state_path, &to_json(&moved), Some(stat.version)).await.is_ok() {
+            break;
+        }
+    }
+    for id in cluster.ids().into_iter().filter(|&id| id != leader) {
+        cluster.stop(id).await.unwrap();
+        cluster.start(id).await.unwrap();
+    }
+    for i in n / 2..n {
+        rest.push(producer.send(send(i)).await.unwrap());
+    }
+    for f in rest {
+        f.await.expect("every record is acknowledged by the new leader");
+    }
+    producer.close().await;
+    let new_leader = cluster.leader(topic, 0).await.unwrap().unwrap();
+    assert_ne!(new_leader, leader);
+    let values = read_partition(&cluster.addr(new_leader), topic).await;
+    let expected: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
+    assert_eq!(values.len(), n, "{} records stored for {n} sent", values.len());
+    assert_eq!(values, expected, "every record once, in send order");
 }
