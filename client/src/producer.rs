@@ -945,8 +945,14 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
         Ok(c) => c,
         Err(e) => {
             release(inner);
+            // A leader that refuses connections has usually died: until the metadata
+            // names its successor, every retry would go to it again.
+            let refresh = e.needs_metadata_refresh();
             for b in batches {
                 inner.retry_or_fail(b, e.clone());
+            }
+            if refresh {
+                refresh_in_background(inner);
             }
             return;
         }
@@ -1053,14 +1059,19 @@ fn handle_response(inner: &Arc<Inner>, conn: &Connection, batches: Vec<ReadyBatc
         }
     }
     if refresh {
-        let inner = inner.clone();
-        tokio::spawn(async move {
-            let _ = inner.cluster.refresh(None).await;
-            inner.wake_sender.notify_one();
-        });
+        refresh_in_background(inner);
     } else {
         inner.wake_sender.notify_one();
     }
+}
+
+/// Refreshes the metadata off the sender task, then wakes the sender to retry on it.
+fn refresh_in_background(inner: &Arc<Inner>) {
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        let _ = inner.cluster.refresh(None).await;
+        inner.wake_sender.notify_one();
+    });
 }
 
 /// Replaces a batch the broker found too large by one batch per record; the original
