@@ -104,8 +104,12 @@ impl ClusterBuilder {
                 .with_context(|| format!("test session on ZooKeeper {connect}"))?,
         );
         let dir = tempfile::Builder::new().prefix("fjord-cluster-").tempdir()?;
-        let mut configs = vec![("zookeeper.session.timeout.ms".to_owned(), SESSION_TIMEOUT_MS.to_owned())];
-        configs.extend(self.configs);
+        // One entry per key, the last one set winning (a TOML file may not repeat a key).
+        let mut configs: Vec<(String, String)> = Vec::new();
+        for (key, value) in [("zookeeper.session.timeout.ms".to_owned(), SESSION_TIMEOUT_MS.to_owned())].into_iter().chain(self.configs) {
+            configs.retain(|(k, _)| *k != key);
+            configs.push((key, value));
+        }
         let mut cluster = Cluster { brokers: BTreeMap::new(), store, connect, mode: self.mode, configs, dir, _zookeeper: zookeeper };
         for id in 0..self.brokers as i32 {
             let data_dir = cluster.dir.path().join(format!("broker-{id}"));
@@ -139,7 +143,8 @@ enum Running {
 
 /// ZooKeeper and brokers 0..n on loopback. Dropping it kills every broker (and the
 /// ZooKeeper it started) and deletes the data. If the test is panicking, the tail of each
-/// broker's log is printed first, as the evidence of what went wrong.
+/// broker's log is printed first, as the evidence of what went wrong, and with
+/// `FJORD_TEST_KEEP` set the data dirs and logs are kept.
 pub struct Cluster {
     brokers: BTreeMap<i32, Node>,
     store: Store,
@@ -533,6 +538,11 @@ impl Drop for Cluster {
                     let _ = writeln!(report, "==== broker {id} log (last 60 lines) ====\n{}", self.log_tail(id, 60));
                 }
                 eprintln!("{report}");
+            }
+            // The data dirs and full logs, for a post-mortem when asked for.
+            if std::env::var_os("FJORD_TEST_KEEP").is_some() {
+                self.dir.disable_cleanup(true);
+                eprintln!("FJORD_TEST_KEEP: cluster data and logs kept in {}", self.dir.path().display());
             }
         }
         for node in self.brokers.values_mut() {
