@@ -394,7 +394,10 @@ async fn a_new_controller_takes_over_and_creates_topics() {
 
     cluster.kill(controller).await.unwrap();
     let successor = cluster.wait_for_controller(&[controller], REACT).await.unwrap();
-    assert!(controller_epoch(&cluster).await > epoch_before, "the new controller bumped the epoch");
+    // It wins /controller first, then bumps the epoch (before it acts).
+    wait_until(REACT, "the new controller's epoch", || async { Ok((controller_epoch(&cluster).await > epoch_before).then_some(())) })
+        .await
+        .unwrap();
     for partition in 0..3 {
         let state = cluster
             .wait_for_state("spread", partition, REACT, "a live leader and no dead ISR member", |s| {
