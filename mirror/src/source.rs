@@ -174,6 +174,8 @@ struct Session<'a> {
     /// Next source offset per owned partition up to which the target acknowledged
     /// everything: what is committed (a failed commit is sent again with the next).
     acked: HashMap<TopicPartition, i64>,
+    /// The last commit failed: the next checkpoint commits even with nothing new sent.
+    commit_failed: bool,
     sent_counts: BTreeMap<String, u64>,
     audit_pending: Option<PendingCounts>,
     rebalances: Arc<Mutex<Vec<Rebalance>>>,
@@ -208,6 +210,7 @@ impl<'a> Session<'a> {
             sent: Vec::new(),
             sent_next: HashMap::new(),
             acked: HashMap::new(),
+            commit_failed: false,
             sent_counts: BTreeMap::new(),
             audit_pending: shared.audit.as_ref().map(|a| a.pending()),
             rebalances: Arc::default(),
@@ -432,7 +435,7 @@ impl<'a> Session<'a> {
     /// Flushes the target, checks every acknowledgement, then commits the source offsets.
     async fn checkpoint(&mut self, consumer: &mut GroupConsumer) -> Result<()> {
         self.last_commit = Instant::now();
-        if self.sent.is_empty() {
+        if self.sent.is_empty() && !self.commit_failed {
             return Ok(());
         }
         self.producer.flush().await;
@@ -454,10 +457,17 @@ impl<'a> Session<'a> {
         // Exactly what the target acknowledged, which may be less than what was polled.
         let offsets: Vec<(TopicPartition, i64)> = self.acked.iter().map(|(tp, o)| (tp.clone(), *o)).collect();
         match consumer.commit_offsets_sync(&offsets).await {
-            Ok(()) => self.shared.stats.committed(self.alias),
-            // The group is rebalancing: the next poll rejoins; whoever owns these
-            // partitions next copies them again from the previous commit (duplicates).
-            Err(e) => tracing::warn!(source = %self.alias, error = %e, "offset commit failed; the records since the previous commit will be copied again"),
+            Ok(()) => {
+                self.commit_failed = false;
+                self.shared.stats.committed(self.alias);
+            }
+            // The group is rebalancing, or the coordinator is away: the commit is sent
+            // again at the next checkpoint (even without new records); partitions that
+            // move meanwhile are copied again from the previous commit (duplicates).
+            Err(e) => {
+                self.commit_failed = true;
+                tracing::warn!(source = %self.alias, error = %e, "offset commit failed; retried at the next checkpoint");
+            }
         }
         Ok(())
     }
