@@ -6,7 +6,10 @@
 //! writes of the batch's size), append throughput of 200-byte records in batches of 1, 50,
 //! 1,000 records and ~1 MiB, sequential read throughput, and random `read(offset)`
 //! lookup latency p50/p99 on a 1 GiB log (in page cache, 128 MiB segments so most
-//! lookups go through sealed segments' index files). Then the same operations as
+//! lookups go through sealed segments' index files). The append and write rates are
+//! given twice: by wall time, and by this thread's CPU time (user + system, from
+//! /proc/thread-self/schedstat), which on a shared, busy machine is much steadier
+//! because it leaves out the time spent waiting for a core. Then the same operations as
 //! short criterion benchmarks. `FJORD_BENCH_DIR=/some/dir` measures another file
 //! system (e.g. a tmpfs, to see the software overhead without disk writeback).
 
@@ -53,15 +56,42 @@ fn bench_config() -> LogConfig {
     }
 }
 
-/// Bytes per second writing `total` bytes in `write_size` writes, no fsync, to
-/// 128 MiB files of which at most 512 MiB are kept: the same file pattern as the
-/// log's appends (128 MiB segments, retention 512 MiB), so both meet the same
-/// page-cache and writeback conditions.
-fn page_cache_write_rate(dir: &Path, total: u64, write_size: usize) -> f64 {
+/// Nanoseconds this thread has run on a CPU (Linux; 0 elsewhere, which shows as
+/// an infinite CPU-time rate rather than a wrong one).
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Wall and CPU seconds spent on a measured piece of work.
+#[derive(Default, Clone, Copy)]
+struct Cost {
+    wall: f64,
+    cpu: f64,
+}
+
+impl Cost {
+    fn since(start: Instant, cpu_start: u64) -> Cost {
+        Cost { wall: start.elapsed().as_secs_f64(), cpu: (thread_cpu_ns() - cpu_start) as f64 / 1e9 }
+    }
+
+    fn add(&mut self, other: Cost) {
+        self.wall += other.wall;
+        self.cpu += other.cpu;
+    }
+}
+
+/// Time to write `total` bytes in `write_size` writes, no fsync, to 128 MiB files
+/// of which at most 512 MiB are kept: the same file pattern as the log's appends
+/// (128 MiB segments, retention 512 MiB), so both meet the same page-cache and
+/// writeback conditions.
+fn page_cache_write(dir: &Path, total: u64, write_size: usize) -> Cost {
     let chunk = vec![0u8; write_size];
     let mut files = std::collections::VecDeque::new();
     let mut written = 0u64;
-    let start = Instant::now();
+    let (start, cpu_start) = (Instant::now(), thread_cpu_ns());
     while written < total {
         let path = dir.join(format!("dd-{}.tmp", files.len() + written as usize));
         let mut f = File::create(&path).unwrap();
@@ -76,11 +106,11 @@ fn page_cache_write_rate(dir: &Path, total: u64, write_size: usize) -> f64 {
             std::fs::remove_file(files.pop_front().unwrap()).unwrap();
         }
     }
-    let rate = written as f64 / start.elapsed().as_secs_f64();
+    let cost = Cost::since(start, cpu_start);
     for f in files {
         std::fs::remove_file(f).unwrap();
     }
-    rate
+    cost
 }
 
 /// Writes back other dirty pages first (`sync`), so that a measurement does not
@@ -90,15 +120,15 @@ fn settle() {
 }
 
 /// Appends `batch` until `total` bytes went in; keeps at most ~512 MiB on disk.
-/// Returns (bytes/s, records/s).
-fn append_rate(dir: &Path, batch: &[u8], records: usize, total: u64) -> (f64, f64) {
+/// Returns the cost, bytes and records appended.
+fn append(dir: &Path, batch: &[u8], records: usize, total: u64) -> (Cost, u64, u64) {
     let config = LogConfig { retention_bytes: Some(512 << 20), ..bench_config() };
     let log = Log::open(dir.join("append-0"), config).unwrap();
     log.append(&mut batch.to_vec(), 0).unwrap(); // the first append writes the epoch checkpoint
     let mut buf = batch.to_vec();
     let mut written = 0u64;
     let mut appends = 0u64;
-    let start = Instant::now();
+    let (start, cpu_start) = (Instant::now(), thread_cpu_ns());
     while written < total {
         log.append(&mut buf, 0).unwrap();
         written += buf.len() as u64;
@@ -107,9 +137,9 @@ fn append_rate(dir: &Path, batch: &[u8], records: usize, total: u64) -> (f64, f6
             log.apply_retention(0).unwrap();
         }
     }
-    let secs = start.elapsed().as_secs_f64();
+    let cost = Cost::since(start, cpu_start);
     log.delete().unwrap();
-    (written as f64 / secs, (appends * records as u64) as f64 / secs)
+    (cost, written, appends * records as u64)
 }
 
 /// A log of about `total` bytes in batches of 50 records; returns it and its end offset.
@@ -148,27 +178,41 @@ fn summary(dir: &Path) {
     for (label, records) in [("1-record batches", 1), ("50-record batches", 50), ("1000-record batches", 1000), ("1 MiB batches", 0)] {
         let (batch, n) = build_batch(records);
         let total: u64 = if records == 1 { 8 << 20 } else { 64 << 20 };
-        let (mut page_cache, mut same_size, mut append, mut msgs) = (0f64, 0f64, 0f64, 0f64);
+        let (mut page_cache, mut same_size, mut appends) = (Cost::default(), Cost::default(), Cost::default());
+        let (mut bytes, mut msgs) = (0u64, 0u64);
         for _ in 0..ROUNDS {
             settle();
-            page_cache += total as f64 / page_cache_write_rate(dir, total, 1 << 20);
-            same_size += total as f64 / page_cache_write_rate(dir, total, batch.len());
-            let (b, m) = append_rate(dir, &batch, n, total);
-            append += total as f64 / b;
-            msgs += m * (total as f64 / b);
+            page_cache.add(page_cache_write(dir, total, 1 << 20));
+            same_size.add(page_cache_write(dir, total, batch.len()));
+            let (cost, b, m) = append(dir, &batch, n, total);
+            appends.add(cost);
+            bytes += b;
+            msgs += m;
         }
         let volume = (total * u64::from(ROUNDS)) as f64;
-        let (page_cache, same_size, bytes, msgs) = (volume / page_cache, volume / same_size, volume / append, msgs / append);
+        let rate = |c: Cost| (volume / c.wall, volume / c.cpu);
+        let ((page_cache, page_cache_cpu), (same_size, same_size_cpu)) = (rate(page_cache), rate(same_size));
+        let (append_rate, append_cpu) = (bytes as f64 / appends.wall, bytes as f64 / appends.cpu);
         println!(
             "append {label:<20} ({:>7} B/batch, {:>4} MiB): {:>6.0} MB/s {:>9.0} msg/s | page cache 1 MiB writes {:>6.0} MB/s -> {:>5.1}% | same-size writes {:>6.0} MB/s -> {:>5.1}%",
             batch.len(),
             (total * u64::from(ROUNDS)) >> 20,
-            bytes / MIB,
-            msgs,
+            append_rate / MIB,
+            msgs as f64 / appends.wall,
             page_cache / MIB,
-            100.0 * bytes / page_cache,
+            100.0 * append_rate / page_cache,
             same_size / MIB,
-            100.0 * bytes / same_size,
+            100.0 * append_rate / same_size,
+        );
+        println!(
+            "  by CPU time {:<12} ({:>4.0}% of wall): {:>6.0} MB/s               | page cache 1 MiB writes {:>6.0} MB/s -> {:>5.1}% | same-size writes {:>6.0} MB/s -> {:>5.1}%",
+            "",
+            100.0 * appends.cpu / appends.wall,
+            append_cpu / MIB,
+            page_cache_cpu / MIB,
+            100.0 * append_cpu / page_cache_cpu,
+            same_size_cpu / MIB,
+            100.0 * append_cpu / same_size_cpu,
         );
     }
     let (log, end) = build_log(dir, GIB);
