@@ -1,0 +1,33 @@
+//! The broker configs in deploy/ are read by `fjord broker --config`: every key in them
+//! must be one the broker knows, with a valid value, or the cluster would not start.
+
+use std::path::{Path, PathBuf};
+
+use fjord_broker::BrokerConfig;
+
+fn configs(dir: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn deploy_broker_configs_parse_and_validate() {
+    for dir in ["cluster", "systemd"] {
+        let files = configs(dir);
+        assert_eq!(files.len(), 3, "three broker configs in deploy/{dir}");
+        for (i, file) in files.iter().enumerate() {
+            let text = std::fs::read_to_string(file).unwrap();
+            let config = BrokerConfig::from_toml(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            config.validate().unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            assert_eq!(config.broker_id, i as i32 + 1, "{} is broker-{}.toml", file.display(), i + 1);
+            assert_eq!(config.default_replication_factor, 3, "{}", file.display());
+            assert!(config.zookeeper_connect.as_deref().is_some_and(|c| c.ends_with("/fjord")), "{}", file.display());
+        }
+    }
+}
