@@ -169,9 +169,11 @@ impl GroupConsumer {
             rejoin: AtomicBool::new(true),
             joining: AtomicBool::new(false),
         });
-        let heartbeat = tokio::spawn(heartbeat_loop(member.clone(), config.group_id.clone(), config.group_instance_id.clone(), config.heartbeat_interval));
+        let coord = Coordinator { cluster, member: member.clone(), group_id: config.group_id.clone() };
+        let heartbeat_coord = Coordinator { cluster: coord.cluster.clone(), member: member.clone(), group_id: config.group_id.clone() };
+        let heartbeat = tokio::spawn(heartbeat_loop(heartbeat_coord, config.group_instance_id.clone(), config.heartbeat_interval));
         Ok(Self {
-            coord: Coordinator { cluster, member: member.clone(), group_id: config.group_id.clone() },
+            coord,
             consumer,
             topics: topics.iter().map(|t| t.to_string()).collect(),
             member,
@@ -766,15 +768,27 @@ impl Drop for GroupConsumer {
     }
 }
 
-async fn heartbeat_loop(member: Arc<Member>, group: String, instance: Option<String>, interval: Duration) {
+/// Heartbeats while the member is in a generation. When the coordinator is lost (its
+/// broker died or handed the group over), the next beat finds the new one: the member
+/// may be idle (no commits, nothing to fetch) and the heartbeat is then its only
+/// request to the coordinator, the one that learns (UNKNOWN_MEMBER_ID from the new
+/// coordinator) that it must rejoin.
+async fn heartbeat_loop(coord: Coordinator, instance: Option<String>, interval: Duration) {
+    let (member, group) = (&coord.member, &coord.group_id);
     loop {
         tokio::time::sleep(interval).await;
         if member.joining.load(Ordering::Acquire) || member.rejoin.load(Ordering::Acquire) {
             continue;
         }
-        let Some(conn) = lock(&member.coordinator).clone() else { continue };
+        let conn = match coord.coordinator().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::debug!(group = %group, "heartbeat: no coordinator: {e}");
+                continue;
+            }
+        };
         let request = HeartbeatRequest::default()
-            .with_group_id(GroupId(s(&group)))
+            .with_group_id(GroupId(s(group)))
             .with_generation_id(*lock(&member.generation))
             .with_member_id(s(&lock(&member.member_id)))
             .with_group_instance_id(instance.as_deref().map(s));

@@ -1,0 +1,197 @@
+//! The group consumer against a 3-broker cluster on a real ZooKeeper (fjord-testkit,
+//! in-process brokers): the group's coordinator broker stops, another broker takes the
+//! `/consumers/<group>/coordinator` node, and the members rejoin and resume from the
+//! committed offsets: nothing skipped, re-reads only of what was not committed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fjord_client::{Acks, Admin, ClientConfig, GroupConfig, GroupConsumer, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord};
+use fjord_coord::paths;
+use fjord_testkit::{wait_until, Cluster};
+
+const TOPIC: &str = "events";
+const PARTITIONS: i32 = 6;
+const GROUP: &str = "g";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The broker named by the group's coordinator node, if any.
+async fn coordinator(cluster: &Cluster) -> anyhow::Result<Option<i32>> {
+    let Some((data, _)) = cluster.store().get(&paths::group_coordinator(GROUP)).await? else { return Ok(None) };
+    let holder: serde_json::Value = serde_json::from_slice(&data)?;
+    Ok(holder["broker_id"].as_i64().map(|id| id as i32))
+}
+
+/// `per_partition` records into every partition, acks=all.
+async fn produce(producer: &Producer, per_partition: usize, round: usize) {
+    let mut acks = Vec::new();
+    for i in 0..per_partition {
+        for p in 0..PARTITIONS {
+            acks.push(producer.send(ProducerRecord::new(TOPIC, format!("r{round}-p{p}-{i}")).partition(p)).await.unwrap());
+        }
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+}
+
+/// (partition, offset) → how many times the group consumed it.
+type Seen = Arc<Mutex<HashMap<(i32, i64), usize>>>;
+
+async fn wait_consumed(seen: &Seen, n: usize, what: &str) {
+    wait_until(WAIT, what, || async { Ok((seen.lock().unwrap().len() >= n).then_some(())) }).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets() {
+    let mut cluster = Cluster::builder()
+        .brokers(3)
+        .config("group.initial.rebalance.delay.ms", 100)
+        .config("group.min.session.timeout.ms", 1000)
+        .start()
+        .await
+        .unwrap();
+    let client = ClientConfig { connect_timeout: Duration::from_secs(2), ..ClientConfig::new(&cluster.bootstrap()) };
+    let mut topic = NewTopic::new(TOPIC, PARTITIONS);
+    topic.replication_factor = 3;
+    Admin::connect(client.clone()).await.unwrap().create_topics(&[topic]).await.unwrap();
+    cluster.wait_fully_replicated(TOPIC, WAIT).await.unwrap();
+    let producer = Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, delivery_timeout: Duration::from_secs(20), ..ProducerConfig::default() }).await.unwrap();
+    produce(&producer, 20, 0).await;
+
+    let seen: Seen = Arc::default();
+    let commit = Arc::new(AtomicBool::new(true));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Per partition, the highest offset a member's successful commit covered.
+    let committed_max: Arc<Mutex<HashMap<i32, i64>>> = Arc::default();
+    // Records read again although a commit already covered them: must stay empty.
+    let rereads: Arc<Mutex<Vec<(i32, i64)>>> = Arc::default();
+    let mut members = Vec::new();
+    for _ in 0..2 {
+        let mut config = GroupConfig::new(&cluster.bootstrap(), GROUP);
+        config.consumer.client.connect_timeout = Duration::from_secs(2);
+        config.consumer.auto_offset_reset = OffsetReset::Earliest;
+        config.consumer.fetch_max_wait = Duration::from_millis(100);
+        config.session_timeout = Duration::from_secs(3);
+        config.heartbeat_interval = Duration::from_millis(300);
+        config.enable_auto_commit = false;
+        let (seen, commit, stop, committed_max, rereads) = (seen.clone(), commit.clone(), stop.clone(), committed_max.clone(), rereads.clone());
+        members.push(tokio::spawn(async move {
+            let mut c = GroupConsumer::subscribe(config, &[TOPIC]).await.unwrap();
+            let mut errors = Vec::new();
+            // What this member would commit: per owned partition, the next offset after its last read.
+            // The eager protocol gives up every partition on a rejoin (and the client forgets
+            // their positions): a new generation starts from an empty map. The member id is
+            // part of it: a new coordinator numbers the generations from 1 again.
+            let mut position: HashMap<i32, i64> = HashMap::new();
+            let mut generation = (-1, String::new());
+            while !stop.load(Ordering::Acquire) {
+                let polled = c.poll(Duration::from_millis(100)).await;
+                if (c.generation(), c.member_id()) != generation {
+                    generation = (c.generation(), c.member_id());
+                    position.clear();
+                }
+                match polled {
+                    Ok(records) => {
+                        let mut s = seen.lock().unwrap();
+                        let committed = committed_max.lock().unwrap();
+                        for r in records {
+                            let n = s.entry((r.partition, r.offset)).or_default();
+                            *n += 1;
+                            if *n > 1 && r.offset < committed.get(&r.partition).copied().unwrap_or(0) {
+                                rereads.lock().unwrap().push((r.partition, r.offset));
+                            }
+                            position.insert(r.partition, r.offset + 1);
+                        }
+                    }
+                    Err(e) => errors.push(format!("poll: {e}")),
+                }
+                let owned: BTreeSet<i32> = c.assignment().iter().map(|tp| tp.partition).collect();
+                position.retain(|p, _| owned.contains(p));
+                // A commit during a rebalance or a coordinator move fails; the next one retries.
+                if commit.load(Ordering::Acquire) && c.commit_sync().await.is_ok() {
+                    let mut committed = committed_max.lock().unwrap();
+                    for (&p, &o) in &position {
+                        let max = committed.entry(p).or_default();
+                        *max = (*max).max(o);
+                    }
+                }
+            }
+            c.close().await.unwrap();
+            errors
+        }));
+    }
+    wait_consumed(&seen, 20 * PARTITIONS as usize, "the first round consumed").await;
+    let old = wait_until(WAIT, "a coordinator node", || coordinator(&cluster)).await.unwrap();
+
+    // Stop committing, read a second round: those records are consumed but not committed.
+    commit.store(false, Ordering::Release);
+    // The commits in flight land; then the first round, all of it, is what is committed.
+    let admin = fjord_client::GroupAdmin::connect(client.clone()).await.unwrap();
+    let committed: BTreeMap<i32, i64> = wait_until(WAIT, "the first round committed", || async {
+        let c: BTreeMap<i32, i64> = admin.committed_offsets(GROUP).await?.into_iter().map(|(tp, o)| (tp.partition, o)).collect();
+        Ok((c.len() == PARTITIONS as usize && c.values().all(|&o| o == 20)).then_some(c))
+    })
+    .await
+    .unwrap();
+    produce(&producer, 10, 1).await;
+    wait_consumed(&seen, 30 * PARTITIONS as usize, "the second round consumed").await;
+
+    cluster.stop(old).await.unwrap();
+    for p in 0..PARTITIONS {
+        let state = cluster.wait_for_state(TOPIC, p, WAIT, "a leader on a running broker", |s| s.leader >= 0 && s.leader != old).await.unwrap();
+        eprintln!("{TOPIC}-{p} after the stop: {state:?}");
+    }
+    let moved = wait_until(WAIT, "another broker's coordinator node", || async {
+        Ok(coordinator(&cluster).await?.filter(|&id| id != old))
+    })
+    .await;
+    let new = match moved {
+        Ok(new) => new,
+        Err(e) => panic!("{e:#}; the coordinator node now names {:?}", coordinator(&cluster).await),
+    };
+    eprintln!("coordinator moved from broker {old} to broker {new}");
+    commit.store(true, Ordering::Release);
+    // FIXME(cluster): the producer made before the stop times out (DeliveryTimeout) on
+    // this round although every partition has a new leader; a fresh producer works.
+    let producer = Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, delivery_timeout: Duration::from_secs(20), ..ProducerConfig::default() }).await.unwrap();
+    produce(&producer, 10, 2).await;
+    wait_consumed(&seen, 40 * PARTITIONS as usize, "the third round consumed after the move").await;
+
+    // The stopped broker comes back and catches up; the group keeps consuming.
+    cluster.start(old).await.unwrap();
+    cluster.wait_fully_replicated(TOPIC, WAIT).await.unwrap();
+    produce(&producer, 10, 3).await;
+    wait_consumed(&seen, 50 * PARTITIONS as usize, "the fourth round consumed after the restart").await;
+    // Wait for the final commits to reach the end of every partition.
+    wait_until(WAIT, "commits at the log end", || async {
+        let c = admin.committed_offsets(GROUP).await?;
+        Ok((c.len() == PARTITIONS as usize && c.values().all(|&o| o == 50)).then_some(()))
+    })
+    .await
+    .unwrap();
+    stop.store(true, Ordering::Release);
+    for m in members {
+        let errors = m.await.unwrap();
+        eprintln!("member poll errors: {errors:?}");
+    }
+
+    let seen = seen.lock().unwrap();
+    let all: BTreeSet<(i32, i64)> = (0..PARTITIONS).flat_map(|p| (0..50).map(move |o| (p, o))).collect();
+    assert_eq!(seen.keys().copied().collect::<BTreeSet<_>>(), all, "every record consumed, nothing else");
+    // Re-reads (at-least-once): only of records no successful commit covered when they
+    // were read again, each at most once more. The second round, consumed but not
+    // committed when the coordinator stopped, is the bulk of them; a commit that failed
+    // in a rebalance adds a few.
+    let duplicates: BTreeMap<(i32, i64), usize> = seen.iter().filter(|(_, &n)| n > 1).map(|(k, &n)| (*k, n)).collect();
+    let uncommitted_at_stop = duplicates.keys().filter(|(p, o)| *o >= committed[p] && *o < 30).count();
+    eprintln!("records consumed twice: {} ({uncommitted_at_stop} of them uncommitted when the coordinator stopped)", duplicates.len());
+    assert_eq!(uncommitted_at_stop, 10 * PARTITIONS as usize, "the group resumed from the committed offsets, so it read the second round again");
+    assert_eq!(*rereads.lock().unwrap(), [], "records read again after a commit covered them");
+    for (&(p, o), &n) in &duplicates {
+        assert_eq!(n, 2, "{p}:{o} consumed {n} times");
+        assert!(o >= committed[&p], "{p}:{o} was committed before the coordinator stopped, then read again");
+    }
+}
