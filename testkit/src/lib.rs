@@ -80,6 +80,23 @@ impl ZooKeeper {
         self.port
     }
 
+    /// SIGSTOP: the server keeps its sockets but answers nothing and lets no session
+    /// expire while stopped; every client sees ZooKeeper gone silent (a partition, a GC
+    /// pause). Sessions whose time ran out meanwhile expire once it resumes.
+    pub fn pause(&self) -> Result<()> {
+        self.signal(nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// SIGCONT after [`ZooKeeper::pause`].
+    pub fn resume(&self) -> Result<()> {
+        self.signal(nix::sys::signal::Signal::SIGCONT)
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) -> Result<()> {
+        let pid = i32::try_from(self.process.id()).context("pid out of range")?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).with_context(|| format!("{signal} to ZooKeeper (pid {pid})"))
+    }
+
     fn wait_until_serving(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {

@@ -1,0 +1,123 @@
+//! ZooKeeper lost after start: the server is paused (SIGSTOP) for longer than the
+//! brokers' session timeout, then resumed. Meanwhile leaders keep answering fetches for
+//! what they lead; afterwards the brokers have re-registered, a controller is elected,
+//! produce and consume work again, and nothing acknowledged before is lost.
+
+use std::time::{Duration, Instant};
+
+use fjord_client::{Acks, Admin, ClientConfig, Consumer, ConsumerConfig, NewTopic, Producer, ProducerConfig, ProducerRecord, SeekTo, TopicPartition};
+use fjord_coord::paths;
+use fjord_testkit::{wait_until, Cluster, ZooKeeper};
+
+const TOPIC: &str = "events";
+const PARTITIONS: i32 = 3;
+const WAIT: Duration = Duration::from_secs(30);
+/// The brokers' `zookeeper.session.timeout.ms`.
+const SESSION_TIMEOUT: Duration = Duration::from_secs(3);
+
+async fn produce(client: &ClientConfig, per_partition: usize, round: usize) {
+    let config = ProducerConfig { client: client.clone(), acks: Acks::All, delivery_timeout: Duration::from_secs(20), ..ProducerConfig::default() };
+    let producer = Producer::connect(config).await.unwrap();
+    let mut acks = Vec::new();
+    for i in 0..per_partition {
+        for p in 0..PARTITIONS {
+            acks.push(producer.send(ProducerRecord::new(TOPIC, format!("r{round}-p{p}-{i}")).partition(p)).await.unwrap());
+        }
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+}
+
+/// Every partition's values from offset 0 up to `per_partition` records, read with a
+/// fresh consumer (its own metadata, its own connections).
+async fn read_all(client: &ClientConfig, per_partition: usize) -> Vec<Vec<String>> {
+    let config = ConsumerConfig { client: client.clone(), fetch_max_wait: Duration::from_millis(100), ..ConsumerConfig::default() };
+    let mut consumer = Consumer::connect(config).await.unwrap();
+    let partitions: Vec<TopicPartition> = (0..PARTITIONS).map(|p| TopicPartition::new(TOPIC, p)).collect();
+    consumer.assign(partitions.clone()).await.unwrap();
+    for tp in &partitions {
+        consumer.seek(tp, SeekTo::Offset(0)).unwrap();
+    }
+    let mut values = vec![Vec::new(); PARTITIONS as usize];
+    let deadline = Instant::now() + WAIT;
+    while values.iter().any(|v| v.len() < per_partition) {
+        assert!(Instant::now() < deadline, "read only {:?} records per partition", values.iter().map(Vec::len).collect::<Vec<_>>());
+        for r in consumer.poll(Duration::from_millis(200)).await.unwrap() {
+            values[r.partition as usize].push(String::from_utf8(r.value.unwrap().to_vec()).unwrap());
+        }
+    }
+    values
+}
+
+/// The session owning each broker's registration node (`None` when not registered).
+async fn registrations(cluster: &Cluster) -> Vec<Option<i64>> {
+    let mut owners = Vec::new();
+    for id in cluster.ids() {
+        owners.push(cluster.store().get(&paths::broker(id)).await.unwrap().map(|(_, stat)| stat.ephemeral_owner));
+    }
+    owners
+}
+
+async fn controller_epoch(cluster: &Cluster) -> i32 {
+    let (data, _) = cluster.store().get(paths::CONTROLLER_EPOCH).await.unwrap().expect("/controller_epoch");
+    String::from_utf8(data).unwrap().trim().parse().unwrap()
+}
+
+fn expected(rounds: &[(usize, usize)]) -> Vec<Vec<String>> {
+    (0..PARTITIONS)
+        .map(|p| rounds.iter().flat_map(|&(round, n)| (0..n).map(move |i| format!("r{round}-p{p}-{i}"))).collect())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brokers_recover_after_zookeeper_was_silent_longer_than_the_session_timeout() {
+    let zk = tokio::task::spawn_blocking(ZooKeeper::start).await.unwrap().unwrap();
+    let cluster = Cluster::builder()
+        .brokers(3)
+        .zookeeper(zk.connect_string())
+        .config("zookeeper.session.timeout.ms", SESSION_TIMEOUT.as_millis())
+        .start()
+        .await
+        .unwrap();
+    let client = ClientConfig { connect_timeout: Duration::from_secs(2), ..ClientConfig::new(&cluster.bootstrap()) };
+    let mut topic = NewTopic::new(TOPIC, PARTITIONS);
+    topic.replication_factor = 3;
+    Admin::connect(client.clone()).await.unwrap().create_topics(&[topic]).await.unwrap();
+    cluster.wait_fully_replicated(TOPIC, WAIT).await.unwrap();
+    produce(&client, 20, 0).await;
+    let before = cluster.controller().await.unwrap();
+    let epoch_before = controller_epoch(&cluster).await;
+    let sessions_before = registrations(&cluster).await;
+
+    zk.pause().unwrap();
+    let paused = Instant::now();
+    // While ZooKeeper is silent, the leaders still serve what they have.
+    assert_eq!(read_all(&client, 20).await, expected(&[(0, 20)]), "fetches while ZooKeeper is paused");
+    // The pause must outlast the session timeout: this is the fault itself, not a wait
+    // for a condition.
+    tokio::time::sleep((SESSION_TIMEOUT * 2).saturating_sub(paused.elapsed())).await;
+    zk.resume().unwrap();
+    eprintln!("ZooKeeper paused for {:?} (controller before: {before:?})", paused.elapsed());
+
+    // Every broker registers again, in a new session (the old ones expired).
+    wait_until(WAIT, "every broker registered in a new session", || async {
+        let now = registrations(&cluster).await;
+        Ok(now.iter().zip(&sessions_before).all(|(now, before)| now.is_some_and(|s| Some(s) != *before)).then_some(()))
+    })
+    .await
+    .unwrap();
+    // A controller is elected again: the old one's node went with its session, and
+    // the epoch that fences a stale controller moved on.
+    let epoch_after = wait_until(WAIT, "a newer controller epoch", || async {
+        let epoch = controller_epoch(&cluster).await;
+        Ok((epoch > epoch_before).then_some(epoch))
+    })
+    .await
+    .unwrap();
+    let after = cluster.wait_for_controller(&[], WAIT).await.unwrap();
+    eprintln!("controller after: {after} (epoch {epoch_before} -> {epoch_after})");
+    cluster.wait_fully_replicated(TOPIC, WAIT).await.unwrap();
+    produce(&client, 10, 1).await;
+    assert_eq!(read_all(&client, 30).await, expected(&[(0, 20), (1, 10)]), "everything acknowledged, in order");
+}
