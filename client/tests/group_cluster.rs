@@ -154,9 +154,6 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
     };
     eprintln!("coordinator moved from broker {old} to broker {new}");
     commit.store(true, Ordering::Release);
-    // FIXME(cluster): the producer made before the stop times out (DeliveryTimeout) on
-    // this round although every partition has a new leader; a fresh producer works.
-    let producer = Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, delivery_timeout: Duration::from_secs(20), ..ProducerConfig::default() }).await.unwrap();
     produce(&producer, 10, 2).await;
     wait_consumed(&seen, 40 * PARTITIONS as usize, "the third round consumed after the move").await;
 
