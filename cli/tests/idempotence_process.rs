@@ -3,8 +3,11 @@
 //! broker` is killed with SIGKILL mid-stream and started again on the same port and data
 //! dir. Requests the broker appended but never answered are retried by librdkafka after
 //! the restart; the producer state the broker recovers from its log and snapshots must
-//! recognise them, so every record is stored exactly once, in order. Single broker: the
-//! three-broker failover variant needs cluster mode.
+//! recognise them, so every record is stored exactly once, in order.
+//!
+//! And the three-broker failover: an idempotent `fjord-client` stream whose partition
+//! leader is killed with SIGKILL mid-stream; the controller elects a new leader from the
+//! ISR, which knows the producer from the batches it replicated.
 //!
 //! The interpreter is `$FJORD_TEST_PYTHON` (set by `cargo xtask test`), else the
 //! workspace's `target/venv/bin/python`.
@@ -133,4 +136,92 @@ fn confluent_kafka_idempotent_producer_survives_kill_9_exactly_once() {
         "idempotent confluent-kafka run failed ({status}):\n{}\n{stderr}",
         lines.join("\n")
     );
+}
+
+/// Three `fjord broker` processes on ZooKeeper, a topic with replication factor 3 and
+/// `min.insync.replicas=2`; an idempotent producer streams 20,000 records and the
+/// partition's leader is killed (SIGKILL) while a quarter of them are in flight. Every
+/// record is acknowledged in the end, and the new leader's log holds each exactly once,
+/// in send order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_stream_survives_kill_9_of_its_leader_on_three_brokers() {
+    use fjord_client::{
+        Admin, ClientConfig, Consumer, ConsumerConfig, NewTopic, OffsetReset, OffsetSpec, Producer, ProducerConfig,
+        ProducerRecord,
+    };
+
+    let mut cluster = fjord_testkit::Cluster::builder().brokers(3).processes(env!("CARGO_BIN_EXE_fjord")).start().await.unwrap();
+    let client = |bootstrap: &str| ClientConfig {
+        connect_timeout: Duration::from_secs(5),
+        retry_backoff: Duration::from_millis(50),
+        ..ClientConfig::new(bootstrap)
+    };
+    let topic = "failover";
+    let mut new_topic = NewTopic::new(topic, 1);
+    new_topic.replication_factor = 3;
+    new_topic.configs.insert("min.insync.replicas".into(), "2".into());
+    Admin::connect(client(&cluster.bootstrap())).await.unwrap().create_topics(&[new_topic]).await.unwrap();
+    cluster.wait_fully_replicated(topic, Duration::from_secs(30)).await.unwrap();
+    let leader = cluster.wait_for_leader(topic, 0, Duration::from_secs(30)).await.unwrap();
+
+    let config = ProducerConfig {
+        client: client(&cluster.bootstrap()),
+        batch_size: 400,
+        linger: Duration::from_millis(1),
+        delivery_timeout: Duration::from_secs(40),
+        ..Default::default()
+    };
+    assert!(config.idempotent());
+    let producer = Producer::connect(config).await.unwrap();
+    let n = 20_000;
+    let record = |i: usize| ProducerRecord::new(topic, bytes::Bytes::from(format!("m{i}"))).partition(0);
+    let mut acked = Vec::new();
+    for i in 0..n / 4 {
+        acked.push(producer.send(record(i)).await.unwrap());
+    }
+    for f in acked {
+        f.await.unwrap();
+    }
+    let mut pending = Vec::new();
+    for i in n / 4..n / 2 {
+        pending.push(producer.send(record(i)).await.unwrap());
+    }
+    cluster.kill(leader).await.unwrap();
+    for i in n / 2..n {
+        pending.push(producer.send(record(i)).await.unwrap());
+    }
+    for f in pending {
+        f.await.expect("every record is acknowledged by the new leader");
+    }
+    producer.close().await;
+    let new_leader = cluster.wait_for_leader(topic, 0, Duration::from_secs(30)).await.unwrap();
+    assert_ne!(new_leader, leader);
+
+    let bootstrap = cluster.addr(new_leader);
+    let end = Admin::connect(client(&bootstrap))
+        .await
+        .unwrap()
+        .list_offsets(&[(topic.to_string(), 0, OffsetSpec::Latest)])
+        .await
+        .unwrap()[0];
+    assert_eq!(end, n as i64, "{end} records stored for {n} sent");
+    let mut consumer = Consumer::connect(ConsumerConfig {
+        client: client(&bootstrap),
+        auto_offset_reset: OffsetReset::Earliest,
+        fetch_max_wait: Duration::from_millis(50),
+        ..ConsumerConfig::default()
+    })
+    .await
+    .unwrap();
+    consumer.assign([fjord_client::TopicPartition::new(topic, 0)]).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut values = Vec::new();
+    while values.len() < n {
+        assert!(Instant::now() < deadline, "read {} of {n} records", values.len());
+        for r in consumer.poll(Duration::from_millis(200)).await.unwrap() {
+            values.push(String::from_utf8(r.value.unwrap().to_vec()).unwrap());
+        }
+    }
+    let expected: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
+    assert_eq!(values, expected, "every record once, in send order");
 }
