@@ -5,9 +5,10 @@
 //! the restart; the producer state the broker recovers from its log and snapshots must
 //! recognise them, so every record is stored exactly once, in order.
 //!
-//! And the three-broker failover: an idempotent `fjord-client` stream whose partition
-//! leader is killed with SIGKILL mid-stream; the controller elects a new leader from the
-//! ISR, which knows the producer from the batches it replicated.
+//! And the three-broker failover (cluster mode on ZooKeeper), with `fjord-client` and
+//! with confluent-kafka: the partition leader is killed with SIGKILL mid-stream; the
+//! controller elects a new leader from the ISR, which knows the producer from the
+//! batches it replicated.
 //!
 //! The interpreter is `$FJORD_TEST_PYTHON` (set by `cargo xtask test`), else the
 //! workspace's `target/venv/bin/python`.
@@ -224,4 +225,51 @@ async fn an_idempotent_stream_survives_kill_9_of_its_leader_on_three_brokers() {
     }
     let expected: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
     assert_eq!(values, expected, "every record once, in send order");
+}
+
+/// The confluent-kafka run above against three brokers: the partition leader is killed
+/// (SIGKILL) when the script says `restart`, and the controller elects another one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confluent_kafka_idempotent_producer_survives_kill_9_of_its_leader_on_three_brokers() {
+    use tokio::io::AsyncBufReadExt;
+
+    let python = python();
+    assert!(python.exists(), "Python venv with confluent-kafka not found at {} (set FJORD_TEST_PYTHON)", python.display());
+    let mut cluster = fjord_testkit::Cluster::builder().brokers(3).processes(env!("CARGO_BIN_EXE_fjord")).start().await.unwrap();
+    let mut topic = fjord_client::NewTopic::new("idempotent", 1);
+    topic.replication_factor = 3;
+    topic.configs.insert("min.insync.replicas".into(), "2".into());
+    let admin = fjord_client::Admin::connect(fjord_client::ClientConfig::new(&cluster.bootstrap())).await.unwrap();
+    admin.create_topics(&[topic]).await.unwrap();
+    cluster.wait_fully_replicated("idempotent", Duration::from_secs(30)).await.unwrap();
+    let leader = cluster.wait_for_leader("idempotent", 0, Duration::from_secs(30)).await.unwrap();
+    let mut script = tokio::process::Command::new(&python)
+        .arg("-c")
+        .arg(IDEMPOTENT_SCRIPT)
+        .arg(cluster.bootstrap())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(script.stdout.take().unwrap()).lines();
+    let mut stdout = Vec::new();
+    let run = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line == "restart" {
+                cluster.kill(leader).await.unwrap();
+            }
+            stdout.push(line);
+        }
+        script.wait_with_output().await.unwrap()
+    };
+    let output = tokio::time::timeout(Duration::from_secs(240), run).await.expect("the script finished");
+    assert!(
+        output.status.success() && stdout.iter().any(|l| l == "restart") && stdout.last().is_some_and(|l| l == "ok"),
+        "idempotent confluent-kafka run failed ({}):\n{}\n{}",
+        output.status,
+        stdout.join("\n"),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_ne!(cluster.wait_for_leader("idempotent", 0, Duration::from_secs(30)).await.unwrap(), leader);
 }
