@@ -1,5 +1,5 @@
-//! The group consumer against a 3-broker cluster on a real ZooKeeper (fjord-testkit,
-//! in-process brokers): the group's coordinator broker stops, another broker takes the
+//! The group consumer against 3 `fjord broker` processes on a real ZooKeeper
+//! (fjord-testkit): the group's coordinator broker is killed (SIGKILL), another broker takes the
 //! `/consumers/<group>/coordinator` node, and the members rejoin and resume from the
 //! committed offsets: nothing skipped, re-reads only of what was not committed.
 
@@ -48,6 +48,7 @@ async fn wait_consumed(seen: &Seen, n: usize, what: &str) {
 async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets() {
     let mut cluster = Cluster::builder()
         .brokers(3)
+        .processes(env!("CARGO_BIN_EXE_fjord"))
         .config("group.initial.rebalance.delay.ms", 100)
         .config("group.min.session.timeout.ms", 1000)
         .start()
@@ -139,10 +140,10 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
     produce(&producer, 10, 1).await;
     wait_consumed(&seen, 30 * PARTITIONS as usize, "the second round consumed").await;
 
-    cluster.stop(old).await.unwrap();
+    cluster.kill(old).await.unwrap();
     for p in 0..PARTITIONS {
         let state = cluster.wait_for_state(TOPIC, p, WAIT, "a leader on a running broker", |s| s.leader >= 0 && s.leader != old).await.unwrap();
-        eprintln!("{TOPIC}-{p} after the stop: {state:?}");
+        eprintln!("{TOPIC}-{p} after the kill: {state:?}");
     }
     let moved = wait_until(WAIT, "another broker's coordinator node", || async {
         Ok(coordinator(&cluster).await?.filter(|&id| id != old))
@@ -157,7 +158,7 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
     produce(&producer, 10, 2).await;
     wait_consumed(&seen, 40 * PARTITIONS as usize, "the third round consumed after the move").await;
 
-    // The stopped broker comes back and catches up; the group keeps consuming.
+    // The killed broker comes back and catches up; the group keeps consuming.
     cluster.start(old).await.unwrap();
     cluster.wait_fully_replicated(TOPIC, WAIT).await.unwrap();
     produce(&producer, 10, 3).await;
@@ -180,15 +181,15 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
     assert_eq!(seen.keys().copied().collect::<BTreeSet<_>>(), all, "every record consumed, nothing else");
     // Re-reads (at-least-once): only of records no successful commit covered when they
     // were read again, each at most once more. The second round, consumed but not
-    // committed when the coordinator stopped, is the bulk of them; a commit that failed
+    // committed when the coordinator was killed, is the bulk of them; a commit that failed
     // in a rebalance adds a few.
     let duplicates: BTreeMap<(i32, i64), usize> = seen.iter().filter(|(_, &n)| n > 1).map(|(k, &n)| (*k, n)).collect();
-    let uncommitted_at_stop = duplicates.keys().filter(|(p, o)| *o >= committed[p] && *o < 30).count();
-    eprintln!("records consumed twice: {} ({uncommitted_at_stop} of them uncommitted when the coordinator stopped)", duplicates.len());
-    assert_eq!(uncommitted_at_stop, 10 * PARTITIONS as usize, "the group resumed from the committed offsets, so it read the second round again");
+    let uncommitted_at_kill = duplicates.keys().filter(|(p, o)| *o >= committed[p] && *o < 30).count();
+    eprintln!("records consumed twice: {} ({uncommitted_at_kill} of them uncommitted when the coordinator was killed)", duplicates.len());
+    assert_eq!(uncommitted_at_kill, 10 * PARTITIONS as usize, "the group resumed from the committed offsets, so it read the second round again");
     assert_eq!(*rereads.lock().unwrap(), [], "records read again after a commit covered them");
     for (&(p, o), &n) in &duplicates {
         assert_eq!(n, 2, "{p}:{o} consumed {n} times");
-        assert!(o >= committed[&p], "{p}:{o} was committed before the coordinator stopped, then read again");
+        assert!(o >= committed[&p], "{p}:{o} was committed before the coordinator was killed, then read again");
     }
 }
