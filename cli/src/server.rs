@@ -103,10 +103,17 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
         }
         result
     };
+    // The broker stops after the gateway, so the gateway's last flush (buffered events and
+    // its final audit counts) still reaches it.
+    let broker_shutdown = CancellationToken::new();
     let (broker, registry, gateway) = tokio::join!(
-        async { stop_all(fjord_broker::server::run_with_store(config, store.clone(), listener, shutdown.clone()).await.map_err(Into::into), &shutdown) },
+        async { stop_all(fjord_broker::server::run_with_store(config, store.clone(), listener, broker_shutdown.clone()).await.map_err(Into::into), &shutdown) },
         async { stop_all(fjord_schema_registry::run(registry_config, store.clone(), registry, shutdown.clone()).await.map_err(Into::into), &shutdown) },
-        async { stop_all(fjord_gateway::run(gateway_config, http, grpc, shutdown.clone()).await.map_err(Into::into), &shutdown) },
+        async {
+            let result = stop_all(fjord_gateway::run(gateway_config, http, grpc, shutdown.clone()).await.map_err(Into::into), &shutdown);
+            broker_shutdown.cancel();
+            result
+        },
     );
     broker.context("broker")?;
     registry.context("schema registry")?;

@@ -141,6 +141,18 @@ fn dev_runs_broker_registry_and_gateway_and_takes_env_overrides() {
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     let topic = get(http, "/topics/dev");
     assert!(topic.starts_with("HTTP/1.1 200") && topic.contains("\"dev\""), "{topic}");
+    // An event through the gateway, so its audit counter has something to flush at shutdown.
+    let posted = {
+        use std::io::{Read, Write};
+        let body = "{\"value\":\"via gateway\"}\n";
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", http)).unwrap();
+        write!(stream, "POST /v1/events/dev-gateway HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    assert!(posted.starts_with("HTTP/1.1 200"), "{posted}");
     let scraped = get(metrics, "/metrics");
     assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
     assert!(scraped.contains("fjord_broker_log_end_offset{topic=\"dev\",partition=\"0\"} 10\n"), "{scraped}");
@@ -152,6 +164,10 @@ fn dev_runs_broker_registry_and_gateway_and_takes_env_overrides() {
     assert!(stdout.contains(&format!("schema registry  http://127.0.0.1:{registry}")), "{stdout}");
     assert!(stdout.contains(&format!("broker metrics   http://127.0.0.1:{metrics}/metrics")), "{stdout}");
     assert!(dir.path().join("fjord-data/meta.properties").exists());
+    // The broker stops after the gateway, so the gateway's final audit flush reaches it; and
+    // the embedded store's directory in the log dir is expected, not warned about.
+    assert!(!stdout.contains("final audit flush failed"), "{stdout}");
+    assert!(!stdout.contains("ignoring a directory"), "{stdout}");
 }
 
 #[test]

@@ -61,6 +61,12 @@ impl LogManager {
                 continue;
             }
             let Some(tp) = parse_partition_dir(&name) else {
+                // `__`-prefixed directories belong to the components that share the log dir
+                // (the broker's embedded metadata store): expected, so not worth a warning.
+                if name.starts_with("__") {
+                    tracing::debug!(path = %path.display(), "leaving a non-partition directory alone");
+                    continue;
+                }
                 tracing::warn!(path = %path.display(), "ignoring a directory that is not <topic>-<partition>");
                 continue;
             };
