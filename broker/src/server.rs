@@ -130,13 +130,19 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
     let broker =
         Arc::new(Broker { config, host, port, cluster_id, topics, replicas, groups, metrics: Default::default(), producer_ids });
     {
-        let (store, view, shutdown, stop) = (store.clone(), view.clone(), shutdown.clone(), stop.clone());
+        let (store, view, replicas, shutdown, stop) =
+            (store.clone(), view.clone(), broker.replicas.clone(), shutdown.clone(), stop.clone());
         tracker.spawn(async move {
             tokio::select! {
                 () = shutdown.cancelled() => {}
                 () = stop.cancelled() => return,
             }
             if controlled {
+                // A leaving broker follows nobody (as Kafka's controller stops its
+                // replicas): were it to keep fetching, the new leaders would take it back
+                // into their ISRs just before it exits, and acks=all would then wait
+                // replica.lag.time.max.ms for it to be dropped again.
+                replicas.shutdown().await;
                 controlled_shutdown(&*store, &view, handover).await;
             }
             stop.cancel();
