@@ -303,7 +303,15 @@ impl Backend for KafkaBackend {
                 };
                 futures.push(producer.send(record).await?);
             }
-            Ok::<_, fjord_client::Error>(futures::future::join_all(futures).await)
+            // Awaited in order rather than with `join_all`: the events share a few batches,
+            // and `join_all` would register a waker per event on each batch (profiled: the
+            // gRPC stream spent ~20% of its time there); in order, one waits and the rest
+            // of its batch is then ready.
+            let mut results = Vec::with_capacity(futures.len());
+            for f in futures {
+                results.push(f.await);
+            }
+            Ok::<_, fjord_client::Error>(results)
         };
         let results = match tokio::time::timeout(self.config.broker_timeout, send_all).await {
             Ok(results) => results?,
