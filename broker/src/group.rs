@@ -31,6 +31,7 @@ use kafka_protocol::protocol::{Decodable, StrBytes};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+use crate::periodic::Periodic;
 use state::{Group, GroupState, JoinOutcome, JoinRequest, Reply, SyncOutcome};
 
 /// Group coordinator settings, with Kafka's names and defaults (set through
@@ -754,10 +755,9 @@ impl Inner {
 }
 
 async fn ticker(inner: Weak<Inner>) {
-    let mut interval = tokio::time::interval(TICK);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut periodic = Periodic::new(TICK);
     loop {
-        interval.tick().await;
+        periodic.tick().await;
         let Some(inner) = inner.upgrade() else { return };
         inner.tick().await;
     }

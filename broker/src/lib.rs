@@ -31,6 +31,8 @@
 //!   through which every broker applies them.
 //! - `partition`: one replica of a partition: its log, its role, the wake-ups of delayed
 //!   fetches and acks=all produces.
+//! - `periodic`: the timer of every background loop (retention, flush, checkpoints,
+//!   the cleaner, ISR expiry, group sessions).
 //! - `replication`: the replica manager: leader / follower / neither from the partition
 //!   states, the high watermark and the ISR.
 //! - [`config`]: [`BrokerConfig`], under Kafka's key names.
@@ -55,6 +57,7 @@ mod guard;
 mod handler;
 mod metrics;
 mod partition;
+mod periodic;
 mod replication;
 mod response;
 pub mod server;

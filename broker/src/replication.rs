@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::partition::{Partition, Role};
+use crate::periodic::Periodic;
 use crate::replication::fetcher::{FetchContext, Fetchers};
 use crate::replication::leader::FollowerProgress;
 
@@ -334,13 +335,8 @@ impl ReplicaManager {
         let manager = Arc::downgrade(self);
         let (every, shutdown) = (self.config.lag_time_max / 2, self.shutdown.clone());
         self.tasks.spawn(async move {
-            let mut interval = tokio::time::interval(every.max(Duration::from_millis(10)));
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = interval.tick() => {}
-                    () = shutdown.cancelled() => return,
-                }
+            let mut periodic = Periodic::new(every);
+            while periodic.tick_until(&shutdown).await {
                 let Some(manager) = manager.upgrade() else { return };
                 let partitions: Vec<_> =
                     manager.partitions.read().expect("invariant: partitions lock is never poisoned").values().cloned().collect();

@@ -19,6 +19,7 @@ use crate::cluster::ClusterView;
 use crate::group::{Endpoint, GroupCoordinator};
 use crate::handler::producer_id::ProducerIdManager;
 use crate::handler::Broker;
+use crate::periodic::Periodic;
 use crate::replication::ReplicaManager;
 use crate::topics::{TopicSettings, Topics};
 use crate::{connection, controller};
@@ -308,14 +309,8 @@ fn spawn_periodic_tasks(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &
     for (name, every, job) in jobs {
         let (logs, shutdown) = (logs.clone(), shutdown.clone());
         tracker.spawn(async move {
-            let mut interval = tokio::time::interval(every.max(Duration::from_millis(10)));
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            interval.tick().await; // the first tick is immediate
-            loop {
-                tokio::select! {
-                    _ = interval.tick() => {}
-                    () = shutdown.cancelled() => return,
-                }
+            let mut periodic = Periodic::new(every);
+            while periodic.tick_until(&shutdown).await {
                 let logs = logs.clone();
                 match tokio::task::spawn_blocking(move || job(&logs)).await {
                     Ok(Ok(())) => {}
@@ -337,14 +332,8 @@ fn spawn_cleaner(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &BrokerC
     let (logs, shutdown) = (logs.clone(), shutdown.clone());
     tracker.spawn(async move {
         let mut cleaner = Some(Cleaner::new(config));
-        let mut interval = tokio::time::interval(config.backoff.max(Duration::from_millis(10)));
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        interval.tick().await; // the first tick is immediate
-        loop {
-            tokio::select! {
-                _ = interval.tick() => {}
-                () = shutdown.cancelled() => return,
-            }
+        let mut periodic = Periodic::new(config.backoff);
+        while periodic.tick_until(&shutdown).await {
             let logs = logs.clone();
             let mut running = cleaner.take().unwrap_or_else(|| Cleaner::new(config));
             let job = tokio::task::spawn_blocking(move || {
