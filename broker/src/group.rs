@@ -460,54 +460,60 @@ impl GroupCoordinator {
 
     pub(crate) async fn offset_fetch(&self, request: OffsetFetchRequest, version: i16) -> ResponseKind {
         if version >= 8 {
-            let mut groups = Vec::new();
+            let mut groups = Vec::with_capacity(request.groups.len());
             for g in &request.groups {
-                let wanted: Option<Vec<(TopicName, Vec<i32>)>> =
-                    g.topics.as_ref().map(|ts| ts.iter().map(|t| (t.name.clone(), t.partition_indexes.clone())).collect());
-                let (code, found) = match self.committed(&g.group_id, wanted).await {
-                    Ok(found) => (0, found),
-                    Err(e) => (e.code(), Vec::new()),
-                };
-                let topics = found
-                    .into_iter()
-                    .map(|(name, partitions)| {
-                        offset_fetch_response::OffsetFetchResponseTopics::default().with_name(name).with_partitions(
-                            partitions
-                                .into_iter()
-                                .map(|(p, c)| {
-                                    offset_fetch_response::OffsetFetchResponsePartitions::default()
-                                        .with_partition_index(p)
-                                        .with_committed_offset(c.as_ref().map_or(-1, |c| c.offset))
-                                        .with_committed_leader_epoch(c.as_ref().map_or(-1, |c| c.leader_epoch))
-                                        .with_metadata(Some(StrBytes::from_string(c.map(|c| c.metadata).unwrap_or_default())))
-                                })
-                                .collect(),
-                        )
-                    })
-                    .collect();
-                groups.push(
-                    offset_fetch_response::OffsetFetchResponseGroup::default()
-                        .with_group_id(g.group_id.clone())
-                        .with_error_code(code)
-                        .with_topics(topics),
-                );
+                let wanted = g.topics.as_ref().map(|ts| ts.iter().map(|t| (t.name.clone(), t.partition_indexes.clone())).collect());
+                groups.push(self.offset_fetch_group(&g.group_id, wanted).await);
             }
             return ResponseKind::OffsetFetch(OffsetFetchResponse::default().with_groups(groups));
         }
-        let wanted: Option<Vec<(TopicName, Vec<i32>)>> =
-            request.topics.as_ref().map(|ts| ts.iter().map(|t| (t.name.clone(), t.partition_indexes.clone())).collect());
-        let (code, found) = match self.committed(&request.group_id, wanted).await {
+        // Before v8 a request names one group, and the answer carries that group's
+        // error code and topics at the top level, in types of their own.
+        let wanted = request.topics.as_ref().map(|ts| ts.iter().map(|t| (t.name.clone(), t.partition_indexes.clone())).collect());
+        let group = self.offset_fetch_group(&request.group_id, wanted).await;
+        let topics = group
+            .topics
+            .into_iter()
+            .map(|t| {
+                offset_fetch_response::OffsetFetchResponseTopic::default().with_name(t.name).with_partitions(
+                    t.partitions
+                        .into_iter()
+                        .map(|p| {
+                            offset_fetch_response::OffsetFetchResponsePartition::default()
+                                .with_partition_index(p.partition_index)
+                                .with_committed_offset(p.committed_offset)
+                                .with_committed_leader_epoch(p.committed_leader_epoch)
+                                .with_metadata(p.metadata)
+                                .with_error_code(p.error_code)
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        ResponseKind::OffsetFetch(OffsetFetchResponse::default().with_error_code(group.error_code).with_topics(topics))
+    }
+
+    /// One group's OffsetFetch answer: the committed offset, leader epoch and metadata of
+    /// each requested partition (every committed one when `wanted` is `None`), -1 for a
+    /// partition never committed; the group's error code and no topics when the group
+    /// cannot be read here.
+    async fn offset_fetch_group(
+        &self,
+        group_id: &GroupId,
+        wanted: Option<Vec<(TopicName, Vec<i32>)>>,
+    ) -> offset_fetch_response::OffsetFetchResponseGroup {
+        let (code, found) = match self.committed(group_id, wanted).await {
             Ok(found) => (0, found),
             Err(e) => (e.code(), Vec::new()),
         };
         let topics = found
             .into_iter()
             .map(|(name, partitions)| {
-                offset_fetch_response::OffsetFetchResponseTopic::default().with_name(name).with_partitions(
+                offset_fetch_response::OffsetFetchResponseTopics::default().with_name(name).with_partitions(
                     partitions
                         .into_iter()
                         .map(|(p, c)| {
-                            offset_fetch_response::OffsetFetchResponsePartition::default()
+                            offset_fetch_response::OffsetFetchResponsePartitions::default()
                                 .with_partition_index(p)
                                 .with_committed_offset(c.as_ref().map_or(-1, |c| c.offset))
                                 .with_committed_leader_epoch(c.as_ref().map_or(-1, |c| c.leader_epoch))
@@ -517,7 +523,7 @@ impl GroupCoordinator {
                 )
             })
             .collect();
-        ResponseKind::OffsetFetch(OffsetFetchResponse::default().with_error_code(code).with_topics(topics))
+        offset_fetch_response::OffsetFetchResponseGroup::default().with_group_id(group_id.clone()).with_error_code(code).with_topics(topics)
     }
 
     /// Committed offsets of the requested partitions (all committed ones when

@@ -176,3 +176,97 @@ async fn kcat_balanced_consumer_reads_everything_and_commits() {
     let again = read(10).await;
     assert!(again.iter().all(|v| v.starts_with("w-")), "{again:?}");
 }
+
+/// OffsetFetch before v8 (one group, its answer at the top level) and from v8 on (a
+/// list of groups) answer the same commits the same way: offset, leader epoch and
+/// metadata as committed, -1 and empty metadata for a partition never committed, and a
+/// group that cannot be read here gets its error code (an empty group id is invalid).
+#[tokio::test]
+async fn offset_fetch_answers_the_same_before_and_from_v8() {
+    use common::RawClient;
+    use kafka_protocol::messages::*;
+    use kafka_protocol::protocol::StrBytes;
+
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let s = |v: &str| StrBytes::from_string(v.to_owned());
+    let commit = OffsetCommitRequest::default()
+        .with_group_id(GroupId(s("fetcher")))
+        .with_generation_id_or_member_epoch(-1)
+        .with_topics(vec![offset_commit_request::OffsetCommitRequestTopic::default().with_name(TopicName(s("t"))).with_partitions(
+            vec![offset_commit_request::OffsetCommitRequestPartition::default()
+                .with_partition_index(1)
+                .with_committed_offset(42)
+                .with_committed_leader_epoch(3)
+                .with_committed_metadata(Some(s("meta")))],
+        )]);
+    let response: OffsetCommitResponse = client.call(ApiKey::OffsetCommit, 7, &commit).await.unwrap();
+    assert_eq!(response.topics[0].partitions[0].error_code, 0);
+
+    // (partition, offset, leader epoch, metadata) per topic, and the group's error code.
+    type Answer = (i16, Vec<(String, Vec<(i32, i64, i32, String)>)>);
+    let metadata = |m: Option<StrBytes>| m.map(|m| m.to_string()).unwrap_or_default();
+    let before_v8 = |group: &str| OffsetFetchRequest::default().with_group_id(GroupId(s(group))).with_topics(Some(vec![
+        offset_fetch_request::OffsetFetchRequestTopic::default().with_name(TopicName(s("t"))).with_partition_indexes(vec![0, 1]),
+    ]));
+    let mut answers_before_v8 = Vec::<Answer>::new();
+    for group in ["fetcher", ""] {
+        let r: OffsetFetchResponse = client.call(ApiKey::OffsetFetch, 7, &before_v8(group)).await.unwrap();
+        answers_before_v8.push((
+            r.error_code,
+            r.topics
+                .into_iter()
+                .map(|t| {
+                    let partitions = t
+                        .partitions
+                        .into_iter()
+                        .map(|p| (p.partition_index, p.committed_offset, p.committed_leader_epoch, metadata(p.metadata)))
+                        .collect();
+                    (t.name.to_string(), partitions)
+                })
+                .collect(),
+        ));
+    }
+    let v8 = OffsetFetchRequest::default().with_groups(
+        ["fetcher", ""]
+            .into_iter()
+            .map(|group| {
+                offset_fetch_request::OffsetFetchRequestGroup::default().with_group_id(GroupId(s(group))).with_topics(Some(vec![
+                    offset_fetch_request::OffsetFetchRequestTopics::default()
+                        .with_name(TopicName(s("t")))
+                        .with_partition_indexes(vec![0, 1]),
+                ]))
+            })
+            .collect(),
+    );
+    let r: OffsetFetchResponse = client.call(ApiKey::OffsetFetch, 8, &v8).await.unwrap();
+    let answers_v8: Vec<Answer> = r
+        .groups
+        .into_iter()
+        .map(|g| {
+            let topics = g
+                .topics
+                .into_iter()
+                .map(|t| {
+                    let partitions = t
+                        .partitions
+                        .into_iter()
+                        .map(|p| (p.partition_index, p.committed_offset, p.committed_leader_epoch, metadata(p.metadata)))
+                        .collect();
+                    (t.name.to_string(), partitions)
+                })
+                .collect();
+            (g.error_code, topics)
+        })
+        .collect();
+
+    const INVALID_GROUP_ID: i16 = 24;
+    let expected: Vec<Answer> = vec![
+        (0, vec![("t".into(), vec![(0, -1, -1, String::new()), (1, 42, 3, "meta".into())])]),
+        (INVALID_GROUP_ID, vec![]),
+    ];
+    assert_eq!(answers_before_v8, expected);
+    assert_eq!(answers_v8, expected);
+    broker.stop().await.unwrap();
+}
