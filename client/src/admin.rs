@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Instant;
 
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
@@ -217,43 +218,38 @@ fn topic_name(name: &str) -> TopicName {
 
 /// ListOffsets for several partitions, each asked of its leader, in the order given.
 /// A timestamp with no record at or after it gives the log end offset.
+///
+/// A leader that moved (NOT_LEADER_OR_FOLLOWER, a broker gone, no leader yet) is found
+/// again: the metadata is refreshed and the partitions still unanswered are asked again
+/// after `retry.backoff.ms`, as the producer and the consumer do, until
+/// `request.timeout.ms` has passed since the call began; then the last error is returned.
 pub(crate) async fn list_offsets(cluster: &Cluster, partitions: &[(String, i32, OffsetSpec)]) -> Result<Vec<i64>> {
-    let mut by_leader: HashMap<i32, Vec<usize>> = HashMap::new();
-    for (i, (topic, partition, _)) in partitions.iter().enumerate() {
-        by_leader.entry(cluster.leader(topic, *partition).await?).or_default().push(i);
-    }
-    let mut out = vec![-1i64; partitions.len()];
-    let mut past_end = Vec::new();
-    for (leader, indexes) in by_leader {
-        let mut topics: Vec<ListOffsetsTopic> = Vec::new();
-        for &i in &indexes {
-            let (topic, partition, spec) = &partitions[i];
-            let p = ListOffsetsPartition::default().with_partition_index(*partition).with_timestamp(spec.wire()).with_current_leader_epoch(-1);
-            match topics.iter_mut().find(|t| *t.name.0 == **topic) {
-                Some(t) => t.partitions.push(p),
-                None => topics.push(ListOffsetsTopic::default().with_name(topic_name(topic)).with_partitions(vec![p])),
+    let deadline = Instant::now() + cluster.config().request_timeout;
+    let mut out: Vec<Option<i64>> = vec![None; partitions.len()];
+    loop {
+        match ask_leaders(cluster, partitions, &mut out).await {
+            Ok(()) => break,
+            Err(e) if e.is_retriable() && Instant::now() < deadline => {
+                tracing::debug!(error = %e, "list offsets failed; retrying");
+                if e.needs_metadata_refresh() {
+                    // A failed refresh leaves the old metadata: the retry fails again and
+                    // is retried until the deadline.
+                    if let Err(e) = cluster.refresh(None).await {
+                        tracing::debug!(error = %e, "metadata refresh for list offsets failed");
+                    }
+                }
+                tokio::time::sleep(cluster.config().retry_backoff).await;
             }
-        }
-        let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(topics);
-        let response = cluster.broker(leader).await?.request(&request, 7).await?;
-        for &i in &indexes {
-            let (topic, partition, spec) = &partitions[i];
-            let r = response
-                .topics
-                .iter()
-                .filter(|t| *t.name.0 == **topic)
-                .flat_map(|t| &t.partitions)
-                .find(|p| p.partition_index == *partition)
-                .ok_or_else(|| Error::Protocol { broker: format!("broker {leader}"), detail: format!("no offset for {topic}-{partition}") })?;
-            if let Some(e) = Error::kafka(r.error_code, format!("list offsets of {topic}-{partition}"), None) {
-                return Err(e);
-            }
-            out[i] = r.offset;
-            if r.offset < 0 && matches!(spec, OffsetSpec::Timestamp(_)) {
-                past_end.push((topic.clone(), *partition, OffsetSpec::Latest));
-            }
+            Err(e) => return Err(e),
         }
     }
+    let mut out: Vec<i64> = out.into_iter().map(|o| o.expect("invariant: ask_leaders answered every partition")).collect();
+    let past_end: Vec<(String, i32, OffsetSpec)> = partitions
+        .iter()
+        .zip(&out)
+        .filter(|((_, _, spec), offset)| **offset < 0 && matches!(spec, OffsetSpec::Timestamp(_)))
+        .map(|((topic, partition, _), _)| (topic.clone(), *partition, OffsetSpec::Latest))
+        .collect();
     if !past_end.is_empty() {
         let ends = Box::pin(list_offsets(cluster, &past_end)).await?;
         for ((topic, partition, _), end) in past_end.iter().zip(ends) {
@@ -262,4 +258,70 @@ pub(crate) async fn list_offsets(cluster: &Cluster, partitions: &[(String, i32, 
         }
     }
     Ok(out)
+}
+
+/// One round of ListOffsets: every partition without an answer in `out` is asked of the
+/// leader the metadata names. Each leader is asked even when another failed, so a retry
+/// asks only the partitions still unanswered; an error is returned per [`keep_worst`].
+async fn ask_leaders(cluster: &Cluster, partitions: &[(String, i32, OffsetSpec)], out: &mut [Option<i64>]) -> Result<()> {
+    let mut error = None;
+    let mut by_leader: HashMap<i32, Vec<usize>> = HashMap::new();
+    for (i, (topic, partition, _)) in partitions.iter().enumerate().filter(|(i, _)| out[*i].is_none()) {
+        match cluster.leader(topic, *partition).await {
+            Ok(leader) => by_leader.entry(leader).or_default().push(i),
+            Err(e) => keep_worst(&mut error, e),
+        }
+    }
+    for (leader, indexes) in by_leader {
+        if let Err(e) = ask_leader(cluster, leader, partitions, &indexes, out).await {
+            keep_worst(&mut error, e);
+        }
+    }
+    error.map_or(Ok(()), Err)
+}
+
+/// Keeps the first error, unless a later one is not retriable: one partition that can
+/// never be answered ends the call at once, however many others wait for a leader.
+fn keep_worst(kept: &mut Option<Error>, e: Error) {
+    if kept.as_ref().is_none_or(|k| k.is_retriable() && !e.is_retriable()) {
+        *kept = Some(e);
+    }
+}
+
+/// ListOffsets of the partitions at `indexes`, all led by `leader`, into `out`; a
+/// partition that got an error code keeps `None`, and an error is returned per [`keep_worst`].
+async fn ask_leader(
+    cluster: &Cluster,
+    leader: i32,
+    partitions: &[(String, i32, OffsetSpec)],
+    indexes: &[usize],
+    out: &mut [Option<i64>],
+) -> Result<()> {
+    let mut topics: Vec<ListOffsetsTopic> = Vec::new();
+    for &i in indexes {
+        let (topic, partition, spec) = &partitions[i];
+        let p = ListOffsetsPartition::default().with_partition_index(*partition).with_timestamp(spec.wire()).with_current_leader_epoch(-1);
+        match topics.iter_mut().find(|t| *t.name.0 == **topic) {
+            Some(t) => t.partitions.push(p),
+            None => topics.push(ListOffsetsTopic::default().with_name(topic_name(topic)).with_partitions(vec![p])),
+        }
+    }
+    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(topics);
+    let response = cluster.broker(leader).await?.request(&request, 7).await?;
+    let mut error = None;
+    for &i in indexes {
+        let (topic, partition, _) = &partitions[i];
+        let r = response
+            .topics
+            .iter()
+            .filter(|t| *t.name.0 == **topic)
+            .flat_map(|t| &t.partitions)
+            .find(|p| p.partition_index == *partition)
+            .ok_or_else(|| Error::Protocol { broker: format!("broker {leader}"), detail: format!("no offset for {topic}-{partition}") })?;
+        match Error::kafka(r.error_code, format!("list offsets of {topic}-{partition}"), None) {
+            Some(e) => keep_worst(&mut error, e),
+            None => out[i] = Some(r.offset),
+        }
+    }
+    error.map_or(Ok(()), Err)
 }
