@@ -7,12 +7,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{kcat, RawClient, TestBroker};
+use common::{kcat, produce_request, topic_name, RawClient, TestBroker};
 use fjord_record::BatchBuilder;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
-use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use serde_json::Value;
@@ -24,10 +22,6 @@ const ROUNDS: usize = 100;
 const TOMBSTONED: usize = 50;
 const TOMBSTONE_ROUND: usize = 50;
 const INVALID_RECORD: i16 = 87;
-
-fn name(s: &str) -> TopicName {
-    TopicName(StrBytes::from_string(s.to_owned()))
-}
 
 fn str_bytes(s: &'static str) -> StrBytes {
     StrBytes::from_static_str(s)
@@ -83,14 +77,6 @@ fn compacted_below(records: &[(i64, String, Option<String>)], active_base: i64) 
     records.iter().filter(|r| r.0 < active_base).all(|(_, key, value)| value.is_some() && seen.insert(key.as_str()))
 }
 
-async fn log_end_offset(client: &mut RawClient) -> i64 {
-    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
-        .with_name(name(TOPIC))
-        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1)])]);
-    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
-    response.topics[0].partitions[0].offset
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset() {
     let dir = tempfile::tempdir().unwrap();
@@ -106,7 +92,7 @@ async fn a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset() {
         CreatableTopicConfig::default().with_name(str_bytes(key)).with_value(Some(str_bytes(value)))
     };
     let create = CreateTopicsRequest::default().with_timeout_ms(5000).with_topics(vec![CreatableTopic::default()
-        .with_name(name(TOPIC))
+        .with_name(topic_name(TOPIC))
         .with_num_partitions(1)
         .with_replication_factor(1)
         .with_configs(vec![
@@ -139,14 +125,9 @@ async fn a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset() {
     let mut builder = BatchBuilder::new(1_700_000_000_000);
     builder.append(1_700_000_000_000, Some(b"k"), Some(b"keyed"), &[]);
     builder.append(1_700_000_000_001, None, Some(b"keyless"), &[]);
-    let produce = ProduceRequest::default().with_acks(1).with_timeout_ms(5000).with_topic_data(vec![
-        TopicProduceData::default().with_name(name(TOPIC)).with_partition_data(vec![
-            PartitionProduceData::default().with_index(0).with_records(Some(builder.build())),
-        ]),
-    ]);
-    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &produce).await.unwrap();
-    assert_eq!(response.responses[0].partition_responses[0].error_code, INVALID_RECORD);
-    assert_eq!(log_end_offset(&mut client).await, 0, "nothing of the refused batch is appended");
+    let keyless = produce_request(TOPIC, 0, 1, 5000, builder.build());
+    assert_eq!(client.produce(7, &keyless).await.0, INVALID_RECORD);
+    assert_eq!(client.latest_offset(TOPIC).await.1, 0, "nothing of the refused batch is appended");
 
     // 100 rounds over 1,000 keys, small batches so that the 64 KiB segments roll often.
     let (input, produced) = updates();
@@ -159,7 +140,7 @@ async fn a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset() {
     .await
     .unwrap();
     let produced_in = produce_started.elapsed();
-    assert_eq!(log_end_offset(&mut client).await, produced.len() as i64);
+    assert_eq!(client.latest_offset(TOPIC).await.1, produced.len() as i64);
 
     // Poll until the cleaner has compacted everything below the active segment,
     // tombstones included (they go in a clean at least delete.retention.ms after the
@@ -202,7 +183,7 @@ async fn a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset() {
         }
     }
     assert_eq!(latest.len(), KEYS - TOMBSTONED);
-    assert_eq!(log_end_offset(&mut client).await, produced.len() as i64, "compaction keeps the log end");
+    assert_eq!(client.latest_offset(TOPIC).await.1, produced.len() as i64, "compaction keeps the log end");
     drop(client);
     broker.stop().await.unwrap();
 
@@ -216,8 +197,7 @@ async fn a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset() {
     .unwrap();
     assert_eq!(consume_all(&broker).await, records, "the compacted log survives a restart");
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &produce).await.unwrap();
-    assert_eq!(response.responses[0].partition_responses[0].error_code, INVALID_RECORD, "still compacted");
+    assert_eq!(client.produce(7, &keyless).await.0, INVALID_RECORD, "still compacted");
     drop(client);
     broker.stop().await.unwrap();
 }

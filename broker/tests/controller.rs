@@ -7,12 +7,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bytes::Bytes;
-use common::{RawClient, TestBroker};
+use common::{produce_request, topic_name, RawClient, TestBroker};
 use fjord_record::BatchBuilder;
 use kafka_protocol::messages::create_topics_request::{CreatableReplicaAssignment, CreatableTopic};
 use kafka_protocol::messages::metadata_response::MetadataResponseTopic;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 
@@ -70,13 +68,9 @@ impl Cluster {
     }
 }
 
-fn name(topic: &str) -> TopicName {
-    TopicName(StrBytes::from_string(topic.into()))
-}
-
 async fn metadata(client: &mut RawClient, topics: Option<&[&str]>) -> MetadataResponse {
     let request = MetadataRequest::default().with_topics(
-        topics.map(|names| names.iter().map(|n| metadata_request::MetadataRequestTopic::default().with_name(Some(name(n)))).collect()),
+        topics.map(|names| names.iter().map(|n| metadata_request::MetadataRequestTopic::default().with_name(Some(topic_name(n)))).collect()),
     );
     client.call(ApiKey::Metadata, 12, &request).await.unwrap()
 }
@@ -89,19 +83,13 @@ async fn create(client: &mut RawClient, topic: CreatableTopic) -> (i16, Option<S
 }
 
 fn spread(topic: &str, partitions: i32, replication_factor: i16) -> CreatableTopic {
-    CreatableTopic::default().with_name(name(topic)).with_num_partitions(partitions).with_replication_factor(replication_factor)
+    CreatableTopic::default().with_name(topic_name(topic)).with_num_partitions(partitions).with_replication_factor(replication_factor)
 }
 
 async fn produce(client: &mut RawClient, topic: &str, partition: i32, value: &str) -> (i16, i64) {
     let mut builder = BatchBuilder::new(1_700_000_000_000);
     builder.append(1_700_000_000_000, None, Some(value.as_bytes()), &[]);
-    let records: Bytes = builder.build();
-    let request = ProduceRequest::default().with_acks(1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
-        .with_name(name(topic))
-        .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(records))])]);
-    let response: ProduceResponse = client.call(ApiKey::Produce, 9, &request).await.unwrap();
-    let p = &response.responses[0].partition_responses[0];
-    (p.error_code, p.base_offset)
+    client.produce(9, &produce_request(topic, partition, 1, 5000, builder.build())).await
 }
 
 /// (leader, leader epoch, replicas, isr, offline, error) of each partition.
@@ -184,7 +172,7 @@ async fn placement_metadata_and_replication_factor_errors() {
     assert!(message.unwrap().contains("3 live brokers"));
     // A manual assignment naming a broker that does not exist.
     let manual = CreatableTopic::default()
-        .with_name(name("manual"))
+        .with_name(topic_name("manual"))
         .with_num_partitions(-1)
         .with_replication_factor(-1)
         .with_assignments(vec![CreatableReplicaAssignment::default().with_partition_index(0).with_broker_ids(vec![BrokerId(1), BrokerId(9)])]);
@@ -205,7 +193,7 @@ async fn placement_metadata_and_replication_factor_errors() {
     assert!(!cluster.brokers[&2].data_dir.join("manual-0").exists());
 
     // Deleted through one broker: every broker drops its replicas' logs.
-    let delete = DeleteTopicsRequest::default().with_topic_names(vec![name("manual")]);
+    let delete = DeleteTopicsRequest::default().with_topic_names(vec![topic_name("manual")]);
     let response: DeleteTopicsResponse = client.call(ApiKey::DeleteTopics, 4, &delete).await.unwrap();
     assert_eq!(response.responses[0].error_code, 0);
     assert!(!cluster.brokers[&1].data_dir.join("manual-0").exists(), "the deleting broker answers once its logs are gone");
@@ -265,7 +253,7 @@ async fn a_partition_without_live_isr_is_offline_until_its_replica_returns() {
     let mut cluster = Cluster::start(&zk, "offline", 2, |_| {}).await;
     let mut client = cluster.client(1).await;
     let manual = CreatableTopic::default()
-        .with_name(name("alone"))
+        .with_name(topic_name("alone"))
         .with_num_partitions(-1)
         .with_replication_factor(-1)
         .with_assignments(vec![CreatableReplicaAssignment::default().with_partition_index(0).with_broker_ids(vec![BrokerId(2)])]);
@@ -305,7 +293,7 @@ async fn a_partition_without_live_isr_is_offline_until_its_replica_returns() {
     // Deleted and created again at once: broker 2 starts the new topic from an empty log.
     let on_two = |topic: &str| {
         CreatableTopic::default()
-            .with_name(name(topic))
+            .with_name(topic_name(topic))
             .with_num_partitions(-1)
             .with_replication_factor(-1)
             .with_assignments(vec![CreatableReplicaAssignment::default().with_partition_index(0).with_broker_ids(vec![BrokerId(2)])])
@@ -318,7 +306,7 @@ async fn a_partition_without_live_isr_is_offline_until_its_replica_returns() {
     assert_eq!(create(&mut client, on_two("again")).await.0, 0);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let latest = latest_offset(&mut leader, "again").await;
+        let latest = leader.latest_offset("again").await;
         if latest == (0, 0) {
             break;
         }
@@ -329,19 +317,9 @@ async fn a_partition_without_live_isr_is_offline_until_its_replica_returns() {
 }
 
 async fn delete(client: &mut RawClient, topic: &str) -> i16 {
-    let request = DeleteTopicsRequest::default().with_topic_names(vec![name(topic)]);
+    let request = DeleteTopicsRequest::default().with_topic_names(vec![topic_name(topic)]);
     let response: DeleteTopicsResponse = client.call(ApiKey::DeleteTopics, 4, &request).await.unwrap();
     response.responses[0].error_code
-}
-
-async fn latest_offset(client: &mut RawClient, topic: &str) -> (i16, i64) {
-    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
-        .with_name(name(topic))
-        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1)])]);
-    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
-    let p = &response.topics[0].partitions[0];
-    (p.error_code, p.offset)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -361,7 +339,7 @@ async fn a_controller_that_finds_a_newer_epoch_steps_down_and_competes_again() {
     let other = 3 - controller;
     let before = epoch(&*store).await.unwrap();
     let manual = CreatableTopic::default()
-        .with_name(name("fenced"))
+        .with_name(topic_name("fenced"))
         .with_num_partitions(-1)
         .with_replication_factor(-1)
         .with_assignments(vec![CreatableReplicaAssignment::default()
@@ -408,7 +386,7 @@ async fn controlled_shutdown_hands_leadership_over_and_unclean_election_is_opt_i
                 .with_value(Some(StrBytes::from_string(v.into())))]
         });
         CreatableTopic::default()
-            .with_name(name(topic))
+            .with_name(topic_name(topic))
             .with_num_partitions(-1)
             .with_replication_factor(-1)
             .with_configs(configs.unwrap_or_default())

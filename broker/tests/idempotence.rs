@@ -8,10 +8,8 @@ mod common;
 use std::collections::HashSet;
 
 use bytes::Bytes;
-use common::{RawClient, TestBroker};
+use common::{produce_request, RawClient, TestBroker};
 use fjord_record::BatchBuilder;
-use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 
@@ -28,21 +26,7 @@ fn batch(pid: i64, epoch: i16, seq: i32, values: &[&str]) -> Bytes {
 }
 
 async fn produce(client: &mut RawClient, records: Bytes) -> (i16, i64) {
-    let request =
-        ProduceRequest::default().with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(StrBytes::from_static_str("idem")))
-            .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(records))])]);
-    let response: ProduceResponse = client.call(ApiKey::Produce, 9, &request).await.unwrap();
-    let p = &response.responses[0].partition_responses[0];
-    (p.error_code, p.base_offset)
-}
-
-async fn log_end(client: &mut RawClient) -> i64 {
-    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
-        .with_name(TopicName(StrBytes::from_static_str("idem")))
-        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1)])]);
-    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
-    response.topics[0].partitions[0].offset
+    client.produce(9, &produce_request("idem", 0, -1, 5000, records)).await
 }
 
 async fn init_producer_id(client: &mut RawClient, version: i16, transactional_id: Option<&str>) -> InitProducerIdResponse {
@@ -94,7 +78,7 @@ async fn retries_gaps_and_fenced_epochs_before_and_after_a_restart() {
     assert_eq!(produce(&mut client, batch(pid, 0, 2, &["c"])).await, (0, 2));
     // The retry of the first batch: success with its original offset, nothing appended.
     assert_eq!(produce(&mut client, batch(pid, 0, 0, &["a", "b"])).await, (0, 0));
-    assert_eq!(log_end(&mut client).await, 3);
+    assert_eq!(client.latest_offset("idem").await.1, 3);
     // A gap.
     assert_eq!(produce(&mut client, batch(pid, 0, 5, &["x"])).await.0, OUT_OF_ORDER_SEQUENCE_NUMBER);
     broker.stop().await.unwrap();
@@ -104,12 +88,12 @@ async fn retries_gaps_and_fenced_epochs_before_and_after_a_restart() {
     // The producer state came back: the old batch is still a duplicate.
     assert_eq!(produce(&mut client, batch(pid, 0, 2, &["c"])).await, (0, 2));
     assert_eq!(produce(&mut client, batch(pid, 0, 0, &["a", "b"])).await, (0, 0));
-    assert_eq!(log_end(&mut client).await, 3);
+    assert_eq!(client.latest_offset("idem").await.1, 3);
     assert_eq!(produce(&mut client, batch(pid, 0, 4, &["x"])).await.0, OUT_OF_ORDER_SEQUENCE_NUMBER);
     assert_eq!(produce(&mut client, batch(pid, 0, 3, &["d"])).await, (0, 3));
     // A new epoch fences the old one.
     assert_eq!(produce(&mut client, batch(pid, 1, 0, &["e"])).await, (0, 4));
     assert_eq!(produce(&mut client, batch(pid, 0, 4, &["zombie"])).await.0, INVALID_PRODUCER_EPOCH);
-    assert_eq!(log_end(&mut client).await, 5);
+    assert_eq!(client.latest_offset("idem").await.1, 5);
     broker.stop().await.unwrap();
 }

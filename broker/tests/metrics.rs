@@ -7,10 +7,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{RawClient, TestBroker};
+use common::{produce_request, RawClient, TestBroker};
 use fjord_record::BatchBuilder;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -44,11 +43,7 @@ fn batch(first: usize, n: usize) -> Bytes {
 }
 
 async fn produce(client: &mut RawClient, records: Bytes) -> i16 {
-    let request = ProduceRequest::default().with_acks(1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
-        .with_name(TopicName(StrBytes::from_static_str(TOPIC)))
-        .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(records))])]);
-    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &request).await.unwrap();
-    response.responses[0].partition_responses[0].error_code
+    client.produce(7, &produce_request(TOPIC, 0, 1, 5000, records)).await.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,15 +6,13 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use common::{RawClient, TestBroker};
+use common::{produce_request, topic_name, RawClient, TestBroker, EARLIEST};
 use fjord_record::BatchBuilder;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 
@@ -27,10 +25,6 @@ const UNSUPPORTED_VERSION: i16 = 35;
 const TOPIC_ALREADY_EXISTS: i16 = 36;
 const UNSUPPORTED_FOR_MESSAGE_FORMAT: i16 = 43;
 
-fn name(s: &str) -> TopicName {
-    TopicName(StrBytes::from_string(s.to_owned()))
-}
-
 fn batch(values: &[&str]) -> Bytes {
     let mut builder = BatchBuilder::new(1_700_000_000_000);
     for (i, v) in values.iter().enumerate() {
@@ -39,21 +33,13 @@ fn batch(values: &[&str]) -> Bytes {
     builder.build()
 }
 
-fn produce_request(topic: &str, partition: i32, acks: i16, records: Bytes) -> ProduceRequest {
-    ProduceRequest::default().with_acks(acks).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
-        .with_name(name(topic))
-        .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(records))])])
-}
-
 async fn produce(client: &mut RawClient, topic: &str, records: Bytes) -> (i16, i64) {
-    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &produce_request(topic, 0, 1, records)).await.unwrap();
-    let p = &response.responses[0].partition_responses[0];
-    (p.error_code, p.base_offset)
+    client.produce(7, &produce_request(topic, 0, 1, 5000, records)).await
 }
 
 fn fetch_request(topic: &str, offset: i64, max_wait_ms: i32, partition_max_bytes: i32) -> FetchRequest {
     FetchRequest::default().with_max_wait_ms(max_wait_ms).with_min_bytes(1).with_topics(vec![FetchTopic::default()
-        .with_topic(name(topic))
+        .with_topic(topic_name(topic))
         .with_partitions(vec![FetchPartition::default()
             .with_partition(0)
             .with_fetch_offset(offset)
@@ -74,23 +60,6 @@ fn record_values(records: &Bytes) -> Vec<String> {
         }
     }
     values
-}
-
-async fn earliest_offset(client: &mut RawClient, topic: &str) -> i64 {
-    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
-        .with_name(name(topic))
-        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-2)])]);
-    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
-    response.topics[0].partitions[0].offset
-}
-
-async fn latest_offset(client: &mut RawClient, topic: &str) -> (i16, i64) {
-    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
-        .with_name(name(topic))
-        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1)])]);
-    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
-    let p = &response.topics[0].partitions[0];
-    (p.error_code, p.offset)
 }
 
 /// A fresh connection gets a normal answer: the broker is alive and well.
@@ -154,7 +123,7 @@ async fn metadata_auto_creates_and_describes_this_broker() {
     let (broker, _dir) = start(|c| c.num_partitions = 3).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     for version in [0, 1, 4, 9, 12] {
-        let topic = MetadataRequestTopic::default().with_name(Some(name("auto")));
+        let topic = MetadataRequestTopic::default().with_name(Some(topic_name("auto")));
         let request = MetadataRequest::default().with_topics(Some(vec![topic])).with_allow_auto_topic_creation(true);
         let response: MetadataResponse = client.call(ApiKey::Metadata, version, &request).await.unwrap();
         assert_eq!(response.brokers[0].port, i32::from(broker.addr.port()), "v{version}");
@@ -183,7 +152,7 @@ async fn produce_fetch_and_list_offsets_round_trip(zero_copy: bool) {
         // Whole batches: the batch holding offset 1 starts at 0.
         assert_eq!(record_values(p.records.as_ref().unwrap()), ["a", "b", "c"], "fetch v{version}");
     }
-    assert_eq!(latest_offset(&mut client, "t").await, (0, 3));
+    assert_eq!(client.latest_offset("t").await, (0, 3));
     let response: FetchResponse = client.call(ApiKey::Fetch, 11, &fetch_request("t", 42, 0, 1 << 20)).await.unwrap();
     assert_eq!(fetched_partition(&response).error_code, OFFSET_OUT_OF_RANGE);
     broker.stop().await.unwrap();
@@ -241,7 +210,7 @@ async fn requests_on_one_connection_are_answered_in_order() {
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     let mut frames = Vec::new();
     for i in 0..20 {
-        frames.push(client.encode(ApiKey::Produce, 7, &produce_request("ordered", 0, 1, batch(&[&format!("m{i}")]))));
+        frames.push(client.encode(ApiKey::Produce, 7, &produce_request("ordered", 0, 1, 5000, batch(&[&format!("m{i}")]))));
         frames.push(client.encode(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default()));
     }
     for frame in &frames {
@@ -266,7 +235,7 @@ async fn a_batch_with_a_bad_crc_is_refused_and_nothing_is_appended() {
     let last = bad.len() - 1;
     bad[last] ^= 0xff;
     assert_eq!(produce(&mut client, "crc", Bytes::from(bad)).await.0, CORRUPT_MESSAGE);
-    assert_eq!(latest_offset(&mut client, "crc").await, (0, 1));
+    assert_eq!(client.latest_offset("crc").await, (0, 1));
     assert_broker_serves(&broker).await;
     broker.stop().await.unwrap();
 }
@@ -276,7 +245,7 @@ async fn oversized_batches_get_message_too_large() {
     let (broker, _dir) = start(|_| {}).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     let request = CreateTopicsRequest::default().with_timeout_ms(5000).with_topics(vec![CreatableTopic::default()
-        .with_name(name("small"))
+        .with_name(topic_name("small"))
         .with_num_partitions(1)
         .with_replication_factor(1)
         .with_configs(vec![CreatableTopicConfig::default()
@@ -294,12 +263,12 @@ async fn unknown_topics_without_auto_create_are_unknown_topic_or_partition() {
     let (broker, _dir) = start(|c| c.auto_create_topics = false).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     assert_eq!(produce(&mut client, "nope", batch(&["x"])).await.0, UNKNOWN_TOPIC_OR_PARTITION);
-    let request = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(name("nope")))]));
+    let request = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(topic_name("nope")))]));
     let metadata: MetadataResponse = client.call(ApiKey::Metadata, 9, &request).await.unwrap();
     assert_eq!(metadata.topics[0].error_code, UNKNOWN_TOPIC_OR_PARTITION);
     let response: FetchResponse = client.call(ApiKey::Fetch, 11, &fetch_request("nope", 0, 0, 100)).await.unwrap();
     assert_eq!(fetched_partition(&response).error_code, UNKNOWN_TOPIC_OR_PARTITION);
-    assert_eq!(latest_offset(&mut client, "nope").await.0, UNKNOWN_TOPIC_OR_PARTITION);
+    assert_eq!(client.latest_offset("nope").await.0, UNKNOWN_TOPIC_OR_PARTITION);
     broker.stop().await.unwrap();
 }
 
@@ -307,12 +276,12 @@ async fn unknown_topics_without_auto_create_are_unknown_topic_or_partition() {
 async fn invalid_acks_and_old_message_formats_are_refused() {
     let (broker, _dir) = start(|_| {}).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &produce_request("acks", 0, 5, batch(&["x"]))).await.unwrap();
+    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &produce_request("acks", 0, 5, 5000, batch(&["x"]))).await.unwrap();
     assert_eq!(response.responses[0].partition_responses[0].error_code, INVALID_REQUIRED_ACKS);
     // A message-format-v1 payload in a v7 request: not corrupt, just not stored here.
     let mut old_format = batch(&["x"]).to_vec();
     old_format[16] = 1; // magic
-    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &produce_request("acks", 0, 1, old_format.into())).await.unwrap();
+    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &produce_request("acks", 0, 1, 5000, old_format.into())).await.unwrap();
     assert_eq!(response.responses[0].partition_responses[0].error_code, UNSUPPORTED_FOR_MESSAGE_FORMAT);
     // Produce v2 (message format v1): answered by hand, nothing appended.
     let mut body = BytesMut::new();
@@ -336,7 +305,7 @@ async fn invalid_acks_and_old_message_formats_are_refused() {
     assert_eq!(&answer[..4], &99i32.to_be_bytes());
     assert_eq!(&answer[4 + 4 + 2 + 4 + 4 + 4..][..2], &UNSUPPORTED_FOR_MESSAGE_FORMAT.to_be_bytes());
     // The v7 request auto-created the topic; nothing was appended to it.
-    assert_eq!(latest_offset(&mut client, "acks").await, (0, 0));
+    assert_eq!(client.latest_offset("acks").await, (0, 0));
     broker.stop().await.unwrap();
 }
 
@@ -344,10 +313,10 @@ async fn invalid_acks_and_old_message_formats_are_refused() {
 async fn acks_zero_gets_no_response_but_is_appended() {
     let (broker, _dir) = start(|_| {}).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    let frame = client.encode(ApiKey::Produce, 7, &produce_request("quiet", 0, 0, batch(&["x"])));
+    let frame = client.encode(ApiKey::Produce, 7, &produce_request("quiet", 0, 0, 5000, batch(&["x"])));
     client.send_frame(&frame).await.unwrap();
     // The next answer on the connection belongs to the next request.
-    assert_eq!(latest_offset(&mut client, "quiet").await, (0, 1));
+    assert_eq!(client.latest_offset("quiet").await, (0, 1));
     broker.stop().await.unwrap();
 }
 
@@ -357,7 +326,7 @@ async fn create_describe_and_delete_topics() {
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     let create = |topic: &str, partitions: i32| {
         CreateTopicsRequest::default().with_timeout_ms(5000).with_topics(vec![CreatableTopic::default()
-            .with_name(name(topic))
+            .with_name(topic_name(topic))
             .with_num_partitions(partitions)
             .with_replication_factor(-1)
             .with_configs(vec![CreatableTopicConfig::default()
@@ -382,15 +351,15 @@ async fn create_describe_and_delete_topics() {
     let segment = configs.iter().find(|c| c.name.as_str() == "segment.bytes").unwrap();
     assert_eq!(segment.config_source, 5, "defaults are reported as such");
 
-    let delete = DeleteTopicsRequest::default().with_topic_names(vec![name("made"), name("never")]);
+    let delete = DeleteTopicsRequest::default().with_topic_names(vec![topic_name("made"), topic_name("never")]);
     let response: DeleteTopicsResponse = client.call(ApiKey::DeleteTopics, 4, &delete).await.unwrap();
     assert_eq!(response.responses[0].error_code, 0);
     assert_eq!(response.responses[1].error_code, UNKNOWN_TOPIC_OR_PARTITION);
     let delete = DeleteTopicsRequest::default()
-        .with_topics(vec![DeleteTopicState::default().with_name(Some(name("made")))]);
+        .with_topics(vec![DeleteTopicState::default().with_name(Some(topic_name("made")))]);
     let response: DeleteTopicsResponse = client.call(ApiKey::DeleteTopics, 6, &delete).await.unwrap();
     assert_eq!(response.responses[0].error_code, UNKNOWN_TOPIC_OR_PARTITION);
-    assert_eq!(latest_offset(&mut client, "made").await.0, UNKNOWN_TOPIC_OR_PARTITION);
+    assert_eq!(client.latest_offset("made").await.0, UNKNOWN_TOPIC_OR_PARTITION);
     assert!(!broker.data_dir.join("made-0").exists());
     // The name is free again.
     let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 7, &create("made", 1)).await.unwrap();
@@ -418,7 +387,7 @@ async fn oversized_garbage_and_truncated_frames_close_only_that_connection() {
     assert!(client.is_closed_by_broker().await);
     // A well-framed request whose body stops short.
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    let frame = client.encode(ApiKey::Produce, 7, &produce_request("calm", 0, 1, batch(&["cut"])));
+    let frame = client.encode(ApiKey::Produce, 7, &produce_request("calm", 0, 1, 5000, batch(&["cut"])));
     client.send_frame(&frame[..frame.len() - 20]).await.unwrap();
     assert!(client.is_closed_by_broker().await);
     // Fewer bytes than a header.
@@ -429,7 +398,7 @@ async fn oversized_garbage_and_truncated_frames_close_only_that_connection() {
     // The bystander's connection is untouched, and new ones work.
     let response: FetchResponse = bystander.call(ApiKey::Fetch, 11, &fetch_request("calm", 0, 0, 1 << 20)).await.unwrap();
     assert_eq!(record_values(fetched_partition(&response).records.as_ref().unwrap()), ["still here"]);
-    assert_eq!(latest_offset(&mut bystander, "calm").await, (0, 1));
+    assert_eq!(bystander.latest_offset("calm").await, (0, 1));
     assert_broker_serves(&broker).await;
     broker.stop().await.unwrap();
 }
@@ -447,9 +416,9 @@ async fn topics_and_data_survive_a_clean_restart() {
 
     let broker = TestBroker::start_in(data, |c| c.auto_create_topics = false).await.unwrap();
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    assert_eq!(latest_offset(&mut client, "durable").await, (0, 10));
+    assert_eq!(client.latest_offset("durable").await, (0, 10));
     assert_eq!(produce(&mut client, "durable", batch(&["v10"])).await, (0, 10));
-    let request = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(name("durable")))]));
+    let request = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(topic_name("durable")))]));
     let metadata: MetadataResponse = client.call(ApiKey::Metadata, 9, &request).await.unwrap();
     assert_eq!(metadata.topics[0].partitions.len(), 2);
     broker.stop().await.unwrap();
@@ -461,7 +430,7 @@ async fn cleanup_policies_delete_and_compact_are_accepted_and_others_refused() {
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     let create = |topic: &str, policy: &'static str| {
         CreateTopicsRequest::default().with_timeout_ms(5000).with_topics(vec![CreatableTopic::default()
-            .with_name(name(topic))
+            .with_name(topic_name(topic))
             .with_num_partitions(1)
             .with_replication_factor(1)
             .with_configs(vec![CreatableTopicConfig::default()
@@ -494,7 +463,7 @@ async fn the_retention_task_deletes_old_segments_and_moves_the_log_start() {
         produce(&mut client, "old", batch(&[&value])).await;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while earliest_offset(&mut client, "old").await < 5 {
+    while client.list_offset("old", 0, EARLIEST).await.1 < 5 {
         assert!(Instant::now() < deadline, "retention never ran");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -598,7 +567,7 @@ async fn alter_configs_change_live_topics_and_refuse_bad_input_precisely() {
     let broker = TestBroker::start_in(data.clone(), |c| c.auto_create_topics = false).await.unwrap();
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     let create = CreateTopicsRequest::default().with_timeout_ms(5000).with_topics(vec![CreatableTopic::default()
-        .with_name(name("tunable"))
+        .with_name(topic_name("tunable"))
         .with_num_partitions(1)
         .with_replication_factor(1)
         .with_configs(vec![CreatableTopicConfig::default()

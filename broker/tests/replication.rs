@@ -14,16 +14,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{RawClient, TestBroker};
+use common::{produce_request, topic_name, RawClient, TestBroker};
 use fjord_coord::registry::{read_json, to_json, PartitionState, TopicAssignment};
 use fjord_coord::{create_all, paths, CreateMode, Store};
 use fjord_record::BatchBuilder;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::offset_for_leader_epoch_request::{OffsetForLeaderPartition, OffsetForLeaderTopic};
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::StrBytes;
 
 const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 const REQUEST_TIMED_OUT: i16 = 7;
@@ -33,10 +30,6 @@ const NOT_ENOUGH_REPLICAS: i16 = 19;
 const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
 const UNKNOWN_LEADER_EPOCH: i16 = 75;
 const FENCED_LEADER_EPOCH: i16 = 74;
-
-fn name(topic: &str) -> TopicName {
-    TopicName(StrBytes::from_string(topic.into()))
-}
 
 /// One batch of `count` records `"{tag}-{i}"`.
 fn batch(tag: &str, count: usize) -> Bytes {
@@ -48,14 +41,7 @@ fn batch(tag: &str, count: usize) -> Bytes {
 }
 
 async fn produce(client: &mut RawClient, topic: &str, acks: i16, timeout_ms: i32, records: Bytes) -> (i16, i64) {
-    let request = ProduceRequest::default().with_acks(acks).with_timeout_ms(timeout_ms).with_topic_data(vec![
-        TopicProduceData::default()
-            .with_name(name(topic))
-            .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(records))]),
-    ]);
-    let response: ProduceResponse = client.call(ApiKey::Produce, 9, &request).await.unwrap();
-    let p = &response.responses[0].partition_responses[0];
-    (p.error_code, p.base_offset)
+    client.produce(9, &produce_request(topic, 0, acks, timeout_ms, records)).await
 }
 
 /// acks=all right after the ISR grew in ZooKeeper: the leader may not have adopted the
@@ -86,7 +72,7 @@ async fn long_poll(client: &mut RawClient, topic: &str, replica_id: i32, offset:
         .with_min_bytes(1)
         .with_max_bytes(1 << 20)
         .with_session_epoch(-1)
-        .with_topics(vec![FetchTopic::default().with_topic(name(topic)).with_partitions(vec![FetchPartition::default()
+        .with_topics(vec![FetchTopic::default().with_topic(topic_name(topic)).with_partitions(vec![FetchPartition::default()
             .with_partition(0)
             .with_fetch_offset(offset)
             .with_current_leader_epoch(current_leader_epoch)
@@ -96,18 +82,9 @@ async fn long_poll(client: &mut RawClient, topic: &str, replica_id: i32, offset:
     (p.error_code, p.high_watermark, p.records.as_ref().map_or(0, |r| r.len()))
 }
 
-async fn latest_offset(client: &mut RawClient, topic: &str) -> (i16, i64) {
-    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
-        .with_name(name(topic))
-        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1)])]);
-    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
-    let p = &response.topics[0].partitions[0];
-    (p.error_code, p.offset)
-}
-
 async fn end_offset_for_epoch(client: &mut RawClient, topic: &str, current: i32, epoch: i32) -> (i16, i32, i64) {
     let request = OffsetForLeaderEpochRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![
-        OffsetForLeaderTopic::default().with_topic(name(topic)).with_partitions(vec![OffsetForLeaderPartition::default()
+        OffsetForLeaderTopic::default().with_topic(topic_name(topic)).with_partitions(vec![OffsetForLeaderPartition::default()
             .with_partition(0)
             .with_current_leader_epoch(current)
             .with_leader_epoch(epoch)]),
@@ -217,7 +194,7 @@ async fn followers_replicate_byte_for_byte_and_acks_all_follows_the_isr() {
         assert_eq!(produce(&mut client, "r", -1, 10_000, batch(&format!("a{i}"), 5)).await, (0, i * 5));
         assert_eq!(log_bytes(&follower.data_dir, "r"), log_bytes(&leader.data_dir, "r"), "after batch {i}");
     }
-    assert_eq!(latest_offset(&mut client, "r").await, (0, 50), "the high watermark covers every acknowledged batch");
+    assert_eq!(client.latest_offset("r").await, (0, 50), "the high watermark covers every acknowledged batch");
 
     // A consumer waiting at the high watermark wakes when it moves (the follower fetched
     // the batch), not at the append and not at its 20 s deadline.
@@ -311,7 +288,7 @@ async fn a_returning_old_leader_drops_what_the_new_leader_overwrote() {
     store.set(&paths::partition_state("t", 0), &to_json(&moved), Some(version)).await.unwrap();
     let b = cluster.start(1, lag).await;
     let mut client = RawClient::connect(b.addr).await.unwrap();
-    assert_eq!(latest_offset(&mut client, "t").await, (0, 90), "B leads from its log end");
+    assert_eq!(client.latest_offset("t").await, (0, 90), "B leads from its log end");
     assert_eq!(produce(&mut client, "t", 1, 1_000, batch("kept", 10)).await, (0, 90));
     assert_eq!(end_offset_for_epoch(&mut client, "t", 1, 0).await, (0, 0, 90), "epoch 0 ended at 90 on B");
     assert_eq!(fetch(&mut client, "t", -1, 0, 0).await.0, FENCED_LEADER_EPOCH);

@@ -5,12 +5,10 @@
 mod common;
 
 use bytes::Bytes;
-use common::{RawClient, TestBroker};
+use common::{produce_request, RawClient, TestBroker, LATEST};
 use fjord_coord::registry::{read_json, BrokerRegistration, PartitionState, TopicAssignment};
 use fjord_coord::paths;
 use fjord_record::BatchBuilder;
-use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 
@@ -21,21 +19,7 @@ fn batch(value: &str) -> Bytes {
 }
 
 async fn produce(client: &mut RawClient, topic: &str, partition: i32, value: &str) -> (i16, i64) {
-    let request = ProduceRequest::default().with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
-        .with_name(TopicName(StrBytes::from_string(topic.into())))
-        .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(batch(value)))])]);
-    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &request).await.unwrap();
-    let p = &response.responses[0].partition_responses[0];
-    (p.error_code, p.base_offset)
-}
-
-async fn latest(client: &mut RawClient, topic: &str, partition: i32) -> (i16, i64) {
-    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
-        .with_name(TopicName(StrBytes::from_string(topic.into())))
-        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(partition).with_timestamp(-1)])]);
-    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
-    let p = &response.topics[0].partitions[0];
-    (p.error_code, p.offset)
+    client.produce(7, &produce_request(topic, partition, -1, 5000, batch(value))).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,7 +57,7 @@ async fn topics_live_in_zookeeper_and_survive_a_restart() {
     .await
     .unwrap();
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    assert_eq!(latest(&mut client, "zk-topic", 1).await, (0, 2));
+    assert_eq!(client.list_offset("zk-topic", 1, LATEST).await, (0, 2));
     assert_eq!(produce(&mut client, "zk-topic", 1, "three").await, (0, 2));
     broker.stop().await.unwrap();
 }

@@ -1,5 +1,6 @@
 //! Shared test helpers: an in-process broker on 127.0.0.1:0 (through the production
-//! `run`), a raw Kafka-protocol client, and kcat.
+//! `run`), a raw Kafka-protocol client with the requests most tests send (Produce of
+//! one batch, ListOffsets of one partition), and kcat.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::net::SocketAddr;
@@ -9,7 +10,11 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fjord_broker::BrokerConfig;
-use kafka_protocol::messages::{ApiKey, RequestHeader};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    ApiKey, BrokerId, ListOffsetsRequest, ListOffsetsResponse, ProduceRequest, ProduceResponse, RequestHeader, TopicName,
+};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -54,6 +59,21 @@ impl TestBroker {
     pub(crate) fn bootstrap(&self) -> String {
         self.addr.to_string()
     }
+}
+
+/// ListOffsets timestamps: the log end (high watermark) and the log start.
+pub(crate) const LATEST: i64 = -1;
+pub(crate) const EARLIEST: i64 = -2;
+
+pub(crate) fn topic_name(topic: &str) -> TopicName {
+    TopicName(StrBytes::from_string(topic.to_owned()))
+}
+
+/// A Produce request of one record batch to one partition.
+pub(crate) fn produce_request(topic: &str, partition: i32, acks: i16, timeout_ms: i32, records: Bytes) -> ProduceRequest {
+    ProduceRequest::default().with_acks(acks).with_timeout_ms(timeout_ms).with_topic_data(vec![TopicProduceData::default()
+        .with_name(topic_name(topic))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(records))])])
 }
 
 /// A raw Kafka-protocol connection: typed requests out, raw response bodies back.
@@ -123,6 +143,30 @@ impl RawClient {
             bail!("{} bytes left after the {key:?} v{version} response", frame.remaining());
         }
         Ok(response)
+    }
+
+    /// Sends a Produce request of one partition ([`produce_request`]) at `version`:
+    /// (error code, base offset).
+    pub(crate) async fn produce(&mut self, version: i16, request: &ProduceRequest) -> (i16, i64) {
+        let response: ProduceResponse = self.call(ApiKey::Produce, version, request).await.unwrap();
+        let p = &response.responses[0].partition_responses[0];
+        (p.error_code, p.base_offset)
+    }
+
+    /// ListOffsets (v5) of one partition at `timestamp` ([`LATEST`], [`EARLIEST`] or ms):
+    /// (error code, offset).
+    pub(crate) async fn list_offset(&mut self, topic: &str, partition: i32, timestamp: i64) -> (i16, i64) {
+        let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
+            .with_name(topic_name(topic))
+            .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(partition).with_timestamp(timestamp)])]);
+        let response: ListOffsetsResponse = self.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
+        let p = &response.topics[0].partitions[0];
+        (p.error_code, p.offset)
+    }
+
+    /// [`RawClient::list_offset`] of partition 0 at [`LATEST`].
+    pub(crate) async fn latest_offset(&mut self, topic: &str) -> (i16, i64) {
+        self.list_offset(topic, 0, LATEST).await
     }
 
     /// True when the broker closed the connection (EOF or reset) within a few seconds.
