@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{kcat, TestBroker};
+use common::{kcat, run_python, TestBroker};
 
 /// Three consumers in one group over six partitions: every partition is owned by
 /// exactly one of them, every message is consumed exactly once, commits persist, and
@@ -87,29 +86,8 @@ assert values == set(prefix + b'-%d' % i for i in range(expected)), sorted(value
 print("ok")
 "#;
 
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("FJORD_TEST_PYTHON") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin/python")
-}
-
-async fn run_python(script: &str, args: &[&str]) {
-    let python = python();
-    assert!(
-        python.exists(),
-        "Python venv with confluent-kafka not found at {} (set FJORD_TEST_PYTHON, or run `cargo xtask test`)",
-        python.display()
-    );
-    let output = tokio::process::Command::new(&python).arg("-c").arg(script).args(args).kill_on_drop(true).output();
-    let output = tokio::time::timeout(Duration::from_secs(150), output).await.expect("python timed out").unwrap();
-    assert!(
-        output.status.success() && String::from_utf8_lossy(&output.stdout).contains("ok"),
-        "python group consumers failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
+/// How long one run of a group script may take.
+const PYTHON_TIMEOUT: Duration = Duration::from_secs(150);
 
 fn lines(prefix: &str, n: usize) -> Vec<u8> {
     (0..n).map(|i| format!("k{i}:{prefix}-{i}\n")).collect::<String>().into_bytes()
@@ -126,9 +104,9 @@ async fn a_librdkafka_group_shares_partitions_commits_and_resumes() {
     .unwrap();
     let bootstrap = broker.bootstrap();
     kcat(&["-b", &bootstrap, "-P", "-t", "shared", "-K:"], Some(&lines("old", 3000))).await.unwrap();
-    run_python(GROUP_SCRIPT, &[&bootstrap, "shared", "3000"]).await;
+    run_python(GROUP_SCRIPT, &[&bootstrap, "shared", "3000"], PYTHON_TIMEOUT).await;
     kcat(&["-b", &bootstrap, "-P", "-t", "shared", "-K:"], Some(&lines("new", 300))).await.unwrap();
-    run_python(RESUME_SCRIPT, &[&bootstrap, "shared", "300", "new"]).await;
+    run_python(RESUME_SCRIPT, &[&bootstrap, "shared", "300", "new"], PYTHON_TIMEOUT).await;
 
     // The committed offsets survive a broker restart: they live in the offset registry.
     let data_dir = broker.data_dir.clone();
@@ -136,7 +114,7 @@ async fn a_librdkafka_group_shares_partitions_commits_and_resumes() {
     let broker = TestBroker::start_in(data_dir, |c| c.num_partitions = 6).await.unwrap();
     let bootstrap = broker.bootstrap();
     kcat(&["-b", &bootstrap, "-P", "-t", "shared", "-K:"], Some(&lines("after-restart", 50))).await.unwrap();
-    run_python(RESUME_SCRIPT, &[&bootstrap, "shared", "50", "after-restart"]).await;
+    run_python(RESUME_SCRIPT, &[&bootstrap, "shared", "50", "after-restart"], PYTHON_TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,7 +184,25 @@ async fn offset_fetch_answers_the_same_before_and_from_v8() {
 
     // (partition, offset, leader epoch, metadata) per topic, and the group's error code.
     type Answer = (i16, Vec<(String, Vec<(i32, i64, i32, String)>)>);
-    let metadata = |m: Option<StrBytes>| m.map(|m| m.to_string()).unwrap_or_default();
+    // The two layouts carry the same fields in types of their own.
+    macro_rules! topics {
+        ($topics:expr) => {
+            $topics
+                .into_iter()
+                .map(|t| {
+                    let partitions = t
+                        .partitions
+                        .into_iter()
+                        .map(|p| {
+                            let metadata = p.metadata.map(|m| m.to_string()).unwrap_or_default();
+                            (p.partition_index, p.committed_offset, p.committed_leader_epoch, metadata)
+                        })
+                        .collect();
+                    (t.name.to_string(), partitions)
+                })
+                .collect()
+        };
+    }
     let before_v8 = |group: &str| OffsetFetchRequest::default().with_group_id(GroupId(s(group))).with_topics(Some(vec![
         offset_fetch_request::OffsetFetchRequestTopic::default().with_name(TopicName(s("t"))).with_partition_indexes(vec![0, 1]),
     ]));
@@ -215,17 +211,7 @@ async fn offset_fetch_answers_the_same_before_and_from_v8() {
         let r: OffsetFetchResponse = client.call(ApiKey::OffsetFetch, 7, &before_v8(group)).await.unwrap();
         answers_before_v8.push((
             r.error_code,
-            r.topics
-                .into_iter()
-                .map(|t| {
-                    let partitions = t
-                        .partitions
-                        .into_iter()
-                        .map(|p| (p.partition_index, p.committed_offset, p.committed_leader_epoch, metadata(p.metadata)))
-                        .collect();
-                    (t.name.to_string(), partitions)
-                })
-                .collect(),
+            topics!(r.topics),
         ));
     }
     let v8 = OffsetFetchRequest::default().with_groups(
@@ -245,19 +231,7 @@ async fn offset_fetch_answers_the_same_before_and_from_v8() {
         .groups
         .into_iter()
         .map(|g| {
-            let topics = g
-                .topics
-                .into_iter()
-                .map(|t| {
-                    let partitions = t
-                        .partitions
-                        .into_iter()
-                        .map(|p| (p.partition_index, p.committed_offset, p.committed_leader_epoch, metadata(p.metadata)))
-                        .collect();
-                    (t.name.to_string(), partitions)
-                })
-                .collect();
-            (g.error_code, topics)
+            (g.error_code, topics!(g.topics))
         })
         .collect();
 

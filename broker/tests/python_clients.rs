@@ -7,9 +7,9 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::time::Duration;
 
-use common::TestBroker;
+use common::{run_python, TestBroker};
 
 const SCRIPT: &str = r#"
 import sys, time
@@ -97,58 +97,18 @@ except Exception as e:
 print("ok")
 "#;
 
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("FJORD_TEST_PYTHON") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin/python")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confluent_kafka_and_kafka_python_produce_and_consume() {
-    let python = python();
-    assert!(
-        python.exists(),
-        "Python venv with confluent-kafka and kafka-python not found at {} (set FJORD_TEST_PYTHON, or run \
-         `cargo xtask test`, which provisions target/venv)",
-        python.display()
-    );
     let dir = tempfile::tempdir().unwrap();
     let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
-    let output = tokio::process::Command::new(&python)
-        .arg("-c")
-        .arg(SCRIPT)
-        .arg(broker.bootstrap())
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(std::time::Duration::from_secs(120), output).await.unwrap().unwrap();
-    assert!(
-        output.status.success() && String::from_utf8_lossy(&output.stdout).contains("ok"),
-        "python clients failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_python(SCRIPT, &[&broker.bootstrap()], Duration::from_secs(120)).await;
     broker.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_python_and_confluent_kafka_alter_topic_configs() {
-    let python = python();
-    assert!(python.exists(), "Python venv not found at {} (set FJORD_TEST_PYTHON)", python.display());
     let dir = tempfile::tempdir().unwrap();
     let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
-    let output = tokio::process::Command::new(&python)
-        .arg("-c")
-        .arg(ADMIN_SCRIPT)
-        .arg(broker.bootstrap())
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(std::time::Duration::from_secs(60), output).await.unwrap().unwrap();
-    assert!(
-        output.status.success() && String::from_utf8_lossy(&output.stdout).contains("ok"),
-        "python admin clients failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_python(ADMIN_SCRIPT, &[&broker.bootstrap()], Duration::from_secs(60)).await;
     broker.stop().await.unwrap();
 }

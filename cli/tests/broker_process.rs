@@ -1,39 +1,13 @@
 //! `fjord broker` and `fjord dev` as real processes: kill -9 and SIGTERM restarts,
 //! checked with kcat (an independent client).
 
+mod common;
+
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-/// A port that was free a moment ago.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn wait_until_listening(addr: SocketAddr, child: &mut Child) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(addr).is_err() {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("fjord exited early: {status}");
-        }
-        assert!(Instant::now() < deadline, "fjord did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn start_broker(port: u16, data_dir: &Path) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fjord"))
-        .args(["broker", "--id", "0", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-        .arg(data_dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut child);
-    child
-}
+use common::{free_port, start_broker, wait_until_listening};
 
 fn kcat(args: &[&str], stdin: Option<&str>) -> String {
     let mut child = Command::new("kcat")
@@ -80,12 +54,12 @@ fn acknowledged_messages_survive_kill_9_and_sigterm_and_offsets_continue() {
     let port = free_port();
     let bootstrap = format!("127.0.0.1:{port}");
 
-    let mut broker = start_broker(port, &data);
+    let mut broker = start_broker(port, &data, &[]);
     produce(&bootstrap, "crash", 0..3000);
     broker.kill().unwrap(); // SIGKILL: no flush, no checkpoint
     broker.wait().unwrap();
 
-    let mut broker = start_broker(port, &data);
+    let mut broker = start_broker(port, &data, &[]);
     assert_eq!(consume_all(&bootstrap, "crash"), expected(0..3000), "everything acknowledged survives kill -9");
     produce(&bootstrap, "crash", 3000..3100);
     assert_eq!(consume_all(&bootstrap, "crash"), expected(0..3100), "new offsets continue where they stopped");
@@ -96,7 +70,7 @@ fn acknowledged_messages_survive_kill_9_and_sigterm_and_offsets_continue() {
     let recovery_points = std::fs::read_to_string(data.join("recovery-point-offset-checkpoint")).unwrap();
     assert!(recovery_points.contains("crash 0 3100"), "clean shutdown checkpoints: {recovery_points}");
 
-    let mut broker = start_broker(port, &data);
+    let mut broker = start_broker(port, &data, &[]);
     assert_eq!(consume_all(&bootstrap, "crash"), expected(0..3100));
     broker.kill().unwrap();
     broker.wait().unwrap();

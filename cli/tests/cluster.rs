@@ -55,11 +55,7 @@ fn client(cluster: &Cluster) -> ClientConfig {
 }
 
 async fn create_topic(cluster: &Cluster, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
-    let mut new = NewTopic::new(topic, partitions);
-    new.replication_factor = 3;
-    new.configs = configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    Admin::connect(client(cluster)).await.unwrap().create_topics(&[new]).await.unwrap();
-    cluster.wait_fully_replicated(topic, REACT).await.unwrap();
+    cluster.create_topic(topic, partitions, configs, REACT).await.unwrap();
 }
 
 /// A producer that keeps order per partition across retries (one request in flight).

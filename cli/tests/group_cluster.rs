@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fjord_client::{Acks, Admin, ClientConfig, GroupConfig, GroupConsumer, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord};
+use fjord_client::{Acks, ClientConfig, GroupConfig, GroupConsumer, OffsetReset, Producer, ProducerConfig};
 use fjord_coord::paths;
-use fjord_testkit::{wait_until, Cluster};
+use fjord_testkit::{produce_round, wait_until, Cluster};
 
 const TOPIC: &str = "events";
 const PARTITIONS: i32 = 6;
@@ -22,19 +22,6 @@ async fn coordinator(cluster: &Cluster) -> anyhow::Result<Option<i32>> {
     let Some((data, _)) = cluster.store().get(&paths::group_coordinator(GROUP)).await? else { return Ok(None) };
     let holder: serde_json::Value = serde_json::from_slice(&data)?;
     Ok(holder["broker_id"].as_i64().map(|id| id as i32))
-}
-
-/// `per_partition` records into every partition, acks=all.
-async fn produce(producer: &Producer, per_partition: usize, round: usize) {
-    let mut acks = Vec::new();
-    for i in 0..per_partition {
-        for p in 0..PARTITIONS {
-            acks.push(producer.send(ProducerRecord::new(TOPIC, format!("r{round}-p{p}-{i}")).partition(p)).await.unwrap());
-        }
-    }
-    for a in acks {
-        a.await.unwrap();
-    }
 }
 
 /// (partition, offset) → how many times the group consumed it.
@@ -55,12 +42,9 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
         .await
         .unwrap();
     let client = ClientConfig { connect_timeout: Duration::from_secs(2), ..ClientConfig::new(&cluster.bootstrap()) };
-    let mut topic = NewTopic::new(TOPIC, PARTITIONS);
-    topic.replication_factor = 3;
-    Admin::connect(client.clone()).await.unwrap().create_topics(&[topic]).await.unwrap();
-    cluster.wait_fully_replicated(TOPIC, WAIT).await.unwrap();
+    cluster.create_topic(TOPIC, PARTITIONS, &[], WAIT).await.unwrap();
     let producer = Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, delivery_timeout: Duration::from_secs(20), ..ProducerConfig::default() }).await.unwrap();
-    produce(&producer, 20, 0).await;
+    produce_round(&producer, TOPIC, PARTITIONS, 20, 0).await.unwrap();
 
     let seen: Seen = Arc::default();
     let commit = Arc::new(AtomicBool::new(true));
@@ -137,7 +121,7 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
     })
     .await
     .unwrap();
-    produce(&producer, 10, 1).await;
+    produce_round(&producer, TOPIC, PARTITIONS, 10, 1).await.unwrap();
     wait_consumed(&seen, 30 * PARTITIONS as usize, "the second round consumed").await;
 
     cluster.kill(old).await.unwrap();
@@ -155,13 +139,13 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
     };
     eprintln!("coordinator moved from broker {old} to broker {new}");
     commit.store(true, Ordering::Release);
-    produce(&producer, 10, 2).await;
+    produce_round(&producer, TOPIC, PARTITIONS, 10, 2).await.unwrap();
     wait_consumed(&seen, 40 * PARTITIONS as usize, "the third round consumed after the move").await;
 
     // The killed broker comes back and catches up; the group keeps consuming.
     cluster.start(old).await.unwrap();
     cluster.wait_fully_replicated(TOPIC, WAIT).await.unwrap();
-    produce(&producer, 10, 3).await;
+    produce_round(&producer, TOPIC, PARTITIONS, 10, 3).await.unwrap();
     wait_consumed(&seen, 50 * PARTITIONS as usize, "the fourth round consumed after the restart").await;
     // Wait for the final commits to reach the end of every partition.
     wait_until(WAIT, "commits at the log end", || async {

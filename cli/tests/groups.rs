@@ -8,12 +8,7 @@ use fjord_client::{Admin, ClientConfig, GroupConfig, GroupConsumer, NewTopic, Of
 use fjord_testkit::StandaloneBroker;
 
 async fn start_broker() -> StandaloneBroker {
-    StandaloneBroker::start_with(|config| {
-        config.group.initial_rebalance_delay_ms = 100;
-        config.group.min_session_timeout_ms = 1000;
-    })
-    .await
-    .expect("broker starts")
+    StandaloneBroker::start_for_groups().await.expect("broker starts")
 }
 
 /// Runs `fjord` off the runtime's threads (the broker keeps serving meanwhile).

@@ -13,11 +13,13 @@
 //! The interpreter is `$FJORD_TEST_PYTHON` (set by `cargo xtask test`), else the
 //! workspace's `target/venv/bin/python`.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Produces 100,000 records with `enable.idempotence=True`, says `restart` once a quarter
 /// is delivered (while half is still to come), then checks every record was delivered
@@ -66,39 +68,15 @@ assert values == [b'm%d' % i for i in range(n)], 'records missing, duplicated or
 print('ok', flush=True)
 "#;
 
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("FJORD_TEST_PYTHON") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin/python")
-}
-
 fn start_broker(addr: SocketAddr, data_dir: &Path) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fjord"))
-        .args(["broker", "--id", "0", "--listen", &addr.to_string(), "--data-dir"])
-        .arg(data_dir)
-        .env("RUST_LOG", "warn")
-        // An fsync after every append widens the window between appending a batch and
-        // answering for it, where SIGKILL leaves an appended batch unacknowledged.
-        .env("FJORD_LOG_FLUSH_INTERVAL_MESSAGES", "1")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(addr).is_err() {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("fjord exited early: {status}");
-        }
-        assert!(Instant::now() < deadline, "fjord did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
+    // An fsync after every append widens the window between appending a batch and
+    // answering for it, where SIGKILL leaves an appended batch unacknowledged.
+    common::start_broker(addr.port(), data_dir, &[("FJORD_LOG_FLUSH_INTERVAL_MESSAGES", "1")])
 }
 
 #[test]
 fn confluent_kafka_idempotent_producer_survives_kill_9_exactly_once() {
-    let python = python();
-    assert!(python.exists(), "Python venv with confluent-kafka not found at {} (set FJORD_TEST_PYTHON)", python.display());
+    let python = fjord_testkit::python().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
@@ -146,10 +124,8 @@ fn confluent_kafka_idempotent_producer_survives_kill_9_exactly_once() {
 /// in send order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotent_stream_survives_kill_9_of_its_leader_on_three_brokers() {
-    use fjord_client::{
-        Admin, ClientConfig, Consumer, ConsumerConfig, NewTopic, OffsetReset, OffsetSpec, Producer, ProducerConfig,
-        ProducerRecord,
-    };
+    use fjord_client::{ClientConfig, Producer, ProducerConfig};
+    use fjord_testkit::{numbered, read_values, stream_across};
 
     let mut cluster = fjord_testkit::Cluster::builder().brokers(3).processes(env!("CARGO_BIN_EXE_fjord")).start().await.unwrap();
     let client = |bootstrap: &str| ClientConfig {
@@ -158,11 +134,7 @@ async fn an_idempotent_stream_survives_kill_9_of_its_leader_on_three_brokers() {
         ..ClientConfig::new(bootstrap)
     };
     let topic = "failover";
-    let mut new_topic = NewTopic::new(topic, 1);
-    new_topic.replication_factor = 3;
-    new_topic.configs.insert("min.insync.replicas".into(), "2".into());
-    Admin::connect(client(&cluster.bootstrap())).await.unwrap().create_topics(&[new_topic]).await.unwrap();
-    cluster.wait_fully_replicated(topic, Duration::from_secs(30)).await.unwrap();
+    cluster.create_topic(topic, 1, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
     let leader = cluster.wait_for_leader(topic, 0, Duration::from_secs(30)).await.unwrap();
 
     let config = ProducerConfig {
@@ -175,56 +147,16 @@ async fn an_idempotent_stream_survives_kill_9_of_its_leader_on_three_brokers() {
     assert!(config.idempotent());
     let producer = Producer::connect(config).await.unwrap();
     let n = 20_000;
-    let record = |i: usize| ProducerRecord::new(topic, bytes::Bytes::from(format!("m{i}"))).partition(0);
-    let mut acked = Vec::new();
-    for i in 0..n / 4 {
-        acked.push(producer.send(record(i)).await.unwrap());
-    }
-    for f in acked {
-        f.await.unwrap();
-    }
-    let mut pending = Vec::new();
-    for i in n / 4..n / 2 {
-        pending.push(producer.send(record(i)).await.unwrap());
-    }
-    cluster.kill(leader).await.unwrap();
-    for i in n / 2..n {
-        pending.push(producer.send(record(i)).await.unwrap());
-    }
-    for f in pending {
-        f.await.expect("every record is acknowledged by the new leader");
-    }
+    stream_across(&producer, topic, n, async { cluster.kill(leader).await.unwrap() })
+        .await
+        .expect("every record is acknowledged by the new leader");
     producer.close().await;
     let new_leader = cluster.wait_for_leader(topic, 0, Duration::from_secs(30)).await.unwrap();
     assert_ne!(new_leader, leader);
 
-    let bootstrap = cluster.addr(new_leader);
-    let end = Admin::connect(client(&bootstrap))
-        .await
-        .unwrap()
-        .list_offsets(&[(topic.to_string(), 0, OffsetSpec::Latest)])
-        .await
-        .unwrap()[0];
-    assert_eq!(end, n as i64, "{end} records stored for {n} sent");
-    let mut consumer = Consumer::connect(ConsumerConfig {
-        client: client(&bootstrap),
-        auto_offset_reset: OffsetReset::Earliest,
-        fetch_max_wait: Duration::from_millis(50),
-        ..ConsumerConfig::default()
-    })
-    .await
-    .unwrap();
-    consumer.assign([fjord_client::TopicPartition::new(topic, 0)]).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut values = Vec::new();
-    while values.len() < n {
-        assert!(Instant::now() < deadline, "read {} of {n} records", values.len());
-        for r in consumer.poll(Duration::from_millis(200)).await.unwrap() {
-            values.push(String::from_utf8(r.value.unwrap().to_vec()).unwrap());
-        }
-    }
-    let expected: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
-    assert_eq!(values, expected, "every record once, in send order");
+    let values = read_values(&client(&cluster.addr(new_leader)), topic, 0).await.unwrap();
+    assert_eq!(values.len(), n, "{} records stored for {n} sent", values.len());
+    assert_eq!(values, numbered(n), "every record once, in send order");
 }
 
 /// The confluent-kafka run above against three brokers: the partition leader is killed
@@ -233,15 +165,9 @@ async fn an_idempotent_stream_survives_kill_9_of_its_leader_on_three_brokers() {
 async fn confluent_kafka_idempotent_producer_survives_kill_9_of_its_leader_on_three_brokers() {
     use tokio::io::AsyncBufReadExt;
 
-    let python = python();
-    assert!(python.exists(), "Python venv with confluent-kafka not found at {} (set FJORD_TEST_PYTHON)", python.display());
+    let python = fjord_testkit::python().unwrap();
     let mut cluster = fjord_testkit::Cluster::builder().brokers(3).processes(env!("CARGO_BIN_EXE_fjord")).start().await.unwrap();
-    let mut topic = fjord_client::NewTopic::new("idempotent", 1);
-    topic.replication_factor = 3;
-    topic.configs.insert("min.insync.replicas".into(), "2".into());
-    let admin = fjord_client::Admin::connect(fjord_client::ClientConfig::new(&cluster.bootstrap())).await.unwrap();
-    admin.create_topics(&[topic]).await.unwrap();
-    cluster.wait_fully_replicated("idempotent", Duration::from_secs(30)).await.unwrap();
+    cluster.create_topic("idempotent", 1, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
     let leader = cluster.wait_for_leader("idempotent", 0, Duration::from_secs(30)).await.unwrap();
     let mut script = tokio::process::Command::new(&python)
         .arg("-c")

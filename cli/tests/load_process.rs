@@ -1,16 +1,15 @@
 //! `fjord load` as a real process: kill -9 at random moments, rerun until it exits 0, and
 //! the destination holds every record exactly once (read back with fastavro).
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use common::free_port;
 
 /// Kills the broker when the test ends, also when it panics (else the orphan keeps the
 /// test harness's stderr pipe open).
@@ -24,20 +23,7 @@ impl Drop for Broker {
 }
 
 fn start_broker(port: u16, data_dir: &Path) -> Broker {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fjord"))
-        .args(["broker", "--id", "0", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-        .arg(data_dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port))).is_err() {
-        assert!(child.try_wait().unwrap().is_none(), "broker exited early");
-        assert!(Instant::now() < deadline, "broker did not listen");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Broker(child)
+    Broker(common::start_broker(port, data_dir, &[]))
 }
 
 fn fjord(args: &[&str]) -> std::process::Output {
@@ -59,12 +45,12 @@ fn kcat_produce(bootstrap: &str, topic: &str, lines: &str) {
 /// (partition, offset, timestamp, value, hour dir) of every record in the destination,
 /// read by fastavro; panics on records in the wrong file.
 fn read_back(dest: &Path) -> Vec<(i64, i64, String)> {
-    let py = std::env::var("FJORD_TEST_PYTHON").unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../target/venv/bin/python").to_string());
+    let py = fjord_testkit::python().unwrap();
     let out = Command::new(&py)
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../hadoop-loader/tests/read_back.py"))
         .arg(dest)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {py} (set FJORD_TEST_PYTHON to a python with fastavro): {e}"));
+        .unwrap_or_else(|e| panic!("cannot run {} (set FJORD_TEST_PYTHON to a python with fastavro): {e}", py.display()));
     assert!(out.status.success(), "read_back.py: {}", String::from_utf8_lossy(&out.stderr));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let mut records = Vec::new();

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use fjord_client::{Acks, Admin, ClientConfig, NewTopic, OffsetSpec, Producer, ProducerConfig, ProducerRecord};
+use fjord_client::{Acks, Admin, ClientConfig, OffsetSpec, Producer, ProducerConfig, ProducerRecord};
 use fjord_testkit::Cluster;
 
 const TOPIC: &str = "offsets";
@@ -29,11 +29,8 @@ async fn produce(client: &ClientConfig, n: usize) {
 async fn list_offsets_finds_the_new_leader_after_a_leader_change() {
     let mut cluster = Cluster::builder().brokers(3).config("replica.fetch.wait.max.ms", 50).start().await.unwrap();
     let client = ClientConfig { connect_timeout: Duration::from_secs(2), ..ClientConfig::new(&cluster.bootstrap()) };
+    cluster.create_topic(TOPIC, 1, &[], WAIT).await.unwrap();
     let admin = Admin::connect(client.clone()).await.unwrap();
-    let mut topic = NewTopic::new(TOPIC, 1);
-    topic.replication_factor = 3;
-    admin.create_topics(&[topic]).await.unwrap();
-    cluster.wait_fully_replicated(TOPIC, WAIT).await.unwrap();
     produce(&client, 10).await;
     let latest = [(TOPIC.to_string(), 0, OffsetSpec::Latest)];
     // The admin's metadata now names the first leader.

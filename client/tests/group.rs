@@ -11,12 +11,7 @@ use fjord_testkit::StandaloneBroker;
 
 /// A broker whose groups form fast and accept 1 s sessions, so tests can kill members.
 async fn start_broker() -> StandaloneBroker {
-    StandaloneBroker::start_with(|config| {
-        config.group.initial_rebalance_delay_ms = 100;
-        config.group.min_session_timeout_ms = 1000;
-    })
-    .await
-    .expect("broker starts")
+    StandaloneBroker::start_for_groups().await.expect("broker starts")
 }
 
 async fn setup(addr: &str, topic: &str, partitions: i32) -> Producer {

@@ -8,15 +8,13 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use fjord_client::{
-    Admin, ClientConfig, Consumer, ConsumerConfig, NewTopic, OffsetReset, OffsetSpec, Producer, ProducerConfig, ProducerRecord,
-};
+use fjord_client::{Admin, ClientConfig, NewTopic, Producer, ProducerConfig, ProducerRecord};
 use fjord_coord::registry::{read_json, to_json, PartitionState, TopicAssignment};
 use fjord_coord::{create_all, paths, CreateMode};
-use fjord_testkit::{Cluster, StandaloneBroker};
+use fjord_testkit::{numbered, read_values, stream_across, Cluster, StandaloneBroker};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -89,8 +87,7 @@ async fn produce_through_lost_acks(idempotent: bool, n: usize) -> (Vec<Vec<Strin
     let dropped = Arc::new(AtomicUsize::new(0));
     let proxy_task = tokio::spawn(lossy_proxy(proxy, broker_addr, 4, dropped.clone()));
 
-    let admin = Admin::connect(client(&proxy_addr)).await.unwrap();
-    admin.create_topics(&[NewTopic::new("lost-acks", 2)]).await.unwrap();
+    Admin::connect(client(&proxy_addr)).await.unwrap().create_topics(&[NewTopic::new("lost-acks", 2)]).await.unwrap();
     let config = ProducerConfig {
         client: client(&proxy_addr),
         enable_idempotence: Some(idempotent),
@@ -111,25 +108,7 @@ async fn produce_through_lost_acks(idempotent: bool, n: usize) -> (Vec<Vec<Strin
 
     let mut per_partition = Vec::new();
     for partition in 0..2 {
-        let end = admin.list_offsets(&[("lost-acks".to_string(), partition, OffsetSpec::Latest)]).await.unwrap()[0];
-        let mut consumer = Consumer::connect(ConsumerConfig {
-            client: client(&proxy_addr),
-            auto_offset_reset: OffsetReset::Earliest,
-            fetch_max_wait: Duration::from_millis(50),
-            ..ConsumerConfig::default()
-        })
-        .await
-        .unwrap();
-        consumer.assign([fjord_client::TopicPartition::new("lost-acks", partition)]).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut values = Vec::new();
-        while (values.len() as i64) < end {
-            assert!(Instant::now() < deadline, "read {} of {end} records", values.len());
-            for r in consumer.poll(Duration::from_millis(200)).await.unwrap() {
-                values.push(String::from_utf8(r.value.unwrap().to_vec()).unwrap());
-            }
-        }
-        per_partition.push(values);
+        per_partition.push(read_values(&client(&proxy_addr), "lost-acks", partition).await.unwrap());
     }
     proxy_task.abort();
     drop(broker);
@@ -157,30 +136,6 @@ async fn without_idempotence_lost_acknowledgements_duplicate_records() {
     let distinct: std::collections::HashSet<&String> = partitions.iter().flatten().collect();
     assert_eq!(distinct.len(), n, "nothing is lost");
     assert!(stored > n, "retries after lost acknowledgements stored {stored} records for {n} sent: expected duplicates");
-}
-
-/// Reads every record of partition 0 of `topic` up to its log end, through `bootstrap`.
-async fn read_partition(bootstrap: &str, topic: &str) -> Vec<String> {
-    let admin = Admin::connect(client(bootstrap)).await.unwrap();
-    let end = admin.list_offsets(&[(topic.to_string(), 0, OffsetSpec::Latest)]).await.unwrap()[0];
-    let mut consumer = Consumer::connect(ConsumerConfig {
-        client: client(bootstrap),
-        auto_offset_reset: OffsetReset::Earliest,
-        fetch_max_wait: Duration::from_millis(50),
-        ..ConsumerConfig::default()
-    })
-    .await
-    .unwrap();
-    consumer.assign([fjord_client::TopicPartition::new(topic, 0)]).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut values = Vec::new();
-    while (values.len() as i64) < end {
-        assert!(Instant::now() < deadline, "read {} of {end} records", values.len());
-        for r in consumer.poll(Duration::from_millis(200)).await.unwrap() {
-            values.push(String::from_utf8(r.value.unwrap().to_vec()).unwrap());
-        }
-    }
-    values
 }
 
 /// The leader of an idempotent stream stops while records are in flight; broker 1 takes
@@ -228,51 +183,36 @@ async fn a_leader_change_in_the_middle_of_an_idempotent_stream_loses_and_duplica
     assert!(config.idempotent());
     let producer = Producer::connect(config).await.unwrap();
     let n = 20_000;
-    let send = |i: usize| ProducerRecord::new(topic, Bytes::from(format!("m{i}"))).partition(0);
-    let mut first = Vec::new();
-    for i in 0..n / 4 {
-        first.push(producer.send(send(i)).await.unwrap());
-    }
-    for f in first {
-        f.await.unwrap();
-    }
-    let mut rest = Vec::new();
-    for i in n / 4..n / 2 {
-        rest.push(producer.send(send(i)).await.unwrap());
-    }
-    // Records are in flight: the leader goes.
-    cluster.stop(leader).await.unwrap();
-    let next = if leader == 1 { 2 } else { 1 };
-    loop {
-        let (current, stat) = read_json::<PartitionState>(&*store, &state_path).await.unwrap().unwrap();
-        if current.leader != leader {
-            break; // a controller moved it already
+    // While records are in flight, the leader goes.
+    stream_across(&producer, topic, n, async {
+        cluster.stop(leader).await.unwrap();
+        let next = if leader == 1 { 2 } else { 1 };
+        loop {
+            let (current, stat) = read_json::<PartitionState>(&*store, &state_path).await.unwrap().unwrap();
+            if current.leader != leader {
+                break; // a controller moved it already
+            }
+            let moved = PartitionState {
+                leader: next,
+                leader_epoch: current.leader_epoch + 1,
+                isr: current.isr.iter().copied().filter(|&b| b != leader).collect(),
+                controller_epoch: current.controller_epoch,
+            };
+            if store.set(&state_path, &to_json(&moved), Some(stat.version)).await.is_ok() {
+                break;
+            }
         }
-        let moved = PartitionState {
-            leader: next,
-            leader_epoch: current.leader_epoch + 1,
-            isr: current.isr.iter().copied().filter(|&b| b != leader).collect(),
-            controller_epoch: current.controller_epoch,
-        };
-        if store.set(&state_path, &to_json(&moved), Some(stat.version)).await.is_ok() {
-            break;
+        for id in cluster.ids().into_iter().filter(|&id| id != leader) {
+            cluster.stop(id).await.unwrap();
+            cluster.start(id).await.unwrap();
         }
-    }
-    for id in cluster.ids().into_iter().filter(|&id| id != leader) {
-        cluster.stop(id).await.unwrap();
-        cluster.start(id).await.unwrap();
-    }
-    for i in n / 2..n {
-        rest.push(producer.send(send(i)).await.unwrap());
-    }
-    for f in rest {
-        f.await.expect("every record is acknowledged by the new leader");
-    }
+    })
+    .await
+    .expect("every record is acknowledged by the new leader");
     producer.close().await;
     let new_leader = cluster.leader(topic, 0).await.unwrap().unwrap();
     assert_ne!(new_leader, leader);
-    let values = read_partition(&cluster.addr(new_leader), topic).await;
-    let expected: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
+    let values = read_values(&client(&cluster.addr(new_leader)), topic, 0).await.unwrap();
     assert_eq!(values.len(), n, "{} records stored for {n} sent", values.len());
-    assert_eq!(values, expected, "every record once, in send order");
+    assert_eq!(values, numbered(n), "every record once, in send order");
 }

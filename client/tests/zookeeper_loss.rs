@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use fjord_client::{Acks, Admin, ClientConfig, Consumer, ConsumerConfig, NewTopic, Producer, ProducerConfig, ProducerRecord, SeekTo, TopicPartition};
+use fjord_client::{Acks, ClientConfig, Consumer, ConsumerConfig, Producer, ProducerConfig, ProducerRecord, SeekTo, TopicPartition};
 use fjord_coord::paths;
-use fjord_testkit::{wait_until, Cluster, ZooKeeper};
+use fjord_testkit::{produce_round, round_value, wait_until, Cluster, ZooKeeper};
 
 const TOPIC: &str = "events";
 const PARTITIONS: i32 = 3;
@@ -18,15 +18,7 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(3);
 async fn produce(client: &ClientConfig, per_partition: usize, round: usize) {
     let config = ProducerConfig { client: client.clone(), acks: Acks::All, delivery_timeout: Duration::from_secs(20), ..ProducerConfig::default() };
     let producer = Producer::connect(config).await.unwrap();
-    let mut acks = Vec::new();
-    for i in 0..per_partition {
-        for p in 0..PARTITIONS {
-            acks.push(producer.send(ProducerRecord::new(TOPIC, format!("r{round}-p{p}-{i}")).partition(p)).await.unwrap());
-        }
-    }
-    for a in acks {
-        a.await.unwrap();
-    }
+    produce_round(&producer, TOPIC, PARTITIONS, per_partition, round).await.unwrap();
 }
 
 /// Sends `per_partition` records to every partition (acks=all, 3 s delivery timeout)
@@ -37,7 +29,7 @@ async fn try_produce(client: &ClientConfig, per_partition: usize, round: usize) 
     let mut sent = Vec::new();
     for i in 0..per_partition {
         for p in 0..PARTITIONS {
-            let value = format!("r{round}-p{p}-{i}");
+            let value = round_value(round, p, i);
             sent.push((p, value.clone(), producer.send(ProducerRecord::new(TOPIC, value).partition(p)).await));
         }
     }
@@ -89,7 +81,7 @@ async fn controller_epoch(cluster: &Cluster) -> i32 {
 
 fn expected(rounds: &[(usize, usize)]) -> Vec<Vec<String>> {
     (0..PARTITIONS)
-        .map(|p| rounds.iter().flat_map(|&(round, n)| (0..n).map(move |i| format!("r{round}-p{p}-{i}"))).collect())
+        .map(|p| rounds.iter().flat_map(|&(round, n)| (0..n).map(move |i| round_value(round, p, i))).collect())
         .collect()
 }
 
@@ -104,10 +96,7 @@ async fn brokers_recover_after_zookeeper_was_silent_longer_than_the_session_time
         .await
         .unwrap();
     let client = ClientConfig { connect_timeout: Duration::from_secs(2), ..ClientConfig::new(&cluster.bootstrap()) };
-    let mut topic = NewTopic::new(TOPIC, PARTITIONS);
-    topic.replication_factor = 3;
-    Admin::connect(client.clone()).await.unwrap().create_topics(&[topic]).await.unwrap();
-    cluster.wait_fully_replicated(TOPIC, WAIT).await.unwrap();
+    cluster.create_topic(TOPIC, PARTITIONS, &[], WAIT).await.unwrap();
     produce(&client, 20, 0).await;
     let before = cluster.controller().await.unwrap();
     let epoch_before = controller_epoch(&cluster).await;

@@ -9,7 +9,6 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use apache_avro::types::Value;
@@ -86,13 +85,6 @@ out["subjects_after"] = client.get_subjects()
 print(json.dumps(out))
 "#;
 
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("FJORD_TEST_PYTHON") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin/python")
-}
-
 fn page_view_from_rust() -> Value {
     Value::Record(vec![
         ("url".into(), Value::String("/rust".into())),
@@ -110,13 +102,7 @@ fn page_view_from_rust() -> Value {
 
 #[tokio::test]
 async fn confluent_python_client_and_fjord_read_each_others_payloads() {
-    let python = python();
-    assert!(
-        python.exists(),
-        "Python venv with confluent-kafka not found at {} (set FJORD_TEST_PYTHON, or run `cargo xtask provision`, \
-         which installs confluent-kafka[avro,schemaregistry] into target/venv)",
-        python.display()
-    );
+    let python = fjord_testkit::python().unwrap();
     let (_dir, store) = embedded_store();
     let registry = Registry::start(store).await;
     let client = RegistryClient::new(&registry.url).unwrap();

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use fjord_broker::BrokerConfig;
+use fjord_client::{Admin, ClientConfig, NewTopic};
 use fjord_coord::registry::{read_json, PartitionState, TopicAssignment};
 use fjord_coord::{paths, Store, ZooKeeperStore};
 use nix::sys::signal::{kill, Signal};
@@ -336,6 +337,19 @@ impl Cluster {
             self.wait_for_isr(topic, partition, replicas, timeout).await?;
         }
         Ok(())
+    }
+
+    /// Creates `topic` with `partitions` partitions, each replicated on every broker, and
+    /// the topic configs `configs`, through the Kafka protocol (fjord-client's [`Admin`],
+    /// as an operator would); then waits until every partition has a leader and all its
+    /// replicas in sync.
+    pub async fn create_topic(&self, topic: &str, partitions: i32, configs: &[(&str, &str)], timeout: Duration) -> Result<()> {
+        let mut new = NewTopic::new(topic, partitions);
+        new.replication_factor = i16::try_from(self.brokers.len()).context("replication factor")?;
+        new.configs = configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let admin = Admin::connect(ClientConfig::new(&self.bootstrap())).await.context("admin client on the cluster")?;
+        admin.create_topics(&[new]).await.with_context(|| format!("create topic {topic}"))?;
+        self.wait_fully_replicated(topic, timeout).await
     }
 
     /// The broker id in `/controller`, if a controller is elected.

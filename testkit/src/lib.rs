@@ -8,6 +8,10 @@
 //!   leaders, ISRs and the controller read from ZooKeeper.
 //! - [`StandaloneBroker`] (`standalone`): one in-process broker on the embedded store.
 //! - [`wait_until`] (`wait`): poll a condition with a deadline instead of sleeping.
+//! - [`python`]: the interpreter of the tests that drive the Python clients.
+//! - `records` (through `fjord-client`): numbered records sent across a fault
+//!   ([`stream_across`]) or in rounds ([`produce_round`]), a partition read back
+//!   ([`read_values`]).
 //!
 //! A test that needs one of these never skips: if it cannot start, it fails and says why.
 
@@ -20,10 +24,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 mod cluster;
+mod records;
 mod standalone;
 mod wait;
 
 pub use cluster::{Cluster, ClusterBuilder};
+pub use records::{numbered, produce_round, read_values, round_value, stream_across};
 pub use standalone::StandaloneBroker;
 pub use wait::wait_until;
 
@@ -133,4 +139,20 @@ impl Drop for ZooKeeper {
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The Python interpreter of the tests that drive independent clients (confluent-kafka,
+/// kafka-python, fastavro, grpcio): `$FJORD_TEST_PYTHON` (set by `cargo xtask test`),
+/// else the workspace's `target/venv/bin/python` that `cargo xtask test` provisions.
+/// Missing is an error, never a skip.
+pub fn python() -> Result<std::path::PathBuf> {
+    let path = match std::env::var_os("FJORD_TEST_PYTHON") {
+        Some(path) => std::path::PathBuf::from(path),
+        // Every crate of the workspace sits one level below its root.
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin/python"),
+    };
+    if !path.exists() {
+        bail!("no Python at {} (run `cargo xtask test`, which provisions target/venv, or set FJORD_TEST_PYTHON)", path.display());
+    }
+    Ok(path)
 }

@@ -20,6 +20,16 @@ impl StandaloneBroker {
         Self::start_with(|_| {}).await
     }
 
+    /// A broker whose consumer groups form fast (100 ms initial rebalance delay) and accept
+    /// 1 s sessions, so tests of group members can kill one and see it leave soon.
+    pub async fn start_for_groups() -> anyhow::Result<Self> {
+        Self::start_with(|config| {
+            config.group.initial_rebalance_delay_ms = 100;
+            config.group.min_session_timeout_ms = 1000;
+        })
+        .await
+    }
+
     /// A broker whose config `configure` adjusts (log dir and listener are set already).
     /// The broker is listening when this returns; a broker that fails panics the task it
     /// runs on, which the test sees as refused connections.

@@ -1,6 +1,6 @@
 //! Shared test helpers: an in-process broker on 127.0.0.1:0 (through the production
 //! `run`), a raw Kafka-protocol client with the requests most tests send (Produce of
-//! one batch, ListOffsets of one partition), and kcat.
+//! one batch, ListOffsets of one partition), kcat and the Python clients.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::net::SocketAddr;
@@ -177,6 +177,20 @@ impl RawClient {
             Ok(Ok(_)) | Err(_) => false,
         }
     }
+}
+
+/// Runs `script` with the tests' Python ([`fjord_testkit::python`]) and `args`; fails
+/// unless it exits 0 within `timeout` having printed `ok`, showing its output.
+pub(crate) async fn run_python(script: &str, args: &[&str], timeout: Duration) {
+    let python = fjord_testkit::python().unwrap();
+    let output = tokio::process::Command::new(&python).arg("-c").arg(script).args(args).kill_on_drop(true).output();
+    let output = tokio::time::timeout(timeout, output).await.expect("the Python script timed out").unwrap();
+    assert!(
+        output.status.success() && String::from_utf8_lossy(&output.stdout).contains("ok"),
+        "the Python script failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// Runs kcat with `args`, feeding `stdin`; fails on a non-zero exit.

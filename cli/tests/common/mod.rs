@@ -1,0 +1,39 @@
+//! Shared by the tests that run `fjord broker` as a process of its own.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Waits until `addr` accepts connections; fails if `child` exits first or 30 s pass.
+pub(crate) fn wait_until_listening(addr: SocketAddr, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(addr).is_err() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("fjord exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "fjord did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `fjord broker --id 0` on `127.0.0.1:port` with its data in `data_dir` and `env` set,
+/// once it listens.
+pub(crate) fn start_broker(port: u16, data_dir: &Path, env: &[(&str, &str)]) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fjord"))
+        .args(["broker", "--id", "0", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(data_dir)
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut child);
+    child
+}
+
+/// A loopback port that was free a moment ago.
+pub(crate) fn free_port() -> u16 {
+    fjord_testkit::free_port().unwrap()
+}
