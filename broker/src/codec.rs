@@ -41,6 +41,7 @@ pub(crate) mod error_code {
     pub(crate) const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
     pub(crate) const FENCED_LEADER_EPOCH: i16 = 74;
     pub(crate) const UNKNOWN_LEADER_EPOCH: i16 = 75;
+    pub(crate) const OFFSET_NOT_AVAILABLE: i16 = 78;
     pub(crate) const INVALID_RECORD: i16 = 87;
 }
 

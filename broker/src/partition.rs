@@ -142,6 +142,20 @@ impl Partition {
         Ok(state.leader_epoch)
     }
 
+    /// Leader: the offset ListOffsets answers for "latest", the high watermark. A new
+    /// leader learns the high watermark from its followers' fetches, so until it reaches
+    /// the log end at the start of this epoch it may be below records already committed:
+    /// then OFFSET_NOT_AVAILABLE (retriable), as Kafka answers, instead of an offset that
+    /// would send a consumer back over committed records.
+    pub(crate) fn latest_offset(&self) -> Result<Offset, Refusal> {
+        let state = self.state();
+        let high_watermark = self.log.high_watermark();
+        if high_watermark < state.epoch_start_offset {
+            return Err(error_code::OFFSET_NOT_AVAILABLE);
+        }
+        Ok(high_watermark)
+    }
+
     /// Leader append of a produce request; also returns the leader epoch it was
     /// appended in. With acks=all, refuses with NOT_ENOUGH_REPLICAS (nothing appended)
     /// when the ISR is smaller than `min_isr`.

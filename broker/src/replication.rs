@@ -435,4 +435,31 @@ mod tests {
         assert_eq!(partition.append_as_leader(&batch(), false, 1).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
         manager.shutdown().await;
     }
+
+    /// A leader whose high watermark is below the log end at the start of its epoch
+    /// (it has not heard from its followers yet) answers OFFSET_NOT_AVAILABLE for the
+    /// latest offset until a follower's fetch moves the high watermark up.
+    #[tokio::test]
+    async fn the_latest_offset_is_not_available_while_a_new_leaders_high_watermark_lags() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
+        let manager = ReplicaManager::new(1, store, ReplicationConfig::default());
+        let tp = TopicPartition::new("t", 0);
+        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
+        let partition = manager.add_partition(&tp, log.clone());
+        manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
+        partition.append_as_leader(&batch(), false, 1).unwrap().unwrap();
+        partition.append_as_leader(&batch(), false, 1).unwrap().unwrap();
+        assert_eq!(partition.latest_offset(), Ok(0), "this epoch began at 0: the high watermark is current");
+
+        // A new epoch begins at the log end, 2, above the high watermark.
+        manager.apply(&tp, &[1, 2], &state(1, 1, &[1, 2]), 1);
+        assert_eq!(log.high_watermark(), 0);
+        assert_eq!(partition.latest_offset(), Err(error_code::OFFSET_NOT_AVAILABLE));
+        manager.follower_fetched(&partition, 2, 1);
+        assert_eq!(partition.latest_offset(), Err(error_code::OFFSET_NOT_AVAILABLE), "high watermark 1, epoch start 2");
+        manager.follower_fetched(&partition, 2, 2);
+        assert_eq!(partition.latest_offset(), Ok(2));
+        manager.shutdown().await;
+    }
 }

@@ -2,7 +2,9 @@
 //! (fjord-testkit): `Admin::list_offsets` asks the leader its metadata names; when that
 //! broker is no longer the leader (it answers NOT_LEADER_OR_FOLLOWER) or is gone (its
 //! connection breaks), the call refreshes the metadata and asks the new leader, well
-//! before `metadata.max.age.ms` (5 min) would have refreshed it.
+//! before `metadata.max.age.ms` (5 min) would have refreshed it. A new leader that has
+//! not yet learned the high watermark from its followers answers OFFSET_NOT_AVAILABLE
+//! (not a stale offset), and the call waits that out too.
 
 use std::time::Duration;
 

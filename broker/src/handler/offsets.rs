@@ -44,7 +44,10 @@ impl Broker {
                         }
                         let log = &partition.log;
                         match p.timestamp {
-                            LATEST => response.with_offset(log.high_watermark()),
+                            LATEST => match partition.latest_offset() {
+                                Ok(offset) => response.with_offset(offset),
+                                Err(code) => response.with_error_code(code),
+                            },
                             EARLIEST => response.with_offset(log.log_start_offset()),
                             ts if ts >= 0 => match log.offset_for_timestamp(ts) {
                                 Ok(Some((offset, timestamp))) => response.with_offset(offset).with_timestamp(timestamp),
