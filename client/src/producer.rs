@@ -28,7 +28,7 @@
 //! back in front of the later ones by sequence number, and a later batch the broker
 //! refuses as out of order while an earlier one is unresolved is retried too. A batch
 //! that fails for good leaves a hole in its partition's sequence, so the producer then
-//! waits for what is in flight and takes a new producer id (an unknown id starts a new
+//! waits for what is in flight and bumps its producer epoch (a newer epoch starts a new
 //! sequence on every partition) before sending on.
 
 mod batch;
@@ -334,7 +334,7 @@ struct State {
     random: Option<Random>,
     /// The idempotent producer's id and epoch; `None` when not idempotent.
     identity: Option<ProducerIdentity>,
-    /// A stamped batch failed for good: take a new producer id before sending more.
+    /// A stamped batch failed for good: bump the producer epoch before sending more.
     reset_pending: bool,
 }
 
@@ -612,7 +612,7 @@ impl Inner {
 
     /// Completes a batch: wakes its record futures and gives back its memory. A stamped
     /// batch that succeeded moves its partition's acknowledged sequence; one that failed
-    /// leaves a hole in the sequence, which a new producer id closes.
+    /// leaves a hole in the sequence, which a new producer epoch closes.
     fn complete(&self, batch: &ReadyBatch, outcome: Outcome) {
         let succeeded = !matches!(outcome, Outcome::Failed(_));
         let outcome_kind = if matches!(outcome, Outcome::PerRecord(_)) { OutcomeKind::Split } else { OutcomeKind::Whole };
@@ -789,21 +789,28 @@ async fn sender_loop(inner: Arc<Inner>) {
     }
 }
 
-/// After a stamped batch failed for good: once nothing is in flight, takes a new
-/// producer id and restarts every partition's sequence (batches already stamped with the
-/// old id are stamped again when sent). `None` when no reset is due now.
+/// After a stamped batch failed for good: once nothing is in flight, bumps the epoch of
+/// the producer id and restarts every partition's sequence (batches already stamped are
+/// stamped again when sent); a broker takes a newer epoch that starts at sequence 0, so
+/// no InitProducerId round trip is needed (KIP-360, as the Java client does for an
+/// idempotent producer). Only when the epoch would overflow is a new producer id taken.
+/// `None` when no reset is due now.
 async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
-    {
+    let current = {
         let state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
         if !state.reset_pending || state.in_flight.values().any(|&n| n > 0) {
             return None;
         }
-    }
-    let identity = match init_producer_id(&inner.cluster, inner.config.delivery_timeout).await {
-        Ok(identity) => identity,
-        Err(e) => return Some(Err(e)),
+        state.identity
     };
-    tracing::info!(producer_id = identity.id, "a batch failed: continuing with a new producer id");
+    let identity = match current.filter(|c| c.epoch < i16::MAX - 1) {
+        Some(current) => ProducerIdentity { id: current.id, epoch: current.epoch + 1 },
+        None => match init_producer_id(&inner.cluster, inner.config.delivery_timeout).await {
+            Ok(identity) => identity,
+            Err(e) => return Some(Err(e)),
+        },
+    };
+    tracing::info!(producer_id = identity.id, epoch = identity.epoch, "a batch failed: continuing in a new producer epoch");
     let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
     state.identity = Some(identity);
     state.reset_pending = false;

@@ -216,3 +216,37 @@ async fn a_leader_change_in_the_middle_of_an_idempotent_stream_loses_and_duplica
     assert_eq!(values.len(), n, "{} records stored for {n} sent", values.len());
     assert_eq!(values, numbered(n), "every record once, in send order");
 }
+
+/// A record that fails for good (MESSAGE_TOO_LARGE) leaves a hole in its partition's
+/// sequence: the producer goes on in the next epoch of the same producer id, restarting
+/// the sequence at 0, rather than with a new producer id. Read from the broker's log:
+/// the batches before the failure carry epoch 0, those after it epoch 1, all one id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_fails_for_good_bumps_the_producer_epoch() {
+    let cluster = Cluster::builder().brokers(1).start().await.unwrap();
+    cluster.create_topic("bumped", 1, &[("max.message.bytes", "2000")], Duration::from_secs(30)).await.unwrap();
+    let config = ProducerConfig { client: client(&cluster.bootstrap()), linger: Duration::ZERO, ..ProducerConfig::default() };
+    assert!(config.idempotent());
+    let producer = Producer::connect(config).await.unwrap();
+    let send = |value: Bytes| producer.send(ProducerRecord::new("bumped", value).partition(0));
+    for i in 0..3 {
+        send(Bytes::from(format!("before-{i}"))).await.unwrap().await.unwrap();
+    }
+    let error = send(Bytes::from(vec![b'x'; 5_000])).await.unwrap().await.unwrap_err();
+    assert_eq!(error.code(), Some(fjord_client::ResponseError::MessageTooLarge), "{error}");
+    for i in 0..3 {
+        send(Bytes::from(format!("after-{i}"))).await.unwrap().await.unwrap();
+    }
+    producer.close().await;
+
+    let log = cluster.log_bytes(0, "bumped", 0).unwrap();
+    let stamps: Vec<(i64, i16, i32)> = fjord_record::batch::batches(&log)
+        .map(|batch| {
+            let (header, _) = batch.unwrap();
+            (header.producer_id, header.producer_epoch, header.base_sequence)
+        })
+        .collect();
+    let id = stamps[0].0;
+    assert!(id >= 0, "{stamps:?}");
+    assert_eq!(stamps, [(id, 0, 0), (id, 0, 1), (id, 0, 2), (id, 1, 0), (id, 1, 1), (id, 1, 2)]);
+}
