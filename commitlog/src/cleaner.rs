@@ -817,7 +817,7 @@ fn rebuild(src: &[u8], header: &BatchHeader, body: &[u8], kept: &[(usize, usize)
     let batch_length = (out.len() - fjord_record::batch::LOG_OVERHEAD) as i32;
     out[8..12].copy_from_slice(&batch_length.to_be_bytes());
     out[57..61].copy_from_slice(&(kept.len() as i32).to_be_bytes());
-    let crc = crc32c::crc32c(&out[21..]);
+    let crc = fjord_record::batch::crc32c(&out[21..]);
     out[17..21].copy_from_slice(&crc.to_be_bytes());
     Ok(())
 }

@@ -940,9 +940,7 @@ fn validate(buf: &[u8], max_message_bytes: u32) -> Result<Vec<(usize, BatchHeade
         if header.size() > max_message_bytes as usize {
             return Err(Error::MessageTooLarge { size: header.size(), max: max_message_bytes as usize });
         }
-        let header = BatchHeader::parse(rest).map_err(invalid)?;
-        let bytes = &rest[..header.size()];
-        header.validate_records(bytes).map_err(invalid)?;
+        let header = BatchHeader::parse_validated(rest).map_err(invalid)?;
         if header.record_count == 0 {
             return Err(invalid(fjord_record::Error::RecordCountMismatch { count: 0, detail: "empty batch" }));
         }

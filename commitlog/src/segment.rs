@@ -396,7 +396,7 @@ impl<'a> Walker<'a> {
         }
         if validate {
             let bytes = self.fill(position, size, true)?;
-            if let Err(e) = BatchHeader::parse(bytes).and_then(|h| h.validate_records(bytes)) {
+            if let Err(e) = BatchHeader::parse_validated(bytes) {
                 return torn(e);
             }
         }

@@ -118,10 +118,50 @@ impl BatchHeader {
             return Err(Error::Truncated { needed: size, available: buf.len() });
         }
         let stored = u32_at(buf, CRC);
-        let computed = crc32c::crc32c(&buf[ATTRIBUTES..size]);
+        let computed = crc32c(&buf[ATTRIBUTES..size]);
         if stored != computed {
             return Err(Error::CrcMismatch { stored, computed });
         }
+        Ok(header)
+    }
+
+    /// [`BatchHeader::parse`] then [`BatchHeader::validate_records`], with the same
+    /// verdict (a CRC mismatch wins over malformed records), in one pass: the CRC and
+    /// the record walk go through an uncompressed batch together, a chunk at a time, so
+    /// the walk reads bytes the CRC just brought into the L1 cache. Separately, the
+    /// walk over a 1 MiB batch stalled on loads from L2/L3 and cost as much as the CRC.
+    pub fn parse_validated(buf: &[u8]) -> Result<Self> {
+        /// Half of a 32 KiB L1 data cache.
+        const CHUNK: usize = 16 << 10;
+        let header = Self::parse_unchecked(buf)?;
+        let size = header.size();
+        if buf.len() < size {
+            return Err(Error::Truncated { needed: size, available: buf.len() });
+        }
+        let stored = u32_at(buf, CRC);
+        if header.compression() != Compression::None {
+            let computed = crc32c(&buf[ATTRIBUTES..size]);
+            return if stored == computed { Ok(header) } else { Err(Error::CrcMismatch { stored, computed }) };
+        }
+        let body = &buf[BATCH_OVERHEAD..size];
+        let mut walk = crate::records::FramingWalk::new(BATCH_OVERHEAD, header.last_offset_delta, header.record_count);
+        let mut framing = Ok(());
+        let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+        let mut done = ATTRIBUTES;
+        while done < size {
+            let next = (done + CHUNK).min(size);
+            digest.update(&buf[done..next]);
+            done = next;
+            if framing.is_ok() {
+                framing = walk.advance(body, done - BATCH_OVERHEAD);
+            }
+        }
+        let computed = digest.finalize() as u32;
+        if stored != computed {
+            return Err(Error::CrcMismatch { stored, computed });
+        }
+        framing?;
+        walk.finish()?;
         Ok(header)
     }
 
@@ -228,6 +268,15 @@ impl BatchHeader {
     }
 }
 
+/// CRC-32C (Castagnoli) of `bytes`, as a batch's `crc` field holds it (over bytes 21
+/// to the end). crc-fast folds with carry-less multiplies (VPCLMULQDQ on AVX-512 CPUs,
+/// PCLMULQDQ on others, picked at run time): 2-3 times the rate of the `crc32`
+/// instruction alone, and the CRC is most of an append's cost besides the write.
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    // CRC-32/ISCSI is CRC-32C; a 32-bit CRC in the u64 the crate returns for all widths.
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32
+}
+
 /// Rewrites the base offset of the batch at the start of `batch`. The CRC does not
 /// cover this field, so the batch stays valid.
 pub fn set_base_offset(batch: &mut [u8], base_offset: Offset) {
@@ -247,7 +296,7 @@ pub fn set_log_append_time(batch: &mut [u8], timestamp: i64) {
     batch[ATTRIBUTES..ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
     batch[MAX_TIMESTAMP..MAX_TIMESTAMP + 8].copy_from_slice(&timestamp.to_be_bytes());
     let size = i32_at(batch, LENGTH) as usize + LOG_OVERHEAD;
-    let crc = crc32c::crc32c(&batch[ATTRIBUTES..size]);
+    let crc = crc32c(&batch[ATTRIBUTES..size]);
     batch[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
 }
 
@@ -259,7 +308,7 @@ pub fn set_producer(batch: &mut [u8], producer_id: i64, producer_epoch: i16, bas
     batch[PRODUCER_EPOCH..PRODUCER_EPOCH + 2].copy_from_slice(&producer_epoch.to_be_bytes());
     batch[BASE_SEQUENCE..BASE_SEQUENCE + 4].copy_from_slice(&base_sequence.to_be_bytes());
     let size = i32_at(batch, LENGTH) as usize + LOG_OVERHEAD;
-    let crc = crc32c::crc32c(&batch[ATTRIBUTES..size]);
+    let crc = crc32c(&batch[ATTRIBUTES..size]);
     batch[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
 }
 
@@ -284,11 +333,10 @@ impl<'a> Iterator for Batches<'a> {
         if self.buf.is_empty() || self.failed {
             return None;
         }
-        let result = BatchHeader::parse(self.buf).and_then(|h| {
+        let result = BatchHeader::parse_validated(self.buf).map(|h| {
             let (batch, rest) = self.buf.split_at(h.size());
-            h.validate_records(batch)?;
             self.buf = rest;
-            Ok((h, batch))
+            (h, batch)
         });
         self.failed = result.is_err();
         Some(result)
@@ -322,6 +370,39 @@ mod tests {
             b.append(1_000 + i as i64, Some(format!("k{i}").as_bytes()), Some(b"value"), &[]);
         }
         b.build().to_vec()
+    }
+
+    /// The one-pass validation gives the verdict of the two calls it replaces, for
+    /// damage anywhere in a batch of several CRC chunks: with the CRC left stale (the
+    /// mismatch wins) and recomputed (the record walk must find the damage across
+    /// chunk boundaries).
+    #[test]
+    fn parse_validated_agrees_with_parse_then_validate_records() {
+        let mut b = BatchBuilder::new(1_000);
+        for i in 0..200 {
+            b.append(1_000 + i, Some(format!("key-{i}").as_bytes()), Some(&[i as u8; 300]), &[("h", Some(b"v"))]);
+        }
+        let buf = b.build().to_vec();
+        assert!(buf.len() > 3 * (16 << 10), "spans several chunks");
+        let two_calls = |buf: &[u8]| BatchHeader::parse(buf).and_then(|h| h.validate_records(buf).map(|()| h));
+        assert_eq!(BatchHeader::parse_validated(&buf), Ok(two_calls(&buf).unwrap()));
+        let mut errors = 0;
+        for at in (0..buf.len()).step_by(97).chain([16 << 10, (16 << 10) + 1, buf.len() - 1]) {
+            for value in [0x00, 0x7f, 0x80, 0xff] {
+                let mut bad = buf.clone();
+                bad[at] = value;
+                assert_eq!(BatchHeader::parse_validated(&bad), two_calls(&bad), "byte {at} set to {value:#x}");
+                if at >= ATTRIBUTES && bad.len() >= BATCH_OVERHEAD {
+                    let crc = crc32c(&bad[ATTRIBUTES..]);
+                    bad[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
+                    let verdict = BatchHeader::parse_validated(&bad);
+                    errors += usize::from(verdict.is_err());
+                    assert_eq!(verdict, two_calls(&bad), "byte {at} set to {value:#x}, CRC fixed");
+                }
+            }
+        }
+        assert!(errors > 50, "the damage was seen by the record walk ({errors} errors)");
+        assert_eq!(BatchHeader::parse_validated(&buf[..buf.len() - 1]), two_calls(&buf[..buf.len() - 1]));
     }
 
     #[test]
@@ -392,7 +473,7 @@ mod tests {
         for lie in [0i32, 2, 5] {
             let mut buf = sample(3);
             buf[RECORD_COUNT..RECORD_COUNT + 4].copy_from_slice(&lie.to_be_bytes());
-            let crc = crc32c::crc32c(&buf[ATTRIBUTES..]);
+            let crc = crc32c(&buf[ATTRIBUTES..]);
             buf[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
             let h = BatchHeader::parse(&buf);
             let err = h.and_then(|h| h.validate_records(&buf)).unwrap_err();

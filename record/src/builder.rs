@@ -140,7 +140,7 @@ impl BatchBuilder {
         h.extend_from_slice(&self.base_sequence.to_be_bytes());
         h.extend_from_slice(&self.count.to_be_bytes());
         self.buf[..BATCH_OVERHEAD].copy_from_slice(&h);
-        let crc = crc32c::crc32c(&self.buf[21..]);
+        let crc = crate::batch::crc32c(&self.buf[21..]);
         self.buf[17..21].copy_from_slice(&crc.to_be_bytes());
     }
 }

@@ -105,46 +105,79 @@ impl<'a> Iterator for Records<'a> {
 /// values and headers without building records, so it costs a few nanoseconds per
 /// record instead of a decode.
 pub(crate) fn check_framing(body: &[u8], base_position: usize, last_offset_delta: i32, record_count: i32) -> Result<()> {
-    let mut at = 0;
-    let mut seen = 0i32;
-    while at < body.len() {
-        let position = base_position + at;
-        let bad = |detail| Error::MalformedRecord { position, detail };
-        let length = varint_at(body, &mut at).ok_or(bad("unreadable length"))?;
-        let end = usize::try_from(length)
-            .ok()
-            .and_then(|len| at.checked_add(len))
-            .filter(|&end| end <= body.len())
-            .ok_or(bad("length runs past the batch"))?;
-        let record = &body[..end];
-        if at == end {
-            return Err(bad("missing attributes"));
-        }
-        at += 1;
-        varlong_at(record, &mut at).ok_or(bad("bad timestamp delta"))?;
-        let offset_delta = varint_at(record, &mut at).ok_or(bad("bad offset delta"))?;
-        skip_nullable(record, &mut at).ok_or(bad("bad key"))?;
-        skip_nullable(record, &mut at).ok_or(bad("bad value"))?;
-        let header_count = varint_at(record, &mut at).filter(|&c| c >= 0).ok_or(bad("bad header count"))?;
-        for _ in 0..header_count {
-            skip_nullable(record, &mut at).filter(|&null| !null).ok_or(bad("bad header key"))?;
-            skip_nullable(record, &mut at).ok_or(bad("bad header value"))?;
-        }
-        if at != end {
-            return Err(bad("trailing bytes after the headers"));
-        }
-        if offset_delta < 0 || offset_delta > last_offset_delta {
-            return Err(bad("offset delta outside the batch"));
-        }
-        seen += 1;
-        if seen > record_count {
-            return Err(Error::RecordCountMismatch { count: record_count, detail: "batch holds more records" });
-        }
+    let mut walk = FramingWalk::new(base_position, last_offset_delta, record_count);
+    walk.advance(body, body.len())?;
+    walk.finish()
+}
+
+/// [`check_framing`] in steps, so a caller can interleave it with another pass over
+/// the same bytes (the CRC, see `BatchHeader::parse_validated`).
+#[derive(Debug)]
+pub(crate) struct FramingWalk {
+    at: usize,
+    seen: i32,
+    base_position: usize,
+    last_offset_delta: i32,
+    record_count: i32,
+}
+
+impl FramingWalk {
+    pub(crate) fn new(base_position: usize, last_offset_delta: i32, record_count: i32) -> Self {
+        Self { at: 0, seen: 0, base_position, last_offset_delta, record_count }
     }
-    if seen != record_count {
-        return Err(Error::RecordCountMismatch { count: record_count, detail: "batch holds fewer records" });
+
+    /// Checks the records of `body` that start before `until` (`<= body.len()`); the
+    /// last of them may end past it. Calls must pass the same `body`.
+    pub(crate) fn advance(&mut self, body: &[u8], until: usize) -> Result<()> {
+        let (last_offset_delta, record_count) = (self.last_offset_delta, self.record_count);
+        let mut at = self.at;
+        let mut seen = self.seen;
+        while at < until {
+            let position = self.base_position + at;
+            let bad = |detail| Error::MalformedRecord { position, detail };
+            let length = varint_at(body, &mut at).ok_or(bad("unreadable length"))?;
+            let end = usize::try_from(length)
+                .ok()
+                .and_then(|len| at.checked_add(len))
+                .filter(|&end| end <= body.len())
+                .ok_or(bad("length runs past the batch"))?;
+            let record = &body[..end];
+            if at == end {
+                return Err(bad("missing attributes"));
+            }
+            at += 1;
+            varlong_at(record, &mut at).ok_or(bad("bad timestamp delta"))?;
+            let offset_delta = varint_at(record, &mut at).ok_or(bad("bad offset delta"))?;
+            skip_nullable(record, &mut at).ok_or(bad("bad key"))?;
+            skip_nullable(record, &mut at).ok_or(bad("bad value"))?;
+            let header_count = varint_at(record, &mut at).filter(|&c| c >= 0).ok_or(bad("bad header count"))?;
+            for _ in 0..header_count {
+                skip_nullable(record, &mut at).filter(|&null| !null).ok_or(bad("bad header key"))?;
+                skip_nullable(record, &mut at).ok_or(bad("bad header value"))?;
+            }
+            if at != end {
+                return Err(bad("trailing bytes after the headers"));
+            }
+            if offset_delta < 0 || offset_delta > last_offset_delta {
+                return Err(bad("offset delta outside the batch"));
+            }
+            seen += 1;
+            if seen > record_count {
+                return Err(Error::RecordCountMismatch { count: record_count, detail: "batch holds more records" });
+            }
+        }
+        self.at = at;
+        self.seen = seen;
+        Ok(())
     }
-    Ok(())
+
+    /// The verdict once [`FramingWalk::advance`] reached the end of the body.
+    pub(crate) fn finish(&self) -> Result<()> {
+        if self.seen != self.record_count {
+            return Err(Error::RecordCountMismatch { count: self.record_count, detail: "batch holds fewer records" });
+        }
+        Ok(())
+    }
 }
 
 /// Reads the zig-zag varlong at `*at` of `buf` (the same encoding and limits as
