@@ -360,9 +360,9 @@ fn spawn_cleaner(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &BrokerC
                                 elapsed_ms = stats.elapsed.as_millis() as u64,
                                 "cleaned log"
                             ),
-                            // clean_due has logged it; the log is retried next time unless
-                            // the cleaner marked it failed.
-                            Err(e) => tracing::warn!(partition = %tp, error = %e, "cleaning a log failed"),
+                            // The log is retried next time unless the cleaner marked it
+                            // failed.
+                            Err(e) => tracing::error!(partition = %tp, error = %e, "cleaning a log failed"),
                         }
                     }
                 }

@@ -208,9 +208,9 @@ impl Cleaner {
 
     /// The periodic task: cleans every compacted log of `logs` whose dirty ratio is
     /// at least its `min.cleanable.dirty.ratio` or whose oldest tombstone has
-    /// expired, dirtiest first. Returns each log it cleaned with the outcome; one
-    /// log's failure (logged) does not keep the others from being cleaned. Blocking
-    /// (file I/O, throttling sleeps): run it off the async runtime.
+    /// expired, dirtiest first. Returns each log it cleaned with the outcome, for the
+    /// caller to log; one log's failure does not keep the others from being cleaned.
+    /// Blocking (file I/O, throttling sleeps): run it off the async runtime.
     pub fn clean_due(&mut self, logs: &LogManager, now_ms: i64) -> Vec<(TopicPartition, Result<CleanStats>)> {
         let mut due: Vec<(f64, TopicPartition, Arc<Log>)> = Vec::new();
         for tp in logs.partitions() {
@@ -229,9 +229,6 @@ impl Cleaner {
         let mut out = Vec::new();
         for (_, tp, log) in due {
             let result = self.clean(&log, now_ms);
-            if let Err(e) = &result {
-                tracing::error!(partition = %tp, error = %e, "cleaning failed");
-            }
             out.push((tp, result));
         }
         out
@@ -322,21 +319,6 @@ impl Cleaner {
             tombstone_pass_done = !dirty;
         }
         stats.elapsed = started.elapsed();
-        if stats.passes > 0 {
-            tracing::info!(
-                dir = %log.dir().display(),
-                dirty_ratio = stats.dirty_ratio,
-                passes = stats.passes,
-                segments = stats.segments_cleaned,
-                bytes_before = stats.bytes_before,
-                bytes_after = stats.bytes_after,
-                records_kept = stats.records_kept,
-                records_read = stats.records_read,
-                tombstones_removed = stats.tombstones_removed,
-                elapsed_ms = stats.elapsed.as_millis() as u64,
-                "cleaned log"
-            );
-        }
         drop(state);
         *crate::lock::mutex(&log.last_clean) = Some(stats);
         Ok(stats)
