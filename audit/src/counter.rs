@@ -99,18 +99,27 @@ impl AuditCounter {
         *self.counts.lock().expect("audit counts lock").entry(key).or_default() += n;
     }
 
-    /// Counts a consumed record (opt-in consumer tier), by its `fjord.created_ms` header
-    /// or else its timestamp.
-    pub fn record_consumed(&self, r: &ConsumerRecord) {
-        let headers = r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
-        self.record(&r.topic, created_ms(headers, r.timestamp));
+    /// The counts not published yet, by topic and window start (for tests and
+    /// diagnostics).
+    pub fn unpublished(&self) -> BTreeMap<(String, i64), u64> {
+        self.counts.lock().expect("audit counts lock").clone()
     }
 
-    /// Counts a record the application produced and had acknowledged (opt-in producer
-    /// tier), by its `fjord.created_ms` header, its timestamp, or else now.
-    pub fn record_produced(&self, r: &ProducerRecord) {
-        let headers = r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
-        self.record(&r.topic, created_ms(headers, r.timestamp.unwrap_or_else(now_ms)));
+    /// The window length in ms.
+    pub fn window_ms(&self) -> i64 {
+        self.window_ms
+    }
+
+    /// Adds `(window start, count)` pairs of `topic` under one lock; the starts are
+    /// [`window_start`]s of this counter's window length (see [`AuditCounter::window_ms`]).
+    pub fn record_windows(&self, topic: &str, windows: &[(i64, u64)]) {
+        if windows.is_empty() {
+            return;
+        }
+        let mut counts = self.counts.lock().expect("audit counts lock");
+        for &(start, n) in windows {
+            *counts.entry((topic.to_owned(), start)).or_default() += n;
+        }
     }
 
     /// Moves the counts since the last call into audit records with fresh ids, behind
@@ -199,6 +208,48 @@ impl AuditCounter {
     }
 }
 
+/// `(window start, count)` pairs: a batch's records nearly always fall in one or two
+/// windows, so a linear scan beats a map.
+pub fn tally(windows: &mut Vec<(i64, u64)>, start: i64, n: u64) {
+    match windows.iter_mut().find(|(w, _)| *w == start) {
+        Some((_, c)) => *c += n,
+        None => windows.push((start, n)),
+    }
+}
+
+/// The opt-in producer and consumer tiers: give the counter to
+/// [`ProducerConfig::audit`] (it counts each record when acknowledged, never a failed
+/// one) or [`fjord_client::ConsumerConfig::audit`] (it counts each record `poll` returns),
+/// and run its publisher.
+impl fjord_client::AuditHook for AuditCounter {
+    fn created_ms(&self, record: &ProducerRecord, timestamp: i64) -> i64 {
+        created_ms(record.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())), timestamp)
+    }
+
+    fn acknowledged(&self, topic: &str, created: &[i64]) {
+        let mut windows = Vec::new();
+        for &ms in created {
+            tally(&mut windows, window_start(ms, self.window_ms), 1);
+        }
+        self.record_windows(topic, &windows);
+    }
+
+    fn consumed(&self, records: &[ConsumerRecord]) {
+        // Usually one topic per poll: group runs of one topic.
+        let mut at = 0;
+        while at < records.len() {
+            let topic = &records[at].topic;
+            let mut windows = Vec::new();
+            while let Some(r) = records.get(at).filter(|r| r.topic == *topic) {
+                let headers = r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
+                tally(&mut windows, window_start(created_ms(headers, r.timestamp), self.window_ms), 1);
+                at += 1;
+            }
+            self.record_windows(topic, &windows);
+        }
+    }
+}
+
 /// Counts of a tier that may only report committed data (the loader): collected while a
 /// run reads, handed to [`AuditCounter::commit`] after the commit, dropped if the run fails.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -265,6 +316,30 @@ mod tests {
         assert_eq!(second[..3], first[..]);
         assert!(first.iter().all(|r| r.id != second[3].id));
         assert!(AuditCounter::new("t", "h", "c").with_window(Duration::from_micros(10)).is_err());
+    }
+
+    #[test]
+    fn as_a_client_hook_it_counts_by_creation_header_else_timestamp() {
+        use fjord_client::AuditHook;
+        let c = AuditCounter::new("producer", "h1", "online").with_window(Duration::from_secs(60)).unwrap();
+        let stamped = ProducerRecord::new("a", Bytes::from_static(b"v")).header(crate::CREATED_HEADER, Some(Bytes::from_static(b"61000")));
+        let plain = ProducerRecord::new("a", Bytes::from_static(b"v"));
+        assert_eq!((c.created_ms(&stamped, 5), c.created_ms(&plain, 5)), (61_000, 5));
+        c.acknowledged("a", &[61_000, 5, 7, 59_999]);
+        c.acknowledged("b", &[]);
+        let record = |topic: &str, timestamp: i64, created: Option<&'static [u8]>| ConsumerRecord {
+            topic: topic.into(),
+            partition: 0,
+            offset: 0,
+            timestamp,
+            timestamp_type: fjord_record::TimestampType::CreateTime,
+            key: None,
+            value: None,
+            headers: created.map(|v| vec![(crate::CREATED_HEADER.to_string(), Some(Bytes::from_static(v)))]).unwrap_or_default(),
+        };
+        c.consumed(&[record("a", 1, None), record("a", 1, Some(b"120000")), record("b", 2, None), record("a", 3, None)]);
+        let got: Vec<_> = c.unpublished().into_iter().collect();
+        assert_eq!(got, [(("a".into(), 0), 5), (("a".into(), 60_000), 1), (("a".into(), 120_000), 1), (("b".into(), 0), 1)]);
     }
 
     #[test]

@@ -25,8 +25,8 @@
 //!   [`GapRecord`] of data known to be lost (`_mirror_gaps`).
 //! - [`counter`]: [`AuditCounter`], the embeddable counter and its periodic publisher;
 //!   [`PendingCounts`] for tiers that count only committed data.
-//! - [`report`]: [`collect`] reads `_audit` (and the topics, for the broker tier) and
-//!   [`compare`]s tiers into a [`Report`] with a [`Verdict`] per topic and window.
+//! - [`report`]: [`collect`] reads `_audit` and [`compare`]s tiers into a [`Report`]
+//!   with a [`Verdict`] per topic and window.
 //! - [`render`]: text, JSON and self-contained HTML (inline SVG) output.
 //! - [`time`]: UTC calendar arithmetic, formatting and parsing (the loader uses it too).
 
@@ -39,6 +39,6 @@ pub mod time;
 
 pub use counter::{ensure_audit_topic, AuditCounter, PendingCounts};
 pub use error::{Error, Result};
-pub use record::{AuditRecord, GapRecord, AUDIT_TOPIC, CREATED_HEADER, DEFAULT_WINDOW_MS, GAPS_TOPIC};
+pub use record::{AuditRecord, GapRecord, AUDIT_TOPIC, BROKER_TIER, CREATED_HEADER, DEFAULT_WINDOW_MS, GAPS_TOPIC};
 pub use render::{render, Format};
-pub use report::{collect, compare, Collected, Report, ReportConfig, Verdict, WindowRow, BROKER_TIER};
+pub use report::{collect, compare, Collected, Report, ReportConfig, Verdict, WindowRow};

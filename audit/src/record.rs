@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 /// The monitoring topic the counters publish to and the report reads.
 pub const AUDIT_TOPIC: &str = "_audit";
 
+/// The tier the brokers count their appends under (`audit.enable` in the broker config).
+pub const BROKER_TIER: &str = "broker";
+
 /// Default window length: 10 minutes of event creation time.
 pub const DEFAULT_WINDOW_MS: i64 = 10 * 60 * 1000;
 
@@ -17,6 +20,12 @@ pub const CREATED_HEADER: &str = "fjord.created_ms";
 /// Topic where tiers record data they know is lost (today: the mirror's retention gaps),
 /// one [`GapRecord`] per JSON value; the report lists them next to the counts.
 pub const GAPS_TOPIC: &str = "_mirror_gaps";
+
+/// Whether the audit counts `topic`: not the audit's own topics, the schema registry's
+/// `_schemas`, nor Kafka's internal `__` topics (`__consumer_offsets`, ...).
+pub fn audited_topic(topic: &str) -> bool {
+    !matches!(topic, AUDIT_TOPIC | GAPS_TOPIC | "_schemas") && !topic.starts_with("__")
+}
 
 /// A range of offsets of a source partition that retention deleted before the mirror
 /// copied it. The events' creation times are gone with them, so the report cannot place

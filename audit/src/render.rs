@@ -52,11 +52,6 @@ fn header_lines(r: &Report) -> Vec<String> {
             "audit records: {} counted, {} replays ignored, {} malformed skipped, {} of another window length skipped",
             r.audit_records, r.replays_ignored, r.malformed_skipped, r.other_window_skipped
         ),
-        if r.broker_tier_computed {
-            "broker tier: computed by this report from the topics' current contents".to_string()
-        } else {
-            "broker tier: not computed".to_string()
-        },
     ];
     lines.into_iter().chain(gaps).collect()
 }

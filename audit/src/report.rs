@@ -1,12 +1,10 @@
-//! The report: reads `_audit`, counts each record id once, adds the broker tier by reading
-//! the audited topics themselves, and compares every tier with the producing tiers per
-//! topic and window.
+//! The report: reads `_audit`, counts each record id once, and compares every tier with
+//! the producing tiers per topic and window.
 //!
-//! The broker tier is computed here, not counted by the brokers: the report reads each
-//! audited topic from its log start to its high watermark and counts records per window of
-//! creation time (`fjord.created_ms`, else the record timestamp). That is what the brokers
-//! hold now, so data deleted by retention is missing from it, exactly as a consumer would
-//! find it; it costs a full read of the topic per report.
+//! Every tier, the brokers included, comes from `_audit`: the brokers count the records
+//! they append as partition leaders (`audit.enable`), so data retention deletes later is
+//! still counted where it arrived, and a report reads only `_audit` (and `_mirror_gaps`),
+//! never the audited topics.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
@@ -16,12 +14,9 @@ use regex::Regex;
 use serde::Serialize;
 
 use crate::counter::{now_ms, window_ms};
-use crate::record::{created_ms, window_start, AuditRecord, GapRecord, AUDIT_TOPIC, DEFAULT_WINDOW_MS, GAPS_TOPIC};
+use crate::record::{audited_topic, AuditRecord, GapRecord, AUDIT_TOPIC, DEFAULT_WINDOW_MS, GAPS_TOPIC};
 use crate::time::format_utc;
 use crate::{Error, Result};
-
-/// The tier the report computes by reading the topics.
-pub const BROKER_TIER: &str = "broker";
 
 /// Tiers whose counts are what was produced: the reference is their sum.
 pub const PRODUCING_TIERS: [&str; 2] = ["producer", "gateway"];
@@ -32,7 +27,7 @@ const TIER_ORDER: [&str; 6] = ["producer", "gateway", "broker", "mirror", "loade
 /// What to report and how strictly.
 #[derive(Debug, Clone)]
 pub struct ReportConfig {
-    /// The cluster holding `_audit` and the audited topics.
+    /// The cluster holding `_audit`.
     pub client: ClientConfig,
     /// Only topics matching this (anchored by the caller if wanted); `None` = all.
     pub topics: Option<Regex>,
@@ -45,14 +40,12 @@ pub struct ReportConfig {
     pub grace: Duration,
     /// Allowed |difference| as a fraction of the producing count (0 = exact).
     pub tolerance: f64,
-    /// Compute the broker tier by reading the topics.
-    pub broker_tier: bool,
-    /// Bound on reading one topic to its high watermark.
+    /// Bound on reading `_audit` (or `_mirror_gaps`) to its high watermark.
     pub read_timeout: Duration,
 }
 
 impl ReportConfig {
-    /// Defaults: all topics, 10-minute windows, 15 minutes of grace, exact, broker tier on.
+    /// Defaults: all topics, 10-minute windows, 15 minutes of grace, exact.
     pub fn new(client: ClientConfig) -> Self {
         Self {
             client,
@@ -61,7 +54,6 @@ impl ReportConfig {
             window: Duration::from_millis(DEFAULT_WINDOW_MS as u64),
             grace: Duration::from_secs(15 * 60),
             tolerance: 0.0,
-            broker_tier: true,
             read_timeout: Duration::from_secs(60),
         }
     }
@@ -157,8 +149,6 @@ pub struct Report {
     pub malformed_skipped: u64,
     /// Well-formed records of another window length, skipped.
     pub other_window_skipped: u64,
-    /// Whether the broker tier was computed by reading the topics.
-    pub broker_tier_computed: bool,
     /// Tiers per topic.
     pub topics: Vec<TopicTiers>,
     /// Windows, by topic then start.
@@ -180,7 +170,7 @@ pub(crate) fn tier_rank(t: &str) -> (usize, &str) {
     (TIER_ORDER.iter().position(|k| *k == t).unwrap_or(TIER_ORDER.len()), t)
 }
 
-/// What was read from `_audit` (and the topics), before comparing.
+/// What was read from `_audit`, before comparing.
 #[derive(Debug, Default)]
 pub struct Collected {
     /// (topic, window start) → tier → count, each record id counted once.
@@ -189,7 +179,6 @@ pub struct Collected {
     replays_ignored: u64,
     malformed_skipped: u64,
     other_window_skipped: u64,
-    broker_tier_computed: bool,
     gaps: Vec<GapRecord>,
 }
 
@@ -213,7 +202,7 @@ impl Collected {
     }
 }
 
-/// Reads `_audit` and the audited topics and computes the report.
+/// Reads `_audit` (and `_mirror_gaps`) and computes the report.
 pub async fn collect(config: &ReportConfig) -> Result<Report> {
     let window_ms = config.validate()?;
     let mut collected = Collected::default();
@@ -237,34 +226,11 @@ pub async fn collect(config: &ReportConfig) -> Result<Report> {
         Err(Error::Client(ClientError::UnknownTopic(_))) => {}
         other => other?,
     }
-    if config.broker_tier {
-        collected.broker_tier_computed = true;
-        let topics: BTreeSet<String> = collected.counts.keys().map(|(t, _)| t.clone()).filter(|t| wanted(config, t)).collect();
-        for topic in topics {
-            let mut per_window: HashMap<i64, u64> = HashMap::new();
-            let read = read_topic(&config.client, &topic, from, config.read_timeout, |r| {
-                let headers = r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
-                *per_window.entry(window_start(created_ms(headers, r.timestamp), window_ms)).or_default() += 1;
-            })
-            .await;
-            match read {
-                // A deleted topic: everything is gone, the broker tier is 0 everywhere.
-                Err(Error::Client(ClientError::UnknownTopic(_))) => {}
-                other => other?,
-            }
-            // The broker tier exists for every window of the topic, 0 where nothing is left.
-            let windows: Vec<i64> = collected.counts.keys().filter(|(t, _)| *t == topic).map(|(_, w)| *w).collect();
-            for w in windows.into_iter().chain(per_window.keys().copied()).collect::<BTreeSet<_>>() {
-                let n = per_window.get(&w).copied().unwrap_or(0);
-                collected.counts.entry((topic.clone(), w)).or_default().insert(BROKER_TIER.into(), n);
-            }
-        }
-    }
     Ok(compare(config, collected, now_ms()))
 }
 
 fn wanted(config: &ReportConfig, topic: &str) -> bool {
-    topic != AUDIT_TOPIC && config.topics.as_ref().is_none_or(|re| re.is_match(topic))
+    audited_topic(topic) && config.topics.as_ref().is_none_or(|re| re.is_match(topic))
 }
 
 /// Compares the tiers of every window with its producing tiers.
@@ -342,7 +308,6 @@ pub fn compare(config: &ReportConfig, collected: Collected, now: i64) -> Report 
         replays_ignored: collected.replays_ignored,
         malformed_skipped: collected.malformed_skipped,
         other_window_skipped: collected.other_window_skipped,
-        broker_tier_computed: collected.broker_tier_computed,
         topics,
         windows,
         gaps: collected.gaps.into_iter().filter(|g| wanted(config, &g.topic)).collect(),

@@ -1,10 +1,11 @@
-//! The audit over a real pipeline on loopback: broker (`fjord_broker::run`) ← gateway
-//! (`fjord_gateway::run`, gateway tier counted inside the gateway) and a direct producer
-//! (opt-in producer tier) → a consumer (opt-in consumer tier), with the broker tier
-//! computed by the report from the topics. The mirror does not exist yet and the loader
-//! has no counter yet, so the downstream tier here is the consumer. A second test deletes a
-//! range with retention and checks that the broker tier is flagged for exactly that topic
-//! and window.
+//! The audit over a real pipeline on loopback: broker (`fjord_broker::run`, broker tier
+//! counted at append with `audit.enable`) ← gateway (`fjord_gateway::run`, gateway tier
+//! counted inside the gateway) and a direct producer (the producer tier, counted by the
+//! client's audit hook at acknowledgement) → a consumer (the consumer tier, counted by the
+//! client's hook at poll). A second test deletes a range with retention before the
+//! consumer reads it: the broker tier, counted when the data arrived, is complete and the
+//! consumer is short by exactly the deleted records in exactly that window. A third
+//! checks that a send that fails is counted by neither the producer nor the broker.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,9 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fjord_audit::record::{created_ms, window_start};
+use fjord_audit::record::window_start;
 use fjord_audit::{collect, render, AuditCounter, Format, Report, ReportConfig, Verdict, AUDIT_TOPIC};
-use fjord_client::{Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord, SeekTo, TopicPartition};
+use fjord_client::{Admin, AuditHook, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord, SeekTo, TopicPartition};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -30,9 +31,23 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
-/// Reads every record of `topic` up to its current end.
-async fn read_all(client: &ClientConfig, topic: &str, partitions: i32, expect: usize) -> Vec<ConsumerRecord> {
-    let mut consumer = Consumer::connect(ConsumerConfig { client: client.clone(), auto_offset_reset: OffsetReset::Earliest, ..ConsumerConfig::default() }).await.unwrap();
+/// A broker with the broker tier on (publishing every 200 ms), on `listener`.
+fn broker_config(dir: &Path, listener: &TcpListener, partitions: i32, window: Duration) -> fjord_broker::BrokerConfig {
+    let mut config = fjord_broker::BrokerConfig {
+        log_dir: dir.join("broker"),
+        listeners: listener.local_addr().unwrap(),
+        num_partitions: partitions,
+        ..fjord_broker::BrokerConfig::default()
+    };
+    config.audit = fjord_broker::AuditConfig { enable: true, interval: Duration::from_millis(200), window, cluster: "online".into(), ..Default::default() };
+    config
+}
+
+/// Reads every record of `topic` up to its current end, through a consumer with
+/// `audit` as its hook (when given).
+async fn read_all(client: &ClientConfig, topic: &str, partitions: i32, expect: usize, audit: Option<Arc<dyn AuditHook>>) -> Vec<ConsumerRecord> {
+    let mut consumer =
+        Consumer::connect(ConsumerConfig { client: client.clone(), auto_offset_reset: OffsetReset::Earliest, audit, ..ConsumerConfig::default() }).await.unwrap();
     let tps: Vec<_> = (0..partitions).map(|p| TopicPartition::new(topic, p)).collect();
     consumer.assign(tps.clone()).await.unwrap();
     for tp in &tps {
@@ -51,19 +66,37 @@ fn report_config(client: &ClientConfig) -> ReportConfig {
     ReportConfig { window: WINDOW, grace: Duration::from_millis(500), ..ReportConfig::new(client.clone()) }
 }
 
+/// Collects reports until `done` holds for one (the brokers publish every 200 ms).
+async fn report_when(cfg: &ReportConfig, what: &str, done: impl Fn(&Report) -> bool) -> Report {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let report = collect(cfg).await.unwrap();
+        if done(&report) {
+            return report;
+        }
+        assert!(Instant::now() < deadline, "{what}: {}", fjord_audit::render::text(&report));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The sum of `tier` over the windows of `topic`.
+fn tier_total(r: &Report, topic: &str, tier: &str) -> u64 {
+    r.windows.iter().filter(|w| w.topic == topic).map(|w| w.counts.get(tier).copied().unwrap_or(0)).sum()
+}
+
 fn windows_of(r: &Report) -> Vec<(String, i64, BTreeMap<String, u64>, Verdict)> {
     r.windows.iter().map(|w| (w.topic.clone(), w.window_start, w.counts.clone(), w.verdict)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pipeline_report_flags_exactly_the_dropped_window_and_tier() {
+async fn pipeline_is_complete_at_every_tier_and_a_replayed_audit_record_counts_once() {
     let dir = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
 
     let listener = bind().await;
     let broker_addr = listener.local_addr().unwrap();
-    let config = fjord_broker::BrokerConfig { log_dir: dir.path().join("broker"), listeners: broker_addr, num_partitions: 2, ..fjord_broker::BrokerConfig::default() };
+    let config = broker_config(dir.path(), &listener, 2, WINDOW);
     tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
     let client = ClientConfig::new(&broker_addr.to_string());
     let admin = Admin::connect(client.clone()).await.unwrap();
@@ -82,9 +115,9 @@ async fn pipeline_report_flags_exactly_the_dropped_window_and_tier() {
     };
     let gateway = tokio::spawn(fjord_gateway::run(gw_config, http, bind().await, gateway_stop.clone()));
 
-    // A direct producer with the opt-in producer tier, also feeding "clicks".
-    let producer = Producer::connect(ProducerConfig { client: client.clone(), ..ProducerConfig::default() }).await.unwrap();
+    // A direct producer with the opt-in producer tier (its audit hook), also feeding "clicks".
     let producer_tier = Arc::new(AuditCounter::new("producer", "app-1", "online").with_window(WINDOW).unwrap());
+    let producer = Producer::connect(ProducerConfig { client: client.clone(), audit: Some(producer_tier.clone()), ..ProducerConfig::default() }).await.unwrap();
     let producer_publisher = producer_tier.clone().spawn_publisher(client.clone(), Duration::from_millis(200), shutdown.clone());
 
     // Publish for ~3.5 windows: a batch every 250 ms over HTTP, and a few direct records.
@@ -103,8 +136,7 @@ async fn pipeline_report_flags_exactly_the_dropped_window_and_tier() {
         for k in 0..3 {
             let created = now_ms();
             let record = ProducerRecord::new("clicks", Bytes::from(format!("direct {round} {k}"))).header(fjord_audit::CREATED_HEADER, Some(Bytes::from(created.to_string())));
-            producer.send(record.clone()).await.unwrap().await.unwrap();
-            producer_tier.record_produced(&record);
+            producer.send(record).await.unwrap().await.unwrap();
             *sent.entry("clicks").or_default() += 1;
         }
         round += 1;
@@ -115,54 +147,34 @@ async fn pipeline_report_flags_exactly_the_dropped_window_and_tier() {
     gateway.await.unwrap().unwrap();
     producer_tier.publish(&producer).await.unwrap();
 
-    // 1. Gateway + producer tiers against the broker tier: complete everywhere.
+    // 1. Gateway + producer tiers against the broker tier (the broker's own counts of its
+    // appends): complete everywhere, once the broker's last publish is in.
     let cfg = report_config(&client);
-    let report = collect(&cfg).await.unwrap();
+    let report = report_when(&cfg, "the broker tier never reached what was sent", |r| TOPICS.iter().all(|t| tier_total(r, t, "broker") == sent[t] as u64)).await;
     assert!(report.all_complete(), "{}", fjord_audit::render::text(&report));
     for topic in TOPICS {
-        let rows: Vec<_> = report.windows.iter().filter(|w| w.topic == topic).collect();
-        assert!(rows.len() >= 3, "{topic} spans only {} windows", rows.len());
-        let broker: u64 = rows.iter().map(|w| w.counts["broker"]).sum();
-        assert_eq!(broker as usize, sent[topic], "{topic}");
+        let rows = report.windows.iter().filter(|w| w.topic == topic).count();
+        assert!(rows >= 3, "{topic} spans only {rows} windows");
     }
+    assert_eq!(tier_total(&report, "clicks", "producer"), 3 * round as u64, "the producer hook counted each acknowledged record once");
     assert_eq!(report.topics.iter().find(|t| t.topic == "clicks").unwrap().producing, ["producer", "gateway"]);
     assert_eq!(report.malformed_skipped, 0);
 
-    // 2. A consumer tier that loses 7 events of "views" in its second window.
-    let consumer_tier = AuditCounter::new("consumer", "reader-1", "online").with_window(WINDOW).unwrap();
-    let views = read_all(&client, "views", 2, sent["views"]).await;
-    let created = |r: &ConsumerRecord| created_ms(r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())), r.timestamp);
-    let mut view_windows: Vec<i64> = views.iter().map(|r| window_start(created(r), WINDOW.as_millis() as i64)).collect();
-    view_windows.sort();
-    view_windows.dedup();
-    let dropped_window = view_windows[1];
-    let mut dropped = 0;
-    for r in &views {
-        if dropped < 7 && window_start(created(r), WINDOW.as_millis() as i64) == dropped_window {
-            dropped += 1;
-            continue;
-        }
-        consumer_tier.record_consumed(r);
-    }
-    for r in read_all(&client, "clicks", 2, sent["clicks"]).await {
-        consumer_tier.record_consumed(&r);
+    // 2. A consumer with the opt-in consumer tier (its audit hook) reads everything.
+    let consumer_tier = Arc::new(AuditCounter::new("consumer", "reader-1", "online").with_window(WINDOW).unwrap());
+    for topic in TOPICS {
+        read_all(&client, topic, 2, sent[topic], Some(consumer_tier.clone())).await;
     }
     consumer_tier.publish(&producer).await.unwrap();
-
     let report = collect(&cfg).await.unwrap();
-    let bad: Vec<_> = report.windows.iter().filter(|w| w.verdict != Verdict::Complete).collect();
-    assert_eq!(bad.len(), 1, "{}", fjord_audit::render::text(&report));
-    assert_eq!((bad[0].topic.as_str(), bad[0].window_start, bad[0].verdict), ("views", dropped_window, Verdict::Loss));
-    assert_eq!(bad[0].problems, ["consumer"]);
-    assert_eq!(bad[0].differences["consumer"], -7);
-    assert_eq!(bad[0].differences["broker"], 0);
+    assert!(report.all_complete(), "{}", fjord_audit::render::text(&report));
     for w in &report.windows {
-        assert_eq!(w.counts["broker"], w.produced, "{} {}", w.topic, w.window_start_utc);
+        assert_eq!((w.counts["broker"], w.counts["consumer"]), (w.produced, w.produced), "{} {}", w.topic, w.window_start_utc);
     }
     let before = windows_of(&report);
 
     // 3. Replaying an audit record (the same value again) changes nothing.
-    let audit = read_all(&client, AUDIT_TOPIC, 1, report.audit_records as usize).await;
+    let audit = read_all(&client, AUDIT_TOPIC, 1, report.audit_records as usize, None).await;
     let last = audit.last().unwrap().value.clone().unwrap();
     producer.send(ProducerRecord::new(AUDIT_TOPIC, last)).await.unwrap().await.unwrap();
     // 4. Malformed records are skipped and counted.
@@ -178,10 +190,9 @@ async fn pipeline_report_flags_exactly_the_dropped_window_and_tier() {
     // The JSON contract.
     let json: serde_json::Value = serde_json::from_str(&render(&after, Format::Json).unwrap()).unwrap();
     let w = &json["windows"][0];
-    assert!(w["topic"].is_string() && w["window_start"].is_i64() && w["counts"]["broker"].is_u64() && w["verdict"].is_string(), "{w}");
-    assert!(json["windows"].as_array().unwrap().iter().any(|w| w["verdict"] == "loss"));
+    assert!(w["topic"].is_string() && w["window_start"].is_i64() && w["counts"]["broker"].is_u64() && w["verdict"] == "complete", "{w}");
     let text = render(&after, Format::Text).unwrap();
-    assert!(text.contains("3 malformed skipped") && text.contains("loss (consumer)"), "{text}");
+    assert!(text.contains("3 malformed skipped"), "{text}");
     println!("{text}");
 
     // 5. The HTML page in headless Chromium: parses, one chart per topic, a screenshot.
@@ -232,16 +243,18 @@ fn check_in_chromium(html: &Path, dir: &Path, topics: usize, lines: usize) {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
 }
 
-/// Data deleted by retention before anyone read it: the broker tier (computed from what the
-/// topic holds now) comes up short in exactly the deleted window of exactly that topic.
+/// Data deleted by retention before anyone read it: the brokers counted it when it
+/// arrived, so the broker tier is complete, and the consumer (which read what is left)
+/// is short by exactly the deleted records, in exactly their topic and window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retention_deleting_a_range_shows_as_broker_loss_in_that_window_only() {
+async fn retention_deleting_a_range_shows_as_consumer_loss_in_that_window_only() {
     let dir = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
     let listener = bind().await;
     let addr = listener.local_addr().unwrap();
-    let mut config = fjord_broker::BrokerConfig { log_dir: dir.path().join("broker"), listeners: addr, num_partitions: 1, ..fjord_broker::BrokerConfig::default() };
+    let window = Duration::from_millis(fjord_audit::DEFAULT_WINDOW_MS as u64);
+    let mut config = broker_config(dir.path(), &listener, 1, window);
     config.retention_check_interval = Duration::from_millis(50);
     config.set("log.segment.delete.delay.ms", "0").unwrap();
     tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
@@ -253,16 +266,13 @@ async fn retention_deleting_a_range_shows_as_broker_loss_in_that_window_only() {
     expiring.configs.insert("retention.ms".into(), "3600000".into());
     admin.create_topics(&[expiring, NewTopic::new("kept", 1)]).await.unwrap();
 
-    let producer = Producer::connect(ProducerConfig { client: client.clone(), ..ProducerConfig::default() }).await.unwrap();
-    let tier = AuditCounter::new("producer", "app-1", "online");
+    let tier = Arc::new(AuditCounter::new("producer", "app-1", "online"));
+    let producer = Producer::connect(ProducerConfig { client: client.clone(), audit: Some(tier.clone()), ..ProducerConfig::default() }).await.unwrap();
     let old = now_ms() - 3 * 3_600_000;
     let send = |topic: &'static str, created: i64| {
         let record = ProducerRecord::new(topic, Bytes::from("x".repeat(600))).timestamp(created).header(fjord_audit::CREATED_HEADER, Some(Bytes::from(created.to_string())));
-        let (producer, tier) = (&producer, &tier);
-        async move {
-            producer.send(record.clone()).await.unwrap().await.unwrap();
-            tier.record_produced(&record);
-        }
+        let producer = &producer;
+        async move { producer.send(record).await.unwrap().await.unwrap() }
     };
     for _ in 0..6 {
         send("expiring", old).await;
@@ -279,21 +289,76 @@ async fn retention_deleting_a_range_shows_as_broker_loss_in_that_window_only() {
         assert!(Instant::now() < deadline, "retention never deleted the old segments");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Only now does the consumer read: "expiring" has its 3 recent records left.
+    let consumer_tier = Arc::new(AuditCounter::new("consumer", "reader-1", "online"));
+    read_all(&client, "expiring", 1, 3, Some(consumer_tier.clone())).await;
+    read_all(&client, "kept", 1, 9, Some(consumer_tier.clone())).await;
+    consumer_tier.publish(&producer).await.unwrap();
 
-    let report = collect(&ReportConfig::new(client.clone())).await.unwrap();
+    let cfg = ReportConfig::new(client.clone());
+    let report = report_when(&cfg, "the broker tier never reached what was sent", |r| ["expiring", "kept"].iter().all(|t| tier_total(r, t, "broker") == 9)).await;
     let text = render(&report, Format::Text).unwrap();
     let old_window = window_start(old, fjord_audit::DEFAULT_WINDOW_MS);
     let bad: Vec<_> = report.windows.iter().filter(|w| w.verdict != Verdict::Complete).collect();
     assert_eq!(bad.len(), 1, "{text}");
     assert_eq!((bad[0].topic.as_str(), bad[0].window_start, bad[0].verdict), ("expiring", old_window, Verdict::Loss), "{text}");
-    assert_eq!(bad[0].problems, ["broker"]);
-    assert_eq!((bad[0].produced, bad[0].differences["broker"]), (6, -6));
+    assert_eq!(bad[0].problems, ["consumer"], "{text}");
+    assert_eq!((bad[0].produced, bad[0].counts["broker"], bad[0].differences["broker"], bad[0].differences["consumer"]), (6, 6, 0, -6), "{text}");
     let old_windows: Vec<_> = report.windows.iter().filter(|w| w.window_start == old_window).map(|w| (w.topic.as_str(), w.produced)).collect();
     assert_eq!(old_windows, [("expiring", 6), ("kept", 6)], "{text}");
+    let json: serde_json::Value = serde_json::from_str(&render(&report, Format::Json).unwrap()).unwrap();
+    assert_eq!(json["windows"].as_array().unwrap().iter().filter(|w| w["verdict"] == "loss").count(), 1);
+    assert!(text.contains("loss (consumer)"), "{text}");
+    println!("{text}");
 
-    // --since an hour ago: only the recent windows, read from an offset found by timestamp.
+    // --since an hour ago: only the recent windows.
     let recent = collect(&ReportConfig { since_ms: Some(now_ms() - 3_600_000), ..ReportConfig::new(client.clone()) }).await.unwrap();
     assert!(recent.all_complete() && recent.windows.iter().all(|w| w.window_start > old_window), "{}", render(&recent, Format::Text).unwrap());
     assert_eq!(recent.windows.iter().map(|w| w.produced).sum::<u64>(), 6);
     shutdown.cancel();
+}
+
+/// A send that fails is counted by neither the producer's hook nor the broker: of three
+/// records to a topic taking at most 1 KiB per batch, the 2 KiB one fails (the producer
+/// splits a refused multi-record batch and retries each record alone) and the other two
+/// are counted at both tiers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_send_is_not_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let listener = bind().await;
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(fjord_broker::run(broker_config(dir.path(), &listener, 1, WINDOW), listener, shutdown.clone()));
+    let client = ClientConfig::new(&addr.to_string());
+    let admin = Admin::connect(client.clone()).await.unwrap();
+    let mut limited = NewTopic::new("limited", 1);
+    limited.configs.insert("max.message.bytes".into(), "1024".into());
+    admin.create_topics(&[limited]).await.unwrap();
+
+    let tier = Arc::new(AuditCounter::new("producer", "app-1", "online").with_window(WINDOW).unwrap());
+    let producer = Producer::connect(ProducerConfig { client: client.clone(), audit: Some(tier.clone()), ..ProducerConfig::default() }).await.unwrap();
+    // Sent without waiting in between, so they share a batch (linger.ms).
+    let mut deliveries = Vec::new();
+    for size in [10, 2048, 10] {
+        deliveries.push(producer.send(ProducerRecord::new("limited", Bytes::from("y".repeat(size)))).await.unwrap());
+    }
+    let results: Vec<bool> = futures_join(deliveries).await;
+    assert_eq!(results, [true, false, true]);
+    assert_eq!(tier.unpublished().values().sum::<u64>(), 2, "the failed record was counted");
+    tier.publish(&producer).await.unwrap();
+
+    let report = report_when(&report_config(&client), "the broker tier never counted the two records", |r| tier_total(r, "limited", "broker") == 2).await;
+    assert_eq!(tier_total(&report, "limited", "producer"), 2);
+    assert!(report.all_complete(), "{}", render(&report, Format::Text).unwrap());
+    shutdown.cancel();
+}
+
+/// Awaits every delivery in order: whether each succeeded.
+async fn futures_join(deliveries: Vec<fjord_client::DeliveryFuture>) -> Vec<bool> {
+    let mut out = Vec::new();
+    for d in deliveries {
+        out.push(d.await.is_ok());
+    }
+    out
 }

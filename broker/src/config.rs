@@ -77,6 +77,41 @@ pub struct BrokerConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Replication settings (`replica.*`).
     pub replication: ReplicationConfig,
+    /// The audit's broker tier (Fjord, `audit.*`): what this broker counts as partition
+    /// leader and publishes to `_audit`.
+    pub audit: AuditConfig,
+}
+
+/// `audit.*` (Fjord): the broker tier of the audit (see the `fjord-audit` crate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditConfig {
+    /// `audit.enable`: count the records appended for producers per topic and window of
+    /// creation time, and publish the counts to `_audit` as tier `broker`; default false.
+    pub enable: bool,
+    /// `audit.interval.ms`: how often the counts are published (and once more at
+    /// shutdown), default 60 s.
+    pub interval: Duration,
+    /// `audit.window.ms`: window length, the same for every tier and the report;
+    /// default 10 minutes.
+    pub window: Duration,
+    /// `audit.cluster`: the datacenter / cluster name in the audit records, default `default`.
+    pub cluster: String,
+    /// `audit.tier`: the tier name, default `broker`. The report adds up a tier over
+    /// every cluster, so brokers of a cluster the mirror writes into take another name
+    /// (e.g. `analytics-broker`): their appends are the same events again.
+    pub tier: String,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        Self {
+            enable: false,
+            interval: Duration::from_secs(60),
+            window: Duration::from_millis(fjord_audit::DEFAULT_WINDOW_MS as u64),
+            cluster: "default".into(),
+            tier: fjord_audit::BROKER_TIER.into(),
+        }
+    }
 }
 
 impl Default for BrokerConfig {
@@ -106,6 +141,7 @@ impl Default for BrokerConfig {
             group: GroupConfig::default(),
             metrics_listen: None,
             replication: ReplicationConfig::default(),
+            audit: AuditConfig::default(),
         }
     }
 }
@@ -228,6 +264,19 @@ impl BrokerConfig {
                 self.max_connections = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
             }
             "fetch.zero.copy" => self.fetch_zero_copy = boolean()?,
+            "audit.enable" => self.audit.enable = boolean()?,
+            "audit.interval.ms" => self.audit.interval = millis()?,
+            "audit.window.ms" => self.audit.window = millis()?,
+            "audit.cluster" | "audit.tier" => {
+                let name = value.trim();
+                if name.is_empty() {
+                    return Err(invalid("must not be empty"));
+                }
+                match key {
+                    "audit.cluster" => self.audit.cluster = name.to_owned(),
+                    _ => self.audit.tier = name.to_owned(),
+                }
+            }
             "metrics.listen" => {
                 self.metrics_listen = match value.trim() {
                     "" => None,
@@ -298,6 +347,12 @@ impl BrokerConfig {
         }
         if self.max_connections == 0 {
             return Err(invalid("max.connections", "0".into(), "must be at least 1"));
+        }
+        if self.audit.interval.is_zero() {
+            return Err(invalid("audit.interval.ms", "0".into(), "must be at least 1"));
+        }
+        if self.audit.window.as_millis() == 0 {
+            return Err(invalid("audit.window.ms", self.audit.window.as_millis().to_string(), "must be at least 1"));
         }
         self.log.validate()?;
         Ok(())
@@ -452,6 +507,38 @@ mod tests {
         assert!(matches!(config.set("metrics.listen", "nowhere"), Err(Error::InvalidConfig { .. })));
         config.set("metrics.listen", "").unwrap();
         assert_eq!(config.metrics_listen, None);
+    }
+
+    #[test]
+    fn audit_keys_set_the_broker_tier() {
+        let config = BrokerConfig::from_toml(
+            r#"
+            audit.enable = true
+            audit.interval.ms = 5000
+            audit.window.ms = 60000
+            audit.cluster = "online"
+            audit.tier = "analytics-broker"
+            "#,
+        )
+        .unwrap();
+        let expected = AuditConfig {
+            enable: true,
+            interval: Duration::from_secs(5),
+            window: Duration::from_secs(60),
+            cluster: "online".into(),
+            tier: "analytics-broker".into(),
+        };
+        assert_eq!(config.audit, expected);
+        config.validate().unwrap();
+        assert!(!BrokerConfig::default().audit.enable, "off unless enabled");
+        for (key, value) in [("audit.enable", "yes"), ("audit.interval.ms", "-1"), ("audit.cluster", " "), ("audit.tier", "")] {
+            assert!(matches!(BrokerConfig::default().set(key, value), Err(Error::InvalidConfig { .. })), "{key}={value}");
+        }
+        for key in ["audit.interval.ms", "audit.window.ms"] {
+            let mut config = BrokerConfig::default();
+            config.set(key, "0").unwrap();
+            assert!(matches!(config.validate(), Err(Error::InvalidConfig { .. })), "{key}=0");
+        }
     }
 
     #[test]

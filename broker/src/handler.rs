@@ -43,6 +43,8 @@ pub(crate) struct Broker {
     pub(crate) metrics: Metrics,
     /// Idempotent producer ids (InitProducerId).
     pub(crate) producer_ids: ProducerIdManager,
+    /// The audit's broker tier, when `audit.enable`.
+    pub(crate) audit: Option<crate::audit::BrokerAudit>,
 }
 
 impl Broker {

@@ -35,6 +35,8 @@
 //!   the cleaner, ISR expiry, group sessions).
 //! - `replication`: the replica manager: leader / follower / neither from the partition
 //!   states, the high watermark and the ISR.
+//! - `audit`: the audit's broker tier (`audit.enable`): the leader counts the records it
+//!   appends for producers per topic and window of creation time and publishes to `_audit`.
 //! - [`config`]: [`BrokerConfig`], under Kafka's key names.
 //!
 //! # Invariants
@@ -45,6 +47,7 @@
 //! - Client input never panics the broker: a frame that is not a Kafka request closes
 //!   that one connection; a request the broker does not implement gets UNSUPPORTED_VERSION.
 
+mod audit;
 mod cluster;
 pub mod config;
 mod codec;
@@ -64,7 +67,7 @@ pub mod server;
 mod topic_config;
 mod topics;
 
-pub use config::BrokerConfig;
+pub use config::{AuditConfig, BrokerConfig};
 pub use group::GroupConfig;
 pub use replication::ReplicationConfig;
 pub use error::{Error, Result};

@@ -15,6 +15,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::audit::BrokerAudit;
 use crate::cluster::ClusterView;
 use crate::group::{Endpoint, GroupCoordinator};
 use crate::handler::producer_id::ProducerIdManager;
@@ -34,6 +35,8 @@ const META_PROPERTIES: &str = "meta.properties";
 const OWED_LEADERSHIP_WAIT: Duration = Duration::from_secs(15);
 /// How long a start waits for a stale registration of its broker id to expire.
 const REGISTRATION_WAIT: Duration = Duration::from_secs(30);
+/// Bound on the audit publisher's final flush at shutdown.
+const AUDIT_FLUSH_WAIT: Duration = Duration::from_secs(15);
 
 /// Runs the broker on an already-bound listener until `shutdown` is cancelled, then stops
 /// accepting, closes the connections, flushes every log and writes the checkpoints.
@@ -128,8 +131,19 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
     let controlled = config.controlled_shutdown && config.zookeeper_connect.is_some();
     let handover = config.controlled_shutdown_timeout;
     let producer_ids = ProducerIdManager::new(store.clone(), config.broker_id);
+    let audit = match config.audit.enable {
+        true => Some(BrokerAudit::new(config.broker_id, &host, port, &config.audit)?),
+        false => None,
+    };
     let broker =
-        Arc::new(Broker { config, host, port, cluster_id, topics, replicas, groups, metrics: Default::default(), producer_ids });
+        Arc::new(Broker { config, host, port, cluster_id, topics, replicas, groups, metrics: Default::default(), producer_ids, audit });
+    // The audit publisher talks to this broker like any client (the accept loop below
+    // serves it); it stops with `stop` at the latest.
+    let audit_stop = stop.child_token();
+    let audit_publisher = broker.audit.as_ref().map(|audit| {
+        let client = fjord_client::ClientConfig::new(&format!("{}:{}", broker.host, broker.port));
+        audit.counter.clone().spawn_publisher(client, broker.config.audit.interval, audit_stop.clone())
+    });
     {
         let (store, view, replicas, shutdown, stop) =
             (store.clone(), view.clone(), broker.replicas.clone(), shutdown.clone(), stop.clone());
@@ -145,6 +159,12 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
                 // replica.lag.time.max.ms for it to be dropped again.
                 replicas.shutdown().await;
                 controlled_shutdown(&*store, &view, handover).await;
+            }
+            // The last audit counts go out while connections are still served; in cluster
+            // mode after leadership moved away, so no append is counted after the flush.
+            audit_stop.cancel();
+            if let Some(publisher) = audit_publisher {
+                flush_audit(publisher).await;
             }
             stop.cancel();
         });
@@ -199,6 +219,16 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
 }
 
 /// Deletes `/brokers/ids/<id>` (a missing node is fine).
+/// Waits (bounded) for the audit publisher's final flush at shutdown.
+async fn flush_audit(publisher: tokio::task::JoinHandle<fjord_audit::Result<()>>) {
+    match tokio::time::timeout(AUDIT_FLUSH_WAIT, publisher).await {
+        Ok(Ok(Ok(()))) => tracing::info!("audit: final broker counts published"),
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "audit: final flush failed; the report will show these counts missing"),
+        Ok(Err(e)) => tracing::error!(error = %e, "audit publisher panicked"),
+        Err(_) => tracing::warn!(wait = ?AUDIT_FLUSH_WAIT, "audit: final flush did not finish; the report will show these counts missing"),
+    }
+}
+
 async fn deregister(store: &dyn MetadataStore, broker_id: i32) {
     match store.delete(&paths::broker(broker_id), None).await {
         Ok(()) | Err(fjord_coord::Error::NoNode { .. }) => {}

@@ -44,9 +44,6 @@ struct Common {
     /// Allowed |difference| as a fraction of the produced count (0 = exact).
     #[arg(long, default_value_t = 0.0)]
     tolerance: f64,
-    /// Do not compute the broker tier (which reads every audited topic in full).
-    #[arg(long)]
-    no_broker_tier: bool,
 }
 
 impl Common {
@@ -63,7 +60,6 @@ impl Common {
             window,
             grace: Duration::from_secs(self.grace_secs),
             tolerance: self.tolerance,
-            broker_tier: !self.no_broker_tier,
             ..ReportConfig::new(self.connect.client())
         };
         Ok(match &self.topics {

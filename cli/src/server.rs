@@ -63,6 +63,11 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let mut config = BrokerConfig::default();
     config.set("log.dirs", &path_text(&args.data_dir)?)?;
     config.metrics_listen = Some(args.metrics);
+    // The broker tier of the audit, like the gateway's below (FJORD_AUDIT_ENABLE=false
+    // turns it off).
+    config.audit.enable = true;
+    config.audit.interval = std::time::Duration::from_secs(30);
+    config.audit.cluster = "dev".into();
     config.apply_env(std::env::vars())?;
     let listener = bind(&config).await?;
     let address = listener.local_addr()?;

@@ -16,6 +16,7 @@ pub(crate) mod topics;
 
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Args;
 use fjord_client::{Acks, ClientConfig, Compression};
 
@@ -33,6 +34,49 @@ pub(crate) struct ConnectArgs {
 impl ConnectArgs {
     pub(crate) fn client(&self) -> ClientConfig {
         ClientConfig { connect_timeout: Duration::from_millis(self.connect_timeout_ms), ..ClientConfig::new(&self.bootstrap) }
+    }
+}
+
+/// `--audit CLUSTER`: the opt-in producer or consumer tier of the audit.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct AuditFlag {
+    /// Count the records (produced: once acknowledged; consumed: as read) per topic and
+    /// 10-minute window and publish the counts to `_audit` every 30 s and at the end,
+    /// under this cluster name.
+    #[arg(long = "audit", value_name = "CLUSTER")]
+    pub(crate) cluster: Option<String>,
+}
+
+/// A running audit tier: its counter (to hand to the client config) and its publisher.
+pub(crate) struct AuditTier {
+    pub(crate) counter: std::sync::Arc<fjord_audit::AuditCounter>,
+    stop: tokio_util::sync::CancellationToken,
+    publisher: tokio::task::JoinHandle<fjord_audit::Result<()>>,
+}
+
+impl AuditFlag {
+    /// Starts the tier `tier` when `--audit` was given.
+    pub(crate) fn start(&self, tier: &str, client: &ClientConfig) -> Option<AuditTier> {
+        let cluster = self.cluster.as_ref()?;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "unknown".into(), |h| h.trim().to_owned());
+        let counter = std::sync::Arc::new(fjord_audit::AuditCounter::new(tier, host, cluster.clone()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let publisher = counter.clone().spawn_publisher(client.clone(), Duration::from_secs(30), stop.clone());
+        Some(AuditTier { counter, stop, publisher })
+    }
+}
+
+impl AuditTier {
+    /// The hook for a producer or consumer config.
+    pub(crate) fn hook(&self) -> std::sync::Arc<dyn fjord_client::AuditHook> {
+        self.counter.clone()
+    }
+
+    /// Publishes the last counts and stops.
+    pub(crate) async fn finish(self) -> anyhow::Result<()> {
+        self.stop.cancel();
+        self.publisher.await?.context("publishing the final audit counts")?;
+        Ok(())
     }
 }
 

@@ -89,6 +89,8 @@ fn dev_runs_broker_registry_and_gateway_and_takes_env_overrides() {
         // FJORD_* variables override the defaults (dev's fixed ports, here).
         .env("FJORD_LISTENERS", format!("127.0.0.1:{port}"))
         .env("FJORD_DEV_GRPC", format!("127.0.0.1:{grpc}"))
+        // The broker tier of the audit is on in dev; published every 200 ms here.
+        .env("FJORD_AUDIT_INTERVAL_MS", "200")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .spawn()
@@ -130,6 +132,22 @@ fn dev_runs_broker_registry_and_gateway_and_takes_env_overrides() {
     let scraped = get(metrics, "/metrics");
     assert!(scraped.starts_with("HTTP/1.1 200"), "{scraped}");
     assert!(scraped.contains("fjord_broker_log_end_offset{topic=\"dev\",partition=\"0\"} 10\n"), "{scraped}");
+    // The broker counted both topics' appends and published them to `_audit`.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_fjord")).args(["audit", "report", "--bootstrap", &bootstrap, "--format", "json"]).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let broker = |topic: &str| -> u64 {
+            let windows = report["windows"].as_array().unwrap().iter().filter(|w| w["topic"] == topic);
+            windows.map(|w| w["counts"]["broker"].as_u64().unwrap_or(0)).sum()
+        };
+        if (broker("dev"), broker("dev-gateway")) == (10, 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the broker tier never showed 10 + 1 appends: {report}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     sigterm(&dev);
     let output = dev.wait_with_output().unwrap();
     assert!(output.status.success(), "SIGTERM stops every service cleanly: {output:?}");
@@ -141,6 +159,8 @@ fn dev_runs_broker_registry_and_gateway_and_takes_env_overrides() {
     // The broker stops after the gateway, so the gateway's final audit flush reaches it; and
     // the embedded store's directory in the log dir is expected, not warned about.
     assert!(!stdout.contains("final audit flush failed"), "{stdout}");
+    // Nor the broker's (the broker tier is on in `dev`).
+    assert!(!stdout.contains("audit: final flush") && !stdout.contains("audit publisher panicked"), "{stdout}");
     assert!(!stdout.contains("ignoring a directory"), "{stdout}");
 }
 

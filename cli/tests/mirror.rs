@@ -423,11 +423,18 @@ async fn http_post_ndjson(addr: &str, path: &str, body: &str) -> String {
 
 /// gateway → online cluster → mirror → analytics cluster → loader, each tier counting:
 /// `fjord audit report` on the analytics cluster (whose `_audit` the mirror fed with the
-/// online cluster's) compares gateway, broker, mirror and loader window by window.
+/// online cluster's) compares gateway, broker (the online broker's counts of its
+/// appends), mirror and loader window by window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_report_on_the_analytics_cluster_shows_gateway_mirror_and_loader_tiers() {
     const WINDOW: Duration = Duration::from_secs(1);
-    let (online, analytics) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+    let online = StandaloneBroker::start_with(|c| {
+        c.group.initial_rebalance_delay_ms = 0;
+        c.audit = fjord_broker::AuditConfig { enable: true, interval: Duration::from_millis(200), window: WINDOW, cluster: "online".into(), ..Default::default() };
+    })
+    .await
+    .expect("broker starts");
+    let analytics = start_broker(Duration::from_secs(300)).await;
     create(&online.addr, "views", 2, &[]).await;
 
     let gateway_stop = CancellationToken::new();
@@ -453,6 +460,13 @@ async fn audit_report_on_the_analytics_cluster_shows_gateway_mirror_and_loader_t
     }
     gateway_stop.cancel();
     gateway.await.unwrap().unwrap();
+    // The online broker's counts are in its `_audit` before the mirror copies it.
+    let online_report = fjord_audit::ReportConfig { window: WINDOW, ..fjord_audit::ReportConfig::new(ClientConfig::new(&online.addr)) };
+    wait_for("the online broker's counts in _audit", Duration::from_secs(20), || async {
+        let report = fjord_audit::collect(&online_report).await.unwrap();
+        report.windows.iter().map(|w| w.counts.get("broker").copied().unwrap_or(0)).sum::<u64>() == sent as u64
+    })
+    .await;
 
     let mut config = fjord_mirror::MirrorConfig::new(vec![fjord_mirror::SourceConfig::parse(&format!("online={}", online.addr)).unwrap()], analytics.addr.clone(), "views");
     config.commit_interval = Duration::from_millis(200);

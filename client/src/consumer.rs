@@ -34,6 +34,7 @@ use kafka_protocol::protocol::StrBytes;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::admin::{list_offsets, OffsetSpec};
+use crate::audit::AuditHook;
 use crate::cluster::{ClientConfig, Cluster};
 use crate::error::{Error, ResponseError, Result};
 
@@ -80,6 +81,8 @@ pub struct ConsumerConfig {
     pub max_partition_fetch_bytes: i32,
     /// `auto.offset.reset`.
     pub auto_offset_reset: OffsetReset,
+    /// Opt-in audit: told about every record `poll`/`recv` returns (see [`crate::audit`]).
+    pub audit: Option<Arc<dyn AuditHook>>,
 }
 
 impl Default for ConsumerConfig {
@@ -91,6 +94,7 @@ impl Default for ConsumerConfig {
             fetch_max_bytes: 50 * 1024 * 1024,
             max_partition_fetch_bytes: 1024 * 1024,
             auto_offset_reset: OffsetReset::Latest,
+            audit: None,
         }
     }
 }
@@ -280,6 +284,9 @@ impl Consumer {
                 for r in &records {
                     self.advance(r);
                 }
+                if let Some(audit) = &self.config.audit {
+                    audit.consumed(&records);
+                }
                 return Ok(records);
             }
             match tokio::time::timeout_at(deadline, self.fill()).await {
@@ -295,6 +302,9 @@ impl Consumer {
         loop {
             if let Some(r) = self.buffer.pop_front() {
                 self.advance(&r);
+                if let Some(audit) = &self.config.audit {
+                    audit.consumed(std::slice::from_ref(&r));
+                }
                 return Ok(r);
             }
             self.fill().await?;

@@ -15,6 +15,7 @@
 //! - [`consumer`]: assigned partitions, fetch by (offset, max bytes) with long poll and
 //!   prefetch, seek/rewind, `auto.offset.reset`.
 //! - [`admin`]: create/delete/list/describe topics, describe/alter configs, list offsets.
+//! - [`audit`]: [`AuditHook`], the opt-in audit counting of acknowledged and consumed records.
 //! - [`assignor`]: range (the paper's Algorithm 1), roundrobin, sticky, cooperative-sticky.
 //! - [`group`]: the group consumer (join/sync/heartbeat, committed offsets, rebalances).
 //!
@@ -25,6 +26,7 @@
 //! `delivery.timeout.ms`.
 
 pub mod admin;
+pub mod audit;
 pub mod assignor;
 pub mod cluster;
 mod connection;
@@ -35,6 +37,7 @@ pub mod partitioner;
 pub mod producer;
 
 pub use admin::{Admin, ConfigEntry, NewTopic, OffsetSpec};
+pub use audit::AuditHook;
 pub use cluster::{ClientConfig, Metadata, PartitionMetadata, TopicMetadata};
 pub use consumer::{Consumer, ConsumerConfig, ConsumerRecord, OffsetReset, SeekTo};
 pub use error::{Error, ResponseError, Result};

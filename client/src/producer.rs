@@ -47,6 +47,7 @@ use tokio::sync::{Notify, Semaphore};
 pub use batch::{DeliveryFuture, RecordMetadata};
 
 use self::batch::{split_batch, Completion, Outcome};
+use crate::audit::AuditHook;
 use crate::cluster::{ClientConfig, Cluster};
 use crate::connection::Connection;
 use crate::error::{Error, ResponseError, Result};
@@ -119,6 +120,9 @@ pub struct ProducerConfig {
     /// `max_in_flight` conflict with it (acks other than all, no retries, more than 5
     /// in flight), in which case it is off; `Some(true)` with a conflict is an error.
     pub enable_idempotence: Option<bool>,
+    /// Opt-in audit: told about every record once it is acknowledged (see
+    /// [`crate::audit`]); `None` costs nothing.
+    pub audit: Option<Arc<dyn AuditHook>>,
 }
 
 impl Default for ProducerConfig {
@@ -136,6 +140,7 @@ impl Default for ProducerConfig {
             max_block: Duration::from_secs(60),
             max_request_size: 1024 * 1024,
             enable_idempotence: None,
+            audit: None,
         }
     }
 }
@@ -368,6 +373,8 @@ struct OpenBatch {
     created: Instant,
     completion: Arc<Completion>,
     memory: usize,
+    /// With an audit hook, each record's creation time as the hook gave it.
+    audit: Vec<i64>,
 }
 
 /// A closed batch, waiting to be sent or retried.
@@ -383,6 +390,9 @@ pub(crate) struct ReadyBatch {
     retry_at: Option<Instant>,
     /// Idempotence: id, epoch and sequence, from the first time it was sent.
     stamp: Option<Stamp>,
+    /// With an audit hook, each record's creation time (empty for the parts of a split
+    /// batch: the original batch reports its records when the parts are done).
+    audit: Vec<i64>,
 }
 
 impl Producer {
@@ -476,11 +486,15 @@ impl Producer {
                 created: Instant::now(),
                 completion: Arc::new(Completion::default()),
                 memory: 0,
+                audit: Vec::new(),
             }
         });
         let index = open.builder.len() as i32;
         open.builder.append(timestamp, record.key.as_deref(), record.value.as_deref(), &headers);
         open.memory += size;
+        if let Some(audit) = &inner.config.audit {
+            open.audit.push(audit.created_ms(&record, timestamp));
+        }
         let future = DeliveryFuture::new(open.completion.clone(), partition, index);
         if open.builder.size() >= inner.config.batch_size {
             let open = queue.open.take().expect("just appended");
@@ -576,6 +590,7 @@ impl OpenBatch {
             attempts: 0,
             retry_at: None,
             stamp: None,
+            audit: self.audit,
         })
     }
 }
@@ -616,6 +631,16 @@ impl Inner {
     fn complete(&self, batch: &ReadyBatch, outcome: Outcome) {
         let succeeded = !matches!(outcome, Outcome::Failed(_));
         let outcome_kind = if matches!(outcome, Outcome::PerRecord(_)) { OutcomeKind::Split } else { OutcomeKind::Whole };
+        if let Some(audit) = self.config.audit.as_ref().filter(|_| !batch.audit.is_empty()) {
+            match &outcome {
+                Outcome::Sent { .. } => audit.acknowledged(&batch.topic, &batch.audit),
+                Outcome::PerRecord(results) => {
+                    let acked: Vec<i64> = batch.audit.iter().zip(results).filter(|(_, r)| r.is_ok()).map(|(c, _)| *c).collect();
+                    audit.acknowledged(&batch.topic, &acked);
+                }
+                Outcome::Failed(_) => {}
+            }
+        }
         batch.completion.complete(outcome);
         self.memory.add_permits(batch.memory);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -1118,6 +1143,7 @@ fn split_and_resend(inner: &Arc<Inner>, batch: ReadyBatch) {
                 attempts: batch.attempts,
                 retry_at: None,
                 stamp: None,
+                audit: Vec::new(),
             };
             // The parts take the original batch's sequence numbers, one each.
             if let Some(stamp) = batch.stamp {

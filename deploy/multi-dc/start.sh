@@ -72,14 +72,18 @@ CFG
     zk_connect="127.0.0.1:$zk_port"
 fi
 
-broker() { # name, id, address
+broker() { # name, id, address, audit tier
     local zk=()
     [ -n "$zk_connect" ] && zk=(--zookeeper "$zk_connect/fjord-$1")
-    start "$1" "$fjord" broker --id "$2" --listen "$3" --data-dir "$dir/$1" "${zk[@]}"
+    # The audit's broker tier: each broker counts what it appends as leader. The report
+    # adds a tier up over clusters, so the analytics brokers (which append the mirrored
+    # copies) count under a tier of their own.
+    start "$1" env FJORD_AUDIT_ENABLE=true FJORD_AUDIT_CLUSTER="$1" FJORD_AUDIT_TIER="$4" \
+        "$fjord" broker --id "$2" --listen "$3" --data-dir "$dir/$1" "${zk[@]}"
 }
-broker dc1 1 "$dc1"
-broker dc2 1 "$dc2"
-broker analytics 1 "$analytics"
+broker dc1 1 "$dc1" broker
+broker dc2 1 "$dc2" broker
+broker analytics 1 "$analytics" analytics-broker
 for b in "$dc1" "$dc2" "$analytics"; do
     wait_for "the broker on $b" "$fjord" topics --bootstrap "$b" list
 done

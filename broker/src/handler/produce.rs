@@ -53,8 +53,13 @@ impl Broker {
                     (Ok(_), None) => Err(error_code::CORRUPT_MESSAGE),
                     (Ok(partition), Some(records)) => {
                         let min_isr = partition.log.config().min_insync_replicas as usize;
+                        // A second handle on the bytes (no copy) for the audit count.
+                        let audited = self.audit.as_ref().map(|audit| (audit, records.clone()));
                         match append(&partition, records, acks_all, min_isr).await {
                             Ok((info, leader_epoch, log_start)) => {
+                                if let Some((audit, records)) = audited.filter(|_| !info.duplicate) {
+                                    audit.count_appended(&name, &records);
+                                }
                                 if acks_all {
                                     awaiting.push(AwaitingReplication {
                                         topic: responses.len(),

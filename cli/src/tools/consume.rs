@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use fjord_client::{Consumer, ConsumerConfig, ConsumerRecord, OffsetReset, SeekTo, TopicPartition};
 
-use super::ConnectArgs;
+use super::{AuditFlag, ConnectArgs};
 
 #[derive(Args, Debug)]
 pub(crate) struct ConsumeArgs {
@@ -28,6 +28,8 @@ pub(crate) struct ConsumeArgs {
     /// Output: the value per line, or one JSON object per record.
     #[arg(long, value_enum, default_value_t = Format::Plain)]
     format: Format,
+    #[command(flatten)]
+    audit: AuditFlag,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,8 +39,13 @@ enum Format {
 }
 
 pub(crate) async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
-    let config =
-        ConsumerConfig { client: args.connect.client(), auto_offset_reset: OffsetReset::Latest, ..ConsumerConfig::default() };
+    let audit = args.audit.start("consumer", &args.connect.client());
+    let config = ConsumerConfig {
+        client: args.connect.client(),
+        auto_offset_reset: OffsetReset::Latest,
+        audit: audit.as_ref().map(|a| a.hook()),
+        ..ConsumerConfig::default()
+    };
     let mut consumer = Consumer::connect(config).await?;
     match args.partition {
         Some(p) => consumer.assign([TopicPartition::new(&args.topic, p)]).await?,
@@ -50,7 +57,11 @@ pub(crate) async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     let mut seen = 0u64;
     let stdout = std::io::stdout();
     while args.max_messages.is_none_or(|max| seen < max) {
-        let records = consumer.poll(std::time::Duration::from_secs(1)).await?;
+        // Ctrl-C ends the loop normally, so the audit tier publishes its last counts.
+        let records = tokio::select! {
+            records = consumer.poll(std::time::Duration::from_secs(1)) => records?,
+            _ = tokio::signal::ctrl_c(), if audit.is_some() => break,
+        };
         let mut out = stdout.lock();
         for r in records {
             if args.max_messages.is_some_and(|max| seen >= max) {
@@ -66,6 +77,9 @@ pub(crate) async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             seen += 1;
         }
         out.flush().context("writing stdout")?;
+    }
+    if let Some(audit) = audit {
+        audit.finish().await?;
     }
     Ok(())
 }

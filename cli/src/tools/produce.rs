@@ -8,7 +8,7 @@ use clap::Args;
 use fjord_client::{Acks, Compression, DeliveryFuture, Producer, ProducerConfig, ProducerRecord};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use super::{parse_acks, parse_compression, parse_key_value, ConnectArgs};
+use super::{parse_acks, parse_compression, parse_key_value, AuditFlag, ConnectArgs};
 
 /// Deliveries checked at a time; bounds memory for endless input.
 const OUTSTANDING: usize = 10_000;
@@ -35,11 +35,19 @@ pub(crate) struct ProduceArgs {
     /// none, gzip, snappy, lz4 or zstd.
     #[arg(long, default_value = "none", value_parser = parse_compression)]
     compression: Compression,
+    #[command(flatten)]
+    audit: AuditFlag,
 }
 
 pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
-    let config =
-        ProducerConfig { client: args.connect.client(), acks: args.acks, compression: args.compression, ..ProducerConfig::default() };
+    let audit = args.audit.start("producer", &args.connect.client());
+    let config = ProducerConfig {
+        client: args.connect.client(),
+        acks: args.acks,
+        compression: args.compression,
+        audit: audit.as_ref().map(|a| a.hook()),
+        ..ProducerConfig::default()
+    };
     let producer = Producer::connect(config).await?;
     let headers: Vec<(String, Option<Bytes>)> =
         args.headers.iter().map(|(k, v)| (k.clone(), Some(Bytes::from(v.clone())))).collect();
@@ -72,5 +80,8 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
         f.await.with_context(|| format!("line {n} not delivered"))?;
     }
     producer.close().await;
+    if let Some(audit) = audit {
+        audit.finish().await?;
+    }
     Ok(())
 }
