@@ -20,7 +20,7 @@ use std::sync::Arc;
 use fjord_audit::record::{audited_topic, window_start};
 use fjord_audit::{counter::tally, AuditCounter, CREATED_HEADER};
 use fjord_record::compression::records_body;
-use fjord_record::varint::{get_varint, get_varlong};
+use fjord_record::varint::get_varlong;
 use fjord_record::{BatchHeader, TimestampType, BATCH_OVERHEAD};
 
 use crate::config::AuditConfig;
@@ -123,42 +123,74 @@ fn count_batch(header: &BatchHeader, batch: &[u8], window_ms: i64, windows: &mut
 /// Reads the record at `*at` of an uncompressed records section: its timestamp delta
 /// and its `fjord.created_ms` header value when it has one that parses (the first header
 /// of that name decides, as in `fjord_audit::record::created_ms`). Moves `*at` past it.
+///
+/// The walk of the append path's framing check (`fjord_record`'s `check_framing`): one-
+/// and two-byte varints without a loop, keys and values skipped by their lengths. With
+/// `get_varint` calls instead it cost 2.7 times that check (perf, bench produce).
+#[inline]
 fn next_record(body: &[u8], at: &mut usize) -> Option<(i64, Option<i64>)> {
-    fn varint(buf: &[u8], p: &mut usize) -> Option<i32> {
-        let (v, n) = get_varint(buf.get(*p..)?)?;
-        *p += n;
-        Some(v)
-    }
-    fn bytes<'a>(buf: &'a [u8], p: &mut usize) -> Option<Option<&'a [u8]>> {
-        let len = varint(buf, p)?;
-        if len < 0 {
-            return Some(None);
-        }
-        let end = p.checked_add(len as usize)?;
-        let b = buf.get(*p..end)?;
-        *p = end;
-        Some(Some(b))
-    }
     let mut p = *at;
-    let len = usize::try_from(varint(body, &mut p)?).ok()?;
-    let record = body.get(p..p.checked_add(len)?)?;
-    *at = p + len;
-    let mut p = 1; // attributes
-    let (delta, n) = get_varlong(record.get(p..)?)?;
-    p += n;
-    varint(record, &mut p)?; // offset delta
-    bytes(record, &mut p)?; // key
-    bytes(record, &mut p)?; // value
-    let headers = varint(record, &mut p)?;
+    let len = usize::try_from(varlong_at(body, &mut p)?).ok()?;
+    let end = p.checked_add(len).filter(|&end| end <= body.len())?;
+    let record = &body[..end];
+    *at = end;
+    p += 1; // attributes
+    let delta = varlong_at(record, &mut p)?;
+    varlong_at(record, &mut p)?; // offset delta
+    skip_bytes(record, &mut p)?; // key
+    skip_bytes(record, &mut p)?; // value
+    let headers = varlong_at(record, &mut p)?;
     for _ in 0..headers {
-        let key = bytes(record, &mut p)?;
-        let value = bytes(record, &mut p)?;
+        let key = bytes_at(record, &mut p)?;
+        let value = bytes_at(record, &mut p)?;
         if key == Some(CREATED_HEADER.as_bytes()) {
             let created = value.and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok());
             return Some((delta, created));
         }
     }
     Some((delta, None))
+}
+
+/// The zig-zag varlong at `*at`, moving `*at` past it.
+#[inline(always)]
+fn varlong_at(buf: &[u8], at: &mut usize) -> Option<i64> {
+    let first = *buf.get(*at)?;
+    if first < 0x80 {
+        *at += 1;
+        return Some(i64::from(first >> 1) ^ -i64::from(first & 1));
+    }
+    if let Some(&second) = buf.get(*at + 1) {
+        if second < 0x80 {
+            *at += 2;
+            let raw = i64::from(first & 0x7f) | i64::from(second) << 7;
+            return Some((raw >> 1) ^ -(raw & 1));
+        }
+    }
+    let (value, n) = get_varlong(buf.get(*at..)?)?;
+    *at += n;
+    Some(value)
+}
+
+/// Skips a length-prefixed byte string (-1 = null) at `*at`.
+#[inline(always)]
+fn skip_bytes(buf: &[u8], at: &mut usize) -> Option<()> {
+    let len = varlong_at(buf, at)?;
+    if len >= 0 {
+        *at = at.checked_add(usize::try_from(len).ok()?).filter(|&end| end <= buf.len())?;
+    }
+    Some(())
+}
+
+/// A length-prefixed byte string at `*at` (`None` inside for a null).
+fn bytes_at<'a>(buf: &'a [u8], at: &mut usize) -> Option<Option<&'a [u8]>> {
+    let len = varlong_at(buf, at)?;
+    if len < 0 {
+        return Some(None);
+    }
+    let end = at.checked_add(usize::try_from(len).ok()?)?;
+    let b = buf.get(*at..end)?;
+    *at = end;
+    Some(Some(b))
 }
 
 #[cfg(test)]
@@ -194,13 +226,15 @@ mod tests {
             b.append(12_000, None, Some(b"c"), &[(CREATED_HEADER, Some(b"nope"))]);
             b.append(12_000, None, Some(b"d"), &[(CREATED_HEADER, None), ("y", None)]);
             b.append(9_999, None, Some(b"e"), &[("y", None), (CREATED_HEADER, Some(b"-1"))]);
+            // Lengths beyond two varint bytes take the general path.
+            b.append(12_000, None, Some(&[7u8; 20_000]), &[(CREATED_HEADER, Some(b"26000"))]);
             all.extend_from_slice(&b.build_compressed(codec).unwrap());
         }
         let mut got = Vec::new();
         count_batches(&all, 5_000, &mut got);
         got.sort();
         assert_eq!(got, reference(&all, 5_000));
-        assert_eq!(got, [(-5_000, 3), (0, 3), (5_000, 3), (10_000, 6), (20_000, 3)]);
+        assert_eq!(got, [(-5_000, 3), (0, 3), (5_000, 3), (10_000, 6), (20_000, 3), (25_000, 3)]);
     }
 
     #[test]

@@ -140,9 +140,10 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
     // The audit publisher talks to this broker like any client (the accept loop below
     // serves it); it stops with `stop` at the latest.
     let audit_stop = stop.child_token();
+    let audit_client = fjord_client::ClientConfig::new(&format!("{}:{}", broker.host, broker.port));
     let audit_publisher = broker.audit.as_ref().map(|audit| {
-        let client = fjord_client::ClientConfig::new(&format!("{}:{}", broker.host, broker.port));
-        audit.counter.clone().spawn_publisher(client, broker.config.audit.interval, audit_stop.clone())
+        let publisher = audit.counter.clone().spawn_publisher(audit_client.clone(), broker.config.audit.interval, audit_stop.clone());
+        (audit.counter.clone(), publisher)
     });
     {
         let (store, view, replicas, shutdown, stop) =
@@ -153,6 +154,11 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
                 () = stop.cancelled() => return,
             }
             if controlled {
+                // The counts so far go out while this broker may still lead `_audit`: the
+                // last broker of a cluster takes it offline when it hands over.
+                if let Some((counter, _)) = &audit_publisher {
+                    flush_audit_before_handover(counter, &audit_client).await;
+                }
                 // A leaving broker follows nobody (as Kafka's controller stops its
                 // replicas): were it to keep fetching, the new leaders would take it back
                 // into their ISRs just before it exits, and acks=all would then wait
@@ -161,9 +167,10 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
                 controlled_shutdown(&*store, &view, handover).await;
             }
             // The last audit counts go out while connections are still served; in cluster
-            // mode after leadership moved away, so no append is counted after the flush.
+            // mode after leadership moved away, so no append is counted after the flush
+            // (usually nothing is left by then, and nothing is sent).
             audit_stop.cancel();
-            if let Some(publisher) = audit_publisher {
+            if let Some((_, publisher)) = audit_publisher {
                 flush_audit(publisher).await;
             }
             stop.cancel();
@@ -219,6 +226,25 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
 }
 
 /// Deletes `/brokers/ids/<id>` (a missing node is fine).
+/// Publishes the audit counts so far over a producer of its own (bounded), before a
+/// controlled shutdown. Safe next to the periodic publisher: a record both of them send
+/// has one id, which the report counts once.
+async fn flush_audit_before_handover(counter: &fjord_audit::AuditCounter, client: &fjord_client::ClientConfig) {
+    let flush = async {
+        let producer = fjord_client::Producer::connect(fjord_client::ProducerConfig { client: client.clone(), ..Default::default() })
+            .await
+            .map_err(fjord_audit::Error::from)?;
+        let published = counter.publish(&producer).await;
+        producer.close().await;
+        published
+    };
+    match tokio::time::timeout(AUDIT_FLUSH_WAIT, flush).await {
+        Ok(Ok(records)) => tracing::info!(records, "audit: broker counts published before the handover"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "audit: publishing before the handover failed; retried after it"),
+        Err(_) => tracing::warn!(wait = ?AUDIT_FLUSH_WAIT, "audit: publishing before the handover did not finish; retried after it"),
+    }
+}
+
 /// Waits (bounded) for the audit publisher's final flush at shutdown.
 async fn flush_audit(publisher: tokio::task::JoinHandle<fjord_audit::Result<()>>) {
     match tokio::time::timeout(AUDIT_FLUSH_WAIT, publisher).await {

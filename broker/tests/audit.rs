@@ -2,7 +2,8 @@
 //! ZooKeeper: the leader counts what it appends for producers, once per record, whatever
 //! the number of replicas; a retry the idempotent-producer check drops as a duplicate is
 //! not counted; and the counts reach `_audit` at a graceful shutdown (the periodic
-//! publish is an hour away, so the shutdown flush is the only way they can get there).
+//! publish is an hour away, so the shutdown flushes are the only way they can get there):
+//! in a cluster before the broker hands its leaderships over, standalone at the end.
 
 mod common;
 
@@ -108,6 +109,7 @@ async fn leader_counts_each_append_once_and_flushes_at_graceful_shutdown() {
 
     // Nothing has been published yet (the interval is an hour): stop the follower, then the
     // leader; each flushes at its shutdown. Then bring the leader back to read `_audit`.
+    cluster.wait_fully_replicated(AUDIT_TOPIC, Duration::from_secs(20)).await.unwrap();
     let before = audit_records(&cluster.bootstrap()).await;
     assert!(before.iter().all(|r| r.tier != BROKER_TIER), "published before the shutdown: {before:?}");
     cluster.stop(follower).await.unwrap();
@@ -124,4 +126,29 @@ async fn leader_counts_each_append_once_and_flushes_at_graceful_shutdown() {
     let hosts: BTreeSet<&str> = records.iter().map(|r| r.host.as_str()).collect();
     let leader_host = format!("{leader}/{}", cluster.addr(leader));
     assert_eq!(hosts, BTreeSet::from([leader_host.as_str()]), "only the leader counts; the follower's replica fetches do not");
+}
+
+/// A standalone broker (no handover) publishes its counts with the publisher's final
+/// flush at a graceful shutdown; after a restart on the same data they are in `_audit`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_broker_flushes_its_counts_at_graceful_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let configure = |c: &mut fjord_broker::BrokerConfig| {
+        c.audit = fjord_broker::AuditConfig { enable: true, interval: Duration::from_secs(3600), window: Duration::from_millis(WINDOW_MS as u64), ..Default::default() };
+    };
+    let broker = common::TestBroker::start_in(dir.path().join("data"), configure).await.unwrap();
+    let client = ClientConfig::new(&broker.bootstrap());
+    let producer = Producer::connect(ProducerConfig { client, ..ProducerConfig::default() }).await.unwrap();
+    for i in 0..30i64 {
+        let record = ProducerRecord::new("events", Bytes::from(format!("e{i}"))).timestamp(3 * WINDOW_MS);
+        producer.send(record).await.unwrap().await.unwrap();
+    }
+    producer.close().await;
+    broker.stop().await.unwrap();
+
+    let broker = common::TestBroker::start_in(dir.path().join("data"), configure).await.unwrap();
+    let records: Vec<AuditRecord> = audit_records(&broker.bootstrap()).await.into_iter().filter(|r| r.tier == BROKER_TIER).collect();
+    let counted: Vec<_> = records.iter().map(|r| (r.topic.as_str(), r.window_start_ms, r.count)).collect();
+    assert_eq!(counted, [("events", 3 * WINDOW_MS, 30)]);
+    broker.stop().await.unwrap();
 }
