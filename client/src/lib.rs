@@ -20,9 +20,10 @@
 //! - [`group`]: the group consumer (join/sync/heartbeat, committed offsets, rebalances).
 //!
 //! # Guarantees
-//! Records of one partition are acknowledged in the order they were sent, except after a
-//! retry with `max.in.flight > 1` (the idempotent producer, which would rule that out, is
-//! not implemented yet). Every `send` ends: success, or a typed error, within
+//! Records of one partition are stored and acknowledged in the order they were sent, each
+//! once, with the idempotent producer (`enable.idempotence`, on by default) and up to 5
+//! requests in flight; without idempotence a retry with `max.in.flight > 1` may reorder
+//! or duplicate. Every `send` ends: success, or a typed error, within
 //! `delivery.timeout.ms`.
 
 pub mod admin;
