@@ -6,6 +6,7 @@ mod common;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{free_port, start_broker, wait_until_listening};
 
