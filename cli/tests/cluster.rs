@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fjord_client::{
@@ -25,10 +25,11 @@ use tokio::process::ChildStdout;
 /// follower catching up).
 const REACT: Duration = Duration::from_secs(30);
 
-/// One cluster test at a time in this binary.
-fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// One cluster test at a time in this binary. An async lock, since it is held across every
+/// await of a test; a test that panics releases it as it unwinds.
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
 }
 
 /// Three broker processes: replication factor 3 and `min.insync.replicas` 2 by default.
@@ -125,7 +126,7 @@ async fn wait_identical_replicas(cluster: &Cluster, topic: &str, partition: i32)
 async fn acks_all_survives_kill_9_of_leaders_and_replicas_converge() {
     const MESSAGES: usize = 200_000;
     const PARTITIONS: i32 = 6;
-    let _serial = serial();
+    let _serial = serial().await;
     let mut cluster = start_cluster(&[]).await;
     create_topic(&cluster, "numbers", PARTITIONS, &[]).await;
 
@@ -208,7 +209,7 @@ async fn acks_all_survives_kill_9_of_leaders_and_replicas_converge() {
 /// appended. Once they return, everything acknowledged before is still there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_brokers_down_refuses_acks_all_and_loses_nothing() {
-    let _serial = serial();
+    let _serial = serial().await;
     let mut cluster = start_cluster(&[]).await;
     create_topic(&cluster, "few", 1, &[]).await;
     let producer = start_producer(&cluster, Acks::All, u32::MAX).await;
@@ -258,7 +259,7 @@ async fn two_brokers_down_refuses_acks_all_and_loses_nothing() {
 /// the old leader, back as a follower, must drop its own and take the new leader's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_returning_leader_truncates_what_the_new_leader_never_had() {
-    let _serial = serial();
+    let _serial = serial().await;
     // 6 s sessions: the paused followers must keep theirs (ZooKeeper pings stop too).
     let mut cluster = start_cluster(&[("zookeeper.session.timeout.ms", "6000")]).await;
     create_topic(&cluster, "diverge", 1, &[]).await;
@@ -339,7 +340,7 @@ async fn read_lines(lines: &mut Lines<BufReader<ChildStdout>>, seen: &mut Vec<St
 /// metadata shows the new leader and it keeps consuming without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kcat_follows_a_leader_change_and_keeps_consuming() {
-    let _serial = serial();
+    let _serial = serial().await;
     let mut cluster = start_cluster(&[]).await;
     create_topic(&cluster, "watched", 1, &[]).await;
     let bootstrap = cluster.bootstrap();
@@ -382,7 +383,7 @@ async fn kcat_follows_a_leader_change_and_keeps_consuming() {
 /// controller epoch), moves the dead broker's leaderships, and creates topics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_controller_takes_over_and_creates_topics() {
-    let _serial = serial();
+    let _serial = serial().await;
     let mut cluster = start_cluster(&[]).await;
     create_topic(&cluster, "spread", 3, &[]).await;
     let controller = cluster.wait_for_controller(&[], REACT).await.unwrap();

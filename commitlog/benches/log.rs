@@ -148,7 +148,7 @@ fn append(dir: &Path, batch: &[u8], records: usize, total: u64) -> (Cost, u64, u
         log.append(&mut buf, 0).unwrap();
         written += buf.len() as u64;
         appends += 1;
-        if appends % 4096 == 0 {
+        if appends.is_multiple_of(4096) {
             log.apply_retention(0).unwrap();
         }
     }
@@ -294,7 +294,7 @@ fn criterion_benches(c: &mut Criterion, dir: &Path) {
             b.iter(|| {
                 log.append(&mut buf, 0).unwrap();
                 n += 1;
-                if n % 4096 == 0 {
+                if n.is_multiple_of(4096) {
                     log.apply_retention(0).unwrap();
                 }
             })

@@ -158,7 +158,7 @@ pub(crate) fn encode<E: IndexEntry>(entries: &[E]) -> Vec<u8> {
 /// Decodes a whole index file's bytes; `None` when the length is not a whole number
 /// of entries (a torn write), which makes the caller rebuild the index.
 pub(crate) fn decode<E: IndexEntry>(bytes: &[u8]) -> Option<Vec<E>> {
-    if bytes.len() % E::SIZE != 0 {
+    if !bytes.len().is_multiple_of(E::SIZE) {
         return None;
     }
     Some(bytes.chunks_exact(E::SIZE).map(E::decode).collect())

@@ -476,7 +476,7 @@ fn appends_and_reads_run_while_the_cleaner_swaps_segments() {
                 log.append(&mut keyed_batch(&recs, 1_000, Compression::None), 0).unwrap();
                 log.set_high_watermark(log.log_end_offset());
                 i += 1;
-                if i % 10 == 0 {
+                if i.is_multiple_of(10) {
                     std::thread::sleep(Duration::from_millis(3));
                 }
             }
