@@ -435,27 +435,44 @@ impl Producer {
 
     /// Appends a record whose `size` bytes of buffer memory are reserved.
     async fn append(&self, record: ProducerRecord, size: usize) -> Result<DeliveryFuture> {
+        let timestamp = record.timestamp.unwrap_or_else(now_ms);
+        let version = self.inner.cluster.metadata_version();
+        let mut record = record;
+        let mut known = None;
+        loop {
+            match self.append_locked(record, size, timestamp, version, known)? {
+                Ok(future) => return Ok(future),
+                Err(back) => {
+                    known = Some(self.inner.partition_count(&back.topic).await?);
+                    record = back;
+                }
+            }
+        }
+    }
+
+    /// The append itself, under one lock. The partition count comes from the topic's
+    /// cache, valid while the metadata stays at `version`, else from `known`; with
+    /// neither, the record comes back (`Err`) for the caller to fetch the metadata. One
+    /// lock per send: the sender thread takes it too, and a second one showed in profiles.
+    fn append_locked(
+        &self,
+        record: ProducerRecord,
+        size: usize,
+        timestamp: i64,
+        version: u64,
+        known: Option<i32>,
+    ) -> Result<std::result::Result<DeliveryFuture, ProducerRecord>> {
         let inner = &self.inner;
-        // Hot path: the partition count cached with the topic's batches, valid until the
-        // metadata changes (no clock read, no metadata lock, one hash per send).
-        let version = inner.cluster.metadata_version();
-        let cached = {
-            let state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
-            state.topics.get(record.topic.as_str()).filter(|t| t.metadata_version == version).map(|t| t.partition_count)
-        };
-        let partitions = match cached {
-            Some(n) => n,
-            None => inner.partition_count(&record.topic).await?,
+        let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        let cached = state.topics.get(record.topic.as_str()).filter(|t| t.metadata_version == version).map(|t| t.partition_count);
+        let Some(partitions) = cached.or(known) else {
+            return Ok(Err(record));
         };
         if let Some(p) = record.partition {
             if !(0..partitions).contains(&p) {
                 return Err(Error::UnknownPartition { topic: record.topic, partition: p });
             }
         }
-        let timestamp = record.timestamp.unwrap_or_else(now_ms);
-        let headers: Vec<(&str, Option<&[u8]>)> = record.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
-
-        let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.closing {
             return Err(Error::ProducerClosed);
         }
@@ -490,7 +507,7 @@ impl Producer {
             }
         });
         let index = open.builder.len() as i32;
-        open.builder.append(timestamp, record.key.as_deref(), record.value.as_deref(), &headers);
+        open.builder.append_with_headers(timestamp, record.key.as_deref(), record.value.as_deref(), &record.headers);
         open.memory += size;
         if let Some(audit) = &inner.config.audit {
             open.audit.push(audit.created_ms(&record, timestamp));
@@ -510,7 +527,7 @@ impl Producer {
         if woke {
             inner.wake_sender.notify_one();
         }
-        Ok(future)
+        Ok(Ok(future))
     }
 
     /// Sends everything buffered now (ignoring `linger.ms`) and waits until every batch

@@ -53,6 +53,19 @@ impl BatchBuilder {
 
     /// Appends a record; `headers` are `(key, value)` pairs.
     pub fn append(&mut self, timestamp: i64, key: Option<&[u8]>, value: Option<&[u8]>, headers: &[(&str, Option<&[u8]>)]) {
+        self.append_with_headers(timestamp, key, value, headers)
+    }
+
+    /// [`BatchBuilder::append`] with headers of any string and byte types, such as a
+    /// producer record's own `(String, Option<Bytes>)` pairs: no borrowed copy of the
+    /// header list is built per record.
+    pub fn append_with_headers<K: AsRef<str>, V: AsRef<[u8]>>(
+        &mut self,
+        timestamp: i64,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: &[(K, Option<V>)],
+    ) {
         let timestamp_delta = timestamp - self.base_timestamp;
         let offset_delta = self.count;
         let nullable_len = |b: Option<&[u8]>| b.map_or(1, |b| varlong_len(b.len() as i64) + b.len());
@@ -63,7 +76,8 @@ impl BatchBuilder {
             + nullable_len(value)
             + varlong_len(headers.len() as i64);
         for (k, v) in headers {
-            body_len += varlong_len(k.len() as i64) + k.len() + nullable_len(*v);
+            let k = k.as_ref();
+            body_len += varlong_len(k.len() as i64) + k.len() + nullable_len(v.as_ref().map(AsRef::as_ref));
         }
         let buf = &mut self.buf;
         put_varint(buf, body_len as i32);
@@ -74,8 +88,8 @@ impl BatchBuilder {
         put_nullable(buf, value);
         put_varint(buf, headers.len() as i32);
         for (k, v) in headers {
-            put_nullable(buf, Some(k.as_bytes()));
-            put_nullable(buf, *v);
+            put_nullable(buf, Some(k.as_ref().as_bytes()));
+            put_nullable(buf, v.as_ref().map(AsRef::as_ref));
         }
         self.max_timestamp = self.max_timestamp.max(timestamp);
         self.count += 1;
