@@ -74,16 +74,32 @@ impl Gateway {
     }
 
     /// Adds `fjord.host` and `fjord.created_ms` where missing, and a timestamp equal to
-    /// the creation time where the caller gave none.
-    fn stamp(&self, e: &mut Event, now: i64) {
+    /// the creation time where the caller gave none. Returns the event's creation time as
+    /// the audit counts it. `created` keeps the last creation time's header value: the
+    /// events of a request mostly share one, and formatting it per event showed in profiles.
+    fn stamp(&self, e: &mut Event, now: i64, created: &mut Option<(i64, Bytes)>) -> i64 {
         let ts = *e.timestamp_ms.get_or_insert(now);
-        if !e.headers.iter().any(|(k, _)| k == HOST_HEADER) {
-            e.headers
-                .push((HOST_HEADER.into(), Some(self.host.clone())));
+        let (mut has_host, mut given) = (false, None);
+        for (k, v) in &e.headers {
+            if k == HOST_HEADER {
+                has_host = true;
+            } else if k == CREATED_HEADER && given.is_none() {
+                given = Some(fjord_audit::record::created_ms([(CREATED_HEADER, v.as_deref())], ts));
+            }
         }
-        if !e.headers.iter().any(|(k, _)| k == CREATED_HEADER) {
-            e.headers
-                .push((CREATED_HEADER.into(), Some(Bytes::from(ts.to_string()))));
+        if !has_host {
+            e.headers.push((HOST_HEADER.into(), Some(self.host.clone())));
+        }
+        match given {
+            Some(created_ms) => created_ms,
+            None => {
+                let value = match created {
+                    Some((at, value)) if *at == ts => value.clone(),
+                    _ => created.insert((ts, Bytes::from(ts.to_string()))).1.clone(),
+                };
+                e.headers.push((CREATED_HEADER.into(), Some(value)));
+                ts
+            }
         }
     }
 
@@ -100,6 +116,8 @@ impl Gateway {
         check_topic_name(topic)?;
         let now = now_ms();
         let mut total = 0usize;
+        let mut last_created = None;
+        let mut created = Vec::with_capacity(if self.audit.is_some() { events.len() } else { 0 });
         for (i, e) in events.iter_mut().enumerate() {
             if let Some(p) = e.partition.filter(|p| *p < 0) {
                 return Err(Error::UnknownPartition {
@@ -107,7 +125,10 @@ impl Gateway {
                     partition: p,
                 });
             }
-            self.stamp(e, now);
+            let created_ms = self.stamp(e, now, &mut last_created);
+            if self.audit.is_some() {
+                created.push(created_ms);
+            }
             let size = e.encoded_size();
             if size > self.config.max_event_bytes {
                 return Err(Error::Unprocessable {
@@ -136,19 +157,25 @@ impl Gateway {
         let Some(audit) = &self.audit else {
             return self.backend.publish(topic, events, acks).await;
         };
-        // Count by creation time, and only what the brokers acknowledged.
-        let created: Vec<i64> = events
-            .iter()
-            .map(|e| {
-                let headers = e.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref()));
-                fjord_audit::record::created_ms(headers, e.timestamp_ms.unwrap_or(now))
-            })
-            .collect();
+        // Count by creation time, and only what the brokers acknowledged; a run of events
+        // created at the same time is counted at once (one lock and lookup, not one each).
         let results = self.backend.publish(topic, events, acks).await?;
+        let mut run: Option<(i64, u64)> = None;
         for (r, created) in results.iter().zip(created) {
-            if r.is_ok() {
-                audit.record(topic, created);
+            if r.is_err() {
+                continue;
             }
+            match &mut run {
+                Some((at, n)) if *at == created => *n += 1,
+                _ => {
+                    if let Some((at, n)) = run.replace((created, 1)) {
+                        audit.record_n(topic, at, n);
+                    }
+                }
+            }
+        }
+        if let Some((at, n)) = run {
+            audit.record_n(topic, at, n);
         }
         Ok(results)
     }
