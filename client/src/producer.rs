@@ -185,6 +185,12 @@ impl ProducerConfig {
     }
 }
 
+/// A send finding `buffer.memory` full waits for this fraction of it to be free
+/// (see `Inner::reserve`)...
+const REFILL_FRACTION: usize = 32;
+/// ...for at most this long, then for its own record's bytes only.
+const REFILL_WAIT: Duration = Duration::from_millis(50);
+
 /// The broker remembers the last 5 batches per producer and partition: a retry of an
 /// older one could not be recognised.
 const MAX_IN_FLIGHT_IDEMPOTENT: usize = 5;
@@ -633,7 +639,23 @@ impl Inner {
         if self.config.max_block.is_zero() {
             return Err(full());
         }
-        match tokio::time::timeout(self.config.max_block, self.memory.acquire_many(permits)).await {
+        // The buffer is full: wait until a refill is free rather than just this record's
+        // bytes, then hand back what is over. Waiting for one record woke the sending task
+        // for every completed batch (a futex wake and two context switches per batch at
+        // 50 records a batch), and it filled the buffer again at once. The wait for the
+        // refill is short, then only the record's bytes are waited for: a slow broker
+        // still lets a record through as soon as its bytes are free.
+        let refill = u32::try_from(self.config.buffer_memory / REFILL_FRACTION).unwrap_or(u32::MAX).max(permits);
+        if refill > permits {
+            let wait = REFILL_WAIT.min(self.config.max_block);
+            if let Ok(Ok(p)) = tokio::time::timeout(wait, self.memory.acquire_many(refill)).await {
+                p.forget();
+                self.memory.add_permits((refill - permits) as usize);
+                return Ok(());
+            }
+        }
+        let left = self.config.max_block.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, self.memory.acquire_many(permits)).await {
             Ok(Ok(p)) => {
                 p.forget();
                 Ok(())
