@@ -182,7 +182,12 @@ impl AuditCounter {
     /// Publishes every `interval` until `shutdown`, then once more (the flush at
     /// shutdown), over a producer of its own to the cluster of `client`. Creates `_audit`
     /// if missing. Publish failures are logged and retried on the next tick.
-    pub fn spawn_publisher(self: Arc<Self>, client: ClientConfig, interval: Duration, shutdown: CancellationToken) -> JoinHandle<Result<()>> {
+    pub fn spawn_publisher(
+        self: Arc<Self>,
+        client: ClientConfig,
+        interval: Duration,
+        shutdown: CancellationToken,
+    ) -> JoinHandle<Result<()>> {
         tokio::spawn(async move {
             let producer = Producer::connect(ProducerConfig { client: client.clone(), ..ProducerConfig::default() }).await?;
             if let Err(e) = ensure_audit_topic(&client).await {
@@ -322,7 +327,8 @@ mod tests {
     fn as_a_client_hook_it_counts_by_creation_header_else_timestamp() {
         use fjord_client::AuditHook;
         let c = AuditCounter::new("producer", "h1", "online").with_window(Duration::from_secs(60)).unwrap();
-        let stamped = ProducerRecord::new("a", Bytes::from_static(b"v")).header(crate::CREATED_HEADER, Some(Bytes::from_static(b"61000")));
+        let stamped =
+            ProducerRecord::new("a", Bytes::from_static(b"v")).header(crate::CREATED_HEADER, Some(Bytes::from_static(b"61000")));
         let plain = ProducerRecord::new("a", Bytes::from_static(b"v"));
         assert_eq!((c.created_ms(&stamped, 5), c.created_ms(&plain, 5)), (61_000, 5));
         c.acknowledged("a", &[61_000, 5, 7, 59_999]);

@@ -82,13 +82,21 @@ pub fn text(r: &Report) -> String {
             continue;
         }
         let _ = writeln!(out, "\ntopic {} (producing: {})", t.topic, t.producing.join(" + "));
-        let mut table = vec![std::iter::once("window (UTC)".to_string()).chain(t.tiers.iter().cloned()).chain(["verdict".into()]).collect::<Vec<_>>()];
+        let mut table = vec![std::iter::once("window (UTC)".to_string())
+            .chain(t.tiers.iter().cloned())
+            .chain(["verdict".into()])
+            .collect::<Vec<_>>()];
         for w in rows {
             let mut verdict = w.verdict.as_str().to_string();
             if !w.problems.is_empty() {
                 let _ = write!(verdict, " ({})", w.problems.join(", "));
             }
-            table.push(std::iter::once(w.window_start_utc.clone()).chain(t.tiers.iter().map(|tier| cell(w, tier))).chain([verdict]).collect());
+            table.push(
+                std::iter::once(w.window_start_utc.clone())
+                    .chain(t.tiers.iter().map(|tier| cell(w, tier)))
+                    .chain([verdict])
+                    .collect(),
+            );
         }
         let widths: Vec<usize> = (0..table[0].len()).map(|i| table.iter().map(|row| row[i].len()).max().unwrap_or(0)).collect();
         for row in table {
@@ -141,7 +149,13 @@ fn chart(topic: &str, tiers: &[String], rows: &[&WindowRow]) -> String {
     for (i, w) in rows.iter().enumerate() {
         // Label at most ~8 windows so the axis stays readable.
         if rows.len() <= 8 || i % rows.len().div_ceil(8) == 0 {
-            let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"middle\">{}</text>", x(i), H - B + 16.0, esc(&w.window_start_utc[11..16]));
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"middle\">{}</text>",
+                x(i),
+                H - B + 16.0,
+                esc(&w.window_start_utc[11..16])
+            );
         }
         if w.verdict != Verdict::Complete {
             let _ = writeln!(s, "<rect x=\"{:.1}\" y=\"{T}\" width=\"6\" height=\"{:.1}\" fill=\"{}\" opacity=\"0.8\"><title>{} {}</title></rect>", x(i) - 3.0, H - T - B, verdict_color(w.verdict), esc(&w.window_start_utc), w.verdict.as_str());
@@ -149,13 +163,29 @@ fn chart(topic: &str, tiers: &[String], rows: &[&WindowRow]) -> String {
     }
     for (k, tier) in tiers.iter().enumerate() {
         let color = COLORS[k % COLORS.len()];
-        let points: Vec<String> = rows.iter().enumerate().map(|(i, w)| format!("{:.1},{:.1}", x(i), y(w.counts.get(tier).copied().unwrap_or(0)))).collect();
+        let points: Vec<String> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, w)| format!("{:.1},{:.1}", x(i), y(w.counts.get(tier).copied().unwrap_or(0))))
+            .collect();
         // Later tiers are drawn dashed and thinner so agreeing lines stay visible on top of each other.
         let dash = if k == 0 { String::new() } else { format!(" stroke-dasharray=\"{} 3\"", 4 + 2 * k) };
-        let _ = writeln!(s, "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"{}\"{dash} points=\"{}\"/>", 3.0 - (k as f64 * 0.4).min(1.6), points.join(" "));
+        let _ = writeln!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"{}\"{dash} points=\"{}\"/>",
+            3.0 - (k as f64 * 0.4).min(1.6),
+            points.join(" ")
+        );
         for (i, w) in rows.iter().enumerate() {
             let n = w.counts.get(tier).copied().unwrap_or(0);
-            let _ = writeln!(s, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"><title>{} {}: {n}</title></circle>", x(i), y(n), esc(tier), esc(&w.window_start_utc));
+            let _ = writeln!(
+                s,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"><title>{} {}: {n}</title></circle>",
+                x(i),
+                y(n),
+                esc(tier),
+                esc(&w.window_start_utc)
+            );
         }
         let ly = T + 16.0 * k as f64 + 8.0;
         let _ = writeln!(s, "<line x1=\"{:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{color}\" stroke-width=\"3\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\">{}</text>", W - R + 10.0, W - R + 30.0, W - R + 36.0, ly + 4.0, esc(tier));
@@ -175,13 +205,26 @@ pub fn html(r: &Report) -> String {
     for line in header_lines(r) {
         let _ = writeln!(out, "<p class=\"header\">{}</p>", esc(&line));
     }
-    let _ = writeln!(out, "<p class=\"summary\">{} windows: {} complete, {} pending, {} loss, {} duplicates</p>", r.windows.len(), count(r, Verdict::Complete), count(r, Verdict::Pending), count(r, Verdict::Loss), count(r, Verdict::Duplicates));
+    let _ = writeln!(
+        out,
+        "<p class=\"summary\">{} windows: {} complete, {} pending, {} loss, {} duplicates</p>",
+        r.windows.len(),
+        count(r, Verdict::Complete),
+        count(r, Verdict::Pending),
+        count(r, Verdict::Loss),
+        count(r, Verdict::Duplicates)
+    );
     for t in &r.topics {
         let rows: Vec<&WindowRow> = r.windows.iter().filter(|w| w.topic == t.topic).collect();
         if rows.is_empty() {
             continue;
         }
-        let _ = writeln!(out, "<section class=\"topic\">\n<h2>{}</h2>\n<p>producing: {}</p>", esc(&t.topic), esc(&t.producing.join(" + ")));
+        let _ = writeln!(
+            out,
+            "<section class=\"topic\">\n<h2>{}</h2>\n<p>producing: {}</p>",
+            esc(&t.topic),
+            esc(&t.producing.join(" + "))
+        );
         out.push_str(&chart(&t.topic, &t.tiers, &rows));
         out.push_str("<table>\n<tr><th>window (UTC)</th>");
         for tier in &t.tiers {

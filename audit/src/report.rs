@@ -9,7 +9,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use fjord_client::{Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, Error as ClientError, OffsetReset, OffsetSpec, SeekTo, TopicPartition};
+use fjord_client::{
+    Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, Error as ClientError, OffsetReset, OffsetSpec, SeekTo,
+    TopicPartition,
+};
 use regex::Regex;
 use serde::Serialize;
 
@@ -211,7 +214,11 @@ pub async fn collect(config: &ReportConfig) -> Result<Report> {
     // before it: audit records are published after their window starts and events are
     // timestamped at creation, so only clock skew beyond that slack could hide a record.
     let from = config.since_ms.map(|s| s.saturating_sub(window_ms.max(3_600_000)));
-    match read_topic(&config.client, AUDIT_TOPIC, from, config.read_timeout, |r| collected.add_audit_value(r.value.as_deref(), window_ms, &mut seen)).await {
+    match read_topic(&config.client, AUDIT_TOPIC, from, config.read_timeout, |r| {
+        collected.add_audit_value(r.value.as_deref(), window_ms, &mut seen)
+    })
+    .await
+    {
         Err(Error::Client(ClientError::UnknownTopic(_))) => tracing::info!("no {AUDIT_TOPIC} topic yet"),
         other => other?,
     }
@@ -317,12 +324,20 @@ pub fn compare(config: &ReportConfig, collected: Collected, now: i64) -> Report 
 /// Reads every partition of `topic` from its log start (or the first record timestamped
 /// at or after `from`) to the high watermark as of the start of the read, calling `f` for
 /// each record.
-async fn read_topic(client: &ClientConfig, topic: &str, from: Option<i64>, timeout: Duration, mut f: impl FnMut(&ConsumerRecord)) -> Result<()> {
+async fn read_topic(
+    client: &ClientConfig,
+    topic: &str,
+    from: Option<i64>,
+    timeout: Duration,
+    mut f: impl FnMut(&ConsumerRecord),
+) -> Result<()> {
     let admin = Admin::connect(ClientConfig { allow_auto_create_topics: false, ..client.clone() }).await?;
     let meta = admin.describe_topic(topic).await?;
-    let specs: Vec<(String, i32, OffsetSpec)> = meta.partitions.iter().map(|p| (topic.to_owned(), p.partition, OffsetSpec::Latest)).collect();
+    let specs: Vec<(String, i32, OffsetSpec)> =
+        meta.partitions.iter().map(|p| (topic.to_owned(), p.partition, OffsetSpec::Latest)).collect();
     let ends = admin.list_offsets(&specs).await?;
-    let mut remaining: HashMap<i32, i64> = specs.iter().zip(ends).filter(|(_, end)| *end > 0).map(|((_, p, _), end)| (*p, end)).collect();
+    let mut remaining: HashMap<i32, i64> =
+        specs.iter().zip(ends).filter(|(_, end)| *end > 0).map(|((_, p, _), end)| (*p, end)).collect();
     if remaining.is_empty() {
         return Ok(());
     }
@@ -379,7 +394,11 @@ mod tests {
     }
 
     fn config() -> ReportConfig {
-        ReportConfig { window: Duration::from_secs(1), grace: Duration::from_secs(10), ..ReportConfig::new(ClientConfig::default()) }
+        ReportConfig {
+            window: Duration::from_secs(1),
+            grace: Duration::from_secs(10),
+            ..ReportConfig::new(ClientConfig::default())
+        }
     }
 
     #[test]
@@ -406,7 +425,8 @@ mod tests {
         c.add_audit_value(Some(&other), 1000, &mut seen);
         let r = compare(&config(), c, 100_000);
         assert_eq!((r.audit_records, r.replays_ignored, r.malformed_skipped, r.other_window_skipped), (7, 1, 2, 1));
-        let got: Vec<_> = r.windows.iter().map(|w| (w.window_start, w.verdict, w.differences["consumer"], w.problems.clone())).collect();
+        let got: Vec<_> =
+            r.windows.iter().map(|w| (w.window_start, w.verdict, w.differences["consumer"], w.problems.clone())).collect();
         assert_eq!(
             got,
             [

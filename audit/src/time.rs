@@ -67,7 +67,8 @@ pub fn format_utc(ms: i64) -> String {
 /// Parses a `--since` value relative to `now_ms`: `@MILLIS` since the epoch,
 /// `YYYY-MM-DDTHH:MM[:SS]Z`, or an age such as `90s`, `30m`, `6h`, `2d` (that long ago).
 pub fn parse_since(s: &str, now_ms: i64) -> Result<i64> {
-    let bad = || Error::InvalidConfig(format!("--since {s:?}: expected @MILLIS, YYYY-MM-DDTHH:MM[:SS]Z or an age like 30m, 6h, 2d"));
+    let bad =
+        || Error::InvalidConfig(format!("--since {s:?}: expected @MILLIS, YYYY-MM-DDTHH:MM[:SS]Z or an age like 30m, 6h, 2d"));
     let s = s.trim();
     if let Some(ms) = s.strip_prefix('@') {
         return ms.parse().map_err(|_| bad());

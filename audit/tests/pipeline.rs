@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use fjord_audit::record::window_start;
 use fjord_audit::{collect, render, AuditCounter, Format, Report, ReportConfig, Verdict, AUDIT_TOPIC};
-use fjord_client::{Admin, AuditHook, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord, SeekTo, TopicPartition};
+use fjord_client::{
+    Admin, AuditHook, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, NewTopic, OffsetReset, Producer, ProducerConfig,
+    ProducerRecord, SeekTo, TopicPartition,
+};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -39,15 +42,33 @@ fn broker_config(dir: &Path, listener: &TcpListener, partitions: i32, window: Du
         num_partitions: partitions,
         ..fjord_broker::BrokerConfig::default()
     };
-    config.audit = fjord_broker::AuditConfig { enable: true, interval: Duration::from_millis(200), window, cluster: "online".into(), ..Default::default() };
+    config.audit = fjord_broker::AuditConfig {
+        enable: true,
+        interval: Duration::from_millis(200),
+        window,
+        cluster: "online".into(),
+        ..Default::default()
+    };
     config
 }
 
 /// Reads every record of `topic` up to its current end, through a consumer with
 /// `audit` as its hook (when given).
-async fn read_all(client: &ClientConfig, topic: &str, partitions: i32, expect: usize, audit: Option<Arc<dyn AuditHook>>) -> Vec<ConsumerRecord> {
-    let mut consumer =
-        Consumer::connect(ConsumerConfig { client: client.clone(), auto_offset_reset: OffsetReset::Earliest, audit, ..ConsumerConfig::default() }).await.unwrap();
+async fn read_all(
+    client: &ClientConfig,
+    topic: &str,
+    partitions: i32,
+    expect: usize,
+    audit: Option<Arc<dyn AuditHook>>,
+) -> Vec<ConsumerRecord> {
+    let mut consumer = Consumer::connect(ConsumerConfig {
+        client: client.clone(),
+        auto_offset_reset: OffsetReset::Earliest,
+        audit,
+        ..ConsumerConfig::default()
+    })
+    .await
+    .unwrap();
     let tps: Vec<_> = (0..partitions).map(|p| TopicPartition::new(topic, p)).collect();
     consumer.assign(tps.clone()).await.unwrap();
     for tp in &tps {
@@ -117,7 +138,13 @@ async fn pipeline_is_complete_at_every_tier_and_a_replayed_audit_record_counts_o
 
     // A direct producer with the opt-in producer tier (its audit hook), also feeding "clicks".
     let producer_tier = Arc::new(AuditCounter::new("producer", "app-1", "online").with_window(WINDOW).unwrap());
-    let producer = Producer::connect(ProducerConfig { client: client.clone(), audit: Some(producer_tier.clone()), ..ProducerConfig::default() }).await.unwrap();
+    let producer = Producer::connect(ProducerConfig {
+        client: client.clone(),
+        audit: Some(producer_tier.clone()),
+        ..ProducerConfig::default()
+    })
+    .await
+    .unwrap();
     let producer_publisher = producer_tier.clone().spawn_publisher(client.clone(), Duration::from_millis(200), shutdown.clone());
 
     // Publish for ~3.5 windows: a batch every 250 ms over HTTP, and a few direct records.
@@ -129,13 +156,20 @@ async fn pipeline_is_complete_at_every_tier_and_a_replayed_audit_record_counts_o
         for (i, topic) in TOPICS.iter().enumerate() {
             let n = 10 + 3 * i + round % 4;
             let body: String = (0..n).map(|k| format!("{{\"round\":{round},\"k\":{k}}}\n")).collect();
-            let r = http_client.post(format!("http://{http_addr}/v1/events/{topic}")).header("content-type", "application/x-ndjson").body(body).send().await.unwrap();
+            let r = http_client
+                .post(format!("http://{http_addr}/v1/events/{topic}"))
+                .header("content-type", "application/x-ndjson")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
             assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
             *sent.entry(topic).or_default() += n;
         }
         for k in 0..3 {
             let created = now_ms();
-            let record = ProducerRecord::new("clicks", Bytes::from(format!("direct {round} {k}"))).header(fjord_audit::CREATED_HEADER, Some(Bytes::from(created.to_string())));
+            let record = ProducerRecord::new("clicks", Bytes::from(format!("direct {round} {k}")))
+                .header(fjord_audit::CREATED_HEADER, Some(Bytes::from(created.to_string())));
             producer.send(record).await.unwrap().await.unwrap();
             *sent.entry("clicks").or_default() += 1;
         }
@@ -150,13 +184,20 @@ async fn pipeline_is_complete_at_every_tier_and_a_replayed_audit_record_counts_o
     // 1. Gateway + producer tiers against the broker tier (the broker's own counts of its
     // appends): complete everywhere, once the broker's last publish is in.
     let cfg = report_config(&client);
-    let report = report_when(&cfg, "the broker tier never reached what was sent", |r| TOPICS.iter().all(|t| tier_total(r, t, "broker") == sent[t] as u64)).await;
+    let report = report_when(&cfg, "the broker tier never reached what was sent", |r| {
+        TOPICS.iter().all(|t| tier_total(r, t, "broker") == sent[t] as u64)
+    })
+    .await;
     assert!(report.all_complete(), "{}", fjord_audit::render::text(&report));
     for topic in TOPICS {
         let rows = report.windows.iter().filter(|w| w.topic == topic).count();
         assert!(rows >= 3, "{topic} spans only {rows} windows");
     }
-    assert_eq!(tier_total(&report, "clicks", "producer"), 3 * round as u64, "the producer hook counted each acknowledged record once");
+    assert_eq!(
+        tier_total(&report, "clicks", "producer"),
+        3 * round as u64,
+        "the producer hook counted each acknowledged record once"
+    );
     assert_eq!(report.topics.iter().find(|t| t.topic == "clicks").unwrap().producing, ["producer", "gateway"]);
     assert_eq!(report.malformed_skipped, 0);
 
@@ -190,7 +231,10 @@ async fn pipeline_is_complete_at_every_tier_and_a_replayed_audit_record_counts_o
     // The JSON contract.
     let json: serde_json::Value = serde_json::from_str(&render(&after, Format::Json).unwrap()).unwrap();
     let w = &json["windows"][0];
-    assert!(w["topic"].is_string() && w["window_start"].is_i64() && w["counts"]["broker"].is_u64() && w["verdict"] == "complete", "{w}");
+    assert!(
+        w["topic"].is_string() && w["window_start"].is_i64() && w["counts"]["broker"].is_u64() && w["verdict"] == "complete",
+        "{w}"
+    );
     let text = render(&after, Format::Text).unwrap();
     assert!(text.contains("3 malformed skipped"), "{text}");
     println!("{text}");
@@ -215,7 +259,18 @@ fn chromium(dir: &Path, args: &[String]) -> std::process::Output {
     );
     let profile = tempfile::tempdir_in(dir).unwrap();
     let out = Command::new(CHROMIUM)
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--enable-logging=stderr", "--v=0"])
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .args(args)
         .output()
@@ -267,10 +322,15 @@ async fn retention_deleting_a_range_shows_as_consumer_loss_in_that_window_only()
     admin.create_topics(&[expiring, NewTopic::new("kept", 1)]).await.unwrap();
 
     let tier = Arc::new(AuditCounter::new("producer", "app-1", "online"));
-    let producer = Producer::connect(ProducerConfig { client: client.clone(), audit: Some(tier.clone()), ..ProducerConfig::default() }).await.unwrap();
+    let producer =
+        Producer::connect(ProducerConfig { client: client.clone(), audit: Some(tier.clone()), ..ProducerConfig::default() })
+            .await
+            .unwrap();
     let old = now_ms() - 3 * 3_600_000;
     let send = |topic: &'static str, created: i64| {
-        let record = ProducerRecord::new(topic, Bytes::from("x".repeat(600))).timestamp(created).header(fjord_audit::CREATED_HEADER, Some(Bytes::from(created.to_string())));
+        let record = ProducerRecord::new(topic, Bytes::from("x".repeat(600)))
+            .timestamp(created)
+            .header(fjord_audit::CREATED_HEADER, Some(Bytes::from(created.to_string())));
         let producer = &producer;
         async move { producer.send(record).await.unwrap().await.unwrap() }
     };
@@ -296,15 +356,23 @@ async fn retention_deleting_a_range_shows_as_consumer_loss_in_that_window_only()
     consumer_tier.publish(&producer).await.unwrap();
 
     let cfg = ReportConfig::new(client.clone());
-    let report = report_when(&cfg, "the broker tier never reached what was sent", |r| ["expiring", "kept"].iter().all(|t| tier_total(r, t, "broker") == 9)).await;
+    let report = report_when(&cfg, "the broker tier never reached what was sent", |r| {
+        ["expiring", "kept"].iter().all(|t| tier_total(r, t, "broker") == 9)
+    })
+    .await;
     let text = render(&report, Format::Text).unwrap();
     let old_window = window_start(old, fjord_audit::DEFAULT_WINDOW_MS);
     let bad: Vec<_> = report.windows.iter().filter(|w| w.verdict != Verdict::Complete).collect();
     assert_eq!(bad.len(), 1, "{text}");
     assert_eq!((bad[0].topic.as_str(), bad[0].window_start, bad[0].verdict), ("expiring", old_window, Verdict::Loss), "{text}");
     assert_eq!(bad[0].problems, ["consumer"], "{text}");
-    assert_eq!((bad[0].produced, bad[0].counts["broker"], bad[0].differences["broker"], bad[0].differences["consumer"]), (6, 6, 0, -6), "{text}");
-    let old_windows: Vec<_> = report.windows.iter().filter(|w| w.window_start == old_window).map(|w| (w.topic.as_str(), w.produced)).collect();
+    assert_eq!(
+        (bad[0].produced, bad[0].counts["broker"], bad[0].differences["broker"], bad[0].differences["consumer"]),
+        (6, 6, 0, -6),
+        "{text}"
+    );
+    let old_windows: Vec<_> =
+        report.windows.iter().filter(|w| w.window_start == old_window).map(|w| (w.topic.as_str(), w.produced)).collect();
     assert_eq!(old_windows, [("expiring", 6), ("kept", 6)], "{text}");
     let json: serde_json::Value = serde_json::from_str(&render(&report, Format::Json).unwrap()).unwrap();
     assert_eq!(json["windows"].as_array().unwrap().iter().filter(|w| w["verdict"] == "loss").count(), 1);
@@ -312,8 +380,13 @@ async fn retention_deleting_a_range_shows_as_consumer_loss_in_that_window_only()
     println!("{text}");
 
     // --since an hour ago: only the recent windows.
-    let recent = collect(&ReportConfig { since_ms: Some(now_ms() - 3_600_000), ..ReportConfig::new(client.clone()) }).await.unwrap();
-    assert!(recent.all_complete() && recent.windows.iter().all(|w| w.window_start > old_window), "{}", render(&recent, Format::Text).unwrap());
+    let recent =
+        collect(&ReportConfig { since_ms: Some(now_ms() - 3_600_000), ..ReportConfig::new(client.clone()) }).await.unwrap();
+    assert!(
+        recent.all_complete() && recent.windows.iter().all(|w| w.window_start > old_window),
+        "{}",
+        render(&recent, Format::Text).unwrap()
+    );
     assert_eq!(recent.windows.iter().map(|w| w.produced).sum::<u64>(), 6);
     shutdown.cancel();
 }
@@ -337,7 +410,10 @@ async fn a_failed_send_is_not_counted() {
     admin.create_topics(&[limited]).await.unwrap();
 
     let tier = Arc::new(AuditCounter::new("producer", "app-1", "online").with_window(WINDOW).unwrap());
-    let producer = Producer::connect(ProducerConfig { client: client.clone(), audit: Some(tier.clone()), ..ProducerConfig::default() }).await.unwrap();
+    let producer =
+        Producer::connect(ProducerConfig { client: client.clone(), audit: Some(tier.clone()), ..ProducerConfig::default() })
+            .await
+            .unwrap();
     // Sent without waiting in between, so they share a batch (linger.ms).
     let mut deliveries = Vec::new();
     for size in [10, 2048, 10] {
@@ -348,7 +424,10 @@ async fn a_failed_send_is_not_counted() {
     assert_eq!(tier.unpublished().values().sum::<u64>(), 2, "the failed record was counted");
     tier.publish(&producer).await.unwrap();
 
-    let report = report_when(&report_config(&client), "the broker tier never counted the two records", |r| tier_total(r, "limited", "broker") == 2).await;
+    let report = report_when(&report_config(&client), "the broker tier never counted the two records", |r| {
+        tier_total(r, "limited", "broker") == 2
+    })
+    .await;
     assert_eq!(tier_total(&report, "limited", "producer"), 2);
     assert!(report.all_complete(), "{}", render(&report, Format::Text).unwrap());
     shutdown.cancel();

@@ -111,9 +111,7 @@ impl ClusterView {
         tracker.spawn(self.clone().watch_brokers(shutdown.clone()));
         tracker.spawn(self.clone().watch_controller(shutdown.clone()));
         tracker.spawn(self.clone().watch_topics(shutdown.clone()));
-        let loaded = self
-            .wait_for(Duration::from_secs(60), |view| initial.iter().all(|name| view.is_loaded(name)))
-            .await;
+        let loaded = self.wait_for(Duration::from_secs(60), |view| initial.iter().all(|name| view.is_loaded(name))).await;
         if loaded {
             self.delete_stray_logs(&initial);
         } else {
@@ -188,8 +186,12 @@ impl ClusterView {
     /// Partitions whose state names `broker` leader.
     pub(crate) fn led_by(&self, broker: i32) -> Vec<TopicPartition> {
         let view = self.read();
-        let mut led: Vec<_> =
-            view.partitions.iter().filter(|(_, s)| s.as_ref().is_some_and(|s| s.state.leader == broker)).map(|(tp, _)| tp.clone()).collect();
+        let mut led: Vec<_> = view
+            .partitions
+            .iter()
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.state.leader == broker))
+            .map(|(tp, _)| tp.clone())
+            .collect();
         led.sort();
         led
     }
@@ -263,7 +265,9 @@ impl ClusterView {
                 for id in ids {
                     let Ok(broker_id) = id.parse::<i32>() else { continue };
                     // Gone since listed: the next child event re-reads.
-                    if let Some((registration, _)) = read_json::<BrokerRegistration>(&*self.store, &paths::broker(broker_id)).await? {
+                    if let Some((registration, _)) =
+                        read_json::<BrokerRegistration>(&*self.store, &paths::broker(broker_id)).await?
+                    {
                         brokers.insert(broker_id, registration);
                     }
                 }
@@ -483,7 +487,8 @@ impl ClusterView {
                 let state = match data {
                     None => None,
                     Some((bytes, stat)) => Some(StateVersion {
-                        state: serde_json::from_slice(&bytes).map_err(|source| fjord_coord::Error::Codec { path: path.clone(), source })?,
+                        state: serde_json::from_slice(&bytes)
+                            .map_err(|source| fjord_coord::Error::Codec { path: path.clone(), source })?,
                         version: stat.version,
                     }),
                 };
@@ -563,7 +568,10 @@ impl ClusterView {
 }
 
 /// `/config/topics/<t>`'s overrides (Kafka's `{version, config}` document).
-pub(crate) async fn read_overrides(store: &dyn fjord_coord::MetadataStore, name: &str) -> fjord_coord::Result<BTreeMap<String, String>> {
+pub(crate) async fn read_overrides(
+    store: &dyn fjord_coord::MetadataStore,
+    name: &str,
+) -> fjord_coord::Result<BTreeMap<String, String>> {
     #[derive(Deserialize)]
     struct Document {
         #[serde(default)]

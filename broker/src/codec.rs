@@ -139,8 +139,8 @@ pub(crate) fn decode_request(mut frame: Bytes) -> Result<Decoded, String> {
     }
     // The codec crate pre-allocates arrays by their claimed length; see `guard`.
     crate::guard::check_body(key, version, &frame).map_err(|e| format!("bad {key:?} v{version} request body: {e}"))?;
-    let request = RequestKind::decode(key, &mut frame, version)
-        .map_err(|e| format!("bad {key:?} v{version} request body: {e}"))?;
+    let request =
+        RequestKind::decode(key, &mut frame, version).map_err(|e| format!("bad {key:?} v{version} request body: {e}"))?;
     Ok(Decoded::Request { header, version, request: Box::new(request) })
 }
 

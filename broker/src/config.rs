@@ -219,11 +219,8 @@ impl BrokerConfig {
 
     /// Sets one key, Kafka name and value syntax.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        let invalid = |reason: &str| Error::InvalidConfig {
-            key: key.to_owned(),
-            value: value.to_owned(),
-            reason: reason.to_owned(),
-        };
+        let invalid =
+            |reason: &str| Error::InvalidConfig { key: key.to_owned(), value: value.to_owned(), reason: reason.to_owned() };
         let int = || value.trim().parse::<i64>().map_err(|_| invalid("not an integer"));
         let millis = || -> Result<Duration> {
             let ms = int()?;
@@ -244,9 +241,7 @@ impl BrokerConfig {
                 }
                 self.log_dir = PathBuf::from(value.trim());
             }
-            "zookeeper.connect" => {
-                self.zookeeper_connect = Some(value.trim().to_owned()).filter(|s| !s.is_empty())
-            }
+            "zookeeper.connect" => self.zookeeper_connect = Some(value.trim().to_owned()).filter(|s| !s.is_empty()),
             "zookeeper.session.timeout.ms" => self.zookeeper_session_timeout = millis()?,
             "auto.create.topics.enable" => self.auto_create_topics = boolean()?,
             "num.partitions" => self.num_partitions = i32::try_from(int()?).map_err(|_| invalid("out of range"))?,
@@ -260,9 +255,7 @@ impl BrokerConfig {
             "socket.request.max.bytes" => {
                 self.socket_request_max_bytes = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
             }
-            "max.connections" => {
-                self.max_connections = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
-            }
+            "max.connections" => self.max_connections = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?,
             "fetch.zero.copy" => self.fetch_zero_copy = boolean()?,
             "audit.enable" => self.audit.enable = boolean()?,
             "audit.interval.ms" => self.audit.interval = millis()?,
@@ -325,11 +318,7 @@ impl BrokerConfig {
             return Err(invalid("num.partitions", self.num_partitions.to_string(), "must be at least 1"));
         }
         if self.default_replication_factor < 1 {
-            return Err(invalid(
-                "default.replication.factor",
-                self.default_replication_factor.to_string(),
-                "must be at least 1",
-            ));
+            return Err(invalid("default.replication.factor", self.default_replication_factor.to_string(), "must be at least 1"));
         }
         if self.socket_request_max_bytes < 1024 || self.socket_request_max_bytes > i32::MAX as usize {
             return Err(invalid(

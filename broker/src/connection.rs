@@ -61,7 +61,12 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAd
     }
 }
 
-async fn read_requests(broker: &Broker, mut read: OwnedReadHalf, responses: mpsc::Sender<Response>, peer: SocketAddr) -> Result<()> {
+async fn read_requests(
+    broker: &Broker,
+    mut read: OwnedReadHalf,
+    responses: mpsc::Sender<Response>,
+    peer: SocketAddr,
+) -> Result<()> {
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let max = broker.config.socket_request_max_bytes;
     while let Some(frame) = read_frame(&mut read, &mut buf, max).await? {

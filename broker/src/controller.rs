@@ -130,11 +130,13 @@ async fn bump_epoch(store: &dyn MetadataStore) -> fjord_coord::Result<i32> {
                 Err(fjord_coord::Error::NodeExists { .. }) => continue,
                 Err(e) => return Err(e),
             },
-            Some((epoch, stat)) => match store.set(paths::CONTROLLER_EPOCH, (epoch + 1).to_string().as_bytes(), Some(stat.version)).await {
-                Ok(_) => return Ok(epoch + 1),
-                Err(fjord_coord::Error::BadVersion { .. }) => continue,
-                Err(e) => return Err(e),
-            },
+            Some((epoch, stat)) => {
+                match store.set(paths::CONTROLLER_EPOCH, (epoch + 1).to_string().as_bytes(), Some(stat.version)).await {
+                    Ok(_) => return Ok(epoch + 1),
+                    Err(fjord_coord::Error::BadVersion { .. }) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
         }
     }
 }

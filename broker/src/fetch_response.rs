@@ -229,23 +229,21 @@ mod tests {
             .topics
             .iter()
             .map(|t| {
-                FetchableTopicResponse::default()
-                    .with_topic(TopicName(StrBytes::from_string(t.topic.clone())))
-                    .with_partitions(
-                        t.partitions
-                            .iter()
-                            .map(|p| {
-                                KPartitionData::default()
-                                    .with_partition_index(p.partition_index)
-                                    .with_error_code(p.error_code)
-                                    .with_high_watermark(p.high_watermark)
-                                    .with_last_stable_offset(p.last_stable_offset)
-                                    .with_log_start_offset(if version >= 5 { p.log_start_offset } else { -1 })
-                                    .with_aborted_transactions(Some(vec![]))
-                                    .with_records(Some(records.next().unwrap().clone()))
-                            })
-                            .collect(),
-                    )
+                FetchableTopicResponse::default().with_topic(TopicName(StrBytes::from_string(t.topic.clone()))).with_partitions(
+                    t.partitions
+                        .iter()
+                        .map(|p| {
+                            KPartitionData::default()
+                                .with_partition_index(p.partition_index)
+                                .with_error_code(p.error_code)
+                                .with_high_watermark(p.high_watermark)
+                                .with_last_stable_offset(p.last_stable_offset)
+                                .with_log_start_offset(if version >= 5 { p.log_start_offset } else { -1 })
+                                .with_aborted_transactions(Some(vec![]))
+                                .with_records(Some(records.next().unwrap().clone()))
+                        })
+                        .collect(),
+                )
             })
             .collect();
         let body = FetchResponse::default().with_responses(responses);
@@ -268,12 +266,8 @@ mod tests {
                 };
                 let data = sample(vec![in_file, FetchedRecords::Empty, FetchedRecords::Memory(Bytes::from_static(b"xyz"))]);
                 let ours = response_bytes(&encode(42, version, &data));
-                let expected = reference(
-                    42,
-                    version,
-                    &data,
-                    &[Bytes::from(payload.clone()), Bytes::new(), Bytes::from_static(b"xyz")],
-                );
+                let expected =
+                    reference(42, version, &data, &[Bytes::from(payload.clone()), Bytes::new(), Bytes::from_static(b"xyz")]);
                 assert_eq!(ours, expected, "fetch v{version}, zero copy {zero_copy}");
             }
         }

@@ -149,8 +149,7 @@ impl GroupCoordinator {
     }
 
     pub(crate) async fn find_coordinator(&self, request: FindCoordinatorRequest, version: i16) -> ResponseKind {
-        let keys: Vec<StrBytes> =
-            if version >= 4 { request.coordinator_keys.clone() } else { vec![request.key.clone()] };
+        let keys: Vec<StrBytes> = if version >= 4 { request.coordinator_keys.clone() } else { vec![request.key.clone()] };
         let mut coordinators = Vec::new();
         for key in keys {
             let answer = if request.key_type != 0 {
@@ -207,7 +206,13 @@ impl GroupCoordinator {
         }
     }
 
-    pub(crate) async fn join_group(&self, request: JoinGroupRequest, version: i16, client_id: &str, client_host: &str) -> ResponseKind {
+    pub(crate) async fn join_group(
+        &self,
+        request: JoinGroupRequest,
+        version: i16,
+        client_id: &str,
+        client_host: &str,
+    ) -> ResponseKind {
         let member_id = request.member_id.to_string();
         let respond = |r: state::JoinResult| {
             let members = r
@@ -262,7 +267,9 @@ impl GroupCoordinator {
         let result = match outcome {
             JoinOutcome::Now(result) => result,
             // The sender is dropped only if the group itself is dropped.
-            JoinOutcome::Wait(rx) => rx.await.unwrap_or_else(|_| state::JoinResult::error(ResponseError::NotCoordinator, &member_id)),
+            JoinOutcome::Wait(rx) => {
+                rx.await.unwrap_or_else(|_| state::JoinResult::error(ResponseError::NotCoordinator, &member_id))
+            }
         };
         respond(result)
     }
@@ -293,8 +300,7 @@ impl GroupCoordinator {
             }
             let was_stable = group.state == GroupState::Stable;
             let instance = request.group_instance_id.as_deref();
-            let (outcome, replies) =
-                group.sync(&request.member_id, instance, request.generation_id, assignments, Instant::now());
+            let (outcome, replies) = group.sync(&request.member_id, instance, request.generation_id, assignments, Instant::now());
             replies.into_iter().for_each(Reply::deliver);
             let now_stable = !was_stable && group.state == GroupState::Stable;
             let snapshot = now_stable.then(|| (group.generation_id, group.protocol_type.clone(), group.assignments()));
@@ -338,7 +344,11 @@ impl GroupCoordinator {
 
     pub(crate) async fn leave_group(&self, request: LeaveGroupRequest, version: i16) -> ResponseKind {
         let leaving: Vec<(String, Option<String>)> = if version >= 3 {
-            request.members.iter().map(|m| (m.member_id.to_string(), m.group_instance_id.as_ref().map(|s| s.to_string()))).collect()
+            request
+                .members
+                .iter()
+                .map(|m| (m.member_id.to_string(), m.group_instance_id.as_ref().map(|s| s.to_string())))
+                .collect()
         } else {
             vec![(request.member_id.to_string(), None)]
         };
@@ -410,7 +420,11 @@ impl GroupCoordinator {
         // Kafka's rule: a commit outside the group protocol (generation < 0) is only
         // for an empty group; a member's commit must carry its current generation.
         let check = if generation < 0 && request.member_id.is_empty() {
-            if entry.group.state == GroupState::Empty { Ok(()) } else { Err(ResponseError::UnknownMemberId) }
+            if entry.group.state == GroupState::Empty {
+                Ok(())
+            } else {
+                Err(ResponseError::UnknownMemberId)
+            }
         } else if entry.group.state == GroupState::CompletingRebalance {
             Err(ResponseError::RebalanceInProgress)
         } else {
@@ -452,7 +466,9 @@ impl GroupCoordinator {
                 );
             }
             topics.push(
-                offset_commit_response::OffsetCommitResponseTopic::default().with_name(topic.name.clone()).with_partitions(partitions),
+                offset_commit_response::OffsetCommitResponseTopic::default()
+                    .with_name(topic.name.clone())
+                    .with_partitions(partitions),
             );
         }
         ResponseKind::OffsetCommit(OffsetCommitResponse::default().with_topics(topics))
@@ -462,7 +478,8 @@ impl GroupCoordinator {
         if version >= 8 {
             let mut groups = Vec::with_capacity(request.groups.len());
             for g in &request.groups {
-                let wanted = g.topics.as_ref().map(|ts| ts.iter().map(|t| (t.name.clone(), t.partition_indexes.clone())).collect());
+                let wanted =
+                    g.topics.as_ref().map(|ts| ts.iter().map(|t| (t.name.clone(), t.partition_indexes.clone())).collect());
                 groups.push(self.offset_fetch_group(&g.group_id, wanted).await);
             }
             return ResponseKind::OffsetFetch(OffsetFetchResponse::default().with_groups(groups));
@@ -523,7 +540,10 @@ impl GroupCoordinator {
                 )
             })
             .collect();
-        offset_fetch_response::OffsetFetchResponseGroup::default().with_group_id(group_id.clone()).with_error_code(code).with_topics(topics)
+        offset_fetch_response::OffsetFetchResponseGroup::default()
+            .with_group_id(group_id.clone())
+            .with_error_code(code)
+            .with_topics(topics)
     }
 
     /// Committed offsets of the requested partitions (all committed ones when
@@ -539,7 +559,8 @@ impl GroupCoordinator {
             Some(wanted) => wanted
                 .into_iter()
                 .map(|(topic, partitions)| {
-                    let found = partitions.into_iter().map(|p| (p, entry.offsets.get(&(topic.to_string(), p)).cloned())).collect();
+                    let found =
+                        partitions.into_iter().map(|p| (p, entry.offsets.get(&(topic.to_string(), p)).cloned())).collect();
                     (topic, found)
                 })
                 .collect(),
@@ -697,15 +718,23 @@ impl Inner {
         Ok(offsets)
     }
 
-    async fn store_offset(&self, group_id: &str, topic: &str, partition: i32, committed: &CommittedOffset) -> fjord_coord::Result<()> {
+    async fn store_offset(
+        &self,
+        group_id: &str,
+        topic: &str,
+        partition: i32,
+        committed: &CommittedOffset,
+    ) -> fjord_coord::Result<()> {
         let store: &dyn MetadataStore = &*self.store;
         let path = paths::group_offset(group_id, topic, partition);
         let data = registry::to_json(committed);
         match store.set(&path, &data, None).await {
-            Err(fjord_coord::Error::NoNode { .. }) => match fjord_coord::create_all(store, &path, &data, CreateMode::Persistent).await {
-                Err(fjord_coord::Error::NodeExists { .. }) => store.set(&path, &data, None).await.map(drop),
-                other => other.map(drop),
-            },
+            Err(fjord_coord::Error::NoNode { .. }) => {
+                match fjord_coord::create_all(store, &path, &data, CreateMode::Persistent).await {
+                    Err(fjord_coord::Error::NodeExists { .. }) => store.set(&path, &data, None).await.map(drop),
+                    other => other.map(drop),
+                }
+            }
             other => other.map(drop),
         }
     }

@@ -568,12 +568,15 @@ mod tests {
                 .encode(&mut buf, v),
             ApiKey::AlterConfigs => AlterConfigsRequest::default()
                 .with_resources(vec![
-                    alter_configs_request::AlterConfigsResource::default().with_resource_type(2).with_resource_name(s("t")).with_configs(
-                        vec![
-                            alter_configs_request::AlterableConfig::default().with_name(s("retention.ms")).with_value(Some(s("1"))),
+                    alter_configs_request::AlterConfigsResource::default()
+                        .with_resource_type(2)
+                        .with_resource_name(s("t"))
+                        .with_configs(vec![
+                            alter_configs_request::AlterableConfig::default()
+                                .with_name(s("retention.ms"))
+                                .with_value(Some(s("1"))),
                             alter_configs_request::AlterableConfig::default().with_name(s("flush.ms")).with_value(None),
-                        ],
-                    ),
+                        ]),
                     alter_configs_request::AlterConfigsResource::default().with_resource_type(4).with_resource_name(s("0")),
                 ])
                 .with_validate_only(true)
@@ -587,7 +590,9 @@ mod tests {
                             .with_name(s("cleanup.policy"))
                             .with_config_operation(2)
                             .with_value(Some(s("compact"))),
-                        incremental_alter_configs_request::AlterableConfig::default().with_name(s("flush.ms")).with_config_operation(1),
+                        incremental_alter_configs_request::AlterableConfig::default()
+                            .with_name(s("flush.ms"))
+                            .with_config_operation(1),
                     ])])
                 .encode(&mut buf, v),
             ApiKey::FindCoordinator => if v >= 4 {
@@ -603,7 +608,9 @@ mod tests {
                 .with_group_instance_id(if v >= 5 { Some(s("i")) } else { None })
                 .with_protocol_type(s("consumer"))
                 .with_protocols(vec![
-                    join_group_request::JoinGroupRequestProtocol::default().with_name(s("range")).with_metadata(Bytes::from_static(b"meta")),
+                    join_group_request::JoinGroupRequestProtocol::default()
+                        .with_name(s("range"))
+                        .with_metadata(Bytes::from_static(b"meta")),
                     join_group_request::JoinGroupRequestProtocol::default().with_name(s("roundrobin")),
                 ])
                 .with_reason(if v >= 8 { Some(s("why")) } else { None })
@@ -616,7 +623,9 @@ mod tests {
                     .with_member_id(s("m"))
                     .with_assignment(Bytes::from_static(b"assignment"))])
                 .encode(&mut buf, v),
-            ApiKey::Heartbeat => HeartbeatRequest::default().with_group_id(GroupId(s("g"))).with_member_id(s("m")).encode(&mut buf, v),
+            ApiKey::Heartbeat => {
+                HeartbeatRequest::default().with_group_id(GroupId(s("g"))).with_member_id(s("m")).encode(&mut buf, v)
+            }
             ApiKey::LeaveGroup => if v >= 3 {
                 LeaveGroupRequest::default()
                     .with_group_id(GroupId(s("g")))
@@ -628,11 +637,11 @@ mod tests {
             ApiKey::OffsetCommit => OffsetCommitRequest::default()
                 .with_group_id(GroupId(s("g")))
                 .with_member_id(s("m"))
-                .with_topics(vec![offset_commit_request::OffsetCommitRequestTopic::default().with_name(name()).with_partitions(vec![
-                    offset_commit_request::OffsetCommitRequestPartition::default()
+                .with_topics(vec![offset_commit_request::OffsetCommitRequestTopic::default().with_name(name()).with_partitions(
+                    vec![offset_commit_request::OffsetCommitRequestPartition::default()
                         .with_committed_offset(42)
-                        .with_committed_metadata(Some(s("md"))),
-                ])])
+                        .with_committed_metadata(Some(s("md")))],
+                )])
                 .encode(&mut buf, v),
             ApiKey::OffsetFetch => if v >= 8 {
                 OffsetFetchRequest::default().with_groups(vec![offset_fetch_request::OffsetFetchRequestGroup::default()
@@ -658,12 +667,12 @@ mod tests {
                 .encode(&mut buf, v),
             ApiKey::OffsetForLeaderEpoch => OffsetForLeaderEpochRequest::default()
                 .with_replica_id(BrokerId(if v >= 3 { 2 } else { -1 }))
-                .with_topics(vec![offset_for_leader_epoch_request::OffsetForLeaderTopic::default().with_topic(name()).with_partitions(vec![
-                    offset_for_leader_epoch_request::OffsetForLeaderPartition::default()
+                .with_topics(vec![offset_for_leader_epoch_request::OffsetForLeaderTopic::default()
+                    .with_topic(name())
+                    .with_partitions(vec![offset_for_leader_epoch_request::OffsetForLeaderPartition::default()
                         .with_partition(1)
                         .with_current_leader_epoch(4)
-                        .with_leader_epoch(3),
-                ])])
+                        .with_leader_epoch(3)])])
                 .encode(&mut buf, v),
             other => panic!("no sample for {other:?}"),
         };

@@ -23,9 +23,9 @@ use crate::codec::{self, error_code, Decoded, SUPPORTED_APIS};
 use crate::group::GroupCoordinator;
 use crate::handler::producer_id::ProducerIdManager;
 use crate::metrics::{fetch_errors, response_errors, Metrics};
+use crate::partition::Partition;
 use crate::replication::ReplicaManager;
 use crate::response::Response;
-use crate::partition::Partition;
 use crate::topics::{Topic, Topics};
 use crate::BrokerConfig;
 
@@ -63,7 +63,9 @@ impl Broker {
     /// broker's `num.partitions` and `default.replication.factor`.
     pub(crate) async fn topic_or_auto_create(&self, name: &str, allowed: bool) -> Result<Arc<Topic>, crate::topics::TopicError> {
         let c = &self.config;
-        self.topics.get_or_auto_create(name, c.auto_create_topics && allowed, c.num_partitions, c.default_replication_factor).await
+        self.topics
+            .get_or_auto_create(name, c.auto_create_topics && allowed, c.num_partitions, c.default_replication_factor)
+            .await
     }
 
     /// Answers one request.
@@ -150,9 +152,7 @@ pub(crate) fn log_error_code(error: &fjord_log::Error) -> i16 {
     use fjord_log::Error as E;
     match error {
         // Message format v0/v1 (magic 0 or 1) is well-formed, just not stored here.
-        E::InvalidBatch { source: fjord_record::Error::UnsupportedMagic(_), .. } => {
-            error_code::UNSUPPORTED_FOR_MESSAGE_FORMAT
-        }
+        E::InvalidBatch { source: fjord_record::Error::UnsupportedMagic(_), .. } => error_code::UNSUPPORTED_FOR_MESSAGE_FORMAT,
         E::InvalidBatch { .. } => error_code::CORRUPT_MESSAGE,
         E::MessageTooLarge { .. } => error_code::MESSAGE_TOO_LARGE,
         // A keyless record on a compacted topic: the cleaner could never deduplicate it.

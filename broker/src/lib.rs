@@ -49,8 +49,8 @@
 
 mod audit;
 mod cluster;
-pub mod config;
 mod codec;
+pub mod config;
 mod connection;
 mod controller;
 mod error;
@@ -68,7 +68,7 @@ mod topic_config;
 mod topics;
 
 pub use config::{AuditConfig, BrokerConfig};
+pub use error::{Error, Result};
 pub use group::GroupConfig;
 pub use replication::ReplicationConfig;
-pub use error::{Error, Result};
 pub use server::run;

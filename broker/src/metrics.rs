@@ -109,7 +109,12 @@ impl Metrics {
                 escape(&error)
             );
         }
-        family(&mut out, "fjord_broker_malformed_requests_total", "counter", "Frames that were not a request; each closed its connection.");
+        family(
+            &mut out,
+            "fjord_broker_malformed_requests_total",
+            "counter",
+            "Frames that were not a request; each closed its connection.",
+        );
         let _ = writeln!(out, "fjord_broker_malformed_requests_total {}", self.malformed.load(Ordering::Relaxed));
 
         let mut partitions: Vec<(String, Arc<Log>)> = logs
@@ -127,7 +132,9 @@ impl Metrics {
             ("fjord_broker_log_start_offset", "First offset still in the log.", |l| l.log_start_offset() as f64),
             ("fjord_broker_log_size_bytes", "Bytes of all segments.", |l| l.size_bytes() as f64),
             ("fjord_broker_log_segments", "Segments, the active one included.", |l| l.segment_count() as f64),
-            ("fjord_broker_high_watermark", "Offset below which records are committed and visible.", |l| l.high_watermark() as f64),
+            ("fjord_broker_high_watermark", "Offset below which records are committed and visible.", |l| {
+                l.high_watermark() as f64
+            }),
         ];
         for (name, help, gauge) in gauges {
             family(&mut out, name, "gauge", help);
@@ -136,24 +143,39 @@ impl Metrics {
             }
         }
 
-        let cleaned: Vec<(&String, CleanStats)> = partitions.iter().filter_map(|(labels, log)| Some((labels, log.last_clean()?))).collect();
+        let cleaned: Vec<(&String, CleanStats)> =
+            partitions.iter().filter_map(|(labels, log)| Some((labels, log.last_clean()?))).collect();
         type Stat = fn(&CleanStats) -> f64;
         let stats: [(&str, &str, Stat); 8] = [
-            ("fjord_broker_cleaner_last_run_timestamp_seconds", "When the cleaner last cleaned the log (Unix time).", |s| s.at_ms as f64 / 1000.0),
-            ("fjord_broker_cleaner_last_duration_seconds", "How long that clean took, throttling included.", |s| s.elapsed.as_secs_f64()),
+            ("fjord_broker_cleaner_last_run_timestamp_seconds", "When the cleaner last cleaned the log (Unix time).", |s| {
+                s.at_ms as f64 / 1000.0
+            }),
+            ("fjord_broker_cleaner_last_duration_seconds", "How long that clean took, throttling included.", |s| {
+                s.elapsed.as_secs_f64()
+            }),
             ("fjord_broker_cleaner_last_bytes_before", "Bytes of the segments that clean rewrote.", |s| s.bytes_before as f64),
-            ("fjord_broker_cleaner_last_bytes_after", "Bytes of the cleaned segments that replaced them.", |s| s.bytes_after as f64),
-            ("fjord_broker_cleaner_last_ratio", "bytes_after / bytes_before of that clean (1 when nothing was rewritten).", |s| {
-                if s.bytes_before == 0 {
-                    1.0
-                } else {
-                    s.bytes_after as f64 / s.bytes_before as f64
-                }
+            ("fjord_broker_cleaner_last_bytes_after", "Bytes of the cleaned segments that replaced them.", |s| {
+                s.bytes_after as f64
             }),
-            ("fjord_broker_cleaner_last_dirty_ratio", "Dirty share of the cleanable bytes when that clean started.", |s| s.dirty_ratio),
-            ("fjord_broker_cleaner_last_records_removed", "Records that clean dropped (older values of a key, expired tombstones).", |s| {
-                s.records_read.saturating_sub(s.records_kept) as f64
+            (
+                "fjord_broker_cleaner_last_ratio",
+                "bytes_after / bytes_before of that clean (1 when nothing was rewritten).",
+                |s| {
+                    if s.bytes_before == 0 {
+                        1.0
+                    } else {
+                        s.bytes_after as f64 / s.bytes_before as f64
+                    }
+                },
+            ),
+            ("fjord_broker_cleaner_last_dirty_ratio", "Dirty share of the cleanable bytes when that clean started.", |s| {
+                s.dirty_ratio
             }),
+            (
+                "fjord_broker_cleaner_last_records_removed",
+                "Records that clean dropped (older values of a key, expired tombstones).",
+                |s| s.records_read.saturating_sub(s.records_kept) as f64,
+            ),
             ("fjord_broker_cleaner_last_tombstones_removed", "Tombstones that clean dropped (past delete.retention.ms).", |s| {
                 s.tombstones_removed as f64
             }),
@@ -175,11 +197,9 @@ pub(crate) fn response_errors(body: &ResponseKind) -> Vec<i16> {
         ResponseKind::ApiVersions(r) => vec![r.error_code],
         ResponseKind::Produce(r) => r.responses.iter().flat_map(|t| &t.partition_responses).map(|p| p.error_code).collect(),
         ResponseKind::ListOffsets(r) => r.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).collect(),
-        ResponseKind::Metadata(r) => r
-            .topics
-            .iter()
-            .flat_map(|t| std::iter::once(t.error_code).chain(t.partitions.iter().map(|p| p.error_code)))
-            .collect(),
+        ResponseKind::Metadata(r) => {
+            r.topics.iter().flat_map(|t| std::iter::once(t.error_code).chain(t.partitions.iter().map(|p| p.error_code))).collect()
+        }
         ResponseKind::CreateTopics(r) => r.topics.iter().map(|t| t.error_code).collect(),
         ResponseKind::DeleteTopics(r) => r.responses.iter().map(|t| t.error_code).collect(),
         ResponseKind::DescribeConfigs(r) => r.results.iter().map(|t| t.error_code).collect(),
@@ -243,9 +263,10 @@ pub(crate) fn spawn_endpoint(tracker: &TaskTracker, listener: TcpListener, broke
                     // Not tracked: a scrape is bounded by SCRAPE_TIMEOUT and reads only
                     // counters, so shutdown need not wait for it.
                     tokio::spawn(async move {
-                        if let Err(e) = tokio::time::timeout(SCRAPE_TIMEOUT, scrape(stream, &broker)).await.unwrap_or_else(|_| {
-                            Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no request head in time"))
-                        }) {
+                        if let Err(e) = tokio::time::timeout(SCRAPE_TIMEOUT, scrape(stream, &broker))
+                            .await
+                            .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no request head in time")))
+                        {
                             tracing::debug!(%peer, error = %e, "metrics scrape failed");
                         }
                     });
@@ -316,17 +337,24 @@ mod tests {
         let text = metrics.render(&logs);
         assert!(text.contains("fjord_broker_requests_total{api=\"Produce\"} 2\n"), "{text}");
         assert!(text.contains("fjord_broker_requests_total{api=\"unknown\"} 1\n"), "{text}");
-        assert!(text.contains("fjord_broker_request_errors_total{api=\"Produce\",error=\"MessageTooLarge\",code=\"10\"} 2\n"), "{text}");
+        assert!(
+            text.contains("fjord_broker_request_errors_total{api=\"Produce\",error=\"MessageTooLarge\",code=\"10\"} 2\n"),
+            "{text}"
+        );
         assert!(text.contains("fjord_broker_malformed_requests_total 1\n"), "{text}");
         assert!(text.contains("fjord_broker_log_end_offset{topic=\"t\\\"x\",partition=\"0\"} 0\n"), "{text}");
         // Error codes come from every layer of a response.
         use kafka_protocol::messages::{offset_fetch_response as of, produce_response as pr};
-        let produce = pr::ProduceResponse::default().with_responses(vec![pr::TopicProduceResponse::default()
-            .with_partition_responses(vec![pr::PartitionProduceResponse::default(), pr::PartitionProduceResponse::default().with_error_code(10)])]);
+        let produce =
+            pr::ProduceResponse::default().with_responses(vec![pr::TopicProduceResponse::default().with_partition_responses(
+                vec![pr::PartitionProduceResponse::default(), pr::PartitionProduceResponse::default().with_error_code(10)],
+            )]);
         assert_eq!(response_errors(&ResponseKind::Produce(produce)), [0, 10]);
         let fetched = of::OffsetFetchResponse::default().with_groups(vec![of::OffsetFetchResponseGroup::default()
             .with_error_code(16)
-            .with_topics(vec![of::OffsetFetchResponseTopics::default().with_partitions(vec![of::OffsetFetchResponsePartitions::default()])])]);
+            .with_topics(vec![
+                of::OffsetFetchResponseTopics::default().with_partitions(vec![of::OffsetFetchResponsePartitions::default()])
+            ])]);
         assert_eq!(response_errors(&ResponseKind::OffsetFetch(fetched)), [0, 16, 0]);
         // Every sample line belongs to a family declared before it.
         for line in text.lines().filter(|l| !l.starts_with('#')) {

@@ -285,7 +285,11 @@ impl Partition {
             let latest_epoch = self.log.leader_epochs().last().map(|&(e, _)| e);
             FollowerStep::Truncate { leader_epoch: epoch, latest_epoch }
         } else {
-            FollowerStep::Fetch { leader_epoch: epoch, fetch_offset: self.log.log_end_offset(), log_start_offset: self.log.log_start_offset() }
+            FollowerStep::Fetch {
+                leader_epoch: epoch,
+                fetch_offset: self.log.log_end_offset(),
+                log_start_offset: self.log.log_start_offset(),
+            }
         }
     }
 
@@ -343,9 +347,18 @@ impl Partition {
     /// Follower: the leader no longer has our fetch offset. Below its log start, the
     /// log restarts there (retention went past us); otherwise our log is ahead of the
     /// leader's and is truncated against its epochs again.
-    pub(crate) fn follower_out_of_range(&self, leader: i32, leader_epoch: i32, fetch_offset: Offset, leader_log_start: Offset) -> Result<(), fjord_log::Error> {
+    pub(crate) fn follower_out_of_range(
+        &self,
+        leader: i32,
+        leader_epoch: i32,
+        fetch_offset: Offset,
+        leader_log_start: Offset,
+    ) -> Result<(), fjord_log::Error> {
         let mut state = self.state();
-        if state.role != (Role::Follower { leader }) || state.leader_epoch != leader_epoch || self.log.log_end_offset() != fetch_offset {
+        if state.role != (Role::Follower { leader })
+            || state.leader_epoch != leader_epoch
+            || self.log.log_end_offset() != fetch_offset
+        {
             return Ok(());
         }
         if fetch_offset < leader_log_start {

@@ -211,9 +211,7 @@ impl ReplicaManager {
         };
         let new_term = {
             let mut s = partition.state();
-            if state.leader_epoch < s.leader_epoch
-                || (state.leader_epoch == s.leader_epoch && state_version < s.state_version)
-            {
+            if state.leader_epoch < s.leader_epoch || (state.leader_epoch == s.leader_epoch && state_version < s.state_version) {
                 tracing::debug!(tp = %partition.tp, epoch = state.leader_epoch, state_version, "ignoring an older partition state");
                 return;
             }
@@ -429,7 +427,10 @@ mod tests {
         // Leading again in a later epoch does not answer a wait from an earlier one.
         manager.apply(&tp, &[1, 2], &state(1, 2, &[1]), 3);
         assert_eq!(log.high_watermark(), 3);
-        assert_eq!(partition.wait_for_replication(0, 2, 1, Duration::from_secs(30)).await, Err(error_code::NOT_LEADER_OR_FOLLOWER));
+        assert_eq!(
+            partition.wait_for_replication(0, 2, 1, Duration::from_secs(30)).await,
+            Err(error_code::NOT_LEADER_OR_FOLLOWER)
+        );
         assert_eq!(partition.wait_for_replication(2, 2, 1, Duration::from_secs(30)).await, Ok(()));
         manager.apply(&tp, &[1, 2], &state(2, 3, &[2]), 4);
         assert_eq!(partition.append_as_leader(&batch(), false, 1).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);

@@ -59,7 +59,12 @@ pub async fn open_store(config: &BrokerConfig) -> Result<Store> {
 }
 
 /// [`run`] on a metadata store the caller opened (see [`open_store`]).
-pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpListener, shutdown: CancellationToken) -> Result<()> {
+pub async fn run_with_store(
+    config: BrokerConfig,
+    store: Store,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<()> {
     config.validate()?;
     let bound = listener.local_addr().map_err(Error::Network)?;
     let metrics_listener = match config.metrics_listen {
@@ -88,10 +93,7 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
     // this broker leads nothing any more.
     let stop = CancellationToken::new();
     let tracker = TaskTracker::new();
-    let settings = TopicSettings {
-        log: config.log,
-        unclean_leader_election: config.unclean_leader_election,
-    };
+    let settings = TopicSettings { log: config.log, unclean_leader_election: config.unclean_leader_election };
     let replicas = ReplicaManager::new(config.broker_id, store.clone(), config.replication);
     let view = ClusterView::new(store.clone(), settings, logs.clone(), replicas.clone());
     if let Err(e) = view.start(&tracker, &stop).await {
@@ -135,14 +137,25 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
         true => Some(BrokerAudit::new(config.broker_id, &host, port, &config.audit)?),
         false => None,
     };
-    let broker =
-        Arc::new(Broker { config, host, port, cluster_id, topics, replicas, groups, metrics: Default::default(), producer_ids, audit });
+    let broker = Arc::new(Broker {
+        config,
+        host,
+        port,
+        cluster_id,
+        topics,
+        replicas,
+        groups,
+        metrics: Default::default(),
+        producer_ids,
+        audit,
+    });
     // The audit publisher talks to this broker like any client (the accept loop below
     // serves it); it stops with `stop` at the latest.
     let audit_stop = stop.child_token();
     let audit_client = fjord_client::ClientConfig::new(&format!("{}:{}", broker.host, broker.port));
     let audit_publisher = broker.audit.as_ref().map(|audit| {
-        let publisher = audit.counter.clone().spawn_publisher(audit_client.clone(), broker.config.audit.interval, audit_stop.clone());
+        let publisher =
+            audit.counter.clone().spawn_publisher(audit_client.clone(), broker.config.audit.interval, audit_stop.clone());
         (audit.counter.clone(), publisher)
     });
     {
@@ -231,9 +244,10 @@ pub async fn run_with_store(config: BrokerConfig, store: Store, listener: TcpLis
 /// has one id, which the report counts once.
 async fn flush_audit_before_handover(counter: &fjord_audit::AuditCounter, client: &fjord_client::ClientConfig) {
     let flush = async {
-        let producer = fjord_client::Producer::connect(fjord_client::ProducerConfig { client: client.clone(), ..Default::default() })
-            .await
-            .map_err(fjord_audit::Error::from)?;
+        let producer =
+            fjord_client::Producer::connect(fjord_client::ProducerConfig { client: client.clone(), ..Default::default() })
+                .await
+                .map_err(fjord_audit::Error::from)?;
         let published = counter.publish(&producer).await;
         producer.close().await;
         published
@@ -241,7 +255,9 @@ async fn flush_audit_before_handover(counter: &fjord_audit::AuditCounter, client
     match tokio::time::timeout(AUDIT_FLUSH_WAIT, flush).await {
         Ok(Ok(records)) => tracing::info!(records, "audit: broker counts published before the handover"),
         Ok(Err(e)) => tracing::warn!(error = %e, "audit: publishing before the handover failed; retried after it"),
-        Err(_) => tracing::warn!(wait = ?AUDIT_FLUSH_WAIT, "audit: publishing before the handover did not finish; retried after it"),
+        Err(_) => {
+            tracing::warn!(wait = ?AUDIT_FLUSH_WAIT, "audit: publishing before the handover did not finish; retried after it")
+        }
     }
 }
 
@@ -251,7 +267,9 @@ async fn flush_audit(publisher: tokio::task::JoinHandle<fjord_audit::Result<()>>
         Ok(Ok(Ok(()))) => tracing::info!("audit: final broker counts published"),
         Ok(Ok(Err(e))) => tracing::warn!(error = %e, "audit: final flush failed; the report will show these counts missing"),
         Ok(Err(e)) => tracing::error!(error = %e, "audit publisher panicked"),
-        Err(_) => tracing::warn!(wait = ?AUDIT_FLUSH_WAIT, "audit: final flush did not finish; the report will show these counts missing"),
+        Err(_) => {
+            tracing::warn!(wait = ?AUDIT_FLUSH_WAIT, "audit: final flush did not finish; the report will show these counts missing")
+        }
     }
 }
 
@@ -273,7 +291,12 @@ async fn controlled_shutdown(store: &dyn MetadataStore, view: &ClusterView, time
     tracing::info!(broker_id = me, leading, "controlled shutdown: deregistering and waiting for leadership to move");
     deregister(store, me).await;
     if view.wait_for(timeout, |v| v.led_by(me).is_empty()).await {
-        tracing::info!(broker_id = me, leading, elapsed_ms = started.elapsed().as_millis() as u64, "controlled shutdown: leadership moved");
+        tracing::info!(
+            broker_id = me,
+            leading,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "controlled shutdown: leadership moved"
+        );
     } else {
         let left = view.led_by(me);
         tracing::warn!(broker_id = me, still_leading = ?left, ?timeout, "controlled shutdown timed out; stopping anyway");
@@ -448,9 +471,7 @@ fn load_or_create_meta_properties(dir: &Path, broker_id: i32) -> Result<String> 
             let bad = |reason: String| Error::MetaProperties { path: path.clone(), reason };
             match (stored_id, cluster_id) {
                 (Some(id), Some(cluster)) if id == broker_id => Ok(cluster),
-                (Some(id), Some(_)) => {
-                    Err(bad(format!("log dir belongs to broker.id {id}, this broker is {broker_id}")))
-                }
+                (Some(id), Some(_)) => Err(bad(format!("log dir belongs to broker.id {id}, this broker is {broker_id}"))),
                 _ => Err(bad("missing or malformed broker.id / cluster.id".into())),
             }
         }

@@ -54,7 +54,12 @@ pub(crate) async fn read(store: &dyn MetadataStore, topic: &str) -> Result<Optio
 
 /// Stores `overrides` as the topic's config if its node is still as `read` found it.
 /// `Ok(false)`: someone changed it in between; read again and redo the change.
-pub(crate) async fn write(store: &dyn MetadataStore, topic: &str, seen: &StoredConfig, overrides: &BTreeMap<String, String>) -> Result<bool> {
+pub(crate) async fn write(
+    store: &dyn MetadataStore,
+    topic: &str,
+    seen: &StoredConfig,
+    overrides: &BTreeMap<String, String>,
+) -> Result<bool> {
     let path = paths::topic_config(topic);
     let doc = to_json(&TopicConfigDocument { version: 1, config: overrides.clone() });
     let outcome = match seen.version {
@@ -63,9 +68,9 @@ pub(crate) async fn write(store: &dyn MetadataStore, topic: &str, seen: &StoredC
     };
     match outcome {
         Ok(()) => Ok(true),
-        Err(fjord_coord::Error::BadVersion { .. } | fjord_coord::Error::NodeExists { .. } | fjord_coord::Error::NoNode { .. }) => {
-            Ok(false)
-        }
+        Err(
+            fjord_coord::Error::BadVersion { .. } | fjord_coord::Error::NodeExists { .. } | fjord_coord::Error::NoNode { .. },
+        ) => Ok(false),
         Err(e) => Err(e.into()),
     }
 }

@@ -113,10 +113,8 @@ fn effective_config(settings: &TopicSettings, overrides: &BTreeMap<String, Strin
     // the log's config.
     for (key, value) in overrides {
         if key == UNCLEAN_LEADER_ELECTION {
-            unclean = value
-                .trim()
-                .parse()
-                .map_err(|_| TopicError::InvalidConfig(format!("{key}={value}: expected true or false")))?;
+            unclean =
+                value.trim().parse().map_err(|_| TopicError::InvalidConfig(format!("{key}={value}: expected true or false")))?;
         } else {
             config.set(key, value).map_err(|e| TopicError::InvalidConfig(e.to_string()))?;
         }
@@ -344,9 +342,8 @@ impl Topics {
                 other?;
             }
         }
-        let assignment = TopicAssignment {
-            partitions: topic.replicas.iter().enumerate().map(|(p, r)| (p.to_string(), r.clone())).collect(),
-        };
+        let assignment =
+            TopicAssignment { partitions: topic.replicas.iter().enumerate().map(|(p, r)| (p.to_string(), r.clone())).collect() };
         match create_all(store, &paths::topic(name), &to_json(&assignment), CreateMode::Persistent).await {
             // Another broker created it first.
             Err(fjord_coord::Error::NodeExists { .. }) => return Err(TopicError::AlreadyExists),
@@ -423,7 +420,12 @@ fn check_manual_assignment(replicas: &[Vec<i32>], brokers: &[(i32, Option<String
 /// When every broker has a rack, the brokers are first ordered rack by rack alternately
 /// and followers on racks the partition has no replica on yet come first, so replicas
 /// land on as many racks as there are (Kafka's rack-aware placement).
-pub(crate) fn assign_replicas(brokers: &[(i32, Option<String>)], partitions: i32, replication_factor: usize, seed: u64) -> Vec<Vec<i32>> {
+pub(crate) fn assign_replicas(
+    brokers: &[(i32, Option<String>)],
+    partitions: i32,
+    replication_factor: usize,
+    seed: u64,
+) -> Vec<Vec<i32>> {
     let n = brokers.len();
     assert!(n > 0 && (1..=n).contains(&replication_factor), "invariant: checked by the caller");
     let rack_aware = brokers.iter().all(|(_, rack)| rack.is_some());
@@ -437,8 +439,7 @@ pub(crate) fn assign_replicas(brokers: &[(i32, Option<String>)], partitions: i32
         }
         let first = (p + start) % n;
         // Every other broker once, in Kafka's follower order.
-        let others: Vec<&(i32, Option<String>)> =
-            (0..n - 1).map(|k| &ordered[(first + 1 + (shift + k) % (n - 1)) % n]).collect();
+        let others: Vec<&(i32, Option<String>)> = (0..n - 1).map(|k| &ordered[(first + 1 + (shift + k) % (n - 1)) % n]).collect();
         let mut replicas = vec![ordered[first].0];
         if rack_aware {
             let mut racks = BTreeSet::from([&ordered[first].1]);

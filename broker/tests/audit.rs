@@ -13,7 +13,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::RawClient;
 use fjord_audit::{AuditRecord, AUDIT_TOPIC, BROKER_TIER, CREATED_HEADER};
-use fjord_client::{Admin, ClientConfig, Consumer, ConsumerConfig, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord, SeekTo, TopicPartition};
+use fjord_client::{
+    Admin, ClientConfig, Consumer, ConsumerConfig, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord, SeekTo,
+    TopicPartition,
+};
 use fjord_record::BatchBuilder;
 use fjord_testkit::Cluster;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
@@ -24,9 +27,10 @@ const WINDOW_MS: i64 = 1000;
 
 /// Produces `records` (one batch) to `events`-0 over the raw protocol, acks=all.
 async fn raw_produce(client: &mut RawClient, records: Bytes) -> (i16, i64) {
-    let request = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
-        .with_name(TopicName(StrBytes::from_static_str("events")))
-        .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(records))])]);
+    let request =
+        ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_static_str("events")))
+            .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(records))])]);
     let response: ProduceResponse = client.call(ApiKey::Produce, 9, &request).await.unwrap();
     let p = &response.responses[0].partition_responses[0];
     (p.error_code, p.base_offset)
@@ -37,7 +41,10 @@ async fn audit_records(bootstrap: &str) -> Vec<AuditRecord> {
     let client = ClientConfig::new(bootstrap);
     let admin = Admin::connect(client.clone()).await.unwrap();
     let end = admin.list_offsets(&[(AUDIT_TOPIC.into(), 0, fjord_client::OffsetSpec::Latest)]).await.unwrap()[0];
-    let mut consumer = Consumer::connect(ConsumerConfig { client, auto_offset_reset: OffsetReset::Earliest, ..ConsumerConfig::default() }).await.unwrap();
+    let mut consumer =
+        Consumer::connect(ConsumerConfig { client, auto_offset_reset: OffsetReset::Earliest, ..ConsumerConfig::default() })
+            .await
+            .unwrap();
     let tp = TopicPartition::new(AUDIT_TOPIC, 0);
     consumer.assign([tp.clone()]).await.unwrap();
     consumer.seek(&tp, SeekTo::Beginning).unwrap();
@@ -79,7 +86,8 @@ async fn leader_counts_each_append_once_and_flushes_at_graceful_shutdown() {
     let mut deliveries = Vec::new();
     for i in 0..100i64 {
         let created = 5 * WINDOW_MS + (i % 2) * WINDOW_MS;
-        let record = ProducerRecord::new("events", Bytes::from(format!("e{i}"))).header(CREATED_HEADER, Some(Bytes::from(created.to_string())));
+        let record = ProducerRecord::new("events", Bytes::from(format!("e{i}")))
+            .header(CREATED_HEADER, Some(Bytes::from(created.to_string())));
         deliveries.push(producer.send(record).await.unwrap());
     }
     for d in deliveries {
@@ -91,7 +99,15 @@ async fn leader_counts_each_append_once_and_flushes_at_graceful_shutdown() {
     // answer (the original offset), nothing appended, nothing counted.
     let mut raw = RawClient::connect(cluster.addr(leader).parse().unwrap()).await.unwrap();
     let init: InitProducerIdResponse = raw
-        .call(ApiKey::InitProducerId, 4, &InitProducerIdRequest::default().with_transactional_id(None).with_transaction_timeout_ms(60_000).with_producer_id(ProducerId(-1)).with_producer_epoch(-1))
+        .call(
+            ApiKey::InitProducerId,
+            4,
+            &InitProducerIdRequest::default()
+                .with_transactional_id(None)
+                .with_transaction_timeout_ms(60_000)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1),
+        )
         .await
         .unwrap();
     assert_eq!(init.error_code, 0);
@@ -116,13 +132,18 @@ async fn leader_counts_each_append_once_and_flushes_at_graceful_shutdown() {
     cluster.stop(leader).await.unwrap();
     cluster.start(leader).await.unwrap();
 
-    let records: Vec<AuditRecord> = audit_records(&cluster.addr(leader)).await.into_iter().filter(|r| r.tier == BROKER_TIER).collect();
+    let records: Vec<AuditRecord> =
+        audit_records(&cluster.addr(leader)).await.into_iter().filter(|r| r.tier == BROKER_TIER).collect();
     let mut per_window = std::collections::BTreeMap::new();
     for r in &records {
         assert_eq!((r.topic.as_str(), r.cluster.as_str(), r.window_ms), ("events", "online", WINDOW_MS), "{r:?}");
         *per_window.entry(r.window_start_ms).or_insert(0) += r.count;
     }
-    assert_eq!(per_window.into_iter().collect::<Vec<_>>(), [(5 * WINDOW_MS, 50), (6 * WINDOW_MS, 50), (9 * WINDOW_MS, 5)], "{records:?}");
+    assert_eq!(
+        per_window.into_iter().collect::<Vec<_>>(),
+        [(5 * WINDOW_MS, 50), (6 * WINDOW_MS, 50), (9 * WINDOW_MS, 5)],
+        "{records:?}"
+    );
     let hosts: BTreeSet<&str> = records.iter().map(|r| r.host.as_str()).collect();
     let leader_host = format!("{leader}/{}", cluster.addr(leader));
     assert_eq!(hosts, BTreeSet::from([leader_host.as_str()]), "only the leader counts; the follower's replica fetches do not");
@@ -134,7 +155,12 @@ async fn leader_counts_each_append_once_and_flushes_at_graceful_shutdown() {
 async fn standalone_broker_flushes_its_counts_at_graceful_shutdown() {
     let dir = tempfile::tempdir().unwrap();
     let configure = |c: &mut fjord_broker::BrokerConfig| {
-        c.audit = fjord_broker::AuditConfig { enable: true, interval: Duration::from_secs(3600), window: Duration::from_millis(WINDOW_MS as u64), ..Default::default() };
+        c.audit = fjord_broker::AuditConfig {
+            enable: true,
+            interval: Duration::from_secs(3600),
+            window: Duration::from_millis(WINDOW_MS as u64),
+            ..Default::default()
+        };
     };
     let broker = common::TestBroker::start_in(dir.path().join("data"), configure).await.unwrap();
     let client = ClientConfig::new(&broker.bootstrap());
@@ -147,7 +173,8 @@ async fn standalone_broker_flushes_its_counts_at_graceful_shutdown() {
     broker.stop().await.unwrap();
 
     let broker = common::TestBroker::start_in(dir.path().join("data"), configure).await.unwrap();
-    let records: Vec<AuditRecord> = audit_records(&broker.bootstrap()).await.into_iter().filter(|r| r.tier == BROKER_TIER).collect();
+    let records: Vec<AuditRecord> =
+        audit_records(&broker.bootstrap()).await.into_iter().filter(|r| r.tier == BROKER_TIER).collect();
     let counted: Vec<_> = records.iter().map(|r| (r.topic.as_str(), r.window_start_ms, r.count)).collect();
     assert_eq!(counted, [("events", 3 * WINDOW_MS, 30)]);
     broker.stop().await.unwrap();

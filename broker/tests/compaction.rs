@@ -111,11 +111,8 @@ async fn a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset() {
         .with_resource_name(str_bytes(TOPIC))
         .with_configuration_keys(None)]);
     let response: DescribeConfigsResponse = client.call(ApiKey::DescribeConfigs, 4, &describe).await.unwrap();
-    let configs: HashMap<&str, (Option<&str>, i8)> = response.results[0]
-        .configs
-        .iter()
-        .map(|c| (c.name.as_str(), (c.value.as_deref(), c.config_source)))
-        .collect();
+    let configs: HashMap<&str, (Option<&str>, i8)> =
+        response.results[0].configs.iter().map(|c| (c.name.as_str(), (c.value.as_deref(), c.config_source))).collect();
     assert_eq!(configs["cleanup.policy"], (Some("compact"), 1));
     assert_eq!(configs["min.cleanable.dirty.ratio"], (Some("0.01"), 1));
     assert_eq!(configs["delete.retention.ms"], (Some("500"), 1));
@@ -133,12 +130,9 @@ async fn a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset() {
     let (input, produced) = updates();
     let bootstrap = broker.bootstrap();
     let produce_started = Instant::now();
-    kcat(
-        &["-b", &bootstrap, "-P", "-t", TOPIC, "-K:", "-Z", "-X", "batch.num.messages=500", "-X", "linger.ms=5"],
-        Some(&input),
-    )
-    .await
-    .unwrap();
+    kcat(&["-b", &bootstrap, "-P", "-t", TOPIC, "-K:", "-Z", "-X", "batch.num.messages=500", "-X", "linger.ms=5"], Some(&input))
+        .await
+        .unwrap();
     let produced_in = produce_started.elapsed();
     assert_eq!(client.latest_offset(TOPIC).await.1, produced.len() as i64);
 

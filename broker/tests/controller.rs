@@ -69,9 +69,9 @@ impl Cluster {
 }
 
 async fn metadata(client: &mut RawClient, topics: Option<&[&str]>) -> MetadataResponse {
-    let request = MetadataRequest::default().with_topics(
-        topics.map(|names| names.iter().map(|n| metadata_request::MetadataRequestTopic::default().with_name(Some(topic_name(n)))).collect()),
-    );
+    let request = MetadataRequest::default().with_topics(topics.map(|names| {
+        names.iter().map(|n| metadata_request::MetadataRequestTopic::default().with_name(Some(topic_name(n)))).collect()
+    }));
     client.call(ApiKey::Metadata, 12, &request).await.unwrap()
 }
 
@@ -83,7 +83,10 @@ async fn create(client: &mut RawClient, topic: CreatableTopic) -> (i16, Option<S
 }
 
 fn spread(topic: &str, partitions: i32, replication_factor: i16) -> CreatableTopic {
-    CreatableTopic::default().with_name(topic_name(topic)).with_num_partitions(partitions).with_replication_factor(replication_factor)
+    CreatableTopic::default()
+        .with_name(topic_name(topic))
+        .with_num_partitions(partitions)
+        .with_replication_factor(replication_factor)
 }
 
 async fn produce(client: &mut RawClient, topic: &str, partition: i32, value: &str) -> (i16, i64) {
@@ -100,7 +103,9 @@ fn partitions(topic: &MetadataResponseTopic) -> Vec<PartitionRow> {
     let mut rows: Vec<_> = topic.partitions.iter().map(|p| (p.partition_index, p)).collect();
     rows.sort_by_key(|(i, _)| *i);
     rows.into_iter()
-        .map(|(_, p)| (p.leader_id.0, p.leader_epoch, ids(&p.replica_nodes), ids(&p.isr_nodes), ids(&p.offline_replicas), p.error_code))
+        .map(|(_, p)| {
+            (p.leader_id.0, p.leader_epoch, ids(&p.replica_nodes), ids(&p.isr_nodes), ids(&p.offline_replicas), p.error_code)
+        })
         .collect()
 }
 
@@ -126,7 +131,8 @@ async fn metadata_until<T>(
 async fn placement_metadata_and_replication_factor_errors() {
     let zk = fjord_testkit::ZooKeeper::start().unwrap();
     // Racks: broker 2 alone on rack "b".
-    let cluster = Cluster::start(&zk, "placement", 3, |c| c.broker_rack = Some(if c.broker_id == 2 { "b" } else { "a" }.into())).await;
+    let cluster =
+        Cluster::start(&zk, "placement", 3, |c| c.broker_rack = Some(if c.broker_id == 2 { "b" } else { "a" }.into())).await;
     let mut client = cluster.client(1).await;
     assert_eq!(create(&mut client, spread("spread", 6, 3)).await.0, 0);
 
@@ -175,7 +181,9 @@ async fn placement_metadata_and_replication_factor_errors() {
         .with_name(topic_name("manual"))
         .with_num_partitions(-1)
         .with_replication_factor(-1)
-        .with_assignments(vec![CreatableReplicaAssignment::default().with_partition_index(0).with_broker_ids(vec![BrokerId(1), BrokerId(9)])]);
+        .with_assignments(vec![CreatableReplicaAssignment::default()
+            .with_partition_index(0)
+            .with_broker_ids(vec![BrokerId(1), BrokerId(9)])]);
     assert_eq!(create(&mut client, manual.clone()).await.0, INVALID_REPLICA_ASSIGNMENT);
     // A valid one is taken as given.
     let manual = manual.with_assignments(vec![
@@ -197,7 +205,8 @@ async fn placement_metadata_and_replication_factor_errors() {
     let response: DeleteTopicsResponse = client.call(ApiKey::DeleteTopics, 4, &delete).await.unwrap();
     assert_eq!(response.responses[0].error_code, 0);
     assert!(!cluster.brokers[&1].data_dir.join("manual-0").exists(), "the deleting broker answers once its logs are gone");
-    metadata_until(&mut other, Some(&["manual"]), "broker 3 to drop the topic", |r| (r.topics[0].error_code == 3).then_some(())).await;
+    metadata_until(&mut other, Some(&["manual"]), "broker 3 to drop the topic", |r| (r.topics[0].error_code == 3).then_some(()))
+        .await;
     assert!(!cluster.brokers[&3].data_dir.join("manual-0").exists());
     assert!(!cluster.brokers[&3].data_dir.join("manual-1").exists());
     cluster.stop().await;
@@ -259,7 +268,8 @@ async fn a_partition_without_live_isr_is_offline_until_its_replica_returns() {
         .with_assignments(vec![CreatableReplicaAssignment::default().with_partition_index(0).with_broker_ids(vec![BrokerId(2)])]);
     assert_eq!(create(&mut client, manual).await.0, 0);
     let mut leader = cluster.client(2).await;
-    metadata_until(&mut leader, Some(&["alone"]), "broker 2 to lead", |r| (partitions(&r.topics[0])[0].0 == 2).then_some(())).await;
+    metadata_until(&mut leader, Some(&["alone"]), "broker 2 to lead", |r| (partitions(&r.topics[0])[0].0 == 2).then_some(()))
+        .await;
     assert_eq!(produce(&mut leader, "alone", 0, "kept").await, (0, 0));
 
     // Broker 2 stops (controlled: it waits for the controller to take its leadership).
@@ -280,7 +290,8 @@ async fn a_partition_without_live_isr_is_offline_until_its_replica_returns() {
     .await;
     assert_eq!(rows[0], (2, 2, vec![2], vec![2], vec![], 0));
     let mut leader = cluster.client(2).await;
-    metadata_until(&mut leader, Some(&["alone"]), "broker 2 to lead", |r| (partitions(&r.topics[0])[0].0 == 2).then_some(())).await;
+    metadata_until(&mut leader, Some(&["alone"]), "broker 2 to lead", |r| (partitions(&r.topics[0])[0].0 == 2).then_some(()))
+        .await;
     assert_eq!(produce(&mut leader, "alone", 0, "more").await, (0, 1), "the log survived");
 
     // Deleted while broker 2 is down: its log goes when it comes back.
@@ -296,11 +307,14 @@ async fn a_partition_without_live_isr_is_offline_until_its_replica_returns() {
             .with_name(topic_name(topic))
             .with_num_partitions(-1)
             .with_replication_factor(-1)
-            .with_assignments(vec![CreatableReplicaAssignment::default().with_partition_index(0).with_broker_ids(vec![BrokerId(2)])])
+            .with_assignments(vec![CreatableReplicaAssignment::default()
+                .with_partition_index(0)
+                .with_broker_ids(vec![BrokerId(2)])])
     };
     assert_eq!(create(&mut client, on_two("again")).await.0, 0);
     let mut leader = cluster.client(2).await;
-    metadata_until(&mut leader, Some(&["again"]), "broker 2 to lead", |r| (partitions(&r.topics[0])[0].0 == 2).then_some(())).await;
+    metadata_until(&mut leader, Some(&["again"]), "broker 2 to lead", |r| (partitions(&r.topics[0])[0].0 == 2).then_some(()))
+        .await;
     assert_eq!(produce(&mut leader, "again", 0, "old").await, (0, 0));
     assert_eq!(delete(&mut client, "again").await, 0);
     assert_eq!(create(&mut client, on_two("again")).await.0, 0);
@@ -335,7 +349,8 @@ async fn a_controller_that_finds_a_newer_epoch_steps_down_and_competes_again() {
         read_json::<i32>(store, paths::CONTROLLER_EPOCH).await.unwrap().map(|(e, _)| e)
     }
     let mut client = cluster.client(1).await;
-    let controller = metadata_until(&mut client, None, "a controller", |r| (r.controller_id.0 > 0).then_some(r.controller_id.0)).await;
+    let controller =
+        metadata_until(&mut client, None, "a controller", |r| (r.controller_id.0 > 0).then_some(r.controller_id.0)).await;
     let other = 3 - controller;
     let before = epoch(&*store).await.unwrap();
     let manual = CreatableTopic::default()

@@ -17,8 +17,8 @@ const KEYS: &[i16] = &[0, 1, 2, 3, 10, 18, 19, 20, 32, 33, 44, 11, 999, -1];
 /// A frame: a plausible request header (known key, any version, a client id) in front of
 /// random bytes, or random bytes from the first byte on.
 fn frame() -> impl Strategy<Value = Vec<u8>> {
-    let structured = (prop::sample::select(KEYS), -1i16..16, any::<i32>(), prop::collection::vec(any::<u8>(), 0..300))
-        .prop_map(|(key, version, correlation_id, body)| {
+    let structured = (prop::sample::select(KEYS), -1i16..16, any::<i32>(), prop::collection::vec(any::<u8>(), 0..300)).prop_map(
+        |(key, version, correlation_id, body)| {
             let mut frame = BytesMut::new();
             frame.put_i16(key);
             frame.put_i16(version);
@@ -27,7 +27,8 @@ fn frame() -> impl Strategy<Value = Vec<u8>> {
             frame.put_slice(b"fuzz");
             frame.put_slice(&body);
             frame.to_vec()
-        });
+        },
+    );
     prop_oneof![structured, prop::collection::vec(any::<u8>(), 0..300)]
 }
 

@@ -172,13 +172,13 @@ async fn offset_fetch_answers_the_same_before_and_from_v8() {
     let commit = OffsetCommitRequest::default()
         .with_group_id(GroupId(s("fetcher")))
         .with_generation_id_or_member_epoch(-1)
-        .with_topics(vec![offset_commit_request::OffsetCommitRequestTopic::default().with_name(TopicName(s("t"))).with_partitions(
-            vec![offset_commit_request::OffsetCommitRequestPartition::default()
+        .with_topics(vec![offset_commit_request::OffsetCommitRequestTopic::default()
+            .with_name(TopicName(s("t")))
+            .with_partitions(vec![offset_commit_request::OffsetCommitRequestPartition::default()
                 .with_partition_index(1)
                 .with_committed_offset(42)
                 .with_committed_leader_epoch(3)
-                .with_committed_metadata(Some(s("meta")))],
-        )]);
+                .with_committed_metadata(Some(s("meta")))])]);
     let response: OffsetCommitResponse = client.call(ApiKey::OffsetCommit, 7, &commit).await.unwrap();
     assert_eq!(response.topics[0].partitions[0].error_code, 0);
 
@@ -203,16 +203,17 @@ async fn offset_fetch_answers_the_same_before_and_from_v8() {
                 .collect()
         };
     }
-    let before_v8 = |group: &str| OffsetFetchRequest::default().with_group_id(GroupId(s(group))).with_topics(Some(vec![
-        offset_fetch_request::OffsetFetchRequestTopic::default().with_name(TopicName(s("t"))).with_partition_indexes(vec![0, 1]),
-    ]));
+    let before_v8 = |group: &str| {
+        OffsetFetchRequest::default().with_group_id(GroupId(s(group))).with_topics(Some(vec![
+            offset_fetch_request::OffsetFetchRequestTopic::default()
+                .with_name(TopicName(s("t")))
+                .with_partition_indexes(vec![0, 1]),
+        ]))
+    };
     let mut answers_before_v8 = Vec::<Answer>::new();
     for group in ["fetcher", ""] {
         let r: OffsetFetchResponse = client.call(ApiKey::OffsetFetch, 7, &before_v8(group)).await.unwrap();
-        answers_before_v8.push((
-            r.error_code,
-            topics!(r.topics),
-        ));
+        answers_before_v8.push((r.error_code, topics!(r.topics)));
     }
     let v8 = OffsetFetchRequest::default().with_groups(
         ["fetcher", ""]
@@ -227,19 +228,11 @@ async fn offset_fetch_answers_the_same_before_and_from_v8() {
             .collect(),
     );
     let r: OffsetFetchResponse = client.call(ApiKey::OffsetFetch, 8, &v8).await.unwrap();
-    let answers_v8: Vec<Answer> = r
-        .groups
-        .into_iter()
-        .map(|g| {
-            (g.error_code, topics!(g.topics))
-        })
-        .collect();
+    let answers_v8: Vec<Answer> = r.groups.into_iter().map(|g| (g.error_code, topics!(g.topics))).collect();
 
     const INVALID_GROUP_ID: i16 = 24;
-    let expected: Vec<Answer> = vec![
-        (0, vec![("t".into(), vec![(0, -1, -1, String::new()), (1, 42, 3, "meta".into())])]),
-        (INVALID_GROUP_ID, vec![]),
-    ];
+    let expected: Vec<Answer> =
+        vec![(0, vec![("t".into(), vec![(0, -1, -1, String::new()), (1, 42, 3, "meta".into())])]), (INVALID_GROUP_ID, vec![])];
     assert_eq!(answers_before_v8, expected);
     assert_eq!(answers_v8, expected);
     broker.stop().await.unwrap();

@@ -116,12 +116,9 @@ async fn kcat_produces_and_consumes_100k_keyed_messages_with_headers_on_4_partit
 async fn kcat_round_trips_every_compression_codec_stored_compressed() {
     let dir = tempfile::tempdir().unwrap();
     let broker = TestBroker::start_in(dir.path().join("data"), |c| c.num_partitions = 4).await.unwrap();
-    for (codec, expected) in [
-        ("gzip", Compression::Gzip),
-        ("snappy", Compression::Snappy),
-        ("lz4", Compression::Lz4),
-        ("zstd", Compression::Zstd),
-    ] {
+    for (codec, expected) in
+        [("gzip", Compression::Gzip), ("snappy", Compression::Snappy), ("lz4", Compression::Lz4), ("zstd", Compression::Zstd)]
+    {
         let topic = format!("compressed-{codec}");
         produce_and_consume(&broker, &topic, 20_000, &["-z", codec]).await;
         let codecs = stored_codecs(&broker.data_dir, &topic);
@@ -162,9 +159,8 @@ async fn kcat_consumes_from_an_offset_and_from_a_timestamp() {
     // Offsets by timestamp through kcat's query mode, and the end of the log.
     let query = kcat(&["-b", &bootstrap, "-Q", "-t", &format!("timeline:0:{split}")], None).await.unwrap();
     assert!(String::from_utf8_lossy(&query).contains("offset 500"), "{}", String::from_utf8_lossy(&query));
-    let tail = kcat(&["-b", &bootstrap, "-C", "-t", "timeline", "-p", "0", "-o", "-2", "-e", "-f", "%o\n", "-q"], None)
-        .await
-        .unwrap();
+    let tail =
+        kcat(&["-b", &bootstrap, "-C", "-t", "timeline", "-p", "0", "-o", "-2", "-e", "-f", "%o\n", "-q"], None).await.unwrap();
     assert_eq!(String::from_utf8(tail).unwrap(), "798\n799\n");
     broker.stop().await.unwrap();
 }

@@ -112,7 +112,10 @@ async fn metrics_show_partitions_the_cleaner_and_requests_per_api() {
     assert!(value("fjord_broker_cleaner_last_records_removed") > 0.0, "{text}");
     assert_eq!(sample(&text, "fjord_broker_requests_total", "api=\"Produce\""), Some(51.0));
     assert_eq!(sample(&text, "fjord_broker_requests_total", "api=\"CreateTopics\""), Some(1.0));
-    assert_eq!(sample(&text, "fjord_broker_request_errors_total", "api=\"Produce\",error=\"CorruptMessage\",code=\"2\""), Some(1.0));
+    assert_eq!(
+        sample(&text, "fjord_broker_request_errors_total", "api=\"Produce\",error=\"CorruptMessage\",code=\"2\""),
+        Some(1.0)
+    );
     assert_eq!(sample(&text, "fjord_broker_malformed_requests_total", ""), Some(1.0));
 
     assert_eq!(http(metrics, "GET", "/elsewhere").await.0, "HTTP/1.1 404 Not Found");

@@ -113,7 +113,8 @@ async fn unknown_api_keys_and_versions_get_unsupported_version_and_the_connectio
         let answer = client.read_frame().await.unwrap();
         assert_eq!(&answer[..], &[0, 0, 0, 77, 0, UNSUPPORTED_VERSION as u8], "api key {key} v{version}");
     }
-    let metadata: MetadataResponse = client.call(ApiKey::Metadata, 9, &MetadataRequest::default().with_topics(Some(vec![]))).await.unwrap();
+    let metadata: MetadataResponse =
+        client.call(ApiKey::Metadata, 9, &MetadataRequest::default().with_topics(Some(vec![]))).await.unwrap();
     assert_eq!(metadata.brokers.len(), 1);
     broker.stop().await.unwrap();
 }
@@ -184,8 +185,7 @@ async fn a_long_poll_fetch_wakes_on_append_well_before_max_wait() {
     let mut consumer = RawClient::connect(broker.addr).await.unwrap();
     let started = Instant::now();
     let fetch = tokio::spawn(async move {
-        let response: FetchResponse =
-            consumer.call(ApiKey::Fetch, 11, &fetch_request("poll", 1, 20_000, 1 << 20)).await.unwrap();
+        let response: FetchResponse = consumer.call(ApiKey::Fetch, 11, &fetch_request("poll", 1, 20_000, 1 << 20)).await.unwrap();
         (response, started.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -263,7 +263,8 @@ async fn unknown_topics_without_auto_create_are_unknown_topic_or_partition() {
     let (broker, _dir) = start(|c| c.auto_create_topics = false).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     assert_eq!(produce(&mut client, "nope", batch(&["x"])).await.0, UNKNOWN_TOPIC_OR_PARTITION);
-    let request = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(topic_name("nope")))]));
+    let request =
+        MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(topic_name("nope")))]));
     let metadata: MetadataResponse = client.call(ApiKey::Metadata, 9, &request).await.unwrap();
     assert_eq!(metadata.topics[0].error_code, UNKNOWN_TOPIC_OR_PARTITION);
     let response: FetchResponse = client.call(ApiKey::Fetch, 11, &fetch_request("nope", 0, 0, 100)).await.unwrap();
@@ -276,12 +277,14 @@ async fn unknown_topics_without_auto_create_are_unknown_topic_or_partition() {
 async fn invalid_acks_and_old_message_formats_are_refused() {
     let (broker, _dir) = start(|_| {}).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &produce_request("acks", 0, 5, 5000, batch(&["x"]))).await.unwrap();
+    let response: ProduceResponse =
+        client.call(ApiKey::Produce, 7, &produce_request("acks", 0, 5, 5000, batch(&["x"]))).await.unwrap();
     assert_eq!(response.responses[0].partition_responses[0].error_code, INVALID_REQUIRED_ACKS);
     // A message-format-v1 payload in a v7 request: not corrupt, just not stored here.
     let mut old_format = batch(&["x"]).to_vec();
     old_format[16] = 1; // magic
-    let response: ProduceResponse = client.call(ApiKey::Produce, 7, &produce_request("acks", 0, 1, 5000, old_format.into())).await.unwrap();
+    let response: ProduceResponse =
+        client.call(ApiKey::Produce, 7, &produce_request("acks", 0, 1, 5000, old_format.into())).await.unwrap();
     assert_eq!(response.responses[0].partition_responses[0].error_code, UNSUPPORTED_FOR_MESSAGE_FORMAT);
     // Produce v2 (message format v1): answered by hand, nothing appended.
     let mut body = BytesMut::new();
@@ -355,8 +358,8 @@ async fn create_describe_and_delete_topics() {
     let response: DeleteTopicsResponse = client.call(ApiKey::DeleteTopics, 4, &delete).await.unwrap();
     assert_eq!(response.responses[0].error_code, 0);
     assert_eq!(response.responses[1].error_code, UNKNOWN_TOPIC_OR_PARTITION);
-    let delete = DeleteTopicsRequest::default()
-        .with_topics(vec![DeleteTopicState::default().with_name(Some(topic_name("made")))]);
+    let delete =
+        DeleteTopicsRequest::default().with_topics(vec![DeleteTopicState::default().with_name(Some(topic_name("made")))]);
     let response: DeleteTopicsResponse = client.call(ApiKey::DeleteTopics, 6, &delete).await.unwrap();
     assert_eq!(response.responses[0].error_code, UNKNOWN_TOPIC_OR_PARTITION);
     assert_eq!(client.latest_offset("made").await.0, UNKNOWN_TOPIC_OR_PARTITION);
@@ -418,7 +421,8 @@ async fn topics_and_data_survive_a_clean_restart() {
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     assert_eq!(client.latest_offset("durable").await, (0, 10));
     assert_eq!(produce(&mut client, "durable", batch(&["v10"])).await, (0, 10));
-    let request = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(topic_name("durable")))]));
+    let request = MetadataRequest::default()
+        .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(topic_name("durable")))]));
     let metadata: MetadataResponse = client.call(ApiKey::Metadata, 9, &request).await.unwrap();
     assert_eq!(metadata.topics[0].partitions.len(), 2);
     broker.stop().await.unwrap();
@@ -441,7 +445,8 @@ async fn cleanup_policies_delete_and_compact_are_accepted_and_others_refused() {
         let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 5, &create(topic, policy)).await.unwrap();
         assert_eq!(response.topics[0].error_code, 0, "{policy}");
     }
-    let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 5, &create("shredded", "compact,shred")).await.unwrap();
+    let response: CreateTopicsResponse =
+        client.call(ApiKey::CreateTopics, 5, &create("shredded", "compact,shred")).await.unwrap();
     assert_eq!(response.topics[0].error_code, 40, "INVALID_CONFIG");
     assert!(response.topics[0].error_message.as_deref().unwrap_or_default().contains("cleanup.policy"));
     broker.stop().await.unwrap();
@@ -526,7 +531,12 @@ async fn alter_incrementally(
 }
 
 /// One legacy AlterConfigs resource at `version`: (error code, error message).
-async fn alter_replacing(client: &mut RawClient, version: i16, topic: &str, configs: &[(&str, Option<&str>)]) -> (i16, Option<String>) {
+async fn alter_replacing(
+    client: &mut RawClient,
+    version: i16,
+    topic: &str,
+    configs: &[(&str, Option<&str>)],
+) -> (i16, Option<String>) {
     use alter_configs_request::{AlterConfigsResource, AlterableConfig};
     let configs = configs
         .iter()
@@ -578,7 +588,8 @@ async fn alter_configs_change_live_topics_and_refuse_bad_input_precisely() {
     let big = || batch(&[&"x".repeat(200)]);
 
     // SET, DELETE and APPEND at once; the live log applies the new max.message.bytes.
-    let ops = [("max.message.bytes", SET, Some("100")), ("retention.ms", DELETE, None), ("cleanup.policy", APPEND, Some("compact"))];
+    let ops =
+        [("max.message.bytes", SET, Some("100")), ("retention.ms", DELETE, None), ("cleanup.policy", APPEND, Some("compact"))];
     assert_eq!(alter_incrementally(&mut client, 2, "tunable", &ops, false).await, (0, None));
     let configs = topic_configs(&mut client, "tunable").await;
     assert_eq!(configs["max.message.bytes"], ("100".to_owned(), 1));
@@ -593,7 +604,10 @@ async fn alter_configs_change_live_topics_and_refuse_bad_input_precisely() {
     assert_eq!(produce(&mut client, "tunable", big()).await.0, MESSAGE_TOO_LARGE);
 
     // Legacy AlterConfigs replaces the whole set; a null value leaves its key unset.
-    assert_eq!(alter_replacing(&mut client, 0, "tunable", &[("segment.bytes", Some("1048576")), ("flush.ms", None)]).await, (0, None));
+    assert_eq!(
+        alter_replacing(&mut client, 0, "tunable", &[("segment.bytes", Some("1048576")), ("flush.ms", None)]).await,
+        (0, None)
+    );
     let configs = topic_configs(&mut client, "tunable").await;
     assert_eq!(configs["segment.bytes"], ("1048576".to_owned(), 1));
     assert_eq!(configs["max.message.bytes"].1, 5);
@@ -631,7 +645,9 @@ async fn alter_configs_change_live_topics_and_refuse_bad_input_precisely() {
     assert_eq!(code, INVALID_REQUEST, "broker configs are static");
     assert!(message.unwrap().contains("broker configs"));
     // The same resource twice: both refused.
-    let twice = alter_configs_request::AlterConfigsResource::default().with_resource_type(2).with_resource_name(StrBytes::from_static_str("tunable"));
+    let twice = alter_configs_request::AlterConfigsResource::default()
+        .with_resource_type(2)
+        .with_resource_name(StrBytes::from_static_str("tunable"));
     let request = AlterConfigsRequest::default().with_resources(vec![twice.clone(), twice]);
     let response: AlterConfigsResponse = client.call(ApiKey::AlterConfigs, 1, &request).await.unwrap();
     assert_eq!(response.responses.iter().map(|r| r.error_code).collect::<Vec<_>>(), [INVALID_REQUEST, INVALID_REQUEST]);

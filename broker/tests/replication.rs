@@ -60,12 +60,25 @@ async fn produce_acks_all_retrying(client: &mut RawClient, topic: &str, records:
 }
 
 /// A Fetch of partition 0 from `offset`, as `replica_id` (-1: a consumer).
-async fn fetch(client: &mut RawClient, topic: &str, replica_id: i32, offset: i64, current_leader_epoch: i32) -> (i16, i64, usize) {
+async fn fetch(
+    client: &mut RawClient,
+    topic: &str,
+    replica_id: i32,
+    offset: i64,
+    current_leader_epoch: i32,
+) -> (i16, i64, usize) {
     long_poll(client, topic, replica_id, offset, current_leader_epoch, 0).await
 }
 
 /// [`fetch`] waiting up to `max_wait_ms` for at least one byte.
-async fn long_poll(client: &mut RawClient, topic: &str, replica_id: i32, offset: i64, current_leader_epoch: i32, max_wait_ms: i32) -> (i16, i64, usize) {
+async fn long_poll(
+    client: &mut RawClient,
+    topic: &str,
+    replica_id: i32,
+    offset: i64,
+    current_leader_epoch: i32,
+    max_wait_ms: i32,
+) -> (i16, i64, usize) {
     let request = FetchRequest::default()
         .with_replica_id(BrokerId(replica_id))
         .with_max_wait_ms(max_wait_ms)
@@ -83,12 +96,13 @@ async fn long_poll(client: &mut RawClient, topic: &str, replica_id: i32, offset:
 }
 
 async fn end_offset_for_epoch(client: &mut RawClient, topic: &str, current: i32, epoch: i32) -> (i16, i32, i64) {
-    let request = OffsetForLeaderEpochRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![
-        OffsetForLeaderTopic::default().with_topic(topic_name(topic)).with_partitions(vec![OffsetForLeaderPartition::default()
-            .with_partition(0)
-            .with_current_leader_epoch(current)
-            .with_leader_epoch(epoch)]),
-    ]);
+    let request =
+        OffsetForLeaderEpochRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![OffsetForLeaderTopic::default()
+            .with_topic(topic_name(topic))
+            .with_partitions(vec![OffsetForLeaderPartition::default()
+                .with_partition(0)
+                .with_current_leader_epoch(current)
+                .with_leader_epoch(epoch)])]);
     let response: OffsetForLeaderEpochResponse = client.call(ApiKey::OffsetForLeaderEpoch, 4, &request).await.unwrap();
     let p = &response.topics[0].partitions[0];
     (p.error_code, p.leader_epoch, p.end_offset)

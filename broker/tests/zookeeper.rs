@@ -6,8 +6,8 @@ mod common;
 
 use bytes::Bytes;
 use common::{produce_request, RawClient, TestBroker, LATEST};
-use fjord_coord::registry::{read_json, BrokerRegistration, PartitionState, TopicAssignment};
 use fjord_coord::paths;
+use fjord_coord::registry::{read_json, BrokerRegistration, PartitionState, TopicAssignment};
 use fjord_record::BatchBuilder;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
@@ -104,7 +104,8 @@ async fn a_config_change_through_one_broker_reaches_the_broker_hosting_the_topic
     };
     let mut to_other = RawClient::connect(other.addr).await.unwrap();
     for value in ["60000", "120000"] {
-        let response: IncrementalAlterConfigsResponse = to_other.call(ApiKey::IncrementalAlterConfigs, 1, &alter(value)).await.unwrap();
+        let response: IncrementalAlterConfigsResponse =
+            to_other.call(ApiKey::IncrementalAlterConfigs, 1, &alter(value)).await.unwrap();
         assert_eq!(response.responses[0].error_code, 0, "{:?}", response.responses[0].error_message);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while retention_ms(&mut to_host, "shared").await != value {

@@ -48,12 +48,8 @@ impl GatewayArgs {
             registry_url: self.registry.clone(),
             max_body_bytes: self.max_body_bytes.unwrap_or(defaults.max_body_bytes),
             buffer_bytes: self.buffer_bytes.unwrap_or(defaults.buffer_bytes),
-            linger: self
-                .linger_ms
-                .map_or(defaults.linger, Duration::from_millis),
-            broker_timeout: self
-                .broker_timeout_ms
-                .map_or(defaults.broker_timeout, Duration::from_millis),
+            linger: self.linger_ms.map_or(defaults.linger, Duration::from_millis),
+            broker_timeout: self.broker_timeout_ms.map_or(defaults.broker_timeout, Duration::from_millis),
             audit_interval: (self.audit_interval_secs > 0).then(|| Duration::from_secs(self.audit_interval_secs)),
             audit_cluster: self.audit_cluster.clone(),
             ..defaults
@@ -67,14 +63,8 @@ pub(crate) async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     config.validate()?;
     let http = TcpListener::bind(&args.http).await?;
     let grpc = TcpListener::bind(&args.grpc).await?;
-    println!(
-        "gateway HTTP: http://{} (OpenAPI at /openapi.json)",
-        http.local_addr()?
-    );
-    println!(
-        "gateway gRPC: {} (fjord.v1.Publisher, fjord.v1.Subscriber, health, reflection)",
-        grpc.local_addr()?
-    );
+    println!("gateway HTTP: http://{} (OpenAPI at /openapi.json)", http.local_addr()?);
+    println!("gateway gRPC: {} (fjord.v1.Publisher, fjord.v1.Subscriber, health, reflection)", grpc.local_addr()?);
     println!("publishing into {}", config.bootstrap);
     let shutdown = crate::server::shutdown_on_signal()?;
     fjord_gateway::run(config, http, grpc, shutdown).await?;

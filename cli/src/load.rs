@@ -55,7 +55,9 @@ fn parse_until(s: &str) -> Result<Until, String> {
     if s == "latest" {
         return Ok(Until::Latest);
     }
-    fjord_hadoop_loader::layout::parse_timestamp(s).map(Until::Timestamp).ok_or_else(|| format!("{s:?} is neither `latest`, YYYY-MM-DDTHH:MM[:SS]Z nor ms since the epoch"))
+    fjord_hadoop_loader::layout::parse_timestamp(s)
+        .map(Until::Timestamp)
+        .ok_or_else(|| format!("{s:?} is neither `latest`, YYYY-MM-DDTHH:MM[:SS]Z nor ms since the epoch"))
 }
 
 fn parse_codec(s: &str) -> Result<Codec, String> {
@@ -114,8 +116,10 @@ async fn once(config: &LoaderConfig) -> anyhow::Result<RunSummary> {
     let summary = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(0);
         bar.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {human_pos}/{human_len} records ({per_sec}) {msg}")
-                .expect("invariant: the template is valid"),
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {human_pos}/{human_len} records ({per_sec}) {msg}",
+            )
+            .expect("invariant: the template is valid"),
         );
         let bar = Bar(bar);
         let result = run_once(config, &bar).await;

@@ -85,7 +85,8 @@ pub(crate) async fn run(args: MirrorArgs) -> anyhow::Result<()> {
     config.commit_interval = args.commit_interval;
     config.topic_refresh = args.topic_refresh;
     config.instance_id = args.instance_id;
-    config.audit = args.audit_cluster.map(|cluster| AuditConfig { cluster, interval: args.audit_interval, window: args.audit_window });
+    config.audit =
+        args.audit_cluster.map(|cluster| AuditConfig { cluster, interval: args.audit_interval, window: args.audit_window });
     // Bad flags fail here, before anything binds or connects.
     config.validate()?;
     let listener = match &args.metrics {
@@ -118,18 +119,27 @@ fn render(status: &Status) -> String {
             SourceState::Connecting => "connecting".to_string(),
             SourceState::Retrying => format!("RETRYING: {}", s.last_error.as_deref().unwrap_or("?")),
         };
-        out += &format!("source {} ({}): {state}; {} records mirrored, {} commits, {} failures\n", s.alias, s.bootstrap, s.records, s.commits, s.failures);
+        out += &format!(
+            "source {} ({}): {state}; {} records mirrored, {} commits, {} failures\n",
+            s.alias, s.bootstrap, s.records, s.commits, s.failures
+        );
         out += &format!("  {:<30} {:>5} {:<30} {:>12} {:>12} {:>10}\n", "TOPIC", "PART", "TARGET", "MIRRORED", "LOG-END", "LAG");
         for p in &s.partitions {
             let lag = p.lag.map_or_else(|| "-".to_string(), |l| l.to_string());
-            out += &format!("  {:<30} {:>5} {:<30} {:>12} {:>12} {:>10}\n", p.topic, p.partition, p.target_topic, p.mirrored, p.log_end, lag);
+            out += &format!(
+                "  {:<30} {:>5} {:<30} {:>12} {:>12} {:>10}\n",
+                p.topic, p.partition, p.target_topic, p.mirrored, p.log_end, lag
+            );
         }
     }
     if status.gaps.is_empty() {
         out += "no gaps\n";
     }
     for g in &status.gaps {
-        out += &format!("GAP {} {}-{}: offsets {}..={} ({} records) deleted by retention before they were mirrored\n", g.source, g.topic, g.partition, g.first_offset, g.last_offset, g.records);
+        out += &format!(
+            "GAP {} {}-{}: offsets {}..={} ({} records) deleted by retention before they were mirrored\n",
+            g.source, g.topic, g.partition, g.first_offset, g.last_offset, g.records
+        );
     }
     out
 }

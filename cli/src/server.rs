@@ -74,8 +74,11 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let bind_at = |addr: SocketAddr, what: &'static str| async move {
         TcpListener::bind(addr).await.with_context(|| format!("binding the {what} to {addr}"))
     };
-    let (registry, http, grpc) =
-        (bind_at(args.registry, "schema registry").await?, bind_at(args.http, "gateway HTTP").await?, bind_at(args.grpc, "gateway gRPC").await?);
+    let (registry, http, grpc) = (
+        bind_at(args.registry, "schema registry").await?,
+        bind_at(args.http, "gateway HTTP").await?,
+        bind_at(args.grpc, "gateway gRPC").await?,
+    );
     std::fs::create_dir_all(&config.log_dir).with_context(|| format!("creating {}", config.log_dir.display()))?;
     let store = fjord_broker::server::open_store(&config).await?;
     println!("fjord dev");
@@ -112,10 +115,23 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     // its final audit counts) still reaches it.
     let broker_shutdown = CancellationToken::new();
     let (broker, registry, gateway) = tokio::join!(
-        async { stop_all(fjord_broker::server::run_with_store(config, store.clone(), listener, broker_shutdown.clone()).await.map_err(Into::into), &shutdown) },
-        async { stop_all(fjord_schema_registry::run(registry_config, store.clone(), registry, shutdown.clone()).await.map_err(Into::into), &shutdown) },
         async {
-            let result = stop_all(fjord_gateway::run(gateway_config, http, grpc, shutdown.clone()).await.map_err(Into::into), &shutdown);
+            stop_all(
+                fjord_broker::server::run_with_store(config, store.clone(), listener, broker_shutdown.clone())
+                    .await
+                    .map_err(Into::into),
+                &shutdown,
+            )
+        },
+        async {
+            stop_all(
+                fjord_schema_registry::run(registry_config, store.clone(), registry, shutdown.clone()).await.map_err(Into::into),
+                &shutdown,
+            )
+        },
+        async {
+            let result =
+                stop_all(fjord_gateway::run(gateway_config, http, grpc, shutdown.clone()).await.map_err(Into::into), &shutdown);
             broker_shutdown.cancel();
             result
         },

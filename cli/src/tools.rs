@@ -58,7 +58,8 @@ impl AuditFlag {
     /// Starts the tier `tier` when `--audit` was given.
     pub(crate) fn start(&self, tier: &str, client: &ClientConfig) -> Option<AuditTier> {
         let cluster = self.cluster.as_ref()?;
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "unknown".into(), |h| h.trim().to_owned());
+        let host =
+            std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "unknown".into(), |h| h.trim().to_owned());
         let counter = std::sync::Arc::new(fjord_audit::AuditCounter::new(tier, host, cluster.clone()));
         let stop = tokio_util::sync::CancellationToken::new();
         let publisher = counter.clone().spawn_publisher(client.clone(), Duration::from_secs(30), stop.clone());

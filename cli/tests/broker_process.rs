@@ -123,8 +123,12 @@ fn dev_runs_broker_registry_and_gateway_and_takes_env_overrides() {
         use std::io::{Read, Write};
         let body = "{\"value\":\"via gateway\"}\n";
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", http)).unwrap();
-        write!(stream, "POST /v1/events/dev-gateway HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
-            .unwrap();
+        write!(
+            stream,
+            "POST /v1/events/dev-gateway HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
         let mut answer = String::new();
         stream.read_to_string(&mut answer).unwrap();
         answer
@@ -136,7 +140,10 @@ fn dev_runs_broker_registry_and_gateway_and_takes_env_overrides() {
     // The broker counted both topics' appends and published them to `_audit`.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let out = Command::new(env!("CARGO_BIN_EXE_fjord")).args(["audit", "report", "--bootstrap", &bootstrap, "--format", "json"]).output().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_fjord"))
+            .args(["audit", "report", "--bootstrap", &bootstrap, "--format", "json"])
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{out:?}");
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let broker = |topic: &str| -> u64 {

@@ -62,7 +62,11 @@ async fn fjord_produce_is_read_by_kcat_and_kcat_produce_by_fjord_consume() {
     fjord(&["topics", "--bootstrap", &b.addr, "create", "--topic", "y", "--partitions", "1"], "").await;
     let input: String = (0..50).map(|i| format!("k{i}:from kcat {i}\n")).collect();
     kcat(&["-b", &b.addr, "-P", "-t", "y", "-K", ":", "-z", "snappy"], &input).await;
-    let out = fjord(&["consume", "--bootstrap", &b.addr, "--topic", "y", "--from", "beginning", "--max-messages", "50", "--format", "json"], "").await;
+    let out = fjord(
+        &["consume", "--bootstrap", &b.addr, "--topic", "y", "--from", "beginning", "--max-messages", "50", "--format", "json"],
+        "",
+    )
+    .await;
     let records: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(records.len(), 50);
     for (i, r) in records.iter().enumerate() {
@@ -100,8 +104,11 @@ async fn the_same_keys_land_on_the_same_partitions_as_with_kcat_murmur2_random()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topics_subcommands_and_one_line_errors() {
     let b = start_broker().await;
-    let created =
-        fjord(&["topics", "--bootstrap", &b.addr, "create", "--topic", "t", "--partitions", "3", "--config", "retention.ms=60000"], "").await;
+    let created = fjord(
+        &["topics", "--bootstrap", &b.addr, "create", "--topic", "t", "--partitions", "3", "--config", "retention.ms=60000"],
+        "",
+    )
+    .await;
     assert_eq!(created, "created topic t\n");
     assert_eq!(fjord(&["topics", "--bootstrap", &b.addr, "list"], "").await, "t\n");
     let described = fjord(&["topics", "--bootstrap", &b.addr, "describe", "t"], "").await;
@@ -113,15 +120,29 @@ async fn topics_subcommands_and_one_line_errors() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("TopicAlreadyExists"), "{stderr}");
     // Alter: changes the named keys only; a bad value is one line naming key and value.
-    let altered =
-        fjord(&["topics", "--bootstrap", &b.addr, "alter", "t", "--config", "max.message.bytes=5000", "--config", "cleanup.policy=compact"], "")
-            .await;
+    let altered = fjord(
+        &[
+            "topics",
+            "--bootstrap",
+            &b.addr,
+            "alter",
+            "t",
+            "--config",
+            "max.message.bytes=5000",
+            "--config",
+            "cleanup.policy=compact",
+        ],
+        "",
+    )
+    .await;
     assert_eq!(altered, "altered topic t\n");
     let described = fjord(&["topics", "--bootstrap", &b.addr, "describe", "t"], "").await;
     for expected in ["retention.ms=60000", "max.message.bytes=5000", "cleanup.policy=compact"] {
         assert!(described.contains(expected), "{expected} missing from {described}");
     }
-    let out = run(env!("CARGO_BIN_EXE_fjord"), &["topics", "--bootstrap", &b.addr, "alter", "t", "--config", "retention.ms=soon"], "").await;
+    let out =
+        run(env!("CARGO_BIN_EXE_fjord"), &["topics", "--bootstrap", &b.addr, "alter", "t", "--config", "retention.ms=soon"], "")
+            .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -151,7 +172,25 @@ async fn unreachable_bootstrap_is_a_clear_error_in_bounded_time() {
 async fn bench_reports_json_for_produce_consume_and_e2e() {
     let b = start_broker().await;
     for mode in ["produce", "consume", "e2e"] {
-        let out = fjord(&["bench", mode, "--bootstrap", &b.addr, "--topic", "b", "--messages", "2000", "--size", "100", "--batch", "50", "--json"], "").await;
+        let out = fjord(
+            &[
+                "bench",
+                mode,
+                "--bootstrap",
+                &b.addr,
+                "--topic",
+                "b",
+                "--messages",
+                "2000",
+                "--size",
+                "100",
+                "--batch",
+                "50",
+                "--json",
+            ],
+            "",
+        )
+        .await;
         let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{mode}: {e}: {out}"));
         assert_eq!(report["messages"], 2000, "{mode}");
         assert_eq!(report["bytes"], 200_000, "{mode}");

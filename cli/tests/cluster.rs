@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fjord_client::{
-    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, NewTopic, OffsetSpec, Producer, ProducerConfig, ProducerRecord, ResponseError,
-    SeekTo, TopicPartition,
+    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, NewTopic, OffsetSpec, Producer, ProducerConfig, ProducerRecord,
+    ResponseError, SeekTo, TopicPartition,
 };
 use fjord_testkit::{wait_until, Cluster};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -97,7 +97,11 @@ async fn consume_all(cluster: &Cluster, topic: &str, partitions: i32) -> BTreeMa
     };
     let deadline = tokio::time::Instant::now() + REACT;
     while !done(&out) {
-        assert!(tokio::time::Instant::now() < deadline, "consumed {:?} of ends {ends:?}", out.values().map(Vec::len).collect::<Vec<_>>());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "consumed {:?} of ends {ends:?}",
+            out.values().map(Vec::len).collect::<Vec<_>>()
+        );
         for r in consumer.poll(Duration::from_secs(1)).await.unwrap() {
             let value = String::from_utf8(r.value.unwrap().to_vec()).unwrap();
             out.get_mut(&r.partition).unwrap().push((r.offset, value));
@@ -109,12 +113,14 @@ async fn consume_all(cluster: &Cluster, topic: &str, partitions: i32) -> BTreeMa
 /// Waits until the partition's log is the same bytes on every broker, and returns them.
 async fn wait_identical_replicas(cluster: &Cluster, topic: &str, partition: i32) -> Vec<u8> {
     wait_until(REACT, &format!("identical replicas of {topic}-{partition}"), || async {
-        let logs: Vec<Vec<u8>> = cluster.ids().iter().map(|&id| cluster.log_bytes(id, topic, partition)).collect::<anyhow::Result<_>>()?;
+        let logs: Vec<Vec<u8>> =
+            cluster.ids().iter().map(|&id| cluster.log_bytes(id, topic, partition)).collect::<anyhow::Result<_>>()?;
         Ok(logs.windows(2).all(|w| w[0] == w[1]).then(|| logs[0].clone()))
     })
     .await
     .unwrap_or_else(|e| {
-        let sizes: Vec<_> = cluster.ids().iter().map(|&id| cluster.log_bytes(id, topic, partition).map(|b| b.len()).ok()).collect();
+        let sizes: Vec<_> =
+            cluster.ids().iter().map(|&id| cluster.log_bytes(id, topic, partition).map(|b| b.len()).ok()).collect();
         panic!("{e:#}\nlog sizes per broker: {sizes:?}")
     })
 }
@@ -175,11 +181,15 @@ async fn acks_all_survives_kill_9_of_leaders_and_replicas_converge() {
         cluster.kill(victim).await.unwrap();
         let acked_at_kill = acked.load(Ordering::Relaxed);
         let new_leader = cluster
-            .wait_for_state("numbers", partition, REACT, "a leader other than the killed one", |s| s.leader >= 0 && s.leader != victim)
+            .wait_for_state("numbers", partition, REACT, "a leader other than the killed one", |s| {
+                s.leader >= 0 && s.leader != victim
+            })
             .await
             .unwrap()
             .leader;
-        eprintln!("round {round}: killed leader {victim} of numbers-{partition} at {acked_at_kill} acks; new leader {new_leader}");
+        eprintln!(
+            "round {round}: killed leader {victim} of numbers-{partition} at {acked_at_kill} acks; new leader {new_leader}"
+        );
         cluster.start(victim).await.unwrap();
         cluster.wait_fully_replicated("numbers", REACT).await.unwrap();
     }
@@ -196,7 +206,11 @@ async fn acks_all_survives_kill_9_of_leaders_and_replicas_converge() {
         let mut previous = -1;
         for (i, result) in results.iter().filter(|(i, _)| (*i % PARTITIONS as usize) as i32 == partition) {
             let offset = result.as_ref().unwrap().offset;
-            assert_eq!(log.get(&offset).copied(), Some(i.to_string().as_str()), "message {i} acknowledged at {partition}:{offset}");
+            assert_eq!(
+                log.get(&offset).copied(),
+                Some(i.to_string().as_str()),
+                "message {i} acknowledged at {partition}:{offset}"
+            );
             assert!(offset > previous, "message {i} at {offset} after an earlier message at {previous}: out of order");
             previous = offset;
         }
@@ -300,7 +314,8 @@ async fn a_returning_leader_truncates_what_the_new_leader_never_had() {
     assert!(followers.contains(&new_leader));
     let fresh = start_producer(&cluster, Acks::All, u32::MAX).await;
     for i in 90..100 {
-        let written = fresh.send(ProducerRecord::new("diverge", format!("kept-{i:03}")).partition(0)).await.unwrap().await.unwrap();
+        let written =
+            fresh.send(ProducerRecord::new("diverge", format!("kept-{i:03}")).partition(0)).await.unwrap().await.unwrap();
         assert_eq!(written.offset, i, "the new leader continues at 90: it never had the old leader's 90..100");
     }
 
@@ -309,7 +324,8 @@ async fn a_returning_leader_truncates_what_the_new_leader_never_had() {
     let log = wait_identical_replicas(&cluster, "diverge", 0).await;
     assert!(!contains(&log, b"lost-"), "the old leader dropped its 90..100");
     let values: Vec<String> = consume_all(&cluster, "diverge", 1).await.remove(&0).unwrap().into_iter().map(|(_, v)| v).collect();
-    let expected: Vec<String> = (0..90).map(|i| format!("same-{i:03}")).chain((90..100).map(|i| format!("kept-{i:03}"))).collect();
+    let expected: Vec<String> =
+        (0..90).map(|i| format!("same-{i:03}")).chain((90..100).map(|i| format!("kept-{i:03}"))).collect();
     assert_eq!(values, expected);
 }
 
@@ -367,9 +383,11 @@ async fn kcat_follows_a_leader_change_and_keeps_consuming() {
         .await
         .unwrap()
         .leader;
-    wait_until(REACT, "kcat -L shows the new leader", || async { Ok((kcat_leader(&bootstrap, "watched", 0).await == Some(new_leader)).then_some(())) })
-        .await
-        .unwrap();
+    wait_until(REACT, "kcat -L shows the new leader", || async {
+        Ok((kcat_leader(&bootstrap, "watched", 0).await == Some(new_leader)).then_some(()))
+    })
+    .await
+    .unwrap();
     for i in 50..100 {
         producer.send(ProducerRecord::new("watched", format!("v{i}")).partition(0)).await.unwrap().await.unwrap();
     }
@@ -392,9 +410,11 @@ async fn a_new_controller_takes_over_and_creates_topics() {
     cluster.kill(controller).await.unwrap();
     let successor = cluster.wait_for_controller(&[controller], REACT).await.unwrap();
     // It wins /controller first, then bumps the epoch (before it acts).
-    wait_until(REACT, "the new controller's epoch", || async { Ok((controller_epoch(&cluster).await > epoch_before).then_some(())) })
-        .await
-        .unwrap();
+    wait_until(REACT, "the new controller's epoch", || async {
+        Ok((controller_epoch(&cluster).await > epoch_before).then_some(()))
+    })
+    .await
+    .unwrap();
     for partition in 0..3 {
         let state = cluster
             .wait_for_state("spread", partition, REACT, "a live leader and no dead ISR member", |s| {

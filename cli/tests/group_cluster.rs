@@ -43,7 +43,14 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
         .unwrap();
     let client = ClientConfig { connect_timeout: Duration::from_secs(2), ..ClientConfig::new(&cluster.bootstrap()) };
     cluster.create_topic(TOPIC, PARTITIONS, &[], WAIT).await.unwrap();
-    let producer = Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, delivery_timeout: Duration::from_secs(20), ..ProducerConfig::default() }).await.unwrap();
+    let producer = Producer::connect(ProducerConfig {
+        client: client.clone(),
+        acks: Acks::All,
+        delivery_timeout: Duration::from_secs(20),
+        ..ProducerConfig::default()
+    })
+    .await
+    .unwrap();
     produce_round(&producer, TOPIC, PARTITIONS, 20, 0).await.unwrap();
 
     let seen: Seen = Arc::default();
@@ -62,7 +69,8 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
         config.session_timeout = Duration::from_secs(3);
         config.heartbeat_interval = Duration::from_millis(300);
         config.enable_auto_commit = false;
-        let (seen, commit, stop, committed_max, rereads) = (seen.clone(), commit.clone(), stop.clone(), committed_max.clone(), rereads.clone());
+        let (seen, commit, stop, committed_max, rereads) =
+            (seen.clone(), commit.clone(), stop.clone(), committed_max.clone(), rereads.clone());
         members.push(tokio::spawn(async move {
             let mut c = GroupConsumer::subscribe(config, &[TOPIC]).await.unwrap();
             let mut errors = Vec::new();
@@ -126,7 +134,10 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
 
     cluster.kill(old).await.unwrap();
     for p in 0..PARTITIONS {
-        let state = cluster.wait_for_state(TOPIC, p, WAIT, "a leader on a running broker", |s| s.leader >= 0 && s.leader != old).await.unwrap();
+        let state = cluster
+            .wait_for_state(TOPIC, p, WAIT, "a leader on a running broker", |s| s.leader >= 0 && s.leader != old)
+            .await
+            .unwrap();
         eprintln!("{TOPIC}-{p} after the kill: {state:?}");
     }
     let moved = wait_until(WAIT, "another broker's coordinator node", || async {
@@ -169,8 +180,15 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
     // in a rebalance adds a few.
     let duplicates: BTreeMap<(i32, i64), usize> = seen.iter().filter(|(_, &n)| n > 1).map(|(k, &n)| (*k, n)).collect();
     let uncommitted_at_kill = duplicates.keys().filter(|(p, o)| *o >= committed[p] && *o < 30).count();
-    eprintln!("records consumed twice: {} ({uncommitted_at_kill} of them uncommitted when the coordinator was killed)", duplicates.len());
-    assert_eq!(uncommitted_at_kill, 10 * PARTITIONS as usize, "the group resumed from the committed offsets, so it read the second round again");
+    eprintln!(
+        "records consumed twice: {} ({uncommitted_at_kill} of them uncommitted when the coordinator was killed)",
+        duplicates.len()
+    );
+    assert_eq!(
+        uncommitted_at_kill,
+        10 * PARTITIONS as usize,
+        "the group resumed from the committed offsets, so it read the second round again"
+    );
     assert_eq!(*rereads.lock().unwrap(), [], "records read again after a commit covered them");
     for (&(p, o), &n) in &duplicates {
         assert_eq!(n, 2, "{p}:{o} consumed {n} times");

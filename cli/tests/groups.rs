@@ -4,7 +4,9 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use fjord_client::{Admin, ClientConfig, GroupConfig, GroupConsumer, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord};
+use fjord_client::{
+    Admin, ClientConfig, GroupConfig, GroupConsumer, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord,
+};
 use fjord_testkit::StandaloneBroker;
 
 async fn start_broker() -> StandaloneBroker {

@@ -82,7 +82,11 @@ fn check_exactly_once(dest: &Path, produced: usize) {
     }
     for (p, offsets) in per_partition {
         // Offsets of a partition are 0..n without gaps: nothing lost between runs.
-        assert_eq!(offsets.iter().copied().collect::<Vec<_>>(), (0..offsets.len() as i64).collect::<Vec<_>>(), "partition {p} has gaps");
+        assert_eq!(
+            offsets.iter().copied().collect::<Vec<_>>(),
+            (0..offsets.len() as i64).collect::<Vec<_>>(),
+            "partition {p} has gaps"
+        );
     }
 }
 
@@ -111,7 +115,13 @@ fn kill_9_at_random_moments_then_rerun_is_exactly_once() {
         let lines: String = (round * 5_000..(round + 1) * 5_000).map(|i| format!("event-{i}\n")).collect();
         kcat_produce(&bootstrap, "events", &lines);
         let started = Instant::now();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fjord")).args(&capped).env("RUST_LOG", "warn").stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fjord"))
+            .args(&capped)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         if round == 0 {
             assert!(child.wait().unwrap().success());
             full_run = started.elapsed();

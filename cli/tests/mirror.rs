@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fjord_client::{
-    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, GroupAdmin, NewTopic, OffsetReset, OffsetSpec, Producer, ProducerConfig, ProducerRecord,
-    TopicPartition,
+    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, GroupAdmin, NewTopic, OffsetReset, OffsetSpec, Producer,
+    ProducerConfig, ProducerRecord, TopicPartition,
 };
-use tokio::net::TcpListener;
 use fjord_testkit::StandaloneBroker;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 async fn start_broker(retention_check: Duration) -> StandaloneBroker {
@@ -35,7 +35,10 @@ async fn create(addr: &str, topic: &str, partitions: i32, configs: &[(&str, &str
     let a = admin(addr).await;
     a.create_topics(&[t]).await.unwrap();
     // Leaders are elected a moment after CreateTopics answered.
-    wait_for("leaders of the new topic", Duration::from_secs(10), || async { a.describe_topic(topic).await.is_ok_and(|t| t.partitions.iter().all(|p| p.leader >= 0)) }).await;
+    wait_for("leaders of the new topic", Duration::from_secs(10), || async {
+        a.describe_topic(topic).await.is_ok_and(|t| t.partitions.iter().all(|p| p.leader >= 0))
+    })
+    .await;
 }
 
 /// Produces `n` records keyed `k{i % 1000}` with value `{prefix}:{i}`; returns each
@@ -44,12 +47,27 @@ async fn produce(addr: &str, topic: &str, prefix: &str, range: std::ops::Range<u
     produce_batched(addr, topic, prefix, range, 128 * 1024).await
 }
 
-async fn produce_batched(addr: &str, topic: &str, prefix: &str, range: std::ops::Range<usize>, batch_size: usize) -> HashMap<String, (i32, i64)> {
-    let producer = Producer::connect(ProducerConfig { client: ClientConfig::new(addr), acks: Acks::Leader, batch_size, ..Default::default() }).await.unwrap();
+async fn produce_batched(
+    addr: &str,
+    topic: &str,
+    prefix: &str,
+    range: std::ops::Range<usize>,
+    batch_size: usize,
+) -> HashMap<String, (i32, i64)> {
+    let producer = Producer::connect(ProducerConfig {
+        client: ClientConfig::new(addr),
+        acks: Acks::Leader,
+        batch_size,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let mut pending = Vec::with_capacity(range.len());
     for i in range {
         let value = format!("{prefix}:{i}");
-        let record = ProducerRecord::new(topic, value.clone()).key(format!("k{}", i % 1000)).header("trace", Some(Bytes::from(format!("t{i}"))));
+        let record = ProducerRecord::new(topic, value.clone())
+            .key(format!("k{}", i % 1000))
+            .header("trace", Some(Bytes::from(format!("t{i}"))));
         pending.push((value, producer.send(record).await.unwrap()));
     }
     let mut out = HashMap::with_capacity(pending.len());
@@ -93,9 +111,14 @@ where
 async fn read_all(addr: &str, topic: &str) -> BTreeMap<i32, Vec<ConsumerRecord>> {
     let ends = offsets(addr, topic, OffsetSpec::Latest).await;
     let starts = offsets(addr, topic, OffsetSpec::Earliest).await;
-    let mut consumer = Consumer::connect(ConsumerConfig { client: ClientConfig::new(addr), auto_offset_reset: OffsetReset::Earliest, fetch_max_wait: Duration::from_millis(50), ..Default::default() })
-        .await
-        .unwrap();
+    let mut consumer = Consumer::connect(ConsumerConfig {
+        client: ClientConfig::new(addr),
+        auto_offset_reset: OffsetReset::Earliest,
+        fetch_max_wait: Duration::from_millis(50),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     consumer.assign_topic(topic).await.unwrap();
     let want: i64 = ends.iter().zip(&starts).map(|(e, s)| e - s).sum();
     let mut out: BTreeMap<i32, Vec<ConsumerRecord>> = BTreeMap::new();
@@ -142,7 +165,11 @@ async fn http_get(addr: &str, path: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sources_are_mirrored_completely_in_per_key_order_while_a_dead_source_is_retried() {
     const N: usize = 100_000;
-    let (dc1, dc2, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+    let (dc1, dc2, target) = (
+        start_broker(Duration::from_secs(300)).await,
+        start_broker(Duration::from_secs(300)).await,
+        start_broker(Duration::from_secs(300)).await,
+    );
     for dc in [&dc1, &dc2] {
         create(&dc.addr, "events", 8, &[("retention.ms", "86400000")]).await;
     }
@@ -177,7 +204,8 @@ async fn two_sources_are_mirrored_completely_in_per_key_order_while_a_dead_sourc
     for (partition, records) in read_all(&target.addr, "events").await {
         for r in records {
             let v = value(&r);
-            let origin = std::str::from_utf8(header(&r, fjord_mirror::ORIGIN_HEADER).expect("origin header")).unwrap().to_string();
+            let origin =
+                std::str::from_utf8(header(&r, fjord_mirror::ORIGIN_HEADER).expect("origin header")).unwrap().to_string();
             let (prefix, i) = v.split_once(':').unwrap();
             assert_eq!(prefix, origin, "{v} has origin {origin}");
             let i: usize = i.parse().unwrap();
@@ -217,10 +245,8 @@ async fn two_sources_are_mirrored_completely_in_per_key_order_while_a_dead_sourc
     // A new matching topic is picked up while running.
     create(&dc1.addr, "everything-else", 2, &[]).await;
     produce(&dc1.addr, "everything-else", "dc1", 0..10).await;
-    wait_for("the new topic mirrored", Duration::from_secs(30), || async {
-        total(&target.addr, "everything-else").await == 10
-    })
-    .await;
+    wait_for("the new topic mirrored", Duration::from_secs(30), || async { total(&target.addr, "everything-else").await == 10 })
+        .await;
 
     shutdown.cancel();
     mirror.await.unwrap().unwrap();
@@ -235,7 +261,13 @@ struct MirrorProcess {
 impl MirrorProcess {
     fn start(args: &[&str], log: std::path::PathBuf) -> Self {
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_fjord")).arg("mirror").args(args).stdout(file.try_clone().unwrap()).stderr(file).spawn().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_fjord"))
+            .arg("mirror")
+            .args(args)
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap();
         Self { child, log }
     }
 
@@ -276,9 +308,23 @@ async fn kill_9_midway_loses_nothing_and_duplicates_only_what_followed_the_last_
     let mut produced = produce(&source.addr, "events", "dc1", 0..N / 2).await;
     let dir = tempfile::tempdir().unwrap();
     let src = format!("dc1={}", source.addr);
-    let args = ["--source", &src, "--target", &target.addr, "--topics", "events", "--group", "g", "--instance-id", "m1", "--commit-interval", "300ms"];
+    let args = [
+        "--source",
+        &src,
+        "--target",
+        &target.addr,
+        "--topics",
+        "events",
+        "--group",
+        "g",
+        "--instance-id",
+        "m1",
+        "--commit-interval",
+        "300ms",
+    ];
     let mut first = MirrorProcess::start(&args, dir.path().join("first.log"));
-    wait_for("the copy under way", Duration::from_secs(40), || async { total(&target.addr, "events").await >= N as i64 / 20 }).await;
+    wait_for("the copy under way", Duration::from_secs(40), || async { total(&target.addr, "events").await >= N as i64 / 20 })
+        .await;
     first.kill9();
     // Produce requests already on the wire still land: wait until the target stops growing.
     let mut at_kill: i64 = -1;
@@ -294,12 +340,14 @@ async fn kill_9_midway_loses_nothing_and_duplicates_only_what_followed_the_last_
     }
     assert!(at_kill >= N as i64 / 20, "{}", first.log());
     let commits = committed(&source.addr, "g").await;
-    let committed_at_kill: Vec<i64> = (0..8).map(|p| commits.get(&TopicPartition::new("events", p)).copied().unwrap_or(0)).collect();
+    let committed_at_kill: Vec<i64> =
+        (0..8).map(|p| commits.get(&TopicPartition::new("events", p)).copied().unwrap_or(0)).collect();
     eprintln!("killed with {at_kill} records in the target, {} committed", committed_at_kill.iter().sum::<i64>());
 
     produced.extend(produce(&source.addr, "events", "dc1", N / 2..N).await);
     let _second = MirrorProcess::start(&args, dir.path().join("second.log"));
-    wait_for("everything committed after the restart", Duration::from_secs(40), || all_committed(&source.addr, "g", "events")).await;
+    wait_for("everything committed after the restart", Duration::from_secs(40), || all_committed(&source.addr, "g", "events"))
+        .await;
 
     // Per target partition (= source partition), the source offsets copied must read
     // 0, 1, ..., m-1, c, c+1, ..., end-1 with c the offset committed at the kill and
@@ -319,7 +367,10 @@ async fn kill_9_midway_loses_nothing_and_duplicates_only_what_followed_the_last_
         // m: where the second run's copies start (no step back: it started at m = c).
         let m = sources.windows(2).position(|w| w[1] <= w[0]).map_or(c, |i| i as i64 + 1);
         let expected: Vec<i64> = (0..m).chain(c..*sources.iter().max().unwrap() + 1).collect();
-        assert!(c <= m, "partition {partition}: committed {c} but only {m} copied before the kill: a commit ran ahead of the target");
+        assert!(
+            c <= m,
+            "partition {partition}: committed {c} but only {m} copied before the kill: a commit ran ahead of the target"
+        );
         assert_eq!(sources, expected, "partition {partition}: copies are not 0..{m} then {c}..: loss or duplicates outside the window after the last commit");
         duplicates += m - c;
         present += sources.iter().collect::<std::collections::HashSet<_>>().len();
@@ -328,7 +379,11 @@ async fn kill_9_midway_loses_nothing_and_duplicates_only_what_followed_the_last_
     let total: i64 = offsets(&target.addr, "events", OffsetSpec::Latest).await.iter().sum();
     assert_eq!(total, N as i64 + duplicates);
     // Exactly the records the killed mirror copied after its last commit came twice.
-    assert_eq!(duplicates, at_kill - committed_at_kill.iter().sum::<i64>(), "duplicates beyond the records copied after the last commit");
+    assert_eq!(
+        duplicates,
+        at_kill - committed_at_kill.iter().sum::<i64>(),
+        "duplicates beyond the records copied after the last commit"
+    );
     eprintln!("duplicates after kill -9: {duplicates} (records copied after the last commit)");
 }
 
@@ -341,7 +396,22 @@ async fn retention_past_the_committed_offset_is_reported_as_a_gap_with_exact_off
     produce_batched(&source.addr, "r", "a", 0..200, 512).await;
     let dir = tempfile::tempdir().unwrap();
     let (src, metrics) = (format!("dc1={}", source.addr), free_addr());
-    let args = ["--source", &src, "--target", &target.addr, "--topics", "r", "--group", "g", "--instance-id", "m1", "--commit-interval", "200ms", "--metrics", &metrics];
+    let args = [
+        "--source",
+        &src,
+        "--target",
+        &target.addr,
+        "--topics",
+        "r",
+        "--group",
+        "g",
+        "--instance-id",
+        "m1",
+        "--commit-interval",
+        "200ms",
+        "--metrics",
+        &metrics,
+    ];
     let mut first = MirrorProcess::start(&args, dir.path().join("first.log"));
     wait_for("the first 200 records committed", Duration::from_secs(30), || all_committed(&source.addr, "g", "r")).await;
     first.kill9();
@@ -350,7 +420,10 @@ async fn retention_past_the_committed_offset_is_reported_as_a_gap_with_exact_off
     // While the mirror is down: 500 more records, and retention deletes segments past
     // the committed offset 200.
     produce_batched(&source.addr, "r", "a", 200..700, 512).await;
-    wait_for("retention past offset 200", Duration::from_secs(20), || async { offsets(&source.addr, "r", OffsetSpec::Earliest).await[0] > 200 }).await;
+    wait_for("retention past offset 200", Duration::from_secs(20), || async {
+        offsets(&source.addr, "r", OffsetSpec::Earliest).await[0] > 200
+    })
+    .await;
     let log_start = offsets(&source.addr, "r", OffsetSpec::Earliest).await[0];
 
     let second = MirrorProcess::start(&args, dir.path().join("second.log"));
@@ -358,24 +431,40 @@ async fn retention_past_the_committed_offset_is_reported_as_a_gap_with_exact_off
     let status = fjord_mirror::fetch_status(&metrics).await.unwrap();
     assert_eq!(status.gaps.len(), 1, "{:?}", status.gaps);
     let gap = &status.gaps[0];
-    assert_eq!((gap.source.as_str(), gap.topic.as_str(), gap.partition, gap.first_offset, gap.last_offset, gap.records), ("dc1", "r", 0, 200, log_start - 1, log_start - 200));
+    assert_eq!(
+        (gap.source.as_str(), gap.topic.as_str(), gap.partition, gap.first_offset, gap.last_offset, gap.records),
+        ("dc1", "r", 0, 200, log_start - 1, log_start - 200)
+    );
     let text = http_get(&metrics, "/metrics").await;
-    assert!(text.contains(&format!("fjord_mirror_gap_records_total{{source=\"dc1\",topic=\"r\",partition=\"0\"}} {}", log_start - 200)), "{text}");
+    assert!(
+        text.contains(&format!(
+            "fjord_mirror_gap_records_total{{source=\"dc1\",topic=\"r\",partition=\"0\"}} {}",
+            log_start - 200
+        )),
+        "{text}"
+    );
     assert!(second.log().contains(&format!("offsets 200..={} of r-0", log_start - 1)), "{}", second.log());
     // `fjord mirror status` shows it.
     let out = Command::new(env!("CARGO_BIN_EXE_fjord")).args(["mirror", "status", "--metrics", &metrics]).output().unwrap();
     let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(printed.contains(&format!("GAP dc1 r-0: offsets 200..={} ({} records)", log_start - 1, log_start - 200)), "{printed}");
+    assert!(
+        printed.contains(&format!("GAP dc1 r-0: offsets 200..={} ({} records)", log_start - 1, log_start - 200)),
+        "{printed}"
+    );
     assert!(printed.contains("source dc1 (") && printed.contains(": up;"), "{printed}");
     // On record in the analytics cluster too.
     let recorded = read_all(&target.addr, fjord_mirror::GAPS_TOPIC).await;
-    let recorded: Vec<fjord_mirror::Gap> = recorded[&0].iter().map(|r| serde_json::from_slice(r.value.as_deref().unwrap()).unwrap()).collect();
+    let recorded: Vec<fjord_mirror::Gap> =
+        recorded[&0].iter().map(|r| serde_json::from_slice(r.value.as_deref().unwrap()).unwrap()).collect();
     assert_eq!(&recorded, &status.gaps);
     // And `fjord audit report` on the analytics cluster lists it.
     let report = fjord_audit::collect(&fjord_audit::ReportConfig::new(ClientConfig::new(&target.addr))).await.unwrap();
     assert_eq!(report.gaps, status.gaps);
     let text = fjord_audit::render::text(&report);
-    assert!(text.contains(&format!("known loss: mirror gap dc1 r-0 offsets 200..={} ({} records)", log_start - 1, log_start - 200)), "{text}");
+    assert!(
+        text.contains(&format!("known loss: mirror gap dc1 r-0 offsets 200..={} ({} records)", log_start - 1, log_start - 200)),
+        "{text}"
+    );
     // The target holds exactly what survived: 0..200, then log_start..700.
     let copied: Vec<String> = read_all(&target.addr, "r").await[&0].iter().map(value).collect();
     let expected: Vec<String> = (0..200).chain(log_start as usize..700).map(|i| format!("a:{i}")).collect();
@@ -390,10 +479,15 @@ async fn a_target_topic_with_fewer_partitions_is_refused_unless_repartitioning_b
     produce(&source.addr, "t", "a", 0..100).await;
     let src = format!("dc1={}", source.addr);
     let args: Vec<String> = ["mirror", "--source", &src, "--target", &target.addr, "--topics", "t"].map(String::from).to_vec();
-    let out = tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(args).output().unwrap()).await.unwrap();
+    let out = tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(args).output().unwrap())
+        .await
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("target topic \"t\" has 2 partitions, fewer than the 4") && stderr.contains("--repartition-by-key"), "{stderr}");
+    assert!(
+        stderr.contains("target topic \"t\" has 2 partitions, fewer than the 4") && stderr.contains("--repartition-by-key"),
+        "{stderr}"
+    );
     assert_eq!(offsets(&target.addr, "t", OffsetSpec::Latest).await.iter().sum::<i64>(), 0, "nothing copied");
 
     let dir = tempfile::tempdir().unwrap();
@@ -430,7 +524,13 @@ async fn audit_report_on_the_analytics_cluster_shows_gateway_mirror_and_loader_t
     const WINDOW: Duration = Duration::from_secs(1);
     let online = StandaloneBroker::start_with(|c| {
         c.group.initial_rebalance_delay_ms = 0;
-        c.audit = fjord_broker::AuditConfig { enable: true, interval: Duration::from_millis(200), window: WINDOW, cluster: "online".into(), ..Default::default() };
+        c.audit = fjord_broker::AuditConfig {
+            enable: true,
+            interval: Duration::from_millis(200),
+            window: WINDOW,
+            cluster: "online".into(),
+            ..Default::default()
+        };
     })
     .await
     .expect("broker starts");
@@ -447,7 +547,8 @@ async fn audit_report_on_the_analytics_cluster_shows_gateway_mirror_and_loader_t
         audit_cluster: "online".into(),
         ..fjord_gateway::GatewayConfig::new(online.addr.clone())
     };
-    let gateway = tokio::spawn(fjord_gateway::run(gw, http, TcpListener::bind("127.0.0.1:0").await.unwrap(), gateway_stop.clone()));
+    let gateway =
+        tokio::spawn(fjord_gateway::run(gw, http, TcpListener::bind("127.0.0.1:0").await.unwrap(), gateway_stop.clone()));
     // Events over about three windows.
     let mut sent = 0;
     let start = Instant::now();
@@ -461,21 +562,28 @@ async fn audit_report_on_the_analytics_cluster_shows_gateway_mirror_and_loader_t
     gateway_stop.cancel();
     gateway.await.unwrap().unwrap();
     // The online broker's counts are in its `_audit` before the mirror copies it.
-    let online_report = fjord_audit::ReportConfig { window: WINDOW, ..fjord_audit::ReportConfig::new(ClientConfig::new(&online.addr)) };
+    let online_report =
+        fjord_audit::ReportConfig { window: WINDOW, ..fjord_audit::ReportConfig::new(ClientConfig::new(&online.addr)) };
     wait_for("the online broker's counts in _audit", Duration::from_secs(20), || async {
         let report = fjord_audit::collect(&online_report).await.unwrap();
         report.windows.iter().map(|w| w.counts.get("broker").copied().unwrap_or(0)).sum::<u64>() == sent as u64
     })
     .await;
 
-    let mut config = fjord_mirror::MirrorConfig::new(vec![fjord_mirror::SourceConfig::parse(&format!("online={}", online.addr)).unwrap()], analytics.addr.clone(), "views");
+    let mut config = fjord_mirror::MirrorConfig::new(
+        vec![fjord_mirror::SourceConfig::parse(&format!("online={}", online.addr)).unwrap()],
+        analytics.addr.clone(),
+        "views",
+    );
     config.commit_interval = Duration::from_millis(200);
     config.topic_refresh = Duration::from_millis(500);
-    config.audit = Some(fjord_mirror::AuditConfig { cluster: "analytics".into(), interval: Duration::from_millis(200), window: WINDOW });
+    config.audit =
+        Some(fjord_mirror::AuditConfig { cluster: "analytics".into(), interval: Duration::from_millis(200), window: WINDOW });
     let shutdown = CancellationToken::new();
     let mirror = tokio::spawn(fjord_mirror::run(config, None, shutdown.clone()));
     wait_for("views and _audit mirrored", Duration::from_secs(30), || async {
-        all_committed(&online.addr, "fjord-mirror", "views").await && all_committed(&online.addr, "fjord-mirror", fjord_audit::AUDIT_TOPIC).await
+        all_committed(&online.addr, "fjord-mirror", "views").await
+            && all_committed(&online.addr, "fjord-mirror", fjord_audit::AUDIT_TOPIC).await
     })
     .await;
     // Stopping publishes the mirror tier's last counts.
@@ -483,7 +591,8 @@ async fn audit_report_on_the_analytics_cluster_shows_gateway_mirror_and_loader_t
     mirror.await.unwrap().unwrap();
 
     let dest = tempfile::tempdir().unwrap();
-    let loader_tier = std::sync::Arc::new(fjord_audit::AuditCounter::new("loader", "loader-1", "analytics").with_window(WINDOW).unwrap());
+    let loader_tier =
+        std::sync::Arc::new(fjord_audit::AuditCounter::new("loader", "loader-1", "analytics").with_window(WINDOW).unwrap());
     let load = fjord_hadoop_loader::LoaderConfig {
         bootstrap: analytics.addr.clone(),
         topics: "views".into(),
@@ -494,7 +603,11 @@ async fn audit_report_on_the_analytics_cluster_shows_gateway_mirror_and_loader_t
     let summary = fjord_hadoop_loader::run_once(&load, &()).await.unwrap();
     assert_eq!(summary.records, sent as u64);
 
-    let report_config = fjord_audit::ReportConfig { window: WINDOW, grace: Duration::from_millis(500), ..fjord_audit::ReportConfig::new(ClientConfig::new(&analytics.addr)) };
+    let report_config = fjord_audit::ReportConfig {
+        window: WINDOW,
+        grace: Duration::from_millis(500),
+        ..fjord_audit::ReportConfig::new(ClientConfig::new(&analytics.addr))
+    };
     let report = fjord_audit::collect(&report_config).await.unwrap();
     let text = fjord_audit::render::text(&report);
     let views = report.topics.iter().find(|t| t.topic == "views").unwrap_or_else(|| panic!("{text}"));
@@ -518,7 +631,11 @@ async fn a_second_mirror_joining_the_group_causes_no_duplicates() {
     create(&source.addr, "events", 8, &[]).await;
     let mut produced = produce(&source.addr, "events", "dc1", 0..N).await;
     let config = |id: &str| {
-        let mut c = fjord_mirror::MirrorConfig::new(vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", source.addr)).unwrap()], target.addr.clone(), "events");
+        let mut c = fjord_mirror::MirrorConfig::new(
+            vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", source.addr)).unwrap()],
+            target.addr.clone(),
+            "events",
+        );
         c.group = "shared".into();
         c.instance_id = Some(id.into());
         c

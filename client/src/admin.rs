@@ -111,7 +111,9 @@ impl Admin {
         );
         let response = self.cluster.controller().await?.request(&request, 7).await?;
         for t in response.topics {
-            if let Some(e) = Error::kafka(t.error_code, format!("create topic {}", t.name.0.as_str()), t.error_message.map(|m| m.to_string())) {
+            if let Some(e) =
+                Error::kafka(t.error_code, format!("create topic {}", t.name.0.as_str()), t.error_message.map(|m| m.to_string()))
+            {
                 return Err(e);
             }
         }
@@ -165,7 +167,9 @@ impl Admin {
         let response = self.cluster.any_broker().await?.request(&request, 4).await?;
         let mut entries = Vec::new();
         for r in response.results {
-            if let Some(e) = Error::kafka(r.error_code, format!("describe configs of {topic}"), r.error_message.map(|m| m.to_string())) {
+            if let Some(e) =
+                Error::kafka(r.error_code, format!("describe configs of {topic}"), r.error_message.map(|m| m.to_string()))
+            {
                 return Err(e);
             }
             for c in r.configs {
@@ -199,7 +203,9 @@ impl Admin {
             )]);
         let response = self.cluster.controller().await?.request(&request, 1).await?;
         for r in response.responses {
-            if let Some(e) = Error::kafka(r.error_code, format!("alter configs of {topic}"), r.error_message.map(|m| m.to_string())) {
+            if let Some(e) =
+                Error::kafka(r.error_code, format!("alter configs of {topic}"), r.error_message.map(|m| m.to_string()))
+            {
                 return Err(e);
             }
         }
@@ -300,7 +306,10 @@ async fn ask_leader(
     let mut topics: Vec<ListOffsetsTopic> = Vec::new();
     for &i in indexes {
         let (topic, partition, spec) = &partitions[i];
-        let p = ListOffsetsPartition::default().with_partition_index(*partition).with_timestamp(spec.wire()).with_current_leader_epoch(-1);
+        let p = ListOffsetsPartition::default()
+            .with_partition_index(*partition)
+            .with_timestamp(spec.wire())
+            .with_current_leader_epoch(-1);
         match topics.iter_mut().find(|t| *t.name.0 == **topic) {
             Some(t) => t.partitions.push(p),
             None => topics.push(ListOffsetsTopic::default().with_name(topic_name(topic)).with_partitions(vec![p])),
@@ -317,7 +326,10 @@ async fn ask_leader(
             .filter(|t| *t.name.0 == **topic)
             .flat_map(|t| &t.partitions)
             .find(|p| p.partition_index == *partition)
-            .ok_or_else(|| Error::Protocol { broker: format!("broker {leader}"), detail: format!("no offset for {topic}-{partition}") })?;
+            .ok_or_else(|| Error::Protocol {
+                broker: format!("broker {leader}"),
+                detail: format!("no offset for {topic}-{partition}"),
+            })?;
         match Error::kafka(r.error_code, format!("list offsets of {topic}-{partition}"), None) {
             Some(e) => keep_worst(&mut error, e),
             None => out[i] = Some(r.offset),

@@ -155,14 +155,12 @@ impl Assignor for CooperativeSticky {
         let plan = sticky_plan(members, partition_counts);
         // A partition someone else owns now stays unassigned this round: its owner
         // gives it up (revocation), then rejoins, and the next plan hands it over.
-        let owned_by_other = |member: &str, partition: &Partition| {
-            members.iter().any(|m| m.member_id != member && m.owned.contains(partition))
-        };
-        let cooperative =
-            plan.into_iter().map(|(member, ps)| {
-                let keep = ps.into_iter().filter(|p| !owned_by_other(&member, p)).collect();
-                (member, keep)
-            });
+        let owned_by_other =
+            |member: &str, partition: &Partition| members.iter().any(|m| m.member_id != member && m.owned.contains(partition));
+        let cooperative = plan.into_iter().map(|(member, ps)| {
+            let keep = ps.into_iter().filter(|p| !owned_by_other(&member, p)).collect();
+            (member, keep)
+        });
         finish(cooperative.collect())
     }
 }
@@ -173,9 +171,8 @@ impl Assignor for CooperativeSticky {
 fn sticky_plan(members: &[Subscription], partition_counts: &BTreeMap<String, i32>) -> Assignment {
     let mut assignment = empty_assignment(members);
     let all: Vec<Partition> = partition_counts.iter().flat_map(|(t, &n)| (0..n.max(0)).map(move |p| (t.clone(), p))).collect();
-    let subscribers = |partition: &Partition| -> Vec<&Subscription> {
-        members.iter().filter(|m| m.topics.contains(&partition.0)).collect()
-    };
+    let subscribers =
+        |partition: &Partition| -> Vec<&Subscription> { members.iter().filter(|m| m.topics.contains(&partition.0)).collect() };
     let assignable = all.iter().filter(|p| !subscribers(p).is_empty()).count();
     let n = members.len().max(1);
     let (floor, extra) = (assignable / n, assignable % n);
@@ -188,7 +185,8 @@ fn sticky_plan(members: &[Subscription], partition_counts: &BTreeMap<String, i32
     let mut taken: BTreeSet<&Partition> = BTreeSet::new();
     // 1. Keep current ownership, within quota, if still subscribed and existing.
     for member in members {
-        let mut owned: Vec<&Partition> = member.owned.iter().filter(|p| all.contains(p) && member.topics.contains(&p.0)).collect();
+        let mut owned: Vec<&Partition> =
+            member.owned.iter().filter(|p| all.contains(p) && member.topics.contains(&p.0)).collect();
         owned.sort();
         for partition in owned {
             let mine = assignment.get_mut(&member.member_id).expect("invariant: entry");
@@ -304,8 +302,7 @@ mod tests {
         for assignor in ["range", "roundrobin", "sticky"].map(|n| by_name(n).unwrap()) {
             for consumers in 1..6 {
                 for partitions in 0..14 {
-                    let members: Vec<Subscription> =
-                        (0..consumers).map(|i| member(&format!("m{i}"), &["t"], &[])).collect();
+                    let members: Vec<Subscription> = (0..consumers).map(|i| member(&format!("m{i}"), &["t"], &[])).collect();
                     let a = assignor.assign(&members, &counts(&[("t", partitions)]));
                     let mut all: Vec<Partition> = a.values().flatten().cloned().collect();
                     all.sort();

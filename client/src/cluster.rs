@@ -63,7 +63,9 @@ impl ClientConfig {
         if self.bootstrap_servers.is_empty() {
             return Err(Error::InvalidConfig("bootstrap.servers is empty".into()));
         }
-        if let Some(bad) = self.bootstrap_servers.iter().find(|s| s.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err())) {
+        if let Some(bad) =
+            self.bootstrap_servers.iter().find(|s| s.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()))
+        {
             return Err(Error::InvalidConfig(format!("bootstrap server {bad:?} is not HOST:PORT")));
         }
         Ok(())
@@ -304,11 +306,7 @@ impl Cluster {
     }
 }
 
-fn merge(
-    current: &Metadata,
-    response: kafka_protocol::messages::MetadataResponse,
-    all_topics: bool,
-) -> Result<Arc<Metadata>> {
+fn merge(current: &Metadata, response: kafka_protocol::messages::MetadataResponse, all_topics: bool) -> Result<Arc<Metadata>> {
     let brokers = response.brokers.iter().map(|b| (b.node_id.0, format!("{}:{}", b.host.as_str(), b.port))).collect();
     let mut topics = if all_topics { HashMap::new() } else { current.topics.clone() };
     for t in response.topics {

@@ -83,7 +83,12 @@ impl Drop for Connection {
 
 impl Connection {
     /// Connects within `connect_timeout` and learns the broker's API versions.
-    pub(crate) async fn connect(addr: &str, client_id: &str, connect_timeout: Duration, request_timeout: Duration) -> Result<Self> {
+    pub(crate) async fn connect(
+        addr: &str,
+        client_id: &str,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+    ) -> Result<Self> {
         let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect(addr)).await {
             Err(_) => return Err(Error::ConnectTimeout { broker: addr.to_string(), timeout: connect_timeout }),
             Ok(Err(e)) => return Err(Error::io(addr, e)),
@@ -128,8 +133,7 @@ impl Connection {
     pub(crate) fn version<R: Request>(&self, preferred: i16) -> Result<i16> {
         let ours = R::VERSIONS;
         let max = preferred.min(ours.max);
-        let unsupported =
-            || Error::UnsupportedVersion { broker: self.addr.clone(), api: api_name(R::KEY), min: ours.min, max };
+        let unsupported = || Error::UnsupportedVersion { broker: self.addr.clone(), api: api_name(R::KEY), min: ours.min, max };
         let &(broker_min, broker_max) = self.versions.get(&R::KEY).ok_or_else(unsupported)?;
         let version = broker_max.min(max);
         if version < broker_min.max(ours.min) {
@@ -175,8 +179,10 @@ impl Connection {
                     return Err(error);
                 }
             };
-            R::Response::decode(&mut body, version)
-                .map_err(|e| Error::Protocol { broker: addr, detail: format!("cannot decode {} v{version}: {e}", api_name(R::KEY)) })
+            R::Response::decode(&mut body, version).map_err(|e| Error::Protocol {
+                broker: addr,
+                detail: format!("cannot decode {} v{version}: {e}", api_name(R::KEY)),
+            })
         })
     }
 
@@ -214,9 +220,8 @@ impl Connection {
             broker: self.addr.clone(),
             detail: format!("cannot encode {} v{version}: {e}", api_name(R::KEY)),
         };
-        let size = 4
-            + header.compute_size(header_version).map_err(codec_error)?
-            + request.compute_size(version).map_err(codec_error)?;
+        let size =
+            4 + header.compute_size(header_version).map_err(codec_error)? + request.compute_size(version).map_err(codec_error)?;
         let mut buf = BytesMut::with_capacity(size);
         buf.put_i32(0);
         header.encode(&mut buf, header_version).map_err(codec_error)?;

@@ -264,7 +264,10 @@ impl Consumer {
     /// for the partition (resolving a pending seek first).
     pub async fn position(&mut self, tp: &TopicPartition) -> Result<i64> {
         self.resolve_pending().await?;
-        let state = self.partitions.get(&(Arc::from(tp.topic.as_str()), tp.partition)).ok_or_else(|| Error::NotAssigned(tp.to_string()))?;
+        let state = self
+            .partitions
+            .get(&(Arc::from(tp.topic.as_str()), tp.partition))
+            .ok_or_else(|| Error::NotAssigned(tp.to_string()))?;
         state.position.ok_or_else(|| Error::OffsetOutOfRange { partition: tp.to_string(), offset: -1 })
     }
 
@@ -424,7 +427,8 @@ impl Consumer {
             if s.pending.is_some() || s.backoff_until.is_some_and(|t| t > now) {
                 continue;
             }
-            let leader = metadata.topics.get(&**topic).and_then(|t| t.partitions.get(*partition as usize)).map_or(-1, |p| p.leader);
+            let leader =
+                metadata.topics.get(&**topic).and_then(|t| t.partitions.get(*partition as usize)).map_or(-1, |p| p.leader);
             if leader < 0 {
                 refresh = true;
                 continue;
@@ -465,7 +469,9 @@ impl Consumer {
             match topics.iter_mut().find(|t| *t.topic.0 == **topic) {
                 Some(t) => t.partitions.push(p),
                 None => topics.push(
-                    FetchTopic::default().with_topic(TopicName(StrBytes::from_string(topic.to_string()))).with_partitions(vec![p]),
+                    FetchTopic::default()
+                        .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
+                        .with_partitions(vec![p]),
                 ),
             }
         }
@@ -517,7 +523,10 @@ impl Consumer {
                             OffsetReset::Earliest => state.pending = Some(SeekTo::Beginning),
                             OffsetReset::Latest => state.pending = Some(SeekTo::End),
                             OffsetReset::None => {
-                                return Err(Error::OffsetOutOfRange { partition: format!("{name}-{}", p.partition_index), offset: state.fetch_offset })
+                                return Err(Error::OffsetOutOfRange {
+                                    partition: format!("{name}-{}", p.partition_index),
+                                    offset: state.fetch_offset,
+                                })
                             }
                         }
                         state.position = None;

@@ -161,7 +161,8 @@ impl GroupConsumer {
     pub async fn subscribe(config: GroupConfig, topics: &[&str]) -> Result<Self> {
         config.validate()?;
         let consumer = Consumer::connect(config.consumer.clone()).await?;
-        let cluster = Cluster::connect(crate::ClientConfig { allow_auto_create_topics: false, ..config.consumer.client.clone() }).await?;
+        let cluster =
+            Cluster::connect(crate::ClientConfig { allow_auto_create_topics: false, ..config.consumer.client.clone() }).await?;
         let member = Arc::new(Member {
             member_id: Mutex::new(String::new()),
             generation: Mutex::new(-1),
@@ -170,8 +171,10 @@ impl GroupConsumer {
             joining: AtomicBool::new(false),
         });
         let coord = Coordinator { cluster, member: member.clone(), group_id: config.group_id.clone() };
-        let heartbeat_coord = Coordinator { cluster: coord.cluster.clone(), member: member.clone(), group_id: config.group_id.clone() };
-        let heartbeat = tokio::spawn(heartbeat_loop(heartbeat_coord, config.group_instance_id.clone(), config.heartbeat_interval));
+        let heartbeat_coord =
+            Coordinator { cluster: coord.cluster.clone(), member: member.clone(), group_id: config.group_id.clone() };
+        let heartbeat =
+            tokio::spawn(heartbeat_loop(heartbeat_coord, config.group_instance_id.clone(), config.heartbeat_interval));
         Ok(Self {
             coord,
             consumer,
@@ -311,7 +314,6 @@ impl GroupConsumer {
             listener(&event);
         }
     }
-
 }
 
 /// The parts the coordinator requests need; `Sync`, so futures borrowing it stay `Send`
@@ -329,7 +331,11 @@ impl Coordinator {
         }
         let request = FindCoordinatorRequest::default().with_key(s(&self.group_id)).with_key_type(0);
         let response = self.cluster.any_broker().await?.request(&request, 3).await?;
-        if let Some(e) = Error::kafka(response.error_code, format!("find coordinator of {}", self.group_id), response.error_message.map(|m| m.to_string())) {
+        if let Some(e) = Error::kafka(
+            response.error_code,
+            format!("find coordinator of {}", self.group_id),
+            response.error_message.map(|m| m.to_string()),
+        ) {
             return Err(e);
         }
         let conn = self.cluster.broker(response.node_id.0).await?;
@@ -339,7 +345,10 @@ impl Coordinator {
 }
 
 impl GroupConsumer {
-    async fn commit_offsets(&mut self, offsets: &[(TopicPartition, i64)]) -> Result<impl Future<Output = Result<()>> + Send + 'static> {
+    async fn commit_offsets(
+        &mut self,
+        offsets: &[(TopicPartition, i64)],
+    ) -> Result<impl Future<Output = Result<()>> + Send + 'static> {
         let changed: Vec<(TopicPartition, i64)> = {
             let committed = lock(&self.committed);
             offsets.iter().filter(|(tp, o)| committed.get(tp) != Some(o)).cloned().collect()
@@ -347,7 +356,10 @@ impl GroupConsumer {
         let mut topics: BTreeMap<&str, Vec<OffsetCommitRequestPartition>> = BTreeMap::new();
         for (tp, offset) in &changed {
             topics.entry(&tp.topic).or_default().push(
-                OffsetCommitRequestPartition::default().with_partition_index(tp.partition).with_committed_offset(*offset).with_committed_leader_epoch(-1),
+                OffsetCommitRequestPartition::default()
+                    .with_partition_index(tp.partition)
+                    .with_committed_offset(*offset)
+                    .with_committed_leader_epoch(-1),
             );
         }
         let request = (!topics.is_empty()).then(|| {
@@ -356,7 +368,12 @@ impl GroupConsumer {
                 .with_generation_id_or_member_epoch(self.generation())
                 .with_member_id(s(&self.member_id()))
                 .with_group_instance_id(self.config.group_instance_id.as_deref().map(s))
-                .with_topics(topics.into_iter().map(|(t, p)| OffsetCommitRequestTopic::default().with_name(topic_name(t)).with_partitions(p)).collect())
+                .with_topics(
+                    topics
+                        .into_iter()
+                        .map(|(t, p)| OffsetCommitRequestTopic::default().with_name(topic_name(t)).with_partitions(p))
+                        .collect(),
+                )
         });
         let pending = match request {
             Some(request) => {
@@ -374,8 +391,19 @@ impl GroupConsumer {
             let response = pending.await?;
             for t in response.topics {
                 for p in t.partitions {
-                    if let Some(e) = Error::kafka(p.error_code, format!("commit {} of {}-{}", group, t.name.0.as_str(), p.partition_index), None) {
-                        if matches!(e.code(), Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration | ResponseError::UnknownMemberId)) {
+                    if let Some(e) = Error::kafka(
+                        p.error_code,
+                        format!("commit {} of {}-{}", group, t.name.0.as_str(), p.partition_index),
+                        None,
+                    ) {
+                        if matches!(
+                            e.code(),
+                            Some(
+                                ResponseError::RebalanceInProgress
+                                    | ResponseError::IllegalGeneration
+                                    | ResponseError::UnknownMemberId
+                            )
+                        ) {
                             member.rejoin.store(true, Ordering::Release);
                         }
                         return Err(e);
@@ -396,7 +424,10 @@ impl Coordinator {
             topics.entry(&tp.topic).or_default().push(tp.partition);
         }
         let request = OffsetFetchRequest::default().with_group_id(GroupId(s(&self.group_id))).with_topics(Some(
-            topics.into_iter().map(|(t, p)| OffsetFetchRequestTopic::default().with_name(topic_name(t)).with_partition_indexes(p)).collect(),
+            topics
+                .into_iter()
+                .map(|(t, p)| OffsetFetchRequestTopic::default().with_name(topic_name(t)).with_partition_indexes(p))
+                .collect(),
         ));
         let response = self.coordinator().await?.request(&request, 7).await?;
         if let Some(e) = Error::kafka(response.error_code, format!("fetch offsets of {}", self.group_id), None) {
@@ -405,7 +436,9 @@ impl Coordinator {
         let mut out = HashMap::new();
         for t in response.topics {
             for p in t.partitions {
-                if let Some(e) = Error::kafka(p.error_code, format!("fetch offset of {}-{}", t.name.0.as_str(), p.partition_index), None) {
+                if let Some(e) =
+                    Error::kafka(p.error_code, format!("fetch offset of {}-{}", t.name.0.as_str(), p.partition_index), None)
+                {
                     return Err(e);
                 }
                 out.insert(TopicPartition::new(t.name.0.as_str(), p.partition_index), p.committed_offset);
@@ -471,7 +504,11 @@ impl GroupConsumer {
                     // A new member learns its id first and joins again with it.
                     Some(ResponseError::MemberIdRequired) => *lock(&self.member.member_id) = response.member_id.to_string(),
                     Some(ResponseError::UnknownMemberId) => lock(&self.member.member_id).clear(),
-                    Some(ResponseError::NotCoordinator | ResponseError::CoordinatorNotAvailable | ResponseError::CoordinatorLoadInProgress) => {
+                    Some(
+                        ResponseError::NotCoordinator
+                        | ResponseError::CoordinatorNotAvailable
+                        | ResponseError::CoordinatorLoadInProgress,
+                    ) => {
                         *lock(&self.member.coordinator) = None;
                         tokio::time::sleep(backoff).await;
                     }
@@ -510,7 +547,9 @@ impl GroupConsumer {
                 match e.code() {
                     Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration) => {}
                     Some(ResponseError::UnknownMemberId) => lock(&self.member.member_id).clear(),
-                    Some(ResponseError::NotCoordinator | ResponseError::CoordinatorNotAvailable) => *lock(&self.member.coordinator) = None,
+                    Some(ResponseError::NotCoordinator | ResponseError::CoordinatorNotAvailable) => {
+                        *lock(&self.member.coordinator) = None
+                    }
                     _ => return Err(e),
                 }
                 continue;
@@ -569,7 +608,6 @@ impl GroupConsumer {
         self.owned = assigned.clone();
         Ok(())
     }
-
 }
 
 impl Coordinator {
@@ -579,7 +617,8 @@ impl Coordinator {
         protocol: &str,
         members: &[kafka_protocol::messages::join_group_response::JoinGroupResponseMember],
     ) -> Result<Vec<SyncGroupRequestAssignment>> {
-        let assignor = assignor::by_name(protocol).ok_or_else(|| Error::InvalidConfig(format!("the group agreed on unknown assignor {protocol:?}")))?;
+        let assignor = assignor::by_name(protocol)
+            .ok_or_else(|| Error::InvalidConfig(format!("the group agreed on unknown assignor {protocol:?}")))?;
         let mut subscriptions = Vec::with_capacity(members.len());
         for m in members {
             let (topics, owned) = decode_subscription(&m.metadata).map_err(|detail| Error::Protocol {
@@ -602,7 +641,9 @@ impl Coordinator {
         let plan = assignor.assign(&subscriptions, &counts);
         plan.into_iter()
             .map(|(member, partitions)| {
-                Ok(SyncGroupRequestAssignment::default().with_member_id(s(&member)).with_assignment(encode_assignment(&partitions)?))
+                Ok(SyncGroupRequestAssignment::default()
+                    .with_member_id(s(&member))
+                    .with_assignment(encode_assignment(&partitions)?))
             })
             .collect()
     }
@@ -664,7 +705,8 @@ impl GroupAdmin {
         let md = self.cluster.refresh(None).await?;
         let mut out = Vec::new();
         for id in md.brokers.keys() {
-            let response = self.cluster.broker(*id).await?.request(&kafka_protocol::messages::ListGroupsRequest::default(), 4).await?;
+            let response =
+                self.cluster.broker(*id).await?.request(&kafka_protocol::messages::ListGroupsRequest::default(), 4).await?;
             if let Some(e) = Error::kafka(response.error_code, "list groups", None) {
                 return Err(e);
             }
@@ -679,7 +721,10 @@ impl GroupAdmin {
         let conn = self.coordinator_of(group).coordinator().await?;
         let request = kafka_protocol::messages::DescribeGroupsRequest::default().with_groups(vec![GroupId(s(group))]);
         let response = conn.request(&request, 5).await?;
-        let g = response.groups.into_iter().next().ok_or_else(|| Error::Protocol { broker: conn.addr().to_string(), detail: "DescribeGroups answered no group".into() })?;
+        let g = response.groups.into_iter().next().ok_or_else(|| Error::Protocol {
+            broker: conn.addr().to_string(),
+            detail: "DescribeGroups answered no group".into(),
+        })?;
         if let Some(e) = Error::kafka(g.error_code, format!("describe group {group}"), g.error_message.map(|m| m.to_string())) {
             return Err(e);
         }
@@ -688,14 +733,23 @@ impl GroupAdmin {
             .members
             .into_iter()
             .map(|m| MemberDescription {
-                assignment: if consumer { decode_assignment_bytes(&m.member_assignment).map(|a| a.into_iter().collect()).unwrap_or_default() } else { Vec::new() },
+                assignment: if consumer {
+                    decode_assignment_bytes(&m.member_assignment).map(|a| a.into_iter().collect()).unwrap_or_default()
+                } else {
+                    Vec::new()
+                },
                 member_id: m.member_id.to_string(),
                 group_instance_id: m.group_instance_id.map(|i| i.to_string()),
                 client_id: m.client_id.to_string(),
                 client_host: m.client_host.to_string(),
             })
             .collect();
-        Ok(GroupDescription { group_id: group.to_string(), state: g.group_state.to_string(), protocol: g.protocol_data.to_string(), members })
+        Ok(GroupDescription {
+            group_id: group.to_string(),
+            state: g.group_state.to_string(),
+            protocol: g.protocol_data.to_string(),
+            members,
+        })
     }
 
     /// Every committed offset of `group`.
@@ -710,21 +764,26 @@ impl GroupAdmin {
             .into_iter()
             .flat_map(|t| {
                 let name = t.name.0.to_string();
-                t.partitions.into_iter().filter(|p| p.committed_offset >= 0).map(move |p| (TopicPartition::new(&name, p.partition_index), p.committed_offset))
+                t.partitions
+                    .into_iter()
+                    .filter(|p| p.committed_offset >= 0)
+                    .map(move |p| (TopicPartition::new(&name, p.partition_index), p.committed_offset))
             })
             .collect())
     }
 
     /// Log end offsets (the high watermark) of `partitions`, in order.
     pub async fn log_end_offsets(&self, partitions: &[TopicPartition]) -> Result<Vec<i64>> {
-        let specs: Vec<(String, i32, crate::OffsetSpec)> = partitions.iter().map(|tp| (tp.topic.clone(), tp.partition, crate::OffsetSpec::Latest)).collect();
+        let specs: Vec<(String, i32, crate::OffsetSpec)> =
+            partitions.iter().map(|tp| (tp.topic.clone(), tp.partition, crate::OffsetSpec::Latest)).collect();
         crate::admin::list_offsets(&self.cluster, &specs).await
     }
 
     /// Offsets of `topic`'s partitions per `spec` (earliest, latest or by timestamp).
     pub async fn topic_offsets(&self, topic: &str, spec: crate::OffsetSpec) -> Result<Vec<(TopicPartition, i64)>> {
         let t = self.cluster.topic(topic).await?;
-        let specs: Vec<(String, i32, crate::OffsetSpec)> = t.partitions.iter().map(|p| (topic.to_string(), p.partition, spec)).collect();
+        let specs: Vec<(String, i32, crate::OffsetSpec)> =
+            t.partitions.iter().map(|p| (topic.to_string(), p.partition, spec)).collect();
         let offsets = crate::admin::list_offsets(&self.cluster, &specs).await?;
         Ok(t.partitions.iter().map(|p| TopicPartition::new(topic, p.partition)).zip(offsets).collect())
     }
@@ -743,17 +802,29 @@ impl GroupAdmin {
         }
         let mut topics: BTreeMap<&str, Vec<OffsetCommitRequestPartition>> = BTreeMap::new();
         for (tp, offset) in offsets {
-            topics.entry(&tp.topic).or_default().push(OffsetCommitRequestPartition::default().with_partition_index(tp.partition).with_committed_offset(*offset).with_committed_leader_epoch(-1));
+            topics.entry(&tp.topic).or_default().push(
+                OffsetCommitRequestPartition::default()
+                    .with_partition_index(tp.partition)
+                    .with_committed_offset(*offset)
+                    .with_committed_leader_epoch(-1),
+            );
         }
         // Generation -1 and no member id: an admin commit, accepted only while the group is empty.
-        let request = OffsetCommitRequest::default()
-            .with_group_id(GroupId(s(group)))
-            .with_generation_id_or_member_epoch(-1)
-            .with_topics(topics.into_iter().map(|(t, p)| OffsetCommitRequestTopic::default().with_name(topic_name(t)).with_partitions(p)).collect());
+        let request =
+            OffsetCommitRequest::default().with_group_id(GroupId(s(group))).with_generation_id_or_member_epoch(-1).with_topics(
+                topics
+                    .into_iter()
+                    .map(|(t, p)| OffsetCommitRequestTopic::default().with_name(topic_name(t)).with_partitions(p))
+                    .collect(),
+            );
         let response = self.coordinator_of(group).coordinator().await?.request(&request, 8).await?;
         for t in response.topics {
             for p in t.partitions {
-                if let Some(e) = Error::kafka(p.error_code, format!("reset offset of {group} on {}-{}", t.name.0.as_str(), p.partition_index), None) {
+                if let Some(e) = Error::kafka(
+                    p.error_code,
+                    format!("reset offset of {group} on {}-{}", t.name.0.as_str(), p.partition_index),
+                    None,
+                ) {
                     return Err(e);
                 }
             }
@@ -829,9 +900,10 @@ fn encode_subscription(topics: &[String], owned: &BTreeSet<TopicPartition>) -> R
     for tp in owned {
         per_topic.entry(&tp.topic).or_default().push(tp.partition);
     }
-    let message = ConsumerProtocolSubscription::default()
-        .with_topics(topics.iter().map(|t| s(t)).collect())
-        .with_owned_partitions(per_topic.into_iter().map(|(t, p)| OwnedTopic::default().with_topic(topic_name(t)).with_partitions(p)).collect());
+    let message =
+        ConsumerProtocolSubscription::default().with_topics(topics.iter().map(|t| s(t)).collect()).with_owned_partitions(
+            per_topic.into_iter().map(|(t, p)| OwnedTopic::default().with_topic(topic_name(t)).with_partitions(p)).collect(),
+        );
     versioned(|buf| message.encode(buf, CONSUMER_PROTOCOL_VERSION))
 }
 
@@ -882,11 +954,15 @@ pub fn decode_assignment_bytes(assignment: &Bytes) -> std::result::Result<BTreeS
     let mut buf = assignment.clone();
     let version = read_version(&mut buf)?;
     let a = ConsumerProtocolAssignment::decode(&mut buf, version).map_err(|e| e.to_string())?;
-    Ok(a.assigned_partitions.iter().flat_map(|t| t.partitions.iter().map(move |p| TopicPartition::new(t.topic.0.as_str(), *p))).collect())
+    Ok(a.assigned_partitions
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(move |p| TopicPartition::new(t.topic.0.as_str(), *p)))
+        .collect())
 }
 
 fn decode_assignment(assignment: &Bytes, broker: &str) -> Result<BTreeSet<TopicPartition>> {
-    decode_assignment_bytes(assignment).map_err(|detail| Error::Protocol { broker: broker.to_string(), detail: format!("assignment: {detail}") })
+    decode_assignment_bytes(assignment)
+        .map_err(|detail| Error::Protocol { broker: broker.to_string(), detail: format!("assignment: {detail}") })
 }
 
 #[cfg(test)]

@@ -27,8 +27,8 @@
 //! `delivery.timeout.ms`.
 
 pub mod admin;
-pub mod audit;
 pub mod assignor;
+pub mod audit;
 pub mod cluster;
 mod connection;
 pub mod consumer;
@@ -42,8 +42,8 @@ pub use audit::AuditHook;
 pub use cluster::{ClientConfig, Metadata, PartitionMetadata, TopicMetadata};
 pub use consumer::{Consumer, ConsumerConfig, ConsumerRecord, OffsetReset, SeekTo};
 pub use error::{Error, ResponseError, Result};
-pub use group::{GroupAdmin, GroupConfig, GroupConsumer, GroupDescription, MemberDescription, Rebalance, RebalanceListener};
 pub use fjord_record::{Compression, TopicPartition};
+pub use group::{GroupAdmin, GroupConfig, GroupConsumer, GroupDescription, MemberDescription, Rebalance, RebalanceListener};
 pub use producer::{Acks, DeliveryFuture, Producer, ProducerConfig, ProducerRecord, RecordMetadata};
 
 /// Largest records section a compressed batch may expand to (a guard against

@@ -577,7 +577,13 @@ impl TopicsExt for TopicMap {
     fn entry_ref(&mut self, topic: &str, partitions: i32) -> &mut TopicState {
         if self.get(topic).is_none() {
             let name: Arc<str> = topic.into();
-            let state = TopicState { name: name.clone(), partition_count: 0, metadata_version: u64::MAX, partitions: Vec::new(), sticky: None };
+            let state = TopicState {
+                name: name.clone(),
+                partition_count: 0,
+                metadata_version: u64::MAX,
+                partitions: Vec::new(),
+                sticky: None,
+            };
             self.insert(name, state);
         }
         let t = self.get_mut(topic).expect("inserted above");
@@ -952,7 +958,8 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
             let requests = per_broker.entry(leader).or_default();
             let used = in_flight.get(&leader).copied().unwrap_or(0) + requests.len();
             let size = request_sizes.entry(leader).or_insert(usize::MAX);
-            let next_size = queue.ready.front().map_or_else(|| queue.open.as_ref().map_or(0, |o| o.builder.size()), |b| b.bytes.len());
+            let next_size =
+                queue.ready.front().map_or_else(|| queue.open.as_ref().map_or(0, |o| o.builder.size()), |b| b.bytes.len());
             let fits = size.saturating_add(next_size) <= config.max_request_size;
             if !fits && used >= config.max_in_flight {
                 continue;

@@ -51,7 +51,8 @@ async fn list_offsets_finds_the_new_leader_after_a_leader_change() {
     // The second leader stops and stays down: its connection is gone.
     produce(&client, 5).await;
     cluster.stop(second).await.unwrap();
-    let third = cluster.wait_for_state(TOPIC, 0, WAIT, "a new leader", |s| s.leader >= 0 && s.leader != second).await.unwrap().leader;
+    let third =
+        cluster.wait_for_state(TOPIC, 0, WAIT, "a new leader", |s| s.leader >= 0 && s.leader != second).await.unwrap().leader;
     let earliest = [(TOPIC.to_string(), 0, OffsetSpec::Earliest)];
     assert_eq!(admin.list_offsets(&earliest).await.unwrap(), [0], "asked of broker {second}, stopped; {third} leads");
     assert_eq!(admin.list_offsets(&latest).await.unwrap(), [15]);

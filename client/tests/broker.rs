@@ -307,10 +307,8 @@ async fn admin_creates_describes_lists_and_deletes_topics() {
     let configs = admin.describe_configs("adm").await.unwrap();
     let retention = configs.iter().find(|c| c.name == "retention.ms").unwrap();
     assert_eq!(retention.value.as_deref(), Some("12345"));
-    let offsets = admin
-        .list_offsets(&[("adm".into(), 0, OffsetSpec::Earliest), ("adm".into(), 3, OffsetSpec::Latest)])
-        .await
-        .unwrap();
+    let offsets =
+        admin.list_offsets(&[("adm".into(), 0, OffsetSpec::Earliest), ("adm".into(), 3, OffsetSpec::Latest)]).await.unwrap();
     assert_eq!(offsets, [0, 0]);
     admin.delete_topics(&["adm".into()]).await.unwrap();
     assert!(matches!(admin.describe_topic("adm").await, Err(Error::UnknownTopic(_))));
@@ -334,13 +332,19 @@ async fn a_stalled_broker_times_records_out_and_the_producer_recovers_after() {
     p.send(ProducerRecord::new("stall", "ok")).await.unwrap().await.unwrap();
     paused.store(true, Ordering::Relaxed);
     let started = Instant::now();
-    let f = tokio::time::timeout(Duration::from_secs(5), p.send(ProducerRecord::new("stall", "lost"))).await.expect("send of lost hangs").unwrap();
+    let f = tokio::time::timeout(Duration::from_secs(5), p.send(ProducerRecord::new("stall", "lost")))
+        .await
+        .expect("send of lost hangs")
+        .unwrap();
     let err = tokio::time::timeout(Duration::from_secs(5), f).await.expect("delivery of lost hangs").unwrap_err();
     assert!(matches!(err, Error::DeliveryTimeout(_)), "{err}");
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
     // The broker reads again: a new connection is made and records flow.
     paused.store(false, Ordering::Relaxed);
-    let f = tokio::time::timeout(Duration::from_secs(5), p.send(ProducerRecord::new("stall", "after"))).await.expect("send of after hangs").unwrap();
+    let f = tokio::time::timeout(Duration::from_secs(5), p.send(ProducerRecord::new("stall", "after")))
+        .await
+        .expect("send of after hangs")
+        .unwrap();
     let md = tokio::time::timeout(Duration::from_secs(10), f).await.expect("delivery of after hangs").unwrap();
     assert!(md.offset >= 1);
 }

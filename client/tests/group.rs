@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fjord_client::{Admin, ClientConfig, GroupConfig, GroupConsumer, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord, TopicPartition};
+use fjord_client::{
+    Admin, ClientConfig, GroupConfig, GroupConsumer, NewTopic, OffsetReset, Producer, ProducerConfig, ProducerRecord,
+    TopicPartition,
+};
 use fjord_testkit::StandaloneBroker;
 
 /// A broker whose groups form fast and accept 1 s sessions, so tests can kill members.
@@ -138,7 +141,8 @@ async fn members_share_partitions_and_survive_a_dead_member() {
         {
             let s = seen.lock().unwrap();
             let (_, members) = s.owners.iter().next_back().unwrap();
-            let owned: BTreeSet<i32> = members.iter().filter(|(m, _)| **m != 2).flat_map(|(_, a)| a.iter().map(|tp| tp.partition)).collect();
+            let owned: BTreeSet<i32> =
+                members.iter().filter(|(m, _)| **m != 2).flat_map(|(_, a)| a.iter().map(|tp| tp.partition)).collect();
             if members.len() == 2 && owned.len() == partitions as usize {
                 break killed_at.elapsed();
             }
@@ -198,7 +202,16 @@ async fn mixed_group_with_librdkafka_splits_partitions() {
     let (topic, partitions) = ("mixed", 12);
     let producer = setup(&broker.addr, topic, partitions).await;
     let mut kcat = tokio::process::Command::new("kcat")
-        .args(["-b", &broker.addr, "-G", "mixed-g", "-X", "partition.assignment.strategy=range", "-X", "auto.offset.reset=earliest"])
+        .args([
+            "-b",
+            &broker.addr,
+            "-G",
+            "mixed-g",
+            "-X",
+            "partition.assignment.strategy=range",
+            "-X",
+            "auto.offset.reset=earliest",
+        ])
         .args(["-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=300", "-q", "-u", "-f", "%p %o\n", topic])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -294,8 +307,13 @@ async fn cooperative_sticky_revokes_only_what_moves() {
     assert_eq!(mine.len(), 6);
     assert!(second.assignment().iter().all(|tp| !mine.contains(tp)));
     let events = events.lock().unwrap().clone();
-    let revoked: Vec<TopicPartition> =
-        events.iter().flat_map(|e| match e { fjord_client::Rebalance::Revoked(p) => p.clone(), _ => Vec::new() }).collect();
+    let revoked: Vec<TopicPartition> = events
+        .iter()
+        .flat_map(|e| match e {
+            fjord_client::Rebalance::Revoked(p) => p.clone(),
+            _ => Vec::new(),
+        })
+        .collect();
     assert_eq!(revoked.len(), 6, "revoked more than what moved: {events:?}");
     assert!(revoked.iter().all(|tp| !mine.contains(tp)), "revoked a partition it kept: {events:?}");
     first.close().await.unwrap();

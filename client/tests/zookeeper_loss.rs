@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use fjord_client::{Acks, ClientConfig, Consumer, ConsumerConfig, Producer, ProducerConfig, ProducerRecord, SeekTo, TopicPartition};
+use fjord_client::{
+    Acks, ClientConfig, Consumer, ConsumerConfig, Producer, ProducerConfig, ProducerRecord, SeekTo, TopicPartition,
+};
 use fjord_coord::paths;
 use fjord_testkit::{produce_round, round_value, wait_until, Cluster, ZooKeeper};
 
@@ -16,7 +18,12 @@ const WAIT: Duration = Duration::from_secs(30);
 const SESSION_TIMEOUT: Duration = Duration::from_secs(3);
 
 async fn produce(client: &ClientConfig, per_partition: usize, round: usize) {
-    let config = ProducerConfig { client: client.clone(), acks: Acks::All, delivery_timeout: Duration::from_secs(20), ..ProducerConfig::default() };
+    let config = ProducerConfig {
+        client: client.clone(),
+        acks: Acks::All,
+        delivery_timeout: Duration::from_secs(20),
+        ..ProducerConfig::default()
+    };
     let producer = Producer::connect(config).await.unwrap();
     produce_round(&producer, TOPIC, PARTITIONS, per_partition, round).await.unwrap();
 }
@@ -24,7 +31,12 @@ async fn produce(client: &ClientConfig, per_partition: usize, round: usize) {
 /// Sends `per_partition` records to every partition (acks=all, 3 s delivery timeout)
 /// and returns, per record, `(partition, value)` if acknowledged.
 async fn try_produce(client: &ClientConfig, per_partition: usize, round: usize) -> Vec<Option<(i32, String)>> {
-    let config = ProducerConfig { client: client.clone(), acks: Acks::All, delivery_timeout: Duration::from_secs(3), ..ProducerConfig::default() };
+    let config = ProducerConfig {
+        client: client.clone(),
+        acks: Acks::All,
+        delivery_timeout: Duration::from_secs(3),
+        ..ProducerConfig::default()
+    };
     let Ok(producer) = Producer::connect(config).await else { return vec![None; per_partition * PARTITIONS as usize] };
     let mut sent = Vec::new();
     for i in 0..per_partition {
@@ -47,7 +59,8 @@ async fn try_produce(client: &ClientConfig, per_partition: usize, round: usize) 
 /// Every partition's values from offset 0 up to `per_partition` records, read with a
 /// fresh consumer (its own metadata, its own connections).
 async fn read_all(client: &ClientConfig, per_partition: usize) -> Vec<Vec<String>> {
-    let config = ConsumerConfig { client: client.clone(), fetch_max_wait: Duration::from_millis(100), ..ConsumerConfig::default() };
+    let config =
+        ConsumerConfig { client: client.clone(), fetch_max_wait: Duration::from_millis(100), ..ConsumerConfig::default() };
     let mut consumer = Consumer::connect(config).await.unwrap();
     let partitions: Vec<TopicPartition> = (0..PARTITIONS).map(|p| TopicPartition::new(TOPIC, p)).collect();
     consumer.assign(partitions.clone()).await.unwrap();
@@ -57,7 +70,11 @@ async fn read_all(client: &ClientConfig, per_partition: usize) -> Vec<Vec<String
     let mut values = vec![Vec::new(); PARTITIONS as usize];
     let deadline = Instant::now() + WAIT;
     while values.iter().any(|v| v.len() < per_partition) {
-        assert!(Instant::now() < deadline, "read only {:?} records per partition", values.iter().map(Vec::len).collect::<Vec<_>>());
+        assert!(
+            Instant::now() < deadline,
+            "read only {:?} records per partition",
+            values.iter().map(Vec::len).collect::<Vec<_>>()
+        );
         for r in consumer.poll(Duration::from_millis(200)).await.unwrap() {
             values[r.partition as usize].push(String::from_utf8(r.value.unwrap().to_vec()).unwrap());
         }
@@ -138,9 +155,8 @@ async fn brokers_recover_after_zookeeper_was_silent_longer_than_the_session_time
     produce(&client, 10, 1).await;
     // Per partition: the first round, then what the pause let through (a write may have
     // landed without its acknowledgement), then the last round.
-    let acked_during: Vec<Vec<String>> = (0..PARTITIONS)
-        .map(|p| during.iter().flatten().filter(|(q, _)| *q == p).map(|(_, v)| v.clone()).collect())
-        .collect();
+    let acked_during: Vec<Vec<String>> =
+        (0..PARTITIONS).map(|p| during.iter().flatten().filter(|(q, _)| *q == p).map(|(_, v)| v.clone()).collect()).collect();
     let min_len = 30 + acked_during.iter().map(Vec::len).min().unwrap_or(0);
     let logs = read_all(&client, min_len).await;
     for (p, log) in logs.iter().enumerate() {

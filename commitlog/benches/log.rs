@@ -192,7 +192,9 @@ fn summary(dir: &Path) {
     // appends. Times add up over the rounds, so all three see the same (shared, noisy)
     // machine.
     const ROUNDS: u32 = 8;
-    for (label, records) in [("1-record batches", 1), ("50-record batches", 50), ("1000-record batches", 1000), ("1 MiB batches", 0)] {
+    for (label, records) in
+        [("1-record batches", 1), ("50-record batches", 50), ("1000-record batches", 1000), ("1 MiB batches", 0)]
+    {
         let (batch, n) = build_batch(records);
         let total: u64 = if records == 1 { 8 << 20 } else { 64 << 20 };
         let (mut page_cache, mut same_size, mut appends) = (Cost::default(), Cost::default(), Cost::default());
@@ -319,7 +321,9 @@ fn criterion_benches(c: &mut Criterion, dir: &Path) {
     });
     let mut rng = Rng(42);
     group.throughput(Throughput::Elements(1));
-    group.bench_function("random lookup", |b| b.iter(|| black_box(log.read(rng.below(end as u64) as Offset, 1, None, true).unwrap())));
+    group.bench_function("random lookup", |b| {
+        b.iter(|| black_box(log.read(rng.below(end as u64) as Offset, 1, None, true).unwrap()))
+    });
     group.finish();
     log.delete().unwrap();
 }

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use fjord_log::{CleanupPolicy, Cleaner, CleanerConfig, Log, LogConfig};
+use fjord_log::{Cleaner, CleanerConfig, CleanupPolicy, Log, LogConfig};
 use fjord_record::{BatchBuilder, Compression};
 
 fn main() {
@@ -27,12 +27,8 @@ fn main() {
     };
     let base = std::env::var_os("FJORD_BENCH_DIR").map_or_else(std::env::temp_dir, Into::into);
     let dir = tempfile::tempdir_in(base).expect("temp dir");
-    let config = LogConfig {
-        segment_bytes: 64 << 20,
-        cleanup_policy: CleanupPolicy::Compact,
-        segment_ms: None,
-        ..LogConfig::default()
-    };
+    let config =
+        LogConfig { segment_bytes: 64 << 20, cleanup_policy: CleanupPolicy::Compact, segment_ms: None, ..LogConfig::default() };
     let log = Log::open(dir.path(), config).expect("open");
 
     // Keys are updated round-robin in a shuffled order, so every segment holds stale values.

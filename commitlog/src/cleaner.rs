@@ -618,8 +618,11 @@ fn next_batch<'w>(walk: &'w mut Walker<'_>, path: &Path) -> Result<Option<(Batch
         Step::Torn { position, reason } => Err(Error::CorruptSegment { path: path.to_path_buf(), position, source: reason }),
         Step::Batch { position, header } => {
             let bytes = walk.batch_bytes(position, header.size()).at(path)?;
-            let header = BatchHeader::parse(bytes)
-                .map_err(|source| Error::CorruptSegment { path: path.to_path_buf(), position, source })?;
+            let header = BatchHeader::parse(bytes).map_err(|source| Error::CorruptSegment {
+                path: path.to_path_buf(),
+                position,
+                source,
+            })?;
             Ok(Some((header, bytes)))
         }
     }
@@ -642,9 +645,9 @@ fn group_segments(view: &View, map_end: Offset, segment_bytes: u64) -> Vec<Vec<A
     let mut size = 0u64;
     for (i, (&base, seg)) in view.range(..map_end.min(active)).enumerate() {
         let next_base = bases[i + 1];
-        let fits = groups.last().is_some_and(|g| {
-            size + seg.size() <= segment_bytes && next_base - g[0].base_offset <= i64::from(i32::MAX)
-        });
+        let fits = groups
+            .last()
+            .is_some_and(|g| size + seg.size() <= segment_bytes && next_base - g[0].base_offset <= i64::from(i32::MAX));
         if fits {
             size += seg.size();
             groups.last_mut().expect("checked above").push(seg.clone());
@@ -779,7 +782,13 @@ fn write_cleaned(
 /// A copy of the batch `src` holding only the records `body[start..end]` of `kept`
 /// (same base offset, last offset delta, timestamps, producer fields and codec),
 /// with its length, count and CRC recomputed. Written to `out`.
-fn rebuild(src: &[u8], header: &BatchHeader, body: &[u8], kept: &[(usize, usize)], out: &mut Vec<u8>) -> fjord_record::Result<()> {
+fn rebuild(
+    src: &[u8],
+    header: &BatchHeader,
+    body: &[u8],
+    kept: &[(usize, usize)],
+    out: &mut Vec<u8>,
+) -> fjord_record::Result<()> {
     out.clear();
     out.extend_from_slice(&src[..BATCH_OVERHEAD]);
     match header.compression() {

@@ -231,11 +231,7 @@ impl LogConfig {
 
     /// Checks the values against each other and the format's limits.
     pub fn validate(&self) -> Result<()> {
-        self.check().map_err(|reason| Error::InvalidConfig {
-            key: "log config".to_owned(),
-            value: format!("{self:?}"),
-            reason,
-        })
+        self.check().map_err(|reason| Error::InvalidConfig { key: "log config".to_owned(), value: format!("{self:?}"), reason })
     }
 
     fn check(&self) -> std::result::Result<(), &'static str> {

@@ -236,7 +236,10 @@ mod tests {
         assert!(offsets_are_sane(&offsets(&[(1, 10), (5, 300)]), 400));
         assert!(!offsets_are_sane(&offsets(&[(1, 10), (5, 300), (0, 0)]), 400));
         assert!(!offsets_are_sane(&offsets(&[(1, 10), (5, 300)]), 300));
-        assert!(!times_are_sane(&[TimeEntry { timestamp: 5, relative_offset: 1 }, TimeEntry { timestamp: 0, relative_offset: 0 }]));
+        assert!(!times_are_sane(&[
+            TimeEntry { timestamp: 5, relative_offset: 1 },
+            TimeEntry { timestamp: 0, relative_offset: 0 }
+        ]));
     }
 }
 

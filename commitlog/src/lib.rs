@@ -41,9 +41,9 @@
 //!   finishes or rolls back.
 #![warn(missing_docs)]
 
-pub mod config;
 mod checkpoint;
 pub mod cleaner;
+pub mod config;
 mod epoch;
 mod error;
 mod index;

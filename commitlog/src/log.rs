@@ -327,8 +327,8 @@ impl Log {
             return Ok(());
         }
         let (offsets, times) = seg.resident_len();
-        let index_full = (offsets + 1) * 8 > config.segment_index_bytes as usize
-            || (times + 1) * 12 > config.segment_index_bytes as usize;
+        let index_full =
+            (offsets + 1) * 8 > config.segment_index_bytes as usize || (times + 1) * 12 > config.segment_index_bytes as usize;
         let too_old = match (config.segment_ms, w.active.first_timestamp) {
             (Some(ms), Some(first_ts)) => max_timestamp.saturating_sub(first_ts) > ms.as_millis() as i64,
             _ => false,
@@ -676,7 +676,8 @@ impl Log {
                 continue;
             }
             let path = seg.path(LOG_SUFFIX);
-            let start = seg.time_floor_below(ts).at(&path)?.map_or(seg.base_offset, |t| seg.base_offset + i64::from(t.relative_offset));
+            let start =
+                seg.time_floor_below(ts).at(&path)?.map_or(seg.base_offset, |t| seg.base_offset + i64::from(t.relative_offset));
             let size = seg.size();
             let Some((position, _)) = seg.find_batch(start, size).at(&path)? else {
                 continue;
@@ -727,7 +728,8 @@ impl Log {
             if base == active_base {
                 break;
             }
-            let expired = config.retention_ms.is_some_and(|ms| seg.max_timestamp() < now_ms.saturating_sub(ms.as_millis() as i64));
+            let expired =
+                config.retention_ms.is_some_and(|ms| seg.max_timestamp() < now_ms.saturating_sub(ms.as_millis() as i64));
             let oversize = config.retention_bytes.is_some_and(|limit| size.saturating_sub(seg.size()) >= limit);
             if !expired && !oversize {
                 break;

@@ -294,7 +294,9 @@ impl Segment {
 
     /// The last time entry with a timestamp below `ts`.
     pub(crate) fn time_floor_below(&self, ts: i64) -> io::Result<Option<TimeEntry>> {
-        Ok(self.with_entries(&self.times, &self.sealed_times, TIME_INDEX_SUFFIX, |e| e.floor(|x: &TimeEntry| x.timestamp < ts))?.flatten())
+        Ok(self
+            .with_entries(&self.times, &self.sealed_times, TIME_INDEX_SUFFIX, |e| e.floor(|x: &TimeEntry| x.timestamp < ts))?
+            .flatten())
     }
 
     /// The last entry of the time index file (for a sealed segment loaded on open):

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::read_all;
 use fjord_log::cleaner::SwapStep;
-use fjord_log::{CleanupPolicy, Cleaner, CleanerConfig, Error, Log, LogConfig, LogManager, Offset, TopicPartition};
+use fjord_log::{Cleaner, CleanerConfig, CleanupPolicy, Error, Log, LogConfig, LogManager, Offset, TopicPartition};
 use fjord_record::{BatchBuilder, BatchHeader, Compression, Records, BATCH_OVERHEAD};
 use proptest::prelude::*;
 
@@ -98,8 +98,7 @@ impl Model {
         self.appended
             .iter()
             .filter(|(o, k, v)| {
-                *o >= clean_end
-                    || (latest[k.as_slice()] == *o && (v.is_some() || self.first_seen(*o) + RETENTION_MS > now))
+                *o >= clean_end || (latest[k.as_slice()] == *o && (v.is_some() || self.first_seen(*o) + RETENTION_MS > now))
             })
             .cloned()
             .collect()
@@ -128,8 +127,12 @@ fn seal(log: &Log, model: &mut Model, round: i64) -> Offset {
 enum Action {
     Nothing,
     /// Clean, `dt` ms after the previous action.
-    Clean { dt: i64 },
-    Reopen { clean: bool },
+    Clean {
+        dt: i64,
+    },
+    Reopen {
+        clean: bool,
+    },
 }
 
 type Batch = (Vec<(u8, bool)>, usize);
@@ -285,10 +288,18 @@ fn the_dirty_ratio_and_the_compaction_lag_decide_when() {
     let manager = LogManager::open(dir.path(), config()).unwrap();
     let tp = TopicPartition::new("table", 0);
     let log = manager.get_or_create(&tp, config()).unwrap();
-    let plain = manager.get_or_create(&TopicPartition::new("stream", 0), LogConfig { cleanup_policy: CleanupPolicy::Delete, ..config() }).unwrap();
+    let plain = manager
+        .get_or_create(&TopicPartition::new("stream", 0), LogConfig { cleanup_policy: CleanupPolicy::Delete, ..config() })
+        .unwrap();
     let mut model = Model::default();
     for r in 0..20 {
-        append(&log, &mut model, &[(b"a".to_vec(), Some(vec![r; 50])), (b"b".to_vec(), Some(vec![r; 50]))], 1_000 + i64::from(r), Compression::None);
+        append(
+            &log,
+            &mut model,
+            &[(b"a".to_vec(), Some(vec![r; 50])), (b"b".to_vec(), Some(vec![r; 50]))],
+            1_000 + i64::from(r),
+            Compression::None,
+        );
         plain.append(&mut keyed_batch(&[(b"a".to_vec(), Some(vec![r; 50]))], 1_000, Compression::None), 0).unwrap();
     }
     let before = records(&plain);
@@ -324,7 +335,12 @@ fn the_dirty_ratio_and_the_compaction_lag_decide_when() {
 
     // Retention deletes nothing under cleanup.policy=compact, and does with compact,delete.
     assert_eq!(log.apply_retention(i64::MAX / 2).unwrap(), 0);
-    log.update_config(LogConfig { cleanup_policy: CleanupPolicy::CompactDelete, retention_ms: Some(Duration::from_secs(1)), ..config() }).unwrap();
+    log.update_config(LogConfig {
+        cleanup_policy: CleanupPolicy::CompactDelete,
+        retention_ms: Some(Duration::from_secs(1)),
+        ..config()
+    })
+    .unwrap();
     assert!(log.apply_retention(i64::MAX / 2).unwrap() > 0);
 }
 
@@ -417,7 +433,13 @@ fn a_crash_at_any_step_of_the_swap_loses_nothing() {
         cleaner.clean(&log, now).unwrap();
         assert_eq!(records(&log), expected, "step {step:?}: the next clean finishes the job");
     }
-    for step in [SwapStep::Commit, SwapStep::RenameToSwap("log"), SwapStep::DeleteOld(0), SwapStep::Install("index"), SwapStep::Install("log")] {
+    for step in [
+        SwapStep::Commit,
+        SwapStep::RenameToSwap("log"),
+        SwapStep::DeleteOld(0),
+        SwapStep::Install("index"),
+        SwapStep::Install("log"),
+    ] {
         assert!(steps_seen.contains(&step), "{step:?} not covered: {steps_seen:?}");
     }
 }

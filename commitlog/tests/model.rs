@@ -15,12 +15,22 @@ enum Op {
     /// One append of several batches: (records, value length) each.
     Append(Vec<(usize, usize)>),
     /// Read at `at % (log end + 1)`, at most `max_bytes`, bounded by `at + bound` when set.
-    Read { at: u32, max_bytes: usize, bound: Option<u32> },
+    Read {
+        at: u32,
+        max_bytes: usize,
+        bound: Option<u32>,
+    },
     Flush,
-    Truncate { at: u32 },
+    Truncate {
+        at: u32,
+    },
     /// Size retention down to `retention.bytes = keep`.
-    Retention { keep: u64 },
-    Reopen { clean: bool },
+    Retention {
+        keep: u64,
+    },
+    Reopen {
+        clean: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {

@@ -140,12 +140,8 @@ impl EmbeddedStore {
     /// as ZooKeeper does when a session closes.
     pub fn close_session(&self) {
         let mut state = self.lock();
-        let ephemerals: Vec<String> = state
-            .nodes
-            .iter()
-            .filter(|(_, n)| n.stat.ephemeral_owner == self.session_id)
-            .map(|(p, _)| p.clone())
-            .collect();
+        let ephemerals: Vec<String> =
+            state.nodes.iter().filter(|(_, n)| n.stat.ephemeral_owner == self.session_id).map(|(p, _)| p.clone()).collect();
         for path in ephemerals {
             state.remove(&path);
         }
@@ -459,10 +455,7 @@ mod tests {
         let (data, stat) = s.get("/a/b").await.unwrap().unwrap();
         assert_eq!((data.as_slice(), stat.version), (&b"x"[..], 0));
         assert_eq!(s.set("/a/b", b"y", Some(0)).await.unwrap().version, 1);
-        assert!(matches!(
-            s.set("/a/b", b"z", Some(0)).await,
-            Err(Error::BadVersion { expected: 0, actual: 1, .. })
-        ));
+        assert!(matches!(s.set("/a/b", b"z", Some(0)).await, Err(Error::BadVersion { expected: 0, actual: 1, .. })));
         assert!(matches!(s.delete("/a", None).await, Err(Error::NotEmpty { .. })));
         assert!(matches!(s.delete("/a/b", Some(0)).await, Err(Error::BadVersion { .. })));
         s.delete("/a/b", Some(1)).await.unwrap();
@@ -556,9 +549,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
         s.create("/e", b"", CreateMode::Ephemeral).await.unwrap();
-        assert!(matches!(
-            s.create("/e/x", b"", CreateMode::Persistent).await,
-            Err(Error::NoChildrenForEphemerals { .. })
-        ));
+        assert!(matches!(s.create("/e/x", b"", CreateMode::Persistent).await, Err(Error::NoChildrenForEphemerals { .. })));
     }
 }

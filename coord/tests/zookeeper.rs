@@ -22,10 +22,7 @@ async fn zookeeper_backend_has_zookeeper_semantics() {
     let (data, stat) = store.get("/a/b").await.unwrap().unwrap();
     assert_eq!((data.as_slice(), stat.version), (&b"x"[..], 0));
     assert_eq!(store.set("/a/b", b"y", Some(0)).await.unwrap().version, 1);
-    assert!(matches!(
-        store.set("/a/b", b"z", Some(0)).await,
-        Err(Error::BadVersion { expected: 0, actual: 1, .. })
-    ));
+    assert!(matches!(store.set("/a/b", b"z", Some(0)).await, Err(Error::BadVersion { expected: 0, actual: 1, .. })));
     assert!(matches!(store.delete("/a", None).await, Err(Error::NotEmpty { .. })));
 
     // sequential nodes

@@ -37,21 +37,11 @@ fn parse() -> anyhow::Result<Args> {
     let mut map: HashMap<String, String> = HashMap::new();
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let Some(name) = flag.strip_prefix("--") else {
-            bail!("unexpected argument {flag:?}")
-        };
-        map.insert(
-            name.to_string(),
-            it.next()
-                .with_context(|| format!("--{name} needs a value"))?,
-        );
+        let Some(name) = flag.strip_prefix("--") else { bail!("unexpected argument {flag:?}") };
+        map.insert(name.to_string(), it.next().with_context(|| format!("--{name} needs a value"))?);
     }
     let get = |k: &str, d: &str| map.get(k).cloned().unwrap_or_else(|| d.to_string());
-    let num = |k: &str, d: usize| -> anyhow::Result<usize> {
-        get(k, &d.to_string())
-            .parse()
-            .with_context(|| format!("--{k}"))
-    };
+    let num = |k: &str, d: usize| -> anyhow::Result<usize> { get(k, &d.to_string()).parse().with_context(|| format!("--{k}")) };
     Ok(Args {
         mode: get("mode", "ndjson"),
         http: get("http", "http://127.0.0.1:8082"),
@@ -110,35 +100,19 @@ async fn grpc(a: Arc<Args>, worker: usize, batches: usize) -> anyhow::Result<Vec
                     })
                     .collect();
                 sent.lock().expect("lock").insert(b as u64, Instant::now());
-                if tx
-                    .send(PublishRequest {
-                        topic: a.topic.clone(),
-                        events,
-                        acks: 0,
-                        batch_id: b as u64,
-                    })
-                    .await
-                    .is_err()
-                {
+                if tx.send(PublishRequest { topic: a.topic.clone(), events, acks: 0, batch_id: b as u64 }).await.is_err() {
                     return;
                 }
             }
         })
     };
-    let mut answers = client
-        .publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await?
-        .into_inner();
+    let mut answers = client.publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
     let mut latencies = Vec::with_capacity(batches);
     while let Some(answer) = answers.message().await? {
         if let Some(e) = answer.error {
             bail!("batch {} refused: {}", answer.batch_id, e.message);
         }
-        let start = sent
-            .lock()
-            .expect("lock")
-            .remove(&answer.batch_id)
-            .context("answer to an unknown batch")?;
+        let start = sent.lock().expect("lock").remove(&answer.batch_id).context("answer to an unknown batch")?;
         latencies.push(start.elapsed());
         window.add_permits(1);
         if latencies.len() == batches {
@@ -174,10 +148,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let seconds = start.elapsed().as_secs_f64();
     latencies.sort();
-    let q = |p: f64| {
-        latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)].as_secs_f64()
-            * 1000.0
-    };
+    let q = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)].as_secs_f64() * 1000.0;
     let messages = per_worker * a.concurrency * a.batch;
     let bytes = messages * a.size;
     println!(

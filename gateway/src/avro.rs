@@ -24,41 +24,20 @@ pub(crate) struct Mismatch {
 
 /// Converts `json` to an Avro datum of `schema` and frames it with `schema_id`.
 /// `index` is the record's place in the request, for the error.
-pub(crate) fn encode(
-    schema_id: i32,
-    schema: &Schema,
-    json: &Json,
-    index: usize,
-) -> Result<Vec<u8>> {
-    let resolved = ResolvedSchema::new(schema).map_err(|e| Error::Unprocessable {
-        index: Some(index),
-        reason: format!("schema {schema_id}: {e}"),
-    })?;
-    let mismatch = |m: Mismatch| Error::AvroMismatch {
-        index,
-        schema_id,
-        path: m.path,
-        reason: m.reason,
-    };
-    let value =
-        to_avro(json, schema, resolved.get_names(), &mut "$".to_string()).map_err(mismatch)?;
+pub(crate) fn encode(schema_id: i32, schema: &Schema, json: &Json, index: usize) -> Result<Vec<u8>> {
+    let resolved = ResolvedSchema::new(schema)
+        .map_err(|e| Error::Unprocessable { index: Some(index), reason: format!("schema {schema_id}: {e}") })?;
+    let mismatch = |m: Mismatch| Error::AvroMismatch { index, schema_id, path: m.path, reason: m.reason };
+    let value = to_avro(json, schema, resolved.get_names(), &mut "$".to_string()).map_err(mismatch)?;
     let datum = GenericDatumWriter::builder(schema)
         .build()
         .and_then(|w| w.write_value_to_vec(value))
-        .map_err(|e| {
-            mismatch(Mismatch {
-                path: "$".into(),
-                reason: e.to_string(),
-            })
-        })?;
+        .map_err(|e| mismatch(Mismatch { path: "$".into(), reason: e.to_string() }))?;
     Ok(fjord_schema_registry::framing::frame(schema_id, &datum))
 }
 
 fn fail<T>(path: &str, reason: impl Into<String>) -> Result<T, Mismatch> {
-    Err(Mismatch {
-        path: path.to_string(),
-        reason: reason.into(),
-    })
+    Err(Mismatch { path: path.to_string(), reason: reason.into() })
 }
 
 fn kind(json: &Json) -> &'static str {
@@ -104,10 +83,7 @@ fn branch_name(schema: &Schema) -> String {
 fn lookup<'s>(names: &NamesRef<'s>, name: &Name, path: &str) -> Result<&'s Schema, Mismatch> {
     match names.get(name) {
         Some(s) => Ok(s),
-        None => fail(
-            path,
-            format!("schema references unknown type {}", name.fullname(None)),
-        ),
+        None => fail(path, format!("schema references unknown type {}", name.fullname(None))),
     }
 }
 
@@ -120,19 +96,13 @@ fn int(json: &Json, path: &str) -> Result<i32, Mismatch> {
 }
 
 fn long(json: &Json, path: &str) -> Result<i64, Mismatch> {
-    json.as_i64().map_or_else(
-        || fail(path, format!("expected a long, got {}", kind(json))),
-        Ok,
-    )
+    json.as_i64().map_or_else(|| fail(path, format!("expected a long, got {}", kind(json))), Ok)
 }
 
 /// Avro's JSON encoding of bytes and fixed: a string whose code points 0..=255 are the bytes.
 fn byte_string(json: &Json, path: &str) -> Result<Vec<u8>, Mismatch> {
     let Json::String(s) = json else {
-        return fail(
-            path,
-            format!("expected bytes as a string, got {}", kind(json)),
-        );
+        return fail(path, format!("expected bytes as a string, got {}", kind(json)));
     };
     s.chars()
         .map(|c| {
@@ -144,12 +114,7 @@ fn byte_string(json: &Json, path: &str) -> Result<Vec<u8>, Mismatch> {
         .collect()
 }
 
-fn to_avro(
-    json: &Json,
-    schema: &Schema,
-    names: &NamesRef<'_>,
-    path: &mut String,
-) -> Result<Value, Mismatch> {
+fn to_avro(json: &Json, schema: &Schema, names: &NamesRef<'_>, path: &mut String) -> Result<Value, Mismatch> {
     Ok(match schema {
         Schema::Null => match json {
             Json::Null => Value::Null,
@@ -177,15 +142,7 @@ fn to_avro(
         Schema::Fixed(f) => {
             let bytes = byte_string(json, path)?;
             if bytes.len() != f.size {
-                return fail(
-                    path,
-                    format!(
-                        "fixed {} needs {} bytes, got {}",
-                        f.name.fullname(None),
-                        f.size,
-                        bytes.len()
-                    ),
-                );
+                return fail(path, format!("fixed {} needs {} bytes, got {}", f.name.fullname(None), f.size, bytes.len()));
             }
             Value::Fixed(f.size, bytes)
         }
@@ -195,20 +152,11 @@ fn to_avro(
                 None => {
                     return fail(
                         path,
-                        format!(
-                            "{s:?} is not a symbol of enum {} ({})",
-                            e.name.fullname(None),
-                            e.symbols.join(", ")
-                        ),
+                        format!("{s:?} is not a symbol of enum {} ({})", e.name.fullname(None), e.symbols.join(", ")),
                     )
                 }
             },
-            _ => {
-                return fail(
-                    path,
-                    format!("expected an enum symbol string, got {}", kind(json)),
-                )
-            }
+            _ => return fail(path, format!("expected an enum symbol string, got {}", kind(json))),
         },
         Schema::Array(a) => {
             let Json::Array(items) = json else {
@@ -225,10 +173,7 @@ fn to_avro(
         }
         Schema::Map(m) => {
             let Json::Object(entries) = json else {
-                return fail(
-                    path,
-                    format!("expected an object (map), got {}", kind(json)),
-                );
+                return fail(path, format!("expected an object (map), got {}", kind(json)));
             };
             let mut out = std::collections::HashMap::with_capacity(entries.len());
             for (k, v) in entries {
@@ -241,20 +186,10 @@ fn to_avro(
         }
         Schema::Record(r) => {
             let Json::Object(fields) = json else {
-                return fail(
-                    path,
-                    format!(
-                        "expected an object (record {}), got {}",
-                        r.name.fullname(None),
-                        kind(json)
-                    ),
-                );
+                return fail(path, format!("expected an object (record {}), got {}", r.name.fullname(None), kind(json)));
             };
             if let Some(unknown) = fields.keys().find(|k| !r.lookup.contains_key(*k)) {
-                return fail(
-                    path,
-                    format!("record {} has no field {unknown:?}", r.name.fullname(None)),
-                );
+                return fail(path, format!("record {} has no field {unknown:?}", r.name.fullname(None)));
             }
             let mut out = Vec::with_capacity(r.fields.len());
             for field in &r.fields {
@@ -264,9 +199,7 @@ fn to_avro(
                 let value = match (fields.get(&field.name), &field.default) {
                     (Some(v), _) => to_avro(v, &field.schema, names, path)?,
                     (None, Some(default)) => to_avro(default, &field.schema, names, path)?,
-                    (None, None) => {
-                        return fail(path, "required field is missing (it has no default)")
-                    }
+                    (None, None) => return fail(path, "required field is missing (it has no default)"),
                 };
                 path.truncate(len);
                 out.push((field.name.clone(), value));
@@ -293,19 +226,11 @@ fn to_avro(
     })
 }
 
-fn union<'s>(
-    json: &Json,
-    variants: &'s [Schema],
-    names: &NamesRef<'s>,
-    path: &mut String,
-) -> Result<Value, Mismatch> {
+fn union<'s>(json: &Json, variants: &'s [Schema], names: &NamesRef<'s>, path: &mut String) -> Result<Value, Mismatch> {
     if json.is_null() {
         return match variants.iter().position(|v| matches!(v, Schema::Null)) {
             Some(i) => Ok(Value::Union(i as u32, Box::new(Value::Null))),
-            None => fail(
-                path,
-                "null is not allowed here (the union has no null branch)",
-            ),
+            None => fail(path, "null is not allowed here (the union has no null branch)"),
         };
     }
     // Avro's JSON encoding: {"branch name": value}.
@@ -323,10 +248,7 @@ fn union<'s>(
             if let Some((i, v)) = hit {
                 let len = path.len();
                 path.push_str(&format!("<{name}>"));
-                let target = resolve(v).ok_or_else(|| Mismatch {
-                    path: path.clone(),
-                    reason: format!("unknown type {name}"),
-                })?;
+                let target = resolve(v).ok_or_else(|| Mismatch { path: path.clone(), reason: format!("unknown type {name}") })?;
                 let value = to_avro(inner, target, names, path)?;
                 path.truncate(len);
                 return Ok(Value::Union(i as u32, Box::new(value)));
@@ -343,21 +265,12 @@ fn union<'s>(
         }
     }
     let branches: Vec<String> = variants.iter().map(branch_name).collect();
-    fail(
-        path,
-        format!(
-            "{} fits no branch of the union [{}]",
-            kind(json),
-            branches.join(", ")
-        ),
-    )
+    fail(path, format!("{} fits no branch of the union [{}]", kind(json), branches.join(", ")))
 }
 
 /// Decodes the base64 of the binary embedded format.
 pub(crate) fn base64_decode(s: &str) -> std::result::Result<Vec<u8>, String> {
-    base64::engine::general_purpose::STANDARD
-        .decode(s)
-        .map_err(|e| format!("invalid base64: {e}"))
+    base64::engine::general_purpose::STANDARD.decode(s).map_err(|e| format!("invalid base64: {e}"))
 }
 
 #[cfg(test)]
@@ -382,12 +295,7 @@ mod tests {
 
     fn err(json: Json) -> (String, String) {
         match encode(7, &schema(), &json, 2) {
-            Err(Error::AvroMismatch {
-                index: 2,
-                schema_id: 7,
-                path,
-                reason,
-            }) => (path, reason),
+            Err(Error::AvroMismatch { index: 2, schema_id: 7, path, reason }) => (path, reason),
             other => panic!("expected a mismatch, got {other:?}"),
         }
     }
@@ -399,64 +307,26 @@ mod tests {
         let framed = encode(7, &s, &json, 0).unwrap();
         assert_eq!(&framed[..5], &[0, 0, 0, 0, 7]);
         let mut datum = &framed[5..];
-        let back = apache_avro::reader::datum::GenericDatumReader::builder(&s)
-            .build()
-            .unwrap()
-            .read_value(&mut datum)
-            .unwrap();
-        let Value::Record(fields) = back else {
-            panic!()
-        };
+        let back = apache_avro::reader::datum::GenericDatumReader::builder(&s).build().unwrap().read_value(&mut datum).unwrap();
+        let Value::Record(fields) = back else { panic!() };
         assert_eq!(fields[0], ("url".into(), Value::String("/a".into())));
-        assert_eq!(
-            fields[2],
-            (
-                "ref".into(),
-                Value::Union(1, Box::new(Value::String("x".into())))
-            )
-        );
+        assert_eq!(fields[2], ("ref".into(), Value::Union(1, Box::new(Value::String("x".into())))));
         assert_eq!(fields[3], ("kind".into(), Value::Enum(1, "BUY".into())));
         assert!(datum.is_empty());
         // Defaults fill omitted fields; a bare value fits a union leniently.
-        encode(
-            7,
-            &s,
-            &json!({"url":"/a","ms":5,"ref":"bare","addr":{"zip":1}}),
-            0,
-        )
-        .unwrap();
+        encode(7, &s, &json!({"url":"/a","ms":5,"ref":"bare","addr":{"zip":1}}), 0).unwrap();
     }
 
     #[test]
     fn mismatches_name_the_field_path() {
-        assert_eq!(
-            err(json!({"url":"/a","ms":5,"addr":{"zip":"x"}})).0,
-            "$.addr.zip"
-        );
+        assert_eq!(err(json!({"url":"/a","ms":5,"addr":{"zip":"x"}})).0, "$.addr.zip");
         let (path, reason) = err(json!({"url":"/a","ms":5,"addr":{}}));
-        assert_eq!(
-            (path.as_str(), reason.contains("missing")),
-            ("$.addr.zip", true)
-        );
-        assert_eq!(
-            err(json!({"url":"/a","ms":5,"addr":{"zip":1},"tags":["a",3]})).0,
-            "$.tags[1]"
-        );
-        assert_eq!(
-            err(json!({"url":"/a","ms":5,"addr":{"zip":1},"kind":"NOPE"})).0,
-            "$.kind"
-        );
-        assert!(err(json!({"url":"/a","ms":5,"addr":{"zip":1},"extra":1}))
-            .1
-            .contains("extra"));
-        assert_eq!(
-            err(json!({"url":"/a","ms":5,"addr":{"zip":1},"prev":{"t.Addr":{"zip":true}}})).0,
-            "$.prev<t.Addr>.zip"
-        );
-        assert_eq!(
-            err(json!({"url":"/a","ms":9_999_999_999_999_999_999u64 as f64,"addr":{"zip":1}})).0,
-            "$.ms"
-        );
+        assert_eq!((path.as_str(), reason.contains("missing")), ("$.addr.zip", true));
+        assert_eq!(err(json!({"url":"/a","ms":5,"addr":{"zip":1},"tags":["a",3]})).0, "$.tags[1]");
+        assert_eq!(err(json!({"url":"/a","ms":5,"addr":{"zip":1},"kind":"NOPE"})).0, "$.kind");
+        assert!(err(json!({"url":"/a","ms":5,"addr":{"zip":1},"extra":1})).1.contains("extra"));
+        assert_eq!(err(json!({"url":"/a","ms":5,"addr":{"zip":1},"prev":{"t.Addr":{"zip":true}}})).0, "$.prev<t.Addr>.zip");
+        assert_eq!(err(json!({"url":"/a","ms":9_999_999_999_999_999_999u64 as f64,"addr":{"zip":1}})).0, "$.ms");
         assert_eq!(err(json!([1])).0, "$");
     }
 

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fjord_client::{
-    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, OffsetReset, OffsetSpec, Producer,
-    ProducerConfig, ProducerRecord, SeekTo, TopicPartition,
+    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, OffsetReset, OffsetSpec, Producer, ProducerConfig, ProducerRecord,
+    SeekTo, TopicPartition,
 };
 use tokio::sync::{Mutex, OnceCell};
 
@@ -39,11 +39,7 @@ impl Event {
     /// Bytes this event occupies in a record batch, near enough for budgeting.
     pub fn encoded_size(&self) -> usize {
         let len = |b: &Option<Bytes>| b.as_ref().map_or(0, Bytes::len);
-        let headers: usize = self
-            .headers
-            .iter()
-            .map(|(k, v)| 10 + k.len() + len(v))
-            .sum();
+        let headers: usize = self.headers.iter().map(|(k, v)| 10 + k.len() + len(v)).sum();
         24 + len(&self.key) + len(&self.value) + headers
     }
 }
@@ -122,12 +118,7 @@ pub trait Backend: Send + Sync + 'static {
     /// One result per event, in order. Implementations must have checked the topic and
     /// every explicit partition before sending any event, so a request naming a missing
     /// one fails whole, with nothing produced.
-    async fn publish(
-        &self,
-        topic: &str,
-        events: Vec<Event>,
-        acks: Acks,
-    ) -> Result<Vec<Result<Delivered>>>;
+    async fn publish(&self, topic: &str, events: Vec<Event>, acks: Acks) -> Result<Vec<Result<Delivered>>>;
     /// One stateless pull.
     async fn fetch(&self, query: FetchQuery) -> Result<Fetched>;
     /// Names of the topics, sorted.
@@ -158,12 +149,7 @@ type SharedConsumer = Arc<Mutex<Consumer>>;
 impl KafkaBackend {
     /// A backend for the cluster at `config.bootstrap`; connects lazily.
     pub fn new(config: GatewayConfig) -> Self {
-        Self {
-            config,
-            producers: Default::default(),
-            admin: OnceCell::new(),
-            consumers: Mutex::new(HashMap::new()),
-        }
+        Self { config, producers: Default::default(), admin: OnceCell::new(), consumers: Mutex::new(HashMap::new()) }
     }
 
     fn client_config(&self) -> ClientConfig {
@@ -188,30 +174,17 @@ impl KafkaBackend {
             delivery_timeout: self.config.broker_timeout,
             // The gateway bounds what it accepts itself (buffer_bytes, answered with 429);
             // the producer's own bound is a backstop that must not make sends wait.
-            buffer_memory: (self.config.buffer_bytes * 2)
-                .max(ProducerConfig::default().max_request_size),
+            buffer_memory: (self.config.buffer_bytes * 2).max(ProducerConfig::default().max_request_size),
             max_block: self.config.broker_timeout,
             ..ProducerConfig::default()
         };
         let connect = self.producers[slot].get_or_try_init(|| Producer::connect(config));
-        bounded(
-            self.config.broker_timeout,
-            "connecting the producer",
-            connect,
-        )
-        .await
+        bounded(self.config.broker_timeout, "connecting the producer", connect).await
     }
 
     async fn admin(&self) -> Result<&Admin> {
-        let connect = self
-            .admin
-            .get_or_try_init(|| Admin::connect(self.client_config()));
-        bounded(
-            self.config.broker_timeout,
-            "connecting the admin client",
-            connect,
-        )
-        .await
+        let connect = self.admin.get_or_try_init(|| Admin::connect(self.client_config()));
+        bounded(self.config.broker_timeout, "connecting the admin client", connect).await
     }
 
     async fn consumer(&self, topic: &str, partition: i32) -> Result<SharedConsumer> {
@@ -220,10 +193,7 @@ impl KafkaBackend {
             return Ok(c.clone());
         }
         let config = ConsumerConfig {
-            client: ClientConfig {
-                allow_auto_create_topics: false,
-                ..self.client_config()
-            },
+            client: ClientConfig { allow_auto_create_topics: false, ..self.client_config() },
             fetch_max_wait: FETCH_HOLD,
             max_partition_fetch_bytes: self.config.max_fetch_bytes as i32,
             fetch_max_bytes: self.config.max_fetch_bytes as i32,
@@ -235,9 +205,7 @@ impl KafkaBackend {
             c.assign([TopicPartition::new(topic, partition)]).await?;
             Ok::<_, fjord_client::Error>(c)
         };
-        let consumer = Arc::new(Mutex::new(
-            bounded(self.config.broker_timeout, "connecting a consumer", connect).await?,
-        ));
+        let consumer = Arc::new(Mutex::new(bounded(self.config.broker_timeout, "connecting a consumer", connect).await?));
         let mut pool = self.consumers.lock().await;
         if pool.len() >= MAX_FETCH_CONSUMERS {
             // Drop idle consumers (nobody holds their lock); busy ones stay.
@@ -248,45 +216,22 @@ impl KafkaBackend {
 }
 
 /// Runs `f` with the bound on broker waits: past it the answer is 503, never a hang.
-async fn bounded<T>(
-    limit: Duration,
-    what: &str,
-    f: impl std::future::Future<Output = fjord_client::Result<T>>,
-) -> Result<T> {
+async fn bounded<T>(limit: Duration, what: &str, f: impl std::future::Future<Output = fjord_client::Result<T>>) -> Result<T> {
     match tokio::time::timeout(limit, f).await {
         Ok(r) => r.map_err(Error::from),
-        Err(_) => Err(Error::Unavailable(format!(
-            "{what} took longer than {limit:?}"
-        ))),
+        Err(_) => Err(Error::Unavailable(format!("{what} took longer than {limit:?}"))),
     }
 }
 
 #[async_trait::async_trait]
 impl Backend for KafkaBackend {
-    async fn publish(
-        &self,
-        topic: &str,
-        events: Vec<Event>,
-        acks: Acks,
-    ) -> Result<Vec<Result<Delivered>>> {
+    async fn publish(&self, topic: &str, events: Vec<Event>, acks: Acks) -> Result<Vec<Result<Delivered>>> {
         let producer = self.producer(acks).await?;
         // Check the topic (auto-creating it where the broker does) and the partitions
         // before the first send, so a bad request produces nothing.
-        let partitions = bounded(
-            self.config.broker_timeout,
-            "fetching metadata",
-            producer.partition_count(topic),
-        )
-        .await?;
-        if let Some(partition) = events
-            .iter()
-            .filter_map(|e| e.partition)
-            .find(|p| !(0..partitions).contains(p))
-        {
-            return Err(Error::UnknownPartition {
-                topic: topic.to_string(),
-                partition,
-            });
+        let partitions = bounded(self.config.broker_timeout, "fetching metadata", producer.partition_count(topic)).await?;
+        if let Some(partition) = events.iter().filter_map(|e| e.partition).find(|p| !(0..partitions).contains(p)) {
+            return Err(Error::UnknownPartition { topic: topic.to_string(), partition });
         }
         // One bound for queueing and acknowledgement together (a timer per event would
         // cost more than the send).
@@ -315,22 +260,11 @@ impl Backend for KafkaBackend {
         };
         let results = match tokio::time::timeout(self.config.broker_timeout, send_all).await {
             Ok(results) => results?,
-            Err(_) => {
-                return Err(Error::Unavailable(format!(
-                    "no acknowledgement within {:?}",
-                    self.config.broker_timeout
-                )))
-            }
+            Err(_) => return Err(Error::Unavailable(format!("no acknowledgement within {:?}", self.config.broker_timeout))),
         };
         Ok(results
             .into_iter()
-            .map(|r| {
-                r.map(|m| Delivered {
-                    partition: m.partition,
-                    offset: m.offset,
-                })
-                .map_err(Error::from)
-            })
+            .map(|r| r.map(|m| Delivered { partition: m.partition, offset: m.offset }).map_err(Error::from))
             .collect())
     }
 
@@ -344,39 +278,27 @@ impl Backend for KafkaBackend {
             o => SeekTo::Offset(o),
         };
         consumer.seek(&tp, to)?;
-        let start = bounded(
-            self.config.broker_timeout,
-            "resolving the offset",
-            consumer.position(&tp),
-        )
-        .await?;
+        let start = bounded(self.config.broker_timeout, "resolving the offset", consumer.position(&tp)).await?;
         let deadline = tokio::time::Instant::now() + query.max_wait;
         let mut records = Vec::new();
         let mut bytes = 0usize;
         let mut first = true;
         'poll: loop {
             // At least one round trip, so a zero wait still returns what is there.
-            let wait = deadline
-                .saturating_duration_since(tokio::time::Instant::now())
-                .max(if first {
-                    FETCH_HOLD * 2
-                } else {
-                    Duration::ZERO
-                });
+            let wait = deadline.saturating_duration_since(tokio::time::Instant::now()).max(if first {
+                FETCH_HOLD * 2
+            } else {
+                Duration::ZERO
+            });
             first = false;
             let polled = match consumer.poll(wait).await {
                 Err(fjord_client::Error::OffsetOutOfRange { offset, .. }) => {
-                    return Err(Error::OffsetOutOfRange {
-                        topic: query.topic,
-                        partition: query.partition,
-                        offset,
-                    });
+                    return Err(Error::OffsetOutOfRange { topic: query.topic, partition: query.partition, offset });
                 }
                 other => other?,
             };
             for r in polled {
-                let size =
-                    r.key.as_ref().map_or(0, Bytes::len) + r.value.as_ref().map_or(0, Bytes::len);
+                let size = r.key.as_ref().map_or(0, Bytes::len) + r.value.as_ref().map_or(0, Bytes::len);
                 if !records.is_empty() && bytes + size > query.max_bytes {
                     break 'poll;
                 }
@@ -395,68 +317,42 @@ impl Backend for KafkaBackend {
         }
         let next_offset = records.last().map_or(start, |r| r.offset + 1);
         let high_watermark = consumer.high_watermark(&tp).unwrap_or(-1);
-        Ok(Fetched {
-            records,
-            next_offset,
-            high_watermark,
-        })
+        Ok(Fetched { records, next_offset, high_watermark })
     }
 
     async fn topics(&self) -> Result<Vec<String>> {
         let admin = self.admin().await?;
-        let mut names: Vec<String> = bounded(
-            self.config.broker_timeout,
-            "listing topics",
-            admin.list_topics(),
-        )
-        .await?
-        .iter()
-        .map(|t| t.name.clone())
-        .collect();
+        let mut names: Vec<String> = bounded(self.config.broker_timeout, "listing topics", admin.list_topics())
+            .await?
+            .iter()
+            .map(|t| t.name.clone())
+            .collect();
         names.sort();
         Ok(names)
     }
 
     async fn describe(&self, topic: &str) -> Result<Vec<PartitionDescription>> {
         let admin = self.admin().await?;
-        let t = bounded(
-            self.config.broker_timeout,
-            "describing the topic",
-            admin.describe_topic(topic),
-        )
-        .await?;
+        let t = bounded(self.config.broker_timeout, "describing the topic", admin.describe_topic(topic)).await?;
         // One ListOffsets per spec: a request names each partition once.
         let specs = |spec: OffsetSpec| -> Vec<(String, i32, OffsetSpec)> {
-            t.partitions
-                .iter()
-                .map(|p| (topic.to_string(), p.partition, spec))
-                .collect()
+            t.partitions.iter().map(|p| (topic.to_string(), p.partition, spec)).collect()
         };
-        let earliest = bounded(
-            self.config.broker_timeout,
-            "listing offsets",
-            admin.list_offsets(&specs(OffsetSpec::Earliest)),
-        )
-        .await?;
-        let latest = bounded(
-            self.config.broker_timeout,
-            "listing offsets",
-            admin.list_offsets(&specs(OffsetSpec::Latest)),
-        )
-        .await?;
+        let earliest =
+            bounded(self.config.broker_timeout, "listing offsets", admin.list_offsets(&specs(OffsetSpec::Earliest))).await?;
+        let latest =
+            bounded(self.config.broker_timeout, "listing offsets", admin.list_offsets(&specs(OffsetSpec::Latest))).await?;
         Ok(t.partitions
             .iter()
             .zip(earliest.into_iter().zip(latest))
-            .map(
-                |(p, (earliest_offset, latest_offset))| PartitionDescription {
-                    partition: p.partition,
-                    leader: p.leader,
-                    replicas: p.replicas.clone(),
-                    in_sync_replicas: p.in_sync_replicas.clone(),
-                    earliest_offset,
-                    latest_offset,
-                },
-            )
+            .map(|(p, (earliest_offset, latest_offset))| PartitionDescription {
+                partition: p.partition,
+                leader: p.leader,
+                replicas: p.replicas.clone(),
+                in_sync_replicas: p.in_sync_replicas.clone(),
+                earliest_offset,
+                latest_offset,
+            })
             .collect())
     }
 }

@@ -71,10 +71,7 @@ impl Default for GatewayConfig {
 impl GatewayConfig {
     /// A config publishing into `bootstrap`, defaults elsewhere.
     pub fn new(bootstrap: impl Into<String>) -> Self {
-        Self {
-            bootstrap: bootstrap.into(),
-            ..Self::default()
-        }
+        Self { bootstrap: bootstrap.into(), ..Self::default() }
     }
 
     /// Rejects settings the gateway cannot run with.
@@ -84,10 +81,7 @@ impl GatewayConfig {
             return bad("bootstrap is empty".into());
         }
         if self.max_event_bytes == 0 || self.max_event_bytes >= 1024 * 1024 {
-            return bad(format!(
-                "max_event_bytes = {} must be in 1..1048576 (one produce request)",
-                self.max_event_bytes
-            ));
+            return bad(format!("max_event_bytes = {} must be in 1..1048576 (one produce request)", self.max_event_bytes));
         }
         if self.buffer_bytes < self.max_body_bytes {
             return bad(format!(
@@ -102,10 +96,7 @@ impl GatewayConfig {
             return bad("broker_timeout must be positive".into());
         }
         if self.max_fetch_bytes == 0 || self.max_fetch_bytes > i32::MAX as usize {
-            return bad(format!(
-                "max_fetch_bytes = {} is out of range",
-                self.max_fetch_bytes
-            ));
+            return bad(format!("max_fetch_bytes = {} is out of range", self.max_fetch_bytes));
         }
         Ok(())
     }
@@ -113,10 +104,7 @@ impl GatewayConfig {
     /// The `fjord.host` value: the configured name or this machine's hostname.
     pub(crate) fn resolved_host_name(&self) -> String {
         self.host_name.clone().unwrap_or_else(|| {
-            nix::unistd::gethostname()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .unwrap_or_else(|| "unknown".into())
+            nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "unknown".into())
         })
     }
 }
@@ -128,25 +116,11 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_bad_settings_are_named() {
         GatewayConfig::default().validate().unwrap();
-        let c = GatewayConfig {
-            buffer_bytes: 1024,
-            ..GatewayConfig::default()
-        };
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("buffer_bytes"));
+        let c = GatewayConfig { buffer_bytes: 1024, ..GatewayConfig::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("buffer_bytes"));
         let c = GatewayConfig::new(" , ");
         assert!(c.validate().unwrap_err().to_string().contains("bootstrap"));
         assert!(!GatewayConfig::default().resolved_host_name().is_empty());
-        assert_eq!(
-            GatewayConfig {
-                host_name: Some("h1".into()),
-                ..GatewayConfig::default()
-            }
-            .resolved_host_name(),
-            "h1"
-        );
+        assert_eq!(GatewayConfig { host_name: Some("h1".into()), ..GatewayConfig::default() }.resolved_host_name(), "h1");
     }
 }

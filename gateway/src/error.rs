@@ -85,9 +85,7 @@ pub enum Error {
         offset: i64,
     },
     /// The gateway's producer buffer is full: the caller should retry after `retry_after`.
-    #[error(
-        "producer buffer is full ({used} of {capacity} bytes in use); retry after {retry_after:?}"
-    )]
+    #[error("producer buffer is full ({used} of {capacity} bytes in use); retry after {retry_after:?}")]
     BufferFull {
         /// Bytes waiting for acknowledgement now.
         used: usize,
@@ -118,22 +116,12 @@ impl From<fjord_client::Error> for Error {
         use fjord_client::Error as C;
         match e {
             C::UnknownTopic(topic) => Error::UnknownTopic(topic),
-            C::UnknownPartition { topic, partition } => {
-                Error::UnknownPartition { topic, partition }
+            C::UnknownPartition { topic, partition } => Error::UnknownPartition { topic, partition },
+            C::Kafka { code: ResponseError::UnknownTopicOrPartition, context, .. } => Error::UnknownTopic(context),
+            C::BufferFull { buffer_memory, .. } => {
+                Error::BufferFull { used: buffer_memory, capacity: buffer_memory, retry_after: Duration::from_secs(1) }
             }
-            C::Kafka {
-                code: ResponseError::UnknownTopicOrPartition,
-                context,
-                ..
-            } => Error::UnknownTopic(context),
-            C::BufferFull { buffer_memory, .. } => Error::BufferFull {
-                used: buffer_memory,
-                capacity: buffer_memory,
-                retry_after: Duration::from_secs(1),
-            },
-            e if e.is_retriable()
-                || matches!(e, C::BootstrapUnreachable { .. } | C::DeliveryTimeout(_)) =>
-            {
+            e if e.is_retriable() || matches!(e, C::BootstrapUnreachable { .. } | C::DeliveryTimeout(_)) => {
                 Error::Unavailable(e.to_string())
             }
             e => Error::Broker(e),
@@ -156,18 +144,11 @@ impl Error {
         match self {
             Error::BadRequest { .. } => 400,
             Error::Unprocessable { .. } | Error::AvroMismatch { .. } => 422,
-            Error::UnknownSchema(_) | Error::UnknownTopic(_) | Error::UnknownPartition { .. } => {
-                404
-            }
+            Error::UnknownSchema(_) | Error::UnknownTopic(_) | Error::UnknownPartition { .. } => 404,
             Error::Registry(e) => match e {
-                fjord_schema_registry::Error::InvalidSchema(_)
-                | fjord_schema_registry::Error::UnsupportedSchema(_) => 422,
+                fjord_schema_registry::Error::InvalidSchema(_) | fjord_schema_registry::Error::UnsupportedSchema(_) => 422,
                 fjord_schema_registry::Error::Incompatible { .. } => 409,
-                fjord_schema_registry::Error::Registry { status, .. }
-                    if (400..500).contains(status) =>
-                {
-                    422
-                }
+                fjord_schema_registry::Error::Registry { status, .. } if (400..500).contains(status) => 422,
                 _ => 503,
             },
             Error::NoRegistry => 422,
@@ -253,71 +234,27 @@ mod tests {
     #[test]
     fn statuses_and_codes() {
         let cases: Vec<(Error, u16, u32, tonic::Code)> = vec![
-            (
-                Error::BadRequest {
-                    index: Some(3),
-                    reason: "x".into(),
-                },
-                400,
-                40000,
-                tonic::Code::InvalidArgument,
-            ),
-            (
-                Error::UnknownTopic("t".into()),
-                404,
-                40401,
-                tonic::Code::NotFound,
-            ),
-            (
-                Error::UnknownPartition {
-                    topic: "t".into(),
-                    partition: 9,
-                },
-                404,
-                40402,
-                tonic::Code::NotFound,
-            ),
+            (Error::BadRequest { index: Some(3), reason: "x".into() }, 400, 40000, tonic::Code::InvalidArgument),
+            (Error::UnknownTopic("t".into()), 404, 40401, tonic::Code::NotFound),
+            (Error::UnknownPartition { topic: "t".into(), partition: 9 }, 404, 40402, tonic::Code::NotFound),
             (Error::UnknownSchema(7), 404, 40403, tonic::Code::NotFound),
             (
-                Error::AvroMismatch {
-                    index: 1,
-                    schema_id: 1,
-                    path: "$.a".into(),
-                    reason: "r".into(),
-                },
+                Error::AvroMismatch { index: 1, schema_id: 1, path: "$.a".into(), reason: "r".into() },
                 422,
                 42203,
                 tonic::Code::InvalidArgument,
             ),
+            (Error::PayloadTooLarge { limit: 1 }, 413, 41300, tonic::Code::InvalidArgument),
             (
-                Error::PayloadTooLarge { limit: 1 },
-                413,
-                41300,
-                tonic::Code::InvalidArgument,
-            ),
-            (
-                Error::BufferFull {
-                    used: 1,
-                    capacity: 1,
-                    retry_after: Duration::from_secs(1),
-                },
+                Error::BufferFull { used: 1, capacity: 1, retry_after: Duration::from_secs(1) },
                 429,
                 42900,
                 tonic::Code::ResourceExhausted,
             ),
-            (
-                Error::Unavailable("down".into()),
-                503,
-                50300,
-                tonic::Code::Unavailable,
-            ),
+            (Error::Unavailable("down".into()), 503, 50300, tonic::Code::Unavailable),
         ];
         for (e, status, code, grpc) in cases {
-            assert_eq!(
-                (e.http_status(), e.error_code(), e.grpc_code()),
-                (status, code, grpc),
-                "{e}"
-            );
+            assert_eq!((e.http_status(), e.error_code(), e.grpc_code()), (status, code, grpc), "{e}");
         }
     }
 
@@ -333,23 +270,12 @@ mod tests {
 
     #[test]
     fn messages_name_the_record_and_grpc_carries_pushback() {
-        let e = Error::BadRequest {
-            index: Some(4),
-            reason: "bad base64".into(),
-        };
+        let e = Error::BadRequest { index: Some(4), reason: "bad base64".into() };
         assert_eq!(e.to_string(), "record 4: bad base64");
         assert_eq!(e.record_index(), Some(4));
-        let status: tonic::Status = Error::BufferFull {
-            used: 9,
-            capacity: 9,
-            retry_after: Duration::from_millis(1500),
-        }
-        .into();
+        let status: tonic::Status = Error::BufferFull { used: 9, capacity: 9, retry_after: Duration::from_millis(1500) }.into();
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
-        assert_eq!(
-            status.metadata().get("grpc-retry-pushback-ms").unwrap(),
-            "1500"
-        );
+        assert_eq!(status.metadata().get("grpc-retry-pushback-ms").unwrap(), "1500");
         assert_eq!(status.metadata().get("retry-after").unwrap(), "1");
     }
 }

@@ -14,8 +14,7 @@ use fjord_client::Acks;
 use fjord_proto::v1::publisher_server::{Publisher, PublisherServer};
 use fjord_proto::v1::subscriber_server::{Subscriber, SubscriberServer};
 use fjord_proto::v1::{
-    self, EventOffset, FetchRequest, FetchResponse, PublishError, PublishRequest, PublishResponse,
-    SubscribeRequest,
+    self, EventOffset, FetchRequest, FetchResponse, PublishError, PublishRequest, PublishResponse, SubscribeRequest,
 };
 use futures::{Stream, StreamExt};
 use tokio::net::TcpListener;
@@ -44,10 +43,7 @@ fn acks(value: i32) -> Result<Acks> {
         Ok(v1::Acks::Unspecified | v1::Acks::All) => Ok(Acks::All),
         Ok(v1::Acks::Leader) => Ok(Acks::Leader),
         Ok(v1::Acks::None) => Ok(Acks::None),
-        Err(_) => Err(Error::BadRequest {
-            index: None,
-            reason: format!("unknown acks value {value}"),
-        }),
+        Err(_) => Err(Error::BadRequest { index: None, reason: format!("unknown acks value {value}") }),
     }
 }
 
@@ -57,11 +53,7 @@ fn events(request: &mut PublishRequest) -> Vec<Event> {
         .map(|e| Event {
             key: e.key,
             value: e.value,
-            headers: e
-                .headers
-                .into_iter()
-                .map(|h| (h.key, Some(h.value)))
-                .collect(),
+            headers: e.headers.into_iter().map(|h| (h.key, Some(h.value))).collect(),
             timestamp_ms: e.timestamp_ms,
             partition: e.partition,
         })
@@ -69,64 +61,40 @@ fn events(request: &mut PublishRequest) -> Vec<Event> {
 }
 
 /// Publishes one batch; shared by the unary and the streaming call.
-async fn publish(
-    g: &Gateway,
-    api: &'static str,
-    mut request: PublishRequest,
-) -> Result<Vec<Delivered>> {
+async fn publish(g: &Gateway, api: &'static str, mut request: PublishRequest) -> Result<Vec<Delivered>> {
     let start = Instant::now();
     let result = async {
         check_topic_name(&request.topic)?;
         let acks = acks(request.acks)?;
         if request.events.is_empty() {
-            return Err(Error::BadRequest {
-                index: None,
-                reason: "the batch holds no events".into(),
-            });
+            return Err(Error::BadRequest { index: None, reason: "the batch holds no events".into() });
         }
         let events = events(&mut request);
         let bytes = events.iter().map(Event::encoded_size).sum::<usize>();
-        Ok((
-            all_delivered(g.publish(&request.topic, events, acks).await?)?,
-            bytes,
-        ))
+        Ok((all_delivered(g.publish(&request.topic, events, acks).await?)?, bytes))
     }
     .await;
     let (status, events, bytes) = match &result {
         Ok((d, bytes)) => (200, d.len(), *bytes),
         Err(e) => (e.http_status(), 0, 0),
     };
-    g.metrics
-        .record(api, status, events, bytes, start.elapsed());
+    g.metrics.record(api, status, events, bytes, start.elapsed());
     result.map(|(d, _)| d)
 }
 
 fn offsets(delivered: Vec<Delivered>) -> Vec<EventOffset> {
-    delivered
-        .into_iter()
-        .map(|d| EventOffset {
-            partition: d.partition,
-            offset: d.offset,
-        })
-        .collect()
+    delivered.into_iter().map(|d| EventOffset { partition: d.partition, offset: d.offset }).collect()
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Publisher for PublisherService {
-    async fn publish(
-        &self,
-        request: Request<PublishRequest>,
-    ) -> Result<Response<PublishResponse>, Status> {
+    async fn publish(&self, request: Request<PublishRequest>) -> Result<Response<PublishResponse>, Status> {
         let request = request.into_inner();
         let batch_id = request.batch_id;
         let delivered = publish(&self.0, "grpc_publish", request).await?;
-        Ok(Response::new(PublishResponse {
-            batch_id,
-            offsets: offsets(delivered),
-            error: None,
-        }))
+        Ok(Response::new(PublishResponse { batch_id, offsets: offsets(delivered), error: None }))
     }
 
     type PublishStreamStream = BoxStream<PublishResponse>;
@@ -144,11 +112,7 @@ impl Publisher for PublisherService {
                     let batch = batch?;
                     let batch_id = batch.batch_id;
                     Ok(match publish(&g, "grpc_publish_stream", batch).await {
-                        Ok(delivered) => PublishResponse {
-                            batch_id,
-                            offsets: offsets(delivered),
-                            error: None,
-                        },
+                        Ok(delivered) => PublishResponse { batch_id, offsets: offsets(delivered), error: None },
                         Err(e) => PublishResponse {
                             batch_id,
                             offsets: Vec::new(),
@@ -197,19 +161,10 @@ fn fetch_query(
     if max_wait > g.config.max_fetch_wait {
         return Err(Error::BadRequest {
             index: None,
-            reason: format!(
-                "max_wait_ms is over the limit of {:?}",
-                g.config.max_fetch_wait
-            ),
+            reason: format!("max_wait_ms is over the limit of {:?}", g.config.max_fetch_wait),
         });
     }
-    Ok(FetchQuery {
-        topic,
-        partition,
-        offset,
-        max_bytes,
-        max_wait,
-    })
+    Ok(FetchQuery { topic, partition, offset, max_bytes, max_wait })
 }
 
 fn fetch_response(topic: &str, partition: i32, f: Fetched) -> FetchResponse {
@@ -226,14 +181,7 @@ fn fetch_response(topic: &str, partition: i32, f: Fetched) -> FetchResponse {
                 timestamp_ms: r.timestamp_ms,
                 key: r.key,
                 value: r.value,
-                headers: r
-                    .headers
-                    .into_iter()
-                    .map(|(key, value)| v1::Header {
-                        key,
-                        value: value.unwrap_or_default(),
-                    })
-                    .collect(),
+                headers: r.headers.into_iter().map(|(key, value)| v1::Header { key, value: value.unwrap_or_default() }).collect(),
             })
             .collect(),
     }
@@ -241,10 +189,7 @@ fn fetch_response(topic: &str, partition: i32, f: Fetched) -> FetchResponse {
 
 #[tonic::async_trait]
 impl Subscriber for SubscriberService {
-    async fn fetch(
-        &self,
-        request: Request<FetchRequest>,
-    ) -> Result<Response<FetchResponse>, Status> {
+    async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
         let start = Instant::now();
         let r = request.into_inner();
         let g = &self.gateway;
@@ -260,36 +205,16 @@ impl Subscriber for SubscriberService {
             g.backend.fetch(q).await
         }
         .await;
-        g.metrics.record(
-            "grpc_fetch",
-            result.as_ref().map_or_else(Error::http_status, |_| 200),
-            0,
-            0,
-            start.elapsed(),
-        );
-        Ok(Response::new(fetch_response(
-            &r.topic,
-            r.partition,
-            result?,
-        )))
+        g.metrics.record("grpc_fetch", result.as_ref().map_or_else(Error::http_status, |_| 200), 0, 0, start.elapsed());
+        Ok(Response::new(fetch_response(&r.topic, r.partition, result?)))
     }
 
     type SubscribeStream = BoxStream<FetchResponse>;
 
-    async fn subscribe(
-        &self,
-        request: Request<SubscribeRequest>,
-    ) -> Result<Response<Self::SubscribeStream>, Status> {
+    async fn subscribe(&self, request: Request<SubscribeRequest>) -> Result<Response<Self::SubscribeStream>, Status> {
         let r = request.into_inner();
         let g = self.gateway.clone();
-        let mut query = fetch_query(
-            &g,
-            r.topic.clone(),
-            r.partition,
-            r.offset,
-            r.max_bytes,
-            SUBSCRIBE_WAIT,
-        )?;
+        let mut query = fetch_query(&g, r.topic.clone(), r.partition, r.offset, r.max_bytes, SUBSCRIBE_WAIT)?;
         let shutdown = self.shutdown.clone();
         // A small channel: the subscriber's reading speed paces the fetches.
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<FetchResponse, Status>>(2);
@@ -306,12 +231,7 @@ impl Subscriber for SubscriberService {
                 match fetched {
                     Ok(f) => {
                         query.offset = f.next_offset;
-                        if !f.records.is_empty()
-                            && tx
-                                .send(Ok(fetch_response(&r.topic, r.partition, f)))
-                                .await
-                                .is_err()
-                        {
+                        if !f.records.is_empty() && tx.send(Ok(fetch_response(&r.topic, r.partition, f))).await.is_err() {
                             return;
                         }
                     }
@@ -322,26 +242,16 @@ impl Subscriber for SubscriberService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 }
 
 /// Serves Publisher, Subscriber, health and reflection on `listener` until `shutdown`.
-pub(crate) async fn serve(
-    gateway: Arc<Gateway>,
-    listener: TcpListener,
-    shutdown: CancellationToken,
-) -> Result<()> {
+pub(crate) async fn serve(gateway: Arc<Gateway>, listener: TcpListener, shutdown: CancellationToken) -> Result<()> {
     let limit = gateway.config.max_body_bytes;
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<PublisherServer<PublisherService>>()
-        .await;
-    health
-        .set_serving::<SubscriberServer<SubscriberService>>()
-        .await;
+    health.set_serving::<PublisherServer<PublisherService>>().await;
+    health.set_serving::<SubscriberServer<SubscriberService>>().await;
     let reflection = |b: tonic_reflection::server::Builder<'static>| {
         b.register_encoded_file_descriptor_set(fjord_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -352,12 +262,8 @@ pub(crate) async fn serve(
     let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
         .build_v1alpha()
         .map_err(|e| Error::Serve(format!("reflection service: {e}")))?;
-    let publisher =
-        PublisherServer::new(PublisherService(gateway.clone())).max_decoding_message_size(limit);
-    let subscriber = SubscriberServer::new(SubscriberService {
-        gateway,
-        shutdown: shutdown.clone(),
-    });
+    let publisher = PublisherServer::new(PublisherService(gateway.clone())).max_decoding_message_size(limit);
+    let subscriber = SubscriberServer::new(SubscriberService { gateway, shutdown: shutdown.clone() });
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -386,21 +292,12 @@ mod tests {
     use crate::GatewayConfig;
 
     fn event(v: &str) -> v1::Event {
-        v1::Event {
-            value: Some(v.to_string().into()),
-            ..Default::default()
-        }
+        v1::Event { value: Some(v.to_string().into()), ..Default::default() }
     }
 
     #[tokio::test]
     async fn unary_stream_fetch_and_subscribe() {
-        let g = gateway(
-            MemoryBackend {
-                partitions: 2,
-                ..Default::default()
-            },
-            GatewayConfig::default(),
-        );
+        let g = gateway(MemoryBackend { partitions: 2, ..Default::default() }, GatewayConfig::default());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = CancellationToken::new();
@@ -419,22 +316,12 @@ mod tests {
             .into_inner();
         assert_eq!((r.batch_id, r.offsets.len(), r.error), (9, 2, None));
         let status = publisher
-            .publish(PublishRequest {
-                topic: "missing-t".into(),
-                events: vec![event("a")],
-                ..Default::default()
-            })
+            .publish(PublishRequest { topic: "missing-t".into(), events: vec![event("a")], ..Default::default() })
             .await
             .unwrap_err();
         assert_eq!(status.code(), tonic::Code::NotFound);
-        let status = publisher
-            .publish(PublishRequest {
-                topic: "g".into(),
-                events: vec![],
-                ..Default::default()
-            })
-            .await
-            .unwrap_err();
+        let status =
+            publisher.publish(PublishRequest { topic: "g".into(), events: vec![], ..Default::default() }).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
 
         // Stream: answers in batch order; a bad batch gets an error answer, the stream goes on.
@@ -444,19 +331,10 @@ mod tests {
                 if i == 7 {
                     events[0].partition = Some(5);
                 }
-                PublishRequest {
-                    topic: "g".into(),
-                    events,
-                    acks: 0,
-                    batch_id: i,
-                }
+                PublishRequest { topic: "g".into(), events, acks: 0, batch_id: i }
             })
             .collect();
-        let mut answers = publisher
-            .publish_stream(futures::stream::iter(batches))
-            .await
-            .unwrap()
-            .into_inner();
+        let mut answers = publisher.publish_stream(futures::stream::iter(batches)).await.unwrap().into_inner();
         let mut ids = Vec::new();
         while let Some(a) = answers.message().await.unwrap() {
             if a.batch_id == 7 {
@@ -470,39 +348,20 @@ mod tests {
 
         let mut subscriber = SubscriberClient::connect(url).await.unwrap();
         let f = subscriber
-            .fetch(FetchRequest {
-                topic: "g".into(),
-                partition: 0,
-                offset: -2,
-                max_bytes: 0,
-                max_wait_ms: 0,
-            })
+            .fetch(FetchRequest { topic: "g".into(), partition: 0, offset: -2, max_bytes: 0, max_wait_ms: 0 })
             .await
             .unwrap()
             .into_inner();
         assert_eq!(f.records.len(), 21);
         assert_eq!(f.records[0].value.as_deref(), Some(&b"a"[..]));
-        assert!(f.records[0]
-            .headers
-            .iter()
-            .any(|h| h.key == "fjord.host" && h.value == "gw-test"));
+        assert!(f.records[0].headers.iter().any(|h| h.key == "fjord.host" && h.value == "gw-test"));
         let e = subscriber
-            .fetch(FetchRequest {
-                topic: "g".into(),
-                partition: 0,
-                offset: -3,
-                ..Default::default()
-            })
+            .fetch(FetchRequest { topic: "g".into(), partition: 0, offset: -3, ..Default::default() })
             .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         let mut sub = subscriber
-            .subscribe(SubscribeRequest {
-                topic: "g".into(),
-                partition: 0,
-                offset: 20,
-                max_bytes: 0,
-            })
+            .subscribe(SubscribeRequest { topic: "g".into(), partition: 0, offset: 20, max_bytes: 0 })
             .await
             .unwrap()
             .into_inner();

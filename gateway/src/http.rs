@@ -34,31 +34,17 @@ pub(crate) struct Answer {
 
 impl Answer {
     pub(crate) fn json(body: serde_json::Value) -> Self {
-        Self {
-            body,
-            content_type: "application/json",
-            events: 0,
-            bytes: 0,
-        }
+        Self { body, content_type: "application/json", events: 0, bytes: 0 }
     }
 }
 
 pub(crate) fn router(gateway: Arc<Gateway>) -> Router {
     Router::new()
         .route("/topics", get(read::list_topics))
-        .route(
-            "/topics/{topic}",
-            get(read::describe_topic).post(produce::v2_topic),
-        )
-        .route(
-            "/topics/{topic}/partitions/{partition}",
-            post(produce::v2_partition),
-        )
+        .route("/topics/{topic}", get(read::describe_topic).post(produce::v2_topic))
+        .route("/topics/{topic}/partitions/{partition}", post(produce::v2_partition))
         .route("/v1/events/{topic}", post(produce::ndjson))
-        .route(
-            "/v1/topics/{topic}/partitions/{partition}/records",
-            get(read::records),
-        )
+        .route("/v1/topics/{topic}/partitions/{partition}/records", get(read::records))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
@@ -78,10 +64,7 @@ pub(crate) async fn respond(
     let (response, status, events, bytes) = match result {
         Ok(a) => {
             let mut r = (StatusCode::OK, axum::Json(a.body)).into_response();
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(a.content_type),
-            );
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(a.content_type));
             (r, 200, a.events, a.bytes)
         }
         Err(e) => {
@@ -89,9 +72,7 @@ pub(crate) async fn respond(
             (error_response(&e), status, 0, 0)
         }
     };
-    gateway
-        .metrics
-        .record(api, status, events, bytes, start.elapsed());
+    gateway.metrics.record(api, status, events, bytes, start.elapsed());
     response
 }
 
@@ -108,43 +89,32 @@ pub(crate) fn error_response(e: &Error) -> Response {
     if let Some(after) = e.retry_after() {
         // Retry-After is whole seconds; round up so a client never retries too early.
         let secs = after.as_millis().div_ceil(1000).max(1);
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
     }
     r
 }
 
 /// Reads the body up to `limit` bytes; more is 413 without reading the rest.
 pub(crate) async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(Error::PayloadTooLarge { limit });
     }
     match axum::body::to_bytes(body, limit).await {
         Ok(b) => Ok(b),
         Err(e) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
             if too_large {
                 Err(Error::PayloadTooLarge { limit })
             } else {
-                Err(Error::BadRequest {
-                    index: None,
-                    reason: format!("could not read the request body: {e}"),
-                })
+                Err(Error::BadRequest { index: None, reason: format!("could not read the request body: {e}") })
             }
         }
     }
 }
 
 async fn healthz(State(g): State<Arc<Gateway>>) -> Response {
-    respond(&g, "http_healthz", async {
-        Ok(Answer::json(json!({ "status": "ok" })))
-    })
-    .await
+    respond(&g, "http_healthz", async { Ok(Answer::json(json!({ "status": "ok" }))) }).await
 }
 
 async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
@@ -164,13 +134,7 @@ pub(crate) mod tests {
 
     /// Serves the router on a loopback port; returns its base URL.
     pub(crate) async fn serve(config: GatewayConfig) -> (String, Arc<Gateway>) {
-        let g = gateway(
-            MemoryBackend {
-                partitions: 3,
-                ..Default::default()
-            },
-            config,
-        );
+        let g = gateway(MemoryBackend { partitions: 3, ..Default::default() }, config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let app = router(g.clone());
@@ -180,52 +144,23 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn health_metrics_openapi_and_body_limit() {
-        let (url, _g) = serve(GatewayConfig {
-            max_body_bytes: 2048,
-            ..GatewayConfig::default()
-        })
-        .await;
+        let (url, _g) = serve(GatewayConfig { max_body_bytes: 2048, ..GatewayConfig::default() }).await;
         let http = reqwest::Client::new();
         let r = http.get(format!("{url}/healthz")).send().await.unwrap();
         assert_eq!(r.status(), 200);
-        let r = http
-            .get(format!("{url}/openapi.json"))
-            .send()
-            .await
-            .unwrap();
+        let r = http.get(format!("{url}/openapi.json")).send().await.unwrap();
         let doc: serde_json::Value = r.json().await.unwrap();
         assert!(doc["paths"]["/v1/events/{topic}"]["post"].is_object());
-        let r = http
-            .post(format!("{url}/v1/events/t"))
-            .body(vec![b'{'; 4096])
-            .send()
-            .await
-            .unwrap();
+        let r = http.post(format!("{url}/v1/events/t")).body(vec![b'{'; 4096]).send().await.unwrap();
         assert_eq!(r.status(), 413);
         let body: serde_json::Value = r.json().await.unwrap();
         assert_eq!(body["error_code"], 41300);
         // A chunked body (no Content-Length) over the limit is cut off too.
-        let chunks =
-            futures::stream::iter((0..8).map(|_| Ok::<_, std::io::Error>(vec![b' '; 512])));
-        let r = http
-            .post(format!("{url}/v1/events/t"))
-            .body(reqwest::Body::wrap_stream(chunks))
-            .send()
-            .await
-            .unwrap();
+        let chunks = futures::stream::iter((0..8).map(|_| Ok::<_, std::io::Error>(vec![b' '; 512])));
+        let r = http.post(format!("{url}/v1/events/t")).body(reqwest::Body::wrap_stream(chunks)).send().await.unwrap();
         assert_eq!(r.status(), 413);
-        let text = http
-            .get(format!("{url}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        assert!(
-            text.contains("fjord_gateway_requests_total{api=\"http_ndjson\",status=\"413\"} 2"),
-            "{text}"
-        );
+        let text = http.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+        assert!(text.contains("fjord_gateway_requests_total{api=\"http_ndjson\",status=\"413\"} 2"), "{text}");
         assert!(text.contains("fjord_gateway_buffer_capacity_bytes"));
     }
 }

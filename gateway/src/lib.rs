@@ -57,12 +57,7 @@ pub use service::{CREATED_HEADER, HOST_HEADER};
 /// Runs the gateway on already-bound listeners (HTTP and gRPC) until `shutdown` is
 /// cancelled. Tests and `fjord dev` call exactly this. The brokers need not be up yet:
 /// the gateway connects on first use and answers 503 until they are.
-pub async fn run(
-    config: GatewayConfig,
-    http: TcpListener,
-    grpc: TcpListener,
-    shutdown: CancellationToken,
-) -> Result<()> {
+pub async fn run(config: GatewayConfig, http: TcpListener, grpc: TcpListener, shutdown: CancellationToken) -> Result<()> {
     let backend = Arc::new(KafkaBackend::new(config.clone()));
     serve(config, backend, http, grpc, shutdown).await
 }
@@ -76,19 +71,15 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<()> {
     tracing::info!(?config, http = ?http.local_addr().ok(), grpc = ?grpc.local_addr().ok(), "gateway starting");
-    let audit_publisher = config
-        .audit_interval
-        .map(|interval| (interval, config.bootstrap.clone()));
+    let audit_publisher = config.audit_interval.map(|interval| (interval, config.bootstrap.clone()));
     let gateway = Arc::new(service::Gateway::new(config, backend)?);
     // The publisher has its own token: it flushes after both servers stopped, so the
     // counts of the last requests are published too.
     let audit_stop = CancellationToken::new();
     let audit_task = match (&gateway.audit, audit_publisher) {
-        (Some(counter), Some((interval, bootstrap))) => Some(counter.clone().spawn_publisher(
-            fjord_client::ClientConfig::new(&bootstrap),
-            interval,
-            audit_stop.clone(),
-        )),
+        (Some(counter), Some((interval, bootstrap))) => {
+            Some(counter.clone().spawn_publisher(fjord_client::ClientConfig::new(&bootstrap), interval, audit_stop.clone()))
+        }
         _ => None,
     };
     let app = http::router(gateway.clone());

@@ -8,9 +8,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// Latency bucket bounds, seconds.
-const BUCKETS: [f64; 12] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
-];
+const BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
 
 #[derive(Default)]
 struct Histogram {
@@ -37,14 +35,7 @@ pub(crate) struct Metrics {
 impl Metrics {
     /// Counts one finished request of `api` (e.g. `http_ndjson`) with its status, the
     /// events and bytes it published, and how long it took.
-    pub(crate) fn record(
-        &self,
-        api: &'static str,
-        status: u16,
-        events: usize,
-        bytes: usize,
-        elapsed: Duration,
-    ) {
+    pub(crate) fn record(&self, api: &'static str, status: u16, events: usize, bytes: usize, elapsed: Duration) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         *s.requests.entry((api, status)).or_default() += 1;
         if events > 0 {
@@ -53,10 +44,7 @@ impl Metrics {
         }
         let h = s.latency.entry(api).or_default();
         let secs = elapsed.as_secs_f64();
-        let i = BUCKETS
-            .iter()
-            .position(|b| secs <= *b)
-            .unwrap_or(BUCKETS.len());
+        let i = BUCKETS.iter().position(|b| secs <= *b).unwrap_or(BUCKETS.len());
         h.buckets[i] += 1;
         h.sum += secs;
         h.count += 1;
@@ -66,78 +54,46 @@ impl Metrics {
     pub(crate) fn render(&self, buffer_used: usize, buffer_capacity: usize) -> String {
         let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP fjord_gateway_requests_total Requests answered, by API and status."
-        );
+        let _ = writeln!(out, "# HELP fjord_gateway_requests_total Requests answered, by API and status.");
         let _ = writeln!(out, "# TYPE fjord_gateway_requests_total counter");
         for ((api, status), n) in &s.requests {
-            let _ = writeln!(
-                out,
-                "fjord_gateway_requests_total{{api=\"{api}\",status=\"{status}\"}} {n}"
-            );
-        }
-        let _ = writeln!(out, "# HELP fjord_gateway_errors_total Requests answered with an error status (4xx/5xx), by API and status.");
-        let _ = writeln!(out, "# TYPE fjord_gateway_errors_total counter");
-        for ((api, status), n) in s.requests.iter().filter(|((_, st), _)| *st >= 400) {
-            let _ = writeln!(
-                out,
-                "fjord_gateway_errors_total{{api=\"{api}\",status=\"{status}\"}} {n}"
-            );
+            let _ = writeln!(out, "fjord_gateway_requests_total{{api=\"{api}\",status=\"{status}\"}} {n}");
         }
         let _ = writeln!(
             out,
-            "# HELP fjord_gateway_events_total Events published, by API."
+            "# HELP fjord_gateway_errors_total Requests answered with an error status (4xx/5xx), by API and status."
         );
+        let _ = writeln!(out, "# TYPE fjord_gateway_errors_total counter");
+        for ((api, status), n) in s.requests.iter().filter(|((_, st), _)| *st >= 400) {
+            let _ = writeln!(out, "fjord_gateway_errors_total{{api=\"{api}\",status=\"{status}\"}} {n}");
+        }
+        let _ = writeln!(out, "# HELP fjord_gateway_events_total Events published, by API.");
         let _ = writeln!(out, "# TYPE fjord_gateway_events_total counter");
         for (api, n) in &s.events {
             let _ = writeln!(out, "fjord_gateway_events_total{{api=\"{api}\"}} {n}");
         }
-        let _ = writeln!(
-            out,
-            "# HELP fjord_gateway_bytes_total Event bytes (key, value, headers) published, by API."
-        );
+        let _ = writeln!(out, "# HELP fjord_gateway_bytes_total Event bytes (key, value, headers) published, by API.");
         let _ = writeln!(out, "# TYPE fjord_gateway_bytes_total counter");
         for (api, n) in &s.bytes {
             let _ = writeln!(out, "fjord_gateway_bytes_total{{api=\"{api}\"}} {n}");
         }
-        let _ = writeln!(
-            out,
-            "# HELP fjord_gateway_request_duration_seconds Request latency, by API."
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE fjord_gateway_request_duration_seconds histogram"
-        );
+        let _ = writeln!(out, "# HELP fjord_gateway_request_duration_seconds Request latency, by API.");
+        let _ = writeln!(out, "# TYPE fjord_gateway_request_duration_seconds histogram");
         for (api, h) in &s.latency {
             let mut cumulative = 0;
             for (i, bound) in BUCKETS.iter().enumerate() {
                 cumulative += h.buckets[i];
-                let _ = writeln!(out, "fjord_gateway_request_duration_seconds_bucket{{api=\"{api}\",le=\"{bound}\"}} {cumulative}");
+                let _ =
+                    writeln!(out, "fjord_gateway_request_duration_seconds_bucket{{api=\"{api}\",le=\"{bound}\"}} {cumulative}");
             }
-            let _ = writeln!(
-                out,
-                "fjord_gateway_request_duration_seconds_bucket{{api=\"{api}\",le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "fjord_gateway_request_duration_seconds_sum{{api=\"{api}\"}} {}",
-                h.sum
-            );
-            let _ = writeln!(
-                out,
-                "fjord_gateway_request_duration_seconds_count{{api=\"{api}\"}} {}",
-                h.count
-            );
+            let _ = writeln!(out, "fjord_gateway_request_duration_seconds_bucket{{api=\"{api}\",le=\"+Inf\"}} {}", h.count);
+            let _ = writeln!(out, "fjord_gateway_request_duration_seconds_sum{{api=\"{api}\"}} {}", h.sum);
+            let _ = writeln!(out, "fjord_gateway_request_duration_seconds_count{{api=\"{api}\"}} {}", h.count);
         }
         let _ = writeln!(out, "# HELP fjord_gateway_buffer_used_bytes Bytes of events accepted and not yet acknowledged.");
         let _ = writeln!(out, "# TYPE fjord_gateway_buffer_used_bytes gauge");
         let _ = writeln!(out, "fjord_gateway_buffer_used_bytes {buffer_used}");
-        let _ = writeln!(
-            out,
-            "# HELP fjord_gateway_buffer_capacity_bytes Bound on fjord_gateway_buffer_used_bytes."
-        );
+        let _ = writeln!(out, "# HELP fjord_gateway_buffer_capacity_bytes Bound on fjord_gateway_buffer_used_bytes.");
         let _ = writeln!(out, "# TYPE fjord_gateway_buffer_capacity_bytes gauge");
         let _ = writeln!(out, "fjord_gateway_buffer_capacity_bytes {buffer_capacity}");
         out
@@ -155,10 +111,7 @@ mod tests {
         m.record("http_ndjson", 200, 5, 1000, Duration::from_millis(30));
         m.record("http_ndjson", 400, 0, 0, Duration::from_secs(20));
         let text = m.render(7, 100);
-        assert!(
-            text.contains("fjord_gateway_requests_total{api=\"http_ndjson\",status=\"200\"} 2\n"),
-            "{text}"
-        );
+        assert!(text.contains("fjord_gateway_requests_total{api=\"http_ndjson\",status=\"200\"} 2\n"), "{text}");
         assert!(text.contains("fjord_gateway_errors_total{api=\"http_ndjson\",status=\"400\"} 1\n"));
         assert!(text.contains("fjord_gateway_events_total{api=\"http_ndjson\"} 15\n"));
         assert!(text.contains("fjord_gateway_bytes_total{api=\"http_ndjson\"} 3000\n"));

@@ -17,17 +17,10 @@ fn query_param(name: &str, kind: &str, description: &str) -> Value {
 
 /// The document.
 pub(crate) fn document() -> Value {
-    let topic = path_param(
-        "topic",
-        "string",
-        "Topic name ([a-zA-Z0-9._-], 1-249 characters).",
-    );
+    let topic = path_param("topic", "string", "Topic name ([a-zA-Z0-9._-], 1-249 characters).");
     let partition = path_param("partition", "integer", "Partition number.");
-    let acks = query_param(
-        "acks",
-        "string",
-        "0, 1 or all (default all): how many replicas must have the events before the answer.",
-    );
+    let acks =
+        query_param("acks", "string", "0, 1 or all (default all): how many replicas must have the events before the answer.");
     let produce_errors = json!({
         "400": error_response("Malformed JSON or request; record_index names the record."),
         "404": error_response("Unknown topic (auto-create off), partition or schema id."),
@@ -188,10 +181,7 @@ mod tests {
         let text = doc.to_string();
         for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
             let name = r.split('"').next().unwrap();
-            assert!(
-                doc["components"]["schemas"][name].is_object(),
-                "dangling $ref {name}"
-            );
+            assert!(doc["components"]["schemas"][name].is_object(), "dangling $ref {name}");
         }
     }
 }

@@ -35,19 +35,13 @@ pub(crate) struct Gateway {
 }
 
 pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Gateway {
     pub(crate) fn new(config: GatewayConfig, backend: Arc<dyn Backend>) -> Result<Self> {
         config.validate()?;
-        let registry = config
-            .registry_url
-            .as_deref()
-            .map(RegistryClient::new)
-            .transpose()?;
+        let registry = config.registry_url.as_deref().map(RegistryClient::new).transpose()?;
         let host = config.resolved_host_name();
         let audit = match config.audit_interval {
             Some(_) => Some(Arc::new(
@@ -107,12 +101,7 @@ impl Gateway {
     /// waits for the acknowledgements. The request is refused whole (nothing produced)
     /// when an event is too large, the topic or a partition is unknown, or the budget is
     /// short.
-    pub(crate) async fn publish(
-        &self,
-        topic: &str,
-        mut events: Vec<Event>,
-        acks: Acks,
-    ) -> Result<Vec<Result<Delivered>>> {
+    pub(crate) async fn publish(&self, topic: &str, mut events: Vec<Event>, acks: Acks) -> Result<Vec<Result<Delivered>>> {
         check_topic_name(topic)?;
         let now = now_ms();
         let mut total = 0usize;
@@ -120,10 +109,7 @@ impl Gateway {
         let mut created = Vec::with_capacity(if self.audit.is_some() { events.len() } else { 0 });
         for (i, e) in events.iter_mut().enumerate() {
             if let Some(p) = e.partition.filter(|p| *p < 0) {
-                return Err(Error::UnknownPartition {
-                    topic: topic.into(),
-                    partition: p,
-                });
+                return Err(Error::UnknownPartition { topic: topic.into(), partition: p });
             }
             let created_ms = self.stamp(e, now, &mut last_created);
             if self.audit.is_some() {
@@ -133,27 +119,19 @@ impl Gateway {
             if size > self.config.max_event_bytes {
                 return Err(Error::Unprocessable {
                     index: Some(i),
-                    reason: format!(
-                        "event is {size} bytes, larger than the limit of {} bytes",
-                        self.config.max_event_bytes
-                    ),
+                    reason: format!("event is {size} bytes, larger than the limit of {} bytes", self.config.max_event_bytes),
                 });
             }
             total += size;
         }
         if total > self.config.buffer_bytes {
-            return Err(Error::PayloadTooLarge {
-                limit: self.config.buffer_bytes,
-            });
+            return Err(Error::PayloadTooLarge { limit: self.config.buffer_bytes });
         }
-        let _permit =
-            self.budget
-                .try_acquire_many(total as u32)
-                .map_err(|_| Error::BufferFull {
-                    used: self.buffer_used(),
-                    capacity: self.config.buffer_bytes,
-                    retry_after: self.config.retry_after,
-                })?;
+        let _permit = self.budget.try_acquire_many(total as u32).map_err(|_| Error::BufferFull {
+            used: self.buffer_used(),
+            capacity: self.config.buffer_bytes,
+            retry_after: self.config.retry_after,
+        })?;
         let Some(audit) = &self.audit else {
             return self.backend.publish(topic, events, acks).await;
         };
@@ -193,15 +171,8 @@ impl Gateway {
     /// Registers `schema` under `subject` (cached per gateway) and returns its id and schema.
     pub(crate) async fn register(&self, subject: &str, schema: &str) -> Result<(i32, Arc<Schema>)> {
         let registry = self.registry()?;
-        let id = bounded_registry(
-            self.config.broker_timeout,
-            registry.register(subject, schema),
-        )
-        .await?;
-        Ok((
-            id,
-            bounded_registry(self.config.broker_timeout, registry.schema(id)).await?,
-        ))
+        let id = bounded_registry(self.config.broker_timeout, registry.register(subject, schema)).await?;
+        Ok((id, bounded_registry(self.config.broker_timeout, registry.schema(id)).await?))
     }
 }
 
@@ -211,9 +182,7 @@ async fn bounded_registry<T>(
 ) -> Result<T> {
     match tokio::time::timeout(limit, f).await {
         Ok(r) => Ok(r?),
-        Err(_) => Err(Error::Unavailable(format!(
-            "schema registry did not answer within {limit:?}"
-        ))),
+        Err(_) => Err(Error::Unavailable(format!("schema registry did not answer within {limit:?}"))),
     }
 }
 
@@ -223,9 +192,7 @@ pub(crate) fn check_topic_name(topic: &str) -> Result<()> {
         && topic.len() <= 249
         && topic != "."
         && topic != ".."
-        && topic
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        && topic.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if ok {
         Ok(())
     } else {
@@ -240,10 +207,9 @@ pub(crate) fn check_topic_name(topic: &str) -> Result<()> {
 pub(crate) fn parse_acks(s: Option<&str>) -> Result<Acks> {
     match s {
         None => Ok(Acks::All),
-        Some(s) => s.parse().map_err(|_| Error::BadRequest {
-            index: None,
-            reason: format!("acks must be 0, 1 or all, not {s:?}"),
-        }),
+        Some(s) => {
+            s.parse().map_err(|_| Error::BadRequest { index: None, reason: format!("acks must be 0, 1 or all, not {s:?}") })
+        }
     }
 }
 
@@ -267,24 +233,12 @@ pub(crate) mod tests {
 
     #[async_trait::async_trait]
     impl Backend for MemoryBackend {
-        async fn publish(
-            &self,
-            topic: &str,
-            events: Vec<Event>,
-            _acks: Acks,
-        ) -> Result<Vec<Result<Delivered>>> {
+        async fn publish(&self, topic: &str, events: Vec<Event>, _acks: Acks) -> Result<Vec<Result<Delivered>>> {
             if topic.starts_with("missing") {
                 return Err(Error::UnknownTopic(topic.into()));
             }
-            if let Some(p) = events
-                .iter()
-                .filter_map(|e| e.partition)
-                .find(|p| *p >= self.partitions)
-            {
-                return Err(Error::UnknownPartition {
-                    topic: topic.into(),
-                    partition: p,
-                });
+            if let Some(p) = events.iter().filter_map(|e| e.partition).find(|p| *p >= self.partitions) {
+                return Err(Error::UnknownPartition { topic: topic.into(), partition: p });
             }
             if let Some(gate) = &self.gate {
                 gate.notified().await;
@@ -294,39 +248,22 @@ pub(crate) mod tests {
                 .into_iter()
                 .map(|e| {
                     let partition = e.partition.unwrap_or_else(|| {
-                        e.key.as_ref().map_or(0, |k| {
-                            fjord_client::partitioner::partition_for_key(k, self.partitions)
-                        })
+                        e.key.as_ref().map_or(0, |k| fjord_client::partitioner::partition_for_key(k, self.partitions))
                     });
                     let entries = log.entry((topic.to_string(), partition)).or_default();
                     entries.push(e);
-                    Ok(Delivered {
-                        partition,
-                        offset: entries.len() as i64 - 1,
-                    })
+                    Ok(Delivered { partition, offset: entries.len() as i64 - 1 })
                 })
                 .collect())
         }
 
         async fn fetch(&self, q: FetchQuery) -> Result<Fetched> {
-            let entries = self
-                .log
-                .lock()
-                .unwrap()
-                .get(&(q.topic.clone(), q.partition))
-                .cloned()
-                .unwrap_or_default();
+            let entries = self.log.lock().unwrap().get(&(q.topic.clone(), q.partition)).cloned().unwrap_or_default();
             let end = entries.len() as i64;
             let start = match q.offset {
                 -2 => 0,
                 -1 => end,
-                o if o > end => {
-                    return Err(Error::OffsetOutOfRange {
-                        topic: q.topic,
-                        partition: q.partition,
-                        offset: o,
-                    })
-                }
+                o if o > end => return Err(Error::OffsetOutOfRange { topic: q.topic, partition: q.partition, offset: o }),
                 o => o,
             };
             let mut records = Vec::new();
@@ -350,21 +287,11 @@ pub(crate) mod tests {
                 tokio::time::sleep(q.max_wait).await;
             }
             let next_offset = records.last().map_or(start, |r| r.offset + 1);
-            Ok(Fetched {
-                records,
-                next_offset,
-                high_watermark: end,
-            })
+            Ok(Fetched { records, next_offset, high_watermark: end })
         }
 
         async fn topics(&self) -> Result<Vec<String>> {
-            let mut names: Vec<String> = self
-                .log
-                .lock()
-                .unwrap()
-                .keys()
-                .map(|(t, _)| t.clone())
-                .collect();
+            let mut names: Vec<String> = self.log.lock().unwrap().keys().map(|(t, _)| t.clone()).collect();
             names.sort();
             names.dedup();
             Ok(names)
@@ -379,70 +306,39 @@ pub(crate) mod tests {
                     replicas: vec![0],
                     in_sync_replicas: vec![0],
                     earliest_offset: 0,
-                    latest_offset: log
-                        .get(&(topic.to_string(), p))
-                        .map_or(0, |v| v.len() as i64),
+                    latest_offset: log.get(&(topic.to_string(), p)).map_or(0, |v| v.len() as i64),
                 })
                 .collect())
         }
     }
 
     pub(crate) fn gateway(backend: MemoryBackend, config: GatewayConfig) -> Arc<Gateway> {
-        let config = GatewayConfig {
-            host_name: Some("gw-test".into()),
-            ..config
-        };
+        let config = GatewayConfig { host_name: Some("gw-test".into()), ..config };
         Arc::new(Gateway::new(config, Arc::new(backend)).unwrap())
     }
 
     fn ev(value: &str) -> Event {
-        Event {
-            value: Some(Bytes::from(value.to_string())),
-            ..Event::default()
-        }
+        Event { value: Some(Bytes::from(value.to_string())), ..Event::default() }
     }
 
     #[tokio::test]
     async fn stamps_host_and_creation_time_unless_present() {
-        let g = gateway(
-            MemoryBackend {
-                partitions: 1,
-                ..Default::default()
-            },
-            GatewayConfig::default(),
-        );
+        let g = gateway(MemoryBackend { partitions: 1, ..Default::default() }, GatewayConfig::default());
         let mut given = ev("b");
         given.headers = vec![(HOST_HEADER.into(), Some(Bytes::from("elsewhere")))];
         given.timestamp_ms = Some(42);
-        g.publish("t", vec![ev("a"), given], Acks::All)
-            .await
-            .unwrap();
+        g.publish("t", vec![ev("a"), given], Acks::All).await.unwrap();
         let fetched = g
             .backend
-            .fetch(FetchQuery {
-                topic: "t".into(),
-                partition: 0,
-                offset: -2,
-                max_bytes: 1 << 20,
-                max_wait: Duration::ZERO,
-            })
+            .fetch(FetchQuery { topic: "t".into(), partition: 0, offset: -2, max_bytes: 1 << 20, max_wait: Duration::ZERO })
             .await
             .unwrap();
-        let h = |r: &FetchedRecord, k: &str| {
-            r.headers
-                .iter()
-                .find(|(n, _)| n == k)
-                .and_then(|(_, v)| v.clone())
-                .unwrap()
-        };
+        let h = |r: &FetchedRecord, k: &str| r.headers.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.clone()).unwrap();
         let (a, b) = (&fetched.records[0], &fetched.records[1]);
         assert_eq!(h(a, HOST_HEADER), "gw-test");
         assert_eq!(h(a, CREATED_HEADER), a.timestamp_ms.to_string());
         assert!(a.timestamp_ms > 1_600_000_000_000);
-        assert_eq!(
-            (h(b, HOST_HEADER), h(b, CREATED_HEADER)),
-            (Bytes::from("elsewhere"), Bytes::from("42"))
-        );
+        assert_eq!((h(b, HOST_HEADER), h(b, CREATED_HEADER)), (Bytes::from("elsewhere"), Bytes::from("42")));
         assert_eq!(b.headers.len(), 2);
     }
 
@@ -455,14 +351,7 @@ pub(crate) mod tests {
             retry_after: Duration::from_millis(250),
             ..GatewayConfig::default()
         };
-        let g = gateway(
-            MemoryBackend {
-                partitions: 1,
-                gate: Some(gate.clone()),
-                ..Default::default()
-            },
-            config,
-        );
+        let g = gateway(MemoryBackend { partitions: 1, gate: Some(gate.clone()), ..Default::default() }, config);
         let big = "x".repeat(600);
         let first = tokio::spawn({
             let g = g.clone();
@@ -473,10 +362,9 @@ pub(crate) mod tests {
             tokio::task::yield_now().await;
         }
         match g.publish("t", vec![ev(&big)], Acks::All).await {
-            Err(e @ Error::BufferFull { .. }) => assert_eq!(
-                (e.http_status(), e.retry_after()),
-                (429, Some(Duration::from_millis(250)))
-            ),
+            Err(e @ Error::BufferFull { .. }) => {
+                assert_eq!((e.http_status(), e.retry_after()), (429, Some(Duration::from_millis(250))))
+            }
             other => panic!("expected BufferFull, got {other:?}"),
         }
         gate.notify_one();
@@ -488,33 +376,12 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn refuses_oversized_events_and_bad_names_before_publishing() {
-        let config = GatewayConfig {
-            max_event_bytes: 100,
-            ..GatewayConfig::default()
-        };
-        let g = gateway(
-            MemoryBackend {
-                partitions: 1,
-                ..Default::default()
-            },
-            config,
-        );
-        let e = g
-            .publish("t", vec![ev("ok"), ev(&"x".repeat(200))], Acks::All)
-            .await
-            .unwrap_err();
+        let config = GatewayConfig { max_event_bytes: 100, ..GatewayConfig::default() };
+        let g = gateway(MemoryBackend { partitions: 1, ..Default::default() }, config);
+        let e = g.publish("t", vec![ev("ok"), ev(&"x".repeat(200))], Acks::All).await.unwrap_err();
         assert_eq!((e.http_status(), e.record_index()), (422, Some(1)));
-        assert_eq!(
-            g.publish("bad/name", vec![ev("a")], Acks::All)
-                .await
-                .unwrap_err()
-                .http_status(),
-            400
-        );
-        assert!(
-            g.backend.topics().await.unwrap().is_empty(),
-            "nothing was produced"
-        );
+        assert_eq!(g.publish("bad/name", vec![ev("a")], Acks::All).await.unwrap_err().http_status(), 400);
+        assert!(g.backend.topics().await.unwrap().is_empty(), "nothing was produced");
         assert_eq!(parse_acks(Some("1")).unwrap(), Acks::Leader);
         assert_eq!(parse_acks(None).unwrap(), Acks::All);
         assert_eq!(parse_acks(Some("2")).unwrap_err().http_status(), 400);

@@ -13,10 +13,7 @@ use fjord_proto::v1::{Acks, Event, FetchRequest, Header, PublishRequest, Subscri
 use support::{kcat_consume, System};
 
 fn event(value: &str) -> Event {
-    Event {
-        value: Some(value.to_string().into()),
-        ..Default::default()
-    }
+    Event { value: Some(value.to_string().into()), ..Default::default() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -30,31 +27,15 @@ async fn tonic_unary_stream_fetch_and_subscribe() {
     keyed.key = Some("user-9".into());
     let mut placed = event("placed");
     placed.partition = Some(1);
-    placed.headers = vec![
-        Header {
-            key: "fjord.host".into(),
-            value: "upstream".into(),
-        },
-        Header {
-            key: "trace".into(),
-            value: "t1".into(),
-        },
-    ];
+    placed.headers =
+        vec![Header { key: "fjord.host".into(), value: "upstream".into() }, Header { key: "trace".into(), value: "t1".into() }];
     let answer = publisher
-        .publish(PublishRequest {
-            topic: "rpc".into(),
-            events: vec![keyed, placed],
-            acks: Acks::All as i32,
-            batch_id: 1,
-        })
+        .publish(PublishRequest { topic: "rpc".into(), events: vec![keyed, placed], acks: Acks::All as i32, batch_id: 1 })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(answer.offsets.len(), 2);
-    assert_eq!(
-        answer.offsets[0].partition,
-        fjord_client::partitioner::partition_for_key(b"user-9", 3)
-    );
+    assert_eq!(answer.offsets[0].partition, fjord_client::partitioner::partition_for_key(b"user-9", 3));
     assert_eq!(answer.offsets[1].partition, 1);
 
     // Streaming: 50 batches of 20, answers in order, one per batch.
@@ -66,11 +47,7 @@ async fn tonic_unary_stream_fetch_and_subscribe() {
             batch_id: b,
         })
         .collect();
-    let mut answers = publisher
-        .publish_stream(futures::stream::iter(batches))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut answers = publisher.publish_stream(futures::stream::iter(batches)).await.unwrap().into_inner();
     let mut ids = Vec::new();
     while let Some(a) = answers.message().await.unwrap() {
         assert!(a.error.is_none(), "{a:?}");
@@ -82,142 +59,69 @@ async fn tonic_unary_stream_fetch_and_subscribe() {
     // What kcat sees.
     let messages = kcat_consume(&sys.broker, "rpc");
     assert_eq!(messages.len(), 2 + 50 * 20);
-    let placed = messages
-        .iter()
-        .find(|m| m.payload.as_deref() == Some("placed"))
-        .unwrap();
-    assert_eq!(
-        (
-            placed.partition,
-            placed.header("fjord.host"),
-            placed.header("trace")
-        ),
-        (1, Some("upstream"), Some("t1"))
-    );
+    let placed = messages.iter().find(|m| m.payload.as_deref() == Some("placed")).unwrap();
+    assert_eq!((placed.partition, placed.header("fjord.host"), placed.header("trace")), (1, Some("upstream"), Some("t1")));
     assert!(placed.header("fjord.created_ms").is_some());
-    let streamed = messages
-        .iter()
-        .find(|m| m.payload.as_deref() == Some("s3-4"))
-        .unwrap();
+    let streamed = messages.iter().find(|m| m.payload.as_deref() == Some("s3-4")).unwrap();
     assert_eq!(streamed.header("fjord.host"), Some("gw-it"));
 
     // Fetch and Subscribe.
     let mut subscriber = SubscriberClient::connect(sys.grpc.clone()).await.unwrap();
     let fetched = subscriber
-        .fetch(FetchRequest {
-            topic: "rpc".into(),
-            partition: 1,
-            offset: -2,
-            max_bytes: 0,
-            max_wait_ms: 0,
-        })
+        .fetch(FetchRequest { topic: "rpc".into(), partition: 1, offset: -2, max_bytes: 0, max_wait_ms: 0 })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(fetched.records[0].value.as_deref(), Some(&b"placed"[..]));
-    assert_eq!(
-        fetched.next_offset,
-        fetched.records.last().unwrap().offset + 1
-    );
+    assert_eq!(fetched.next_offset, fetched.records.last().unwrap().offset + 1);
     let end = fetched.high_watermark;
     let mut stream = subscriber
-        .subscribe(SubscribeRequest {
-            topic: "rpc".into(),
-            partition: 1,
-            offset: end,
-            max_bytes: 0,
-        })
+        .subscribe(SubscribeRequest { topic: "rpc".into(), partition: 1, offset: end, max_bytes: 0 })
         .await
         .unwrap()
         .into_inner();
     let mut late = event("late");
     late.partition = Some(1);
-    publisher
-        .publish(PublishRequest {
-            topic: "rpc".into(),
-            events: vec![late],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let pushed = tokio::time::timeout(Duration::from_secs(10), stream.message())
-        .await
-        .expect("subscribe delivers")
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (pushed.records[0].offset, pushed.records[0].value.as_deref()),
-        (end, Some(&b"late"[..]))
-    );
+    publisher.publish(PublishRequest { topic: "rpc".into(), events: vec![late], ..Default::default() }).await.unwrap();
+    let pushed =
+        tokio::time::timeout(Duration::from_secs(10), stream.message()).await.expect("subscribe delivers").unwrap().unwrap();
+    assert_eq!((pushed.records[0].offset, pushed.records[0].value.as_deref()), (end, Some(&b"late"[..])));
 
     // Health and reflection, which grpcurl relies on.
-    let channel = tonic::transport::Endpoint::from_shared(sys.grpc.clone())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(sys.grpc.clone()).unwrap().connect().await.unwrap();
     let health = tonic_health::pb::health_client::HealthClient::new(channel.clone())
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "fjord.v1.Publisher".into(),
-        })
+        .check(tonic_health::pb::HealthCheckRequest { service: "fjord.v1.Publisher".into() })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(
-        health.status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
+    assert_eq!(health.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
     use tonic_reflection::pb::v1::{
-        server_reflection_client::ServerReflectionClient,
-        server_reflection_request::MessageRequest, ServerReflectionRequest,
+        server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest, ServerReflectionRequest,
     };
-    let ask = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut listed = ServerReflectionClient::new(channel)
-        .server_reflection_info(futures::stream::iter([ask]))
-        .await
-        .unwrap()
-        .into_inner();
-    let Some(MessageResponse::ListServicesResponse(list)) =
-        listed.message().await.unwrap().unwrap().message_response
-    else {
+    let ask = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let mut listed =
+        ServerReflectionClient::new(channel).server_reflection_info(futures::stream::iter([ask])).await.unwrap().into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) = listed.message().await.unwrap().unwrap().message_response else {
         panic!("no service list")
     };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    for want in [
-        "fjord.v1.Publisher",
-        "fjord.v1.Subscriber",
-        "grpc.health.v1.Health",
-    ] {
-        assert!(
-            names.iter().any(|n| n == want),
-            "reflection lists {names:?}"
-        );
+    for want in ["fjord.v1.Publisher", "fjord.v1.Subscriber", "grpc.health.v1.Health"] {
+        assert!(names.iter().any(|n| n == want), "reflection lists {names:?}");
     }
 
     // Errors as statuses.
     let e = publisher
         .publish(PublishRequest {
             topic: "rpc".into(),
-            events: vec![Event {
-                partition: Some(9),
-                ..event("x")
-            }],
+            events: vec![Event { partition: Some(9), ..event("x") }],
             ..Default::default()
         })
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
     let e = subscriber
-        .fetch(FetchRequest {
-            topic: "rpc".into(),
-            partition: 0,
-            offset: 1 << 40,
-            ..Default::default()
-        })
+        .fetch(FetchRequest { topic: "rpc".into(), partition: 0, offset: 1 << 40, ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::OutOfRange);
@@ -239,11 +143,7 @@ async fn python_grpcio_publishes_and_fetches() {
         .arg(format!("{proto_root}/fjord/v1/events.proto"))
         .output()
         .expect("run grpc_tools.protoc");
-    assert!(
-        generated.status.success(),
-        "protoc: {}",
-        String::from_utf8_lossy(&generated.stderr)
-    );
+    assert!(generated.status.success(), "protoc: {}", String::from_utf8_lossy(&generated.stderr));
     let script = r#"
 import sys, grpc
 from fjord.v1 import events_pb2 as pb, events_pb2_grpc as rpc
@@ -268,13 +168,7 @@ print("python grpcio ok")
     let grpc_target = sys.grpc.trim_start_matches("http://").to_string();
     let out_path = out_dir.path().to_path_buf();
     let python_run = tokio::task::spawn_blocking(move || {
-        Command::new(&python)
-            .arg("-c")
-            .arg(script)
-            .arg(grpc_target)
-            .env("PYTHONPATH", out_path)
-            .output()
-            .expect("run python")
+        Command::new(&python).arg("-c").arg(script).arg(grpc_target).env("PYTHONPATH", out_path).output().expect("run python")
     })
     .await
     .unwrap();

@@ -31,31 +31,15 @@ async fn concurrent_small_requests_are_all_acknowledged_exactly_once() {
             for r in 0..REQUESTS {
                 let ids: Vec<String> = (0..EVENTS).map(|e| format!("h{c}-{r}-{e}")).collect();
                 if c % 2 == 0 {
-                    let body: String = ids
-                        .iter()
-                        .map(|id| format!("{{\"id\":\"{id}\"}}\n"))
-                        .collect();
-                    let resp = http
-                        .post(format!("{http_base}/v1/events/load"))
-                        .body(body)
-                        .send()
-                        .await
-                        .expect("request");
+                    let body: String = ids.iter().map(|id| format!("{{\"id\":\"{id}\"}}\n")).collect();
+                    let resp = http.post(format!("{http_base}/v1/events/load")).body(body).send().await.expect("request");
                     assert_eq!(resp.status(), 200);
                     let doc: serde_json::Value = resp.json().await.unwrap();
                     assert_eq!(doc["count"], EVENTS);
-                    let counted: u64 = doc["partitions"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|p| p["count"].as_u64().unwrap())
-                        .sum();
+                    let counted: u64 = doc["partitions"].as_array().unwrap().iter().map(|p| p["count"].as_u64().unwrap()).sum();
                     assert_eq!(counted, EVENTS as u64);
                 } else {
-                    let records: Vec<serde_json::Value> = ids
-                        .iter()
-                        .map(|id| serde_json::json!({"value": {"id": id}}))
-                        .collect();
+                    let records: Vec<serde_json::Value> = ids.iter().map(|id| serde_json::json!({"value": {"id": id}})).collect();
                     let resp = http
                         .post(format!("{http_base}/topics/load"))
                         .header("content-type", "application/vnd.kafka.json.v2+json")
@@ -66,10 +50,7 @@ async fn concurrent_small_requests_are_all_acknowledged_exactly_once() {
                     assert_eq!(resp.status(), 200);
                     let doc: serde_json::Value = resp.json().await.unwrap();
                     for o in doc["offsets"].as_array().unwrap() {
-                        acknowledged.push((
-                            o["partition"].as_i64().unwrap(),
-                            o["offset"].as_i64().unwrap(),
-                        ));
+                        acknowledged.push((o["partition"].as_i64().unwrap(), o["offset"].as_i64().unwrap()));
                     }
                 }
             }
@@ -84,20 +65,13 @@ async fn concurrent_small_requests_are_all_acknowledged_exactly_once() {
                 .map(|r| PublishRequest {
                     topic: "load".into(),
                     events: (0..EVENTS)
-                        .map(|e| Event {
-                            value: Some(format!("{{\"id\":\"g{s}-{r}-{e}\"}}").into()),
-                            ..Default::default()
-                        })
+                        .map(|e| Event { value: Some(format!("{{\"id\":\"g{s}-{r}-{e}\"}}").into()), ..Default::default() })
                         .collect(),
                     acks: 0,
                     batch_id: r as u64,
                 })
                 .collect();
-            let mut answers = client
-                .publish_stream(futures::stream::iter(batches))
-                .await
-                .unwrap()
-                .into_inner();
+            let mut answers = client.publish_stream(futures::stream::iter(batches)).await.unwrap().into_inner();
             let mut acknowledged = Vec::new();
             while let Some(a) = answers.message().await.unwrap() {
                 assert!(a.error.is_none(), "{a:?}");
@@ -114,29 +88,19 @@ async fn concurrent_small_requests_are_all_acknowledged_exactly_once() {
         }
     }
     let total = (HTTP_CLIENTS + GRPC_STREAMS) * REQUESTS * EVENTS;
-    assert_eq!(
-        offsets.len(),
-        (HTTP_CLIENTS / 2 + GRPC_STREAMS) * REQUESTS * EVENTS
-    );
+    assert_eq!(offsets.len(), (HTTP_CLIENTS / 2 + GRPC_STREAMS) * REQUESTS * EVENTS);
 
     let messages = kcat_consume(&sys.broker, "load");
     assert_eq!(messages.len(), total);
     let mut ids = HashSet::new();
     for m in &messages {
         let doc: serde_json::Value = serde_json::from_str(m.payload.as_deref().unwrap()).unwrap();
-        assert!(
-            ids.insert(doc["id"].as_str().unwrap().to_string()),
-            "event {} stored twice",
-            doc["id"]
-        );
+        assert!(ids.insert(doc["id"].as_str().unwrap().to_string()), "event {} stored twice", doc["id"]);
         let id = doc["id"].as_str().unwrap();
         let client: usize = id[1..].split('-').next().unwrap().parse().unwrap();
         let reported_per_event = id.starts_with('g') || client % 2 == 1;
         if reported_per_event {
-            assert!(
-                offsets.contains(&(m.partition as i64, m.offset)),
-                "event {id} stored at an offset nobody was told"
-            );
+            assert!(offsets.contains(&(m.partition as i64, m.offset)), "event {id} stored at an offset nobody was told");
         }
     }
     assert_eq!(ids.len(), total);

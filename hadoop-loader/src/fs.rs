@@ -171,7 +171,11 @@ impl FileSystem for LocalFs {
         let mut out = Vec::new();
         while let Some(e) = read.next_entry().await.map_err(io("list", dir))? {
             let meta = e.metadata().await.map_err(io("stat", dir))?;
-            out.push(Entry { name: e.file_name().to_string_lossy().into_owned(), is_dir: meta.is_dir(), len: if meta.is_dir() { 0 } else { meta.len() } });
+            out.push(Entry {
+                name: e.file_name().to_string_lossy().into_owned(),
+                is_dir: meta.is_dir(),
+                len: if meta.is_dir() { 0 } else { meta.len() },
+            });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
@@ -236,7 +240,10 @@ pub async fn conformance(fs: &dyn FileSystem, base: &str) -> Result<()> {
     w.write(Bytes::from(vec![7u8; 100_000])).await?;
     w.close().await?;
     let data = fs.read(&f).await?;
-    check(data.len() == 100_006 && data.starts_with(b"hello ") && data[6..].iter().all(|b| *b == 7), "read returns what was written")?;
+    check(
+        data.len() == 100_006 && data.starts_with(b"hello ") && data[6..].iter().all(|b| *b == 7),
+        "read returns what was written",
+    )?;
     check(matches!(fs.create(&f).await, Err(Error::AlreadyExists(_))), "create of an existing file is AlreadyExists")?;
 
     // rename: moves, never replaces, reports a missing source.
@@ -248,14 +255,20 @@ pub async fn conformance(fs: &dyn FileSystem, base: &str) -> Result<()> {
     w.close().await?;
     check(matches!(fs.rename(&f, &g).await, Err(Error::AlreadyExists(_))), "rename onto an existing file is AlreadyExists")?;
     check(fs.read(&g).await?.len() == 100_006, "a refused rename leaves the target alone")?;
-    check(matches!(fs.rename(&format!("{base}/nope"), &format!("{base}/nope2")).await, Err(Error::NotFound(_))), "rename of a missing source is NotFound")?;
+    check(
+        matches!(fs.rename(&format!("{base}/nope"), &format!("{base}/nope2")).await, Err(Error::NotFound(_))),
+        "rename of a missing source is NotFound",
+    )?;
     // Directories rename too (a run directory can be moved as a whole).
     fs.rename(&format!("{base}/c"), &format!("{base}/c2")).await?;
     check(fs.exists(&format!("{base}/c2/d/file.bin")).await?, "directories rename")?;
 
     // list: sorted names, kinds and lengths.
     let entries = fs.list(&format!("{base}/a/b")).await?;
-    check(entries == vec![Entry { name: "moved.bin".into(), is_dir: false, len: 100_006 }], "list shows the file with its length")?;
+    check(
+        entries == vec![Entry { name: "moved.bin".into(), is_dir: false, len: 100_006 }],
+        "list shows the file with its length",
+    )?;
     let entries = fs.list(base).await?;
     let names: Vec<_> = entries.iter().map(|e| (e.name.as_str(), e.is_dir)).collect();
     check(names == vec![("a", true), ("c2", true)], "list is sorted and tells directories")?;
@@ -264,7 +277,10 @@ pub async fn conformance(fs: &dyn FileSystem, base: &str) -> Result<()> {
     check(fs.delete(&g, false).await?, "delete of a file")?;
     check(!fs.delete(&g, false).await?, "delete of a missing path is false")?;
     check(fs.delete(&format!("{base}/a/b"), false).await?, "delete of an empty dir")?;
-    check(fs.delete(&format!("{base}/c2/d/file.bin"), false).await? && fs.delete(&format!("{base}/c2"), true).await?, "recursive delete")?;
+    check(
+        fs.delete(&format!("{base}/c2/d/file.bin"), false).await? && fs.delete(&format!("{base}/c2"), true).await?,
+        "recursive delete",
+    )?;
     check(fs.delete(base, true).await? && !fs.exists(base).await?, "delete of the scratch dir")?;
     Ok(())
 }

@@ -11,7 +11,9 @@ use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::Schema;
 use base64::Engine;
 use bytes::Bytes;
-use fjord_client::{Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, OffsetReset, OffsetSpec, SeekTo, TopicPartition};
+use fjord_client::{
+    Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, OffsetReset, OffsetSpec, SeekTo, TopicPartition,
+};
 use fjord_schema_registry::RegistryClient;
 use serde::{Deserialize, Serialize};
 
@@ -301,7 +303,11 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
     let pattern = regex::Regex::new(&format!("^(?:{})$", config.topics))?;
     let dest = crate::fs::open(&config.dest, config.hdfs_timeout)?;
     let registry = config.registry.as_deref().map(RegistryClient::new).transpose().map_err(|e| Error::Registry(Box::new(e)))?;
-    let run_id = format!("{}-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis(), std::process::id());
+    let run_id = format!(
+        "{}-{}",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis(),
+        std::process::id()
+    );
     let mut summary = RunSummary { job: config.job.clone(), run_id: run_id.clone(), ..RunSummary::default() };
 
     // 1. Finish or roll back what dead runs left, then read the committed state.
@@ -315,9 +321,11 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
     // 2. The partitions and where each read starts and ends.
     let client = ClientConfig { allow_auto_create_topics: false, ..ClientConfig::new(&config.bootstrap) };
     let admin = Admin::connect(client.clone()).await?;
-    let mut topics: Vec<_> = admin.list_topics().await?.into_iter().filter(|t| !t.is_internal && pattern.is_match(&t.name)).collect();
+    let mut topics: Vec<_> =
+        admin.list_topics().await?.into_iter().filter(|t| !t.is_internal && pattern.is_match(&t.name)).collect();
     topics.sort_by(|a, b| a.name.cmp(&b.name));
-    let tps: Vec<(String, i32)> = topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.clone(), p.partition))).collect();
+    let tps: Vec<(String, i32)> =
+        topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.clone(), p.partition))).collect();
     let ask = |spec: OffsetSpec| tps.iter().map(|(t, p)| (t.clone(), *p, spec)).collect::<Vec<_>>();
     let earliest = admin.list_offsets(&ask(OffsetSpec::Earliest)).await?;
     let mut ends = admin.list_offsets(&ask(OffsetSpec::Latest)).await?;
@@ -332,18 +340,37 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
         let committed = state.offsets.get(topic).and_then(|m| m.get(partition)).copied();
         let mut start = committed.unwrap_or(earliest[i]);
         if start < earliest[i] {
-            tracing::warn!(topic, partition, committed = start, log_start = earliest[i], "records before the log start were deleted by retention before they were loaded");
+            tracing::warn!(
+                topic,
+                partition,
+                committed = start,
+                log_start = earliest[i],
+                "records before the log start were deleted by retention before they were loaded"
+            );
             start = earliest[i];
         }
         if start > ends[i] && config.until == Until::Latest {
-            return Err(Error::Inconsistent(format!("{topic}-{partition}: committed offset {start} is beyond the log end {} (topic recreated?)", ends[i])));
+            return Err(Error::Inconsistent(format!(
+                "{topic}-{partition}: committed offset {start} is beyond the log end {} (topic recreated?)",
+                ends[i]
+            )));
         }
         parts.push(PartitionRun::new(topic, *partition, start, ends[i]));
     }
 
     // 3. Read and write.
     let run_dir = format!("{}/{run_id}", layout::tmp_dir(&config.job));
-    let mut writer = RunWriter { dest: &dest, config, run_dir: run_dir.clone(), registry: registry.as_ref(), schemas: HashMap::new(), moves: Vec::new(), next_file: 0, bytes_out: 0, scratch: Vec::new() };
+    let mut writer = RunWriter {
+        dest: &dest,
+        config,
+        run_dir: run_dir.clone(),
+        registry: registry.as_ref(),
+        schemas: HashMap::new(),
+        moves: Vec::new(),
+        next_file: 0,
+        bytes_out: 0,
+        scratch: Vec::new(),
+    };
     let mut audit_pending = config.audit.as_ref().map(|a| a.pending());
     let mut remaining: Vec<usize> = (0..parts.len()).filter(|&i| parts[i].next < parts[i].end).collect();
     progress.start(remaining.len(), remaining.iter().map(|&i| (parts[i].end - parts[i].next) as u64).sum());
@@ -361,7 +388,8 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
         })
         .await?;
         assign(&mut consumer, &parts, &remaining).await?;
-        let index: HashMap<(String, i32), usize> = parts.iter().enumerate().map(|(i, p)| ((p.topic.clone(), p.partition), i)).collect();
+        let index: HashMap<(String, i32), usize> =
+            parts.iter().enumerate().map(|(i, p)| ((p.topic.clone(), p.partition), i)).collect();
         let mut taken = 0u64;
         while !remaining.is_empty() {
             // recv, not poll(timeout): a poll timing out in the middle of decoding a fetch
@@ -371,7 +399,13 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
                 Ok(record) => record?,
                 Err(_) => {
                     let p = &parts[remaining[0]];
-                    return Err(Error::Stalled { topic: p.topic.clone(), partition: p.partition, offset: p.next, end: p.end, idle: config.idle_timeout });
+                    return Err(Error::Stalled {
+                        topic: p.topic.clone(),
+                        partition: p.partition,
+                        offset: p.next,
+                        end: p.end,
+                        idle: config.idle_timeout,
+                    });
                 }
             };
             let Some(&i) = index.get(&(record.topic.to_string(), record.partition)) else { continue };
@@ -510,14 +544,24 @@ fn parent(rel: &str) -> &str {
 /// Moves the manifest's files into place, installs the state (the commit) and deletes the
 /// run directory. Each step is skipped when already done, so a run that died anywhere in
 /// here is finished by calling this again.
-async fn complete(dest: &Destination, config: &LoaderConfig, run_dir: &str, manifest: &Manifest, seq: u64, recovery: bool) -> Result<()> {
+async fn complete(
+    dest: &Destination,
+    config: &LoaderConfig,
+    run_dir: &str,
+    manifest: &Manifest,
+    seq: u64,
+    recovery: bool,
+) -> Result<()> {
     for (index, (from, to)) in manifest.moves.iter().enumerate() {
         let (from_abs, to_abs) = (dest.path(from), dest.path(to));
         if dest.fs.exists(&from_abs).await? {
             dest.fs.mkdirs(&dest.path(parent(to))).await?;
             dest.fs.rename(&from_abs, &to_abs).await?;
         } else if !dest.fs.exists(&to_abs).await? {
-            return Err(Error::Inconsistent(format!("{from} of run {} is neither in its run directory nor at {to}", manifest.run_id)));
+            return Err(Error::Inconsistent(format!(
+                "{from} of run {} is neither in its run directory nor at {to}",
+                manifest.run_id
+            )));
         }
         crash(config, Step::Moved { index, recovery })?;
     }
@@ -551,7 +595,8 @@ async fn recover(dest: &Destination, config: &LoaderConfig) -> Result<(usize, us
             back += 1;
             continue;
         }
-        let manifest: Manifest = serde_json::from_slice(&dest.fs.read(&manifest_path).await?).map_err(|source| Error::CorruptState { path: manifest_path.clone(), source })?;
+        let manifest: Manifest = serde_json::from_slice(&dest.fs.read(&manifest_path).await?)
+            .map_err(|source| Error::CorruptState { path: manifest_path.clone(), source })?;
         let seq = manifest.prev_seq + 1;
         let latest = latest_seq(dest, &config.job).await?;
         if latest >= seq {
@@ -560,7 +605,10 @@ async fn recover(dest: &Destination, config: &LoaderConfig) -> Result<(usize, us
             continue;
         }
         if latest != manifest.prev_seq {
-            return Err(Error::Inconsistent(format!("run {} was based on state {} but the newest state is {latest}", manifest.run_id, manifest.prev_seq)));
+            return Err(Error::Inconsistent(format!(
+                "run {} was based on state {} but the newest state is {latest}",
+                manifest.run_id, manifest.prev_seq
+            )));
         }
         tracing::info!(run = %run.name, job = %config.job, moves = manifest.moves.len(), "completing a run that died after its manifest");
         complete(dest, config, &run_dir, &manifest, seq, true).await?;
@@ -656,7 +704,18 @@ struct PartitionRun {
 
 impl PartitionRun {
     fn new(topic: &str, partition: i32, next: i64, end: i64) -> Self {
-        Self { topic: topic.to_string(), partition, next, end, records: 0, bad_records: 0, max_timestamp: None, counts: BTreeMap::new(), file: None, errors: None }
+        Self {
+            topic: topic.to_string(),
+            partition,
+            next,
+            end,
+            records: 0,
+            bad_records: 0,
+            max_timestamp: None,
+            counts: BTreeMap::new(),
+            file: None,
+            errors: None,
+        }
     }
 }
 
@@ -686,19 +745,33 @@ impl RunWriter<'_> {
     /// The kind of file a record goes into and its datum in `self.scratch`.
     async fn encode(&mut self, part: &PartitionRun, r: &ConsumerRecord) -> Result<Result<Kind, Bad>> {
         self.scratch.clear();
-        let framed = r.value.as_deref().filter(|v| v.len() >= fjord_schema_registry::framing::HEADER_LEN && v[0] == fjord_schema_registry::framing::MAGIC);
+        let framed = r
+            .value
+            .as_deref()
+            .filter(|v| v.len() >= fjord_schema_registry::framing::HEADER_LEN && v[0] == fjord_schema_registry::framing::MAGIC);
         let (Some(registry), Some(value)) = (self.registry, framed) else {
-            ocf::encode_envelope(&mut self.scratch, part.partition, r.offset, r.timestamp, r.key.as_deref(), r.value.as_deref(), &r.headers);
+            ocf::encode_envelope(
+                &mut self.scratch,
+                part.partition,
+                r.offset,
+                r.timestamp,
+                r.key.as_deref(),
+                r.value.as_deref(),
+                &r.headers,
+            );
             return Ok(Ok(Kind::Envelope));
         };
         let (id, datum) = fjord_schema_registry::framing::unframe(value).map_err(|e| Error::Registry(Box::new(e)))?;
         if let std::collections::hash_map::Entry::Vacant(slot) = self.schemas.entry(id) {
             let schema = match registry.schema(id).await {
                 Ok(s) => s,
-                Err(fjord_schema_registry::Error::UnknownId(_)) => return Ok(Err(Bad(format!("schema id {id} is not registered")))),
+                Err(fjord_schema_registry::Error::UnknownId(_)) => {
+                    return Ok(Err(Bad(format!("schema id {id} is not registered"))))
+                }
                 Err(e) => return Err(Error::Registry(Box::new(e))),
             };
-            let json = serde_json::to_string(&*schema).map_err(|source| Error::CorruptState { path: format!("schema {id}"), source })?;
+            let json =
+                serde_json::to_string(&*schema).map_err(|source| Error::CorruptState { path: format!("schema {id}"), source })?;
             slot.insert((schema, json));
         }
         let schema = &self.schemas[&id].0;
@@ -718,7 +791,9 @@ impl RunWriter<'_> {
         match self.encode(part, r).await? {
             Ok(kind) => {
                 let hour = layout::hour_of(r.timestamp);
-                let roll = part.file.as_ref().is_some_and(|f| f.kind != kind || f.hour != hour || f.ocf.written + f.ocf.pending() >= self.config.max_file_bytes);
+                let roll = part.file.as_ref().is_some_and(|f| {
+                    f.kind != kind || f.hour != hour || f.ocf.written + f.ocf.pending() >= self.config.max_file_bytes
+                });
                 if roll {
                     self.close_file(part).await?;
                 }
@@ -734,7 +809,12 @@ impl RunWriter<'_> {
             }
             Err(Bad(reason)) => {
                 if self.config.on_bad_record == BadRecordPolicy::Fail {
-                    return Err(Error::BadRecord { topic: part.topic.clone(), partition: part.partition, offset: r.offset, reason });
+                    return Err(Error::BadRecord {
+                        topic: part.topic.clone(),
+                        partition: part.partition,
+                        offset: r.offset,
+                        reason,
+                    });
                 }
                 self.quarantine(part, r, reason).await?;
             }

@@ -26,7 +26,12 @@ pub fn hour_path(timestamp_ms: i64) -> String {
 /// Start (ms since the epoch) of the hour named by a `YYYY/MM/DD/HH` path.
 pub fn parse_hour_path(path: &str) -> Option<i64> {
     let mut p = path.split('/');
-    let (y, m, d, h) = (p.next()?.parse::<i64>().ok()?, p.next()?.parse::<u32>().ok()?, p.next()?.parse::<u32>().ok()?, p.next()?.parse::<i64>().ok()?);
+    let (y, m, d, h) = (
+        p.next()?.parse::<i64>().ok()?,
+        p.next()?.parse::<u32>().ok()?,
+        p.next()?.parse::<u32>().ok()?,
+        p.next()?.parse::<i64>().ok()?,
+    );
     if p.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&d) || !(0..24).contains(&h) {
         return None;
     }

@@ -92,7 +92,15 @@ fn put_optional_bytes(out: &mut Vec<u8>, b: Option<&[u8]>) {
 pub const ENVELOPE_SCHEMA: &str = r#"{"type":"record","name":"FjordRecord","namespace":"io.fjord.loader","doc":"A record as stored in the log, for topics without a registered Avro schema.","fields":[{"name":"partition","type":"int"},{"name":"offset","type":"long"},{"name":"timestamp","type":"long","doc":"ms since the epoch"},{"name":"key","type":["null","bytes"]},{"name":"value","type":["null","bytes"]},{"name":"headers","type":{"type":"array","items":{"type":"record","name":"Header","fields":[{"name":"key","type":"string"},{"name":"value","type":["null","bytes"]}]}}}]}"#;
 
 /// Encodes one record as an [`ENVELOPE_SCHEMA`] datum.
-pub fn encode_envelope(out: &mut Vec<u8>, partition: i32, offset: i64, timestamp: i64, key: Option<&[u8]>, value: Option<&[u8]>, headers: &[(String, Option<Bytes>)]) {
+pub fn encode_envelope(
+    out: &mut Vec<u8>,
+    partition: i32,
+    offset: i64,
+    timestamp: i64,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: &[(String, Option<Bytes>)],
+) {
     put_long(out, i64::from(partition));
     put_long(out, offset);
     put_long(out, timestamp);
@@ -124,7 +132,13 @@ pub struct OcfWriter {
 
 impl OcfWriter {
     /// Writes the header of a file with `schema_json` and extra `metadata` to `out`.
-    pub async fn start(mut out: Box<dyn FileWriter>, path: &str, schema_json: &str, codec: Codec, metadata: &[(&str, String)]) -> Result<Self> {
+    pub async fn start(
+        mut out: Box<dyn FileWriter>,
+        path: &str,
+        schema_json: &str,
+        codec: Codec,
+        metadata: &[(&str, String)],
+    ) -> Result<Self> {
         // A random sync marker per file: RandomState is seeded from the OS.
         let seed = std::collections::hash_map::RandomState::new();
         let mut sync = [0u8; 16];
@@ -147,7 +161,16 @@ impl OcfWriter {
         header.extend_from_slice(&sync);
         let written = header.len() as u64;
         out.write(Bytes::from(header)).await?;
-        Ok(Self { out, path: path.to_string(), codec, sync, block: Vec::with_capacity(BLOCK_BYTES + 4096), block_count: 0, written, records: 0 })
+        Ok(Self {
+            out,
+            path: path.to_string(),
+            codec,
+            sync,
+            block: Vec::with_capacity(BLOCK_BYTES + 4096),
+            block_count: 0,
+            written,
+            records: 0,
+        })
     }
 
     /// Appends one encoded datum.
@@ -170,7 +193,8 @@ impl OcfWriter {
         if self.block_count == 0 {
             return Ok(());
         }
-        let data = self.codec.compress(&self.block).map_err(|source| Error::Io { op: "compress", path: self.path.clone(), source })?;
+        let data =
+            self.codec.compress(&self.block).map_err(|source| Error::Io { op: "compress", path: self.path.clone(), source })?;
         let mut out = Vec::with_capacity(data.len() + 36);
         put_long(&mut out, self.block_count);
         put_long(&mut out, data.len() as i64);
@@ -198,7 +222,14 @@ mod tests {
 
     #[test]
     fn longs_match_the_spec_examples() {
-        for (v, enc) in [(0i64, vec![0u8]), (-1, vec![1]), (1, vec![2]), (-64, vec![0x7f]), (64, vec![0x80, 0x01]), (i64::MIN, vec![0xff; 9].into_iter().chain([1]).collect())] {
+        for (v, enc) in [
+            (0i64, vec![0u8]),
+            (-1, vec![1]),
+            (1, vec![2]),
+            (-64, vec![0x7f]),
+            (64, vec![0x80, 0x01]),
+            (i64::MIN, vec![0xff; 9].into_iter().chain([1]).collect()),
+        ] {
             let mut out = Vec::new();
             put_long(&mut out, v);
             assert_eq!(out, enc, "{v}");
@@ -248,7 +279,10 @@ mod tests {
         let schema = apache_avro::Schema::parse_str(ENVELOPE_SCHEMA).unwrap();
         for codec in [Codec::Null, Codec::Deflate, Codec::Snappy] {
             let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-            let mut w = OcfWriter::start(Box::new(Memory(buf.clone())), "mem", ENVELOPE_SCHEMA, codec, &[("fjord.topic", "t".into())]).await.unwrap();
+            let mut w =
+                OcfWriter::start(Box::new(Memory(buf.clone())), "mem", ENVELOPE_SCHEMA, codec, &[("fjord.topic", "t".into())])
+                    .await
+                    .unwrap();
             // Enough records for several blocks.
             for i in 0..20_000i64 {
                 let mut d = Vec::new();

@@ -88,10 +88,21 @@ fn ts(seq: u64, step_ms: i64) -> i64 {
 async fn produce_clicks(c: &Cluster, topic: &str, partitions: u64, seqs: std::ops::Range<u64>, step_ms: i64) {
     let registry = RegistryClient::new(&c.registry_url).unwrap();
     let id = registry.register(&format!("{topic}-value"), CLICK_SCHEMA).await.unwrap();
-    let producer = Producer::connect(ProducerConfig { client: client(&c.bootstrap), linger: Duration::from_millis(20), batch_size: 256 * 1024, ..ProducerConfig::default() }).await.unwrap();
+    let producer = Producer::connect(ProducerConfig {
+        client: client(&c.bootstrap),
+        linger: Duration::from_millis(20),
+        batch_size: 256 * 1024,
+        ..ProducerConfig::default()
+    })
+    .await
+    .unwrap();
     let mut pending = Vec::new();
     for seq in seqs {
-        let value = Value::Record(vec![("seq".into(), Value::Long(seq as i64)), ("user".into(), Value::String(format!("user-{}", seq % 97))), ("ts".into(), Value::Long(ts(seq, step_ms)))]);
+        let value = Value::Record(vec![
+            ("seq".into(), Value::Long(seq as i64)),
+            ("user".into(), Value::String(format!("user-{}", seq % 97))),
+            ("ts".into(), Value::Long(ts(seq, step_ms))),
+        ]);
         let payload = registry.serialize_with_id(id, value).await.unwrap();
         let record = ProducerRecord::new(topic, payload).partition((seq % partitions) as i32).timestamp(ts(seq, step_ms));
         pending.push(producer.send(record).await.unwrap());
@@ -104,7 +115,14 @@ async fn produce_clicks(c: &Cluster, topic: &str, partitions: u64, seqs: std::op
 
 /// Produces raw records `raw-<seq>` with a key and a header to partition `seq % partitions`.
 async fn produce_raw(c: &Cluster, topic: &str, partitions: u64, seqs: std::ops::Range<u64>, step_ms: i64) {
-    let producer = Producer::connect(ProducerConfig { client: client(&c.bootstrap), linger: Duration::from_millis(20), batch_size: 256 * 1024, ..ProducerConfig::default() }).await.unwrap();
+    let producer = Producer::connect(ProducerConfig {
+        client: client(&c.bootstrap),
+        linger: Duration::from_millis(20),
+        batch_size: 256 * 1024,
+        ..ProducerConfig::default()
+    })
+    .await
+    .unwrap();
     let mut pending = Vec::new();
     for seq in seqs {
         let record = ProducerRecord::new(topic, format!("raw-{seq}"))
@@ -139,7 +157,8 @@ fn config(c: &Cluster, dest: &Path, topics: &str) -> LoaderConfig {
 }
 
 fn python() -> String {
-    std::env::var("FJORD_TEST_PYTHON").unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../target/venv/bin/python").to_string())
+    std::env::var("FJORD_TEST_PYTHON")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../target/venv/bin/python").to_string())
 }
 
 /// Every data file under `dest`, read by fastavro.
@@ -149,7 +168,9 @@ fn read_back_with_fastavro(dest: &Path) -> Vec<Json> {
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/read_back.py"))
         .arg(dest)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {py} (set FJORD_TEST_PYTHON to a python with fastavro; `cargo xtask test` makes target/venv): {e}"));
+        .unwrap_or_else(|e| {
+            panic!("cannot run {py} (set FJORD_TEST_PYTHON to a python with fastavro; `cargo xtask test` makes target/venv): {e}")
+        });
     assert!(output.status.success(), "read_back.py failed: {}", String::from_utf8_lossy(&output.stderr));
     let doc: Json = serde_json::from_slice(&output.stdout).unwrap();
     doc["files"].as_array().unwrap().clone()
@@ -176,7 +197,12 @@ fn read_back_with_apache_avro(dest: &Path) -> Vec<Json> {
         let bytes = std::fs::read(&path).unwrap();
         let reader = apache_avro::Reader::new(&bytes[..]).unwrap();
         let envelope = matches!(reader.writer_schema(), apache_avro::Schema::Record(r) if r.name.fullname(None) == "io.fjord.loader.FjordRecord");
-        let meta: serde_json::Map<String, Json> = reader.user_metadata().iter().filter(|(k, _)| k.starts_with("fjord.")).map(|(k, v)| (k.clone(), Json::String(String::from_utf8_lossy(v).into_owned()))).collect();
+        let meta: serde_json::Map<String, Json> = reader
+            .user_metadata()
+            .iter()
+            .filter(|(k, _)| k.starts_with("fjord."))
+            .map(|(k, v)| (k.clone(), Json::String(String::from_utf8_lossy(v).into_owned())))
+            .collect();
         let mut records = Vec::new();
         for v in reader {
             let Value::Record(fields) = v.unwrap() else { panic!("not a record") };
@@ -227,7 +253,8 @@ fn check_topic(files: &[Json], e: &Expect<'_>) -> usize {
         let path = f["path"].as_str().unwrap();
         let Some(rest) = path.strip_prefix(&format!("{}/hourly/", e.topic)) else { continue };
         let (hour, name) = rest.rsplit_once('/').unwrap();
-        let (topic, partition, first, last) = layout::parse_data_file_name(name).unwrap_or_else(|| panic!("bad file name {path}"));
+        let (topic, partition, first, last) =
+            layout::parse_data_file_name(name).unwrap_or_else(|| panic!("bad file name {path}"));
         assert_eq!(topic, e.topic);
         assert_eq!(f["meta"]["fjord.partition"].as_str(), Some(partition.to_string().as_str()), "{path}");
         let records = f["records"].as_array().unwrap();
@@ -287,7 +314,10 @@ async fn loads_100k_records_of_two_topics_exactly_once_then_only_new_records() {
     assert_eq!((summary.records, summary.bad_records, summary.committed_seq), (100_000, 0, Some(1)));
     let files = read_back_with_fastavro(dest.path());
     assert!(files.iter().all(|f| f["codec"] == "deflate"));
-    assert_eq!(check_topic(&files, &Expect { topic: "clicks", partitions: 3, seqs: 0..50_000, step_ms: step, avro: true }), 50_000);
+    assert_eq!(
+        check_topic(&files, &Expect { topic: "clicks", partitions: 3, seqs: 0..50_000, step_ms: step, avro: true }),
+        50_000
+    );
     assert_eq!(check_topic(&files, &Expect { topic: "raw", partitions: 2, seqs: 0..50_000, step_ms: step, avro: false }), 50_000);
     // One file per partition and hour: 5 hours (the last one partly) per partition.
     let hours: BTreeSet<String> = (0..50_000u64).map(|s| layout::hour_path(ts(s, step))).collect();
@@ -333,7 +363,13 @@ async fn loads_100k_records_of_two_topics_exactly_once_then_only_new_records() {
     assert_eq!(state.counts["clicks"].values().sum::<u64>(), 53_000);
     let errors: Vec<Json> = std::fs::read_dir(dest.path().join("_fjord/errors/nightly/clicks"))
         .unwrap()
-        .flat_map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect::<Vec<Json>>())
+        .flat_map(|e| {
+            std::fs::read_to_string(e.unwrap().path())
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<Json>>()
+        })
         .collect();
     assert_eq!(errors.len(), 2);
     let reasons: Vec<&str> = errors.iter().map(|e| e["reason"].as_str().unwrap()).collect();
@@ -372,7 +408,10 @@ async fn killed_at_any_step_then_rerun_gives_every_record_exactly_once() {
     // 1,500 records each over ~4 hours, so a run writes many files (several moves).
     let step = 10_000;
     tokio::join!(produce_clicks(&c, "clicks", 3, 0..1_500, step), produce_raw(&c, "raw", 2, 0..1_500, step));
-    let seed = std::env::var("FJORD_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
+    let seed = std::env::var("FJORD_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
     eprintln!("crash scenario seed {seed} (FJORD_TEST_SEED to replay)");
     let mut rng = Lcg(seed);
 
@@ -405,7 +444,13 @@ async fn killed_at_any_step_then_rerun_gives_every_record_exactly_once() {
                         let at = 1 + rng.below(3);
                         crash_at(|s| matches!(s, Step::ManifestWritten | Step::Moved { recovery: true, .. }), at)
                     } else {
-                        let at = if matches!(name, &"while reading") { 1 + rng.below(cap) } else if matches!(name, &"between moves") { 1 + rng.below(6) } else { 1 };
+                        let at = if matches!(name, &"while reading") {
+                            1 + rng.below(cap)
+                        } else if matches!(name, &"between moves") {
+                            1 + rng.below(6)
+                        } else {
+                            1
+                        };
                         crash_at(*pick, at)
                     });
                 }
@@ -460,7 +505,12 @@ async fn silent_namenode_fails_after_the_call_timeout() {
             open.push(socket);
         }
     });
-    let cfg = LoaderConfig { bootstrap: "127.0.0.1:1".into(), dest: format!("hdfs://{addr}/data"), hdfs_timeout: Duration::from_secs(2), ..LoaderConfig::default() };
+    let cfg = LoaderConfig {
+        bootstrap: "127.0.0.1:1".into(),
+        dest: format!("hdfs://{addr}/data"),
+        hdfs_timeout: Duration::from_secs(2),
+        ..LoaderConfig::default()
+    };
     let t = Instant::now();
     let err = run_once(&cfg, &()).await.unwrap_err();
     let took = t.elapsed();
@@ -504,13 +554,21 @@ async fn partitions_that_finish_at_different_times_lose_nothing() {
     // this smaller test does not reproduce reliably.)
     let c = start().await;
     create_topics(&c, &[("uneven", 4)]).await;
-    let producer = Producer::connect(ProducerConfig { client: client(&c.bootstrap), linger: Duration::from_millis(20), batch_size: 512 * 1024, ..ProducerConfig::default() }).await.unwrap();
+    let producer = Producer::connect(ProducerConfig {
+        client: client(&c.bootstrap),
+        linger: Duration::from_millis(20),
+        batch_size: 512 * 1024,
+        ..ProducerConfig::default()
+    })
+    .await
+    .unwrap();
     let mut pending = Vec::new();
     let mut seq = 0u64;
     for p in 0..4u64 {
         for _ in 0..(p + 1) * 2_000 {
             let value = format!("raw-{seq}-{}", "x".repeat(490));
-            pending.push(producer.send(ProducerRecord::new("uneven", value).partition(p as i32).timestamp(BASE_TS)).await.unwrap());
+            pending
+                .push(producer.send(ProducerRecord::new("uneven", value).partition(p as i32).timestamp(BASE_TS)).await.unwrap());
             seq += 1;
         }
     }

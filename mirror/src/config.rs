@@ -126,14 +126,20 @@ impl MirrorConfig {
         if self.group.is_empty() {
             return bad("the group name is empty".into());
         }
-        for (name, d) in [("commit interval", self.commit_interval), ("topic refresh", self.topic_refresh), ("lag interval", self.lag_interval)] {
+        for (name, d) in [
+            ("commit interval", self.commit_interval),
+            ("topic refresh", self.topic_refresh),
+            ("lag interval", self.lag_interval),
+        ] {
             if d.is_zero() {
                 return bad(format!("the {name} must be above zero"));
             }
         }
         if let Some(template) = &self.rename {
             if !template.contains("{topic}") {
-                return bad(format!("rename template {template:?} lacks {{topic}}: every source topic would land in one target topic"));
+                return bad(format!(
+                    "rename template {template:?} lacks {{topic}}: every source topic would land in one target topic"
+                ));
             }
             let rest = template.replace("{alias}", "").replace("{topic}", "");
             if rest.contains('{') || rest.contains('}') {
@@ -175,7 +181,8 @@ fn check_bootstrap(bootstrap: &str, what: &str) -> Result<()> {
     if servers.is_empty() {
         return Err(Error::InvalidConfig(format!("{what}: no HOST:PORT given")));
     }
-    if let Some(bad) = servers.iter().find(|s| s.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())) {
+    if let Some(bad) = servers.iter().find(|s| s.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()))
+    {
         return Err(Error::InvalidConfig(format!("{what}: {bad:?} is not HOST:PORT")));
     }
     Ok(())
@@ -201,7 +208,10 @@ mod tests {
 
     fn config() -> MirrorConfig {
         MirrorConfig::new(
-            vec![SourceConfig::parse("dc1=127.0.0.1:9092").unwrap(), SourceConfig::parse("dc2=127.0.0.1:9093,127.0.0.1:9094").unwrap()],
+            vec![
+                SourceConfig::parse("dc1=127.0.0.1:9092").unwrap(),
+                SourceConfig::parse("dc2=127.0.0.1:9093,127.0.0.1:9094").unwrap(),
+            ],
             "127.0.0.1:9095",
             "events|clicks-.*",
         )
@@ -224,7 +234,11 @@ mod tests {
         let mut c = config();
         c.topics = "events(".into();
         assert!(matches!(c.validate(), Err(Error::InvalidRegex { .. })), "{:?}", c.validate());
-        for (rename, needle) in [("{alias}", "lacks {topic}"), ("{dc}.{topic}", "only {alias} and {topic}"), ("{alias}/{topic}", "illegal topic name")] {
+        for (rename, needle) in [
+            ("{alias}", "lacks {topic}"),
+            ("{dc}.{topic}", "only {alias} and {topic}"),
+            ("{alias}/{topic}", "illegal topic name"),
+        ] {
             let mut c = config();
             c.rename = Some(rename.into());
             let e = c.validate().unwrap_err().to_string();

@@ -69,14 +69,20 @@ pub async fn run(config: MirrorConfig, metrics: Option<TcpListener>, shutdown: C
     tracing::info!(?config, "starting the mirror");
     let stats = Arc::new(stats::Stats::new(&config.sources));
     let target_client = ClientConfig::new(&config.target);
-    let target = Target::connect(target_client.clone()).await.map_err(|error| Error::TargetUnreachable { target: config.target.clone(), error })?;
+    let target = Target::connect(target_client.clone())
+        .await
+        .map_err(|error| Error::TargetUnreachable { target: config.target.clone(), error })?;
     // Cancelled at shutdown or when a source fails for good: everything stops.
     let stop = shutdown.child_token();
     let http = metrics.map(|listener| tokio::spawn(http::serve(listener, stats.clone(), stop.clone())));
     let (audit, publisher) = match &config.audit {
         Some(a) => {
             let host = config.host.clone().unwrap_or_else(host_name);
-            let counter = Arc::new(AuditCounter::new(AUDIT_TIER, host, a.cluster.clone()).with_window(a.window).map_err(|e| Error::InvalidConfig(e.to_string()))?);
+            let counter = Arc::new(
+                AuditCounter::new(AUDIT_TIER, host, a.cluster.clone())
+                    .with_window(a.window)
+                    .map_err(|e| Error::InvalidConfig(e.to_string()))?,
+            );
             // Its own token: the last counts are published after the sources stopped.
             let done = CancellationToken::new();
             let handle = counter.clone().spawn_publisher(target_client.clone(), a.interval, done.clone());

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use fjord_audit::{AuditCounter, PendingCounts, AUDIT_TOPIC};
 use fjord_client::{
-    Acks, Admin, ClientConfig, ConsumerRecord, DeliveryFuture, GroupAdmin, GroupConfig, GroupConsumer, NewTopic, OffsetReset, OffsetSpec, Producer,
-    ProducerConfig, ProducerRecord, Rebalance, ResponseError, TopicMetadata, TopicPartition,
+    Acks, Admin, ClientConfig, ConsumerRecord, DeliveryFuture, GroupAdmin, GroupConfig, GroupConsumer, NewTopic, OffsetReset,
+    OffsetSpec, Producer, ProducerConfig, ProducerRecord, Rebalance, ResponseError, TopicMetadata, TopicPartition,
 };
 use regex::Regex;
 use tokio_util::sync::CancellationToken;
@@ -77,7 +77,9 @@ impl Target {
                         self.wait_for_leaders(name).await?;
                         partitions
                     }
-                    Err(e) if e.code() == Some(ResponseError::TopicAlreadyExists) => self.admin.describe_topic(name).await?.partitions.len() as i32,
+                    Err(e) if e.code() == Some(ResponseError::TopicAlreadyExists) => {
+                        self.admin.describe_topic(name).await?.partitions.len() as i32
+                    }
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -96,7 +98,9 @@ impl Target {
         loop {
             match self.admin.describe_topic(name).await {
                 Ok(t) if t.partitions.iter().all(|p| p.leader >= 0) => return Ok(()),
-                Ok(_) | Err(fjord_client::Error::UnknownTopic(_) | fjord_client::Error::LeaderNotAvailable(_)) if Instant::now() < deadline => {
+                Ok(_) | Err(fjord_client::Error::UnknownTopic(_) | fjord_client::Error::LeaderNotAvailable(_))
+                    if Instant::now() < deadline =>
+                {
                     tokio::time::sleep(self.client.retry_backoff).await;
                 }
                 Ok(_) => return Err(fjord_client::Error::LeaderNotAvailable(name.to_string()).into()),
@@ -184,7 +188,11 @@ struct Session<'a> {
 
 impl<'a> Session<'a> {
     async fn run(shared: &'a Shared, source: &'a SourceConfig, shutdown: &CancellationToken) -> Result<()> {
-        let source_client = ClientConfig { client_id: "fjord-mirror".into(), connect_timeout: Duration::from_secs(5), ..ClientConfig::new(&source.bootstrap) };
+        let source_client = ClientConfig {
+            client_id: "fjord-mirror".into(),
+            connect_timeout: Duration::from_secs(5),
+            ..ClientConfig::new(&source.bootstrap)
+        };
         let admin = Admin::connect(source_client.clone()).await?;
         let groups = GroupAdmin::connect(source_client.clone()).await?;
         let producer = Producer::connect(ProducerConfig {
@@ -216,7 +224,12 @@ impl<'a> Session<'a> {
             rebalances: Arc::default(),
             last_commit: Instant::now(),
         };
-        let lag = tokio::spawn(lag_loop(shared.stats.clone(), source.alias.clone(), session.source_client.clone(), shared.config.lag_interval));
+        let lag = tokio::spawn(lag_loop(
+            shared.stats.clone(),
+            source.alias.clone(),
+            session.source_client.clone(),
+            shared.config.lag_interval,
+        ));
         let result = session.mirror(shutdown).await;
         lag.abort();
         result
@@ -236,8 +249,12 @@ impl<'a> Session<'a> {
             // then leave the group so the partitions move at once.
             match tokio::time::timeout(CLOSE_TIMEOUT, self.finish(consumer, result.is_ok())).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(source = %self.alias, error = %e, "the last flush and commit failed; the records since the previous commit will be copied again"),
-                Err(_) => tracing::warn!(source = %self.alias, "the last flush and commit did not finish within {CLOSE_TIMEOUT:?}; the records since the previous commit will be copied again"),
+                Ok(Err(e)) => {
+                    tracing::warn!(source = %self.alias, error = %e, "the last flush and commit failed; the records since the previous commit will be copied again")
+                }
+                Err(_) => {
+                    tracing::warn!(source = %self.alias, "the last flush and commit did not finish within {CLOSE_TIMEOUT:?}; the records since the previous commit will be copied again")
+                }
             }
             self.next.clear();
             self.acked.clear();
@@ -283,7 +300,12 @@ impl<'a> Session<'a> {
     }
 
     /// Copies until shutdown (`None`) or until the matching topics change (`Some(new set)`).
-    async fn copy(&mut self, consumer: &mut GroupConsumer, topics: &BTreeSet<String>, shutdown: &CancellationToken) -> Result<Option<BTreeSet<String>>> {
+    async fn copy(
+        &mut self,
+        consumer: &mut GroupConsumer,
+        topics: &BTreeSet<String>,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<BTreeSet<String>>> {
         let mut last_discovery = Instant::now();
         loop {
             if shutdown.is_cancelled() {
@@ -341,8 +363,14 @@ impl<'a> Session<'a> {
         let audit_feed = self.shared.audit.is_some() && t.name == AUDIT_TOPIC;
         let target = if audit_feed { AUDIT_TOPIC.to_string() } else { self.shared.config.target_topic(self.alias, &t.name) };
         let source_partitions = t.partitions.len() as i32;
-        let configs: BTreeMap<String, String> =
-            self.admin.describe_configs(&t.name).await?.into_iter().filter(|c| !c.is_default).filter_map(|c| c.value.map(|v| (c.name, v))).collect();
+        let configs: BTreeMap<String, String> = self
+            .admin
+            .describe_configs(&t.name)
+            .await?
+            .into_iter()
+            .filter(|c| !c.is_default)
+            .filter_map(|c| c.value.map(|v| (c.name, v)))
+            .collect();
         let target_partitions = self.shared.target.ensure(&target, source_partitions, configs).await?;
         // Audit records need no order: `_audit` of any size takes them by key.
         if target_partitions < source_partitions && !self.shared.config.repartition_by_key && !audit_feed {
@@ -375,7 +403,8 @@ impl<'a> Session<'a> {
                         continue;
                     }
                     let committed = self.groups.committed_offsets(&self.shared.config.group).await?;
-                    let specs: Vec<(String, i32, OffsetSpec)> = partitions.iter().map(|tp| (tp.topic.clone(), tp.partition, OffsetSpec::Earliest)).collect();
+                    let specs: Vec<(String, i32, OffsetSpec)> =
+                        partitions.iter().map(|tp| (tp.topic.clone(), tp.partition, OffsetSpec::Earliest)).collect();
                     let starts = self.admin.list_offsets(&specs).await?;
                     for (tp, log_start) in partitions.into_iter().zip(starts) {
                         let target = self.routes.get(&tp.topic).map_or_else(String::new, |r| r.target.clone());
@@ -423,9 +452,17 @@ impl<'a> Session<'a> {
         if !headers.iter().any(|(k, _)| k == ORIGIN_HEADER) {
             headers.push((ORIGIN_HEADER.to_string(), Some(Bytes::copy_from_slice(self.alias.as_bytes()))));
         }
-        let record = ProducerRecord { topic: route.target.clone(), partition: Some(partition), key: r.key, value: r.value, headers, timestamp: Some(r.timestamp) };
+        let record = ProducerRecord {
+            topic: route.target.clone(),
+            partition: Some(partition),
+            key: r.key,
+            value: r.value,
+            headers,
+            timestamp: Some(r.timestamp),
+        };
         let target = route.target.clone();
-        let delivery = self.producer.send(record).await.map_err(|error| Error::NotAcknowledged { topic: target.clone(), error })?;
+        let delivery =
+            self.producer.send(record).await.map_err(|error| Error::NotAcknowledged { topic: target.clone(), error })?;
         self.sent.push((target, delivery));
         self.sent_next.insert(tp, r.offset + 1);
         *self.sent_counts.entry(r.topic.to_string()).or_default() += 1;
@@ -534,7 +571,8 @@ async fn lag_loop(stats: Arc<Stats>, alias: String, client: ClientConfig, interv
                 }
             }
         }
-        let specs: Vec<(String, i32, OffsetSpec)> = owned.iter().map(|tp| (tp.topic.clone(), tp.partition, OffsetSpec::Latest)).collect();
+        let specs: Vec<(String, i32, OffsetSpec)> =
+            owned.iter().map(|tp| (tp.topic.clone(), tp.partition, OffsetSpec::Latest)).collect();
         match admin.as_ref().expect("connected above").list_offsets(&specs).await {
             Ok(ends) => {
                 let ends: Vec<(TopicPartition, i64)> = owned.into_iter().zip(ends).collect();

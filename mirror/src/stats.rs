@@ -121,7 +121,10 @@ impl Stats {
                 (s.alias.clone(), entry)
             })
             .collect();
-        Self { order: sources.iter().map(|s| s.alias.clone()).collect(), inner: Mutex::new(Inner { sources: entries, gaps: Vec::new() }) }
+        Self {
+            order: sources.iter().map(|s| s.alias.clone()).collect(),
+            inner: Mutex::new(Inner { sources: entries, gaps: Vec::new() }),
+        }
     }
 
     fn with<R>(&self, alias: &str, f: impl FnOnce(&mut SourceEntry) -> R) -> Option<R> {
@@ -235,27 +238,83 @@ impl Stats {
         let status = self.status();
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = String::new();
-        metric(&mut out, "fjord_mirror_source_up", "gauge", "1 while the source is reachable and mirrored, 0 while it is retried.", status.sources.iter().map(|s| (format!("source=\"{}\"", esc(&s.alias)), i64::from(s.state == SourceState::Up))));
-        metric(&mut out, "fjord_mirror_source_failures_total", "counter", "Failed attempts to reach or read the source.", status.sources.iter().map(|s| (format!("source=\"{}\"", esc(&s.alias)), s.failures as i64)));
-        metric(&mut out, "fjord_mirror_commits_total", "counter", "Offset commits in the source group (each after the target acknowledged).", status.sources.iter().map(|s| (format!("source=\"{}\"", esc(&s.alias)), s.commits as i64)));
-        let records = inner.sources.iter().flat_map(|(alias, s)| s.records.iter().map(move |(t, n)| (format!("source=\"{}\",topic=\"{}\"", esc(alias), esc(t)), *n as i64)));
+        metric(
+            &mut out,
+            "fjord_mirror_source_up",
+            "gauge",
+            "1 while the source is reachable and mirrored, 0 while it is retried.",
+            status.sources.iter().map(|s| (format!("source=\"{}\"", esc(&s.alias)), i64::from(s.state == SourceState::Up))),
+        );
+        metric(
+            &mut out,
+            "fjord_mirror_source_failures_total",
+            "counter",
+            "Failed attempts to reach or read the source.",
+            status.sources.iter().map(|s| (format!("source=\"{}\"", esc(&s.alias)), s.failures as i64)),
+        );
+        metric(
+            &mut out,
+            "fjord_mirror_commits_total",
+            "counter",
+            "Offset commits in the source group (each after the target acknowledged).",
+            status.sources.iter().map(|s| (format!("source=\"{}\"", esc(&s.alias)), s.commits as i64)),
+        );
+        let records = inner.sources.iter().flat_map(|(alias, s)| {
+            s.records.iter().map(move |(t, n)| (format!("source=\"{}\",topic=\"{}\"", esc(alias), esc(t)), *n as i64))
+        });
         metric(&mut out, "fjord_mirror_records_total", "counter", "Records copied and acknowledged by the target.", records);
         let partitions: Vec<(String, &PartitionStatus)> = status
             .sources
             .iter()
-            .flat_map(|s| s.partitions.iter().map(move |p| (format!("source=\"{}\",topic=\"{}\",partition=\"{}\"", esc(&s.alias), esc(&p.topic), p.partition), p)))
+            .flat_map(|s| {
+                s.partitions.iter().map(move |p| {
+                    (format!("source=\"{}\",topic=\"{}\",partition=\"{}\"", esc(&s.alias), esc(&p.topic), p.partition), p)
+                })
+            })
             .collect();
-        metric(&mut out, "fjord_mirror_lag", "gauge", "Source log end offset minus the mirrored position, per source partition.", partitions.iter().filter_map(|(l, p)| p.lag.map(|lag| (l.clone(), lag))));
-        metric(&mut out, "fjord_mirror_position", "gauge", "Next source offset to copy (everything before it is in the target).", partitions.iter().filter(|(_, p)| p.mirrored >= 0).map(|(l, p)| (l.clone(), p.mirrored)));
-        metric(&mut out, "fjord_mirror_source_log_end_offset", "gauge", "Source log end offset at the last lag refresh.", partitions.iter().filter(|(_, p)| p.log_end >= 0).map(|(l, p)| (l.clone(), p.log_end)));
+        metric(
+            &mut out,
+            "fjord_mirror_lag",
+            "gauge",
+            "Source log end offset minus the mirrored position, per source partition.",
+            partitions.iter().filter_map(|(l, p)| p.lag.map(|lag| (l.clone(), lag))),
+        );
+        metric(
+            &mut out,
+            "fjord_mirror_position",
+            "gauge",
+            "Next source offset to copy (everything before it is in the target).",
+            partitions.iter().filter(|(_, p)| p.mirrored >= 0).map(|(l, p)| (l.clone(), p.mirrored)),
+        );
+        metric(
+            &mut out,
+            "fjord_mirror_source_log_end_offset",
+            "gauge",
+            "Source log end offset at the last lag refresh.",
+            partitions.iter().filter(|(_, p)| p.log_end >= 0).map(|(l, p)| (l.clone(), p.log_end)),
+        );
         let mut gaps: BTreeMap<String, (i64, i64)> = BTreeMap::new();
         for g in &status.gaps {
-            let e = gaps.entry(format!("source=\"{}\",topic=\"{}\",partition=\"{}\"", esc(&g.source), esc(&g.topic), g.partition)).or_default();
+            let e = gaps
+                .entry(format!("source=\"{}\",topic=\"{}\",partition=\"{}\"", esc(&g.source), esc(&g.topic), g.partition))
+                .or_default();
             e.0 += 1;
             e.1 += g.records;
         }
-        metric(&mut out, "fjord_mirror_gaps_total", "counter", "Ranges of source offsets deleted by retention before they were mirrored.", gaps.iter().map(|(l, (n, _))| (l.clone(), *n)));
-        metric(&mut out, "fjord_mirror_gap_records_total", "counter", "Records lost to retention before they were mirrored.", gaps.iter().map(|(l, (_, n))| (l.clone(), *n)));
+        metric(
+            &mut out,
+            "fjord_mirror_gaps_total",
+            "counter",
+            "Ranges of source offsets deleted by retention before they were mirrored.",
+            gaps.iter().map(|(l, (n, _))| (l.clone(), *n)),
+        );
+        metric(
+            &mut out,
+            "fjord_mirror_gap_records_total",
+            "counter",
+            "Records lost to retention before they were mirrored.",
+            gaps.iter().map(|(l, (_, n))| (l.clone(), *n)),
+        );
         out
     }
 }

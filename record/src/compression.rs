@@ -86,7 +86,8 @@ pub fn decompress(codec: Compression, input: &[u8], max_size: usize) -> Result<V
                     let Some((len, tail)) = rest.split_first_chunk::<4>() else {
                         return Err(fail("truncated xerial block length".into()));
                     };
-                    let len = usize::try_from(i32::from_be_bytes(*len)).map_err(|_| fail("negative xerial block length".into()))?;
+                    let len =
+                        usize::try_from(i32::from_be_bytes(*len)).map_err(|_| fail("negative xerial block length".into()))?;
                     let block = tail.get(..len).ok_or_else(|| fail("xerial block runs past the input".into()))?;
                     snappy_raw(block, max_size, &mut out).map_err(fail)?;
                     rest = &tail[len..];
@@ -214,7 +215,12 @@ mod tests {
             for i in 0..100u32 {
                 let key = (i % 3 != 0).then(|| i.to_be_bytes());
                 let value = (i % 7 != 0).then(|| format!("value-{i}").repeat(5));
-                b.append(1_000 + i as i64, key.as_ref().map(|k| &k[..]), value.as_deref().map(str::as_bytes), &[("h", Some(b"v")), ("n", None)]);
+                b.append(
+                    1_000 + i as i64,
+                    key.as_ref().map(|k| &k[..]),
+                    value.as_deref().map(str::as_bytes),
+                    &[("h", Some(b"v")), ("n", None)],
+                );
             }
             let bytes = b.build_compressed(codec).unwrap();
             let header = BatchHeader::parse(&bytes).unwrap();

@@ -48,8 +48,7 @@ mod tests {
 
     #[test]
     fn known_encodings() {
-        let cases: [(i64, &[u8]); 5] =
-            [(0, &[0]), (-1, &[1]), (1, &[2]), (63, &[126]), (-65, &[0x81, 0x01])];
+        let cases: [(i64, &[u8]); 5] = [(0, &[0]), (-1, &[1]), (1, &[2]), (63, &[126]), (-65, &[0x81, 0x01])];
         for (value, bytes) in cases {
             let mut buf = Vec::new();
             put_varlong(&mut buf, value);

@@ -71,7 +71,11 @@ impl Default for RegistryConfig {
     fn default() -> Self {
         // Avro schemas are small; a few MiB leaves room for very large generated ones while
         // bounding what one request can make the server buffer.
-        Self { max_body_bytes: 4 * 1024 * 1024, max_concurrent_requests: 256, default_compatibility: CompatibilityLevel::Backward }
+        Self {
+            max_body_bytes: 4 * 1024 * 1024,
+            max_concurrent_requests: 256,
+            default_compatibility: CompatibilityLevel::Backward,
+        }
     }
 }
 
@@ -343,7 +347,11 @@ async fn get_version(State(s): State<AppState>, Params((subject, version)): Para
     Ok(reply(StatusCode::OK, &version_doc(&v)))
 }
 
-async fn get_version_schema(State(s): State<AppState>, Params((subject, version)): Params<(String, String)>, flags: Flags) -> ApiResult {
+async fn get_version_schema(
+    State(s): State<AppState>,
+    Params((subject, version)): Params<(String, String)>,
+    flags: Flags,
+) -> ApiResult {
     let v = s.version(&subject, VersionSpec::parse(&version)?, flag(&flags, "deleted")).await?;
     Ok(raw_reply(StatusCode::OK, v.schema.text.clone().into_bytes()))
 }
@@ -354,7 +362,11 @@ async fn get_referenced_by(State(s): State<AppState>, Params((subject, version))
     Ok(reply(StatusCode::OK, &Vec::<i32>::new()))
 }
 
-async fn register_schema(State(s): State<AppState>, Params(subject): Params<String>, JsonBody(req): JsonBody<SchemaRequest>) -> ApiResult {
+async fn register_schema(
+    State(s): State<AppState>,
+    Params(subject): Params<String>,
+    JsonBody(req): JsonBody<SchemaRequest>,
+) -> ApiResult {
     let id = s.register(&subject, &req.parse()?).await?;
     Ok(reply(StatusCode::OK, &json!({ "id": id })))
 }
@@ -373,7 +385,11 @@ async fn delete_subject(State(s): State<AppState>, Params(subject): Params<Strin
     Ok(reply(StatusCode::OK, &s.delete_subject(&subject, flag(&flags, "permanent")).await?))
 }
 
-async fn delete_version(State(s): State<AppState>, Params((subject, version)): Params<(String, String)>, flags: Flags) -> ApiResult {
+async fn delete_version(
+    State(s): State<AppState>,
+    Params((subject, version)): Params<(String, String)>,
+    flags: Flags,
+) -> ApiResult {
     let v = s.delete_version(&subject, VersionSpec::parse(&version)?, flag(&flags, "permanent")).await?;
     Ok(reply(StatusCode::OK, &v))
 }
@@ -390,12 +406,14 @@ async fn get_raw_schema_by_id(State(s): State<AppState>, Params(id): Params<Stri
 
 async fn get_versions_of_id(State(s): State<AppState>, Params(id): Params<String>) -> ApiResult {
     let pairs = s.subject_versions_of_id(parse_id(&id)?).await?;
-    let docs: Vec<Value> = pairs.into_iter().map(|(subject, version)| json!({ "subject": subject, "version": version })).collect();
+    let docs: Vec<Value> =
+        pairs.into_iter().map(|(subject, version)| json!({ "subject": subject, "version": version })).collect();
     Ok(reply(StatusCode::OK, &docs))
 }
 
 async fn get_subjects_of_id(State(s): State<AppState>, Params(id): Params<String>) -> ApiResult {
-    let mut subjects: Vec<String> = s.subject_versions_of_id(parse_id(&id)?).await?.into_iter().map(|(subject, _)| subject).collect();
+    let mut subjects: Vec<String> =
+        s.subject_versions_of_id(parse_id(&id)?).await?.into_iter().map(|(subject, _)| subject).collect();
     subjects.dedup();
     Ok(reply(StatusCode::OK, &subjects))
 }
@@ -426,7 +444,11 @@ async fn get_subject_config(State(s): State<AppState>, Params(subject): Params<S
     Ok(reply(StatusCode::OK, &json!({ "compatibilityLevel": level })))
 }
 
-async fn put_subject_config(State(s): State<AppState>, Params(subject): Params<String>, JsonBody(req): JsonBody<ConfigRequest>) -> ApiResult {
+async fn put_subject_config(
+    State(s): State<AppState>,
+    Params(subject): Params<String>,
+    JsonBody(req): JsonBody<ConfigRequest>,
+) -> ApiResult {
     let level = req.level()?;
     s.set_subject_level(&subject, level).await?;
     Ok(reply(StatusCode::OK, &json!({ "compatibility": level })))
@@ -457,7 +479,12 @@ async fn check_version(
     Ok(reply(StatusCode::OK, &compatibility_doc(messages, flag(&flags, "verbose"))))
 }
 
-async fn check_all(State(s): State<AppState>, Params(subject): Params<String>, flags: Flags, JsonBody(req): JsonBody<SchemaRequest>) -> ApiResult {
+async fn check_all(
+    State(s): State<AppState>,
+    Params(subject): Params<String>,
+    flags: Flags,
+    JsonBody(req): JsonBody<SchemaRequest>,
+) -> ApiResult {
     let messages = s.check_compatibility(&subject, &req.parse()?, None).await?;
     Ok(reply(StatusCode::OK, &compatibility_doc(messages, flag(&flags, "verbose"))))
 }

@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use apache_avro::types::Value;
 use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
 use serde::Deserialize;
@@ -156,7 +156,12 @@ impl RegistryClient {
     }
 
     /// One request; a non-2xx answer becomes [`Error::Registry`] with Confluent's code.
-    async fn call<T: for<'de> Deserialize<'de>>(&self, method: reqwest::Method, path: &str, body: Option<serde_json::Value>) -> Result<T> {
+    async fn call<T: for<'de> Deserialize<'de>>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<T> {
         let url = format!("{}{path}", self.base);
         let http_err = |source| Error::Http { url: url.clone(), source };
         let mut request = self.http.request(method, &url).header(reqwest::header::ACCEPT, crate::api::CONTENT_TYPE);

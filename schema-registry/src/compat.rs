@@ -322,16 +322,28 @@ impl<'a> Checker<'a> {
             (Shape::Map(wv), Shape::Map(rv)) => with_segment(path, "/values", |p| self.check(wv, rv, p)),
             (Shape::Fixed(wf), Shape::Fixed(rf)) => {
                 if !names_match(&wf.name, &rf.name, rf.aliases.as_ref()) {
-                    fail("NAME_MISMATCH", format!("writer fixed {} vs reader fixed {}", wf.name.fullname(None), rf.name.fullname(None)), path)
+                    fail(
+                        "NAME_MISMATCH",
+                        format!("writer fixed {} vs reader fixed {}", wf.name.fullname(None), rf.name.fullname(None)),
+                        path,
+                    )
                 } else if wf.size != rf.size {
-                    fail("FIXED_SIZE_MISMATCH", format!("fixed {}: writer size {} vs reader size {}", rf.name.fullname(None), wf.size, rf.size), path)
+                    fail(
+                        "FIXED_SIZE_MISMATCH",
+                        format!("fixed {}: writer size {} vs reader size {}", rf.name.fullname(None), wf.size, rf.size),
+                        path,
+                    )
                 } else {
                     Ok(())
                 }
             }
             (Shape::Enum(we), Shape::Enum(re)) => {
                 if !names_match(&we.name, &re.name, re.aliases.as_ref()) {
-                    return fail("NAME_MISMATCH", format!("writer enum {} vs reader enum {}", we.name.fullname(None), re.name.fullname(None)), path);
+                    return fail(
+                        "NAME_MISMATCH",
+                        format!("writer enum {} vs reader enum {}", we.name.fullname(None), re.name.fullname(None)),
+                        path,
+                    );
                 }
                 if re.default.is_some() {
                     return Ok(());
@@ -342,13 +354,19 @@ impl<'a> Checker<'a> {
                 } else {
                     fail(
                         "MISSING_ENUM_SYMBOLS",
-                        format!("reader enum {} lacks writer symbols [{}] and has no default", re.name.fullname(None), missing.join(", ")),
+                        format!(
+                            "reader enum {} lacks writer symbols [{}] and has no default",
+                            re.name.fullname(None),
+                            missing.join(", ")
+                        ),
                         path,
                     )
                 }
             }
             (Shape::Record(wr), Shape::Record(rr)) => self.check_record(wr, rr, path),
-            (w, r) => fail("TYPE_MISMATCH", format!("reader type {} cannot read writer type {}", r.type_name(), w.type_name()), path),
+            (w, r) => {
+                fail("TYPE_MISMATCH", format!("reader type {} cannot read writer type {}", r.type_name(), w.type_name()), path)
+            }
         }
     }
 

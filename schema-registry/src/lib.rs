@@ -91,7 +91,9 @@ pub enum Error {
     #[error("Subject '{0}' does not have subject-level compatibility configured")]
     SubjectConfigNotFound(String),
     /// A version that is neither a positive integer nor `latest` (REST 422 / 42202).
-    #[error("The specified version '{0}' is not a valid version id. Allowed values are between [1, 2^31-1] and the string \"latest\"")]
+    #[error(
+        "The specified version '{0}' is not a valid version id. Allowed values are between [1, 2^31-1] and the string \"latest\""
+    )]
     InvalidVersion(String),
     /// An unknown compatibility level name (REST 422 / 42203).
     #[error("Invalid compatibility level. Valid values are none, backward, forward, full, backward_transitive, forward_transitive, and full_transitive: {0}")]

@@ -103,8 +103,10 @@ mod tests {
     #[test]
     fn whitespace_and_key_order_do_not_change_identity() {
         let a = ParsedSchema::parse(r#"{"type":"record","name":"R","fields":[{"name":"a","type":"int"}]}"#).unwrap();
-        let b = ParsedSchema::parse("{ \"fields\" : [ {\"type\":{\"type\":\"int\"}, \"name\":\"a\"} ],\n \"name\":\"R\", \"type\":\"record\" }")
-            .unwrap();
+        let b = ParsedSchema::parse(
+            "{ \"fields\" : [ {\"type\":{\"type\":\"int\"}, \"name\":\"a\"} ],\n \"name\":\"R\", \"type\":\"record\" }",
+        )
+        .unwrap();
         assert_eq!(a.canonical, b.canonical);
         assert_eq!(a.fingerprint(), b.fingerprint());
     }
@@ -145,7 +147,12 @@ mod tests {
 
     #[test]
     fn garbage_is_an_invalid_schema_with_the_parser_message() {
-        for bad in ["", "{", r#"{"type":"nope"}"#, r#"{"type":"record","name":"R"}"#, r#"{"type":"enum","name":"E","symbols":["A","A"]}"#,
+        for bad in [
+            "",
+            "{",
+            r#"{"type":"nope"}"#,
+            r#"{"type":"record","name":"R"}"#,
+            r#"{"type":"enum","name":"E","symbols":["A","A"]}"#,
             r#"{"type":"record","name":"R","fields":[{"name":"a","type":"int","default":"x"}]}"#,
             r#"{"type":"enum","name":"E","symbols":["A"],"default":"Z"}"#,
             r#"{"type":"record","name":"R","fields":[{"name":"a","type":"Nope"}]}"#,

@@ -245,8 +245,13 @@ impl SchemaStore {
 
     /// Version numbers of a subject, ascending ([`Error::SubjectNotFound`] if none).
     pub async fn versions(&self, subject: &str, include_deleted: bool) -> Result<Vec<i32>> {
-        let versions: Vec<i32> =
-            self.version_nodes(subject).await?.into_iter().filter(|n| include_deleted || !n.doc.deleted).map(|n| n.version).collect();
+        let versions: Vec<i32> = self
+            .version_nodes(subject)
+            .await?
+            .into_iter()
+            .filter(|n| include_deleted || !n.doc.deleted)
+            .map(|n| n.version)
+            .collect();
         if versions.is_empty() {
             return Err(Error::SubjectNotFound(subject.into()));
         }
@@ -349,7 +354,12 @@ impl SchemaStore {
     /// `POST /compatibility/subjects/{s}/versions[/{v}]`: messages for each failed rule
     /// (empty = compatible). With a version, checks against that version alone under the
     /// subject's level (non-transitively); without, against what the level prescribes.
-    pub async fn check_compatibility(&self, subject: &str, parsed: &ParsedSchema, spec: Option<VersionSpec>) -> Result<Vec<String>> {
+    pub async fn check_compatibility(
+        &self,
+        subject: &str,
+        parsed: &ParsedSchema,
+        spec: Option<VersionSpec>,
+    ) -> Result<Vec<String>> {
         let level = self.effective_level(subject).await?;
         match spec {
             None => {
@@ -369,7 +379,12 @@ impl SchemaStore {
         }
     }
 
-    async fn check_against(&self, level: CompatibilityLevel, parsed: &ParsedSchema, nodes: &[VersionNode]) -> Result<Vec<String>> {
+    async fn check_against(
+        &self,
+        level: CompatibilityLevel,
+        parsed: &ParsedSchema,
+        nodes: &[VersionNode],
+    ) -> Result<Vec<String>> {
         if level == CompatibilityLevel::None {
             return Ok(Vec::new());
         }
@@ -692,7 +707,8 @@ mod tests {
     fn racing(trigger: &'static str, subject: &str, competing: &str) -> (tempfile::TempDir, Store, SchemaStore) {
         let dir = tempfile::tempdir().unwrap();
         let inner: Store = Arc::new(fjord_coord::EmbeddedStore::open(dir.path()).unwrap());
-        let racing = Arc::new(RaceOnce { inner: inner.clone(), trigger, armed: AtomicBool::new(true), competitor: OnceLock::new() });
+        let racing =
+            Arc::new(RaceOnce { inner: inner.clone(), trigger, armed: AtomicBool::new(true), competitor: OnceLock::new() });
         let competitor = SchemaStore::new(inner.clone(), CompatibilityLevel::Backward);
         racing.competitor.set((competitor, subject.to_string(), ParsedSchema::parse(competing).unwrap())).ok().unwrap();
         (dir, inner, SchemaStore::new(racing, CompatibilityLevel::Backward))

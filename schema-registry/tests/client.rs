@@ -56,10 +56,9 @@ async fn serialize_deserialize_round_trip_with_cache_and_typed_framing_errors() 
     assert!(matches!(client.serialize("clicks-value", &click_schema(), wrong).await, Err(Error::Avro(_))));
 
     // Schema evolution on read: a reader with an extra defaulted field.
-    let reader = Schema::parse_str(&record(
-        r#"{"name":"url","type":"string"},{"name":"country","type":"string","default":"NO"}"#,
-    ))
-    .unwrap();
+    let reader =
+        Schema::parse_str(&record(r#"{"name":"url","type":"string"},{"name":"country","type":"string","default":"NO"}"#))
+            .unwrap();
     let evolved = client.deserialize_as(&payload, &reader).await.unwrap().value;
     assert_eq!(
         evolved,

@@ -111,10 +111,12 @@ async fn confluent_python_client_and_fjord_read_each_others_payloads() {
     let hex: String = fjord_payload.iter().map(|b| format!("{b:02x}")).collect();
     let url = registry.url.clone();
     let python_for_task = python.clone();
-    let output = tokio::task::spawn_blocking(move || Command::new(&python_for_task).arg("-c").arg(SCRIPT).arg(&url).arg(SCHEMA).arg(&hex).output())
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("could not run {}: {e}", python.display()));
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(&python_for_task).arg("-c").arg(SCRIPT).arg(&url).arg(SCHEMA).arg(&hex).output()
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("could not run {}: {e}", python.display()));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "python client failed ({}):\n{stderr}", output.status);
     let line = String::from_utf8_lossy(&output.stdout);

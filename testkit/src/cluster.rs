@@ -107,15 +107,23 @@ impl ClusterBuilder {
         let dir = tempfile::Builder::new().prefix("fjord-cluster-").tempdir()?;
         // One entry per key, the last one set winning (a TOML file may not repeat a key).
         let mut configs: Vec<(String, String)> = Vec::new();
-        for (key, value) in [("zookeeper.session.timeout.ms".to_owned(), SESSION_TIMEOUT_MS.to_owned())].into_iter().chain(self.configs) {
+        for (key, value) in
+            [("zookeeper.session.timeout.ms".to_owned(), SESSION_TIMEOUT_MS.to_owned())].into_iter().chain(self.configs)
+        {
             configs.retain(|(k, _)| *k != key);
             configs.push((key, value));
         }
-        let mut cluster = Cluster { brokers: BTreeMap::new(), store, connect, mode: self.mode, configs, dir, _zookeeper: zookeeper };
+        let mut cluster =
+            Cluster { brokers: BTreeMap::new(), store, connect, mode: self.mode, configs, dir, _zookeeper: zookeeper };
         for id in 0..self.brokers as i32 {
             let data_dir = cluster.dir.path().join(format!("broker-{id}"));
             std::fs::create_dir_all(&data_dir)?;
-            let node = Node { port: free_port()?, log_file: cluster.dir.path().join(format!("broker-{id}.log")), data_dir, running: None };
+            let node = Node {
+                port: free_port()?,
+                log_file: cluster.dir.path().join(format!("broker-{id}.log")),
+                data_dir,
+                running: None,
+            };
             cluster.brokers.insert(id, node);
         }
         // Start them all, then wait for them all: their start-ups overlap.
@@ -231,10 +239,13 @@ impl Cluster {
             Running::Process(mut child) => {
                 signal(&child, Signal::SIGCONT)?; // a paused broker could not act on SIGTERM
                 signal(&child, Signal::SIGTERM)?;
-                let waited = tokio::time::timeout(STOP_TIMEOUT, tokio::task::spawn_blocking(move || {
-                    let status = child.wait();
-                    (child, status)
-                }))
+                let waited = tokio::time::timeout(
+                    STOP_TIMEOUT,
+                    tokio::task::spawn_blocking(move || {
+                        let status = child.wait();
+                        (child, status)
+                    }),
+                )
                 .await;
                 match waited {
                     Ok(joined) => {
@@ -300,10 +311,9 @@ impl Cluster {
     ) -> Result<PartitionState> {
         let described = format!("{topic}-{partition}: {what}");
         let accept = &accept;
-        let waited = wait_until(timeout, &described, || async move {
-            Ok(self.partition_state(topic, partition).await?.filter(accept))
-        })
-        .await;
+        let waited =
+            wait_until(timeout, &described, || async move { Ok(self.partition_state(topic, partition).await?.filter(accept)) })
+                .await;
         match waited {
             Ok(state) => Ok(state),
             Err(e) => Err(e.context(self.describe_states_of(topic).await)),
@@ -330,8 +340,8 @@ impl Cluster {
     /// Waits until every partition of `topic` (per its assignment) has a leader and all
     /// its assigned replicas in sync: the state after a creation, or after a recovery.
     pub async fn wait_fully_replicated(&self, topic: &str, timeout: Duration) -> Result<()> {
-        let assignment = wait_until(timeout, &format!("the assignment of {topic}"), || async { self.assignment(topic).await })
-            .await?;
+        let assignment =
+            wait_until(timeout, &format!("the assignment of {topic}"), || async { self.assignment(topic).await }).await?;
         for (partition, replicas) in &assignment.partitions {
             let partition: i32 = partition.parse().with_context(|| format!("partition {partition:?} of {topic}"))?;
             self.wait_for_isr(topic, partition, replicas, timeout).await?;

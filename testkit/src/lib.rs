@@ -100,7 +100,8 @@ impl ZooKeeper {
 
     fn signal(&self, signal: nix::sys::signal::Signal) -> Result<()> {
         let pid = i32::try_from(self.process.id()).context("pid out of range")?;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).with_context(|| format!("{signal} to ZooKeeper (pid {pid})"))
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+            .with_context(|| format!("{signal} to ZooKeeper (pid {pid})"))
     }
 
     fn wait_until_serving(&mut self, timeout: Duration) -> Result<()> {

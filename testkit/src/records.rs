@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
-use fjord_client::{Admin, ClientConfig, Consumer, ConsumerConfig, OffsetReset, OffsetSpec, Producer, ProducerRecord, TopicPartition};
+use fjord_client::{
+    Admin, ClientConfig, Consumer, ConsumerConfig, OffsetReset, OffsetSpec, Producer, ProducerRecord, TopicPartition,
+};
 use tokio::time::Instant;
 
 /// How long reading a partition back may take.

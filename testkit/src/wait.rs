@@ -55,10 +55,11 @@ mod tests {
         assert_eq!(value, 3);
 
         let started = std::time::Instant::now();
-        let error = wait_until(Duration::from_millis(200), "nothing", || async { Result::<Option<()>>::Err(anyhow::anyhow!("refused")) })
-            .await
-            .unwrap_err()
-            .to_string();
+        let error =
+            wait_until(Duration::from_millis(200), "nothing", || async { Result::<Option<()>>::Err(anyhow::anyhow!("refused")) })
+                .await
+                .unwrap_err()
+                .to_string();
         assert!(started.elapsed() < Duration::from_secs(2));
         assert!(error.contains("waiting for nothing") && error.contains("refused"), "{error}");
     }

@@ -1,5 +1,7 @@
-//! `cargo xtask test`: install what the tests need on a fresh Debian machine, then run
-//! every test of the workspace. `.ci/run` calls exactly this.
+//! `cargo xtask test`: install what the tests need on a fresh Debian machine, check the
+//! formatting, run every test of the workspace, then clippy with warnings as errors.
+//! `.ci/run` calls exactly this. With extra arguments (`cargo xtask test -- NAME`) only
+//! the selected tests run, without the format and lint checks.
 //!
 //! Provisioning is idempotent: each tool is looked for first and installed only when
 //! missing, so a developer machine that already has them pays nothing.
@@ -24,11 +26,9 @@ const APT_PACKAGES: &[(&str, &str)] = &[
 /// Python packages installed into `target/venv`: independent clients for the tests
 /// (librdkafka's Python binding with its schema-registry and Avro serializers,
 /// kafka-python, and gRPC for the gateway).
-const PYTHON_PACKAGES: &[&str] =
-    &["confluent-kafka[avro,schemaregistry]==2.*", "kafka-python>=2.0", "grpcio", "grpcio-tools"];
+const PYTHON_PACKAGES: &[&str] = &["confluent-kafka[avro,schemaregistry]==2.*", "kafka-python>=2.0", "grpcio", "grpcio-tools"];
 /// What the tests import; a venv missing any of them is topped up with pip.
-const PYTHON_IMPORTS: &str =
-    "import confluent_kafka, confluent_kafka.schema_registry.avro, fastavro, kafka, grpc, grpc_tools";
+const PYTHON_IMPORTS: &str = "import confluent_kafka, confluent_kafka.schema_registry.avro, fastavro, kafka, grpc, grpc_tools";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -49,17 +49,32 @@ fn root() -> PathBuf {
 fn test(extra: &[String]) -> Result<()> {
     provision()?;
     let root = root();
+    let whole_run = extra.is_empty();
+    if whole_run {
+        // Seconds, so it goes first: a formatting slip fails before the long test run.
+        run(cargo(&root).args(["fmt", "--all", "--check"])).context("code is not formatted: run `cargo fmt --all`")?;
+    }
     let venv = root.join("target/venv");
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.current_dir(&root).args(["test", "--workspace", "--no-fail-fast"]).args(extra);
+    let mut cmd = cargo(&root);
+    cmd.args(["test", "--workspace", "--no-fail-fast"]).args(extra);
     // Tests find the independent Python clients here.
     cmd.env("FJORD_TEST_PYTHON", venv.join("bin/python"));
-    run(&mut cmd)
+    run(&mut cmd)?;
+    if whole_run {
+        run(cargo(&root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
+            .context("clippy found warnings")?;
+    }
+    Ok(())
+}
+
+fn cargo(root: &Path) -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root);
+    cmd
 }
 
 fn provision() -> Result<()> {
-    let missing: Vec<&str> =
-        APT_PACKAGES.iter().filter(|(_, probe)| !Path::new(probe).exists()).map(|(pkg, _)| *pkg).collect();
+    let missing: Vec<&str> = APT_PACKAGES.iter().filter(|(_, probe)| !Path::new(probe).exists()).map(|(pkg, _)| *pkg).collect();
     if !missing.is_empty() {
         eprintln!("xtask: installing {}", missing.join(" "));
         run(Command::new("apt-get").arg("update").arg("-qq"))?;

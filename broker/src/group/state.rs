@@ -184,10 +184,7 @@ impl Group {
     /// client id, the wall clock in ns and a counter.
     fn new_member_id(&mut self, client_id: &str) -> String {
         self.next_member += 1;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
         format!("{client_id}-{nanos:x}-{}", self.next_member)
     }
 
@@ -212,7 +209,8 @@ impl Group {
             if let Some(instance) = &req.group_instance_id {
                 // Static membership: the new incarnation takes over the instance's slot;
                 // the old member id is fenced from now on.
-                let old = self.members.iter().find(|(_, m)| m.group_instance_id.as_ref() == Some(instance)).map(|(id, _)| id.clone());
+                let old =
+                    self.members.iter().find(|(_, m)| m.group_instance_id.as_ref() == Some(instance)).map(|(id, _)| id.clone());
                 if let Some(old) = old {
                     let mut previous = self.members.remove(&old).expect("invariant: found above");
                     let mut replies = Vec::new();
@@ -251,7 +249,13 @@ impl Group {
         self.add_and_rebalance(member_id, req, now, initial_delay)
     }
 
-    fn add_and_rebalance(&mut self, member_id: String, req: JoinRequest, now: Instant, initial_delay: Duration) -> (JoinOutcome, Vec<Reply>) {
+    fn add_and_rebalance(
+        &mut self,
+        member_id: String,
+        req: JoinRequest,
+        now: Instant,
+        initial_delay: Duration,
+    ) -> (JoinOutcome, Vec<Reply>) {
         let (tx, rx) = oneshot::channel();
         let mut replies = Vec::new();
         let member = self.members.entry(member_id.clone()).or_insert_with(|| Member {
@@ -359,12 +363,8 @@ impl Group {
     /// The protocol every member supports that the members, voting by their order of
     /// preference, like best (Kafka's rule).
     fn select_protocol(&self) -> String {
-        let candidates: Vec<&String> = self
-            .members
-            .values()
-            .next()
-            .map(|m| m.protocols.iter().map(|(n, _)| n).collect())
-            .unwrap_or_default();
+        let candidates: Vec<&String> =
+            self.members.values().next().map(|m| m.protocols.iter().map(|(n, _)| n).collect()).unwrap_or_default();
         let supported: Vec<&String> = candidates
             .into_iter()
             .filter(|name| self.members.values().all(|m| m.protocols.iter().any(|(n, _)| n == *name)))
@@ -378,7 +378,8 @@ impl Group {
             }
         }
         // Highest vote; ties go to the earliest in the first member's preference.
-        let best = votes.iter().enumerate().max_by_key(|(i, (count, _))| (*count, usize::MAX - i)).map(|(_, (_, n))| (*n).clone());
+        let best =
+            votes.iter().enumerate().max_by_key(|(i, (count, _))| (*count, usize::MAX - i)).map(|(_, (_, n))| (*n).clone());
         best.unwrap_or_default()
     }
 
@@ -417,7 +418,9 @@ impl Group {
         let protocol_name = self.protocol_name.clone().unwrap_or_default();
         match self.state {
             GroupState::Empty => (SyncOutcome::Now(SyncResult::error(ResponseError::UnknownMemberId)), Vec::new()),
-            GroupState::PreparingRebalance => (SyncOutcome::Now(SyncResult::error(ResponseError::RebalanceInProgress)), Vec::new()),
+            GroupState::PreparingRebalance => {
+                (SyncOutcome::Now(SyncResult::error(ResponseError::RebalanceInProgress)), Vec::new())
+            }
             GroupState::Stable => {
                 let member = self.members.get_mut(member_id).expect("invariant: checked above");
                 member.heartbeat_deadline = now + member.session_timeout;
@@ -457,7 +460,13 @@ impl Group {
 
     /// Handles a Heartbeat: extends the member's session, and tells it to rejoin
     /// when a rebalance is under way.
-    pub(crate) fn heartbeat(&mut self, member_id: &str, instance: Option<&str>, generation_id: i32, now: Instant) -> Result<(), ResponseError> {
+    pub(crate) fn heartbeat(
+        &mut self,
+        member_id: &str,
+        instance: Option<&str>,
+        generation_id: i32,
+        now: Instant,
+    ) -> Result<(), ResponseError> {
         if self.state == GroupState::Empty {
             return Err(ResponseError::UnknownMemberId);
         }

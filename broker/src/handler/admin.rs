@@ -49,9 +49,11 @@ impl Broker {
                 let mut assignments = topic.assignments;
                 assignments.sort_by_key(|a| a.partition_index);
                 if assignments.iter().enumerate().any(|(i, a)| a.partition_index != i as i32) {
-                    results.push(result.with_error_code(error_code::INVALID_REPLICA_ASSIGNMENT).with_error_message(Some(
-                        StrBytes::from_static_str("partitions must be numbered 0..n, each once"),
-                    )));
+                    results.push(
+                        result
+                            .with_error_code(error_code::INVALID_REPLICA_ASSIGNMENT)
+                            .with_error_message(Some(StrBytes::from_static_str("partitions must be numbered 0..n, each once"))),
+                    );
                     continue;
                 }
                 Layout::Manual(assignments.into_iter().map(|a| a.broker_ids.into_iter().map(|b| b.0).collect()).collect())
@@ -65,16 +67,14 @@ impl Broker {
                     },
                 }
             };
-            let overrides: BTreeMap<String, String> = topic
-                .configs
-                .into_iter()
-                .filter_map(|c| Some((c.name.to_string(), c.value?.to_string())))
-                .collect();
+            let overrides: BTreeMap<String, String> =
+                topic.configs.into_iter().filter_map(|c| Some((c.name.to_string(), c.value?.to_string()))).collect();
             match self.topics.create(&name, layout, overrides, request.validate_only).await {
                 Ok(created) => {
                     if version >= 5 {
                         let replication_factor = created.replicas.first().map_or(0, Vec::len) as i16;
-                        result = result.with_num_partitions(created.partition_count()).with_replication_factor(replication_factor);
+                        result =
+                            result.with_num_partitions(created.partition_count()).with_replication_factor(replication_factor);
                     }
                 }
                 Err(e) => {
@@ -133,15 +133,10 @@ impl Broker {
                     RESOURCE_TOPIC => match self.topics.get(&resource.resource_name) {
                         Some(topic) => log_config_entries(&topic.config)
                             .into_iter()
-                            .chain([
-                                ("unclean.leader.election.enable", topic.unclean_leader_election.to_string(), TYPE_BOOLEAN),
-                            ])
+                            .chain([("unclean.leader.election.enable", topic.unclean_leader_election.to_string(), TYPE_BOOLEAN)])
                             .map(|(name, value, config_type)| {
-                                let source = if topic.overrides.contains_key(name) {
-                                    SOURCE_DYNAMIC_TOPIC
-                                } else {
-                                    SOURCE_DEFAULT
-                                };
+                                let source =
+                                    if topic.overrides.contains_key(name) { SOURCE_DYNAMIC_TOPIC } else { SOURCE_DEFAULT };
                                 (name, value, config_type, source)
                             })
                             .collect(),
@@ -185,7 +180,9 @@ impl Broker {
             ("log.dirs", c.log_dir.display().to_string(), TYPE_STRING, SOURCE_STATIC_BROKER),
         ];
         entries.extend(
-            log_config_entries(&c.log).into_iter().map(|(name, value, config_type)| (name, value, config_type, SOURCE_STATIC_BROKER)),
+            log_config_entries(&c.log)
+                .into_iter()
+                .map(|(name, value, config_type)| (name, value, config_type, SOURCE_STATIC_BROKER)),
         );
         entries
     }

@@ -151,7 +151,9 @@ fn duplicate_resources<'a>(resources: impl Iterator<Item = (i8, &'a str)>) -> Ha
 /// Refuses what is not a single topic resource.
 fn check_resource(kind: i8, name: &str, duplicates: &HashSet<(i8, String)>) -> Result<(), Refusal> {
     match kind {
-        _ if duplicates.contains(&(kind, name.to_owned())) => Err(invalid_request(format!("resource {name} is named more than once"))),
+        _ if duplicates.contains(&(kind, name.to_owned())) => {
+            Err(invalid_request(format!("resource {name} is named more than once")))
+        }
         RESOURCE_TOPIC => Ok(()),
         RESOURCE_BROKER => {
             Err(invalid_request("altering broker configs is not supported: they are static (change the config file and restart)"))
@@ -281,7 +283,10 @@ mod tests {
         assert_eq!(code(&[op("retention.ms", OP_APPEND, Some("1"))]), error_code::INVALID_REQUEST);
         assert_eq!(code(&[op("retention.ms", OP_SET, None)]), error_code::INVALID_REQUEST);
         assert_eq!(code(&[op("retention.ms", 9, Some("1"))]), error_code::INVALID_REQUEST);
-        assert_eq!(code(&[op("retention.ms", OP_SET, Some("1")), op("retention.ms", OP_DELETE, None)]), error_code::INVALID_REQUEST);
+        assert_eq!(
+            code(&[op("retention.ms", OP_SET, Some("1")), op("retention.ms", OP_DELETE, None)]),
+            error_code::INVALID_REQUEST
+        );
         let (c, message) = check_ops(&[op("no.such.key", OP_DELETE, None)]).unwrap_err();
         assert_eq!(c, error_code::INVALID_CONFIG);
         assert!(message.contains("no.such.key"), "{message}");

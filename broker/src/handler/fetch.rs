@@ -160,8 +160,13 @@ impl Broker {
                 }
             })
         } else {
-            log.read_bytes(wanted.fetch_offset, limit, upper_bound, first)
-                .map(|bytes| if bytes.is_empty() { FetchedRecords::Empty } else { FetchedRecords::Memory(bytes.into()) })
+            log.read_bytes(wanted.fetch_offset, limit, upper_bound, first).map(|bytes| {
+                if bytes.is_empty() {
+                    FetchedRecords::Empty
+                } else {
+                    FetchedRecords::Memory(bytes.into())
+                }
+            })
         };
         match records {
             Ok(records) => data.records = records,

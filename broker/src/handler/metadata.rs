@@ -94,8 +94,11 @@ impl Broker {
                 let offline: Vec<i32> = replicas.iter().copied().filter(|r| !live.contains(r)).collect();
                 // A leader that is not live cannot be reached: the controller is about to
                 // elect another; until then the client must wait, as with no leader.
-                let (leader, error) =
-                    if leader >= 0 && live.contains(&leader) { (leader, error_code::NONE) } else { (-1, error_code::LEADER_NOT_AVAILABLE) };
+                let (leader, error) = if leader >= 0 && live.contains(&leader) {
+                    (leader, error_code::NONE)
+                } else {
+                    (-1, error_code::LEADER_NOT_AVAILABLE)
+                };
                 MetadataResponsePartition::default()
                     .with_error_code(error)
                     .with_partition_index(p)

@@ -35,11 +35,8 @@ impl Broker {
         let mut awaiting = Vec::new();
         for topic_data in request.topic_data {
             let name = topic_data.name.0.to_string();
-            let topic = if valid_acks {
-                self.topic_or_auto_create(&name, true).await
-            } else {
-                Err(crate::topics::TopicError::Unknown)
-            };
+            let topic =
+                if valid_acks { self.topic_or_auto_create(&name, true).await } else { Err(crate::topics::TopicError::Unknown) };
             let mut partition_responses = Vec::with_capacity(topic_data.partition_data.len());
             for data in topic_data.partition_data {
                 let mut response = PartitionProduceResponse::default().with_index(data.index).with_base_offset(-1);
@@ -87,15 +84,18 @@ impl Broker {
                 response = match outcome {
                     Ok((info, log_start)) => {
                         let response = response.with_base_offset(info.base_offset);
-                        if version >= 5 { response.with_log_start_offset(log_start) } else { response }
+                        if version >= 5 {
+                            response.with_log_start_offset(log_start)
+                        } else {
+                            response
+                        }
                     }
                     Err(code) => response.with_error_code(code),
                 };
                 partition_responses.push(response);
             }
-            responses.push(
-                TopicProduceResponse::default().with_name(topic_data.name).with_partition_responses(partition_responses),
-            );
+            responses
+                .push(TopicProduceResponse::default().with_name(topic_data.name).with_partition_responses(partition_responses));
         }
         // Every batch is appended before the first wait, so the followers fetch them all
         // in one round; the waits share the request's timeout.
@@ -127,7 +127,12 @@ enum AppendError {
 /// does not block for long: it runs right here, because handing it to the blocking pool
 /// costs two thread switches per request, which measured as most of the CPU of an
 /// unbatched producer. Appends that may fsync go to the blocking pool.
-async fn append(partition: &Arc<Partition>, records: Bytes, acks_all: bool, min_isr: usize) -> Result<(AppendInfo, i32, i64), AppendError> {
+async fn append(
+    partition: &Arc<Partition>,
+    records: Bytes,
+    acks_all: bool,
+    min_isr: usize,
+) -> Result<(AppendInfo, i32, i64), AppendError> {
     fn run(partition: &Partition, records: &[u8], acks_all: bool, min_isr: usize) -> Result<(AppendInfo, i32, i64), AppendError> {
         let (info, epoch) =
             partition.append_as_leader(records, acks_all, min_isr).map_err(AppendError::Refused)?.map_err(AppendError::Log)?;

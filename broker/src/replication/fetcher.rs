@@ -76,7 +76,11 @@ impl Fetchers {
             self.context.tasks.spawn(task);
             fetcher
         });
-        fetcher.partitions.lock().expect("invariant: fetcher partitions lock is never poisoned").insert(partition.tp.clone(), partition);
+        fetcher
+            .partitions
+            .lock()
+            .expect("invariant: fetcher partitions lock is never poisoned")
+            .insert(partition.tp.clone(), partition);
         fetcher.wake.notify_one();
     }
 
@@ -274,7 +278,9 @@ async fn truncate(
                 failed.push(tp);
                 continue;
             }
-            if let Err(e) = partition.truncate_as_follower(leader, leader_epoch, Some(latest), (answer.leader_epoch, answer.end_offset)) {
+            if let Err(e) =
+                partition.truncate_as_follower(leader, leader_epoch, Some(latest), (answer.leader_epoch, answer.end_offset))
+            {
                 tracing::error!(%tp, error = %e, "follower truncation failed");
                 failed.push(tp);
             }

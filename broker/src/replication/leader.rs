@@ -66,7 +66,13 @@ pub(crate) fn may_join_isr(fetch_offset: Offset, high_watermark: Offset, epoch_s
 
 /// The ISR members other than the leader `me` that have not been caught up for more
 /// than `lag` (`replica.lag.time.max.ms`).
-pub(crate) fn out_of_sync(me: i32, isr: &[i32], followers: &HashMap<i32, FollowerProgress>, lag: Duration, now: Instant) -> Vec<i32> {
+pub(crate) fn out_of_sync(
+    me: i32,
+    isr: &[i32],
+    followers: &HashMap<i32, FollowerProgress>,
+    lag: Duration,
+    now: Instant,
+) -> Vec<i32> {
     isr.iter()
         .copied()
         .filter(|&r| r != me)

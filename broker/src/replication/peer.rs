@@ -49,7 +49,12 @@ impl Peer {
 
     /// Sends `request` at `version` and waits at most `timeout` for its response. After
     /// an error the connection must be dropped (the stream position is unknown).
-    pub(crate) async fn call<R: Request>(&mut self, request: &R, version: i16, timeout: Duration) -> Result<R::Response, PeerError> {
+    pub(crate) async fn call<R: Request>(
+        &mut self,
+        request: &R,
+        version: i16,
+        timeout: Duration,
+    ) -> Result<R::Response, PeerError> {
         match tokio::time::timeout(timeout, self.exchange(request, version)).await {
             Ok(result) => result,
             Err(_) => Err(PeerError::Timeout { addr: self.addr.clone(), timeout }),

@@ -52,7 +52,9 @@ impl TestBroker {
     /// Clean shutdown; returns what `run` returned.
     pub(crate) async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.task).await.context("broker did not stop")??
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .context("broker did not stop")??
             .context("broker run failed")
     }
 
@@ -121,14 +123,24 @@ impl RawClient {
     }
 
     /// Sends a request and decodes the typed response.
-    pub(crate) async fn call<Req: Encodable, Resp: Decodable>(&mut self, key: ApiKey, version: i16, body: &Req) -> anyhow::Result<Resp> {
+    pub(crate) async fn call<Req: Encodable, Resp: Decodable>(
+        &mut self,
+        key: ApiKey,
+        version: i16,
+        body: &Req,
+    ) -> anyhow::Result<Resp> {
         let frame = self.encode(key, version, body);
         self.send_frame(&frame).await?;
         let expected = self.correlation_id;
         self.read_response(key, version, expected).await
     }
 
-    pub(crate) async fn read_response<Resp: Decodable>(&mut self, key: ApiKey, version: i16, correlation_id: i32) -> anyhow::Result<Resp> {
+    pub(crate) async fn read_response<Resp: Decodable>(
+        &mut self,
+        key: ApiKey,
+        version: i16,
+        correlation_id: i32,
+    ) -> anyhow::Result<Resp> {
         let mut frame = self.read_frame().await?;
         let got = frame.get_i32();
         if got != correlation_id {

@@ -93,7 +93,8 @@ fn progress(messages: u64) -> ProgressBar {
     }
     let pb = ProgressBar::new(messages);
     pb.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} msgs {per_sec} eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template("{bar:40} {pos}/{len} msgs {per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     pb
 }

@@ -87,8 +87,13 @@ async fn describe(admin: &GroupAdmin, group: &str) -> anyhow::Result<()> {
     let committed = admin.committed_offsets(group).await?;
     let owners: Vec<(&TopicPartition, &str)> =
         d.members.iter().flat_map(|m| m.assignment.iter().map(move |tp| (tp, m.member_id.as_str()))).collect();
-    let partitions: Vec<TopicPartition> =
-        committed.keys().cloned().chain(owners.iter().map(|(tp, _)| (*tp).clone())).collect::<BTreeSet<_>>().into_iter().collect();
+    let partitions: Vec<TopicPartition> = committed
+        .keys()
+        .cloned()
+        .chain(owners.iter().map(|(tp, _)| (*tp).clone()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
     let ends = admin.log_end_offsets(&partitions).await?;
     println!("TOPIC\tPARTITION\tCOMMITTED\tLOG-END\tLAG\tOWNER");
     let mut total = 0;

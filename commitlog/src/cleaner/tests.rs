@@ -48,7 +48,10 @@ fn cleaner_config_uses_kafka_names() {
     assert_eq!(c.io_max_bytes_per_second, None);
     c.set("log.cleaner.io.max.bytes.per.second", "1000000").unwrap();
     c.set("log.cleaner.backoff.ms", "100").unwrap();
-    assert_eq!(c, CleanerConfig { dedupe_buffer_size: 1 << 20, io_max_bytes_per_second: Some(1e6), backoff: Duration::from_millis(100) });
+    assert_eq!(
+        c,
+        CleanerConfig { dedupe_buffer_size: 1 << 20, io_max_bytes_per_second: Some(1e6), backoff: Duration::from_millis(100) }
+    );
     for (k, v) in [("log.cleaner.dedupe.buffer.size", "10"), ("log.cleaner.io.max.bytes.per.second", "0"), ("x", "1")] {
         assert!(matches!(c.set(k, v), Err(Error::InvalidConfig { .. })), "{k}={v}");
     }
@@ -104,5 +107,8 @@ fn leftovers_of_an_uncommitted_clean_are_removed_on_open() {
     assert_eq!(log.log_end_offset(), 1);
     let mut names: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
-    assert_eq!(names, ["00000000000000000000.index", "00000000000000000000.log", "00000000000000000000.timeindex", "leader-epoch-checkpoint"]);
+    assert_eq!(
+        names,
+        ["00000000000000000000.index", "00000000000000000000.log", "00000000000000000000.timeindex", "leader-epoch-checkpoint"]
+    );
 }

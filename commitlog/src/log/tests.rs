@@ -80,10 +80,7 @@ fn append_assigns_offsets_and_reads_return_whole_batches() {
     assert_eq!((s.first_offset, s.next_offset), (0, 3));
     // The log end gives an empty slice, beyond it an error.
     assert!(log.read(6, 1 << 20, None, true).unwrap().is_empty());
-    assert!(matches!(
-        log.read(7, 100, None, true),
-        Err(Error::OffsetOutOfRange { requested: 7, log_start: 0, log_end: 6 })
-    ));
+    assert!(matches!(log.read(7, 100, None, true), Err(Error::OffsetOutOfRange { requested: 7, log_start: 0, log_end: 6 })));
     assert!(matches!(log.read(-1, 100, None, true), Err(Error::OffsetOutOfRange { .. })));
     assert_eq!(log.leader_epochs(), vec![(7, 0)]);
 }
@@ -187,7 +184,8 @@ fn retention_by_size_keeps_at_most_retention_bytes_plus_the_active_segment() {
 #[test]
 fn a_reader_holding_a_deleted_segment_finishes() {
     let dir = tempfile::tempdir().unwrap();
-    let config = LogConfig { retention_ms: Some(Duration::from_millis(1)), file_delete_delay: Duration::from_secs(60), ..small(400) };
+    let config =
+        LogConfig { retention_ms: Some(Duration::from_millis(1)), file_delete_delay: Duration::from_secs(60), ..small(400) };
     let log = Log::open(dir.path(), config).unwrap();
     for i in 0..10 {
         log.append(&mut batch(1, 100, i), 0).unwrap();
@@ -266,8 +264,10 @@ fn missing_or_damaged_indexes_are_rebuilt() {
     }
     log.close().unwrap();
     // The rebuilt indexes are the ones append wrote.
-    assert_eq!(snapshot(dir.path()).into_iter().filter(|(n, _)| n.ends_with("index")).collect::<Vec<_>>(),
-        before.into_iter().filter(|(n, _)| n.ends_with("index")).collect::<Vec<_>>());
+    assert_eq!(
+        snapshot(dir.path()).into_iter().filter(|(n, _)| n.ends_with("index")).collect::<Vec<_>>(),
+        before.into_iter().filter(|(n, _)| n.ends_with("index")).collect::<Vec<_>>()
+    );
 }
 
 #[test]

@@ -30,16 +30,8 @@ pub(crate) enum EmbeddedFormat {
 }
 
 pub(crate) fn embedded_format(headers: &HeaderMap) -> Result<EmbeddedFormat> {
-    let raw = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let media = raw
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let raw = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let media = raw.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     match media.as_str() {
         "application/vnd.kafka.json.v2+json" => Ok(EmbeddedFormat::Json),
         "application/vnd.kafka.binary.v2+json" => Ok(EmbeddedFormat::Binary),
@@ -75,10 +67,7 @@ pub(crate) async fn v2_partition(
 pub(crate) fn parse_partition(topic: &str, s: &str) -> Result<i32> {
     match s.parse::<i32>() {
         Ok(p) if p >= 0 => Ok(p),
-        _ => Err(Error::UnknownPartition {
-            topic: topic.to_string(),
-            partition: s.parse().unwrap_or(-1),
-        }),
+        _ => Err(Error::UnknownPartition { topic: topic.to_string(), partition: s.parse().unwrap_or(-1) }),
     }
 }
 
@@ -95,10 +84,7 @@ fn opt_str(doc: &serde_json::Map<String, Json>, field: &str) -> Result<Option<St
     match doc.get(field) {
         None | Some(Json::Null) => Ok(None),
         Some(Json::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(Error::BadRequest {
-            index: None,
-            reason: format!("{field} must be a string, got {other}"),
-        }),
+        Some(other) => Err(Error::BadRequest { index: None, reason: format!("{field} must be a string, got {other}") }),
     }
 }
 
@@ -107,10 +93,7 @@ fn opt_id(doc: &serde_json::Map<String, Json>, field: &str) -> Result<Option<i32
         None | Some(Json::Null) => Ok(None),
         Some(v) => match v.as_i64().and_then(|n| i32::try_from(n).ok()) {
             Some(id) => Ok(Some(id)),
-            None => Err(Error::BadRequest {
-                index: None,
-                reason: format!("{field} must be an integer schema id, got {v}"),
-            }),
+            None => Err(Error::BadRequest { index: None, reason: format!("{field} must be an integer schema id, got {v}") }),
         },
     }
 }
@@ -142,24 +125,14 @@ async fn v2(
     let format = embedded_format(&headers)?;
     let acks = parse_acks(q.get("acks").map(String::as_str))?;
     let body = read_body(&headers, body, g.config.max_body_bytes).await?;
-    let doc: Json = serde_json::from_slice(&body).map_err(|e| Error::BadRequest {
-        index: None,
-        reason: format!("malformed JSON: {e}"),
-    })?;
+    let doc: Json =
+        serde_json::from_slice(&body).map_err(|e| Error::BadRequest { index: None, reason: format!("malformed JSON: {e}") })?;
     let Json::Object(doc) = doc else {
-        return Err(Error::BadRequest {
-            index: None,
-            reason: "the body must be a JSON object with \"records\"".into(),
-        });
+        return Err(Error::BadRequest { index: None, reason: "the body must be a JSON object with \"records\"".into() });
     };
     let records = match doc.get("records") {
         Some(Json::Array(r)) => r,
-        _ => {
-            return Err(Error::BadRequest {
-                index: None,
-                reason: "\"records\" must be an array".into(),
-            })
-        }
+        _ => return Err(Error::BadRequest { index: None, reason: "\"records\" must be an array".into() }),
     };
     let spec = SchemaSpec {
         key_schema: opt_str(&doc, "key_schema")?,
@@ -169,69 +142,39 @@ async fn v2(
     };
     let (mut key_schema, mut value_schema) = (None, None);
     if format == EmbeddedFormat::Avro {
-        let any = |field: &str| {
-            records
-                .iter()
-                .any(|r| r.get(field).is_some_and(|v| !v.is_null()))
-        };
-        key_schema = avro_schema(
-            g,
-            &topic,
-            "key",
-            spec.key_schema.as_deref(),
-            spec.key_schema_id,
-        )
-        .await?;
-        value_schema = avro_schema(
-            g,
-            &topic,
-            "value",
-            spec.value_schema.as_deref(),
-            spec.value_schema_id,
-        )
-        .await?;
+        let any = |field: &str| records.iter().any(|r| r.get(field).is_some_and(|v| !v.is_null()));
+        key_schema = avro_schema(g, &topic, "key", spec.key_schema.as_deref(), spec.key_schema_id).await?;
+        value_schema = avro_schema(g, &topic, "value", spec.value_schema.as_deref(), spec.value_schema_id).await?;
         if any("key") && key_schema.is_none() {
             return Err(Error::Unprocessable {
                 index: None,
-                reason: "records have keys but neither key_schema nor key_schema_id is given"
-                    .into(),
+                reason: "records have keys but neither key_schema nor key_schema_id is given".into(),
             });
         }
         if any("value") && value_schema.is_none() {
             return Err(Error::Unprocessable {
                 index: None,
-                reason: "records have values but neither value_schema nor value_schema_id is given"
-                    .into(),
+                reason: "records have values but neither value_schema nor value_schema_id is given".into(),
             });
         }
     }
     let mut events = Vec::with_capacity(records.len());
     for (i, record) in records.iter().enumerate() {
         let Json::Object(record) = record else {
-            return Err(Error::BadRequest {
-                index: Some(i),
-                reason: "a record must be a JSON object".into(),
-            });
+            return Err(Error::BadRequest { index: Some(i), reason: "a record must be a JSON object".into() });
         };
-        let encode = |side: &str,
-                      schema: &Option<(i32, Arc<apache_avro::Schema>)>|
-         -> Result<Option<Bytes>> {
+        let encode = |side: &str, schema: &Option<(i32, Arc<apache_avro::Schema>)>| -> Result<Option<Bytes>> {
             let v = match record.get(side) {
                 None | Some(Json::Null) => return Ok(None),
                 Some(v) => v,
             };
             Ok(Some(Bytes::from(match format {
-                EmbeddedFormat::Json => serde_json::to_vec(v).map_err(|e| Error::BadRequest {
-                    index: Some(i),
-                    reason: e.to_string(),
-                })?,
+                EmbeddedFormat::Json => {
+                    serde_json::to_vec(v).map_err(|e| Error::BadRequest { index: Some(i), reason: e.to_string() })?
+                }
                 EmbeddedFormat::Binary => match v {
-                    Json::String(s) => {
-                        avro::base64_decode(s).map_err(|reason| Error::Unprocessable {
-                            index: Some(i),
-                            reason: format!("{side}: {reason}"),
-                        })?
-                    }
+                    Json::String(s) => avro::base64_decode(s)
+                        .map_err(|reason| Error::Unprocessable { index: Some(i), reason: format!("{side}: {reason}") })?,
                     other => {
                         return Err(Error::Unprocessable {
                             index: Some(i),
@@ -240,9 +183,7 @@ async fn v2(
                     }
                 },
                 EmbeddedFormat::Avro => {
-                    let (id, schema) = schema
-                        .as_ref()
-                        .expect("checked above: a schema exists when a record has this side");
+                    let (id, schema) = schema.as_ref().expect("checked above: a schema exists when a record has this side");
                     avro::encode(*id, schema, v, i)?
                 }
             })))
@@ -252,10 +193,7 @@ async fn v2(
             Some(v) => match v.as_i64().and_then(|n| i32::try_from(n).ok()) {
                 Some(p) => Some(p),
                 None => {
-                    return Err(Error::Unprocessable {
-                        index: Some(i),
-                        reason: format!("partition must be an integer, got {v}"),
-                    })
+                    return Err(Error::Unprocessable { index: Some(i), reason: format!("partition must be an integer, got {v}") })
                 }
             },
         };
@@ -287,12 +225,7 @@ async fn v2(
         "key_schema_id": key_schema.map(|(id, _)| id),
         "value_schema_id": value_schema.map(|(id, _)| id),
     });
-    Ok(Answer {
-        body,
-        content_type: V2_CONTENT_TYPE,
-        events: count,
-        bytes,
-    })
+    Ok(Answer { body, content_type: V2_CONTENT_TYPE, events: count, bytes })
 }
 
 pub(crate) async fn ndjson(
@@ -325,30 +258,18 @@ pub(crate) fn parse_ndjson(
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let malformed = |e: serde_json::Error| Error::BadRequest {
-            index: Some(i),
-            reason: format!("malformed JSON: {e}"),
-        };
+        let malformed = |e: serde_json::Error| Error::BadRequest { index: Some(i), reason: format!("malformed JSON: {e}") };
         if key_field.is_none() && schema.is_none() {
             // Only the syntax matters: check it without building the document.
             serde_json::from_slice::<serde::de::IgnoredAny>(line).map_err(malformed)?;
-            events.push(Event {
-                value: Some(Bytes::copy_from_slice(line.trim_ascii())),
-                partition,
-                ..Event::default()
-            });
+            events.push(Event { value: Some(Bytes::copy_from_slice(line.trim_ascii())), partition, ..Event::default() });
             continue;
         }
         let doc: Json = serde_json::from_slice(line).map_err(malformed)?;
         let key = match key_field {
             None => None,
             Some(path) => match field(&doc, path) {
-                None => {
-                    return Err(Error::Unprocessable {
-                        index: Some(i),
-                        reason: format!("key field {path:?} is missing"),
-                    })
-                }
+                None => return Err(Error::Unprocessable { index: Some(i), reason: format!("key field {path:?} is missing") }),
                 Some(Json::Null) => None,
                 Some(Json::String(s)) => Some(Bytes::from(s.clone())),
                 Some(other) => Some(Bytes::from(other.to_string())),
@@ -358,19 +279,10 @@ pub(crate) fn parse_ndjson(
             Some((id, schema)) => Bytes::from(avro::encode(id, schema, &doc, i)?),
             None => Bytes::copy_from_slice(line.trim_ascii()),
         };
-        events.push(Event {
-            key,
-            value: Some(value),
-            headers: Vec::new(),
-            timestamp_ms: None,
-            partition,
-        });
+        events.push(Event { key, value: Some(value), headers: Vec::new(), timestamp_ms: None, partition });
     }
     if events.is_empty() {
-        return Err(Error::BadRequest {
-            index: None,
-            reason: "the body holds no events".into(),
-        });
+        return Err(Error::BadRequest { index: None, reason: "the body holds no events".into() });
     }
     Ok(events)
 }
@@ -379,9 +291,7 @@ pub(crate) fn parse_ndjson(
 pub(crate) fn summarize(delivered: &[Delivered]) -> Vec<Json> {
     let mut by_partition: BTreeMap<i32, (i64, i64, usize)> = BTreeMap::new();
     for d in delivered {
-        let e = by_partition
-            .entry(d.partition)
-            .or_insert((d.offset, d.offset, 0));
+        let e = by_partition.entry(d.partition).or_insert((d.offset, d.offset, 0));
         e.0 = e.0.min(d.offset);
         e.1 = e.1.max(d.offset);
         e.2 += 1;
@@ -402,14 +312,10 @@ pub(crate) fn all_delivered(results: Vec<Result<Delivered>>) -> Result<Vec<Deliv
             Err(e) => {
                 let failed = total - out.len();
                 return Err(match e {
-                    Error::Unavailable(m) => Error::Unavailable(format!(
-                        "event {i} (and up to {} after it) not acknowledged: {m}",
-                        failed - 1
-                    )),
-                    e => Error::Unprocessable {
-                        index: Some(i),
-                        reason: format!("not produced: {e}"),
-                    },
+                    Error::Unavailable(m) => {
+                        Error::Unavailable(format!("event {i} (and up to {} after it) not acknowledged: {m}", failed - 1))
+                    }
+                    e => Error::Unprocessable { index: Some(i), reason: format!("not produced: {e}") },
                 });
             }
         }
@@ -417,46 +323,27 @@ pub(crate) fn all_delivered(results: Vec<Result<Delivered>>) -> Result<Vec<Deliv
     Ok(out)
 }
 
-async fn bulk(
-    g: &Gateway,
-    topic: String,
-    q: HashMap<String, String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Answer> {
+async fn bulk(g: &Gateway, topic: String, q: HashMap<String, String>, headers: HeaderMap, body: Body) -> Result<Answer> {
     let acks = parse_acks(q.get("acks").map(String::as_str))?;
-    let partition = q
-        .get("partition")
-        .map(|p| parse_partition(&topic, p))
-        .transpose()?;
+    let partition = q.get("partition").map(|p| parse_partition(&topic, p)).transpose()?;
     let schema_id = match q.get("schema_id") {
         None => None,
-        Some(s) => Some(s.parse::<i32>().map_err(|_| Error::BadRequest {
-            index: None,
-            reason: format!("schema_id must be an integer, not {s:?}"),
-        })?),
+        Some(s) => Some(
+            s.parse::<i32>()
+                .map_err(|_| Error::BadRequest { index: None, reason: format!("schema_id must be an integer, not {s:?}") })?,
+        ),
     };
     let body = read_body(&headers, body, g.config.max_body_bytes).await?;
     let schema = match schema_id {
         Some(id) => Some((id, g.schema_by_id(id).await?)),
         None => None,
     };
-    let events = parse_ndjson(
-        &body,
-        q.get("key").map(String::as_str),
-        schema.as_ref().map(|(id, s)| (*id, &**s)),
-        partition,
-    )?;
+    let events = parse_ndjson(&body, q.get("key").map(String::as_str), schema.as_ref().map(|(id, s)| (*id, &**s)), partition)?;
     let bytes = events.iter().map(Event::encoded_size).sum();
     let count = events.len();
     let delivered = all_delivered(g.publish(&topic, events, acks).await?)?;
     let body = json!({ "count": count, "partitions": summarize(&delivered), "value_schema_id": schema_id });
-    Ok(Answer {
-        body,
-        content_type: "application/json",
-        events: count,
-        bytes,
-    })
+    Ok(Answer { body, content_type: "application/json", events: count, bytes })
 }
 
 #[cfg(test)]
@@ -472,20 +359,12 @@ mod tests {
         assert_eq!(events.len(), 2);
         assert_eq!(events[0].key.as_deref(), Some(&b"7"[..]));
         assert_eq!(events[1].key.as_deref(), Some(&b"u8"[..]));
-        assert_eq!(
-            events[0].value.as_deref(),
-            Some(&b"{\"user\":{\"id\":7},\"x\":1}"[..])
-        );
+        assert_eq!(events[0].value.as_deref(), Some(&b"{\"user\":{\"id\":7},\"x\":1}"[..]));
         let e = parse_ndjson(b"{}\n{}\n{bad\n", None, None, None).unwrap_err();
         assert_eq!((e.http_status(), e.record_index()), (400, Some(2)));
         let e = parse_ndjson(b"{\"a\":1}\n{\"b\":1}\n", Some("a"), None, None).unwrap_err();
         assert_eq!((e.http_status(), e.record_index()), (422, Some(1)));
-        assert_eq!(
-            parse_ndjson(b"\n\n", None, None, None)
-                .unwrap_err()
-                .http_status(),
-            400
-        );
+        assert_eq!(parse_ndjson(b"\n\n", None, None, None).unwrap_err().http_status(), 400);
     }
 
     #[test]
@@ -499,16 +378,9 @@ mod tests {
                 json!({"partition":1,"first_offset":10,"last_offset":12,"count":3}),
             ]
         );
-        let e = all_delivered(vec![
-            Ok(d(0, 1)),
-            Err(Error::Unavailable("x".into())),
-            Err(Error::Unavailable("x".into())),
-        ])
-        .unwrap_err();
-        assert!(
-            e.to_string().contains("event 1 (and up to 1 after it)"),
-            "{e}"
-        );
+        let e = all_delivered(vec![Ok(d(0, 1)), Err(Error::Unavailable("x".into())), Err(Error::Unavailable("x".into()))])
+            .unwrap_err();
+        assert!(e.to_string().contains("event 1 (and up to 1 after it)"), "{e}");
     }
 
     #[tokio::test]
@@ -516,32 +388,19 @@ mod tests {
         let (url, g) = serve(GatewayConfig::default()).await;
         let http = reqwest::Client::new();
         let post = |path: &str, ct: &str, body: Json| {
-            http.post(format!("{url}{path}"))
-                .header("content-type", ct)
-                .body(body.to_string())
-                .send()
+            http.post(format!("{url}{path}")).header("content-type", ct).body(body.to_string()).send()
         };
         let json_ct = "application/vnd.kafka.json.v2+json";
-        let r = post(
-            "/topics/t",
-            json_ct,
-            json!({"records":[{"key":"k","value":{"a":1}},{"value":[1,2]}]}),
-        )
-        .await
-        .unwrap();
+        let r = post("/topics/t", json_ct, json!({"records":[{"key":"k","value":{"a":1}},{"value":[1,2]}]})).await.unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["content-type"], V2_CONTENT_TYPE);
         let doc: Json = r.json().await.unwrap();
         assert_eq!(doc["offsets"].as_array().unwrap().len(), 2);
         assert_eq!(doc["offsets"][0]["error"], Json::Null);
         assert_eq!(doc["value_schema_id"], Json::Null);
-        let r = post(
-            "/topics/t/partitions/2",
-            "application/vnd.kafka.binary.v2+json",
-            json!({"records":[{"value":"aGVsbG8="}]}),
-        )
-        .await
-        .unwrap();
+        let r = post("/topics/t/partitions/2", "application/vnd.kafka.binary.v2+json", json!({"records":[{"value":"aGVsbG8="}]}))
+            .await
+            .unwrap();
         let doc: Json = r.json().await.unwrap();
         assert_eq!(doc["offsets"][0]["partition"], 2);
         let offset = doc["offsets"][0]["offset"].as_i64().unwrap();
@@ -569,27 +428,9 @@ mod tests {
                 422,
                 Some(1),
             ),
-            (
-                "/topics/t",
-                "application/vnd.kafka.binary.v2+json",
-                json!({"records":[{"value":5}]}).to_string(),
-                422,
-                Some(0),
-            ),
-            (
-                "/topics/t",
-                json_ct,
-                json!({"records":[{"value":1}, 7]}).to_string(),
-                400,
-                Some(1),
-            ),
-            (
-                "/topics/t",
-                "text/plain",
-                json!({"records":[]}).to_string(),
-                415,
-                None,
-            ),
+            ("/topics/t", "application/vnd.kafka.binary.v2+json", json!({"records":[{"value":5}]}).to_string(), 422, Some(0)),
+            ("/topics/t", json_ct, json!({"records":[{"value":1}, 7]}).to_string(), 400, Some(1)),
+            ("/topics/t", "text/plain", json!({"records":[]}).to_string(), 415, None),
             (
                 "/topics/t",
                 "application/vnd.kafka.avro.v2+json",
@@ -597,53 +438,18 @@ mod tests {
                 422,
                 None,
             ),
-            (
-                "/topics/t/partitions/9",
-                json_ct,
-                json!({"records":[{"value":1}]}).to_string(),
-                404,
-                None,
-            ),
-            (
-                "/topics/t/partitions/x",
-                json_ct,
-                json!({"records":[{"value":1}]}).to_string(),
-                404,
-                None,
-            ),
-            (
-                "/topics/missing",
-                json_ct,
-                json!({"records":[{"value":1}]}).to_string(),
-                404,
-                None,
-            ),
+            ("/topics/t/partitions/9", json_ct, json!({"records":[{"value":1}]}).to_string(), 404, None),
+            ("/topics/t/partitions/x", json_ct, json!({"records":[{"value":1}]}).to_string(), 404, None),
+            ("/topics/missing", json_ct, json!({"records":[{"value":1}]}).to_string(), 404, None),
         ];
         for (path, ct, body, status, index) in cases {
-            let r = http
-                .post(format!("{url}{path}"))
-                .header("content-type", ct)
-                .body(body.clone())
-                .send()
-                .await
-                .unwrap();
+            let r = http.post(format!("{url}{path}")).header("content-type", ct).body(body.clone()).send().await.unwrap();
             assert_eq!(r.status().as_u16(), status, "{path} {ct} {body}");
             let doc: Json = r.json().await.unwrap();
-            assert_eq!(
-                doc["record_index"].as_u64().map(|i| i as usize),
-                index,
-                "{body}: {doc}"
-            );
-            assert!(
-                doc["error_code"].as_u64().unwrap() / 100 == u64::from(status),
-                "{doc}"
-            );
+            assert_eq!(doc["record_index"].as_u64().map(|i| i as usize), index, "{body}: {doc}");
+            assert!(doc["error_code"].as_u64().unwrap() / 100 == u64::from(status), "{doc}");
         }
-        assert_eq!(
-            g.backend.describe("t").await.unwrap(),
-            before,
-            "nothing of the bad requests was produced"
-        );
+        assert_eq!(g.backend.describe("t").await.unwrap(), before, "nothing of the bad requests was produced");
     }
 
     #[tokio::test]
@@ -651,51 +457,19 @@ mod tests {
         let (url, g) = serve(GatewayConfig::default()).await;
         let http = reqwest::Client::new();
         let body = "{\"id\":\"a\"}\n{\"id\":\"b\"}\n{\"id\":\"a\"}\n";
-        let r = http
-            .post(format!("{url}/v1/events/clicks?key=id"))
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let r = http.post(format!("{url}/v1/events/clicks?key=id")).body(body).send().await.unwrap();
         assert_eq!(r.status(), 200);
         let doc: Json = r.json().await.unwrap();
         assert_eq!(doc["count"], 3);
-        let total: u64 = doc["partitions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p["count"].as_u64().unwrap())
-            .sum();
+        let total: u64 = doc["partitions"].as_array().unwrap().iter().map(|p| p["count"].as_u64().unwrap()).sum();
         assert_eq!(total, 3);
-        let r = http
-            .post(format!("{url}/v1/events/clicks?key=id"))
-            .body("{\"id\":1}\n{\"nokey\":1}\n")
-            .send()
-            .await
-            .unwrap();
+        let r = http.post(format!("{url}/v1/events/clicks?key=id")).body("{\"id\":1}\n{\"nokey\":1}\n").send().await.unwrap();
         assert_eq!(r.status(), 422);
-        let r = http
-            .post(format!("{url}/v1/events/clicks?schema_id=3"))
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
+        let r = http.post(format!("{url}/v1/events/clicks?schema_id=3")).body("{}").send().await.unwrap();
         assert_eq!(r.status(), 422, "no registry configured");
-        let r = http
-            .post(format!("{url}/v1/events/clicks?acks=7"))
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
+        let r = http.post(format!("{url}/v1/events/clicks?acks=7")).body("{}").send().await.unwrap();
         assert_eq!(r.status(), 400);
-        let latest: i64 = g
-            .backend
-            .describe("clicks")
-            .await
-            .unwrap()
-            .iter()
-            .map(|p| p.latest_offset)
-            .sum();
+        let latest: i64 = g.backend.describe("clicks").await.unwrap().iter().map(|p| p.latest_offset).sum();
         assert_eq!(latest, 3);
     }
 }

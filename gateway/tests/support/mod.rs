@@ -30,9 +30,7 @@ impl Drop for System {
 }
 
 pub async fn bind() -> (TcpListener, SocketAddr) {
-    let l = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
     let a = l.local_addr().expect("local addr");
     (l, a)
 }
@@ -60,9 +58,7 @@ impl System {
         broker(&mut config);
         tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
 
-        let store = fjord_coord::open(None, &dir.path().join("registry"))
-            .await
-            .expect("embedded store");
+        let store = fjord_coord::open(None, &dir.path().join("registry")).await.expect("embedded store");
         let (listener, registry_addr) = bind().await;
         tokio::spawn(fjord_schema_registry::run(
             fjord_schema_registry::RegistryConfig::default(),
@@ -92,23 +88,14 @@ impl System {
 
     /// Creates a topic with `partitions` partitions through the admin client.
     pub async fn create_topic(&self, name: &str, partitions: i32) {
-        let admin = fjord_client::Admin::connect(fjord_client::ClientConfig::new(&self.broker))
-            .await
-            .expect("admin connect");
-        admin
-            .create_topics(&[fjord_client::NewTopic::new(name, partitions)])
-            .await
-            .expect("create topic");
+        let admin = fjord_client::Admin::connect(fjord_client::ClientConfig::new(&self.broker)).await.expect("admin connect");
+        admin.create_topics(&[fjord_client::NewTopic::new(name, partitions)]).await.expect("create topic");
     }
 
     /// Log end offsets of every partition of `topic`, from the broker (not the gateway).
     pub async fn end_offsets(&self, topic: &str, partitions: i32) -> Vec<i64> {
-        let admin = fjord_client::Admin::connect(fjord_client::ClientConfig::new(&self.broker))
-            .await
-            .expect("admin connect");
-        let specs: Vec<_> = (0..partitions)
-            .map(|p| (topic.to_string(), p, fjord_client::OffsetSpec::Latest))
-            .collect();
+        let admin = fjord_client::Admin::connect(fjord_client::ClientConfig::new(&self.broker)).await.expect("admin connect");
+        let specs: Vec<_> = (0..partitions).map(|p| (topic.to_string(), p, fjord_client::OffsetSpec::Latest)).collect();
         admin.list_offsets(&specs).await.expect("list offsets")
     }
 }
@@ -126,37 +113,17 @@ pub struct KcatMessage {
 
 impl KcatMessage {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .chunks(2)
-            .find(|kv| kv[0] == name)
-            .map(|kv| kv[1].as_str())
+        self.headers.chunks(2).find(|kv| kv[0] == name).map(|kv| kv[1].as_str())
     }
 }
 
 /// Every message of `topic` (all partitions), read by kcat, an independent Kafka client.
 pub fn kcat_consume(broker: &str, topic: &str) -> Vec<KcatMessage> {
     let out = Command::new("kcat")
-        .args([
-            "-b",
-            broker,
-            "-C",
-            "-t",
-            topic,
-            "-o",
-            "beginning",
-            "-e",
-            "-J",
-            "-q",
-            "-m",
-            "60",
-        ])
+        .args(["-b", broker, "-C", "-t", topic, "-o", "beginning", "-e", "-J", "-q", "-m", "60"])
         .output()
         .expect("kcat must be installed (cargo xtask test installs it)");
-    assert!(
-        out.status.success(),
-        "kcat failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "kcat failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout)
         .expect("kcat -J prints UTF-8")
         .lines()
@@ -169,36 +136,15 @@ pub fn kcat_consume(broker: &str, topic: &str) -> Vec<KcatMessage> {
 /// for binary and Avro payloads.
 pub fn kcat_payloads(broker: &str, topic: &str, partition: i32) -> Vec<Vec<u8>> {
     let out = Command::new("kcat")
-        .args([
-            "-b",
-            broker,
-            "-C",
-            "-t",
-            topic,
-            "-p",
-            &partition.to_string(),
-            "-o",
-            "beginning",
-            "-e",
-            "-q",
-            "-f",
-            "%S:%s",
-        ])
+        .args(["-b", broker, "-C", "-t", topic, "-p", &partition.to_string(), "-o", "beginning", "-e", "-q", "-f", "%S:%s"])
         .output()
         .expect("kcat must be installed");
-    assert!(
-        out.status.success(),
-        "kcat failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "kcat failed: {}", String::from_utf8_lossy(&out.stderr));
     let mut payloads = Vec::new();
     let mut rest = &out.stdout[..];
     while !rest.is_empty() {
         let colon = rest.iter().position(|b| *b == b':').expect("size prefix");
-        let len: usize = std::str::from_utf8(&rest[..colon])
-            .unwrap()
-            .parse()
-            .unwrap();
+        let len: usize = std::str::from_utf8(&rest[..colon]).unwrap().parse().unwrap();
         payloads.push(rest[colon + 1..colon + 1 + len].to_vec());
         rest = &rest[colon + 1 + len..];
     }
@@ -210,9 +156,7 @@ pub fn kcat_payloads(broker: &str, topic: &str, partition: i32) -> Vec<Vec<u8>> 
 pub fn python() -> PathBuf {
     let path = std::env::var_os("FJORD_TEST_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin/python")
-        });
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin/python"));
     assert!(
         path.exists(),
         "Python for the grpcio test not found at {} (run `cargo xtask test`, which provisions target/venv, or set FJORD_TEST_PYTHON)",

@@ -39,7 +39,12 @@ impl HdfsFs {
                 ("dfs.client.failover.sleep.max.millis", "500"),
             ])
             .build()
-            .map_err(|source| Error::Hdfs { op: "connect", path: url.clone(), namenode: authority.to_string(), source: Box::new(source) })?;
+            .map_err(|source| Error::Hdfs {
+                op: "connect",
+                path: url.clone(),
+                namenode: authority.to_string(),
+                source: Box::new(source),
+            })?;
         Ok(Self { client, namenode: authority.to_string(), timeout })
     }
 

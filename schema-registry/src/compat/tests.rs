@@ -18,15 +18,46 @@ fn table() -> Vec<(&'static str, String, String, bool, bool)> {
     let enum_field = |symbols: &str, default: &str| {
         rec(&format!(r#"{{"name":"e","type":{{"type":"enum","name":"E","symbols":[{symbols}]{default}}}}}"#))
     };
-    let fixed_field = |name: &str, size: u32| rec(&format!(r#"{{"name":"f","type":{{"type":"fixed","name":"{name}","size":{size}}}}}"#));
+    let fixed_field =
+        |name: &str, size: u32| rec(&format!(r#"{{"name":"f","type":{{"type":"fixed","name":"{name}","size":{size}}}}}"#));
     let field = |ty: &str| rec(&format!(r#"{{"name":"a","type":{ty}}}"#));
     vec![
         ("identical", field(r#""int""#), field(r#""int""#), true, true),
-        ("add field with default", field(r#""int""#), rec(r#"{"name":"a","type":"int"},{"name":"b","type":"int","default":0}"#), true, true),
-        ("add field without default", field(r#""int""#), rec(r#"{"name":"a","type":"int"},{"name":"b","type":"int"}"#), false, true),
-        ("remove field without default", rec(r#"{"name":"a","type":"int"},{"name":"b","type":"int"}"#), field(r#""int""#), true, false),
-        ("remove field that had a default", rec(r#"{"name":"a","type":"int"},{"name":"b","type":"int","default":0}"#), field(r#""int""#), true, true),
-        ("add optional union field with null default", field(r#""int""#), rec(r#"{"name":"a","type":"int"},{"name":"c","type":["null","string"],"default":null}"#), true, true),
+        (
+            "add field with default",
+            field(r#""int""#),
+            rec(r#"{"name":"a","type":"int"},{"name":"b","type":"int","default":0}"#),
+            true,
+            true,
+        ),
+        (
+            "add field without default",
+            field(r#""int""#),
+            rec(r#"{"name":"a","type":"int"},{"name":"b","type":"int"}"#),
+            false,
+            true,
+        ),
+        (
+            "remove field without default",
+            rec(r#"{"name":"a","type":"int"},{"name":"b","type":"int"}"#),
+            field(r#""int""#),
+            true,
+            false,
+        ),
+        (
+            "remove field that had a default",
+            rec(r#"{"name":"a","type":"int"},{"name":"b","type":"int","default":0}"#),
+            field(r#""int""#),
+            true,
+            true,
+        ),
+        (
+            "add optional union field with null default",
+            field(r#""int""#),
+            rec(r#"{"name":"a","type":"int"},{"name":"c","type":["null","string"],"default":null}"#),
+            true,
+            true,
+        ),
         ("promote int to long", field(r#""int""#), field(r#""long""#), true, false),
         ("narrow long to int", field(r#""long""#), field(r#""int""#), false, true),
         ("promote int to float", field(r#""int""#), field(r#""float""#), true, false),
@@ -41,37 +72,117 @@ fn table() -> Vec<(&'static str, String, String, bool, bool)> {
         ("bytes to string", field(r#""bytes""#), field(r#""string""#), true, true),
         ("enum adds a symbol", enum_field(r#""A","B""#, ""), enum_field(r#""A","B","C""#, ""), true, false),
         ("enum removes a symbol", enum_field(r#""A","B","C""#, ""), enum_field(r#""A","B""#, ""), false, true),
-        ("enum removes a symbol, reader has a default", enum_field(r#""A","B","C""#, ""), enum_field(r#""A","B""#, r#","default":"A""#), true, true),
-        ("enum renamed", enum_field(r#""A""#, ""), rec(r#"{"name":"e","type":{"type":"enum","name":"F","symbols":["A"]}}"#), false, false),
+        (
+            "enum removes a symbol, reader has a default",
+            enum_field(r#""A","B","C""#, ""),
+            enum_field(r#""A","B""#, r#","default":"A""#),
+            true,
+            true,
+        ),
+        (
+            "enum renamed",
+            enum_field(r#""A""#, ""),
+            rec(r#"{"name":"e","type":{"type":"enum","name":"F","symbols":["A"]}}"#),
+            false,
+            false,
+        ),
         ("int becomes [null,int]", field(r#""int""#), field(r#"["null","int"]"#), true, false),
         ("[null,int] becomes int", field(r#"["null","int"]"#), field(r#""int""#), false, true),
         ("union gains a branch", field(r#"["null","int"]"#), field(r#"["null","int","string"]"#), true, false),
         ("union loses a branch", field(r#"["null","int","string"]"#), field(r#"["null","int"]"#), false, true),
         ("union branch promoted int to long", field(r#"["int","string"]"#), field(r#"["long","string"]"#), true, false),
-        ("nested record adds field with default", rec(&inner("")), rec(&inner(r#",{"name":"y","type":"string","default":""}"#)), true, true),
-        ("nested record adds field without default", rec(&inner("")), rec(&inner(r#",{"name":"y","type":"string"}"#)), false, true),
-        ("nested record field int to string", rec(&inner("")), rec(r#"{"name":"a","type":{"type":"record","name":"Inner","fields":[{"name":"x","type":"string"}]}}"#), false, false),
-        ("array items int to long", field(r#"{"type":"array","items":"int"}"#), field(r#"{"type":"array","items":"long"}"#), true, false),
-        ("array items string to int", field(r#"{"type":"array","items":"string"}"#), field(r#"{"type":"array","items":"int"}"#), false, false),
-        ("map values int to double", field(r#"{"type":"map","values":"int"}"#), field(r#"{"type":"map","values":"double"}"#), true, false),
-        ("map becomes array", field(r#"{"type":"map","values":"int"}"#), field(r#"{"type":"array","items":"int"}"#), false, false),
+        (
+            "nested record adds field with default",
+            rec(&inner("")),
+            rec(&inner(r#",{"name":"y","type":"string","default":""}"#)),
+            true,
+            true,
+        ),
+        (
+            "nested record adds field without default",
+            rec(&inner("")),
+            rec(&inner(r#",{"name":"y","type":"string"}"#)),
+            false,
+            true,
+        ),
+        (
+            "nested record field int to string",
+            rec(&inner("")),
+            rec(r#"{"name":"a","type":{"type":"record","name":"Inner","fields":[{"name":"x","type":"string"}]}}"#),
+            false,
+            false,
+        ),
+        (
+            "array items int to long",
+            field(r#"{"type":"array","items":"int"}"#),
+            field(r#"{"type":"array","items":"long"}"#),
+            true,
+            false,
+        ),
+        (
+            "array items string to int",
+            field(r#"{"type":"array","items":"string"}"#),
+            field(r#"{"type":"array","items":"int"}"#),
+            false,
+            false,
+        ),
+        (
+            "map values int to double",
+            field(r#"{"type":"map","values":"int"}"#),
+            field(r#"{"type":"map","values":"double"}"#),
+            true,
+            false,
+        ),
+        (
+            "map becomes array",
+            field(r#"{"type":"map","values":"int"}"#),
+            field(r#"{"type":"array","items":"int"}"#),
+            false,
+            false,
+        ),
         ("fixed unchanged", fixed_field("F", 16), fixed_field("F", 16), true, true),
         ("fixed size changes", fixed_field("F", 16), fixed_field("F", 8), false, false),
         ("fixed renamed", fixed_field("F", 16), fixed_field("G", 16), false, false),
-        ("record renamed", field(r#""int""#), r#"{"type":"record","name":"S","namespace":"t","fields":[{"name":"a","type":"int"}]}"#.to_string(), false, false),
-        ("record renamed with an alias for the old name", field(r#""int""#), r#"{"type":"record","name":"S","namespace":"t","aliases":["R"],"fields":[{"name":"a","type":"int"}]}"#.to_string(), true, false),
-        ("record namespace changes", field(r#""int""#), r#"{"type":"record","name":"R","namespace":"u","fields":[{"name":"a","type":"int"}]}"#.to_string(), true, true),
+        (
+            "record renamed",
+            field(r#""int""#),
+            r#"{"type":"record","name":"S","namespace":"t","fields":[{"name":"a","type":"int"}]}"#.to_string(),
+            false,
+            false,
+        ),
+        (
+            "record renamed with an alias for the old name",
+            field(r#""int""#),
+            r#"{"type":"record","name":"S","namespace":"t","aliases":["R"],"fields":[{"name":"a","type":"int"}]}"#.to_string(),
+            true,
+            false,
+        ),
+        (
+            "record namespace changes",
+            field(r#""int""#),
+            r#"{"type":"record","name":"R","namespace":"u","fields":[{"name":"a","type":"int"}]}"#.to_string(),
+            true,
+            true,
+        ),
         ("field renamed with an alias", field(r#""int""#), rec(r#"{"name":"b","type":"int","aliases":["a"]}"#), true, false),
         (
             "field that defined a named type removed; the type now defined by the reference site",
-            rec(r#"{"name":"a","type":{"type":"record","name":"Inner","fields":[{"name":"x","type":"int"}]}},{"name":"b","type":"Inner"}"#),
+            rec(
+                r#"{"name":"a","type":{"type":"record","name":"Inner","fields":[{"name":"x","type":"int"}]}},{"name":"b","type":"Inner"}"#,
+            ),
             rec(r#"{"name":"b","type":{"type":"record","name":"Inner","fields":[{"name":"x","type":"int"}]}}"#),
             true,
             false,
         ),
         ("recursive list promotes its value", list("int"), list("long"), true, false),
         ("recursive list unchanged", list("int"), list("int"), true, true),
-        ("timestamp-millis read as long", field(r#"{"type":"long","logicalType":"timestamp-millis"}"#), field(r#""long""#), true, true),
+        (
+            "timestamp-millis read as long",
+            field(r#"{"type":"long","logicalType":"timestamp-millis"}"#),
+            field(r#""long""#),
+            true,
+            true,
+        ),
         ("date (int) promoted to long", field(r#"{"type":"int","logicalType":"date"}"#), field(r#""long""#), true, false),
         ("top-level primitive unchanged", r#""string""#.to_string(), r#""string""#.to_string(), true, true),
         ("top-level null to [null,string]", r#""null""#.to_string(), r#"["null","string"]"#.to_string(), true, false),
@@ -94,7 +205,9 @@ fn table() -> Vec<(&'static str, String, String, bool, bool)> {
         (
             "array of records gains a defaulted field",
             field(r#"{"type":"array","items":{"type":"record","name":"It","fields":[{"name":"x","type":"int"}]}}"#),
-            field(r#"{"type":"array","items":{"type":"record","name":"It","fields":[{"name":"x","type":"int"},{"name":"y","type":"int","default":1}]}}"#),
+            field(
+                r#"{"type":"array","items":{"type":"record","name":"It","fields":[{"name":"x","type":"int"},{"name":"y","type":"int","default":1}]}}"#,
+            ),
             true,
             true,
         ),
@@ -180,11 +293,14 @@ fn field_schema(fields: &str) -> Schema {
 #[test]
 fn messages_name_the_rule_and_the_path() {
     let old = field_schema(r#"{"name":"a","type":{"type":"record","name":"Inner","fields":[{"name":"x","type":"int"}]}}"#);
-    let new = field_schema(r#"{"name":"a","type":{"type":"record","name":"Inner","fields":[{"name":"x","type":"int"},{"name":"y","type":"string"}]}}"#);
+    let new = field_schema(
+        r#"{"name":"a","type":{"type":"record","name":"Inner","fields":[{"name":"x","type":"int"},{"name":"y","type":"string"}]}}"#,
+    );
     let err = can_read(&old, &new).unwrap_err();
     assert_eq!(err.rule, "READER_FIELD_MISSING_DEFAULT_VALUE");
     assert_eq!(err.path, "/fields/a/fields/y");
-    let err = can_read(&field_schema(r#"{"name":"a","type":"long"}"#), &field_schema(r#"{"name":"a","type":"int"}"#)).unwrap_err();
+    let err =
+        can_read(&field_schema(r#"{"name":"a","type":"long"}"#), &field_schema(r#"{"name":"a","type":"int"}"#)).unwrap_err();
     assert_eq!((err.rule, err.path.as_str()), ("TYPE_MISMATCH", "/fields/a"));
     assert!(err.to_string().contains("reader type int cannot read writer type long"), "{err}");
 }

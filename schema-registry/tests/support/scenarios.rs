@@ -38,7 +38,8 @@ pub async fn register_lookup_and_fetch_by_subject_version_and_id(store: Store) {
 
     assert_eq!(register(&http, "orders-value", V1).await.ok(), json!({"id": 1}));
     // The same schema spelled differently: same id, no new version.
-    let respelled = r#"{ "fields": [{"type": {"type": "int"}, "name": "a"}], "namespace": "test", "name": "R", "type": "record" }"#;
+    let respelled =
+        r#"{ "fields": [{"type": {"type": "int"}, "name": "a"}], "namespace": "test", "name": "R", "type": "record" }"#;
     assert_eq!(register(&http, "orders-value", respelled).await.ok(), json!({"id": 1}));
     assert_eq!(http.get("/subjects/orders-value/versions").await.ok(), json!([1]));
     // The same schema under another subject: same global id.
@@ -59,7 +60,10 @@ pub async fn register_lookup_and_fetch_by_subject_version_and_id(store: Store) {
     assert_eq!((latest["version"].clone(), latest["id"].clone()), (json!(2), json!(2)));
     assert_eq!(http.get("/subjects/orders-value/versions/-1").await.ok()["version"], 2);
     // The raw schema endpoints return the schema itself as the body.
-    assert_eq!(http.get("/subjects/orders-value/versions/1/schema").await.ok(), serde_json::from_str::<Value>(&canonical_v1).unwrap());
+    assert_eq!(
+        http.get("/subjects/orders-value/versions/1/schema").await.ok(),
+        serde_json::from_str::<Value>(&canonical_v1).unwrap()
+    );
     assert_eq!(http.get("/schemas/ids/1/schema").await.ok(), serde_json::from_str::<Value>(&canonical_v1).unwrap());
     assert_eq!(
         http.get("/schemas/ids/1/versions").await.ok(),
@@ -122,7 +126,9 @@ pub async fn error_codes_and_rejected_requests_store_nothing(store: Store) {
     bad.assert_error(422, 42201);
     assert!(bad.body["message"].as_str().unwrap().contains("Nope"), "{bad:?}");
     register(&http, "t", "not json").await.assert_error(422, 42201);
-    register(&http, "t", r#"{"type":"record","name":"R","fields":[{"name":"a","type":"int","default":"x"}]}"#).await.assert_error(422, 42201);
+    register(&http, "t", r#"{"type":"record","name":"R","fields":[{"name":"a","type":"int","default":"x"}]}"#)
+        .await
+        .assert_error(422, 42201);
     register(&http, "t", "").await.assert_error(422, 42201);
     // A union default that is not of the union's first type (Java Avro refuses to parse it).
     register(&http, "t", &record(r#"{"name":"a","type":["null","int"],"default":1}"#)).await.assert_error(422, 42201);
@@ -183,12 +189,21 @@ pub async fn config_and_compatibility_endpoints(store: Store) {
     let incompatible = record(r#"{"name":"a","type":"string"}"#);
     let check = |body: String| json!({ "schema": body });
     assert_eq!(http.post("/compatibility/subjects/s/versions/latest", check(v2())).await.ok(), json!({"is_compatible": true}));
-    assert_eq!(http.post("/compatibility/subjects/s/versions/1", check(incompatible.clone())).await.ok(), json!({"is_compatible": false}));
+    assert_eq!(
+        http.post("/compatibility/subjects/s/versions/1", check(incompatible.clone())).await.ok(),
+        json!({"is_compatible": false})
+    );
     let verbose = http.post("/compatibility/subjects/s/versions/1?verbose=true", check(incompatible.clone())).await.ok();
     assert_eq!(verbose["is_compatible"], false);
     assert!(verbose["messages"][0].as_str().unwrap().contains("TYPE_MISMATCH"), "{verbose}");
-    assert_eq!(http.post("/compatibility/subjects/s/versions", check(incompatible.clone())).await.ok(), json!({"is_compatible": false}));
-    assert_eq!(http.post("/compatibility/subjects/fresh/versions", check(incompatible.clone())).await.ok(), json!({"is_compatible": true}));
+    assert_eq!(
+        http.post("/compatibility/subjects/s/versions", check(incompatible.clone())).await.ok(),
+        json!({"is_compatible": false})
+    );
+    assert_eq!(
+        http.post("/compatibility/subjects/fresh/versions", check(incompatible.clone())).await.ok(),
+        json!({"is_compatible": true})
+    );
     http.post("/compatibility/subjects/s/versions/7", check(v2())).await.assert_error(404, 40402);
     http.post("/compatibility/subjects/s/versions/x", check(v2())).await.assert_error(422, 42202);
     http.post("/compatibility/subjects/nope/versions/latest", check(v2())).await.assert_error(404, 40401);
@@ -203,7 +218,10 @@ pub async fn config_and_compatibility_endpoints(store: Store) {
     assert_eq!(http.put("/config/s", json!({"compatibility": "NONE"})).await.ok(), json!({"compatibility": "NONE"}));
     assert_eq!(http.get("/config/s").await.ok(), json!({"compatibilityLevel": "NONE"}));
     // Under NONE the incompatible schema registers, and the compatibility check agrees.
-    assert_eq!(http.post("/compatibility/subjects/s/versions/latest", check(incompatible.clone())).await.ok()["is_compatible"], true);
+    assert_eq!(
+        http.post("/compatibility/subjects/s/versions/latest", check(incompatible.clone())).await.ok()["is_compatible"],
+        true
+    );
     assert_eq!(register(&http, "s", &incompatible).await.ok()["id"], 2);
     assert_eq!(http.delete("/config/s").await.ok(), json!({"compatibilityLevel": "NONE"}));
     http.get("/config/s").await.assert_error(404, 40408);
@@ -214,7 +232,10 @@ pub async fn config_and_compatibility_endpoints(store: Store) {
     assert_eq!(http.get("/config").await.ok(), json!({"compatibilityLevel": "BACKWARD"}));
     assert_eq!(http.delete("/config").await.ok(), json!({"compatibilityLevel": "BACKWARD"}));
     // Config for a subject that has no versions yet is allowed (set before the first schema).
-    assert_eq!(http.put("/config/later", json!({"compatibilityLevel": "forward"})).await.ok(), json!({"compatibility": "FORWARD"}));
+    assert_eq!(
+        http.put("/config/later", json!({"compatibilityLevel": "forward"})).await.ok(),
+        json!({"compatibility": "FORWARD"})
+    );
     assert_eq!(http.get("/subjects").await.ok(), json!(["s"]));
 
     // Transitive levels through the API: v1 {a}, v2 {a, b=""}, then {a, b} without default.
@@ -310,7 +331,9 @@ pub async fn two_instances(store_a: Store, store_b: Store) {
             let http = Http::new(&url);
             let own = record(&format!(r#"{{"name":"f{i}","type":"int","default":0}}"#));
             let distinct = register(&http, &format!("race-{i}"), &own).await.ok()["id"].as_i64().unwrap();
-            let shared = register(&http, &format!("shared-{i}"), &record(r#"{"name":"same","type":"int"}"#)).await.ok()["id"].as_i64().unwrap();
+            let shared = register(&http, &format!("shared-{i}"), &record(r#"{"name":"same","type":"int"}"#)).await.ok()["id"]
+                .as_i64()
+                .unwrap();
             let in_one_subject = register(&http, "crowded", &own).await.ok()["id"].as_i64().unwrap();
             assert_eq!(distinct, in_one_subject);
             (distinct, shared)
