@@ -428,15 +428,89 @@ impl Producer {
     pub async fn send(&self, record: ProducerRecord) -> Result<DeliveryFuture> {
         let inner = &self.inner;
         let size = record.encoded_size();
-        if size + BATCH_OVERHEAD > inner.config.max_request_size {
-            return Err(Error::RecordTooLarge { size: size + BATCH_OVERHEAD, max: inner.config.max_request_size });
-        }
+        inner.check_size(size)?;
         inner.reserve(size).await?;
         let result = self.append(record, size).await;
         if result.is_err() {
             inner.memory.add_permits(size);
         }
         result
+    }
+
+    /// Sends `records` in order, as many [`Self::send`] calls would, and returns their
+    /// delivery futures in the same order. The records are appended under one lock for as
+    /// long as buffer memory is free and their topics' partition counts are known, with
+    /// one clock read for their timestamps: a caller with many records at hand (the
+    /// gateway, a request at a time) pays the lock, the wake-up and the clock once, not
+    /// per record, and does not contend with itself. A record that has to wait (for
+    /// memory or metadata) takes the path of `send`, then the run goes on.
+    ///
+    /// The first error ends the call; the records before it stay queued and are
+    /// delivered, as with a loop of `send`.
+    pub async fn send_many(&self, records: impl IntoIterator<Item = ProducerRecord>) -> Result<Vec<DeliveryFuture>> {
+        let mut records = records.into_iter();
+        let mut futures = Vec::with_capacity(records.size_hint().0);
+        loop {
+            let (record, size, reserved) = match self.append_run(&mut records, &mut futures)? {
+                None => return Ok(futures),
+                Some(waiting) => waiting,
+            };
+            if !reserved {
+                self.inner.reserve(size).await?;
+            }
+            match self.append(record, size).await {
+                Ok(future) => futures.push(future),
+                Err(e) => {
+                    self.inner.memory.add_permits(size);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Appends records from `records` under one lock until they run out (`None`) or one
+    /// has to wait: `Some((record, size, whether its memory is reserved))`.
+    fn append_run(
+        &self,
+        records: &mut impl Iterator<Item = ProducerRecord>,
+        futures: &mut Vec<DeliveryFuture>,
+    ) -> Result<Option<(ProducerRecord, usize, bool)>> {
+        let inner = &self.inner;
+        let version = inner.cluster.metadata_version();
+        let now = now_ms();
+        let mut woke = false;
+        let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut outcome = Ok(None);
+        for record in records.by_ref() {
+            let size = record.encoded_size();
+            if let Err(e) = inner.check_size(size) {
+                outcome = Err(e);
+                break;
+            }
+            let Ok(permit) = inner.memory.try_acquire_many(size as u32) else {
+                outcome = Ok(Some((record, size, false)));
+                break;
+            };
+            permit.forget();
+            let timestamp = record.timestamp.unwrap_or(now);
+            match self.append_to(&mut state, record, size, timestamp, version, None, &mut woke) {
+                Ok(Ok(future)) => futures.push(future),
+                Ok(Err(back)) => {
+                    outcome = Ok(Some((back, size, true)));
+                    break;
+                }
+                Err(e) => {
+                    inner.memory.add_permits(size);
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        drop(state);
+        if woke {
+            inner.wake_sender.notify_one();
+        }
+        outcome
     }
 
     /// Appends a record whose `size` bytes of buffer memory are reserved.
@@ -468,8 +542,31 @@ impl Producer {
         version: u64,
         known: Option<i32>,
     ) -> Result<std::result::Result<DeliveryFuture, ProducerRecord>> {
+        let mut woke = false;
+        let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        let appended = self.append_to(&mut state, record, size, timestamp, version, known, &mut woke);
+        drop(state);
+        if woke {
+            self.inner.wake_sender.notify_one();
+        }
+        appended
+    }
+
+    /// Appends one record to its partition's open batch in `state` (locked by the
+    /// caller), as [`Self::append_locked`] describes; `woke` is set when the sender has
+    /// work to wake up for (a new or a full batch).
+    #[allow(clippy::too_many_arguments)]
+    fn append_to(
+        &self,
+        state: &mut State,
+        record: ProducerRecord,
+        size: usize,
+        timestamp: i64,
+        version: u64,
+        known: Option<i32>,
+        woke: &mut bool,
+    ) -> Result<std::result::Result<DeliveryFuture, ProducerRecord>> {
         let inner = &self.inner;
-        let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
         let cached = state.topics.get(record.topic.as_str()).filter(|t| t.metadata_version == version).map(|t| t.partition_count);
         let Some(partitions) = cached.or(known) else {
             return Ok(Err(record));
@@ -482,7 +579,7 @@ impl Producer {
         if state.closing {
             return Err(Error::ProducerClosed);
         }
-        let State { topics, random, incomplete, .. } = &mut *state;
+        let State { topics, random, incomplete, .. } = state;
         let topic = topics.entry_ref(&record.topic, partitions);
         topic.partition_count = partitions;
         topic.metadata_version = version;
@@ -493,17 +590,16 @@ impl Producer {
         };
         let name = topic.name.clone();
         let queue = &mut topic.partitions[partition as usize];
-        let mut woke = false;
         if let Some(open) = &queue.open {
             if open.builder.size() + size > inner.config.batch_size {
                 let open = queue.open.take().expect("checked above");
                 queue.ready.push_back(open.close(&name, partition, inner.config.compression)?);
-                woke = true;
+                *woke = true;
             }
         }
         let open = queue.open.get_or_insert_with(|| {
             *incomplete += 1;
-            woke = true;
+            *woke = true;
             OpenBatch {
                 builder: BatchBuilder::with_capacity(timestamp, inner.config.batch_size.min(1 << 20)),
                 created: Instant::now(),
@@ -527,11 +623,7 @@ impl Producer {
                 let next = random.as_mut().map_or(0, |r| r.partition(partitions, Some(partition)));
                 topic.sticky = Some(next);
             }
-            woke = true;
-        }
-        drop(state);
-        if woke {
-            inner.wake_sender.notify_one();
+            *woke = true;
         }
         Ok(Ok(future))
     }
@@ -630,6 +722,16 @@ impl Inner {
         match t.partitions.len() {
             0 => Err(Error::UnknownTopic(topic.to_string())),
             n => Ok(n as i32),
+        }
+    }
+
+    /// A record of `size` encoded bytes must fit in a request with its batch header.
+    fn check_size(&self, size: usize) -> Result<()> {
+        match size + BATCH_OVERHEAD {
+            total if total > self.config.max_request_size => {
+                Err(Error::RecordTooLarge { size: total, max: self.config.max_request_size })
+            }
+            _ => Ok(()),
         }
     }
 

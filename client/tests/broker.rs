@@ -438,3 +438,63 @@ async fn a_fetch_in_flight_before_a_reassign_is_not_taken_for_the_new_assignment
     let again = consume_n(&mut c, 20).await;
     assert_eq!(again.iter().map(|r| r.offset).collect::<Vec<_>>(), (0..20).collect::<Vec<_>>());
 }
+
+/// `send_many` is a loop of `send` in one call: the same partitions for the same keys,
+/// order kept per partition, records delivered through memory waits (a buffer far smaller
+/// than the run) and across an unknown topic's metadata fetch; a record too large for a
+/// request ends the call, and the records before it are still delivered.
+#[tokio::test]
+async fn send_many_delivers_like_a_loop_of_send() {
+    let broker = start_broker().await;
+    create_topic(&broker.addr, "many", 3, &[]).await;
+    let p = producer(&broker.addr, |c| {
+        c.buffer_memory = 16 * 1024;
+        c.batch_size = 4 * 1024;
+        c.max_request_size = 8 * 1024;
+    })
+    .await;
+    const N: usize = 2_000;
+    // The topic's metadata is not cached yet: the first record takes the slow path.
+    let futures = p.send_many((0..N).map(|i| record("many", i))).await.unwrap();
+    assert_eq!(futures.len(), N);
+    let mut sent = Vec::new();
+    for f in futures {
+        sent.push(f.await.unwrap());
+    }
+    // The same keys land where single sends put them.
+    let single = producer(&broker.addr, |_| {}).await;
+    for i in (0..N).filter(|i| !i.is_multiple_of(4)).take(20) {
+        let m = single.send(record("many", i)).await.unwrap().await.unwrap();
+        assert_eq!(m.partition, sent[i].partition, "record {i}");
+    }
+    // Everything arrived, in send order within each partition, with its content.
+    let mut c = consumer(&broker.addr).await;
+    c.assign((0..3).map(|p| TopicPartition::new("many", p))).await.unwrap();
+    let got = consume_n(&mut c, N + 20).await;
+    let mut by_partition: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
+    for r in got.iter().filter(|r| r.offset < sent.iter().filter(|m| m.partition == r.partition).count() as i64) {
+        let i: usize = std::str::from_utf8(r.headers[0].1.as_deref().unwrap()).unwrap().parse().unwrap();
+        let expected = record("many", i);
+        assert_eq!((&r.key, &r.value, Some(r.timestamp)), (&expected.key, &expected.value, expected.timestamp));
+        assert_eq!((r.partition, r.offset), (sent[i].partition, sent[i].offset), "record {i}");
+        by_partition.entry(r.partition).or_default().push(i);
+    }
+    assert_eq!(by_partition.values().map(Vec::len).sum::<usize>(), N);
+    for (partition, order) in &by_partition {
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "partition {partition} out of order");
+    }
+
+    // A record larger than max.request.size ends the call; the ones before it are delivered.
+    let run = vec![
+        ProducerRecord::new("many", "a").partition(0),
+        ProducerRecord::new("many", vec![0u8; 20_000]),
+        ProducerRecord::new("many", "b").partition(0),
+    ];
+    let before = p.send_many(vec![ProducerRecord::new("many", "probe").partition(0)]).await.unwrap().remove(0).await.unwrap();
+    let err = p.send_many(run).await.unwrap_err();
+    assert!(matches!(err, Error::RecordTooLarge { max: 8192, .. }), "{err}");
+    p.flush().await;
+    let admin = Admin::connect(client(&broker.addr)).await.unwrap();
+    let end = admin.list_offsets(&[("many".to_string(), 0, OffsetSpec::Latest)]).await.unwrap();
+    assert_eq!(end[0], before.offset + 2, "the record before the oversize one is in the log, the one after is not");
+}
