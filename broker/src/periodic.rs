@@ -43,18 +43,18 @@ impl Periodic {
 mod tests {
     use super::*;
 
-    // Real time, so only lower bounds are asserted: a busy machine makes ticks late,
-    // never early.
+    // Paused time: the clock moves only when every task waits on a timer, so the
+    // instants are exact.
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_first_tick_comes_one_period_after_the_start() {
         let start = Instant::now();
         let mut periodic = Periodic::new(Duration::from_millis(50));
         periodic.tick().await;
-        assert!(start.elapsed() >= Duration::from_millis(50), "{:?}", start.elapsed());
+        assert_eq!(start.elapsed(), Duration::from_millis(50));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_late_round_delays_the_next_tick_instead_of_a_burst() {
         let period = Duration::from_millis(50);
         let mut periodic = Periodic::new(period);
@@ -62,22 +62,23 @@ mod tests {
         // A round that takes three periods: the missed tick fires at once, and the next
         // a whole period after it, not straight away to catch up.
         tokio::time::sleep(period * 3).await;
-        periodic.tick().await;
         let late = Instant::now();
         periodic.tick().await;
-        assert!(late.elapsed() >= period, "{:?}", late.elapsed());
+        assert_eq!(late.elapsed(), Duration::ZERO);
+        periodic.tick().await;
+        assert_eq!(late.elapsed(), period);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_zero_period_is_raised_to_the_minimum() {
         let start = Instant::now();
         let mut periodic = Periodic::new(Duration::ZERO);
         periodic.tick().await;
         periodic.tick().await;
-        assert!(start.elapsed() >= MIN_PERIOD * 2, "{:?}", start.elapsed());
+        assert_eq!(start.elapsed(), MIN_PERIOD * 2);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn tick_until_stops_on_shutdown() {
         let shutdown = CancellationToken::new();
         let mut periodic = Periodic::new(Duration::from_millis(10));
