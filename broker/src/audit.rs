@@ -20,7 +20,7 @@ use std::sync::Arc;
 use fjord_audit::record::{audited_topic, window_start};
 use fjord_audit::{counter::tally, AuditCounter, CREATED_HEADER};
 use fjord_record::compression::records_body;
-use fjord_record::varint::get_varlong;
+use fjord_record::varint::varlong_at;
 use fjord_record::{BatchHeader, TimestampType, BATCH_OVERHEAD};
 
 use crate::config::AuditConfig;
@@ -149,26 +149,6 @@ fn next_record(body: &[u8], at: &mut usize) -> Option<(i64, Option<i64>)> {
         }
     }
     Some((delta, None))
-}
-
-/// The zig-zag varlong at `*at`, moving `*at` past it.
-#[inline(always)]
-fn varlong_at(buf: &[u8], at: &mut usize) -> Option<i64> {
-    let first = *buf.get(*at)?;
-    if first < 0x80 {
-        *at += 1;
-        return Some(i64::from(first >> 1) ^ -i64::from(first & 1));
-    }
-    if let Some(&second) = buf.get(*at + 1) {
-        if second < 0x80 {
-            *at += 2;
-            let raw = i64::from(first & 0x7f) | i64::from(second) << 7;
-            return Some((raw >> 1) ^ -(raw & 1));
-        }
-    }
-    let (value, n) = get_varlong(buf.get(*at..)?)?;
-    *at += n;
-    Some(value)
 }
 
 /// Skips a length-prefixed byte string (-1 = null) at `*at`.

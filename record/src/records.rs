@@ -6,7 +6,7 @@
 //! header_count varint, headers [key_length varint, key, value_length varint, value]
 //! ```
 
-use crate::varint::{get_varint, get_varlong};
+use crate::varint::{get_varint, get_varlong, varlong_at};
 use crate::{Error, Result};
 
 /// One record, borrowed from the batch bytes.
@@ -178,28 +178,6 @@ impl FramingWalk {
         }
         Ok(())
     }
-}
-
-/// Reads the zig-zag varlong at `*at` of `buf` (the same encoding and limits as
-/// [`get_varlong`]) and moves `*at` past it; one and two bytes, nearly all the
-/// varints of a record (lengths and deltas below 8192), take no loop.
-#[inline(always)]
-fn varlong_at(buf: &[u8], at: &mut usize) -> Option<i64> {
-    let first = *buf.get(*at)?;
-    if first < 0x80 {
-        *at += 1;
-        return Some(i64::from(first >> 1) ^ -i64::from(first & 1));
-    }
-    if let Some(&second) = buf.get(*at + 1) {
-        if second < 0x80 {
-            *at += 2;
-            let raw = i64::from(first & 0x7f) | i64::from(second) << 7;
-            return Some((raw >> 1) ^ -(raw & 1));
-        }
-    }
-    let (value, n) = get_varlong(&buf[*at..])?;
-    *at += n;
-    Some(value)
 }
 
 /// [`varlong_at`] for a value that must fit an `i32`, as [`get_varint`].

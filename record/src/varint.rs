@@ -41,6 +41,28 @@ pub fn get_varint(buf: &[u8]) -> Option<(i32, usize)> {
     Some((i32::try_from(v).ok()?, n))
 }
 
+/// Reads the zig-zag varlong at `*at` of `buf` (the same encoding and limits as
+/// [`get_varlong`]) and moves `*at` past it; one and two bytes, nearly all the
+/// varints of a record (lengths and deltas below 8192), take no loop.
+#[inline(always)]
+pub fn varlong_at(buf: &[u8], at: &mut usize) -> Option<i64> {
+    let first = *buf.get(*at)?;
+    if first < 0x80 {
+        *at += 1;
+        return Some(i64::from(first >> 1) ^ -i64::from(first & 1));
+    }
+    if let Some(&second) = buf.get(*at + 1) {
+        if second < 0x80 {
+            *at += 2;
+            let raw = i64::from(first & 0x7f) | i64::from(second) << 7;
+            return Some((raw >> 1) ^ -(raw & 1));
+        }
+    }
+    let (value, n) = get_varlong(&buf[*at..])?;
+    *at += n;
+    Some(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
