@@ -84,18 +84,22 @@ fn ts(seq: u64, step_ms: i64) -> i64 {
     BASE_TS + seq as i64 * step_ms
 }
 
-/// Produces `clicks` records `seqs` (Avro, registered schema) to partition `seq % partitions`.
-async fn produce_clicks(c: &Cluster, topic: &str, partitions: u64, seqs: std::ops::Range<u64>, step_ms: i64) {
-    let registry = RegistryClient::new(&c.registry_url).unwrap();
-    let id = registry.register(&format!("{topic}-value"), CLICK_SCHEMA).await.unwrap();
-    let producer = Producer::connect(ProducerConfig {
+/// A producer for the bulk loads of these tests: large batches, 20 ms of linger.
+async fn bulk_producer(c: &Cluster) -> Producer {
+    let config = ProducerConfig {
         client: client(&c.bootstrap),
         linger: Duration::from_millis(20),
         batch_size: 256 * 1024,
         ..ProducerConfig::default()
-    })
-    .await
-    .unwrap();
+    };
+    Producer::connect(config).await.unwrap()
+}
+
+/// Produces `clicks` records `seqs` (Avro, registered schema) to partition `seq % partitions`.
+async fn produce_clicks(c: &Cluster, topic: &str, partitions: u64, seqs: std::ops::Range<u64>, step_ms: i64) {
+    let registry = RegistryClient::new(&c.registry_url).unwrap();
+    let id = registry.register(&format!("{topic}-value"), CLICK_SCHEMA).await.unwrap();
+    let producer = bulk_producer(c).await;
     let mut pending = Vec::new();
     for seq in seqs {
         let value = Value::Record(vec![
@@ -115,14 +119,7 @@ async fn produce_clicks(c: &Cluster, topic: &str, partitions: u64, seqs: std::op
 
 /// Produces raw records `raw-<seq>` with a key and a header to partition `seq % partitions`.
 async fn produce_raw(c: &Cluster, topic: &str, partitions: u64, seqs: std::ops::Range<u64>, step_ms: i64) {
-    let producer = Producer::connect(ProducerConfig {
-        client: client(&c.bootstrap),
-        linger: Duration::from_millis(20),
-        batch_size: 256 * 1024,
-        ..ProducerConfig::default()
-    })
-    .await
-    .unwrap();
+    let producer = bulk_producer(c).await;
     let mut pending = Vec::new();
     for seq in seqs {
         let record = ProducerRecord::new(topic, format!("raw-{seq}"))
