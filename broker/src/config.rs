@@ -163,6 +163,7 @@ const LOG_KEYS: &[(&str, &str)] = &[
     ("log.cleaner.min.cleanable.ratio", "min.cleanable.dirty.ratio"),
     ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms"),
     ("min.insync.replicas", "min.insync.replicas"),
+    ("log.preallocate", "preallocate"),
 ];
 
 impl BrokerConfig {

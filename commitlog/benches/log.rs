@@ -3,7 +3,8 @@
 //! First a summary measured with plain timed loops, all in one run so the numbers
 //! compare: this machine's sequential page-cache write rate paired round by round
 //! with the same volume of appends (std::fs, 1 MiB writes like `dd bs=1M`, and
-//! writes of the batch's size), append throughput of 200-byte records in batches of 1, 50,
+//! writes of the batch's size with blocks reserved ahead as the log reserves them:
+//! the kernel's cost for the log's write pattern, without the log), append throughput of 200-byte records in batches of 1, 50,
 //! 1,000 records and ~1 MiB, sequential read throughput, and random `read(offset)`
 //! lookup latency p50/p99 on a 1 GiB log (in page cache, 128 MiB segments so most
 //! lookups go through sealed segments' index files). The append and write rates are
@@ -87,20 +88,31 @@ impl Cost {
 /// Time to write `total` bytes in writes of `chunk`, no fsync, to 128 MiB files
 /// of which at most 512 MiB are kept: the same file pattern as the log's appends
 /// (128 MiB segments, retention 512 MiB), so both meet the same page-cache and
-/// writeback conditions. Returns the cost and the bytes written (`total` rounded up
-/// to whole writes).
-fn page_cache_write(dir: &Path, total: u64, chunk: &[u8]) -> (Cost, u64) {
+/// writeback conditions. With `reserve`, blocks are reserved 16 MiB ahead of the
+/// writes and the rest given back at the end, as the log does (`preallocate`); `dd`
+/// does not. Returns the cost and the bytes written (`total` rounded up to whole writes).
+fn page_cache_write(dir: &Path, total: u64, chunk: &[u8], reserve: bool) -> (Cost, u64) {
+    use nix::fcntl::{fallocate, FallocateFlags};
+    use std::os::fd::AsRawFd;
+    const AHEAD: u64 = 16 << 20;
     let mut files = std::collections::VecDeque::new();
     let mut written = 0u64;
     let (start, cpu_start) = (Instant::now(), thread_cpu_ns());
     while written < total {
         let path = dir.join(format!("dd-{}.tmp", files.len() + written as usize));
         let mut f = File::create(&path).unwrap();
-        let mut in_file = 0u64;
+        let (mut in_file, mut reserved) = (0u64, 0u64);
         while in_file < SEGMENT_BYTES && written < total {
+            if reserve && in_file + chunk.len() as u64 > reserved {
+                fallocate(f.as_raw_fd(), FallocateFlags::FALLOC_FL_KEEP_SIZE, reserved as i64, AHEAD as i64).unwrap();
+                reserved += AHEAD;
+            }
             f.write_all(chunk).unwrap();
             in_file += chunk.len() as u64;
             written += chunk.len() as u64;
+        }
+        if reserve {
+            f.set_len(in_file).unwrap();
         }
         files.push_back(path);
         if files.len() > 4 {
@@ -187,10 +199,10 @@ fn summary(dir: &Path) {
     println!("== fjord-log summary (one run; 200-byte records) ==");
     // Paired measurements: each round writes the same volume three ways, back to
     // back, after a `sync`: 1 MiB writes from a page-aligned buffer (dd bs=1M), writes
-    // of the batch's size from a copy of the batch (the kernel's cost for the log's
-    // write pattern: per write, and per alignment of the file positions), and log
-    // appends. Times add up over the rounds, so all three see the same (shared, noisy)
-    // machine.
+    // of the batch's size from a copy of the batch into reserved blocks (the kernel's
+    // cost for the log's write pattern: per write, and per alignment of the file
+    // positions), and log appends. Times add up over the rounds, so all three see the
+    // same (shared, noisy) machine.
     const ROUNDS: u32 = 8;
     for (label, records) in
         [("1-record batches", 1), ("50-record batches", 50), ("1000-record batches", 1000), ("1 MiB batches", 0)]
@@ -209,12 +221,12 @@ fn summary(dir: &Path) {
             for step in 0..3 {
                 match (step + round) % 3 {
                     0 => {
-                        let (cost, b) = page_cache_write(dir, total, &dd[dd_start..]);
+                        let (cost, b) = page_cache_write(dir, total, &dd[dd_start..], false);
                         page_cache.add(cost);
                         page_cache_bytes += b;
                     }
                     1 => {
-                        let (cost, b) = page_cache_write(dir, total, &same);
+                        let (cost, b) = page_cache_write(dir, total, &same, bench_config().preallocate);
                         same_size.add(cost);
                         same_size_bytes += b;
                     }

@@ -263,6 +263,9 @@ impl Log {
         let active = &mut w.active;
         let segment = active.segment.clone();
         let position = segment.size();
+        if config.preallocate {
+            active.reserve(position + batches.len() as u64, config.segment_bytes);
+        }
         if let Err(e) = segment.file.write_all_at(batches, position) {
             // Leave the log byte for byte as it was.
             let _ = segment.file.set_len(position);
@@ -346,6 +349,7 @@ impl Log {
     fn roll(&self, w: &mut Writer, base_offset: Offset) -> Result<()> {
         self.write_active_indexes(w, true)?;
         w.producers.snapshot(self.log_end_offset())?;
+        w.active.release_reserved().at(w.active.segment.path(LOG_SUFFIX))?;
         let old = w.active.segment.clone();
         old.seal();
         w.unsynced.push(old);
@@ -806,6 +810,7 @@ impl Log {
         if w.closed {
             return Ok(());
         }
+        w.active.release_reserved().at(w.active.segment.path(LOG_SUFFIX))?;
         self.flush_locked(&mut w)?;
         w.producers.snapshot(self.log_end_offset())?;
         self.delete_expired(&mut w, true)?;

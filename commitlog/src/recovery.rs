@@ -106,7 +106,14 @@ pub(crate) struct Active {
     pub(crate) builder: IndexBuilder,
     /// Max timestamp of the first batch (Kafka's base for `segment.ms`).
     pub(crate) first_timestamp: Option<i64>,
+    /// The `.log`'s disk blocks are reserved up to here (see [`Active::reserve`]).
+    reserved_to: u64,
 }
+
+/// How far ahead of the writes [`Active::reserve`] reserves blocks: large enough that
+/// the `fallocate` call is rare (once per 16 MiB), small enough that a partition
+/// holds little unused space.
+const RESERVE_AHEAD: u64 = 16 << 20;
 
 impl Active {
     /// Makes `segment` active with the given entries, writing them as its index files.
@@ -128,8 +135,46 @@ impl Active {
         let index_file = open(&index_path)?;
         let time_index_file = open(&time_path)?;
         let (index_written, times_written) = (offsets.len(), times.len());
+        let reserved_to = segment.size();
         segment.activate(offsets, times);
-        Ok(Self { segment, index_file, time_index_file, index_written, times_written, builder, first_timestamp })
+        Ok(Self { segment, index_file, time_index_file, index_written, times_written, builder, first_timestamp, reserved_to })
+    }
+
+    /// Makes sure the `.log`'s disk blocks up to `end` are allocated, reserving up to
+    /// [`RESERVE_AHEAD`] more (never past `limit`, the segment size at which it rolls)
+    /// with `FALLOC_FL_KEEP_SIZE`: the file's length does not change, so readers and
+    /// recovery see only written bytes. A write into reserved blocks skips ext4's
+    /// delayed-allocation bookkeeping, which is most of the kernel's cost of a write
+    /// into the page cache. Reserving is an optimisation only: where the file system
+    /// refuses, the write goes ahead and allocates as usual.
+    pub(crate) fn reserve(&mut self, end: u64, limit: u64) {
+        if end <= self.reserved_to {
+            return;
+        }
+        let from = self.reserved_to.max(self.segment.size());
+        let to = end.max(from.saturating_add(RESERVE_AHEAD).min(limit));
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&*self.segment.file);
+        let flags = nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        match nix::fcntl::fallocate(fd, flags, from as i64, (to - from) as i64) {
+            Ok(()) => self.reserved_to = to,
+            // No support here: stop asking for this segment.
+            Err(nix::errno::Errno::EOPNOTSUPP) => self.reserved_to = u64::MAX,
+            Err(e) => {
+                // E.g. a full disk: the write itself reports it, precisely.
+                tracing::debug!(segment = self.segment.base_offset, error = %e, "could not reserve segment space");
+                self.reserved_to = to;
+            }
+        }
+    }
+
+    /// Gives back the blocks reserved past the written bytes (the file's length is
+    /// already that of its data; truncating to it frees what lies beyond). Always
+    /// truncates: a reservation made before a crash is not known to this `Active`.
+    pub(crate) fn release_reserved(&mut self) -> io::Result<()> {
+        let size = self.segment.size();
+        self.segment.file.set_len(size)?;
+        self.reserved_to = size;
+        Ok(())
     }
 }
 

@@ -551,3 +551,61 @@ fn readers_stay_correct_while_retention_deletes_under_them() {
     }
     assert!(log.log_start_offset() > 0);
 }
+
+/// Bytes of disk a file holds (allocated blocks), as `du` counts them.
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).unwrap().blocks() * 512
+}
+
+/// Whether this file system reserves blocks past a file's end (`fallocate` with
+/// `FALLOC_FL_KEEP_SIZE`); where it does not, `preallocate` must change nothing.
+fn can_reserve(dir: &Path) -> bool {
+    let probe = File::create(dir.join("probe")).unwrap();
+    let flags = nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+    let ok = nix::fcntl::fallocate(std::os::fd::AsRawFd::as_raw_fd(&probe), flags, 0, 1 << 20).is_ok();
+    fs::remove_file(dir.join("probe")).unwrap();
+    ok
+}
+
+#[test]
+fn preallocation_reserves_ahead_never_shows_in_the_file_and_is_given_back_on_seal() {
+    const SEGMENT: u64 = 4 << 20;
+    let probe_dir = tempfile::tempdir().unwrap();
+    let reserves = can_reserve(probe_dir.path());
+    for preallocate in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig { preallocate, segment_ms: Some(Duration::from_secs(60)), ..small(SEGMENT) };
+        let first = dir.path().join("00000000000000000000.log");
+        let mut appended = Vec::new();
+        {
+            let log = Log::open(dir.path(), config).unwrap();
+            let mut b = batch(10, 1000, 1000);
+            log.append(&mut b, 0).unwrap();
+            appended.push(b);
+            // The file is exactly the appended bytes; the blocks behind it reach the
+            // segment size (the reservation is capped there) only when preallocating.
+            assert_eq!(fs::metadata(&first).unwrap().len(), log.size_bytes());
+            let reserved = allocated(&first) >= SEGMENT;
+            assert_eq!(reserved, preallocate && reserves, "preallocate={preallocate}: {} bytes allocated", allocated(&first));
+            // A crash: the log is dropped without close, its reservation still on disk.
+        }
+        let log = Log::open(dir.path(), config).unwrap();
+        assert_eq!(log.size_bytes(), appended[0].len() as u64, "recovery saw only the written bytes");
+        // Record time a minute on: `segment.ms` rolls with the first segment 4 MiB short.
+        let mut b = batch(10, 1000, 70_000);
+        log.append(&mut b, 0).unwrap();
+        appended.push(b);
+        assert_eq!(log.segment_count(), 2);
+        // Sealed: the reservation past its data is given back.
+        let sealed_len = fs::metadata(&first).unwrap().len();
+        assert!(allocated(&first) < sealed_len + (64 << 10), "{} allocated for {sealed_len}", allocated(&first));
+        log.close().unwrap();
+        let active = log.view().values().next_back().unwrap().path(LOG_SUFFIX);
+        let len = fs::metadata(&active).unwrap().len();
+        assert!(allocated(&active) < len + (64 << 10), "closed: {} allocated for {len}", allocated(&active));
+        // `append` wrote the assigned offsets into `appended` too.
+        let read: Vec<Vec<u8>> = read_all(&log, 0).into_iter().map(|(_, b)| b).collect();
+        assert_eq!(read, appended);
+    }
+}
