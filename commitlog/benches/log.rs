@@ -88,13 +88,13 @@ impl Cost {
 /// Time to write `total` bytes in writes of `chunk`, no fsync, to 128 MiB files
 /// of which at most 512 MiB are kept: the same file pattern as the log's appends
 /// (128 MiB segments, retention 512 MiB), so both meet the same page-cache and
-/// writeback conditions. With `reserve`, blocks are reserved 16 MiB ahead of the
+/// writeback conditions. With `reserve`, blocks are reserved 4 MiB ahead of the
 /// writes and the rest given back at the end, as the log does (`preallocate`); `dd`
 /// does not. Returns the cost and the bytes written (`total` rounded up to whole writes).
 fn page_cache_write(dir: &Path, total: u64, chunk: &[u8], reserve: bool) -> (Cost, u64) {
     use nix::fcntl::{fallocate, FallocateFlags};
     use std::os::fd::AsRawFd;
-    const AHEAD: u64 = 16 << 20;
+    const AHEAD: u64 = 4 << 20;
     let mut files = std::collections::VecDeque::new();
     let mut written = 0u64;
     let (start, cpu_start) = (Instant::now(), thread_cpu_ns());

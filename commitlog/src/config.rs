@@ -62,10 +62,11 @@ pub struct LogConfig {
     /// stays the length of its data and recovery and readers see no difference).
     /// Writing into reserved blocks skips the file system's per-write allocation work:
     /// measured on ext4 here, 1 MiB writes went from 6.0 to 9.2 GB/s of CPU time.
-    /// Sealing a segment gives back what it did not use. Default true (Kafka's default
-    /// is false because its preallocation fills the whole segment and must be cut back;
-    /// this one never shows in the file). Where the file system cannot reserve, the
-    /// log writes as without it.
+    /// Sealing a segment gives back what it did not use. Default true: Kafka's
+    /// `preallocate` (default false) sizes the whole segment file up front and cuts it
+    /// back on roll; this one reserves a step at a time and never changes the file's
+    /// length, so it costs at most a few MiB of disk per partition. Where the file
+    /// system cannot reserve, the log writes as without it.
     pub preallocate: bool,
 }
 
