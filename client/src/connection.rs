@@ -6,6 +6,14 @@
 //! they were sent, so the in-flight list is a FIFO and the correlation id only confirms it.
 //! Requests that expect no response (produce with acks=0) never enter that FIFO.
 //!
+//! A response goes either to a future ([`Connection::send`]) or to a callback run on the
+//! reader task itself ([`Connection::send_then`]): the producer completes its batches
+//! there, without a task, a channel and a timer of its own per request.
+//!
+//! `request.timeout.ms` is one deadline sweep per connection, not a timer per request: the
+//! oldest request in flight has the earliest deadline (one timeout for all, FIFO order),
+//! so the reader's single timer only ever needs to fire at that request's deadline.
+//!
 //! When either side fails, every in-flight request fails with the same error and the
 //! connection is marked closed; the [`crate::cluster::Cluster`] opens a new one on next use.
 
@@ -14,12 +22,12 @@ use std::future::Future;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -29,11 +37,51 @@ use crate::error::{Error, Result};
 const MAX_RESPONSE_FRAME: usize = 1 << 30;
 /// Encoded requests waiting for the writer; bounds memory when the socket is slow.
 const WRITE_QUEUE: usize = 256;
+/// The reader's buffer: responses are read straight into it and handed on as slices of it.
+const READ_BUFFER: usize = 256 * 1024;
+/// Below this much free room the reader's buffer is renewed before the next read.
+const MIN_READ_ROOM: usize = 16 * 1024;
+
+/// A response handler run on the reader task: `Some` with the response body (or the
+/// error that ended the connection), `None` when the request was dropped unanswered (the
+/// connection went away with it still queued).
+type Callback = Box<dyn FnOnce(Option<Result<Bytes>>) + Send>;
+
+/// Where a request's response goes.
+enum Reply {
+    Channel(oneshot::Sender<Result<Bytes>>),
+    Callback(Callback),
+}
 
 struct Pending {
     correlation_id: i32,
     response_header_version: i16,
-    reply: oneshot::Sender<Result<Bytes>>,
+    api_key: i16,
+    /// When the request times out (`request.timeout.ms` after it was queued).
+    deadline: Instant,
+    /// Taken when answered; a callback still here on drop is told the request is lost.
+    reply: Option<Reply>,
+}
+
+impl Pending {
+    fn resolve(mut self, result: Result<Bytes>) {
+        match self.reply.take() {
+            Some(Reply::Channel(tx)) => {
+                let _ = tx.send(result);
+            }
+            Some(Reply::Callback(f)) => f(Some(result)),
+            None => {}
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // A dropped oneshot sender tells its future by itself; a callback must be called.
+        if let Some(Reply::Callback(f)) = self.reply.take() {
+            f(None);
+        }
+    }
 }
 
 struct Outgoing {
@@ -51,18 +99,25 @@ struct InFlight {
 }
 
 impl InFlight {
-    /// Marks the connection broken and fails everything waiting on it.
-    fn fail(&mut self, error: Error) {
-        for pending in self.queue.drain(..) {
-            let _ = pending.reply.send(Err(error.clone()));
-        }
-        self.closed.get_or_insert(error);
+    /// Marks the connection broken and hands back everything waiting on it, for the
+    /// caller to fail once the lock is released (a callback must not run under it).
+    fn close(&mut self, error: &Error) -> VecDeque<Pending> {
+        self.closed.get_or_insert_with(|| error.clone());
+        std::mem::take(&mut self.queue)
+    }
+}
+
+/// Closes the connection's in-flight list and fails what it held.
+fn fail_in_flight(in_flight: &Mutex<InFlight>, error: &Error) {
+    let failed = in_flight.lock().unwrap_or_else(|e| e.into_inner()).close(error);
+    for pending in failed {
+        pending.resolve(Err(error.clone()));
     }
 }
 
 /// A pipelined connection to one broker; cheap to share behind an `Arc`.
 pub(crate) struct Connection {
-    addr: String,
+    addr: Arc<str>,
     client_id: StrBytes,
     request_timeout: Duration,
     tx: mpsc::Sender<Outgoing>,
@@ -95,13 +150,14 @@ impl Connection {
             Ok(Ok(stream)) => stream,
         };
         stream.set_nodelay(true).map_err(|e| Error::io(addr, e))?;
+        let addr: Arc<str> = addr.into();
         let (read, write) = stream.into_split();
         let in_flight = Arc::new(Mutex::new(InFlight::default()));
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
-        let writer = tokio::spawn(write_loop(addr.to_string(), write, rx, in_flight.clone()));
-        let reader = tokio::spawn(read_loop(addr.to_string(), BufReader::with_capacity(256 * 1024, read), in_flight.clone()));
+        let writer = tokio::spawn(write_loop(addr.clone(), write, rx, in_flight.clone()));
+        let reader = tokio::spawn(read_loop(addr.clone(), read, in_flight.clone(), request_timeout, writer.abort_handle()));
         let mut conn = Self {
-            addr: addr.to_string(),
+            addr: addr.clone(),
             client_id: StrBytes::from_string(client_id.to_string()),
             request_timeout,
             tx,
@@ -124,6 +180,11 @@ impl Connection {
         &self.addr
     }
 
+    /// `host:port` of the broker, to keep beyond the connection's life without a copy.
+    pub(crate) fn shared_addr(&self) -> Arc<str> {
+        self.addr.clone()
+    }
+
     /// Whether the connection broke; a closed connection fails every request at once.
     pub(crate) fn is_closed(&self) -> bool {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).closed.is_some() || self.tx.is_closed()
@@ -133,7 +194,8 @@ impl Connection {
     pub(crate) fn version<R: Request>(&self, preferred: i16) -> Result<i16> {
         let ours = R::VERSIONS;
         let max = preferred.min(ours.max);
-        let unsupported = || Error::UnsupportedVersion { broker: self.addr.clone(), api: api_name(R::KEY), min: ours.min, max };
+        let unsupported =
+            || Error::UnsupportedVersion { broker: self.addr.to_string(), api: api_name(R::KEY), min: ours.min, max };
         let &(broker_min, broker_max) = self.versions.get(&R::KEY).ok_or_else(unsupported)?;
         let version = broker_max.min(max);
         if version < broker_min.max(ours.min) {
@@ -160,30 +222,38 @@ impl Connection {
         request: &R,
         version: i16,
     ) -> Result<impl Future<Output = Result<R::Response>> + Send + 'static> {
-        let (frame, correlation_id) = self.encode(request, version)?;
         let (reply, response) = oneshot::channel();
-        let pending = Pending { correlation_id, response_header_version: R::Response::header_version(version), reply };
-        self.enqueue(Outgoing { frame, pending: Some(pending), written: None }).await?;
+        self.enqueue::<R>(self.encode(request, version)?, version, Reply::Channel(reply)).await?;
         let addr = self.addr.clone();
-        let timeout = self.request_timeout;
-        let in_flight = self.in_flight.clone();
         Ok(async move {
-            let mut body = match tokio::time::timeout(timeout, response).await {
-                Ok(Ok(result)) => result?,
-                Ok(Err(_)) => return Err(Error::io(&addr, std::io::ErrorKind::ConnectionAborted.into())),
-                Err(_) => {
-                    // The stream's state is unknown now (a late response would be taken for
-                    // the next request's), so the connection is given up, as Kafka's clients do.
-                    let error = Error::RequestTimeout { broker: addr.clone(), api: api_name(R::KEY), timeout };
-                    in_flight.lock().unwrap_or_else(|e| e.into_inner()).fail(error.clone());
-                    return Err(error);
-                }
-            };
-            R::Response::decode(&mut body, version).map_err(|e| Error::Protocol {
-                broker: addr,
-                detail: format!("cannot decode {} v{version}: {e}", api_name(R::KEY)),
-            })
+            let mut body = response.await.map_err(|_| aborted(&addr))??;
+            decode::<R>(&addr, &mut body, version)
         })
+    }
+
+    /// Queues `request` now and calls `then` with its response (or the reason there is
+    /// none: a broken connection, `request.timeout.ms`) on the reader task, exactly once.
+    /// `then` runs on the connection's reader, so it must be quick and must not block.
+    pub(crate) async fn send_then<R: Request>(
+        &self,
+        request: &R,
+        version: i16,
+        then: impl FnOnce(Result<R::Response>) + Send + 'static,
+    ) {
+        let frame = match self.encode(request, version) {
+            Ok(frame) => frame,
+            Err(e) => return then(Err(e)),
+        };
+        let addr = self.addr.clone();
+        let callback: Callback = Box::new(move |result: Option<Result<Bytes>>| {
+            then(match result {
+                Some(Ok(mut body)) => decode::<R>(&addr, &mut body, version),
+                Some(Err(e)) => Err(e),
+                None => Err(aborted(&addr)),
+            })
+        });
+        // On failure the request is dropped with its callback, which tells `then`.
+        let _ = self.enqueue::<R>(frame, version, Reply::Callback(callback)).await;
     }
 
     /// Queues a request that gets no response (produce with acks=0); the future resolves
@@ -195,16 +265,28 @@ impl Connection {
     ) -> Result<impl Future<Output = Result<()>> + Send + 'static> {
         let (frame, _) = self.encode(request, version)?;
         let (written, done) = oneshot::channel();
-        self.enqueue(Outgoing { frame, pending: None, written: Some(written) }).await?;
+        self.push(Outgoing { frame, pending: None, written: Some(written) }).await?;
         let addr = self.addr.clone();
-        Ok(async move { done.await.unwrap_or_else(|_| Err(Error::io(&addr, std::io::ErrorKind::ConnectionAborted.into()))) })
+        Ok(async move { done.await.unwrap_or_else(|_| Err(aborted(&addr))) })
     }
 
-    async fn enqueue(&self, outgoing: Outgoing) -> Result<()> {
+    /// Queues an encoded request whose response goes to `reply`.
+    async fn enqueue<R: Request>(&self, (frame, correlation_id): (Bytes, i32), version: i16, reply: Reply) -> Result<()> {
+        let pending = Pending {
+            correlation_id,
+            response_header_version: R::Response::header_version(version),
+            api_key: R::KEY,
+            deadline: Instant::now() + self.request_timeout,
+            reply: Some(reply),
+        };
+        self.push(Outgoing { frame, pending: Some(pending), written: None }).await
+    }
+
+    async fn push(&self, outgoing: Outgoing) -> Result<()> {
         if let Some(e) = &self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).closed {
             return Err(e.clone());
         }
-        self.tx.send(outgoing).await.map_err(|_| Error::io(&self.addr, std::io::ErrorKind::ConnectionAborted.into()))
+        self.tx.send(outgoing).await.map_err(|_| aborted(&self.addr))
     }
 
     fn encode<R: Request>(&self, request: &R, version: i16) -> Result<(Bytes, i32)> {
@@ -217,7 +299,7 @@ impl Connection {
         let header_version = R::header_version(version);
         // kafka-protocol reports codec failures as `anyhow::Error`; we only format them.
         let codec_error = |e: anyhow::Error| Error::Protocol {
-            broker: self.addr.clone(),
+            broker: self.addr.to_string(),
             detail: format!("cannot encode {} v{version}: {e}", api_name(R::KEY)),
         };
         let size =
@@ -232,6 +314,18 @@ impl Connection {
     }
 }
 
+/// The error of a request whose connection went away before it was answered.
+fn aborted(addr: &str) -> Error {
+    Error::io(addr, std::io::ErrorKind::ConnectionAborted.into())
+}
+
+fn decode<R: Request>(addr: &str, body: &mut Bytes, version: i16) -> Result<R::Response> {
+    R::Response::decode(body, version).map_err(|e| Error::Protocol {
+        broker: addr.to_string(),
+        detail: format!("cannot decode {} v{version}: {e}", api_name(R::KEY)),
+    })
+}
+
 /// Frames written with one `writev` at most.
 const MAX_GATHER: usize = 64;
 
@@ -239,7 +333,7 @@ const MAX_GATHER: usize = 64;
 /// straight from their own buffers: a produce request is tens of KiB of records, and
 /// copying each one into a write buffer first showed in profiles of the producer.
 async fn write_loop(
-    addr: String,
+    addr: Arc<str>,
     mut socket: tokio::net::tcp::OwnedWriteHalf,
     mut rx: mpsc::Receiver<Outgoing>,
     in_flight: Arc<Mutex<InFlight>>,
@@ -249,21 +343,21 @@ async fn write_loop(
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         while let Some(mut outgoing) = next.take() {
-            let mut skip = false;
+            let mut refused = None;
             if let Some(pending) = outgoing.pending.take() {
                 // Registered before the frame is written, so the reader finds it.
                 let mut state = in_flight.lock().unwrap_or_else(|e| e.into_inner());
                 match &state.closed {
-                    Some(e) => {
-                        let _ = pending.reply.send(Err(e.clone()));
-                        skip = true;
-                    }
+                    Some(e) => refused = Some((pending, e.clone())),
                     None => state.queue.push_back(pending),
                 }
             }
-            if !skip {
-                frames.push_back(outgoing.frame);
-                written.extend(outgoing.written.take());
+            match refused {
+                Some((pending, e)) => pending.resolve(Err(e)),
+                None => {
+                    frames.push_back(outgoing.frame);
+                    written.extend(outgoing.written.take());
+                }
             }
             if frames.len() < MAX_GATHER {
                 next = rx.try_recv().ok();
@@ -280,7 +374,7 @@ async fn write_loop(
                 for w in written.drain(..) {
                     let _ = w.send(Err(error.clone()));
                 }
-                in_flight.lock().unwrap_or_else(|e| e.into_inner()).fail(error);
+                fail_in_flight(&in_flight, &error);
                 return;
             }
         }
@@ -311,36 +405,103 @@ async fn write_frames(socket: &mut tokio::net::tcp::OwnedWriteHalf, frames: &mut
     Ok(())
 }
 
-async fn read_loop(addr: String, mut socket: BufReader<tokio::net::tcp::OwnedReadHalf>, in_flight: Arc<Mutex<InFlight>>) {
-    let error = loop {
-        let len = match socket.read_i32().await {
-            Ok(len) => len,
-            Err(e) => break Error::io(&addr, e),
-        };
-        let Some(len) = usize::try_from(len).ok().filter(|&l| (4..=MAX_RESPONSE_FRAME).contains(&l)) else {
-            break Error::Protocol { broker: addr.clone(), detail: format!("invalid response frame length {len}") };
-        };
-        let mut frame = BytesMut::zeroed(len);
-        if let Err(e) = socket.read_exact(&mut frame).await {
-            break Error::io(&addr, e);
+/// Reads response frames and resolves the requests they answer, in order; fails the
+/// oldest request (and with it the connection) once it is `request_timeout` old.
+///
+/// Responses are read into one buffer and each frame is handed on as a slice of it (no
+/// copy). The read is cancel-safe, so the deadline timer can interrupt it at any point.
+async fn read_loop(
+    addr: Arc<str>,
+    mut socket: tokio::net::tcp::OwnedReadHalf,
+    in_flight: Arc<Mutex<InFlight>>,
+    request_timeout: Duration,
+    writer: tokio::task::AbortHandle,
+) {
+    let mut buf = BytesMut::with_capacity(READ_BUFFER);
+    // Invariant: the sweep fires no later than the deadline of any request in flight.
+    // Requests registered after a reset to `now + request_timeout` have later deadlines.
+    let sweep = tokio::time::sleep(request_timeout);
+    tokio::pin!(sweep);
+    let error = 'read: loop {
+        while let Some(frame) = match next_frame(&addr, &mut buf) {
+            Ok(frame) => frame,
+            Err(e) => break 'read e,
+        } {
+            if let Err(e) = answer(&addr, &in_flight, frame) {
+                break 'read e;
+            }
         }
-        let mut frame = frame.freeze();
-        let Some(pending) = in_flight.lock().unwrap_or_else(|e| e.into_inner()).queue.pop_front() else {
-            break Error::Protocol { broker: addr.clone(), detail: "response to no request".into() };
-        };
-        let header = match ResponseHeader::decode(&mut frame, pending.response_header_version) {
-            Ok(h) => h,
-            Err(e) => break Error::Protocol { broker: addr.clone(), detail: format!("bad response header: {e}") },
-        };
-        if header.correlation_id != pending.correlation_id {
-            let detail = format!("response correlation id {} for request {}", header.correlation_id, pending.correlation_id);
-            let error = Error::Protocol { broker: addr.clone(), detail };
-            let _ = pending.reply.send(Err(error.clone()));
-            break error;
+        if buf.capacity() - buf.len() < MIN_READ_ROOM {
+            buf.reserve(READ_BUFFER);
         }
-        let _ = pending.reply.send(Ok(frame.copy_to_bytes(frame.remaining())));
+        tokio::select! {
+            biased;
+            read = socket.read_buf(&mut buf) => match read {
+                Ok(0) => break Error::io(&addr, std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(_) => {}
+                Err(e) => break Error::io(&addr, e),
+            },
+            () = &mut sweep => {
+                let now = Instant::now();
+                let oldest = in_flight.lock().unwrap_or_else(|e| e.into_inner()).queue.front().map(|p| (p.deadline, p.api_key));
+                match oldest {
+                    // The stream's state is unknown now (a late response would be taken for
+                    // the next request's), so the connection is given up, as Kafka's clients do.
+                    Some((deadline, api)) if deadline <= now => {
+                        break Error::RequestTimeout { broker: addr.to_string(), api: api_name(api), timeout: request_timeout };
+                    }
+                    Some((deadline, _)) => sweep.as_mut().reset(deadline.into()),
+                    None => sweep.as_mut().reset((now + request_timeout).into()),
+                }
+            }
+        }
     };
-    in_flight.lock().unwrap_or_else(|e| e.into_inner()).fail(error);
+    fail_in_flight(&in_flight, &error);
+    // A writer blocked on a broker that stopped reading would hold the requests queued
+    // behind it forever: stopping it drops them, which fails them too.
+    writer.abort();
+}
+
+/// The next complete response frame in `buf` (without its length prefix), if there is one;
+/// makes room for the rest of a partial one.
+fn next_frame(addr: &str, buf: &mut BytesMut) -> Result<Option<Bytes>> {
+    let Some(prefix) = buf.get(..4) else {
+        return Ok(None);
+    };
+    let len = i32::from_be_bytes(prefix.try_into().expect("4 bytes"));
+    let Some(len) = usize::try_from(len).ok().filter(|&l| (4..=MAX_RESPONSE_FRAME).contains(&l)) else {
+        return Err(Error::Protocol { broker: addr.to_string(), detail: format!("invalid response frame length {len}") });
+    };
+    if buf.len() < 4 + len {
+        buf.reserve(4 + len - buf.len());
+        return Ok(None);
+    }
+    let mut frame = buf.split_to(4 + len).freeze();
+    frame.advance(4);
+    Ok(Some(frame))
+}
+
+/// Hands a response frame to the oldest request in flight, which it must answer.
+fn answer(addr: &str, in_flight: &Mutex<InFlight>, mut frame: Bytes) -> Result<()> {
+    let Some(pending) = in_flight.lock().unwrap_or_else(|e| e.into_inner()).queue.pop_front() else {
+        return Err(Error::Protocol { broker: addr.to_string(), detail: "response to no request".into() });
+    };
+    let header = match ResponseHeader::decode(&mut frame, pending.response_header_version) {
+        Ok(h) => h,
+        Err(e) => {
+            let error = Error::Protocol { broker: addr.to_string(), detail: format!("bad response header: {e}") };
+            pending.resolve(Err(error.clone()));
+            return Err(error);
+        }
+    };
+    if header.correlation_id != pending.correlation_id {
+        let detail = format!("response correlation id {} for request {}", header.correlation_id, pending.correlation_id);
+        let error = Error::Protocol { broker: addr.to_string(), detail };
+        pending.resolve(Err(error.clone()));
+        return Err(error);
+    }
+    pending.resolve(Ok(frame));
+    Ok(())
 }
 
 /// Kafka's name of an API, for messages.

@@ -49,7 +49,6 @@ pub use batch::{DeliveryFuture, RecordMetadata};
 use self::batch::{split_batch, Completion, Outcome};
 use crate::audit::AuditHook;
 use crate::cluster::{ClientConfig, Cluster};
-use crate::connection::Connection;
 use crate::error::{Error, ResponseError, Result};
 use crate::partitioner::{partition_for_key, Random};
 
@@ -1166,26 +1165,28 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
         });
         return;
     }
-    let response = conn.send(&request, version).await;
-    let inner = inner.clone();
-    tokio::spawn(async move {
-        let result = match response {
-            Ok(r) => r.await,
-            Err(e) => Err(e),
-        };
-        release(&inner);
-        match result {
-            Ok(response) => handle_response(&inner, &conn, batches, response),
-            Err(e) => {
-                if e.needs_metadata_refresh() {
-                    let _ = inner.cluster.refresh(None).await;
-                }
-                for b in batches {
-                    inner.retry_or_fail(b, e.clone());
+    // The response is handled on the connection's reader task, as it arrives: no task
+    // and no timer per request (each cost more than the handling itself).
+    let then = {
+        let inner = inner.clone();
+        let addr = conn.shared_addr();
+        move |result: Result<ProduceResponse>| {
+            release(&inner);
+            match result {
+                Ok(response) => handle_response(&inner, &addr, batches, response),
+                Err(e) => {
+                    let refresh = e.needs_metadata_refresh();
+                    for b in batches {
+                        inner.retry_or_fail(b, e.clone());
+                    }
+                    if refresh {
+                        refresh_in_background(&inner);
+                    }
                 }
             }
         }
-    });
+    };
+    conn.send_then(&request, version, then).await;
 }
 
 fn produce_request(acks: Acks, timeout: Duration, batches: &[ReadyBatch]) -> ProduceRequest {
@@ -1204,7 +1205,7 @@ fn produce_request(acks: Acks, timeout: Duration, batches: &[ReadyBatch]) -> Pro
     ProduceRequest::default().with_acks(acks.wire()).with_timeout_ms(timeout.as_millis() as i32).with_topic_data(topics)
 }
 
-fn handle_response(inner: &Arc<Inner>, conn: &Connection, batches: Vec<ReadyBatch>, response: ProduceResponse) {
+fn handle_response(inner: &Arc<Inner>, broker: &str, batches: Vec<ReadyBatch>, response: ProduceResponse) {
     let mut refresh = false;
     for batch in batches {
         let result = response
@@ -1215,7 +1216,7 @@ fn handle_response(inner: &Arc<Inner>, conn: &Connection, batches: Vec<ReadyBatc
             .find(|p| p.index == batch.partition);
         let Some(result) = result else {
             let detail = format!("no produce result for {}-{}", batch.topic, batch.partition);
-            inner.complete(&batch, Outcome::Failed(Error::Protocol { broker: conn.addr().to_string(), detail }));
+            inner.complete(&batch, Outcome::Failed(Error::Protocol { broker: broker.to_string(), detail }));
             continue;
         };
         let context = || format!("produce to {}-{}", batch.topic, batch.partition);

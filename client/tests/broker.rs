@@ -349,6 +349,32 @@ async fn a_stalled_broker_times_records_out_and_the_producer_recovers_after() {
     assert!(md.offset >= 1);
 }
 
+#[tokio::test]
+async fn a_broker_that_stops_answering_fails_the_request_with_a_request_timeout() {
+    let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_addr = proxy.local_addr().unwrap().to_string();
+    let broker = start_broker_advertising(Some(proxy_addr.clone())).await;
+    let paused = Arc::new(AtomicBool::new(false));
+    tokio::spawn(pausable_proxy(broker.addr.parse().unwrap(), proxy, paused.clone()));
+    create_topic(&broker.addr, "silent", 1, &[]).await;
+    // No retries: the request's own timeout is what the record fails with.
+    let p = producer(&proxy_addr, |c| {
+        c.acks = Acks::Leader;
+        c.retries = 0;
+        c.client.request_timeout = Duration::from_millis(400);
+    })
+    .await;
+    p.send(ProducerRecord::new("silent", "ok")).await.unwrap().await.unwrap();
+    paused.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    let f = p.send(ProducerRecord::new("silent", "unanswered")).await.unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(5), f).await.expect("delivery hangs").unwrap_err();
+    let waited = started.elapsed();
+    assert!(matches!(err, Error::RequestTimeout { api: "Produce", .. }), "{err}");
+    assert!(waited >= Duration::from_millis(400) && waited < Duration::from_secs(2), "failed after {waited:?}");
+    paused.store(false, Ordering::Relaxed);
+}
+
 /// `n` records of `topic`, spread round-robin over `partitions`, acknowledged.
 async fn produce_spread(addr: &str, topic: &str, partitions: i32, n: usize) {
     let p = producer(addr, |c| c.acks = Acks::Leader).await;
