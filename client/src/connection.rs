@@ -7,7 +7,7 @@
 //! Requests that expect no response (produce with acks=0) never enter that FIFO.
 //!
 //! A response goes either to a future ([`Connection::send`]) or to a callback run on the
-//! reader task itself ([`Connection::send_then`]): the producer completes its batches
+//! reader task itself ([`Connection::send_parts_then`]): the producer completes its batches
 //! there, without a task, a channel and a timer of its own per request.
 //!
 //! `request.timeout.ms` is one deadline sweep per connection, not a timer per request: the
@@ -84,8 +84,15 @@ impl Drop for Pending {
     }
 }
 
+/// A request as written: one buffer, or (a request whose body its caller encoded in
+/// parts) the header then the body's slices, each written from where it is.
+struct Frame {
+    head: Bytes,
+    parts: Vec<Bytes>,
+}
+
 struct Outgoing {
-    frame: Bytes,
+    frame: Frame,
     pending: Option<Pending>,
     /// Fired once the frame is handed to the socket (for requests without a response).
     written: Option<oneshot::Sender<Result<()>>>,
@@ -114,6 +121,11 @@ fn fail_in_flight(in_flight: &Mutex<InFlight>, error: &Error) {
         pending.resolve(Err(error.clone()));
     }
 }
+
+/// A request body encoded by its caller as slices, so that large fields (a produce
+/// request's record batches) go to the socket from their own buffers instead of being
+/// copied into the request frame.
+pub(crate) struct BodyParts(pub(crate) Vec<Bytes>);
 
 /// A pipelined connection to one broker; cheap to share behind an `Arc`.
 pub(crate) struct Connection {
@@ -231,16 +243,17 @@ impl Connection {
         })
     }
 
-    /// Queues `request` now and calls `then` with its response (or the reason there is
-    /// none: a broken connection, `request.timeout.ms`) on the reader task, exactly once.
-    /// `then` runs on the connection's reader, so it must be quick and must not block.
-    pub(crate) async fn send_then<R: Request>(
+    /// Queues a request of type `R`, its body encoded by the caller (see [`BodyParts`]),
+    /// and calls `then` with its response (or the reason there is none: a broken
+    /// connection, `request.timeout.ms`) on the reader task, exactly once. `then` runs on
+    /// the connection's reader, so it must be quick and must not block.
+    pub(crate) async fn send_parts_then<R: Request>(
         &self,
-        request: &R,
+        body: BodyParts,
         version: i16,
         then: impl FnOnce(Result<R::Response>) + Send + 'static,
     ) {
-        let frame = match self.encode(request, version) {
+        let frame = match self.encode_parts::<R>(body, version) {
             Ok(frame) => frame,
             Err(e) => return then(Err(e)),
         };
@@ -256,14 +269,14 @@ impl Connection {
         let _ = self.enqueue::<R>(frame, version, Reply::Callback(callback)).await;
     }
 
-    /// Queues a request that gets no response (produce with acks=0); the future resolves
-    /// once the request has been written to the socket.
-    pub(crate) async fn send_oneway<R: Request>(
+    /// Queues a request of type `R` that gets no response (produce with acks=0), its body
+    /// encoded by the caller; the future resolves once it has been written to the socket.
+    pub(crate) async fn send_parts_oneway<R: Request>(
         &self,
-        request: &R,
+        body: BodyParts,
         version: i16,
     ) -> Result<impl Future<Output = Result<()>> + Send + 'static> {
-        let (frame, _) = self.encode(request, version)?;
+        let (frame, _) = self.encode_parts::<R>(body, version)?;
         let (written, done) = oneshot::channel();
         self.push(Outgoing { frame, pending: None, written: Some(written) }).await?;
         let addr = self.addr.clone();
@@ -271,7 +284,7 @@ impl Connection {
     }
 
     /// Queues an encoded request whose response goes to `reply`.
-    async fn enqueue<R: Request>(&self, (frame, correlation_id): (Bytes, i32), version: i16, reply: Reply) -> Result<()> {
+    async fn enqueue<R: Request>(&self, (frame, correlation_id): (Frame, i32), version: i16, reply: Reply) -> Result<()> {
         let pending = Pending {
             correlation_id,
             response_header_version: R::Response::header_version(version),
@@ -289,7 +302,23 @@ impl Connection {
         self.tx.send(outgoing).await.map_err(|_| aborted(&self.addr))
     }
 
-    fn encode<R: Request>(&self, request: &R, version: i16) -> Result<(Bytes, i32)> {
+    /// The request as one buffer: length, header, body.
+    fn encode<R: Request>(&self, request: &R, version: i16) -> Result<(Frame, i32)> {
+        let body_size = request.compute_size(version).map_err(|e| self.codec_error::<R>(version, e))?;
+        let (mut buf, correlation_id) = self.encode_header::<R>(version, body_size, body_size)?;
+        request.encode(&mut buf, version).map_err(|e| self.codec_error::<R>(version, e))?;
+        Ok((Frame { head: buf.freeze(), parts: Vec::new() }, correlation_id))
+    }
+
+    /// The request as its length and header, then the caller's slices of its body.
+    fn encode_parts<R: Request>(&self, body: BodyParts, version: i16) -> Result<(Frame, i32)> {
+        let (head, correlation_id) = self.encode_header::<R>(version, body.0.iter().map(Bytes::len).sum(), 0)?;
+        Ok((Frame { head: head.freeze(), parts: body.0 }, correlation_id))
+    }
+
+    /// A buffer with the frame length (for a body of `body_size` bytes) and the request
+    /// header written, with `room` bytes more for the body; and the header's correlation id.
+    fn encode_header<R: Request>(&self, version: i16, body_size: usize, room: usize) -> Result<(BytesMut, i32)> {
         let correlation_id = self.correlation.fetch_add(1, Ordering::Relaxed);
         let header = RequestHeader::default()
             .with_request_api_key(R::KEY)
@@ -297,20 +326,20 @@ impl Connection {
             .with_correlation_id(correlation_id)
             .with_client_id(Some(self.client_id.clone()));
         let header_version = R::header_version(version);
-        // kafka-protocol reports codec failures as `anyhow::Error`; we only format them.
-        let codec_error = |e: anyhow::Error| Error::Protocol {
+        let header_size = header.compute_size(header_version).map_err(|e| self.codec_error::<R>(version, e))?;
+        let len = i32::try_from(header_size + body_size).map_err(|_| Error::Protocol {
             broker: self.addr.to_string(),
-            detail: format!("cannot encode {} v{version}: {e}", api_name(R::KEY)),
-        };
-        let size =
-            4 + header.compute_size(header_version).map_err(codec_error)? + request.compute_size(version).map_err(codec_error)?;
-        let mut buf = BytesMut::with_capacity(size);
-        buf.put_i32(0);
-        header.encode(&mut buf, header_version).map_err(codec_error)?;
-        request.encode(&mut buf, version).map_err(codec_error)?;
-        let len = (buf.len() - 4) as i32;
-        buf[..4].copy_from_slice(&len.to_be_bytes());
-        Ok((buf.freeze(), correlation_id))
+            detail: format!("{} v{version} request of {body_size} bytes is too large", api_name(R::KEY)),
+        })?;
+        let mut buf = BytesMut::with_capacity(4 + header_size + room);
+        buf.put_i32(len);
+        header.encode(&mut buf, header_version).map_err(|e| self.codec_error::<R>(version, e))?;
+        Ok((buf, correlation_id))
+    }
+
+    /// kafka-protocol reports codec failures as `anyhow::Error`; we only format them.
+    fn codec_error<R: Request>(&self, version: i16, e: anyhow::Error) -> Error {
+        Error::Protocol { broker: self.addr.to_string(), detail: format!("cannot encode {} v{version}: {e}", api_name(R::KEY)) }
     }
 }
 
@@ -326,7 +355,7 @@ fn decode<R: Request>(addr: &str, body: &mut Bytes, version: i16) -> Result<R::R
     })
 }
 
-/// Frames written with one `writev` at most.
+/// Slices written with one `writev` at most.
 const MAX_GATHER: usize = 64;
 
 /// Writes queued frames in order. Frames queued together go out in one vectored write,
@@ -355,7 +384,8 @@ async fn write_loop(
             match refused {
                 Some((pending, e)) => pending.resolve(Err(e)),
                 None => {
-                    frames.push_back(outgoing.frame);
+                    frames.push_back(outgoing.frame.head);
+                    frames.extend(outgoing.frame.parts);
                     written.extend(outgoing.written.take());
                 }
             }
