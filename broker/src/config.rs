@@ -43,6 +43,15 @@ pub struct BrokerConfig {
     pub default_replication_factor: i16,
     /// `unclean.leader.election.enable`: the default of the topic key, default false.
     pub unclean_leader_election: bool,
+    /// `auto.leader.rebalance.enable`: the controller moves leadership back to each
+    /// partition's preferred replica (the first of its assignment); default true.
+    pub auto_leader_rebalance: bool,
+    /// `leader.imbalance.check.interval.seconds`: how often the controller checks, default 300 s.
+    pub leader_imbalance_check_interval: Duration,
+    /// `leader.imbalance.per.broker.percentage`: the share of a broker's preferred
+    /// partitions that may be led elsewhere before the controller moves them back, 0..=100,
+    /// default 10.
+    pub leader_imbalance_per_broker_percentage: u32,
     /// `broker.rack`: this broker's rack, for rack-aware replica placement; default none.
     pub broker_rack: Option<String>,
     /// `controlled.shutdown.enable`: on shutdown in cluster mode, hand leadership over
@@ -127,6 +136,9 @@ impl Default for BrokerConfig {
             num_partitions: 1,
             default_replication_factor: 1,
             unclean_leader_election: false,
+            auto_leader_rebalance: true,
+            leader_imbalance_check_interval: Duration::from_secs(300),
+            leader_imbalance_per_broker_percentage: 10,
             broker_rack: None,
             controlled_shutdown: true,
             controlled_shutdown_timeout: Duration::from_secs(30),
@@ -250,6 +262,15 @@ impl BrokerConfig {
                 self.default_replication_factor = i16::try_from(int()?).map_err(|_| invalid("out of range"))?
             }
             "unclean.leader.election.enable" => self.unclean_leader_election = boolean()?,
+            "auto.leader.rebalance.enable" => self.auto_leader_rebalance = boolean()?,
+            "leader.imbalance.check.interval.seconds" => {
+                let seconds = u64::try_from(int()?).ok().filter(|s| *s >= 1).ok_or_else(|| invalid("must be at least 1"))?;
+                self.leader_imbalance_check_interval = Duration::from_secs(seconds);
+            }
+            "leader.imbalance.per.broker.percentage" => {
+                self.leader_imbalance_per_broker_percentage =
+                    u32::try_from(int()?).ok().filter(|p| *p <= 100).ok_or_else(|| invalid("must be between 0 and 100"))?
+            }
             "broker.rack" => self.broker_rack = Some(value.trim().to_owned()).filter(|s| !s.is_empty()),
             "controlled.shutdown.enable" => self.controlled_shutdown = boolean()?,
             "controlled.shutdown.timeout.ms" => self.controlled_shutdown_timeout = millis()?,
@@ -406,11 +427,17 @@ mod tests {
             log.retention.hours = 2
             log.segment.bytes = 1048576
             zookeeper.session.timeout.ms = 6000
+            auto.leader.rebalance.enable = false
+            leader.imbalance.check.interval.seconds = 30
+            leader.imbalance.per.broker.percentage = 0
             "#,
         )
         .unwrap();
         assert_eq!(config.broker_id, 3);
         assert_eq!(config.zookeeper_session_timeout, Duration::from_secs(6));
+        assert!(!config.auto_leader_rebalance);
+        assert_eq!(config.leader_imbalance_check_interval, Duration::from_secs(30));
+        assert_eq!(config.leader_imbalance_per_broker_percentage, 0);
         assert_eq!(config.listeners, "127.0.0.1:19092".parse().unwrap());
         assert_eq!(config.log_dir, PathBuf::from("/tmp/x"));
         assert_eq!(config.num_partitions, 4);
@@ -425,6 +452,26 @@ mod tests {
         assert!(matches!(BrokerConfig::from_toml("no.such.key = 1"), Err(Error::UnknownConfig { .. })));
         assert!(matches!(BrokerConfig::from_toml("broker.id = \"x\""), Err(Error::InvalidConfig { .. })));
         assert!(matches!(BrokerConfig::from_toml("listeners = \"nope\""), Err(Error::InvalidConfig { .. })));
+        for (key, value) in [
+            ("auto.leader.rebalance.enable", "yes"),
+            ("leader.imbalance.check.interval.seconds", "0"),
+            ("leader.imbalance.check.interval.seconds", "-5"),
+            ("leader.imbalance.check.interval.seconds", "1s"),
+            ("leader.imbalance.per.broker.percentage", "101"),
+            ("leader.imbalance.per.broker.percentage", "-1"),
+        ] {
+            let mut config = BrokerConfig::default();
+            assert!(matches!(config.set(key, value), Err(Error::InvalidConfig { .. })), "{key}={value}");
+            assert_eq!(
+                (
+                    config.auto_leader_rebalance,
+                    config.leader_imbalance_check_interval,
+                    config.leader_imbalance_per_broker_percentage
+                ),
+                (true, Duration::from_secs(300), 10),
+                "a refused value changes nothing"
+            );
+        }
         let mut config = BrokerConfig { num_partitions: 0, ..BrokerConfig::default() };
         assert!(config.validate().is_err());
         config.num_partitions = 1;

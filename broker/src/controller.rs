@@ -20,6 +20,14 @@
 //! - leader live: dead followers leave the ISR (same leader, same leader epoch);
 //! - leader -1: a live ISR member (or, unclean, any live replica) leads again.
 //!
+//! Every `leader.imbalance.check.interval.seconds` (with `auto.leader.rebalance.enable`)
+//! it also moves leadership back to preferred replicas ([`rebalance`]): a broker whose
+//! preferred partitions (those it is the first replica of) are led elsewhere for more
+//! than `leader.imbalance.per.broker.percentage` of them gets them back, each one only
+//! while the broker is live and in the partition's ISR (same ISR, leader epoch + 1). The
+//! brokers follow such a state as they follow a failover election: it is the same
+//! partition-state write.
+//!
 //! A broker whose registration was replaced by a new session (it restarted between two
 //! watch events) is handled as a failure followed by a return, so its leaderships get a
 //! new epoch.
@@ -65,9 +73,24 @@ impl From<fjord_coord::Error> for Stop {
     }
 }
 
+/// What the controller is configured to do (from the broker's config).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ControllerConfig {
+    /// `unclean.leader.election.enable`, the default of the topic key.
+    pub(crate) unclean_default: bool,
+    /// Preferred-leader rebalancing, `None` without `auto.leader.rebalance.enable`.
+    pub(crate) rebalance: Option<RebalanceConfig>,
+}
+
+/// `leader.imbalance.check.interval.seconds` and `leader.imbalance.per.broker.percentage`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RebalanceConfig {
+    pub(crate) interval: Duration,
+    pub(crate) percentage: u32,
+}
+
 /// Competes for the controller role until `shutdown`, acting while it holds it.
-/// `unclean_default` is the broker's `unclean.leader.election.enable` (topics may override).
-pub(crate) async fn run(store: Store, broker_id: i32, unclean_default: bool, shutdown: CancellationToken) {
+pub(crate) async fn run(store: Store, broker_id: i32, config: ControllerConfig, shutdown: CancellationToken) {
     loop {
         if shutdown.is_cancelled() {
             return;
@@ -75,7 +98,7 @@ pub(crate) async fn run(store: Store, broker_id: i32, unclean_default: bool, shu
         match elect(&*store, broker_id, &shutdown).await {
             Ok(Some(epoch)) => {
                 tracing::info!(broker_id, controller_epoch = epoch, "became the controller");
-                let stop = act(&*store, broker_id, epoch, unclean_default, &shutdown).await;
+                let stop = act(&*store, broker_id, epoch, config, &shutdown).await;
                 resign(&*store, broker_id).await;
                 match stop {
                     Stop::Shutdown => {
@@ -156,10 +179,22 @@ async fn resign(store: &dyn MetadataStore, broker_id: i32) {
 }
 
 /// The controller's work loop: a reconciling pass at start and after every change of
-/// the live brokers or the topics, until fenced, failed or shut down.
-async fn act(store: &dyn MetadataStore, broker_id: i32, epoch: i32, unclean_default: bool, shutdown: &CancellationToken) -> Stop {
+/// the live brokers or the topics, until fenced, failed or shut down; with rebalancing,
+/// every check interval a pass that also moves leaders back to preferred replicas.
+async fn act(
+    store: &dyn MetadataStore,
+    broker_id: i32,
+    epoch: i32,
+    config: ControllerConfig,
+    shutdown: &CancellationToken,
+) -> Stop {
+    let unclean_default = config.unclean_default;
     // Session owner of each registration seen in the previous pass.
     let mut sessions: BTreeMap<i32, i64> = BTreeMap::new();
+    // As in Kafka, the first check comes one interval after taking over, not at once:
+    // a controller that just took over has brokers still rejoining ISRs.
+    let mut next_check = config.rebalance.map(|r| tokio::time::Instant::now() + r.interval);
+    let mut check_due = false;
     // One outstanding watch per node: a pass re-arms only those that fired.
     let (mut brokers_changed, mut topics_changed, mut controller_changed): (Option<Watch>, Option<Watch>, Option<Watch>) =
         (None, None, None);
@@ -211,6 +246,11 @@ async fn act(store: &dyn MetadataStore, broker_id: i32, epoch: i32, unclean_defa
             }
             reconcile(store, epoch, &alive, unclean_default).await?;
             sessions = live;
+            if let (true, Some(r)) = (check_due, config.rebalance) {
+                restore_preferred(store, epoch, &alive, r.percentage).await?;
+                check_due = false;
+                next_check = Some(tokio::time::Instant::now() + r.interval);
+            }
             Ok::<_, Stop>(())
         };
         if let Err(stop) = pass.await {
@@ -221,7 +261,10 @@ async fn act(store: &dyn MetadataStore, broker_id: i32, epoch: i32, unclean_defa
         else {
             unreachable!("invariant: every watch is armed after a successful pass")
         };
+        // A check that is due is a timer, not a watch: every watch stays armed across it.
+        let check_at = next_check.unwrap_or_else(tokio::time::Instant::now);
         let event = tokio::select! {
+            () = tokio::time::sleep_until(check_at), if next_check.is_some() => { check_due = true; continue }
             event = brokers => { brokers_changed = None; event }
             event = topics => { topics_changed = None; event }
             // Deleted (session lost) or replaced: the next pass finds out which.
@@ -297,6 +340,57 @@ async fn reconcile(store: &dyn MetadataStore, epoch: i32, live: &BTreeSet<i32>, 
     Ok(())
 }
 
+/// The rebalancing pass: reads every partition, asks [`rebalance`] which ones go back to
+/// their preferred replica, and writes each (compare-and-set; on a conflict the state is
+/// read again and [`prefer`] decides again).
+async fn restore_preferred(store: &dyn MetadataStore, epoch: i32, live: &BTreeSet<i32>, percentage: u32) -> Result<(), Stop> {
+    let topics = match store.children(paths::TOPICS).await {
+        Ok(topics) => topics,
+        Err(fjord_coord::Error::NoNode { .. }) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut partitions = Vec::new();
+    for topic in topics {
+        let Some((assignment, _)) = read_json::<TopicAssignment>(store, &paths::topic(&topic)).await? else { continue };
+        for (partition, replicas) in assignment.partitions {
+            let Ok(partition) = partition.parse::<i32>() else { continue };
+            let Some((state, _)) = read_json::<PartitionState>(store, &paths::partition_state(&topic, partition)).await? else {
+                continue;
+            };
+            partitions.push(((topic.clone(), partition), replicas, state));
+        }
+    }
+    for ((topic, partition), replicas, _) in rebalance(&partitions, live, percentage) {
+        let path = paths::partition_state(topic, *partition);
+        loop {
+            let Some((state, stat)) = read_json::<PartitionState>(store, &path).await? else { break };
+            if state.controller_epoch > epoch {
+                return Err(Stop::Fenced(format!("{path} was written by controller epoch {}", state.controller_epoch)));
+            }
+            let Some(mut next) = prefer(&state, replicas, live) else { break };
+            next.controller_epoch = epoch;
+            match store.set(&path, &to_json(&next), Some(stat.version)).await {
+                Ok(_) => {
+                    tracing::info!(
+                        partition = %format!("{topic}-{partition}"),
+                        leader = next.leader,
+                        leader_epoch = next.leader_epoch,
+                        isr = ?next.isr,
+                        previous_leader = state.leader,
+                        "controller moved leadership back to the preferred replica"
+                    );
+                    break;
+                }
+                // The leader changed its ISR meanwhile (or another write won): decide again.
+                Err(fjord_coord::Error::BadVersion { .. }) => continue,
+                Err(fjord_coord::Error::NoNode { .. }) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether the partition needs a leader elected (where unclean election may matter).
 fn needs_election(state: &PartitionState, live: &BTreeSet<i32>) -> bool {
     state.leader == -1 || !live.contains(&state.leader)
@@ -324,6 +418,46 @@ pub(crate) fn decide(state: &PartitionState, replicas: &[i32], live: &BTreeSet<i
         },
     };
     Some(PartitionState { leader, leader_epoch: state.leader_epoch + 1, isr, controller_epoch: state.controller_epoch })
+}
+
+/// Kafka's automatic preferred-leader rebalancing over `(key, replicas, state)` of every
+/// partition: per broker, the share of the partitions it is the preferred replica of (the
+/// first of the assignment) that another broker leads; for each broker above `percentage`
+/// percent, those of its partitions [`prefer`] may move, with their new states. Nothing
+/// else moves: a broker at or under the threshold keeps its imbalance (moving leaders
+/// costs clients a metadata refresh).
+pub(crate) fn rebalance<'a, K>(
+    partitions: &'a [(K, Vec<i32>, PartitionState)],
+    live: &BTreeSet<i32>,
+    percentage: u32,
+) -> Vec<(&'a K, &'a [i32], PartitionState)> {
+    // Preferred broker -> (its partitions, those of them led elsewhere).
+    let mut shares: BTreeMap<i32, (u64, u64)> = BTreeMap::new();
+    for (_, replicas, state) in partitions {
+        let Some(&preferred) = replicas.first() else { continue };
+        let share = shares.entry(preferred).or_default();
+        share.0 += 1;
+        share.1 += u64::from(state.leader != preferred);
+    }
+    // imbalanced / total > percentage / 100, in integers.
+    let over =
+        |broker: i32| shares.get(&broker).is_some_and(|&(total, elsewhere)| elsewhere * 100 > total * u64::from(percentage));
+    partitions
+        .iter()
+        .filter(|(_, replicas, _)| replicas.first().is_some_and(|&preferred| over(preferred)))
+        .filter_map(|(key, replicas, state)| prefer(state, replicas, live).map(|next| (key, replicas.as_slice(), next)))
+        .collect()
+}
+
+/// The state that gives a partition's leadership to its preferred replica, if that is
+/// allowed now: the preferred replica is live and in the ISR, and the partition has a
+/// live leader that is another broker (a partition without one is [`decide`]'s to
+/// elect). Same ISR, leader epoch + 1; the controller epoch is the caller's to set.
+pub(crate) fn prefer(state: &PartitionState, replicas: &[i32], live: &BTreeSet<i32>) -> Option<PartitionState> {
+    let &preferred = replicas.first()?;
+    let movable =
+        state.leader != preferred && !needs_election(state, live) && live.contains(&preferred) && state.isr.contains(&preferred);
+    movable.then(|| PartitionState { leader: preferred, leader_epoch: state.leader_epoch + 1, ..state.clone() })
 }
 
 /// Backoff before competing again; false when shut down meanwhile.
@@ -372,5 +506,61 @@ mod tests {
         assert_eq!(decide(&state(-1, 5, &[1]), &replicas, &live(&[1, 2]), false), Some(state(1, 6, &[1])));
         // The leader alone stays in its own ISR even if it were not listed live.
         assert_eq!(decide(&state(2, 1, &[2]), &replicas, &live(&[2]), false), None);
+    }
+
+    /// `(name, replicas, state)` rows as the rebalancing pass reads them.
+    fn rows(rows: &[(&'static str, &[i32], PartitionState)]) -> Vec<(&'static str, Vec<i32>, PartitionState)> {
+        rows.iter().map(|(name, replicas, state)| (*name, replicas.to_vec(), state.clone())).collect()
+    }
+
+    fn moved(
+        partitions: &[(&'static str, Vec<i32>, PartitionState)],
+        live: &BTreeSet<i32>,
+        pct: u32,
+    ) -> Vec<(&'static str, PartitionState)> {
+        rebalance(partitions, live, pct).into_iter().map(|(name, _, state)| (*name, state)).collect()
+    }
+
+    #[test]
+    fn leadership_returns_to_a_live_in_sync_preferred_replica() {
+        // Broker 1 prefers "a" and "b"; 2 leads both since 1 restarted; 1 is back in sync.
+        let partitions = rows(&[("a", &[1, 2], state(2, 3, &[2, 1])), ("b", &[1, 2], state(2, 7, &[1, 2]))]);
+        assert_eq!(
+            moved(&partitions, &live(&[1, 2]), 10),
+            [("a", state(1, 4, &[2, 1])), ("b", state(1, 8, &[1, 2]))],
+            "same ISR, next leader epoch"
+        );
+    }
+
+    #[test]
+    fn no_move_to_a_preferred_replica_out_of_the_isr_or_dead() {
+        let partitions = rows(&[("a", &[1, 2], state(2, 3, &[2]))]);
+        assert_eq!(moved(&partitions, &live(&[1, 2]), 10), [], "preferred replica not in the ISR");
+        let partitions = rows(&[("a", &[1, 2], state(2, 3, &[2, 1]))]);
+        assert_eq!(moved(&partitions, &live(&[2]), 10), [], "preferred replica dead (still listed in the ISR)");
+        // A partition without a live leader is an election (decide), not a rebalance.
+        assert_eq!(prefer(&state(3, 3, &[3, 1]), &[1, 2, 3], &live(&[1, 2])), None);
+        assert_eq!(prefer(&state(-1, 3, &[1]), &[1, 2], &live(&[1, 2])), None);
+    }
+
+    #[test]
+    fn no_move_under_the_threshold_or_when_already_preferred() {
+        // Broker 1 prefers 10 partitions; 1 of them (10 %) is led by 2: not above 10 %.
+        let mut partitions: Vec<(&'static str, Vec<i32>, PartitionState)> =
+            (0..9).map(|_| ("led", vec![1, 2], state(1, 1, &[1, 2]))).collect();
+        partitions.push(("elsewhere", vec![1, 2], state(2, 2, &[2, 1])));
+        assert_eq!(moved(&partitions, &live(&[1, 2]), 10), [], "10 % is not above 10 %");
+        assert_eq!(moved(&partitions, &live(&[1, 2]), 9), [("elsewhere", state(1, 3, &[2, 1]))], "above 9 %");
+        // Every partition already led by its preferred replica: nothing at any threshold.
+        let balanced = rows(&[("a", &[1, 2], state(1, 1, &[1, 2])), ("b", &[2, 1], state(2, 1, &[1, 2]))]);
+        assert_eq!(moved(&balanced, &live(&[1, 2]), 0), []);
+        assert_eq!(prefer(&state(1, 1, &[1, 2]), &[1, 2], &live(&[1, 2])), None);
+        // The share is per preferred broker: broker 2's balance does not hide broker 1's.
+        let mixed = rows(&[
+            ("a", &[1, 2], state(2, 1, &[1, 2])),
+            ("b", &[2, 1], state(2, 1, &[1, 2])),
+            ("c", &[2, 1], state(2, 1, &[1, 2])),
+        ]);
+        assert_eq!(moved(&mixed, &live(&[1, 2]), 50), [("a", state(1, 2, &[1, 2]))]);
     }
 }

@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::audit::BrokerAudit;
 use crate::cluster::ClusterView;
+use crate::controller::{ControllerConfig, RebalanceConfig};
 use crate::group::{Endpoint, GroupCoordinator};
 use crate::handler::producer_id::ProducerIdManager;
 use crate::handler::Broker;
@@ -103,7 +104,14 @@ pub async fn run_with_store(
         deregister(&*store, config.broker_id).await;
         return Err(e);
     }
-    tracker.spawn(controller::run(store.clone(), config.broker_id, config.unclean_leader_election, stop.clone()));
+    let controller_config = ControllerConfig {
+        unclean_default: config.unclean_leader_election,
+        rebalance: config.auto_leader_rebalance.then_some(RebalanceConfig {
+            interval: config.leader_imbalance_check_interval,
+            percentage: config.leader_imbalance_per_broker_percentage,
+        }),
+    };
+    tracker.spawn(controller::run(store.clone(), config.broker_id, controller_config, stop.clone()));
     tracker.spawn(keep_registered(store.clone(), config.broker_id, registration, shutdown.clone()));
     // A broker that was the last in-sync replica of a partition (a single broker
     // restarting, say) gets it back from the controller right after registering; wait
