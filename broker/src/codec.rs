@@ -32,6 +32,7 @@ pub(crate) mod error_code {
     pub(crate) const INVALID_PARTITIONS: i16 = 37;
     pub(crate) const INVALID_REPLICATION_FACTOR: i16 = 38;
     pub(crate) const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
+    pub(crate) const NOT_CONTROLLER: i16 = 41;
     pub(crate) const INVALID_REQUEST: i16 = 42;
     pub(crate) const UNSUPPORTED_FOR_MESSAGE_FORMAT: i16 = 43;
     pub(crate) const INVALID_CONFIG: i16 = 40;
@@ -42,6 +43,9 @@ pub(crate) mod error_code {
     pub(crate) const FENCED_LEADER_EPOCH: i16 = 74;
     pub(crate) const UNKNOWN_LEADER_EPOCH: i16 = 75;
     pub(crate) const OFFSET_NOT_AVAILABLE: i16 = 78;
+    pub(crate) const PREFERRED_LEADER_NOT_AVAILABLE: i16 = 80;
+    pub(crate) const ELIGIBLE_LEADERS_NOT_AVAILABLE: i16 = 83;
+    pub(crate) const ELECTION_NOT_NEEDED: i16 = 84;
     pub(crate) const INVALID_RECORD: i16 = 87;
 }
 
@@ -75,6 +79,7 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::ElectLeaders, 0, 2),
 ];
 
 /// Produce versions whose payloads are old message sets; answered by hand

@@ -36,6 +36,8 @@
 //! controller after a failover converges all the same.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fjord_coord::registry::{read_json, to_json, PartitionState, TopicAssignment};
@@ -56,9 +58,9 @@ struct ControllerDocument {
     timestamp: String,
 }
 
-/// Why a controller stopped acting.
+/// Why a controller stopped acting (or an election asked for through ElectLeaders failed).
 #[derive(Debug)]
-enum Stop {
+pub(crate) enum Stop {
     /// Shutdown was requested.
     Shutdown,
     /// Another controller (a newer epoch) took over, or our node is gone.
@@ -89,8 +91,42 @@ pub(crate) struct RebalanceConfig {
     pub(crate) percentage: u32,
 }
 
-/// Competes for the controller role until `shutdown`, acting while it holds it.
-pub(crate) async fn run(store: Store, broker_id: i32, config: ControllerConfig, shutdown: CancellationToken) {
+/// The epoch this broker acts under while it is the controller, published for the
+/// ElectLeaders handler.
+///
+/// The handler writes its elections itself with this epoch rather than asking the
+/// controller task over a channel: every partition-state write, the controller's passes
+/// and these, is a compare-and-set on the znode version carrying the controller epoch,
+/// so the store already orders them (a conflict re-reads and decides again) and fences a
+/// stale controller ([`elect_leaders`] checks `/controller_epoch` first, as every pass
+/// does). A channel would only add a second way to reach the same writes and make the
+/// request wait behind a whole reconciling pass.
+#[derive(Debug, Default)]
+pub(crate) struct Controllership {
+    /// 0 while not the controller (controller epochs start at 1).
+    epoch: AtomicI32,
+}
+
+impl Controllership {
+    /// The controller epoch, if this broker is the controller.
+    pub(crate) fn epoch(&self) -> Option<i32> {
+        Some(self.epoch.load(Ordering::Acquire)).filter(|&e| e > 0)
+    }
+
+    fn set(&self, epoch: Option<i32>) {
+        self.epoch.store(epoch.unwrap_or(0), Ordering::Release);
+    }
+}
+
+/// Competes for the controller role until `shutdown`, acting while it holds it (and
+/// publishing its epoch in `controllership` meanwhile).
+pub(crate) async fn run(
+    store: Store,
+    broker_id: i32,
+    config: ControllerConfig,
+    controllership: Arc<Controllership>,
+    shutdown: CancellationToken,
+) {
     loop {
         if shutdown.is_cancelled() {
             return;
@@ -98,7 +134,9 @@ pub(crate) async fn run(store: Store, broker_id: i32, config: ControllerConfig, 
         match elect(&*store, broker_id, &shutdown).await {
             Ok(Some(epoch)) => {
                 tracing::info!(broker_id, controller_epoch = epoch, "became the controller");
+                controllership.set(Some(epoch));
                 let stop = act(&*store, broker_id, epoch, config, &shutdown).await;
+                controllership.set(None);
                 resign(&*store, broker_id).await;
                 match stop {
                     Stop::Shutdown => {
@@ -361,34 +399,164 @@ async fn restore_preferred(store: &dyn MetadataStore, epoch: i32, live: &BTreeSe
         }
     }
     for ((topic, partition), replicas, _) in rebalance(&partitions, live, percentage) {
-        let path = paths::partition_state(topic, *partition);
-        loop {
-            let Some((state, stat)) = read_json::<PartitionState>(store, &path).await? else { break };
-            if state.controller_epoch > epoch {
-                return Err(Stop::Fenced(format!("{path} was written by controller epoch {}", state.controller_epoch)));
-            }
-            let Some(mut next) = prefer(&state, replicas, live) else { break };
-            next.controller_epoch = epoch;
-            match store.set(&path, &to_json(&next), Some(stat.version)).await {
-                Ok(_) => {
-                    tracing::info!(
-                        partition = %format!("{topic}-{partition}"),
-                        leader = next.leader,
-                        leader_epoch = next.leader_epoch,
-                        isr = ?next.isr,
-                        previous_leader = state.leader,
-                        "controller moved leadership back to the preferred replica"
-                    );
-                    break;
-                }
-                // The leader changed its ISR meanwhile (or another write won): decide again.
-                Err(fjord_coord::Error::BadVersion { .. }) => continue,
-                Err(fjord_coord::Error::NoNode { .. }) => break,
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let what = "controller moved leadership back to the preferred replica";
+        write_state(store, epoch, topic, *partition, what, |state| prefer(state, replicas, live).ok_or(())).await?;
     }
     Ok(())
+}
+
+/// Writes the state `next` derives from a partition's current one: compare-and-set on
+/// the znode version read, carrying the controller epoch `epoch`. On a conflict (the
+/// leader changed its ISR meanwhile, or another write won) the state is read again and
+/// `next` decides again. `Ok(None)` when the state node is missing (the partition is
+/// being created or deleted); `Ok(Some(Err(_)))` when `next` declined; `what` is the
+/// log line of a write.
+async fn write_state<E>(
+    store: &dyn MetadataStore,
+    epoch: i32,
+    topic: &str,
+    partition: i32,
+    what: &str,
+    mut next: impl FnMut(&PartitionState) -> Result<PartitionState, E>,
+) -> Result<Option<Result<PartitionState, E>>, Stop> {
+    let path = paths::partition_state(topic, partition);
+    loop {
+        let Some((state, stat)) = read_json::<PartitionState>(store, &path).await? else { return Ok(None) };
+        if state.controller_epoch > epoch {
+            return Err(Stop::Fenced(format!("{path} was written by controller epoch {}", state.controller_epoch)));
+        }
+        let mut next = match next(&state) {
+            Ok(next) => next,
+            Err(declined) => return Ok(Some(Err(declined))),
+        };
+        next.controller_epoch = epoch;
+        match store.set(&path, &to_json(&next), Some(stat.version)).await {
+            Ok(_) => {
+                tracing::info!(
+                    partition = %format!("{topic}-{partition}"),
+                    leader = next.leader,
+                    leader_epoch = next.leader_epoch,
+                    isr = ?next.isr,
+                    previous_leader = state.leader,
+                    previous_isr = ?state.isr,
+                    "{what}"
+                );
+                return Ok(Some(Ok(next)));
+            }
+            Err(fjord_coord::Error::BadVersion { .. }) => continue,
+            Err(fjord_coord::Error::NoNode { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Kafka's ElectLeaders election types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Election {
+    /// Leadership to the preferred replica (the first of the assignment).
+    Preferred,
+    /// A leader for a partition without a live one, from outside the ISR if need be.
+    Unclean,
+}
+
+/// Why an asked-for election gives a partition no new leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NoElection {
+    /// The preferred replica leads already (preferred), or a live broker leads (unclean).
+    NotNeeded,
+    /// The preferred replica is dead or out of the ISR, or the partition has no live
+    /// leader (electing one is [`decide`]'s: the controller does it on its own).
+    PreferredNotAvailable,
+    /// No replica is live.
+    NoEligibleLeader,
+    /// No such topic or partition (or its state is not written yet).
+    UnknownPartition,
+}
+
+/// The state an asked-for election gives the partition: [`prefer`]'s rule for a
+/// preferred election, [`decide`]'s with unclean election allowed for an unclean one.
+/// The controller epoch of the result is the caller's to set.
+pub(crate) fn elect_leader(
+    election: Election,
+    state: &PartitionState,
+    replicas: &[i32],
+    live: &BTreeSet<i32>,
+) -> Result<PartitionState, NoElection> {
+    match election {
+        Election::Preferred => {
+            if replicas.first() == Some(&state.leader) && live.contains(&state.leader) {
+                return Err(NoElection::NotNeeded);
+            }
+            prefer(state, replicas, live).ok_or(NoElection::PreferredNotAvailable)
+        }
+        Election::Unclean => {
+            if !needs_election(state, live) {
+                return Err(NoElection::NotNeeded);
+            }
+            decide(state, replicas, live, true).filter(|next| next.leader != -1).ok_or(NoElection::NoEligibleLeader)
+        }
+    }
+}
+
+/// One partition's outcome of [`elect_leaders`]: its new state, or why there is none.
+pub(crate) type Elected = ((String, i32), Result<PartitionState, NoElection>);
+
+/// Runs the `election` ElectLeaders asked for on `partitions` (`None`: every partition)
+/// as the controller of epoch `epoch`, writing each new state as the controller's passes
+/// do ([`write_state`]). Fails (nothing more written) when the epoch is no longer the
+/// store's or the store fails.
+pub(crate) async fn elect_leaders(
+    store: &dyn MetadataStore,
+    epoch: i32,
+    election: Election,
+    partitions: Option<Vec<(String, i32)>>,
+) -> Result<Vec<Elected>, Stop> {
+    check_epoch(store, epoch).await?;
+    let live: BTreeSet<i32> = store.children(paths::BROKER_IDS).await?.iter().filter_map(|id| id.parse().ok()).collect();
+    let mut assignments: BTreeMap<String, Option<TopicAssignment>> = BTreeMap::new();
+    let partitions = match partitions {
+        Some(partitions) => partitions,
+        None => {
+            let topics = match store.children(paths::TOPICS).await {
+                Ok(topics) => topics,
+                Err(fjord_coord::Error::NoNode { .. }) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
+            let mut all = Vec::new();
+            for topic in topics {
+                let assignment = read_json::<TopicAssignment>(store, &paths::topic(&topic)).await?.map(|(a, _)| a);
+                let mut indexes: Vec<i32> =
+                    assignment.iter().flat_map(|a| a.partitions.keys()).filter_map(|p| p.parse().ok()).collect();
+                indexes.sort_unstable();
+                all.extend(indexes.into_iter().map(|p| (topic.clone(), p)));
+                assignments.insert(topic, assignment);
+            }
+            all
+        }
+    };
+    let mut results = Vec::with_capacity(partitions.len());
+    for (topic, partition) in partitions {
+        if !assignments.contains_key(&topic) {
+            let assignment = read_json::<TopicAssignment>(store, &paths::topic(&topic)).await?.map(|(a, _)| a);
+            assignments.insert(topic.clone(), assignment);
+        }
+        let replicas = assignments[&topic].as_ref().and_then(|a| a.partitions.get(&partition.to_string()));
+        let outcome = match replicas {
+            None => Err(NoElection::UnknownPartition),
+            Some(replicas) => {
+                let what = match election {
+                    Election::Preferred => "preferred leader election asked for (ElectLeaders)",
+                    Election::Unclean => "unclean leader election asked for (ElectLeaders); records may be lost",
+                };
+                let elected =
+                    write_state(store, epoch, &topic, partition, what, |state| elect_leader(election, state, replicas, &live))
+                        .await?;
+                elected.unwrap_or(Err(NoElection::UnknownPartition))
+            }
+        };
+        results.push(((topic, partition), outcome));
+    }
+    Ok(results)
 }
 
 /// Whether the partition needs a leader elected (where unclean election may matter).
@@ -475,6 +643,24 @@ fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn asked_for_elections_follow_prefer_and_decide() {
+        let replicas = [1, 2, 3];
+        let preferred = |s: &PartitionState, l: &[i32]| elect_leader(Election::Preferred, s, &replicas, &live(l));
+        assert_eq!(preferred(&state(2, 4, &[2, 1]), &[1, 2]), Ok(state(1, 5, &[2, 1])));
+        assert_eq!(preferred(&state(1, 4, &[1, 2]), &[1, 2]), Err(NoElection::NotNeeded));
+        assert_eq!(preferred(&state(2, 4, &[2]), &[1, 2]), Err(NoElection::PreferredNotAvailable), "out of the ISR");
+        assert_eq!(preferred(&state(2, 4, &[2, 1]), &[2]), Err(NoElection::PreferredNotAvailable), "dead");
+        assert_eq!(preferred(&state(1, 4, &[1, 2]), &[2]), Err(NoElection::PreferredNotAvailable), "leads, but dead");
+        let unclean = |s: &PartitionState, l: &[i32]| elect_leader(Election::Unclean, s, &replicas, &live(l));
+        assert_eq!(unclean(&state(2, 4, &[2]), &[1, 2]), Err(NoElection::NotNeeded), "a live leader");
+        assert_eq!(unclean(&state(-1, 4, &[1]), &[3]), Ok(state(3, 5, &[3])), "offline: any live replica");
+        assert_eq!(unclean(&state(1, 4, &[1]), &[2, 3]), Ok(state(2, 5, &[2])), "dead leader: the first live replica");
+        assert_eq!(unclean(&state(1, 4, &[1, 3]), &[2, 3]), Ok(state(3, 5, &[3])), "a live ISR member first");
+        assert_eq!(unclean(&state(-1, 4, &[1]), &[4]), Err(NoElection::NoEligibleLeader));
+        assert_eq!(unclean(&state(1, 4, &[1]), &[]), Err(NoElection::NoEligibleLeader));
+    }
 
     fn state(leader: i32, epoch: i32, isr: &[i32]) -> PartitionState {
         PartitionState { leader, leader_epoch: epoch, isr: isr.to_vec(), controller_epoch: 1 }

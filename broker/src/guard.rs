@@ -152,6 +152,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::DescribeGroups => v >= 5,
         ApiKey::DeleteGroups => v >= 2,
         ApiKey::InitProducerId => v >= 2,
+        ApiKey::ElectLeaders => v >= 2,
         _ => return Err("no schema for this api"),
     };
     let w = &mut Walker { buf: body, flexible };
@@ -476,6 +477,17 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                 w.tagged_fields()
             })?;
         }
+        ApiKey::ElectLeaders => {
+            if v >= 1 {
+                w.int8()?; // election type
+            }
+            w.array(|w| {
+                w.string()?;
+                w.array(Walker::int32)?;
+                w.tagged_fields()
+            })?;
+            w.int32()?; // timeout
+        }
         _ => unreachable!("flexible versions are listed for every api walked above"),
     }
     w.tagged_fields()
@@ -673,6 +685,14 @@ mod tests {
                         .with_partition(1)
                         .with_current_leader_epoch(4)
                         .with_leader_epoch(3)])])
+                .encode(&mut buf, v),
+            ApiKey::ElectLeaders => ElectLeadersRequest::default()
+                .with_election_type(if v >= 1 { 1 } else { 0 })
+                .with_topic_partitions(Some(vec![
+                    elect_leaders_request::TopicPartitions::default().with_topic(name()).with_partitions(vec![0, 1]),
+                    elect_leaders_request::TopicPartitions::default().with_topic(name()),
+                ]))
+                .with_timeout_ms(30_000)
                 .encode(&mut buf, v),
             other => panic!("no sample for {other:?}"),
         };

@@ -4,6 +4,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod alter_configs;
+pub(crate) mod elect;
 pub(crate) mod fetch;
 pub(crate) mod leader_epoch;
 pub(crate) mod metadata;
@@ -45,6 +46,8 @@ pub(crate) struct Broker {
     pub(crate) producer_ids: ProducerIdManager,
     /// The audit's broker tier, when `audit.enable`.
     pub(crate) audit: Option<crate::audit::BrokerAudit>,
+    /// The controller epoch while this broker is the controller (ElectLeaders).
+    pub(crate) controllership: Arc<crate::controller::Controllership>,
 }
 
 impl Broker {
@@ -127,6 +130,7 @@ impl Broker {
             RequestKind::DescribeGroups(req) => (ApiKey::DescribeGroups, self.groups.describe_groups(req).await),
             RequestKind::DeleteGroups(req) => (ApiKey::DeleteGroups, self.groups.delete_groups(req).await),
             RequestKind::InitProducerId(req) => (ApiKey::InitProducerId, self.init_producer_id(req).await),
+            RequestKind::ElectLeaders(req) => (ApiKey::ElectLeaders, self.elect_leaders(req, version).await),
             other => {
                 // decode_request only decodes what SUPPORTED_APIS lists, and every entry is matched above.
                 tracing::error!(request = ?other, "decoded a request without a handler");

@@ -224,6 +224,9 @@ pub(crate) fn response_errors(body: &ResponseKind) -> Vec<i16> {
                 std::iter::once(g.error_code).chain(g.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code))
             }))
             .collect(),
+        ResponseKind::ElectLeaders(r) => std::iter::once(r.error_code)
+            .chain(r.replica_election_results.iter().flat_map(|t| &t.partition_result).map(|p| p.error_code))
+            .collect(),
         ResponseKind::OffsetForLeaderEpoch(r) => r.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).collect(),
         // APIs without an entry here count requests only.
         _ => Vec::new(),

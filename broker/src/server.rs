@@ -17,7 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::audit::BrokerAudit;
 use crate::cluster::ClusterView;
-use crate::controller::{ControllerConfig, RebalanceConfig};
+use crate::controller::{ControllerConfig, Controllership, RebalanceConfig};
 use crate::group::{Endpoint, GroupCoordinator};
 use crate::handler::producer_id::ProducerIdManager;
 use crate::handler::Broker;
@@ -111,7 +111,8 @@ pub async fn run_with_store(
             percentage: config.leader_imbalance_per_broker_percentage,
         }),
     };
-    tracker.spawn(controller::run(store.clone(), config.broker_id, controller_config, stop.clone()));
+    let controllership = Arc::new(Controllership::default());
+    tracker.spawn(controller::run(store.clone(), config.broker_id, controller_config, controllership.clone(), stop.clone()));
     tracker.spawn(keep_registered(store.clone(), config.broker_id, registration, shutdown.clone()));
     // A broker that was the last in-sync replica of a partition (a single broker
     // restarting, say) gets it back from the controller right after registering; wait
@@ -156,6 +157,7 @@ pub async fn run_with_store(
         metrics: Default::default(),
         producer_ids,
         audit,
+        controllership,
     });
     // The audit publisher talks to this broker like any client (the accept loop below
     // serves it); it stops with `stop` at the latest.
