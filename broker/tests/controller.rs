@@ -37,6 +37,12 @@ impl Cluster {
         for id in 1..=n {
             cluster.start_broker(id, configure).await;
         }
+        // A broker is started once its listener is bound, before it has registered: wait
+        // until broker 1 sees every broker live, so a creation spread over all of them
+        // does not race the registrations (INVALID_REPLICATION_FACTOR).
+        let mut client = cluster.client(1).await;
+        metadata_until(&mut client, Some(&[]), &format!("{n} live brokers"), |r| (r.brokers.len() == n as usize).then_some(()))
+            .await;
         cluster
     }
 
