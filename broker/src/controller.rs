@@ -332,47 +332,14 @@ async fn reconcile(store: &dyn MetadataStore, epoch: i32, live: &BTreeSet<i32>, 
     };
     for topic in topics {
         let Some((assignment, _)) = read_json::<TopicAssignment>(store, &paths::topic(&topic)).await? else { continue };
-        let mut unclean = None; // read when first needed
+        // The topic's own `unclean.leader.election.enable`, read once per topic (write_state
+        // decides without awaiting, so it cannot be read only when an election needs it).
+        let overrides = read_overrides(store, &topic).await?;
+        let unclean = overrides.get("unclean.leader.election.enable").map_or(unclean_default, |v| v.trim() == "true");
         for (partition, replicas) in &assignment.partitions {
             let Ok(partition) = partition.parse::<i32>() else { continue };
-            let path = paths::partition_state(&topic, partition);
-            loop {
-                // Missing: being created (the creator writes it) or deleted.
-                let Some((state, stat)) = read_json::<PartitionState>(store, &path).await? else { break };
-                if state.controller_epoch > epoch {
-                    return Err(Stop::Fenced(format!("{path} was written by controller epoch {}", state.controller_epoch)));
-                }
-                let allow_unclean = match unclean {
-                    Some(u) => u,
-                    None if needs_election(&state, live) => {
-                        let overrides = read_overrides(store, &topic).await?;
-                        let u = overrides.get("unclean.leader.election.enable").map_or(unclean_default, |v| v.trim() == "true");
-                        unclean = Some(u);
-                        u
-                    }
-                    None => unclean_default,
-                };
-                let Some(mut next) = decide(&state, replicas, live, allow_unclean) else { break };
-                next.controller_epoch = epoch;
-                match store.set(&path, &to_json(&next), Some(stat.version)).await {
-                    Ok(_) => {
-                        tracing::info!(
-                            partition = %format!("{topic}-{partition}"),
-                            leader = next.leader,
-                            leader_epoch = next.leader_epoch,
-                            isr = ?next.isr,
-                            previous_leader = state.leader,
-                            previous_isr = ?state.isr,
-                            "controller changed partition state"
-                        );
-                        break;
-                    }
-                    // Someone (the leader changing its ISR) wrote first: decide again.
-                    Err(fjord_coord::Error::BadVersion { .. }) => continue,
-                    Err(fjord_coord::Error::NoNode { .. }) => break,
-                    Err(e) => return Err(e.into()),
-                }
-            }
+            let what = "controller changed partition state";
+            write_state(store, epoch, &topic, partition, what, |state| decide(state, replicas, live, unclean).ok_or(())).await?;
         }
     }
     Ok(())
