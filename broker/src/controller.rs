@@ -323,21 +323,37 @@ async fn check_epoch(store: &dyn MetadataStore, epoch: i32) -> Result<(), Stop> 
     }
 }
 
-/// One pass over every partition: writes the states [`decide`] changes.
-async fn reconcile(store: &dyn MetadataStore, epoch: i32, live: &BTreeSet<i32>, unclean_default: bool) -> Result<(), Stop> {
+/// Every topic with its replica assignment; none before the first topic, and a topic
+/// deleted while this reads is left out.
+async fn topic_assignments(store: &dyn MetadataStore) -> Result<Vec<(String, TopicAssignment)>, Stop> {
     let topics = match store.children(paths::TOPICS).await {
         Ok(topics) => topics,
-        Err(fjord_coord::Error::NoNode { .. }) => return Ok(()),
+        Err(fjord_coord::Error::NoNode { .. }) => return Ok(Vec::new()),
         Err(e) => return Err(e.into()),
     };
+    let mut all = Vec::with_capacity(topics.len());
     for topic in topics {
-        let Some((assignment, _)) = read_json::<TopicAssignment>(store, &paths::topic(&topic)).await? else { continue };
+        if let Some((assignment, _)) = read_json::<TopicAssignment>(store, &paths::topic(&topic)).await? {
+            all.push((topic, assignment));
+        }
+    }
+    Ok(all)
+}
+
+/// An assignment's partitions by index, with their replicas (keys that are not partition
+/// numbers are skipped).
+fn numbered_partitions(assignment: &TopicAssignment) -> impl Iterator<Item = (i32, &Vec<i32>)> {
+    assignment.partitions.iter().filter_map(|(p, replicas)| Some((p.parse().ok()?, replicas)))
+}
+
+/// One pass over every partition: writes the states [`decide`] changes.
+async fn reconcile(store: &dyn MetadataStore, epoch: i32, live: &BTreeSet<i32>, unclean_default: bool) -> Result<(), Stop> {
+    for (topic, assignment) in topic_assignments(store).await? {
         // The topic's own `unclean.leader.election.enable`, read once per topic (write_state
         // decides without awaiting, so it cannot be read only when an election needs it).
         let overrides = read_overrides(store, &topic).await?;
         let unclean = overrides.get("unclean.leader.election.enable").map_or(unclean_default, |v| v.trim() == "true");
-        for (partition, replicas) in &assignment.partitions {
-            let Ok(partition) = partition.parse::<i32>() else { continue };
+        for (partition, replicas) in numbered_partitions(&assignment) {
             let what = "controller changed partition state";
             write_state(store, epoch, &topic, partition, what, |state| decide(state, replicas, live, unclean).ok_or(())).await?;
         }
@@ -349,23 +365,16 @@ async fn reconcile(store: &dyn MetadataStore, epoch: i32, live: &BTreeSet<i32>, 
 /// their preferred replica, and writes each (compare-and-set; on a conflict the state is
 /// read again and [`prefer`] decides again).
 async fn restore_preferred(store: &dyn MetadataStore, epoch: i32, live: &BTreeSet<i32>, percentage: u32) -> Result<(), Stop> {
-    let topics = match store.children(paths::TOPICS).await {
-        Ok(topics) => topics,
-        Err(fjord_coord::Error::NoNode { .. }) => return Ok(()),
-        Err(e) => return Err(e.into()),
-    };
-    let mut partitions = Vec::new();
-    for topic in topics {
-        let Some((assignment, _)) = read_json::<TopicAssignment>(store, &paths::topic(&topic)).await? else { continue };
-        for (partition, replicas) in assignment.partitions {
-            let Ok(partition) = partition.parse::<i32>() else { continue };
+    let mut states = Vec::new();
+    for (topic, assignment) in topic_assignments(store).await? {
+        for (partition, replicas) in numbered_partitions(&assignment) {
             let Some((state, _)) = read_json::<PartitionState>(store, &paths::partition_state(&topic, partition)).await? else {
                 continue;
             };
-            partitions.push(((topic.clone(), partition), replicas, state));
+            states.push(((topic.clone(), partition), replicas.clone(), state));
         }
     }
-    for ((topic, partition), replicas, _) in rebalance(&partitions, live, percentage) {
+    for ((topic, partition), replicas, _) in rebalance(&states, live, percentage) {
         let what = "controller moved leadership back to the preferred replica";
         write_state(store, epoch, topic, *partition, what, |state| prefer(state, replicas, live).ok_or(())).await?;
     }
@@ -484,19 +493,12 @@ pub(crate) async fn elect_leaders(
     let partitions = match partitions {
         Some(partitions) => partitions,
         None => {
-            let topics = match store.children(paths::TOPICS).await {
-                Ok(topics) => topics,
-                Err(fjord_coord::Error::NoNode { .. }) => Vec::new(),
-                Err(e) => return Err(e.into()),
-            };
             let mut all = Vec::new();
-            for topic in topics {
-                let assignment = read_json::<TopicAssignment>(store, &paths::topic(&topic)).await?.map(|(a, _)| a);
-                let mut indexes: Vec<i32> =
-                    assignment.iter().flat_map(|a| a.partitions.keys()).filter_map(|p| p.parse().ok()).collect();
+            for (topic, assignment) in topic_assignments(store).await? {
+                let mut indexes: Vec<i32> = numbered_partitions(&assignment).map(|(p, _)| p).collect();
                 indexes.sort_unstable();
                 all.extend(indexes.into_iter().map(|p| (topic.clone(), p)));
-                assignments.insert(topic, assignment);
+                assignments.insert(topic, Some(assignment));
             }
             all
         }
