@@ -267,8 +267,9 @@ impl Log {
             active.reserve(position + batches.len() as u64, config.segment_bytes);
         }
         if let Err(e) = segment.file.write_all_at(batches, position) {
-            // Leave the log byte for byte as it was.
-            let _ = segment.file.set_len(position);
+            // Leave the log byte for byte as it was (cut back to `position`, the segment's
+            // size, which also forgets the reservation past it).
+            let _ = active.release_reserved();
             let _ = w.epochs.truncate_from_end(leo_before);
             return Err(Error::Io { path: segment.path(LOG_SUFFIX), source: e });
         }
