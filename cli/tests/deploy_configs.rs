@@ -31,3 +31,18 @@ fn deploy_broker_configs_parse_and_validate() {
         }
     }
 }
+
+/// A plaintext listener has no authentication: the shipped layouts must not open one on
+/// every interface (the operator widens it knowingly, reading the comment beside it).
+#[test]
+fn deploy_configs_open_no_plaintext_listener_on_every_interface() {
+    for dir in ["cluster", "systemd"] {
+        for file in configs(dir) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for line in text.lines().filter(|l| l.trim_start().starts_with("\"listeners\"")) {
+                let wide = ["PLAINTEXT://0.0.0.0:", "PLAINTEXT://[::]:", "PLAINTEXT://:"].iter().any(|w| line.contains(w));
+                assert!(!wide, "{}: {line}", file.display());
+            }
+        }
+    }
+}
