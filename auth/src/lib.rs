@@ -18,10 +18,16 @@
 //! ServerKey of RFC 5802 are, and PLAIN derives from those. Authorization is a pure
 //! function of an immutable [`Authorizer`] snapshot; changes build a new snapshot.
 
+pub mod acl;
+pub mod authorizer;
 pub mod plain;
 pub mod principal;
 pub mod scram;
 
+pub use acl::{
+    AccessControlEntry, AclBinding, AclBindingFilter, Operation, PatternType, Permission, ResourcePattern, ResourceType,
+};
+pub use authorizer::{Authorizer, AuthorizerConfig, Resource};
 pub use principal::Principal;
 pub use scram::{ScramCredential, ScramMechanism, ScramServer};
 
