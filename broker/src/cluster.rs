@@ -543,7 +543,17 @@ impl ClusterView {
                             self.replicas.add_partition(tp, log);
                         }
                         Err(e) => {
-                            tracing::error!(partition = %tp, error = %e, "opening the log of an assigned replica failed");
+                            // Not served (NOT_LEADER_OR_FOLLOWER) until its next state change
+                            // or a restart retries; the other partitions go on.
+                            if crate::limits::out_of_descriptors(&e) {
+                                tracing::error!(
+                                    partition = %tp, error = %e,
+                                    "opening the log of an assigned replica failed: out of file descriptors; \
+                                     raise the open-file limit or lower max.partitions.per.broker"
+                                );
+                            } else {
+                                tracing::error!(partition = %tp, error = %e, "opening the log of an assigned replica failed");
+                            }
                             return None;
                         }
                     }

@@ -35,6 +35,7 @@ pub(crate) mod error_code {
     pub(crate) const NOT_CONTROLLER: i16 = 41;
     pub(crate) const INVALID_REQUEST: i16 = 42;
     pub(crate) const UNSUPPORTED_FOR_MESSAGE_FORMAT: i16 = 43;
+    pub(crate) const POLICY_VIOLATION: i16 = 44;
     pub(crate) const INVALID_CONFIG: i16 = 40;
     pub(crate) const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
     pub(crate) const INVALID_PRODUCER_EPOCH: i16 = 47;

@@ -41,6 +41,15 @@ pub struct BrokerConfig {
     /// `default.replication.factor`: replicas of an auto-created topic (and of a
     /// CreateTopics that leaves it to the broker), default 1.
     pub default_replication_factor: i16,
+    /// `max.partitions.per.request` (Fjord): the most partitions one topic of a
+    /// CreateTopics (or an auto-create) may have; more is refused with INVALID_PARTITIONS
+    /// before anything is allocated. Default 10,000.
+    pub max_partitions_per_request: i32,
+    /// `max.partitions.per.broker` (Fjord): the most partition replicas one broker may
+    /// hold, counting every topic; a create that would pass it on any broker is refused
+    /// with POLICY_VIOLATION. Default (`None`): derived at start from the open-file limit
+    /// (half of it, three descriptors per partition), so every replica can open its log.
+    pub max_partitions_per_broker: Option<usize>,
     /// `unclean.leader.election.enable`: the default of the topic key, default false.
     pub unclean_leader_election: bool,
     /// `auto.leader.rebalance.enable`: the controller moves leadership back to each
@@ -135,6 +144,8 @@ impl Default for BrokerConfig {
             auto_create_topics: true,
             num_partitions: 1,
             default_replication_factor: 1,
+            max_partitions_per_request: 10_000,
+            max_partitions_per_broker: None,
             unclean_leader_election: false,
             auto_leader_rebalance: true,
             leader_imbalance_check_interval: Duration::from_secs(300),
@@ -261,6 +272,14 @@ impl BrokerConfig {
             "default.replication.factor" => {
                 self.default_replication_factor = i16::try_from(int()?).map_err(|_| invalid("out of range"))?
             }
+            "max.partitions.per.request" => {
+                self.max_partitions_per_request =
+                    i32::try_from(int()?).ok().filter(|n| *n >= 1).ok_or_else(|| invalid("must be between 1 and 2147483647"))?
+            }
+            "max.partitions.per.broker" => {
+                self.max_partitions_per_broker =
+                    Some(usize::try_from(int()?).ok().filter(|n| *n >= 1).ok_or_else(|| invalid("must be at least 1"))?)
+            }
             "unclean.leader.election.enable" => self.unclean_leader_election = boolean()?,
             "auto.leader.rebalance.enable" => self.auto_leader_rebalance = boolean()?,
             "leader.imbalance.check.interval.seconds" => {
@@ -338,6 +357,19 @@ impl BrokerConfig {
         }
         if self.num_partitions < 1 {
             return Err(invalid("num.partitions", self.num_partitions.to_string(), "must be at least 1"));
+        }
+        if self.max_partitions_per_request < 1 {
+            return Err(invalid("max.partitions.per.request", self.max_partitions_per_request.to_string(), "must be at least 1"));
+        }
+        if self.num_partitions > self.max_partitions_per_request {
+            return Err(invalid(
+                "num.partitions",
+                self.num_partitions.to_string(),
+                "must not exceed max.partitions.per.request (every auto-create would be refused)",
+            ));
+        }
+        if self.max_partitions_per_broker == Some(0) {
+            return Err(invalid("max.partitions.per.broker", "0".into(), "must be at least 1"));
         }
         if self.default_replication_factor < 1 {
             return Err(invalid("default.replication.factor", self.default_replication_factor.to_string(), "must be at least 1"));
@@ -524,6 +556,33 @@ mod tests {
             .unwrap();
         assert_eq!(config.num_partitions, 7);
         assert!(config.apply_env([("FJORD_BROKER_ID".to_owned(), "x".to_owned())]).is_err());
+    }
+
+    #[test]
+    fn partition_limits_are_checked_keys() {
+        let config = BrokerConfig::default();
+        assert_eq!((config.max_partitions_per_request, config.max_partitions_per_broker), (10_000, None));
+        let config = BrokerConfig::from_toml("max.partitions.per.request = 500\nmax.partitions.per.broker = 2000").unwrap();
+        assert_eq!((config.max_partitions_per_request, config.max_partitions_per_broker), (500, Some(2000)));
+        config.validate().unwrap();
+        for (key, value) in [
+            ("max.partitions.per.request", "0"),
+            ("max.partitions.per.request", "-1"),
+            ("max.partitions.per.request", "2147483648"),
+            ("max.partitions.per.request", "many"),
+            ("max.partitions.per.broker", "0"),
+            ("max.partitions.per.broker", "-5"),
+        ] {
+            let mut config = BrokerConfig::default();
+            assert!(matches!(config.set(key, value), Err(Error::InvalidConfig { .. })), "{key}={value}");
+            assert_eq!((config.max_partitions_per_request, config.max_partitions_per_broker), (10_000, None), "unchanged");
+        }
+        let config = BrokerConfig { max_partitions_per_request: 0, ..BrokerConfig::default() };
+        assert!(matches!(config.validate(), Err(Error::InvalidConfig { .. })));
+        let config = BrokerConfig { max_partitions_per_broker: Some(0), ..BrokerConfig::default() };
+        assert!(matches!(config.validate(), Err(Error::InvalidConfig { .. })));
+        let config = BrokerConfig { num_partitions: 20, max_partitions_per_request: 10, ..BrokerConfig::default() };
+        assert!(matches!(config.validate(), Err(Error::InvalidConfig { .. })), "auto-creates could never pass");
     }
 
     #[test]

@@ -25,6 +25,9 @@
 //!   election / ISR cleanup when brokers come and go.
 //! - `topics`: topics (from the view), their creation with a replica placement over the
 //!   live brokers, deletion, and config reloads.
+//! - `limits`: `max.partitions.per.request` and `max.partitions.per.broker` (by default
+//!   from the open-file limit, which the broker raises at start), checked before a
+//!   topic creation allocates anything.
 //! - `metrics`: the Prometheus text on `metrics.listen`: partitions, the cleaner, requests
 //!   and errors per API.
 //! - `topic_config`: topic config changes (AlterConfigs) in the store, and the watch
@@ -58,6 +61,7 @@ mod fetch_response;
 mod group;
 mod guard;
 mod handler;
+mod limits;
 mod metrics;
 mod partition;
 mod periodic;

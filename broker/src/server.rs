@@ -21,6 +21,7 @@ use crate::controller::{ControllerConfig, Controllership, RebalanceConfig};
 use crate::group::{Endpoint, GroupCoordinator};
 use crate::handler::producer_id::ProducerIdManager;
 use crate::handler::Broker;
+use crate::limits::PartitionLimits;
 use crate::periodic::Periodic;
 use crate::replication::ReplicaManager;
 use crate::topics::{TopicSettings, Topics};
@@ -78,6 +79,10 @@ pub async fn run_with_store(
     };
     std::fs::create_dir_all(&config.log_dir).map_err(|source| Error::Io { path: config.log_dir.clone(), source })?;
     let cluster_id = load_or_create_meta_properties(&config.log_dir, config.broker_id)?;
+    // Before the logs open: every replica holds descriptors, and the default partition
+    // limit follows the open-file limit.
+    let open_files = crate::limits::raise_open_file_limit();
+    let limits = PartitionLimits::resolve(config.max_partitions_per_request, config.max_partitions_per_broker, open_files);
     let logs = {
         let (dir, defaults) = (config.log_dir.clone(), config.log);
         Arc::new(tokio::task::spawn_blocking(move || LogManager::open(dir, defaults)).await??)
@@ -121,7 +126,7 @@ pub async fn run_with_store(
     if !view.wait_for(OWED_LEADERSHIP_WAIT, |v| v.owed_to(me).is_empty()).await {
         tracing::warn!(partitions = ?view.owed_to(me), "the controller has not made this broker leader of its offline partitions yet");
     }
-    let topics = Topics::new(store.clone(), view.clone(), replicas.clone(), settings);
+    let topics = Topics::new(store.clone(), view.clone(), replicas.clone(), settings, limits);
     tracing::info!(
         broker_id = config.broker_id,
         listening = %bound,
@@ -132,6 +137,8 @@ pub async fn run_with_store(
         rack = config.broker_rack.as_deref().unwrap_or("none"),
         topics = topics.list().len(),
         zero_copy_fetch = config.fetch_zero_copy,
+        max_partitions_per_broker = limits.per_broker,
+        max_partitions_per_request = limits.per_request,
         "broker started"
     );
     let max_connections = config.max_connections;

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::ClusterView;
 use crate::codec::error_code;
+use crate::limits::PartitionLimits;
 use crate::replication::ReplicaManager;
 use crate::Error;
 
@@ -134,6 +135,13 @@ pub(crate) enum TopicError {
     InvalidName(&'static str),
     #[error("number of partitions must be at least 1, got {0}")]
     InvalidPartitions(i32),
+    #[error("{requested} partitions requested; at most {limit} per topic in one request (max.partitions.per.request)")]
+    TooManyPartitions { requested: usize, limit: i32 },
+    #[error(
+        "broker {broker} holds {current} partition replicas and would get {new} more; \
+         at most {limit} per broker (max.partitions.per.broker)"
+    )]
+    BrokerPartitionLimit { broker: i32, current: usize, new: usize, limit: usize },
     #[error("{0}")]
     InvalidReplicationFactor(String),
     #[error("invalid replica assignment: {0}")]
@@ -150,7 +158,8 @@ impl TopicError {
             TopicError::AlreadyExists => error_code::TOPIC_ALREADY_EXISTS,
             TopicError::Unknown => error_code::UNKNOWN_TOPIC_OR_PARTITION,
             TopicError::InvalidName(_) => error_code::INVALID_TOPIC_EXCEPTION,
-            TopicError::InvalidPartitions(_) => error_code::INVALID_PARTITIONS,
+            TopicError::InvalidPartitions(_) | TopicError::TooManyPartitions { .. } => error_code::INVALID_PARTITIONS,
+            TopicError::BrokerPartitionLimit { .. } => error_code::POLICY_VIOLATION,
             TopicError::InvalidReplicationFactor(_) => error_code::INVALID_REPLICATION_FACTOR,
             TopicError::InvalidReplicaAssignment(_) => error_code::INVALID_REPLICA_ASSIGNMENT,
             TopicError::InvalidConfig(_) => error_code::INVALID_CONFIG,
@@ -191,20 +200,45 @@ pub(crate) enum Layout {
     Manual(Vec<Vec<i32>>),
 }
 
+impl Layout {
+    /// (partitions, replication factor) as asked for.
+    pub(crate) fn counts(&self) -> (i32, i16) {
+        match self {
+            Layout::Spread { partitions, replication_factor } => (*partitions, *replication_factor),
+            Layout::Manual(replicas) => (
+                i32::try_from(replicas.len()).unwrap_or(i32::MAX),
+                replicas.first().map_or(0, |r| i16::try_from(r.len()).unwrap_or(i16::MAX)),
+            ),
+        }
+    }
+}
+
 /// Topic creation and deletion; topic lookups go to the view.
 pub(crate) struct Topics {
     store: Store,
     view: Arc<ClusterView>,
     replicas: Arc<ReplicaManager>,
     settings: TopicSettings,
+    limits: PartitionLimits,
     /// Serialises this broker's creations and deletions (auto-creation races between
     /// connections); other brokers are kept off by the store's create-if-absent.
     admin: tokio::sync::Mutex<()>,
 }
 
 impl Topics {
-    pub(crate) fn new(store: Store, view: Arc<ClusterView>, replicas: Arc<ReplicaManager>, settings: TopicSettings) -> Self {
-        Self { store, view, replicas, settings, admin: tokio::sync::Mutex::new(()) }
+    pub(crate) fn new(
+        store: Store,
+        view: Arc<ClusterView>,
+        replicas: Arc<ReplicaManager>,
+        settings: TopicSettings,
+        limits: PartitionLimits,
+    ) -> Self {
+        Self { store, view, replicas, settings, limits, admin: tokio::sync::Mutex::new(()) }
+    }
+
+    /// The partition limits creations are checked against.
+    pub(crate) fn limits(&self) -> PartitionLimits {
+        self.limits
     }
 
     /// The metadata store (the config watcher and the AlterConfigs APIs write and watch
@@ -279,7 +313,7 @@ impl Topics {
             return Err(TopicError::Unknown);
         }
         let layout = Layout::Spread { partitions: num_partitions, replication_factor };
-        match self.create(name, layout, BTreeMap::new(), false).await {
+        match self.create(name, layout, BTreeMap::new()).await {
             Ok(topic) => Ok(topic),
             // Created by someone else between the check and the create.
             Err(TopicError::AlreadyExists) => {
@@ -290,48 +324,46 @@ impl Topics {
         }
     }
 
+    /// Checks a CreateTopics entry as [`Topics::create`] would, creating and allocating
+    /// nothing (`validate_only`).
+    pub(crate) async fn validate(
+        &self,
+        name: &str,
+        layout: &Layout,
+        overrides: &BTreeMap<String, String>,
+    ) -> Result<(), TopicError> {
+        let brokers = self.check_request(name, layout, overrides).await?;
+        if self.exists(name).await? {
+            return Err(TopicError::AlreadyExists);
+        }
+        self.check_broker_limit(layout, &brokers, random_u64())
+    }
+
     /// Creates a topic: config, assignment and partition states in the store; answers
-    /// once this broker's view has it (and its own replicas are open). With
-    /// `validate_only`, checks everything and creates nothing.
+    /// once this broker's view has it (and its own replicas are open). Every count in
+    /// `layout` is checked against the limits before the assignment is built.
     pub(crate) async fn create(
         &self,
         name: &str,
         layout: Layout,
         overrides: BTreeMap<String, String>,
-        validate_only: bool,
     ) -> Result<Arc<Topic>, TopicError> {
-        validate_topic_name(name)?;
-        let brokers = live_brokers(&*self.store).await?;
-        let replicas = match layout {
-            Layout::Spread { partitions, .. } if partitions < 1 => return Err(TopicError::InvalidPartitions(partitions)),
-            Layout::Spread { replication_factor, .. } if replication_factor < 1 => {
-                return Err(TopicError::InvalidReplicationFactor(format!(
-                    "replication factor must be at least 1, got {replication_factor}"
-                )))
-            }
-            Layout::Spread { replication_factor, .. } if replication_factor as usize > brokers.len() => {
-                return Err(TopicError::InvalidReplicationFactor(format!(
-                    "replication factor {replication_factor} is larger than the {} live brokers",
-                    brokers.len()
-                )))
-            }
-            Layout::Spread { partitions, replication_factor } => {
-                assign_replicas(&brokers, partitions, replication_factor as usize, random_u64())
-            }
-            Layout::Manual(replicas) => {
-                check_manual_assignment(&replicas, &brokers)?;
-                replicas
-            }
-        };
-        let topic = Topic::new(name, replicas, overrides, &self.settings)?;
+        let brokers = self.check_request(name, &layout, &overrides).await?;
         let _admin = self.admin.lock().await;
-        let store = &*self.store;
-        if self.get(name).is_some() || store.exists(&paths::topic(name)).await?.is_some() {
+        if self.exists(name).await? {
             return Err(TopicError::AlreadyExists);
         }
-        if validate_only {
-            return Ok(Arc::new(topic));
-        }
+        // Under the admin lock, so two creations on this broker cannot both pass it.
+        let seed = random_u64();
+        self.check_broker_limit(&layout, &brokers, seed)?;
+        let replicas = match layout {
+            Layout::Spread { partitions, replication_factor } => {
+                assign_replicas(&brokers, partitions, replication_factor as usize, seed)
+            }
+            Layout::Manual(replicas) => replicas,
+        };
+        let topic = Topic::new(name, replicas, overrides, &self.settings)?;
+        let store = &*self.store;
         let config_doc = to_json(&TopicConfigDocument { version: 1, config: topic.overrides.clone() });
         let config_path = paths::topic_config(name);
         match create_all(store, &config_path, &config_doc, CreateMode::Persistent).await {
@@ -364,6 +396,84 @@ impl Topics {
             tracing::warn!(topic = name, "created topic not yet in this broker's view");
         }
         Ok(self.get(name).unwrap_or_else(|| Arc::new(topic)))
+    }
+
+    /// The checks of a create that need no lock: the name, the counts against
+    /// `max.partitions.per.request` and the live brokers, a manual assignment, the config
+    /// overrides. Returns the live brokers.
+    async fn check_request(
+        &self,
+        name: &str,
+        layout: &Layout,
+        overrides: &BTreeMap<String, String>,
+    ) -> Result<Vec<(i32, Option<String>)>, TopicError> {
+        validate_topic_name(name)?;
+        let limit = self.limits.per_request;
+        let brokers = live_brokers(&*self.store).await?;
+        match layout {
+            Layout::Spread { partitions, .. } if *partitions < 1 => return Err(TopicError::InvalidPartitions(*partitions)),
+            Layout::Spread { partitions, .. } if *partitions > limit => {
+                return Err(TopicError::TooManyPartitions { requested: *partitions as usize, limit })
+            }
+            Layout::Spread { replication_factor, .. } if *replication_factor < 1 => {
+                return Err(TopicError::InvalidReplicationFactor(format!(
+                    "replication factor must be at least 1, got {replication_factor}"
+                )))
+            }
+            Layout::Spread { replication_factor, .. } if *replication_factor as usize > brokers.len() => {
+                return Err(TopicError::InvalidReplicationFactor(format!(
+                    "replication factor {replication_factor} is larger than the {} live brokers",
+                    brokers.len()
+                )))
+            }
+            Layout::Spread { .. } => {}
+            Layout::Manual(replicas) if replicas.len() > limit as usize => {
+                return Err(TopicError::TooManyPartitions { requested: replicas.len(), limit })
+            }
+            Layout::Manual(replicas) => check_manual_assignment(replicas, &brokers)?,
+        }
+        effective_config(&self.settings, overrides)?;
+        Ok(brokers)
+    }
+
+    /// Whether the topic exists (in the view, or in the store ahead of the view).
+    async fn exists(&self, name: &str) -> Result<bool, TopicError> {
+        Ok(self.get(name).is_some() || self.store.exists(&paths::topic(name)).await?.is_some())
+    }
+
+    /// Refuses a layout that would give a broker more than `max.partitions.per.broker`
+    /// replicas, counting those it has in the view. Counts the placement `seed` gives
+    /// without building it.
+    fn check_broker_limit(&self, layout: &Layout, brokers: &[(i32, Option<String>)], seed: u64) -> Result<(), TopicError> {
+        let mut added: BTreeMap<i32, usize> = BTreeMap::new();
+        let mut count = |replicas: &[i32]| {
+            for broker in replicas {
+                *added.entry(*broker).or_default() += 1;
+            }
+        };
+        match layout {
+            Layout::Spread { partitions, replication_factor } => {
+                place_replicas(brokers, *partitions, *replication_factor as usize, seed, count)
+            }
+            Layout::Manual(replicas) => replicas.iter().for_each(|r| count(r)),
+        }
+        let limit = self.limits.per_broker;
+        // The current replicas of the brokers that get new ones.
+        let mut held: BTreeMap<i32, usize> = BTreeMap::new();
+        for topic in self.view.topics() {
+            for broker in topic.replicas.iter().flatten() {
+                if added.contains_key(broker) {
+                    *held.entry(*broker).or_default() += 1;
+                }
+            }
+        }
+        for (broker, new) in added {
+            let current = held.get(&broker).copied().unwrap_or(0);
+            if current + new > limit {
+                return Err(TopicError::BrokerPartitionLimit { broker, current, new, limit });
+            }
+        }
+        Ok(())
     }
 
     /// Deletes a topic: its store nodes go, then every broker's view drops the topic and
@@ -426,21 +536,39 @@ pub(crate) fn assign_replicas(
     replication_factor: usize,
     seed: u64,
 ) -> Vec<Vec<i32>> {
+    // Bounded: the caller checked `partitions` against max.partitions.per.request.
+    let mut result = Vec::with_capacity(usize::try_from(partitions).unwrap_or(0));
+    place_replicas(brokers, partitions, replication_factor, seed, |replicas| result.push(replicas.to_vec()));
+    result
+}
+
+/// [`assign_replicas`], handing each partition's replicas to `each` in partition order
+/// instead of collecting them (the per-broker limit counts a placement without building it).
+fn place_replicas(
+    brokers: &[(i32, Option<String>)],
+    partitions: i32,
+    replication_factor: usize,
+    seed: u64,
+    mut each: impl FnMut(&[i32]),
+) {
     let n = brokers.len();
     assert!(n > 0 && (1..=n).contains(&replication_factor), "invariant: checked by the caller");
     let rack_aware = brokers.iter().all(|(_, rack)| rack.is_some());
     let ordered: Vec<(i32, Option<String>)> = if rack_aware { rack_alternated(brokers) } else { brokers.to_vec() };
     let start = (seed % n as u64) as usize;
     let mut shift = ((seed >> 32) % n as u64) as usize;
-    let mut result = Vec::with_capacity(partitions as usize);
-    for p in 0..partitions as usize {
+    let mut others: Vec<&(i32, Option<String>)> = Vec::with_capacity(n);
+    let mut replicas: Vec<i32> = Vec::with_capacity(replication_factor);
+    for p in 0..usize::try_from(partitions).unwrap_or(0) {
         if p > 0 && p % n == 0 {
             shift += 1;
         }
         let first = (p + start) % n;
         // Every other broker once, in Kafka's follower order.
-        let others: Vec<&(i32, Option<String>)> = (0..n - 1).map(|k| &ordered[(first + 1 + (shift + k) % (n - 1)) % n]).collect();
-        let mut replicas = vec![ordered[first].0];
+        others.clear();
+        others.extend((0..n - 1).map(|k| &ordered[(first + 1 + (shift + k) % (n - 1)) % n]));
+        replicas.clear();
+        replicas.push(ordered[first].0);
         if rack_aware {
             let mut racks = BTreeSet::from([&ordered[first].1]);
             for (id, rack) in &others {
@@ -454,9 +582,8 @@ pub(crate) fn assign_replicas(
                 replicas.push(*id);
             }
         }
-        result.push(replicas);
+        each(&replicas);
     }
-    result
 }
 
 /// Brokers reordered so that consecutive brokers are on different racks (rack a's

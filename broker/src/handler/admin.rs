@@ -69,12 +69,22 @@ impl Broker {
             };
             let overrides: BTreeMap<String, String> =
                 topic.configs.into_iter().filter_map(|c| Some((c.name.to_string(), c.value?.to_string()))).collect();
-            match self.topics.create(&name, layout, overrides, request.validate_only).await {
-                Ok(created) => {
+            // validate_only checks the same limits and builds no assignment.
+            let outcome = match request.validate_only {
+                true => {
+                    let counts = layout.counts();
+                    self.topics.validate(&name, &layout, &overrides).await.map(|()| counts)
+                }
+                false => self
+                    .topics
+                    .create(&name, layout, overrides)
+                    .await
+                    .map(|created| (created.partition_count(), created.replicas.first().map_or(0, Vec::len) as i16)),
+            };
+            match outcome {
+                Ok((partitions, replication_factor)) => {
                     if version >= 5 {
-                        let replication_factor = created.replicas.first().map_or(0, Vec::len) as i16;
-                        result =
-                            result.with_num_partitions(created.partition_count()).with_replication_factor(replication_factor);
+                        result = result.with_num_partitions(partitions).with_replication_factor(replication_factor);
                     }
                 }
                 Err(e) => {
@@ -189,6 +199,14 @@ impl Broker {
                 SOURCE_STATIC_BROKER,
             ),
             ("auto.create.topics.enable", c.auto_create_topics.to_string(), TYPE_BOOLEAN, SOURCE_STATIC_BROKER),
+            ("max.partitions.per.request", c.max_partitions_per_request.to_string(), TYPE_INT, SOURCE_STATIC_BROKER),
+            (
+                "max.partitions.per.broker",
+                self.topics.limits().per_broker.to_string(),
+                TYPE_INT,
+                // Derived from the open-file limit unless set.
+                if c.max_partitions_per_broker.is_some() { SOURCE_STATIC_BROKER } else { SOURCE_DEFAULT },
+            ),
             ("socket.request.max.bytes", c.socket_request_max_bytes.to_string(), TYPE_INT, SOURCE_STATIC_BROKER),
             ("log.dirs", c.log_dir.display().to_string(), TYPE_STRING, SOURCE_STATIC_BROKER),
         ];
