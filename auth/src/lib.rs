@@ -10,8 +10,8 @@
 //! - [`plain`]: SASL PLAIN (RFC 4616), checked against the same SCRAM credential.
 //! - [`acl`]: resources, operations, permissions, bindings and Kafka's binding filters.
 //! - [`authorizer`]: the pure, indexed check run on every request.
-//! - [`store`]: credentials and ACLs in the metadata store, and the watcher that keeps
-//!   every broker's [`Authorizer`] current.
+//! - [`store`]: credentials and ACLs in the metadata store (paths and JSON as Kafka's).
+//! - [`watcher`]: [`AclWatcher`], which keeps every broker's [`Authorizer`] current.
 //!
 //! # Invariants
 //! A password is never stored or logged: only the salt, iteration count, StoredKey and
@@ -23,6 +23,8 @@ pub mod authorizer;
 pub mod plain;
 pub mod principal;
 pub mod scram;
+pub mod store;
+pub mod watcher;
 
 pub use acl::{
     AccessControlEntry, AclBinding, AclBindingFilter, Operation, PatternType, Permission, ResourcePattern, ResourceType,
@@ -30,6 +32,7 @@ pub use acl::{
 pub use authorizer::{Authorizer, AuthorizerConfig, Resource};
 pub use principal::Principal;
 pub use scram::{ScramCredential, ScramMechanism, ScramServer};
+pub use watcher::AclWatcher;
 
 /// Everything that can go wrong in this crate.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +100,12 @@ pub enum Error {
         field: &'static str,
         /// The rejected value.
         value: String,
+    },
+    /// A store node kept changing under a read-modify-write; nothing was written.
+    #[error("gave up updating {path}: other writers kept changing it")]
+    Contended {
+        /// Store path.
+        path: String,
     },
     /// The metadata store failed.
     #[error(transparent)]

@@ -17,6 +17,13 @@ pub const CONTROLLER_EPOCH: &str = "/controller_epoch";
 pub const CONSUMERS: &str = "/consumers";
 /// Persistent: the last block of producer ids handed to a broker (Kafka's path).
 pub const LATEST_PRODUCER_ID_BLOCK: &str = "/latest_producer_id_block";
+/// Parent of the per-user configs: SCRAM credentials, as Kafka's `/config/users`.
+pub const USER_CONFIGS: &str = "/config/users";
+/// Parent of the ACLs: `/acls/<resource type>/<pattern type>/<name>` (fjord-auth).
+pub const ACLS: &str = "/acls";
+/// Parent of the ACL change notifications, persistent sequential `acl_change_<seq>`
+/// nodes naming the pattern that changed; brokers watch it (fjord-auth).
+pub const ACL_CHANGES: &str = "/acl_changes";
 /// Parent of schemas by global id.
 pub const SCHEMA_IDS: &str = "/schemas/ids";
 /// Parent of schema subjects.
@@ -40,6 +47,18 @@ pub fn partition_state(topic: &str, partition: i32) -> String {
 /// `/config/topics/<topic>`: topic config overrides.
 pub fn topic_config(topic: &str) -> String {
     format!("{TOPIC_CONFIGS}/{topic}")
+}
+
+/// `/config/users/<name>`: a user's SCRAM credentials (`name` already escaped as one
+/// path component).
+pub fn user_config(name: &str) -> String {
+    format!("{USER_CONFIGS}/{name}")
+}
+
+/// `/acls/<resource type>/<pattern type>/<name>`: the ACLs of one resource pattern
+/// (`name` already escaped as one path component).
+pub fn acl(resource_type: &str, pattern_type: &str, name: &str) -> String {
+    format!("{ACLS}/{resource_type}/{pattern_type}/{name}")
 }
 
 /// `/consumers/<group>/coordinator`: the group's coordinator (ephemeral).
