@@ -10,24 +10,20 @@
 //! `fjord.created_ms` header, else its timestamp, exactly as every other tier reads it
 //! (`fjord_audit::record::created_ms`), so the counts compare window by window.
 //!
-//! Cost on the produce path: one walk over the varint framing of each appended record
-//! (no allocation; header keys are compared only for records that have headers), and
-//! one lock of the counter per partition appended. Compressed batches are decompressed
-//! once more, since a header could be inside any record.
+//! Cost on the produce path: nothing of its own. The leader's validation walks the
+//! framing of every record it appends (decompressing a compressed batch once, to check
+//! it), and shows each record to an [`AuditTally`] as it passes (see
+//! `fjord_log::Log::append_visiting`); the tally reads the record's timestamp delta and,
+//! for records with headers, compares header keys. One lock of the counter per
+//! partition appended.
 
 use std::sync::Arc;
 
 use fjord_audit::record::{audited_topic, window_start};
 use fjord_audit::{counter::tally, AuditCounter, CREATED_HEADER};
-use fjord_record::compression::records_body;
-use fjord_record::varint::varlong_at;
-use fjord_record::{BatchHeader, TimestampType, BATCH_OVERHEAD};
+use fjord_record::{BatchHeader, RecordFrame, TimestampType};
 
 use crate::config::AuditConfig;
-
-/// Largest records section a compressed batch is expanded to for counting (the client's
-/// guard against decompression bombs).
-const MAX_DECOMPRESSED_BATCH: usize = 256 * 1024 * 1024;
 
 /// The broker's counter.
 #[derive(Debug)]
@@ -51,139 +47,92 @@ impl BrokerAudit {
         Ok(Self { window_ms: counter.window_ms(), counter: Arc::new(counter) })
     }
 
-    /// Counts the records of `batches`, just appended to `topic` by this broker as its
-    /// leader for a producer (validated by the append; not a duplicate).
-    pub(crate) fn count_appended(&self, topic: &str, batches: &[u8]) {
-        if !audited_topic(topic) {
+    /// A tally for an append to `topic`, `None` when the topic is not audited.
+    pub(crate) fn tally(&self, topic: &str) -> Option<AuditTally> {
+        audited_topic(topic).then(|| AuditTally::new(self.window_ms))
+    }
+
+    /// Counts `tally`, gathered while this broker appended to `topic` as its leader for
+    /// a producer (the append succeeded and was not a duplicate).
+    pub(crate) fn count_appended(&self, topic: &str, tally: AuditTally) {
+        self.counter.record_windows(topic, &tally.finish());
+    }
+}
+
+/// The records of one append by window of creation time, gathered record by record from
+/// the validation's walk. Control batches (transaction markers) hold no events and are
+/// not counted.
+#[derive(Debug)]
+pub(crate) struct AuditTally {
+    window_ms: i64,
+    windows: Vec<(i64, u64)>,
+    /// The current window as [start, end) and the records counted in it: consecutive
+    /// records nearly always share it, so most records cost a comparison, not a division.
+    start: i64,
+    end: i64,
+    run: u64,
+}
+
+impl AuditTally {
+    fn new(window_ms: i64) -> Self {
+        Self { window_ms, windows: Vec::new(), start: 0, end: 0, run: 0 }
+    }
+
+    /// Counts one record of the batch `header`, by its `fjord.created_ms` header when it
+    /// has one that parses (the first header of that name decides, as in
+    /// `fjord_audit::record::created_ms`), else by its timestamp as a consumer sees it.
+    #[inline]
+    pub(crate) fn record(&mut self, header: &BatchHeader, record: &RecordFrame<'_>) {
+        if header.is_control() {
             return;
         }
-        let mut windows = Vec::new();
-        count_batches(batches, self.window_ms, &mut windows);
-        self.counter.record_windows(topic, &windows);
-    }
-}
-
-/// Adds the records of the (validated) `batches` to `windows` as `(window start, count)`.
-/// Control batches (transaction markers) hold no events and are skipped.
-pub(crate) fn count_batches(mut buf: &[u8], window_ms: i64, windows: &mut Vec<(i64, u64)>) {
-    while buf.len() >= BATCH_OVERHEAD {
-        let Ok(header) = BatchHeader::parse_unchecked(buf) else { return };
-        let (batch, rest) = buf.split_at(header.size().min(buf.len()));
-        buf = rest;
-        if !header.is_control() {
-            count_batch(&header, batch, window_ms, windows);
-        }
-    }
-}
-
-fn count_batch(header: &BatchHeader, batch: &[u8], window_ms: i64, windows: &mut Vec<(i64, u64)>) {
-    let records = u64::try_from(header.record_count).unwrap_or(0);
-    let body = match records_body(header, batch, MAX_DECOMPRESSED_BATCH) {
-        Ok(body) => body,
-        Err(e) => {
-            // The log stored it, so the broker holds these records; no consumer can read
-            // them either. Counted by the batch's first timestamp.
-            tracing::debug!(error = %e, "audit: a stored compressed batch does not decompress; counted by its base timestamp");
-            tally(windows, window_start(header.base_timestamp, window_ms), records);
+        let created = if record.header_count > 0 { created_ms(record) } else { None };
+        let ms = created.unwrap_or_else(|| match header.timestamp_type() {
+            // A consumer sees the batch's max timestamp on every record of a LogAppendTime batch.
+            TimestampType::LogAppendTime => header.max_timestamp,
+            TimestampType::CreateTime => header.base_timestamp.wrapping_add(record.timestamp_delta),
+        });
+        if (self.start..self.end).contains(&ms) {
+            self.run += 1;
             return;
         }
-    };
-    // A consumer sees the batch's max timestamp on every record of a LogAppendTime batch.
-    let log_append = (header.timestamp_type() == TimestampType::LogAppendTime).then_some(header.max_timestamp);
-    // The current window as [start, end): consecutive records nearly always share it,
-    // so most records cost a comparison, not a division.
-    let (mut start, mut end, mut run) = (0i64, 0i64, 0u64);
-    let mut counted = 0u64;
-    let mut at = 0;
-    while at < body.len() {
-        let Some((delta, created)) = next_record(&body, &mut at) else { break };
-        let ms = created.or(log_append).unwrap_or_else(|| header.base_timestamp.wrapping_add(delta));
-        counted += 1;
-        if (start..end).contains(&ms) {
-            run += 1;
-            continue;
-        }
-        if run > 0 {
-            tally(windows, start, run);
-        }
-        start = window_start(ms, window_ms);
-        end = start.saturating_add(window_ms);
-        run = 1;
+        self.flush_run();
+        self.start = window_start(ms, self.window_ms);
+        self.end = self.start.saturating_add(self.window_ms);
+        self.run = 1;
     }
-    if run > 0 {
-        tally(windows, start, run);
+
+    fn flush_run(&mut self) {
+        if self.run > 0 {
+            tally(&mut self.windows, self.start, self.run);
+            self.run = 0;
+        }
     }
-    if counted < records {
-        // Only a compressed body can be malformed here (the append checked the framing
-        // of uncompressed ones): the rest counts by the base timestamp, as above.
-        tally(windows, window_start(header.base_timestamp, window_ms), records - counted);
+
+    /// `(window start, count)` pairs.
+    fn finish(mut self) -> Vec<(i64, u64)> {
+        self.flush_run();
+        self.windows
     }
 }
 
-/// Reads the record at `*at` of an uncompressed records section: its timestamp delta
-/// and its `fjord.created_ms` header value when it has one that parses (the first header
-/// of that name decides, as in `fjord_audit::record::created_ms`). Moves `*at` past it.
-///
-/// The walk of the append path's framing check (`fjord_record`'s `check_framing`): one-
-/// and two-byte varints without a loop, keys and values skipped by their lengths. With
-/// `get_varint` calls instead it cost 2.7 times that check (perf, bench produce).
-#[inline]
-fn next_record(body: &[u8], at: &mut usize) -> Option<(i64, Option<i64>)> {
-    let mut p = *at;
-    let len = usize::try_from(varlong_at(body, &mut p)?).ok()?;
-    let end = p.checked_add(len).filter(|&end| end <= body.len())?;
-    let record = &body[..end];
-    *at = end;
-    p += 1; // attributes
-    let delta = varlong_at(record, &mut p)?;
-    varlong_at(record, &mut p)?; // offset delta
-    skip_bytes(record, &mut p)?; // key
-    skip_bytes(record, &mut p)?; // value
-    let headers = varlong_at(record, &mut p)?;
-    for _ in 0..headers {
-        let key = bytes_at(record, &mut p)?;
-        let value = bytes_at(record, &mut p)?;
-        if key == Some(CREATED_HEADER.as_bytes()) {
-            let created = value.and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok());
-            return Some((delta, created));
-        }
-    }
-    Some((delta, None))
-}
-
-/// Skips a length-prefixed byte string (-1 = null) at `*at`.
-#[inline(always)]
-fn skip_bytes(buf: &[u8], at: &mut usize) -> Option<()> {
-    let len = varlong_at(buf, at)?;
-    if len >= 0 {
-        *at = at.checked_add(usize::try_from(len).ok()?).filter(|&end| end <= buf.len())?;
-    }
-    Some(())
-}
-
-/// A length-prefixed byte string at `*at` (`None` inside for a null).
-fn bytes_at<'a>(buf: &'a [u8], at: &mut usize) -> Option<Option<&'a [u8]>> {
-    let len = varlong_at(buf, at)?;
-    if len < 0 {
-        return Some(None);
-    }
-    let end = at.checked_add(usize::try_from(len).ok()?)?;
-    let b = buf.get(*at..end)?;
-    *at = end;
-    Some(Some(b))
+/// The value of the record's first `fjord.created_ms` header, when it parses.
+fn created_ms(record: &RecordFrame<'_>) -> Option<i64> {
+    let (_, value) = record.headers().find(|(key, _)| *key == CREATED_HEADER.as_bytes())?;
+    std::str::from_utf8(value?).ok()?.trim().parse().ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fjord_record::{BatchBuilder, Compression};
+    use fjord_record::{BatchBuilder, Compression, BATCH_OVERHEAD};
 
     /// The reference: every record decoded, windowed by `fjord_audit::record::created_ms`.
     fn reference(batches: &[u8], window_ms: i64) -> Vec<(i64, u64)> {
         let mut out = Vec::new();
         for b in fjord_record::batch::batches(batches) {
             let (h, bytes) = b.unwrap();
-            let body = records_body(&h, bytes, MAX_DECOMPRESSED_BATCH).unwrap();
+            let body = fjord_record::compression::records_body(&h, bytes, 1 << 30).unwrap();
             for r in fjord_record::Records::new(&body, BATCH_OVERHEAD) {
                 let r = r.unwrap();
                 let headers = r.headers.iter().map(|h| (std::str::from_utf8(h.key).unwrap(), h.value));
@@ -210,8 +159,15 @@ mod tests {
             b.append(12_000, None, Some(&[7u8; 20_000]), &[(CREATED_HEADER, Some(b"26000"))]);
             all.extend_from_slice(&b.build_compressed(codec).unwrap());
         }
-        let mut got = Vec::new();
-        count_batches(&all, 5_000, &mut got);
+        let mut tally = AuditTally::new(5_000);
+        let mut rest = &all[..];
+        while !rest.is_empty() {
+            let (h, _) =
+                BatchHeader::parse_walked(rest, 1 << 30, |r| tally.record(&BatchHeader::parse_unchecked(rest).unwrap(), r))
+                    .unwrap();
+            rest = &rest[h.size()..];
+        }
+        let mut got = tally.finish();
         got.sort();
         assert_eq!(got, reference(&all, 5_000));
         assert_eq!(got, [(-5_000, 3), (0, 3), (5_000, 3), (10_000, 6), (20_000, 3), (25_000, 3)]);
@@ -225,9 +181,11 @@ mod tests {
         b.append(0, None, Some(b"a"), &[]);
         let batch = b.build_vec();
         for topic in ["_audit", "__consumer_offsets", "_schemas", "_mirror_gaps"] {
-            audit.count_appended(topic, &batch);
+            assert!(audit.tally(topic).is_none(), "{topic}");
         }
-        audit.count_appended("events", &batch);
+        let mut tally = audit.tally("events").unwrap();
+        BatchHeader::parse_walked(&batch, 1 << 20, |r| tally.record(&BatchHeader::parse_unchecked(&batch).unwrap(), r)).unwrap();
+        audit.count_appended("events", tally);
         assert_eq!(audit.counter.unpublished().into_iter().collect::<Vec<_>>(), [(("events".to_string(), 0), 1)]);
     }
 }

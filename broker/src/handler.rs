@@ -88,7 +88,7 @@ impl Broker {
             }
             Decoded::LegacyProduce { header, version, body } => {
                 self.metrics.request(header.request_api_key);
-                return produce::legacy(&header, version, body);
+                return produce::legacy(&header, version, body, &self.metrics);
             }
             Decoded::Request { header, version, request } => (header, version, request),
         };
@@ -158,7 +158,7 @@ pub(crate) fn log_error_code(error: &fjord_log::Error) -> i16 {
         // Message format v0/v1 (magic 0 or 1) is well-formed, just not stored here.
         E::InvalidBatch { source: fjord_record::Error::UnsupportedMagic(_), .. } => error_code::UNSUPPORTED_FOR_MESSAGE_FORMAT,
         E::InvalidBatch { .. } => error_code::CORRUPT_MESSAGE,
-        E::MessageTooLarge { .. } => error_code::MESSAGE_TOO_LARGE,
+        E::MessageTooLarge { .. } | E::DecompressedTooLarge { .. } => error_code::MESSAGE_TOO_LARGE,
         // A keyless record on a compacted topic: the cleaner could never deduplicate it.
         E::MissingKey { .. } => error_code::INVALID_RECORD,
         // Idempotent producers: a gap in the sequence, or a fenced (older) epoch.

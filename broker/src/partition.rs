@@ -158,12 +158,14 @@ impl Partition {
 
     /// Leader append of a produce request; also returns the leader epoch it was
     /// appended in. With acks=all, refuses with NOT_ENOUGH_REPLICAS (nothing appended)
-    /// when the ISR is smaller than `min_isr`.
+    /// when the ISR is smaller than `min_isr`. `visit` sees every record as the log's
+    /// validation walks it (see [`fjord_log::Log::append_visiting`]).
     pub(crate) fn append_as_leader(
         &self,
         records: &[u8],
         acks_all: bool,
         min_isr: usize,
+        visit: Option<fjord_log::RecordVisitor<'_>>,
     ) -> Result<Result<(AppendInfo, i32), fjord_log::Error>, Refusal> {
         let appended = {
             let state = self.state();
@@ -174,7 +176,7 @@ impl Partition {
                 return Err(error_code::NOT_ENOUGH_REPLICAS);
             }
             let mut batches = records.to_vec();
-            self.log.append(&mut batches, state.leader_epoch).map(|info| (info, state.leader_epoch))
+            self.log.append_visiting(&mut batches, state.leader_epoch, visit).map(|info| (info, state.leader_epoch))
         };
         if appended.is_ok() {
             // A sole in-sync replica commits at once; otherwise followers will fetch it.

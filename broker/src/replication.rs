@@ -381,12 +381,12 @@ mod tests {
         let tp = TopicPartition::new("t", 0);
         let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
         let partition = manager.add_partition(&tp, log.clone());
-        assert_eq!(partition.append_as_leader(&batch(), false, 1).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
+        assert_eq!(partition.append_as_leader(&batch(), false, 1, None).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
 
-        assert_eq!(partition.append_as_leader(&batch(), true, 3).unwrap_err(), error_code::NOT_ENOUGH_REPLICAS);
+        assert_eq!(partition.append_as_leader(&batch(), true, 3, None).unwrap_err(), error_code::NOT_ENOUGH_REPLICAS);
         assert_eq!(log.log_end_offset(), 0, "nothing appended");
-        let (info, epoch) = partition.append_as_leader(&batch(), true, 2).unwrap().unwrap();
+        let (info, epoch) = partition.append_as_leader(&batch(), true, 2, None).unwrap().unwrap();
         assert_eq!(epoch, 0);
         assert_eq!((info.last_offset, log.high_watermark()), (0, 0), "the follower has not fetched it yet");
         let waiting = {
@@ -398,7 +398,7 @@ mod tests {
         assert_eq!(log.high_watermark(), 1);
         assert_eq!(waiting.await.unwrap(), Ok(()));
 
-        partition.append_as_leader(&batch(), true, 2).unwrap().unwrap();
+        partition.append_as_leader(&batch(), true, 2, None).unwrap().unwrap();
         let timed_out = partition.wait_for_replication(0, 1, 2, Duration::from_millis(20)).await;
         assert_eq!(timed_out, Err(error_code::REQUEST_TIMED_OUT));
 
@@ -416,7 +416,7 @@ mod tests {
         // An older state is ignored; a new epoch led by 2 makes this broker a follower.
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
         assert_eq!(partition.state().isr, vec![1]);
-        partition.append_as_leader(&batch(), true, 1).unwrap().unwrap();
+        partition.append_as_leader(&batch(), true, 1, None).unwrap().unwrap();
         let waiting = {
             let partition = partition.clone();
             tokio::spawn(async move { partition.wait_for_replication(0, 10, 1, Duration::from_secs(30)).await })
@@ -433,7 +433,7 @@ mod tests {
         );
         assert_eq!(partition.wait_for_replication(2, 2, 1, Duration::from_secs(30)).await, Ok(()));
         manager.apply(&tp, &[1, 2], &state(2, 3, &[2]), 4);
-        assert_eq!(partition.append_as_leader(&batch(), false, 1).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
+        assert_eq!(partition.append_as_leader(&batch(), false, 1, None).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
         manager.shutdown().await;
     }
 
@@ -449,8 +449,8 @@ mod tests {
         let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
         let partition = manager.add_partition(&tp, log.clone());
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
-        partition.append_as_leader(&batch(), false, 1).unwrap().unwrap();
-        partition.append_as_leader(&batch(), false, 1).unwrap().unwrap();
+        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
         assert_eq!(partition.latest_offset(), Ok(0), "this epoch began at 0: the high watermark is current");
 
         // A new epoch begins at the log end, 2, above the high watermark.

@@ -154,7 +154,25 @@ impl Default for LogConfig {
     }
 }
 
+/// How far the compressed batches of one leader append may expand, as a multiple of
+/// `max.message.bytes` (see [`LogConfig::max_decompressed_bytes`]).
+///
+/// Why 32: the leader decompresses a client's batches once to check their records, so
+/// this bounds the memory and CPU one append can cost (32 MiB at the default 1 MiB
+/// `max.message.bytes`; a 10 KB zstd batch of zeros could otherwise expand to hundreds
+/// of MB). Real producers stay far below it: librdkafka caps a batch at about 1 MB before
+/// compression, and the Java client sizes batches by their compressed size, where text
+/// and JSON compress 3 to 15 times. A batch beyond it is refused with MESSAGE_TOO_LARGE
+/// and a message naming this limit; raising `max.message.bytes` raises it.
+pub const DECOMPRESSION_FACTOR: usize = 32;
+
 impl LogConfig {
+    /// The most the compressed batches of one leader append may expand to:
+    /// [`DECOMPRESSION_FACTOR`] times `max.message.bytes`.
+    pub fn max_decompressed_bytes(&self) -> usize {
+        (self.max_message_bytes as usize).saturating_mul(DECOMPRESSION_FACTOR)
+    }
+
     /// The Kafka topic config names [`LogConfig::set`] understands.
     pub const KEYS: &'static [&'static str] = &[
         "segment.bytes",

@@ -83,12 +83,37 @@ pub enum Error {
         /// The partition directory.
         dir: PathBuf,
     },
-    /// A record without a key was appended to a compacted log (Kafka's
+    /// Records without a key were appended to a compacted log (Kafka's
     /// INVALID_RECORD). Nothing was written.
-    #[error("record batch at byte {position} of the append has a record without a key, which a compacted topic refuses")]
+    #[error(
+        "record batch at byte {position} of the append has {} record(s) without a key (the first at index {}), which a compacted topic refuses",
+        record_indexes.len(),
+        record_indexes.first().copied().unwrap_or_default()
+    )]
     MissingKey {
+        /// Byte position of the first batch holding one inside the appended buffer.
+        position: usize,
+        /// Index of each keyless record among the append's records (counted across its
+        /// batches, from 0), in order: what Kafka's produce response lists as
+        /// `record_errors` (KIP-467), so a client fails only those records.
+        record_indexes: Vec<i32>,
+    },
+    /// The compressed batches of a leader's append expand beyond
+    /// [`crate::LogConfig::max_decompressed_bytes`] (a decompression bomb, or records
+    /// compressed far better than the limit allows). Decompression stopped at the
+    /// limit; nothing was written.
+    #[error(
+        "the {codec:?}-compressed batch at byte {position} of the append expands its records beyond {limit} bytes \
+         ({factor} x max.message.bytes)",
+        factor = crate::config::DECOMPRESSION_FACTOR
+    )]
+    DecompressedTooLarge {
         /// Byte position of the batch inside the appended buffer.
         position: usize,
+        /// Its codec.
+        codec: fjord_record::Compression,
+        /// The limit for the whole append, in decompressed bytes.
+        limit: usize,
     },
     /// An idempotent producer's batch does not continue its sequence (Kafka's
     /// OUT_OF_ORDER_SEQUENCE_NUMBER): an earlier batch is missing. Nothing was written.

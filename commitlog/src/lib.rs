@@ -58,6 +58,6 @@ pub use cleaner::{CleanStats, Cleaner, CleanerConfig};
 pub use config::{CleanupPolicy, LogConfig};
 pub use error::{Error, Result};
 pub use fjord_record::{Offset, TopicPartition};
-pub use log::{AppendInfo, Log, ReadSlice};
+pub use log::{AppendInfo, Log, ReadSlice, RecordVisitor};
 pub use manager::{LogManager, RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT};
 pub use producer_state::ProducerInfo;

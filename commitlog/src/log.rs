@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fjord_record::batch::{self, BatchHeader};
-use fjord_record::{Compression, Offset, Records, TimestampType, BATCH_OVERHEAD};
+use fjord_record::{Compression, Offset, RecordFrame, Records, TimestampType, BATCH_OVERHEAD};
 
 use crate::checkpoint::sync_dir;
 use crate::cleaner::{self, CleanStats, Cleaned, CleanerState, SwapHook, SwapStep, CLEANED_SUFFIX, SWAP_SUFFIX};
@@ -180,10 +180,15 @@ impl Log {
     }
 
     /// Leader append: validates every batch in `batches` first (nothing is written
-    /// if any fails; in a compacted log a record without a key is
-    /// [`Error::MissingKey`], as Kafka refuses them), then assigns offsets from the log end offset by rewriting each
+    /// if any fails), then assigns offsets from the log end offset by rewriting each
     /// batch's base offset and partition leader epoch in place (the CRC does not
     /// cover them), appends, indexes, rolls, and applies the flush policy.
+    ///
+    /// The validation of [`Log::append_replicated`], and also the records inside
+    /// compressed batches, decompressed once into at most [`LogConfig::max_decompressed_bytes`]
+    /// for the whole append (beyond: [`Error::DecompressedTooLarge`]); in a compacted
+    /// log a record without a key is [`Error::MissingKey`] naming every such record,
+    /// as Kafka refuses them.
     ///
     /// Batches of idempotent producers are checked against the producer state under
     /// the same lock as the append (see `producer_state`): a retry of a recent batch
@@ -191,11 +196,16 @@ impl Log {
     /// [`AppendInfo::duplicate`] set; a sequence gap is [`Error::OutOfOrderSequence`],
     /// an older producer epoch [`Error::InvalidProducerEpoch`].
     pub fn append(&self, batches: &mut [u8], leader_epoch: i32) -> Result<AppendInfo> {
+        self.append_visiting(batches, leader_epoch, None)
+    }
+
+    /// [`Log::append`], showing `visit` every record of every batch as the validation
+    /// walks it (control batches too, with their header), so a caller counts records
+    /// without walking or decompressing them a second time. The validation's verdict
+    /// comes after the visits: what the caller gathered holds only if this returns `Ok`.
+    pub fn append_visiting(&self, batches: &mut [u8], leader_epoch: i32, visit: Option<RecordVisitor<'_>>) -> Result<AppendInfo> {
         let config = self.config();
-        let mut headers = validate(batches, config.max_message_bytes)?;
-        if config.cleanup_policy.compacts() {
-            require_keys(batches, &headers)?;
-        }
+        let mut headers = validate_leader(batches, &config, visit)?;
         let mut w = self.lock_writer()?;
         if let Some(original) = w.producers.check(&headers)? {
             return Ok(AppendInfo {
@@ -928,10 +938,8 @@ impl Log {
 #[cfg(test)]
 mod tests;
 
-/// Checks every batch of an append before anything is written: framing, magic, CRC,
-/// records of uncompressed batches, a non-zero record count, and the size limit.
-/// Returns each batch's position in `buf` and header.
-fn validate(buf: &[u8], max_message_bytes: u32) -> Result<Vec<(usize, BatchHeader)>> {
+/// An append holds at least one batch header and fits the `i32` positions of the index.
+fn check_append_size(buf: &[u8]) -> Result<()> {
     if buf.is_empty() {
         let source = fjord_record::Error::Truncated { needed: BATCH_OVERHEAD, available: 0 };
         return Err(Error::InvalidBatch { position: 0, source });
@@ -939,6 +947,14 @@ fn validate(buf: &[u8], max_message_bytes: u32) -> Result<Vec<(usize, BatchHeade
     if buf.len() > i32::MAX as usize {
         return Err(Error::MessageTooLarge { size: buf.len(), max: i32::MAX as usize });
     }
+    Ok(())
+}
+
+/// Checks every batch of an append before anything is written: framing, magic, CRC,
+/// records of uncompressed batches, a non-zero record count, and the size limit.
+/// Returns each batch's position in `buf` and header.
+fn validate(buf: &[u8], max_message_bytes: u32) -> Result<Vec<(usize, BatchHeader)>> {
+    check_append_size(buf)?;
     let mut out = Vec::new();
     let mut position = 0;
     while position < buf.len() {
@@ -958,21 +974,79 @@ fn validate(buf: &[u8], max_message_bytes: u32) -> Result<Vec<(usize, BatchHeade
     Ok(out)
 }
 
-/// In a compacted log every record needs a key (control batches aside): the cleaner
-/// could never tell which value is the latest.
-fn require_keys(buf: &[u8], headers: &[(usize, BatchHeader)]) -> Result<()> {
-    for (position, h) in headers {
-        if h.is_control() {
-            continue;
-        }
-        let invalid = |source| Error::InvalidBatch { position: *position, source };
-        let batch = &buf[*position..*position + h.size()];
-        let body = fjord_record::compression::records_body(h, batch, cleaner::MAX_DECOMPRESSED).map_err(invalid)?;
-        for record in Records::new(&body, BATCH_OVERHEAD) {
-            if record.map_err(invalid)?.key.is_none() {
-                return Err(Error::MissingKey { position: *position });
-            }
-        }
+/// What [`Log::append_visiting`] shows a caller of each record: the batch's header (as
+/// parsed; its offsets are not assigned yet) and the record's framing.
+pub type RecordVisitor<'a> = &'a mut dyn FnMut(&BatchHeader, &RecordFrame<'_>);
+
+/// [`validate`] for a leader's append, where the bytes come from a client: the records
+/// of compressed batches are decompressed (all batches together into at most
+/// [`LogConfig::max_decompressed_bytes`]) and walked like an uncompressed batch's, and
+/// in a compacted log every record needs a key (control batches aside: the cleaner
+/// could never tell which value is the latest). One walk per batch serves the framing
+/// check, the key check and `visit`.
+fn validate_leader(buf: &[u8], config: &LogConfig, mut visit: Option<RecordVisitor<'_>>) -> Result<Vec<(usize, BatchHeader)>> {
+    let compacts = config.cleanup_policy.compacts();
+    if visit.is_none() && !compacts && batch_headers(buf).all(|h| h.compression() == Compression::None) {
+        // The common case needs nothing but the framing walk that CRC checking interleaves.
+        return validate(buf, config.max_message_bytes);
     }
-    Ok(())
+    check_append_size(buf)?;
+    let limit = config.max_decompressed_bytes();
+    let mut budget = limit;
+    // KIP-467: the index of each keyless record among the append's records, and the
+    // first batch holding one.
+    let mut keyless: Vec<i32> = Vec::new();
+    let mut first_keyless = None;
+    let mut records_before = 0i32;
+    let mut out = Vec::new();
+    let mut position = 0;
+    while position < buf.len() {
+        let rest = &buf[position..];
+        let invalid = |source| Error::InvalidBatch { position, source };
+        let unchecked = BatchHeader::parse_unchecked(rest).map_err(invalid)?;
+        if unchecked.size() > config.max_message_bytes as usize {
+            return Err(Error::MessageTooLarge { size: unchecked.size(), max: config.max_message_bytes as usize });
+        }
+        let check_keys = compacts && !unchecked.is_control();
+        let keyless_before = keyless.len();
+        let walked = BatchHeader::parse_walked(rest, budget, |record| {
+            if check_keys && !record.has_key {
+                keyless.push(records_before.saturating_add(record.index));
+            }
+            if let Some(visit) = visit.as_mut() {
+                visit(&unchecked, record);
+            }
+        });
+        let (header, expanded) = match walked {
+            Ok(walked) => walked,
+            Err(fjord_record::Error::DecompressedTooLarge { codec, .. }) => {
+                return Err(Error::DecompressedTooLarge { position, codec, limit })
+            }
+            Err(source) => return Err(invalid(source)),
+        };
+        budget -= expanded;
+        if header.record_count == 0 {
+            return Err(invalid(fjord_record::Error::RecordCountMismatch { count: 0, detail: "empty batch" }));
+        }
+        if keyless.len() > keyless_before && first_keyless.is_none() {
+            first_keyless = Some(position);
+        }
+        records_before = records_before.saturating_add(header.record_count);
+        out.push((position, header));
+        position += header.size();
+    }
+    if let Some(position) = first_keyless {
+        return Err(Error::MissingKey { position, record_indexes: keyless });
+    }
+    Ok(out)
+}
+
+/// The headers of the batches in `buf`, read without any check, until one does not parse:
+/// enough to see which codecs an append holds before choosing how to validate it.
+fn batch_headers(mut buf: &[u8]) -> impl Iterator<Item = BatchHeader> + '_ {
+    std::iter::from_fn(move || {
+        let header = BatchHeader::parse_unchecked(buf).ok()?;
+        buf = buf.get(header.size()..).unwrap_or_default();
+        Some(header)
+    })
 }

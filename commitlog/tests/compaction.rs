@@ -544,7 +544,12 @@ fn a_compacted_log_refuses_records_without_a_key() {
         let mut bytes = good.clone();
         bytes.extend(b.build_compressed(codec).unwrap());
         let len = bytes.len();
-        assert!(matches!(log.append(&mut bytes, 0), Err(Error::MissingKey { position }) if position == good.len()), "{codec:?}");
+        // The second batch's second record: index 2 among the append's three records.
+        assert!(
+            matches!(log.append(&mut bytes, 0), Err(Error::MissingKey { position, record_indexes })
+                if position == good.len() && record_indexes == [2]),
+            "{codec:?}"
+        );
         assert_eq!((log.log_end_offset(), bytes.len()), (0, len), "nothing appended");
         log.append(&mut good, 0).unwrap();
         log.truncate_to(0).unwrap();

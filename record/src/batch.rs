@@ -18,6 +18,7 @@
 //!     61     …  records (possibly compressed)
 //! ```
 
+use crate::records::RecordFrame;
 use crate::{Error, Offset, Result};
 
 /// Size of the fixed batch header; the smallest valid batch (zero records) has this size.
@@ -131,6 +132,13 @@ impl BatchHeader {
     /// the walk reads bytes the CRC just brought into the L1 cache. Separately, the
     /// walk over a 1 MiB batch stalled on loads from L2/L3 and cost as much as the CRC.
     pub fn parse_validated(buf: &[u8]) -> Result<Self> {
+        Self::parse_validated_with(buf, &mut |_| {})
+    }
+
+    /// [`BatchHeader::parse_validated`] that also shows `visit` every record of an
+    /// uncompressed batch as the walk passes it. The verdict comes at the end: a caller
+    /// drops what it gathered when it is an error.
+    fn parse_validated_with<F: FnMut(&RecordFrame<'_>)>(buf: &[u8], visit: &mut F) -> Result<Self> {
         /// Half of a 32 KiB L1 data cache.
         const CHUNK: usize = 16 << 10;
         let header = Self::parse_unchecked(buf)?;
@@ -153,7 +161,7 @@ impl BatchHeader {
             digest.update(&buf[done..next]);
             done = next;
             if framing.is_ok() {
-                framing = walk.advance(body, done - BATCH_OVERHEAD);
+                framing = walk.advance_with(body, done - BATCH_OVERHEAD, visit);
             }
         }
         let computed = digest.finalize() as u32;
@@ -163,6 +171,30 @@ impl BatchHeader {
         framing?;
         walk.finish()?;
         Ok(header)
+    }
+
+    /// The validation of a batch a client sends to a leader: [`BatchHeader::parse_validated`],
+    /// and the records of a compressed batch too, which are decompressed once (into at
+    /// most `max_decompressed` bytes, else [`Error::DecompressedTooLarge`]) and walked
+    /// as an uncompressed batch's are, so a batch whose CRC matches but whose inside
+    /// does not decode is refused instead of stored for every consumer to stumble on.
+    ///
+    /// `visit` sees every record as the walk passes it (uncompressed: before the CRC
+    /// verdict, which comes at the end); a caller drops what it gathered on an error.
+    /// Also returns the decompressed size (0 for an uncompressed batch), which callers
+    /// charge against a budget that spans several batches.
+    pub fn parse_walked<F: FnMut(&RecordFrame<'_>)>(buf: &[u8], max_decompressed: usize, mut visit: F) -> Result<(Self, usize)> {
+        let header = Self::parse_validated_with(buf, &mut visit)?;
+        let codec = header.compression();
+        if codec == Compression::None {
+            return Ok((header, 0));
+        }
+        let records = crate::compression::decompress(codec, &buf[BATCH_OVERHEAD..header.size()], max_decompressed)?;
+        let inside = |source| Error::CompressedRecords { codec, source: Box::new(source) };
+        let mut walk = crate::records::FramingWalk::new(0, header.last_offset_delta, header.record_count);
+        walk.advance_with(&records, records.len(), &mut visit).map_err(inside)?;
+        walk.finish().map_err(inside)?;
+        Ok((header, records.len()))
     }
 
     /// Parses the header fields and checks framing and magic, without reading the
@@ -403,6 +435,120 @@ mod tests {
         }
         assert!(errors > 50, "the damage was seen by the record walk ({errors} errors)");
         assert_eq!(BatchHeader::parse_validated(&buf[..buf.len() - 1]), two_calls(&buf[..buf.len() - 1]));
+    }
+
+    const CODECS: [Compression; 4] = [Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd];
+
+    /// Recomputes the CRC, as a client that builds a bad batch on purpose does.
+    fn fix_crc(batch: &mut [u8]) {
+        let crc = crc32c(&batch[ATTRIBUTES..]);
+        batch[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
+    }
+
+    /// A compressed batch whose CRC matches but whose records section is `inside`,
+    /// compressed properly with the batch's codec.
+    fn compressed_around(codec: Compression, inside: &[u8]) -> Vec<u8> {
+        let mut batch = sample(3);
+        batch.truncate(BATCH_OVERHEAD);
+        batch[ATTRIBUTES + 1] |= codec as u8;
+        crate::compression::compress(codec, inside, &mut batch).unwrap();
+        let length = (batch.len() - LOG_OVERHEAD) as i32;
+        batch[LENGTH..LENGTH + 4].copy_from_slice(&length.to_be_bytes());
+        fix_crc(&mut batch);
+        batch
+    }
+
+    #[test]
+    fn parse_walked_refuses_compressed_garbage_that_parse_validated_accepts() {
+        for codec in CODECS {
+            // Garbage that does not decompress at all (the codec's framing is wrong).
+            let mut bad = sample(3);
+            bad.truncate(BATCH_OVERHEAD);
+            bad[ATTRIBUTES + 1] |= codec as u8;
+            bad.extend_from_slice(b"\x07 garbage garbage garbage garbage");
+            let length = (bad.len() - LOG_OVERHEAD) as i32;
+            bad[LENGTH..LENGTH + 4].copy_from_slice(&length.to_be_bytes());
+            fix_crc(&mut bad);
+            assert!(BatchHeader::parse_validated(&bad).is_ok(), "{codec:?}: the CRC check alone accepts it");
+            let err = BatchHeader::parse_walked(&bad, 1 << 20, |_| {}).unwrap_err();
+            assert!(matches!(err, Error::Decompression { .. }), "{codec:?}: {err}");
+            // Garbage that decompresses fine but is no records.
+            let bad = compressed_around(codec, &[0xff; 300]);
+            let err = BatchHeader::parse_walked(&bad, 1 << 20, |_| {}).unwrap_err();
+            assert!(matches!(&err, Error::CompressedRecords { codec: c, .. } if *c == codec), "{codec:?}: {err}");
+            // A bomb: 64 MiB of zeros stops at the limit.
+            let zeros = vec![0u8; 64 << 20];
+            let bomb = compressed_around(codec, &zeros);
+            assert_eq!(
+                BatchHeader::parse_walked(&bomb, 1 << 20, |_| {}),
+                Err(Error::DecompressedTooLarge { codec, limit: 1 << 20 })
+            );
+        }
+    }
+
+    #[test]
+    fn parse_walked_shows_every_record_once() {
+        for codec in [Compression::None, Compression::Zstd, Compression::Gzip] {
+            let mut b = BatchBuilder::new(1_000);
+            b.append(1_000, Some(b"k"), Some(b"v"), &[]);
+            b.append(1_007, None, Some(b"w"), &[("a", Some(b"1")), ("b", None)]);
+            b.append(990, Some(b""), None, &[]);
+            let batch = b.build_compressed(codec).unwrap();
+            let mut seen = Vec::new();
+            let (h, expanded) = BatchHeader::parse_walked(&batch, 1 << 20, |r| {
+                let headers: Vec<_> = r.headers().map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))).collect();
+                seen.push((r.index, r.offset_delta, r.timestamp_delta, r.has_key, headers));
+            })
+            .unwrap();
+            assert_eq!(h.record_count, 3);
+            assert_eq!(expanded > 0, codec != Compression::None);
+            let header = |k: &[u8], v: Option<&[u8]>| (k.to_vec(), v.map(<[u8]>::to_vec));
+            assert_eq!(
+                seen,
+                [
+                    (0, 0, 0, true, vec![]),
+                    (1, 1, 7, false, vec![header(b"a", Some(b"1")), header(b"b", None)]),
+                    (2, 2, -10, true, vec![])
+                ],
+                "{codec:?}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Damage anywhere in a compressed batch whose CRC the client then fixes: never a
+        /// panic, and never accepted unless its records decode, every one of them.
+        #[test]
+        fn parse_walked_accepts_only_compressed_batches_whose_records_decode(
+            codec in 0usize..4,
+            values in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40), 1..8),
+            flips in proptest::collection::vec((proptest::prelude::any::<proptest::sample::Index>(), proptest::prelude::any::<u8>()), 1..4),
+            cut in proptest::prelude::any::<proptest::sample::Index>(),
+            cut_it in proptest::prelude::any::<bool>(),
+        ) {
+            let codec = CODECS[codec];
+            let mut b = BatchBuilder::new(5);
+            for (i, v) in values.iter().enumerate() {
+                b.append(5 + i as i64, Some(&v[..v.len().min(3)]), Some(v), &[("h", Some(&v[..v.len().min(2)]))]);
+            }
+            let mut batch = b.build_compressed(codec).unwrap().to_vec();
+            for (at, value) in &flips {
+                let i = BATCH_OVERHEAD + at.index(batch.len() - BATCH_OVERHEAD);
+                batch[i] = *value;
+            }
+            if cut_it {
+                batch.truncate(BATCH_OVERHEAD + cut.index(batch.len() - BATCH_OVERHEAD + 1));
+                let length = (batch.len() - LOG_OVERHEAD) as i32;
+                batch[LENGTH..LENGTH + 4].copy_from_slice(&length.to_be_bytes());
+            }
+            fix_crc(&mut batch);
+            if let Ok((h, _)) = BatchHeader::parse_walked(&batch, 1 << 20, |_| {}) {
+                let body = crate::compression::records_body(&h, &batch, 1 << 20).unwrap();
+                let records: Vec<_> = crate::Records::new(&body, 0).collect::<Result<_>>().unwrap();
+                proptest::prop_assert_eq!(records.len(), h.record_count as usize);
+                proptest::prop_assert!(records.iter().all(|r| (0..=h.last_offset_delta).contains(&r.offset_delta)));
+            }
+        }
     }
 
     #[test]

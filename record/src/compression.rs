@@ -62,22 +62,30 @@ pub fn compress(codec: Compression, input: &[u8], out: &mut Vec<u8>) -> Result<(
 }
 
 /// Decompresses `input` written with `codec`. Fails with [`Error::Decompression`] on
-/// corrupt input and when the output would exceed `max_size` bytes.
+/// corrupt input and with [`Error::DecompressedTooLarge`] as soon as the output would
+/// exceed `max_size` bytes: the codecs stream into a buffer that never grows past
+/// `max_size` (plus one byte to tell "exactly at the limit" from "beyond").
 pub fn decompress(codec: Compression, input: &[u8], max_size: usize) -> Result<Vec<u8>> {
     let fail = |detail: String| Error::Decompression { codec, detail };
+    let too_large = || Error::DecompressedTooLarge { codec, limit: max_size };
+    let bounded = |read: std::io::Result<bool>| match read {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(too_large()),
+        Err(e) => Err(fail(e.to_string())),
+    };
     let mut out = Vec::new();
     match codec {
         Compression::None => {
             if input.len() > max_size {
-                return Err(fail(too_large(max_size)));
+                return Err(too_large());
             }
             out.extend_from_slice(input);
         }
-        Compression::Gzip => read_bounded(flate2::read::GzDecoder::new(input), max_size, &mut out).map_err(fail)?,
-        Compression::Lz4 => read_bounded(lz4_flex::frame::FrameDecoder::new(input), max_size, &mut out).map_err(fail)?,
+        Compression::Gzip => bounded(read_bounded(flate2::read::GzDecoder::new(input), max_size, &mut out))?,
+        Compression::Lz4 => bounded(read_bounded(lz4_flex::frame::FrameDecoder::new(input), max_size, &mut out))?,
         Compression::Zstd => {
             let decoder = zstd::stream::read::Decoder::new(input).map_err(|e| fail(e.to_string()))?;
-            read_bounded(decoder, max_size, &mut out).map_err(fail)?
+            bounded(read_bounded(decoder, max_size, &mut out))?
         }
         Compression::Snappy => {
             if input.len() >= XERIAL_HEADER_LEN && input[..8] == XERIAL_MAGIC {
@@ -89,11 +97,13 @@ pub fn decompress(codec: Compression, input: &[u8], max_size: usize) -> Result<V
                     let len =
                         usize::try_from(i32::from_be_bytes(*len)).map_err(|_| fail("negative xerial block length".into()))?;
                     let block = tail.get(..len).ok_or_else(|| fail("xerial block runs past the input".into()))?;
-                    snappy_raw(block, max_size, &mut out).map_err(fail)?;
+                    if !snappy_raw(block, max_size, &mut out).map_err(fail)? {
+                        return Err(too_large());
+                    }
                     rest = &tail[len..];
                 }
-            } else {
-                snappy_raw(input, max_size, &mut out).map_err(fail)?;
+            } else if !snappy_raw(input, max_size, &mut out).map_err(fail)? {
+                return Err(too_large());
             }
         }
     }
@@ -110,29 +120,47 @@ pub fn records_body<'a>(header: &BatchHeader, batch: &'a [u8], max_size: usize) 
     }
 }
 
-fn too_large(max_size: usize) -> String {
-    format!("decompressed size exceeds the limit of {max_size} bytes")
-}
-
-fn read_bounded(reader: impl Read, max_size: usize, out: &mut Vec<u8>) -> std::result::Result<(), String> {
-    // One byte over the limit tells "exactly at the limit" from "too large".
-    let limit = (max_size as u64).saturating_add(1);
-    reader.take(limit).read_to_end(out).map_err(|e| e.to_string())?;
-    if out.len() > max_size {
-        return Err(too_large(max_size));
+/// Reads `reader` to its end into `out`; `Ok(false)` when it holds more than `max_size`
+/// bytes (reading stops one byte past the limit). The buffer grows by doubling but never
+/// past the limit, so a bomb costs at most `max_size + 1` bytes of memory, where
+/// `read_to_end`'s doubling could reach twice that.
+fn read_bounded(mut reader: impl Read, max_size: usize, out: &mut Vec<u8>) -> std::io::Result<bool> {
+    const FIRST: usize = 16 << 10;
+    let limit = max_size.saturating_add(1);
+    let mut filled = out.len();
+    loop {
+        if filled == out.len() {
+            if out.len() >= limit {
+                break;
+            }
+            let grown = out.len().saturating_mul(2).max(FIRST).min(limit);
+            out.resize(grown, 0);
+        }
+        match reader.read(&mut out[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                out.truncate(filled);
+                return Err(e);
+            }
+        }
     }
-    Ok(())
+    out.truncate(filled);
+    Ok(filled <= max_size)
 }
 
-fn snappy_raw(block: &[u8], max_size: usize, out: &mut Vec<u8>) -> std::result::Result<(), String> {
+/// Appends one raw snappy block; `Ok(false)` when `out` would pass `max_size` (the block
+/// announces its decompressed length first, so nothing is decompressed then).
+fn snappy_raw(block: &[u8], max_size: usize, out: &mut Vec<u8>) -> std::result::Result<bool, String> {
     let len = snap::raw::decompress_len(block).map_err(|e| e.to_string())?;
     if out.len().saturating_add(len) > max_size {
-        return Err(too_large(max_size));
+        return Ok(false);
     }
     let start = out.len();
     out.resize(start + len, 0);
     snap::raw::Decoder::new().decompress(block, &mut out[start..]).map_err(|e| e.to_string())?;
-    Ok(())
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -188,7 +216,7 @@ mod tests {
             let mut out = Vec::new();
             compress(codec, &input, &mut out).unwrap();
             let err = decompress(codec, &out, 99_999).unwrap_err();
-            assert!(matches!(err, Error::Decompression { .. }), "{codec:?}: {err}");
+            assert_eq!(err, Error::DecompressedTooLarge { codec, limit: 99_999 }, "{codec:?}");
             assert_eq!(decompress(codec, &out, 100_000).unwrap().len(), 100_000);
             assert_eq!(decompress(codec, &out, usize::MAX).unwrap().len(), 100_000);
         }

@@ -26,7 +26,7 @@ pub mod varint;
 
 pub use batch::{BatchHeader, Compression, TimestampType, BATCH_OVERHEAD, NO_PRODUCER_ID};
 pub use builder::BatchBuilder;
-pub use records::{Header, Record, Records};
+pub use records::{Header, Record, RecordFrame, Records};
 
 use std::fmt;
 
@@ -114,13 +114,31 @@ pub enum Error {
         /// The codec's message.
         detail: String,
     },
-    /// A compressed records section is corrupt or expands beyond the allowed size.
+    /// A compressed records section is corrupt.
     #[error("{codec:?} decompression failed: {detail}")]
     Decompression {
         /// The codec.
         codec: Compression,
         /// What went wrong.
         detail: String,
+    },
+    /// A compressed records section expands beyond the allowed size (a decompression
+    /// bomb, or a batch larger than the limit allows); decompression stopped there.
+    #[error("{codec:?} records expand beyond the limit of {limit} bytes")]
+    DecompressedTooLarge {
+        /// The codec.
+        codec: Compression,
+        /// The limit, in decompressed bytes.
+        limit: usize,
+    },
+    /// The records inside a compressed batch do not walk (decompressed, they are not
+    /// records of the batch's count and offsets).
+    #[error("inside the {codec:?}-compressed records: {source}")]
+    CompressedRecords {
+        /// The codec.
+        codec: Compression,
+        /// What is wrong, with positions counted in the decompressed records section.
+        source: Box<Error>,
     },
 }
 

@@ -96,6 +96,50 @@ impl<'a> Iterator for Records<'a> {
     }
 }
 
+/// What the framing walk saw of one well-framed record: what the append path checks
+/// and counts (keys of a compacted topic, the audit's creation time) without decoding
+/// the record into a [`Record`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordFrame<'a> {
+    /// Index of the record in its batch, from 0.
+    pub index: i32,
+    /// Timestamp relative to the batch's base timestamp.
+    pub timestamp_delta: i64,
+    /// Offset relative to the batch's base offset.
+    pub offset_delta: i32,
+    /// Whether the key is present (not null).
+    pub has_key: bool,
+    /// Number of headers.
+    pub header_count: i32,
+    /// The headers (after their count), already checked to hold `header_count` of them.
+    pub headers: &'a [u8],
+}
+
+impl<'a> RecordFrame<'a> {
+    /// The record's headers in order, as `(key, value)`; `None` for a null value.
+    pub fn headers(&self) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a {
+        let (buf, mut at) = (self.headers, 0usize);
+        (0..self.header_count).map_while(move |_| {
+            // The walk checked this framing; a short read ends the iteration.
+            let key = bytes_at(buf, &mut at)??;
+            let value = bytes_at(buf, &mut at)?;
+            Some((key, value))
+        })
+    }
+}
+
+/// A length-prefixed byte string at `*at`: `Some(None)` for a null, `None` when malformed.
+fn bytes_at<'a>(buf: &'a [u8], at: &mut usize) -> Option<Option<&'a [u8]>> {
+    let len = varint_at(buf, at)?;
+    if len == -1 {
+        return Some(None);
+    }
+    let end = at.checked_add(usize::try_from(len).ok()?)?;
+    let bytes = buf.get(*at..end)?;
+    *at = end;
+    Some(Some(bytes))
+}
+
 /// Checks the framing of every record in the uncompressed batch body `body` exactly as
 /// [`Records`] reads it (lengths, every field, headers, no trailing bytes), that each
 /// offset delta lies in `0..=last_offset_delta`, and that there are exactly
@@ -129,6 +173,13 @@ impl FramingWalk {
     /// Checks the records of `body` that start before `until` (`<= body.len()`); the
     /// last of them may end past it. Calls must pass the same `body`.
     pub(crate) fn advance(&mut self, body: &[u8], until: usize) -> Result<()> {
+        self.advance_with(body, until, &mut |_| {})
+    }
+
+    /// [`FramingWalk::advance`], showing `visit` each record once it passed its checks.
+    /// With a visitor that does nothing this compiles to the same loop.
+    #[inline(always)]
+    pub(crate) fn advance_with<F: FnMut(&RecordFrame<'_>)>(&mut self, body: &[u8], until: usize, visit: &mut F) -> Result<()> {
         let (last_offset_delta, record_count) = (self.last_offset_delta, self.record_count);
         let mut at = self.at;
         let mut seen = self.seen;
@@ -146,11 +197,12 @@ impl FramingWalk {
                 return Err(bad("missing attributes"));
             }
             at += 1;
-            varlong_at(record, &mut at).ok_or(bad("bad timestamp delta"))?;
+            let timestamp_delta = varlong_at(record, &mut at).ok_or(bad("bad timestamp delta"))?;
             let offset_delta = varint_at(record, &mut at).ok_or(bad("bad offset delta"))?;
-            skip_nullable(record, &mut at).ok_or(bad("bad key"))?;
+            let key_null = skip_nullable(record, &mut at).ok_or(bad("bad key"))?;
             skip_nullable(record, &mut at).ok_or(bad("bad value"))?;
             let header_count = varint_at(record, &mut at).filter(|&c| c >= 0).ok_or(bad("bad header count"))?;
+            let headers_start = at;
             for _ in 0..header_count {
                 skip_nullable(record, &mut at).filter(|&null| !null).ok_or(bad("bad header key"))?;
                 skip_nullable(record, &mut at).ok_or(bad("bad header value"))?;
@@ -161,10 +213,18 @@ impl FramingWalk {
             if offset_delta < 0 || offset_delta > last_offset_delta {
                 return Err(bad("offset delta outside the batch"));
             }
-            seen += 1;
-            if seen > record_count {
+            if seen >= record_count {
                 return Err(Error::RecordCountMismatch { count: record_count, detail: "batch holds more records" });
             }
+            visit(&RecordFrame {
+                index: seen,
+                timestamp_delta,
+                offset_delta,
+                has_key: !key_null,
+                header_count,
+                headers: &record[headers_start..],
+            });
+            seen += 1;
         }
         self.at = at;
         self.seen = seen;

@@ -1,18 +1,34 @@
 //! Produce: validate and append record batches as the partition's leader, answer with
 //! the base offsets; acks=all answers once the ISR has the batches.
+//!
+//! What a client sends is checked as Kafka checks it before anything is appended: a
+//! control batch (attributes bit 0x20) is the broker's to write and is refused with
+//! INVALID_RECORD; every record of every batch must walk, compressed ones included
+//! (decompressed once, bounded, by the log's leader validation), else CORRUPT_MESSAGE;
+//! on a compacted topic the records without a key are named one by one (KIP-467).
+//! Decompression and key scans run on a bounded set of blocking threads, never on the
+//! network workers, so a client sending compressed bombs delays only itself.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fjord_log::AppendInfo;
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader, ResponseKind};
+use fjord_record::{BatchHeader, Compression};
+use kafka_protocol::messages::produce_response::{BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseKind};
+use kafka_protocol::protocol::StrBytes;
+use tokio::sync::Semaphore;
 
+use crate::audit::AuditTally;
 use crate::codec::{self, error_code, patch_length};
 use crate::handler::{log_error_code, Broker};
+use crate::metrics::{response_errors, Metrics};
 use crate::partition::Partition;
 use crate::response::Response;
+
+/// First Produce version whose response carries `error_message` and `record_errors` (KIP-467).
+const RECORD_ERRORS_VERSION: i16 = 8;
 
 /// An appended acks=all batch waiting for the ISR: where its answer goes, and what it waits for.
 struct AwaitingReplication {
@@ -22,6 +38,21 @@ struct AwaitingReplication {
     leader_epoch: i32,
     last_offset: i64,
     min_isr: usize,
+}
+
+/// Why a partition's records were not appended, as the response says it.
+struct Refusal {
+    code: i16,
+    /// `error_message` (v8+).
+    message: Option<String>,
+    /// `record_errors` (v8+): the index of each record that made the batch fail, with why.
+    record_errors: Vec<(i32, &'static str)>,
+}
+
+impl From<i16> for Refusal {
+    fn from(code: i16) -> Self {
+        Self { code, message: None, record_errors: Vec::new() }
+    }
 }
 
 impl Broker {
@@ -46,37 +77,44 @@ impl Broker {
                     Ok(topic) => self.replica(topic, data.index),
                 };
                 let outcome = match (partition, data.records) {
-                    (Err(code), _) => Err(code),
-                    (Ok(_), None) => Err(error_code::CORRUPT_MESSAGE),
+                    (Err(code), _) => Err(Refusal::from(code)),
+                    (Ok(_), None) => Err(Refusal::from(error_code::CORRUPT_MESSAGE)),
                     (Ok(partition), Some(records)) => {
                         let min_isr = partition.log.config().min_insync_replicas as usize;
-                        // A second handle on the bytes (no copy) for the audit count.
-                        let audited = self.audit.as_ref().map(|audit| (audit, records.clone()));
-                        match append(&partition, records, acks_all, min_isr).await {
-                            Ok((info, leader_epoch, log_start)) => {
-                                if let Some((audit, records)) = audited.filter(|_| !info.duplicate) {
-                                    audit.count_appended(&name, &records);
+                        let tally = self.audit.as_ref().and_then(|audit| audit.tally(&name));
+                        match append(&partition, records, acks_all, min_isr, tally).await {
+                            Ok(appended) => {
+                                let info = appended.info;
+                                if let (Some(audit), Some(tally)) = (&self.audit, appended.tally) {
+                                    if !info.duplicate {
+                                        audit.count_appended(&name, tally);
+                                    }
                                 }
                                 if acks_all {
                                     awaiting.push(AwaitingReplication {
                                         topic: responses.len(),
                                         partition: partition_responses.len(),
                                         replica: partition.clone(),
-                                        leader_epoch,
+                                        leader_epoch: appended.leader_epoch,
                                         last_offset: info.last_offset,
                                         min_isr,
                                     });
                                 }
-                                Ok((info, log_start))
+                                Ok((info, appended.log_start))
                             }
-                            Err(AppendError::Refused(code)) => Err(code),
-                            Err(AppendError::Log(e)) => {
-                                tracing::debug!(topic = %name, partition = data.index, error = %e, "produce refused");
-                                Err(log_error_code(&e))
+                            Err(AppendError::Refused(code)) => Err(Refusal::from(code)),
+                            Err(AppendError::ControlBatch(message)) => {
+                                tracing::debug!(topic = %name, partition = data.index, %message, "produce refused");
+                                Err(Refusal {
+                                    code: error_code::INVALID_RECORD,
+                                    message: Some(message),
+                                    record_errors: Vec::new(),
+                                })
                             }
+                            Err(AppendError::Log(e)) => Err(log_refusal(&name, data.index, &e)),
                             Err(AppendError::Task(e)) => {
                                 tracing::error!(topic = %name, partition = data.index, error = %e, "append task failed");
-                                Err(error_code::UNKNOWN_SERVER_ERROR)
+                                Err(Refusal::from(error_code::UNKNOWN_SERVER_ERROR))
                             }
                         }
                     }
@@ -90,7 +128,21 @@ impl Broker {
                             response
                         }
                     }
-                    Err(code) => response.with_error_code(code),
+                    Err(refusal) if version >= RECORD_ERRORS_VERSION => response
+                        .with_error_code(refusal.code)
+                        .with_error_message(refusal.message.map(StrBytes::from_string))
+                        .with_record_errors(
+                            refusal
+                                .record_errors
+                                .into_iter()
+                                .map(|(index, why)| {
+                                    BatchIndexAndErrorMessage::default()
+                                        .with_batch_index(index)
+                                        .with_batch_index_error_message(Some(StrBytes::from_static_str(why)))
+                                })
+                                .collect(),
+                        ),
+                    Err(refusal) => response.with_error_code(refusal.code),
                 };
                 partition_responses.push(response);
             }
@@ -109,50 +161,136 @@ impl Broker {
                 response.base_offset = -1;
             }
         }
-        (acks != 0).then(|| ResponseKind::Produce(ProduceResponse::default().with_responses(responses)))
+        let response = ResponseKind::Produce(ProduceResponse::default().with_responses(responses));
+        if acks == 0 {
+            // No answer goes out, but what was refused is still counted (the handler
+            // counts the answers it sends).
+            self.metrics.errors(ApiKey::Produce as i16, response_errors(&response));
+            return None;
+        }
+        Some(response)
     }
+}
+
+/// The refusal for a log error, logged at the level it deserves: a storage failure is
+/// the broker's (error, with the partition), a bad batch the client's (debug).
+fn log_refusal(topic: &str, partition: i32, e: &fjord_log::Error) -> Refusal {
+    let code = log_error_code(e);
+    if code == error_code::KAFKA_STORAGE_ERROR {
+        tracing::error!(topic, partition, error = %e, "produce failed: storage error");
+    } else {
+        tracing::debug!(topic, partition, error = %e, "produce refused");
+    }
+    let record_errors = match e {
+        fjord_log::Error::MissingKey { record_indexes, .. } => {
+            record_indexes.iter().map(|&i| (i, "a compacted topic refuses a record without a key")).collect()
+        }
+        _ => Vec::new(),
+    };
+    Refusal { code, message: Some(e.to_string()), record_errors }
 }
 
 enum AppendError {
     /// This broker cannot take the batch (not the leader, ISR too small).
     Refused(i16),
+    /// A client sent a control batch; says which.
+    ControlBatch(String),
     Log(fjord_log::Error),
     Task(tokio::task::JoinError),
 }
 
+/// What an append did, in which leader epoch, the log start offset after it, and the
+/// audit's count of its records when the topic is audited.
+struct Appended {
+    info: AppendInfo,
+    leader_epoch: i32,
+    log_start: i64,
+    tally: Option<AuditTally>,
+}
+
+/// Threads that may decompress or scan keys at once, over all produce requests: half
+/// the CPUs (at least one), so such work never takes every core from the network
+/// workers; a request waits for a permit without holding a thread.
+fn heavy_appends() -> &'static Semaphore {
+    static PERMITS: OnceLock<Semaphore> = OnceLock::new();
+    PERMITS.get_or_init(|| {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Semaphore::new(cpus.div_ceil(2))
+    })
+}
+
+/// Looks at the batch headers only (no CRC, no records; the log checks those): refuses a
+/// control batch, and says whether any batch is compressed.
+fn scan_headers(mut records: &[u8]) -> Result<bool, String> {
+    let (mut compressed, mut position) = (false, 0);
+    while let Ok(header) = BatchHeader::parse_unchecked(records) {
+        if header.is_control() {
+            return Err(format!(
+                "the batch at byte {position} is a control batch (attributes {:#06x}): control records are written by the broker, never by a producer",
+                header.attributes
+            ));
+        }
+        compressed |= header.compression() != Compression::None;
+        position += header.size();
+        records = records.get(header.size()..).unwrap_or_default();
+    }
+    Ok(compressed)
+}
+
 /// Appends `records` as the leader; returns what was appended, in which leader epoch,
-/// and the log start offset.
+/// and the log start offset, with `tally` counting the records when given.
 ///
-/// Without a `flush.messages` policy an append is a write into the page cache, which
-/// does not block for long: it runs right here, because handing it to the blocking pool
-/// costs two thread switches per request, which measured as most of the CPU of an
-/// unbatched producer. Appends that may fsync go to the blocking pool.
+/// Without a `flush.messages` policy an append of uncompressed batches to a log that
+/// does not compact is a write into the page cache, which does not block for long: it
+/// runs right here, because handing it to the blocking pool costs two thread switches
+/// per request, which measured as most of the CPU of an unbatched producer. Appends
+/// that may fsync go to the blocking pool; appends that decompress or scan keys go
+/// there too, behind [`heavy_appends`].
 async fn append(
     partition: &Arc<Partition>,
     records: Bytes,
     acks_all: bool,
     min_isr: usize,
-) -> Result<(AppendInfo, i32, i64), AppendError> {
-    fn run(partition: &Partition, records: &[u8], acks_all: bool, min_isr: usize) -> Result<(AppendInfo, i32, i64), AppendError> {
-        let (info, epoch) =
-            partition.append_as_leader(records, acks_all, min_isr).map_err(AppendError::Refused)?.map_err(AppendError::Log)?;
-        Ok((info, epoch, partition.log.log_start_offset()))
+    mut tally: Option<AuditTally>,
+) -> Result<Appended, AppendError> {
+    fn run(
+        partition: &Partition,
+        records: &[u8],
+        acks_all: bool,
+        min_isr: usize,
+        mut tally: Option<AuditTally>,
+    ) -> Result<Appended, AppendError> {
+        let mut count = tally.as_mut().map(|t| move |h: &BatchHeader, r: &fjord_record::RecordFrame<'_>| t.record(h, r));
+        let visit = count.as_mut().map(|c| c as fjord_log::RecordVisitor<'_>);
+        let (info, leader_epoch) = partition
+            .append_as_leader(records, acks_all, min_isr, visit)
+            .map_err(AppendError::Refused)?
+            .map_err(AppendError::Log)?;
+        Ok(Appended { info, leader_epoch, log_start: partition.log.log_start_offset(), tally })
     }
-    if partition.log.config().flush_messages.is_none() {
-        return run(partition, &records, acks_all, min_isr);
+    let compressed = scan_headers(&records).map_err(AppendError::ControlBatch)?;
+    let config = partition.log.config();
+    let heavy = compressed || config.cleanup_policy.compacts();
+    if !heavy && config.flush_messages.is_none() {
+        return run(partition, &records, acks_all, min_isr, tally.take());
     }
+    // Closed only at shutdown, which drops the whole runtime first.
+    let _permit = if heavy { heavy_appends().acquire().await.ok() } else { None };
     let partition = partition.clone();
-    tokio::task::spawn_blocking(move || run(&partition, &records, acks_all, min_isr)).await.map_err(AppendError::Task)?
+    tokio::task::spawn_blocking(move || run(&partition, &records, acks_all, min_isr, tally)).await.map_err(AppendError::Task)?
 }
 
 /// Produce v0-v2 carry old message sets (magic 0/1), which this broker does not store.
 /// They are still advertised (see [`codec::SUPPORTED_APIS`]), so answer them properly:
 /// every partition gets UNSUPPORTED_FOR_MESSAGE_FORMAT, nothing is appended.
-pub(crate) fn legacy(header: &RequestHeader, version: i16, mut body: Bytes) -> Option<Response> {
+pub(crate) fn legacy(header: &RequestHeader, version: i16, mut body: Bytes, metrics: &Metrics) -> Option<Response> {
     let correlation_id = header.correlation_id;
     let Some((acks, topics)) = parse_legacy(&mut body) else {
+        metrics.errors(ApiKey::Produce as i16, [error_code::INVALID_REQUEST]);
         return Some(codec::error_response(correlation_id, error_code::INVALID_REQUEST));
     };
+    let refused = topics.iter().map(|(_, partitions)| partitions.len()).sum::<usize>();
+    metrics.errors(ApiKey::Produce as i16, std::iter::repeat_n(error_code::UNSUPPORTED_FOR_MESSAGE_FORMAT, refused));
     if acks == 0 {
         return None;
     }
@@ -226,7 +364,7 @@ mod tests {
         body.put_i32(3);
         body.put_slice(b"abc");
         let header = RequestHeader::default().with_correlation_id(9);
-        let response = legacy(&header, 2, body.clone().freeze()).unwrap();
+        let response = legacy(&header, 2, body.clone().freeze(), &Metrics::default()).unwrap();
         let bytes = codec::response_bytes(&response);
         let mut expected = BytesMut::new();
         for v in [9i32, 1] {
@@ -243,7 +381,7 @@ mod tests {
         assert_eq!(&bytes[4..], &expected[..]);
         assert_eq!(i32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize, expected.len());
         // Truncated: INVALID_REQUEST, never a panic.
-        let truncated = legacy(&header, 2, body.freeze().slice(..12)).unwrap();
+        let truncated = legacy(&header, 2, body.freeze().slice(..12), &Metrics::default()).unwrap();
         assert_eq!(&codec::response_bytes(&truncated)[8..], &error_code::INVALID_REQUEST.to_be_bytes());
     }
 }
