@@ -179,6 +179,20 @@ impl ScramCredential {
         Ok(Self::from_salted_password(mechanism, &salted, salt, iterations))
     }
 
+    /// The credential of a salted password a client derived itself (Kafka's
+    /// AlterUserScramCredentials sends `SaltedPassword`, salt and iterations, never the
+    /// password). Checks the iteration range, a non-empty salt and the hash length.
+    pub fn from_client_salted_password(mechanism: ScramMechanism, salted: &[u8], salt: Vec<u8>, iterations: u32) -> Result<Self> {
+        check_iterations(iterations)?;
+        if salt.is_empty() {
+            return Err(Error::InvalidCredential("empty salt"));
+        }
+        if salted.len() != mechanism.hash_len() {
+            return Err(Error::InvalidCredential("salted password length does not match the mechanism"));
+        }
+        Ok(Self::from_salted_password(mechanism, salted, salt, iterations))
+    }
+
     fn from_salted_password(mechanism: ScramMechanism, salted: &[u8], salt: Vec<u8>, iterations: u32) -> Self {
         let client_key = mechanism.hmac(salted, b"Client Key");
         Self { salt, iterations, stored_key: mechanism.hash(&client_key), server_key: mechanism.hmac(salted, b"Server Key") }
@@ -777,6 +791,14 @@ pub(crate) mod tests {
         for bad in ["", "salt=AA==", "salt=AA==,salt=AA==", "salt=*,stored_key=,server_key=,iterations=4096"] {
             assert!(matches!(ScramCredential::from_kafka_string(ScramMechanism::Sha256, bad), Err(Error::InvalidCredential(_))));
         }
+        let salt = b"salt".to_vec();
+        let salted = ScramMechanism::Sha512.salted_password(b"pw", &salt, 4096);
+        let from_client =
+            ScramCredential::from_client_salted_password(ScramMechanism::Sha512, &salted, salt.clone(), 4096).unwrap();
+        assert_eq!(from_client, ScramCredential::derive(ScramMechanism::Sha512, "pw", salt.clone(), 4096).unwrap());
+        assert!(ScramCredential::from_client_salted_password(ScramMechanism::Sha256, &salted, salt.clone(), 4096).is_err());
+        assert!(ScramCredential::from_client_salted_password(ScramMechanism::Sha512, &salted, Vec::new(), 4096).is_err());
+        assert!(ScramCredential::from_client_salted_password(ScramMechanism::Sha512, &salted, salt, 100).is_err());
         assert_eq!("SCRAM-SHA-512".parse::<ScramMechanism>().unwrap(), ScramMechanism::Sha512);
         assert!("SCRAM-SHA-1".parse::<ScramMechanism>().is_err());
         assert!(!format!("{:?}", ScramCredential::generate(ScramMechanism::Sha256, "pw", 4096).unwrap()).contains("key"));

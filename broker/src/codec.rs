@@ -48,6 +48,10 @@ pub(crate) mod error_code {
     pub(crate) const ELIGIBLE_LEADERS_NOT_AVAILABLE: i16 = 83;
     pub(crate) const ELECTION_NOT_NEEDED: i16 = 84;
     pub(crate) const INVALID_RECORD: i16 = 87;
+    pub(crate) const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
+    pub(crate) const RESOURCE_NOT_FOUND: i16 = 91;
+    pub(crate) const DUPLICATE_RESOURCE: i16 = 92;
+    pub(crate) const UNACCEPTABLE_CREDENTIAL: i16 = 93;
 }
 
 /// The APIs this broker implements, with the versions it advertises (inclusive).
@@ -81,6 +85,11 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::InitProducerId, 0, 4),
     (ApiKey::ElectLeaders, 0, 2),
+    (ApiKey::CreateAcls, 1, 3),
+    (ApiKey::DescribeAcls, 1, 3),
+    (ApiKey::DeleteAcls, 1, 3),
+    (ApiKey::DescribeUserScramCredentials, 0, 0),
+    (ApiKey::AlterUserScramCredentials, 0, 0),
 ];
 
 /// Produce versions whose payloads are old message sets; answered by hand

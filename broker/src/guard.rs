@@ -153,6 +153,8 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::DeleteGroups => v >= 2,
         ApiKey::InitProducerId => v >= 2,
         ApiKey::ElectLeaders => v >= 2,
+        ApiKey::CreateAcls | ApiKey::DescribeAcls | ApiKey::DeleteAcls => v >= 2,
+        ApiKey::DescribeUserScramCredentials | ApiKey::AlterUserScramCredentials => true,
         _ => return Err("no schema for this api"),
     };
     let w = &mut Walker { buf: body, flexible };
@@ -488,9 +490,60 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
             })?;
             w.int32()?; // timeout
         }
+        ApiKey::CreateAcls => {
+            w.array(|w| {
+                w.int8()?; // resource type
+                w.string()?; // resource name
+                w.int8()?; // pattern type
+                w.string()?; // principal
+                w.string()?; // host
+                w.int8()?; // operation
+                w.int8()?; // permission
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::DescribeAcls => acl_filter(w)?,
+        ApiKey::DeleteAcls => {
+            w.array(|w| {
+                acl_filter(w)?;
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::DescribeUserScramCredentials => {
+            w.array(|w| {
+                w.string()?;
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::AlterUserScramCredentials => {
+            w.array(|w| {
+                w.string()?; // name
+                w.int8()?; // mechanism
+                w.tagged_fields()
+            })?;
+            w.array(|w| {
+                w.string()?; // name
+                w.int8()?; // mechanism
+                w.int32()?; // iterations
+                w.bytes()?; // salt
+                w.bytes()?; // salted password
+                w.tagged_fields()
+            })?;
+        }
         _ => unreachable!("flexible versions are listed for every api walked above"),
     }
     w.tagged_fields()
+}
+
+/// DescribeAcls' body and each DeleteAcls filter (v1+: the pattern type is always there).
+fn acl_filter(w: &mut Walker<'_>) -> Walk {
+    w.int8()?; // resource type
+    w.string()?; // resource name (nullable)
+    w.int8()?; // pattern type
+    w.string()?; // principal (nullable)
+    w.string()?; // host (nullable)
+    w.int8()?; // operation
+    w.int8() // permission
 }
 
 #[cfg(test)]
@@ -693,6 +746,47 @@ mod tests {
                     elect_leaders_request::TopicPartitions::default().with_topic(name()),
                 ]))
                 .with_timeout_ms(30_000)
+                .encode(&mut buf, v),
+            ApiKey::CreateAcls => CreateAclsRequest::default()
+                .with_creations(vec![create_acls_request::AclCreation::default()
+                    .with_resource_type(2)
+                    .with_resource_name(s("topic-a"))
+                    .with_resource_pattern_type(3)
+                    .with_principal(StrBytes::from_static_str("User:a"))
+                    .with_host(StrBytes::from_static_str("*"))
+                    .with_operation(3)
+                    .with_permission_type(3)])
+                .encode(&mut buf, v),
+            ApiKey::DescribeAcls => DescribeAclsRequest::default()
+                .with_resource_type_filter(2)
+                .with_resource_name_filter(Some(s("topic-a")))
+                .with_pattern_type_filter(2)
+                .with_principal_filter(Some(StrBytes::from_static_str("User:a")))
+                .with_operation(1)
+                .with_permission_type(1)
+                .encode(&mut buf, v),
+            ApiKey::DeleteAcls => DeleteAclsRequest::default()
+                .with_filters(vec![
+                    delete_acls_request::DeleteAclsFilter::default()
+                        .with_resource_type_filter(1)
+                        .with_resource_name_filter(Some(s("topic-a")))
+                        .with_pattern_type_filter(1),
+                    delete_acls_request::DeleteAclsFilter::default().with_host_filter(Some(StrBytes::from_static_str("*"))),
+                ])
+                .encode(&mut buf, v),
+            ApiKey::DescribeUserScramCredentials => DescribeUserScramCredentialsRequest::default()
+                .with_users(Some(vec![describe_user_scram_credentials_request::UserName::default().with_name(s("user"))]))
+                .encode(&mut buf, v),
+            ApiKey::AlterUserScramCredentials => AlterUserScramCredentialsRequest::default()
+                .with_deletions(vec![alter_user_scram_credentials_request::ScramCredentialDeletion::default()
+                    .with_name(s("user"))
+                    .with_mechanism(1)])
+                .with_upsertions(vec![alter_user_scram_credentials_request::ScramCredentialUpsertion::default()
+                    .with_name(s("user"))
+                    .with_mechanism(2)
+                    .with_iterations(4096)
+                    .with_salt(Bytes::from_static(b"salt"))
+                    .with_salted_password(Bytes::from_static(&[7; 64]))])
                 .encode(&mut buf, v),
             other => panic!("no sample for {other:?}"),
         };

@@ -2,6 +2,7 @@
 //! has none). Every failure a client can cause is answered with a Kafka error code here;
 //! nothing below returns an [`crate::Error`] for client input.
 
+pub(crate) mod acls;
 pub(crate) mod admin;
 pub(crate) mod alter_configs;
 pub(crate) mod elect;
@@ -131,6 +132,15 @@ impl Broker {
             RequestKind::DeleteGroups(req) => (ApiKey::DeleteGroups, self.groups.delete_groups(req).await),
             RequestKind::InitProducerId(req) => (ApiKey::InitProducerId, self.init_producer_id(req).await),
             RequestKind::ElectLeaders(req) => (ApiKey::ElectLeaders, self.elect_leaders(req, version).await),
+            RequestKind::CreateAcls(req) => (ApiKey::CreateAcls, self.create_acls(req).await),
+            RequestKind::DescribeAcls(req) => (ApiKey::DescribeAcls, self.describe_acls(req).await),
+            RequestKind::DeleteAcls(req) => (ApiKey::DeleteAcls, self.delete_acls(req).await),
+            RequestKind::DescribeUserScramCredentials(req) => {
+                (ApiKey::DescribeUserScramCredentials, self.describe_user_scram_credentials(req).await)
+            }
+            RequestKind::AlterUserScramCredentials(req) => {
+                (ApiKey::AlterUserScramCredentials, self.alter_user_scram_credentials(req).await)
+            }
             other => {
                 // decode_request only decodes what SUPPORTED_APIS lists, and every entry is matched above.
                 tracing::error!(request = ?other, "decoded a request without a handler");

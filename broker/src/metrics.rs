@@ -228,6 +228,13 @@ pub(crate) fn response_errors(body: &ResponseKind) -> Vec<i16> {
             .chain(r.replica_election_results.iter().flat_map(|t| &t.partition_result).map(|p| p.error_code))
             .collect(),
         ResponseKind::OffsetForLeaderEpoch(r) => r.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).collect(),
+        ResponseKind::CreateAcls(r) => r.results.iter().map(|c| c.error_code).collect(),
+        ResponseKind::DescribeAcls(r) => vec![r.error_code],
+        ResponseKind::DeleteAcls(r) => r.filter_results.iter().map(|f| f.error_code).collect(),
+        ResponseKind::DescribeUserScramCredentials(r) => {
+            std::iter::once(r.error_code).chain(r.results.iter().map(|u| u.error_code)).collect()
+        }
+        ResponseKind::AlterUserScramCredentials(r) => r.results.iter().map(|u| u.error_code).collect(),
         // APIs without an entry here count requests only.
         _ => Vec::new(),
     }

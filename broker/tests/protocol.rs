@@ -86,6 +86,8 @@ async fn api_versions_lists_what_is_implemented_and_answers_unknown_versions_wit
     assert!(ranges.contains(&(ApiKey::JoinGroup as i16, 0, 9)));
     assert!(ranges.contains(&(ApiKey::InitProducerId as i16, 0, 4)));
     assert!(ranges.contains(&(ApiKey::ElectLeaders as i16, 0, 2)));
+    assert!(ranges.contains(&(ApiKey::CreateAcls as i16, 1, 3)));
+    assert!(ranges.contains(&(ApiKey::AlterUserScramCredentials as i16, 0, 0)));
     assert!(!ranges.iter().any(|r| r.0 == ApiKey::AddPartitionsToTxn as i16));
 
     // kafka-python opens with v4: a v0 body with UNSUPPORTED_VERSION and the ranges.
