@@ -18,7 +18,7 @@
 
 pub(crate) mod state;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -91,6 +91,16 @@ struct GroupEntry {
     offsets: BTreeMap<(String, i32), CommittedOffset>,
 }
 
+impl GroupEntry {
+    /// Whether the group exists as Kafka sees it: it has members or committed offsets.
+    /// An entry without either (a FindCoordinator or a describe of a group nobody
+    /// joined) is a group that never existed: ListGroups leaves it out, DescribeGroups
+    /// calls it Dead and DeleteGroups answers GROUP_ID_NOT_FOUND.
+    fn exists(&self) -> bool {
+        self.group.state != GroupState::Empty || !self.offsets.is_empty()
+    }
+}
+
 struct Inner {
     store: Store,
     endpoint: Endpoint,
@@ -109,6 +119,18 @@ pub(crate) struct GroupCoordinator {
 
 /// How often sessions and rebalance deadlines are checked.
 const TICK: Duration = Duration::from_millis(100);
+
+/// FindCoordinator key types.
+const KEY_TYPE_GROUP: i8 = 0;
+const KEY_TYPE_TRANSACTION: i8 = 1;
+/// The answer to a transaction coordinator lookup until transactions exist. It has to
+/// be one the clients give up on at once: librdkafka's transactional producer treats
+/// every other FindCoordinator error, UNSUPPORTED_VERSION and INVALID_REQUEST included,
+/// as "no coordinator yet" and asks again until `init_transactions` times out
+/// (COORDINATOR_NOT_AVAILABLE did exactly that); TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+/// is the one code it treats as fatal, and the Java client fails on it too. The error
+/// message says the real reason.
+const NO_TRANSACTION_COORDINATOR: ResponseError = ResponseError::TransactionalIdAuthorizationFailed;
 
 impl GroupCoordinator {
     /// Creates the coordinator and starts its session-expiry ticker, which stops by
@@ -148,13 +170,45 @@ impl GroupCoordinator {
         Ok(entry.clone())
     }
 
+    /// The group's entry if the group exists, without creating it: a group exists while
+    /// it has members or committed offsets (Kafka drops a group that has neither). A
+    /// group no broker coordinates yet is claimed here, as FindCoordinator does; its
+    /// entry is kept only if the registry holds offsets for it. `Err` carries the error
+    /// code to answer with (NOT_COORDINATOR when another broker coordinates it).
+    async fn lookup(&self, group_id: &str) -> Result<Option<Arc<Mutex<GroupEntry>>>, ResponseError> {
+        if group_id.is_empty() {
+            return Err(ResponseError::InvalidGroupId);
+        }
+        let known = self.inner.groups.lock().expect("groups lock").get(group_id).cloned();
+        if let Some(entry) = known {
+            let exists = entry.lock().await.exists();
+            return Ok(exists.then_some(entry));
+        }
+        if self.inner.claim(group_id).await? != self.inner.endpoint.broker_id {
+            return Err(ResponseError::NotCoordinator);
+        }
+        let offsets = self.inner.load_offsets(group_id).await.map_err(|e| {
+            tracing::warn!(group = group_id, error = %e, "could not load committed offsets");
+            ResponseError::CoordinatorLoadInProgress
+        })?;
+        if offsets.is_empty() {
+            return Ok(None);
+        }
+        let mut groups = self.inner.groups.lock().expect("groups lock");
+        let entry = groups
+            .entry(group_id.to_string())
+            .or_insert_with(|| Arc::new(Mutex::new(GroupEntry { group: Group::new(group_id), offsets })));
+        Ok(Some(entry.clone()))
+    }
+
     pub(crate) async fn find_coordinator(&self, request: FindCoordinatorRequest, version: i16) -> ResponseKind {
         let keys: Vec<StrBytes> = if version >= 4 { request.coordinator_keys.clone() } else { vec![request.key.clone()] };
         let mut coordinators = Vec::new();
         for key in keys {
-            let answer = if request.key_type != 0 {
-                // Transactions are not supported (yet): no transaction coordinator.
-                Err(ResponseError::CoordinatorNotAvailable)
+            let answer = if request.key_type == KEY_TYPE_TRANSACTION {
+                Err(NO_TRANSACTION_COORDINATOR)
+            } else if request.key_type != KEY_TYPE_GROUP {
+                Err(ResponseError::InvalidRequest)
             } else if key.is_empty() {
                 Err(ResponseError::InvalidGroupId)
             } else {
@@ -169,11 +223,17 @@ impl GroupCoordinator {
                         .with_port(endpoint.port);
                 }
                 Err(e) => {
+                    let message = if e == NO_TRANSACTION_COORDINATOR {
+                        "this broker has no transaction coordinator: transactions are not supported; unset transactional.id"
+                            .to_string()
+                    } else {
+                        e.to_string()
+                    };
                     coordinator = coordinator
                         .with_error_code(e.code())
                         .with_node_id(BrokerId(-1))
                         .with_port(-1)
-                        .with_error_message(Some(StrBytes::from_string(e.to_string())));
+                        .with_error_message(Some(StrBytes::from_string(message)));
                 }
             }
             coordinators.push(coordinator);
@@ -258,12 +318,24 @@ impl GroupCoordinator {
             requires_known_member_id: version >= 4,
         };
         let initial_delay = Duration::from_millis(self.inner.config.initial_rebalance_delay_ms);
-        let outcome = {
+        let (outcome, replaced) = {
             let mut entry = entry.lock().await;
             let (outcome, replies) = entry.group.join(join, Instant::now(), initial_delay);
             replies.into_iter().for_each(Reply::deliver);
-            outcome
+            // Answered at once without an error: a static member took its old place in a
+            // Stable group, so the ownership registry names a member id that changed.
+            let group = &entry.group;
+            let replaced = matches!(&outcome, JoinOutcome::Now(r) if r.error == 0)
+                .then(|| (group.generation_id, group.protocol_type.clone(), group.assignments()));
+            (outcome, replaced)
         };
+        if let Some((generation, protocol_type, assignments)) = replaced {
+            let inner = self.inner.clone();
+            let group_id = request.group_id.to_string();
+            tokio::spawn(async move {
+                inner.write_owners(&group_id, generation, protocol_type.as_deref(), &assignments).await;
+            });
+        }
         let result = match outcome {
             JoinOutcome::Now(result) => result,
             // The sender is dropped only if the group itself is dropped.
@@ -392,54 +464,72 @@ impl GroupCoordinator {
         ResponseKind::LeaveGroup(response)
     }
 
-    pub(crate) async fn offset_commit(&self, request: OffsetCommitRequest, _version: i16) -> ResponseKind {
-        let all = |code: i16| -> Vec<offset_commit_response::OffsetCommitResponseTopic> {
-            request
+    /// OffsetCommit (and the admin's AlterConsumerGroupOffsets, which is one). As in
+    /// Kafka, a partition the cluster does not have (`known` says which it has) gets
+    /// UNKNOWN_TOPIC_OR_PARTITION and nothing is stored for it, whatever the group's
+    /// state; the others are checked against the group ([`Group::check_commit`]) and
+    /// stored. A request with no known partition does not touch the group at all.
+    pub(crate) async fn offset_commit(
+        &self,
+        request: OffsetCommitRequest,
+        _version: i16,
+        known: impl Fn(&str, i32) -> bool,
+    ) -> ResponseKind {
+        let unknown = ResponseError::UnknownTopicOrPartition.code();
+        // Each partition's answer, filled in below where it is not already UNKNOWN_TOPIC_OR_PARTITION.
+        let mut codes: Vec<Vec<Option<i16>>> = request
+            .topics
+            .iter()
+            .map(|t| t.partitions.iter().map(|p| (!known(&t.name, p.partition_index)).then_some(unknown)).collect())
+            .collect();
+        let respond = |codes: Vec<Vec<Option<i16>>>, rest: i16| {
+            let topics = request
                 .topics
                 .iter()
-                .map(|t| {
+                .zip(codes)
+                .map(|(t, codes)| {
                     offset_commit_response::OffsetCommitResponseTopic::default().with_name(t.name.clone()).with_partitions(
                         t.partitions
                             .iter()
-                            .map(|p| {
+                            .zip(codes)
+                            .map(|(p, code)| {
                                 offset_commit_response::OffsetCommitResponsePartition::default()
                                     .with_partition_index(p.partition_index)
-                                    .with_error_code(code)
+                                    .with_error_code(code.unwrap_or(rest))
                             })
                             .collect(),
                     )
                 })
-                .collect()
+                .collect();
+            ResponseKind::OffsetCommit(OffsetCommitResponse::default().with_topics(topics))
         };
+        if codes.iter().flatten().all(Option::is_some) {
+            return respond(codes, 0);
+        }
         let entry = match self.entry(&request.group_id).await {
             Ok(entry) => entry,
-            Err(e) => return ResponseKind::OffsetCommit(OffsetCommitResponse::default().with_topics(all(e.code()))),
+            Err(e) => return respond(codes, e.code()),
         };
         let mut entry = entry.lock().await;
         let generation = request.generation_id_or_member_epoch;
-        // Kafka's rule: a commit outside the group protocol (generation < 0) is only
-        // for an empty group; a member's commit must carry its current generation.
-        let check = if generation < 0 && request.member_id.is_empty() {
-            if entry.group.state == GroupState::Empty {
-                Ok(())
-            } else {
-                Err(ResponseError::UnknownMemberId)
-            }
-        } else if entry.group.state == GroupState::CompletingRebalance {
-            Err(ResponseError::RebalanceInProgress)
+        let check = if !entry.exists() && generation >= 0 {
+            // Kafka: a member's commit to a group that does not exist comes from a
+            // generation that is gone.
+            Err(ResponseError::IllegalGeneration)
         } else {
-            entry.group.check_member(&request.member_id, request.group_instance_id.as_deref(), generation)
+            entry.group.check_commit(&request.member_id, request.group_instance_id.as_deref(), generation, Instant::now())
         };
         if let Err(e) = check {
-            return ResponseKind::OffsetCommit(OffsetCommitResponse::default().with_topics(all(e.code())));
+            return respond(codes, e.code());
         }
         let now_ms = now_ms();
-        let mut topics = Vec::new();
-        for topic in &request.topics {
-            let mut partitions = Vec::new();
-            for p in &topic.partitions {
+        for (topic, codes) in request.topics.iter().zip(codes.iter_mut()) {
+            for (p, code) in topic.partitions.iter().zip(codes.iter_mut()) {
+                if code.is_some() {
+                    continue;
+                }
                 let metadata = p.committed_metadata.as_ref().map(|m| m.to_string()).unwrap_or_default();
-                let code = if metadata.len() > self.inner.config.offset_metadata_max_bytes {
+                *code = Some(if metadata.len() > self.inner.config.offset_metadata_max_bytes {
                     ResponseError::OffsetMetadataTooLarge.code()
                 } else {
                     let committed = CommittedOffset {
@@ -458,20 +548,10 @@ impl GroupCoordinator {
                             ResponseError::CoordinatorNotAvailable.code()
                         }
                     }
-                };
-                partitions.push(
-                    offset_commit_response::OffsetCommitResponsePartition::default()
-                        .with_partition_index(p.partition_index)
-                        .with_error_code(code),
-                );
+                });
             }
-            topics.push(
-                offset_commit_response::OffsetCommitResponseTopic::default()
-                    .with_name(topic.name.clone())
-                    .with_partitions(partitions),
-            );
         }
-        ResponseKind::OffsetCommit(OffsetCommitResponse::default().with_topics(topics))
+        respond(codes, 0)
     }
 
     pub(crate) async fn offset_fetch(&self, request: OffsetFetchRequest, version: i16) -> ResponseKind {
@@ -553,7 +633,14 @@ impl GroupCoordinator {
         group_id: &GroupId,
         wanted: Option<Vec<(TopicName, Vec<i32>)>>,
     ) -> Result<Vec<(TopicName, Vec<(i32, Option<CommittedOffset>)>)>, ResponseError> {
-        let entry = self.entry(group_id).await?;
+        // A group that does not exist has nothing committed; looking does not create it.
+        let Some(entry) = self.lookup(group_id).await? else {
+            return Ok(wanted
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(topic, partitions)| (topic, partitions.into_iter().map(|p| (p, None)).collect()))
+                .collect());
+        };
         let entry = entry.lock().await;
         Ok(match wanted {
             Some(wanted) => wanted
@@ -574,29 +661,34 @@ impl GroupCoordinator {
         })
     }
 
+    /// ListGroups: the groups this broker coordinates, as Kafka lists only the groups
+    /// of the offsets partitions a broker leads, so that a client asking every broker
+    /// (librdkafka's list_groups, DescribeGroups after it) finds each group exactly once,
+    /// at its coordinator. Groups known only from the registry (with offsets, but not
+    /// touched since this broker started) are listed as Empty by the broker that holds
+    /// or takes their coordinator node, as FindCoordinator would make it.
     pub(crate) async fn list_groups(&self, request: ListGroupsRequest) -> ResponseKind {
-        let mut listed: BTreeMap<String, (String, &'static str)> = BTreeMap::new();
-        // Groups known only from the registry (e.g. before this broker touched them
-        // since its start) are listed as Empty: they have offsets but no members here.
-        if let Ok(names) = self.inner.store.children(paths::CONSUMERS).await {
-            for name in names {
-                listed.insert(name, ("consumer".to_string(), GroupState::Empty.name()));
-            }
+        let mut names: BTreeSet<String> = self.inner.groups.lock().expect("groups lock").keys().cloned().collect();
+        match self.inner.store.children(paths::CONSUMERS).await {
+            Ok(nodes) => names.extend(nodes.iter().map(|node| group_id_of(node))),
+            Err(fjord_coord::Error::NoNode { .. }) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot list the group registry"),
         }
-        let entries: Vec<(String, Arc<Mutex<GroupEntry>>)> =
-            self.inner.groups.lock().expect("groups lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        for (name, entry) in entries {
+        let mut listed: Vec<(String, String, &'static str)> = Vec::new();
+        for name in names {
+            // NOT_COORDINATOR (another broker's group) and store errors leave it out here.
+            let Ok(Some(entry)) = self.lookup(&name).await else { continue };
             let entry = entry.lock().await;
             let protocol_type = entry.group.protocol_type.clone().unwrap_or_else(|| "consumer".to_string());
-            listed.insert(name, (protocol_type, entry.group.state.name()));
+            listed.push((name, protocol_type, entry.group.state.name()));
         }
         let states: Vec<String> = request.states_filter.iter().map(|s| s.to_lowercase()).collect();
         let types: Vec<String> = request.types_filter.iter().map(|s| s.to_lowercase()).collect();
         let groups = listed
             .into_iter()
-            .filter(|(_, (_, state))| states.is_empty() || states.contains(&state.to_lowercase()))
-            .filter(|(_, _)| types.is_empty() || types.contains(&"classic".to_string()))
-            .map(|(name, (protocol_type, state))| {
+            .filter(|(_, _, state)| states.is_empty() || states.contains(&state.to_lowercase()))
+            .filter(|_| types.is_empty() || types.contains(&"classic".to_string()))
+            .map(|(name, protocol_type, state)| {
                 list_groups_response::ListedGroup::default()
                     .with_group_id(GroupId(StrBytes::from_string(name)))
                     .with_protocol_type(StrBytes::from_string(protocol_type))
@@ -611,9 +703,11 @@ impl GroupCoordinator {
         let mut described = Vec::new();
         for group_id in request.groups {
             let mut out = describe_groups_response::DescribedGroup::default().with_group_id(group_id.clone());
-            match self.entry(&group_id).await {
+            match self.lookup(&group_id).await {
                 Err(e) => out = out.with_error_code(e.code()).with_group_state(StrBytes::from_static_str("Dead")),
-                Ok(entry) => {
+                // Kafka's answer for a group that does not exist: no error, state Dead.
+                Ok(None) => out = out.with_group_state(StrBytes::from_static_str("Dead")),
+                Ok(Some(entry)) => {
                     let entry = entry.lock().await;
                     let group = &entry.group;
                     let members = group
@@ -654,17 +748,16 @@ impl GroupCoordinator {
     }
 
     async fn delete_group(&self, group_id: &str) -> Result<(), ResponseError> {
-        let exists_in_store = matches!(self.inner.store.exists(&format!("{}/{group_id}", paths::CONSUMERS)).await, Ok(Some(_)));
-        let entry = self.entry(group_id).await?;
+        let entry = self.lookup(group_id).await?.ok_or(ResponseError::GroupIdNotFound)?;
         let entry = entry.lock().await;
         if entry.group.state != GroupState::Empty {
             return Err(ResponseError::NonEmptyGroup);
         }
-        if !exists_in_store && entry.offsets.is_empty() {
+        if !entry.exists() {
             return Err(ResponseError::GroupIdNotFound);
         }
         self.inner.groups.lock().expect("groups lock").remove(group_id);
-        fjord_coord::delete_all(&*self.inner.store, &format!("{}/{group_id}", paths::CONSUMERS))
+        fjord_coord::delete_all(&*self.inner.store, &group_root(group_id))
             .await
             .map_err(|_| ResponseError::CoordinatorNotAvailable)
     }
@@ -678,7 +771,7 @@ impl Inner {
         struct Holder {
             broker_id: i32,
         }
-        let path = paths::group_coordinator(group_id);
+        let path = paths::group_coordinator(&group_node(group_id));
         let store: &dyn MetadataStore = &*self.store;
         let unavailable = |e: fjord_coord::Error| {
             tracing::warn!(group = group_id, error = %e, "coordinator registry unavailable");
@@ -699,7 +792,7 @@ impl Inner {
 
     async fn load_offsets(&self, group_id: &str) -> fjord_coord::Result<BTreeMap<(String, i32), CommittedOffset>> {
         let store: &dyn MetadataStore = &*self.store;
-        let root = format!("{}/{group_id}/offsets", paths::CONSUMERS);
+        let root = format!("{}/offsets", group_root(group_id));
         let mut offsets = BTreeMap::new();
         let topics = match store.children(&root).await {
             Ok(topics) => topics,
@@ -709,7 +802,7 @@ impl Inner {
         for topic in topics {
             for partition in store.children(&format!("{root}/{topic}")).await? {
                 let Ok(p) = partition.parse::<i32>() else { continue };
-                let path = paths::group_offset(group_id, &topic, p);
+                let path = paths::group_offset(&group_node(group_id), &topic, p);
                 if let Some((committed, _)) = registry::read_json::<CommittedOffset>(store, &path).await? {
                     offsets.insert((topic.clone(), p), committed);
                 }
@@ -726,7 +819,7 @@ impl Inner {
         committed: &CommittedOffset,
     ) -> fjord_coord::Result<()> {
         let store: &dyn MetadataStore = &*self.store;
-        let path = paths::group_offset(group_id, topic, partition);
+        let path = paths::group_offset(&group_node(group_id), topic, partition);
         let data = registry::to_json(committed);
         match store.set(&path, &data, None).await {
             Err(fjord_coord::Error::NoNode { .. }) => {
@@ -749,7 +842,7 @@ impl Inner {
         }
         written.insert(group_id.to_string(), generation);
         let store: &dyn MetadataStore = &*self.store;
-        let root = format!("{}/{group_id}/owners", paths::CONSUMERS);
+        let root = format!("{}/owners", group_root(group_id));
         if let Err(e) = fjord_coord::delete_all(store, &root).await {
             tracing::warn!(group = group_id, error = %e, "could not clear the ownership registry");
             return;
@@ -763,7 +856,12 @@ impl Inner {
                 continue;
             };
             for (topic, partition) in partitions {
-                let path = paths::group_owner(group_id, &topic, partition);
+                // The assignment is the leader's bytes: a name that is no topic name
+                // would be a path of its own making.
+                if crate::topics::validate_topic_name(&topic).is_err() {
+                    continue;
+                }
+                let path = paths::group_owner(&group_node(group_id), &topic, partition);
                 if let Err(e) = fjord_coord::create_all(store, &path, member_id.as_bytes(), CreateMode::Ephemeral).await {
                     tracing::warn!(group = group_id, path, error = %e, "could not write the ownership registry");
                 }
@@ -819,6 +917,98 @@ fn decode_assignment(bytes: &Bytes) -> Option<Vec<(String, i32)>> {
     )
 }
 
+/// `/consumers/<group>`, with the group id as [`group_node`] names it.
+fn group_root(group_id: &str) -> String {
+    format!("{}/{}", paths::CONSUMERS, group_node(group_id))
+}
+
+/// The registry node name of a group id. Kafka takes almost any string as a group id,
+/// and the store's node names cannot be any string: a `/` would make nested nodes (group
+/// `a/offsets/t` would write inside group `a`'s offsets), `.` and `..` are not node names,
+/// and ZooKeeper refuses control characters and two Unicode ranges. Those characters,
+/// and `%` itself so that the name can be read back, are percent-encoded (UTF-8 bytes);
+/// every other group id is its own node name, as before. (A group committed before this
+/// encoding under a name with `%` in it is read back as the decoded name: see
+/// [`group_id_of`].)
+fn group_node(group_id: &str) -> String {
+    if group_id == "." || group_id == ".." {
+        return group_id.replace('.', "%2E");
+    }
+    let escaped = |c: char| {
+        c == '/' || c == '%' || c.is_control() || ('\u{E000}'..='\u{F8FF}').contains(&c) || ('\u{FFF0}'..='\u{FFFF}').contains(&c)
+    };
+    if !group_id.chars().any(escaped) {
+        return group_id.to_string();
+    }
+    let mut node = String::with_capacity(group_id.len() + 8);
+    for c in group_id.chars() {
+        if escaped(c) {
+            let mut utf8 = [0u8; 4];
+            for b in c.encode_utf8(&mut utf8).bytes() {
+                node.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            node.push(c);
+        }
+    }
+    node
+}
+
+/// The group id a registry node names ([`group_node`] undone). A node whose `%`
+/// escapes do not decode is taken as written.
+fn group_id_of(node: &str) -> String {
+    if !node.contains('%') {
+        return node.to_string();
+    }
+    let bytes = node.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex =
+                bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
+            match hex {
+                Some(b) => {
+                    out.push(b);
+                    i += 3;
+                    continue;
+                }
+                None => return node.to_string(),
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).unwrap_or_else(|_| node.to_string())
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_ids_become_single_node_names_and_back() {
+        for (id, node) in [
+            ("plain-group.1", "plain-group.1"),
+            ("team/a", "team%2Fa"),
+            ("50%", "50%25"),
+            (".", "%2E"),
+            ("..", "%2E%2E"),
+            ("a..b", "a..b"),
+            ("tab\there", "tab%09here"),
+            ("é ü", "é ü"),
+            ("\u{E000}", "%EE%80%80"),
+        ] {
+            assert_eq!(group_node(id), node, "{id:?}");
+            assert_eq!(group_id_of(node), id, "{node:?}");
+            assert!(fjord_coord::validate_path(&group_root(id)).is_ok(), "{id:?}");
+        }
+        // Not written by group_node: taken as it is.
+        assert_eq!(group_id_of("100%"), "100%");
+        assert_eq!(group_id_of("%zz"), "%zz");
+    }
 }

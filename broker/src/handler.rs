@@ -125,7 +125,10 @@ impl Broker {
             RequestKind::SyncGroup(req) => (ApiKey::SyncGroup, self.groups.sync_group(req, version).await),
             RequestKind::Heartbeat(req) => (ApiKey::Heartbeat, self.groups.heartbeat(req).await),
             RequestKind::LeaveGroup(req) => (ApiKey::LeaveGroup, self.groups.leave_group(req, version).await),
-            RequestKind::OffsetCommit(req) => (ApiKey::OffsetCommit, self.groups.offset_commit(req, version).await),
+            RequestKind::OffsetCommit(req) => {
+                let known = |topic: &str, p: i32| self.topics.get(topic).is_some_and(|t| t.partition_replicas(p).is_some());
+                (ApiKey::OffsetCommit, self.groups.offset_commit(req, version, known).await)
+            }
             RequestKind::OffsetFetch(req) => (ApiKey::OffsetFetch, self.groups.offset_fetch(req, version).await),
             RequestKind::ListGroups(req) => (ApiKey::ListGroups, self.groups.list_groups(req).await),
             RequestKind::DescribeGroups(req) => (ApiKey::DescribeGroups, self.groups.describe_groups(req).await),

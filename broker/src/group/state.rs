@@ -206,26 +206,14 @@ impl Group {
         let mut member_id = req.member_id.clone();
         if member_id.is_empty() {
             member_id = self.new_member_id(&req.client_id);
-            if let Some(instance) = &req.group_instance_id {
-                // Static membership: the new incarnation takes over the instance's slot;
-                // the old member id is fenced from now on.
-                let old =
-                    self.members.iter().find(|(_, m)| m.group_instance_id.as_ref() == Some(instance)).map(|(id, _)| id.clone());
+            if let Some(instance) = req.group_instance_id.clone() {
+                let old = self
+                    .members
+                    .values()
+                    .find(|m| m.group_instance_id.as_deref() == Some(&instance))
+                    .map(|m| m.member_id.clone());
                 if let Some(old) = old {
-                    let mut previous = self.members.remove(&old).expect("invariant: found above");
-                    let mut replies = Vec::new();
-                    if let Some(tx) = previous.join_waiter.take() {
-                        replies.push(Reply::Join(tx, JoinResult::error(ResponseError::FencedInstanceId, &old)));
-                    }
-                    if let Some(tx) = previous.sync_waiter.take() {
-                        replies.push(Reply::Sync(tx, SyncResult::error(ResponseError::FencedInstanceId)));
-                    }
-                    if self.leader.as_deref() == Some(old.as_str()) {
-                        self.leader = Some(member_id.clone());
-                    }
-                    let (outcome, more) = self.add_and_rebalance(member_id, req, now, initial_delay);
-                    replies.extend(more);
-                    return (outcome, replies);
+                    return self.replace_static_member(&old, member_id, req, now, initial_delay);
                 }
             } else if req.requires_known_member_id {
                 self.pending_member_ids.insert(member_id.clone(), now);
@@ -247,6 +235,68 @@ impl Group {
         // rebalance only for the leader's metadata refresh; we always rebalance, which
         // is correct and simpler (a rejoin is rare outside rebalances).
         self.add_and_rebalance(member_id, req, now, initial_delay)
+    }
+
+    /// A static member (KIP-345) that comes back with an empty member id under the
+    /// instance id of a current member takes that member's place under a new member id;
+    /// the old id is fenced (its waiting requests get FENCED_INSTANCE_ID). Kafka's rule
+    /// for what follows: in a Stable group whose protocol choice this does not change,
+    /// the member gets the current generation at once and keeps its assignment, with no
+    /// rebalance, so the other members keep their partitions. The answer names the
+    /// leader as it was, so a replaced leader does not compute a new assignment that a
+    /// Stable group would never hand out. In CompletingRebalance the leader may already be
+    /// assigning to the old id, so the group rebalances; in PreparingRebalance the member
+    /// simply takes part in the rebalance under its new id.
+    fn replace_static_member(
+        &mut self,
+        old: &str,
+        member_id: String,
+        req: JoinRequest,
+        now: Instant,
+        initial_delay: Duration,
+    ) -> (JoinOutcome, Vec<Reply>) {
+        let mut replies = Vec::new();
+        let mut member = self.members.remove(old).expect("invariant: the caller found it");
+        if let Some(tx) = member.join_waiter.take() {
+            replies.push(Reply::Join(tx, JoinResult::error(ResponseError::FencedInstanceId, old)));
+        }
+        if let Some(tx) = member.sync_waiter.take() {
+            replies.push(Reply::Sync(tx, SyncResult::error(ResponseError::FencedInstanceId)));
+        }
+        let leader_before = self.leader.clone().unwrap_or_default();
+        if self.leader.as_deref() == Some(old) {
+            self.leader = Some(member_id.clone());
+        }
+        member.member_id = member_id.clone();
+        member.client_id = req.client_id;
+        member.client_host = req.client_host;
+        member.session_timeout = req.session_timeout;
+        member.rebalance_timeout = req.rebalance_timeout;
+        member.protocols = req.protocols;
+        member.heartbeat_deadline = now + req.session_timeout;
+        self.members.insert(member_id.clone(), member);
+        let (tx, rx) = oneshot::channel();
+        match self.state {
+            GroupState::Stable if self.protocol_name.as_deref() == Some(self.select_protocol().as_str()) => {
+                let result = JoinResult {
+                    error: 0,
+                    generation_id: self.generation_id,
+                    protocol_type: self.protocol_type.clone().unwrap_or_default(),
+                    protocol_name: self.protocol_name.clone().unwrap_or_default(),
+                    leader: leader_before,
+                    member_id,
+                    members: Vec::new(),
+                };
+                return (JoinOutcome::Now(result), replies);
+            }
+            GroupState::PreparingRebalance => {}
+            _ => replies.extend(self.prepare_rebalance(now, initial_delay)),
+        }
+        if let Some(member) = self.members.get_mut(&member_id) {
+            member.join_waiter = Some(tx);
+        }
+        replies.extend(self.try_complete_join(now, false));
+        (JoinOutcome::Wait(rx), replies)
     }
 
     fn add_and_rebalance(
@@ -398,6 +448,35 @@ impl Group {
         }
         if generation_id != self.generation_id {
             return Err(ResponseError::IllegalGeneration);
+        }
+        Ok(())
+    }
+
+    /// Whether an OffsetCommit may store offsets now, checked in Kafka's order: a commit
+    /// outside the group protocol (generation < 0, no member id, no instance id) only
+    /// while the group has no members; otherwise the member and its generation first
+    /// (UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID, ILLEGAL_GENERATION), and only then the
+    /// state: REBALANCE_IN_PROGRESS in CompletingRebalance alone (the member has its new
+    /// generation but not yet its assignment). A member of the current generation may
+    /// commit while the group prepares a rebalance: it learns of the rebalance from its
+    /// heartbeat, and committing what it consumed first is what a member revoking
+    /// partitions does. A commit counts as a sign of life, as a heartbeat does.
+    pub(crate) fn check_commit(
+        &mut self,
+        member_id: &str,
+        instance: Option<&str>,
+        generation_id: i32,
+        now: Instant,
+    ) -> Result<(), ResponseError> {
+        if generation_id < 0 && member_id.is_empty() && instance.is_none() {
+            return if self.state == GroupState::Empty { Ok(()) } else { Err(ResponseError::UnknownMemberId) };
+        }
+        self.check_member(member_id, instance, generation_id)?;
+        if self.state == GroupState::CompletingRebalance {
+            return Err(ResponseError::RebalanceInProgress);
+        }
+        if let Some(member) = self.members.get_mut(member_id) {
+            member.heartbeat_deadline = now + member.session_timeout;
         }
         Ok(())
     }
@@ -705,6 +784,98 @@ mod tests {
         assert_ne!(old, new);
         assert_eq!(group.members.len(), 1);
         assert_eq!(group.heartbeat(&old, Some("instance-1"), 2, now), Err(ResponseError::FencedInstanceId));
+    }
+
+    /// Two static members in a Stable group with assignments "A" and "B".
+    fn stable_static_pair(now: Instant) -> (Group, String, String) {
+        let mut group = Group::new("g");
+        let mut ids = Vec::new();
+        let mut waiters = Vec::new();
+        for instance in ["instance-a", "instance-b"] {
+            let mut req = request("");
+            req.group_instance_id = Some(instance.into());
+            let (outcome, replies) = group.join(req, now, Duration::ZERO);
+            deliver(replies);
+            let JoinOutcome::Wait(rx) = outcome else { panic!("static members need no MEMBER_ID_REQUIRED") };
+            waiters.push(rx);
+        }
+        // The first join completed generation 1 alone; b's join started generation 2,
+        // which completes when a rejoins.
+        let first = waiters[0].try_recv().unwrap();
+        let mut again = request(&first.member_id);
+        again.group_instance_id = Some("instance-a".into());
+        let (outcome, replies) = group.join(again, now, Duration::ZERO);
+        deliver(replies);
+        let JoinOutcome::Wait(mut rx_a) = outcome else { panic!() };
+        let (ja, jb) = (rx_a.try_recv().unwrap(), waiters[1].try_recv().unwrap());
+        assert_eq!((ja.generation_id, jb.generation_id), (2, 2));
+        ids.push(ja.member_id.clone());
+        ids.push(jb.member_id.clone());
+        let assignments = vec![(ids[0].clone(), Bytes::from_static(b"A")), (ids[1].clone(), Bytes::from_static(b"B"))];
+        let leader = ja.leader.clone();
+        let follower = if leader == ids[0] { &ids[1] } else { &ids[0] };
+        let follower_instance = if leader == ids[0] { "instance-b" } else { "instance-a" };
+        let leader_instance = if leader == ids[0] { "instance-a" } else { "instance-b" };
+        let (_, replies) = group.sync(follower, Some(follower_instance), 2, vec![], now);
+        deliver(replies);
+        deliver(group.sync(&leader, Some(leader_instance), 2, assignments, now).1);
+        assert_eq!(group.state, GroupState::Stable);
+        (group, ids[0].clone(), ids[1].clone())
+    }
+
+    #[test]
+    fn a_static_member_back_in_a_stable_group_keeps_its_assignment_without_a_rebalance() {
+        let now = Instant::now();
+        let (mut group, a, b) = stable_static_pair(now);
+        // a's process restarts: no LeaveGroup (static members send none), a new JoinGroup
+        // with an empty member id under the same instance id.
+        let mut back = request("");
+        back.group_instance_id = Some("instance-a".into());
+        let (outcome, replies) = group.join(back, now, Duration::ZERO);
+        deliver(replies);
+        let JoinOutcome::Now(joined) = outcome else { panic!("answered at once, without a rebalance") };
+        assert_eq!(joined.error, 0);
+        assert_eq!(joined.generation_id, 2, "same generation");
+        assert_ne!(joined.member_id, a, "a new member id");
+        assert_ne!(joined.leader, joined.member_id, "the returning member does not compute an assignment");
+        assert!(joined.members.is_empty());
+        assert_eq!(group.state, GroupState::Stable);
+        // b goes on as it was: no rebalance to join, its generation still current.
+        assert_eq!(group.heartbeat(&b, Some("instance-b"), 2, now), Ok(()));
+        // The new member id syncs and gets a's old assignment.
+        let (outcome, _) = group.sync(&joined.member_id, Some("instance-a"), 2, vec![], now);
+        let SyncOutcome::Now(synced) = outcome else { panic!() };
+        assert_eq!((synced.error, synced.assignment), (0, Bytes::from_static(b"A")));
+        // The old id is fenced.
+        assert_eq!(group.heartbeat(&a, Some("instance-a"), 2, now), Err(ResponseError::FencedInstanceId));
+    }
+
+    #[test]
+    fn commits_check_member_and_generation_before_the_rebalance_state() {
+        let now = Instant::now();
+        let mut group = Group::new("g");
+        let (a, _) = join(&mut group, now);
+        deliver(group.sync(&a, None, 1, vec![(a.clone(), Bytes::new())], now).1);
+        assert_eq!(group.state, GroupState::Stable);
+        assert_eq!(group.check_commit(&a, None, 1, now), Ok(()));
+        // b joins: PreparingRebalance, still generation 1. a may commit for generation 1.
+        let (_b, _rx_b) = join(&mut group, now);
+        assert_eq!(group.state, GroupState::PreparingRebalance);
+        assert_eq!(group.check_commit(&a, None, 1, now), Ok(()));
+        assert_eq!(group.check_commit(&a, None, 0, now), Err(ResponseError::IllegalGeneration));
+        assert_eq!(group.check_commit("nobody", None, 1, now), Err(ResponseError::UnknownMemberId));
+        // a rejoins: generation 2, CompletingRebalance. A commit from generation 1 is
+        // stale (ILLEGAL_GENERATION, not REBALANCE_IN_PROGRESS); one from generation 2
+        // waits for the assignment.
+        let (outcome, replies) = group.join(request(&a), now, Duration::ZERO);
+        deliver(replies);
+        drop(outcome);
+        assert_eq!(group.state, GroupState::CompletingRebalance);
+        assert_eq!(group.check_commit(&a, None, 1, now), Err(ResponseError::IllegalGeneration));
+        assert_eq!(group.check_commit(&a, None, 2, now), Err(ResponseError::RebalanceInProgress));
+        // Outside the group protocol: only while the group has no members.
+        assert_eq!(group.check_commit("", None, -1, now), Err(ResponseError::UnknownMemberId));
+        assert_eq!(Group::new("h").check_commit("", None, -1, now), Ok(()));
     }
 
     #[test]
