@@ -8,6 +8,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("fjord_v1_descriptor.bin"))
         .bytes(".fjord.v1")
+        // Bounds what one PublishRequest costs to decode (src/codec.rs).
+        .codec_path("crate::codec::BoundedCodec")
         .compile_protos(&["fjord/v1/events.proto"], &["."])?;
     println!("cargo:rerun-if-changed=fjord/v1/events.proto");
     Ok(())

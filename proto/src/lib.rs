@@ -8,6 +8,10 @@
 //! - [`v1`]: the generated messages, clients and servers; `bytes` fields are [`prost::bytes::Bytes`]
 //!   so payloads move without copies.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for `tonic-reflection`.
+//! - [`codec`]: the codec of every call, prost's with a `PublishRequest`'s event and
+//!   header counts bounded before it is decoded.
+
+pub mod codec;
 
 /// The `fjord.v1` package: messages, `*_client` and `*_server` modules.
 #[allow(missing_docs, unreachable_pub, clippy::all)]
