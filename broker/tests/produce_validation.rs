@@ -6,7 +6,8 @@
 //! - decompression bombs (MESSAGE_TOO_LARGE), with the broker's peak memory growth and
 //!   another client's ApiVersions latency measured while they are refused;
 //! - keyless records on a compacted topic, named one by one (KIP-467 `record_errors`);
-//! - random damage to compressed batches: whatever is accepted reads back whole.
+//! - random damage to compressed batches: whatever is accepted reads back whole;
+//! - every refusal counted in the metrics by error code, acks=0 and Produce v0-v2 too.
 //!
 //! The tests of this file run one at a time ([`SERIAL`]): the bomb test reads this
 //! process's peak RSS, which another test's broker would disturb.
@@ -375,4 +376,59 @@ fn damaged_compressed_batches_are_refused_unless_every_record_reads_back() {
         assert_eq!(code, 0);
         broker.stop().await.unwrap();
     });
+}
+
+/// The `/metrics` text of the broker's endpoint at `addr`.
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut response)).await.unwrap().unwrap();
+    response
+}
+
+/// The count of Produce answers with error `code` in the metrics text, 0 when absent.
+fn produce_errors(metrics: &str, code: i16) -> u64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with("fjord_broker_request_errors_total{api=\"Produce\"") && l.contains(&format!("code=\"{code}\"}}")))
+        .map_or(0, |l| l.rsplit(' ').next().unwrap().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refused_produce_is_counted_by_error_code_with_or_without_an_answer() {
+    const UNSUPPORTED_FOR_MESSAGE_FORMAT: i16 = 43;
+    let _serial = SERIAL.lock().await;
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (broker, _dir) = start(|c| c.metrics_listen = Some(metrics)).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let mut control = batch(Compression::None, &["marker?"]);
+    control[22] |= 0x20;
+    seal(&mut control);
+    let garbage = with_records_section(Compression::Zstd, &compress(Compression::Zstd, &[0xff; 64]));
+    // acks=0: no answer goes out, the refusals are counted all the same.
+    for records in [Bytes::from(control.clone()), garbage.clone()] {
+        let frame = client.encode(ApiKey::Produce, PRODUCE_VERSION, &produce_request("counted", 0, 0, 5000, records));
+        client.send_frame(&frame).await.unwrap();
+    }
+    // With an answer.
+    assert_eq!(produce(&mut client, "counted", Bytes::from(control)).await.0, INVALID_RECORD);
+    assert_eq!(produce(&mut client, "counted", garbage).await.0, CORRUPT_MESSAGE);
+    // Produce v2 (old message sets): every partition refused.
+    let mut legacy = Vec::new();
+    legacy.extend_from_slice(&[0, 0, 0, 2, 0, 0, 0, 99, 0, 1, b't']); // Produce v2, correlation 99, client "t"
+    legacy.extend_from_slice(&[0, 1, 0, 0, 0x13, 0x88, 0, 0, 0, 1]); // acks 1, timeout 5000, one topic
+    legacy.extend_from_slice(&[0, 7]);
+    legacy.extend_from_slice(b"counted");
+    legacy.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 3]); // one partition, 0, a 3-byte message set
+    legacy.extend_from_slice(b"old");
+    client.send_frame(&legacy).await.unwrap();
+    client.read_frame().await.unwrap();
+    assert_eq!(client.latest_offset("counted").await, (0, 0));
+    let text = scrape(metrics).await;
+    assert_eq!(produce_errors(&text, INVALID_RECORD), 2, "{text}");
+    assert_eq!(produce_errors(&text, CORRUPT_MESSAGE), 2, "{text}");
+    assert_eq!(produce_errors(&text, UNSUPPORTED_FOR_MESSAGE_FORMAT), 1, "{text}");
+    broker.stop().await.unwrap();
 }
