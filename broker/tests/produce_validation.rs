@@ -5,7 +5,8 @@
 //! - control batches sent by a client (INVALID_RECORD);
 //! - decompression bombs (MESSAGE_TOO_LARGE), with the broker's peak memory growth and
 //!   another client's ApiVersions latency measured while they are refused;
-//! - keyless records on a compacted topic, named one by one (KIP-467 `record_errors`);
+//! - keyless records on a compacted topic, named one by one (KIP-467 `record_errors`),
+//!   which librdkafka reads to fail only those records;
 //! - random damage to compressed batches: whatever is accepted reads back whole;
 //! - every refusal counted in the metrics by error code, acks=0 and Produce v0-v2 too.
 //!
@@ -430,5 +431,56 @@ async fn every_refused_produce_is_counted_by_error_code_with_or_without_an_answe
     assert_eq!(produce_errors(&text, INVALID_RECORD), 2, "{text}");
     assert_eq!(produce_errors(&text, CORRUPT_MESSAGE), 2, "{text}");
     assert_eq!(produce_errors(&text, UNSUPPORTED_FOR_MESSAGE_FORMAT), 1, "{text}");
+    broker.stop().await.unwrap();
+}
+
+/// librdkafka (confluent-kafka 2.16) reads KIP-467's `record_errors`: of a batch where 10
+/// of 100 records have no key, on a compacted topic, those 10 fail with INVALID_RECORD and
+/// the 90 others with `_INVALID_DIFFERENT_RECORD` ("in a batch with an invalid record"),
+/// which tells the application they may be sent again; sent again, they are stored.
+/// Without `record_errors` all 100 fail with INVALID_RECORD.
+const RECORD_ERRORS_SCRIPT: &str = r#"
+import sys, time
+from confluent_kafka import Producer, Consumer, TopicPartition as CTP, KafkaError
+
+bootstrap = sys.argv[1]
+p = Producer({'bootstrap.servers': bootstrap, 'linger.ms': 200, 'compression.type': 'lz4'})
+failed = {}
+def report(err, msg):
+    if err:
+        failed[msg.value()] = err.code()
+for i in range(100):
+    p.produce('compacted-rdkafka', key=None if i % 10 == 3 else b'k%d' % i, value=b'v%d' % i, on_delivery=report)
+assert p.flush(30) == 0, "undelivered"
+keyless = {b'v%d' % i for i in range(3, 100, 10)}
+assert {v for v, code in failed.items() if code == KafkaError.INVALID_RECORD} == keyless, failed
+others = {v for v, code in failed.items() if code == KafkaError._INVALID_DIFFERENT_RECORD}
+assert len(others) == 90 and not others & keyless, failed
+# The application sends the good ones again.
+for v in sorted(others):
+    p.produce('compacted-rdkafka', key=b'k' + v, value=v, on_delivery=report)
+failed.clear()
+assert p.flush(30) == 0 and not failed, failed
+c = Consumer({'bootstrap.servers': bootstrap, 'group.id': 'unused', 'enable.auto.commit': False})
+c.assign([CTP('compacted-rdkafka', 0, 0)])
+seen = []
+deadline = time.time() + 30
+while len(seen) < 90 and time.time() < deadline:
+    m = c.poll(0.5)
+    if m is None or m.error():
+        continue
+    seen.append(m.value())
+c.close()
+assert sorted(seen) == sorted(others), seen
+print("ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn librdkafka_fails_only_the_keyless_records_of_a_batch() {
+    let _serial = SERIAL.lock().await;
+    let (broker, _dir) = start(|_| {}).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    create_topic(&mut client, "compacted-rdkafka", &[("cleanup.policy", "compact")]).await;
+    common::run_python(RECORD_ERRORS_SCRIPT, &[&broker.bootstrap()], Duration::from_secs(90)).await;
     broker.stop().await.unwrap();
 }
