@@ -251,7 +251,7 @@ async fn append(
     records: Bytes,
     acks_all: bool,
     min_isr: usize,
-    mut tally: Option<AuditTally>,
+    tally: Option<AuditTally>,
 ) -> Result<Appended, AppendError> {
     fn run(
         partition: &Partition,
@@ -272,7 +272,7 @@ async fn append(
     let config = partition.log.config();
     let heavy = compressed || config.cleanup_policy.compacts();
     if !heavy && config.flush_messages.is_none() {
-        return run(partition, &records, acks_all, min_isr, tally.take());
+        return run(partition, &records, acks_all, min_isr, tally);
     }
     // Closed only at shutdown, which drops the whole runtime first.
     let _permit = if heavy { heavy_appends().acquire().await.ok() } else { None };
