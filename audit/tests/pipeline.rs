@@ -38,7 +38,7 @@ fn now_ms() -> i64 {
 fn broker_config(dir: &Path, listener: &TcpListener, partitions: i32, window: Duration) -> fjord_broker::BrokerConfig {
     let mut config = fjord_broker::BrokerConfig {
         log_dir: dir.join("broker"),
-        listeners: listener.local_addr().unwrap(),
+        listeners: listener.local_addr().unwrap().into(),
         num_partitions: partitions,
         ..fjord_broker::BrokerConfig::default()
     };

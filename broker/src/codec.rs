@@ -21,6 +21,7 @@ pub(crate) mod error_code {
     pub(crate) const LEADER_NOT_AVAILABLE: i16 = 5;
     pub(crate) const NOT_LEADER_OR_FOLLOWER: i16 = 6;
     pub(crate) const REQUEST_TIMED_OUT: i16 = 7;
+    pub(crate) const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
     pub(crate) const MESSAGE_TOO_LARGE: i16 = 10;
     pub(crate) const COORDINATOR_NOT_AVAILABLE: i16 = 15;
     pub(crate) const INVALID_TOPIC_EXCEPTION: i16 = 17;

@@ -7,7 +7,8 @@
 //! The remaining `log.cleaner.*` keys configure the broker's one log cleaner
 //! ([`fjord_log::CleanerConfig`]).
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use fjord_log::{CleanerConfig, LogConfig};
 use serde::Deserialize;
 
 use crate::group::GroupConfig;
+use crate::listener::{self, ListenerInfo, Listeners, SecurityProtocol};
 use crate::replication::ReplicationConfig;
 use crate::{Error, Result};
 
@@ -23,10 +25,32 @@ use crate::{Error, Result};
 pub struct BrokerConfig {
     /// `broker.id`, default 0.
     pub broker_id: i32,
-    /// `listeners`: the address to bind, `HOST:PORT` or `PLAINTEXT://HOST:PORT`; default 127.0.0.1:9092.
-    pub listeners: SocketAddr,
-    /// `advertised.listeners`: `HOST:PORT` handed to clients in Metadata; default the bound address.
+    /// `listeners`: the named addresses to bind, `NAME://HOST:PORT,...` (a bare
+    /// `HOST:PORT` is named `PLAINTEXT`); default `PLAINTEXT://127.0.0.1:9092`.
+    pub listeners: Listeners,
+    /// `advertised.listeners`: `NAME://HOST:PORT,...` handed to clients in Metadata (a
+    /// bare `HOST:PORT` advertises the first listener); a listener not named here is
+    /// advertised at its bound address.
     pub advertised_listener: Option<String>,
+    /// `listener.security.protocol.map`: listener name → protocol; default Kafka's
+    /// (`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, `SASL_SSL` each map to themselves).
+    pub listener_security_protocol_map: BTreeMap<String, SecurityProtocol>,
+    /// `inter.broker.listener.name`: the listener replica fetchers connect to and the
+    /// registration's `host`/`port` name; default the first of `listeners`.
+    pub inter_broker_listener_name: Option<String>,
+    /// `connections.max.idle.ms`: a connection with no request for this long is closed;
+    /// default 10 minutes.
+    pub connections_max_idle: Duration,
+    /// `max.connections.per.ip`: more connections from one address are closed as they
+    /// come in; default unlimited (Kafka's `Int.MaxValue`).
+    pub max_connections_per_ip: usize,
+    /// `sasl.server.max.receive.size`: the largest frame read before a client has
+    /// authenticated; default 512 KiB.
+    pub sasl_server_max_receive_size: usize,
+    /// `connection.authentication.timeout.ms` (Fjord): a connection that has not finished
+    /// its TLS handshake and SASL exchange this long after it was accepted is closed;
+    /// default 10 s.
+    pub authentication_timeout: Duration,
     /// `log.dirs`: the one log directory (partitions, checkpoints, meta.properties, metadata store).
     pub log_dir: PathBuf,
     /// `zookeeper.connect`: empty means the embedded metadata store under `log.dirs`.
@@ -71,7 +95,8 @@ pub struct BrokerConfig {
     pub controlled_shutdown_timeout: Duration,
     /// `socket.request.max.bytes`: larger frames close the connection; default 100 MiB.
     pub socket_request_max_bytes: usize,
-    /// `max.connections`: connections beyond this wait in the accept queue; default 10,000.
+    /// `max.connections`: connections beyond this are closed as they come in (logged
+    /// once a minute, counted in metrics); default 10,000.
     pub max_connections: usize,
     /// `fetch.zero.copy` (Fjord): send fetched records with sendfile(2); default true.
     /// false copies them through user space (the fallback, and the benchmark baseline).
@@ -136,8 +161,14 @@ impl Default for BrokerConfig {
     fn default() -> Self {
         Self {
             broker_id: 0,
-            listeners: SocketAddr::from(([127, 0, 0, 1], 9092)),
+            listeners: SocketAddr::from(([127, 0, 0, 1], 9092)).into(),
             advertised_listener: None,
+            listener_security_protocol_map: listener::default_protocol_map(),
+            inter_broker_listener_name: None,
+            connections_max_idle: Duration::from_secs(600),
+            max_connections_per_ip: usize::MAX,
+            sasl_server_max_receive_size: 512 * 1024,
+            authentication_timeout: Duration::from_secs(10),
             log_dir: PathBuf::from("./fjord-data"),
             zookeeper_connect: None,
             zookeeper_session_timeout: fjord_coord::zookeeper::DEFAULT_SESSION_TIMEOUT,
@@ -253,12 +284,6 @@ impl BrokerConfig {
         let boolean = || value.trim().parse::<bool>().map_err(|_| invalid("expected true or false"));
         match key {
             "broker.id" => self.broker_id = i32::try_from(int()?).map_err(|_| invalid("out of range"))?,
-            "listeners" => self.listeners = parse_listener(value).ok_or_else(|| invalid("expected HOST:PORT"))?,
-            "advertised.listeners" => {
-                let address = strip_scheme(value);
-                split_host_port(address).ok_or_else(|| invalid("expected HOST:PORT"))?;
-                self.advertised_listener = Some(address.to_owned());
-            }
             "log.dirs" | "log.dir" => {
                 if value.contains(',') {
                     return Err(invalid("only one log directory is supported"));
@@ -297,6 +322,30 @@ impl BrokerConfig {
                 self.socket_request_max_bytes = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
             }
             "max.connections" => self.max_connections = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?,
+            "max.connections.per.ip" => {
+                self.max_connections_per_ip = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
+            }
+            "connections.max.idle.ms" => self.connections_max_idle = millis()?,
+            "sasl.server.max.receive.size" => {
+                self.sasl_server_max_receive_size = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
+            }
+            "connection.authentication.timeout.ms" => self.authentication_timeout = millis()?,
+            "listeners" => self.listeners = value.parse()?,
+            "advertised.listeners" => {
+                // The names are checked against `listeners` by `validate` (either key may
+                // come first); the addresses here.
+                for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                    let address = entry.split_once("://").map_or(entry, |(_, address)| address);
+                    listener::split_host_port(address).ok_or_else(|| invalid("expected NAME://HOST:PORT,..."))?;
+                }
+                self.advertised_listener = Some(value.trim().to_owned()).filter(|s| !s.is_empty());
+            }
+            "listener.security.protocol.map" => {
+                self.listener_security_protocol_map = listener::parse_protocol_map(value).map_err(|r| invalid(&r))?
+            }
+            "inter.broker.listener.name" => {
+                self.inter_broker_listener_name = Some(value.trim().to_ascii_uppercase()).filter(|s| !s.is_empty())
+            }
             "fetch.zero.copy" => self.fetch_zero_copy = boolean()?,
             "audit.enable" => self.audit.enable = boolean()?,
             "audit.interval.ms" => self.audit.interval = millis()?,
@@ -381,15 +430,26 @@ impl BrokerConfig {
                 "must be between 1 KiB and 2 GiB",
             ));
         }
-        if self.listeners.ip().is_unspecified() && self.advertised_listener.is_none() {
-            return Err(invalid(
-                "advertised.listeners",
-                String::new(),
-                "required when listening on a wildcard address: clients need a host they can reach",
-            ));
-        }
+        let bound: Vec<SocketAddr> = self.listeners.iter().map(|l| l.address).collect();
+        self.listener_plan(&bound)?;
         if self.max_connections == 0 {
             return Err(invalid("max.connections", "0".into(), "must be at least 1"));
+        }
+        if self.max_connections_per_ip == 0 {
+            return Err(invalid("max.connections.per.ip", "0".into(), "must be at least 1"));
+        }
+        if self.connections_max_idle.is_zero() {
+            return Err(invalid("connections.max.idle.ms", "0".into(), "must be at least 1"));
+        }
+        if self.authentication_timeout.is_zero() {
+            return Err(invalid("connection.authentication.timeout.ms", "0".into(), "must be at least 1"));
+        }
+        if self.sasl_server_max_receive_size < 64 || self.sasl_server_max_receive_size > self.socket_request_max_bytes {
+            return Err(invalid(
+                "sasl.server.max.receive.size",
+                self.sasl_server_max_receive_size.to_string(),
+                "must be between 64 bytes and socket.request.max.bytes",
+            ));
         }
         if self.audit.interval.is_zero() {
             return Err(invalid("audit.interval.ms", "0".into(), "must be at least 1"));
@@ -401,12 +461,51 @@ impl BrokerConfig {
         Ok(())
     }
 
-    /// The `HOST:PORT` clients are told to connect to, given the bound address.
-    pub(crate) fn advertised(&self, bound: SocketAddr) -> (String, i32) {
-        match self.advertised_listener.as_deref().and_then(split_host_port) {
-            Some((host, port)) => (host.to_owned(), i32::from(port)),
-            None => (bound.ip().to_string(), i32::from(bound.port())),
+    /// The listener brokers connect to each other on (`inter.broker.listener.name`,
+    /// default the first listener).
+    pub fn inter_broker_listener(&self) -> &str {
+        self.inter_broker_listener_name.as_deref().unwrap_or(&self.listeners.first().name)
+    }
+
+    /// Each listener (in `listeners` order) with its protocol and advertised address,
+    /// given the addresses actually bound (`bound[i]` for the i-th listener; port 0 in
+    /// the config is whatever the system chose).
+    pub(crate) fn listener_plan(&self, bound: &[SocketAddr]) -> Result<Vec<ListenerInfo>> {
+        let invalid = |key: &str, value: &str, reason: String| Error::InvalidConfig {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            reason,
+        };
+        let advertised_text = self.advertised_listener.as_deref().unwrap_or_default();
+        let advertised = listener::parse_advertised(advertised_text, &self.listeners)
+            .map_err(|reason| invalid("advertised.listeners", advertised_text, reason))?;
+        let mut plan = Vec::with_capacity(self.listeners.len());
+        for (listener, bound) in self.listeners.iter().zip(bound) {
+            let protocol = *self.listener_security_protocol_map.get(&listener.name).ok_or_else(|| {
+                invalid(
+                    "listener.security.protocol.map",
+                    &listener.name,
+                    format!("listener {} has no security protocol in the map", listener.name),
+                )
+            })?;
+            let (host, port) = match advertised.get(&listener.name) {
+                Some((host, port)) => (host.clone(), *port),
+                None if bound.ip().is_unspecified() => {
+                    return Err(invalid(
+                        "advertised.listeners",
+                        advertised_text,
+                        format!("listener {} binds a wildcard address: advertise a host clients can reach", listener.name),
+                    ))
+                }
+                None => (bound.ip().to_string(), bound.port()),
+            };
+            plan.push(ListenerInfo { name: listener.name.clone(), protocol, host, port });
         }
+        let inter = self.inter_broker_listener();
+        if !plan.iter().any(|l| l.name == inter) {
+            return Err(invalid("inter.broker.listener.name", inter, "not one of the listeners".into()));
+        }
+        Ok(plan)
     }
 }
 
@@ -421,26 +520,13 @@ impl<'de> Deserialize<'de> for BrokerConfig {
     }
 }
 
-fn strip_scheme(value: &str) -> &str {
-    let value = value.trim();
-    value.split_once("://").map_or(value, |(_, rest)| rest)
-}
-
-fn split_host_port(address: &str) -> Option<(&str, u16)> {
-    let (host, port) = address.rsplit_once(':')?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    (!host.is_empty()).then_some(())?;
-    Some((host, port.parse().ok()?))
-}
-
 fn parse_listener(value: &str) -> Option<SocketAddr> {
-    let address = strip_scheme(value);
+    let value = value.trim();
+    let address = value.split_once("://").map_or(value, |(_, rest)| rest);
     if address.contains(',') {
         return None;
     }
-    let (host, port) = split_host_port(address)?;
-    let host = if host == "0.0.0.0" || host.is_empty() { "0.0.0.0" } else { host };
-    (host, port).to_socket_addrs().ok()?.next()
+    listener::resolve(address)
 }
 
 #[cfg(test)]
@@ -470,7 +556,7 @@ mod tests {
         assert!(!config.auto_leader_rebalance);
         assert_eq!(config.leader_imbalance_check_interval, Duration::from_secs(30));
         assert_eq!(config.leader_imbalance_per_broker_percentage, 0);
-        assert_eq!(config.listeners, "127.0.0.1:19092".parse().unwrap());
+        assert_eq!(config.listeners, "127.0.0.1:19092".parse::<SocketAddr>().unwrap().into());
         assert_eq!(config.log_dir, PathBuf::from("/tmp/x"));
         assert_eq!(config.num_partitions, 4);
         assert!(!config.auto_create_topics);
@@ -641,8 +727,60 @@ mod tests {
     fn advertised_defaults_to_the_bound_address() {
         let mut config = BrokerConfig::default();
         let bound: SocketAddr = "127.0.0.1:4242".parse().unwrap();
-        assert_eq!(config.advertised(bound), ("127.0.0.1".to_owned(), 4242));
+        let advertised = |config: &BrokerConfig| {
+            let plan = config.listener_plan(&[bound]).unwrap();
+            (plan[0].host.clone(), plan[0].port)
+        };
+        assert_eq!(advertised(&config), ("127.0.0.1".to_owned(), 4242));
         config.set("advertised.listeners", "PLAINTEXT://kafka.example:9093").unwrap();
-        assert_eq!(config.advertised(bound), ("kafka.example".to_owned(), 9093));
+        assert_eq!(advertised(&config), ("kafka.example".to_owned(), 9093));
+        config.set("advertised.listeners", "kafka.example:9095").unwrap();
+        assert_eq!(advertised(&config), ("kafka.example".to_owned(), 9095));
+    }
+
+    #[test]
+    fn named_listeners_with_their_protocols() {
+        let config = BrokerConfig::from_toml(
+            r#"
+            listeners = "INTERNAL://127.0.0.1:9093,EXTERNAL://0.0.0.0:9094"
+            listener.security.protocol.map = "INTERNAL:SSL,EXTERNAL:SASL_SSL"
+            advertised.listeners = "EXTERNAL://kafka.example:9094"
+            inter.broker.listener.name = "internal"
+            "#,
+        )
+        .unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.inter_broker_listener(), "INTERNAL");
+        let bound: Vec<SocketAddr> = vec!["127.0.0.1:9093".parse().unwrap(), "0.0.0.0:9094".parse().unwrap()];
+        let plan = config.listener_plan(&bound).unwrap();
+        assert_eq!((plan[0].protocol, plan[0].endpoint()), (SecurityProtocol::Ssl, "INTERNAL://127.0.0.1:9093".to_owned()));
+        assert_eq!(
+            (plan[1].protocol, plan[1].endpoint()),
+            (SecurityProtocol::SaslSsl, "EXTERNAL://kafka.example:9094".to_owned())
+        );
+        // Every listener needs a protocol, the inter-broker listener must exist, and a
+        // wildcard listener must be advertised.
+        for (key, value) in [
+            ("listener.security.protocol.map", "INTERNAL:SSL"),
+            ("inter.broker.listener.name", "REPLICATION"),
+            ("advertised.listeners", "INTERNAL://h:1"),
+            ("advertised.listeners", "OTHER://h:1"),
+        ] {
+            let mut broken = config.clone();
+            broken.set(key, value).unwrap();
+            assert!(matches!(broken.validate(), Err(Error::InvalidConfig { .. })), "{key}={value}");
+        }
+        assert!(BrokerConfig::default().set("advertised.listeners", "EXTERNAL://nohost").is_err());
+    }
+
+    #[test]
+    fn connection_limits() {
+        let mut config = BrokerConfig::default();
+        assert_eq!(config.connections_max_idle, Duration::from_secs(600));
+        assert_eq!(config.max_connections_per_ip, usize::MAX);
+        config.set("connections.max.idle.ms", "5000").unwrap();
+        config.set("max.connections.per.ip", "3").unwrap();
+        assert_eq!((config.connections_max_idle, config.max_connections_per_ip), (Duration::from_secs(5), 3));
+        assert!(config.set("max.connections.per.ip", "-1").is_err());
     }
 }

@@ -5,22 +5,31 @@
 //!
 //! Anything that is not a well-formed frame (negative or oversized length, truncation,
 //! bytes that do not decode) closes this connection with a log line; nothing else is
-//! affected.
+//! affected. So does silence: no request for `connections.max.idle.ms`, or, before a
+//! client has authenticated, `connection.authentication.timeout.ms` from the accept.
+//! Until then only ApiVersions and the SASL requests are answered, and a frame may be at
+//! most `sasl.server.max.receive.size`: an unauthenticated client cannot make the broker
+//! read (or allocate) a 100 MiB request.
 
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use kafka_protocol::messages::ApiKey;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::codec::decode_request;
 use crate::handler::Broker;
+use crate::listener::ListenerInfo;
+use crate::metrics::ConnectionEvent;
 use crate::response::{Chunk, Response};
 use crate::{Error, Result};
 
@@ -28,17 +37,79 @@ use crate::{Error, Result};
 const RESPONSE_QUEUE: usize = 16;
 /// Small response pieces are gathered into one write up to this size.
 const WRITE_BUFFER: usize = 64 * 1024;
+/// File regions are copied through user space in pieces of this size where sendfile
+/// cannot be used (inside TLS).
+const COPY_CHUNK: usize = 64 * 1024;
+
+/// Kafka's principal of a client that has not authenticated (or needs not).
+pub(crate) const ANONYMOUS: &str = "User:ANONYMOUS";
+
+/// Who is on the other end of one connection: every handler gets it with the request.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) peer: SocketAddr,
+    /// The listener the client came in on: its name picks the addresses Metadata and
+    /// FindCoordinator answer with.
+    pub(crate) listener: Arc<ListenerInfo>,
+    /// `User:<name>` once authenticated (SASL, or a TLS client certificate), else
+    /// [`ANONYMOUS`].
+    pub(crate) principal: String,
+    /// False on a SASL listener until the exchange succeeded; only ApiVersions and the
+    /// SASL requests are answered before.
+    pub(crate) authenticated: bool,
+    /// The broker id a replica Fetch on this connection was verified to come from.
+    pub(crate) replica: Option<i32>,
+}
+
+impl Session {
+    pub(crate) fn new(peer: SocketAddr, listener: Arc<ListenerInfo>) -> Self {
+        let authenticated = !listener.protocol.sasl();
+        Self { peer, listener, principal: ANONYMOUS.to_owned(), authenticated, replica: None }
+    }
+}
+
+/// Where responses are written: a plaintext socket (file regions go out with
+/// sendfile) or a stream that has to see every byte (TLS).
+trait ResponseSink: AsyncWrite + Unpin + Send {
+    /// The socket to sendfile(2) into, when bytes may bypass this writer.
+    fn socket(&self) -> Option<&TcpStream>;
+}
+
+impl ResponseSink for OwnedWriteHalf {
+    fn socket(&self) -> Option<&TcpStream> {
+        Some(self.as_ref())
+    }
+}
 
 /// Serves one connection until the client leaves, misbehaves, or `shutdown` fires.
-pub(crate) async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr, shutdown: CancellationToken) {
+pub(crate) async fn serve(
+    broker: Arc<Broker>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    listener: Arc<ListenerInfo>,
+    shutdown: CancellationToken,
+) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
     }
+    let accepted = Instant::now();
+    let session = Session::new(peer, listener);
     let (read, write) = stream.into_split();
+    run(&broker, read, write, session, accepted, &shutdown).await;
+}
+
+/// The request loop on an established (and, for TLS, handshaken) stream.
+async fn run<R, W>(broker: &Arc<Broker>, read: R, write: W, mut session: Session, accepted: Instant, shutdown: &CancellationToken)
+where
+    R: AsyncRead + Unpin + Send,
+    W: ResponseSink + 'static,
+{
+    let peer = session.peer;
+    let listener = session.listener.name.clone();
     let (responses, queue) = mpsc::channel(RESPONSE_QUEUE);
     let writer = tokio::spawn(write_responses(write, queue));
     let read_result = tokio::select! {
-        result = read_requests(&broker, read, responses, peer) => result,
+        result = read_requests(broker, read, responses, &mut session, accepted) => result,
         () = shutdown.cancelled() => Ok(()),
     };
     // The reader has dropped its sender: the writer drains what is queued and stops,
@@ -52,26 +123,61 @@ pub(crate) async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAd
         }
     };
     match read_result.and(write_result) {
-        Ok(()) => tracing::debug!(%peer, "connection closed"),
+        Ok(()) => tracing::debug!(%peer, %listener, "connection closed"),
         Err(e @ (Error::Protocol(_) | Error::FrameTooLarge { .. })) => {
             broker.metrics.malformed();
-            tracing::warn!(%peer, error = %e, "closing connection after bad request")
+            tracing::warn!(%peer, %listener, error = %e, "closing connection after bad request")
         }
-        Err(e) => tracing::info!(%peer, error = %e, "connection closed"),
+        Err(e @ Error::ConnectionIdle { .. }) => {
+            broker.metrics.connection_event(ConnectionEvent::Idle);
+            tracing::debug!(%peer, %listener, error = %e, "connection closed")
+        }
+        Err(e @ Error::Unauthenticated { .. }) => {
+            broker.metrics.connection_event(ConnectionEvent::AuthenticationFailed);
+            tracing::warn!(%peer, %listener, error = %e, "closing connection")
+        }
+        Err(e) => tracing::info!(%peer, %listener, error = %e, "connection closed"),
     }
 }
 
-async fn read_requests(
+/// The APIs a client may use before it has authenticated.
+fn allowed_before_authentication(api_key: i16) -> bool {
+    [ApiKey::ApiVersions, ApiKey::SaslHandshake, ApiKey::SaslAuthenticate].iter().any(|&k| k as i16 == api_key)
+}
+
+async fn read_requests<R: AsyncRead + Unpin>(
     broker: &Broker,
-    mut read: OwnedReadHalf,
+    mut read: R,
     responses: mpsc::Sender<Response>,
-    peer: SocketAddr,
+    session: &mut Session,
+    accepted: Instant,
 ) -> Result<()> {
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    let max = broker.config.socket_request_max_bytes;
-    while let Some(frame) = read_frame(&mut read, &mut buf, max).await? {
+    let config = &broker.config;
+    let idle = config.connections_max_idle;
+    let authentication_deadline = accepted + config.authentication_timeout;
+    loop {
+        let authenticated = session.authenticated;
+        let (max, wait) = if authenticated {
+            (config.socket_request_max_bytes, idle)
+        } else {
+            (config.sasl_server_max_receive_size, idle.min(authentication_deadline.saturating_duration_since(Instant::now())))
+        };
+        let frame = match tokio::time::timeout(wait, read_frame(&mut read, &mut buf, max)).await {
+            Ok(frame) => frame?,
+            Err(_) if authenticated => return Err(Error::ConnectionIdle { idle }),
+            Err(_) => return Err(Error::Unauthenticated { reason: format!("not authenticated within {wait:?}") }),
+        };
+        let Some(frame) = frame else { break };
+        if !authenticated && frame.len() >= 2 {
+            let api_key = i16::from_be_bytes([frame[0], frame[1]]);
+            if !allowed_before_authentication(api_key) {
+                let api = ApiKey::try_from(api_key).map_or_else(|_| api_key.to_string(), |k| format!("{k:?}"));
+                return Err(Error::Unauthenticated { reason: format!("{api} request before authentication") });
+            }
+        }
         let decoded = decode_request(frame).map_err(Error::Protocol)?;
-        if let Some(response) = broker.handle(decoded, peer).await {
+        if let Some(response) = broker.handle(decoded, session).await {
             if responses.send(response).await.is_err() {
                 break; // the writer failed: the client is gone
             }
@@ -81,7 +187,7 @@ async fn read_requests(
 }
 
 /// Reads one `i32 length | body` frame; `None` at a clean end of stream.
-async fn read_frame(read: &mut OwnedReadHalf, buf: &mut BytesMut, max: usize) -> Result<Option<Bytes>> {
+async fn read_frame<R: AsyncRead + Unpin>(read: &mut R, buf: &mut BytesMut, max: usize) -> Result<Option<Bytes>> {
     loop {
         if buf.len() >= 4 {
             let size = i32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
@@ -105,7 +211,7 @@ async fn read_frame(read: &mut OwnedReadHalf, buf: &mut BytesMut, max: usize) ->
     }
 }
 
-async fn write_responses(mut write: OwnedWriteHalf, mut queue: mpsc::Receiver<Response>) -> Result<()> {
+async fn write_responses<W: ResponseSink>(mut write: W, mut queue: mpsc::Receiver<Response>) -> Result<()> {
     let mut out: Vec<u8> = Vec::with_capacity(WRITE_BUFFER);
     while let Some(response) = queue.recv().await {
         let mut next = Some(response);
@@ -119,7 +225,11 @@ async fn write_responses(mut write: OwnedWriteHalf, mut queue: mpsc::Receiver<Re
                     }
                     Chunk::File { file, position, len } => {
                         flush(&mut write, &mut out).await?;
-                        send_file(write.as_ref(), &file, position, len).await.map_err(Error::Network)?;
+                        match write.socket() {
+                            Some(socket) => send_file(socket, &file, position, len).await,
+                            None => copy_file(&mut write, &file, position, len).await,
+                        }
+                        .map_err(Error::Network)?;
                     }
                 }
             }
@@ -131,10 +241,11 @@ async fn write_responses(mut write: OwnedWriteHalf, mut queue: mpsc::Receiver<Re
         }
         flush(&mut write, &mut out).await?;
     }
+    write.shutdown().await.ok();
     Ok(())
 }
 
-async fn flush(write: &mut OwnedWriteHalf, out: &mut Vec<u8>) -> Result<()> {
+async fn flush<W: AsyncWrite + Unpin>(write: &mut W, out: &mut Vec<u8>) -> Result<()> {
     if !out.is_empty() {
         write.write_all(out).await.map_err(Error::Network)?;
         out.clear();
@@ -160,6 +271,25 @@ async fn send_file(stream: &TcpStream, file: &std::fs::File, position: u64, len:
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         }
+    }
+    Ok(())
+}
+
+/// Writes `len` bytes of `file` from `position` through `write`, a piece at a time:
+/// sendfile cannot cross user-space TLS. Fetches on TLS listeners read their records
+/// into memory already (see `handler::fetch`); this keeps any file region that still
+/// reaches a TLS writer correct. The reads hit the page cache, as sendfile's would.
+async fn copy_file<W: AsyncWrite + Unpin>(write: &mut W, file: &std::fs::File, position: u64, len: usize) -> io::Result<()> {
+    let mut piece = vec![0u8; COPY_CHUNK.min(len)];
+    let (mut at, end) = (position, position + len as u64);
+    while at < end {
+        let n = piece.len().min((end - at) as usize);
+        let read = file.read_at(&mut piece[..n], at)?;
+        if read == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "segment file shorter than the fetched region"));
+        }
+        write.write_all(&piece[..read]).await?;
+        at += read as u64;
     }
     Ok(())
 }

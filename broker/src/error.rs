@@ -81,6 +81,19 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
+    /// A connection sent no request for `connections.max.idle.ms`; it is closed.
+    #[error("no request for {idle:?} (connections.max.idle.ms)")]
+    ConnectionIdle {
+        /// The limit.
+        idle: std::time::Duration,
+    },
+    /// A client that did not authenticate: it failed, stalled, or sent another request
+    /// first. Its connection is closed.
+    #[error("authentication: {reason}")]
+    Unauthenticated {
+        /// What happened.
+        reason: String,
+    },
     /// A background task panicked or was cancelled unexpectedly.
     #[error("background task failed: {0}")]
     Task(#[from] tokio::task::JoinError),

@@ -60,12 +60,12 @@ impl Default for GroupConfig {
     }
 }
 
-/// The broker's own identity, for FindCoordinator answers.
+/// The broker's own identity, for FindCoordinator answers: its id and where each of its
+/// listeners is advertised (a client is told the address on the listener it came in on).
 #[derive(Debug, Clone)]
 pub(crate) struct Endpoint {
     pub(crate) broker_id: i32,
-    pub(crate) host: String,
-    pub(crate) port: i32,
+    pub(crate) listeners: Vec<crate::listener::ListenerInfo>,
 }
 
 /// A committed offset as stored in the offset registry.
@@ -201,7 +201,9 @@ impl GroupCoordinator {
         Ok(Some(entry.clone()))
     }
 
-    pub(crate) async fn find_coordinator(&self, request: FindCoordinatorRequest, version: i16) -> ResponseKind {
+    /// FindCoordinator, answered with the coordinators' addresses on `listener` (the one
+    /// the client came in on).
+    pub(crate) async fn find_coordinator(&self, request: FindCoordinatorRequest, version: i16, listener: &str) -> ResponseKind {
         let keys: Vec<StrBytes> = if version >= 4 { request.coordinator_keys.clone() } else { vec![request.key.clone()] };
         let mut coordinators = Vec::new();
         for key in keys {
@@ -212,15 +214,15 @@ impl GroupCoordinator {
             } else if key.is_empty() {
                 Err(ResponseError::InvalidGroupId)
             } else {
-                self.locate(&key).await
+                self.locate(&key, listener).await
             };
             let mut coordinator = Coordinator::default().with_key(key);
             match answer {
-                Ok(endpoint) => {
+                Ok((broker_id, host, port)) => {
                     coordinator = coordinator
-                        .with_node_id(BrokerId(endpoint.broker_id))
-                        .with_host(StrBytes::from_string(endpoint.host))
-                        .with_port(endpoint.port);
+                        .with_node_id(BrokerId(broker_id))
+                        .with_host(StrBytes::from_string(host))
+                        .with_port(i32::from(port));
                 }
                 Err(e) => {
                     let message = if e == NO_TRANSACTION_COORDINATOR {
@@ -253,15 +255,20 @@ impl GroupCoordinator {
         ResponseKind::FindCoordinator(response)
     }
 
-    /// Where the group's coordinator is: this broker if it holds (or can take) the
-    /// coordinator node, otherwise the registered broker that holds it.
-    async fn locate(&self, group_id: &str) -> Result<Endpoint, ResponseError> {
+    /// Where the group's coordinator is, on `listener`: this broker if it holds (or can
+    /// take) the coordinator node, otherwise the registered broker that holds it (one
+    /// without that listener is as good as unreachable).
+    async fn locate(&self, group_id: &str, listener: &str) -> Result<(i32, String, u16), ResponseError> {
         let owner = self.inner.claim(group_id).await?;
         if owner == self.inner.endpoint.broker_id {
-            return Ok(self.inner.endpoint.clone());
+            let own = self.inner.endpoint.listeners.iter().find(|l| l.name == listener);
+            return own.map(|l| (owner, l.host.clone(), l.port)).ok_or(ResponseError::CoordinatorNotAvailable);
         }
         match registry::read_json::<registry::BrokerRegistration>(&*self.inner.store, &paths::broker(owner)).await {
-            Ok(Some((b, _))) => Ok(Endpoint { broker_id: owner, host: b.host, port: i32::from(b.port) }),
+            Ok(Some((b, _))) => match b.endpoint(listener) {
+                Some((host, port)) => Ok((owner, host.to_owned(), port)),
+                None => Err(ResponseError::CoordinatorNotAvailable),
+            },
             _ => Err(ResponseError::CoordinatorNotAvailable),
         }
     }

@@ -14,7 +14,6 @@ pub(crate) mod produce;
 pub(crate) mod producer_id;
 
 use kafka_protocol::messages::api_versions_response::ApiVersion;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use fjord_record::TopicPartition;
@@ -22,6 +21,7 @@ use fjord_record::TopicPartition;
 use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, RequestKind, ResponseKind};
 
 use crate::codec::{self, error_code, Decoded, SUPPORTED_APIS};
+use crate::connection::Session;
 use crate::group::GroupCoordinator;
 use crate::handler::producer_id::ProducerIdManager;
 use crate::metrics::{fetch_errors, response_errors, Metrics};
@@ -34,9 +34,6 @@ use crate::BrokerConfig;
 /// What every handler needs: the config, who we are, the topics and the partitions served here.
 pub(crate) struct Broker {
     pub(crate) config: BrokerConfig,
-    /// Advertised host and port.
-    pub(crate) host: String,
-    pub(crate) port: i32,
     pub(crate) cluster_id: String,
     pub(crate) topics: Topics,
     pub(crate) replicas: Arc<ReplicaManager>,
@@ -49,6 +46,10 @@ pub(crate) struct Broker {
     pub(crate) audit: Option<crate::audit::BrokerAudit>,
     /// The controller epoch while this broker is the controller (ElectLeaders).
     pub(crate) controllership: Arc<crate::controller::Controllership>,
+    /// Every listener, with its protocol and advertised address.
+    pub(crate) listeners: Vec<crate::listener::ListenerInfo>,
+    /// Connections open now, for `max.connections` and `max.connections.per.ip`.
+    pub(crate) connections: crate::listener::ConnectionLimits,
 }
 
 impl Broker {
@@ -72,8 +73,8 @@ impl Broker {
             .await
     }
 
-    /// Answers one request.
-    pub(crate) async fn handle(&self, decoded: Decoded, peer: SocketAddr) -> Option<Response> {
+    /// Answers one request from the client of `session`.
+    pub(crate) async fn handle(&self, decoded: Decoded, session: &mut Session) -> Option<Response> {
         let (header, version, request) = match decoded {
             Decoded::Unsupported { correlation_id, api_key, version } => {
                 tracing::debug!(api_key, version, "unsupported api key or version");
@@ -97,13 +98,13 @@ impl Broker {
         self.metrics.request(header.request_api_key);
         let (key, body) = match *request {
             RequestKind::ApiVersions(_) => (ApiKey::ApiVersions, api_versions(error_code::NONE)),
-            RequestKind::Metadata(req) => (ApiKey::Metadata, self.metadata(req, version).await),
+            RequestKind::Metadata(req) => (ApiKey::Metadata, self.metadata(req, version, &session.listener.name).await),
             RequestKind::Produce(req) => {
                 let response = self.produce(req, version).await?;
                 (ApiKey::Produce, response)
             }
             RequestKind::Fetch(req) => {
-                let data = self.fetch(req).await;
+                let data = self.fetch(req, session).await;
                 self.metrics.errors(ApiKey::Fetch as i16, fetch_errors(&data));
                 return Some(crate::fetch_response::encode(correlation_id, version, &data));
             }
@@ -116,10 +117,12 @@ impl Broker {
             RequestKind::IncrementalAlterConfigs(req) => {
                 (ApiKey::IncrementalAlterConfigs, self.incremental_alter_configs(req).await)
             }
-            RequestKind::FindCoordinator(req) => (ApiKey::FindCoordinator, self.groups.find_coordinator(req, version).await),
+            RequestKind::FindCoordinator(req) => {
+                (ApiKey::FindCoordinator, self.groups.find_coordinator(req, version, &session.listener.name).await)
+            }
             RequestKind::JoinGroup(req) => {
                 let client_id = header.client_id.as_deref().unwrap_or_default();
-                let client_host = format!("/{}", peer.ip());
+                let client_host = format!("/{}", session.peer.ip());
                 (ApiKey::JoinGroup, self.groups.join_group(req, version, client_id, &client_host).await)
             }
             RequestKind::SyncGroup(req) => (ApiKey::SyncGroup, self.groups.sync_group(req, version).await),

@@ -41,6 +41,9 @@
 //! - `audit`: the audit's broker tier (`audit.enable`): the leader counts the records it
 //!   appends for producers per topic and window of creation time and publishes to `_audit`.
 //! - [`config`]: [`BrokerConfig`], under Kafka's key names.
+//! - [`listener`]: named listeners (`listeners`, `listener.security.protocol.map`,
+//!   `advertised.listeners`, `inter.broker.listener.name`); `connection` serves each
+//!   connection with its listener's security and the connection limits.
 //!
 //! # Invariants
 //! - Requests on one connection are handled one after the other and answered in order,
@@ -62,6 +65,7 @@ mod group;
 mod guard;
 mod handler;
 mod limits;
+pub mod listener;
 mod metrics;
 mod partition;
 mod periodic;
@@ -74,5 +78,6 @@ mod topics;
 pub use config::{AuditConfig, BrokerConfig};
 pub use error::{Error, Result};
 pub use group::GroupConfig;
+pub use listener::{ListenerConfig, Listeners, SecurityProtocol};
 pub use replication::ReplicationConfig;
 pub use server::run;

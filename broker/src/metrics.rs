@@ -47,6 +47,38 @@ pub(crate) struct Metrics {
     errors: Mutex<BTreeMap<(i16, i16), u64>>,
     /// Frames that closed their connection: not a request, or larger than allowed.
     malformed: AtomicU64,
+    /// Connections refused or closed by the broker, by [`ConnectionEvent`].
+    connection_events: [AtomicU64; ConnectionEvent::ALL.len()],
+}
+
+/// Why the broker refused or closed a connection (`fjord_broker_connection_events_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnectionEvent {
+    /// Refused at accept: `max.connections` reached.
+    MaxConnections,
+    /// Refused at accept: `max.connections.per.ip` reached for its address.
+    MaxConnectionsPerIp,
+    /// Closed after `connections.max.idle.ms` without a request.
+    Idle,
+    /// The TLS handshake failed or stalled.
+    TlsHandshakeFailed,
+    /// SASL authentication failed, stalled, or a request came before it.
+    AuthenticationFailed,
+}
+
+impl ConnectionEvent {
+    const ALL: [Self; 5] =
+        [Self::MaxConnections, Self::MaxConnectionsPerIp, Self::Idle, Self::TlsHandshakeFailed, Self::AuthenticationFailed];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::MaxConnections => "refused_max_connections",
+            Self::MaxConnectionsPerIp => "refused_max_connections_per_ip",
+            Self::Idle => "closed_idle",
+            Self::TlsHandshakeFailed => "tls_handshake_failed",
+            Self::AuthenticationFailed => "authentication_failed",
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -55,6 +87,7 @@ impl Default for Metrics {
             requests: (0..=API_KEYS).map(|_| AtomicU64::new(0)).collect(),
             errors: Mutex::new(BTreeMap::new()),
             malformed: AtomicU64::new(0),
+            connection_events: Default::default(),
         }
     }
 }
@@ -81,6 +114,11 @@ impl Metrics {
     /// Counts a frame that was not a request.
     pub(crate) fn malformed(&self) {
         self.malformed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a refused or closed connection.
+    pub(crate) fn connection_event(&self, event: ConnectionEvent) {
+        self.connection_events[event as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The exposition text: these counters, then the logs' gauges.
@@ -116,6 +154,16 @@ impl Metrics {
             "Frames that were not a request; each closed its connection.",
         );
         let _ = writeln!(out, "fjord_broker_malformed_requests_total {}", self.malformed.load(Ordering::Relaxed));
+        family(
+            &mut out,
+            "fjord_broker_connection_events_total",
+            "counter",
+            "Connections the broker refused (connection limits) or closed (idle, failed TLS handshake or authentication).",
+        );
+        for event in ConnectionEvent::ALL {
+            let n = self.connection_events[event as usize].load(Ordering::Relaxed);
+            let _ = writeln!(out, "fjord_broker_connection_events_total{{event=\"{}\"}} {n}", event.label());
+        }
 
         let mut partitions: Vec<(String, Arc<Log>)> = logs
             .partitions()

@@ -40,6 +40,7 @@ use crate::partition::{Partition, Role};
 use crate::periodic::Periodic;
 use crate::replication::fetcher::{FetchContext, Fetchers};
 use crate::replication::leader::FollowerProgress;
+pub(crate) use crate::replication::peer::PeerConfig;
 
 /// A state applied to a partition, kept until its log is opened.
 #[derive(Debug, Clone)]
@@ -123,9 +124,10 @@ pub(crate) struct ReplicaManager {
 }
 
 impl ReplicaManager {
-    pub(crate) fn new(broker_id: i32, store: Store, config: ReplicationConfig) -> Arc<Self> {
+    pub(crate) fn new(broker_id: i32, store: Store, config: ReplicationConfig, peer: PeerConfig) -> Arc<Self> {
         let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
-        let context = FetchContext { broker_id, store: store.clone(), config, tasks: tasks.clone(), shutdown: shutdown.clone() };
+        let context =
+            FetchContext { broker_id, store: store.clone(), config, peer, tasks: tasks.clone(), shutdown: shutdown.clone() };
         let manager = Arc::new(Self {
             broker_id,
             store,
@@ -377,7 +379,7 @@ mod tests {
     async fn acks_all_waits_for_the_isr_without_polling() {
         let dir = tempfile::tempdir().unwrap();
         let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
-        let manager = ReplicaManager::new(1, store, ReplicationConfig::default());
+        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
         let tp = TopicPartition::new("t", 0);
         let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
         let partition = manager.add_partition(&tp, log.clone());
@@ -444,7 +446,7 @@ mod tests {
     async fn the_latest_offset_is_not_available_while_a_new_leaders_high_watermark_lags() {
         let dir = tempfile::tempdir().unwrap();
         let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
-        let manager = ReplicaManager::new(1, store, ReplicationConfig::default());
+        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
         let tp = TopicPartition::new("t", 0);
         let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
         let partition = manager.add_partition(&tp, log.clone());

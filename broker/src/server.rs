@@ -10,22 +10,23 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fjord_coord::registry::{to_json, BrokerRegistration};
 use fjord_coord::{create_all, paths, CreateMode, MetadataStore, Store};
 use fjord_log::{Cleaner, LogManager};
+use std::net::SocketAddr;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::audit::BrokerAudit;
 use crate::cluster::ClusterView;
+use crate::controller;
 use crate::controller::{ControllerConfig, Controllership, RebalanceConfig};
 use crate::group::{Endpoint, GroupCoordinator};
 use crate::handler::producer_id::ProducerIdManager;
 use crate::handler::Broker;
 use crate::limits::PartitionLimits;
+use crate::listener::{ConnectionLimits, ListenerInfo, SecurityProtocol};
 use crate::periodic::Periodic;
-use crate::replication::ReplicaManager;
+use crate::replication::{PeerConfig, ReplicaManager};
 use crate::topics::{TopicSettings, Topics};
-use crate::{connection, controller};
 use crate::{BrokerConfig, Error, Result};
 
 /// The embedded metadata store's directory inside the log dir. No `-` in the name, so it
@@ -40,14 +41,28 @@ const REGISTRATION_WAIT: Duration = Duration::from_secs(30);
 /// Bound on the audit publisher's final flush at shutdown.
 const AUDIT_FLUSH_WAIT: Duration = Duration::from_secs(15);
 
-/// Runs the broker on an already-bound listener until `shutdown` is cancelled, then stops
-/// accepting, closes the connections, flushes every log and writes the checkpoints.
-/// Tests bind `127.0.0.1:0` and call exactly this.
+/// Runs the broker until `shutdown` is cancelled, then stops accepting, closes the
+/// connections, flushes every log and writes the checkpoints. `listener` (already bound)
+/// serves the first of `listeners`; the others, if any, are bound here. Tests bind
+/// `127.0.0.1:0` and call exactly this.
 pub async fn run(config: BrokerConfig, listener: TcpListener, shutdown: CancellationToken) -> Result<()> {
     config.validate()?;
     std::fs::create_dir_all(&config.log_dir).map_err(|source| Error::Io { path: config.log_dir.clone(), source })?;
     let store = open_store(&config).await?;
     run_with_store(config, store, listener, shutdown).await
+}
+
+/// Binds every listener of `listeners`, in order (what [`run_listeners`] takes).
+pub async fn bind(config: &BrokerConfig) -> Result<Vec<TcpListener>> {
+    let mut bound = Vec::with_capacity(config.listeners.len());
+    for listener in config.listeners.iter() {
+        bound.push(TcpListener::bind(listener.address).await.map_err(|e| Error::InvalidConfig {
+            key: "listeners".into(),
+            value: format!("{}://{}", listener.name, listener.address),
+            reason: format!("cannot listen there: {e}"),
+        })?);
+    }
+    Ok(bound)
 }
 
 /// The metadata store `run` uses: ZooKeeper when `zookeeper.connect` is set, otherwise
@@ -68,7 +83,38 @@ pub async fn run_with_store(
     shutdown: CancellationToken,
 ) -> Result<()> {
     config.validate()?;
-    let bound = listener.local_addr().map_err(Error::Network)?;
+    let mut listeners = vec![listener];
+    if config.listeners.len() > 1 {
+        let rest = BrokerConfig { listeners: config.listeners.clone(), ..config.clone() };
+        listeners.extend(bind(&rest).await?.into_iter().skip(1));
+    }
+    run_listeners(config, store, listeners, shutdown).await
+}
+
+/// [`run_with_store`] on every listener already bound: `listeners[i]` serves the i-th
+/// entry of the `listeners` key (see [`bind`]).
+pub async fn run_listeners(
+    config: BrokerConfig,
+    store: Store,
+    listeners: Vec<TcpListener>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    config.validate()?;
+    if listeners.len() != config.listeners.len() {
+        return Err(Error::InvalidConfig {
+            key: "listeners".into(),
+            value: format!("{} bound", listeners.len()),
+            reason: format!("{} listeners are configured", config.listeners.len()),
+        });
+    }
+    let bound: Vec<SocketAddr> =
+        listeners.iter().map(TcpListener::local_addr).collect::<std::io::Result<_>>().map_err(Error::Network)?;
+    let plan = config.listener_plan(&bound)?;
+    let inter_broker = plan
+        .iter()
+        .find(|l| l.name == config.inter_broker_listener())
+        .cloned()
+        .expect("invariant: listener_plan checked the inter-broker listener");
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| Error::InvalidConfig {
             key: "metrics.listen".into(),
@@ -87,12 +133,13 @@ pub async fn run_with_store(
         let (dir, defaults) = (config.log_dir.clone(), config.log);
         Arc::new(tokio::task::spawn_blocking(move || LogManager::open(dir, defaults)).await??)
     };
-    let (host, port) = config.advertised(bound);
+    let (host, port) = (inter_broker.host.clone(), i32::from(inter_broker.port));
     let registration = BrokerRegistration {
         host: host.clone(),
-        port: u16::try_from(port).unwrap_or(0),
+        port: inter_broker.port,
         rack: config.broker_rack.clone(),
-        endpoints: vec![format!("PLAINTEXT://{host}:{port}")],
+        endpoints: plan.iter().map(ListenerInfo::endpoint).collect(),
+        listener_security_protocol_map: plan.iter().map(|l| (l.name.clone(), l.protocol.name().to_owned())).collect(),
     };
     register(&*store, config.broker_id, &registration).await?;
     // Everything below runs until `stop`, which a controlled shutdown fires only once
@@ -100,7 +147,8 @@ pub async fn run_with_store(
     let stop = CancellationToken::new();
     let tracker = TaskTracker::new();
     let settings = TopicSettings { log: config.log, unclean_leader_election: config.unclean_leader_election };
-    let replicas = ReplicaManager::new(config.broker_id, store.clone(), config.replication);
+    let peer = PeerConfig::plaintext(&inter_broker.name);
+    let replicas = ReplicaManager::new(config.broker_id, store.clone(), config.replication, peer);
     let view = ClusterView::new(store.clone(), settings, logs.clone(), replicas.clone());
     if let Err(e) = view.start(&tracker, &stop).await {
         stop.cancel();
@@ -129,8 +177,9 @@ pub async fn run_with_store(
     let topics = Topics::new(store.clone(), view.clone(), replicas.clone(), settings, limits);
     tracing::info!(
         broker_id = config.broker_id,
-        listening = %bound,
-        advertised = %format!("{host}:{port}"),
+        listening = ?bound,
+        endpoints = ?registration_endpoints(&plan),
+        inter_broker_listener = %inter_broker.name,
         log_dir = %config.log_dir.display(),
         %cluster_id,
         zookeeper = config.zookeeper_connect.as_deref().unwrap_or("embedded store"),
@@ -141,8 +190,7 @@ pub async fn run_with_store(
         max_partitions_per_request = limits.per_request,
         "broker started"
     );
-    let max_connections = config.max_connections;
-    let endpoint = Endpoint { broker_id: config.broker_id, host: host.clone(), port };
+    let endpoint = Endpoint { broker_id: config.broker_id, listeners: plan.clone() };
     let groups = GroupCoordinator::new(store.clone(), endpoint, config.group.clone());
     // On a cluster, leadership is handed over before this broker stops serving; alone
     // (the embedded store) there is nobody to hand it to.
@@ -155,8 +203,6 @@ pub async fn run_with_store(
     };
     let broker = Arc::new(Broker {
         config,
-        host,
-        port,
         cluster_id,
         topics,
         replicas,
@@ -165,11 +211,16 @@ pub async fn run_with_store(
         producer_ids,
         audit,
         controllership,
+        listeners: plan.clone(),
+        connections: ConnectionLimits::default(),
     });
     // The audit publisher talks to this broker like any client (the accept loop below
     // serves it); it stops with `stop` at the latest.
     let audit_stop = stop.child_token();
-    let audit_client = fjord_client::ClientConfig::new(&format!("{}:{}", broker.host, broker.port));
+    // Over a plaintext listener when there is one (the broker's own client has no
+    // credentials yet), else the inter-broker listener.
+    let own = broker.listeners.iter().find(|l| l.protocol == SecurityProtocol::Plaintext).unwrap_or(&inter_broker);
+    let audit_client = fjord_client::ClientConfig::new(&format!("{}:{}", own.host, own.port));
     let audit_publisher = broker.audit.as_ref().map(|audit| {
         let publisher =
             audit.counter.clone().spawn_publisher(audit_client.clone(), broker.config.audit.interval, audit_stop.clone());
@@ -214,32 +265,12 @@ pub async fn run_with_store(
         tracing::info!(address = %listener.local_addr().map_err(Error::Network)?, "serving metrics at /metrics");
         crate::metrics::spawn_endpoint(&tracker, listener, broker.clone(), stop.clone());
     }
-    let connections = Arc::new(Semaphore::new(max_connections));
-    loop {
-        let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => permit.expect("invariant: the semaphore is never closed"),
-            () = stop.cancelled() => break,
-        };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = stop.cancelled() => break,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                let (broker, stop) = (broker.clone(), stop.clone());
-                tracker.spawn(async move {
-                    connection::serve(broker, stream, peer, stop).await;
-                    drop(permit);
-                });
-            }
-            Err(e) => {
-                // Usually out of file descriptors: back off instead of spinning (mini-redis).
-                tracing::warn!(error = %e, "accept failed; backing off");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+    let accepting = TaskTracker::new();
+    for (listener, info) in listeners.into_iter().zip(plan) {
+        accepting.spawn(crate::listener::accept(broker.clone(), listener, Arc::new(info), tracker.clone(), stop.clone()));
     }
-    drop(listener);
+    accepting.close();
+    accepting.wait().await;
     tracker.close();
     // Also waits for a clean in progress: the logs are closed only once no swap is running.
     tracker.wait().await;
@@ -255,7 +286,11 @@ pub async fn run_with_store(
     Ok(())
 }
 
-/// Deletes `/brokers/ids/<id>` (a missing node is fine).
+/// `NAME://host:port` of each listener, for the start-up log line.
+fn registration_endpoints(plan: &[ListenerInfo]) -> Vec<String> {
+    plan.iter().map(|l| format!("{} ({})", l.endpoint(), l.protocol)).collect()
+}
+
 /// Publishes the audit counts so far over a producer of its own (bounded), before a
 /// controlled shutdown. Safe next to the periodic publisher: a record both of them send
 /// has one id, which the report counts once.
@@ -290,6 +325,7 @@ async fn flush_audit(publisher: tokio::task::JoinHandle<fjord_audit::Result<()>>
     }
 }
 
+/// Deletes `/brokers/ids/<id>` (a missing node is fine).
 async fn deregister(store: &dyn MetadataStore, broker_id: i32) {
     match store.delete(&paths::broker(broker_id), None).await {
         Ok(()) | Err(fjord_coord::Error::NoNode { .. }) => {}

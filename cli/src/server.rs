@@ -69,8 +69,8 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     config.audit.interval = std::time::Duration::from_secs(30);
     config.audit.cluster = "dev".into();
     config.apply_env(std::env::vars())?;
-    let listener = bind(&config).await?;
-    let address = listener.local_addr()?;
+    let listeners = bind(&config).await?;
+    let address = listeners[0].local_addr()?;
     let bind_at = |addr: SocketAddr, what: &'static str| async move {
         TcpListener::bind(addr).await.with_context(|| format!("binding the {what} to {addr}"))
     };
@@ -117,7 +117,7 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let (broker, registry, gateway) = tokio::join!(
         async {
             stop_all(
-                fjord_broker::server::run_with_store(config, store.clone(), listener, broker_shutdown.clone())
+                fjord_broker::server::run_listeners(config, store.clone(), listeners, broker_shutdown.clone())
                     .await
                     .map_err(Into::into),
                 &shutdown,
@@ -169,22 +169,24 @@ pub(crate) async fn broker(args: BrokerArgs) -> anyhow::Result<()> {
         config.set("metrics.listen", metrics)?;
     }
     config.apply_env(std::env::vars())?;
-    let listener = bind(&config).await?;
-    serve(config, listener).await
+    let listeners = bind(&config).await?;
+    serve(config, listeners).await
 }
 
 fn path_text(path: &std::path::Path) -> anyhow::Result<String> {
     path.to_str().map(str::to_owned).with_context(|| format!("{} is not valid UTF-8", path.display()))
 }
 
-async fn bind(config: &BrokerConfig) -> anyhow::Result<TcpListener> {
+async fn bind(config: &BrokerConfig) -> anyhow::Result<Vec<TcpListener>> {
     config.validate()?;
-    TcpListener::bind(config.listeners).await.with_context(|| format!("binding {}", config.listeners))
+    Ok(fjord_broker::server::bind(config).await?)
 }
 
 /// Runs the broker until Ctrl-C or SIGTERM.
-async fn serve(config: BrokerConfig, listener: TcpListener) -> anyhow::Result<()> {
-    fjord_broker::run(config, listener, shutdown_on_signal()?).await?;
+async fn serve(config: BrokerConfig, listeners: Vec<TcpListener>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.log_dir).with_context(|| format!("creating {}", config.log_dir.display()))?;
+    let store = fjord_broker::server::open_store(&config).await?;
+    fjord_broker::server::run_listeners(config, store, listeners, shutdown_on_signal()?).await?;
     Ok(())
 }
 

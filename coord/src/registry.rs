@@ -7,19 +7,41 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Error, MetadataStore, Result, Stat};
 
-/// `/brokers/ids/<id>`: where a live broker can be reached.
+/// `/brokers/ids/<id>`: where a live broker can be reached, on each of its listeners
+/// (Kafka's document: `endpoints` and `listener_security_protocol_map`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BrokerRegistration {
-    /// Advertised host.
+    /// Advertised host of the inter-broker listener.
     pub host: String,
-    /// Advertised port.
+    /// Advertised port of the inter-broker listener.
     pub port: u16,
     /// Rack, for rack-aware replica placement.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rack: Option<String>,
-    /// Listener URLs, e.g. `PLAINTEXT://host:port`.
+    /// Listener URLs named by listener, e.g. `INTERNAL://host:9093`.
     #[serde(default)]
     pub endpoints: Vec<String>,
+    /// Listener name → security protocol (`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, `SASL_SSL`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub listener_security_protocol_map: BTreeMap<String, String>,
+}
+
+impl BrokerRegistration {
+    /// The advertised host and port of listener `name`. A registration written before
+    /// brokers had named listeners (no endpoints) has one, reached at `host:port`.
+    pub fn endpoint(&self, name: &str) -> Option<(&str, u16)> {
+        if self.endpoints.is_empty() {
+            return Some((&self.host, self.port));
+        }
+        self.endpoints.iter().find_map(|url| {
+            let (listener, address) = url.split_once("://")?;
+            if !listener.eq_ignore_ascii_case(name) {
+                return None;
+            }
+            let (host, port) = address.rsplit_once(':')?;
+            Some((host.trim_start_matches('[').trim_end_matches(']'), port.parse().ok()?))
+        })
+    }
 }
 
 /// `/brokers/topics/<topic>`: replicas of each partition, the first one preferred leader.
@@ -84,4 +106,27 @@ pub async fn read_json<T: DeserializeOwned>(store: &dyn MetadataStore, path: &st
 /// Encodes `value` as the JSON document for a node.
 pub fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("invariant: registry documents always serialize")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_found_by_listener_name() {
+        let registration = BrokerRegistration {
+            host: "10.0.0.1".into(),
+            port: 9093,
+            rack: None,
+            endpoints: vec!["INTERNAL://10.0.0.1:9093".into(), "EXTERNAL://[::1]:9094".into()],
+            listener_security_protocol_map: BTreeMap::from([("INTERNAL".into(), "SSL".into())]),
+        };
+        assert_eq!(registration.endpoint("INTERNAL"), Some(("10.0.0.1", 9093)));
+        assert_eq!(registration.endpoint("external"), Some(("::1", 9094)));
+        assert_eq!(registration.endpoint("OTHER"), None);
+        let old: BrokerRegistration = serde_json::from_str(r#"{"host":"h","port":1}"#).unwrap();
+        assert_eq!(old.endpoint("ANY"), Some(("h", 1)));
+        let json = String::from_utf8(to_json(&registration)).unwrap();
+        assert!(json.contains(r#""listener_security_protocol_map":{"INTERNAL":"SSL"}"#), "{json}");
+    }
 }

@@ -44,7 +44,7 @@ async fn start() -> Cluster {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let config = fjord_broker::BrokerConfig {
         log_dir: dir.path().join("broker"),
-        listeners: listener.local_addr().unwrap(),
+        listeners: listener.local_addr().unwrap().into(),
         auto_create_topics: false,
         ..fjord_broker::BrokerConfig::default()
     };

@@ -37,7 +37,7 @@ impl StandaloneBroker {
         let dir = tempfile::tempdir()?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let mut config = BrokerConfig { log_dir: dir.path().to_path_buf(), listeners: addr, ..BrokerConfig::default() };
+        let mut config = BrokerConfig { log_dir: dir.path().to_path_buf(), listeners: addr.into(), ..BrokerConfig::default() };
         configure(&mut config);
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();

@@ -8,6 +8,13 @@
 //! reads, re-reads when any of them is appended to, and gives up at `max_wait_ms` (a
 //! tokio timer). Registering before reading means an append between the read and the
 //! wait leaves a permit behind instead of being missed.
+//!
+//! A replica id is honoured only from a connection that is that broker's: on the
+//! inter-broker listener, from an address the broker is registered at (with SASL, the
+//! broker's authenticated principal as well). Anyone else's replica Fetch is answered
+//! TOPIC_AUTHORIZATION_FAILED, as Kafka answers a replica Fetch without ClusterAction,
+//! and moves no follower state: a client could otherwise keep a lagging replica in the
+//! ISR by fetching in its name.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +24,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::codec::error_code;
+use crate::connection::Session;
 use crate::fetch_response::{FetchResponseData, FetchedRecords, PartitionData, TopicData};
 use crate::handler::{log_error_code, Broker};
 use crate::partition::Partition;
@@ -33,12 +41,17 @@ struct Wanted {
 }
 
 impl Broker {
-    pub(crate) async fn fetch(&self, request: FetchRequest) -> FetchResponseData {
+    pub(crate) async fn fetch(&self, request: FetchRequest, session: &mut Session) -> FetchResponseData {
         // Fetch sessions (KIP-227) are not implemented: session 0 means "no session", which
         // every client accepts; an id we never handed out is unknown.
         if request.session_id != 0 {
             return FetchResponseData { error_code: error_code::FETCH_SESSION_ID_NOT_FOUND, ..Default::default() };
         }
+        if request.replica_id.0 >= 0 && !self.is_replica(session, request.replica_id.0).await {
+            return refused(request, error_code::TOPIC_AUTHORIZATION_FAILED);
+        }
+        // sendfile cannot cross user-space TLS: those connections get copies.
+        let zero_copy = self.config.fetch_zero_copy && !session.listener.protocol.tls();
         let wanted: Vec<(String, Vec<Wanted>)> = request
             .topics
             .into_iter()
@@ -85,14 +98,14 @@ impl Broker {
                     partition.register_waiter(&waiter);
                 }
             }
-            let (data, has_error) = self.read_partitions(&wanted, max_bytes, replica.is_some());
+            let (data, has_error) = self.read_partitions(&wanted, max_bytes, replica.is_some(), zero_copy);
             if has_error || data.records_bytes() >= min_bytes || Instant::now() >= deadline {
                 return data;
             }
             tokio::select! {
                 () = waiter.notified() => {}
                 () = tokio::time::sleep_until(deadline) => {
-                    return self.read_partitions(&wanted, max_bytes, replica.is_some()).0;
+                    return self.read_partitions(&wanted, max_bytes, replica.is_some(), zero_copy).0;
                 }
             }
         }
@@ -100,7 +113,13 @@ impl Broker {
 
     /// One pass over the requested partitions; also says whether any partition has an
     /// error (a delayed fetch answers at once then, as Kafka does).
-    fn read_partitions(&self, wanted: &[(String, Vec<Wanted>)], max_bytes: usize, replica: bool) -> (FetchResponseData, bool) {
+    fn read_partitions(
+        &self,
+        wanted: &[(String, Vec<Wanted>)],
+        max_bytes: usize,
+        replica: bool,
+        zero_copy: bool,
+    ) -> (FetchResponseData, bool) {
         let mut total = 0usize;
         let mut has_error = false;
         let topics = wanted
@@ -110,7 +129,7 @@ impl Broker {
                 partitions: partitions
                     .iter()
                     .map(|w| {
-                        let data = self.read_partition(w, max_bytes.saturating_sub(total), total == 0, replica);
+                        let data = self.read_partition(w, max_bytes.saturating_sub(total), total == 0, replica, zero_copy);
                         total += data.records.len();
                         has_error |= data.error_code != error_code::NONE;
                         data
@@ -121,7 +140,7 @@ impl Broker {
         (FetchResponseData { topics, ..Default::default() }, has_error)
     }
 
-    fn read_partition(&self, wanted: &Wanted, remaining: usize, first: bool, replica: bool) -> PartitionData {
+    fn read_partition(&self, wanted: &Wanted, remaining: usize, first: bool, replica: bool, zero_copy: bool) -> PartitionData {
         let mut data = PartitionData {
             partition_index: wanted.partition_index,
             error_code: error_code::NONE,
@@ -151,7 +170,7 @@ impl Broker {
         let upper_bound = (!replica).then_some(high_watermark);
         // KIP-74: the first batch of the first non-empty partition is returned whole even
         // when it exceeds the limits, so a consumer can always make progress.
-        let records = if self.config.fetch_zero_copy {
+        let records = if zero_copy {
             log.read(wanted.fetch_offset, limit, upper_bound, first).map(|slice| {
                 if slice.is_empty() {
                     FetchedRecords::Empty
@@ -177,4 +196,85 @@ impl Broker {
         }
         data
     }
+}
+
+impl Broker {
+    /// Whether the client of `session` is broker `replica`: it came in on the
+    /// inter-broker listener, from an address that broker is registered at. Checked once
+    /// per connection (a resolution of the registered host), then remembered.
+    async fn is_replica(&self, session: &mut Session, replica: i32) -> bool {
+        if session.replica == Some(replica) {
+            return true;
+        }
+        let listener = self.config.inter_broker_listener();
+        let verdict = if session.listener.name != listener {
+            Err("not on the inter-broker listener")
+        } else {
+            match self.registered_addresses(replica, listener).await {
+                Some(addresses) if addresses.contains(&session.peer.ip()) => Ok(()),
+                Some(_) => Err("not from an address the broker is registered at"),
+                None => Err("no such broker is registered"),
+            }
+        };
+        match verdict {
+            Ok(()) => {
+                session.replica = Some(replica);
+                true
+            }
+            Err(reason) => {
+                tracing::warn!(
+                    peer = %session.peer,
+                    listener = %session.listener.name,
+                    principal = %session.principal,
+                    replica,
+                    reason,
+                    "replica fetch refused"
+                );
+                false
+            }
+        }
+    }
+
+    /// The addresses broker `id`'s endpoint on `listener` resolves to; the view first,
+    /// then the store (a follower may fetch before this broker's view has seen it).
+    async fn registered_addresses(&self, id: i32, listener: &str) -> Option<Vec<std::net::IpAddr>> {
+        let registration = match self.topics.view().brokers().into_iter().find(|(b, _)| *b == id) {
+            Some((_, registration)) => registration,
+            None => {
+                let path = fjord_coord::paths::broker(id);
+                fjord_coord::registry::read_json::<fjord_coord::registry::BrokerRegistration>(&**self.topics.store(), &path)
+                    .await
+                    .ok()
+                    .flatten()?
+                    .0
+            }
+        };
+        let (host, port) = registration.endpoint(listener)?;
+        let resolved = tokio::net::lookup_host((host, port)).await.ok()?;
+        Some(resolved.map(|a| a.ip()).collect())
+    }
+}
+
+/// Every requested partition answered with `code`, nothing read.
+fn refused(request: FetchRequest, code: i16) -> FetchResponseData {
+    let topics = request
+        .topics
+        .into_iter()
+        .map(|t| TopicData {
+            topic: t.topic.0.to_string(),
+            partitions: t
+                .partitions
+                .into_iter()
+                .map(|p| PartitionData {
+                    partition_index: p.partition,
+                    error_code: code,
+                    high_watermark: -1,
+                    last_stable_offset: -1,
+                    log_start_offset: -1,
+                    records: FetchedRecords::Empty,
+                })
+                .collect(),
+        })
+        .collect();
+    FetchResponseData { topics, ..Default::default() }
 }

@@ -13,7 +13,9 @@ use crate::handler::Broker;
 use crate::topics::{Topic, TopicError};
 
 impl Broker {
-    pub(crate) async fn metadata(&self, request: MetadataRequest, version: i16) -> ResponseKind {
+    /// Metadata, with every broker's address on `listener` (the one the client came in
+    /// on); a broker without that listener is left out, as Kafka does.
+    pub(crate) async fn metadata(&self, request: MetadataRequest, version: i16, listener: &str) -> ResponseKind {
         // v0: an empty list means every topic; v1+: null means every topic.
         let requested: Option<Vec<String>> = match request.topics {
             None => None,
@@ -40,22 +42,26 @@ impl Broker {
         let mut brokers: Vec<MetadataResponseBroker> = view
             .brokers()
             .into_iter()
-            .map(|(id, registration)| {
-                MetadataResponseBroker::default()
-                    .with_node_id(BrokerId(id))
-                    .with_host(StrBytes::from_string(registration.host))
-                    .with_port(i32::from(registration.port))
-                    .with_rack(registration.rack.map(StrBytes::from_string))
+            .filter_map(|(id, registration)| {
+                let (host, port) = registration.endpoint(listener)?;
+                Some(
+                    MetadataResponseBroker::default()
+                        .with_node_id(BrokerId(id))
+                        .with_host(StrBytes::from_string(host.to_owned()))
+                        .with_port(i32::from(port))
+                        .with_rack(registration.rack.clone().map(StrBytes::from_string)),
+                )
             })
             .collect();
         // Between its start and its registration reaching the view (or while stopping),
         // this broker still answers for itself.
-        if !brokers.iter().any(|b| b.node_id.0 == self.config.broker_id) {
+        let own = self.listeners.iter().find(|l| l.name == listener);
+        if let Some(own) = own.filter(|_| !brokers.iter().any(|b| b.node_id.0 == self.config.broker_id)) {
             brokers.push(
                 MetadataResponseBroker::default()
                     .with_node_id(BrokerId(self.config.broker_id))
-                    .with_host(StrBytes::from_string(self.host.clone()))
-                    .with_port(self.port)
+                    .with_host(StrBytes::from_string(own.host.clone()))
+                    .with_port(i32::from(own.port))
                     .with_rack(self.config.broker_rack.clone().map(StrBytes::from_string)),
             );
             brokers.sort_by_key(|b| b.node_id.0);

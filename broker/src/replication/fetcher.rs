@@ -26,7 +26,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::codec::error_code;
 use crate::partition::{FollowerStep, Partition};
-use crate::replication::peer::{Peer, PeerError};
+use crate::replication::peer::{Peer, PeerConfig, PeerError};
 use crate::replication::ReplicationConfig;
 
 /// Fetch v12: the last version that names topics by name (as this broker serves).
@@ -39,6 +39,9 @@ pub(crate) struct FetchContext {
     pub(crate) broker_id: i32,
     pub(crate) store: Store,
     pub(crate) config: ReplicationConfig,
+    /// How to reach the leaders: their inter-broker listener, with this broker's
+    /// credentials for it.
+    pub(crate) peer: PeerConfig,
     pub(crate) tasks: TaskTracker,
     pub(crate) shutdown: CancellationToken,
 }
@@ -173,6 +176,8 @@ async fn sleep_until(deadline: Option<Instant>) {
 enum FetchError {
     #[error("broker {0} is not registered")]
     NotRegistered(i32),
+    #[error("broker {leader} has no listener {listener}")]
+    NoListener { leader: i32, listener: String },
     #[error("reading the registration of broker {leader}: {source}")]
     Store { leader: i32, source: fjord_coord::Error },
     #[error(transparent)]
@@ -188,9 +193,13 @@ async fn connect(context: &FetchContext, leader: i32) -> Result<Peer, FetchError
     let Some((registration, _)) = registration else {
         return Err(FetchError::NotRegistered(leader));
     };
-    let addr = format!("{}:{}", registration.host, registration.port);
+    let listener = &context.peer.listener;
+    let Some((host, port)) = registration.endpoint(listener) else {
+        return Err(FetchError::NoListener { leader, listener: listener.clone() });
+    };
+    let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
     let client_id = format!("fjord-replica-fetcher-{}", context.broker_id);
-    let peer = Peer::connect(&addr, client_id, context.config.socket_timeout).await?;
+    let peer = Peer::connect(&addr, client_id, &context.peer, context.config.socket_timeout).await?;
     tracing::debug!(leader, %addr, "replica fetcher connected");
     Ok(peer)
 }

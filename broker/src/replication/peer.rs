@@ -28,6 +28,20 @@ pub(crate) enum PeerError {
     Protocol { addr: String, detail: String },
 }
 
+/// How this broker connects to the others: the inter-broker listener's name (each peer's
+/// endpoint of that name is dialled).
+#[derive(Debug, Clone)]
+pub(crate) struct PeerConfig {
+    pub(crate) listener: String,
+}
+
+impl PeerConfig {
+    /// A plaintext connection to each peer's listener `listener`.
+    pub(crate) fn plaintext(listener: &str) -> Self {
+        Self { listener: listener.to_owned() }
+    }
+}
+
 /// One connection to a peer broker.
 pub(crate) struct Peer {
     addr: String,
@@ -37,7 +51,12 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    pub(crate) async fn connect(addr: &str, client_id: String, timeout: Duration) -> Result<Self, PeerError> {
+    pub(crate) async fn connect(
+        addr: &str,
+        client_id: String,
+        _config: &PeerConfig,
+        timeout: Duration,
+    ) -> Result<Self, PeerError> {
         let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
             Err(_) => return Err(PeerError::Timeout { addr: addr.to_owned(), timeout }),
             Ok(Err(source)) => return Err(PeerError::Io { addr: addr.to_owned(), source }),

@@ -91,6 +91,15 @@ impl RawClient {
         Ok(Self { stream, correlation_id: 0 })
     }
 
+    /// Connects from the local address `from` (e.g. 127.0.0.2, another loopback address).
+    pub(crate) async fn connect_from(from: std::net::IpAddr, addr: SocketAddr) -> anyhow::Result<Self> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::new(from, 0))?;
+        let stream = socket.connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Self { stream, correlation_id: 0 })
+    }
+
     /// Encodes a request (header + body), without the length prefix.
     pub(crate) fn encode<T: Encodable>(&mut self, key: ApiKey, version: i16, body: &T) -> Bytes {
         self.correlation_id += 1;

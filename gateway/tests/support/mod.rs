@@ -51,7 +51,7 @@ impl System {
         let (listener, addr) = bind().await;
         let mut config = fjord_broker::BrokerConfig {
             log_dir: dir.path().join("broker"),
-            listeners: addr,
+            listeners: addr.into(),
             num_partitions: 3,
             ..fjord_broker::BrokerConfig::default()
         };
