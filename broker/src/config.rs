@@ -218,6 +218,9 @@ const LOG_KEYS: &[(&str, &str)] = &[
     ("log.cleaner.min.compaction.lag.ms", "min.compaction.lag.ms"),
     ("min.insync.replicas", "min.insync.replicas"),
     ("log.preallocate", "preallocate"),
+    ("compression.type", "compression.type"),
+    ("log.message.timestamp.type", "message.timestamp.type"),
+    ("log.cleaner.max.compaction.lag.ms", "max.compaction.lag.ms"),
 ];
 
 impl BrokerConfig {

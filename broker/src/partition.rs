@@ -175,7 +175,12 @@ impl Partition {
             if acks_all && state.isr.len() < min_isr {
                 return Err(error_code::NOT_ENOUGH_REPLICAS);
             }
-            let mut batches = records.to_vec();
+            // The topic's compression.type and message.timestamp.type, applied on the
+            // leader only: followers copy the leader's bytes.
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            let mut batches = crate::topic_config::append::apply(records, &self.log.config(), now_ms).into_owned();
             self.log.append_visiting(&mut batches, state.leader_epoch, visit).map(|info| (info, state.leader_epoch))
         };
         if appended.is_ok() {

@@ -9,6 +9,11 @@
 //!
 //! A topic this broker does not host (yet) is skipped: opening its logs reads the
 //! stored config anyway.
+//!
+//! [`append`] applies the config keys that change what a leader appends
+//! (`compression.type`, `message.timestamp.type`).
+
+pub(crate) mod append;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;

@@ -676,3 +676,86 @@ async fn alter_configs_change_live_topics_and_refuse_bad_input_precisely() {
     assert_eq!(before["retention.ms"], ("60000".to_owned(), 1));
     broker.stop().await.unwrap();
 }
+
+/// The standard topic configs tools send on create are taken and do what Kafka does
+/// (#27 item 7, librdkafka tests 0081, 0052, 0077): `compression.type=zstd` stores a
+/// producer's uncompressed batch recompressed with zstd, records unchanged;
+/// `message.timestamp.type=LogAppendTime` stamps it with the append time;
+/// `max.compaction.lag.ms` is kept and described; the defaults (`producer`,
+/// `CreateTime`) and the keys accepted and ignored (`message.format.version`) are taken.
+/// AlterConfigs of either kind on a missing topic is UNKNOWN_TOPIC_OR_PARTITION, whatever
+/// keys it names.
+#[tokio::test]
+async fn standard_topic_configs_recompress_stamp_append_time_and_alter_on_a_missing_topic_is_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().join("data"), |c| c.auto_create_topics = false).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let create = |topic: &str, configs: &[(&str, &str)]| {
+        CreateTopicsRequest::default().with_timeout_ms(5000).with_topics(vec![CreatableTopic::default()
+            .with_name(topic_name(topic))
+            .with_num_partitions(1)
+            .with_replication_factor(1)
+            .with_configs(
+                configs
+                    .iter()
+                    .map(|(k, v)| {
+                        CreatableTopicConfig::default()
+                            .with_name(StrBytes::from_string(k.to_string()))
+                            .with_value(Some(StrBytes::from_string(v.to_string())))
+                    })
+                    .collect(),
+            )])
+    };
+    let stamped = [("compression.type", "zstd"), ("message.timestamp.type", "LogAppendTime"), ("max.compaction.lag.ms", "60000")];
+    let defaults =
+        [("compression.type", "producer"), ("message.timestamp.type", "CreateTime"), ("message.format.version", "3.0")];
+    for (topic, configs) in [("stamped", &stamped), ("defaults", &defaults)] {
+        let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 5, &create(topic, configs)).await.unwrap();
+        assert_eq!(response.topics[0].error_code, 0, "{topic}: {:?}", response.topics[0].error_message);
+    }
+    let configs = topic_configs(&mut client, "stamped").await;
+    for (key, value) in stamped {
+        assert_eq!(configs[key], (value.to_owned(), 1), "{key}");
+    }
+    assert_eq!(topic_configs(&mut client, "defaults").await["max.compaction.lag.ms"].0, i64::MAX.to_string());
+
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    for topic in ["stamped", "defaults"] {
+        assert_eq!(produce(&mut client, topic, batch(&["a", "b", "c"])).await, (0, 0), "{topic}");
+    }
+    let after = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let stored = |response: &FetchResponse| {
+        let records = fetched_partition(response).records.clone().unwrap();
+        let header = fjord_record::BatchHeader::parse_validated(&records).unwrap();
+        let body = fjord_record::compression::records_body(&header, &records, 1 << 20).unwrap();
+        let values: Vec<String> = fjord_record::Records::new(&body, 0)
+            .map(|r| String::from_utf8(r.unwrap().value.unwrap().to_vec()).unwrap())
+            .collect();
+        (header, values)
+    };
+    let response: FetchResponse = client.call(ApiKey::Fetch, 11, &fetch_request("stamped", 0, 0, 1 << 20)).await.unwrap();
+    let (header, values) = stored(&response);
+    assert_eq!(values, ["a", "b", "c"]);
+    assert_eq!(header.compression(), fjord_record::Compression::Zstd);
+    assert_eq!(header.timestamp_type(), fjord_record::TimestampType::LogAppendTime);
+    assert!((before..=after).contains(&header.max_timestamp), "{} not in {before}..={after}", header.max_timestamp);
+    let response: FetchResponse = client.call(ApiKey::Fetch, 11, &fetch_request("defaults", 0, 0, 1 << 20)).await.unwrap();
+    let (header, values) = stored(&response);
+    assert_eq!(values, ["a", "b", "c"]);
+    assert_eq!(header.compression(), fjord_record::Compression::None);
+    assert_eq!((header.timestamp_type(), header.max_timestamp), (fjord_record::TimestampType::CreateTime, 1_700_000_000_002));
+
+    for configs in [&[("compression.type", Some("gzip"))][..], &[("no.such.key", Some("1"))]] {
+        assert_eq!(alter_replacing(&mut client, 1, "missing", configs).await.0, UNKNOWN_TOPIC_OR_PARTITION, "{configs:?}");
+    }
+    for ops in [&[("compression.type", SET, Some("gzip"))][..], &[("no.such.key", SET, Some("1"))]] {
+        assert_eq!(alter_incrementally(&mut client, 2, "missing", ops, false).await.0, UNKNOWN_TOPIC_OR_PARTITION, "{ops:?}");
+    }
+    // On a topic that exists the keys are checked as before.
+    assert_eq!(
+        alter_incrementally(&mut client, 2, "stamped", &[("compression.type", SET, Some("brotli"))], false).await.0,
+        INVALID_CONFIG
+    );
+    assert_eq!(alter_incrementally(&mut client, 2, "stamped", &[("compression.type", SET, Some("gzip"))], false).await.0, 0);
+    broker.stop().await.unwrap();
+}

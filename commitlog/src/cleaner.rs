@@ -221,7 +221,8 @@ impl Cleaner {
             }
             let ratio = log.cleanable_ratio(now_ms).unwrap_or(0.0);
             let tombstones = crate::lock::mutex(&log.cleaner).tombstones_due.is_some_and(|t| t <= now_ms);
-            if (ratio >= config.min_cleanable_dirty_ratio && ratio > 0.0) || tombstones {
+            let overdue = ratio > 0.0 && log.compaction_overdue(now_ms);
+            if (ratio >= config.min_cleanable_dirty_ratio && ratio > 0.0) || tombstones || overdue {
                 due.push((ratio, tp, log));
             }
         }
@@ -549,6 +550,22 @@ fn cleanable_end(view: &View, now_ms: i64, lag: Duration, high_watermark: Offset
 }
 
 impl Log {
+    /// `max.compaction.lag.ms`: whether dirty records below the cleanable end have
+    /// waited longer than that, which makes the log due whatever its dirty ratio. Judged
+    /// by the largest timestamp of the first dirty segment, so every record of it is
+    /// that old (Kafka looks at the segment's first batch instead; this may clean one
+    /// segment's time span later, never earlier).
+    fn compaction_overdue(&self, now_ms: i64) -> bool {
+        let config = self.config();
+        let Some(lag) = config.max_compaction_lag else { return false };
+        let first_dirty = crate::lock::mutex(&self.cleaner).first_dirty;
+        let view = self.view();
+        let end = cleanable_end(&view, now_ms, config.min_compaction_lag, self.high_watermark());
+        let start = view.range(..=first_dirty).next_back().map_or(first_dirty, |(b, _)| *b);
+        let horizon = now_ms.saturating_sub(i64::try_from(lag.as_millis()).unwrap_or(i64::MAX));
+        view.range(start..end).next().is_some_and(|(_, s)| s.max_timestamp() <= horizon)
+    }
+
     /// Dirty bytes / cleanable bytes, for a log with something dirty to clean.
     fn cleanable_ratio(&self, now_ms: i64) -> Option<f64> {
         let first_dirty = crate::lock::mutex(&self.cleaner).first_dirty;

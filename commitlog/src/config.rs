@@ -68,6 +68,19 @@ pub struct LogConfig {
     /// length, so it costs at most a few MiB of disk per partition. Where the file
     /// system cannot reserve, the log writes as without it.
     pub preallocate: bool,
+    /// `compression.type`: the codec batches are stored with. `producer` (the default)
+    /// keeps each batch as its producer compressed it; a codec makes the leader
+    /// recompress every batch written with another one (the broker does it before the
+    /// append, as Kafka's leader does).
+    pub compression_type: CompressionType,
+    /// `message.timestamp.type`: `CreateTime` (the default) keeps the producer's
+    /// timestamps; `LogAppendTime` makes the leader stamp each batch with the time it
+    /// appends it (max timestamp and the timestamp-type attribute, as Kafka does).
+    pub message_timestamp_type: MessageTimestampType,
+    /// `max.compaction.lag.ms`: on a compacted log, the longest a record may stay
+    /// uncompacted: its segment rolls by then and is cleaned whatever the dirty ratio.
+    /// Default `None` (Kafka's Long.MAX_VALUE): only the dirty ratio triggers cleaning.
+    pub max_compaction_lag: Option<Duration>,
 }
 
 // `check` rejects a NaN ratio, so equality is reflexive.
@@ -124,6 +137,78 @@ impl CleanupPolicy {
     }
 }
 
+/// `compression.type`: what codec the log stores batches with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CompressionType {
+    /// As the producer sent them.
+    #[default]
+    Producer,
+    /// Recompressed to no compression.
+    Uncompressed,
+    /// Recompressed to gzip.
+    Gzip,
+    /// Recompressed to snappy.
+    Snappy,
+    /// Recompressed to lz4.
+    Lz4,
+    /// Recompressed to zstd.
+    Zstd,
+}
+
+impl CompressionType {
+    /// Kafka's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Producer => "producer",
+            Self::Uncompressed => "uncompressed",
+            Self::Gzip => "gzip",
+            Self::Snappy => "snappy",
+            Self::Lz4 => "lz4",
+            Self::Zstd => "zstd",
+        }
+    }
+
+    /// Parses Kafka's spelling.
+    pub fn parse(value: &str) -> Option<Self> {
+        [Self::Producer, Self::Uncompressed, Self::Gzip, Self::Snappy, Self::Lz4, Self::Zstd]
+            .into_iter()
+            .find(|c| c.as_str() == value.trim())
+    }
+
+    /// The codec batches are rewritten to; `None` for `producer` (kept as sent).
+    pub fn codec(self) -> Option<fjord_record::Compression> {
+        use fjord_record::Compression;
+        match self {
+            Self::Producer => None,
+            Self::Uncompressed => Some(Compression::None),
+            Self::Gzip => Some(Compression::Gzip),
+            Self::Snappy => Some(Compression::Snappy),
+            Self::Lz4 => Some(Compression::Lz4),
+            Self::Zstd => Some(Compression::Zstd),
+        }
+    }
+}
+
+/// `message.timestamp.type`: whose clock the stored timestamps are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MessageTimestampType {
+    /// The producer's.
+    #[default]
+    CreateTime,
+    /// The leader's, at append.
+    LogAppendTime,
+}
+
+impl MessageTimestampType {
+    /// Kafka's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CreateTime => "CreateTime",
+            Self::LogAppendTime => "LogAppendTime",
+        }
+    }
+}
+
 const DAY: Duration = Duration::from_secs(24 * 3600);
 /// Positions in the offset index are u32, and Kafka keeps them below i32::MAX.
 const MAX_SEGMENT_BYTES: u64 = i32::MAX as u64;
@@ -150,6 +235,9 @@ impl Default for LogConfig {
             min_insync_replicas: 1,
             producer_id_expiration: DAY,
             preallocate: true,
+            compression_type: CompressionType::Producer,
+            message_timestamp_type: MessageTimestampType::CreateTime,
+            max_compaction_lag: None,
         }
     }
 }
@@ -191,6 +279,22 @@ impl LogConfig {
         "min.compaction.lag.ms",
         "min.insync.replicas",
         "preallocate",
+        "compression.type",
+        "message.timestamp.type",
+        "max.compaction.lag.ms",
+    ];
+
+    /// Kafka topic keys that [`LogConfig::set`] accepts and ignores, with why: they
+    /// have no effect in this broker, and refusing them would fail the tools that send
+    /// them (Kafka's reassignment tool sets the throttle lists; older tools and Terraform
+    /// providers send `message.format.version`). Each value is still checked as Kafka
+    /// checks its type.
+    pub const IGNORED_KEYS: &'static [(&'static str, &'static str)] = &[
+        ("message.format.version", "batches are always stored in the v2 format (Kafka 3.0 deprecated the key)"),
+        ("message.downconversion.enable", "old fetch versions get the v2 batches as stored: nothing is down-converted"),
+        ("leader.replication.throttled.replicas", "replication is not throttled"),
+        ("follower.replication.throttled.replicas", "replication is not throttled"),
+        ("segment.jitter.ms", "segments roll at segment.ms exactly; the jitter only spreads rolls in time"),
     ];
 
     /// Sets one value by its Kafka topic config name, e.g. `set("retention.ms", "-1")`.
@@ -231,6 +335,31 @@ impl LogConfig {
             "min.compaction.lag.ms" => next.min_compaction_lag = Duration::from_millis(non_negative(int()?)?),
             "min.insync.replicas" => next.min_insync_replicas = u32_value(int()?)?,
             "preallocate" => next.preallocate = value.trim().parse::<bool>().map_err(|_| bad("must be true or false"))?,
+            "compression.type" => {
+                next.compression_type =
+                    CompressionType::parse(value).ok_or(bad("must be producer, uncompressed, gzip, snappy, lz4 or zstd"))?
+            }
+            "message.timestamp.type" => {
+                next.message_timestamp_type = match value.trim() {
+                    "CreateTime" => MessageTimestampType::CreateTime,
+                    "LogAppendTime" => MessageTimestampType::LogAppendTime,
+                    _ => return Err(bad("must be CreateTime or LogAppendTime")),
+                }
+            }
+            "max.compaction.lag.ms" => {
+                next.max_compaction_lag = match int()? {
+                    i64::MAX => None,
+                    v if v >= 1 => Some(Duration::from_millis(v as u64)),
+                    _ => return Err(bad("must be at least 1")),
+                }
+            }
+            "message.downconversion.enable" => {
+                value.trim().parse::<bool>().map_err(|_| bad("must be true or false"))?;
+            }
+            "segment.jitter.ms" => {
+                non_negative(int()?)?;
+            }
+            "message.format.version" | "leader.replication.throttled.replicas" | "follower.replication.throttled.replicas" => {}
             _ => return Err(bad("unknown log config")),
         }
         next.check().map_err(bad)?;
@@ -259,7 +388,21 @@ impl LogConfig {
             ("min.compaction.lag.ms", self.min_compaction_lag.as_millis().to_string()),
             ("min.insync.replicas", self.min_insync_replicas.to_string()),
             ("preallocate", self.preallocate.to_string()),
+            ("compression.type", self.compression_type.as_str().to_owned()),
+            ("message.timestamp.type", self.message_timestamp_type.as_str().to_owned()),
+            ("max.compaction.lag.ms", self.max_compaction_lag.map_or(i64::MAX as u128, |d| d.as_millis()).to_string()),
         ]
+    }
+
+    /// How old the active segment's first batch may get before the segment rolls:
+    /// `segment.ms`, or `max.compaction.lag.ms` when that is shorter on a compacted
+    /// log (Kafka's rule), so that a record is in a sealed segment, which the cleaner
+    /// can clean, by the time its lag runs out.
+    pub fn roll_after(&self) -> Option<Duration> {
+        match (self.segment_ms, self.max_compaction_lag.filter(|_| self.cleanup_policy.compacts())) {
+            (Some(segment), Some(lag)) => Some(segment.min(lag)),
+            (segment, lag) => segment.or(lag),
+        }
     }
 
     /// Checks the values against each other and the format's limits.
@@ -288,6 +431,9 @@ impl LogConfig {
         }
         if !(0.0..=1.0).contains(&self.min_cleanable_dirty_ratio) {
             return Err("min.cleanable.dirty.ratio must be between 0 and 1");
+        }
+        if self.max_compaction_lag.is_some_and(|max| max < self.min_compaction_lag) {
+            return Err("max.compaction.lag.ms must not be less than min.compaction.lag.ms");
         }
         Ok(())
     }
@@ -322,6 +468,35 @@ mod tests {
     }
 
     #[test]
+    fn compression_timestamp_type_and_max_compaction_lag() {
+        let mut c = LogConfig::default();
+        assert_eq!((c.compression_type, c.message_timestamp_type, c.max_compaction_lag), Default::default());
+        c.set("compression.type", "zstd").unwrap();
+        assert_eq!(c.compression_type.codec(), Some(fjord_record::Compression::Zstd));
+        c.set("compression.type", "producer").unwrap();
+        assert_eq!(c.compression_type.codec(), None);
+        c.set("message.timestamp.type", "LogAppendTime").unwrap();
+        assert_eq!(c.message_timestamp_type, MessageTimestampType::LogAppendTime);
+        c.set("max.compaction.lag.ms", "60000").unwrap();
+        assert_eq!(c.max_compaction_lag, Some(Duration::from_secs(60)));
+        // Below min.compaction.lag.ms it would never hold.
+        assert!(c.set("min.compaction.lag.ms", "120000").is_err());
+        c.set("max.compaction.lag.ms", "9223372036854775807").unwrap();
+        assert_eq!(c.max_compaction_lag, None);
+        // Accepted and ignored, each value still checked for its type.
+        let before = c;
+        for (key, _) in LogConfig::IGNORED_KEYS {
+            let value = match *key {
+                "message.downconversion.enable" => "false",
+                "segment.jitter.ms" => "100",
+                _ => "*",
+            };
+            c.set(key, value).unwrap();
+        }
+        assert_eq!(c, before);
+    }
+
+    #[test]
     fn bad_keys_and_values_are_typed_errors_and_change_nothing() {
         let mut c = LogConfig::default();
         for (k, v) in [
@@ -338,6 +513,12 @@ mod tests {
             ("min.cleanable.dirty.ratio", "NaN"),
             ("delete.retention.ms", "-1"),
             ("preallocate", "yes"),
+            ("compression.type", "brotli"),
+            ("compression.type", "ZSTD"),
+            ("message.timestamp.type", "createtime"),
+            ("max.compaction.lag.ms", "0"),
+            ("message.downconversion.enable", "maybe"),
+            ("segment.jitter.ms", "-1"),
         ] {
             assert!(matches!(c.set(k, v), Err(Error::InvalidConfig { .. })), "{k}={v}");
         }

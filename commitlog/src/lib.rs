@@ -55,7 +55,7 @@ mod recovery;
 mod segment;
 
 pub use cleaner::{CleanStats, Cleaner, CleanerConfig};
-pub use config::{CleanupPolicy, LogConfig};
+pub use config::{CleanupPolicy, CompressionType, LogConfig, MessageTimestampType};
 pub use error::{Error, Result};
 pub use fjord_record::{Offset, TopicPartition};
 pub use log::{AppendInfo, Log, ReadSlice, RecordVisitor};

@@ -343,7 +343,7 @@ impl Log {
         let (offsets, times) = seg.resident_len();
         let index_full =
             (offsets + 1) * 8 > config.segment_index_bytes as usize || (times + 1) * 12 > config.segment_index_bytes as usize;
-        let too_old = match (config.segment_ms, w.active.first_timestamp) {
+        let too_old = match (config.roll_after(), w.active.first_timestamp) {
             (Some(ms), Some(first_ts)) => max_timestamp.saturating_sub(first_ts) > ms.as_millis() as i64,
             _ => false,
         };

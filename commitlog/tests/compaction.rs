@@ -615,3 +615,43 @@ fn a_cleaner_process_killed_at_any_moment_leaves_a_complete_log() {
         assert_eq!(records(&log), expected, "kill {i}: the next clean finishes the job");
     }
 }
+
+/// `max.compaction.lag.ms` (Kafka's KIP-354): the active segment of a compacted log
+/// rolls once its first batch is that old, and dirty records that waited that long are
+/// cleaned although the dirty ratio is below `min.cleanable.dirty.ratio`.
+#[test]
+fn max_compaction_lag_rolls_and_cleans_whatever_the_dirty_ratio() {
+    const LAG_MS: i64 = 60_000;
+    let dir = tempfile::tempdir().unwrap();
+    let manager = LogManager::open(dir.path(), config()).unwrap();
+    let tp = TopicPartition::new("lagged", 0);
+    let lagged = LogConfig { max_compaction_lag: Some(Duration::from_millis(LAG_MS as u64)), ..config() };
+    let log = manager.get_or_create(&tp, lagged).unwrap();
+    let mut model = Model::default();
+    // The roll: within the lag one segment, past it a new one (segment.ms is an hour).
+    append(&log, &mut model, &[(b"a".to_vec(), Some(vec![0; 10]))], 1_000, Compression::None);
+    append(&log, &mut model, &[(b"a".to_vec(), Some(vec![1; 10]))], 1_000 + LAG_MS, Compression::None);
+    assert_eq!(log.segment_count(), 1);
+    append(&log, &mut model, &[(b"b".to_vec(), Some(vec![2; 10]))], 2_000 + LAG_MS, Compression::None);
+    assert_eq!(log.segment_count(), 2, "rolled at max.compaction.lag.ms");
+    for r in 0..20u8 {
+        append(&log, &mut model, &[(vec![b'k', r], Some(vec![r; 50]))], 3_000 + LAG_MS, Compression::None);
+    }
+    let end = seal(&log, &mut model, 0);
+    let mut cleaner = Cleaner::new(CleanerConfig::default());
+    assert_eq!(cleaner.clean_due(&manager, 3 * HOUR_MS).len(), 1, "first pass: all dirty");
+    // One more duplicate: a little dirt next to much clean data.
+    append(&log, &mut model, &[(b"a".to_vec(), Some(vec![3; 10]))], 2 * HOUR_MS + 1, Compression::None);
+    seal(&log, &mut model, 1);
+    log.update_config(LogConfig { min_cleanable_dirty_ratio: 0.9, ..lagged }).unwrap();
+    // The dirty segment's newest record is that a, at 2 h + 1 ms.
+    assert!(cleaner.clean_due(&manager, 2 * HOUR_MS + LAG_MS).is_empty(), "the lag has not run out");
+    log.update_config(LogConfig { min_cleanable_dirty_ratio: 0.9, max_compaction_lag: None, ..lagged }).unwrap();
+    assert!(cleaner.clean_due(&manager, 3 * HOUR_MS).is_empty(), "without the lag, the ratio decides");
+    log.update_config(LogConfig { min_cleanable_dirty_ratio: 0.9, ..lagged }).unwrap();
+    let cleaned = cleaner.clean_due(&manager, 2 * HOUR_MS + 1 + LAG_MS);
+    assert_eq!(cleaned.len(), 1, "overdue");
+    let a: Vec<Rec> = records(&log).into_iter().filter(|r| r.1 == b"a").collect();
+    assert_eq!(a.len(), 1, "only the latest a is left: {a:?}");
+    assert!(a[0].0 >= end);
+}

@@ -241,5 +241,8 @@ fn log_config_entries(c: &LogConfig) -> Vec<(&'static str, String, i8)> {
         ("min.cleanable.dirty.ratio", c.min_cleanable_dirty_ratio.to_string(), TYPE_DOUBLE),
         ("min.compaction.lag.ms", ms(Some(c.min_compaction_lag), 0), TYPE_LONG),
         ("min.insync.replicas", c.min_insync_replicas.to_string(), TYPE_INT),
+        ("compression.type", c.compression_type.as_str().to_owned(), TYPE_STRING),
+        ("message.timestamp.type", c.message_timestamp_type.as_str().to_owned(), TYPE_STRING),
+        ("max.compaction.lag.ms", ms(c.max_compaction_lag, i64::MAX), TYPE_LONG),
     ]
 }

@@ -21,7 +21,7 @@ use super::admin::{RESOURCE_BROKER, RESOURCE_TOPIC};
 use crate::codec::error_code;
 use crate::handler::Broker;
 use crate::topic_config;
-use crate::topics::{validate_topic_name, TopicError};
+use crate::topics::{validate_topic_name, TopicError, UNCLEAN_LEADER_ELECTION};
 
 /// IncrementalAlterConfigs operations.
 const OP_SET: i8 = 0;
@@ -40,8 +40,13 @@ fn invalid_request(message: impl Into<String>) -> Refusal {
     (error_code::INVALID_REQUEST, message.into())
 }
 
+/// A key no topic has: neither a log key (those accepted and ignored included) nor
+/// `unclean.leader.election.enable`, which the controller applies.
 fn unknown_key(name: &str) -> Option<Refusal> {
-    (!LogConfig::KEYS.contains(&name)).then(|| (error_code::INVALID_CONFIG, format!("unknown topic config {name}")))
+    let known = LogConfig::KEYS.contains(&name)
+        || LogConfig::IGNORED_KEYS.iter().any(|(key, _)| *key == name)
+        || name == UNCLEAN_LEADER_ELECTION;
+    (!known).then(|| (error_code::INVALID_CONFIG, format!("unknown topic config {name}")))
 }
 
 /// One requested change of IncrementalAlterConfigs.
@@ -59,13 +64,12 @@ impl Broker {
             let (kind, name) = (resource.resource_type, resource.resource_name);
             let entries: Vec<(String, Option<String>)> =
                 resource.configs.into_iter().map(|c| (c.name.to_string(), c.value.map(|v| v.to_string()))).collect();
+            // The keys are checked once the topic is known to exist: a missing topic is
+            // UNKNOWN_TOPIC_OR_PARTITION whatever the request sets, as in Kafka.
+            // Kafka drops entries with a null value: they stay unset.
             let outcome = match check_resource(kind, &name, &duplicates) {
                 Err(refusal) => Err(refusal),
-                // Kafka drops entries with a null value: they stay unset.
-                Ok(()) => match replacement(&entries) {
-                    Err(refusal) => Err(refusal),
-                    Ok(overrides) => self.alter_topic(&name, request.validate_only, |_| Ok(overrides.clone())).await,
-                },
+                Ok(()) => self.alter_topic(&name, request.validate_only, |_| replacement(&entries)).await,
             };
             let (code, message) = split(outcome);
             responses.push(
@@ -90,9 +94,15 @@ impl Broker {
                 .into_iter()
                 .map(|c| Op { name: c.name.to_string(), operation: c.config_operation, value: c.value.map(|v| v.to_string()) })
                 .collect();
-            let outcome = match check_resource(kind, &name, &duplicates).and_then(|()| check_ops(&ops)) {
+            let outcome = match check_resource(kind, &name, &duplicates) {
                 Err(refusal) => Err(refusal),
-                Ok(()) => self.alter_topic(&name, request.validate_only, |current| apply_ops(current, &defaults, &ops)).await,
+                Ok(()) => {
+                    let edit = |current: &BTreeMap<String, String>| {
+                        check_ops(&ops)?;
+                        apply_ops(current, &defaults, &ops)
+                    };
+                    self.alter_topic(&name, request.validate_only, edit).await
+                }
             };
             let (code, message) = split(outcome);
             responses.push(

@@ -270,7 +270,7 @@ async fn append(
     }
     let compressed = scan_headers(&records).map_err(AppendError::ControlBatch)?;
     let config = partition.log.config();
-    let heavy = compressed || config.cleanup_policy.compacts();
+    let heavy = compressed || config.cleanup_policy.compacts() || crate::topic_config::append::rewrites(&config);
     if !heavy && config.flush_messages.is_none() {
         return run(partition, &records, acks_all, min_isr, tally);
     }
