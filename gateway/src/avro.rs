@@ -6,7 +6,7 @@
 //! resolver, so a mismatch names the field path (`$.address.zip`), which is what a
 //! caller needs to fix the event.
 
-use apache_avro::schema::{Name, NamesRef, ResolvedSchema};
+use apache_avro::schema::{DecimalSchema, InnerDecimalSchema, Name, NamesRef, ResolvedSchema};
 use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
@@ -14,6 +14,9 @@ use base64::Engine;
 use serde_json::Value as Json;
 
 use crate::{Error, Result};
+
+/// The largest `fixed` the registry accepts by default ([`fjord_schema_registry::SchemaLimits`]).
+const MAX_FIXED_SIZE: usize = 1024 * 1024;
 
 /// A mismatch: where, and what is wrong there.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,6 +220,16 @@ fn to_avro(json: &Json, schema: &Schema, names: &NamesRef<'_>, path: &mut String
         Schema::LocalTimestampMillis => Value::LocalTimestampMillis(long(json, path)?),
         Schema::LocalTimestampMicros => Value::LocalTimestampMicros(long(json, path)?),
         Schema::LocalTimestampNanos => Value::LocalTimestampNanos(long(json, path)?),
+        // A decimal on a fixed is written sign-extended to the whole size, and apache-avro
+        // sizes its precision check in i32 arithmetic: a size the registry would refuse
+        // (schemas come through the registry client, which refuses them too) is refused here
+        // before apache-avro allocates it or overflows on it.
+        Schema::Decimal(DecimalSchema { inner: InnerDecimalSchema::Fixed(f), .. }) if f.size > MAX_FIXED_SIZE => {
+            return fail(
+                path,
+                format!("decimal fixed {} of {} bytes is over the limit of {MAX_FIXED_SIZE}", f.name.fullname(None), f.size),
+            )
+        }
         // The remaining logical types (uuid, decimal, duration) have string or byte
         // encodings that apache-avro's own resolver knows; only the path is ours.
         other => match Value::try_from(json.clone()).and_then(|v| v.resolve(other)) {
@@ -338,5 +351,79 @@ mod tests {
         assert!(encode(1, &s, &json!("\u{100}"), 0).is_err());
         assert!(base64_decode("!!").unwrap_err().contains("base64"));
         assert_eq!(base64_decode("aGk=").unwrap(), b"hi");
+    }
+
+    /// Issue #26: a schema with a `fixed` of 2^62 (stored by a registry that accepted it,
+    /// handed over without the client's limits) meets the gateway: each value is a mismatch
+    /// at its path, and nothing allocates the size or overflows on it.
+    #[test]
+    fn a_fixed_of_two_to_the_62_is_a_mismatch_not_an_abort() {
+        for (ty, value) in [
+            (r#"{"type":"fixed","name":"Huge","size":4611686018427387904}"#, json!("\u{0}")),
+            (r#"{"type":"fixed","name":"D","size":4611686018427387904,"logicalType":"decimal","precision":4}"#, json!("\u{1}")),
+            // Fits an i32, but eight times it does not: apache-avro's precision check overflowed.
+            (r#"{"type":"fixed","name":"D","size":268435456,"logicalType":"decimal","precision":4}"#, json!("\u{1}")),
+        ] {
+            let s =
+                Schema::parse_str(&format!(r#"{{"type":"record","name":"B","fields":[{{"name":"f","type":{ty}}}]}}"#)).unwrap();
+            match encode(3, &s, &json!({ "f": value }), 0) {
+                Err(Error::AvroMismatch { path, .. }) => assert_eq!(path, "$.f", "{ty}"),
+                other => panic!("{ty}: expected a mismatch, got {other:?}"),
+            }
+        }
+        // The registry client refuses such a schema: a 422 from the gateway.
+        let refused = Error::from(fjord_schema_registry::Error::SchemaLimit {
+            what: "fixed size (bytes)",
+            actual: 1 << 62,
+            limit: MAX_FIXED_SIZE,
+            key: "max_fixed_size",
+        });
+        assert_eq!((refused.http_status(), refused.error_code()), (422, 42201));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 1_000, ..Default::default() })]
+
+        /// Mutated JSON values (any JSON, or the good value with a field replaced by any
+        /// JSON): the conversion answers a datum or a mismatch, never panics, and is quick.
+        #[test]
+        fn mutated_json_never_panics_and_is_quick(
+            replace in proptest::option::of(0usize..7),
+            leaf in json_value(),
+        ) {
+            let good = json!({"url":"/a","ms":5,"ref":{"string":"x"},"kind":"BUY","addr":{"zip":1234},"prev":{"t.Addr":{"zip":1}},"tags":["a"]});
+            let doc = match replace {
+                None => leaf,
+                Some(i) => {
+                    let mut doc = good;
+                    let key = ["url", "ms", "ref", "kind", "addr", "prev", "tags"][i];
+                    doc[key] = leaf;
+                    doc
+                }
+            };
+            let started = std::time::Instant::now();
+            let _ = encode(7, &schema(), &doc, 0);
+            proptest::prop_assert!(started.elapsed() < std::time::Duration::from_secs(1), "{doc}");
+        }
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = Json> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Json::Null),
+            any::<bool>().prop_map(Json::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+            ".{0,8}".prop_map(Json::String),
+            Just(json!("t.Addr")),
+            Just(json!("BUY")),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Json::Array),
+                proptest::collection::btree_map("(zip|string|t.Addr|null|url|[a-z]{1,3})", inner, 0..4)
+                    .prop_map(|m| Json::Object(m.into_iter().collect())),
+            ]
+        })
     }
 }

@@ -146,7 +146,9 @@ impl Error {
             Error::Unprocessable { .. } | Error::AvroMismatch { .. } => 422,
             Error::UnknownSchema(_) | Error::UnknownTopic(_) | Error::UnknownPartition { .. } => 404,
             Error::Registry(e) => match e {
-                fjord_schema_registry::Error::InvalidSchema(_) | fjord_schema_registry::Error::UnsupportedSchema(_) => 422,
+                fjord_schema_registry::Error::InvalidSchema(_)
+                | fjord_schema_registry::Error::UnsupportedSchema(_)
+                | fjord_schema_registry::Error::SchemaLimit { .. } => 422,
                 fjord_schema_registry::Error::Incompatible { .. } => 409,
                 fjord_schema_registry::Error::Registry { status, .. } if (400..500).contains(status) => 422,
                 _ => 503,

@@ -7,7 +7,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::Schema;
 use base64::Engine;
 use bytes::Bytes;
@@ -366,6 +365,7 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
         run_dir: run_dir.clone(),
         registry: registry.as_ref(),
         schemas: HashMap::new(),
+        refused: HashMap::new(),
         moves: Vec::new(),
         next_file: 0,
         bytes_out: 0,
@@ -727,6 +727,8 @@ struct RunWriter<'a> {
     registry: Option<&'a RegistryClient>,
     /// Schema id → (schema, its JSON for file headers).
     schemas: HashMap<i32, (Arc<Schema>, String)>,
+    /// Schema ids the registry has but this loader refuses, with the reason.
+    refused: HashMap<i32, String>,
     moves: Vec<(String, String)>,
     next_file: u64,
     bytes_out: u64,
@@ -762,11 +764,21 @@ impl RunWriter<'_> {
             return Ok(Ok(Kind::Envelope));
         };
         let (id, datum) = fjord_schema_registry::framing::unframe(value).map_err(|e| Error::Registry(Box::new(e)))?;
+        if let Some(reason) = self.refused.get(&id) {
+            return Ok(Err(Bad(reason.clone())));
+        }
         if let std::collections::hash_map::Entry::Vacant(slot) = self.schemas.entry(id) {
+            use fjord_schema_registry::Error as E;
             let schema = match registry.schema(id).await {
                 Ok(s) => s,
-                Err(fjord_schema_registry::Error::UnknownId(_)) => {
-                    return Ok(Err(Bad(format!("schema id {id} is not registered"))))
+                Err(E::UnknownId(_)) => return Ok(Err(Bad(format!("schema id {id} is not registered")))),
+                // A schema the registry holds but this loader will not decode with (one
+                // beyond the limits, registered before they were enforced): every record
+                // naming it is bad, and the run goes on. Remembered, so it is fetched once.
+                Err(e @ (E::SchemaLimit { .. } | E::InvalidSchema(_) | E::UnsupportedSchema(_))) => {
+                    let reason = format!("schema id {id} is refused: {e}");
+                    self.refused.insert(id, reason.clone());
+                    return Ok(Err(Bad(reason)));
                 }
                 Err(e) => return Err(Error::Registry(Box::new(e))),
             };
@@ -775,11 +787,13 @@ impl RunWriter<'_> {
             slot.insert((schema, json));
         }
         let schema = &self.schemas[&id].0;
-        let mut rest = datum;
-        let decoded = GenericDatumReader::builder(schema).build().and_then(|r| r.read_value(&mut rest));
-        match decoded {
-            Ok(_) if rest.is_empty() => {}
-            Ok(_) => return Ok(Err(Bad(format!("{} bytes left after the datum of schema {id}", rest.len())))),
+        // Bounded: every length, size and count is checked against the bytes left before
+        // anything is allocated (a `fixed` of 2^62 once aborted every run here).
+        match fjord_schema_registry::datum::decode(schema, None, datum, id, registry.datum_limits()) {
+            Ok(_) => {}
+            Err(fjord_schema_registry::Error::TrailingBytes { len, .. }) => {
+                return Ok(Err(Bad(format!("{len} bytes left after the datum of schema {id}"))))
+            }
             Err(e) => return Ok(Err(Bad(format!("does not decode with schema {id}: {e}")))),
         }
         self.scratch.extend_from_slice(datum);

@@ -39,6 +39,10 @@ impl Drop for Cluster {
 }
 
 async fn start() -> Cluster {
+    start_with(RegistryConfig::default()).await
+}
+
+async fn start_with(registry_config: RegistryConfig) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -62,7 +66,7 @@ async fn start() -> Cluster {
     let registry_url = format!("http://{}", listener.local_addr().unwrap());
     let token = shutdown.clone();
     tokio::spawn(async move {
-        if let Err(e) = fjord_schema_registry::run(RegistryConfig::default(), store, listener, token).await {
+        if let Err(e) = fjord_schema_registry::run(registry_config, store, listener, token).await {
             eprintln!("registry stopped: {e}");
         }
     });
@@ -380,6 +384,75 @@ async fn loads_100k_records_of_two_topics_exactly_once_then_only_new_records() {
     let err = run_once(&strict, &()).await.unwrap_err();
     assert!(matches!(&err, Error::BadRecord { topic, partition: 2, .. } if topic == "clicks"), "{err}");
     assert_eq!(load_state(&dest_fs, "nightly").await.unwrap().seq, 2);
+}
+
+/// Issue #26 case 7: `fjord load` aborted on every run at a 13-byte record whose schema id
+/// names a `fixed` of 2^62 ("memory allocation ... failed": apache-avro allocates the size
+/// before reading). Such a schema is refused at registration now; this registry is set to
+/// accept it, as the older one did. The loader runs in this process, so an abort fails the
+/// test. Each bad record is quarantined with its offset and the run commits the rest; with
+/// the fail policy the run fails at the first, naming its offset, and commits nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_with_absurd_sizes_are_quarantined_with_their_offsets_not_an_abort() {
+    let lenient = RegistryConfig { max_fixed_size: usize::MAX, ..RegistryConfig::default() };
+    let c = start_with(lenient).await;
+    create_topics(&c, &[("boom", 1)]).await;
+    let huge = r#"{"type":"record","name":"Boom","fields":[{"name":"f","type":{"type":"fixed","name":"Huge","size":4611686018427387904}}]}"#;
+    let lenient_client = RegistryClient::new(&c.registry_url).unwrap().with_limits(
+        fjord_schema_registry::SchemaLimits { max_fixed_size: usize::MAX, ..Default::default() },
+        Default::default(),
+    );
+    let huge_id = lenient_client.register("boom-value", huge).await.unwrap();
+    let click_id = RegistryClient::new(&c.registry_url).unwrap().register("clicks-value", CLICK_SCHEMA).await.unwrap();
+    let click = |seq: i64, user: &[u8]| {
+        let mut datum = Vec::new();
+        for n in [seq * 2, user.len() as i64 * 2] {
+            datum.push(n as u8); // small non-negative numbers: one zig-zag byte
+        }
+        datum.extend_from_slice(user);
+        datum.push(0);
+        fjord_schema_registry::framing::frame(click_id, &datum)
+    };
+    produce_bytes(&c, "boom", 0, click(1, b"a"), BASE_TS).await; // offset 0: good
+    let thirteen_bytes = fjord_schema_registry::framing::frame(huge_id, &[0; 8]);
+    assert_eq!(thirteen_bytes.len(), 13);
+    produce_bytes(&c, "boom", 0, thirteen_bytes, BASE_TS + 1).await; // offset 1
+                                                                     // offset 2: a Click whose user string claims 2^40 bytes
+    let mut long_string = fjord_schema_registry::framing::frame(click_id, &[2]);
+    long_string.extend_from_slice(&[0x80, 0x80, 0x80, 0x80, 0x80, 0x40]);
+    produce_bytes(&c, "boom", 0, long_string, BASE_TS + 2).await;
+    produce_bytes(&c, "boom", 0, click(4, b"bb"), BASE_TS + 3).await; // offset 3: good
+
+    let dest = tempfile::tempdir().unwrap();
+    let cfg = config(&c, dest.path(), "boom");
+    let strict = LoaderConfig { on_bad_record: BadRecordPolicy::Fail, ..cfg.clone() };
+    let err = run_once(&strict, &()).await.unwrap_err();
+    assert!(matches!(&err, Error::BadRecord { offset: 1, reason, .. } if reason.contains("max_fixed_size")), "{err}");
+    let dest_fs = fjord_hadoop_loader::fs::open(&cfg.dest, Duration::from_secs(5)).unwrap();
+    assert_eq!(load_state(&dest_fs, "nightly").await.unwrap().seq, 0, "a failed run commits nothing");
+
+    let summary = run_once(&cfg, &()).await.unwrap();
+    assert_eq!((summary.records, summary.bad_records, summary.committed_seq), (2, 2, Some(1)));
+    let errors: Vec<Json> = std::fs::read_dir(dest.path().join("_fjord/errors/nightly/boom"))
+        .unwrap()
+        .flat_map(|e| {
+            std::fs::read_to_string(e.unwrap().path())
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<Json>>()
+        })
+        .collect();
+    let by_offset: BTreeMap<i64, &str> =
+        errors.iter().map(|e| (e["offset"].as_i64().unwrap(), e["reason"].as_str().unwrap())).collect();
+    assert_eq!(by_offset.keys().copied().collect::<Vec<_>>(), [1, 2], "{errors:?}");
+    assert!(
+        by_offset[&1].contains(&format!("schema id {huge_id} is refused")) && by_offset[&1].contains("max_fixed_size"),
+        "{by_offset:?}"
+    );
+    assert!(by_offset[&2].contains("string of 1099511627776 bytes, but only 0 bytes are left"), "{by_offset:?}");
+    let good = read_back_with_apache_avro(dest.path());
+    assert_eq!(good.iter().map(|f| f["records"].as_array().unwrap().len()).sum::<usize>(), 2, "{good:?}");
 }
 
 /// A small deterministic generator (the seed is printed, so a failure can be replayed).

@@ -13,6 +13,7 @@
 //! | 404 | 40408 | the subject has no compatibility level of its own |
 //! | 409 | 409 | incompatible schema (the message names the version, rule and path) |
 //! | 422 | 42201 / 42202 / 42203 | invalid schema / version / compatibility level |
+//! | 422 | 42201 | a schema beyond a limit (`max_schema_bytes`, `max_named_types`, `max_depth`, `max_fixed_size`; the message names it), or a check beyond its bound |
 //! | 400, 413, 415 | same | malformed JSON body, body over `max_body_bytes`, wrong content type |
 //! | 500 | 50001 | the metadata store failed |
 //!
@@ -43,8 +44,8 @@ use tokio_util::sync::CancellationToken;
 use tower::limit::ConcurrencyLimitLayer;
 
 use crate::compat::CompatibilityLevel;
-use crate::schema::ParsedSchema;
-use crate::store::{SchemaStore, SubjectVersion, VersionSpec};
+use crate::schema::{ParsedSchema, SchemaLimits};
+use crate::store::{default_cpu_tasks, SchemaStore, SubjectVersion, VersionSpec};
 use crate::{Error, Result};
 
 /// The content type of every response.
@@ -65,16 +66,33 @@ pub struct RegistryConfig {
     /// Compatibility level in force until `PUT /config` stores one
     /// (Confluent's `schema.compatibility.level`).
     pub default_compatibility: CompatibilityLevel,
+    /// Longest schema text accepted, in bytes ([`SchemaLimits::max_schema_bytes`]).
+    pub max_schema_bytes: usize,
+    /// Most named types in one schema ([`SchemaLimits::max_named_types`]).
+    pub max_named_types: usize,
+    /// Deepest nesting of a schema ([`SchemaLimits::max_depth`]).
+    pub max_depth: usize,
+    /// Largest `fixed` size ([`SchemaLimits::max_fixed_size`]).
+    pub max_fixed_size: usize,
+    /// Parses and compatibility checks running at once, each on a thread of the blocking
+    /// pool; more wait for a turn. Default: half the cores, 1 to 4.
+    pub cpu_tasks: usize,
 }
 
 impl Default for RegistryConfig {
     fn default() -> Self {
         // Avro schemas are small; a few MiB leaves room for very large generated ones while
         // bounding what one request can make the server buffer.
+        let limits = SchemaLimits::default();
         Self {
             max_body_bytes: 4 * 1024 * 1024,
             max_concurrent_requests: 256,
             default_compatibility: CompatibilityLevel::Backward,
+            max_schema_bytes: limits.max_schema_bytes,
+            max_named_types: limits.max_named_types,
+            max_depth: limits.max_depth,
+            max_fixed_size: limits.max_fixed_size,
+            cpu_tasks: default_cpu_tasks(),
         }
     }
 }
@@ -88,7 +106,27 @@ impl RegistryConfig {
         if self.max_concurrent_requests == 0 {
             return Err(Error::Config("max_concurrent_requests = 0 would serve nothing".into()));
         }
+        for (key, value) in [
+            ("max_schema_bytes", self.max_schema_bytes),
+            ("max_named_types", self.max_named_types),
+            ("max_depth", self.max_depth),
+            ("cpu_tasks", self.cpu_tasks),
+        ] {
+            if value == 0 {
+                return Err(Error::Config(format!("{key} = 0 would refuse every schema")));
+            }
+        }
         Ok(())
+    }
+
+    /// The bounds on submitted schemas.
+    pub fn schema_limits(&self) -> SchemaLimits {
+        SchemaLimits {
+            max_schema_bytes: self.max_schema_bytes,
+            max_named_types: self.max_named_types,
+            max_depth: self.max_depth,
+            max_fixed_size: self.max_fixed_size,
+        }
     }
 }
 
@@ -97,7 +135,8 @@ type AppState = Arc<SchemaStore>;
 /// The REST API over `store`, with its own id → schema cache. Several routers (instances)
 /// may share one store.
 pub fn router(config: &RegistryConfig, store: Store) -> Router {
-    let state: AppState = Arc::new(SchemaStore::new(store, config.default_compatibility));
+    let state: AppState =
+        Arc::new(SchemaStore::with_limits(store, config.default_compatibility, config.schema_limits(), config.cpu_tasks));
     Router::new()
         .route("/", get(|| async { reply(StatusCode::OK, &json!({})) }))
         .route("/subjects", get(list_subjects))
@@ -162,7 +201,9 @@ impl ApiError {
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         let (status, code) = match &e {
-            Error::InvalidSchema(_) | Error::UnsupportedSchema(_) => (StatusCode::UNPROCESSABLE_ENTITY, 42201),
+            Error::InvalidSchema(_) | Error::UnsupportedSchema(_) | Error::SchemaLimit { .. } | Error::CheckTooComplex { .. } => {
+                (StatusCode::UNPROCESSABLE_ENTITY, 42201)
+            }
             Error::InvalidVersion(_) => (StatusCode::UNPROCESSABLE_ENTITY, 42202),
             Error::InvalidCompatibilityLevel(_) => (StatusCode::UNPROCESSABLE_ENTITY, 42203),
             Error::SubjectNotFound(_) => (StatusCode::NOT_FOUND, 40401),
@@ -233,16 +274,19 @@ struct SchemaRequest {
 }
 
 impl SchemaRequest {
-    fn parse(&self) -> Result<ParsedSchema> {
+    /// Checks the request and parses its schema (off the async workers, under the
+    /// registry's limits).
+    async fn parse(self, store: &SchemaStore) -> Result<ParsedSchema> {
         if let Some(t) = self.schema_type.as_deref().filter(|t| !t.eq_ignore_ascii_case("AVRO")) {
             return Err(Error::UnsupportedSchema(format!("schema type {t} is not supported; this registry serves AVRO")));
         }
         if self.references.as_ref().is_some_and(|r| !r.is_empty()) {
             return Err(Error::UnsupportedSchema("schema references are not supported".into()));
         }
-        match self.schema.as_deref() {
-            None | Some("") => Err(Error::InvalidSchema("Empty schema".into())),
-            Some(text) => ParsedSchema::parse(text),
+        match self.schema {
+            None => Err(Error::InvalidSchema("Empty schema".into())),
+            Some(text) if text.is_empty() => Err(Error::InvalidSchema("Empty schema".into())),
+            Some(text) => store.parse(text).await,
         }
     }
 }
@@ -367,7 +411,7 @@ async fn register_schema(
     Params(subject): Params<String>,
     JsonBody(req): JsonBody<SchemaRequest>,
 ) -> ApiResult {
-    let id = s.register(&subject, &req.parse()?).await?;
+    let id = s.register(&subject, &req.parse(&s).await?).await?;
     Ok(reply(StatusCode::OK, &json!({ "id": id })))
 }
 
@@ -377,7 +421,7 @@ async fn lookup_schema(
     flags: Flags,
     JsonBody(req): JsonBody<SchemaRequest>,
 ) -> ApiResult {
-    let v = s.lookup(&subject, &req.parse()?, flag(&flags, "deleted")).await?;
+    let v = s.lookup(&subject, &req.parse(&s).await?, flag(&flags, "deleted")).await?;
     Ok(reply(StatusCode::OK, &version_doc(&v)))
 }
 
@@ -474,7 +518,7 @@ async fn check_version(
     JsonBody(req): JsonBody<SchemaRequest>,
 ) -> ApiResult {
     let spec = VersionSpec::parse(&version)?;
-    let parsed = req.parse()?;
+    let parsed = req.parse(&s).await?;
     let messages = s.check_compatibility(&subject, &parsed, Some(spec)).await?;
     Ok(reply(StatusCode::OK, &compatibility_doc(messages, flag(&flags, "verbose"))))
 }
@@ -485,7 +529,7 @@ async fn check_all(
     flags: Flags,
     JsonBody(req): JsonBody<SchemaRequest>,
 ) -> ApiResult {
-    let messages = s.check_compatibility(&subject, &req.parse()?, None).await?;
+    let messages = s.check_compatibility(&subject, &req.parse(&s).await?, None).await?;
     Ok(reply(StatusCode::OK, &compatibility_doc(messages, flag(&flags, "verbose"))))
 }
 
@@ -499,6 +543,8 @@ mod tests {
         let bad = [
             RegistryConfig { max_body_bytes: 10, ..RegistryConfig::default() },
             RegistryConfig { max_concurrent_requests: 0, ..RegistryConfig::default() },
+            RegistryConfig { max_depth: 0, ..RegistryConfig::default() },
+            RegistryConfig { cpu_tasks: 0, ..RegistryConfig::default() },
         ];
         for config in bad {
             assert!(matches!(config.validate(), Err(Error::Config(_))), "{config:?}");

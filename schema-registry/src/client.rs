@@ -22,15 +22,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::datum::DatumLimits;
 use crate::framing::{frame, unframe};
-use crate::schema::ParsedSchema;
+use crate::schema::{ParsedSchema, SchemaLimits};
 use crate::{Error, Result};
 
 /// A decoded payload.
@@ -50,6 +50,10 @@ pub struct RegistryClient {
     by_id: RwLock<HashMap<i32, Arc<Schema>>>,
     /// (subject, canonical text) → id, so a producer registers each schema once per subject.
     registered: RwLock<HashMap<(String, String), i32>>,
+    /// Bounds on the schemas this client takes from the registry and on the data it decodes
+    /// with them: a schema beyond them is [`Error::SchemaLimit`], whatever the registry took.
+    schema_limits: SchemaLimits,
+    datum_limits: DatumLimits,
 }
 
 #[derive(Deserialize)]
@@ -70,11 +74,30 @@ impl RegistryClient {
             .timeout(Duration::from_secs(30))
             .build()
             .map_err(|source| Error::Http { url: base.clone(), source })?;
-        Ok(Self { http, base, by_id: RwLock::new(HashMap::new()), registered: RwLock::new(HashMap::new()) })
+        Ok(Self {
+            http,
+            base,
+            by_id: RwLock::new(HashMap::new()),
+            registered: RwLock::new(HashMap::new()),
+            schema_limits: SchemaLimits::default(),
+            datum_limits: DatumLimits::default(),
+        })
+    }
+
+    /// The same client with other bounds on schemas and data (the defaults otherwise).
+    pub fn with_limits(self, schema_limits: SchemaLimits, datum_limits: DatumLimits) -> Self {
+        Self { schema_limits, datum_limits, ..self }
+    }
+
+    /// The bounds on data this client decodes.
+    pub fn datum_limits(&self) -> &DatumLimits {
+        &self.datum_limits
     }
 
     /// The schema with global id `id`: from the cache, else `GET /schemas/ids/{id}`.
-    /// An id the registry does not know is [`Error::UnknownId`].
+    /// An id the registry does not know is [`Error::UnknownId`]; a schema beyond this client's
+    /// limits (one registered before the registry enforced them, or by another registry) is
+    /// [`Error::SchemaLimit`].
     pub async fn schema(&self, id: i32) -> Result<Arc<Schema>> {
         if let Some(hit) = self.by_id.read().expect("invariant: cache lock not poisoned").get(&id) {
             return Ok(hit.clone());
@@ -87,7 +110,7 @@ impl RegistryClient {
             Err(Error::Registry { error_code: 40403, .. }) => return Err(Error::UnknownId(id)),
             other => other?,
         };
-        let schema = Arc::new(ParsedSchema::parse(&doc.schema)?.schema);
+        let schema = ParsedSchema::parse_with(&doc.schema, &self.schema_limits)?.schema;
         self.by_id.write().expect("invariant: cache lock not poisoned").insert(id, schema.clone());
         Ok(schema)
     }
@@ -95,7 +118,7 @@ impl RegistryClient {
     /// Registers `schema` under `subject` (once per client; later calls hit the cache) and
     /// returns its global id.
     pub async fn register(&self, subject: &str, schema: &str) -> Result<i32> {
-        Ok(self.register_parsed(subject, &ParsedSchema::parse(schema)?).await?.0)
+        Ok(self.register_parsed(subject, &ParsedSchema::parse_with(schema, &self.schema_limits)?).await?.0)
     }
 
     async fn register_parsed(&self, subject: &str, parsed: &ParsedSchema) -> Result<(i32, Arc<Schema>)> {
@@ -115,7 +138,7 @@ impl RegistryClient {
             }
         };
         let mut by_id = self.by_id.write().expect("invariant: cache lock not poisoned");
-        let schema = by_id.entry(id).or_insert_with(|| Arc::new(parsed.schema.clone())).clone();
+        let schema = by_id.entry(id).or_insert_with(|| parsed.schema.clone()).clone();
         Ok((id, schema))
     }
 
@@ -124,7 +147,7 @@ impl RegistryClient {
     /// (`Value::try_from(serde_json::Value)`: maps for records, strings for enums) works; a value
     /// that does not fit the schema is [`Error::Avro`].
     pub async fn serialize(&self, subject: &str, schema: &str, value: Value) -> Result<Vec<u8>> {
-        let (id, schema) = self.register_parsed(subject, &ParsedSchema::parse(schema)?).await?;
+        let (id, schema) = self.register_parsed(subject, &ParsedSchema::parse_with(schema, &self.schema_limits)?).await?;
         encode(id, &schema, value)
     }
 
@@ -146,12 +169,9 @@ impl RegistryClient {
     }
 
     async fn decode(&self, payload: &[u8], reader: Option<&Schema>) -> Result<Decoded> {
-        let (schema_id, mut datum) = unframe(payload)?;
+        let (schema_id, datum) = unframe(payload)?;
         let writer = self.schema(schema_id).await?;
-        let value = GenericDatumReader::builder(&writer).maybe_reader_schema(reader).build()?.read_value(&mut datum)?;
-        if !datum.is_empty() {
-            return Err(Error::TrailingBytes { schema_id, len: datum.len() });
-        }
+        let value = crate::datum::decode(&writer, reader, datum, schema_id, &self.datum_limits)?;
         Ok(Decoded { schema_id, value })
     }
 

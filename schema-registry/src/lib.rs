@@ -12,6 +12,8 @@
 //!   metadata store (ZooKeeper in a cluster, embedded in `fjord dev`), plus an id → schema
 //!   cache per instance.
 //! - [`api`]: the axum REST service, [`RegistryConfig`] and [`run`].
+//! - [`datum`]: bounded decoding of one datum (every length, size, count and depth checked
+//!   against the bytes left and the limits before apache-avro allocates anything).
 //! - [`framing`]: magic byte 0, 4-byte big-endian schema id, Avro binary.
 //! - [`client`]: HTTP client with an id → schema cache, and the serializer / deserializer.
 //!
@@ -29,6 +31,7 @@
 pub mod api;
 pub mod client;
 pub mod compat;
+pub mod datum;
 pub mod framing;
 pub mod schema;
 pub mod store;
@@ -36,7 +39,7 @@ pub mod store;
 pub use api::{router, run, RegistryConfig};
 pub use client::{Decoded, RegistryClient};
 pub use compat::CompatibilityLevel;
-pub use schema::ParsedSchema;
+pub use schema::{ParsedSchema, SchemaLimits};
 pub use store::SchemaStore;
 
 /// Everything that can fail in the registry, its storage, its client and the framing.
@@ -45,6 +48,31 @@ pub enum Error {
     /// The schema text is not valid Avro (REST 422 / 42201); carries the parser's message.
     #[error("Invalid schema: {0}")]
     InvalidSchema(String),
+    /// A schema beyond one of the [`SchemaLimits`] (REST 422 / 42201): which bound, by how
+    /// much, and the config key that sets it.
+    #[error("Invalid schema: its {what} is {actual}, over the limit of {limit} (config key {key})")]
+    SchemaLimit {
+        /// What was measured.
+        what: &'static str,
+        /// The schema's value (for nesting depth: the depth at which the walk stopped).
+        actual: usize,
+        /// The bound in force.
+        limit: usize,
+        /// The [`RegistryConfig`] key that sets the bound.
+        key: &'static str,
+    },
+    /// The compatibility check of two schemas would take more than its bound (REST 422 /
+    /// 42201). The bound is linear in the two schemas' sizes; only schemas that pit many
+    /// named types of one name against each other (in different namespaces) reach it.
+    #[error("Invalid schema: checking compatibility with version {version} needs more than {bound} {unit}")]
+    CheckTooComplex {
+        /// The version being checked against.
+        version: i32,
+        /// The bound that was reached.
+        bound: usize,
+        /// What was counted: "steps" or "levels of nesting".
+        unit: &'static str,
+    },
     /// A schema type other than AVRO, or schema references, which this registry does not serve.
     #[error("Invalid schema: {0}")]
     UnsupportedSchema(String),
@@ -122,6 +150,9 @@ pub enum Error {
     /// Other instances kept winning the race for the same node (REST 500 / 50001).
     #[error("Error in the backend data store: too much contention on {0}, try again")]
     Contention(String),
+    /// A task on the blocking pool (a parse or a check) failed to complete (REST 500 / 50001).
+    #[error("internal error in a background task: {0}")]
+    BackgroundTask(String),
     /// All schema ids are used up (REST 500 / 50001).
     #[error("Error in the backend data store: schema ids exhausted")]
     IdsExhausted,
@@ -147,6 +178,15 @@ pub enum Error {
         schema_id: i32,
         /// Bytes left.
         len: usize,
+    },
+    /// An Avro datum that breaks a decoding bound or is cut short: a length, size or item
+    /// count larger than the bytes left, nesting deeper than the limit, too many values.
+    #[error("Avro datum refused at byte {at}: {reason}")]
+    BadDatum {
+        /// Offset in the datum where the walk stopped.
+        at: usize,
+        /// What is wrong there.
+        reason: String,
     },
     /// Avro encoding or decoding failed (the value does not match the schema, or the bytes
     /// are not a datum of the schema).
@@ -184,3 +224,11 @@ impl From<apache_avro::Error> for Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// CPU time of the calling thread, for tests that bound what a parse, check or decode costs
+/// whatever else the machine runs.
+#[cfg(test)]
+pub(crate) fn thread_cpu() -> std::time::Duration {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).expect("thread CPU clock");
+    std::time::Duration::new(t.tv_sec() as u64, t.tv_nsec() as u32)
+}

@@ -23,9 +23,10 @@ use std::sync::{Arc, RwLock};
 use apache_avro::Schema;
 use fjord_coord::{create_all, delete_all, paths, CreateMode, Store};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
 
 use crate::compat::{self, CompatibilityLevel};
-use crate::schema::ParsedSchema;
+use crate::schema::{ParsedSchema, SchemaLimits};
 use crate::{Error, Result};
 
 const FINGERPRINTS: &str = "/schemas/fingerprints";
@@ -118,12 +119,50 @@ pub struct SchemaStore {
     default_level: CompatibilityLevel,
     /// Ids never change meaning once written, so entries never go stale.
     by_id: RwLock<HashMap<i32, Arc<StoredSchema>>>,
+    /// Bounds on submitted schemas.
+    limits: SchemaLimits,
+    /// One permit per CPU-heavy task (parse, compatibility check) allowed to run at once.
+    cpu: Arc<Semaphore>,
+}
+
+/// CPU-heavy tasks at once by default: half the cores, at least one, at most four. The
+/// rest stays with the async workers, which in `fjord dev` serve the brokers too.
+pub fn default_cpu_tasks() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get() / 2).clamp(1, 4)
 }
 
 impl SchemaStore {
     /// A registry over `store`; `default_level` applies until `PUT /config` sets one.
+    /// Default [`SchemaLimits`] and [`default_cpu_tasks`].
     pub fn new(store: Store, default_level: CompatibilityLevel) -> Self {
-        Self { store, default_level, by_id: RwLock::new(HashMap::new()) }
+        Self::with_limits(store, default_level, SchemaLimits::default(), default_cpu_tasks())
+    }
+
+    /// As [`SchemaStore::new`], with bounds on submitted schemas and on how many CPU-heavy
+    /// tasks (at least one) run at once.
+    pub fn with_limits(store: Store, default_level: CompatibilityLevel, limits: SchemaLimits, cpu_tasks: usize) -> Self {
+        Self { store, default_level, by_id: RwLock::new(HashMap::new()), limits, cpu: Arc::new(Semaphore::new(cpu_tasks.max(1))) }
+    }
+
+    /// Runs CPU-heavy `work` (parsing a schema, checking compatibility: seconds for a schema
+    /// of megabytes) on tokio's blocking pool, at most `cpu_tasks` at once, so that it never
+    /// holds an async worker: in `fjord dev` those serve the brokers and the gateway too, and
+    /// two checks on them once stalled a broker's ApiVersions for 6 s. The permit goes with
+    /// the task, so a request given up by its client still counts until its work is done.
+    async fn off_runtime<T: Send + 'static>(&self, work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+        let permit = self.cpu.clone().acquire_owned().await.expect("invariant: the CPU semaphore is never closed");
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            work()
+        })
+        .await
+        .map_err(|e| Error::BackgroundTask(e.to_string()))?
+    }
+
+    /// Parses a submitted schema under this registry's [`SchemaLimits`], off the async workers.
+    pub async fn parse(&self, text: String) -> Result<ParsedSchema> {
+        let limits = self.limits;
+        self.off_runtime(move || ParsedSchema::parse_with(&text, &limits)).await
     }
 
     // ---- schemas by id ----------------------------------------------------------------
@@ -140,9 +179,14 @@ impl SchemaStore {
         let path = paths::schema_id(id);
         let (data, _) = self.store.get(&path).await?.ok_or(Error::UnknownId(id))?;
         let doc: IdDoc = decode(&path, &data)?;
-        let schema = Schema::parse_str(&doc.schema)
-            .map_err(|e| Error::Corrupt { path: path.clone(), detail: format!("stored schema does not parse: {e}") })?;
-        let entry = Arc::new(StoredSchema { text: doc.schema, schema });
+        // Stored schemas are parsed without the limits: one registered before they were
+        // enforced must stay servable, and checks against it are bounded on their own.
+        let entry = self
+            .off_runtime(move || match Schema::parse_str(&doc.schema) {
+                Ok(schema) => Ok(Arc::new(StoredSchema { text: doc.schema, schema })),
+                Err(e) => Err(Error::Corrupt { path, detail: format!("stored schema does not parse: {e}") }),
+            })
+            .await?;
         self.by_id.write().expect("invariant: cache lock not poisoned").insert(id, entry.clone());
         Ok(entry)
     }
@@ -374,7 +418,8 @@ impl SchemaStore {
                     CompatibilityLevel::FullTransitive => CompatibilityLevel::Full,
                     other => other,
                 };
-                Ok(compat::check(single, &parsed.schema, &[(old.version, &old.schema.schema)]))
+                let (new, limits) = (parsed.schema.clone(), self.limits);
+                self.off_runtime(move || compat::check(single, &new, &[(old.version, &old.schema.schema)], &limits)).await
             }
         }
     }
@@ -392,8 +437,12 @@ impl SchemaStore {
         for node in nodes.iter().rev().filter(|n| !n.doc.deleted) {
             live.push((node.version, self.schema_by_id(node.doc.id).await?));
         }
-        let previous: Vec<(i32, &Schema)> = live.iter().map(|(v, s)| (*v, &s.schema)).collect();
-        Ok(compat::check(level, &parsed.schema, &previous))
+        let (new, limits) = (parsed.schema.clone(), self.limits);
+        self.off_runtime(move || {
+            let previous: Vec<(i32, &Schema)> = live.iter().map(|(v, s)| (*v, &s.schema)).collect();
+            compat::check(level, &new, &previous, &limits)
+        })
+        .await
     }
 
     /// `DELETE /subjects/{s}`: soft-deletes every live version (returns them), or with

@@ -1,6 +1,9 @@
 //! The compatibility table: schema pairs with the expected verdict in every mode.
 
+use std::time::Duration;
+
 use super::*;
+use crate::thread_cpu;
 
 fn rec(fields: &str) -> String {
     format!(r#"{{"type":"record","name":"R","namespace":"t","fields":[{fields}]}}"#)
@@ -253,7 +256,7 @@ fn every_mode_gives_the_expected_verdict_for_every_pair() {
             (None, true),
         ];
         for (level, want) in expected {
-            let messages = check(level, &new, &[(1, &old)]);
+            let messages = check(level, &new, &[(1, &old)], &SchemaLimits::default()).unwrap();
             if messages.is_empty() != want {
                 failures.push(format!("{case} / {level}: expected compatible={want}, got {messages:?}"));
             }
@@ -270,19 +273,19 @@ fn transitive_modes_check_every_live_version_and_plain_modes_only_the_latest() {
     let ab = field_schema(r#"{"name":"a","type":"int"},{"name":"b","type":"int"}"#);
     // BACKWARD: v1 {a}, v2 {a, b=0}; new {a, b}: reads v2 data, not v1 data.
     let previous = [(2, &ab_default), (1, &a)];
-    assert!(check(Backward, &ab, &previous).is_empty());
-    let messages = check(BackwardTransitive, &ab, &previous);
+    assert!(check(Backward, &ab, &previous, &SchemaLimits::default()).unwrap().is_empty());
+    let messages = check(BackwardTransitive, &ab, &previous, &SchemaLimits::default()).unwrap();
     assert_eq!(messages.len(), 1, "{messages:?}");
     assert!(messages[0].contains("version 1") && messages[0].contains("READER_FIELD_MISSING_DEFAULT_VALUE"), "{messages:?}");
-    assert!(check(Full, &ab, &previous).is_empty());
-    assert!(!check(FullTransitive, &ab, &previous).is_empty());
+    assert!(check(Full, &ab, &previous, &SchemaLimits::default()).unwrap().is_empty());
+    assert!(!check(FullTransitive, &ab, &previous, &SchemaLimits::default()).unwrap().is_empty());
     // FORWARD: v1 {a, b}, v2 {a, b=0}; new {a}: v2 reads it, v1 does not.
     let previous = [(2, &ab_default), (1, &ab)];
-    assert!(check(Forward, &a, &previous).is_empty());
-    assert!(!check(ForwardTransitive, &a, &previous).is_empty());
+    assert!(check(Forward, &a, &previous, &SchemaLimits::default()).unwrap().is_empty());
+    assert!(!check(ForwardTransitive, &a, &previous, &SchemaLimits::default()).unwrap().is_empty());
     // No previous version: everything is compatible.
     for level in [Backward, BackwardTransitive, Forward, ForwardTransitive, Full, FullTransitive, None] {
-        assert!(check(level, &ab, &[]).is_empty());
+        assert!(check(level, &ab, &[], &SchemaLimits::default()).unwrap().is_empty());
     }
 }
 
@@ -296,11 +299,16 @@ fn messages_name_the_rule_and_the_path() {
     let new = field_schema(
         r#"{"name":"a","type":{"type":"record","name":"Inner","fields":[{"name":"x","type":"int"},{"name":"y","type":"string"}]}}"#,
     );
-    let err = can_read(&old, &new).unwrap_err();
+    let err = can_read(&old, &new, &SchemaLimits::default()).unwrap().unwrap_err();
     assert_eq!(err.rule, "READER_FIELD_MISSING_DEFAULT_VALUE");
     assert_eq!(err.path, "/fields/a/fields/y");
-    let err =
-        can_read(&field_schema(r#"{"name":"a","type":"long"}"#), &field_schema(r#"{"name":"a","type":"int"}"#)).unwrap_err();
+    let err = can_read(
+        &field_schema(r#"{"name":"a","type":"long"}"#),
+        &field_schema(r#"{"name":"a","type":"int"}"#),
+        &SchemaLimits::default(),
+    )
+    .unwrap()
+    .unwrap_err();
     assert_eq!((err.rule, err.path.as_str()), ("TYPE_MISMATCH", "/fields/a"));
     assert!(err.to_string().contains("reader type int cannot read writer type long"), "{err}");
 }
@@ -312,4 +320,119 @@ fn level_names_round_trip_and_bad_names_are_rejected() {
     }
     assert_eq!("backward".parse::<CompatibilityLevel>().unwrap(), CompatibilityLevel::Backward);
     assert!(matches!("SIDEWAYS".parse::<CompatibilityLevel>(), Err(Error::InvalidCompatibilityLevel(_))));
+}
+
+/// `n` one-field records, `R0` … `Rn-1`, as one union: issue #26's 45,000 of them make 4 MB.
+fn union_of_records(n: usize, namespace: impl Fn(usize) -> String, name: impl Fn(usize) -> String) -> String {
+    let branches: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"type":"record","name":"{}","namespace":"{}","fields":[{{"name":"f","type":"int"}}]}}"#,
+                name(i),
+                namespace(i)
+            )
+        })
+        .collect();
+    format!("[{}]", branches.join(","))
+}
+
+/// Issue #26 case 7: a union of 45,000 one-field records (4 MB, under the body limit) took
+/// 70 s of CPU to check against itself: every writer branch was tried against the reader's
+/// branches one by one. Now each writer branch finds its reader branch by name. The
+/// this thread's CPU clock measures the check alone.
+#[test]
+fn a_union_of_45000_records_checks_in_linear_time() {
+    let text = union_of_records(45_000, |_| "big".into(), |i| format!("R{i}"));
+    assert!(text.len() > 3_900_000, "{}", text.len());
+    let schema = parse(&text);
+    let started = thread_cpu();
+    let verdict = can_read(&schema, &schema, &SchemaLimits::default()).unwrap();
+    let took = thread_cpu() - started;
+    assert_eq!(verdict, Ok(()));
+    assert!(took < Duration::from_secs(2), "45,000-branch union checked in {took:?} of CPU");
+    // And the verdict still looks at every branch: one branch more on the writer's side fails.
+    let wider = parse(&union_of_records(45_001, |_| "big".into(), |i| format!("R{i}")));
+    let err = can_read(&wider, &schema, &SchemaLimits::default()).unwrap().unwrap_err();
+    assert!(err.detail.contains("branch 45000") && err.detail.contains("R45000"), "{err}");
+}
+
+/// The one case the name index cannot make linear: thousands of records of one name in
+/// different namespaces. Each writer branch then has every reader branch as a candidate,
+/// and here only the last one reads it; the step bound stops the check quickly.
+#[test]
+fn same_named_types_in_many_namespaces_hit_the_step_bound_quickly() {
+    let writer = parse(&union_of_records(2_000, |i| format!("w{i}"), |_| "X".into()));
+    let strings = union_of_records(1_999, |i| format!("r{i}"), |_| "X".into()).replace(r#""type":"int""#, r#""type":"string""#);
+    let reader = parse(&format!(
+        r#"{},{{"type":"record","name":"X","namespace":"last","fields":[{{"name":"f","type":"int"}}]}}]"#,
+        strings.trim_end_matches(']')
+    ));
+    let started = thread_cpu();
+    match can_read(&writer, &reader, &SchemaLimits::default()) {
+        Err(Error::CheckTooComplex { unit: "steps", .. }) => {}
+        other => panic!("expected the step bound, got {other:?}"),
+    }
+    let took = thread_cpu() - started;
+    assert!(took < Duration::from_secs(2), "{took:?} of CPU");
+}
+
+/// Records that each hold the previous one by reference: 5,000 levels of nesting in a flat
+/// JSON document. The registry refuses it at parse (max_depth); a decoder or a check that
+/// meets one anyway (stored before the limit) must not recurse 5,000 deep: the check meets
+/// each pair once, in definition order, so it never goes deeper than a few levels (the
+/// checker this replaced overflowed its stack here).
+#[test]
+fn nesting_through_references_is_refused_at_parse_and_checked_without_deep_recursion() {
+    let mut branches = vec![r#"{"type":"record","name":"C0","fields":[{"name":"f","type":"int"}]}"#.to_string()];
+    for i in 1..5_000 {
+        branches.push(format!(r#"{{"type":"record","name":"C{i}","fields":[{{"name":"f","type":"C{}"}}]}}"#, i - 1));
+    }
+    let text = format!("[{}]", branches.join(","));
+    match crate::ParsedSchema::parse(&text) {
+        Err(Error::SchemaLimit { key: "max_depth", limit: 32, .. }) => {}
+        other => panic!("expected the depth limit, got {other:?}"),
+    }
+    let chain = parse(&text);
+    assert_eq!(can_read(&chain, &chain, &SchemaLimits::default()).unwrap(), Ok(()));
+}
+
+#[test]
+fn enums_with_many_symbols_check_in_linear_time() {
+    let symbols: Vec<String> = (0..100_000).map(|i| format!("\"S{i}\"")).collect();
+    let e = parse(&format!(r#"{{"type":"enum","name":"E","symbols":[{}]}}"#, symbols.join(",")));
+    let fewer = parse(&format!(r#"{{"type":"enum","name":"E","symbols":[{}]}}"#, symbols[1..].join(",")));
+    let started = thread_cpu();
+    assert_eq!(can_read(&e, &e, &SchemaLimits::default()).unwrap(), Ok(()));
+    let err = can_read(&e, &fewer, &SchemaLimits::default()).unwrap().unwrap_err();
+    assert_eq!(err.rule, "MISSING_ENUM_SYMBOLS");
+    let took = thread_cpu() - started;
+    assert!(took < Duration::from_secs(2), "{took:?} of CPU");
+}
+
+/// A failure under an assumption withdraws the successes that leaned on it: `A` holds a
+/// `B` that holds an `A`; the reader's `A` needs a field the writer lacks, so its `B` fails
+/// too, and a later meeting of the (B, B) pair must not reuse a success found while (A, A)
+/// was assumed.
+#[test]
+fn a_withdrawn_assumption_takes_its_dependent_verdicts_with_it() {
+    let writer = parse(
+        r#"{"type":"record","name":"Top","fields":[
+            {"name":"a","type":{"type":"record","name":"A","fields":[{"name":"b","type":["null",{"type":"record","name":"B","fields":[{"name":"a","type":["null","A"]}]}]}]}},
+            {"name":"b2","type":"B"}]}"#,
+    );
+    let reader = parse(
+        r#"{"type":"record","name":"Top","fields":[
+            {"name":"a","type":{"type":"record","name":"A","fields":[{"name":"b","type":["null",{"type":"record","name":"B","fields":[{"name":"a","type":["null","A"]}]}]},{"name":"x","type":"int"}]}},
+            {"name":"b2","type":"B"}]}"#,
+    );
+    // Only field `a` is looked at before the failure; `b2` alone must fail as well.
+    let err = can_read(&writer, &reader, &SchemaLimits::default()).unwrap().unwrap_err();
+    assert_eq!(err.rule, "READER_FIELD_MISSING_DEFAULT_VALUE", "{err}");
+    let b_only_writer = parse(
+        r#"{"type":"record","name":"B","fields":[{"name":"a","type":["null",{"type":"record","name":"A","fields":[{"name":"b","type":["null","B"]}]}]}]}"#,
+    );
+    let b_only_reader = parse(
+        r#"{"type":"record","name":"B","fields":[{"name":"a","type":["null",{"type":"record","name":"A","fields":[{"name":"b","type":["null","B"]},{"name":"x","type":"int"}]}]}]}"#,
+    );
+    assert!(can_read(&b_only_writer, &b_only_reader, &SchemaLimits::default()).unwrap().is_err());
 }
