@@ -2,18 +2,38 @@
 //! persistent node appended to a journal file and fsynced before the call returns.
 //!
 //! # Journal format
-//! `metadata.journal` under the store's directory is a sequence of records:
+//! `metadata.journal` under the store's directory. Format 2 (written since the journal
+//! was versioned) is an 8-byte header, then records:
 //!
 //! ```text
-//! length u32 BE | crc32c u32 BE (of the payload) | payload
+//! header:  0xFF 'F' 'J' 'M' 'D' 'J' | format version u16 BE (2)
+//! record:  length u32 BE | crc32c u32 BE (of the length bytes, then the payload) | payload
 //! payload: op u8 (1 create, 2 set, 3 delete) | path len u16 | path | version i32 |
 //!          time_ms i64 | data len u32 | data
 //! ```
 //!
-//! Opening replays it. A torn or corrupt tail (a crash mid-write) is cut off with a
-//! warning: every earlier record was fsynced before its call returned, so nothing
-//! acknowledged is lost. When the journal holds many more records than live nodes it
-//! is rewritten as one create per node (into a temporary file, fsynced, renamed).
+//! Format 1 (before the header) is the same records from byte 0, with the CRC over the
+//! payload only. No format-1 journal can start with the header: its first four bytes
+//! are the first record's length, and a length of 0xFF46_4A4D (4 GiB) never occurs.
+//! A format-1 journal is read with the same rules as format 2, then rewritten as
+//! format 2 (atomically, as a compaction) before the store opens; older builds cannot
+//! read the rewritten file.
+//!
+//! # Integrity
+//! - A failed append (disk full, I/O error, failed fsync) is cut back off the file
+//!   before the call returns its error, and the tree is not changed. If even the cut
+//!   fails, no later append is written until a retried cut succeeds: nothing is ever
+//!   appended after a partial record, so the store works again once space returns.
+//! - Replay stops only at a torn tail: a damaged record with no valid record anywhere
+//!   after it (a crash during the last append, which was never acknowledged). It is cut
+//!   off with a warning. A damaged record followed by a valid one is corruption in the
+//!   middle: opening fails with [`Error::CorruptJournal`], naming the file and the byte
+//!   offset, and the file is left as it is. Replaying past it, or cutting it off, would
+//!   silently lose or misapply acknowledged changes.
+//! - When the journal holds many more records than live nodes it is rewritten as one
+//!   create (and set) per node: into a temporary file, fsynced, renamed over the
+//!   journal, and the directory fsynced. A crash at any point leaves either the old
+//!   journal or the new one. A rewrite that fails leaves the old journal in use.
 //!
 //! Ephemeral nodes are never journaled: the store has exactly one session, which
 //! ends with the process, as a ZooKeeper session would.
@@ -30,11 +50,31 @@ use tokio::sync::oneshot;
 use crate::{join, validate_path, CreateMode, Error, MetadataStore, Result, Stat, Watch, WatchEvent};
 
 const JOURNAL: &str = "metadata.journal";
+/// The rewritten journal before it is renamed over [`JOURNAL`].
+const JOURNAL_TMP: &str = "metadata.journal.tmp";
+/// Starts a versioned journal; its first byte is what no format-1 journal starts with.
+const MAGIC: [u8; 6] = [0xFF, b'F', b'J', b'M', b'D', b'J'];
+/// The format this build writes.
+const FORMAT_VERSION: u16 = 2;
+/// [`MAGIC`] and the format version.
+const HEADER_LEN: usize = 8;
+/// Length and CRC in front of every record's payload.
+const FRAME_LEN: usize = 8;
 const OP_CREATE: u8 = 1;
 const OP_SET: u8 = 2;
 const OP_DELETE: u8 = 3;
 /// Rewrite the journal when it holds this many more records than there are nodes.
 const COMPACT_SLACK: usize = 10_000;
+/// After a failed rewrite (a full disk, say), appends before the next attempt: every
+/// attempt writes the whole tree.
+const COMPACT_RETRY_RECORDS: usize = 1_000;
+
+/// How records are framed: format 1 checksums the payload, format 2 the length too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    V1,
+    V2,
+}
 
 /// A single-process metadata store, durable under a directory.
 #[derive(Debug)]
@@ -50,7 +90,18 @@ struct State {
     child_watches: HashMap<String, Vec<oneshot::Sender<WatchEvent>>>,
     journal: File,
     journal_path: PathBuf,
+    /// Length of the journal up to its last complete, fsynced record: where a failed
+    /// append is cut back to.
+    journal_len: u64,
     journal_records: usize,
+    /// A failed append could not be cut back off the file: nothing may be appended
+    /// until a retried cut succeeds.
+    needs_cut: bool,
+    /// The journal was renamed into place but the directory's fsync failed: the rename
+    /// may not survive a crash, so no append is acknowledged until the fsync succeeds.
+    dir_unsynced: bool,
+    /// Journal record count below which no rewrite is attempted.
+    compact_at: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -73,6 +124,7 @@ impl Node {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct JournalRecord {
     op: u8,
     path: String,
@@ -81,42 +133,98 @@ struct JournalRecord {
     data: Vec<u8>,
 }
 
+/// What replaying a journal's bytes found.
+#[derive(Debug, PartialEq, Eq)]
+struct Replayed {
+    /// Where the valid records end (the file is cut here when a torn tail follows).
+    end: usize,
+    records: usize,
+    /// Bytes of a torn tail after `end`.
+    torn: usize,
+}
+
 impl EmbeddedStore {
-    /// Opens (or creates) the store in `dir`, replaying its journal.
+    /// Opens (or creates) the store in `dir`, replaying its journal. Fails with
+    /// [`Error::CorruptJournal`] when a damaged record is followed by valid ones.
     pub fn open(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
         let journal_path = dir.join(JOURNAL);
         let io = |source| Error::Io { path: journal_path.clone(), source };
+        // A rewrite that a crash interrupted before its rename: the journal is whole.
+        let tmp = dir.join(JOURNAL_TMP);
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::Io { path: tmp, source: e }),
+            _ => {}
+        }
         let mut nodes = BTreeMap::new();
         nodes.insert("/".to_string(), Node::new(Vec::new(), 0, 0));
-        let mut records = 0;
-        let mut valid_len = 0u64;
-        if journal_path.exists() {
-            let mut bytes = Vec::new();
-            File::open(&journal_path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(io)?;
-            let mut at = 0usize;
-            while at < bytes.len() {
-                let Some((record, len)) = decode_record(&bytes[at..]) else {
-                    tracing::warn!(
-                        path = %journal_path.display(),
-                        offset = at,
-                        dropped = bytes.len() - at,
-                        "metadata journal has a torn or corrupt tail; cutting it off"
-                    );
-                    break;
-                };
-                apply(&mut nodes, &record).map_err(|detail| Error::Corrupt { path: journal_path.clone(), detail })?;
-                at += len;
-                records += 1;
+        let mut bytes = Vec::new();
+        match File::open(&journal_path) {
+            Ok(mut file) => {
+                file.read_to_end(&mut bytes).map_err(io)?;
             }
-            valid_len = at as u64;
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
         }
-        let journal = OpenOptions::new().create(true).append(true).open(&journal_path).map_err(io)?;
-        if journal.metadata().map_err(io)?.len() != valid_len {
-            journal.set_len(valid_len).map_err(io)?;
-            journal.sync_all().map_err(io)?;
+        let (format, start) = match header(&bytes) {
+            Header::Empty => (None, 0),
+            Header::Versioned(FORMAT_VERSION) => (Some(Format::V2), HEADER_LEN),
+            Header::Versioned(version) => {
+                return Err(Error::Corrupt {
+                    path: journal_path,
+                    detail: format!("journal format version {version}, this build reads versions 1 and {FORMAT_VERSION}"),
+                })
+            }
+            Header::Unversioned => (Some(Format::V1), 0),
+        };
+        let mut replayed = Replayed { end: start, records: 0, torn: 0 };
+        if let Some(format) = format {
+            replayed = replay(&bytes, start, format, |at, record| {
+                apply(&mut nodes, record).map_err(|detail| Error::Corrupt {
+                    path: journal_path.clone(),
+                    detail: format!("record at byte offset {at}: {detail}"),
+                })
+            })
+            .map_err(|e| match e {
+                ReplayError::Damaged { offset, next_valid } => {
+                    Error::CorruptJournal { path: journal_path.clone(), offset: offset as u64, next_valid: next_valid as u64 }
+                }
+                ReplayError::Apply(e) => e,
+            })?;
+            if replayed.torn > 0 {
+                tracing::warn!(
+                    path = %journal_path.display(),
+                    offset = replayed.end,
+                    dropped = replayed.torn,
+                    "metadata journal ends in a torn record (a crash during an append that was never acknowledged); cutting it off"
+                );
+            }
         }
         let session_id = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(1);
+        let journal = if format == Some(Format::V2) {
+            let journal = OpenOptions::new().append(true).open(&journal_path).map_err(io)?;
+            if replayed.torn > 0 {
+                journal.set_len(replayed.end as u64).map_err(io)?;
+                journal.sync_all().map_err(io)?;
+            }
+            journal
+        } else {
+            // No journal yet, a header cut short by a crash, or format 1: the tree is
+            // written as a fresh format-2 journal, atomically.
+            if format == Some(Format::V1) {
+                tracing::info!(
+                    path = %journal_path.display(),
+                    records = replayed.records,
+                    "rewriting the metadata journal in format {FORMAT_VERSION}"
+                );
+            }
+            let snapshot = write_snapshot(&nodes, &journal_path).map_err(|e| match e {
+                SnapshotError::DirSync { source, .. } => io(source),
+                SnapshotError::Other(e) => e,
+            })?;
+            replayed = Replayed { end: snapshot.len as usize, records: snapshot.records, torn: 0 };
+            snapshot.journal
+        };
         Ok(Self {
             state: Mutex::new(State {
                 nodes,
@@ -124,7 +232,11 @@ impl EmbeddedStore {
                 child_watches: HashMap::new(),
                 journal,
                 journal_path,
-                journal_records: records,
+                journal_len: replayed.end as u64,
+                journal_records: replayed.records,
+                needs_cut: false,
+                dir_unsynced: false,
+                compact_at: 0,
             }),
             session_id,
         })
@@ -155,58 +267,71 @@ impl Drop for EmbeddedStore {
 }
 
 impl State {
+    /// Appends and fsyncs one record. On error the file is as before the call (or, if
+    /// even that cut failed, no later append is written until it succeeds), and the
+    /// caller leaves the tree unchanged.
     fn journal(&mut self, record: JournalRecord) -> Result<()> {
-        let bytes = encode_record(&record);
-        let io = |source| Error::Io { path: self.journal_path.clone(), source };
-        self.journal.write_all(&bytes).map_err(io)?;
-        self.journal.sync_data().map_err(io)?;
-        self.journal_records += 1;
-        if self.journal_records > self.nodes.len() + COMPACT_SLACK {
-            self.compact()?;
+        let io = |path: &Path, source| Error::Io { path: path.to_path_buf(), source };
+        if self.needs_cut {
+            self.cut_back().map_err(|e| io(&self.journal_path, e))?;
         }
+        if self.dir_unsynced {
+            sync_parent(&self.journal_path).map_err(|e| io(&self.journal_path, e))?;
+            self.dir_unsynced = false;
+        }
+        let bytes = encode_record(&record);
+        if let Err(e) = self.journal.write_all(&bytes).and_then(|()| self.journal.sync_data()) {
+            // Part of the record may be in the file (a write cut short by a full disk),
+            // or all of it without the fsync: either way it was not acknowledged, and no
+            // later record may follow it.
+            if let Err(cut) = self.cut_back() {
+                tracing::error!(
+                    path = %self.journal_path.display(),
+                    error = %cut,
+                    "cutting a failed append off the metadata journal failed; no change is written until it succeeds"
+                );
+            }
+            return Err(io(&self.journal_path, e));
+        }
+        self.journal_len += bytes.len() as u64;
+        self.journal_records += 1;
+        if self.journal_records > self.nodes.len() + COMPACT_SLACK && self.journal_records >= self.compact_at {
+            // The record is durable and is acknowledged whatever happens here: a failed
+            // rewrite leaves the journal as it is, and is tried again later.
+            if let Err(e) = self.compact() {
+                self.compact_at = self.journal_records + COMPACT_RETRY_RECORDS;
+                tracing::warn!(error = %e, "rewriting the metadata journal failed; it keeps growing until a retry succeeds");
+            }
+        }
+        Ok(())
+    }
+
+    /// Cuts the journal back to its last complete record, durably.
+    fn cut_back(&mut self) -> std::io::Result<()> {
+        self.needs_cut = true;
+        self.journal.set_len(self.journal_len)?;
+        self.journal.sync_all()?;
+        self.needs_cut = false;
         Ok(())
     }
 
     /// Rewrites the journal as one create (plus one set, to keep the version) per
     /// persistent node, parents first.
     fn compact(&mut self) -> Result<()> {
-        let tmp = self.journal_path.with_extension("journal.tmp");
-        let io = |source| Error::Io { path: tmp.clone(), source };
-        let mut out = Vec::new();
-        let mut count = 0;
-        // BTreeMap order puts every parent before its children.
-        for (path, node) in self.nodes.iter().filter(|(p, n)| p.as_str() != "/" && n.stat.ephemeral_owner == 0) {
-            let create = JournalRecord {
-                op: OP_CREATE,
-                path: path.clone(),
-                version: node.next_sequence,
-                time_ms: node.stat.ctime_ms,
-                data: node.data.clone(),
-            };
-            out.extend(encode_record(&create));
-            count += 1;
-            if node.stat.version != 0 {
-                let set = JournalRecord {
-                    op: OP_SET,
-                    path: path.clone(),
-                    version: node.stat.version,
-                    time_ms: node.stat.mtime_ms,
-                    data: node.data.clone(),
-                };
-                out.extend(encode_record(&set));
-                count += 1;
-            }
-        }
-        let mut file = File::create(&tmp).map_err(io)?;
-        file.write_all(&out).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, &self.journal_path).map_err(io)?;
-        if let Some(dir) = self.journal_path.parent() {
-            File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
-        }
-        self.journal = OpenOptions::new().append(true).open(&self.journal_path).map_err(io)?;
-        self.journal_records = count;
-        Ok(())
+        let (snapshot, dir_sync) = match write_snapshot(&self.nodes, &self.journal_path) {
+            Ok(snapshot) => (snapshot, Ok(())),
+            // Renamed into place, but the directory fsync failed: the new journal is
+            // the one in use, and appends wait for the fsync (see `journal`).
+            Err(SnapshotError::DirSync { snapshot, source }) => (snapshot, Err(source)),
+            Err(SnapshotError::Other(e)) => return Err(e),
+        };
+        self.journal = snapshot.journal;
+        self.journal_len = snapshot.len;
+        self.journal_records = snapshot.records;
+        dir_sync.map_err(|source| {
+            self.dir_unsynced = true;
+            Error::Io { path: self.journal_path.clone(), source }
+        })
     }
 
     fn fire(watches: &mut HashMap<String, Vec<oneshot::Sender<WatchEvent>>>, path: &str, event: WatchEvent) {
@@ -274,32 +399,190 @@ fn apply(nodes: &mut BTreeMap<String, Node>, record: &JournalRecord) -> std::res
     Ok(())
 }
 
+/// A journal written afresh: the file (open for appending), its length and record count.
+#[derive(Debug)]
+struct Snapshot {
+    journal: File,
+    len: u64,
+    records: usize,
+}
+
+#[derive(Debug)]
+enum SnapshotError {
+    /// The new journal is in place but the directory's fsync failed.
+    DirSync { snapshot: Snapshot, source: std::io::Error },
+    /// Nothing changed: the old journal (if any) is still the one in place.
+    Other(Error),
+}
+
+/// Writes the persistent nodes as a format-2 journal at `path`, atomically: a temporary
+/// file, fsynced, renamed over `path`, then the directory fsynced.
+fn write_snapshot(nodes: &BTreeMap<String, Node>, path: &Path) -> std::result::Result<Snapshot, SnapshotError> {
+    let tmp = path.with_file_name(JOURNAL_TMP);
+    let io = |source| SnapshotError::Other(Error::Io { path: tmp.clone(), source });
+    let mut out = Vec::with_capacity(HEADER_LEN);
+    out.extend(MAGIC);
+    out.extend(FORMAT_VERSION.to_be_bytes());
+    let mut records = 0;
+    // BTreeMap order puts every parent before its children.
+    for (path, node) in nodes.iter().filter(|(p, n)| p.as_str() != "/" && n.stat.ephemeral_owner == 0) {
+        let create = JournalRecord {
+            op: OP_CREATE,
+            path: path.clone(),
+            version: node.next_sequence,
+            time_ms: node.stat.ctime_ms,
+            data: node.data.clone(),
+        };
+        out.extend(encode_record(&create));
+        records += 1;
+        if node.stat.version != 0 {
+            let set = JournalRecord {
+                op: OP_SET,
+                path: path.clone(),
+                version: node.stat.version,
+                time_ms: node.stat.mtime_ms,
+                data: node.data.clone(),
+            };
+            out.extend(encode_record(&set));
+            records += 1;
+        }
+    }
+    // Opened for appending: after the rename this handle is the journal's.
+    let written = OpenOptions::new().append(true).create(true).open(&tmp).and_then(|mut file| {
+        file.set_len(0)?;
+        file.write_all(&out)?;
+        file.sync_all()?;
+        Ok(file)
+    });
+    let journal = match written {
+        Ok(file) => file,
+        Err(e) => {
+            // Its blocks are what a full disk needs back first.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(e));
+        }
+    };
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
+    let snapshot = Snapshot { journal, len: out.len() as u64, records };
+    match sync_parent(path) {
+        Ok(()) => Ok(snapshot),
+        Err(source) => Err(SnapshotError::DirSync { snapshot, source }),
+    }
+}
+
+/// Fsyncs the directory holding `path`, so a rename into it survives a crash.
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(dir) => File::open(dir).and_then(|d| d.sync_all()),
+        None => Ok(()),
+    }
+}
+
+/// How a journal file starts.
+#[derive(Debug, PartialEq, Eq)]
+enum Header {
+    /// No bytes, or a header that a crash cut short (nothing was ever appended after it).
+    Empty,
+    /// [`MAGIC`] and this format version.
+    Versioned(u16),
+    /// Format 1: records from byte 0.
+    Unversioned,
+}
+
+fn header(bytes: &[u8]) -> Header {
+    if bytes.len() < HEADER_LEN && (MAGIC.starts_with(bytes) || bytes.starts_with(&MAGIC)) {
+        return Header::Empty;
+    }
+    match bytes.get(..HEADER_LEN) {
+        Some(h) if h.starts_with(&MAGIC) => Header::Versioned(u16::from_be_bytes([h[6], h[7]])),
+        _ => Header::Unversioned,
+    }
+}
+
+/// Why a replay stopped short of the end.
+#[derive(Debug)]
+enum ReplayError<E> {
+    /// The record at `offset` is damaged, and a valid one starts at `next_valid`.
+    Damaged { offset: usize, next_valid: usize },
+    /// `apply` refused a record.
+    Apply(E),
+}
+
+/// Walks the records of `bytes` from `start`, handing each (with its byte offset) to
+/// `apply`. Stops at the first damaged record: when a valid record starts anywhere
+/// after it, that is corruption in the middle ([`ReplayError::Damaged`]); otherwise it
+/// is a torn tail, reported in [`Replayed::torn`].
+fn replay<E>(
+    bytes: &[u8],
+    start: usize,
+    format: Format,
+    mut apply: impl FnMut(usize, &JournalRecord) -> std::result::Result<(), E>,
+) -> std::result::Result<Replayed, ReplayError<E>> {
+    let mut at = start;
+    let mut records = 0;
+    while at < bytes.len() {
+        match decode_record(&bytes[at..], format) {
+            Some((record, len)) => {
+                apply(at, &record).map_err(ReplayError::Apply)?;
+                at += len;
+                records += 1;
+            }
+            None => {
+                if let Some(next_valid) = next_valid_record(bytes, at + 1, format) {
+                    return Err(ReplayError::Damaged { offset: at, next_valid });
+                }
+                return Ok(Replayed { end: at, records, torn: bytes.len() - at });
+            }
+        }
+    }
+    Ok(Replayed { end: at, records, torn: 0 })
+}
+
+/// The first offset from `from` on where a whole, valid record starts. Only damaged
+/// journals are searched: a torn tail is at most one record long, and candidates whose
+/// length runs past the end are skipped without checksumming.
+fn next_valid_record(bytes: &[u8], from: usize, format: Format) -> Option<usize> {
+    (from..bytes.len().saturating_sub(FRAME_LEN)).find(|&at| decode_record(&bytes[at..], format).is_some())
+}
+
 fn encode_record(r: &JournalRecord) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(19 + r.path.len() + r.data.len());
-    payload.push(r.op);
-    payload.extend((r.path.len() as u16).to_be_bytes());
-    payload.extend(r.path.as_bytes());
-    payload.extend(r.version.to_be_bytes());
-    payload.extend(r.time_ms.to_be_bytes());
-    payload.extend((r.data.len() as u32).to_be_bytes());
-    payload.extend(&r.data);
-    let mut out = Vec::with_capacity(8 + payload.len());
-    out.extend((payload.len() as u32).to_be_bytes());
-    out.extend(crc32c::crc32c(&payload).to_be_bytes());
-    out.extend(payload);
+    let payload_len = 19 + r.path.len() + r.data.len();
+    let mut out = Vec::with_capacity(FRAME_LEN + payload_len);
+    out.extend((payload_len as u32).to_be_bytes());
+    out.extend([0; 4]); // the CRC, once the payload is in
+    out.push(r.op);
+    out.extend((r.path.len() as u16).to_be_bytes());
+    out.extend(r.path.as_bytes());
+    out.extend(r.version.to_be_bytes());
+    out.extend(r.time_ms.to_be_bytes());
+    out.extend((r.data.len() as u32).to_be_bytes());
+    out.extend(&r.data);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..4]), &out[FRAME_LEN..]);
+    out[4..8].copy_from_slice(&crc.to_be_bytes());
     out
 }
 
 /// Decodes the record at the start of `buf`: `(record, bytes used)`, or `None` when
-/// it is torn or fails its CRC.
-fn decode_record(buf: &[u8]) -> Option<(JournalRecord, usize)> {
-    let len = u32::from_be_bytes(buf.get(0..4)?.try_into().ok()?) as usize;
+/// it is cut short, fails its CRC or does not decode.
+fn decode_record(buf: &[u8], format: Format) -> Option<(JournalRecord, usize)> {
+    let len_bytes = buf.get(0..4)?;
+    let len = u32::from_be_bytes(len_bytes.try_into().ok()?) as usize;
     let crc = u32::from_be_bytes(buf.get(4..8)?.try_into().ok()?);
-    let payload = buf.get(8..8usize.checked_add(len)?)?;
-    if crc32c::crc32c(payload) != crc {
+    let payload = buf.get(FRAME_LEN..FRAME_LEN.checked_add(len)?)?;
+    let expected = match format {
+        Format::V1 => crc32c::crc32c(payload),
+        Format::V2 => crc32c::crc32c_append(crc32c::crc32c(len_bytes), payload),
+    };
+    if expected != crc {
         return None;
     }
     let op = *payload.first()?;
+    if !matches!(op, OP_CREATE | OP_SET | OP_DELETE) {
+        return None;
+    }
     let path_len = u16::from_be_bytes(payload.get(1..3)?.try_into().ok()?) as usize;
     let path = std::str::from_utf8(payload.get(3..3 + path_len)?).ok()?.to_string();
     let mut at = 3 + path_len;
@@ -313,7 +596,7 @@ fn decode_record(buf: &[u8]) -> Option<(JournalRecord, usize)> {
     if at + data_len != payload.len() {
         return None;
     }
-    Some((JournalRecord { op, path, version, time_ms, data }, 8 + len))
+    Some((JournalRecord { op, path, version, time_ms, data }, FRAME_LEN + len))
 }
 
 #[async_trait::async_trait]
@@ -482,28 +765,160 @@ mod tests {
         assert_eq!(seq, "/brokers/s-0000000001", "sequence numbers are never reused");
     }
 
+    /// Five nodes `/n0`..`/n4`, one record each; returns the journal and each record's offset.
+    async fn five_records(dir: &Path) -> (PathBuf, Vec<usize>) {
+        let s = store(dir);
+        let mut offsets = Vec::new();
+        for i in 0..5 {
+            offsets.push(s.lock().journal_len as usize);
+            s.create(&format!("/n{i}"), b"data", CreateMode::Persistent).await.unwrap();
+        }
+        (dir.join(JOURNAL), offsets)
+    }
+
     #[tokio::test]
     async fn a_torn_journal_tail_is_cut_and_earlier_changes_kept() {
         let dir = tempfile::tempdir().unwrap();
-        {
-            let s = store(dir.path());
-            for i in 0..5 {
-                s.create(&format!("/n{i}"), b"data", CreateMode::Persistent).await.unwrap();
-            }
-        }
-        let journal = dir.path().join(JOURNAL);
+        let (journal, offsets) = five_records(dir.path()).await;
         let full = std::fs::read(&journal).unwrap();
-        let record_len = full.len() / 5;
+        let record_len = full.len() - offsets[4];
         for cut in 1..record_len {
             std::fs::write(&journal, &full[..full.len() - cut]).unwrap();
             let s = store(dir.path());
             assert_eq!(s.children("/").await.unwrap(), vec!["n0", "n1", "n2", "n3"], "cut {cut}");
             drop(s);
+            assert_eq!(std::fs::metadata(&journal).unwrap().len() as usize, offsets[4], "the torn tail is cut off the file");
         }
+        // A last record that is whole but fails its checksum is the same torn write.
+        let mut flipped = full.clone();
+        flipped[offsets[4] + FRAME_LEN + 2] ^= 0x10;
+        std::fs::write(&journal, &flipped).unwrap();
+        assert_eq!(store(dir.path()).children("/").await.unwrap(), vec!["n0", "n1", "n2", "n3"]);
         // Appends after a repair land after the cut, not after the garbage.
         std::fs::write(&journal, &full[..full.len() - 3]).unwrap();
         store(dir.path()).create("/n9", b"", CreateMode::Persistent).await.unwrap();
         assert_eq!(store(dir.path()).children("/").await.unwrap(), vec!["n0", "n1", "n2", "n3", "n9"]);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_record_in_the_middle_refuses_to_open_and_leaves_the_file_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, offsets) = five_records(dir.path()).await;
+        let full = std::fs::read(&journal).unwrap();
+        // A flipped bit in a payload, in a CRC, and in a length field (which makes the
+        // record run past the end of the file, like a torn one).
+        for (at, bit) in [(offsets[2] + FRAME_LEN + 5, 0x01), (offsets[2] + 5, 0x80), (offsets[2] + 1, 0x40)] {
+            let mut damaged = full.clone();
+            damaged[at] ^= bit;
+            std::fs::write(&journal, &damaged).unwrap();
+            match EmbeddedStore::open(dir.path()) {
+                Err(e @ Error::CorruptJournal { .. }) => {
+                    let Error::CorruptJournal { path, offset, next_valid } = &e else { unreachable!() };
+                    assert_eq!((path, *offset, *next_valid), (&journal, offsets[2] as u64, offsets[3] as u64), "byte {at}");
+                    let message = e.to_string();
+                    assert!(message.contains(&journal.display().to_string()), "{message}");
+                    assert!(message.contains(&format!("byte offset {}", offsets[2])), "{message}");
+                }
+                other => panic!("damage at byte {at} opened as {other:?}"),
+            }
+            assert_eq!(std::fs::read(&journal).unwrap(), damaged, "a refused journal is not touched");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_append_on_a_full_disk_is_cut_back_and_the_store_works_when_space_returns() {
+        let disk = fjord_testkit::Tmpfs::mount(2).unwrap();
+        let dir = disk.path().join("store");
+        let s = store(&dir);
+        s.create("/kept", b"before", CreateMode::Persistent).await.unwrap();
+        let journal = dir.join(JOURNAL);
+        let good_len = std::fs::metadata(&journal).unwrap().len();
+        disk.fill("filler").unwrap();
+        // Bigger than any slack left in the journal's last page: part of it is written
+        // before the disk refuses the rest.
+        let big = vec![7u8; 3 * 4096];
+        for attempt in 0..3 {
+            let failed = s.create("/lost", &big, CreateMode::Persistent).await.unwrap_err();
+            assert!(matches!(&failed, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::StorageFull), "{failed}");
+            assert!(s.set("/kept", &big, Some(0)).await.is_err(), "attempt {attempt}");
+            assert_eq!(
+                std::fs::metadata(&journal).unwrap().len(),
+                good_len,
+                "attempt {attempt}: the partial record was cut back"
+            );
+        }
+        assert_eq!(s.get("/lost").await.unwrap(), None, "a failed create leaves the tree unchanged");
+        assert_eq!(s.get("/kept").await.unwrap().unwrap().0, b"before");
+        std::fs::remove_file(disk.path().join("filler")).unwrap();
+        s.create("/after", b"acknowledged", CreateMode::Persistent).await.unwrap();
+        s.set("/kept", b"changed", Some(0)).await.unwrap();
+        drop(s);
+        let s = store(&dir);
+        assert_eq!(s.children("/").await.unwrap(), vec!["after", "kept"]);
+        assert_eq!(s.get("/kept").await.unwrap().unwrap().0, b"changed");
+        assert_eq!(s.get("/after").await.unwrap().unwrap().0, b"acknowledged");
+    }
+
+    #[tokio::test]
+    async fn a_format_1_journal_is_read_then_rewritten_in_format_2() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join(JOURNAL);
+        let record = |op, path: &str, version, data: &[u8]| {
+            encode_v1(&JournalRecord { op, path: path.into(), version, time_ms: 5, data: data.to_vec() })
+        };
+        let mut v1 = Vec::new();
+        v1.extend(record(OP_CREATE, "/a", 0, b"1"));
+        v1.extend(record(OP_CREATE, "/a/b", 0, b"2"));
+        v1.extend(record(OP_SET, "/a/b", 1, b"3"));
+        let whole = v1.len();
+        v1.extend(&record(OP_CREATE, "/torn", 0, b"x")[..10]);
+        std::fs::write(&journal, &v1).unwrap();
+        let s = store(dir.path());
+        let (data, stat) = s.get("/a/b").await.unwrap().unwrap();
+        assert_eq!((data.as_slice(), stat.version), (&b"3"[..], 1));
+        assert_eq!(s.get("/torn").await.unwrap(), None);
+        s.create("/c", b"", CreateMode::Persistent).await.unwrap();
+        drop(s);
+        let rewritten = std::fs::read(&journal).unwrap();
+        assert_eq!(header(&rewritten), Header::Versioned(FORMAT_VERSION));
+        assert_eq!(store(dir.path()).children("/").await.unwrap(), vec!["a", "c"]);
+        // Format 1 follows the same rules: damage in the middle refuses to open.
+        let mut damaged = v1[..whole].to_vec();
+        damaged[FRAME_LEN + 3] ^= 1;
+        std::fs::write(&journal, &damaged).unwrap();
+        assert!(matches!(EmbeddedStore::open(dir.path()), Err(Error::CorruptJournal { offset: 0, .. })));
+    }
+
+    #[tokio::test]
+    async fn headers_cut_short_stale_rewrites_and_newer_formats() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join(JOURNAL);
+        for cut in 0..HEADER_LEN {
+            let mut h = MAGIC.to_vec();
+            h.extend(FORMAT_VERSION.to_be_bytes());
+            std::fs::write(&journal, &h[..cut]).unwrap();
+            let s = store(dir.path());
+            s.create("/x", b"", CreateMode::Persistent).await.unwrap();
+            drop(s);
+            assert_eq!(store(dir.path()).children("/").await.unwrap(), vec!["x"], "header cut at {cut}");
+        }
+        // A rewrite interrupted before its rename is discarded.
+        std::fs::write(dir.path().join(JOURNAL_TMP), b"half a rewrite").unwrap();
+        assert_eq!(store(dir.path()).children("/").await.unwrap(), vec!["x"]);
+        assert!(!dir.path().join(JOURNAL_TMP).exists());
+        let mut newer = MAGIC.to_vec();
+        newer.extend(3u16.to_be_bytes());
+        std::fs::write(&journal, &newer).unwrap();
+        let refused = EmbeddedStore::open(dir.path()).unwrap_err();
+        assert!(refused.to_string().contains("format version 3"), "{refused}");
+    }
+
+    /// A record as format 1 framed it: the CRC over the payload only.
+    fn encode_v1(r: &JournalRecord) -> Vec<u8> {
+        let mut out = encode_record(r);
+        let crc = crc32c::crc32c(&out[FRAME_LEN..]);
+        out[4..8].copy_from_slice(&crc.to_be_bytes());
+        out
     }
 
     #[tokio::test]

@@ -289,6 +289,24 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// A record in the middle of the embedded store's journal is damaged: valid records
+    /// follow it, so it is no torn tail, and neither skipping it nor cutting the journal
+    /// there would be safe. The store refuses to open and leaves the file as it is.
+    #[error(
+        "metadata journal {} is damaged at byte offset {offset}: the record there fails its checksum, yet a valid record \
+         follows at byte offset {next_valid}; refusing to start rather than lose or misapply the changes after it. \
+         Restore the file from a backup, or, if bytes {offset}..{next_valid} are a write that failed (a full disk under \
+         an older Fjord), cut out exactly those bytes",
+        path.display()
+    )]
+    CorruptJournal {
+        /// The journal file.
+        path: PathBuf,
+        /// Byte offset of the damaged record.
+        offset: u64,
+        /// Byte offset of the first valid record after it.
+        next_valid: u64,
+    },
     /// A registry document is not the JSON it should be.
     #[error("bad registry document at {path}: {source}")]
     Codec {

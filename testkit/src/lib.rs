@@ -7,6 +7,7 @@
 //!   binary (kill -9, SIGSTOP/SIGCONT, restart on the same data dir) or in process;
 //!   leaders, ISRs and the controller read from ZooKeeper.
 //! - [`StandaloneBroker`] (`standalone`): one in-process broker on the embedded store.
+//! - [`Tmpfs`] (`tmpfs`): a small tmpfs mounted for one test (root), a disk that fills up.
 //! - [`wait_until`] (`wait`): poll a condition with a deadline instead of sleeping.
 //! - [`python`]: the interpreter of the tests that drive the Python clients.
 //! - `records` (through `fjord-client`): numbered records sent across a fault
@@ -26,11 +27,13 @@ use anyhow::{bail, Context, Result};
 mod cluster;
 mod records;
 mod standalone;
+mod tmpfs;
 mod wait;
 
 pub use cluster::{Cluster, ClusterBuilder};
 pub use records::{numbered, produce_round, read_values, round_value, stream_across};
 pub use standalone::StandaloneBroker;
+pub use tmpfs::Tmpfs;
 pub use wait::wait_until;
 
 /// Where Debian's package puts the server jar and its dependencies.
