@@ -51,6 +51,8 @@ pub struct BrokerConfig {
     /// its TLS handshake and SASL exchange this long after it was accepted is closed;
     /// default 10 s.
     pub authentication_timeout: Duration,
+    /// TLS of SSL and SASL_SSL listeners (`ssl.*`).
+    pub ssl: crate::tls::SslConfig,
     /// `log.dirs`: the one log directory (partitions, checkpoints, meta.properties, metadata store).
     pub log_dir: PathBuf,
     /// `zookeeper.connect`: empty means the embedded metadata store under `log.dirs`.
@@ -169,6 +171,7 @@ impl Default for BrokerConfig {
             max_connections_per_ip: usize::MAX,
             sasl_server_max_receive_size: 512 * 1024,
             authentication_timeout: Duration::from_secs(10),
+            ssl: crate::tls::SslConfig::default(),
             log_dir: PathBuf::from("./fjord-data"),
             zookeeper_connect: None,
             zookeeper_session_timeout: fjord_coord::zookeeper::DEFAULT_SESSION_TIMEOUT,
@@ -387,6 +390,7 @@ impl BrokerConfig {
                 let topic_key = if key.starts_with("log.roll") { "segment.ms" } else { "retention.ms" };
                 self.log.set(topic_key, &ms.to_string())?;
             }
+            _ if crate::tls::SslConfig::KEYS.contains(&key) => self.ssl.set(key, value).map_err(|r| invalid(&r))?,
             _ if CleanerConfig::KEYS.contains(&key) => self.cleaner.set(key, value)?,
             _ if ReplicationConfig::KEYS.contains(&key) => self.replication.set(key, value).map_err(invalid)?,
             _ => match LOG_KEYS.iter().find(|(broker_key, _)| *broker_key == key) {

@@ -18,12 +18,14 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
+use fjord_auth::Principal;
 use kafka_protocol::messages::ApiKey;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, WriteHalf};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::codec::decode_request;
@@ -41,9 +43,6 @@ const WRITE_BUFFER: usize = 64 * 1024;
 /// cannot be used (inside TLS).
 const COPY_CHUNK: usize = 64 * 1024;
 
-/// Kafka's principal of a client that has not authenticated (or needs not).
-pub(crate) const ANONYMOUS: &str = "User:ANONYMOUS";
-
 /// Who is on the other end of one connection: every handler gets it with the request.
 #[derive(Debug)]
 pub(crate) struct Session {
@@ -52,8 +51,8 @@ pub(crate) struct Session {
     /// FindCoordinator answer with.
     pub(crate) listener: Arc<ListenerInfo>,
     /// `User:<name>` once authenticated (SASL, or a TLS client certificate), else
-    /// [`ANONYMOUS`].
-    pub(crate) principal: String,
+    /// `User:ANONYMOUS`.
+    pub(crate) principal: Principal,
     /// False on a SASL listener until the exchange succeeded; only ApiVersions and the
     /// SASL requests are answered before.
     pub(crate) authenticated: bool,
@@ -64,7 +63,7 @@ pub(crate) struct Session {
 impl Session {
     pub(crate) fn new(peer: SocketAddr, listener: Arc<ListenerInfo>) -> Self {
         let authenticated = !listener.protocol.sasl();
-        Self { peer, listener, principal: ANONYMOUS.to_owned(), authenticated, replica: None }
+        Self { peer, listener, principal: Principal::anonymous(), authenticated, replica: None }
     }
 }
 
@@ -81,6 +80,12 @@ impl ResponseSink for OwnedWriteHalf {
     }
 }
 
+impl ResponseSink for WriteHalf<TlsStream<TcpStream>> {
+    fn socket(&self) -> Option<&TcpStream> {
+        None
+    }
+}
+
 /// Serves one connection until the client leaves, misbehaves, or `shutdown` fires.
 pub(crate) async fn serve(
     broker: Arc<Broker>,
@@ -93,8 +98,53 @@ pub(crate) async fn serve(
         tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
     }
     let accepted = Instant::now();
-    let session = Session::new(peer, listener);
-    let (read, write) = stream.into_split();
+    let mut session = Session::new(peer, listener);
+    if !session.listener.protocol.tls() {
+        let (read, write) = stream.into_split();
+        return run(&broker, read, write, session, accepted, &shutdown).await;
+    }
+    let Some(tls) = broker.tls.as_ref() else {
+        // run_listeners loads the TLS files before any TLS listener accepts.
+        tracing::error!(%peer, "TLS listener without TLS files; closing");
+        return;
+    };
+    // The handshake counts against the authentication timeout: a client that opens a
+    // connection and sends nothing (or half a ClientHello) holds no task for long.
+    let handshake = tokio::time::timeout(broker.config.authentication_timeout, tls.acceptor().accept(stream));
+    let stream = tokio::select! {
+        result = handshake => match result {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                broker.metrics.connection_event(ConnectionEvent::TlsHandshakeFailed);
+                tracing::warn!(%peer, listener = %session.listener.name, error = %e, "TLS handshake failed; connection closed");
+                return;
+            }
+            Err(_) => {
+                broker.metrics.connection_event(ConnectionEvent::TlsHandshakeFailed);
+                let timeout = broker.config.authentication_timeout;
+                tracing::warn!(%peer, listener = %session.listener.name, ?timeout, "TLS handshake did not finish in time; connection closed");
+                return;
+            }
+        },
+        () = shutdown.cancelled() => return,
+    };
+    // SSL: a trusted client certificate names the principal (its chain was verified in
+    // the handshake). SASL_SSL authenticates with SASL inside TLS instead.
+    if !session.listener.protocol.sasl() {
+        let certificate = stream.get_ref().1.peer_certificates().and_then(|chain| chain.first());
+        if let Some(certificate) = certificate {
+            match crate::tls::certificate_subject(certificate) {
+                Some(subject) => session.principal = tls.config().principal(&subject),
+                None => {
+                    broker.metrics.connection_event(ConnectionEvent::TlsHandshakeFailed);
+                    tracing::warn!(%peer, "client certificate subject does not parse; connection closed");
+                    return;
+                }
+            }
+        }
+    }
+    tracing::debug!(%peer, principal = %session.principal, "TLS connection established");
+    let (read, write) = tokio::io::split(stream);
     run(&broker, read, write, session, accepted, &shutdown).await;
 }
 

@@ -50,6 +50,8 @@ pub(crate) struct Broker {
     pub(crate) listeners: Vec<crate::listener::ListenerInfo>,
     /// Connections open now, for `max.connections` and `max.connections.per.ip`.
     pub(crate) connections: crate::listener::ConnectionLimits,
+    /// TLS of the SSL and SASL_SSL listeners, when there are any.
+    pub(crate) tls: Option<crate::tls::TlsServer>,
 }
 
 impl Broker {

@@ -44,6 +44,8 @@
 //! - [`listener`]: named listeners (`listeners`, `listener.security.protocol.map`,
 //!   `advertised.listeners`, `inter.broker.listener.name`); `connection` serves each
 //!   connection with its listener's security and the connection limits.
+//! - [`tls`]: TLS for SSL and SASL_SSL listeners from PEM files (KIP-651), reloaded when
+//!   they change; client certificate subjects as principals.
 //!
 //! # Invariants
 //! - Requests on one connection are handled one after the other and answered in order,
@@ -72,6 +74,7 @@ mod periodic;
 mod replication;
 mod response;
 pub mod server;
+pub mod tls;
 mod topic_config;
 mod topics;
 
@@ -81,3 +84,4 @@ pub use group::GroupConfig;
 pub use listener::{ListenerConfig, Listeners, SecurityProtocol};
 pub use replication::ReplicationConfig;
 pub use server::run;
+pub use tls::{ClientAuth, SslConfig};

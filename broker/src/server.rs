@@ -110,6 +110,12 @@ pub async fn run_listeners(
     let bound: Vec<SocketAddr> =
         listeners.iter().map(TcpListener::local_addr).collect::<std::io::Result<_>>().map_err(Error::Network)?;
     let plan = config.listener_plan(&bound)?;
+    // TLS files are loaded before anything else starts, so a bad file stops the start
+    // with a message instead of failing every handshake.
+    let tls = match plan.iter().any(|l| l.protocol.tls()) {
+        true => Some(crate::tls::TlsServer::new(config.ssl.clone())?),
+        false => None,
+    };
     let inter_broker = plan
         .iter()
         .find(|l| l.name == config.inter_broker_listener())
@@ -213,6 +219,7 @@ pub async fn run_listeners(
         controllership,
         listeners: plan.clone(),
         connections: ConnectionLimits::default(),
+        tls,
     });
     // The audit publisher talks to this broker like any client (the accept loop below
     // serves it); it stops with `stop` at the latest.
