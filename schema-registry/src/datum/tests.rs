@@ -185,13 +185,17 @@ fn a_reader_schema_resolves_after_the_walk() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
 
-    /// Mutated Avro binary (bytes flipped, replaced with huge varints, cut, grown) against a
-    /// schema with every kind of type: decoding answers (a value or an error) without a panic
-    /// or an abort, and quickly.
+    /// Mutated Avro binary (bytes flipped, replaced with varints, cut, grown) against a schema
+    /// with every kind of type and one with zero-byte items and recursion: decoding answers
+    /// (a value or an error) without a panic or an abort, and quickly.
     #[test]
     fn mutated_binary_never_panics_and_is_quick(
         seed in 0..2usize,
-        edits in proptest::collection::vec((any::<prop::sample::Index>(), 0u8..4, any::<u8>(), any::<i64>()), 1..6),
+        // Numbers are half the time below 20 million: counts a decoder would act on.
+        edits in proptest::collection::vec(
+            (any::<prop::sample::Index>(), 0u8..4, any::<u8>(), prop_oneof![any::<i64>(), 0i64..20_000_000]),
+            1..6,
+        ),
         cut in any::<prop::sample::Index>(),
         do_cut in any::<bool>(),
     ) {
@@ -211,6 +215,8 @@ proptest! {
         let started = crate::thread_cpu();
         let _ = decode(&schema, None, &bytes, 1, &DatumLimits::default());
         let took = crate::thread_cpu() - started;
-        prop_assert!(took < Duration::from_secs(1), "took {took:?} of CPU");
+        // Without the walk, apache-avro spends 0.6 s on a five-byte count of ten million nulls;
+        // with it, no case here takes 0.1 s.
+        prop_assert!(took < Duration::from_millis(250), "took {took:?} of CPU");
     }
 }
