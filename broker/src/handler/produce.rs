@@ -211,12 +211,14 @@ struct Appended {
 /// Threads that may decompress or scan keys at once, over all produce requests: half
 /// the CPUs (at least one), so such work never takes every core from the network
 /// workers; a request waits for a permit without holding a thread.
-fn heavy_appends() -> &'static Semaphore {
-    static PERMITS: OnceLock<Semaphore> = OnceLock::new();
-    PERMITS.get_or_init(|| {
-        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-        Semaphore::new(cpus.div_ceil(2))
-    })
+fn heavy_appends() -> Arc<Semaphore> {
+    static PERMITS: OnceLock<Arc<Semaphore>> = OnceLock::new();
+    PERMITS
+        .get_or_init(|| {
+            let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+            Arc::new(Semaphore::new(cpus.div_ceil(2)))
+        })
+        .clone()
 }
 
 /// Looks at the batch headers only (no CRC, no records; the log checks those): refuses a
@@ -274,10 +276,17 @@ async fn append(
     if !heavy && config.flush_messages.is_none() {
         return run(partition, &records, acks_all, min_isr, tally);
     }
-    // Closed only at shutdown, which drops the whole runtime first.
-    let _permit = if heavy { heavy_appends().acquire().await.ok() } else { None };
+    // The semaphore is never closed. The permit goes with the work: a request dropped
+    // meanwhile (its client gone) still holds it until the blocking thread is done.
+    let permit = if heavy { heavy_appends().acquire_owned().await.ok() } else { None };
     let partition = partition.clone();
-    tokio::task::spawn_blocking(move || run(&partition, &records, acks_all, min_isr, tally)).await.map_err(AppendError::Task)?
+    tokio::task::spawn_blocking(move || {
+        let appended = run(&partition, &records, acks_all, min_isr, tally);
+        drop(permit);
+        appended
+    })
+    .await
+    .map_err(AppendError::Task)?
 }
 
 /// Produce v0-v2 carry old message sets (magic 0/1), which this broker does not store.
