@@ -8,6 +8,7 @@
 //! - `tools`: `fjord topics`, `produce`, `consume`, `bench` over `fjord_client`.
 //! - `audit`: `fjord audit report|watch` over `fjord_audit`.
 //! - `mirror`: `fjord mirror` (and `status`) over `fjord_mirror`.
+//! - `security`: `fjord users` and `fjord acls` over `fjord_auth`'s store.
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
@@ -16,6 +17,7 @@ mod gateway;
 mod load;
 mod mirror;
 mod registry;
+mod security;
 mod server;
 mod tools;
 
@@ -52,6 +54,10 @@ enum Command {
     Mirror(mirror::MirrorArgs),
     /// Compare per-tier audit counts per topic and window (report once, or watch live).
     Audit(audit::AuditArgs),
+    /// Add, list or delete SCRAM users, directly in the metadata store.
+    Users(security::UsersArgs),
+    /// Add, list or remove ACLs, directly in the metadata store.
+    Acls(security::AclsArgs),
 }
 
 #[tokio::main]
@@ -74,5 +80,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Load(args) => tools::run_or_exit(load::load(args)).await,
         Command::Mirror(args) => tools::run_or_exit(mirror::run(args)).await,
         Command::Audit(args) => tools::run_or_exit(audit::run(args)).await,
+        Command::Users(args) => tools::run_or_exit(security::users(args)).await,
+        Command::Acls(args) => tools::run_or_exit(security::acls(args)).await,
     }
 }

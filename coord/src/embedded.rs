@@ -35,6 +35,10 @@
 //!   journal, and the directory fsynced. A crash at any point leaves either the old
 //!   journal or the new one. A rewrite that fails leaves the old journal in use.
 //!
+//! One process at a time: `open` takes an exclusive lock on `lock` in the directory
+//! (held until the store is dropped), so a tool such as `fjord users --data-dir` cannot
+//! append to, or compact, the journal of a running broker.
+//!
 //! Ephemeral nodes are never journaled: the store has exactly one session, which
 //! ends with the process, as a ZooKeeper session would.
 
@@ -60,6 +64,8 @@ const FORMAT_VERSION: u16 = 2;
 const HEADER_LEN: usize = 8;
 /// Length and CRC in front of every record's payload.
 const FRAME_LEN: usize = 8;
+/// Held exclusively while a store has the directory open.
+const LOCK: &str = "lock";
 const OP_CREATE: u8 = 1;
 const OP_SET: u8 = 2;
 const OP_DELETE: u8 = 3;
@@ -81,6 +87,8 @@ enum Format {
 pub struct EmbeddedStore {
     state: Mutex<State>,
     session_id: i64,
+    /// Holds the directory's exclusive lock for the store's lifetime.
+    _lock: File,
 }
 
 #[derive(Debug)]
@@ -148,6 +156,18 @@ impl EmbeddedStore {
     /// [`Error::CorruptJournal`] when a damaged record is followed by valid ones.
     pub fn open(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
+        let lock_path = dir.join(LOCK);
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|source| Error::Io { path: lock_path.clone(), source })?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(Error::InUse { path: dir.to_path_buf() }),
+            Err(std::fs::TryLockError::Error(source)) => return Err(Error::Io { path: lock_path, source }),
+        }
         let journal_path = dir.join(JOURNAL);
         let io = |source| Error::Io { path: journal_path.clone(), source };
         // A rewrite that a crash interrupted before its rename: the journal is whole.
@@ -239,6 +259,7 @@ impl EmbeddedStore {
                 compact_at: 0,
             }),
             session_id,
+            _lock: lock,
         })
     }
 
@@ -774,6 +795,15 @@ mod tests {
             s.create(&format!("/n{i}"), b"data", CreateMode::Persistent).await.unwrap();
         }
         (dir.join(JOURNAL), offsets)
+    }
+
+    #[tokio::test]
+    async fn one_process_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = store(dir.path());
+        assert!(matches!(EmbeddedStore::open(dir.path()), Err(Error::InUse { .. })));
+        drop(first);
+        store(dir.path());
     }
 
     #[tokio::test]

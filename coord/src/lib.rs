@@ -281,6 +281,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Another store (another process) has the embedded store's directory open.
+    #[error("the metadata store in {path} is in use by another process (a running broker?)")]
+    InUse {
+        /// The store's directory.
+        path: PathBuf,
+    },
     /// The embedded store's files are damaged beyond the torn tail it repairs itself.
     #[error("metadata store file {path} is corrupt: {detail}")]
     Corrupt {
