@@ -293,6 +293,8 @@ enum State {
         /// `client-first-bare "," server-first`: the auth message up to client-final.
         auth_prefix: String,
         nonce: String,
+        /// Length of the client's half of `nonce`.
+        client_nonce_len: usize,
         gs2_header: String,
         credential: ScramCredential,
         /// The credential is [`ScramCredential::fake`]: fail at the proof whatever it is.
@@ -376,21 +378,29 @@ impl ScramServer {
             Some(c) if known_user => c,
             _ => ScramCredential::fake(self.mechanism, &username),
         };
+        let client_nonce_len = client_nonce.len();
         let nonce = format!("{client_nonce}{}", self.new_server_nonce());
         let server_first = format!("r={nonce},s={},i={}", BASE64.encode(&credential.salt), credential.iterations);
         let auth_prefix = format!("{client_first_bare},{server_first}");
-        self.state = State::AwaitingClientFinal { username, auth_prefix, nonce, gs2_header, credential, known_user };
+        self.state =
+            State::AwaitingClientFinal { username, auth_prefix, nonce, client_nonce_len, gs2_header, credential, known_user };
         Ok(server_first.into_bytes())
     }
 
     /// Takes client-final, checks the nonce, the channel binding and the proof, and
     /// returns server-final. On success the exchange is [complete](Self::principal).
     pub fn client_final(&mut self, message: &[u8]) -> Result<Vec<u8>> {
-        let (username, auth_prefix, nonce, gs2_header, credential, known_user) =
+        let (username, auth_prefix, nonce, client_nonce_len, gs2_header, credential, known_user) =
             match std::mem::replace(&mut self.state, State::Failed) {
-                State::AwaitingClientFinal { username, auth_prefix, nonce, gs2_header, credential, known_user } => {
-                    (username, auth_prefix, nonce, gs2_header, credential, known_user)
-                }
+                State::AwaitingClientFinal {
+                    username,
+                    auth_prefix,
+                    nonce,
+                    client_nonce_len,
+                    gs2_header,
+                    credential,
+                    known_user,
+                } => (username, auth_prefix, nonce, client_nonce_len, gs2_header, credential, known_user),
                 other => return Err(self.unexpected(other)),
             };
         let parsed = parse_client_final(message)?;
@@ -399,7 +409,13 @@ impl ScramServer {
         {
             return Err(Error::ChannelBinding);
         }
-        if parsed.nonce != nonce {
+        // librdkafka before 2.6.1 (Debian's kcat among them) sends its own nonce again in
+        // front of the combined one (confluentinc/librdkafka#4895); Kafka 3.x accepts that
+        // form, so we do too, and only that form: it still carries this exchange's server
+        // nonce, so a replay from another exchange fails as before.
+        let librdkafka_doubled = parsed.nonce.len() == client_nonce_len + nonce.len()
+            && parsed.nonce.split_at(client_nonce_len) == (&nonce[..client_nonce_len], &nonce[..]);
+        if parsed.nonce != nonce && !librdkafka_doubled {
             return Err(Error::NonceMismatch);
         }
         let proof = BASE64.decode(parsed.proof).map_err(|_| malformed_final("proof is not base64"))?;
@@ -648,6 +664,35 @@ pub(crate) mod tests {
             assert!(matches!(exchange(m, "alice", Some("s3cret"), "wrong"), Err(Error::AuthenticationFailed)));
             // An unknown user fails at the same step with the same error.
             assert!(matches!(exchange(m, "nobody", None, "s3cret"), Err(Error::AuthenticationFailed)));
+        }
+    }
+
+    #[test]
+    fn the_doubled_client_nonce_of_old_librdkafka_is_accepted_and_nothing_else() {
+        let m = ScramMechanism::Sha256;
+        let credential = ScramCredential::generate(m, "pw", MIN_ITERATIONS).unwrap();
+        let (client, first) = TestClient::new(m, "alice", "cnonce");
+        let attempt = |client_final: &dyn Fn(&str) -> String| {
+            let mut server = ScramServer::new(m);
+            server.client_first(&first).unwrap();
+            let server_first = String::from_utf8(server.server_first(Some(credential.clone())).unwrap()).unwrap();
+            let nonce = server_first.split(',').next().unwrap().strip_prefix("r=").unwrap().to_owned();
+            // The proof covers the nonce as sent, so each form is signed as sent.
+            let sent = client_final(&nonce);
+            let salt = server_first.split(',').nth(1).unwrap().strip_prefix("s=").unwrap();
+            let salt = BASE64.decode(salt).unwrap();
+            let salted = m.salted_password(b"pw", &salt, MIN_ITERATIONS);
+            let client_key = m.hmac(&salted, b"Client Key");
+            let without_proof = format!("c=biws,r={sent}");
+            let auth = format!("{},{server_first},{without_proof}", client.client_first_bare);
+            let signature = m.hmac(&m.hash(&client_key), auth.as_bytes());
+            let proof: Vec<u8> = client_key.iter().zip(&signature).map(|(a, b)| a ^ b).collect();
+            server.client_final(format!("{without_proof},p={}", BASE64.encode(proof)).as_bytes()).map(|_| ())
+        };
+        attempt(&|nonce| nonce.to_owned()).unwrap();
+        attempt(&|nonce| format!("cnonce{nonce}")).unwrap();
+        for other in [|n: &str| format!("xnonce{n}"), |n: &str| format!("cnoncecnonce{n}"), |n: &str| format!("{n}x")] {
+            assert!(matches!(attempt(&other), Err(Error::NonceMismatch)));
         }
     }
 

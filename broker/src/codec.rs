@@ -22,6 +22,8 @@ pub(crate) mod error_code {
     pub(crate) const NOT_LEADER_OR_FOLLOWER: i16 = 6;
     pub(crate) const REQUEST_TIMED_OUT: i16 = 7;
     pub(crate) const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
+    pub(crate) const ILLEGAL_SASL_STATE: i16 = 34;
+    pub(crate) const SASL_AUTHENTICATION_FAILED: i16 = 58;
     pub(crate) const MESSAGE_TOO_LARGE: i16 = 10;
     pub(crate) const COORDINATOR_NOT_AVAILABLE: i16 = 15;
     pub(crate) const INVALID_TOPIC_EXCEPTION: i16 = 17;
@@ -91,6 +93,8 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteAcls, 1, 3),
     (ApiKey::DescribeUserScramCredentials, 0, 0),
     (ApiKey::AlterUserScramCredentials, 0, 0),
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
 /// Produce versions whose payloads are old message sets; answered by hand

@@ -51,6 +51,12 @@ pub struct BrokerConfig {
     /// its TLS handshake and SASL exchange this long after it was accepted is closed;
     /// default 10 s.
     pub authentication_timeout: Duration,
+    /// `sasl.enabled.mechanisms`: what SASL listeners offer; default
+    /// `SCRAM-SHA-256,SCRAM-SHA-512` (PLAIN sends the password: enable it on SASL_SSL).
+    pub sasl_enabled_mechanisms: Vec<crate::sasl::Mechanism>,
+    /// `connection.failed.authentication.delay.ms`: a failed authentication is answered
+    /// this much later (then closed), to slow password guessing; default 100 ms.
+    pub failed_authentication_delay: Duration,
     /// TLS of SSL and SASL_SSL listeners (`ssl.*`).
     pub ssl: crate::tls::SslConfig,
     /// `log.dirs`: the one log directory (partitions, checkpoints, meta.properties, metadata store).
@@ -172,6 +178,11 @@ impl Default for BrokerConfig {
             sasl_server_max_receive_size: 512 * 1024,
             authentication_timeout: Duration::from_secs(10),
             ssl: crate::tls::SslConfig::default(),
+            sasl_enabled_mechanisms: vec![
+                crate::sasl::Mechanism::Scram(fjord_auth::ScramMechanism::Sha256),
+                crate::sasl::Mechanism::Scram(fjord_auth::ScramMechanism::Sha512),
+            ],
+            failed_authentication_delay: Duration::from_millis(100),
             log_dir: PathBuf::from("./fjord-data"),
             zookeeper_connect: None,
             zookeeper_session_timeout: fjord_coord::zookeeper::DEFAULT_SESSION_TIMEOUT,
@@ -336,6 +347,10 @@ impl BrokerConfig {
                 self.sasl_server_max_receive_size = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
             }
             "connection.authentication.timeout.ms" => self.authentication_timeout = millis()?,
+            "sasl.enabled.mechanisms" => {
+                self.sasl_enabled_mechanisms = crate::sasl::parse_mechanisms(value).map_err(|r| invalid(&r))?
+            }
+            "connection.failed.authentication.delay.ms" => self.failed_authentication_delay = millis()?,
             "listeners" => self.listeners = value.parse()?,
             "advertised.listeners" => {
                 // The names are checked against `listeners` by `validate` (either key may

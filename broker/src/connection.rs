@@ -33,6 +33,7 @@ use crate::handler::Broker;
 use crate::listener::ListenerInfo;
 use crate::metrics::ConnectionEvent;
 use crate::response::{Chunk, Response};
+use crate::sasl::{Mechanism, SaslState};
 use crate::{Error, Result};
 
 /// Responses queued for the writer; the reader waits when the client does not read.
@@ -58,12 +59,27 @@ pub(crate) struct Session {
     pub(crate) authenticated: bool,
     /// The broker id a replica Fetch on this connection was verified to come from.
     pub(crate) replica: Option<i32>,
+    /// The SASL exchange, on SASL listeners.
+    pub(crate) sasl: SaslState,
+    /// The mechanism the SASL handshake chose.
+    pub(crate) mechanism: Option<Mechanism>,
+    /// Set by a handler whose answer ends the connection (a failed authentication).
+    pub(crate) close: bool,
 }
 
 impl Session {
     pub(crate) fn new(peer: SocketAddr, listener: Arc<ListenerInfo>) -> Self {
         let authenticated = !listener.protocol.sasl();
-        Self { peer, listener, principal: Principal::anonymous(), authenticated, replica: None }
+        Self {
+            peer,
+            listener,
+            principal: Principal::anonymous(),
+            authenticated,
+            replica: None,
+            sasl: SaslState::default(),
+            mechanism: None,
+            close: false,
+        }
     }
 }
 
@@ -219,6 +235,19 @@ async fn read_requests<R: AsyncRead + Unpin>(
             Err(_) => return Err(Error::Unauthenticated { reason: format!("not authenticated within {wait:?}") }),
         };
         let Some(frame) = frame else { break };
+        if matches!(session.sasl, SaslState::Authenticating { raw: true, .. }) {
+            // After a v0 SaslHandshake the tokens come bare, each answered bare.
+            let Some(token) = broker.sasl_raw_token(&frame, session).await else {
+                return Err(Error::Unauthenticated { reason: "SASL authentication failed".into() });
+            };
+            let mut framed = BytesMut::with_capacity(4 + token.len());
+            framed.extend_from_slice(&(token.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&token);
+            if responses.send(Response::from(framed.freeze())).await.is_err() {
+                break;
+            }
+            continue;
+        }
         if !authenticated && frame.len() >= 2 {
             let api_key = i16::from_be_bytes([frame[0], frame[1]]);
             if !allowed_before_authentication(api_key) {
@@ -231,6 +260,10 @@ async fn read_requests<R: AsyncRead + Unpin>(
             if responses.send(response).await.is_err() {
                 break; // the writer failed: the client is gone
             }
+        }
+        if session.close {
+            // The answer (a SASL failure) goes out, then the connection closes.
+            return Err(Error::Unauthenticated { reason: "SASL authentication failed or out of order".into() });
         }
     }
     Ok(())

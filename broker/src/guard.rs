@@ -155,6 +155,8 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::ElectLeaders => v >= 2,
         ApiKey::CreateAcls | ApiKey::DescribeAcls | ApiKey::DeleteAcls => v >= 2,
         ApiKey::DescribeUserScramCredentials | ApiKey::AlterUserScramCredentials => true,
+        ApiKey::SaslHandshake => false,
+        ApiKey::SaslAuthenticate => v >= 2,
         _ => return Err("no schema for this api"),
     };
     let w = &mut Walker { buf: body, flexible };
@@ -530,6 +532,8 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                 w.tagged_fields()
             })?;
         }
+        ApiKey::SaslHandshake => w.string()?,   // mechanism
+        ApiKey::SaslAuthenticate => w.bytes()?, // auth bytes
         _ => unreachable!("flexible versions are listed for every api walked above"),
     }
     w.tagged_fields()
@@ -788,6 +792,10 @@ mod tests {
                     .with_salt(Bytes::from_static(b"salt"))
                     .with_salted_password(Bytes::from_static(&[7; 64]))])
                 .encode(&mut buf, v),
+            ApiKey::SaslHandshake => SaslHandshakeRequest::default().with_mechanism(s("SCRAM-SHA-256")).encode(&mut buf, v),
+            ApiKey::SaslAuthenticate => {
+                SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(b"n,,n=alice,r=abc")).encode(&mut buf, v)
+            }
             other => panic!("no sample for {other:?}"),
         };
         result.unwrap_or_else(|e| panic!("{key:?} v{v} does not encode: {e}"));

@@ -139,6 +139,8 @@ impl Broker {
             RequestKind::DescribeGroups(req) => (ApiKey::DescribeGroups, self.groups.describe_groups(req).await),
             RequestKind::DeleteGroups(req) => (ApiKey::DeleteGroups, self.groups.delete_groups(req).await),
             RequestKind::InitProducerId(req) => (ApiKey::InitProducerId, self.init_producer_id(req).await),
+            RequestKind::SaslHandshake(req) => (ApiKey::SaslHandshake, self.sasl_handshake(req, version, session)),
+            RequestKind::SaslAuthenticate(req) => (ApiKey::SaslAuthenticate, self.sasl_authenticate(req, session).await),
             RequestKind::ElectLeaders(req) => (ApiKey::ElectLeaders, self.elect_leaders(req, version).await),
             RequestKind::CreateAcls(req) => (ApiKey::CreateAcls, self.create_acls(req).await),
             RequestKind::DescribeAcls(req) => (ApiKey::DescribeAcls, self.describe_acls(req).await),

@@ -73,6 +73,7 @@ mod partition;
 mod periodic;
 mod replication;
 mod response;
+mod sasl;
 pub mod server;
 pub mod tls;
 mod topic_config;

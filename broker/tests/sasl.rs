@@ -1,0 +1,233 @@
+//! SASL listeners against real clients: kcat over SASL_SSL with SCRAM-SHA-256,
+//! confluent-kafka with SCRAM-SHA-512 (a producer and a consumer group), a wrong
+//! password refused as an authentication failure, and malformed or out-of-order SASL
+//! messages closing only their own connection. Users are SCRAM credentials written to
+//! the broker's metadata store before it starts.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{kcat, Certs, RawClient};
+use fjord_auth::{ScramCredential, ScramMechanism};
+use fjord_broker::BrokerConfig;
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, SaslAuthenticateRequest, SaslAuthenticateResponse,
+    SaslHandshakeRequest, SaslHandshakeResponse,
+};
+use kafka_protocol::protocol::StrBytes;
+use tokio_util::sync::CancellationToken;
+
+const PASSWORD: &str = "alice-secret";
+const SASL_AUTHENTICATION_FAILED: i16 = 58;
+const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
+const ILLEGAL_SASL_STATE: i16 = 34;
+
+struct SaslBroker {
+    addrs: BTreeMap<String, SocketAddr>,
+    certs: Certs,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<fjord_broker::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl SaslBroker {
+    /// A broker with SASL_SSL, SASL_PLAINTEXT and PLAINTEXT listeners and user `alice`.
+    async fn start() -> Self {
+        common::init_tracing();
+        let dir = tempfile::tempdir().unwrap();
+        let certs_dir = dir.path().join("certs");
+        std::fs::create_dir(&certs_dir).unwrap();
+        let certs = Certs::create(&certs_dir).unwrap();
+        let mut config = BrokerConfig { log_dir: dir.path().join("data"), ..BrokerConfig::default() };
+        config.set("listeners", "SASL_SSL://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,PLAINTEXT://127.0.0.1:0").unwrap();
+        config.set("inter.broker.listener.name", "PLAINTEXT").unwrap();
+        config.set("ssl.keystore.location", &certs.path("server-keystore.pem")).unwrap();
+        config.set("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN").unwrap();
+        let bound = fjord_broker::server::bind(&config).await.unwrap();
+        let addrs = config.listeners.iter().zip(&bound).map(|(l, b)| (l.name.clone(), b.local_addr().unwrap())).collect();
+        std::fs::create_dir_all(&config.log_dir).unwrap();
+        let store = fjord_broker::server::open_store(&config).await.unwrap();
+        for mechanism in ScramMechanism::ALL {
+            let credential = ScramCredential::generate(mechanism, PASSWORD, 4096).unwrap();
+            fjord_auth::store::set_credential(&*store, "alice", mechanism, &credential).await.unwrap();
+        }
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(fjord_broker::server::run_listeners(config, store, bound, shutdown.clone()));
+        let broker = Self { addrs, certs, shutdown, task, _dir: dir };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(mut client) = RawClient::connect(broker.addrs["PLAINTEXT"]).await {
+                if api_versions(&mut client).await.is_ok() {
+                    break;
+                }
+            }
+            assert!(tokio::time::Instant::now() < deadline, "broker did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        broker
+    }
+
+    fn kcat_args(&self, mechanism: &str, password: &str) -> Vec<String> {
+        [
+            "-b".to_owned(),
+            self.addrs["SASL_SSL"].to_string(),
+            "-X".to_owned(),
+            "security.protocol=sasl_ssl".to_owned(),
+            "-X".to_owned(),
+            format!("sasl.mechanisms={mechanism}"),
+            "-X".to_owned(),
+            "sasl.username=alice".to_owned(),
+            "-X".to_owned(),
+            format!("sasl.password={password}"),
+            "-X".to_owned(),
+            format!("ssl.ca.location={}", self.certs.path("ca.pem")),
+        ]
+        .into()
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task).await.unwrap().unwrap().unwrap();
+    }
+}
+
+async fn api_versions(client: &mut RawClient) -> anyhow::Result<ApiVersionsResponse> {
+    client.call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default()).await
+}
+
+async fn kcat_with(args: &[String], extra: &[&str], stdin: Option<&[u8]>) -> anyhow::Result<Vec<u8>> {
+    let all: Vec<&str> = args.iter().map(String::as_str).chain(extra.iter().copied()).collect();
+    kcat(&all, stdin).await
+}
+
+/// True when the broker closes the connection within 5 s (after whatever it sends).
+async fn closed_by_broker(client: &mut RawClient) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut sink = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match tokio::time::timeout_at(deadline, client.stream.read(&mut sink)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+async fn handshake(client: &mut RawClient, mechanism: &str) -> SaslHandshakeResponse {
+    let request = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_string(mechanism.to_owned()));
+    client.call(ApiKey::SaslHandshake, 1, &request).await.unwrap()
+}
+
+async fn authenticate(client: &mut RawClient, token: &[u8]) -> anyhow::Result<SaslAuthenticateResponse> {
+    let request = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::copy_from_slice(token));
+    client.call(ApiKey::SaslAuthenticate, 2, &request).await
+}
+
+#[tokio::test]
+async fn kcat_over_sasl_ssl_with_scram_sha_256() {
+    let broker = SaslBroker::start().await;
+    let args = broker.kcat_args("SCRAM-SHA-256", PASSWORD);
+    let input = (0..100).map(|i| format!("k{i}:v{i}\n")).collect::<String>();
+    kcat_with(&args, &["-P", "-t", "scram", "-K:"], Some(input.as_bytes())).await.unwrap();
+    let output = kcat_with(&args, &["-C", "-t", "scram", "-o", "beginning", "-e", "-f", "%k:%s\n"], None).await.unwrap();
+    assert_eq!(String::from_utf8(output).unwrap(), input);
+    // A wrong password is an authentication failure: kcat gets no metadata.
+    let wrong = kcat_with(&broker.kcat_args("SCRAM-SHA-256", "not-the-password"), &["-L", "-m", "5"], None).await;
+    let error = wrong.expect_err("a wrong password must not authenticate").to_string();
+    assert!(error.contains("Authentication failed") || error.contains("SASL"), "{error}");
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn confluent_kafka_with_scram_sha_512_produces_and_consumes_in_a_group() {
+    let broker = SaslBroker::start().await;
+    let script = r#"
+import sys
+from confluent_kafka import Producer, Consumer, KafkaException
+bootstrap, password = sys.argv[1], sys.argv[2]
+common = {"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+          "sasl.username": "alice", "sasl.password": password}
+p = Producer(dict(common))
+for i in range(50):
+    p.produce("scram512", key=b"k%d" % i, value=b"v%d" % i)
+assert p.flush(30) == 0
+c = Consumer(dict(common, **{"group.id": "g512", "auto.offset.reset": "earliest"}))
+c.subscribe(["scram512"])
+got = []
+while len(got) < 50:
+    m = c.poll(20)
+    assert m is not None, "no message within 20 s, got %d" % len(got)
+    assert m.error() is None, m.error()
+    got.append(m.value())
+c.commit(asynchronous=False)
+c.close()
+assert got == [b"v%d" % i for i in range(50)], got
+errors = []
+bad2 = Producer(dict(common, **{"sasl.password": "wrong", "error_cb": lambda e: errors.append(e)}))
+bad2.poll(8)
+assert any(e.code() == -169 or "Authentication" in e.str() for e in errors), errors
+print("ok")
+"#;
+    common::run_python(script, &[&broker.addrs["SASL_PLAINTEXT"].to_string(), PASSWORD], Duration::from_secs(120)).await;
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_or_out_of_order_sasl_closes_only_that_connection() {
+    let broker = SaslBroker::start().await;
+    let addr = broker.addrs["SASL_PLAINTEXT"];
+    // An authenticated connection that must be unaffected by the rest.
+    let mut good = RawClient::connect(addr).await.unwrap();
+    assert_eq!(handshake(&mut good, "PLAIN").await.error_code, 0);
+    let answer = authenticate(&mut good, format!("\0alice\0{PASSWORD}").as_bytes()).await.unwrap();
+    assert_eq!(answer.error_code, 0, "{:?}", answer.error_message);
+    let metadata: kafka_protocol::messages::MetadataResponse =
+        good.call(ApiKey::Metadata, 12, &MetadataRequest::default()).await.unwrap();
+    assert!(!metadata.brokers.is_empty(), "authenticated: Metadata is answered");
+
+    // Garbage as a SCRAM client-first.
+    let mut client = RawClient::connect(addr).await.unwrap();
+    assert_eq!(handshake(&mut client, "SCRAM-SHA-256").await.error_code, 0);
+    let started = tokio::time::Instant::now();
+    let answer = authenticate(&mut client, &[0xff, 0x00, 0x13, 0x37]).await.unwrap();
+    assert_eq!(answer.error_code, SASL_AUTHENTICATION_FAILED);
+    assert!(started.elapsed() >= Duration::from_millis(100), "failures are answered after the delay");
+    assert!(closed_by_broker(&mut client).await);
+
+    // A client-final with another exchange's nonce.
+    let mut client = RawClient::connect(addr).await.unwrap();
+    handshake(&mut client, "SCRAM-SHA-256").await;
+    let first = authenticate(&mut client, b"n,,n=alice,r=clientnonce").await.unwrap();
+    assert_eq!(first.error_code, 0);
+    assert!(String::from_utf8_lossy(&first.auth_bytes).starts_with("r=clientnonce"));
+    let replayed = authenticate(&mut client, b"c=biws,r=clientnonceOTHER,p=AAAA").await.unwrap();
+    assert_eq!(replayed.error_code, SASL_AUTHENTICATION_FAILED);
+    assert!(closed_by_broker(&mut client).await);
+
+    // A mechanism that is not offered, and SaslAuthenticate before a handshake.
+    let mut client = RawClient::connect(addr).await.unwrap();
+    let answer = handshake(&mut client, "GSSAPI").await;
+    assert_eq!(answer.error_code, UNSUPPORTED_SASL_MECHANISM);
+    assert!(answer.mechanisms.iter().any(|m| m.as_str() == "SCRAM-SHA-512"));
+    assert!(closed_by_broker(&mut client).await);
+    let mut client = RawClient::connect(addr).await.unwrap();
+    assert_eq!(authenticate(&mut client, b"n,,n=alice,r=x").await.unwrap().error_code, ILLEGAL_SASL_STATE);
+    assert!(closed_by_broker(&mut client).await);
+
+    // A wrong PLAIN password.
+    let mut client = RawClient::connect(addr).await.unwrap();
+    handshake(&mut client, "PLAIN").await;
+    assert_eq!(authenticate(&mut client, b"\0alice\0wrong").await.unwrap().error_code, SASL_AUTHENTICATION_FAILED);
+    assert!(closed_by_broker(&mut client).await);
+
+    // The authenticated connection lives on.
+    let metadata: kafka_protocol::messages::MetadataResponse =
+        good.call(ApiKey::Metadata, 12, &MetadataRequest::default()).await.unwrap();
+    assert!(!metadata.brokers.is_empty());
+    broker.stop().await;
+}
