@@ -312,6 +312,8 @@ async fn retention_deleting_a_range_shows_as_consumer_loss_in_that_window_only()
     let mut config = broker_config(dir.path(), &listener, 1, window);
     config.retention_check_interval = Duration::from_millis(50);
     config.set("log.segment.delete.delay.ms", "0").unwrap();
+    // The topic's 1 KiB segments are below the default floor of segment.bytes.
+    config.set("log.min.segment.bytes", "1024").unwrap();
     tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
     let client = ClientConfig::new(&addr.to_string());
     let admin = Admin::connect(client.clone()).await.unwrap();

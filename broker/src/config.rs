@@ -116,6 +116,13 @@ pub struct BrokerConfig {
     pub flush_scheduler_interval: Duration,
     /// `log.flush.offset.checkpoint.interval.ms`, default 60 s.
     pub checkpoint_interval: Duration,
+    /// `log.segment.files.open.max` (Fjord): descriptors of sealed segment files kept
+    /// open, process-wide ([`fjord_log::FileCache`]); default 1024, at least 1.
+    pub segment_files_open_max: usize,
+    /// `log.scrub.bytes.per.second` (Fjord): the background scrubber CRC-checks this
+    /// many bytes of log data a second, partition after partition, so damage is found
+    /// even where no consumer reads; default 4 MiB/s, 0 turns it off.
+    pub scrub_bytes_per_second: u64,
     /// Broker-wide defaults of every topic's log (`log.segment.bytes`, `log.retention.ms`, ...).
     pub log: LogConfig,
     /// The log cleaner (`log.cleaner.dedupe.buffer.size`, `log.cleaner.io.max.bytes.per.second`,
@@ -204,6 +211,8 @@ impl Default for BrokerConfig {
             retention_check_interval: Duration::from_secs(300),
             flush_scheduler_interval: Duration::from_secs(1),
             checkpoint_interval: Duration::from_secs(60),
+            segment_files_open_max: fjord_log::files::DEFAULT_CAPACITY,
+            scrub_bytes_per_second: 4 << 20,
             log: LogConfig::default(),
             cleaner: CleanerConfig::default(),
             group: GroupConfig::default(),
@@ -398,6 +407,15 @@ impl BrokerConfig {
             "log.retention.check.interval.ms" => self.retention_check_interval = millis()?,
             "log.flush.scheduler.interval.ms" => self.flush_scheduler_interval = millis()?,
             "log.flush.offset.checkpoint.interval.ms" => self.checkpoint_interval = millis()?,
+            // The floor under segment.bytes: set it before a smaller log.segment.bytes.
+            "log.min.segment.bytes" => self.log.set_min_segment_bytes(value)?,
+            "log.segment.files.open.max" => {
+                self.segment_files_open_max =
+                    usize::try_from(int()?).ok().filter(|n| *n >= 1).ok_or_else(|| invalid("must be at least 1"))?
+            }
+            "log.scrub.bytes.per.second" => {
+                self.scrub_bytes_per_second = u64::try_from(int()?).map_err(|_| invalid("must not be negative"))?
+            }
             "log.retention.minutes" | "log.retention.hours" | "log.roll.hours" => {
                 let unit = if key.ends_with("minutes") { 60_000 } else { 3_600_000 };
                 let n = int()?;

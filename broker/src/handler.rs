@@ -185,6 +185,8 @@ pub(crate) fn log_error_code(error: &fjord_log::Error) -> i16 {
         E::OutOfOrderSequence { .. } => error_code::OUT_OF_ORDER_SEQUENCE_NUMBER,
         E::InvalidProducerEpoch { .. } => error_code::INVALID_PRODUCER_EPOCH,
         E::OffsetOutOfRange { .. } => error_code::OFFSET_OUT_OF_RANGE,
+        // Damaged data on disk: never served, never skipped (the log reports it once).
+        E::CorruptSegment { .. } => error_code::CORRUPT_MESSAGE,
         E::Io { .. } => error_code::KAFKA_STORAGE_ERROR,
         _ => error_code::UNKNOWN_SERVER_ERROR,
     }

@@ -175,7 +175,7 @@ impl Metrics {
             .collect();
         partitions.sort_by(|a, b| a.0.cmp(&b.0));
         type Gauge = fn(&Log) -> f64;
-        let gauges: [(&str, &str, Gauge); 5] = [
+        let gauges: [(&str, &str, Gauge); 6] = [
             ("fjord_broker_log_end_offset", "Offset the next appended record gets.", |l| l.log_end_offset() as f64),
             ("fjord_broker_log_start_offset", "First offset still in the log.", |l| l.log_start_offset() as f64),
             ("fjord_broker_log_size_bytes", "Bytes of all segments.", |l| l.size_bytes() as f64),
@@ -183,6 +183,11 @@ impl Metrics {
             ("fjord_broker_high_watermark", "Offset below which records are committed and visible.", |l| {
                 l.high_watermark() as f64
             }),
+            (
+                "fjord_broker_log_corrupt_batches",
+                "Corrupt batches found in the log's segments (reads there answer CORRUPT_MESSAGE).",
+                |l| l.corrupt_batches() as f64,
+            ),
         ];
         for (name, help, gauge) in gauges {
             family(&mut out, name, "gauge", help);

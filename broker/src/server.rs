@@ -135,6 +135,8 @@ pub async fn run_listeners(
     // limit follows the open-file limit.
     let open_files = crate::limits::raise_open_file_limit();
     let limits = PartitionLimits::resolve(config.max_partitions_per_request, config.max_partitions_per_broker, open_files);
+    // Before the logs open: opening reads sealed segments through this cache.
+    fjord_log::FileCache::global().set_capacity(config.segment_files_open_max);
     let logs = {
         let (dir, defaults) = (config.log_dir.clone(), config.log);
         Arc::new(tokio::task::spawn_blocking(move || LogManager::open(dir, defaults)).await??)
@@ -445,6 +447,7 @@ fn spawn_periodic_tasks(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &
         ("flush", config.flush_scheduler_interval, |logs| logs.flush_due(now_ms())),
         ("checkpoint", config.checkpoint_interval, LogManager::checkpoint),
     ];
+    spawn_scrubber(tracker, logs, config.scrub_bytes_per_second, shutdown);
     for (name, every, job) in jobs {
         let (logs, shutdown) = (logs.clone(), shutdown.clone());
         tracker.spawn(async move {
@@ -459,6 +462,24 @@ fn spawn_periodic_tasks(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &
             }
         });
     }
+}
+
+/// The scrubber: every second, CRC-checks that second's share of
+/// `log.scrub.bytes.per.second` (see [`LogManager::scrub`]); off at 0.
+fn spawn_scrubber(tracker: &TaskTracker, logs: &Arc<LogManager>, bytes_per_second: u64, shutdown: &CancellationToken) {
+    if bytes_per_second == 0 {
+        return;
+    }
+    let (logs, shutdown) = (logs.clone(), shutdown.clone());
+    tracker.spawn(async move {
+        let mut periodic = Periodic::new(Duration::from_secs(1));
+        while periodic.tick_until(&shutdown).await {
+            let logs = logs.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || logs.scrub(bytes_per_second)).await {
+                tracing::error!(task = "scrub", error = %e, "periodic log task panicked");
+            }
+        }
+    });
 }
 
 /// The log cleaner: every `log.cleaner.backoff.ms`, compacts the logs whose dirty

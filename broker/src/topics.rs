@@ -81,7 +81,8 @@ impl Topic {
             .map(|p| assignment.replicas(p).map(<[i32]>::to_vec))
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| TopicError::InvalidReplicaAssignment("partitions are not numbered 0..n".into()))?;
-        Self::new(name, replicas, overrides, settings)
+        let (config, unclean_leader_election) = effective_config(settings, &overrides, true)?;
+        Ok(Self { name: name.to_owned(), replicas, config, overrides, unclean_leader_election })
     }
 
     pub(crate) fn new(
@@ -90,7 +91,7 @@ impl Topic {
         overrides: BTreeMap<String, String>,
         settings: &TopicSettings,
     ) -> Result<Self, TopicError> {
-        let (config, unclean_leader_election) = effective_config(settings, &overrides)?;
+        let (config, unclean_leader_election) = effective_config(settings, &overrides, false)?;
         Ok(Self { name: name.to_owned(), replicas, config, overrides, unclean_leader_election })
     }
 
@@ -106,7 +107,14 @@ impl Topic {
 }
 
 /// The effective log config and `unclean.leader.election.enable` of a topic with `overrides`.
-fn effective_config(settings: &TopicSettings, overrides: &BTreeMap<String, String>) -> Result<(LogConfig, bool), TopicError> {
+/// `stored`: overrides read back from the metadata store, written before the broker's
+/// `log.min.segment.bytes` floor (or under a lower one); a `segment.bytes` below it then
+/// rolls at the floor instead of making the topic invalid (its partitions would vanish).
+fn effective_config(
+    settings: &TopicSettings,
+    overrides: &BTreeMap<String, String>,
+    stored: bool,
+) -> Result<(LogConfig, bool), TopicError> {
     let mut config = settings.log;
     let mut unclean = settings.unclean_leader_election;
     // Every other topic key, `cleanup.policy`, `min.insync.replicas` and the compaction
@@ -117,7 +125,17 @@ fn effective_config(settings: &TopicSettings, overrides: &BTreeMap<String, Strin
             unclean =
                 value.trim().parse().map_err(|_| TopicError::InvalidConfig(format!("{key}={value}: expected true or false")))?;
         } else {
-            config.set(key, value).map_err(|e| TopicError::InvalidConfig(e.to_string()))?;
+            match config.set(key, value) {
+                Err(fjord_log::Error::SegmentBytesBelowFloor { value, min }) if stored => {
+                    tracing::warn!(
+                        value,
+                        min,
+                        "a stored segment.bytes is below log.min.segment.bytes: segments roll at the floor"
+                    );
+                    config.segment_bytes = min;
+                }
+                other => other.map_err(|e| TopicError::InvalidConfig(e.to_string()))?,
+            }
         }
     }
     config.validate().map_err(|e| TopicError::InvalidConfig(e.to_string()))?;
@@ -250,7 +268,7 @@ impl Topics {
     /// The broker defaults with `overrides` applied, validated (CreateTopics and the
     /// AlterConfigs APIs check a new override set with this before storing it).
     pub(crate) fn effective_config(&self, overrides: &BTreeMap<String, String>) -> Result<LogConfig, TopicError> {
-        effective_config(&self.settings, overrides).map(|(config, _)| config)
+        effective_config(&self.settings, overrides, false).map(|(config, _)| config)
     }
 
     /// Applies the overrides stored in `/config/topics/<name>` to the topic in the view
@@ -432,7 +450,7 @@ impl Topics {
             }
             Layout::Manual(replicas) => check_manual_assignment(replicas, &brokers)?,
         }
-        effective_config(&self.settings, overrides)?;
+        effective_config(&self.settings, overrides, false)?;
         Ok(brokers)
     }
 

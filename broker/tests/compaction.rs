@@ -84,6 +84,8 @@ async fn a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset() {
         c.auto_create_topics = false;
         c.set("log.cleaner.backoff.ms", "100").unwrap();
         c.retention_check_interval = Duration::from_millis(100);
+        // The topic's 64 KiB segments are below the default floor of segment.bytes.
+        c.set("log.min.segment.bytes", "65536").unwrap();
     })
     .await
     .unwrap();

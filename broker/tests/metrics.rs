@@ -55,6 +55,8 @@ async fn metrics_show_partitions_the_cleaner_and_requests_per_api() {
         c.auto_create_topics = false;
         c.metrics_listen = Some(metrics);
         c.set("log.cleaner.backoff.ms", "100").unwrap();
+        // The topic's 1 KiB segments are below the default floor of segment.bytes.
+        c.set("log.min.segment.bytes", "1024").unwrap();
     })
     .await
     .unwrap();

@@ -459,6 +459,8 @@ async fn cleanup_policies_delete_and_compact_are_accepted_and_others_refused() {
 async fn the_retention_task_deletes_old_segments_and_moves_the_log_start() {
     let (broker, _dir) = start(|c| {
         c.retention_check_interval = Duration::from_millis(50);
+        // Tiny segments for the test: below the 1 MiB floor, so the broker lowers it first.
+        c.set("log.min.segment.bytes", "1024").unwrap();
         c.set("log.segment.bytes", "1024").unwrap();
         c.set("log.retention.ms", "60000").unwrap();
         c.set("log.segment.delete.delay.ms", "0").unwrap();

@@ -20,6 +20,8 @@ async fn start_broker(retention_check: Duration) -> StandaloneBroker {
     StandaloneBroker::start_with(|c| {
         c.retention_check_interval = retention_check;
         c.group.initial_rebalance_delay_ms = 0;
+        // Small segments for the retention test: below the default floor of segment.bytes.
+        c.set("log.min.segment.bytes", "2048").unwrap();
     })
     .await
     .expect("broker starts")

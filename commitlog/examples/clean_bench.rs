@@ -55,7 +55,7 @@ fn main() {
     // Seal everything: a last batch in a new segment.
     let mut b = BatchBuilder::new(1_000);
     b.append(1_000, Some(b"last"), Some(b"x"), &[]);
-    log.update_config(LogConfig { segment_bytes: 100, ..config }).expect("config");
+    log.update_config(LogConfig { segment_bytes: 100, min_segment_bytes: 100, ..config }).expect("config");
     log.append(&mut b.build_vec(), 0).expect("append");
     log.set_high_watermark(log.log_end_offset());
     log.flush().expect("flush");

@@ -604,8 +604,9 @@ fn build_map(
     for (_, seg) in view.range(start..clean_end) {
         let path = seg.path(LOG_SUFFIX);
         let size = seg.size();
-        let position = seg.find_batch(first_dirty, size).at(&path)?.map_or(size, |(p, _)| p);
-        let mut walk = Walker::new(&seg.file, position, size);
+        let position = seg.find_batch(first_dirty, size)?.map_or(size, |(p, _)| p);
+        let file = seg.log()?;
+        let mut walk = Walker::new(&file, position, size);
         while let Some((header, bytes)) = next_batch(&mut walk, &path)? {
             throttle.account(bytes.len());
             stats.bytes_read += bytes.len() as u64;
@@ -758,7 +759,8 @@ fn write_cleaned(
     let mut scratch = Vec::new();
     for (seg, &size) in group.iter().zip(sizes) {
         let path = seg.path(LOG_SUFFIX);
-        let mut walk = Walker::new(&seg.file, 0, size);
+        let file = seg.log()?;
+        let mut walk = Walker::new(&file, 0, size);
         stats.bytes_before += size;
         while let Some((header, bytes)) = next_batch(&mut walk, &path)? {
             throttle.account(bytes.len());

@@ -81,6 +81,16 @@ pub struct LogConfig {
     /// uncompacted: its segment rolls by then and is cleaned whatever the dirty ratio.
     /// Default `None` (Kafka's Long.MAX_VALUE): only the dirty ratio triggers cleaning.
     pub max_compaction_lag: Option<Duration>,
+    /// The smallest `segment.bytes` a topic (or `log.segment.bytes`) may set: broker key
+    /// `log.min.segment.bytes`, not a topic key, so [`LogConfig::set`] does not take it
+    /// and clients cannot lower it. Default 1 MiB, Kafka 4.0's floor (KIP-1030; Kafka
+    /// allowed 14 bytes before). Why a floor: every segment costs three files (inodes,
+    /// a 4 KiB block each), memory for its entry in the segment list (copied on each
+    /// roll), the index checks on open, and a descriptor while it is read. With
+    /// `segment.bytes=61`, one segment per record, 18,500 records meant 18,500
+    /// segments: at 1 MiB the same count holds 18 GiB, and that overhead stays below
+    /// 0.1% of the data. At least 61 bytes (one batch header).
+    pub min_segment_bytes: u64,
 }
 
 // `check` rejects a NaN ratio, so equality is reflexive.
@@ -214,6 +224,8 @@ const DAY: Duration = Duration::from_secs(24 * 3600);
 const MAX_SEGMENT_BYTES: u64 = i32::MAX as u64;
 /// A segment must fit at least one batch header.
 const MIN_SEGMENT_BYTES: u64 = fjord_record::BATCH_OVERHEAD as u64;
+/// Default of [`LogConfig::min_segment_bytes`] (see there for why).
+pub const DEFAULT_MIN_SEGMENT_BYTES: u64 = 1 << 20;
 
 impl Default for LogConfig {
     fn default() -> Self {
@@ -238,6 +250,7 @@ impl Default for LogConfig {
             compression_type: CompressionType::Producer,
             message_timestamp_type: MessageTimestampType::CreateTime,
             max_compaction_lag: None,
+            min_segment_bytes: DEFAULT_MIN_SEGMENT_BYTES,
         }
     }
 }
@@ -363,6 +376,7 @@ impl LogConfig {
             _ => return Err(bad("unknown log config")),
         }
         next.check().map_err(bad)?;
+        next.check_floor()?;
         *self = next;
         Ok(())
     }
@@ -407,10 +421,36 @@ impl LogConfig {
 
     /// Checks the values against each other and the format's limits.
     pub fn validate(&self) -> Result<()> {
-        self.check().map_err(|reason| Error::InvalidConfig { key: "log config".to_owned(), value: format!("{self:?}"), reason })
+        self.check().map_err(|reason| Error::InvalidConfig {
+            key: "log config".to_owned(),
+            value: format!("{self:?}"),
+            reason,
+        })?;
+        self.check_floor()
+    }
+
+    /// Sets the broker's floor under `segment.bytes` (`log.min.segment.bytes`).
+    pub fn set_min_segment_bytes(&mut self, value: &str) -> Result<()> {
+        let bad = |reason| Error::InvalidConfig { key: "log.min.segment.bytes".to_owned(), value: value.to_owned(), reason };
+        let min: u64 = value.trim().parse().map_err(|_| bad("not a non-negative integer"))?;
+        if !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&min) {
+            return Err(bad("must be between 61 (one batch header) and 2147483647"));
+        }
+        self.min_segment_bytes = min;
+        Ok(())
+    }
+
+    fn check_floor(&self) -> Result<()> {
+        if self.segment_bytes < self.min_segment_bytes {
+            return Err(Error::SegmentBytesBelowFloor { value: self.segment_bytes, min: self.min_segment_bytes });
+        }
+        Ok(())
     }
 
     fn check(&self) -> std::result::Result<(), &'static str> {
+        if !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&self.min_segment_bytes) {
+            return Err("log.min.segment.bytes must be between 61 and 2147483647");
+        }
         if !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&self.segment_bytes) {
             return Err("segment.bytes must be between 61 and 2147483647");
         }
@@ -447,11 +487,11 @@ mod tests {
     fn set_uses_kafka_names_and_minus_one_means_never() {
         let mut c = LogConfig::default();
         c.set("retention.ms", "-1").unwrap();
-        c.set("segment.bytes", "1024").unwrap();
+        c.set("segment.bytes", "1048576").unwrap();
         c.set("flush.messages", "9223372036854775807").unwrap();
         c.set("flush.ms", "1000").unwrap();
         assert_eq!(c.retention_ms, None);
-        assert_eq!(c.segment_bytes, 1024);
+        assert_eq!(c.segment_bytes, 1 << 20);
         assert_eq!(c.flush_messages, None);
         assert_eq!(c.flush_ms, Some(Duration::from_secs(1)));
         c.set("cleanup.policy", "delete, compact").unwrap();
@@ -494,6 +534,28 @@ mod tests {
             c.set(key, value).unwrap();
         }
         assert_eq!(c, before);
+    }
+
+    #[test]
+    fn segment_bytes_has_a_floor_that_only_the_broker_lowers() {
+        let mut c = LogConfig::default();
+        // Case 5 of issue 26: 61 bytes (one batch header) made one segment per record.
+        let e = c.set("segment.bytes", "61").unwrap_err();
+        assert!(matches!(e, Error::SegmentBytesBelowFloor { value: 61, min: 1_048_576 }), "{e}");
+        assert!(
+            e.to_string().contains("segment.bytes=61: below the floor of 1048576 bytes (broker key log.min.segment.bytes)"),
+            "{e}"
+        );
+        assert!(c.set("segment.bytes", "1048575").is_err());
+        c.set("segment.bytes", "1048576").unwrap();
+        // Topic keys cannot lower the floor; the broker key can, down to one batch header.
+        assert!(c.set("log.min.segment.bytes", "61").is_err());
+        assert!(c.set_min_segment_bytes("60").is_err());
+        c.set_min_segment_bytes("4096").unwrap();
+        c.set("segment.bytes", "4096").unwrap();
+        assert!(matches!(c.set("segment.bytes", "4095"), Err(Error::SegmentBytesBelowFloor { value: 4095, min: 4096 })));
+        let direct = LogConfig { segment_bytes: 100, ..LogConfig::default() };
+        assert!(matches!(direct.validate(), Err(Error::SegmentBytesBelowFloor { .. })));
     }
 
     #[test]

@@ -21,35 +21,48 @@ pub(crate) struct EpochCache {
 }
 
 impl EpochCache {
-    /// Loads the checkpoint in `dir` (empty when missing). A malformed file is
-    /// dropped with a warning: the cache is rebuilt as batches with new epochs arrive.
-    pub(crate) fn load(dir: &Path) -> Result<Self> {
+    /// Loads the checkpoint in `dir` (empty when missing). The flag says the file was
+    /// damaged or unreadable: the caller then rebuilds the cache from the log
+    /// ([`EpochCache::rebuild`]), so a bad file never stops the log from opening.
+    pub(crate) fn load(dir: &Path) -> (Self, bool) {
         let path = dir.join(FILE_NAME);
-        let entries = match checkpoint::read_lines(&path) {
-            Ok(lines) => {
-                let parsed: Option<Vec<(i32, Offset)>> = lines
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|f| match f.as_slice() {
-                        [e, o] => Some((e.parse().ok()?, o.parse().ok()?)),
-                        _ => None,
-                    })
-                    .collect();
-                match parsed {
-                    Some(v) if v.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1) => v,
-                    _ => {
-                        tracing::warn!(path = %path.display(), "malformed leader epoch checkpoint, starting empty");
-                        Vec::new()
+        let parsed = checkpoint::read_lines(&path).and_then(|lines| {
+            let bad = |line, detail| Error::MalformedCheckpoint { path: path.clone(), line, detail };
+            let entries = lines
+                .unwrap_or_default()
+                .iter()
+                .enumerate()
+                .map(|(i, f)| match f.as_slice() {
+                    [e, o] => {
+                        Ok((e.parse().map_err(|_| bad(i + 3, "bad epoch"))?, o.parse().map_err(|_| bad(i + 3, "bad offset"))?))
                     }
-                }
+                    _ => Err(bad(i + 3, "expected `epoch start_offset`")),
+                })
+                .collect::<Result<Vec<(i32, Offset)>>>()?;
+            if !entries.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1) || entries.iter().any(|e| e.0 < 0 || e.1 < 0) {
+                return Err(bad(3, "epochs and start offsets are not increasing"));
             }
-            Err(e @ Error::MalformedCheckpoint { .. }) => {
-                tracing::warn!(error = %e, "starting with an empty leader epoch cache");
-                Vec::new()
+            Ok(entries)
+        });
+        match parsed {
+            Ok(entries) => (Self { path, entries }, false),
+            Err(e) => {
+                tracing::warn!(error = %e, "leader epoch checkpoint damaged or unreadable: rebuilding it from the log");
+                (Self { path, entries: Vec::new() }, true)
             }
-            Err(e) => return Err(e),
-        };
-        Ok(Self { path, entries })
+        }
+    }
+
+    /// Rebuilds the cache from the batch headers in the log (each batch carries the
+    /// leader epoch it was appended in) and writes the checkpoint.
+    pub(crate) fn rebuild(&mut self, batches: impl IntoIterator<Item = (i32, Offset)>) -> Result<()> {
+        self.entries.clear();
+        for (epoch, base_offset) in batches {
+            if epoch >= 0 && self.latest_epoch().is_none_or(|e| epoch > e) {
+                self.entries.push((epoch, base_offset));
+            }
+        }
+        self.persist()
     }
 
     pub(crate) fn entries(&self) -> &[(i32, Offset)] {
@@ -123,20 +136,26 @@ mod tests {
     #[test]
     fn epochs_persist_truncate_and_answer_end_offsets() {
         let dir = tempfile::tempdir().unwrap();
-        let mut c = EpochCache::load(dir.path()).unwrap();
+        let (mut c, _) = EpochCache::load(dir.path());
         c.assign(0, 0).unwrap();
         c.assign(0, 5).unwrap(); // not newer: ignored
         c.assign(2, 10).unwrap();
         c.assign(5, 20).unwrap();
-        assert_eq!(std::fs::read_to_string(dir.path().join(FILE_NAME)).unwrap(), "0\n3\n0 0\n2 10\n5 20\n");
+        assert!(std::fs::read_to_string(dir.path().join(FILE_NAME)).unwrap().starts_with("1\n3\n0 0\n2 10\n5 20\ncrc32c "));
         assert_eq!(c.end_offset_for(1, 30), Some((0, 10)));
         assert_eq!(c.end_offset_for(5, 30), Some((5, 30)));
         assert_eq!(c.end_offset_for(-1, 30), None);
         c.truncate_from_end(15).unwrap();
         assert_eq!(c.entries(), &[(0, 0), (2, 10)]);
         c.truncate_from_start(12).unwrap();
-        assert_eq!(EpochCache::load(dir.path()).unwrap().entries(), &[(2, 12)]);
-        std::fs::write(dir.path().join(FILE_NAME), "garbage").unwrap();
-        assert!(EpochCache::load(dir.path()).unwrap().entries().is_empty());
+        assert_eq!(EpochCache::load(dir.path()).0.entries(), &[(2, 12)]);
+        for garbage in [&b"garbage"[..], &[0xff, 0x00, 0x9c, 0x17], b"0\n1\n2 x\n", b"0\n2\n5 10\n2 20\n"] {
+            std::fs::write(dir.path().join(FILE_NAME), garbage).unwrap();
+            let (c, damaged) = EpochCache::load(dir.path());
+            assert!(damaged && c.entries().is_empty(), "{garbage:?}");
+        }
+        let (mut c, _) = EpochCache::load(dir.path());
+        c.rebuild([(1, 0), (1, 5), (3, 9), (-1, 12), (2, 14), (4, 20)]).unwrap();
+        assert_eq!(EpochCache::load(dir.path()).0.entries(), &[(1, 0), (3, 9), (4, 20)]);
     }
 }

@@ -58,6 +58,17 @@ pub enum Error {
         /// Why it was rejected.
         reason: &'static str,
     },
+    /// `segment.bytes` is below the broker's floor ([`crate::LogConfig::min_segment_bytes`]).
+    #[error(
+        "invalid config segment.bytes={value}: below the floor of {min} bytes (broker key log.min.segment.bytes); \
+         every segment costs three files, memory and a descriptor while read, so tiny segments exhaust them"
+    )]
+    SegmentBytesBelowFloor {
+        /// The rejected value.
+        value: u64,
+        /// The floor.
+        min: u64,
+    },
     /// A replicated append carries offsets below the log end offset or out of order.
     /// Nothing was written.
     #[error("replicated batch at offset {offset} does not follow offset {expected_at_least}")]
@@ -139,7 +150,9 @@ pub enum Error {
         /// The producer's current epoch in this log.
         current: i16,
     },
-    /// A sealed segment holds a batch that fails its CRC or framing (found by the cleaner).
+    /// A segment holds a batch that fails its CRC, framing or offset order (found by a
+    /// read, recovery, the scrubber or the cleaner): the data at and after `position`
+    /// in this segment is not served (Kafka's CORRUPT_MESSAGE).
     #[error("corrupt batch at byte {position} of {}: {source}", path.display())]
     CorruptSegment {
         /// The segment file.

@@ -26,6 +26,10 @@ pub(crate) trait IndexEntry: Copy {
     const SIZE: usize;
     fn decode(bytes: &[u8]) -> Self;
     fn encode_into(&self, out: &mut Vec<u8>);
+    /// Whether `self` may come right after `prev` in a sane index.
+    fn follows(&self, prev: &Self) -> bool;
+    /// Whether `self` may belong to a segment whose `.log` holds `log_size` bytes.
+    fn inside(&self, log_size: u64) -> bool;
 }
 
 /// `(relative offset, position)`: the batch with base offset `base + relative_offset`
@@ -55,6 +59,12 @@ impl IndexEntry for OffsetEntry {
         out.extend_from_slice(&self.relative_offset.to_be_bytes());
         out.extend_from_slice(&self.position.to_be_bytes());
     }
+    fn follows(&self, prev: &Self) -> bool {
+        prev.relative_offset < self.relative_offset && prev.position < self.position
+    }
+    fn inside(&self, log_size: u64) -> bool {
+        u64::from(self.position) < log_size
+    }
 }
 
 impl IndexEntry for TimeEntry {
@@ -69,43 +79,65 @@ impl IndexEntry for TimeEntry {
         out.extend_from_slice(&self.timestamp.to_be_bytes());
         out.extend_from_slice(&self.relative_offset.to_be_bytes());
     }
+    fn follows(&self, prev: &Self) -> bool {
+        prev.timestamp < self.timestamp && prev.relative_offset <= self.relative_offset
+    }
+    fn inside(&self, _log_size: u64) -> bool {
+        true
+    }
 }
 
 /// Every how many entries a sealed index keeps one in memory (see [`SealedFile`]).
 pub(crate) const SUMMARY_STRIDE: usize = 64;
 
-/// A sealed segment's index file, opened on the first lookup, with every
+/// A sealed segment's index file, read once on the first lookup to keep every
 /// [`SUMMARY_STRIDE`]-th entry resident: a lookup binary-searches the summary in
 /// memory, then reads one block of at most 64 entries (512 bytes) with a single
 /// positional read. Resident memory is 1/64 of the index, and only for segments
-/// that were read.
+/// that were read. The file itself is not held: lookups get it from the segment's
+/// descriptor cache.
 #[derive(Debug)]
 pub(crate) struct SealedFile<E> {
-    file: File,
     count: usize,
     summary: Vec<E>,
 }
 
 impl<E: IndexEntry> SealedFile<E> {
-    /// Reads the index file once to build the summary.
-    pub(crate) fn load(file: File) -> io::Result<Self> {
-        let count = file.metadata()?.len() as usize / E::SIZE;
+    /// Reads the index file once to build the summary, checking every entry on the
+    /// way (sorted, inside a `.log` of `log_size` bytes, whole entries): `None` when it
+    /// is not sane, and the caller scans instead.
+    pub(crate) fn load(file: &File, log_size: u64) -> io::Result<Option<Self>> {
+        let len = file.metadata()?.len() as usize;
+        if !len.is_multiple_of(E::SIZE) {
+            return Ok(None);
+        }
+        let count = len / E::SIZE;
         let mut summary = Vec::with_capacity(count.div_ceil(SUMMARY_STRIDE));
         let block = SUMMARY_STRIDE * E::SIZE;
         let mut buf = vec![0u8; block * 256];
+        let mut prev: Option<E> = None;
         let mut i = 0;
         while i < count {
             let n = (count - i).min(buf.len() / E::SIZE);
             let bytes = &mut buf[..n * E::SIZE];
             file.read_exact_at(bytes, (i * E::SIZE) as u64)?;
-            summary.extend(bytes.chunks(block).map(E::decode));
+            for (j, chunk) in bytes.chunks_exact(E::SIZE).enumerate() {
+                let e = E::decode(chunk);
+                if !e.inside(log_size) || prev.is_some_and(|p| !e.follows(&p)) {
+                    return Ok(None);
+                }
+                if (i + j) % SUMMARY_STRIDE == 0 {
+                    summary.push(e);
+                }
+                prev = Some(e);
+            }
             i += n;
         }
-        Ok(Self { file, count, summary })
+        Ok(Some(Self { count, summary }))
     }
 
-    pub(crate) fn entries(&self) -> Entries<'_, E> {
-        Entries::File { file: &self.file, count: self.count, summary: &self.summary }
+    pub(crate) fn entries<'a>(&'a self, file: &'a File) -> Entries<'a, E> {
+        Entries::File { file, count: self.count, summary: &self.summary }
     }
 }
 
@@ -213,9 +245,9 @@ mod tests {
             let v = &v[..n];
             let mut f = tempfile::tempfile().unwrap();
             f.write_all(&encode(v)).unwrap();
-            let sealed = SealedFile::<OffsetEntry>::load(f).unwrap();
+            let sealed = SealedFile::<OffsetEntry>::load(&f, u64::MAX).unwrap().unwrap();
             let mem = Entries::Memory(v);
-            let file = sealed.entries();
+            let file = sealed.entries(&f);
             for x in (0..3003).step_by(7).chain([1, 2, 3, 189, 190, 191, 192, 193, 2996, 2997, 2998, 5000]) {
                 let pred = |e: &OffsetEntry| e.relative_offset <= x;
                 assert_eq!(mem.floor(pred).unwrap(), file.floor(pred).unwrap(), "{n} entries, {x}");

@@ -20,7 +20,8 @@
 //!     *.cleaned, *.swap               a clean in progress (see [`cleaner`] for the swap protocol)
 //!     *.deleted                       segments waiting for file.delete.delay.ms
 //! ```
-//! Modules: [`config`] (LogConfig), [`cleaner`] (log compaction), `segment` (one segment and reads within it),
+//! Modules: [`config`] (LogConfig), [`cleaner`] (log compaction), [`files`] (the bounded
+//! cache of sealed segments' descriptors), `segment` (one segment and reads within it),
 //! `index` (offset and time index), `recovery` (opening a directory), `log` (the
 //! partition log), `manager` (the log dir), `checkpoint` and `epoch` (text files).
 //!
@@ -35,6 +36,13 @@
 //!   in the opposite order.
 //! - After a crash, everything after the recovery point is re-validated and a torn
 //!   or corrupt tail is cut off; indexes are derived data, rebuilt when damaged.
+//! - Below the recovery point nothing is cut: a batch that fails its CRC, framing or
+//!   offset order there (found by a read, on open, or by [`Log::scrub`]) is the
+//!   segment's damage, logged once and counted, and every read at or past it fails
+//!   with [`Error::CorruptSegment`]: never served, never skipped. [`Log::repair`] is the
+//!   explicit way out.
+//! - Checkpoint files are checksummed; a damaged one is rebuilt from the log.
+//! - Descriptors do not grow with the segment count ([`files`]).
 //! - Compaction (`cleanup.policy=compact`, [`Cleaner`]) only rewrites sealed segments
 //!   below the high watermark; kept records keep their offsets, and a cleaned set of
 //!   segments replaces the old one through a crash-safe swap that opening a log
@@ -46,6 +54,7 @@ pub mod cleaner;
 pub mod config;
 mod epoch;
 mod error;
+pub mod files;
 mod index;
 mod lock;
 mod log;
@@ -55,8 +64,9 @@ mod recovery;
 mod segment;
 
 pub use cleaner::{CleanStats, Cleaner, CleanerConfig};
-pub use config::{CleanupPolicy, CompressionType, LogConfig, MessageTimestampType};
+pub use config::{CleanupPolicy, CompressionType, LogConfig, MessageTimestampType, DEFAULT_MIN_SEGMENT_BYTES};
 pub use error::{Error, Result};
+pub use files::FileCache;
 pub use fjord_record::{Offset, TopicPartition};
 pub use log::{AppendInfo, Log, ReadSlice, RecordVisitor};
 pub use manager::{LogManager, RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT};

@@ -19,7 +19,7 @@ use crate::error::IoContext;
 use crate::index::{self, IndexBuilder};
 use crate::producer_state::{ProducerInfo, ProducerState};
 use crate::recovery::{self, remove_if_exists, Active, CLEAN_SHUTDOWN};
-use crate::segment::{Segment, Slice, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
+use crate::segment::{Segment, Slice, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
 use crate::{lock, Error, LogConfig, Result};
 
 type SegmentMap = BTreeMap<Offset, Arc<Segment>>;
@@ -102,6 +102,8 @@ pub struct Log {
     pub(crate) truncations: AtomicU64,
     /// Lowest offset truncated to since the last clean started (`Offset::MAX`: none).
     pub(crate) truncated_below: AtomicI64,
+    /// Where the scrubber goes on: (segment base offset, byte position).
+    scrub_cursor: Mutex<(Offset, u64)>,
 }
 
 #[derive(Debug)]
@@ -138,7 +140,10 @@ impl Log {
         config.validate()?;
         let dir = dir.into();
         let loaded = recovery::load(&dir, &config, recovery_point)?;
-        let mut epochs = EpochCache::load(&dir)?;
+        let (mut epochs, damaged) = EpochCache::load(&dir);
+        if damaged {
+            epochs.rebuild(epoch_starts(&loaded.segments)?)?;
+        }
         let log_start = *loaded.segments.keys().next().expect("invariant: at least one segment");
         epochs.truncate_from_end(loaded.log_end_offset)?;
         epochs.truncate_from_start(log_start)?;
@@ -170,6 +175,7 @@ impl Log {
             last_clean: Mutex::new(None),
             truncations: AtomicU64::new(0),
             truncated_below: AtomicI64::new(Offset::MAX),
+            scrub_cursor: Mutex::new((Offset::MIN, 0)),
             dir,
         })
     }
@@ -276,12 +282,13 @@ impl Log {
         if config.preallocate {
             active.reserve(position + batches.len() as u64, config.segment_bytes);
         }
-        if let Err(e) = segment.file.write_all_at(batches, position) {
+        let written = segment.log().and_then(|f| f.write_all_at(batches, position).at(segment.path(LOG_SUFFIX)));
+        if let Err(e) = written {
             // Leave the log byte for byte as it was (cut back to `position`, the segment's
             // size, which also forgets the reservation past it).
             let _ = active.release_reserved();
             let _ = w.epochs.truncate_from_end(leo_before);
-            return Err(Error::Io { path: segment.path(LOG_SUFFIX), source: e });
+            return Err(e);
         }
         let mut record_count = 0u64;
         for (at, h) in headers {
@@ -300,8 +307,9 @@ impl Log {
         }
         segment.set_max_timestamp(active.builder.max_timestamp);
         w.producers.apply(headers);
-        // Publish: bytes first, then the segment size, then the log end offset.
-        segment.set_size(position + batches.len() as u64);
+        // Publish: bytes first, then the segment size, then the log end offset. The
+        // bytes were validated above: they extend the segment's verified prefix.
+        segment.appended(position, position + batches.len() as u64);
         self.size_bytes.fetch_add(batches.len() as u64, Ordering::AcqRel);
         self.log_end_offset.store(last.next_offset(), Ordering::Release);
         w.unflushed_messages += record_count;
@@ -376,7 +384,9 @@ impl Log {
     fn create_segment(&self, base_offset: Offset) -> Result<Arc<Segment>> {
         let path = crate::segment::segment_path(&self.dir, base_offset, LOG_SUFFIX);
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).at(&path)?;
-        Ok(Arc::new(Segment::new(&self.dir, base_offset, file, 0, i64::MIN)))
+        let segment = Arc::new(Segment::new(&self.dir, base_offset, 0, i64::MIN));
+        segment.pin_file(file);
+        Ok(segment)
     }
 
     /// Appends the resident index entries not yet in the active segment's files
@@ -429,21 +439,22 @@ impl Log {
         if offset < log_start || offset > log_end {
             return Err(Error::OffsetOutOfRange { requested: offset, log_start, log_end });
         }
-        let empty = |seg: &Segment| ReadSlice {
-            file: seg.file.clone(),
-            position: seg.size(),
-            len: 0,
-            first_offset: offset,
-            next_offset: offset,
+        let empty = |seg: &Segment| -> Result<ReadSlice> {
+            Ok(ReadSlice { file: seg.log()?, position: seg.size(), len: 0, first_offset: offset, next_offset: offset })
         };
         let floor = view.range(..=offset).next_back();
         let candidates = floor.into_iter().chain(view.range(offset + 1..));
         if offset < log_end && upper_bound.is_none_or(|u| offset < u) {
             for (_, seg) in candidates {
-                if let Some(Slice { position, len, first_offset, next_offset }) =
-                    seg.read(offset, max_bytes, upper_bound, min_one).at(seg.path(LOG_SUFFIX))?
-                {
-                    return Ok(ReadSlice { file: seg.file.clone(), position, len, first_offset, next_offset });
+                match seg.read(offset, max_bytes, upper_bound, min_one) {
+                    Ok(Some((file, Slice { position, len, first_offset, next_offset }))) => {
+                        return Ok(ReadSlice { file, position, len, first_offset, next_offset })
+                    }
+                    Ok(None) => {}
+                    // Deleted (retention, truncation) and unlinked while this read held
+                    // the old segment list: the data moved away, as below.
+                    Err(Error::Io { source, .. }) if seg.is_deleted() && source.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) => return Err(e),
                 }
             }
             // Raced with retention or truncation: the data moved away under us.
@@ -453,7 +464,7 @@ impl Log {
             }
         }
         let seg = view.values().next_back().expect("invariant: at least one segment");
-        Ok(empty(seg))
+        empty(seg)
     }
 
     /// [`Log::read`], copying the bytes into memory.
@@ -515,7 +526,7 @@ impl Log {
     fn flush_locked(&self, w: &mut Writer) -> Result<()> {
         let log_end = self.log_end_offset();
         for seg in std::mem::take(&mut w.unsynced) {
-            seg.file.sync_data().at(seg.path(LOG_SUFFIX))?;
+            seg.log()?.sync_data().at(seg.path(LOG_SUFFIX))?;
             for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
                 let path = seg.path(suffix);
                 // The index is derived data: a missing file is rebuilt on open.
@@ -526,7 +537,7 @@ impl Log {
         }
         self.write_active_indexes(w, true)?;
         let a = &w.active;
-        a.segment.file.sync_data().at(a.segment.path(LOG_SUFFIX))?;
+        a.segment.log()?.sync_data().at(a.segment.path(LOG_SUFFIX))?;
         a.index_file.sync_data().at(a.segment.path(INDEX_SUFFIX))?;
         a.time_index_file.sync_data().at(a.segment.path(TIME_INDEX_SUFFIX))?;
         if w.dir_dirty {
@@ -560,8 +571,14 @@ impl Log {
         }
         let log_path = keep.path(LOG_SUFFIX);
         let size = keep.size();
-        let cut_batch = keep.find_batch(offset, size).at(&log_path)?;
-        let cut = cut_batch.map_or(size, |(p, _)| p);
+        // Damage before the cut point ends the kept data there (a repair, when asked
+        // for at the damaged offset: see `Log::truncate_to`).
+        let cut_batch = match keep.find_batch(offset, size) {
+            Ok(found) => found,
+            Err(Error::CorruptSegment { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let cut = cut_batch.map_or(keep.damage_at().unwrap_or(size).min(size), |(p, _)| p);
         // The kept segment's entries below the cut stay; only the tail after the last
         // one is re-read. Without usable entries the whole segment is re-indexed.
         let entries = if Arc::ptr_eq(&keep, &w.active.segment) {
@@ -569,7 +586,7 @@ impl Log {
         } else {
             recovery::read_index_files(&keep, size)
         };
-        keep.file.set_len(cut).at(&log_path)?;
+        keep.log()?.set_len(cut).at(&log_path)?;
         let interval = config.index_interval_bytes;
         let resumed = match (entries, cut_batch) {
             (Some((mut offsets, mut times)), Some((_, header))) => {
@@ -583,7 +600,7 @@ impl Log {
         let r = match resumed {
             Some(r) => r,
             None => {
-                let s = recovery::scan(&keep.file, keep.base_offset, cut, None, interval, false).at(&log_path)?;
+                let s = recovery::scan(&*keep.log()?, keep.base_offset, cut, None, interval, false).at(&log_path)?;
                 recovery::Resumed {
                     offsets: s.offsets,
                     times: s.times,
@@ -643,19 +660,7 @@ impl Log {
     /// Renames a segment's files to `*.deleted` and deletes them after
     /// `file.delete.delay.ms`, so readers holding it finish first.
     fn schedule_delete(&self, w: &mut Writer, config: &LogConfig, seg: &Segment) -> Result<()> {
-        let mut renamed = Vec::new();
-        for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
-            let from = seg.path(suffix);
-            let mut to = from.clone().into_os_string();
-            to.push(DELETED_SUFFIX);
-            let to = PathBuf::from(to);
-            match fs::rename(&from, &to) {
-                Ok(()) => renamed.push(to),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::Io { path: from, source: e }),
-            }
-        }
-        seg.mark_deleted();
+        let renamed = seg.rename_deleted()?;
         w.dir_dirty = true;
         if config.file_delete_delay.is_zero() {
             for p in &renamed {
@@ -694,10 +699,11 @@ impl Log {
             let start =
                 seg.time_floor_below(ts).at(&path)?.map_or(seg.base_offset, |t| seg.base_offset + i64::from(t.relative_offset));
             let size = seg.size();
-            let Some((position, _)) = seg.find_batch(start, size).at(&path)? else {
+            let Some((position, _)) = seg.find_batch(start, size)? else {
                 continue;
             };
-            let mut walk = crate::segment::Walker::new(&seg.file, position, size);
+            let file = seg.log()?;
+            let mut walk = crate::segment::Walker::new(&file, position, size);
             while let crate::segment::Step::Batch { position, header } = walk.step(false).at(&path)? {
                 if header.max_timestamp < ts {
                     continue;
@@ -911,9 +917,7 @@ impl Log {
                 fs::rename(cleaner::suffixed(&dir, base, suffix, SWAP_SUFFIX), &to).at(&to)?;
             }
             sync_dir(&dir)?;
-            let path = crate::segment::segment_path(&dir, base, LOG_SUFFIX);
-            let file = Segment::open_log_file(&dir, base).at(&path)?;
-            Ok(Arc::new(Segment::new(&dir, base, file, cleaned.size, cleaned.max_timestamp)))
+            Ok(Arc::new(Segment::new(&dir, base, cleaned.size, cleaned.max_timestamp)))
         })();
         let new = committed.map_err(|e| match e {
             e @ Error::SwapInterrupted { .. } => e,
@@ -929,6 +933,72 @@ impl Log {
         Ok(true)
     }
 
+    /// Damaged segments: the `.log` file and byte position of the first batch found
+    /// not whole and valid (by a read, recovery or the scrubber). Reads at and past it
+    /// fail with [`Error::CorruptSegment`] until [`Log::truncate_to`] cuts it away.
+    pub fn damage(&self) -> Vec<(PathBuf, u64)> {
+        self.view().values().filter_map(|s| Some((s.path(LOG_SUFFIX), s.damage_at()?))).collect()
+    }
+
+    /// Corrupt batches found in the current segments since the log was opened (each
+    /// damaged segment counts once, and again only if damage is found further up).
+    pub fn corrupt_batches(&self) -> u64 {
+        self.view().values().map(|s| s.damage_reports()).sum()
+    }
+
+    /// The scrubber: CRC-checks up to `budget` bytes of the log, going on where the last
+    /// call stopped and starting over after the last segment. Damage found is recorded
+    /// as by reads (logged once, counted, reads fail at it). Returns the bytes checked
+    /// and whether this call finished a pass over the whole log.
+    pub fn scrub(&self, budget: u64) -> Result<(u64, bool)> {
+        let mut cursor = lock::mutex(&self.scrub_cursor);
+        let view = self.view();
+        let mut checked = 0u64;
+        for (&base, seg) in view.range(cursor.0..) {
+            let from = if base == cursor.0 { cursor.1 } else { 0 };
+            let size = seg.size();
+            if from >= size {
+                continue;
+            }
+            let file = match seg.log() {
+                Ok(f) => f,
+                // Deleted meanwhile: nothing left to check there.
+                Err(_) if seg.is_deleted() => continue,
+                Err(e) => return Err(e),
+            };
+            let reached = seg.scrub(&file, from, size, budget.saturating_sub(checked))?;
+            checked += reached - from;
+            if reached < size || checked >= budget {
+                *cursor = (base, reached);
+                return Ok((checked, false));
+            }
+            *cursor = (base, size);
+        }
+        *cursor = (Offset::MIN, 0);
+        Ok((checked, true))
+    }
+
+    /// The operator's repair of damage (see [`Log::damage`]): scrubs the whole log,
+    /// then truncates it after the last good batch before the first damage, dropping
+    /// the damaged batch and everything after it (later segments too), as a follower
+    /// truncates to its leader. Returns the new log end offset, `None` when nothing is
+    /// damaged. On a follower, replication then fetches the dropped part again from
+    /// the leader; on a single node it is gone, which is why this is never automatic.
+    pub fn repair(&self) -> Result<Option<Offset>> {
+        while !self.scrub(u64::MAX)?.1 {}
+        let view = self.view();
+        let Some((seg, at)) = view.values().find_map(|s| Some((s, s.damage_at()?))) else {
+            return Ok(None);
+        };
+        let offset = seg.next_offset_before(at)?;
+        tracing::warn!(
+            dir = %self.dir.display(), segment = seg.base_offset, position = at, offset,
+            "repair: truncating the log at its first damaged batch"
+        );
+        self.truncate_to(offset)?;
+        Ok(Some(self.log_end_offset()))
+    }
+
     /// Time since the last flush (for metrics).
     pub fn time_since_flush(&self) -> Duration {
         Duration::from_millis((now_ms() - self.last_flush_ms.load(Ordering::Acquire)).max(0) as u64)
@@ -937,6 +1007,24 @@ impl Log {
 
 #[cfg(test)]
 mod tests;
+
+/// `(leader epoch, base offset)` of every batch whose epoch differs from the one
+/// before: what a damaged `leader-epoch-checkpoint` is rebuilt from. Reads only the
+/// batch headers.
+fn epoch_starts(segments: &SegmentMap) -> Result<Vec<(i32, Offset)>> {
+    let mut out: Vec<(i32, Offset)> = Vec::new();
+    for seg in segments.values() {
+        let path = seg.path(LOG_SUFFIX);
+        let file = seg.log()?;
+        let mut walk = crate::segment::Walker::new(&file, 0, seg.size());
+        while let crate::segment::Step::Batch { header, .. } = walk.step(false).at(&path)? {
+            if out.last().is_none_or(|(e, _)| *e != header.partition_leader_epoch) {
+                out.push((header.partition_leader_epoch, header.base_offset));
+            }
+        }
+    }
+    Ok(out)
+}
 
 /// An append holds at least one batch header and fits the `i32` positions of the index.
 fn check_append_size(buf: &[u8]) -> Result<()> {

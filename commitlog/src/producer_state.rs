@@ -299,10 +299,16 @@ impl ProducerState {
             let path = seg.path(LOG_SUFFIX);
             let size = seg.size();
             // Skip segments that end before `from`: the next segment starts at or below it.
-            let Some((position, _)) = seg.find_batch(from, size).at(&path)? else {
-                continue;
+            // Damage stops the replay there: reads fail at it too, and the state only
+            // needs the producers' latest batches, which are after a snapshot.
+            let position = match seg.find_batch(from, size) {
+                Ok(Some((position, _))) => position,
+                Ok(None) => continue,
+                Err(Error::CorruptSegment { .. }) => break,
+                Err(e) => return Err(e),
             };
-            let mut walk = Walker::new(&seg.file, position, size);
+            let file = seg.log()?;
+            let mut walk = Walker::new(&file, position, size);
             while let Step::Batch { header, .. } = walk.step(false).at(&path)? {
                 if header.base_offset >= from && header.base_offset < log_end {
                     self.apply(&[(0, header)]);

@@ -135,6 +135,7 @@ impl Active {
         let open = |p: &Path| OpenOptions::new().append(true).create(true).open(p).at(p);
         let index_file = open(&index_path)?;
         let time_index_file = open(&time_path)?;
+        segment.pin_log()?;
         let (index_written, times_written) = (offsets.len(), times.len());
         let reserved_to = segment.size();
         segment.activate(offsets, times);
@@ -154,7 +155,8 @@ impl Active {
         }
         let from = self.reserved_to.max(self.segment.size());
         let to = end.max(from.saturating_add(RESERVE_AHEAD).min(limit));
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&*self.segment.file);
+        let Ok(file) = self.segment.log_file() else { return };
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&*file);
         let flags = nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
         match nix::fcntl::fallocate(fd, flags, from as i64, (to - from) as i64) {
             Ok(()) => self.reserved_to = to,
@@ -173,7 +175,7 @@ impl Active {
     /// truncates: a reservation made before a crash is not known to this `Active`.
     pub(crate) fn release_reserved(&mut self) -> io::Result<()> {
         let size = self.segment.size();
-        self.segment.file.set_len(size)?;
+        self.segment.log_file()?.set_len(size)?;
         self.reserved_to = size;
         Ok(())
     }
@@ -245,14 +247,22 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
         let is_last = i == last;
         let next_base = bases.get(i + 1).copied();
         let log_path = segment_path(dir, base, LOG_SUFFIX);
-        let file = Segment::open_log_file(dir, base).at(&log_path)?;
-        let len = file.metadata().at(&log_path)?.len();
+        // Only the length: a sealed segment's `.log` is opened when read (crate::files).
+        let len = match fs::metadata(&log_path) {
+            Ok(m) => m.len(),
+            // A new log: its first segment.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                OpenOptions::new().write(true).create(true).truncate(false).open(&log_path).at(&log_path)?;
+                0
+            }
+            Err(e) => return Err(crate::Error::Io { path: log_path, source: e }),
+        };
         let must_scan = match next_base {
             _ if trusted == Offset::MAX => false,
             Some(next) => next > trusted,
             None => true,
         };
-        let segment = Arc::new(Segment::new(dir, base, file, len, i64::MIN));
+        let segment = Arc::new(Segment::new(dir, base, len, i64::MIN));
         if !must_scan {
             if is_last {
                 if let Some(a) = load_clean_active(&segment, len, config)? {
@@ -260,15 +270,15 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
                     active = Some(a);
                     break;
                 }
-            } else if sealed_indexes_are_sane(&segment, len)? {
-                let max = segment.last_time_entry().at(segment.path(TIME_INDEX_SUFFIX))?;
-                segment.set_max_timestamp(max.map_or(i64::MIN, |t| t.timestamp));
+                tracing::warn!(dir = %dir.display(), segment = base, "rebuilding a missing or damaged index");
+            } else {
+                // Flushed data: damage here is reported and fenced, never cut away.
+                load_trusted_sealed(&segment, len, config)?;
                 segments.insert(base, segment);
                 continue;
             }
-            tracing::warn!(dir = %dir.display(), segment = base, "rebuilding a missing or damaged index");
         }
-        let s = scan(&segment.file, base, len, next_base, config.index_interval_bytes, true).at(&log_path)?;
+        let s = scan(&*segment.log()?, base, len, next_base, config.index_interval_bytes, true).at(&log_path)?;
         let truncated = s.valid_size < len;
         if truncated {
             let (position, reason) = s.torn.clone().unwrap_or_default();
@@ -276,9 +286,10 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
                 dir = %dir.display(), segment = base, position, reason = %reason, dropped_bytes = len - s.valid_size,
                 "truncating an invalid log tail"
             );
-            segment.file.set_len(s.valid_size).at(&log_path)?;
+            segment.log()?.set_len(s.valid_size).at(&log_path)?;
         }
         segment.set_size(s.valid_size);
+        segment.set_verified(s.valid_size);
         segment.set_max_timestamp(s.builder.max_timestamp);
         segments.insert(base, segment.clone());
         if is_last || truncated {
@@ -308,6 +319,109 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
     Ok(Loaded { segments, active, log_end_offset, recovery_point })
 }
 
+/// Opens a sealed segment below the recovery point (flushed before the last shutdown
+/// or crash) without reading it whole. Its indexes are checked, and the batch headers
+/// after the last offset entry walked; what they reveal is recorded as the segment's
+/// damage (logged, counted, and reads at and past it fail), never truncated, since
+/// nothing flushed can be a torn write:
+/// - a batch that is not whole and valid in framing;
+/// - an offset index that is in order but points at or past the end of the `.log`, or
+///   a time index naming an offset past the last batch: the `.log` lost its tail;
+/// - missing or unusable indexes are rebuilt from a CRC-checked scan, and a bad batch
+///   found by it is damage too.
+fn load_trusted_sealed(segment: &Segment, len: u64, config: &LogConfig) -> Result<()> {
+    let log_path = segment.path(LOG_SUFFIX);
+    if sealed_indexes_are_sane(segment, len)? {
+        let last_time = segment.last_time_entry().at(segment.path(TIME_INDEX_SUFFIX))?;
+        segment.set_max_timestamp(last_time.map_or(i64::MIN, |t| t.timestamp));
+        let start = last_offset_entry(segment)?.map_or(0, |e| u64::from(e.position));
+        let file = segment.log()?;
+        let mut walk = Walker::new(&file, start, len);
+        let mut next = segment.base_offset;
+        loop {
+            match walk.step(false).at(&log_path)? {
+                Step::Batch { header, .. } => next = header.next_offset(),
+                Step::Torn { position, reason } => {
+                    let _ = segment.damaged(position, reason);
+                    return Ok(());
+                }
+                Step::End => break,
+            }
+        }
+        let Some(t) = last_time else { return Ok(()) };
+        let named = segment.base_offset + i64::from(t.relative_offset);
+        if named >= next {
+            let _ = segment.damaged(len, fjord_record::Error::Truncated { needed: 0, available: 0 });
+            tracing::error!(
+                path = %log_path.display(), time_index_offset = named, last_batch_end = next,
+                "the time index names an offset past the last batch: the segment lost its tail"
+            );
+            return Ok(());
+        }
+        // The last time entry is the segment's largest timestamp, which retention
+        // deletes it by: it must name a batch that carries exactly that timestamp.
+        match segment.find_batch(named, len) {
+            Ok(Some((_, h))) if h.base_offset == named && h.max_timestamp == t.timestamp => return Ok(()),
+            Err(crate::Error::CorruptSegment { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+            Ok(_) => {
+                tracing::warn!(path = %segment.path(TIME_INDEX_SUFFIX).display(), "the time index's last entry does not match its batch")
+            }
+        }
+    }
+    if let Some(e) = offset_index_past(segment, len) {
+        // The index is kept as it is: it is the evidence, and the next open finds it again.
+        let needed = e.position as usize;
+        let _ = segment.damaged(len, fjord_record::Error::Truncated { needed, available: len as usize });
+        let s = scan(&*segment.log()?, segment.base_offset, len, None, config.index_interval_bytes, false).at(&log_path)?;
+        segment.set_max_timestamp(s.builder.max_timestamp);
+        if let Some((position, reason)) = s.torn {
+            tracing::error!(path = %log_path.display(), position, reason = %reason, "and a batch before that point is damaged");
+        }
+        return Ok(());
+    }
+    tracing::warn!(path = %segment.path(INDEX_SUFFIX).display(), "rebuilding a missing or damaged index");
+    let s = scan(&*segment.log()?, segment.base_offset, len, None, config.index_interval_bytes, true).at(&log_path)?;
+    segment.set_verified(s.valid_size);
+    segment.set_max_timestamp(s.builder.max_timestamp);
+    if s.valid_size < len {
+        let position = s.valid_size;
+        let reason = fjord_record::Error::MalformedRecord { position: 0, detail: "invalid batch found by the recovery scan" };
+        let _ = segment.damaged(position, reason);
+        if let Some((_, why)) = &s.torn {
+            tracing::error!(path = %log_path.display(), position, reason = %why, "what the recovery scan found");
+        }
+    }
+    let mut builder = s.builder;
+    let mut times = s.times;
+    times.extend(builder.time_entry());
+    write_index_files(segment, &s.offsets, &times)?;
+    segment.index_rebuilt();
+    Ok(())
+}
+
+/// The last entry of a sealed segment's offset index file, when the file holds whole
+/// entries.
+fn last_offset_entry(segment: &Segment) -> Result<Option<OffsetEntry>> {
+    let path = segment.path(INDEX_SUFFIX);
+    let Ok(f) = File::open(&path) else { return Ok(None) };
+    let o = f.metadata().at(&path)?.len();
+    if o == 0 || o % OFFSET_ENTRY_SIZE != 0 {
+        return Ok(None);
+    }
+    let mut buf = [0u8; 8];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, o - 8).at(&path)?;
+    Ok(Some(<OffsetEntry as index::IndexEntry>::decode(&buf)))
+}
+
+/// The last entry of an offset index that is in order (so not garbage) but points at
+/// or past the end of a `.log` of `len` bytes: the `.log` was cut short.
+fn offset_index_past(segment: &Segment, len: u64) -> Option<OffsetEntry> {
+    let entries = index::decode::<OffsetEntry>(&fs::read(segment.path(INDEX_SUFFIX)).ok()?)?;
+    let in_order = entries.windows(2).all(|w| w[0].relative_offset < w[1].relative_offset && w[0].position < w[1].position);
+    entries.last().copied().filter(|e| in_order && u64::from(e.position) >= len)
+}
+
 fn active_floor(segments: &BTreeMap<Offset, Arc<Segment>>) -> Offset {
     segments.keys().next().copied().unwrap_or(0)
 }
@@ -320,7 +434,8 @@ fn next_offset_of(active: &Active) -> Result<Offset> {
     // The last resident entry is a batch start near the end; walk from there.
     let (entries, _) = seg.resident_tail(0, 0);
     let start = entries.last().map_or(0, |e| u64::from(e.position));
-    let mut walk = Walker::new(&seg.file, start, size);
+    let file = seg.log()?;
+    let mut walk = Walker::new(&file, start, size);
     let mut next = seg.base_offset;
     while let Step::Batch { header, .. } = walk.step(false).at(&path)? {
         next = header.next_offset();
@@ -380,7 +495,8 @@ pub(crate) fn resume(
 ) -> io::Result<Option<Resumed>> {
     let start = offsets.last().map_or(0, |e| u64::from(e.position));
     let mut builder = IndexBuilder::resume(0, times.last().copied());
-    let mut walk = Walker::new(&segment.file, start, len);
+    let file = segment.log_file()?;
+    let mut walk = Walker::new(&file, start, len);
     // The batch at the last entry is indexed already: account for it without an entry.
     let mut at_entry = !offsets.is_empty();
     let mut next_offset = None;
@@ -403,7 +519,7 @@ pub(crate) fn resume(
             }
         }
     }
-    let first_timestamp = match Walker::new(&segment.file, 0, len).step(false)? {
+    let first_timestamp = match Walker::new(&file, 0, len).step(false)? {
         Step::Batch { header, .. } => Some(header.max_timestamp),
         _ => None,
     };

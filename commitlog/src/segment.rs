@@ -7,6 +7,21 @@
 //! the active segment are resident and guarded by a short `RwLock` (no I/O is ever
 //! done under it); a sealed segment drops them and is searched in its files
 //! through a small summary loaded on the first lookup (see `index::SealedFile`).
+//!
+//! Files: the active segment's `.log` is held open; a sealed segment's files are
+//! opened when used, through the bounded descriptor cache of [`crate::files`].
+//!
+//! # Damage
+//! Batches are CRC-checked before a read hands them out, once per segment and byte
+//! range: `verified_to` marks the prefix already checked (appends of this process,
+//! recovery scans, earlier reads, the scrubber), so a sequential consumer costs one
+//! CRC pass over each byte and sendfile stays zero-copy after it. A batch that fails
+//! (CRC, framing, offsets out of order) is recorded as the segment's damage: logged
+//! once with the file and position, counted, and every later read at or past it is
+//! [`Error::CorruptSegment`] instead of data, so nothing is skipped silently. Index
+//! entries are cross-checked against the batch headers they point at; a wrong one
+//! makes the segment fall back to scanning its `.log` (the index is only an
+//! accelerator), never a wrong answer.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -17,8 +32,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use fjord_record::{BatchHeader, Offset, BATCH_OVERHEAD};
 
+use crate::files::FileSlot;
 use crate::index::{Entries, IndexEntry, OffsetEntry, SealedFile, TimeEntry};
-use crate::lock;
+use crate::{lock, Error, Result};
 
 /// Segment file suffixes.
 pub(crate) const LOG_SUFFIX: &str = "log";
@@ -39,15 +55,20 @@ enum Resident<E> {
     Sealed,
 }
 
-/// A sealed segment's index file, loaded on the first lookup.
+/// A sealed segment's index summary, loaded on the first lookup.
 type SealedIndex<E> = Mutex<Option<Arc<SealedFile<E>>>>;
+
+/// No damage known (the value of `damage_at`).
+const NO_DAMAGE: u64 = u64::MAX;
 
 /// One segment (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Segment {
     pub(crate) base_offset: Offset,
     dir: PathBuf,
-    pub(crate) file: Arc<File>,
+    log_file: FileSlot,
+    index_file: FileSlot,
+    time_index_file: FileSlot,
     size: AtomicU64,
     /// Largest batch max timestamp in the segment, -1 when it holds none (retention).
     max_timestamp: AtomicI64,
@@ -56,15 +77,28 @@ pub(crate) struct Segment {
     sealed_offsets: SealedIndex<OffsetEntry>,
     sealed_times: SealedIndex<TimeEntry>,
     deleted: AtomicBool,
+    /// Every batch in `[0, verified_to)` passed its CRC and framing checks.
+    verified_to: AtomicU64,
+    /// Position of the first batch known to be damaged ([`NO_DAMAGE`]: none); details
+    /// in `damage`.
+    damage_at: AtomicU64,
+    damage: Mutex<Option<(u64, fjord_record::Error)>>,
+    /// An index entry contradicted the log: lookups scan the `.log` instead.
+    index_unusable: AtomicBool,
+    /// Damage reports of this segment (for the log's counter).
+    damage_reports: AtomicU64,
 }
 
 impl Segment {
-    /// Wraps an open `.log` file holding `size` valid bytes.
-    pub(crate) fn new(dir: &Path, base_offset: Offset, file: File, size: u64, max_timestamp: i64) -> Self {
+    /// A segment of `size` valid bytes; its files are opened when used (see
+    /// [`Segment::pin_log`] for the active one).
+    pub(crate) fn new(dir: &Path, base_offset: Offset, size: u64, max_timestamp: i64) -> Self {
         Self {
             base_offset,
             dir: dir.to_path_buf(),
-            file: Arc::new(file),
+            log_file: FileSlot::default(),
+            index_file: FileSlot::default(),
+            time_index_file: FileSlot::default(),
             size: AtomicU64::new(size),
             max_timestamp: AtomicI64::new(max_timestamp),
             offsets: RwLock::new(Resident::Sealed),
@@ -72,12 +106,38 @@ impl Segment {
             sealed_offsets: Mutex::new(None),
             sealed_times: Mutex::new(None),
             deleted: AtomicBool::new(false),
+            verified_to: AtomicU64::new(0),
+            damage_at: AtomicU64::new(NO_DAMAGE),
+            damage: Mutex::new(None),
+            index_unusable: AtomicBool::new(false),
+            damage_reports: AtomicU64::new(0),
         }
     }
 
-    /// Opens (creating if needed) a segment's `.log` for reading and positional writes.
-    pub(crate) fn open_log_file(dir: &Path, base_offset: Offset) -> io::Result<File> {
-        OpenOptions::new().read(true).write(true).create(true).truncate(false).open(segment_path(dir, base_offset, LOG_SUFFIX))
+    /// The `.log`, open for reading and positional writes: held by the active segment,
+    /// cached for a sealed one.
+    pub(crate) fn log_file(&self) -> io::Result<Arc<File>> {
+        self.log_file.get(|| self.path(LOG_SUFFIX), |p| OpenOptions::new().read(true).write(true).open(p))
+    }
+
+    /// [`Segment::log_file`] with the path in the error.
+    pub(crate) fn log(&self) -> Result<Arc<File>> {
+        self.log_file().map_err(|source| Error::Io { path: self.path(LOG_SUFFIX), source })
+    }
+
+    /// Keeps the `.log` open (the segment becomes the active one).
+    pub(crate) fn pin_log(&self) -> Result<Arc<File>> {
+        if let Some(f) = self.log_file.pinned() {
+            return Ok(f);
+        }
+        let f = self.log()?;
+        self.log_file.pin(f.clone());
+        Ok(f)
+    }
+
+    /// Keeps `file` (this segment's `.log`, just created) open as the active one's.
+    pub(crate) fn pin_file(&self, file: File) {
+        self.log_file.pin(Arc::new(file));
     }
 
     /// Bytes readers may see.
@@ -85,9 +145,34 @@ impl Segment {
         self.size.load(Ordering::Acquire)
     }
 
-    /// Publishes bytes written below `size` to readers.
+    /// Publishes bytes written below `size` to readers. Setting it to its length or
+    /// below (a cut) forgets the marks past it: what was cut is gone, damage included.
     pub(crate) fn set_size(&self, size: u64) {
-        self.size.store(size, Ordering::Release);
+        let old = self.size.swap(size, Ordering::AcqRel);
+        if size <= old {
+            self.cut_marks(size);
+        }
+    }
+
+    /// Publishes an append of validated bytes at `[from, to)`.
+    pub(crate) fn appended(&self, from: u64, to: u64) {
+        let _ = self.verified_to.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire);
+        self.size.store(to, Ordering::Release);
+    }
+
+    /// Marks `[0, to)` as checked (a recovery scan validated it).
+    pub(crate) fn set_verified(&self, to: u64) {
+        self.verified_to.fetch_max(to, Ordering::AcqRel);
+    }
+
+    /// The file was cut to `size`: marks past it go (damage cut away is repaired).
+    fn cut_marks(&self, size: u64) {
+        self.verified_to.fetch_min(size, Ordering::AcqRel);
+        let mut damage = lock::mutex(&self.damage);
+        if damage.as_ref().is_some_and(|(at, _)| *at >= size) {
+            *damage = None;
+            self.damage_at.store(NO_DAMAGE, Ordering::Release);
+        }
     }
 
     pub(crate) fn max_timestamp(&self) -> i64 {
@@ -114,9 +199,44 @@ impl Segment {
         }
     }
 
-    /// Marks the files as renamed to `*.deleted` (the caller renamed them).
-    pub(crate) fn mark_deleted(&self) {
-        self.deleted.store(true, Ordering::Release);
+    /// Whether the files were renamed to `*.deleted`.
+    pub(crate) fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
+    /// Renames the segment's files to `*.deleted` and returns the new paths. Done
+    /// under the file slots' locks, so a reader resolves either the old names before or
+    /// the `.deleted` names after (see [`crate::files`]). The active `.log` is released
+    /// to the cache.
+    pub(crate) fn rename_deleted(&self) -> Result<Vec<PathBuf>> {
+        self.log_file.unpin();
+        self.log_file.locked(|| {
+            self.index_file.locked(|| {
+                self.time_index_file.locked(|| {
+                    let mut renamed = Vec::new();
+                    for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+                        let from = self.path(suffix);
+                        let mut to = from.clone().into_os_string();
+                        to.push(DELETED_SUFFIX);
+                        let to = PathBuf::from(to);
+                        match std::fs::rename(&from, &to) {
+                            Ok(()) => renamed.push(to),
+                            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                            Err(e) => {
+                                // Back to the old names, so the segment stays whole.
+                                for back in &renamed {
+                                    let original = PathBuf::from(back.to_string_lossy().trim_end_matches(DELETED_SUFFIX));
+                                    let _ = std::fs::rename(back, original);
+                                }
+                                return Err(Error::Io { path: from, source: e });
+                            }
+                        }
+                    }
+                    self.deleted.store(true, Ordering::Release);
+                    Ok(renamed)
+                })
+            })
+        })
     }
 
     /// Makes the segment the active one, with its index entries resident.
@@ -125,12 +245,15 @@ impl Segment {
         *lock::write(&self.times) = Resident::Active(times);
         *lock::mutex(&self.sealed_offsets) = None;
         *lock::mutex(&self.sealed_times) = None;
+        self.index_unusable.store(false, Ordering::Release);
     }
 
-    /// Drops the resident entries; the caller has written them all to the files.
+    /// Drops the resident entries; the caller has written them all to the files. The
+    /// `.log` is no longer held open but handed to the descriptor cache.
     pub(crate) fn seal(&self) {
         *lock::write(&self.offsets) = Resident::Sealed;
         *lock::write(&self.times) = Resident::Sealed;
+        self.log_file.unpin();
     }
 
     pub(crate) fn push_offset(&self, e: OffsetEntry) {
@@ -172,12 +295,14 @@ impl Segment {
     }
 
     /// Runs `f` on the entries wherever they live. `None` when a sealed segment's
-    /// index file cannot be opened; callers then scan from the segment start, which
-    /// is slow but correct (the index is only an accelerator).
+    /// index file cannot be opened or is not sane (or an entry contradicted the log
+    /// before); callers then scan from the segment start, which is slow but correct
+    /// (the index is only an accelerator).
     fn with_entries<E: IndexEntry, R>(
         &self,
         resident: &RwLock<Resident<E>>,
         sealed: &SealedIndex<E>,
+        slot: &FileSlot,
         suffix: &str,
         f: impl FnOnce(Entries<'_, E>) -> io::Result<R>,
     ) -> io::Result<Option<R>> {
@@ -187,11 +312,19 @@ impl Segment {
                 return f(Entries::Memory(v)).map(Some);
             }
         }
+        if self.index_unusable.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let open = || slot.get(|| self.path(suffix), |p| File::open(p));
         let loaded = {
             let mut cached = lock::mutex(sealed);
             if cached.is_none() {
-                match File::open(self.path(suffix)).and_then(SealedFile::load) {
-                    Ok(s) => *cached = Some(Arc::new(s)),
+                match open().and_then(|file| SealedFile::load(&file, self.size())) {
+                    Ok(Some(s)) => *cached = Some(Arc::new(s)),
+                    Ok(None) => {
+                        self.distrust_index("entries out of order or past the end of the log");
+                        return Ok(None);
+                    }
                     Err(e) => {
                         tracing::debug!(segment = self.base_offset, error = %e, "index file unavailable, scanning the segment");
                         return Ok(None);
@@ -200,66 +333,248 @@ impl Segment {
             }
             cached.clone()
         };
-        match loaded {
-            Some(s) => f(s.entries()).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// Loads a sealed segment's index summaries now, so later lookups keep using these
-    /// files even after the names are reused (a cleaned segment replacing this one).
-    pub(crate) fn pin_indexes(&self) {
-        // A missing index means "scan": nothing to pin, and that stays correct.
-        let _ = self.with_entries(&self.offsets, &self.sealed_offsets, INDEX_SUFFIX, |_| Ok(()));
-        let _ = self.with_entries(&self.times, &self.sealed_times, TIME_INDEX_SUFFIX, |_| Ok(()));
-    }
-
-    /// Position of a batch at or before the one holding `offset` (0 when unknown).
-    fn position_at_or_before(&self, offset: Offset) -> io::Result<u64> {
-        let rel = relative(offset - self.base_offset);
-        let found = self.with_entries(&self.offsets, &self.sealed_offsets, INDEX_SUFFIX, |e| {
-            e.floor(|x: &OffsetEntry| x.relative_offset <= rel)
-        })?;
-        Ok(found.flatten().map_or(0, |e| u64::from(e.position)))
-    }
-
-    /// Walks from the index floor to the first batch whose last offset is `>= offset`.
-    pub(crate) fn find_batch(&self, offset: Offset, size: u64) -> io::Result<Option<(u64, BatchHeader)>> {
-        let mut position = self.position_at_or_before(offset)?;
-        if position >= size {
-            position = 0; // stale or damaged entry: fall back to a scan
-        }
-        let mut walk = Walker::new(&self.file, position, size);
-        loop {
-            match walk.step(false)? {
-                Step::Batch { position, header } if header.last_offset() >= offset => return Ok(Some((position, header))),
-                Step::Batch { .. } => {}
-                Step::End | Step::Torn { .. } => return Ok(None),
+        let Some(summary) = loaded else { return Ok(None) };
+        match open() {
+            Ok(file) => f(summary.entries(&file)).map(Some),
+            Err(e) => {
+                tracing::debug!(segment = self.base_offset, error = %e, "index file unavailable, scanning the segment");
+                Ok(None)
             }
         }
     }
 
+    /// The index files were just rewritten from the log: use them again.
+    pub(crate) fn index_rebuilt(&self) {
+        *lock::mutex(&self.sealed_offsets) = None;
+        *lock::mutex(&self.sealed_times) = None;
+        self.index_unusable.store(false, Ordering::Release);
+    }
+
+    /// Stops using this segment's index files (an entry contradicted the log): later
+    /// lookups scan the `.log`. Reopening the log rebuilds them.
+    fn distrust_index(&self, why: &str) {
+        if !self.index_unusable.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                path = %self.path(INDEX_SUFFIX).display(), reason = why,
+                "damaged index: lookups in this segment scan its log until the log is reopened and the index rebuilt"
+            );
+        }
+    }
+
+    /// Loads a sealed segment's index summaries now (cheap lookups right after a swap).
+    pub(crate) fn pin_indexes(&self) {
+        // A missing index means "scan": nothing to pin, and that stays correct.
+        let _ = self.with_entries(&self.offsets, &self.sealed_offsets, &self.index_file, INDEX_SUFFIX, |_| Ok(()));
+        let _ = self.with_entries(&self.times, &self.sealed_times, &self.time_index_file, TIME_INDEX_SUFFIX, |_| Ok(()));
+    }
+
+    /// The index entry at or before the batch holding `offset`.
+    fn entry_at_or_before(&self, offset: Offset) -> io::Result<Option<OffsetEntry>> {
+        let rel = relative(offset - self.base_offset);
+        let found = self.with_entries(&self.offsets, &self.sealed_offsets, &self.index_file, INDEX_SUFFIX, |e| {
+            e.floor(|x: &OffsetEntry| x.relative_offset <= rel)
+        })?;
+        Ok(found.flatten())
+    }
+
+    /// Walks from the index floor to the first batch whose last offset is `>= offset`
+    /// among the first `size` bytes. `None` when there is none. A batch that is not
+    /// whole and valid in framing on the way is the segment's damage:
+    /// [`Error::CorruptSegment`].
+    pub(crate) fn find_batch(&self, offset: Offset, size: u64) -> Result<Option<(u64, BatchHeader)>> {
+        let file = self.log()?;
+        let io = |source| Error::Io { path: self.path(LOG_SUFFIX), source };
+        let entry = self.entry_at_or_before(offset).map_err(io)?.filter(|e| u64::from(e.position) < size);
+        let mut position = entry.map_or(0, |e| u64::from(e.position));
+        let mut expected = entry.map(|e| self.base_offset + i64::from(e.relative_offset));
+        loop {
+            let mut walk = Walker::new(&file, position, size);
+            let mut first = true;
+            // `Err(())`: the first batch after the index entry contradicts it.
+            let found: std::result::Result<_, ()> = loop {
+                match walk.step(false).map_err(io)? {
+                    Step::Batch { header, .. } if first && expected.is_some_and(|x| x != header.base_offset) => break Err(()),
+                    Step::Batch { position, header } if header.last_offset() >= offset => break Ok(Some((position, header))),
+                    Step::Batch { .. } => first = false,
+                    Step::End => break Ok(None),
+                    // An entry pointing inside a batch, or damage right there: a scan
+                    // from the start tells which.
+                    Step::Torn { .. } if first && expected.is_some() => break Err(()),
+                    Step::Torn { position, reason } => return Err(self.damaged(position, reason)),
+                }
+            };
+            match found {
+                Ok(found) => return Ok(found),
+                Err(()) => {
+                    self.distrust_index("an entry does not point at the batch it names");
+                    position = 0;
+                    expected = None;
+                }
+            }
+        }
+    }
+
+    /// Records damage found at `position` (the first batch of the segment that is not
+    /// whole and valid) and returns the error to answer. Logged once per segment, and
+    /// again only if damage is found further up.
+    pub(crate) fn damaged(&self, position: u64, reason: fjord_record::Error) -> Error {
+        let mut damage = lock::mutex(&self.damage);
+        if damage.as_ref().is_none_or(|(at, _)| position < *at) {
+            tracing::error!(
+                path = %self.path(LOG_SUFFIX).display(), position, reason = %reason,
+                "corrupt batch in a log segment: reads at and after it fail with CORRUPT_MESSAGE until it is repaired"
+            );
+            *damage = Some((position, reason));
+            self.damage_at.store(position, Ordering::Release);
+            self.damage_reports.fetch_add(1, Ordering::Relaxed);
+        }
+        let (at, reason) = damage.clone().expect("invariant: set above");
+        Error::CorruptSegment { path: self.path(LOG_SUFFIX), position: at, source: reason }
+    }
+
+    /// The known damage, as the error reads answer with.
+    fn damage_error(&self) -> Option<Error> {
+        let damage = lock::mutex(&self.damage);
+        damage.as_ref().map(|(at, reason)| Error::CorruptSegment {
+            path: self.path(LOG_SUFFIX),
+            position: *at,
+            source: reason.clone(),
+        })
+    }
+
+    /// Position of the known damage, if any.
+    pub(crate) fn damage_at(&self) -> Option<u64> {
+        Some(self.damage_at.load(Ordering::Acquire)).filter(|&at| at != NO_DAMAGE)
+    }
+
+    /// The offset after the last batch that ends at or before `position` (the base
+    /// offset when none does): where the good data before damage at `position` ends.
+    pub(crate) fn next_offset_before(&self, position: u64) -> Result<Offset> {
+        let file = self.log()?;
+        let mut walk = Walker::new(&file, 0, position.min(self.size()));
+        let mut next = self.base_offset;
+        while let Step::Batch { header, .. } =
+            walk.step(false).map_err(|source| Error::Io { path: self.path(LOG_SUFFIX), source })?
+        {
+            next = header.next_offset();
+        }
+        Ok(next)
+    }
+
+    /// How many times damage was recorded in this segment.
+    pub(crate) fn damage_reports(&self) -> u64 {
+        self.damage_reports.load(Ordering::Relaxed)
+    }
+
+    /// Checks the batches of `[start, end)` (CRC, framing, increasing offsets) unless
+    /// the verified prefix covers them; the prefix grows when the range continues it.
+    /// Returns how far the batches are good: `end` when all are. Damage found is
+    /// recorded ([`Segment::damaged`]).
+    pub(crate) fn verify(&self, file: &File, start: u64, end: u64) -> Result<u64> {
+        let verified = self.verified_to.load(Ordering::Acquire);
+        if end <= verified {
+            return Ok(end);
+        }
+        let from = verified.max(start);
+        let io = |source| Error::Io { path: self.path(LOG_SUFFIX), source };
+        let mut walk = Walker::new(file, from, end);
+        let mut good = from;
+        let mut next: Option<Offset> = None;
+        loop {
+            match walk.step_crc().map_err(io)? {
+                Step::End => break,
+                Step::Batch { position, header } => {
+                    // The CRC does not cover the base offset: check that offsets grow.
+                    if header.base_offset < self.base_offset || next.is_some_and(|n| header.base_offset < n) {
+                        let reason = fjord_record::Error::RecordCountMismatch {
+                            count: header.record_count,
+                            detail: "base offset out of order in the segment",
+                        };
+                        let _ = self.damaged(position, reason);
+                        break;
+                    }
+                    good = position + header.size() as u64;
+                    next = Some(header.next_offset());
+                }
+                Step::Torn { position, reason } => {
+                    let _ = self.damaged(position, reason);
+                    break;
+                }
+            }
+        }
+        if from == verified {
+            self.verified_to.fetch_max(good, Ordering::AcqRel);
+        }
+        Ok(good)
+    }
+
+    /// The scrubber's step: CRC-checks the batches of `[from, size)` until `budget`
+    /// bytes are checked, whether or not a read checked them before (the disk may have
+    /// changed them since). Returns where it stopped: `size` when it reached the end or
+    /// found damage (recorded; nothing after it can be walked).
+    pub(crate) fn scrub(&self, file: &File, from: u64, size: u64, budget: u64) -> Result<u64> {
+        if self.damage_at().is_some_and(|at| at <= from) {
+            return Ok(size);
+        }
+        let io = |source| Error::Io { path: self.path(LOG_SUFFIX), source };
+        let mut walk = Walker::new(file, from, size);
+        let mut at = from;
+        let mut next: Option<Offset> = None;
+        while at - from < budget {
+            match walk.step_crc().map_err(io)? {
+                Step::End => break,
+                Step::Batch { position, header } => {
+                    if header.base_offset < self.base_offset || next.is_some_and(|n| header.base_offset < n) {
+                        let detail = "base offset out of order in the segment";
+                        let _ = self
+                            .damaged(position, fjord_record::Error::RecordCountMismatch { count: header.record_count, detail });
+                        return Ok(size);
+                    }
+                    at = position + header.size() as u64;
+                    next = Some(header.next_offset());
+                }
+                Step::Torn { position, reason } => {
+                    let _ = self.damaged(position, reason);
+                    return Ok(size);
+                }
+            }
+        }
+        if from <= self.verified_to.load(Ordering::Acquire) {
+            self.verified_to.fetch_max(at, Ordering::AcqRel);
+        }
+        Ok(at)
+    }
+
     /// Whole batches from the one holding `offset`: see [`crate::Log::read`].
-    /// `None` when this segment holds no batch at or after `offset`.
+    /// `None` when this segment holds no batch at or after `offset`;
+    /// [`Error::CorruptSegment`] when the read reaches known or newly found damage
+    /// before any good batch.
     pub(crate) fn read(
         &self,
         offset: Offset,
         max_bytes: usize,
         upper_bound: Option<Offset>,
         min_one: bool,
-    ) -> io::Result<Option<Slice>> {
+    ) -> Result<Option<(Arc<File>, Slice)>> {
         let size = self.size();
-        let Some((start, first)) = self.find_batch(offset, size)? else {
+        // Nothing at or past known damage is served: up to it, reads go on as usual.
+        let readable = self.damage_at().map_or(size, |at| at.min(size));
+        let Some((start, first)) = self.find_batch(offset, readable)? else {
+            // Offsets past the damage (up to the next segment) are not skipped over.
+            if let Some(e) = self.damage_error() {
+                return Err(e);
+            }
             return Ok(None);
         };
+        let file = self.log()?;
         let empty = Slice { position: start, len: 0, first_offset: offset, next_offset: offset };
         if upper_bound.is_some_and(|u| first.last_offset() >= u) {
-            return Ok(Some(empty));
+            return Ok(Some((file, empty)));
         }
         let limit = start.saturating_add(max_bytes as u64);
         let mut end = start + first.size() as u64;
         if end > limit && !min_one {
-            return Ok(Some(empty));
+            return Ok(Some((file, empty)));
         }
         let mut next_offset = first.next_offset();
         // Jump over whole batches with the index instead of walking every header:
@@ -267,35 +582,75 @@ impl Segment {
         // holds offsets below the entry's offset.
         let max_rel = upper_bound.map_or(u32::MAX, |u| relative(u - self.base_offset));
         // Entries of batches still being appended can point past `size`: skip them.
-        let jump = self.with_entries(&self.offsets, &self.sealed_offsets, INDEX_SUFFIX, |e| {
-            e.floor(|x: &OffsetEntry| {
-                let position = u64::from(x.position);
-                position <= limit && position < size && x.relative_offset <= max_rel
+        let jump = self
+            .with_entries(&self.offsets, &self.sealed_offsets, &self.index_file, INDEX_SUFFIX, |e| {
+                e.floor(|x: &OffsetEntry| {
+                    let position = u64::from(x.position);
+                    position <= limit && position < readable && x.relative_offset <= max_rel
+                })
             })
-        })?;
+            .map_err(|source| Error::Io { path: self.path(INDEX_SUFFIX), source })?;
+        let io = |source| Error::Io { path: self.path(LOG_SUFFIX), source };
+        let (before_jump, next_before_jump) = (end, next_offset);
         if let Some(Some(e)) = jump {
             let position = u64::from(e.position);
-            if position > end && position < size {
+            if position > end && position < readable {
                 end = position;
                 next_offset = self.base_offset + i64::from(e.relative_offset);
             }
         }
-        let mut walk = Walker::new(&self.file, end, size);
-        while let Step::Batch { position, header } = walk.step(false)? {
-            let batch_end = position + header.size() as u64;
-            if batch_end > limit || upper_bound.is_some_and(|u| header.last_offset() >= u) {
-                break;
+        let mut walk = Walker::new(&file, end, readable);
+        let mut first_step = end != before_jump;
+        loop {
+            match walk.step(false).map_err(io)? {
+                Step::Batch { header, .. } if first_step && header.base_offset != next_offset => {
+                    // The entry jumped to does not name the batch there: walk instead.
+                    self.distrust_index("an entry does not point at the batch it names");
+                    (end, next_offset) = (before_jump, next_before_jump);
+                    walk = Walker::new(&file, end, readable);
+                    first_step = false;
+                }
+                Step::Batch { position, header } => {
+                    first_step = false;
+                    let batch_end = position + header.size() as u64;
+                    if batch_end > limit || upper_bound.is_some_and(|u| header.last_offset() >= u) {
+                        break;
+                    }
+                    end = batch_end;
+                    next_offset = header.next_offset();
+                }
+                Step::Torn { .. } if first_step => {
+                    self.distrust_index("an entry points inside a batch");
+                    (end, next_offset) = (before_jump, next_before_jump);
+                    walk = Walker::new(&file, end, readable);
+                    first_step = false;
+                }
+                // Damage after whole batches: the read ends before it, the next one
+                // starts at it and finds it.
+                Step::Torn { .. } | Step::End => break,
             }
-            end = batch_end;
-            next_offset = header.next_offset();
         }
-        Ok(Some(Slice { position: start, len: (end - start) as usize, first_offset: first.base_offset, next_offset }))
+        let good = self.verify(&file, start, end)?;
+        if good < end {
+            if good <= start {
+                return Err(self.damage_error().expect("invariant: verify recorded the damage"));
+            }
+            // The good batches before the damage, and the offset after them.
+            end = good;
+            let mut walk = Walker::new(&file, start, end);
+            while let Step::Batch { header, .. } = walk.step(false).map_err(io)? {
+                next_offset = header.next_offset();
+            }
+        }
+        Ok(Some((file, Slice { position: start, len: (end - start) as usize, first_offset: first.base_offset, next_offset })))
     }
 
     /// The last time entry with a timestamp below `ts`.
     pub(crate) fn time_floor_below(&self, ts: i64) -> io::Result<Option<TimeEntry>> {
         Ok(self
-            .with_entries(&self.times, &self.sealed_times, TIME_INDEX_SUFFIX, |e| e.floor(|x: &TimeEntry| x.timestamp < ts))?
+            .with_entries(&self.times, &self.sealed_times, &self.time_index_file, TIME_INDEX_SUFFIX, |e| {
+                e.floor(|x: &TimeEntry| x.timestamp < ts)
+            })?
             .flatten())
     }
 
@@ -401,6 +756,33 @@ impl<'a> Walker<'a> {
             if let Err(e) = BatchHeader::parse_validated(bytes) {
                 return torn(e);
             }
+        }
+        self.position += size as u64;
+        Ok(Step::Batch { position, header })
+    }
+
+    /// The next batch, its framing and CRC checked (not its records: reads check what
+    /// the CRC covers, at the CRC's speed).
+    pub(crate) fn step_crc(&mut self) -> io::Result<Step> {
+        let position = self.position;
+        let available = self.end - position;
+        if available == 0 {
+            return Ok(Step::End);
+        }
+        let torn = |reason| Ok(Step::Torn { position, reason });
+        if available < BATCH_OVERHEAD as u64 {
+            return torn(fjord_record::Error::Truncated { needed: BATCH_OVERHEAD, available: available as usize });
+        }
+        let header = match BatchHeader::parse_unchecked(self.fill(position, BATCH_OVERHEAD, true)?) {
+            Ok(h) => h,
+            Err(e) => return torn(e),
+        };
+        let size = header.size();
+        if size as u64 > available {
+            return torn(fjord_record::Error::Truncated { needed: size, available: available as usize });
+        }
+        if let Err(e) = BatchHeader::parse(self.fill(position, size, true)?) {
+            return torn(e);
         }
         self.position += size as u64;
         Ok(Step::Batch { position, header })

@@ -30,6 +30,7 @@ const CODECS: [Compression; 5] = [Compression::None, Compression::Gzip, Compress
 fn config() -> LogConfig {
     LogConfig {
         segment_bytes: 1_200,
+        min_segment_bytes: 1_200,
         segment_ms: Some(Duration::from_secs(3600)),
         index_interval_bytes: 100,
         file_delete_delay: Duration::ZERO,

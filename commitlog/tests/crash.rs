@@ -12,7 +12,13 @@ use common::{batch, read_all, restore, snapshot};
 use fjord_log::{Log, LogConfig, Offset};
 
 fn config() -> LogConfig {
-    LogConfig { segment_bytes: 4000, index_interval_bytes: 256, file_delete_delay: Duration::ZERO, ..LogConfig::default() }
+    LogConfig {
+        segment_bytes: 4000,
+        min_segment_bytes: 4000,
+        index_interval_bytes: 256,
+        file_delete_delay: Duration::ZERO,
+        ..LogConfig::default()
+    }
 }
 
 type Files = BTreeMap<String, Vec<u8>>;

@@ -21,7 +21,13 @@ fn pbatch(pid: i64, epoch: i16, seq: i32, n: usize, ts: i64) -> Vec<u8> {
 }
 
 fn tiny() -> LogConfig {
-    LogConfig { segment_bytes: 400, index_interval_bytes: 100, file_delete_delay: Duration::ZERO, ..LogConfig::default() }
+    LogConfig {
+        segment_bytes: 400,
+        min_segment_bytes: 400,
+        index_interval_bytes: 100,
+        file_delete_delay: Duration::ZERO,
+        ..LogConfig::default()
+    }
 }
 
 fn snapshots(log: &Log) -> Vec<String> {

@@ -64,6 +64,7 @@ proptest! {
     ) {
         let config = LogConfig {
             segment_bytes,
+            min_segment_bytes: 200,
             index_interval_bytes,
             file_delete_delay: Duration::ZERO,
             ..LogConfig::default()

@@ -18,7 +18,13 @@ fn batch(n: usize, value_len: usize, ts: i64) -> Vec<u8> {
 }
 
 fn small(segment_bytes: u64) -> LogConfig {
-    LogConfig { segment_bytes, index_interval_bytes: 100, file_delete_delay: Duration::ZERO, ..LogConfig::default() }
+    LogConfig {
+        segment_bytes,
+        min_segment_bytes: 61,
+        index_interval_bytes: 100,
+        file_delete_delay: Duration::ZERO,
+        ..LogConfig::default()
+    }
 }
 
 /// Contents of every file in `dir` (the "byte for byte unchanged" check).

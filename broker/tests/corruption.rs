@@ -1,0 +1,122 @@
+//! A corrupt batch in a sealed segment (issue 26, case 6): a Fetch that reaches it is
+//! answered with CORRUPT_MESSAGE for the partition (no records, never the data after
+//! it as if nothing were missing), the batches before it are fetched as usual, and the
+//! metrics count it.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{produce_request, topic_name, RawClient, TestBroker};
+use fjord_record::BatchBuilder;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOPIC: &str = "damaged";
+const CORRUPT_MESSAGE: i16 = 2;
+
+fn batch(i: usize) -> Bytes {
+    let mut builder = BatchBuilder::new(1_700_000_000_000);
+    for r in 0..4 {
+        builder.append(1_700_000_000_000, Some(b"k"), Some(format!("value {i}.{r} {}", "x".repeat(60)).as_bytes()), &[]);
+    }
+    builder.build()
+}
+
+async fn fetch(client: &mut RawClient, offset: i64) -> fetch_response::PartitionData {
+    let request = FetchRequest::default().with_max_wait_ms(0).with_min_bytes(1).with_topics(vec![FetchTopic::default()
+        .with_topic(topic_name(TOPIC))
+        .with_partitions(vec![FetchPartition::default()
+            .with_partition(0)
+            .with_fetch_offset(offset)
+            .with_partition_max_bytes(700)])]);
+    let response: FetchResponse = client.call(ApiKey::Fetch, 11, &request).await.unwrap();
+    response.responses[0].partitions[0].clone()
+}
+
+async fn metrics(addr: SocketAddr) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut response)).await.unwrap().unwrap();
+    response
+}
+
+/// `.log` files of the partition, oldest first.
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    logs.sort();
+    logs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_over_a_corrupt_sealed_batch_answers_corrupt_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let configure = |metrics: SocketAddr| {
+        move |c: &mut fjord_broker::BrokerConfig| {
+            c.set("log.min.segment.bytes", "1024").unwrap();
+            c.set("log.segment.bytes", "1024").unwrap();
+            c.metrics_listen = Some(metrics);
+        }
+    };
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let broker = TestBroker::start_in(data.clone(), configure(free())).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    for i in 0..12 {
+        assert_eq!(client.produce(7, &produce_request(TOPIC, 0, 1, 5000, batch(i))).await.0, 0);
+    }
+    broker.stop().await.unwrap();
+
+    // One flipped byte inside the second batch of the second segment.
+    let logs = segments(&data.join(format!("{TOPIC}-0")));
+    assert!(logs.len() >= 4, "{logs:?}");
+    let bytes = std::fs::read(&logs[1]).unwrap();
+    let first = fjord_record::BatchHeader::parse(&bytes).unwrap();
+    let second = fjord_record::BatchHeader::parse(&bytes[first.size()..]).unwrap();
+    let mut damaged = bytes.clone();
+    damaged[first.size() + 100] ^= 0x01;
+    std::fs::write(&logs[1], damaged).unwrap();
+
+    let metrics_addr = free();
+    let broker = TestBroker::start_in(data, configure(metrics_addr)).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    // A consumer from the start: everything before the damaged batch, then the error.
+    let mut offset = 0;
+    let mut records = 0;
+    let error = loop {
+        let p = fetch(&mut client, offset).await;
+        if p.error_code != 0 {
+            assert!(p.records.as_ref().is_none_or(Bytes::is_empty), "no records with the error");
+            break p.error_code;
+        }
+        let fetched = p.records.unwrap();
+        assert!(!fetched.is_empty(), "no data at {offset} and no error: skipped?");
+        for b in fjord_record::batch::batches(&fetched) {
+            let (h, _) = b.expect("only valid batches are served");
+            assert_eq!(h.base_offset, offset, "offsets follow on: nothing skipped");
+            offset = h.next_offset();
+            records += h.record_count;
+        }
+    };
+    assert_eq!(error, CORRUPT_MESSAGE);
+    assert_eq!(offset, second.base_offset, "stopped exactly at the damaged batch");
+    assert_eq!(i64::from(records), second.base_offset);
+    // The same answer again, and for an offset inside the damaged batch.
+    assert_eq!(fetch(&mut client, offset).await.error_code, CORRUPT_MESSAGE);
+    assert_eq!(fetch(&mut client, offset + 2).await.error_code, CORRUPT_MESSAGE);
+    let text = metrics(metrics_addr).await;
+    assert!(
+        text.contains(&format!("fjord_broker_log_corrupt_batches{{topic=\"{TOPIC}\",partition=\"0\"}} 1")),
+        "corrupt batch counted once: {text}"
+    );
+    broker.stop().await.unwrap();
+}

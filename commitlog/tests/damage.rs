@@ -1,0 +1,374 @@
+//! Damage tests (issue 26, cases 5 and 6): each kind of on-disk file of a log is
+//! damaged in turn after a clean shutdown, the case where nothing is re-read on open.
+//! The log must open (or refuse with a precise message), never serve wrong data, and
+//! never skip silently: reads before the damage return exactly what was appended,
+//! reads at and past it fail with [`Error::CorruptSegment`].
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{batch, read_all};
+use fjord_log::{Error, Log, LogConfig, LogManager, Offset, TopicPartition};
+use fjord_record::BatchBuilder;
+
+fn config() -> LogConfig {
+    LogConfig {
+        segment_bytes: 1000,
+        min_segment_bytes: 61,
+        index_interval_bytes: 256,
+        file_delete_delay: Duration::ZERO,
+        retention_ms: None,
+        ..LogConfig::default()
+    }
+}
+
+type Batches = Vec<(Offset, Vec<u8>)>;
+
+/// A cleanly closed log of 40 batches of 3 records over about 10 segments, with
+/// leader epochs 0, 2 and 5; returns what was appended.
+fn closed_log(dir: &Path) -> Batches {
+    let log = Log::open(dir, config()).unwrap();
+    let mut appended = Vec::new();
+    for i in 0..40 {
+        let mut b = batch(3, 30, 1_000 + i * 10);
+        let epoch = [0, 2, 5][i as usize / 14];
+        let info = log.append(&mut b, epoch).unwrap();
+        appended.push((info.base_offset, b));
+    }
+    assert!(log.segment_count() >= 8, "{} segments", log.segment_count());
+    log.close().unwrap();
+    appended
+}
+
+/// `(segment base offset, path)` of every `.log`, oldest first.
+fn segments(dir: &Path) -> Vec<(Offset, PathBuf)> {
+    let mut out: Vec<(Offset, PathBuf)> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .map(|p| (p.file_stem().unwrap().to_str().unwrap().parse().unwrap(), p))
+        .collect();
+    out.sort();
+    out
+}
+
+/// `(position, base offset, size)` of each batch in a `.log` file.
+fn batches_of(path: &Path) -> Vec<(usize, Offset, usize)> {
+    let bytes = fs::read(path).unwrap();
+    let mut position = 0;
+    fjord_record::batch::batches(&bytes)
+        .map(|b| {
+            let (h, b) = b.unwrap();
+            let out = (position, h.base_offset, b.len());
+            position += b.len();
+            out
+        })
+        .collect()
+}
+
+fn flip(path: &Path, at: usize) {
+    let mut bytes = fs::read(path).unwrap();
+    bytes[at] ^= 0x40;
+    fs::write(path, bytes).unwrap();
+}
+
+/// Reads from `from` on as a consumer does; returns the batches read and the error
+/// that stopped it (`None` when it reached the log end).
+fn consume(log: &Log, from: Offset) -> (Batches, Option<Error>) {
+    let mut out = Vec::new();
+    let mut at = from;
+    while at < log.log_end_offset() {
+        match log.read(at, 700, None, true) {
+            Ok(s) => {
+                assert!(!s.is_empty(), "empty read at {at}");
+                let bytes = s.read_to_vec().unwrap();
+                for b in fjord_record::batch::batches(&bytes) {
+                    let (h, b) = b.expect("the log served an invalid batch");
+                    out.push((h.base_offset, b.to_vec()));
+                }
+                at = s.next_offset;
+            }
+            Err(e) => return (out, Some(e)),
+        }
+    }
+    (out, None)
+}
+
+/// Asserts that a consumer from the start gets exactly the batches before `damaged`
+/// (a base offset) and then an error naming `path`, and that reads of every offset
+/// from the damaged batch to the end of its segment fail too.
+fn assert_fenced(log: &Log, appended: &Batches, damaged: Offset, segment_end: Offset, path: &Path) {
+    let (read, error) = consume(log, 0);
+    let before: Batches = appended.iter().filter(|(o, _)| *o < damaged).cloned().collect();
+    assert_eq!(read.len(), before.len(), "batches before the damage");
+    assert_eq!(read, before, "data before the damage reads back exactly");
+    match error {
+        Some(Error::CorruptSegment { path: p, .. }) => assert_eq!(p, path),
+        other => panic!("expected CorruptSegment at offset {damaged}, got {other:?}"),
+    }
+    for offset in damaged..segment_end {
+        let r = log.read(offset, 1 << 20, None, true);
+        assert!(matches!(r, Err(Error::CorruptSegment { .. })), "offset {offset}: {:?}", r.map(|s| s.first_offset));
+    }
+    assert_eq!(log.damage().len(), 1);
+    assert_eq!(log.corrupt_batches(), 1, "found and counted once");
+}
+
+#[test]
+fn a_flipped_byte_in_a_sealed_segment_is_an_error_at_and_after_it_never_a_skip() {
+    // Issue 26, case 6: a flipped batch header made consumers skip 2,000 records. Here:
+    // a CRC-covered byte, the magic byte and the length field, each in a middle batch.
+    for (what, at_in_batch) in [("records", 70), ("magic", 16), ("length", 9)] {
+        let dir = tempfile::tempdir().unwrap();
+        let appended = closed_log(dir.path());
+        let segs = segments(dir.path());
+        let (base, path) = &segs[3];
+        let in_segment = batches_of(path);
+        let (position, damaged, _) = in_segment[1];
+        flip(path, position + at_in_batch);
+        let log = Log::open(dir.path(), config()).unwrap();
+        assert_fenced(&log, &appended, damaged, segs[4].0, path);
+        // Data in later segments is not touched by the damage and reads correctly.
+        let (later, error) = consume(&log, segs[4].0);
+        assert!(error.is_none(), "{what}: {error:?}");
+        assert_eq!(later, appended.iter().filter(|(o, _)| *o >= segs[4].0).cloned().collect::<Batches>(), "{what}");
+        assert!(*base < damaged);
+    }
+}
+
+#[test]
+fn damage_in_a_sealed_segments_last_batch_is_an_error_at_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let appended = closed_log(dir.path());
+    let segs = segments(dir.path());
+    let path = &segs[2].1;
+    let in_segment = batches_of(path);
+    let (position, damaged, size) = *in_segment.last().unwrap();
+    flip(path, position + size - 3);
+    let log = Log::open(dir.path(), config()).unwrap();
+    assert_fenced(&log, &appended, damaged, segs[3].0, path);
+}
+
+#[test]
+fn a_segment_cut_short_in_the_middle_is_detected_on_open() {
+    // Issue 26, case 6: "a truncation mid-segment skipped 100". Cut at a batch boundary,
+    // so every batch left is valid: before the last offset index entry (the index
+    // points past the end), and after it (the time index names a batch that is gone).
+    for keep_batches in [1, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let appended = closed_log(dir.path());
+        let segs = segments(dir.path());
+        let path = &segs[5].1;
+        let in_segment = batches_of(path);
+        assert!(in_segment.len() > keep_batches, "{} batches", in_segment.len());
+        let (cut, lost, _) = in_segment[keep_batches];
+        fs::OpenOptions::new().write(true).open(path).unwrap().set_len(cut as u64).unwrap();
+        let log = Log::open(dir.path(), config()).unwrap();
+        assert_fenced(&log, &appended, lost, segs[6].0, path);
+    }
+}
+
+/// Every offset reads back as the batch holding it, and a consumer reads everything.
+fn assert_reads_exactly(log: &Log, appended: &Batches) {
+    assert_eq!(read_all(log), *appended);
+    let end = log.log_end_offset();
+    for offset in 0..end {
+        let s = log.read(offset, 1, None, true).unwrap();
+        assert!(s.first_offset <= offset && offset < s.next_offset, "offset {offset}: got {}..{}", s.first_offset, s.next_offset);
+    }
+}
+
+#[test]
+fn a_damaged_offset_index_never_gives_a_wrong_batch() {
+    // Garbage (rebuilt on open), and one entry that stays in order but names a smaller
+    // offset than its batch has (used as it is; each lookup checks the batch it names).
+    for garbage in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let appended = closed_log(dir.path());
+        let segs = segments(dir.path());
+        let index = segs[4].1.with_extension("index");
+        let mut bytes = fs::read(&index).unwrap();
+        assert!(bytes.len() >= 16, "at least two entries");
+        if garbage {
+            bytes.iter_mut().for_each(|b| *b = b.wrapping_mul(31).wrapping_add(7));
+        } else {
+            let previous = u32::from_be_bytes(bytes[0..4].try_into().unwrap());
+            let relative = u32::from_be_bytes(bytes[8..12].try_into().unwrap());
+            assert!(relative > previous + 1);
+            bytes[8..12].copy_from_slice(&(previous + 1).to_be_bytes());
+        }
+        fs::write(&index, bytes).unwrap();
+        let log = Log::open(dir.path(), config()).unwrap();
+        assert_reads_exactly(&log, &appended);
+        assert!(log.damage().is_empty(), "an index is not the data: no damage reported");
+    }
+}
+
+#[test]
+fn a_damaged_time_index_is_rebuilt_and_retention_keeps_the_segment() {
+    // The last time entry holds the segment's largest timestamp, which retention
+    // deletes by: flipped to an old time it would delete data that is not due.
+    let dir = tempfile::tempdir().unwrap();
+    let appended = closed_log(dir.path());
+    let segs = segments(dir.path());
+    let time_index = segs[1].1.with_extension("timeindex");
+    let mut bytes = fs::read(&time_index).unwrap();
+    let last = bytes.len() - 12;
+    bytes[last..last + 8].copy_from_slice(&5i64.to_be_bytes());
+    fs::write(&time_index, bytes).unwrap();
+    let config = LogConfig { retention_ms: Some(Duration::from_millis(100)), ..config() };
+    let log = Log::open(dir.path(), config).unwrap();
+    // Records are stamped 1000..1400: at 1,050 only segments wholly older than 950 go.
+    assert_eq!(log.apply_retention(1_050).unwrap(), 0, "no segment is older than retention.ms");
+    assert_reads_exactly(&log, &appended);
+    let (second, _) = &appended.iter().find(|(o, _)| *o >= segs[1].0).unwrap();
+    let ts = 1_000 + 10 * appended.iter().position(|(o, _)| o == second).unwrap() as i64;
+    assert_eq!(log.offset_for_timestamp(ts).unwrap().map(|(o, _)| o), Some(*second));
+}
+
+#[test]
+fn a_damaged_leader_epoch_checkpoint_is_rebuilt_from_the_log() {
+    // Issue 26, case 5: garbage in one partition's leader-epoch-checkpoint stopped the
+    // broker from starting. Garbage, and a flipped digit that still parses.
+    for damage in [&b"\xff\xfe garbage \x00"[..], b"flip"] {
+        let dir = tempfile::tempdir().unwrap();
+        closed_log(dir.path());
+        let expected = Log::open(dir.path(), config()).unwrap().leader_epochs();
+        assert_eq!(expected.iter().map(|e| e.0).collect::<Vec<_>>(), [0, 2, 5]);
+        let path = dir.path().join("leader-epoch-checkpoint");
+        if damage == b"flip" {
+            let text = fs::read_to_string(&path).unwrap();
+            fs::write(&path, text.replacen("\n2 ", "\n3 ", 1)).unwrap();
+        } else {
+            fs::write(&path, damage).unwrap();
+        }
+        let log = Log::open(dir.path(), config()).unwrap();
+        assert_eq!(log.leader_epochs(), expected);
+        assert_eq!(log.end_offset_for_epoch(2), Some((2, expected[2].1)));
+    }
+}
+
+#[test]
+fn a_damaged_producer_snapshot_is_rebuilt_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), config()).unwrap();
+    for seq in 0..20 {
+        let mut b = BatchBuilder::new(1_000).producer(1234, 3, seq * 2);
+        b.append(1_000, Some(b"k"), Some(b"v"), &[]);
+        b.append(1_001, Some(b"k"), Some(b"v"), &[]);
+        log.append(&mut b.build_vec(), 0).unwrap();
+    }
+    let expected = log.producers();
+    log.close().unwrap();
+    drop(log);
+    let snapshot = dir.path().join(format!("{:020}.snapshot", 40));
+    let text = fs::read_to_string(&snapshot).unwrap();
+    assert!(text.contains("\n1234 3 "), "{text}");
+    fs::write(&snapshot, text.replace("\n1234 3 ", "\n1234 7 ")).unwrap();
+    let log = Log::open(dir.path(), config()).unwrap();
+    assert_eq!(log.producers(), expected);
+    // The rebuilt state still recognises a retry of the last batch.
+    let mut retry = BatchBuilder::new(1_000).producer(1234, 3, 38);
+    retry.append(1_000, Some(b"k"), Some(b"v"), &[]);
+    retry.append(1_001, Some(b"k"), Some(b"v"), &[]);
+    assert!(log.append(&mut retry.build_vec(), 0).unwrap().duplicate);
+}
+
+#[test]
+fn damaged_log_dir_checkpoints_are_not_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let tp = TopicPartition::new("t", 0);
+    {
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        let log = m.get_or_create(&tp, config()).unwrap();
+        for i in 0..10 {
+            log.append(&mut batch(3, 30, 1_000 + i), 0).unwrap();
+        }
+        log.set_high_watermark(21);
+        log.flush().unwrap();
+        m.checkpoint().unwrap();
+        for i in 10..20 {
+            log.append(&mut batch(3, 30, 1_000 + i), 0).unwrap();
+        }
+        // A crash: the checkpoints say 30 flushed, high watermark 21.
+    }
+    let rp = dir.path().join("recovery-point-offset-checkpoint");
+    let hw = dir.path().join("replication-offset-checkpoint");
+    // Flipped digits that still parse: a recovery point past the flushed data would skip
+    // the CRC scan of what was never flushed; a high watermark past the real one would
+    // show consumers records that are not committed.
+    fs::write(&rp, fs::read_to_string(&rp).unwrap().replace("t 0 30", "t 0 90")).unwrap();
+    fs::write(&hw, fs::read_to_string(&hw).unwrap().replace("t 0 21", "t 0 29")).unwrap();
+    let m = LogManager::open(dir.path(), config()).unwrap();
+    let log = m.get(&tp).unwrap();
+    assert_eq!(log.log_end_offset(), 60);
+    assert!(log.recovery_point() <= 30, "recovery point {}", log.recovery_point());
+    assert!(log.high_watermark() <= 21, "high watermark {}", log.high_watermark());
+    // Garbage: the same, and the log dir still opens.
+    for f in [&rp, &hw] {
+        fs::write(f, b"\x00\x01garbage").unwrap();
+    }
+    drop((log, m));
+    let m = LogManager::open(dir.path(), config()).unwrap();
+    assert_eq!(m.get(&tp).unwrap().log_end_offset(), 60);
+}
+
+#[test]
+fn the_scrubber_finds_damage_no_read_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let appended = closed_log(dir.path());
+    let segs = segments(dir.path());
+    let path = &segs[6].1;
+    let (position, damaged, _) = batches_of(path)[2];
+    flip(path, position + 70);
+    let log = Log::open(dir.path(), config()).unwrap();
+    assert!(log.damage().is_empty(), "nothing read yet");
+    // A small budget per call: the scrubber goes on where it stopped.
+    let mut passes = 0;
+    let mut checked = 0;
+    while passes == 0 {
+        let (bytes, finished) = log.scrub(500).unwrap();
+        checked += bytes;
+        passes += usize::from(finished);
+    }
+    assert!(checked > 0);
+    assert_eq!(log.damage(), vec![(path.clone(), position as u64)]);
+    assert_eq!(log.corrupt_batches(), 1);
+    assert_fenced(&log, &appended, damaged, segs[7].0, path);
+}
+
+#[test]
+fn repair_truncates_at_the_first_damage_and_the_log_goes_on() {
+    // A flipped byte (found by reads), a cut-short segment (found on open), and damage
+    // nothing has read yet (found by the repair's scrub).
+    for kind in ["flip", "cut", "unread"] {
+        let dir = tempfile::tempdir().unwrap();
+        let appended = closed_log(dir.path());
+        let segs = segments(dir.path());
+        let path = &segs[3].1;
+        let (position, damaged, _) = batches_of(path)[1];
+        match kind {
+            "cut" => fs::OpenOptions::new().write(true).open(path).unwrap().set_len(position as u64).unwrap(),
+            _ => flip(path, position + 70),
+        }
+        let log = Log::open(dir.path(), config()).unwrap();
+        if kind == "flip" {
+            assert!(log.read(damaged, 1 << 20, None, true).is_err());
+        }
+        assert_eq!(log.repair().unwrap(), Some(damaged), "{kind}");
+        assert!(log.damage().is_empty(), "{kind}");
+        let kept: Batches = appended.iter().filter(|(o, _)| *o < damaged).cloned().collect();
+        assert_eq!(read_all(&log), kept, "{kind}");
+        assert_eq!(log.repair().unwrap(), None, "{kind}: nothing left to repair");
+        log.append(&mut batch(2, 5, 9_000), 6).unwrap();
+        assert_eq!(read_all(&log).len(), kept.len() + 1, "{kind}");
+        log.close().unwrap();
+        drop(log);
+        let log = Log::open(dir.path(), config()).unwrap();
+        assert_eq!(read_all(&log).len(), kept.len() + 1, "{kind}: the repair holds after a reopen");
+        assert!(log.damage().is_empty());
+    }
+}
