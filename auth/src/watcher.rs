@@ -183,3 +183,52 @@ async fn apply_notification(store: &dyn MetadataStore, acls: &mut AclMap, name: 
     }
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::acl::{PatternType, Permission};
+    use crate::ResourceType;
+
+    fn acl(name: &str) -> crate::AclBinding {
+        crate::AclBinding {
+            pattern: ResourcePattern::new(ResourceType::Topic, name, PatternType::Literal).unwrap(),
+            entry: AccessControlEntry::new(Principal::user("a"), "*", Operation::Read, Permission::Allow).unwrap(),
+        }
+    }
+
+    /// `/acl_changes` recreated (its sequence numbers start over): the watcher cannot
+    /// trust its position and reads everything instead of skipping the "old" numbers.
+    #[tokio::test]
+    async fn sequence_numbers_going_back_force_a_full_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = fjord_coord::EmbeddedStore::open(dir.path()).unwrap();
+        let watcher =
+            AclWatcher { current: RwLock::new(Arc::new(Authorizer::default())), generation: tokio::sync::watch::Sender::new(0) };
+        store::create_acls(&store, &[acl("t")]).await.unwrap();
+        let mut progress = Progress { acls: AclMap::new(), last_sequence: Some(1_000) };
+        watcher.refresh(&store, &mut progress, false).await.unwrap();
+        assert!(watcher.authorize(&Principal::user("a"), "h", Operation::Read, Resource::topic("t")));
+        assert_eq!(progress.last_sequence, Some(0));
+        assert_eq!(*watcher.subscribe().borrow(), 1);
+    }
+
+    /// Notifications newer than the position are applied one by one, older ones skipped.
+    #[tokio::test]
+    async fn only_new_notifications_are_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = fjord_coord::EmbeddedStore::open(dir.path()).unwrap();
+        let watcher =
+            AclWatcher { current: RwLock::new(Arc::new(Authorizer::default())), generation: tokio::sync::watch::Sender::new(0) };
+        let mut progress = Progress { acls: AclMap::new(), last_sequence: None };
+        watcher.refresh(&store, &mut progress, true).await.unwrap();
+        store::create_acls(&store, &[acl("old")]).await.unwrap();
+        store::create_acls(&store, &[acl("new")]).await.unwrap();
+        // Pretend "old" was already applied: only "new" is read.
+        progress.last_sequence = Some(0);
+        watcher.refresh(&store, &mut progress, false).await.unwrap();
+        let a = Principal::user("a");
+        assert!(watcher.authorize(&a, "h", Operation::Read, Resource::topic("new")));
+        assert!(!watcher.authorize(&a, "h", Operation::Read, Resource::topic("old")));
+    }
+}
