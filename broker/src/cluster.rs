@@ -20,7 +20,9 @@
 //! [`ReplicaManager::remove`] for their partition, so the calls for one partition come in
 //! order. A partition task opens the partition's log (with the topic's config) before
 //! the first `apply` and deletes it after `remove`: a broker has logs exactly for the
-//! partitions assigned to it.
+//! partitions assigned to it. Logs found at start that the metadata assigns elsewhere
+//! or does not know are moved aside, not deleted (see
+//! `ClusterView::set_aside_stray_logs`).
 //!
 //! [`WatchEvent::SessionLost`]: fjord_coord::WatchEvent::SessionLost
 
@@ -113,7 +115,7 @@ impl ClusterView {
         tracker.spawn(self.clone().watch_topics(shutdown.clone()));
         let loaded = self.wait_for(Duration::from_secs(60), |view| initial.iter().all(|name| view.is_loaded(name))).await;
         if loaded {
-            self.delete_stray_logs(&initial);
+            self.set_aside_stray_logs(&initial);
         } else {
             // A topic deleted meanwhile is never loaded; anything else is a slow store.
             tracing::warn!("not every topic was loaded within 60 s of start; serving anyway");
@@ -121,19 +123,36 @@ impl ClusterView {
         Ok(())
     }
 
-    /// Deletes the logs in the log dir that belong to no replica of this broker: their
-    /// topic was deleted, or the partition reassigned away, while the broker was down.
-    /// A topic that is listed but not in the view (unreadable) keeps its logs.
-    fn delete_stray_logs(&self, listed: &[String]) {
+    /// Moves aside (never deletes) the logs in the log dir that belong to no replica of
+    /// this broker by the metadata: their topic was deleted or the partition reassigned
+    /// away while the broker was down, or the metadata lost them. Nothing tells these
+    /// apart, and only the last loses data, so each is renamed
+    /// `<topic>-<partition>-orphan-<unix ms>` and reported; it is deleted on an
+    /// operator's command (`fjord logs orphans --delete`). A topic that is listed but
+    /// not in the view (unreadable) keeps its logs where they are.
+    fn set_aside_stray_logs(&self, listed: &[String]) {
         for tp in self.logs.partitions() {
-            let stray = match self.topic(&tp.topic) {
-                Some(topic) => !topic.partition_replicas(tp.partition).is_some_and(|r| r.contains(&self.broker_id)),
-                None => !listed.contains(&tp.topic),
+            let (stray, why) = match self.topic(&tp.topic) {
+                Some(topic) => (
+                    !topic.partition_replicas(tp.partition).is_some_and(|r| r.contains(&self.broker_id)),
+                    "the metadata names other replicas for it",
+                ),
+                None => (!listed.contains(&tp.topic), "the metadata has no such topic"),
             };
-            if stray {
-                tracing::warn!(partition = %tp, "deleting a log this broker holds no replica of (deleted or moved while it was down)");
-                if let Err(e) = self.logs.delete(&tp) {
-                    tracing::error!(partition = %tp, error = %e, "deleting a stray log failed");
+            if !stray {
+                continue;
+            }
+            let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            match self.logs.move_aside(&tp, now_ms) {
+                Ok(Some(moved)) => tracing::warn!(
+                    partition = %tp,
+                    moved_to = %moved.display(),
+                    reason = why,
+                    "moved aside a log this broker holds no replica of, keeping its data; `fjord logs orphans --delete` deletes it"
+                ),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(partition = %tp, error = %e, "moving aside a log this broker holds no replica of failed")
                 }
             }
         }

@@ -9,12 +9,14 @@
 //! - `audit`: `fjord audit report|watch` over `fjord_audit`.
 //! - `mirror`: `fjord mirror` (and `status`) over `fjord_mirror`.
 //! - `security`: `fjord users` and `fjord acls` over `fjord_auth`'s store.
+//! - `logs`: `fjord logs orphans`, the log directories a broker moved aside.
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 mod audit;
 mod gateway;
 mod load;
+mod logs;
 mod mirror;
 mod registry;
 mod security;
@@ -58,6 +60,8 @@ enum Command {
     Users(security::UsersArgs),
     /// Add, list or remove ACLs, directly in the metadata store.
     Acls(security::AclsArgs),
+    /// Inspect a broker's data dir offline: list (and delete) orphaned log directories.
+    Logs(logs::LogsArgs),
 }
 
 #[tokio::main]
@@ -82,5 +86,6 @@ async fn main() -> anyhow::Result<()> {
         Command::Audit(args) => tools::run_or_exit(audit::run(args)).await,
         Command::Users(args) => tools::run_or_exit(security::users(args)).await,
         Command::Acls(args) => tools::run_or_exit(security::acls(args)).await,
+        Command::Logs(args) => logs::run(args),
     }
 }

@@ -15,6 +15,9 @@ use crate::{lock, Error, Log, LogConfig, Result};
 pub const RECOVERY_POINT_CHECKPOINT: &str = "recovery-point-offset-checkpoint";
 /// Per partition: the high watermark.
 pub const REPLICATION_CHECKPOINT: &str = "replication-offset-checkpoint";
+/// Between a partition directory's name and the time it was moved aside: see
+/// [`LogManager::move_aside`].
+pub const ORPHAN_MARKER: &str = "-orphan-";
 /// Files the log dir may hold besides partition directories.
 const KNOWN_FILES: &[&str] = &[RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT, "meta.properties", ".lock"];
 
@@ -57,6 +60,7 @@ impl LogManager {
         let recovery_points = read(RECOVERY_POINT_CHECKPOINT, "re-validating every partition's log from its start");
         let high_watermarks = read(REPLICATION_CHECKPOINT, "high watermarks restart at the log start");
         let mut logs = BTreeMap::new();
+        let mut orphans = 0;
         for entry in fs::read_dir(&dir).at(&dir)? {
             let entry = entry.at(&dir)?;
             let path = entry.path();
@@ -65,6 +69,10 @@ impl LogManager {
                 if !KNOWN_FILES.contains(&name.as_str()) && !name.ends_with(".tmp") {
                     tracing::warn!(path = %path.display(), "ignoring unexpected file in the log dir");
                 }
+                continue;
+            }
+            if orphan_name(&name).is_some() {
+                orphans += 1;
                 continue;
             }
             let Some(tp) = parse_partition_dir(&name) else {
@@ -83,6 +91,13 @@ impl LogManager {
                 log.set_high_watermark(hw);
             }
             logs.insert(tp, Arc::new(log));
+        }
+        if orphans > 0 {
+            tracing::warn!(
+                log_dir = %dir.display(),
+                orphans,
+                "the log dir keeps logs moved aside as unknown to the metadata; `fjord logs orphans` lists them and deletes them on request"
+            );
         }
         Ok(LogManager {
             dir,
@@ -144,6 +159,32 @@ impl LogManager {
             self.checkpoint()?;
         }
         Ok(())
+    }
+
+    /// Moves the partition's log out of the way instead of deleting it: closes it and
+    /// renames its directory `<topic>-<partition>-orphan-<unix ms>` (13 digits or
+    /// more, so the name never parses as a partition directory and is not loaded again).
+    /// For a log the metadata does not know: its data stays on disk until an operator
+    /// deletes it ([`delete_orphan`]). Returns the new path (`None` when absent).
+    pub fn move_aside(&self, tp: &TopicPartition, now_ms: u64) -> Result<Option<PathBuf>> {
+        let Some(log) = lock::write(&self.logs).remove(tp) else { return Ok(None) };
+        if let Err(e) = log.close() {
+            // Its data is whole up to the last flush; a later load would recover the rest.
+            tracing::warn!(partition = %tp, error = %e, "closing a log before moving it aside failed");
+        }
+        let from = log.dir().to_path_buf();
+        let mut ms = now_ms;
+        let to = loop {
+            let to = self.dir.join(format!("{}{ORPHAN_MARKER}{ms:013}", tp.dir_name()));
+            if !to.exists() {
+                break to;
+            }
+            ms += 1;
+        };
+        fs::rename(&from, &to).at(&from)?;
+        checkpoint::sync_dir(&self.dir)?;
+        self.checkpoint()?;
+        Ok(Some(to))
     }
 
     /// Writes both checkpoint files atomically (temp file, fsync, rename, fsync dir).
@@ -232,6 +273,63 @@ impl LogManager {
     fn logs(&self) -> Vec<Arc<Log>> {
         lock::read(&self.logs).values().cloned().collect()
     }
+}
+
+/// A log directory moved aside by [`LogManager::move_aside`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    /// The directory.
+    pub path: PathBuf,
+    /// The partition it held.
+    pub partition: TopicPartition,
+    /// When it was moved aside, ms since the epoch.
+    pub moved_at_ms: u64,
+    /// Bytes of the files in it.
+    pub bytes: u64,
+}
+
+/// The orphaned log directories in `log_dir`, sorted by name.
+pub fn orphans(log_dir: &Path) -> Result<Vec<Orphan>> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(log_dir).at(log_dir)? {
+        let entry = entry.at(log_dir)?;
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((partition, moved_at_ms)) = orphan_name(&name) else { continue };
+        if !path.is_dir() {
+            continue;
+        }
+        let mut bytes = 0;
+        for file in fs::read_dir(&path).at(&path)? {
+            bytes += file.at(&path)?.metadata().at(&path)?.len();
+        }
+        found.push(Orphan { path, partition, moved_at_ms, bytes });
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(found)
+}
+
+/// Deletes an orphaned log directory (the operator's explicit command). Refuses any
+/// path whose name is not an orphan's, so a live partition is never hit by mistake.
+pub fn delete_orphan(path: &Path) -> Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if orphan_name(&name).is_none() {
+        return Err(Error::InvalidConfig {
+            key: "orphan".to_owned(),
+            value: path.display().to_string(),
+            reason: "not an orphaned log directory (<topic>-<partition>-orphan-<unix ms>)",
+        });
+    }
+    fs::remove_dir_all(path).at(path)
+}
+
+/// `orders-3-orphan-1764600000000` → (`orders`, 3), 1764600000000.
+fn orphan_name(name: &str) -> Option<(TopicPartition, u64)> {
+    let (partition_dir, ms) = name.rsplit_once(ORPHAN_MARKER)?;
+    if ms.len() < 13 || !ms.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((parse_partition_dir(partition_dir)?, ms.parse().ok()?))
 }
 
 /// `orders-3` → `orders`, 3; topic names may contain `-`, the last one splits.
@@ -343,5 +441,39 @@ mod tests {
         for bad in ["orders", "-1", "orders-x", "orders-01", "orders-+1"] {
             assert_eq!(parse_partition_dir(bad), None, "{bad}");
         }
+        // An orphan's time has 13 digits or more: too large for a partition, or led by 0.
+        for orphan in ["orders-3-orphan-1764600000000", "orders-3-orphan-0000000000000", "orders-3-orphan-99999999999999"] {
+            assert_eq!(parse_partition_dir(orphan), None, "{orphan}");
+            assert_eq!(orphan_name(orphan).map(|(tp, _)| tp), Some(TopicPartition::new("orders", 3)), "{orphan}");
+        }
+        assert_eq!(parse_partition_dir("a-orphan-b-0"), Some(TopicPartition::new("a-orphan-b", 0)));
+        assert_eq!(orphan_name("a-orphan-b-0"), None);
+        assert_eq!(orphan_name("orders-3-orphan-123"), None);
+    }
+
+    #[test]
+    fn a_log_moved_aside_keeps_its_data_and_is_not_loaded_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let tp = TopicPartition::new("kept", 2);
+        {
+            let m = LogManager::open(dir.path(), config()).unwrap();
+            let log = m.get_or_create(&tp, config()).unwrap();
+            log.append(&mut batch(3), 0).unwrap();
+            let moved = m.move_aside(&tp, 0).unwrap().unwrap();
+            assert_eq!(moved.file_name().unwrap(), "kept-2-orphan-0000000000000");
+            assert!(m.get(&tp).is_none());
+            assert_eq!(m.move_aside(&tp, 0).unwrap(), None);
+            // Moved aside again at the same instant: the name does not collide.
+            m.get_or_create(&tp, config()).unwrap();
+            assert_eq!(m.move_aside(&tp, 0).unwrap().unwrap().file_name().unwrap(), "kept-2-orphan-0000000000001");
+        }
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        assert!(m.partitions().is_empty(), "an orphan is not loaded as a partition");
+        let found = orphans(dir.path()).unwrap();
+        assert_eq!(found.iter().map(|o| (o.partition.clone(), o.moved_at_ms)).collect::<Vec<_>>(), [(tp.clone(), 0), (tp, 1)]);
+        assert!(found[0].bytes > 0, "the data is still there");
+        assert!(delete_orphan(&dir.path().join("kept-2")).is_err(), "only orphans are deleted");
+        delete_orphan(&found[0].path).unwrap();
+        assert_eq!(orphans(dir.path()).unwrap().len(), 1);
     }
 }
