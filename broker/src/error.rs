@@ -67,6 +67,23 @@ pub enum Error {
         /// What does not match.
         reason: String,
     },
+    /// The log dir's `meta.properties` names another cluster than the metadata store
+    /// (Kafka's `InconsistentClusterIdException`): the broker is pointed at the wrong
+    /// cluster, or its log dir is another cluster's.
+    #[error(
+        "the cluster id {cluster} in the metadata store does not match the cluster id {stored} in {}: this broker is \
+         trying to join the wrong cluster (is zookeeper.connect or the data dir wrong?). If the log dir is meant for this \
+         cluster (brokers upgraded from a Fjord that gave each one its own id), remove the cluster.id line and restart",
+        path.display()
+    )]
+    InconsistentClusterId {
+        /// The `meta.properties` file.
+        path: PathBuf,
+        /// The id in it.
+        stored: String,
+        /// The id in the metadata store.
+        cluster: String,
+    },
     /// Socket I/O on a connection or the listener.
     #[error("network: {0}")]
     Network(#[source] std::io::Error),

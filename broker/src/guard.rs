@@ -157,6 +157,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::DescribeUserScramCredentials | ApiKey::AlterUserScramCredentials => true,
         ApiKey::SaslHandshake => false,
         ApiKey::SaslAuthenticate => v >= 2,
+        ApiKey::DescribeCluster => true,
         _ => return Err("no schema for this api"),
     };
     let w = &mut Walker { buf: body, flexible };
@@ -534,6 +535,15 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         }
         ApiKey::SaslHandshake => w.string()?,   // mechanism
         ApiKey::SaslAuthenticate => w.bytes()?, // auth bytes
+        ApiKey::DescribeCluster => {
+            w.int8()?; // include cluster authorized operations
+            if v >= 1 {
+                w.int8()?; // endpoint type
+            }
+            if v >= 2 {
+                w.int8()?; // include fenced brokers
+            }
+        }
         _ => unreachable!("flexible versions are listed for every api walked above"),
     }
     w.tagged_fields()
@@ -796,6 +806,10 @@ mod tests {
             ApiKey::SaslAuthenticate => {
                 SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(b"n,,n=alice,r=abc")).encode(&mut buf, v)
             }
+            ApiKey::DescribeCluster => DescribeClusterRequest::default()
+                .with_include_cluster_authorized_operations(true)
+                .with_endpoint_type(if v >= 1 { 2 } else { 1 })
+                .encode(&mut buf, v),
             other => panic!("no sample for {other:?}"),
         };
         result.unwrap_or_else(|e| panic!("{key:?} v{v} does not encode: {e}"));

@@ -151,6 +151,7 @@ impl Broker {
             RequestKind::AlterUserScramCredentials(req) => {
                 (ApiKey::AlterUserScramCredentials, self.alter_user_scram_credentials(req).await)
             }
+            RequestKind::DescribeCluster(req) => (ApiKey::DescribeCluster, self.describe_cluster(req, &session.listener.name)),
             other => {
                 // decode_request only decodes what SUPPORTED_APIS lists, and every entry is matched above.
                 tracing::error!(request = ?other, "decoded a request without a handler");

@@ -130,7 +130,7 @@ pub async fn run_listeners(
         None => None,
     };
     std::fs::create_dir_all(&config.log_dir).map_err(|source| Error::Io { path: config.log_dir.clone(), source })?;
-    let cluster_id = load_or_create_meta_properties(&config.log_dir, config.broker_id)?;
+    let cluster_id = cluster_id(&*store, &config.log_dir, config.broker_id).await?;
     // Before the logs open: every replica holds descriptors, and the default partition
     // limit follows the open-file limit.
     let open_files = crate::limits::raise_open_file_limit();
@@ -533,39 +533,62 @@ fn spawn_cleaner(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &BrokerC
     });
 }
 
-/// Reads `meta.properties` (`broker.id`, `cluster.id`), or writes it for a fresh log
-/// dir. A log dir that belongs to another broker id is refused.
-fn load_or_create_meta_properties(dir: &Path, broker_id: i32) -> Result<String> {
+/// The cluster's id, the metadata store's (`/cluster/id`, created by the first broker to
+/// start), checked against the log dir's `meta.properties` as Kafka does: a log dir that
+/// belongs to another cluster is refused ([`Error::InconsistentClusterId`]), so a broker
+/// pointed at the wrong metadata never serves (or mixes in) another cluster's data. A log
+/// dir without a cluster id (fresh, or its `cluster.id` line removed) takes the store's.
+async fn cluster_id(store: &dyn MetadataStore, dir: &Path, broker_id: i32) -> Result<String> {
     let path = dir.join(META_PROPERTIES);
-    let io = |source| Error::Io { path: path.clone(), source };
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let mut stored_id = None;
-            let mut cluster_id = None;
-            for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
-                match line.split_once('=') {
-                    Some(("broker.id", v)) => stored_id = v.trim().parse::<i32>().ok(),
-                    Some(("cluster.id", v)) => cluster_id = Some(v.trim().to_owned()),
-                    _ => {}
-                }
-            }
-            let bad = |reason: String| Error::MetaProperties { path: path.clone(), reason };
-            match (stored_id, cluster_id) {
-                (Some(id), Some(cluster)) if id == broker_id => Ok(cluster),
-                (Some(id), Some(_)) => Err(bad(format!("log dir belongs to broker.id {id}, this broker is {broker_id}"))),
-                _ => Err(bad("missing or malformed broker.id / cluster.id".into())),
-            }
+    let local = read_meta_properties(&path, broker_id)?;
+    // A log dir of a store that had no id yet (one made before ids lived in the store)
+    // keeps its own, so upgrading a single broker changes nothing.
+    let candidate = local.clone().unwrap_or_else(new_cluster_id);
+    let cluster = fjord_coord::registry::get_or_create_cluster_id(store, &candidate).await?;
+    match local {
+        Some(stored) if stored != cluster => Err(Error::InconsistentClusterId { path, stored, cluster }),
+        Some(_) => Ok(cluster),
+        None => {
+            write_meta_properties(&path, broker_id, &cluster)?;
+            Ok(cluster)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let cluster_id = new_cluster_id();
-            let text = format!("#Written by fjord\nversion=0\nbroker.id={broker_id}\ncluster.id={cluster_id}\n");
-            let tmp = dir.join(format!("{META_PROPERTIES}.tmp"));
-            std::fs::write(&tmp, text).map_err(io)?;
-            std::fs::rename(&tmp, &path).map_err(io)?;
-            Ok(cluster_id)
-        }
-        Err(e) => Err(io(e)),
     }
+}
+
+/// Reads `meta.properties` (`broker.id`, `cluster.id`): the cluster id, `None` when the
+/// file or its `cluster.id` is missing. A log dir of another broker id is refused.
+fn read_meta_properties(path: &Path, broker_id: i32) -> Result<Option<String>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(Error::Io { path: path.to_path_buf(), source }),
+    };
+    let mut stored_id = None;
+    let mut cluster_id = None;
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        match line.split_once('=') {
+            Some(("broker.id", v)) => stored_id = v.trim().parse::<i32>().ok(),
+            Some(("cluster.id", v)) if !v.trim().is_empty() => cluster_id = Some(v.trim().to_owned()),
+            _ => {}
+        }
+    }
+    let bad = |reason: String| Error::MetaProperties { path: path.to_path_buf(), reason };
+    match stored_id {
+        Some(id) if id == broker_id => Ok(cluster_id),
+        Some(id) => Err(bad(format!("log dir belongs to broker.id {id}, this broker is {broker_id}"))),
+        None => Err(bad("missing or malformed broker.id".into())),
+    }
+}
+
+/// Writes `meta.properties` atomically: a temp file, fsynced, renamed, the dir fsynced.
+fn write_meta_properties(path: &Path, broker_id: i32, cluster_id: &str) -> Result<()> {
+    let text = format!("#Written by fjord\nversion=0\nbroker.id={broker_id}\ncluster.id={cluster_id}\n");
+    let tmp = path.with_file_name(format!("{META_PROPERTIES}.tmp"));
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .and_then(|()| path.parent().map_or(Ok(()), |dir| std::fs::File::open(dir).and_then(|d| d.sync_all())));
+    written.map_err(|source| Error::Io { path: path.to_path_buf(), source })
 }
 
 /// A 22-character URL-safe base64 id of 128 random bits, the shape of Kafka's cluster ids.
@@ -586,13 +609,38 @@ fn new_cluster_id() -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn meta_properties_are_created_then_checked() {
+    #[tokio::test]
+    async fn the_cluster_id_is_the_stores_and_another_clusters_log_dir_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let cluster = load_or_create_meta_properties(dir.path(), 1).unwrap();
+        let store = fjord_coord::EmbeddedStore::open(&dir.path().join("store")).unwrap();
+        let (first, second, third) = (dir.path().join("b1"), dir.path().join("b2"), dir.path().join("b3"));
+        for d in [&first, &second, &third] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let cluster = cluster_id(&store, &first, 1).await.unwrap();
         assert_eq!(cluster.len(), 22);
-        assert_eq!(load_or_create_meta_properties(dir.path(), 1).unwrap(), cluster);
-        assert!(matches!(load_or_create_meta_properties(dir.path(), 2), Err(Error::MetaProperties { .. })));
+        assert_eq!(cluster_id(&store, &first, 1).await.unwrap(), cluster);
+        assert_eq!(cluster_id(&store, &second, 2).await.unwrap(), cluster, "a fresh log dir takes the store's id");
+        assert!(std::fs::read_to_string(second.join(META_PROPERTIES)).unwrap().contains(&format!("cluster.id={cluster}")));
+        assert!(matches!(cluster_id(&store, &first, 2).await, Err(Error::MetaProperties { .. })), "another broker's dir");
+        std::fs::write(third.join(META_PROPERTIES), "version=0\nbroker.id=3\ncluster.id=AnotherClustersId00000\n").unwrap();
+        let refused = cluster_id(&store, &third, 3).await.unwrap_err();
+        assert!(
+            matches!(&refused, Error::InconsistentClusterId { stored, cluster: c, .. } if stored == "AnotherClustersId00000" && *c == cluster)
+        );
+        let message = refused.to_string();
+        assert!(message.contains("AnotherClustersId00000") && message.contains(&cluster), "{message}");
+        // Without its cluster.id line the log dir joins the store's cluster.
+        std::fs::write(third.join(META_PROPERTIES), "version=0\nbroker.id=3\n").unwrap();
+        assert_eq!(cluster_id(&store, &third, 3).await.unwrap(), cluster);
         assert_ne!(new_cluster_id(), new_cluster_id());
+    }
+
+    #[tokio::test]
+    async fn a_store_without_an_id_takes_the_log_dirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = fjord_coord::EmbeddedStore::open(&dir.path().join("store")).unwrap();
+        std::fs::write(dir.path().join(META_PROPERTIES), "version=0\nbroker.id=0\ncluster.id=KeptFromBeforeTheStore\n").unwrap();
+        assert_eq!(cluster_id(&store, dir.path(), 0).await.unwrap(), "KeptFromBeforeTheStore");
     }
 }

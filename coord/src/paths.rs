@@ -24,6 +24,9 @@ pub const ACLS: &str = "/acls";
 /// Parent of the ACL change notifications, persistent sequential `acl_change_<seq>`
 /// nodes naming the pattern that changed; brokers watch it (fjord-auth).
 pub const ACL_CHANGES: &str = "/acl_changes";
+/// Persistent: the cluster's one id (Kafka's path and `{"version":"1","id":...}`
+/// document), created once by the first broker that starts.
+pub const CLUSTER_ID: &str = "/cluster/id";
 /// Parent of schemas by global id.
 pub const SCHEMA_IDS: &str = "/schemas/ids";
 /// Parent of schema subjects.

@@ -92,6 +92,34 @@ pub struct ProducerIdBlock {
     pub block_end: String,
 }
 
+/// `/cluster/id`: the cluster's id (Kafka's `ClusterIdZNode`, version as a string).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterId {
+    /// Document version, `"1"`.
+    pub version: String,
+    /// The id: 22 URL-safe base64 characters (128 bits).
+    pub id: String,
+}
+
+/// The cluster id in the store; when there is none yet, `candidate` is created as the id
+/// (create-if-absent: of brokers starting together, the first create wins and the others
+/// read the winner back).
+pub async fn get_or_create_cluster_id(store: &dyn MetadataStore, candidate: &str) -> Result<String> {
+    if let Some((doc, _)) = read_json::<ClusterId>(store, crate::paths::CLUSTER_ID).await? {
+        return Ok(doc.id);
+    }
+    let doc = ClusterId { version: "1".into(), id: candidate.into() };
+    match crate::create_all(store, crate::paths::CLUSTER_ID, &to_json(&doc), crate::CreateMode::Persistent).await {
+        Ok(_) => Ok(doc.id),
+        Err(Error::NodeExists { .. }) => match read_json::<ClusterId>(store, crate::paths::CLUSTER_ID).await? {
+            Some((doc, _)) => Ok(doc.id),
+            // Created and deleted again in between: only an operator does that.
+            None => Err(Error::NoNode { path: crate::paths::CLUSTER_ID.into() }),
+        },
+        Err(e) => Err(e),
+    }
+}
+
 /// Reads and decodes the JSON document at `path`, with its stat.
 pub async fn read_json<T: DeserializeOwned>(store: &dyn MetadataStore, path: &str) -> Result<Option<(T, Stat)>> {
     match store.get(path).await? {

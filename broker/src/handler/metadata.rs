@@ -1,11 +1,16 @@
 //! Metadata: the live brokers, the controller, and the topics asked for (auto-created
 //! when allowed), each partition with its leader, leader epoch, replicas, ISR and
-//! offline replicas, as this broker's cluster view has them.
+//! offline replicas, as this broker's cluster view has them. DescribeCluster: the live
+//! brokers, the controller and the cluster id (the metadata store's, the same on every
+//! broker).
 
 use std::collections::BTreeSet;
 
+use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
-use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, ResponseKind, TopicName};
+use kafka_protocol::messages::{
+    BrokerId, DescribeClusterRequest, DescribeClusterResponse, MetadataRequest, MetadataResponse, ResponseKind, TopicName,
+};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::codec::error_code;
@@ -39,33 +44,17 @@ impl Broker {
             }
         };
         let view = self.topics.view();
-        let mut brokers: Vec<MetadataResponseBroker> = view
-            .brokers()
+        let brokers: Vec<MetadataResponseBroker> = self
+            .live_brokers(listener)
             .into_iter()
-            .filter_map(|(id, registration)| {
-                let (host, port) = registration.endpoint(listener)?;
-                Some(
-                    MetadataResponseBroker::default()
-                        .with_node_id(BrokerId(id))
-                        .with_host(StrBytes::from_string(host.to_owned()))
-                        .with_port(i32::from(port))
-                        .with_rack(registration.rack.clone().map(StrBytes::from_string)),
-                )
+            .map(|(id, host, port, rack)| {
+                MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(id))
+                    .with_host(StrBytes::from_string(host))
+                    .with_port(port)
+                    .with_rack(rack.map(StrBytes::from_string))
             })
             .collect();
-        // Between its start and its registration reaching the view (or while stopping),
-        // this broker still answers for itself.
-        let own = self.listeners.iter().find(|l| l.name == listener);
-        if let Some(own) = own.filter(|_| !brokers.iter().any(|b| b.node_id.0 == self.config.broker_id)) {
-            brokers.push(
-                MetadataResponseBroker::default()
-                    .with_node_id(BrokerId(self.config.broker_id))
-                    .with_host(StrBytes::from_string(own.host.clone()))
-                    .with_port(i32::from(own.port))
-                    .with_rack(self.config.broker_rack.clone().map(StrBytes::from_string)),
-            );
-            brokers.sort_by_key(|b| b.node_id.0);
-        }
         let live: BTreeSet<i32> = brokers.iter().map(|b| b.node_id.0).collect();
         let topics = found
             .into_iter()
@@ -83,6 +72,63 @@ impl Broker {
                 .with_controller_id(BrokerId(view.controller().unwrap_or(-1)))
                 .with_topics(topics),
         )
+    }
+
+    /// DescribeCluster (v0-v1): the brokers (their addresses on `listener`, as in
+    /// Metadata), the controller and the cluster id. There are no KRaft controllers to
+    /// describe (endpoint type 2).
+    pub(crate) fn describe_cluster(&self, request: DescribeClusterRequest, listener: &str) -> ResponseKind {
+        const BROKERS: i8 = 1;
+        const UNSUPPORTED_ENDPOINT_TYPE: i16 = 115;
+        let response = DescribeClusterResponse::default()
+            .with_endpoint_type(request.endpoint_type)
+            .with_cluster_id(StrBytes::from_string(self.cluster_id.clone()))
+            // Not computed: Kafka's "not provided".
+            .with_cluster_authorized_operations(i32::MIN);
+        if request.endpoint_type != BROKERS {
+            return ResponseKind::DescribeCluster(response.with_error_code(UNSUPPORTED_ENDPOINT_TYPE).with_error_message(Some(
+                StrBytes::from_string(format!(
+                    "endpoint type {} is not served: this cluster has brokers only",
+                    request.endpoint_type
+                )),
+            )));
+        }
+        let brokers = self
+            .live_brokers(listener)
+            .into_iter()
+            .map(|(id, host, port, rack)| {
+                DescribeClusterBroker::default()
+                    .with_broker_id(BrokerId(id))
+                    .with_host(StrBytes::from_string(host))
+                    .with_port(port)
+                    .with_rack(rack.map(StrBytes::from_string))
+            })
+            .collect();
+        let controller = self.topics.view().controller().unwrap_or(-1);
+        ResponseKind::DescribeCluster(response.with_controller_id(BrokerId(controller)).with_brokers(brokers))
+    }
+
+    /// The live brokers with an address on `listener`, as (id, host, port, rack), sorted
+    /// by id; a broker without that listener is left out, as Kafka does. Between its
+    /// start and its registration reaching the view (or while stopping), this broker
+    /// still answers for itself.
+    fn live_brokers(&self, listener: &str) -> Vec<(i32, String, i32, Option<String>)> {
+        let mut brokers: Vec<_> = self
+            .topics
+            .view()
+            .brokers()
+            .into_iter()
+            .filter_map(|(id, registration)| {
+                let (host, port) = registration.endpoint(listener)?;
+                Some((id, host.to_owned(), i32::from(port), registration.rack.clone()))
+            })
+            .collect();
+        let own = self.listeners.iter().find(|l| l.name == listener);
+        if let Some(own) = own.filter(|_| !brokers.iter().any(|b| b.0 == self.config.broker_id)) {
+            brokers.push((self.config.broker_id, own.host.clone(), i32::from(own.port), self.config.broker_rack.clone()));
+            brokers.sort_by_key(|b| b.0);
+        }
+        brokers
     }
 
     fn topic_metadata(&self, topic: &Topic, live: &BTreeSet<i32>) -> MetadataResponseTopic {
