@@ -31,7 +31,7 @@ pub use acl::{
 };
 pub use authorizer::{Authorizer, AuthorizerConfig, Resource};
 pub use principal::Principal;
-pub use scram::{ScramCredential, ScramMechanism, ScramServer};
+pub use scram::{ScramClient, ScramCredential, ScramMechanism, ScramServer};
 pub use watcher::AclWatcher;
 
 /// Everything that can go wrong in this crate.

@@ -464,6 +464,81 @@ impl ScramServer {
     }
 }
 
+/// The client side of one SCRAM exchange, for Fjord's own connections (a broker's
+/// replica fetchers on a SASL inter-broker listener):
+/// [`client_first`](Self::client_first), then [`client_final`](Self::client_final) with
+/// server-first, then [`verify_server_final`](Self::verify_server_final).
+pub struct ScramClient {
+    mechanism: ScramMechanism,
+    password: String,
+    client_first_bare: String,
+    client_nonce: String,
+    /// The ServerSignature expected in server-final, once client-final is built.
+    expected_server_signature: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for ScramClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScramClient").field("mechanism", &self.mechanism).finish_non_exhaustive()
+    }
+}
+
+impl ScramClient {
+    /// A new exchange as `user` with `password`; returns it and client-first.
+    pub fn new(mechanism: ScramMechanism, user: &str, password: &str) -> (Self, Vec<u8>) {
+        let mut bytes = [0u8; SERVER_NONCE_LEN];
+        rand::fill(&mut bytes[..]);
+        let client_nonce = BASE64.encode(bytes);
+        let client_first_bare = format!("n={},r={client_nonce}", user.replace('=', "=3D").replace(',', "=2C"));
+        let first = format!("n,,{client_first_bare}").into_bytes();
+        let client =
+            Self { mechanism, password: password.to_owned(), client_first_bare, client_nonce, expected_server_signature: None };
+        (client, first)
+    }
+
+    /// Client-final for the server's server-first.
+    pub fn client_final(&mut self, server_first: &[u8]) -> Result<Vec<u8>> {
+        let bad = |reason| Error::Malformed { message: "server-first", reason };
+        let text = std::str::from_utf8(server_first).map_err(|_| bad("not UTF-8"))?;
+        let mut fields = text.split(',');
+        let nonce = fields.next().and_then(|f| f.strip_prefix("r=")).ok_or(bad("no r=<nonce>"))?;
+        let salt = fields.next().and_then(|f| f.strip_prefix("s=")).ok_or(bad("no s=<salt>"))?;
+        let iterations = fields.next().and_then(|f| f.strip_prefix("i=")).ok_or(bad("no i=<iterations>"))?;
+        if !nonce.starts_with(&self.client_nonce) || nonce.len() == self.client_nonce.len() {
+            return Err(Error::NonceMismatch);
+        }
+        let salt = BASE64.decode(salt).map_err(|_| bad("salt is not base64"))?;
+        let iterations: u32 = iterations.parse().map_err(|_| bad("iterations is not a number"))?;
+        check_iterations(iterations)?;
+        let m = self.mechanism;
+        let salted = m.salted_password(self.password.as_bytes(), &salt, iterations);
+        let client_key = m.hmac(&salted, b"Client Key");
+        let without_proof = format!("c=biws,r={nonce}");
+        let auth = format!("{},{text},{without_proof}", self.client_first_bare);
+        let signature = m.hmac(&m.hash(&client_key), auth.as_bytes());
+        let proof: Vec<u8> = client_key.iter().zip(&signature).map(|(a, b)| a ^ b).collect();
+        self.expected_server_signature = Some(m.hmac(&m.hmac(&salted, b"Server Key"), auth.as_bytes()));
+        Ok(format!("{without_proof},p={}", BASE64.encode(proof)).into_bytes())
+    }
+
+    /// Checks server-final: the server proves it knows the credential too.
+    pub fn verify_server_final(&self, server_final: &[u8]) -> Result<()> {
+        let expected =
+            self.expected_server_signature.as_ref().ok_or(Error::UnexpectedMessage { state: "before client-final" })?;
+        let text =
+            std::str::from_utf8(server_final).map_err(|_| Error::Malformed { message: "server-final", reason: "not UTF-8" })?;
+        let signature = text
+            .strip_prefix("v=")
+            .and_then(|v| BASE64.decode(v).ok())
+            .ok_or(Error::Malformed { message: "server-final", reason: "expected v=<signature>" })?;
+        if bool::from(signature.ct_eq(expected)) {
+            Ok(())
+        } else {
+            Err(Error::AuthenticationFailed)
+        }
+    }
+}
+
 struct ClientFirst {
     username: String,
     gs2_header: String,
@@ -664,6 +739,30 @@ pub(crate) mod tests {
             assert!(matches!(exchange(m, "alice", Some("s3cret"), "wrong"), Err(Error::AuthenticationFailed)));
             // An unknown user fails at the same step with the same error.
             assert!(matches!(exchange(m, "nobody", None, "s3cret"), Err(Error::AuthenticationFailed)));
+        }
+    }
+
+    #[test]
+    fn the_client_half_authenticates_against_the_server_half() {
+        for m in ScramMechanism::ALL {
+            let credential = ScramCredential::generate(m, "pw", MIN_ITERATIONS).unwrap();
+            let (mut client, first) = ScramClient::new(m, "a,b", "pw");
+            let mut server = ScramServer::new(m);
+            assert_eq!(server.client_first(&first).unwrap(), "a,b");
+            let server_first = server.server_first(Some(credential.clone())).unwrap();
+            let server_final = server.client_final(&client.client_final(&server_first).unwrap()).unwrap();
+            client.verify_server_final(&server_final).unwrap();
+            assert_eq!(server.principal(), Some(Principal::user("a,b")));
+            // A wrong password fails at the server; a forged server-final at the client.
+            let (mut client, first) = ScramClient::new(m, "a,b", "wrong");
+            let mut server = ScramServer::new(m);
+            server.client_first(&first).unwrap();
+            let server_first = server.server_first(Some(credential)).unwrap();
+            assert!(matches!(
+                server.client_final(&client.client_final(&server_first).unwrap()),
+                Err(Error::AuthenticationFailed)
+            ));
+            assert!(client.verify_server_final(b"v=AAAA").is_err());
         }
     }
 

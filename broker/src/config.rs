@@ -57,6 +57,16 @@ pub struct BrokerConfig {
     /// `connection.failed.authentication.delay.ms`: a failed authentication is answered
     /// this much later (then closed), to slow password guessing; default 100 ms.
     pub failed_authentication_delay: Duration,
+    /// `sasl.mechanism.inter.broker.protocol`: how replica fetchers authenticate on a SASL
+    /// inter-broker listener; default SCRAM-SHA-256.
+    pub sasl_inter_broker_mechanism: crate::sasl::Mechanism,
+    /// `inter.broker.sasl.username` / `inter.broker.sasl.password` (Fjord; Kafka puts
+    /// them in the listener's JAAS config): this broker's SASL identity towards the
+    /// others. Replica fetches on a SASL inter-broker listener are honoured only from
+    /// this principal.
+    pub inter_broker_sasl_username: Option<String>,
+    /// See `inter_broker_sasl_username`; never printed.
+    pub inter_broker_sasl_password: Option<Secret>,
     /// TLS of SSL and SASL_SSL listeners (`ssl.*`).
     pub ssl: crate::tls::SslConfig,
     /// `log.dirs`: the one log directory (partitions, checkpoints, meta.properties, metadata store).
@@ -140,6 +150,16 @@ pub struct BrokerConfig {
     pub audit: AuditConfig,
 }
 
+/// A password in the config: kept, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// `audit.*` (Fjord): the broker tier of the audit (see the `fjord-audit` crate).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditConfig {
@@ -190,6 +210,9 @@ impl Default for BrokerConfig {
                 crate::sasl::Mechanism::Scram(fjord_auth::ScramMechanism::Sha512),
             ],
             failed_authentication_delay: Duration::from_millis(100),
+            sasl_inter_broker_mechanism: crate::sasl::Mechanism::Scram(fjord_auth::ScramMechanism::Sha256),
+            inter_broker_sasl_username: None,
+            inter_broker_sasl_password: None,
             log_dir: PathBuf::from("./fjord-data"),
             zookeeper_connect: None,
             zookeeper_session_timeout: fjord_coord::zookeeper::DEFAULT_SESSION_TIMEOUT,
@@ -360,6 +383,16 @@ impl BrokerConfig {
                 self.sasl_enabled_mechanisms = crate::sasl::parse_mechanisms(value).map_err(|r| invalid(&r))?
             }
             "connection.failed.authentication.delay.ms" => self.failed_authentication_delay = millis()?,
+            "sasl.mechanism.inter.broker.protocol" => {
+                self.sasl_inter_broker_mechanism = crate::sasl::Mechanism::parse(value.trim())
+                    .ok_or_else(|| invalid("expected SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN"))?
+            }
+            "inter.broker.sasl.username" => {
+                self.inter_broker_sasl_username = Some(value.trim().to_owned()).filter(|v| !v.is_empty())
+            }
+            "inter.broker.sasl.password" => {
+                self.inter_broker_sasl_password = Some(Secret(value.to_owned())).filter(|v| !v.0.is_empty())
+            }
             "listeners" => self.listeners = value.parse()?,
             "advertised.listeners" => {
                 // The names are checked against `listeners` by `validate` (either key may

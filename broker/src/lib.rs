@@ -79,7 +79,7 @@ pub mod tls;
 mod topic_config;
 mod topics;
 
-pub use config::{AuditConfig, BrokerConfig};
+pub use config::{AuditConfig, BrokerConfig, Secret};
 pub use error::{Error, Result};
 pub use group::GroupConfig;
 pub use listener::{ListenerConfig, Listeners, SecurityProtocol};

@@ -25,7 +25,7 @@ use crate::handler::Broker;
 use crate::limits::PartitionLimits;
 use crate::listener::{ConnectionLimits, ListenerInfo, SecurityProtocol};
 use crate::periodic::Periodic;
-use crate::replication::{PeerConfig, ReplicaManager};
+use crate::replication::{PeerConfig, PeerSasl, ReplicaManager};
 use crate::topics::{TopicSettings, Topics};
 use crate::{BrokerConfig, Error, Result};
 
@@ -155,7 +155,7 @@ pub async fn run_listeners(
     let stop = CancellationToken::new();
     let tracker = TaskTracker::new();
     let settings = TopicSettings { log: config.log, unclean_leader_election: config.unclean_leader_election };
-    let peer = PeerConfig::plaintext(&inter_broker.name);
+    let peer = peer_config(&config, &inter_broker)?;
     let replicas = ReplicaManager::new(config.broker_id, store.clone(), config.replication, peer);
     let view = ClusterView::new(store.clone(), settings, logs.clone(), replicas.clone());
     if let Err(e) = view.start(&tracker, &stop).await {
@@ -293,6 +293,25 @@ pub async fn run_listeners(
     deregister(&*store, broker.config.broker_id).await;
     tracing::info!("broker stopped: logs flushed and checkpointed");
     Ok(())
+}
+
+/// How replica fetchers reach the inter-broker listener: its TLS and SASL as configured.
+fn peer_config(config: &BrokerConfig, inter_broker: &ListenerInfo) -> Result<PeerConfig> {
+    let mut peer = PeerConfig::plaintext(&inter_broker.name);
+    if inter_broker.protocol.tls() {
+        peer.tls = Some(Arc::new(crate::tls::client_config(&config.ssl)?));
+    }
+    if inter_broker.protocol.sasl() {
+        let missing = |key: &str| Error::InvalidConfig {
+            key: key.into(),
+            value: String::new(),
+            reason: format!("the inter-broker listener {} authenticates with SASL: brokers need an identity", inter_broker.name),
+        };
+        let username = config.inter_broker_sasl_username.clone().ok_or_else(|| missing("inter.broker.sasl.username"))?;
+        let password = config.inter_broker_sasl_password.clone().ok_or_else(|| missing("inter.broker.sasl.password"))?;
+        peer.sasl = Some(PeerSasl { mechanism: config.sasl_inter_broker_mechanism, username, password: password.0 });
+    }
+    Ok(peer)
 }
 
 /// `NAME://host:port` of each listener, for the start-up log line.

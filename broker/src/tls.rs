@@ -207,6 +207,39 @@ impl TlsServer {
     }
 }
 
+/// The client side of TLS for this broker's connections to the others: trusting
+/// `ssl.truststore.location`, presenting `ssl.keystore.location` (when set) to a peer that
+/// asks for a client certificate.
+pub(crate) fn client_config(config: &SslConfig) -> Result<rustls::ClientConfig> {
+    let truststore = config.truststore_location.as_deref().ok_or_else(|| Error::InvalidConfig {
+        key: "ssl.truststore.location".into(),
+        value: String::new(),
+        reason: "a TLS inter-broker listener needs the CA certificates its peers' certificates chain to".into(),
+    })?;
+    let mut roots = RootCertStore::empty();
+    let cas = CertificateDer::pem_file_iter(truststore)
+        .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| invalid("ssl.truststore.location", truststore, format!("reading certificates: {e}")))?;
+    if roots.add_parsable_certificates(cas).0 == 0 {
+        return Err(invalid("ssl.truststore.location", truststore, "no usable CA certificate in the file".into()));
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid("ssl.truststore.location", truststore, e.to_string()))?
+        .with_root_certificates(roots);
+    match &config.keystore_location {
+        None => Ok(builder.with_no_client_auth()),
+        Some(keystore) => {
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(keystore)
+                .and_then(|certs| certs.collect::<std::result::Result<_, _>>())
+                .map_err(|e| invalid("ssl.keystore.location", keystore, format!("reading certificates: {e}")))?;
+            let key = PrivateKeyDer::from_pem_file(keystore)
+                .map_err(|e| invalid("ssl.keystore.location", keystore, format!("no usable private key: {e}")))?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| invalid("ssl.keystore.location", keystore, e.to_string()))
+        }
+    }
+}
+
 fn stamps(config: &SslConfig) -> Vec<Option<SystemTime>> {
     [&config.keystore_location, &config.truststore_location]
         .into_iter()

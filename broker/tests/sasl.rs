@@ -231,3 +231,94 @@ async fn malformed_or_out_of_order_sasl_closes_only_that_connection() {
     assert!(!metadata.brokers.is_empty());
     broker.stop().await;
 }
+
+/// Two brokers on one metadata store whose inter-broker listener is SASL_SSL: a follower
+/// joins the ISR only by fetching over TLS as the brokers' SASL principal, so an acks=all
+/// produce with min.insync.replicas=2 succeeds only if that works.
+#[tokio::test]
+async fn replicas_fetch_over_a_sasl_ssl_inter_broker_listener() {
+    use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+    use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse};
+    common::init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let certs_dir = dir.path().join("certs");
+    std::fs::create_dir(&certs_dir).unwrap();
+    let certs = Certs::create(&certs_dir).unwrap();
+    let mut store = None;
+    let mut brokers = Vec::new();
+    for id in 0..2 {
+        let mut config = BrokerConfig { log_dir: dir.path().join(format!("data-{id}")), ..BrokerConfig::default() };
+        config.set("broker.id", &id.to_string()).unwrap();
+        config.set("listeners", "INTERNAL://127.0.0.1:0,EXTERNAL://127.0.0.1:0").unwrap();
+        config.set("listener.security.protocol.map", "INTERNAL:SASL_SSL,EXTERNAL:PLAINTEXT").unwrap();
+        config.set("inter.broker.listener.name", "INTERNAL").unwrap();
+        config.set("ssl.keystore.location", &certs.path("server-keystore.pem")).unwrap();
+        config.set("ssl.truststore.location", &certs.path("ca.pem")).unwrap();
+        config.set("sasl.mechanism.inter.broker.protocol", "SCRAM-SHA-512").unwrap();
+        config.set("inter.broker.sasl.username", "broker").unwrap();
+        config.set("inter.broker.sasl.password", "broker-secret").unwrap();
+        let bound = fjord_broker::server::bind(&config).await.unwrap();
+        let external = bound[1].local_addr().unwrap();
+        std::fs::create_dir_all(&config.log_dir).unwrap();
+        let shared = match &store {
+            Some(store) => std::sync::Arc::clone(store),
+            None => {
+                let opened = fjord_broker::server::open_store(&config).await.unwrap();
+                let credential = ScramCredential::generate(ScramMechanism::Sha512, "broker-secret", 4096).unwrap();
+                fjord_auth::store::set_credential(&*opened, "broker", ScramMechanism::Sha512, &credential).await.unwrap();
+                store = Some(opened.clone());
+                opened
+            }
+        };
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(fjord_broker::server::run_listeners(config, shared, bound, shutdown.clone()));
+        brokers.push((external, shutdown, task));
+    }
+    let mut client = loop {
+        if let Ok(mut client) = RawClient::connect(brokers[0].0).await {
+            if api_versions(&mut client).await.is_ok() {
+                break client;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let config = |k: &str, v: &str| {
+        CreatableTopicConfig::default()
+            .with_name(StrBytes::from_string(k.to_owned()))
+            .with_value(Some(StrBytes::from_string(v.to_owned())))
+    };
+    let topic = CreatableTopic::default()
+        .with_name(common::topic_name("replicated"))
+        .with_num_partitions(1)
+        .with_replication_factor(2)
+        .with_configs(vec![config("min.insync.replicas", "2")]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let request = CreateTopicsRequest::default().with_timeout_ms(10_000).with_topics(vec![topic.clone()]);
+        let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 7, &request).await.unwrap();
+        match response.topics[0].error_code {
+            0 => break,
+            // Both brokers must have registered before a factor of 2 is possible.
+            38 if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
+            code => panic!("CreateTopics: {code} {:?}", response.topics[0].error_message),
+        }
+    }
+    // The leader may be either broker: produce through whichever answers.
+    let mut acknowledged = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !acknowledged {
+        for (addr, _, _) in &brokers {
+            let mut client = RawClient::connect(*addr).await.unwrap();
+            let mut builder = fjord_record::BatchBuilder::new(1_700_000_000_000);
+            builder.append(1_700_000_000_000, None, Some(b"replicated over SASL_SSL"), &[]);
+            let (code, _) = client.produce(9, &common::produce_request("replicated", 0, -1, 5000, builder.build())).await;
+            acknowledged |= code == 0;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "acks=all with min.insync.replicas=2 never succeeded");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (_, shutdown, task) in brokers {
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(30), task).await.unwrap().unwrap().unwrap();
+    }
+}

@@ -207,8 +207,11 @@ impl Broker {
             return true;
         }
         let listener = self.config.inter_broker_listener();
+        let broker_principal = self.config.inter_broker_sasl_username.as_deref().map(fjord_auth::Principal::user);
         let verdict = if session.listener.name != listener {
             Err("not on the inter-broker listener")
+        } else if session.listener.protocol.sasl() && broker_principal.as_ref() != Some(&session.principal) {
+            Err("not authenticated as the brokers' principal (inter.broker.sasl.username)")
         } else {
             match self.registered_addresses(replica, listener).await {
                 Some(addresses) if addresses.contains(&session.peer.ip()) => Ok(()),

@@ -197,10 +197,9 @@ async fn connect(context: &FetchContext, leader: i32) -> Result<Peer, FetchError
     let Some((host, port)) = registration.endpoint(listener) else {
         return Err(FetchError::NoListener { leader, listener: listener.clone() });
     };
-    let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
     let client_id = format!("fjord-replica-fetcher-{}", context.broker_id);
-    let peer = Peer::connect(&addr, client_id, &context.peer, context.config.socket_timeout).await?;
-    tracing::debug!(leader, %addr, "replica fetcher connected");
+    let peer = Peer::connect(host, port, client_id, &context.peer, context.config.socket_timeout).await?;
+    tracing::debug!(leader, host, port, listener, "replica fetcher connected");
     Ok(peer)
 }
 

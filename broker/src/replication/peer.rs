@@ -1,5 +1,8 @@
 //! A connection from a follower to a leader: one request at a time, typed with the
-//! `kafka-protocol` codecs.
+//! `kafka-protocol` codecs, on the leader's inter-broker listener with its security:
+//! TLS (trusting `ssl.truststore.location`, presenting `ssl.keystore.location` when the
+//! leader asks for a client certificate) and SASL (`sasl.mechanism.inter.broker.protocol`
+//! as `inter.broker.sasl.username`).
 //!
 //! Why not fjord-client's connection: the broker may depend only on record, log and
 //! coord (ARCHITECTURE.md), and a replica fetcher needs none of the client's machinery
@@ -8,11 +11,17 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::{RequestHeader, ResponseHeader};
+use fjord_auth::ScramClient;
+use kafka_protocol::messages::{RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslHandshakeRequest};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::sasl::Mechanism;
 
 /// Largest response frame accepted from a peer; beyond this the stream is corrupt.
 const MAX_FRAME: usize = 1 << 30;
@@ -29,41 +38,131 @@ pub(crate) enum PeerError {
 }
 
 /// How this broker connects to the others: the inter-broker listener's name (each peer's
-/// endpoint of that name is dialled).
-#[derive(Debug, Clone)]
+/// endpoint of that name is dialled) and its security.
+#[derive(Clone)]
 pub(crate) struct PeerConfig {
     pub(crate) listener: String,
+    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+    pub(crate) sasl: Option<PeerSasl>,
+}
+
+/// This broker's SASL identity on the inter-broker listener.
+#[derive(Clone)]
+pub(crate) struct PeerSasl {
+    pub(crate) mechanism: Mechanism,
+    pub(crate) username: String,
+    pub(crate) password: String,
+}
+
+impl std::fmt::Debug for PeerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerConfig")
+            .field("listener", &self.listener)
+            .field("tls", &self.tls.is_some())
+            .field("sasl_user", &self.sasl.as_ref().map(|s| &s.username))
+            .finish()
+    }
 }
 
 impl PeerConfig {
     /// A plaintext connection to each peer's listener `listener`.
     pub(crate) fn plaintext(listener: &str) -> Self {
-        Self { listener: listener.to_owned() }
+        Self { listener: listener.to_owned(), tls: None, sasl: None }
     }
 }
+
+/// What a peer connection runs on: TCP, or TLS over it.
+trait PeerStream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> PeerStream for T {}
 
 /// One connection to a peer broker.
 pub(crate) struct Peer {
     addr: String,
-    stream: TcpStream,
+    stream: Box<dyn PeerStream>,
     client_id: StrBytes,
     correlation_id: i32,
 }
 
 impl Peer {
+    /// Connects to `host:port` and, as the listener requires, does the TLS handshake and
+    /// the SASL exchange, all within `timeout`.
     pub(crate) async fn connect(
-        addr: &str,
+        host: &str,
+        port: u16,
         client_id: String,
-        _config: &PeerConfig,
+        config: &PeerConfig,
         timeout: Duration,
     ) -> Result<Self, PeerError> {
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-            Err(_) => return Err(PeerError::Timeout { addr: addr.to_owned(), timeout }),
-            Ok(Err(source)) => return Err(PeerError::Io { addr: addr.to_owned(), source }),
-            Ok(Ok(stream)) => stream,
+        let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+        match tokio::time::timeout(timeout, Self::establish(host, &addr, client_id, config, timeout)).await {
+            Err(_) => Err(PeerError::Timeout { addr, timeout }),
+            Ok(result) => result,
+        }
+    }
+
+    async fn establish(
+        host: &str,
+        addr: &str,
+        client_id: String,
+        config: &PeerConfig,
+        timeout: Duration,
+    ) -> Result<Self, PeerError> {
+        let io = |source| PeerError::Io { addr: addr.to_owned(), source };
+        let tcp = TcpStream::connect(addr).await.map_err(io)?;
+        tcp.set_nodelay(true).map_err(io)?;
+        let stream: Box<dyn PeerStream> = match &config.tls {
+            None => Box::new(tcp),
+            Some(tls) => {
+                let name = ServerName::try_from(host.to_owned())
+                    .map_err(|e| PeerError::Protocol { addr: addr.to_owned(), detail: format!("not a TLS server name: {e}") })?;
+                let connector = tokio_rustls::TlsConnector::from(tls.clone());
+                Box::new(connector.connect(name, tcp).await.map_err(io)?)
+            }
         };
-        stream.set_nodelay(true).map_err(|source| PeerError::Io { addr: addr.to_owned(), source })?;
-        Ok(Self { addr: addr.to_owned(), stream, client_id: StrBytes::from_string(client_id), correlation_id: 0 })
+        let mut peer = Self { addr: addr.to_owned(), stream, client_id: StrBytes::from_string(client_id), correlation_id: 0 };
+        if let Some(sasl) = &config.sasl {
+            peer.authenticate(sasl, timeout).await?;
+        }
+        Ok(peer)
+    }
+
+    /// SaslHandshake v1, then the mechanism's tokens in SaslAuthenticate v1 requests.
+    async fn authenticate(&mut self, sasl: &PeerSasl, timeout: Duration) -> Result<(), PeerError> {
+        let addr = self.addr.clone();
+        let failed = |detail: String| PeerError::Protocol { addr: addr.clone(), detail };
+        let handshake = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str(sasl.mechanism.name()));
+        let answer = self.call(&handshake, 1, timeout).await?;
+        if answer.error_code != 0 {
+            return Err(failed(format!("SaslHandshake {} answered error {}", sasl.mechanism.name(), answer.error_code)));
+        }
+        let step = |token: Vec<u8>| SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token));
+        let check = |response: &kafka_protocol::messages::SaslAuthenticateResponse| {
+            if response.error_code != 0 {
+                let message = response.error_message.as_ref().map(|m| m.to_string()).unwrap_or_default();
+                return Err(failed(format!(
+                    "SASL authentication as {} failed ({}): {message}",
+                    sasl.username, response.error_code
+                )));
+            }
+            Ok(())
+        };
+        match sasl.mechanism {
+            Mechanism::Plain => {
+                let token = format!("\0{}\0{}", sasl.username, sasl.password).into_bytes();
+                let response = self.call(&step(token), 1, timeout).await?;
+                check(&response)?;
+            }
+            Mechanism::Scram(m) => {
+                let (mut client, first) = ScramClient::new(m, &sasl.username, &sasl.password);
+                let response = self.call(&step(first), 1, timeout).await?;
+                check(&response)?;
+                let last = client.client_final(&response.auth_bytes).map_err(|e| failed(e.to_string()))?;
+                let response = self.call(&step(last), 1, timeout).await?;
+                check(&response)?;
+                client.verify_server_final(&response.auth_bytes).map_err(|e| failed(format!("server-final: {e}")))?;
+            }
+        }
+        Ok(())
     }
 
     /// Sends `request` at `version` and waits at most `timeout` for its response. After
