@@ -847,6 +847,33 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_secured_listener_config_parses() {
+        let config = BrokerConfig::from_toml(
+            r#"
+            listeners = "INTERNAL://10.0.0.1:9093,EXTERNAL://0.0.0.0:9094"
+            listener.security.protocol.map = "INTERNAL:SASL_SSL,EXTERNAL:SASL_SSL"
+            advertised.listeners = "INTERNAL://10.0.0.1:9093,EXTERNAL://kafka1.example.com:9094"
+            inter.broker.listener.name = "INTERNAL"
+            ssl.keystore.type = "PEM"
+            ssl.keystore.location = "/etc/fjord/broker.pem"
+            ssl.truststore.location = "/etc/fjord/ca.pem"
+            ssl.client.auth = "none"
+            sasl.enabled.mechanisms = "SCRAM-SHA-256,SCRAM-SHA-512"
+            sasl.mechanism.inter.broker.protocol = "SCRAM-SHA-512"
+            inter.broker.sasl.username = "broker"
+            inter.broker.sasl.password = "..."
+            "#,
+        );
+        // 10.0.0.1 need not exist to parse; binding is run's business.
+        let config = config.unwrap();
+        assert_eq!(config.inter_broker_sasl_username.as_deref(), Some("broker"));
+        assert!(!format!("{config:?}").contains("\"...\""), "the password is never printed");
+        let mut env = BrokerConfig::default();
+        env.apply_env([("FJORD_INTER_BROKER_SASL_PASSWORD".to_owned(), "s3cret".to_owned())]).unwrap();
+        assert_eq!(env.inter_broker_sasl_password, Some(Secret("s3cret".into())));
+    }
+
+    #[test]
     fn connection_limits() {
         let mut config = BrokerConfig::default();
         assert_eq!(config.connections_max_idle, Duration::from_secs(600));
