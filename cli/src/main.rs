@@ -10,7 +10,9 @@
 //! - `mirror`: `fjord mirror` (and `status`) over `fjord_mirror`.
 //! - `security`: `fjord users` and `fjord acls` over `fjord_auth`'s store.
 //! - `logs`: `fjord logs orphans`, the log directories a broker moved aside.
-use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
+
+use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
 mod audit;
@@ -28,6 +30,15 @@ mod tools;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as text (coloured only on a terminal) or as one JSON object per line.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -68,9 +79,14 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // RUST_LOG picks the levels; info by default.
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .init();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match cli.log_format {
+        // Colour codes only for a person at a terminal, not in a redirected log file
+        // (the log goes to stdout); NO_COLOR turns them off there too.
+        LogFormat::Text => logs.with_ansi(std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()).init(),
+        LogFormat::Json => logs.json().init(),
+    }
     match cli.command {
         Command::Dev(args) => server::dev(args).await,
         Command::Broker(args) => server::broker(args).await,

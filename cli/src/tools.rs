@@ -20,14 +20,16 @@ use anyhow::Context;
 use clap::Args;
 use fjord_client::{Acks, ClientConfig, Compression};
 
-/// Flags every client subcommand shares.
+/// Flags every client subcommand shares. Global: accepted before or after the action
+/// (`fjord topics create --bootstrap ...`, as the README writes it).
 #[derive(Args, Debug, Clone)]
 pub(crate) struct ConnectArgs {
-    /// Broker(s) to bootstrap from, HOST:PORT[,HOST:PORT...].
-    #[arg(long, default_value = "127.0.0.1:9092", env = "FJORD_BOOTSTRAP")]
+    /// Broker(s) to bootstrap from, HOST:PORT[,HOST:PORT...] (Kafka's tools call it
+    /// --bootstrap-server).
+    #[arg(long, visible_alias = "bootstrap-server", global = true, default_value = "127.0.0.1:9092", env = "FJORD_BOOTSTRAP")]
     pub(crate) bootstrap: String,
     /// Give up connecting to a broker after this many milliseconds.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, global = true, default_value_t = 5000)]
     pub(crate) connect_timeout_ms: u64,
 }
 
