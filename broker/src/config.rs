@@ -90,7 +90,8 @@ pub struct BrokerConfig {
     /// `max.partitions.per.broker` (Fjord): the most partition replicas one broker may
     /// hold, counting every topic; a create that would pass it on any broker is refused
     /// with POLICY_VIOLATION. Default (`None`): derived at start from the open-file limit
-    /// (half of it, three descriptors per partition), so every replica can open its log.
+    /// (half of it, less `log.segment.files.open.max`, three descriptors per partition),
+    /// so every replica can open its log.
     pub max_partitions_per_broker: Option<usize>,
     /// `unclean.leader.election.enable`: the default of the topic key, default false.
     pub unclean_leader_election: bool,

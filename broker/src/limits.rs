@@ -3,7 +3,7 @@
 //! broker may hold (`max.partitions.per.broker`, by default derived from the open-file
 //! limit, which the broker raises to its hard limit at start).
 //!
-//! Every partition replica holds at least one file descriptor (its active segment), so a
+//! Every partition replica holds file descriptors (its active segment's files), so a
 //! broker with more replicas than descriptors cannot open them: the ones past the limit
 //! were advertised but never served, and a restart failed with "Too many open files"
 //! (issue #26). A create that would pass the limit is refused before anything is
@@ -12,15 +12,17 @@
 use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
 
 /// Descriptors counted per partition replica: its active segment keeps `.log`, `.index`
-/// and `.timeindex` open (measured: 300 partitions, 902 descriptors). What a partition
-/// opens for a moment (a roll, a checkpoint) and sealed segments' files come out of the
-/// reserve below.
+/// and `.timeindex` open (measured: 300 partitions, 903 descriptors). Sealed segments'
+/// files come from the log's descriptor cache (`log.segment.files.open.max`), counted
+/// apart.
 const DESCRIPTORS_PER_PARTITION: u64 = 3;
-/// The share of the open-file limit left for everything but partitions: connections
-/// (`max.connections`), the metadata store, the sealed-segment cache, the cleaner's
-/// files. Half: a broker at its partition limit still accepts as many connections as it
-/// has replicas' descriptors.
+/// The share of the open-file limit left for everything but log files: connections
+/// (`max.connections`), the metadata store, what a partition opens for a moment (a
+/// roll, a checkpoint), the cleaner's files. Half: a broker at its partition limit
+/// still accepts about as many connections as its logs hold descriptors.
 const RESERVED_SHARE: u64 = 2;
+/// Below this many partitions the derived default is worth a warning at start.
+const FEW_PARTITIONS: usize = 100;
 /// The derived limit when the open-file limit is unlimited or unreadable, and its
 /// ceiling: what a common hard limit (1,048,576) gives.
 const UNLIMITED_PARTITIONS: usize = 174_762;
@@ -36,23 +38,42 @@ pub(crate) struct PartitionLimits {
 
 impl PartitionLimits {
     /// The limits from the config: an unset `max.partitions.per.broker` is derived from
-    /// `open_files`, this process's (raised) soft open-file limit.
-    pub(crate) fn resolve(per_request: i32, per_broker: Option<usize>, open_files: Option<u64>) -> Self {
-        Self { per_request, per_broker: per_broker.unwrap_or_else(|| partitions_for_open_files(open_files)) }
+    /// `open_files`, this process's (raised) soft open-file limit, less the
+    /// `sealed_segment_files` the log's descriptor cache may hold.
+    pub(crate) fn resolve(
+        per_request: i32,
+        per_broker: Option<usize>,
+        open_files: Option<u64>,
+        sealed_segment_files: usize,
+    ) -> Self {
+        let per_broker = per_broker.unwrap_or_else(|| {
+            let derived = partitions_for_open_files(open_files, sealed_segment_files);
+            if derived < FEW_PARTITIONS {
+                tracing::warn!(
+                    open_file_limit = open_files,
+                    max_partitions_per_broker = derived,
+                    "the open-file limit leaves room for few partitions: raise its hard limit \
+                     (ulimit -Hn, LimitNOFILE=), or lower log.segment.files.open.max"
+                );
+            }
+            derived
+        });
+        Self { per_request, per_broker }
     }
 }
 
 /// The partition replicas a broker may hold with `open_files` descriptors: half of them,
-/// at [`DESCRIPTORS_PER_PARTITION`] each, and at least one.
+/// less the `sealed_segment_files` of the descriptor cache, at
+/// [`DESCRIPTORS_PER_PARTITION`] each, and at least one. With the default cache of 1,024:
 ///
 /// ```text
-/// 1,024 → 170    20,000 → 3,333    1,048,576 → 174,762    unlimited → 174,762
+/// 4,096 → 341    20,000 → 2,992    1,048,576 → 174,421    unlimited → 174,762
 /// ```
-pub(crate) fn partitions_for_open_files(open_files: Option<u64>) -> usize {
+pub(crate) fn partitions_for_open_files(open_files: Option<u64>, sealed_segment_files: usize) -> usize {
     match open_files {
         Some(limit) => {
-            let partitions = limit / RESERVED_SHARE / DESCRIPTORS_PER_PARTITION;
-            usize::try_from(partitions).unwrap_or(UNLIMITED_PARTITIONS).clamp(1, UNLIMITED_PARTITIONS)
+            let budget = (limit / RESERVED_SHARE).saturating_sub(sealed_segment_files as u64);
+            usize::try_from(budget / DESCRIPTORS_PER_PARTITION).unwrap_or(UNLIMITED_PARTITIONS).clamp(1, UNLIMITED_PARTITIONS)
         }
         None => UNLIMITED_PARTITIONS,
     }
@@ -112,12 +133,13 @@ mod tests {
 
     #[test]
     fn the_per_broker_default_follows_the_open_file_limit() {
-        assert_eq!(partitions_for_open_files(Some(1024)), 170);
-        assert_eq!(partitions_for_open_files(Some(20_000)), 3_333);
-        assert_eq!(partitions_for_open_files(Some(1 << 20)), 174_762);
-        assert_eq!(partitions_for_open_files(Some(u64::MAX - 1)), UNLIMITED_PARTITIONS);
-        assert_eq!(partitions_for_open_files(Some(5)), 1, "never zero");
-        assert_eq!(partitions_for_open_files(None), UNLIMITED_PARTITIONS);
+        assert_eq!(partitions_for_open_files(Some(4096), 1024), 341);
+        assert_eq!(partitions_for_open_files(Some(20_000), 1024), 2_992);
+        assert_eq!(partitions_for_open_files(Some(20_000), 1), 3_333);
+        assert_eq!(partitions_for_open_files(Some(1 << 20), 1024), 174_421);
+        assert_eq!(partitions_for_open_files(Some(u64::MAX - 1), 1024), UNLIMITED_PARTITIONS);
+        assert_eq!(partitions_for_open_files(Some(1024), 1024), 1, "never zero, even with no room");
+        assert_eq!(partitions_for_open_files(None, 1024), UNLIMITED_PARTITIONS);
     }
 
     #[test]
@@ -130,7 +152,7 @@ mod tests {
 
     #[test]
     fn an_explicit_per_broker_limit_wins() {
-        assert_eq!(PartitionLimits::resolve(10, Some(7), Some(1024)), PartitionLimits { per_request: 10, per_broker: 7 });
-        assert_eq!(PartitionLimits::resolve(10, None, Some(1024)).per_broker, 170);
+        assert_eq!(PartitionLimits::resolve(10, Some(7), Some(1024), 1024), PartitionLimits { per_request: 10, per_broker: 7 });
+        assert_eq!(PartitionLimits::resolve(10, None, Some(20_000), 1024).per_broker, 2_992);
     }
 }

@@ -134,7 +134,12 @@ pub async fn run_listeners(
     // Before the logs open: every replica holds descriptors, and the default partition
     // limit follows the open-file limit.
     let open_files = crate::limits::raise_open_file_limit();
-    let limits = PartitionLimits::resolve(config.max_partitions_per_request, config.max_partitions_per_broker, open_files);
+    let limits = PartitionLimits::resolve(
+        config.max_partitions_per_request,
+        config.max_partitions_per_broker,
+        open_files,
+        config.segment_files_open_max,
+    );
     // Before the logs open: opening reads sealed segments through this cache.
     fjord_log::FileCache::global().set_capacity(config.segment_files_open_max);
     let logs = {
