@@ -1,5 +1,7 @@
 //! `cargo xtask test`: install what the tests need on a fresh Debian machine, check the
-//! formatting, run every test of the workspace, then clippy with warnings as errors.
+//! formatting, run every test of the workspace, then clippy with warnings as errors, then
+//! the core set of librdkafka's own integration tests (`cargo xtask conformance`, see
+//! [`conformance`]; `FJORD_SKIP_CONFORMANCE=1` leaves it out).
 //! `.ci/run` calls exactly this. With extra arguments (`cargo xtask test -- NAME`) only
 //! the selected tests run, without the format and lint checks.
 //!
@@ -10,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+
+mod conformance;
 
 /// Debian packages the integration tests run: a real ZooKeeper server, kcat
 /// (librdkafka) as an independent Kafka client, nc for health checks, the Python venv
@@ -35,8 +39,11 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("provision") => provision(),
+        Some("conformance") => conformance::conformance(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask test [-- cargo test args]\n       cargo xtask provision");
+            eprintln!(
+                "usage: cargo xtask test [-- cargo test args]\n       cargo xtask provision\n       cargo xtask conformance [--tests 0001,...] [--all] [--scenario default|noautocreate] [--idempotent]"
+            );
             std::process::exit(2);
         }
     }
@@ -63,6 +70,9 @@ fn test(extra: &[String]) -> Result<()> {
     if whole_run {
         run(cargo(&root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
             .context("clippy found warnings")?;
+        if std::env::var_os("FJORD_SKIP_CONFORMANCE").is_none() {
+            conformance::conformance(&[]).context("librdkafka's integration tests (core set)")?;
+        }
     }
     Ok(())
 }
