@@ -39,12 +39,38 @@ pub(crate) struct GatewayArgs {
     /// Cluster (datacenter) name in the audit records.
     #[arg(long, env = "FJORD_GATEWAY_AUDIT_CLUSTER", default_value = "default")]
     audit_cluster: String,
+    /// Browser origin allowed to call the HTTP API (CORS), repeatable or comma-separated:
+    /// `https://app.example.com`, `http://localhost:*` (any port), `*`. None: CORS off.
+    #[arg(long = "cors-origin", env = "FJORD_GATEWAY_CORS_ORIGINS", value_delimiter = ',')]
+    cors_origins: Vec<String>,
+    /// Per-origin topic allow-list, repeatable: `ORIGIN=TOPIC[;TOPIC...]`, a topic being a
+    /// name or a prefix ending in `*` (e.g. `https://shop.example=web-*;beacons`).
+    #[arg(long = "cors-topics")]
+    cors_topics: Vec<String>,
+    /// How long a browser may cache a CORS preflight answer (s).
+    #[arg(long, env = "FJORD_GATEWAY_CORS_MAX_AGE_SECS")]
+    cors_max_age_secs: Option<u64>,
 }
 
 impl GatewayArgs {
-    fn config(&self) -> GatewayConfig {
+    fn config(&self) -> anyhow::Result<GatewayConfig> {
         let defaults = GatewayConfig::new(self.bootstrap.clone());
-        GatewayConfig {
+        let mut origin_topics = Vec::new();
+        for entry in &self.cors_topics {
+            // Split at the last '=': origins hold ':' but never '='.
+            let Some((origin, topics)) = entry.rsplit_once('=') else {
+                anyhow::bail!("--cors-topics {entry:?}: expected ORIGIN=TOPIC[;TOPIC...]");
+            };
+            origin_topics.push((origin.to_string(), topics.split(';').map(str::to_string).collect()));
+        }
+        let cors = fjord_gateway::CorsConfig {
+            allowed_origins: self.cors_origins.clone(),
+            max_age: self.cors_max_age_secs.map_or(defaults.cors.max_age, Duration::from_secs),
+            origin_topics,
+            ..defaults.cors.clone()
+        };
+        Ok(GatewayConfig {
+            cors,
             registry_url: self.registry.clone(),
             max_body_bytes: self.max_body_bytes.unwrap_or(defaults.max_body_bytes),
             buffer_bytes: self.buffer_bytes.unwrap_or(defaults.buffer_bytes),
@@ -53,13 +79,13 @@ impl GatewayArgs {
             audit_interval: (self.audit_interval_secs > 0).then(|| Duration::from_secs(self.audit_interval_secs)),
             audit_cluster: self.audit_cluster.clone(),
             ..defaults
-        }
+        })
     }
 }
 
 /// Runs the gateway until Ctrl-C or SIGTERM.
 pub(crate) async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
-    let config = args.config();
+    let config = args.config()?;
     config.validate()?;
     let http = TcpListener::bind(&args.http).await?;
     let grpc = TcpListener::bind(&args.grpc).await?;

@@ -102,6 +102,8 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
         registry_url: Some(registry_url),
         audit_interval: Some(std::time::Duration::from_secs(30)),
         audit_cluster: "dev".into(),
+        // Pages a developer serves from this machine (any port) may post from a browser.
+        cors: fjord_gateway::CorsConfig::loopback(),
         ..fjord_gateway::GatewayConfig::new(address.to_string())
     };
     // Any service failing stops the others: `dev` is one system.

@@ -42,6 +42,107 @@ pub struct GatewayConfig {
     pub audit_window: Duration,
     /// Datacenter / cluster name written into the gateway's audit records.
     pub audit_cluster: String,
+    /// Where `?on_invalid=dead_letter` puts invalid events; `None` = `<topic>.dlq`.
+    pub dead_letter_topic: Option<String>,
+    /// Which browser origins may call the HTTP front (CORS), and to which topics.
+    pub cors: CorsConfig,
+}
+
+/// CORS for browsers. With no allowed origins CORS is off: no CORS headers, preflights
+/// refused, and requests without `Origin` (servers, curl) are unaffected either way.
+/// With origins listed, a request from any other origin is refused with 403, so a page
+/// elsewhere cannot publish even with `sendBeacon` (which needs no preflight).
+#[derive(Debug, Clone)]
+pub struct CorsConfig {
+    /// `https://app.example.com`, `http://localhost:*` (any port) or `*` (any origin).
+    pub allowed_origins: Vec<String>,
+    /// Methods a preflight may ask for.
+    pub allowed_methods: Vec<String>,
+    /// Request headers a preflight may ask for (case-insensitive).
+    pub allowed_headers: Vec<String>,
+    /// How long a browser may cache a preflight answer (`Access-Control-Max-Age`).
+    pub max_age: Duration,
+    /// Per-origin topic allow-list: `(origin pattern, topics)`, a topic being a name or a
+    /// prefix ending in `*`. An origin matching an entry may use only its topics; an
+    /// origin matching none may use every topic.
+    pub origin_topics: Vec<(String, Vec<String>)>,
+}
+
+impl Default for CorsConfig {
+    fn default() -> Self {
+        Self {
+            allowed_origins: Vec::new(),
+            allowed_methods: vec!["GET".into(), "POST".into(), "OPTIONS".into()],
+            allowed_headers: ["content-type", "content-encoding", "idempotency-key", "authorization"].map(String::from).into(),
+            max_age: Duration::from_secs(600),
+            origin_topics: Vec::new(),
+        }
+    }
+}
+
+impl CorsConfig {
+    /// The origins `fjord dev` allows: pages served from this machine on any port.
+    pub fn loopback() -> Self {
+        Self { allowed_origins: vec!["http://localhost:*".into(), "http://127.0.0.1:*".into()], ..Self::default() }
+    }
+
+    /// CORS is on when an origin is listed.
+    pub fn enabled(&self) -> bool {
+        !self.allowed_origins.is_empty()
+    }
+
+    /// Whether `origin` (as the browser sent it) matches a listed origin.
+    pub fn allows(&self, origin: &str) -> bool {
+        self.allowed_origins.iter().any(|p| origin_matches(p, origin))
+    }
+
+    /// Whether `origin` may use `topic` under the per-origin allow-list.
+    pub fn allows_topic(&self, origin: &str, topic: &str) -> bool {
+        let mut listed = self.origin_topics.iter().filter(|(p, _)| origin_matches(p, origin)).peekable();
+        if listed.peek().is_none() {
+            return true;
+        }
+        listed.any(|(_, topics)| {
+            topics.iter().any(|t| match t.strip_suffix('*') {
+                Some(prefix) => topic.starts_with(prefix),
+                None => t == topic,
+            })
+        })
+    }
+}
+
+impl CorsConfig {
+    /// Rejects origin patterns a browser would never send, which would otherwise silently
+    /// match nothing.
+    pub fn validate(&self) -> Result<()> {
+        let patterns = self.allowed_origins.iter().chain(self.origin_topics.iter().map(|(o, _)| o));
+        for p in patterns {
+            let scheme_host = p.starts_with("http://") || p.starts_with("https://");
+            if (p != "*" && !scheme_host) || p.ends_with('/') {
+                return Err(Error::Config(format!(
+                    "CORS origin {p:?} must be *, or scheme://host[:port] with no path (e.g. http://localhost:*)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `pattern` is `*`, an exact origin, or `scheme://host:*` for any port (or none).
+/// Scheme and host compare case-insensitively, as browsers serialise them lower-case.
+pub(crate) fn origin_matches(pattern: &str, origin: &str) -> bool {
+    if pattern == "*" {
+        return true;
+    }
+    let (pattern, origin) = (pattern.to_ascii_lowercase(), origin.to_ascii_lowercase());
+    match pattern.strip_suffix(":*") {
+        Some(base) => match origin.strip_prefix(base) {
+            Some("") => true,
+            Some(rest) => rest.strip_prefix(':').is_some_and(|port| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())),
+            None => false,
+        },
+        None => pattern == origin,
+    }
 }
 
 impl Default for GatewayConfig {
@@ -64,6 +165,8 @@ impl Default for GatewayConfig {
             audit_interval: None,
             audit_window: Duration::from_millis(fjord_audit::DEFAULT_WINDOW_MS as u64),
             audit_cluster: "default".into(),
+            dead_letter_topic: None,
+            cors: CorsConfig::default(),
         }
     }
 }
@@ -92,6 +195,7 @@ impl GatewayConfig {
         if self.audit_interval.is_some_and(|i| i.is_zero()) || self.audit_window.as_millis() == 0 {
             return bad("audit_interval and audit_window must be positive".into());
         }
+        self.cors.validate()?;
         if self.broker_timeout.is_zero() {
             return bad("broker_timeout must be positive".into());
         }
@@ -122,5 +226,23 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("bootstrap"));
         assert!(!GatewayConfig::default().resolved_host_name().is_empty());
         assert_eq!(GatewayConfig { host_name: Some("h1".into()), ..GatewayConfig::default() }.resolved_host_name(), "h1");
+    }
+
+    #[test]
+    fn origin_patterns_and_topic_allow_lists() {
+        let c = CorsConfig {
+            origin_topics: vec![("http://localhost:*".into(), vec!["web-*".into(), "beacons".into()])],
+            ..CorsConfig::loopback()
+        };
+        assert!(c.allows("http://localhost:3000") && c.allows("http://LOCALHOST") && c.allows("http://127.0.0.1:8080"));
+        for bad in ["http://localhost.evil.com", "http://localhost:", "http://localhost:80x", "https://localhost:1", "null"] {
+            assert!(!c.allows(bad), "{bad}");
+        }
+        assert!(c.allows_topic("http://localhost:1", "web-clicks") && c.allows_topic("http://localhost:1", "beacons"));
+        assert!(!c.allows_topic("http://localhost:1", "payments"));
+        assert!(c.allows_topic("http://127.0.0.1:1", "payments"), "an origin not in the list may use every topic");
+        assert!(!CorsConfig::default().enabled() && CorsConfig::default().validate().is_ok());
+        let bad = CorsConfig { allowed_origins: vec!["localhost".into()], ..CorsConfig::default() };
+        assert!(bad.validate().unwrap_err().to_string().contains("localhost"));
     }
 }

@@ -57,12 +57,18 @@ pub enum Error {
     /// A `Content-Type` the endpoint does not take.
     #[error("unsupported content type {0:?}; expected one of application/vnd.kafka.{{json,binary,avro}}.v2+json")]
     UnsupportedMediaType(String),
-    /// The body is larger than `max_body_bytes`.
+    /// A `Content-Encoding` the gateway cannot decode (it takes gzip, deflate, zstd).
+    #[error("unsupported content encoding {0:?}; the gateway decodes gzip, deflate and zstd")]
+    UnsupportedEncoding(String),
+    /// The body (as sent, or once decoded) is larger than `max_body_bytes`.
     #[error("request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge {
         /// The configured limit.
         limit: usize,
     },
+    /// The request's origin may not call the gateway, or not for this topic (CORS).
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     /// The topic does not exist (and the broker does not auto-create it).
     #[error("topic {0} not found")]
     UnknownTopic(String),
@@ -154,8 +160,9 @@ impl Error {
                 _ => 503,
             },
             Error::NoRegistry => 422,
-            Error::UnsupportedMediaType(_) => 415,
+            Error::UnsupportedMediaType(_) | Error::UnsupportedEncoding(_) => 415,
             Error::PayloadTooLarge { .. } => 413,
+            Error::Forbidden(_) => 403,
             Error::OffsetOutOfRange { .. } => 416,
             Error::BufferFull { .. } => 429,
             Error::Unavailable(_) => 503,
@@ -165,7 +172,8 @@ impl Error {
 
     /// Confluent REST Proxy style code: the status times 100 plus a detail digit
     /// (40401 topic not found, 40402 partition not found, 40403 schema not found,
-    /// 42201 invalid schema, 42202 invalid record, 42203 Avro mismatch).
+    /// 41501 unsupported content encoding, 42201 invalid schema, 42202 invalid record,
+    /// 42203 Avro mismatch).
     pub fn error_code(&self) -> u32 {
         let detail = match self {
             Error::UnknownTopic(_) => 1,
@@ -174,6 +182,7 @@ impl Error {
             Error::Registry(_) if self.http_status() == 422 => 1,
             Error::Unprocessable { .. } | Error::NoRegistry => 2,
             Error::AvroMismatch { .. } => 3,
+            Error::UnsupportedEncoding(_) => 1,
             _ => 0,
         };
         u32::from(self.http_status()) * 100 + detail
@@ -201,6 +210,7 @@ impl Error {
         use tonic::Code;
         match self.http_status() {
             400 | 413 | 415 | 422 => Code::InvalidArgument,
+            403 => Code::PermissionDenied,
             404 => Code::NotFound,
             409 => Code::FailedPrecondition,
             416 => Code::OutOfRange,

@@ -19,6 +19,7 @@ use fjord_proto::v1::{
 use futures::{Stream, StreamExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::backend::{Delivered, Event, FetchQuery, Fetched};
@@ -262,8 +263,21 @@ pub(crate) async fn serve(gateway: Arc<Gateway>, listener: TcpListener, shutdown
     let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
         .build_v1alpha()
         .map_err(|e| Error::Serve(format!("reflection service: {e}")))?;
-    let publisher = PublisherServer::new(PublisherService(gateway.clone())).max_decoding_message_size(limit);
-    let subscriber = SubscriberServer::new(SubscriberService { gateway, shutdown: shutdown.clone() });
+    // Compressed messages are inflated by tonic into a buffer limited to
+    // max_decoding_message_size, so the body limit holds for the decoded size too.
+    // Answers are compressed only for a client that lists the coding in
+    // grpc-accept-encoding.
+    let publisher = PublisherServer::new(PublisherService(gateway.clone()))
+        .max_decoding_message_size(limit)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Zstd)
+        .send_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Zstd);
+    let subscriber = SubscriberServer::new(SubscriberService { gateway, shutdown: shutdown.clone() })
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Zstd)
+        .send_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Zstd);
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -367,6 +381,34 @@ mod tests {
             .into_inner();
         let first = sub.message().await.unwrap().unwrap();
         assert_eq!(first.records[0].offset, 20);
+        shutdown.cancel();
+        server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn gzip_and_zstd_requests_are_accepted_and_the_limit_holds_for_the_inflated_size() {
+        let config = GatewayConfig { max_body_bytes: 64 * 1024, ..GatewayConfig::default() };
+        let g = gateway(MemoryBackend { partitions: 1, ..Default::default() }, config);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(serve(g.clone(), listener, shutdown.clone()));
+        for encoding in [CompressionEncoding::Gzip, CompressionEncoding::Zstd] {
+            let mut publisher =
+                PublisherClient::connect(url.clone()).await.unwrap().send_compressed(encoding).accept_compressed(encoding);
+            let r = publisher
+                .publish(PublishRequest { topic: "z".into(), events: vec![event("a"), event("b")], ..Default::default() })
+                .await
+                .unwrap_or_else(|e| panic!("{encoding:?}: {e}"))
+                .into_inner();
+            assert_eq!(r.offsets.len(), 2, "{encoding:?}");
+            // 1 MiB of one byte compresses to a few KB but inflates past the 64 KiB limit.
+            let big = PublishRequest { topic: "z".into(), events: vec![event(&"x".repeat(1 << 20))], ..Default::default() };
+            let status = publisher.publish(big).await.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{encoding:?}: {status}");
+        }
+        let log = g.backend.topics().await.unwrap();
+        assert_eq!(log, vec!["z".to_string()]);
         shutdown.cancel();
         server.await.unwrap().unwrap();
     }

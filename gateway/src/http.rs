@@ -3,6 +3,8 @@
 //! Every error answer is `{"error_code": N, "message": "...", "record_index": i}` with
 //! the status of [`Error::http_status`]; a throttled request also gets `Retry-After`.
 
+pub(crate) mod cors;
+pub(crate) mod encoding;
 pub(crate) mod produce;
 pub(crate) mod read;
 
@@ -44,12 +46,14 @@ pub(crate) fn router(gateway: Arc<Gateway>) -> Router {
         .route("/topics/{topic}", get(read::describe_topic).post(produce::v2_topic))
         .route("/topics/{topic}/partitions/{partition}", post(produce::v2_partition))
         .route("/v1/events/{topic}", post(produce::ndjson))
+        .route("/v1/beacon/{topic}", post(produce::beacon))
         .route("/v1/topics/{topic}/partitions/{partition}/records", get(read::records))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         // Bodies are read with our own limit (read_body), which answers 413 in our format.
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(gateway.clone(), cors::cors))
         .with_state(gateway)
 }
 
@@ -94,8 +98,18 @@ pub(crate) fn error_response(e: &Error) -> Response {
     r
 }
 
+/// Reads the body up to `max_body_bytes` and decodes its `Content-Encoding`; more than
+/// the limit, as sent or decoded, is 413 without reading (or inflating) the rest.
+pub(crate) async fn read_body(g: &Gateway, headers: &HeaderMap, body: Body) -> Result<Bytes> {
+    let limit = g.config.max_body_bytes;
+    // An unknown coding is refused before the body is read.
+    let codings = encoding::codings(headers)?;
+    let raw = read_raw_body(headers, body, limit).await?;
+    encoding::decode(&g.decode_slots, raw, codings, limit).await
+}
+
 /// Reads the body up to `limit` bytes; more is 413 without reading the rest.
-pub(crate) async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes> {
+async fn read_raw_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes> {
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(Error::PayloadTooLarge { limit });

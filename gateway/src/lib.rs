@@ -50,7 +50,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use backend::{Backend, KafkaBackend};
-pub use config::GatewayConfig;
+pub use config::{CorsConfig, GatewayConfig};
 pub use error::{Error, Result};
 pub use service::{CREATED_HEADER, HOST_HEADER};
 

@@ -86,6 +86,17 @@ pub(crate) fn document() -> Value {
                 "requestBody": { "required": true, "content": { "application/x-ndjson": { "schema": { "type": "string" } } } },
                 "responses": ndjson_responses,
             } },
+            "/v1/beacon/{topic}": { "post": {
+                "summary": "navigator.sendBeacon: an NDJSON body sent as text/plain, the options of /v1/events; 204 on success.",
+                "parameters": [topic, acks, query_param("key", "string", "Field (dotted path) whose value is the event key.")],
+                "requestBody": { "required": true, "content": { "text/plain": { "schema": { "type": "string" } } } },
+                "responses": {
+                    "204": { "description": "Every event produced." },
+                    "400": error_response("A malformed line (record_index)."),
+                    "403": error_response("The origin may not publish here (CORS)."),
+                    "413": error_response("Body (as sent or decoded) too large."),
+                },
+            } },
             "/v1/topics/{topic}/partitions/{partition}/records": { "get": {
                 "summary": "Stateless pull from an offset (the caller keeps its position).",
                 "parameters": [
@@ -110,7 +121,7 @@ pub(crate) fn document() -> Value {
         },
         "components": { "schemas": {
             "Error": { "type": "object", "properties": {
-                "error_code": { "type": "integer", "description": "HTTP status x 100 + detail (40401 topic, 40402 partition, 40403 schema not found; 42203 Avro mismatch)." },
+                "error_code": { "type": "integer", "description": "HTTP status x 100 + detail (40300 origin refused; 40401 topic, 40402 partition, 40403 schema not found; 41501 content encoding; 42203 Avro mismatch)." },
                 "message": { "type": "string" },
                 "record_index": { "type": "integer", "description": "The record (v2) or 0-based line (NDJSON) at fault." },
             } },
@@ -171,6 +182,7 @@ mod tests {
             "/topics/{topic}",
             "/topics/{topic}/partitions/{partition}",
             "/v1/events/{topic}",
+            "/v1/beacon/{topic}",
             "/v1/topics/{topic}/partitions/{partition}/records",
             "/healthz",
             "/metrics",

@@ -29,6 +29,8 @@ pub(crate) struct Gateway {
     registry: Option<RegistryClient>,
     /// One permit per byte of events accepted and not yet acknowledged.
     budget: Semaphore,
+    /// Request bodies being decompressed at once (see `http::encoding`).
+    pub(crate) decode_slots: Semaphore,
     host: Bytes,
     /// The gateway tier's audit counter, when `audit_interval` is set.
     pub(crate) audit: Option<Arc<AuditCounter>>,
@@ -55,11 +57,17 @@ impl Gateway {
             host: Bytes::from(host),
             audit,
             budget: Semaphore::new(config.buffer_bytes),
+            decode_slots: Semaphore::new(crate::http::encoding::DECODE_TASKS),
             registry,
             metrics: Metrics::default(),
             backend,
             config,
         })
+    }
+
+    /// The `fjord.host` value of this gateway.
+    pub(crate) fn host(&self) -> &[u8] {
+        &self.host
     }
 
     /// Bytes of events accepted and not acknowledged yet.

@@ -12,13 +12,13 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{json, Value as Json};
 
 use super::{read_body, respond, Answer, V2_CONTENT_TYPE};
 use crate::backend::{Delivered, Event};
-use crate::service::{parse_acks, Gateway};
+use crate::service::{check_topic_name, parse_acks, Gateway};
 use crate::{avro, Error, Result};
 
 /// The embedded format of a v2 produce request, from its content type.
@@ -124,7 +124,7 @@ async fn v2(
 ) -> Result<Answer> {
     let format = embedded_format(&headers)?;
     let acks = parse_acks(q.get("acks").map(String::as_str))?;
-    let body = read_body(&headers, body, g.config.max_body_bytes).await?;
+    let body = read_body(g, &headers, body).await?;
     let doc: Json =
         serde_json::from_slice(&body).map_err(|e| Error::BadRequest { index: None, reason: format!("malformed JSON: {e}") })?;
     let Json::Object(doc) = doc else {
@@ -238,6 +238,25 @@ pub(crate) async fn ndjson(
     respond(&g, "http_ndjson", bulk(&g, topic, q, headers, body)).await
 }
 
+/// `POST /v1/beacon/{topic}`: what `navigator.sendBeacon` sends when a page closes, an
+/// NDJSON body as `text/plain` (the one type a beacon sends without a preflight). The
+/// same parsing and options as `/v1/events`; a success is 204 with no body, since no page
+/// reads a beacon's answer.
+pub(crate) async fn beacon(
+    State(g): State<Arc<Gateway>>,
+    Path(topic): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let r = respond(&g, "http_beacon", bulk(&g, topic, q, headers, body)).await;
+    if r.status().is_success() {
+        // Keep CORS headers the middleware adds later; drop only the JSON.
+        return axum::http::StatusCode::NO_CONTENT.into_response();
+    }
+    r
+}
+
 /// Finds a dotted field path (`user.id`) in a JSON object.
 fn field<'a>(doc: &'a Json, path: &str) -> Option<&'a Json> {
     path.split('.').try_fold(doc, |v, part| v.get(part))
@@ -252,39 +271,64 @@ pub(crate) fn parse_ndjson(
     schema: Option<(i32, &apache_avro::Schema)>,
     partition: Option<i32>,
 ) -> Result<Vec<Event>> {
+    let events = parse_ndjson_with(body, key_field, schema, partition, |_, _, e| Err(e))?;
+    if events.is_empty() {
+        return Err(Error::BadRequest { index: None, reason: "the body holds no events".into() });
+    }
+    Ok(events)
+}
+
+/// [`parse_ndjson`] that hands each invalid line (0-based index, its bytes, why) to
+/// `invalid`, which refuses the body by returning the error or sets the line aside.
+pub(crate) fn parse_ndjson_with(
+    body: &[u8],
+    key_field: Option<&str>,
+    schema: Option<(i32, &apache_avro::Schema)>,
+    partition: Option<i32>,
+    mut invalid: impl FnMut(usize, &[u8], Error) -> Result<()>,
+) -> Result<Vec<Event>> {
     let mut events = Vec::new();
     for (i, line) in lines(body).enumerate() {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let malformed = |e: serde_json::Error| Error::BadRequest { index: Some(i), reason: format!("malformed JSON: {e}") };
-        if key_field.is_none() && schema.is_none() {
-            // Only the syntax matters: check it without building the document.
-            serde_json::from_slice::<serde::de::IgnoredAny>(line).map_err(malformed)?;
-            events.push(Event { value: Some(Bytes::copy_from_slice(line.trim_ascii())), partition, ..Event::default() });
-            continue;
+        match parse_line(i, line, key_field, schema, partition) {
+            Ok(event) => events.push(event),
+            Err(e) => invalid(i, line, e)?,
         }
-        let doc: Json = serde_json::from_slice(line).map_err(malformed)?;
-        let key = match key_field {
-            None => None,
-            Some(path) => match field(&doc, path) {
-                None => return Err(Error::Unprocessable { index: Some(i), reason: format!("key field {path:?} is missing") }),
-                Some(Json::Null) => None,
-                Some(Json::String(s)) => Some(Bytes::from(s.clone())),
-                Some(other) => Some(Bytes::from(other.to_string())),
-            },
-        };
-        let value = match schema {
-            Some((id, schema)) => Bytes::from(avro::encode(id, schema, &doc, i)?),
-            None => Bytes::copy_from_slice(line.trim_ascii()),
-        };
-        events.push(Event { key, value: Some(value), headers: Vec::new(), timestamp_ms: None, partition });
-    }
-    if events.is_empty() {
-        return Err(Error::BadRequest { index: None, reason: "the body holds no events".into() });
     }
     Ok(events)
+}
+
+fn parse_line(
+    i: usize,
+    line: &[u8],
+    key_field: Option<&str>,
+    schema: Option<(i32, &apache_avro::Schema)>,
+    partition: Option<i32>,
+) -> Result<Event> {
+    let malformed = |e: serde_json::Error| Error::BadRequest { index: Some(i), reason: format!("malformed JSON: {e}") };
+    if key_field.is_none() && schema.is_none() {
+        // Only the syntax matters: check it without building the document.
+        serde_json::from_slice::<serde::de::IgnoredAny>(line).map_err(malformed)?;
+        return Ok(Event { value: Some(Bytes::copy_from_slice(line.trim_ascii())), partition, ..Event::default() });
+    }
+    let doc: Json = serde_json::from_slice(line).map_err(malformed)?;
+    let key = match key_field {
+        None => None,
+        Some(path) => match field(&doc, path) {
+            None => return Err(Error::Unprocessable { index: Some(i), reason: format!("key field {path:?} is missing") }),
+            Some(Json::Null) => None,
+            Some(Json::String(s)) => Some(Bytes::from(s.clone())),
+            Some(other) => Some(Bytes::from(other.to_string())),
+        },
+    };
+    let value = match schema {
+        Some((id, schema)) => Bytes::from(avro::encode(id, schema, &doc, i)?),
+        None => Bytes::copy_from_slice(line.trim_ascii()),
+    };
+    Ok(Event { key, value: Some(value), headers: Vec::new(), timestamp_ms: None, partition })
 }
 
 /// The lines of `body`, found with memchr: a bytewise split was the gateway's largest
@@ -345,17 +389,104 @@ async fn bulk(g: &Gateway, topic: String, q: HashMap<String, String>, headers: H
                 .map_err(|_| Error::BadRequest { index: None, reason: format!("schema_id must be an integer, not {s:?}") })?,
         ),
     };
-    let body = read_body(&headers, body, g.config.max_body_bytes).await?;
+    let dead_letter = match q.get("on_invalid").map(String::as_str) {
+        None | Some("reject") => false,
+        Some("dead_letter") => true,
+        Some(other) => {
+            return Err(Error::BadRequest {
+                index: None,
+                reason: format!("on_invalid must be reject or dead_letter, not {other:?}"),
+            })
+        }
+    };
+    let body = read_body(g, &headers, body).await?;
     let schema = match schema_id {
         Some(id) => Some((id, g.schema_by_id(id).await?)),
         None => None,
     };
-    let events = parse_ndjson(&body, q.get("key").map(String::as_str), schema.as_ref().map(|(id, s)| (*id, &**s)), partition)?;
+    let key_field = q.get("key").map(String::as_str);
+    let schema = schema.as_ref().map(|(id, s)| (*id, &**s));
+    if !dead_letter {
+        let events = parse_ndjson(&body, key_field, schema, partition)?;
+        let bytes = events.iter().map(Event::encoded_size).sum();
+        let count = events.len();
+        let delivered = all_delivered(g.publish(&topic, events, acks).await?)?;
+        let body = json!({ "count": count, "partitions": summarize(&delivered), "value_schema_id": schema_id });
+        return Ok(Answer { body, content_type: "application/json", events: count, bytes });
+    }
+    let dlq_topic = g.config.dead_letter_topic.clone().unwrap_or_else(|| format!("{topic}.dlq"));
+    check_topic_name(&dlq_topic)?;
+    let request_id = request_id(g, &headers);
+    let mut dead = Vec::new();
+    let events = parse_ndjson_with(&body, key_field, schema, partition, |i, line, e| {
+        dead.push(dead_letter_event(&topic, &request_id, i, line, &e));
+        Ok(())
+    })?;
+    if events.is_empty() && dead.is_empty() {
+        return Err(Error::BadRequest { index: None, reason: "the body holds no events".into() });
+    }
+    let dead_count = dead.len();
+    // Dead letters first: if they cannot be written the request fails before any valid
+    // event is produced, and a retry loses nothing (at worst a dead letter twice).
+    if !dead.is_empty() {
+        all_delivered(g.publish(&dlq_topic, dead, acks).await?)?;
+    }
     let bytes = events.iter().map(Event::encoded_size).sum();
     let count = events.len();
-    let delivered = all_delivered(g.publish(&topic, events, acks).await?)?;
-    let body = json!({ "count": count, "partitions": summarize(&delivered), "value_schema_id": schema_id });
+    let delivered = if events.is_empty() { Vec::new() } else { all_delivered(g.publish(&topic, events, acks).await?)? };
+    let body = json!({
+        "count": count,
+        "accepted": count,
+        "dead_lettered": dead_count,
+        "dead_letter_topic": dlq_topic,
+        "request_id": request_id,
+        "partitions": summarize(&delivered),
+        "value_schema_id": schema_id,
+    });
     Ok(Answer { body, content_type: "application/json", events: count, bytes })
+}
+
+/// Header names of a dead-letter record (its value is the line's raw bytes).
+pub(crate) const DLQ_REASON: &str = "fjord.dlq.reason";
+pub(crate) const DLQ_LINE: &str = "fjord.dlq.line";
+pub(crate) const DLQ_REQUEST_ID: &str = "fjord.dlq.request_id";
+pub(crate) const DLQ_TOPIC: &str = "fjord.dlq.topic";
+
+/// The dead-letter record of line `index` (0-based; the header holds the 1-based line
+/// number, as editors count): the raw bytes as value, the rest as headers, so the line is
+/// kept byte for byte whatever it holds.
+fn dead_letter_event(topic: &str, request_id: &str, index: usize, line: &[u8], e: &Error) -> Event {
+    // The reason without the "record N: " prefix: the line has its own header.
+    let reason = match e {
+        Error::BadRequest { reason, .. } | Error::Unprocessable { reason, .. } => reason.clone(),
+        e => e.to_string(),
+    };
+    let header = |k: &str, v: String| (k.to_string(), Some(Bytes::from(v)));
+    Event {
+        key: None,
+        value: Some(Bytes::copy_from_slice(line)),
+        headers: vec![
+            header(DLQ_REASON, reason),
+            header(DLQ_LINE, (index + 1).to_string()),
+            header(DLQ_REQUEST_ID, request_id.to_string()),
+            header(DLQ_TOPIC, topic.to_string()),
+        ],
+        timestamp_ms: None,
+        partition: None,
+    }
+}
+
+/// The caller's `X-Request-Id` when it sent a usable one, else one made here: this
+/// gateway's host, the time and a counter, unique across gateways and restarts.
+fn request_id(g: &Gateway, headers: &HeaderMap) -> String {
+    if let Some(id) = headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
+        if !id.is_empty() && id.len() <= 128 {
+            return id.to_string();
+        }
+    }
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{:x}-{n:x}", String::from_utf8_lossy(g.host()), crate::service::now_ms())
 }
 
 #[cfg(test)]
@@ -490,5 +621,51 @@ mod tests {
         assert_eq!(r.status(), 400);
         let latest: i64 = g.backend.describe("clicks").await.unwrap().iter().map(|p| p.latest_offset).sum();
         assert_eq!(latest, 3);
+    }
+
+    #[tokio::test]
+    async fn beacon_answers_204_and_dead_letter_mode_sets_bad_lines_aside() {
+        let (url, g) = serve(GatewayConfig::default()).await;
+        let http = reqwest::Client::new();
+        let r = http
+            .post(format!("{url}/v1/beacon/pages"))
+            .header("content-type", "text/plain;charset=UTF-8")
+            .body("{\"p\":\"/a\"}\n{\"p\":\"/b\"}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204);
+        assert!(r.bytes().await.unwrap().is_empty());
+        let r = http.post(format!("{url}/v1/beacon/pages")).body("{bad").send().await.unwrap();
+        assert_eq!(r.status(), 400, "a beacon's errors are answered like /v1/events'");
+
+        let body = "{\"a\":1}\n{oops\n\n{\"a\":2}\n[1,\n";
+        let r = http.post(format!("{url}/v1/events/dl?on_invalid=dead_letter")).body(body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let doc: Json = r.json().await.unwrap();
+        assert_eq!((doc["accepted"].as_u64(), doc["dead_lettered"].as_u64()), (Some(2), Some(2)), "{doc}");
+        let log = g.backend.fetch(crate::backend::FetchQuery {
+            topic: "dl.dlq".into(),
+            partition: 0,
+            offset: -2,
+            max_bytes: 1 << 20,
+            max_wait: std::time::Duration::ZERO,
+        });
+        let dead = log.await.unwrap().records;
+        let header = |r: &crate::backend::FetchedRecord, k: &str| {
+            r.headers.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.clone()).map(|v| String::from_utf8(v.to_vec()).unwrap())
+        };
+        assert_eq!(dead.len(), 2);
+        assert_eq!(dead[0].value.as_deref(), Some(&b"{oops"[..]));
+        assert_eq!(header(&dead[0], DLQ_LINE).as_deref(), Some("2"));
+        assert_eq!(header(&dead[1], DLQ_LINE).as_deref(), Some("5"));
+        assert!(header(&dead[1], DLQ_REASON).unwrap().starts_with("malformed JSON"));
+        assert_eq!(header(&dead[0], DLQ_REQUEST_ID).as_deref(), doc["request_id"].as_str());
+        // Only bad lines: nothing for the topic, both set aside, still a 200.
+        let r = http.post(format!("{url}/v1/events/dl?on_invalid=dead_letter")).body("x\ny\n").send().await.unwrap();
+        let doc: Json = r.json().await.unwrap();
+        assert_eq!((doc["accepted"].as_u64(), doc["dead_lettered"].as_u64()), (Some(0), Some(2)), "{doc}");
+        let r = http.post(format!("{url}/v1/events/dl?on_invalid=dead_letter")).body("\n").send().await.unwrap();
+        assert_eq!(r.status(), 400, "an empty body is still an error");
     }
 }

@@ -1,0 +1,111 @@
+//! gzip vs plain NDJSON through one gateway, side by side in one run: starts a broker and
+//! a gateway in this process on loopback, then posts the same clickstream-like events
+//! (about 200 bytes of JSON each, in batches) first plain, then gzip-compressed
+//! (`Content-Encoding: gzip`, compressed by the client before timing starts), then plain
+//! again, and prints events/s and bytes on the wire (request bodies) for each.
+//!
+//! ```text
+//! cargo run --release -p fjord-gateway --example compression_bench -- 200000 500 4
+//! ```
+//! (arguments: events per round, events per request, concurrent clients)
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// A page view as a web collector would see it: repeated field names, URLs, a user agent.
+fn event(seq: usize) -> String {
+    format!(
+        "{{\"seq\":{seq},\"user\":\"u{:05}\",\"event\":\"page_view\",\"page\":\"/products/{}\",\"ref\":\"https://www.example.com/search?q=item{}\",\"ua\":\"Mozilla/5.0 (X11; Linux x86_64) Chrome/120.0\",\"ts\":{}}}\n",
+        seq % 10_000,
+        seq % 500,
+        seq % 97,
+        1_700_000_000_000u64 + seq as u64 * 13
+    )
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).expect("in-memory write");
+    e.finish().expect("in-memory write")
+}
+
+async fn round(
+    url: &str,
+    bodies: Arc<Vec<Vec<u8>>>,
+    gzip: bool,
+    concurrency: usize,
+    per_request: usize,
+) -> anyhow::Result<(f64, usize)> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..concurrency {
+        let (url, bodies) = (url.to_string(), bodies.clone());
+        tasks.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            for body in bodies.iter().skip(w).step_by(concurrency) {
+                let mut r = http.post(&url).body(body.clone());
+                if gzip {
+                    r = r.header("content-encoding", "gzip");
+                }
+                let resp = r.send().await?;
+                if !resp.status().is_success() {
+                    bail!("HTTP {}: {}", resp.status(), resp.text().await?);
+                }
+                resp.bytes().await?;
+            }
+            Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let events = bodies.len() * per_request;
+    Ok((events as f64 / secs, bodies.iter().map(Vec::len).sum()))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().context("numeric arguments")).collect::<Result<_, _>>()?;
+    let (events, per_request, concurrency) =
+        (args.first().copied().unwrap_or(200_000), args.get(1).copied().unwrap_or(500), args.get(2).copied().unwrap_or(4));
+    let dir = tempfile::tempdir()?;
+    let shutdown = CancellationToken::new();
+    let broker_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let broker = broker_listener.local_addr()?;
+    let config = fjord_broker::BrokerConfig {
+        log_dir: dir.path().join("broker"),
+        listeners: broker.into(),
+        num_partitions: 3,
+        ..fjord_broker::BrokerConfig::default()
+    };
+    tokio::spawn(fjord_broker::run(config, broker_listener, shutdown.clone()));
+    let http = TcpListener::bind("127.0.0.1:0").await?;
+    let grpc = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/v1/events/bench?key=user", http.local_addr()?);
+    tokio::spawn(fjord_gateway::run(fjord_gateway::GatewayConfig::new(broker.to_string()), http, grpc, shutdown.clone()));
+
+    let plain: Vec<Vec<u8>> = (0..events / per_request)
+        .map(|r| (0..per_request).flat_map(|e| event(r * per_request + e).into_bytes()).collect())
+        .collect();
+    let gzipped: Vec<Vec<u8>> = plain.iter().map(|b| gzip(b)).collect();
+    let (plain, gzipped) = (Arc::new(plain), Arc::new(gzipped));
+    // Warm-up: topic creation and connections are not part of either figure.
+    round(&url, Arc::new(plain[..1].to_vec()), false, 1, per_request).await?;
+    for (name, bodies, gz) in
+        [("plain", &plain, false), ("gzip", &gzipped, true), ("plain", &plain, false), ("gzip", &gzipped, true)]
+    {
+        let (eps, wire) = round(&url, bodies.clone(), gz, concurrency, per_request).await?;
+        println!(
+            "{{\"body\":\"{name}\",\"events\":{events},\"batch\":{per_request},\"concurrency\":{concurrency},\"events_per_s\":{eps:.0},\"wire_bytes\":{wire},\"bytes_per_event\":{:.1}}}",
+            wire as f64 / events as f64
+        );
+    }
+    shutdown.cancel();
+    Ok(())
+}
