@@ -282,13 +282,14 @@ impl Log {
         if config.preallocate {
             active.reserve(position + batches.len() as u64, config.segment_bytes);
         }
-        let written = segment.log().and_then(|f| f.write_all_at(batches, position).at(segment.path(LOG_SUFFIX)));
-        if let Err(e) = written {
+        // Straight to the held file, the path formatted only on failure: per append, a
+        // small one especially, both are measurable.
+        if let Err(source) = active.log_file.write_all_at(batches, position) {
             // Leave the log byte for byte as it was (cut back to `position`, the segment's
             // size, which also forgets the reservation past it).
             let _ = active.release_reserved();
             let _ = w.epochs.truncate_from_end(leo_before);
-            return Err(e);
+            return Err(Error::Io { path: segment.path(LOG_SUFFIX), source });
         }
         let mut record_count = 0u64;
         for (at, h) in headers {

@@ -98,6 +98,9 @@ pub(crate) fn scan(
 #[derive(Debug)]
 pub(crate) struct Active {
     pub(crate) segment: Arc<Segment>,
+    /// The segment's `.log` (also pinned in the segment): appends write here without
+    /// going through the segment's file slot.
+    pub(crate) log_file: Arc<File>,
     pub(crate) index_file: File,
     pub(crate) time_index_file: File,
     /// Resident entries already written to the files.
@@ -135,11 +138,21 @@ impl Active {
         let open = |p: &Path| OpenOptions::new().append(true).create(true).open(p).at(p);
         let index_file = open(&index_path)?;
         let time_index_file = open(&time_path)?;
-        segment.pin_log()?;
+        let log_file = segment.pin_log()?;
         let (index_written, times_written) = (offsets.len(), times.len());
         let reserved_to = segment.size();
         segment.activate(offsets, times);
-        Ok(Self { segment, index_file, time_index_file, index_written, times_written, builder, first_timestamp, reserved_to })
+        Ok(Self {
+            segment,
+            log_file,
+            index_file,
+            time_index_file,
+            index_written,
+            times_written,
+            builder,
+            first_timestamp,
+            reserved_to,
+        })
     }
 
     /// Makes sure the `.log`'s disk blocks up to `end` are allocated, reserving up to
@@ -155,8 +168,7 @@ impl Active {
         }
         let from = self.reserved_to.max(self.segment.size());
         let to = end.max(from.saturating_add(RESERVE_AHEAD).min(limit));
-        let Ok(file) = self.segment.log_file() else { return };
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&*file);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&*self.log_file);
         let flags = nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
         match nix::fcntl::fallocate(fd, flags, from as i64, (to - from) as i64) {
             Ok(()) => self.reserved_to = to,
@@ -175,7 +187,7 @@ impl Active {
     /// truncates: a reservation made before a crash is not known to this `Active`.
     pub(crate) fn release_reserved(&mut self) -> io::Result<()> {
         let size = self.segment.size();
-        self.segment.log_file()?.set_len(size)?;
+        self.log_file.set_len(size)?;
         self.reserved_to = size;
         Ok(())
     }
