@@ -6,21 +6,10 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, start_broker, wait_until_listening};
-
-/// A broker process, killed when the test ends, failed or not (a leftover one would hold
-/// the test's stderr open).
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{free_port, start_broker, wait_until_listening, FjordProcess};
 
 fn fjord(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fjord")).args(args).env_remove("FJORD_BOOTSTRAP").output().unwrap()
@@ -37,7 +26,7 @@ fn connection_flags_are_accepted_after_the_action() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let bootstrap = format!("127.0.0.1:{port}");
-    let _broker = Running(start_broker(port, &dir.path().join("data"), &[]));
+    let _broker = start_broker(port, &dir.path().join("data"), &[]);
 
     // The README's quickstart line, as written.
     let created = succeeded(&["topics", "create", "--bootstrap", &bootstrap, "--topic", "clicks", "--partitions", "4"]);
@@ -78,8 +67,8 @@ fn broker_log(extra: &[&str]) -> String {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut broker = Running(child);
-    wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut broker.0);
+    let mut broker = FjordProcess(child);
+    wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut broker);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let text = std::fs::read_to_string(&log_path).unwrap();

@@ -18,7 +18,7 @@ mod common;
 use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Produces 100,000 records with `enable.idempotence=True`, says `restart` once a quarter
@@ -68,7 +68,7 @@ assert values == [b'm%d' % i for i in range(n)], 'records missing, duplicated or
 print('ok', flush=True)
 "#;
 
-fn start_broker(addr: SocketAddr, data_dir: &Path) -> Child {
+fn start_broker(addr: SocketAddr, data_dir: &Path) -> common::FjordProcess {
     // An fsync after every append widens the window between appending a batch and
     // answering for it, where SIGKILL leaves an appended batch unacknowledged.
     common::start_broker(addr.port(), data_dir, &[("FJORD_LOG_FLUSH_INTERVAL_MESSAGES", "1")])

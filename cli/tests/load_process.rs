@@ -6,24 +6,13 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::free_port;
 
-/// Kills the broker when the test ends, also when it panics (else the orphan keeps the
-/// test harness's stderr pipe open).
-struct Broker(Child);
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_broker(port: u16, data_dir: &Path) -> Broker {
-    Broker(common::start_broker(port, data_dir, &[]))
+fn start_broker(port: u16, data_dir: &Path) -> common::FjordProcess {
+    common::start_broker(port, data_dir, &[])
 }
 
 fn fjord(args: &[&str]) -> std::process::Output {

@@ -7,10 +7,10 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, start_broker};
+use common::{free_port, start_broker, FjordProcess};
 use fjord_client::{Acks, Admin, ClientConfig, GroupAdmin, NewTopic, Producer, ProducerConfig, ProducerRecord, TopicPartition};
 
 /// The embedded store's journal inside a data dir.
@@ -22,28 +22,15 @@ fn client(port: u16) -> ClientConfig {
     ClientConfig { allow_auto_create_topics: false, ..ClientConfig::new(&format!("127.0.0.1:{port}")) }
 }
 
-/// A `fjord broker` process, killed if the test fails before stopping it.
-struct Broker(Option<Child>);
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn start(port: u16, data: &Path) -> Broker {
-    Broker(Some(start_broker(port, data, &[])))
+fn start(port: u16, data: &Path) -> FjordProcess {
+    start_broker(port, data, &[])
 }
 
 /// SIGTERM, then waits for a clean exit.
-fn stop(mut broker: Broker) {
-    let mut child = broker.0.take().expect("running");
-    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+fn stop(mut broker: FjordProcess) {
+    let status = Command::new("kill").args(["-TERM", &broker.id().to_string()]).status().unwrap();
     assert!(status.success());
-    let exit = child.wait().unwrap();
+    let exit = broker.wait().unwrap();
     assert!(exit.success(), "fjord broker exited with {exit}");
 }
 

@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::net::{SocketAddr, TcpStream};
+use std::ops::{Deref, DerefMut};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,9 +19,34 @@ pub(crate) fn wait_until_listening(addr: SocketAddr, child: &mut Child) {
     }
 }
 
+/// A `fjord` process that is killed when the test ends, failed or not: a leftover one
+/// would keep the test harness's stderr pipe open and stall the whole run.
+pub(crate) struct FjordProcess(pub(crate) Child);
+
+impl Deref for FjordProcess {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl DerefMut for FjordProcess {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for FjordProcess {
+    fn drop(&mut self) {
+        // Killing a child that already exited (and was waited for) is harmless.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `fjord broker --id 0` on `127.0.0.1:port` with its data in `data_dir` and `env` set,
 /// once it listens.
-pub(crate) fn start_broker(port: u16, data_dir: &Path, env: &[(&str, &str)]) -> Child {
+pub(crate) fn start_broker(port: u16, data_dir: &Path, env: &[(&str, &str)]) -> FjordProcess {
     let mut child = Command::new(env!("CARGO_BIN_EXE_fjord"))
         .args(["broker", "--id", "0", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
         .arg(data_dir)
@@ -30,7 +56,7 @@ pub(crate) fn start_broker(port: u16, data_dir: &Path, env: &[(&str, &str)]) -> 
         .spawn()
         .unwrap();
     wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut child);
-    child
+    FjordProcess(child)
 }
 
 /// A loopback port that was free a moment ago.
