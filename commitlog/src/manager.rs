@@ -32,6 +32,11 @@ pub struct LogManager {
     last_checkpoint: Mutex<Option<Checkpoints>>,
     /// The partition the scrubber goes on with.
     scrub_next: Mutex<Option<TopicPartition>>,
+    /// Partitions whose log could not be opened at start (out of descriptors, an
+    /// unreadable file): their checkpointed recovery point and high watermark, kept in
+    /// the checkpoint files and used when a later [`LogManager::get_or_create`] opens
+    /// them, so one bad partition neither stops the broker nor loses its place.
+    unopened: Mutex<BTreeMap<TopicPartition, (Offset, Option<Offset>)>>,
 }
 
 type Checkpoints = (BTreeMap<TopicPartition, Offset>, BTreeMap<TopicPartition, Offset>);
@@ -60,6 +65,7 @@ impl LogManager {
         let recovery_points = read(RECOVERY_POINT_CHECKPOINT, "re-validating every partition's log from its start");
         let high_watermarks = read(REPLICATION_CHECKPOINT, "high watermarks restart at the log start");
         let mut logs = BTreeMap::new();
+        let mut unopened = BTreeMap::new();
         let mut orphans = 0;
         for entry in fs::read_dir(&dir).at(&dir)? {
             let entry = entry.at(&dir)?;
@@ -86,11 +92,27 @@ impl LogManager {
                 continue;
             };
             let recovery_point = recovery_points.get(&tp).copied().unwrap_or(0);
-            let log = Log::open_with_recovery_point(&path, default_config, recovery_point)?;
-            if let Some(&hw) = high_watermarks.get(&tp) {
-                log.set_high_watermark(hw);
+            let high_watermark = high_watermarks.get(&tp).copied();
+            match Log::open_with_recovery_point(&path, default_config, recovery_point) {
+                Ok(log) => {
+                    if let Some(hw) = high_watermark {
+                        log.set_high_watermark(hw);
+                    }
+                    logs.insert(tp, Arc::new(log));
+                }
+                // One partition that cannot be opened must not keep the others from
+                // being served: it stays offline, its directory untouched, and the
+                // broker's next attempt to host it ([`LogManager::get_or_create`]) tries again.
+                Err(e) => {
+                    tracing::error!(
+                        partition = %tp,
+                        path = %path.display(),
+                        error = %e,
+                        "cannot open this partition's log: it stays offline and on disk as it is; the other partitions are served"
+                    );
+                    unopened.insert(tp, (recovery_point, high_watermark));
+                }
             }
-            logs.insert(tp, Arc::new(log));
         }
         if orphans > 0 {
             tracing::warn!(
@@ -105,6 +127,7 @@ impl LogManager {
             logs: RwLock::new(logs),
             last_checkpoint: Mutex::new(None),
             scrub_next: Mutex::new(None),
+            unopened: Mutex::new(unopened),
         })
     }
 
@@ -136,7 +159,19 @@ impl LogManager {
         if let Some(log) = logs.get(tp) {
             return Ok(log.clone());
         }
-        let log = Arc::new(Log::open(self.dir.join(tp.dir_name()), config)?);
+        let dir = self.dir.join(tp.dir_name());
+        let unopened = lock::mutex(&self.unopened).get(tp).copied();
+        let log = Arc::new(match unopened {
+            Some((recovery_point, high_watermark)) => {
+                let log = Log::open_with_recovery_point(dir, config, recovery_point)?;
+                if let Some(hw) = high_watermark {
+                    log.set_high_watermark(hw);
+                }
+                lock::mutex(&self.unopened).remove(tp);
+                log
+            }
+            None => Log::open(dir, config)?,
+        });
         logs.insert(tp.clone(), log.clone());
         Ok(log)
     }
@@ -200,7 +235,14 @@ impl LogManager {
         let collect = |f: fn(&Log) -> Offset| -> BTreeMap<TopicPartition, Offset> {
             logs.iter().map(|(tp, log)| (tp.clone(), f(log))).collect()
         };
-        let current = (collect(Log::recovery_point), collect(Log::high_watermark));
+        let mut current = (collect(Log::recovery_point), collect(Log::high_watermark));
+        // A partition that could not be opened keeps its entries until it is.
+        for (tp, &(recovery_point, high_watermark)) in lock::mutex(&self.unopened).iter() {
+            current.0.entry(tp.clone()).or_insert(recovery_point);
+            if let Some(hw) = high_watermark {
+                current.1.entry(tp.clone()).or_insert(hw);
+            }
+        }
         if !always && last.as_ref() == Some(&current) {
             return Ok(());
         }
@@ -357,6 +399,39 @@ mod tests {
 
     fn config() -> LogConfig {
         LogConfig { segment_bytes: 300, min_segment_bytes: 300, file_delete_delay: Duration::ZERO, ..LogConfig::default() }
+    }
+
+    #[test]
+    fn a_partition_that_cannot_be_opened_stays_offline_and_keeps_its_place_while_the_others_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (good, bad) = (TopicPartition::new("good", 0), TopicPartition::new("bad", 0));
+        {
+            let m = LogManager::open(dir.path(), config()).unwrap();
+            for tp in [&good, &bad] {
+                let log = m.get_or_create(tp, config()).unwrap();
+                log.append(&mut batch(3), 0).unwrap();
+                log.set_high_watermark(3);
+                log.close().unwrap();
+            }
+            m.checkpoint().unwrap();
+        }
+        // The bad partition's segment becomes unreadable: a directory where its file was.
+        let segment = dir.path().join(bad.dir_name()).join("00000000000000000000.log");
+        std::fs::rename(&segment, dir.path().join("aside.log")).unwrap();
+        std::fs::create_dir(&segment).unwrap();
+
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        assert_eq!(m.partitions(), vec![good.clone()], "the good partition is served, the bad one is offline");
+        assert!(m.get_or_create(&bad, config()).is_err(), "a later attempt fails the same way");
+        m.checkpoint().unwrap();
+        let points = checkpoint::read_offsets(&dir.path().join(REPLICATION_CHECKPOINT)).unwrap();
+        assert_eq!(points.get(&bad), Some(&3), "the offline partition keeps its high watermark in the checkpoint");
+
+        // Repaired by hand, it opens with its checkpointed place.
+        std::fs::remove_dir(&segment).unwrap();
+        std::fs::rename(dir.path().join("aside.log"), &segment).unwrap();
+        let log = m.get_or_create(&bad, config()).unwrap();
+        assert_eq!((log.log_end_offset(), log.high_watermark()), (3, 3));
     }
 
     #[test]
