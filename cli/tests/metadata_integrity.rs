@@ -133,6 +133,59 @@ async fn acknowledged_writes_after_a_full_disk_survive_a_restart() {
     stop(broker);
 }
 
+/// The log on a full disk: a produce that does not fit fails with an error (never an
+/// acknowledgement), nothing acknowledged before is lost, writes resume once space is freed
+/// without a restart, and after a restart every acknowledged record is there, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_on_a_full_disk_refuses_writes_and_keeps_every_acknowledged_one() {
+    let disk = fjord_testkit::Tmpfs::mount(24).unwrap();
+    let data = disk.path().join("data");
+    let port = free_port();
+    let broker = start(port, &data);
+    create_topic(port, "log").await;
+    let mut acked = values("before", 100);
+    produce(port, "log", &acked).await;
+
+    disk.fill("filler").unwrap();
+    // The active segment keeps blocks reserved ahead of its end (preallocate), so some
+    // writes still fit; 10 KB records one at a time until one does not, at most 16 MB.
+    let producer = Producer::connect(ProducerConfig {
+        client: client(port),
+        acks: Acks::All,
+        retries: 0,
+        delivery_timeout: Duration::from_secs(10),
+        ..ProducerConfig::default()
+    })
+    .await
+    .unwrap();
+    let mut refused = None;
+    for i in 0..1600 {
+        let value = format!("full-{i}-{}", "x".repeat(10_000));
+        let sent = producer.send(ProducerRecord::new("log", value.clone()).partition(0)).await.unwrap();
+        match sent.await {
+            Ok(_) => acked.push(value),
+            Err(e) => {
+                refused = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("a full disk refuses a write");
+    assert!(refused.to_lowercase().contains("storage"), "the error says why: {refused}");
+    assert_eq!(read(port, "log").await, acked, "nothing acknowledged is lost while the disk is full");
+
+    std::fs::remove_file(disk.path().join("filler")).unwrap();
+    let after = values("after", 100);
+    produce(port, "log", &after).await;
+    acked.extend(after);
+    assert_eq!(read(port, "log").await, acked, "writes resume once space is freed");
+    stop(broker);
+
+    let broker = start(port, &data);
+    assert_eq!(read(port, "log").await, acked, "every acknowledged record across a restart");
+    stop(broker);
+}
+
 /// One flipped bit in the middle of the journal: the broker refuses to start, naming the
 /// file and the byte offset, and touches neither the journal nor the topic's log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
