@@ -12,7 +12,7 @@ use crate::Result;
 pub enum Format {
     /// Aligned text, one table per topic.
     Text,
-    /// One JSON object (the contract in ARCHITECTURE.md).
+    /// One JSON object (the contract in the README's audit section).
     Json,
     /// One HTML page, no external assets.
     Html,

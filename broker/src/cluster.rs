@@ -2,7 +2,7 @@
 //! watches on the metadata store, and the hand-off of partition states to the
 //! [`ReplicaManager`].
 //!
-//! The store is the truth (CLUSTER_DESIGN.md): brokers learn leadership from the
+//! The store is the truth (docs/architecture.md): brokers learn leadership from the
 //! partition state znodes, never from controller RPCs. This view mirrors
 //! - `/brokers/ids` (children, and each registration): the live brokers;
 //! - `/controller`: who the controller is (Metadata answers name it);

@@ -1,5 +1,5 @@
 //! The controller: one broker at a time moves partition leadership when brokers come
-//! and go (CLUSTER_DESIGN.md).
+//! and go (docs/architecture.md).
 //!
 //! # Election and fencing
 //! Every broker tries to create the ephemeral `/controller` ({brokerid}); the winner

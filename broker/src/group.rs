@@ -5,7 +5,7 @@
 //! - [`state`]: one group's membership state machine (join, sync, heartbeat, leave,
 //!   session expiry), pure and unit-tested.
 //! - this file: the coordinator that owns the groups, answers the group APIs, and
-//!   keeps the registries in the metadata store (ARCHITECTURE.md):
+//!   keeps the registries in the metadata store (docs/architecture.md):
 //!   - `/consumers/<group>/coordinator` (ephemeral): which broker coordinates it;
 //!   - `/consumers/<group>/offsets/<topic>/<p>` (persistent): committed offsets, so
 //!     they survive any broker and are visible to operators;

@@ -1,7 +1,7 @@
 //! Topics: their metadata (from the [`ClusterView`]), creation with a replica assignment
 //! over the live brokers, deletion, and config reloads (AlterConfigs).
 //!
-//! Store layout (ARCHITECTURE.md): `/config/topics/<t>` holds the topic's config overrides,
+//! Store layout (docs/architecture.md): `/config/topics/<t>` holds the topic's config overrides,
 //! `/brokers/topics/<t>` its replica assignment, and `/brokers/topics/<t>/partitions/<p>/state`
 //! leader, epoch and ISR. The assignment is written after the config, so a topic whose
 //! assignment exists is complete; a config without an assignment is an interrupted

@@ -1,5 +1,5 @@
 //! The broker on a real ZooKeeper (`zookeeper.connect`): topics land in the registry paths
-//! of ARCHITECTURE.md, the broker registers and deregisters itself, and a restart on the
+//! of docs/architecture.md, the broker registers and deregisters itself, and a restart on the
 //! same ZooKeeper and log dir finds its topics and data again.
 
 mod common;

@@ -1,5 +1,5 @@
 //! `fjord dev` and `fjord broker`: build the broker config (defaults, then the TOML
-//! file, then flags, then `FJORD_*` environment variables, as ARCHITECTURE.md's
+//! file, then flags, then `FJORD_*` environment variables, as docs/architecture.md's
 //! contract orders them), bind, and run until Ctrl-C
 //! or SIGTERM, which shut the broker down cleanly (logs flushed, checkpoints written).
 //! `fjord dev` also runs the schema registry and the gateway in the same process, on

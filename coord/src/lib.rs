@@ -7,7 +7,7 @@
 //!   compare-and-set, one-shot data and child watches.
 //! - [`embedded`]: a single-process store, durable in a journal under the data
 //!   directory; its one session ends with the process, taking ephemerals with it.
-//! - [`paths`]: the registry paths of ARCHITECTURE.md (relative to the chroot).
+//! - [`paths`]: the registry paths of docs/architecture.md (relative to the chroot).
 //! - [`registry`]: the JSON documents stored at those paths.
 //!
 //! # Invariants

@@ -1,4 +1,4 @@
-//! The registry paths of ARCHITECTURE.md, relative to the store's root (ZooKeeper
+//! The registry paths of docs/architecture.md, relative to the store's root (ZooKeeper
 //! backends apply the chroot, `/fjord` by default).
 
 /// Default ZooKeeper chroot for a Fjord cluster.

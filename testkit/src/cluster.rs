@@ -366,7 +366,7 @@ impl Cluster {
     pub async fn controller(&self) -> Result<Option<i32>> {
         let Some((data, _)) = self.store.get(paths::CONTROLLER).await? else { return Ok(None) };
         let value: serde_json::Value = serde_json::from_slice(&data).context("/controller is not JSON")?;
-        // ARCHITECTURE.md names the field `broker_id`; Kafka's `brokerid` is read too.
+        // docs/architecture.md names the field `broker_id`; Kafka's `brokerid` is read too.
         let id = value.get("broker_id").or_else(|| value.get("brokerid")).and_then(serde_json::Value::as_i64);
         Ok(Some(id.ok_or_else(|| anyhow!("no broker id in /controller: {value}"))? as i32))
     }
