@@ -79,7 +79,11 @@ impl<U: Message + Default + 'static> Decoder for BoundedDecoder<U> {
 
 /// Counts the events and headers of an encoded `PublishRequest`; refuses it past the
 /// limits. Malformed framing is left for prost to report.
-pub fn check_publish_request(mut message: &[u8]) -> Result<(), Status> {
+pub fn check_publish_request(message: &[u8]) -> Result<(), Status> {
+    check_with_limits(message, MAX_PUBLISH_EVENTS, MAX_PUBLISH_HEADERS)
+}
+
+fn check_with_limits(mut message: &[u8], max_events: usize, max_headers: usize) -> Result<(), Status> {
     let (mut events, mut headers) = (0usize, 0usize);
     while let Some((field, value)) = next_field(&mut message) {
         let Some(event) = value else { continue };
@@ -87,18 +91,18 @@ pub fn check_publish_request(mut message: &[u8]) -> Result<(), Status> {
             continue;
         }
         events += 1;
-        if events > MAX_PUBLISH_EVENTS {
+        if events > max_events {
             return Err(Status::resource_exhausted(format!(
-                "a PublishRequest may hold at most {MAX_PUBLISH_EVENTS} events; this one holds more: split it"
+                "a PublishRequest may hold at most {max_events} events; this one holds more: split it"
             )));
         }
         let mut event = event;
         while let Some((field, value)) = next_field(&mut event) {
             headers += usize::from(field == HEADERS_FIELD && value.is_some());
         }
-        if headers > MAX_PUBLISH_HEADERS {
+        if headers > max_headers {
             return Err(Status::resource_exhausted(format!(
-                "a PublishRequest may hold at most {MAX_PUBLISH_HEADERS} headers over all its events; this one holds more: split it"
+                "a PublishRequest may hold at most {max_headers} headers over all its events; this one holds more: split it"
             )));
         }
     }
@@ -128,9 +132,51 @@ fn next_field<'a>(buf: &mut &'a [u8]) -> Option<(u64, Option<&'a [u8]>)> {
             *buf = buf.get(4..)?;
             None
         }
+        // A (proto2) group: prost skips it as an unknown field and goes on decoding, so
+        // the walk skips it too; fields after it must be counted.
+        3 => {
+            skip_group(buf, key >> 3, 0)?;
+            None
+        }
         _ => return None,
     };
     Some((key >> 3, value))
+}
+
+/// How deep groups may nest: prost's recursion limit, beyond which it refuses the message.
+const MAX_GROUP_DEPTH: usize = 100;
+
+/// Skips the fields of group `field` up to and including its end-group key.
+fn skip_group(buf: &mut &[u8], field: u64, depth: usize) -> Option<()> {
+    if depth >= MAX_GROUP_DEPTH {
+        return None;
+    }
+    loop {
+        let key = varint(buf)?;
+        match key & 7 {
+            4 if key >> 3 == field => return Some(()),
+            3 => skip_group(buf, key >> 3, depth + 1)?,
+            4 => return None,
+            wire_type => skip_value(buf, wire_type)?,
+        }
+    }
+}
+
+/// Skips one value of wire type 0, 1, 2 or 5.
+fn skip_value(buf: &mut &[u8], wire_type: u64) -> Option<()> {
+    match wire_type {
+        0 => {
+            varint(buf)?;
+        }
+        1 => *buf = buf.get(8..)?,
+        2 => {
+            let len = usize::try_from(varint(buf)?).ok()?;
+            *buf = buf.get(len..)?;
+        }
+        5 => *buf = buf.get(4..)?,
+        _ => return None,
+    }
+    Some(())
 }
 
 fn varint(buf: &mut &[u8]) -> Option<u64> {
@@ -169,6 +215,45 @@ mod tests {
         assert!(check_publish_request(&request(1000, MAX_PUBLISH_HEADERS / 1000)).is_ok());
         let err = check_publish_request(&request(1000, MAX_PUBLISH_HEADERS / 1000 + 1)).unwrap_err();
         assert!(err.message().contains("headers"), "{}", err.message());
+    }
+
+    #[test]
+    fn events_after_a_group_encoded_unknown_field_are_counted() {
+        // Field 15 as a (proto2) group: start, one varint inside, end. prost skips it as an
+        // unknown field and decodes every event after it, so the walk must too.
+        let mut message = vec![0x7b, 0x08, 0x01, 0x7c];
+        message.extend(request(MAX_PUBLISH_EVENTS + 1, 0));
+        assert_eq!(PublishRequest::decode(&message[..]).unwrap().events.len(), MAX_PUBLISH_EVENTS + 1);
+        assert_eq!(check_publish_request(&message).unwrap_err().code(), tonic::Code::ResourceExhausted);
+    }
+
+    proptest::proptest! {
+        /// Whatever bytes a client sends, a request the walk lets through decodes (if prost
+        /// decodes it at all) to no more events and headers than the limits: the walk never
+        /// counts fewer than prost decodes. Limits of 3 events and 5 headers, on mutated
+        /// small requests with group-encoded unknown fields spliced in.
+        #[test]
+        fn nothing_prost_decodes_escapes_the_count(
+            events in 0usize..6,
+            headers in 0usize..3,
+            edits in proptest::collection::vec((0usize..512, 0u8..=255, 0u8..3), 0..6),
+        ) {
+            let mut message = request(events, headers);
+            for (at, byte, kind) in edits {
+                let at = at % (message.len() + 1);
+                match kind {
+                    0 if at < message.len() => message[at] = byte,
+                    1 => message.insert(at, byte),
+                    // An unknown field 15 as a group holding field 1 = byte, in front.
+                    _ => message.splice(0..0, [0x7b, 0x08, byte & 0x7f, 0x7c]).for_each(drop),
+                }
+            }
+            if let (Ok(()), Ok(decoded)) = (check_with_limits(&message, 3, 5), PublishRequest::decode(&message[..])) {
+                proptest::prop_assert!(decoded.events.len() <= 3, "{} events passed the walk", decoded.events.len());
+                let headers: usize = decoded.events.iter().map(|e| e.headers.len()).sum();
+                proptest::prop_assert!(headers <= 5, "{headers} headers passed the walk");
+            }
+        }
     }
 
     #[test]
