@@ -96,6 +96,7 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::SaslHandshake, 0, 1),
     (ApiKey::SaslAuthenticate, 0, 2),
     (ApiKey::DescribeCluster, 0, 1),
+    (ApiKey::CreatePartitions, 0, 3),
 ];
 
 /// Produce versions whose payloads are old message sets; answered by hand

@@ -158,6 +158,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::SaslHandshake => false,
         ApiKey::SaslAuthenticate => v >= 2,
         ApiKey::DescribeCluster => true,
+        ApiKey::CreatePartitions => v >= 2,
         _ => return Err("no schema for this api"),
     };
     let w = &mut Walker { buf: body, flexible };
@@ -481,6 +482,19 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                 })?;
                 w.tagged_fields()
             })?;
+        }
+        ApiKey::CreatePartitions => {
+            w.array(|w| {
+                w.string()?; // name
+                w.int32()?; // count
+                w.array(|w| {
+                    w.array(Walker::int32)?; // broker ids
+                    w.tagged_fields()
+                })?; // assignments (nullable)
+                w.tagged_fields()
+            })?;
+            w.int32()?; // timeout
+            w.int8()?; // validate only
         }
         ApiKey::ElectLeaders => {
             if v >= 1 {
@@ -809,6 +823,18 @@ mod tests {
             ApiKey::DescribeCluster => DescribeClusterRequest::default()
                 .with_include_cluster_authorized_operations(true)
                 .with_endpoint_type(if v >= 1 { 2 } else { 1 })
+                .encode(&mut buf, v),
+            ApiKey::CreatePartitions => CreatePartitionsRequest::default()
+                .with_topics(vec![
+                    create_partitions_request::CreatePartitionsTopic::default()
+                        .with_name(name())
+                        .with_count(4)
+                        .with_assignments(Some(vec![create_partitions_request::CreatePartitionsAssignment::default()
+                            .with_broker_ids(vec![BrokerId(1), BrokerId(2)])])),
+                    create_partitions_request::CreatePartitionsTopic::default().with_name(name()).with_count(2),
+                ])
+                .with_timeout_ms(30_000)
+                .with_validate_only(true)
                 .encode(&mut buf, v),
             other => panic!("no sample for {other:?}"),
         };

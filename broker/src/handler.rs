@@ -10,6 +10,7 @@ pub(crate) mod fetch;
 pub(crate) mod leader_epoch;
 pub(crate) mod metadata;
 pub(crate) mod offsets;
+pub(crate) mod partitions;
 pub(crate) mod produce;
 pub(crate) mod producer_id;
 
@@ -151,6 +152,7 @@ impl Broker {
             RequestKind::AlterUserScramCredentials(req) => {
                 (ApiKey::AlterUserScramCredentials, self.alter_user_scram_credentials(req).await)
             }
+            RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req).await),
             RequestKind::DescribeCluster(req) => (ApiKey::DescribeCluster, self.describe_cluster(req, &session.listener.name)),
             other => {
                 // decode_request only decodes what SUPPORTED_APIS lists, and every entry is matched above.

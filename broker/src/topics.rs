@@ -160,6 +160,10 @@ pub(crate) enum TopicError {
          at most {limit} per broker (max.partitions.per.broker)"
     )]
     BrokerPartitionLimit { broker: i32, current: usize, new: usize, limit: usize },
+    #[error("topic has {current} partitions; the new count must be higher, got {requested}")]
+    PartitionsNotIncreased { current: i32, requested: i32 },
+    #[error("{requested} partitions to add; at most {limit} in one request (max.partitions.per.request)")]
+    TooManyNewPartitions { requested: usize, limit: i32 },
     #[error("{0}")]
     InvalidReplicationFactor(String),
     #[error("invalid replica assignment: {0}")]
@@ -177,7 +181,8 @@ impl TopicError {
             TopicError::Unknown => error_code::UNKNOWN_TOPIC_OR_PARTITION,
             TopicError::InvalidName(_) => error_code::INVALID_TOPIC_EXCEPTION,
             TopicError::InvalidPartitions(_) | TopicError::TooManyPartitions { .. } => error_code::INVALID_PARTITIONS,
-            TopicError::BrokerPartitionLimit { .. } => error_code::POLICY_VIOLATION,
+            TopicError::PartitionsNotIncreased { .. } => error_code::INVALID_PARTITIONS,
+            TopicError::BrokerPartitionLimit { .. } | TopicError::TooManyNewPartitions { .. } => error_code::POLICY_VIOLATION,
             TopicError::InvalidReplicationFactor(_) => error_code::INVALID_REPLICATION_FACTOR,
             TopicError::InvalidReplicaAssignment(_) => error_code::INVALID_REPLICA_ASSIGNMENT,
             TopicError::InvalidConfig(_) => error_code::INVALID_CONFIG,
@@ -401,14 +406,7 @@ impl Topics {
                 other?;
             }
         }
-        let controller_epoch = match read_json::<i32>(store, paths::CONTROLLER_EPOCH).await {
-            Ok(found) => found.map_or(0, |(epoch, _)| epoch),
-            Err(_) => 0,
-        };
-        for (p, replicas) in topic.replicas.iter().enumerate() {
-            let state = PartitionState { leader: replicas[0], leader_epoch: 0, isr: replicas.clone(), controller_epoch };
-            create_all(store, &paths::partition_state(name, p as i32), &to_json(&state), CreateMode::Persistent).await?;
-        }
+        write_new_partition_states(store, name, 0, &topic.replicas).await?;
         tracing::info!(topic = name, partitions = topic.partition_count(), replicas = ?topic.replicas, "created topic");
         if !self.view.wait_for(VIEW_WAIT, |v| v.is_ready(name)).await {
             tracing::warn!(topic = name, "created topic not yet in this broker's view");
@@ -475,6 +473,12 @@ impl Topics {
             }
             Layout::Manual(replicas) => replicas.iter().for_each(|r| count(r)),
         }
+        self.check_added_replicas(added)
+    }
+
+    /// Refuses `added` (new replicas per broker) when it would give a broker more than
+    /// `max.partitions.per.broker` replicas, counting those it has in the view.
+    fn check_added_replicas(&self, added: BTreeMap<i32, usize>) -> Result<(), TopicError> {
         let limit = self.limits.per_broker;
         // The current replicas of the brokers that get new ones.
         let mut held: BTreeMap<i32, usize> = BTreeMap::new();
@@ -490,6 +494,91 @@ impl Topics {
             if current + new > limit {
                 return Err(TopicError::BrokerPartitionLimit { broker, current, new, limit });
             }
+        }
+        Ok(())
+    }
+
+    /// Raises the topic's partition count to `count` (CreatePartitions): the new
+    /// partitions get `manual` replica lists (one per new partition) or Kafka's placement
+    /// over the live brokers at the topic's replication factor. Every limit is checked
+    /// before the assignment is written; `validate_only` stops there. The assignment is
+    /// replaced with a version check (a concurrent change through another broker fails
+    /// this one instead of being overwritten), then the new partitions' states are written
+    /// as a create writes them; answers once this broker's view has the new partitions.
+    pub(crate) async fn add_partitions(
+        &self,
+        name: &str,
+        count: i32,
+        manual: Option<Vec<Vec<i32>>>,
+        validate_only: bool,
+    ) -> Result<(), TopicError> {
+        let _admin = self.admin.lock().await;
+        let store = &*self.store;
+        let path = paths::topic(name);
+        let Some((mut assignment, stat)) = read_json::<TopicAssignment>(store, &path).await? else {
+            return Err(TopicError::Unknown);
+        };
+        let current = Topic::from_assignment(name, &assignment, BTreeMap::new(), &self.settings)?;
+        let old = current.partition_count();
+        if count <= old {
+            return Err(TopicError::PartitionsNotIncreased { current: old, requested: count });
+        }
+        let new = (count - old) as usize;
+        if new > self.limits.per_request.max(0) as usize {
+            return Err(TopicError::TooManyNewPartitions { requested: new, limit: self.limits.per_request });
+        }
+        let replication_factor = current.replicas.first().map_or(1, Vec::len);
+        let brokers = live_brokers(store).await?;
+        let added = match manual {
+            Some(replicas) => {
+                if replicas.len() != new {
+                    return Err(TopicError::InvalidReplicaAssignment(format!(
+                        "{} replica lists for {new} new partitions",
+                        replicas.len()
+                    )));
+                }
+                check_manual_assignment(&replicas, &brokers)?;
+                if replicas[0].len() != replication_factor {
+                    return Err(TopicError::InvalidReplicaAssignment(format!(
+                        "{} replicas per new partition; the topic has {replication_factor}",
+                        replicas[0].len()
+                    )));
+                }
+                replicas
+            }
+            None => {
+                if replication_factor > brokers.len() {
+                    return Err(TopicError::InvalidReplicationFactor(format!(
+                        "replication factor {replication_factor} is larger than the {} live brokers",
+                        brokers.len()
+                    )));
+                }
+                // Bounded by max.partitions.per.request, checked above.
+                place_replicas_from(&brokers, old as usize, new, replication_factor, random_u64())
+            }
+        };
+        let mut per_broker: BTreeMap<i32, usize> = BTreeMap::new();
+        for broker in added.iter().flatten() {
+            *per_broker.entry(*broker).or_default() += 1;
+        }
+        self.check_added_replicas(per_broker)?;
+        if validate_only {
+            return Ok(());
+        }
+        for (i, replicas) in added.iter().enumerate() {
+            assignment.partitions.insert((old as usize + i).to_string(), replicas.clone());
+        }
+        match store.set(&path, &to_json(&assignment), Some(stat.version)).await {
+            Err(fjord_coord::Error::NoNode { .. }) => return Err(TopicError::Unknown),
+            other => {
+                other?;
+            }
+        }
+        write_new_partition_states(store, name, old, &added).await?;
+        tracing::info!(topic = name, from = old, to = count, replicas = ?added, "added partitions");
+        let ready = |v: &ClusterView| v.is_ready(name) && v.topic(name).is_some_and(|t| t.partition_count() == count);
+        if !self.view.wait_for(VIEW_WAIT, ready).await {
+            tracing::warn!(topic = name, "added partitions not yet in this broker's view");
         }
         Ok(())
     }
@@ -523,6 +612,26 @@ async fn live_brokers(store: &dyn fjord_coord::MetadataStore) -> Result<Vec<(i32
     }
     brokers.sort();
     Ok(brokers)
+}
+
+/// Writes the state of new partitions `first..` (replicas `replicas`) as the controller
+/// expects of a partition nobody has led yet: the first replica leads at epoch 0 with
+/// every replica in sync (their logs are all empty).
+async fn write_new_partition_states(
+    store: &dyn fjord_coord::MetadataStore,
+    name: &str,
+    first: i32,
+    replicas: &[Vec<i32>],
+) -> Result<(), TopicError> {
+    let controller_epoch = match read_json::<i32>(store, paths::CONTROLLER_EPOCH).await {
+        Ok(found) => found.map_or(0, |(epoch, _)| epoch),
+        Err(_) => 0,
+    };
+    for (i, replicas) in replicas.iter().enumerate() {
+        let state = PartitionState { leader: replicas[0], leader_epoch: 0, isr: replicas.clone(), controller_epoch };
+        create_all(store, &paths::partition_state(name, first + i as i32), &to_json(&state), CreateMode::Persistent).await?;
+    }
+    Ok(())
 }
 
 fn check_manual_assignment(replicas: &[Vec<i32>], brokers: &[(i32, Option<String>)]) -> Result<(), TopicError> {
@@ -560,11 +669,36 @@ pub(crate) fn assign_replicas(
     result
 }
 
+/// The placement of partitions `first..first + count` of a topic laid out by
+/// [`assign_replicas`] (CreatePartitions continues the same pattern).
+fn place_replicas_from(
+    brokers: &[(i32, Option<String>)],
+    first: usize,
+    count: usize,
+    replication_factor: usize,
+    seed: u64,
+) -> Vec<Vec<i32>> {
+    let mut result = Vec::with_capacity(count);
+    place_partitions(brokers, first..first + count, replication_factor, seed, |replicas| result.push(replicas.to_vec()));
+    result
+}
+
 /// [`assign_replicas`], handing each partition's replicas to `each` in partition order
 /// instead of collecting them (the per-broker limit counts a placement without building it).
 fn place_replicas(
     brokers: &[(i32, Option<String>)],
     partitions: i32,
+    replication_factor: usize,
+    seed: u64,
+    each: impl FnMut(&[i32]),
+) {
+    place_partitions(brokers, 0..usize::try_from(partitions).unwrap_or(0), replication_factor, seed, each)
+}
+
+/// The placement of the partitions numbered `range`.
+fn place_partitions(
+    brokers: &[(i32, Option<String>)],
+    range: std::ops::Range<usize>,
     replication_factor: usize,
     seed: u64,
     mut each: impl FnMut(&[i32]),
@@ -574,13 +708,12 @@ fn place_replicas(
     let rack_aware = brokers.iter().all(|(_, rack)| rack.is_some());
     let ordered: Vec<(i32, Option<String>)> = if rack_aware { rack_alternated(brokers) } else { brokers.to_vec() };
     let start = (seed % n as u64) as usize;
-    let mut shift = ((seed >> 32) % n as u64) as usize;
+    let base_shift = ((seed >> 32) % n as u64) as usize;
     let mut others: Vec<&(i32, Option<String>)> = Vec::with_capacity(n);
     let mut replicas: Vec<i32> = Vec::with_capacity(replication_factor);
-    for p in 0..usize::try_from(partitions).unwrap_or(0) {
-        if p > 0 && p % n == 0 {
-            shift += 1;
-        }
+    for p in range {
+        // The follower shift grows every `n` partitions.
+        let shift = base_shift + p / n;
         let first = (p + start) % n;
         // Every other broker once, in Kafka's follower order.
         others.clear();

@@ -112,3 +112,63 @@ async fn kafka_python_and_confluent_kafka_alter_topic_configs() {
     run_python(ADMIN_SCRIPT, &[&broker.bootstrap()], Duration::from_secs(60)).await;
     broker.stop().await.unwrap();
 }
+
+/// CreatePartitions through confluent-kafka's AdminClient (librdkafka): validate_only,
+/// the real raise, Kafka's error for a lower count; then a producer writes into a new
+/// partition and a consumer reads it back.
+const PARTITIONS_SCRIPT: &str = r#"
+import sys, time
+from confluent_kafka import Producer, Consumer, TopicPartition as CTP, KafkaError
+from confluent_kafka.admin import AdminClient, NewTopic, NewPartitions
+
+bootstrap = sys.argv[1]
+ca = AdminClient({'bootstrap.servers': bootstrap})
+[f] = ca.create_topics([NewTopic('grown', 1, 1)]).values()
+f.result()
+def count():
+    return len(ca.list_topics('grown', timeout=10).topics['grown'].partitions)
+
+[f] = ca.create_partitions([NewPartitions('grown', 3)], validate_only=True).values()
+f.result()
+assert count() == 1, count()
+[f] = ca.create_partitions([NewPartitions('grown', 3)]).values()
+f.result()
+assert count() == 3, count()
+[f] = ca.create_partitions([NewPartitions('grown', 2)]).values()
+try:
+    f.result()
+    raise AssertionError('a lower partition count was accepted')
+except Exception as e:
+    assert e.args[0].code() == KafkaError.INVALID_PARTITIONS, e
+[f] = ca.create_partitions([NewPartitions('absent', 2)]).values()
+try:
+    f.result()
+    raise AssertionError('an unknown topic was accepted')
+except Exception as e:
+    assert e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART, e
+
+p = Producer({'bootstrap.servers': bootstrap})
+for i in range(10):
+    p.produce('grown', partition=2, value=b'new%d' % i)
+assert p.flush(20) == 0, "undelivered"
+c = Consumer({'bootstrap.servers': bootstrap, 'group.id': 'unused', 'enable.auto.commit': False})
+c.assign([CTP('grown', 2, 0)])
+seen = []
+deadline = time.time() + 30
+while len(seen) < 10 and time.time() < deadline:
+    m = c.poll(0.5)
+    if m is None or m.error():
+        continue
+    seen.append(m.value())
+c.close()
+assert seen == [b'new%d' % i for i in range(10)], seen
+print("ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confluent_kafka_create_partitions_then_produce_and_consume_the_new_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
+    run_python(PARTITIONS_SCRIPT, &[&broker.bootstrap()], Duration::from_secs(90)).await;
+    broker.stop().await.unwrap();
+}

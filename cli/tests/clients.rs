@@ -147,6 +147,16 @@ async fn topics_subcommands_and_one_line_errors() {
     assert!(!out.status.success());
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("retention.ms=soon"), "{stderr}");
+    // Alter --partitions raises the count (CreatePartitions); a lower one is refused in one line.
+    let grown = fjord(&["topics", "--bootstrap", &b.addr, "alter", "t", "--partitions", "5"], "").await;
+    assert_eq!(grown, "topic t now has 5 partitions\n");
+    let described = fjord(&["topics", "--bootstrap", &b.addr, "describe", "t"], "").await;
+    assert!(described.contains("partitions 5"), "{described}");
+    let out = run(env!("CARGO_BIN_EXE_fjord"), &["topics", "--bootstrap", &b.addr, "alter", "t", "--partitions", "2"], "").await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("InvalidPartitions") || stderr.contains("partitions"), "{stderr}");
     fjord(&["topics", "--bootstrap", &b.addr, "delete", "t"], "").await;
     assert_eq!(fjord(&["topics", "--bootstrap", &b.addr, "list"], "").await, "");
     // Consuming a missing topic does not create it.

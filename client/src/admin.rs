@@ -4,14 +4,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
+use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::{
-    BrokerId, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest, IncrementalAlterConfigsRequest,
-    ListOffsetsRequest, TopicName,
+    BrokerId, CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
+    IncrementalAlterConfigsRequest, ListOffsetsRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -118,6 +119,29 @@ impl Admin {
             }
         }
         self.cluster.refresh(None).await?;
+        Ok(())
+    }
+
+    /// Raises a topic's partition count to `count`, the new partitions placed by the
+    /// broker (CreatePartitions).
+    pub async fn create_partitions(&self, topic: &str, count: i32) -> Result<()> {
+        let conn = self.cluster.controller().await?;
+        let version = conn.version::<CreatePartitionsRequest>(3)?;
+        let timeout = self.cluster.config().request_timeout.as_millis() as i32;
+        let request =
+            CreatePartitionsRequest::default().with_timeout_ms(timeout).with_topics(vec![CreatePartitionsTopic::default()
+                .with_name(topic_name(topic))
+                .with_count(count)
+                .with_assignments(None)]);
+        let response = conn.request_at(&request, version).await?;
+        for r in response.results {
+            if let Some(e) =
+                Error::kafka(r.error_code, format!("add partitions to {topic}"), r.error_message.map(|m| m.to_string()))
+            {
+                return Err(e);
+            }
+        }
+        self.cluster.refresh(Some(&[topic.to_string()])).await?;
         Ok(())
     }
 

@@ -45,13 +45,16 @@ enum Action {
         /// Topic name.
         topic: String,
     },
-    /// Change topic config overrides.
+    /// Change topic config overrides, or raise the partition count.
     Alter {
         /// Topic name.
         topic: String,
         /// KEY=VALUE (repeatable).
-        #[arg(long = "config", value_parser = parse_key_value, required = true)]
+        #[arg(long = "config", value_parser = parse_key_value, required_unless_present = "partitions")]
         configs: Vec<(String, String)>,
+        /// The new partition count (higher than the current one; new partitions are placed by the broker).
+        #[arg(long)]
+        partitions: Option<i32>,
     },
 }
 
@@ -94,10 +97,19 @@ pub(crate) async fn run(args: TopicsArgs) -> anyhow::Result<()> {
             admin.delete_topics(std::slice::from_ref(&topic)).await.with_context(|| format!("cannot delete topic {topic}"))?;
             println!("deleted topic {topic}");
         }
-        Action::Alter { topic, configs } => {
-            let configs: BTreeMap<String, String> = configs.into_iter().collect();
-            admin.alter_configs(&topic, &configs).await.with_context(|| format!("cannot alter topic {topic}"))?;
-            println!("altered topic {topic}");
+        Action::Alter { topic, configs, partitions } => {
+            if let Some(count) = partitions {
+                admin
+                    .create_partitions(&topic, count)
+                    .await
+                    .with_context(|| format!("cannot raise the partition count of {topic} to {count}"))?;
+                println!("topic {topic} now has {count} partitions");
+            }
+            if !configs.is_empty() {
+                let configs: BTreeMap<String, String> = configs.into_iter().collect();
+                admin.alter_configs(&topic, &configs).await.with_context(|| format!("cannot alter topic {topic}"))?;
+                println!("altered topic {topic}");
+            }
         }
     }
     Ok(())
