@@ -64,6 +64,12 @@ impl AuditCounter {
         Ok(self)
     }
 
+    /// Sets a window length already checked by [`window_ms`].
+    pub(crate) fn with_window_ms(mut self, window_ms: i64) -> Self {
+        self.window_ms = window_ms;
+        self
+    }
+
     /// The tier name.
     pub fn tier(&self) -> &str {
         &self.tier

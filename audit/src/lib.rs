@@ -23,6 +23,7 @@
 //! # Layout
 //! - [`record`]: the [`AuditRecord`] and its JSON encoding, windows, creation time; the
 //!   [`GapRecord`] of data known to be lost (`_mirror_gaps`).
+//! - [`broker_tier`]: [`BrokerTier`], the brokers' tier as the broker's observer hook.
 //! - [`counter`]: [`AuditCounter`], the embeddable counter and its periodic publisher;
 //!   [`PendingCounts`] for tiers that count only committed data.
 //! - [`report`]: [`collect`] reads `_audit` and [`compare`]s tiers into a [`Report`]
@@ -30,6 +31,7 @@
 //! - [`render`]: text, JSON and self-contained HTML (inline SVG) output.
 //! - [`time`]: UTC calendar arithmetic, formatting and parsing (the loader uses it too).
 
+pub mod broker_tier;
 pub mod counter;
 mod error;
 pub mod record;
@@ -37,6 +39,7 @@ pub mod render;
 pub mod report;
 pub mod time;
 
+pub use broker_tier::BrokerTier;
 pub use counter::{ensure_audit_topic, AuditCounter, PendingCounts};
 pub use error::{Error, Result};
 pub use record::{AuditRecord, GapRecord, AUDIT_TOPIC, BROKER_TIER, CREATED_HEADER, DEFAULT_WINDOW_MS, GAPS_TOPIC};

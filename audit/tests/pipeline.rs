@@ -49,6 +49,7 @@ fn broker_config(dir: &Path, listener: &TcpListener, partitions: i32, window: Du
         cluster: "online".into(),
         ..Default::default()
     };
+    fjord_audit::BrokerTier::install(&mut config).unwrap();
     config
 }
 

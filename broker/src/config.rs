@@ -149,6 +149,9 @@ pub struct BrokerConfig {
     /// The audit's broker tier (Fjord, `audit.*`): what this broker counts as partition
     /// leader and publishes to `_audit`.
     pub audit: AuditConfig,
+    /// What watches this broker (not a config key): the binary sets it, e.g. to the
+    /// audit's broker tier when `audit.enable` (see [`crate::observer`]).
+    pub observer: Option<std::sync::Arc<dyn crate::observer::BrokerObserver>>,
 }
 
 /// A password in the config: kept, never printed.
@@ -186,9 +189,11 @@ impl Default for AuditConfig {
         Self {
             enable: false,
             interval: Duration::from_secs(60),
-            window: Duration::from_millis(fjord_audit::DEFAULT_WINDOW_MS as u64),
+            // The audit's defaults (`fjord_audit::DEFAULT_WINDOW_MS`, `BROKER_TIER`);
+            // fjord-audit's tests check they agree.
+            window: Duration::from_secs(10 * 60),
             cluster: "default".into(),
-            tier: fjord_audit::BROKER_TIER.into(),
+            tier: "broker".into(),
         }
     }
 }
@@ -243,6 +248,7 @@ impl Default for BrokerConfig {
             metrics_listen: None,
             replication: ReplicationConfig::default(),
             audit: AuditConfig::default(),
+            observer: None,
         }
     }
 }

@@ -43,8 +43,6 @@ pub(crate) struct Broker {
     pub(crate) metrics: Metrics,
     /// Idempotent producer ids (InitProducerId).
     pub(crate) producer_ids: ProducerIdManager,
-    /// The audit's broker tier, when `audit.enable`.
-    pub(crate) audit: Option<crate::audit::BrokerAudit>,
     /// The controller epoch while this broker is the controller (ElectLeaders).
     pub(crate) controllership: Arc<crate::controller::Controllership>,
     /// Every listener, with its protocol and advertised address.

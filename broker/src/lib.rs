@@ -38,8 +38,9 @@
 //!   the cleaner, ISR expiry, group sessions).
 //! - `replication`: the replica manager: leader / follower / neither from the partition
 //!   states, the high watermark and the ISR.
-//! - `audit`: the audit's broker tier (`audit.enable`): the leader counts the records it
-//!   appends for producers per topic and window of creation time and publishes to `_audit`.
+//! - [`observer`]: the hook a binary watches the broker through (leader appends record
+//!   by record, start, shutdown); the audit's broker tier (`audit.enable`) implements it
+//!   in `fjord-audit`.
 //! - [`config`]: [`BrokerConfig`], under Kafka's key names.
 //! - [`listener`]: named listeners (`listeners`, `listener.security.protocol.map`,
 //!   `advertised.listeners`, `inter.broker.listener.name`); `connection` serves each
@@ -55,7 +56,6 @@
 //! - Client input never panics the broker: a frame that is not a Kafka request closes
 //!   that one connection; a request the broker does not implement gets UNSUPPORTED_VERSION.
 
-mod audit;
 mod cluster;
 mod codec;
 pub mod config;
@@ -69,6 +69,7 @@ mod handler;
 mod limits;
 pub mod listener;
 mod metrics;
+pub mod observer;
 mod partition;
 mod periodic;
 mod replication;

@@ -15,7 +15,6 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::audit::BrokerAudit;
 use crate::cluster::ClusterView;
 use crate::controller;
 use crate::controller::{ControllerConfig, Controllership, RebalanceConfig};
@@ -38,8 +37,6 @@ const META_PROPERTIES: &str = "meta.properties";
 const OWED_LEADERSHIP_WAIT: Duration = Duration::from_secs(15);
 /// How long a start waits for a stale registration of its broker id to expire.
 const REGISTRATION_WAIT: Duration = Duration::from_secs(30);
-/// Bound on the audit publisher's final flush at shutdown.
-const AUDIT_FLUSH_WAIT: Duration = Duration::from_secs(15);
 
 /// Runs the broker until `shutdown` is cancelled, then stops accepting, closes the
 /// connections, flushes every log and writes the checkpoints. `listener` (already bound)
@@ -210,10 +207,16 @@ pub async fn run_listeners(
     let controlled = config.controlled_shutdown && config.zookeeper_connect.is_some();
     let handover = config.controlled_shutdown_timeout;
     let producer_ids = ProducerIdManager::new(store.clone(), config.broker_id);
-    let audit = match config.audit.enable {
-        true => Some(BrokerAudit::new(config.broker_id, &host, port, &config.audit)?),
-        false => None,
-    };
+    if config.audit.enable && config.observer.is_none() {
+        // The counting lives above the broker (fjord-audit); a binary that does not wire
+        // it must not appear to audit.
+        return Err(Error::InvalidConfig {
+            key: "audit.enable".into(),
+            value: "true".into(),
+            reason: "this program runs the broker without the audit's broker tier (fjord_audit::BrokerTier)".into(),
+        });
+    }
+    let observer = config.observer.clone();
     let broker = Arc::new(Broker {
         config,
         cluster_id,
@@ -222,24 +225,19 @@ pub async fn run_listeners(
         groups,
         metrics: Default::default(),
         producer_ids,
-        audit,
         controllership,
         listeners: plan.clone(),
         connections: ConnectionLimits::default(),
         tls,
     });
-    // The audit publisher talks to this broker like any client (the accept loop below
-    // serves it); it stops with `stop` at the latest.
-    let audit_stop = stop.child_token();
-    // Over a plaintext listener when there is one (the broker's own client has no
-    // credentials yet), else the inter-broker listener.
-    let own = broker.listeners.iter().find(|l| l.protocol == SecurityProtocol::Plaintext).unwrap_or(&inter_broker);
-    let audit_client = fjord_client::ClientConfig::new(&format!("{}:{}", own.host, own.port));
-    let audit_publisher = broker.audit.as_ref().map(|audit| {
-        let publisher =
-            audit.counter.clone().spawn_publisher(audit_client.clone(), broker.config.audit.interval, audit_stop.clone());
-        (audit.counter.clone(), publisher)
-    });
+    // The observer may talk to this broker like any client (the accept loop below serves
+    // it): over a plaintext listener when there is one (its client has no credentials),
+    // else the inter-broker listener.
+    if let Some(observer) = &observer {
+        let own = broker.listeners.iter().find(|l| l.protocol == SecurityProtocol::Plaintext).unwrap_or(&inter_broker);
+        let bootstrap = format!("{}:{}", own.host, own.port);
+        observer.serving(&crate::observer::Serving { broker_id: broker.config.broker_id, host: host.clone(), port, bootstrap });
+    }
     {
         let (store, view, replicas, shutdown, stop) =
             (store.clone(), view.clone(), broker.replicas.clone(), shutdown.clone(), stop.clone());
@@ -249,10 +247,10 @@ pub async fn run_listeners(
                 () = stop.cancelled() => return,
             }
             if controlled {
-                // The counts so far go out while this broker may still lead `_audit`: the
-                // last broker of a cluster takes it offline when it hands over.
-                if let Some((counter, _)) = &audit_publisher {
-                    flush_audit_before_handover(counter, &audit_client).await;
+                // The audit's counts so far go out while this broker may still lead
+                // `_audit`: the last broker of a cluster takes it offline when it hands over.
+                if let Some(observer) = &observer {
+                    observer.before_handover().await;
                 }
                 // A leaving broker follows nobody (as Kafka's controller stops its
                 // replicas): were it to keep fetching, the new leaders would take it back
@@ -264,9 +262,8 @@ pub async fn run_listeners(
             // The last audit counts go out while connections are still served; in cluster
             // mode after leadership moved away, so no append is counted after the flush
             // (usually nothing is left by then, and nothing is sent).
-            audit_stop.cancel();
-            if let Some((_, publisher)) = audit_publisher {
-                flush_audit(publisher).await;
+            if let Some(observer) = &observer {
+                observer.stopping().await;
             }
             stop.cancel();
         });
@@ -322,40 +319,6 @@ fn peer_config(config: &BrokerConfig, inter_broker: &ListenerInfo) -> Result<Pee
 /// `NAME://host:port` of each listener, for the start-up log line.
 fn registration_endpoints(plan: &[ListenerInfo]) -> Vec<String> {
     plan.iter().map(|l| format!("{} ({})", l.endpoint(), l.protocol)).collect()
-}
-
-/// Publishes the audit counts so far over a producer of its own (bounded), before a
-/// controlled shutdown. Safe next to the periodic publisher: a record both of them send
-/// has one id, which the report counts once.
-async fn flush_audit_before_handover(counter: &fjord_audit::AuditCounter, client: &fjord_client::ClientConfig) {
-    let flush = async {
-        let producer =
-            fjord_client::Producer::connect(fjord_client::ProducerConfig { client: client.clone(), ..Default::default() })
-                .await
-                .map_err(fjord_audit::Error::from)?;
-        let published = counter.publish(&producer).await;
-        producer.close().await;
-        published
-    };
-    match tokio::time::timeout(AUDIT_FLUSH_WAIT, flush).await {
-        Ok(Ok(records)) => tracing::info!(records, "audit: broker counts published before the handover"),
-        Ok(Err(e)) => tracing::warn!(error = %e, "audit: publishing before the handover failed; retried after it"),
-        Err(_) => {
-            tracing::warn!(wait = ?AUDIT_FLUSH_WAIT, "audit: publishing before the handover did not finish; retried after it")
-        }
-    }
-}
-
-/// Waits (bounded) for the audit publisher's final flush at shutdown.
-async fn flush_audit(publisher: tokio::task::JoinHandle<fjord_audit::Result<()>>) {
-    match tokio::time::timeout(AUDIT_FLUSH_WAIT, publisher).await {
-        Ok(Ok(Ok(()))) => tracing::info!("audit: final broker counts published"),
-        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "audit: final flush failed; the report will show these counts missing"),
-        Ok(Err(e)) => tracing::error!(error = %e, "audit publisher panicked"),
-        Err(_) => {
-            tracing::warn!(wait = ?AUDIT_FLUSH_WAIT, "audit: final flush did not finish; the report will show these counts missing")
-        }
-    }
 }
 
 /// Deletes `/brokers/ids/<id>` (a missing node is fine).

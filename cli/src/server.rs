@@ -69,6 +69,9 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     config.audit.interval = std::time::Duration::from_secs(30);
     config.audit.cluster = "dev".into();
     config.apply_env(std::env::vars())?;
+    // The broker counts through the audit's hook; flushed by the broker at shutdown
+    // before it stops accepting.
+    fjord_audit::BrokerTier::install(&mut config)?;
     let listeners = bind(&config).await?;
     let address = listeners[0].local_addr()?;
     let bind_at = |addr: SocketAddr, what: &'static str| async move {
@@ -185,7 +188,8 @@ async fn bind(config: &BrokerConfig) -> anyhow::Result<Vec<TcpListener>> {
 }
 
 /// Runs the broker until Ctrl-C or SIGTERM.
-async fn serve(config: BrokerConfig, listeners: Vec<TcpListener>) -> anyhow::Result<()> {
+async fn serve(mut config: BrokerConfig, listeners: Vec<TcpListener>) -> anyhow::Result<()> {
+    fjord_audit::BrokerTier::install(&mut config)?;
     std::fs::create_dir_all(&config.log_dir).with_context(|| format!("creating {}", config.log_dir.display()))?;
     let store = fjord_broker::server::open_store(&config).await?;
     fjord_broker::server::run_listeners(config, store, listeners, shutdown_on_signal()?).await?;

@@ -502,6 +502,7 @@ impl Cluster {
                 config.listeners = listen.parse()?;
                 config.log_dir = node.data_dir.clone();
                 config.zookeeper_connect = Some(self.connect.clone());
+                fjord_audit::BrokerTier::install(&mut config)?;
                 let listener = TcpListener::bind(&listen).await.with_context(|| format!("binding {listen} for broker {id}"))?;
                 let shutdown = CancellationToken::new();
                 let task = tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));

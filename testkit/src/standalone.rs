@@ -39,6 +39,7 @@ impl StandaloneBroker {
         let addr = listener.local_addr()?;
         let mut config = BrokerConfig { log_dir: dir.path().to_path_buf(), listeners: addr.into(), ..BrokerConfig::default() };
         configure(&mut config);
+        fjord_audit::BrokerTier::install(&mut config)?;
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         tokio::spawn(async move {

@@ -20,10 +20,10 @@ use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, RequestH
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::Semaphore;
 
-use crate::audit::AuditTally;
 use crate::codec::{self, error_code, patch_length};
 use crate::handler::{log_error_code, Broker};
 use crate::metrics::{response_errors, Metrics};
+use crate::observer::AppendTally;
 use crate::partition::Partition;
 use crate::response::Response;
 
@@ -81,14 +81,12 @@ impl Broker {
                     (Ok(_), None) => Err(Refusal::from(error_code::CORRUPT_MESSAGE)),
                     (Ok(partition), Some(records)) => {
                         let min_isr = partition.log.config().min_insync_replicas as usize;
-                        let tally = self.audit.as_ref().and_then(|audit| audit.tally(&name));
+                        let tally = self.config.observer.as_ref().and_then(|observer| observer.tally(&name));
                         match append(&partition, records, acks_all, min_isr, tally).await {
                             Ok(appended) => {
                                 let info = appended.info;
-                                if let (Some(audit), Some(tally)) = (&self.audit, appended.tally) {
-                                    if !info.duplicate {
-                                        audit.count_appended(&name, tally);
-                                    }
+                                if let Some(tally) = appended.tally.filter(|_| !info.duplicate) {
+                                    tally.appended(&name);
                                 }
                                 if acks_all {
                                     awaiting.push(AwaitingReplication {
@@ -200,12 +198,12 @@ enum AppendError {
 }
 
 /// What an append did, in which leader epoch, the log start offset after it, and the
-/// audit's count of its records when the topic is audited.
+/// observer's tally of its records when it watches the topic.
 struct Appended {
     info: AppendInfo,
     leader_epoch: i32,
     log_start: i64,
-    tally: Option<AuditTally>,
+    tally: Option<Box<dyn AppendTally>>,
 }
 
 /// Threads that may decompress or scan keys at once, over all produce requests: half
@@ -253,14 +251,14 @@ async fn append(
     records: Bytes,
     acks_all: bool,
     min_isr: usize,
-    tally: Option<AuditTally>,
+    tally: Option<Box<dyn AppendTally>>,
 ) -> Result<Appended, AppendError> {
     fn run(
         partition: &Partition,
         records: &[u8],
         acks_all: bool,
         min_isr: usize,
-        mut tally: Option<AuditTally>,
+        mut tally: Option<Box<dyn AppendTally>>,
     ) -> Result<Appended, AppendError> {
         let mut count = tally.as_mut().map(|t| move |h: &BatchHeader, r: &fjord_record::RecordFrame<'_>| t.record(h, r));
         let visit = count.as_mut().map(|c| c as fjord_log::RecordVisitor<'_>);

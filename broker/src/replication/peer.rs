@@ -4,8 +4,9 @@
 //! leader asks for a client certificate) and SASL (`sasl.mechanism.inter.broker.protocol`
 //! as `inter.broker.sasl.username`).
 //!
-//! Why not fjord-client's connection: the broker may depend only on record, log and
-//! coord (ARCHITECTURE.md), and a replica fetcher needs none of the client's machinery
+//! Why not fjord-client's connection: the broker depends on no client or audit crate
+//! (its own crates are record, log, coord and auth; what watches it, such as the audit,
+//! plugs in through `crate::observer`), and a replica fetcher needs none of the client's machinery
 //! (pipelining, metadata, retries): it sends one Fetch or OffsetForLeaderEpoch, waits for
 //! the answer, and on any failure drops the connection and backs off.
 

@@ -42,6 +42,7 @@ impl TestBroker {
         init_tracing();
         let mut config = BrokerConfig { log_dir: data_dir.clone(), ..BrokerConfig::default() };
         configure(&mut config);
+        fjord_audit::BrokerTier::install(&mut config)?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();
