@@ -5,6 +5,8 @@
 
 pub(crate) mod cors;
 pub(crate) mod encoding;
+#[cfg(test)]
+mod fuzz;
 pub(crate) mod produce;
 pub(crate) mod read;
 
