@@ -14,7 +14,7 @@ pub const BROKER_TIER: &str = "broker";
 pub const DEFAULT_WINDOW_MS: i64 = 10 * 60 * 1000;
 
 /// Header holding an event's creation time, ms since the epoch as decimal text (stamped
-/// by the gateway; the same name as `fjord_gateway::CREATED_HEADER`).
+/// by the gateway, which re-exports this constant as `fjord_gateway::CREATED_HEADER`).
 pub const CREATED_HEADER: &str = "fjord.created_ms";
 
 /// Topic where tiers record data they know is lost (today: the mirror's retention gaps),

@@ -18,8 +18,9 @@ use crate::{Error, GatewayConfig, Result};
 
 /// Header naming the gateway host that accepted an event (counted by the audit).
 pub const HOST_HEADER: &str = "fjord.host";
-/// Header holding an event's creation time, ms since the epoch, as decimal text.
-pub const CREATED_HEADER: &str = "fjord.created_ms";
+/// Header holding an event's creation time, ms since the epoch, as decimal text: the
+/// audit's constant, so the stamp and every tier's reading of it cannot drift apart.
+pub use fjord_audit::CREATED_HEADER;
 
 /// The gateway's shared state.
 pub(crate) struct Gateway {
