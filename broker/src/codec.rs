@@ -22,6 +22,9 @@ pub(crate) mod error_code {
     pub(crate) const NOT_LEADER_OR_FOLLOWER: i16 = 6;
     pub(crate) const REQUEST_TIMED_OUT: i16 = 7;
     pub(crate) const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
+    pub(crate) const GROUP_AUTHORIZATION_FAILED: i16 = 30;
+    pub(crate) const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
+    pub(crate) const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
     pub(crate) const ILLEGAL_SASL_STATE: i16 = 34;
     pub(crate) const SASL_AUTHENTICATION_FAILED: i16 = 58;
     pub(crate) const MESSAGE_TOO_LARGE: i16 = 10;

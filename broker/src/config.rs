@@ -152,6 +152,11 @@ pub struct BrokerConfig {
     /// What watches this broker (not a config key): the binary sets it, e.g. to the
     /// audit's broker tier when `audit.enable` (see [`crate::observer`]).
     pub observer: Option<std::sync::Arc<dyn crate::observer::BrokerObserver>>,
+    /// `authorizer.enable`: check every request against the ACLs (default false, so an
+    /// unsecured `fjord dev` keeps working).
+    pub authorizer_enable: bool,
+    /// `super.users` and `allow.everyone.if.no.acl.found`, used when `authorizer_enable`.
+    pub authorizer: fjord_auth::AuthorizerConfig,
 }
 
 /// A password in the config: kept, never printed.
@@ -242,6 +247,8 @@ impl Default for BrokerConfig {
             checkpoint_interval: Duration::from_secs(60),
             segment_files_open_max: fjord_log::files::DEFAULT_CAPACITY,
             scrub_bytes_per_second: 4 << 20,
+            authorizer_enable: false,
+            authorizer: fjord_auth::AuthorizerConfig::default(),
             log: LogConfig::default(),
             cleaner: CleanerConfig::default(),
             group: GroupConfig::default(),
@@ -417,6 +424,12 @@ impl BrokerConfig {
                 self.inter_broker_listener_name = Some(value.trim().to_ascii_uppercase()).filter(|s| !s.is_empty())
             }
             "fetch.zero.copy" => self.fetch_zero_copy = boolean()?,
+            "authorizer.enable" => self.authorizer_enable = boolean()?,
+            "super.users" => {
+                self.authorizer.super_users =
+                    fjord_auth::AuthorizerConfig::parse_super_users(value).map_err(|e| invalid(&e.to_string()))?
+            }
+            "allow.everyone.if.no.acl.found" => self.authorizer.allow_everyone_if_no_acl_found = boolean()?,
             "audit.enable" => self.audit.enable = boolean()?,
             "audit.interval.ms" => self.audit.interval = millis()?,
             "audit.window.ms" => self.audit.window = millis()?,
@@ -889,5 +902,21 @@ mod tests {
         config.set("max.connections.per.ip", "3").unwrap();
         assert_eq!((config.connections_max_idle, config.max_connections_per_ip), (Duration::from_secs(5), 3));
         assert!(config.set("max.connections.per.ip", "-1").is_err());
+    }
+
+    #[test]
+    fn authorizer_keys() {
+        let config = BrokerConfig::default();
+        assert!(!config.authorizer_enable, "off by default: fjord dev allows everything");
+        assert!(!config.authorizer.allow_everyone_if_no_acl_found);
+        let text = "authorizer.enable = true\nsuper.users = \"User:admin; User:broker\"\nallow.everyone.if.no.acl.found = true\n";
+        let config = BrokerConfig::from_toml(text).unwrap();
+        assert!(config.authorizer_enable && config.authorizer.allow_everyone_if_no_acl_found);
+        let names: Vec<String> = config.authorizer.super_users.iter().map(ToString::to_string).collect();
+        assert_eq!(names, ["User:admin", "User:broker"]);
+        let mut config = BrokerConfig::default();
+        let error = config.set("super.users", "admin").unwrap_err();
+        assert!(matches!(&error, Error::InvalidConfig { key, .. } if key == "super.users"), "{error}");
+        assert!(config.set("authorizer.enable", "yes").is_err());
     }
 }

@@ -111,6 +111,9 @@ pub enum Error {
         /// What happened.
         reason: String,
     },
+    /// The ACLs could not be read at start (`authorizer.enable`).
+    #[error("reading the ACLs: {0}")]
+    Acls(#[from] fjord_auth::Error),
     /// A background task panicked or was cancelled unexpectedly.
     #[error("background task failed: {0}")]
     Task(#[from] tokio::task::JoinError),

@@ -5,6 +5,7 @@
 pub(crate) mod acls;
 pub(crate) mod admin;
 pub(crate) mod alter_configs;
+pub(crate) mod authz;
 pub(crate) mod elect;
 pub(crate) mod fetch;
 pub(crate) mod leader_epoch;
@@ -17,6 +18,7 @@ pub(crate) mod producer_id;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use std::sync::Arc;
 
+use fjord_auth::{Operation, Principal, Resource};
 use fjord_record::TopicPartition;
 
 use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, RequestKind, ResponseKind};
@@ -51,6 +53,8 @@ pub(crate) struct Broker {
     pub(crate) connections: crate::listener::ConnectionLimits,
     /// TLS of the SSL and SASL_SSL listeners, when there are any.
     pub(crate) tls: Option<crate::tls::TlsServer>,
+    /// The live ACL snapshot when `authorizer.enable`; `None` allows everything.
+    pub(crate) acls: Option<Arc<fjord_auth::AclWatcher>>,
 }
 
 impl Broker {
@@ -72,6 +76,25 @@ impl Broker {
         self.topics
             .get_or_auto_create(name, c.auto_create_topics && allowed, c.num_partitions, c.default_replication_factor)
             .await
+    }
+
+    /// Whether the client of `session` may perform `operation` on `resource`: always with
+    /// `authorizer.enable` off; always for the inter-broker principal (replication and the
+    /// controller act for the cluster); else the ACLs decide (super users included).
+    pub(crate) fn authorize(&self, session: &Session, operation: Operation, resource: Resource<'_>) -> bool {
+        let Some(acls) = &self.acls else { return true };
+        let inter_broker = self.config.inter_broker_sasl_username.as_deref();
+        if session.authenticated && inter_broker.is_some_and(|name| session.principal == Principal::user(name)) {
+            return true;
+        }
+        acls.authorize(&session.principal, &session.peer.ip().to_string(), operation, resource)
+    }
+
+    /// Kafka's rule for creating a topic (CreateTopics, auto-creation): Create on the
+    /// cluster, or on the topic.
+    pub(crate) fn may_create_topic(&self, session: &Session, topic: &str) -> bool {
+        self.authorize(session, Operation::Create, Resource::cluster())
+            || self.authorize(session, Operation::Create, Resource::topic(topic))
     }
 
     /// Answers one request from the client of `session`.
@@ -97,11 +120,18 @@ impl Broker {
         };
         let correlation_id = header.correlation_id;
         self.metrics.request(header.request_api_key);
+        // Requests denied as a whole are answered before they reach their handler.
+        let refusal =
+            self.refuse_group_request(session, &request, version).or_else(|| self.refuse_cluster_request(session, &request));
+        if let (Some(body), Ok(key)) = (refusal, ApiKey::try_from(header.request_api_key)) {
+            self.metrics.errors(key as i16, response_errors(&body));
+            return Some(codec::encode_response(correlation_id, key, version, &body));
+        }
         let (key, body) = match *request {
             RequestKind::ApiVersions(_) => (ApiKey::ApiVersions, api_versions(error_code::NONE)),
-            RequestKind::Metadata(req) => (ApiKey::Metadata, self.metadata(req, version, &session.listener.name).await),
+            RequestKind::Metadata(req) => (ApiKey::Metadata, self.metadata(req, version, session).await),
             RequestKind::Produce(req) => {
-                let response = self.produce(req, version).await?;
+                let response = self.produce(req, version, session).await?;
                 (ApiKey::Produce, response)
             }
             RequestKind::Fetch(req) => {
@@ -109,14 +139,14 @@ impl Broker {
                 self.metrics.errors(ApiKey::Fetch as i16, fetch_errors(&data));
                 return Some(crate::fetch_response::encode(correlation_id, version, &data));
             }
-            RequestKind::OffsetForLeaderEpoch(req) => (ApiKey::OffsetForLeaderEpoch, self.offset_for_leader_epoch(req)),
-            RequestKind::ListOffsets(req) => (ApiKey::ListOffsets, self.list_offsets(req, version)),
-            RequestKind::CreateTopics(req) => (ApiKey::CreateTopics, self.create_topics(req, version).await),
-            RequestKind::DeleteTopics(req) => (ApiKey::DeleteTopics, self.delete_topics(req, version).await),
-            RequestKind::DescribeConfigs(req) => (ApiKey::DescribeConfigs, self.describe_configs(req)),
-            RequestKind::AlterConfigs(req) => (ApiKey::AlterConfigs, self.alter_configs(req).await),
+            RequestKind::OffsetForLeaderEpoch(req) => (ApiKey::OffsetForLeaderEpoch, self.offset_for_leader_epoch(req, session)),
+            RequestKind::ListOffsets(req) => (ApiKey::ListOffsets, self.list_offsets(req, version, session)),
+            RequestKind::CreateTopics(req) => (ApiKey::CreateTopics, self.create_topics(req, version, session).await),
+            RequestKind::DeleteTopics(req) => (ApiKey::DeleteTopics, self.delete_topics(req, version, session).await),
+            RequestKind::DescribeConfigs(req) => (ApiKey::DescribeConfigs, self.describe_configs(req, session)),
+            RequestKind::AlterConfigs(req) => (ApiKey::AlterConfigs, self.alter_configs(req, session).await),
             RequestKind::IncrementalAlterConfigs(req) => {
-                (ApiKey::IncrementalAlterConfigs, self.incremental_alter_configs(req).await)
+                (ApiKey::IncrementalAlterConfigs, self.incremental_alter_configs(req, session).await)
             }
             RequestKind::FindCoordinator(req) => {
                 (ApiKey::FindCoordinator, self.groups.find_coordinator(req, version, &session.listener.name).await)
@@ -129,14 +159,40 @@ impl Broker {
             RequestKind::SyncGroup(req) => (ApiKey::SyncGroup, self.groups.sync_group(req, version).await),
             RequestKind::Heartbeat(req) => (ApiKey::Heartbeat, self.groups.heartbeat(req).await),
             RequestKind::LeaveGroup(req) => (ApiKey::LeaveGroup, self.groups.leave_group(req, version).await),
-            RequestKind::OffsetCommit(req) => {
+            RequestKind::OffsetCommit(mut req) => {
+                let denied = self.take_unreadable_topics(session, &mut req);
                 let known = |topic: &str, p: i32| self.topics.get(topic).is_some_and(|t| t.partition_replicas(p).is_some());
-                (ApiKey::OffsetCommit, self.groups.offset_commit(req, version, known).await)
+                let mut body = self.groups.offset_commit(req, version, known).await;
+                if let ResponseKind::OffsetCommit(response) = &mut body {
+                    response.topics.extend(denied);
+                }
+                (ApiKey::OffsetCommit, body)
             }
-            RequestKind::OffsetFetch(req) => (ApiKey::OffsetFetch, self.groups.offset_fetch(req, version).await),
-            RequestKind::ListGroups(req) => (ApiKey::ListGroups, self.groups.list_groups(req).await),
-            RequestKind::DescribeGroups(req) => (ApiKey::DescribeGroups, self.groups.describe_groups(req).await),
-            RequestKind::DeleteGroups(req) => (ApiKey::DeleteGroups, self.groups.delete_groups(req).await),
+            RequestKind::OffsetFetch(mut req) => {
+                let mut ids: Vec<_> = req.groups.iter().map(|g| g.group_id.clone()).collect();
+                let denied = self.take_denied_groups(session, Operation::Describe, &mut ids);
+                req.groups.retain(|g| !denied.contains(&g.group_id));
+                let mut body = self.groups.offset_fetch(req, version).await;
+                self.add_denied_groups(session, &mut body, denied);
+                (ApiKey::OffsetFetch, body)
+            }
+            RequestKind::ListGroups(req) => {
+                let mut body = self.groups.list_groups(req).await;
+                self.add_denied_groups(session, &mut body, Vec::new());
+                (ApiKey::ListGroups, body)
+            }
+            RequestKind::DescribeGroups(mut req) => {
+                let denied = self.take_denied_groups(session, Operation::Describe, &mut req.groups);
+                let mut body = self.groups.describe_groups(req).await;
+                self.add_denied_groups(session, &mut body, denied);
+                (ApiKey::DescribeGroups, body)
+            }
+            RequestKind::DeleteGroups(mut req) => {
+                let denied = self.take_denied_groups(session, Operation::Delete, &mut req.groups_names);
+                let mut body = self.groups.delete_groups(req).await;
+                self.add_denied_groups(session, &mut body, denied);
+                (ApiKey::DeleteGroups, body)
+            }
             RequestKind::InitProducerId(req) => (ApiKey::InitProducerId, self.init_producer_id(req).await),
             RequestKind::SaslHandshake(req) => (ApiKey::SaslHandshake, self.sasl_handshake(req, version, session)),
             RequestKind::SaslAuthenticate(req) => (ApiKey::SaslAuthenticate, self.sasl_authenticate(req, session).await),
@@ -150,7 +206,7 @@ impl Broker {
             RequestKind::AlterUserScramCredentials(req) => {
                 (ApiKey::AlterUserScramCredentials, self.alter_user_scram_credentials(req).await)
             }
-            RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req).await),
+            RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req, session).await),
             RequestKind::DescribeCluster(req) => (ApiKey::DescribeCluster, self.describe_cluster(req, &session.listener.name)),
             other => {
                 // decode_request only decodes what SUPPORTED_APIS lists, and every entry is matched above.

@@ -1,6 +1,7 @@
 //! The production entry point: open the log dir and the metadata store, accept
 //! connections, run the periodic log tasks, and shut down cleanly.
 
+use fjord_auth::AclWatcher;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
@@ -200,6 +201,20 @@ pub async fn run_listeners(
         max_partitions_per_request = limits.per_request,
         "broker started"
     );
+    // With authorization on, the first ACL snapshot is in place before the first request.
+    let acls = match config.authorizer_enable {
+        true => match AclWatcher::start(store.clone(), config.authorizer.clone(), &tracker, stop.clone()).await {
+            Ok(watcher) => Some(watcher),
+            Err(e) => {
+                stop.cancel();
+                tracker.close();
+                tracker.wait().await;
+                deregister(&*store, config.broker_id).await;
+                return Err(e.into());
+            }
+        },
+        false => None,
+    };
     let endpoint = Endpoint { broker_id: config.broker_id, listeners: plan.clone() };
     let groups = GroupCoordinator::new(store.clone(), endpoint, config.group.clone());
     // On a cluster, leadership is handed over before this broker stops serving; alone
@@ -229,6 +244,7 @@ pub async fn run_listeners(
         listeners: plan.clone(),
         connections: ConnectionLimits::default(),
         tls,
+        acls,
     });
     // The observer may talk to this broker like any client (the accept loop below serves
     // it): over a plaintext listener when there is one (its client has no credentials),

@@ -149,6 +149,9 @@ pub(crate) enum TopicError {
     AlreadyExists,
     #[error("unknown topic")]
     Unknown,
+    /// The principal lacks the ACL the request needs on this topic.
+    #[error("not authorized to access the topic")]
+    Unauthorized,
     #[error("invalid topic name: {0}")]
     InvalidName(&'static str),
     #[error("number of partitions must be at least 1, got {0}")]
@@ -179,6 +182,7 @@ impl TopicError {
         match self {
             TopicError::AlreadyExists => error_code::TOPIC_ALREADY_EXISTS,
             TopicError::Unknown => error_code::UNKNOWN_TOPIC_OR_PARTITION,
+            TopicError::Unauthorized => error_code::TOPIC_AUTHORIZATION_FAILED,
             TopicError::InvalidName(_) => error_code::INVALID_TOPIC_EXCEPTION,
             TopicError::InvalidPartitions(_) | TopicError::TooManyPartitions { .. } => error_code::INVALID_PARTITIONS,
             TopicError::PartitionsNotIncreased { .. } => error_code::INVALID_PARTITIONS,

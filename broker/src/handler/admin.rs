@@ -14,8 +14,10 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 
 use crate::codec::error_code;
+use crate::connection::Session;
 use crate::handler::Broker;
 use crate::topics::{Layout, TopicError};
+use fjord_auth::{Operation, Resource};
 
 /// DescribeConfigs (and AlterConfigs) resource types.
 pub(super) const RESOURCE_TOPIC: i8 = 2;
@@ -33,11 +35,15 @@ const TYPE_DOUBLE: i8 = 6;
 const TYPE_LIST: i8 = 7;
 
 impl Broker {
-    pub(crate) async fn create_topics(&self, request: CreateTopicsRequest, version: i16) -> ResponseKind {
+    pub(crate) async fn create_topics(&self, request: CreateTopicsRequest, version: i16, session: &Session) -> ResponseKind {
         let mut results = Vec::with_capacity(request.topics.len());
         for topic in request.topics {
             let name = topic.name.0.to_string();
             let mut result = CreatableTopicResult::default().with_name(topic.name.clone());
+            if !self.may_create_topic(session, &name) {
+                results.push(result.with_error_code(error_code::TOPIC_AUTHORIZATION_FAILED));
+                continue;
+            }
             let layout = if !topic.assignments.is_empty() {
                 // Kafka: with an assignment, num_partitions and replication_factor are -1.
                 if topic.num_partitions != -1 || topic.replication_factor != -1 {
@@ -99,7 +105,7 @@ impl Broker {
         ResponseKind::CreateTopics(CreateTopicsResponse::default().with_topics(results))
     }
 
-    pub(crate) async fn delete_topics(&self, request: DeleteTopicsRequest, version: i16) -> ResponseKind {
+    pub(crate) async fn delete_topics(&self, request: DeleteTopicsRequest, version: i16, session: &Session) -> ResponseKind {
         let names: Vec<Option<TopicName>> = if version >= 6 {
             request.topics.into_iter().map(|t| t.name).collect()
         } else {
@@ -110,6 +116,9 @@ impl Broker {
             let result = DeletableTopicResult::default().with_name(name.clone());
             // v6 may name topics by id; this broker has no topic ids.
             let outcome = match &name {
+                Some(name) if !self.authorize(session, Operation::Delete, Resource::topic(&name.0)) => {
+                    Err(TopicError::Unauthorized)
+                }
                 Some(name) => self.topics.delete(&name.0).await,
                 None => Err(TopicError::Unknown),
             };
@@ -131,7 +140,21 @@ impl Broker {
         ResponseKind::DeleteTopics(DeleteTopicsResponse::default().with_responses(responses))
     }
 
-    pub(crate) fn describe_configs(&self, request: DescribeConfigsRequest) -> ResponseKind {
+    /// Whether the client may `operation` (DescribeConfigs, AlterConfigs) the config
+    /// resource: a topic's configs are the topic's, a broker's the cluster's; the error
+    /// code to answer when not.
+    pub(crate) fn authorize_config(&self, session: &Session, operation: Operation, kind: i8, name: &str) -> Result<(), i16> {
+        match kind {
+            RESOURCE_TOPIC if !self.authorize(session, operation, Resource::topic(name)) => {
+                Err(error_code::TOPIC_AUTHORIZATION_FAILED)
+            }
+            RESOURCE_TOPIC => Ok(()),
+            _ if !self.authorize(session, operation, Resource::cluster()) => Err(error_code::CLUSTER_AUTHORIZATION_FAILED),
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) fn describe_configs(&self, request: DescribeConfigsRequest, session: &Session) -> ResponseKind {
         let results = request
             .resources
             .into_iter()
@@ -139,6 +162,11 @@ impl Broker {
                 let result = DescribeConfigsResult::default()
                     .with_resource_type(resource.resource_type)
                     .with_resource_name(resource.resource_name.clone());
+                let access =
+                    self.authorize_config(session, Operation::DescribeConfigs, resource.resource_type, &resource.resource_name);
+                if let Err(code) = access {
+                    return result.with_error_code(code);
+                }
                 let entries = match resource.resource_type {
                     RESOURCE_TOPIC => match self.topics.get(&resource.resource_name) {
                         Some(topic) => log_config_entries(&topic.config)

@@ -19,9 +19,11 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::admin::{RESOURCE_BROKER, RESOURCE_TOPIC};
 use crate::codec::error_code;
+use crate::connection::Session;
 use crate::handler::Broker;
 use crate::topic_config;
 use crate::topics::{validate_topic_name, TopicError, UNCLEAN_LEADER_ELECTION};
+use fjord_auth::Operation;
 
 /// IncrementalAlterConfigs operations.
 const OP_SET: i8 = 0;
@@ -57,7 +59,7 @@ struct Op {
 }
 
 impl Broker {
-    pub(crate) async fn alter_configs(&self, request: AlterConfigsRequest) -> ResponseKind {
+    pub(crate) async fn alter_configs(&self, request: AlterConfigsRequest, session: &Session) -> ResponseKind {
         let duplicates = duplicate_resources(request.resources.iter().map(|r| (r.resource_type, r.resource_name.as_str())));
         let mut responses = Vec::with_capacity(request.resources.len());
         for resource in request.resources {
@@ -67,8 +69,10 @@ impl Broker {
             // The keys are checked once the topic is known to exist: a missing topic is
             // UNKNOWN_TOPIC_OR_PARTITION whatever the request sets, as in Kafka.
             // Kafka drops entries with a null value: they stay unset.
+            let access = self.authorize_config(session, Operation::AlterConfigs, kind, &name);
             let outcome = match check_resource(kind, &name, &duplicates) {
                 Err(refusal) => Err(refusal),
+                Ok(()) if access.is_err() => access.map_err(|code| (code, "not authorized to alter these configs".to_owned())),
                 Ok(()) => self.alter_topic(&name, request.validate_only, |_| replacement(&entries)).await,
             };
             let (code, message) = split(outcome);
@@ -83,7 +87,11 @@ impl Broker {
         ResponseKind::AlterConfigs(AlterConfigsResponse::default().with_responses(responses))
     }
 
-    pub(crate) async fn incremental_alter_configs(&self, request: IncrementalAlterConfigsRequest) -> ResponseKind {
+    pub(crate) async fn incremental_alter_configs(
+        &self,
+        request: IncrementalAlterConfigsRequest,
+        session: &Session,
+    ) -> ResponseKind {
         let duplicates = duplicate_resources(request.resources.iter().map(|r| (r.resource_type, r.resource_name.as_str())));
         let defaults = self.topics.effective_config(&BTreeMap::new()).unwrap_or_default();
         let mut responses = Vec::with_capacity(request.resources.len());
@@ -94,8 +102,10 @@ impl Broker {
                 .into_iter()
                 .map(|c| Op { name: c.name.to_string(), operation: c.config_operation, value: c.value.map(|v| v.to_string()) })
                 .collect();
+            let access = self.authorize_config(session, Operation::AlterConfigs, kind, &name);
             let outcome = match check_resource(kind, &name, &duplicates) {
                 Err(refusal) => Err(refusal),
+                Ok(()) if access.is_err() => access.map_err(|code| (code, "not authorized to alter these configs".to_owned())),
                 Ok(()) => {
                     let edit = |current: &BTreeMap<String, String>| {
                         check_ops(&ops)?;

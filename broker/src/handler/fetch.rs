@@ -28,6 +28,7 @@ use crate::connection::Session;
 use crate::fetch_response::{FetchResponseData, FetchedRecords, PartitionData, TopicData};
 use crate::handler::{log_error_code, Broker};
 use crate::partition::Partition;
+use fjord_auth::{Operation, Resource};
 
 /// One requested partition, resolved once per fetch.
 struct Wanted {
@@ -52,11 +53,14 @@ impl Broker {
         }
         // sendfile cannot cross user-space TLS: those connections get copies.
         let zero_copy = self.config.fetch_zero_copy && !session.listener.protocol.tls();
+        let replica_fetch = request.replica_id.0 >= 0;
         let wanted: Vec<(String, Vec<Wanted>)> = request
             .topics
             .into_iter()
             .map(|t| {
                 let name = t.topic.0.to_string();
+                // Kafka: Read on the topic (replica fetches were checked above).
+                let allowed = replica_fetch || self.authorize(session, Operation::Read, Resource::topic(&name));
                 let topic = self.topics.get(&name);
                 let partitions = t
                     .partitions
@@ -64,6 +68,7 @@ impl Broker {
                     .map(|p| Wanted {
                         partition_index: p.partition,
                         partition: match &topic {
+                            _ if !allowed => Err(error_code::TOPIC_AUTHORIZATION_FAILED),
                             Some(topic) => self.replica(topic, p.partition),
                             None => Err(error_code::UNKNOWN_TOPIC_OR_PARTITION),
                         },

@@ -6,15 +6,21 @@ use kafka_protocol::messages::offset_for_leader_epoch_response::{EpochEndOffset,
 use kafka_protocol::messages::{OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, ResponseKind};
 
 use crate::codec::error_code;
+use crate::connection::Session;
 use crate::handler::Broker;
 use crate::replication::truncation::UNDEFINED;
+use fjord_auth::{Operation, Resource};
 
 impl Broker {
-    pub(crate) fn offset_for_leader_epoch(&self, request: OffsetForLeaderEpochRequest) -> ResponseKind {
+    pub(crate) fn offset_for_leader_epoch(&self, request: OffsetForLeaderEpochRequest, session: &Session) -> ResponseKind {
+        // Followers (replica id >= 0, v3+) ask for their truncation point: not a client's read.
+        let follower = request.replica_id.0 >= 0;
         let topics = request
             .topics
             .into_iter()
             .map(|t| {
+                // Kafka: Describe on the topic.
+                let allowed = follower || self.authorize(session, Operation::Describe, Resource::topic(&t.topic.0));
                 let topic = self.topics.get(&t.topic.0);
                 let partitions = t
                     .partitions
@@ -25,6 +31,7 @@ impl Broker {
                             .with_leader_epoch(UNDEFINED as i32)
                             .with_end_offset(UNDEFINED);
                         let partition = match &topic {
+                            _ if !allowed => Err(error_code::TOPIC_AUTHORIZATION_FAILED),
                             Some(topic) => self.replica(topic, p.partition),
                             None => Err(error_code::UNKNOWN_TOPIC_OR_PARTITION),
                         };

@@ -14,13 +14,17 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 
 use crate::codec::error_code;
+use crate::connection::Session;
 use crate::handler::Broker;
 use crate::topics::{Topic, TopicError};
+use fjord_auth::{Operation, Resource};
 
 impl Broker {
     /// Metadata, with every broker's address on `listener` (the one the client came in
     /// on); a broker without that listener is left out, as Kafka does.
-    pub(crate) async fn metadata(&self, request: MetadataRequest, version: i16, listener: &str) -> ResponseKind {
+    pub(crate) async fn metadata(&self, request: MetadataRequest, version: i16, session: &Session) -> ResponseKind {
+        let listener = session.listener.name.as_str();
+        let describe = |name: &str| self.authorize(session, Operation::Describe, Resource::topic(name));
         // v0: an empty list means every topic; v1+: null means every topic.
         let requested: Option<Vec<String>> = match request.topics {
             None => None,
@@ -30,11 +34,18 @@ impl Broker {
         // Clients before v4 have no opt-out of auto-creation.
         let allow_auto_create = version < 4 || request.allow_auto_topic_creation;
         let found: Vec<(String, Result<_, TopicError>)> = match requested {
-            None => self.topics.list().into_iter().map(|t| (t.name.clone(), Ok(t))).collect(),
+            // Kafka: only the topics the principal may Describe are listed.
+            None => self.topics.list().into_iter().filter(|t| describe(&t.name)).map(|t| (t.name.clone(), Ok(t))).collect(),
             Some(names) => {
                 let mut found = Vec::with_capacity(names.len());
                 for name in names {
-                    let topic = self.topic_or_auto_create(&name, allow_auto_create).await;
+                    if !describe(&name) {
+                        found.push((name, Err(TopicError::Unauthorized)));
+                        continue;
+                    }
+                    // Auto-creation needs Create on the cluster or on the topic.
+                    let create = allow_auto_create && self.may_create_topic(session, &name);
+                    let topic = self.topic_or_auto_create(&name, create).await;
                     if let Err(TopicError::Internal(e)) = &topic {
                         tracing::error!(topic = %name, error = %e, "auto-creating topic failed");
                     }

@@ -4,7 +4,9 @@ use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionRespon
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse, ResponseKind};
 
 use crate::codec::error_code;
+use crate::connection::Session;
 use crate::handler::{log_error_code, Broker};
+use fjord_auth::{Operation, Resource};
 
 /// `timestamp` value asking for the offset the next record will get (the high watermark).
 const LATEST: i64 = -1;
@@ -12,11 +14,13 @@ const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 
 impl Broker {
-    pub(crate) fn list_offsets(&self, request: ListOffsetsRequest, version: i16) -> ResponseKind {
+    pub(crate) fn list_offsets(&self, request: ListOffsetsRequest, version: i16, session: &Session) -> ResponseKind {
         let topics = request
             .topics
             .into_iter()
             .map(|t| {
+                // Kafka: Describe on the topic.
+                let allowed = self.authorize(session, Operation::Describe, Resource::topic(&t.name.0));
                 let topic = self.topics.get(&t.name.0);
                 let partitions = t
                     .partitions
@@ -27,6 +31,7 @@ impl Broker {
                             .with_timestamp(-1)
                             .with_offset(-1);
                         let partition = match &topic {
+                            _ if !allowed => Err(error_code::TOPIC_AUTHORIZATION_FAILED),
                             Some(topic) => self.replica(topic, p.partition_index),
                             None => Err(error_code::UNKNOWN_TOPIC_OR_PARTITION),
                         };

@@ -5,11 +5,13 @@ use kafka_protocol::messages::{CreatePartitionsRequest, CreatePartitionsResponse
 use kafka_protocol::protocol::StrBytes;
 
 use crate::codec::error_code;
+use crate::connection::Session;
 use crate::handler::Broker;
 use crate::topics::TopicError;
+use fjord_auth::{Operation, Resource};
 
 impl Broker {
-    pub(crate) async fn create_partitions(&self, request: CreatePartitionsRequest) -> ResponseKind {
+    pub(crate) async fn create_partitions(&self, request: CreatePartitionsRequest, session: &Session) -> ResponseKind {
         let mut results = Vec::with_capacity(request.topics.len());
         let mut seen = std::collections::BTreeSet::new();
         for topic in request.topics {
@@ -26,7 +28,11 @@ impl Broker {
             let manual = topic
                 .assignments
                 .map(|assignments| assignments.into_iter().map(|a| a.broker_ids.into_iter().map(|b| b.0).collect()).collect());
-            let outcome = self.topics.add_partitions(&topic.name.0, topic.count, manual, request.validate_only).await;
+            // Kafka: Alter on the topic.
+            let outcome = match self.authorize(session, Operation::Alter, Resource::topic(&topic.name.0)) {
+                true => self.topics.add_partitions(&topic.name.0, topic.count, manual, request.validate_only).await,
+                false => Err(TopicError::Unauthorized),
+            };
             results.push(match outcome {
                 Ok(()) => result.with_error_code(error_code::NONE),
                 Err(e) => {

@@ -21,11 +21,13 @@ use kafka_protocol::protocol::StrBytes;
 use tokio::sync::Semaphore;
 
 use crate::codec::{self, error_code, patch_length};
+use crate::connection::Session;
 use crate::handler::{log_error_code, Broker};
 use crate::metrics::{response_errors, Metrics};
 use crate::observer::AppendTally;
 use crate::partition::Partition;
 use crate::response::Response;
+use fjord_auth::{Operation, Resource};
 
 /// First Produce version whose response carries `error_message` and `record_errors` (KIP-467).
 const RECORD_ERRORS_VERSION: i16 = 8;
@@ -58,7 +60,7 @@ impl From<i16> for Refusal {
 impl Broker {
     /// Appends every partition's batches; `None` for acks=0, which has no response.
     /// With acks=all, answers once the ISR has every batch (or the request timed out).
-    pub(crate) async fn produce(&self, request: ProduceRequest, version: i16) -> Option<ResponseKind> {
+    pub(crate) async fn produce(&self, request: ProduceRequest, version: i16, session: &Session) -> Option<ResponseKind> {
         let acks = request.acks;
         let valid_acks = matches!(acks, -1..=1);
         let acks_all = acks == -1;
@@ -66,13 +68,19 @@ impl Broker {
         let mut awaiting = Vec::new();
         for topic_data in request.topic_data {
             let name = topic_data.name.0.to_string();
-            let topic =
-                if valid_acks { self.topic_or_auto_create(&name, true).await } else { Err(crate::topics::TopicError::Unknown) };
+            // Kafka: Write on the topic, checked before the topic is looked up or created.
+            let allowed = self.authorize(session, Operation::Write, Resource::topic(&name));
+            let topic = if valid_acks && allowed {
+                self.topic_or_auto_create(&name, true).await
+            } else {
+                Err(crate::topics::TopicError::Unknown)
+            };
             let mut partition_responses = Vec::with_capacity(topic_data.partition_data.len());
             for data in topic_data.partition_data {
                 let mut response = PartitionProduceResponse::default().with_index(data.index).with_base_offset(-1);
                 let partition = match &topic {
                     _ if !valid_acks => Err(error_code::INVALID_REQUIRED_ACKS),
+                    _ if !allowed => Err(error_code::TOPIC_AUTHORIZATION_FAILED),
                     Err(e) => Err(e.code()),
                     Ok(topic) => self.replica(topic, data.index),
                 };

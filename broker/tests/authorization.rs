@@ -1,0 +1,296 @@
+//! Request authorization (`authorizer.enable`) over a SASL_PLAINTEXT listener, with
+//! `User:admin` as the super user and `User:bob` as an ordinary client: each API answers
+//! Kafka's *_AUTHORIZATION_FAILED code until an ACL created through CreateAcls allows
+//! it, and the change is enforced within two seconds. A PLAINTEXT listener serves
+//! `User:ANONYMOUS`. Clients: confluent-kafka (librdkafka) and raw protocol requests.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{produce_request, topic_name, RawClient};
+use fjord_auth::{Operation, PatternType, Permission, ResourceType, ScramCredential, ScramMechanism};
+use fjord_broker::BrokerConfig;
+use fjord_record::BatchBuilder;
+use kafka_protocol::messages::create_acls_request::AclCreation;
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use tokio_util::sync::CancellationToken;
+
+const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
+const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
+const ADMIN_PASSWORD: &str = "admin-secret";
+const BOB_PASSWORD: &str = "bob-secret";
+
+struct SecuredBroker {
+    addrs: BTreeMap<String, SocketAddr>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<fjord_broker::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl SecuredBroker {
+    /// SASL_PLAINTEXT and PLAINTEXT listeners, users `admin` (super user) and `bob`.
+    async fn start() -> Self {
+        common::init_tracing();
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = BrokerConfig { log_dir: dir.path().join("data"), ..BrokerConfig::default() };
+        config.set("listeners", "SASL_PLAINTEXT://127.0.0.1:0,PLAINTEXT://127.0.0.1:0").unwrap();
+        config.set("inter.broker.listener.name", "PLAINTEXT").unwrap();
+        config.set("sasl.enabled.mechanisms", "SCRAM-SHA-256,PLAIN").unwrap();
+        config.set("authorizer.enable", "true").unwrap();
+        config.set("super.users", "User:admin").unwrap();
+        let bound = fjord_broker::server::bind(&config).await.unwrap();
+        let addrs = config.listeners.iter().zip(&bound).map(|(l, b)| (l.name.clone(), b.local_addr().unwrap())).collect();
+        std::fs::create_dir_all(&config.log_dir).unwrap();
+        let store = fjord_broker::server::open_store(&config).await.unwrap();
+        for (user, password) in [("admin", ADMIN_PASSWORD), ("bob", BOB_PASSWORD)] {
+            let credential = ScramCredential::generate(ScramMechanism::Sha256, password, 4096).unwrap();
+            fjord_auth::store::set_credential(&*store, user, ScramMechanism::Sha256, &credential).await.unwrap();
+        }
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(fjord_broker::server::run_listeners(config, store, bound, shutdown.clone()));
+        let broker = Self { addrs, shutdown, task, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(mut client) = RawClient::connect(broker.addrs["PLAINTEXT"]).await {
+                let versions: anyhow::Result<ApiVersionsResponse> =
+                    client.call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default()).await;
+                if versions.is_ok() {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "broker did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        broker
+    }
+
+    /// A raw connection authenticated as `user` with SASL PLAIN.
+    async fn login(&self, user: &str, password: &str) -> RawClient {
+        let mut client = RawClient::connect(self.addrs["SASL_PLAINTEXT"]).await.unwrap();
+        let handshake = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN"));
+        let answer: SaslHandshakeResponse = client.call(ApiKey::SaslHandshake, 1, &handshake).await.unwrap();
+        assert_eq!(answer.error_code, 0);
+        let token = Bytes::from(format!("\0{user}\0{password}"));
+        let request = SaslAuthenticateRequest::default().with_auth_bytes(token);
+        let answer: SaslAuthenticateResponse = client.call(ApiKey::SaslAuthenticate, 2, &request).await.unwrap();
+        assert_eq!(answer.error_code, 0, "{user} did not authenticate");
+        client
+    }
+
+    async fn admin(&self) -> RawClient {
+        self.login("admin", ADMIN_PASSWORD).await
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task).await.unwrap().unwrap().unwrap();
+    }
+}
+
+async fn create_topic(client: &mut RawClient, name: &str) -> i16 {
+    let request = CreateTopicsRequest::default().with_timeout_ms(10_000).with_topics(vec![CreatableTopic::default()
+        .with_name(topic_name(name))
+        .with_num_partitions(1)
+        .with_replication_factor(1)]);
+    let response: CreateTopicsResponse = client.call(ApiKey::CreateTopics, 5, &request).await.unwrap();
+    response.topics[0].error_code
+}
+
+/// CreateAcls of one literal Allow ACL for `principal` from any host: the error code.
+async fn allow(client: &mut RawClient, principal: &str, operation: Operation, resource: ResourceType, name: &str) -> i16 {
+    let creation = AclCreation::default()
+        .with_resource_type(resource.code())
+        .with_resource_name(StrBytes::from_string(name.to_owned()))
+        .with_resource_pattern_type(PatternType::Literal.code())
+        .with_principal(StrBytes::from_string(principal.to_owned()))
+        .with_host(StrBytes::from_static_str("*"))
+        .with_operation(operation.code())
+        .with_permission_type(Permission::Allow.code());
+    let request = CreateAclsRequest::default().with_creations(vec![creation]);
+    let response: CreateAclsResponse = client.call(ApiKey::CreateAcls, 2, &request).await.unwrap();
+    response.results[0].error_code
+}
+
+fn batch(value: &str) -> Bytes {
+    let mut builder = BatchBuilder::new(1_700_000_000_000);
+    builder.append(1_700_000_000_000, Some(b"k"), Some(value.as_bytes()), &[]);
+    builder.build()
+}
+
+async fn produce(client: &mut RawClient, topic: &str) -> i16 {
+    client.produce(7, &produce_request(topic, 0, 1, 5000, batch("v"))).await.0
+}
+
+/// Metadata of every topic (`None`) or of `names`: (name, error code) per topic.
+async fn metadata(client: &mut RawClient, names: Option<&[&str]>) -> Vec<(String, i16)> {
+    let topics =
+        names.map(|names| names.iter().map(|n| MetadataRequestTopic::default().with_name(Some(topic_name(n)))).collect());
+    let request = MetadataRequest::default().with_topics(topics).with_allow_auto_topic_creation(false);
+    let response: MetadataResponse = client.call(ApiKey::Metadata, 9, &request).await.unwrap();
+    response.topics.iter().map(|t| (t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default(), t.error_code)).collect()
+}
+
+#[tokio::test]
+async fn confluent_kafka_producer_and_consumer_need_their_acls() {
+    let broker = SecuredBroker::start().await;
+    assert_eq!(create_topic(&mut broker.admin().await, "orders").await, 0);
+    let script = r#"
+import sys
+from confluent_kafka import Producer, Consumer, KafkaError
+from confluent_kafka.admin import (AdminClient, AclBinding, ResourceType, ResourcePatternType, AclOperation,
+                                   AclPermissionType)
+bootstrap, admin_password, bob_password = sys.argv[1], sys.argv[2], sys.argv[3]
+def as_user(user, password, **extra):
+    conf = {"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": user, "sasl.password": password}
+    conf.update(extra)
+    return conf
+
+def produce_one(value):
+    results = []
+    p = Producer(as_user("bob", bob_password, **{"message.timeout.ms": 10000}))
+    p.produce("orders", value=value, on_delivery=lambda err, msg: results.append(err))
+    p.flush(20)
+    assert len(results) == 1, results
+    return results[0]
+
+# No ACL: the write is refused with TOPIC_AUTHORIZATION_FAILED.
+err = produce_one(b"refused")
+assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
+
+admin = AdminClient(as_user("admin", admin_password))
+acl = lambda op: AclBinding(ResourceType.TOPIC, "orders", ResourcePatternType.LITERAL, "User:bob", "*", op,
+                            AclPermissionType.ALLOW)
+for f in admin.create_acls([acl(AclOperation.WRITE), acl(AclOperation.READ)]).values():
+    f.result(10)
+
+# Write on the topic now allows it (the watcher applies the ACL within a second or two).
+err = produce_one(b"accepted")
+assert err is None, err
+
+# Read on the topic but nothing on the group: GROUP_AUTHORIZATION_FAILED.
+c = Consumer(as_user("bob", bob_password, **{"group.id": "billing", "auto.offset.reset": "earliest"}))
+c.subscribe(["orders"])
+seen = None
+for _ in range(20):
+    m = c.poll(1)
+    if m is not None and m.error() is not None:
+        seen = m.error()
+        break
+c.close()
+assert seen is not None and seen.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, seen
+print("ok")
+"#;
+    let addr = broker.addrs["SASL_PLAINTEXT"].to_string();
+    common::run_python(script, &[&addr, ADMIN_PASSWORD, BOB_PASSWORD], Duration::from_secs(120)).await;
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn metadata_hides_topics_the_principal_may_not_describe() {
+    let broker = SecuredBroker::start().await;
+    let mut admin = broker.admin().await;
+    for topic in ["visible", "hidden"] {
+        assert_eq!(create_topic(&mut admin, topic).await, 0);
+    }
+    assert_eq!(allow(&mut admin, "User:bob", Operation::Describe, ResourceType::Topic, "visible").await, 0);
+    let mut bob = broker.login("bob", BOB_PASSWORD).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let listed = loop {
+        let listed = metadata(&mut bob, None).await;
+        if !listed.is_empty() || Instant::now() > deadline {
+            break listed;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(listed, vec![("visible".to_owned(), 0)]);
+    assert_eq!(metadata(&mut bob, Some(&["hidden"])).await, vec![("hidden".to_owned(), TOPIC_AUTHORIZATION_FAILED)]);
+    let mut all: Vec<String> = metadata(&mut admin, None).await.into_iter().map(|(name, _)| name).collect();
+    all.sort();
+    assert_eq!(all, ["hidden", "visible"]);
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn an_allowed_anonymous_client_cannot_delete_a_topic_or_alter_its_config() {
+    let broker = SecuredBroker::start().await;
+    let mut admin = broker.admin().await;
+    assert_eq!(create_topic(&mut admin, "shared").await, 0);
+    for operation in [Operation::Read, Operation::Write] {
+        assert_eq!(allow(&mut admin, "User:ANONYMOUS", operation, ResourceType::Topic, "shared").await, 0);
+    }
+    let mut anonymous = RawClient::connect(broker.addrs["PLAINTEXT"]).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while produce(&mut anonymous, "shared").await != 0 {
+        assert!(Instant::now() < deadline, "the Write ACL never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let delete = DeleteTopicsRequest::default().with_timeout_ms(5000).with_topic_names(vec![topic_name("shared")]);
+    let response: DeleteTopicsResponse = anonymous.call(ApiKey::DeleteTopics, 4, &delete).await.unwrap();
+    assert_eq!(response.responses[0].error_code, TOPIC_AUTHORIZATION_FAILED);
+
+    let alter = IncrementalAlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
+        .with_resource_type(2)
+        .with_resource_name(StrBytes::from_static_str("shared"))
+        .with_configs(vec![AlterableConfig::default()
+            .with_name(StrBytes::from_static_str("retention.ms"))
+            .with_config_operation(0)
+            .with_value(Some(StrBytes::from_static_str("1")))])]);
+    let response: IncrementalAlterConfigsResponse = anonymous.call(ApiKey::IncrementalAlterConfigs, 1, &alter).await.unwrap();
+    assert_eq!(response.responses[0].error_code, TOPIC_AUTHORIZATION_FAILED);
+    let grow = CreatePartitionsRequest::default().with_timeout_ms(5000).with_topics(vec![
+        kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic::default()
+            .with_name(topic_name("shared"))
+            .with_count(3),
+    ]);
+    let response: CreatePartitionsResponse = anonymous.call(ApiKey::CreatePartitions, 1, &grow).await.unwrap();
+    assert_eq!(response.results[0].error_code, TOPIC_AUTHORIZATION_FAILED);
+    // Nor may it grant itself more.
+    assert_eq!(
+        allow(&mut anonymous, "User:ANONYMOUS", Operation::All, ResourceType::Cluster, "kafka-cluster").await,
+        CLUSTER_AUTHORIZATION_FAILED
+    );
+
+    // The topic is still there, with its default retention.
+    assert_eq!(metadata(&mut admin, Some(&["shared"])).await, vec![("shared".to_owned(), 0)]);
+    let describe = DescribeConfigsRequest::default().with_resources(vec![
+        kafka_protocol::messages::describe_configs_request::DescribeConfigsResource::default()
+            .with_resource_type(2)
+            .with_resource_name(StrBytes::from_static_str("shared"))
+            .with_configuration_keys(Some(vec![StrBytes::from_static_str("retention.ms")])),
+    ]);
+    let response: DescribeConfigsResponse = admin.call(ApiKey::DescribeConfigs, 1, &describe).await.unwrap();
+    assert_eq!(response.results[0].error_code, 0);
+    assert_ne!(response.results[0].configs[0].value.as_deref(), Some("1"));
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn an_acl_created_through_create_acls_is_enforced_within_two_seconds() {
+    let broker = SecuredBroker::start().await;
+    let mut admin = broker.admin().await;
+    assert_eq!(create_topic(&mut admin, "events").await, 0);
+    let mut bob = broker.login("bob", BOB_PASSWORD).await;
+    assert_eq!(produce(&mut bob, "events").await, TOPIC_AUTHORIZATION_FAILED);
+    // bob may not create ACLs himself.
+    assert_eq!(allow(&mut bob, "User:bob", Operation::Write, ResourceType::Topic, "events").await, CLUSTER_AUTHORIZATION_FAILED);
+    assert_eq!(produce(&mut bob, "events").await, TOPIC_AUTHORIZATION_FAILED);
+
+    assert_eq!(allow(&mut admin, "User:bob", Operation::Write, ResourceType::Topic, "events").await, 0);
+    let created = Instant::now();
+    while produce(&mut bob, "events").await != 0 {
+        assert!(created.elapsed() < Duration::from_secs(2), "the ACL was not enforced within 2 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("ACL enforced {:?} after CreateAcls answered", created.elapsed());
+    broker.stop().await;
+}
