@@ -60,7 +60,7 @@ impl Common {
             window,
             grace: Duration::from_secs(self.grace_secs),
             tolerance: self.tolerance,
-            ..ReportConfig::new(self.connect.client())
+            ..ReportConfig::new(self.connect.client()?)
         };
         Ok(match &self.topics {
             Some(pattern) => config.with_topics(pattern)?,

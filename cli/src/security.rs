@@ -144,13 +144,11 @@ fn password_from_stdin() -> anyhow::Result<String> {
 fn password_from_file(path: &Path) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut found = None;
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('!')) {
-        if let Some((key, value)) = line.split_once(['=', ':']) {
-            match key.trim() {
-                "password" => found = Some(value.trim().to_string()),
-                "sasl.password" if found.is_none() => found = Some(value.trim().to_string()),
-                _ => {}
-            }
+    for (key, value) in fjord_client::parse_properties(&text).with_context(|| path.display().to_string())? {
+        match key.as_str() {
+            "password" => found = Some(value),
+            "sasl.password" if found.is_none() => found = Some(value),
+            _ => {}
         }
     }
     match found {

@@ -14,28 +14,75 @@ pub(crate) mod groups;
 pub(crate) mod produce;
 pub(crate) mod topics;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use fjord_client::{Acks, ClientConfig, Compression};
 
+/// The client settings also read from `FJORD_*` environment variables (`sasl.password`
+/// → `FJORD_SASL_PASSWORD`): secrets come from a file or the environment, never from a
+/// flag, where `ps` and shell history would show them.
+const ENV_SETTINGS: [&str; 7] = [
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.username",
+    "sasl.password",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+];
+
+/// Where `--bootstrap` falls back to when neither the flag nor the properties file names one.
+const DEFAULT_BOOTSTRAP: &str = "127.0.0.1:9092";
+
 /// Flags every client subcommand shares. Global: accepted before or after the action
 /// (`fjord topics create --bootstrap ...`, as the README writes it).
 #[derive(Args, Debug, Clone)]
 pub(crate) struct ConnectArgs {
     /// Broker(s) to bootstrap from, HOST:PORT[,HOST:PORT...] (Kafka's tools call it
-    /// --bootstrap-server).
-    #[arg(long, visible_alias = "bootstrap-server", global = true, default_value = "127.0.0.1:9092", env = "FJORD_BOOTSTRAP")]
-    pub(crate) bootstrap: String,
-    /// Give up connecting to a broker after this many milliseconds.
+    /// --bootstrap-server) [default: the properties file's bootstrap.servers, else 127.0.0.1:9092].
+    #[arg(long, visible_alias = "bootstrap-server", global = true, env = "FJORD_BOOTSTRAP")]
+    pub(crate) bootstrap: Option<String>,
+    /// Kafka client properties file (`key=value` lines, `#` comments): bootstrap.servers,
+    /// security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.location,
+    /// ssl.certificate.location, ssl.key.location. FJORD_SECURITY_PROTOCOL,
+    /// FJORD_SASL_USERNAME, FJORD_SASL_PASSWORD... override the file's values.
+    #[arg(long, global = true, value_name = "FILE", env = "FJORD_COMMAND_CONFIG")]
+    pub(crate) command_config: Option<PathBuf>,
+    /// Give up connecting to a broker (TCP, TLS, SASL) after this many milliseconds.
     #[arg(long, global = true, default_value_t = 5000)]
     pub(crate) connect_timeout_ms: u64,
 }
 
 impl ConnectArgs {
-    pub(crate) fn client(&self) -> ClientConfig {
-        ClientConfig { connect_timeout: Duration::from_millis(self.connect_timeout_ms), ..ClientConfig::new(&self.bootstrap) }
+    /// The client config: the properties file, then the environment, then the flags.
+    pub(crate) fn client(&self) -> anyhow::Result<ClientConfig> {
+        let env = |key: &str| std::env::var(format!("FJORD_{}", key.replace('.', "_").to_ascii_uppercase())).ok();
+        self.client_with(env)
+    }
+
+    fn client_with(&self, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<ClientConfig> {
+        let mut config = ClientConfig::new(DEFAULT_BOOTSTRAP);
+        if let Some(path) = &self.command_config {
+            let context = || format!("--command-config {}", path.display());
+            let text = std::fs::read_to_string(path).with_context(context)?;
+            for (key, value) in fjord_client::parse_properties(&text).with_context(context)? {
+                config.set(&key, &value).with_context(context)?;
+            }
+        }
+        for key in ENV_SETTINGS {
+            if let Some(value) = env(key) {
+                let name = format!("FJORD_{}", key.replace('.', "_").to_ascii_uppercase());
+                config.set(key, &value).with_context(|| name)?;
+            }
+        }
+        if let Some(bootstrap) = &self.bootstrap {
+            config.set("bootstrap.servers", bootstrap).context("--bootstrap")?;
+        }
+        config.connect_timeout = Duration::from_millis(self.connect_timeout_ms);
+        Ok(config)
     }
 }
 
@@ -113,5 +160,29 @@ pub(crate) fn parse_key_value(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
         _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_environment_overrides_the_file_and_the_flag_the_bootstrap() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("client.properties");
+        std::fs::write(&file, "bootstrap.servers=h:1\nsecurity.protocol=SASL_PLAINTEXT\nsasl.username=a\nsasl.password=file\n")
+            .unwrap();
+        let args = ConnectArgs { bootstrap: None, command_config: Some(file.clone()), connect_timeout_ms: 7 };
+        let env = |key: &str| (key == "sasl.password").then(|| "env".to_owned());
+        let config = args.client_with(env).unwrap();
+        assert_eq!(config.bootstrap_servers, ["h:1"]);
+        assert_eq!(config.security.sasl_password.as_deref(), Some("env"));
+        assert_eq!(config.connect_timeout, Duration::from_millis(7));
+        let args = ConnectArgs { bootstrap: Some("b:2".into()), ..args };
+        assert_eq!(args.client_with(|_| None).unwrap().bootstrap_servers, ["b:2"]);
+        std::fs::write(&file, "sasl.pasword=x\n").unwrap();
+        let err = format!("{:#}", args.client_with(|_| None).unwrap_err());
+        assert!(err.contains("unknown client setting \"sasl.pasword\""), "{err}");
     }
 }

@@ -16,6 +16,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use crate::connection::Connection;
 use crate::error::{Error, Result};
+use crate::security::{Prepared, SecurityConfig};
 
 /// Settings every client shares (Kafka's names in the comments).
 #[derive(Debug, Clone)]
@@ -34,6 +35,8 @@ pub struct ClientConfig {
     pub retry_backoff: Duration,
     /// `allow.auto.create.topics`: let metadata requests create missing topics.
     pub allow_auto_create_topics: bool,
+    /// `security.protocol`, `sasl.*`, `ssl.*` (the password is never printed by `Debug`).
+    pub security: SecurityConfig,
 }
 
 impl Default for ClientConfig {
@@ -46,6 +49,7 @@ impl Default for ClientConfig {
             metadata_max_age: Duration::from_secs(300),
             retry_backoff: Duration::from_millis(100),
             allow_auto_create_topics: true,
+            security: SecurityConfig::default(),
         }
     }
 }
@@ -57,6 +61,32 @@ impl ClientConfig {
             bootstrap_servers: bootstrap.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
             ..Self::default()
         }
+    }
+
+    /// Sets one setting by its Kafka name (`bootstrap.servers`, `client.id`, the
+    /// `*.timeout.ms` and `retry.backoff.ms` bounds, and the security keys); an unknown
+    /// key is an error, so a misspelt `sasl.pasword` is not silently ignored.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let millis = || {
+            value
+                .parse::<u64>()
+                .map(Duration::from_millis)
+                .map_err(|_| Error::InvalidConfig(format!("{key} {value:?} is not a number of milliseconds")))
+        };
+        match key {
+            "bootstrap.servers" => self.bootstrap_servers = Self::new(value).bootstrap_servers,
+            "client.id" => self.client_id = value.to_owned(),
+            "socket.connection.setup.timeout.ms" => self.connect_timeout = millis()?,
+            "request.timeout.ms" => self.request_timeout = millis()?,
+            "metadata.max.age.ms" => self.metadata_max_age = millis()?,
+            "retry.backoff.ms" => self.retry_backoff = millis()?,
+            _ => {
+                if !self.security.set(key, value)? {
+                    return Err(Error::InvalidConfig(format!("unknown client setting {key:?}")));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn validate(&self) -> Result<()> {
@@ -113,6 +143,8 @@ pub struct Metadata {
 /// Shared cluster state: metadata cache and connections.
 pub(crate) struct Cluster {
     config: ClientConfig,
+    /// TLS files loaded and SASL settings checked once, for every connection.
+    security: Arc<Prepared>,
     metadata: RwLock<Arc<Metadata>>,
     /// Bumped by every refresh, so hot paths can cache what they derived from metadata.
     version: AtomicU64,
@@ -125,7 +157,9 @@ impl Cluster {
     /// Connects to the first reachable bootstrap broker and loads the broker list.
     pub(crate) async fn connect(config: ClientConfig) -> Result<Arc<Self>> {
         config.validate()?;
+        let security = config.security.prepare()?;
         let cluster = Arc::new(Self {
+            security,
             metadata: RwLock::new(Arc::new(Metadata {
                 brokers: HashMap::new(),
                 controller: -1,
@@ -299,7 +333,14 @@ impl Cluster {
             }
         }
         let conn = Arc::new(
-            Connection::connect(addr, &self.config.client_id, self.config.connect_timeout, self.config.request_timeout).await?,
+            Connection::connect(
+                addr,
+                &self.config.client_id,
+                self.config.connect_timeout,
+                self.config.request_timeout,
+                &self.security,
+            )
+            .await?,
         );
         pool.insert(addr.to_string(), conn.clone());
         Ok(conn)

@@ -27,11 +27,12 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
+use crate::security::{self, Prepared};
 
 /// Largest response frame accepted; a length beyond this means a corrupt stream.
 const MAX_RESPONSE_FRAME: usize = 1 << 30;
@@ -149,34 +150,67 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    /// Connects within `connect_timeout` and learns the broker's API versions.
+    /// Connects, does the TLS handshake and SASL exchange `security` asks for, and learns
+    /// the broker's API versions, all within `connect_timeout`: a listener that never
+    /// answers (a plaintext client on a TLS port) fails here instead of hanging.
     pub(crate) async fn connect(
         addr: &str,
         client_id: &str,
         connect_timeout: Duration,
         request_timeout: Duration,
+        security: &Prepared,
     ) -> Result<Self> {
-        let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect(addr)).await {
-            Err(_) => return Err(Error::ConnectTimeout { broker: addr.to_string(), timeout: connect_timeout }),
-            Ok(Err(e)) => return Err(Error::io(addr, e)),
-            Ok(Ok(stream)) => stream,
-        };
+        let establish = Self::establish(addr, client_id, request_timeout, security);
+        match tokio::time::timeout(connect_timeout, establish).await {
+            Err(_) => Err(Error::ConnectTimeout { broker: addr.to_string(), timeout: connect_timeout }),
+            Ok(result) => result,
+        }
+    }
+
+    async fn establish(addr: &str, client_id: &str, request_timeout: Duration, security: &Prepared) -> Result<Self> {
+        let stream = TcpStream::connect(addr).await.map_err(|e| Error::io(addr, e))?;
         stream.set_nodelay(true).map_err(|e| Error::io(addr, e))?;
+        let client_id = StrBytes::from_string(client_id.to_string());
         let addr: Arc<str> = addr.into();
-        let (read, write) = stream.into_split();
         let in_flight = Arc::new(Mutex::new(InFlight::default()));
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
-        let writer = tokio::spawn(write_loop(addr.clone(), write, rx, in_flight.clone()));
-        let reader = tokio::spawn(read_loop(addr.clone(), read, in_flight.clone(), request_timeout, writer.abort_handle()));
+        // Plain TCP keeps its owned halves (no lock between reader and writer); TLS needs
+        // one session for both directions, shared through `tokio::io::split`.
+        let (writer, reader, correlation) = match &security.tls {
+            None => {
+                let mut stream = stream;
+                let correlation = match &security.sasl {
+                    Some(sasl) => security::authenticate(&mut stream, &addr, &client_id, sasl).await?,
+                    None => 0,
+                };
+                let (read, write) = stream.into_split();
+                let writer = tokio::spawn(write_loop(addr.clone(), write, rx, in_flight.clone()));
+                let reader =
+                    tokio::spawn(read_loop(addr.clone(), read, in_flight.clone(), request_timeout, writer.abort_handle()));
+                (writer.abort_handle(), reader.abort_handle(), correlation)
+            }
+            Some(tls) => {
+                let mut stream = security::tls_handshake(tls, &addr, stream).await?;
+                let correlation = match &security.sasl {
+                    Some(sasl) => security::authenticate(&mut stream, &addr, &client_id, sasl).await?,
+                    None => 0,
+                };
+                let (read, write) = tokio::io::split(stream);
+                let writer = tokio::spawn(write_loop(addr.clone(), write, rx, in_flight.clone()));
+                let reader =
+                    tokio::spawn(read_loop(addr.clone(), read, in_flight.clone(), request_timeout, writer.abort_handle()));
+                (writer.abort_handle(), reader.abort_handle(), correlation)
+            }
+        };
         let mut conn = Self {
             addr: addr.clone(),
-            client_id: StrBytes::from_string(client_id.to_string()),
+            client_id,
             request_timeout,
             tx,
             in_flight,
             versions: HashMap::new(),
-            correlation: AtomicI32::new(0),
-            tasks: [writer.abort_handle(), reader.abort_handle()],
+            correlation: AtomicI32::new(correlation),
+            tasks: [writer, reader],
         };
         // v0 is the one version every broker answers in a known layout.
         let response: ApiVersionsResponse = conn.request_at(&ApiVersionsRequest::default(), 0).await?;
@@ -363,7 +397,7 @@ const MAX_GATHER: usize = 64;
 /// copying each one into a write buffer first showed in profiles of the producer.
 async fn write_loop(
     addr: Arc<str>,
-    mut socket: tokio::net::tcp::OwnedWriteHalf,
+    mut socket: impl AsyncWrite + Unpin,
     mut rx: mpsc::Receiver<Outgoing>,
     in_flight: Arc<Mutex<InFlight>>,
 ) {
@@ -412,7 +446,7 @@ async fn write_loop(
 }
 
 /// Writes every frame of `frames`, in order, with vectored writes; empties it.
-async fn write_frames(socket: &mut tokio::net::tcp::OwnedWriteHalf, frames: &mut VecDeque<Bytes>) -> std::io::Result<()> {
+async fn write_frames(socket: &mut (impl AsyncWrite + Unpin), frames: &mut VecDeque<Bytes>) -> std::io::Result<()> {
     while !frames.is_empty() {
         let mut slices = [IoSlice::new(&[]); MAX_GATHER];
         let count = frames.len().min(MAX_GATHER);
@@ -442,7 +476,7 @@ async fn write_frames(socket: &mut tokio::net::tcp::OwnedWriteHalf, frames: &mut
 /// copy). The read is cancel-safe, so the deadline timer can interrupt it at any point.
 async fn read_loop(
     addr: Arc<str>,
-    mut socket: tokio::net::tcp::OwnedReadHalf,
+    mut socket: impl AsyncRead + Unpin,
     in_flight: Arc<Mutex<InFlight>>,
     request_timeout: Duration,
     writer: tokio::task::AbortHandle,

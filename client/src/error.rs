@@ -131,6 +131,37 @@ pub enum Error {
     /// A configuration value is invalid.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// The TLS handshake with a broker failed (untrusted certificate, wrong name, a
+    /// listener that does not speak TLS...).
+    #[error("TLS handshake with {broker} failed: {reason}")]
+    TlsHandshake {
+        /// `host:port` of the broker.
+        broker: String,
+        /// What rustls reported.
+        reason: String,
+    },
+    /// The broker refused our SASL credentials.
+    #[error("authentication failed: {broker} refused {mechanism} credentials of user {username:?}: {message}")]
+    AuthenticationFailed {
+        /// `host:port` of the broker.
+        broker: String,
+        /// The SASL mechanism used.
+        mechanism: &'static str,
+        /// `sasl.username`.
+        username: String,
+        /// The broker's reason.
+        message: String,
+    },
+    /// The broker does not offer the configured `sasl.mechanism`.
+    #[error("broker {broker} does not support SASL mechanism {mechanism} (it offers: {enabled})")]
+    UnsupportedSaslMechanism {
+        /// `host:port` of the broker.
+        broker: String,
+        /// The configured mechanism.
+        mechanism: &'static str,
+        /// The mechanisms the broker offers, comma-separated.
+        enabled: String,
+    },
 }
 
 impl Error {

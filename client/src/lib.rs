@@ -7,6 +7,8 @@
 //!   ([`ResponseError`]).
 //! - `connection`: one pipelined TCP connection per broker (requests in order, responses
 //!   matched FIFO, coalesced writes).
+//! - [`security`]: `security.protocol`, `sasl.*`, `ssl.*`; each connection's TLS handshake
+//!   and SASL exchange before its first request.
 //! - [`cluster`]: bootstrap, the metadata cache and its refresh rules, the connection pool.
 //! - [`partitioner`]: murmur2 (identical to the Java client and librdkafka
 //!   `murmur2_random`) and the sticky choice for records without a key.
@@ -36,6 +38,7 @@ pub mod error;
 pub mod group;
 pub mod partitioner;
 pub mod producer;
+pub mod security;
 
 pub use admin::{Admin, ConfigEntry, NewTopic, OffsetSpec};
 pub use audit::AuditHook;
@@ -45,6 +48,7 @@ pub use error::{Error, ResponseError, Result};
 pub use fjord_record::{Compression, TopicPartition};
 pub use group::{GroupAdmin, GroupConfig, GroupConsumer, GroupDescription, MemberDescription, Rebalance, RebalanceListener};
 pub use producer::{Acks, DeliveryFuture, Producer, ProducerConfig, ProducerRecord, RecordMetadata};
+pub use security::{parse_properties, SaslMechanism, SecurityConfig, SecurityProtocol};
 
 /// Largest records section a compressed batch may expand to (a guard against
 /// decompression bombs; far above any batch a real producer writes).

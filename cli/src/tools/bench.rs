@@ -99,27 +99,27 @@ fn progress(messages: u64) -> ProgressBar {
     pb
 }
 
-fn producer_config(args: &BenchArgs) -> ProducerConfig {
+fn producer_config(args: &BenchArgs) -> anyhow::Result<ProducerConfig> {
     // `--batch N` records fill a batch: N-1 records at their real encoded size plus room
     // for the producer's (upper-bound) estimate of the Nth, so the N+1th never fits.
     let mut probe = fjord_record::BatchBuilder::new(0);
     probe.append(0, None, Some(&vec![0u8; args.size]), &[]);
     let per_record = probe.size() - fjord_record::BATCH_OVERHEAD;
     let estimate = ProducerRecord { value: Some(Bytes::from(vec![0u8; args.size])), ..ProducerRecord::default() }.encoded_size();
-    ProducerConfig {
-        client: args.connect.client(),
+    Ok(ProducerConfig {
+        client: args.connect.client()?,
         acks: args.acks,
         compression: args.compression,
         batch_size: fjord_record::BATCH_OVERHEAD + per_record * (args.batch as usize - 1) + estimate,
         linger: Duration::ZERO,
         ..ProducerConfig::default()
-    }
+    })
 }
 
 /// Produces `args.messages` records. With `stamp`, each value starts with the nanoseconds
 /// since that instant (for end-to-end latency).
 async fn produce(args: &BenchArgs, stamp: Option<Instant>) -> anyhow::Result<Report> {
-    let producer = Producer::connect(producer_config(args)).await?;
+    let producer = Producer::connect(producer_config(args)?).await?;
     producer.partition_count(&args.topic).await.with_context(|| format!("topic {}", args.topic))?;
     let payload: Bytes = (0..args.size).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>().into();
     let pb = if stamp.is_some() { ProgressBar::hidden() } else { progress(args.messages) };
@@ -167,7 +167,7 @@ async fn produce(args: &BenchArgs, stamp: Option<Instant>) -> anyhow::Result<Rep
 
 async fn bench_consumer(args: &BenchArgs) -> anyhow::Result<Consumer> {
     let config = ConsumerConfig {
-        client: args.connect.client(),
+        client: args.connect.client()?,
         auto_offset_reset: OffsetReset::Earliest,
         fetch_max_wait: Duration::from_millis(100),
         ..ConsumerConfig::default()

@@ -39,9 +39,9 @@ enum Format {
 }
 
 pub(crate) async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
-    let audit = args.audit.start("consumer", &args.connect.client());
+    let audit = args.audit.start("consumer", &args.connect.client()?);
     let config = ConsumerConfig {
-        client: args.connect.client(),
+        client: args.connect.client()?,
         auto_offset_reset: OffsetReset::Latest,
         audit: audit.as_ref().map(|a| a.hook()),
         ..ConsumerConfig::default()

@@ -48,7 +48,7 @@ enum Action {
 }
 
 pub(crate) async fn run(args: GroupsArgs) -> anyhow::Result<()> {
-    let admin = GroupAdmin::connect(args.connect.client()).await?;
+    let admin = GroupAdmin::connect(args.connect.client()?).await?;
     match args.action {
         Action::List => {
             for (group, state) in admin.list_groups().await? {

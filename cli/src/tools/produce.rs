@@ -40,9 +40,9 @@ pub(crate) struct ProduceArgs {
 }
 
 pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
-    let audit = args.audit.start("producer", &args.connect.client());
+    let audit = args.audit.start("producer", &args.connect.client()?);
     let config = ProducerConfig {
-        client: args.connect.client(),
+        client: args.connect.client()?,
         acks: args.acks,
         compression: args.compression,
         audit: audit.as_ref().map(|a| a.hook()),

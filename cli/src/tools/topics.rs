@@ -59,7 +59,7 @@ enum Action {
 }
 
 pub(crate) async fn run(args: TopicsArgs) -> anyhow::Result<()> {
-    let admin = Admin::connect(args.connect.client()).await?;
+    let admin = Admin::connect(args.connect.client()?).await?;
     match args.action {
         Action::Create { topic, partitions, replication_factor, configs } => {
             let new = NewTopic {

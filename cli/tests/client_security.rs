@@ -1,0 +1,202 @@
+//! The client tools over a SASL_SSL listener: `fjord topics`, `produce` and `consume` with
+//! `--command-config` (SCRAM-SHA-256 over TLS) against a real in-process broker; a wrong
+//! password is an authentication failure with a non-zero exit; a plaintext client on the
+//! TLS port fails within its connect timeout instead of hanging.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use fjord_auth::{ScramCredential, ScramMechanism};
+use fjord_broker::BrokerConfig;
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+
+const PASSWORD: &str = "alice-secret";
+/// Bound on one `fjord` run: far above a healthy run, far below a hang.
+const RUN_LIMIT: Duration = Duration::from_secs(60);
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A CA (`ca.pem`) and a server certificate for 127.0.0.1 signed by it, key and chain in
+/// one PEM file (`server-keystore.pem`, as `ssl.keystore.location` takes it).
+fn make_certs(dir: &Path) {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-noenc"];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend(["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=Fjord Test CA"]);
+    openssl(dir, &ca);
+    let mut csr = vec!["req"];
+    csr.extend(ec);
+    csr.extend(["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
+    openssl(dir, &csr);
+    std::fs::write(dir.join("server.ext"), "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ],
+    );
+    let keystore = [std::fs::read(dir.join("server.key")).unwrap(), std::fs::read(dir.join("server.pem")).unwrap()].concat();
+    std::fs::write(dir.join("server-keystore.pem"), keystore).unwrap();
+}
+
+struct SecureBroker {
+    sasl_ssl: SocketAddr,
+    dir: tempfile::TempDir,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<fjord_broker::Result<()>>,
+}
+
+impl SecureBroker {
+    /// A broker whose client listener is SASL_SSL (SCRAM-SHA-256, user `alice`).
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        make_certs(dir.path());
+        let mut config = BrokerConfig { log_dir: dir.path().join("data"), ..BrokerConfig::default() };
+        config.set("listeners", "SASL_SSL://127.0.0.1:0,PLAINTEXT://127.0.0.1:0").unwrap();
+        config.set("inter.broker.listener.name", "PLAINTEXT").unwrap();
+        config.set("ssl.keystore.location", dir.path().join("server-keystore.pem").to_str().unwrap()).unwrap();
+        config.set("sasl.enabled.mechanisms", "SCRAM-SHA-256").unwrap();
+        let bound = fjord_broker::server::bind(&config).await.unwrap();
+        let sasl_ssl = bound[0].local_addr().unwrap();
+        std::fs::create_dir_all(&config.log_dir).unwrap();
+        let store = fjord_broker::server::open_store(&config).await.unwrap();
+        let credential = ScramCredential::generate(ScramMechanism::Sha256, PASSWORD, 4096).unwrap();
+        fjord_auth::store::set_credential(&*store, "alice", ScramMechanism::Sha256, &credential).await.unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(fjord_broker::server::run_listeners(config, store, bound, shutdown.clone()));
+        Self { sasl_ssl, dir, shutdown, task }
+    }
+
+    /// A Kafka client properties file for the SASL_SSL listener with `password`.
+    fn properties(&self, name: &str, password: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        let ca = self.dir.path().join("ca.pem");
+        std::fs::write(
+            &path,
+            format!(
+                "# SASL_SSL as alice\nbootstrap.servers={}\nsecurity.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-256\n\
+                 sasl.username=alice\nsasl.password={password}\nssl.ca.location={}\n",
+                self.sasl_ssl,
+                ca.display()
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}
+
+/// Runs `fjord args` with `stdin`, bounded by [`RUN_LIMIT`] (a hang fails the test).
+async fn fjord(args: &[&str], stdin: &str) -> Output {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fjord"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        // The test's own settings only: the file names the bootstrap and the security.
+        .env_remove("FJORD_BOOTSTRAP")
+        .env_remove("FJORD_SASL_PASSWORD")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    tokio::time::timeout(RUN_LIMIT, child.wait_with_output()).await.expect("fjord did not finish in time").unwrap()
+}
+
+async fn ok(args: &[&str], stdin: &str) -> String {
+    let out = fjord(args, stdin).await;
+    assert!(out.status.success(), "fjord {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_produce_and_consume_over_sasl_ssl_with_a_command_config() {
+    let broker = SecureBroker::start().await;
+    let props = broker.properties("alice.properties", PASSWORD);
+    let config = props.to_str().unwrap();
+    ok(&["topics", "create", "--topic", "orders", "--partitions", "2", "--command-config", config], "").await;
+    let listed = ok(&["topics", "list", "--command-config", config], "").await;
+    assert!(listed.lines().any(|l| l == "orders"), "{listed}");
+    ok(&["produce", "--topic", "orders", "--partition", "0", "--command-config", config], "one\ntwo\nthree\n").await;
+    let consumed = ok(
+        &[
+            "consume",
+            "--topic",
+            "orders",
+            "--partition",
+            "0",
+            "--from",
+            "beginning",
+            "--max-messages",
+            "3",
+            "--command-config",
+            config,
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(consumed, "one\ntwo\nthree\n");
+    broker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_an_authentication_failure_and_a_plaintext_client_fails_fast() {
+    let broker = SecureBroker::start().await;
+    let props = broker.properties("wrong.properties", "not-the-password");
+    let out = fjord(&["topics", "list", "--command-config", props.to_str().unwrap()], "").await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a wrong password was accepted");
+    assert!(stderr.contains("authentication failed") && stderr.contains("alice"), "{stderr}");
+    assert!(!stderr.contains("not-the-password"), "the password was printed: {stderr}");
+
+    // No properties: a plaintext ApiVersions on the TLS port. The broker takes it for a
+    // bad ClientHello; whatever it does, the client must give up within its timeout.
+    let started = std::time::Instant::now();
+    let addr = broker.sasl_ssl.to_string();
+    let out = fjord(&["topics", "list", "--bootstrap", &addr, "--connect-timeout-ms", "3000"], "").await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a plaintext client got through a SASL_SSL listener");
+    assert!(stderr.contains(&addr), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+
+    // The same properties through FJORD_* variables instead of a file.
+    let ca = broker.dir.path().join("ca.pem");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_fjord"))
+        .args(["topics", "list", "--bootstrap", &addr])
+        .env("RUST_LOG", "warn")
+        .env("FJORD_SECURITY_PROTOCOL", "SASL_SSL")
+        .env("FJORD_SASL_USERNAME", "alice")
+        .env("FJORD_SASL_PASSWORD", PASSWORD)
+        .env("FJORD_SSL_CA_LOCATION", &ca)
+        .output();
+    let out = tokio::time::timeout(RUN_LIMIT, out).await.unwrap().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    broker.stop().await;
+}
