@@ -2,7 +2,9 @@
 //! a gateway in this process on loopback, then posts the same clickstream-like events
 //! (about 200 bytes of JSON each, in batches) first plain, then gzip-compressed
 //! (`Content-Encoding: gzip`, compressed by the client before timing starts), then plain
-//! again, and prints events/s and bytes on the wire (request bodies) for each.
+//! again, and prints events/s and bytes on the wire (request bodies) for each. Then plain
+//! again, each request with its own `Idempotency-Key`, against plain without: the key's
+//! cost (a claim and an answer appended to the key topic per request).
 //!
 //! ```text
 //! cargo run --release -p fjord-gateway --example compression_bench -- 200000 500 4
@@ -38,6 +40,7 @@ async fn round(
     url: &str,
     bodies: Arc<Vec<Vec<u8>>>,
     gzip: bool,
+    key_prefix: Option<&str>,
     concurrency: usize,
     per_request: usize,
 ) -> anyhow::Result<(f64, usize)> {
@@ -45,12 +48,16 @@ async fn round(
     let mut tasks = Vec::new();
     for w in 0..concurrency {
         let (url, bodies) = (url.to_string(), bodies.clone());
+        let key_prefix = key_prefix.map(str::to_string);
         tasks.push(tokio::spawn(async move {
             let http = reqwest::Client::new();
-            for body in bodies.iter().skip(w).step_by(concurrency) {
+            for (i, body) in bodies.iter().enumerate().skip(w).step_by(concurrency) {
                 let mut r = http.post(&url).body(body.clone());
                 if gzip {
                     r = r.header("content-encoding", "gzip");
+                }
+                if let Some(prefix) = &key_prefix {
+                    r = r.header("idempotency-key", format!("{prefix}-{i}"));
                 }
                 let resp = r.send().await?;
                 if !resp.status().is_success() {
@@ -96,11 +103,20 @@ async fn main() -> anyhow::Result<()> {
     let gzipped: Vec<Vec<u8>> = plain.iter().map(|b| gzip(b)).collect();
     let (plain, gzipped) = (Arc::new(plain), Arc::new(gzipped));
     // Warm-up: topic creation and connections are not part of either figure.
-    round(&url, Arc::new(plain[..1].to_vec()), false, 1, per_request).await?;
-    for (name, bodies, gz) in
-        [("plain", &plain, false), ("gzip", &gzipped, true), ("plain", &plain, false), ("gzip", &gzipped, true)]
-    {
-        let (eps, wire) = round(&url, bodies.clone(), gz, concurrency, per_request).await?;
+    round(&url, Arc::new(plain[..1].to_vec()), false, None, 1, per_request).await?;
+    round(&url, Arc::new(plain[..1].to_vec()), false, Some("warm"), 1, per_request).await?;
+    let rounds = [
+        ("plain", &plain, false, None),
+        ("gzip", &gzipped, true, None),
+        ("plain", &plain, false, None),
+        ("gzip", &gzipped, true, None),
+        ("plain", &plain, false, None),
+        ("plain+key", &plain, false, Some("k1")),
+        ("plain", &plain, false, None),
+        ("plain+key", &plain, false, Some("k2")),
+    ];
+    for (name, bodies, gz, key) in rounds {
+        let (eps, wire) = round(&url, bodies.clone(), gz, key, concurrency, per_request).await?;
         println!(
             "{{\"body\":\"{name}\",\"events\":{events},\"batch\":{per_request},\"concurrency\":{concurrency},\"events_per_s\":{eps:.0},\"wire_bytes\":{wire},\"bytes_per_event\":{:.1}}}",
             wire as f64 / events as f64

@@ -100,7 +100,11 @@ async fn grpc(a: Arc<Args>, worker: usize, batches: usize) -> anyhow::Result<Vec
                     })
                     .collect();
                 sent.lock().expect("lock").insert(b as u64, Instant::now());
-                if tx.send(PublishRequest { topic: a.topic.clone(), events, acks: 0, batch_id: b as u64 }).await.is_err() {
+                if tx
+                    .send(PublishRequest { topic: a.topic.clone(), events, batch_id: b as u64, ..Default::default() })
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }

@@ -46,6 +46,9 @@ pub struct GatewayConfig {
     pub dead_letter_topic: Option<String>,
     /// Which browser origins may call the HTTP front (CORS), and to which topics.
     pub cors: CorsConfig,
+    /// How long an `Idempotency-Key` holds: a repeat within it gets the first answer and
+    /// writes nothing. Also the retention of the key topic.
+    pub idempotency_window: Duration,
 }
 
 /// CORS for browsers. With no allowed origins CORS is off: no CORS headers, preflights
@@ -167,6 +170,7 @@ impl Default for GatewayConfig {
             audit_cluster: "default".into(),
             dead_letter_topic: None,
             cors: CorsConfig::default(),
+            idempotency_window: Duration::from_secs(24 * 60 * 60),
         }
     }
 }
@@ -196,6 +200,9 @@ impl GatewayConfig {
             return bad("audit_interval and audit_window must be positive".into());
         }
         self.cors.validate()?;
+        if self.idempotency_window.as_millis() == 0 {
+            return bad("idempotency_window must be positive".into());
+        }
         if self.broker_timeout.is_zero() {
             return bad("broker_timeout must be positive".into());
         }

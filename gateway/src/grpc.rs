@@ -25,6 +25,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::backend::{Delivered, Event, FetchQuery, Fetched};
 use crate::http::produce::all_delivered;
 use crate::http::read::DEFAULT_FETCH_BYTES;
+use crate::idempotency::{self, Outcome, RequestHash};
 use crate::service::{check_topic_name, Gateway};
 use crate::{Error, Result};
 
@@ -72,7 +73,21 @@ async fn publish(g: &Gateway, api: &'static str, mut request: PublishRequest) ->
         }
         let events = events(&mut request);
         let bytes = events.iter().map(Event::encoded_size).sum::<usize>();
-        Ok((all_delivered(g.publish(&request.topic, events, acks).await?)?, bytes))
+        if request.idempotency_key.is_empty() {
+            return Ok((all_delivered(g.publish(&request.topic, events, acks).await?)?, bytes));
+        }
+        idempotency::check_key(&request.idempotency_key)?;
+        let hash = request_hash(&request.topic, request.acks, &events);
+        let keys = g.key_store().await?;
+        let run = keys.run("", &request.idempotency_key, &hash, || async {
+            let delivered = all_delivered(g.publish(&request.topic, events, acks).await?)?;
+            let answer = delivered.iter().map(|d| serde_json::json!([d.partition, d.offset])).collect();
+            Ok((serde_json::Value::Array(answer), delivered))
+        });
+        match run.await? {
+            Outcome::Fresh(delivered) => Ok((delivered, bytes)),
+            Outcome::Stored(answer) => Ok((stored_offsets(&answer)?, 0)),
+        }
     }
     .await;
     let (status, events, bytes) = match &result {
@@ -81,6 +96,36 @@ async fn publish(g: &Gateway, api: &'static str, mut request: PublishRequest) ->
     };
     g.metrics.record(api, status, events, bytes, start.elapsed());
     result.map(|(d, _)| d)
+}
+
+/// What makes two keyed batches the same request: topic, acks and the events as sent.
+fn request_hash(topic: &str, acks: i32, events: &[Event]) -> String {
+    let mut h = RequestHash::new();
+    h.part(b"grpc").part(topic.as_bytes()).part(&acks.to_be_bytes());
+    let opt = |b: &Option<bytes::Bytes>| b.as_ref().map_or(vec![0], |b| [&[1u8][..], b].concat());
+    for e in events {
+        h.part(&opt(&e.key)).part(&opt(&e.value));
+        h.part(&e.timestamp_ms.map_or(vec![0], |t| t.to_be_bytes().to_vec()));
+        h.part(&e.partition.map_or(vec![0], |p| p.to_be_bytes().to_vec()));
+        for (k, v) in &e.headers {
+            h.part(k.as_bytes()).part(&opt(v));
+        }
+        h.part(b"end of event");
+    }
+    h.finish()
+}
+
+/// The offsets of a stored answer (`[[partition, offset], ...]`).
+fn stored_offsets(answer: &serde_json::Value) -> Result<Vec<Delivered>> {
+    let bad = || Error::Unavailable("the stored answer of this Idempotency-Key is unreadable".into());
+    let list = answer.as_array().ok_or_else(bad)?;
+    list.iter()
+        .map(|pair| {
+            let partition = pair.get(0).and_then(|p| p.as_i64()).and_then(|p| i32::try_from(p).ok()).ok_or_else(bad)?;
+            let offset = pair.get(1).and_then(|o| o.as_i64()).ok_or_else(bad)?;
+            Ok(Delivered { partition, offset })
+        })
+        .collect()
 }
 
 fn offsets(delivered: Vec<Delivered>) -> Vec<EventOffset> {
@@ -324,6 +369,7 @@ mod tests {
                 events: vec![event("a"), event("b")],
                 acks: v1::Acks::Leader as i32,
                 batch_id: 9,
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -345,7 +391,7 @@ mod tests {
                 if i == 7 {
                     events[0].partition = Some(5);
                 }
-                PublishRequest { topic: "g".into(), events, acks: 0, batch_id: i }
+                PublishRequest { topic: "g".into(), events, batch_id: i, ..Default::default() }
             })
             .collect();
         let mut answers = publisher.publish_stream(futures::stream::iter(batches)).await.unwrap().into_inner();

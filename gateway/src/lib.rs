@@ -17,6 +17,8 @@
 //! - `http` (+ `http/produce.rs`, `http/read.rs`): the axum routes; `openapi`: their
 //!   OpenAPI document; `metrics`: the Prometheus text.
 //! - `grpc`: the tonic services, health and reflection.
+//! - `idempotency`: `Idempotency-Key` / `idempotency_key`, kept in the compacted topic
+//!   `_gateway_idempotency` so it holds across restarts and gateways.
 //!
 //! # Invariants
 //! - A request is checked whole (parsing, base64, Avro, key fields, event sizes, topic
@@ -40,6 +42,7 @@ mod error;
 mod avro;
 mod grpc;
 mod http;
+mod idempotency;
 mod metrics;
 mod openapi;
 mod service;
@@ -52,6 +55,7 @@ use tokio_util::sync::CancellationToken;
 pub use backend::{Backend, KafkaBackend};
 pub use config::{CorsConfig, GatewayConfig};
 pub use error::{Error, Result};
+pub use idempotency::TOPIC as IDEMPOTENCY_TOPIC;
 pub use service::{CREATED_HEADER, HOST_HEADER};
 
 /// Runs the gateway on already-bound listeners (HTTP and gRPC) until `shutdown` is

@@ -10,9 +10,10 @@ use bytes::Bytes;
 use fjord_audit::AuditCounter;
 use fjord_client::Acks;
 use fjord_schema_registry::RegistryClient;
-use tokio::sync::Semaphore;
+use tokio::sync::{OnceCell, Semaphore};
 
 use crate::backend::{Backend, Delivered, Event};
+use crate::idempotency::KeyStore;
 use crate::metrics::Metrics;
 use crate::{Error, GatewayConfig, Result};
 
@@ -35,6 +36,9 @@ pub(crate) struct Gateway {
     host: Bytes,
     /// The gateway tier's audit counter, when `audit_interval` is set.
     pub(crate) audit: Option<Arc<AuditCounter>>,
+    /// The idempotency key store, opened by the first keyed request (so the gateway
+    /// starts while the brokers are down, like its producers).
+    keys: OnceCell<KeyStore>,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -59,6 +63,7 @@ impl Gateway {
             audit,
             budget: Semaphore::new(config.buffer_bytes),
             decode_slots: Semaphore::new(crate::http::encoding::DECODE_TASKS),
+            keys: OnceCell::new(),
             registry,
             metrics: Metrics::default(),
             backend,
@@ -165,6 +170,22 @@ impl Gateway {
             audit.record_n(topic, at, n);
         }
         Ok(results)
+    }
+
+    /// The idempotency key store, opened (and the key topic read) on first use.
+    pub(crate) async fn key_store(&self) -> Result<&KeyStore> {
+        let client = fjord_client::ClientConfig {
+            connect_timeout: self.config.broker_timeout.min(Duration::from_secs(5)),
+            request_timeout: self.config.broker_timeout,
+            ..fjord_client::ClientConfig::new(&self.config.bootstrap)
+        };
+        let open = self.keys.get_or_try_init(|| KeyStore::open(&self.config, client));
+        // Opening connects, creates the topic and reads it: a few broker round trips.
+        let limit = self.config.broker_timeout * 3;
+        match tokio::time::timeout(limit, open).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Unavailable(format!("the idempotency key store did not open within {limit:?}"))),
+        }
     }
 
     fn registry(&self) -> Result<&RegistryClient> {

@@ -30,7 +30,13 @@ async fn tonic_unary_stream_fetch_and_subscribe() {
     placed.headers =
         vec![Header { key: "fjord.host".into(), value: "upstream".into() }, Header { key: "trace".into(), value: "t1".into() }];
     let answer = publisher
-        .publish(PublishRequest { topic: "rpc".into(), events: vec![keyed, placed], acks: Acks::All as i32, batch_id: 1 })
+        .publish(PublishRequest {
+            topic: "rpc".into(),
+            events: vec![keyed, placed],
+            acks: Acks::All as i32,
+            batch_id: 1,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -43,8 +49,8 @@ async fn tonic_unary_stream_fetch_and_subscribe() {
         .map(|b| PublishRequest {
             topic: "rpc".into(),
             events: (0..20).map(|i| event(&format!("s{b}-{i}"))).collect(),
-            acks: 0,
             batch_id: b,
+            ..Default::default()
         })
         .collect();
     let mut answers = publisher.publish_stream(futures::stream::iter(batches)).await.unwrap().into_inner();

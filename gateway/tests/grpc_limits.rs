@@ -102,6 +102,7 @@ async fn a_publish_of_millions_of_empty_events_is_refused_before_it_is_decoded()
         events: vec![Event { value: Some(b"v".to_vec().into()), ..Event::default() }; 1000],
         acks: Acks::All as i32,
         batch_id: 1,
+        ..Default::default()
     };
     assert_eq!(publisher.publish(fine).await.unwrap().into_inner().offsets.len(), 1000);
 
@@ -112,6 +113,7 @@ async fn a_publish_of_millions_of_empty_events_is_refused_before_it_is_decoded()
         events: vec![Event { headers: vec![header; MAX_PUBLISH_HEADERS / 10 + 1], ..Event::default() }; 10],
         acks: Acks::All as i32,
         batch_id: 2,
+        ..Default::default()
     };
     let err = publisher.publish(heavy.clone()).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");

@@ -67,8 +67,8 @@ async fn concurrent_small_requests_are_all_acknowledged_exactly_once() {
                     events: (0..EVENTS)
                         .map(|e| Event { value: Some(format!("{{\"id\":\"g{s}-{r}-{e}\"}}").into()), ..Default::default() })
                         .collect(),
-                    acks: 0,
                     batch_id: r as u64,
+                    ..Default::default()
                 })
                 .collect();
             let mut answers = client.publish_stream(futures::stream::iter(batches)).await.unwrap().into_inner();

@@ -203,7 +203,8 @@ mod tests {
             timestamp_ms: Some(7),
             ..Event::default()
         };
-        PublishRequest { topic: "t".into(), events: vec![event; events], acks: 1, batch_id: 9 }.encode_to_vec()
+        PublishRequest { topic: "t".into(), events: vec![event; events], acks: 1, batch_id: 9, ..Default::default() }
+            .encode_to_vec()
     }
 
     #[test]

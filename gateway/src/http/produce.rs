@@ -18,6 +18,7 @@ use serde_json::{json, Value as Json};
 
 use super::{read_body, respond, Answer, V2_CONTENT_TYPE};
 use crate::backend::{Delivered, Event};
+use crate::idempotency::{self, Outcome, RequestHash};
 use crate::service::{check_topic_name, parse_acks, Gateway};
 use crate::{avro, Error, Result};
 
@@ -47,7 +48,8 @@ pub(crate) async fn v2_topic(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    respond(&g, "http_v2", v2(&g, topic, None, q, headers, body)).await
+    let fut = keyed(&g, "v2", &topic, None, &q, &headers, body, |body| v2(&g, topic.clone(), None, &q, &headers, body));
+    respond(&g, "http_v2", fut).await
 }
 
 pub(crate) async fn v2_partition(
@@ -58,8 +60,8 @@ pub(crate) async fn v2_partition(
     body: Body,
 ) -> Response {
     let fut = async {
-        let partition = parse_partition(&topic, &partition)?;
-        v2(&g, topic, Some(partition), q, headers, body).await
+        let p = Some(parse_partition(&topic, &partition)?);
+        keyed(&g, "v2", &topic, p, &q, &headers, body, |body| v2(&g, topic.clone(), p, &q, &headers, body)).await
     };
     respond(&g, "http_v2", fut).await
 }
@@ -118,13 +120,12 @@ async fn v2(
     g: &Gateway,
     topic: String,
     partition: Option<i32>,
-    q: HashMap<String, String>,
-    headers: HeaderMap,
-    body: Body,
+    q: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Bytes,
 ) -> Result<Answer> {
-    let format = embedded_format(&headers)?;
+    let format = embedded_format(headers)?;
     let acks = parse_acks(q.get("acks").map(String::as_str))?;
-    let body = read_body(g, &headers, body).await?;
     let doc: Json =
         serde_json::from_slice(&body).map_err(|e| Error::BadRequest { index: None, reason: format!("malformed JSON: {e}") })?;
     let Json::Object(doc) = doc else {
@@ -235,7 +236,8 @@ pub(crate) async fn ndjson(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    respond(&g, "http_ndjson", bulk(&g, topic, q, headers, body)).await
+    let fut = keyed(&g, "ndjson", &topic, None, &q, &headers, body, |body| bulk(&g, topic.clone(), &q, &headers, body));
+    respond(&g, "http_ndjson", fut).await
 }
 
 /// `POST /v1/beacon/{topic}`: what `navigator.sendBeacon` sends when a page closes, an
@@ -249,7 +251,8 @@ pub(crate) async fn beacon(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let r = respond(&g, "http_beacon", bulk(&g, topic, q, headers, body)).await;
+    let fut = keyed(&g, "beacon", &topic, None, &q, &headers, body, |body| bulk(&g, topic.clone(), &q, &headers, body));
+    let r = respond(&g, "http_beacon", fut).await;
     if r.status().is_success() {
         // Keep CORS headers the middleware adds later; drop only the JSON.
         return axum::http::StatusCode::NO_CONTENT.into_response();
@@ -379,7 +382,63 @@ pub(crate) fn all_delivered(results: Vec<Result<Delivered>>) -> Result<Vec<Deliv
     Ok(out)
 }
 
-async fn bulk(g: &Gateway, topic: String, q: HashMap<String, String>, headers: HeaderMap, body: Body) -> Result<Answer> {
+/// Runs a publish handler on the request body, once per `Idempotency-Key` when the
+/// request carries one (see `idempotency`): a repeat gets the stored answer.
+#[allow(clippy::too_many_arguments)] // the parts of one request, as the handlers hold them
+async fn keyed<F, Fut>(
+    g: &Gateway,
+    kind: &str,
+    topic: &str,
+    partition: Option<i32>,
+    q: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Body,
+    f: F,
+) -> Result<Answer>
+where
+    F: FnOnce(Bytes) -> Fut,
+    Fut: std::future::Future<Output = Result<Answer>>,
+{
+    // A bad key is refused before the body is read.
+    let key = match headers.get(idempotency::HEADER) {
+        None => None,
+        Some(v) => {
+            let k = v
+                .to_str()
+                .map_err(|_| Error::BadRequest { index: None, reason: "Idempotency-Key must be visible ASCII".into() })?;
+            idempotency::check_key(k)?;
+            Some(k)
+        }
+    };
+    let body = read_body(g, headers, body).await?;
+    let Some(key) = key else {
+        return f(body).await;
+    };
+    // The request as the gateway understood it: the decoded body, so a gzip repeat of a
+    // plain post is the same request.
+    let mut hash = RequestHash::new();
+    hash.part(kind.as_bytes()).part(topic.as_bytes()).part(&partition.map_or(-1i64, i64::from).to_be_bytes());
+    let mut params: Vec<_> = q.iter().collect();
+    params.sort();
+    for (k, v) in params {
+        hash.part(k.as_bytes()).part(v.as_bytes());
+    }
+    hash.part(headers.get(header::CONTENT_TYPE).map_or(&b""[..], |v| v.as_bytes())).part(&body);
+    let hash = hash.finish();
+    let run = g.key_store().await?.run("", key, &hash, || async {
+        let answer = f(body).await?;
+        Ok((json!({ "content_type": answer.content_type, "body": answer.body.clone() }), answer))
+    });
+    match run.await? {
+        Outcome::Fresh(answer) => Ok(answer),
+        Outcome::Stored(stored) => {
+            let content_type = if stored["content_type"] == V2_CONTENT_TYPE { V2_CONTENT_TYPE } else { "application/json" };
+            Ok(Answer { body: stored["body"].clone(), content_type, events: 0, bytes: 0 })
+        }
+    }
+}
+
+async fn bulk(g: &Gateway, topic: String, q: &HashMap<String, String>, headers: &HeaderMap, body: Bytes) -> Result<Answer> {
     let acks = parse_acks(q.get("acks").map(String::as_str))?;
     let partition = q.get("partition").map(|p| parse_partition(&topic, p)).transpose()?;
     let schema_id = match q.get("schema_id") {
@@ -399,7 +458,6 @@ async fn bulk(g: &Gateway, topic: String, q: HashMap<String, String>, headers: H
             })
         }
     };
-    let body = read_body(g, &headers, body).await?;
     let schema = match schema_id {
         Some(id) => Some((id, g.schema_by_id(id).await?)),
         None => None,
@@ -416,7 +474,7 @@ async fn bulk(g: &Gateway, topic: String, q: HashMap<String, String>, headers: H
     }
     let dlq_topic = g.config.dead_letter_topic.clone().unwrap_or_else(|| format!("{topic}.dlq"));
     check_topic_name(&dlq_topic)?;
-    let request_id = request_id(g, &headers);
+    let request_id = request_id(g, headers);
     let mut dead = Vec::new();
     let events = parse_ndjson_with(&body, key_field, schema, partition, |i, line, e| {
         dead.push(dead_letter_event(&topic, &request_id, i, line, &e));

@@ -164,3 +164,37 @@ pub fn python() -> PathBuf {
     );
     path
 }
+
+/// A gateway alone, on an existing broker: for restarts and several gateways on one
+/// cluster. Stopped by [`LoneGateway::stop`] or when dropped.
+pub struct LoneGateway {
+    pub http: String,
+    pub grpc: String,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<fjord_gateway::Result<()>>>,
+}
+
+impl LoneGateway {
+    pub async fn start(broker: &str, host_name: &str) -> Self {
+        let (http, http_addr) = bind().await;
+        let (grpc, grpc_addr) = bind().await;
+        let config = GatewayConfig { host_name: Some(host_name.into()), ..GatewayConfig::new(broker) };
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(fjord_gateway::run(config, http, grpc, shutdown.clone()));
+        Self { http: format!("http://{http_addr}"), grpc: format!("http://{grpc_addr}"), shutdown, task: Some(task) }
+    }
+
+    /// Stops the gateway and waits until it has: its memory (and key store) is gone.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.await.expect("gateway task").expect("gateway stops cleanly");
+        }
+    }
+}
+
+impl Drop for LoneGateway {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
