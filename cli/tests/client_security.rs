@@ -186,6 +186,27 @@ async fn a_wrong_password_is_an_authentication_failure_and_a_plaintext_client_fa
     assert!(stderr.contains(&addr), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
 
+    // A mechanism the listener does not offer, and a CA the broker's certificate does not
+    // chain to, each fail with their own error.
+    let good = std::fs::read_to_string(broker.properties("good.properties", PASSWORD)).unwrap();
+    let other_ca = broker.dir.path().join("other-ca");
+    std::fs::create_dir(&other_ca).unwrap();
+    make_certs(&other_ca);
+    for (name, text, expected) in [
+        ("sha512.properties", good.replace("SCRAM-SHA-256", "SCRAM-SHA-512"), "does not support SASL mechanism SCRAM-SHA-512"),
+        (
+            "other-ca.properties",
+            good.replace(&broker.dir.path().join("ca.pem").display().to_string(), &other_ca.join("ca.pem").display().to_string()),
+            "TLS handshake with",
+        ),
+    ] {
+        let path = broker.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = fjord(&["topics", "list", "--command-config", path.to_str().unwrap()], "").await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(expected), "{name}: {stderr}");
+    }
+
     // The same properties through FJORD_* variables instead of a file.
     let ca = broker.dir.path().join("ca.pem");
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_fjord"))
