@@ -149,7 +149,10 @@ impl Broker {
                 (ApiKey::IncrementalAlterConfigs, self.incremental_alter_configs(req, session).await)
             }
             RequestKind::FindCoordinator(req) => {
-                (ApiKey::FindCoordinator, self.groups.find_coordinator(req, version, &session.listener.name).await)
+                let key_type = req.key_type;
+                let mut body = self.groups.find_coordinator(req, version, &session.listener.name).await;
+                self.hide_coordinators(session, key_type, &mut body);
+                (ApiKey::FindCoordinator, body)
             }
             RequestKind::JoinGroup(req) => {
                 let client_id = header.client_id.as_deref().unwrap_or_default();

@@ -24,6 +24,7 @@ use kafka_protocol::protocol::StrBytes;
 use tokio_util::sync::CancellationToken;
 
 const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
+const GROUP_AUTHORIZATION_FAILED: i16 = 30;
 const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
 const ADMIN_PASSWORD: &str = "admin-secret";
 const BOB_PASSWORD: &str = "bob-secret";
@@ -292,5 +293,31 @@ async fn an_acl_created_through_create_acls_is_enforced_within_two_seconds() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     eprintln!("ACL enforced {:?} after CreateAcls answered", created.elapsed());
+    broker.stop().await;
+}
+
+#[tokio::test]
+async fn find_coordinator_needs_describe_on_the_group() {
+    let broker = SecuredBroker::start().await;
+    let mut admin = broker.admin().await;
+    assert_eq!(allow(&mut admin, "User:bob", Operation::Read, ResourceType::Group, "mine").await, 0);
+    let mut bob = broker.login("bob", BOB_PASSWORD).await;
+    let single = |key: &'static str| FindCoordinatorRequest::default().with_key(StrBytes::from_static_str(key));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let response: FindCoordinatorResponse = bob.call(ApiKey::FindCoordinator, 3, &single("mine")).await.unwrap();
+        if response.error_code == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the group ACL never applied: {}", response.error_code);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let response: FindCoordinatorResponse = bob.call(ApiKey::FindCoordinator, 3, &single("theirs")).await.unwrap();
+    assert_eq!(response.error_code, GROUP_AUTHORIZATION_FAILED);
+    let batched = FindCoordinatorRequest::default()
+        .with_coordinator_keys(vec![StrBytes::from_static_str("mine"), StrBytes::from_static_str("theirs")]);
+    let response: FindCoordinatorResponse = bob.call(ApiKey::FindCoordinator, 4, &batched).await.unwrap();
+    let codes: Vec<(String, i16)> = response.coordinators.iter().map(|c| (c.key.to_string(), c.error_code)).collect();
+    assert_eq!(codes, [("mine".to_owned(), 0), ("theirs".to_owned(), GROUP_AUTHORIZATION_FAILED)]);
     broker.stop().await;
 }

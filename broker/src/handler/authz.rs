@@ -7,13 +7,14 @@ use kafka_protocol::messages::alter_user_scram_credentials_response::AlterUserSc
 use kafka_protocol::messages::create_acls_response::AclCreationResult;
 use kafka_protocol::messages::delete_acls_response::DeleteAclsFilterResult;
 use kafka_protocol::messages::elect_leaders_response::{PartitionResult, ReplicaElectionResult};
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
 use kafka_protocol::messages::offset_fetch_response::OffsetFetchResponseGroup;
 use kafka_protocol::messages::{
-    delete_groups_response, describe_groups_response, AlterUserScramCredentialsResponse, CreateAclsResponse, DeleteAclsResponse,
-    DescribeAclsResponse, DescribeUserScramCredentialsResponse, ElectLeadersResponse, GroupId, HeartbeatResponse,
-    InitProducerIdResponse, JoinGroupResponse, LeaveGroupResponse, OffsetCommitRequest, OffsetFetchResponse, ProducerId,
-    RequestKind, ResponseKind, SyncGroupResponse,
+    delete_groups_response, describe_groups_response, AlterUserScramCredentialsResponse, BrokerId, CreateAclsResponse,
+    DeleteAclsResponse, DescribeAclsResponse, DescribeUserScramCredentialsResponse, ElectLeadersResponse,
+    FindCoordinatorResponse, GroupId, HeartbeatResponse, InitProducerIdResponse, JoinGroupResponse, LeaveGroupResponse,
+    OffsetCommitRequest, OffsetFetchResponse, ProducerId, RequestKind, ResponseKind, SyncGroupResponse,
 };
 
 use crate::codec::error_code::{
@@ -21,6 +22,9 @@ use crate::codec::error_code::{
 };
 use crate::connection::Session;
 use crate::handler::Broker;
+
+/// FindCoordinator's key type of a consumer group (1 is a transactional id).
+const KEY_TYPE_GROUP: i8 = 0;
 
 impl Broker {
     fn may_group(&self, session: &Session, operation: Operation, group: &GroupId) -> bool {
@@ -32,6 +36,7 @@ impl Broker {
     /// for OffsetFetch before v8), or `None` to handle it.
     pub(crate) fn refuse_group_request(&self, session: &Session, request: &RequestKind, version: i16) -> Option<ResponseKind> {
         let read = |group: &GroupId| self.may_group(session, Operation::Read, group);
+        let describe = |group: &str| self.authorize(session, Operation::Describe, Resource::group(group));
         let code = GROUP_AUTHORIZATION_FAILED;
         Some(match request {
             RequestKind::JoinGroup(r) if !read(&r.group_id) => {
@@ -56,8 +61,31 @@ impl Broker {
             RequestKind::OffsetFetch(r) if version < 8 && !self.may_group(session, Operation::Describe, &r.group_id) => {
                 ResponseKind::OffsetFetch(OffsetFetchResponse::default().with_error_code(code))
             }
+            RequestKind::FindCoordinator(r) if version < 4 && r.key_type == KEY_TYPE_GROUP && !describe(&r.key) => {
+                ResponseKind::FindCoordinator(
+                    FindCoordinatorResponse::default().with_error_code(code).with_node_id(BrokerId(-1)).with_port(-1),
+                )
+            }
             _ => return None,
         })
+    }
+
+    /// FindCoordinator v4+ batches keys: each group the client may not Describe gets
+    /// GROUP_AUTHORIZATION_FAILED instead of its coordinator.
+    pub(crate) fn hide_coordinators(&self, session: &Session, key_type: i8, response: &mut ResponseKind) {
+        let ResponseKind::FindCoordinator(r) = response else { return };
+        if key_type != KEY_TYPE_GROUP {
+            return;
+        }
+        for c in r.coordinators.iter_mut() {
+            if !self.authorize(session, Operation::Describe, Resource::group(c.key.as_str())) {
+                *c = Coordinator::default()
+                    .with_key(c.key.clone())
+                    .with_error_code(GROUP_AUTHORIZATION_FAILED)
+                    .with_node_id(BrokerId(-1))
+                    .with_port(-1);
+            }
+        }
     }
 
     /// The whole answer to a cluster-level request the client may not make, or `None` to
