@@ -17,6 +17,10 @@ fn query_param(name: &str, kind: &str, description: &str) -> Value {
 
 /// The document.
 pub(crate) fn document() -> Value {
+    let idempotency_key = json!({
+        "name": "Idempotency-Key", "in": "header", "required": false, "schema": { "type": "string", "maxLength": 255 },
+        "description": "Written at most once within the idempotency window (24 h): a repeat gets the first answer and writes nothing; the same key for another request is 422.",
+    });
     let topic = path_param("topic", "string", "Topic name ([a-zA-Z0-9._-], 1-249 characters).");
     let partition = path_param("partition", "integer", "Partition number.");
     let acks =
@@ -63,14 +67,14 @@ pub(crate) fn document() -> Value {
                 },
                 "post": {
                     "summary": "Kafka REST Proxy v2 produce; records are spread by key (murmur2) or their own partition.",
-                    "parameters": [topic, acks],
+                    "parameters": [topic, acks, idempotency_key],
                     "requestBody": v2_body,
                     "responses": v2_responses,
                 },
             },
             "/topics/{topic}/partitions/{partition}": { "post": {
                 "summary": "Kafka REST Proxy v2 produce into one partition.",
-                "parameters": [topic, partition, acks],
+                "parameters": [topic, partition, acks, idempotency_key],
                 "requestBody": v2_body,
                 "responses": v2_responses,
             } },
@@ -82,13 +86,14 @@ pub(crate) fn document() -> Value {
                     query_param("key", "string", "Field (dotted path) whose value is the event key."),
                     query_param("schema_id", "integer", "Encode each line as Avro with this registry schema (Confluent framing)."),
                     query_param("partition", "integer", "Put every event in this partition."),
+                    idempotency_key,
                 ],
                 "requestBody": { "required": true, "content": { "application/x-ndjson": { "schema": { "type": "string" } } } },
                 "responses": ndjson_responses,
             } },
             "/v1/beacon/{topic}": { "post": {
                 "summary": "navigator.sendBeacon: an NDJSON body sent as text/plain, the options of /v1/events; 204 on success.",
-                "parameters": [topic, acks, query_param("key", "string", "Field (dotted path) whose value is the event key.")],
+                "parameters": [topic, acks, query_param("key", "string", "Field (dotted path) whose value is the event key."), idempotency_key],
                 "requestBody": { "required": true, "content": { "text/plain": { "schema": { "type": "string" } } } },
                 "responses": {
                     "204": { "description": "Every event produced." },
