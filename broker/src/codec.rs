@@ -100,6 +100,7 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::SaslAuthenticate, 0, 2),
     (ApiKey::DescribeCluster, 0, 1),
     (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DeleteRecords, 0, 2),
 ];
 
 /// Produce versions whose payloads are old message sets; answered by hand

@@ -158,7 +158,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::SaslHandshake => false,
         ApiKey::SaslAuthenticate => v >= 2,
         ApiKey::DescribeCluster => true,
-        ApiKey::CreatePartitions => v >= 2,
+        ApiKey::CreatePartitions | ApiKey::DeleteRecords => v >= 2,
         _ => return Err("no schema for this api"),
     };
     let w = &mut Walker { buf: body, flexible };
@@ -482,6 +482,18 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                 })?;
                 w.tagged_fields()
             })?;
+        }
+        ApiKey::DeleteRecords => {
+            w.array(|w| {
+                w.string()?; // name
+                w.array(|w| {
+                    w.int32()?; // partition
+                    w.int64()?; // offset
+                    w.tagged_fields()
+                })?;
+                w.tagged_fields()
+            })?;
+            w.int32()?; // timeout
         }
         ApiKey::CreatePartitions => {
             w.array(|w| {
@@ -823,6 +835,12 @@ mod tests {
             ApiKey::DescribeCluster => DescribeClusterRequest::default()
                 .with_include_cluster_authorized_operations(true)
                 .with_endpoint_type(if v >= 1 { 2 } else { 1 })
+                .encode(&mut buf, v),
+            ApiKey::DeleteRecords => DeleteRecordsRequest::default()
+                .with_topics(vec![delete_records_request::DeleteRecordsTopic::default().with_name(name()).with_partitions(vec![
+                    delete_records_request::DeleteRecordsPartition::default().with_partition_index(1).with_offset(42),
+                ])])
+                .with_timeout_ms(30_000)
                 .encode(&mut buf, v),
             ApiKey::CreatePartitions => CreatePartitionsRequest::default()
                 .with_topics(vec![

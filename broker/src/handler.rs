@@ -6,6 +6,7 @@ pub(crate) mod acls;
 pub(crate) mod admin;
 pub(crate) mod alter_configs;
 pub(crate) mod authz;
+pub(crate) mod delete_records;
 pub(crate) mod elect;
 pub(crate) mod fetch;
 pub(crate) mod leader_epoch;
@@ -209,6 +210,7 @@ impl Broker {
             RequestKind::AlterUserScramCredentials(req) => {
                 (ApiKey::AlterUserScramCredentials, self.alter_user_scram_credentials(req).await)
             }
+            RequestKind::DeleteRecords(req) => (ApiKey::DeleteRecords, self.delete_records(req, session)),
             RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req, session).await),
             RequestKind::DescribeCluster(req) => (ApiKey::DescribeCluster, self.describe_cluster(req, &session.listener.name)),
             other => {

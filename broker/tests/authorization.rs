@@ -255,6 +255,17 @@ async fn an_allowed_anonymous_client_cannot_delete_a_topic_or_alter_its_config()
     ]);
     let response: CreatePartitionsResponse = anonymous.call(ApiKey::CreatePartitions, 1, &grow).await.unwrap();
     assert_eq!(response.results[0].error_code, TOPIC_AUTHORIZATION_FAILED);
+    // DeleteRecords needs Delete on the topic.
+    let trim = kafka_protocol::messages::DeleteRecordsRequest::default().with_timeout_ms(5000).with_topics(vec![
+        kafka_protocol::messages::delete_records_request::DeleteRecordsTopic::default()
+            .with_name(topic_name("shared"))
+            .with_partitions(vec![kafka_protocol::messages::delete_records_request::DeleteRecordsPartition::default()
+                .with_partition_index(0)
+                .with_offset(-1)]),
+    ]);
+    let response: kafka_protocol::messages::DeleteRecordsResponse =
+        anonymous.call(ApiKey::DeleteRecords, 2, &trim).await.unwrap();
+    assert_eq!(response.topics[0].partitions[0].error_code, TOPIC_AUTHORIZATION_FAILED);
     // Nor may it grant itself more.
     assert_eq!(
         allow(&mut anonymous, "User:ANONYMOUS", Operation::All, ResourceType::Cluster, "kafka-cluster").await,

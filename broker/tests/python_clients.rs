@@ -115,10 +115,11 @@ async fn kafka_python_and_confluent_kafka_alter_topic_configs() {
 
 /// CreatePartitions through confluent-kafka's AdminClient (librdkafka): validate_only,
 /// the real raise, Kafka's error for a lower count; then a producer writes into a new
-/// partition and a consumer reads it back.
+/// partition and a consumer reads it back; then `delete_records` (DeleteRecords) moves
+/// that partition's start and a consumer from the beginning starts there.
 const PARTITIONS_SCRIPT: &str = r#"
 import sys, time
-from confluent_kafka import Producer, Consumer, TopicPartition as CTP, KafkaError
+from confluent_kafka import Producer, Consumer, TopicPartition as CTP, KafkaError, OFFSET_BEGINNING
 from confluent_kafka.admin import AdminClient, NewTopic, NewPartitions
 
 bootstrap = sys.argv[1]
@@ -162,11 +163,26 @@ while len(seen) < 10 and time.time() < deadline:
     seen.append(m.value())
 c.close()
 assert seen == [b'new%d' % i for i in range(10)], seen
+
+# DeleteRecords: a consumer from the beginning then starts at the new log start.
+[f] = ca.delete_records([CTP('grown', 2, 5)]).values()
+assert f.result().low_watermark == 5, f.result()
+c = Consumer({'bootstrap.servers': bootstrap, 'group.id': 'unused', 'enable.auto.commit': False})
+c.assign([CTP('grown', 2, OFFSET_BEGINNING)])
+seen = []
+deadline = time.time() + 30
+while len(seen) < 5 and time.time() < deadline:
+    m = c.poll(0.5)
+    if m is None or m.error():
+        continue
+    seen.append((m.offset(), m.value()))
+c.close()
+assert seen == [(i, b'new%d' % i) for i in range(5, 10)], seen
 print("ok")
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn confluent_kafka_create_partitions_then_produce_and_consume_the_new_partition() {
+async fn confluent_kafka_create_partitions_then_produce_and_consume_the_new_partition_then_delete_records() {
     let dir = tempfile::tempdir().unwrap();
     let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
     run_python(PARTITIONS_SCRIPT, &[&broker.bootstrap()], Duration::from_secs(90)).await;

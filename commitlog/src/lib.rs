@@ -69,5 +69,8 @@ pub use error::{Error, Result};
 pub use files::FileCache;
 pub use fjord_record::{Offset, TopicPartition};
 pub use log::{AppendInfo, Log, ReadSlice, RecordVisitor};
-pub use manager::{delete_orphan, orphans, LogManager, Orphan, ORPHAN_MARKER, RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT};
+pub use manager::{
+    delete_orphan, orphans, LogManager, Orphan, LOG_START_CHECKPOINT, ORPHAN_MARKER, RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_CHECKPOINT,
+};
 pub use producer_state::ProducerInfo;

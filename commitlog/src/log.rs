@@ -768,7 +768,8 @@ impl Log {
                 self.schedule_delete(&mut w, &config, &seg)?;
             }
         }
-        let log_start = *w.segments.keys().next().expect("invariant: the active segment stays");
+        // A start moved into a kept segment (DeleteRecords) stays where it is.
+        let log_start = (*w.segments.keys().next().expect("invariant: the active segment stays")).max(self.log_start_offset());
         // Readers check the start offset first, then look at the segments.
         self.log_start_offset.store(log_start, Ordering::Release);
         self.publish(&w);
@@ -779,6 +780,47 @@ impl Log {
         w.epochs.truncate_from_start(log_start)?;
         w.producers.on_log_start(log_start)?;
         Ok(doomed.len())
+    }
+
+    /// Moves the log start offset up to `offset` (Kafka's DeleteRecords): reads below it
+    /// are out of range, ListOffsets earliest answers it, and every segment wholly below
+    /// it is deleted (the one it falls in stays, its records below `offset` unreadable).
+    /// At or below the current start nothing changes. Above the log end:
+    /// [`Error::OffsetOutOfRange`]. Returns the log start offset afterwards. The new
+    /// start survives a restart through the log dir's `log-start-offset-checkpoint`
+    /// ([`crate::LogManager`]), which the caller writes.
+    pub fn delete_records_before(&self, offset: Offset) -> Result<Offset> {
+        let mut w = self.lock_writer()?;
+        let log_start = self.log_start_offset();
+        let log_end = self.log_end_offset();
+        if offset > log_end {
+            return Err(Error::OffsetOutOfRange { requested: offset, log_start, log_end });
+        }
+        if offset <= log_start {
+            return Ok(log_start);
+        }
+        let config = self.config();
+        // Segments whose successor starts at or below `offset` hold only records below it.
+        let bases: Vec<Offset> = w.segments.keys().copied().collect();
+        let doomed: Vec<Offset> = bases.windows(2).take_while(|pair| pair[1] <= offset).map(|pair| pair[0]).collect();
+        // Readers check the start offset first, then look at the segments.
+        self.log_start_offset.store(offset, Ordering::Release);
+        let mut size = self.size_bytes();
+        for base in &doomed {
+            if let Some(seg) = w.segments.remove(base) {
+                size = size.saturating_sub(seg.size());
+                self.schedule_delete(&mut w, &config, &seg)?;
+            }
+        }
+        tracing::info!(dir = %self.dir.display(), log_start = offset, segments = doomed.len(), "deleted records below the new log start");
+        self.publish(&w);
+        self.size_bytes.store(size, Ordering::Release);
+        self.high_watermark.fetch_max(offset, Ordering::AcqRel);
+        let w = &mut *w;
+        w.unsynced.retain(|s| w.segments.contains_key(&s.base_offset));
+        w.epochs.truncate_from_start(offset)?;
+        w.producers.on_log_start(offset)?;
+        Ok(offset)
     }
 
     /// The current configuration.

@@ -15,11 +15,15 @@ use crate::{lock, Error, Log, LogConfig, Result};
 pub const RECOVERY_POINT_CHECKPOINT: &str = "recovery-point-offset-checkpoint";
 /// Per partition: the high watermark.
 pub const REPLICATION_CHECKPOINT: &str = "replication-offset-checkpoint";
+/// Log start offsets moved by [`Log::delete_records_before`] (Kafka's file name): a
+/// start inside a segment is not visible in the segment files.
+pub const LOG_START_CHECKPOINT: &str = "log-start-offset-checkpoint";
 /// Between a partition directory's name and the time it was moved aside: see
 /// [`LogManager::move_aside`].
 pub const ORPHAN_MARKER: &str = "-orphan-";
 /// Files the log dir may hold besides partition directories.
-const KNOWN_FILES: &[&str] = &[RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT, "meta.properties", ".lock"];
+const KNOWN_FILES: &[&str] =
+    &[RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT, LOG_START_CHECKPOINT, "meta.properties", ".lock"];
 
 /// Many partitions under one log dir, with the dir-level checkpoint files.
 #[derive(Debug)]
@@ -36,10 +40,12 @@ pub struct LogManager {
     /// unreadable file): their checkpointed recovery point and high watermark, kept in
     /// the checkpoint files and used when a later [`LogManager::get_or_create`] opens
     /// them, so one bad partition neither stops the broker nor loses its place.
-    unopened: Mutex<BTreeMap<TopicPartition, (Offset, Option<Offset>)>>,
+    unopened: Mutex<BTreeMap<TopicPartition, Place>>,
 }
 
-type Checkpoints = (BTreeMap<TopicPartition, Offset>, BTreeMap<TopicPartition, Offset>);
+/// An unopened partition's checkpointed recovery point, high watermark and log start.
+type Place = (Offset, Option<Offset>, Option<Offset>);
+type Checkpoints = (BTreeMap<TopicPartition, Offset>, BTreeMap<TopicPartition, Offset>, BTreeMap<TopicPartition, Offset>);
 
 impl LogManager {
     /// Opens (creating if needed) the log dir and every `<topic>-<partition>`
@@ -64,6 +70,7 @@ impl LogManager {
         };
         let recovery_points = read(RECOVERY_POINT_CHECKPOINT, "re-validating every partition's log from its start");
         let high_watermarks = read(REPLICATION_CHECKPOINT, "high watermarks restart at the log start");
+        let log_starts = read(LOG_START_CHECKPOINT, "log start offsets restart at the first segment");
         let mut logs = BTreeMap::new();
         let mut unopened = BTreeMap::new();
         let mut orphans = 0;
@@ -93,11 +100,10 @@ impl LogManager {
             };
             let recovery_point = recovery_points.get(&tp).copied().unwrap_or(0);
             let high_watermark = high_watermarks.get(&tp).copied();
+            let log_start = log_starts.get(&tp).copied();
             match Log::open_with_recovery_point(&path, default_config, recovery_point) {
                 Ok(log) => {
-                    if let Some(hw) = high_watermark {
-                        log.set_high_watermark(hw);
-                    }
+                    restore(&log, high_watermark, log_start);
                     logs.insert(tp, Arc::new(log));
                 }
                 // One partition that cannot be opened must not keep the others from
@@ -110,7 +116,7 @@ impl LogManager {
                         error = %e,
                         "cannot open this partition's log: it stays offline and on disk as it is; the other partitions are served"
                     );
-                    unopened.insert(tp, (recovery_point, high_watermark));
+                    unopened.insert(tp, (recovery_point, high_watermark, log_start));
                 }
             }
         }
@@ -162,11 +168,9 @@ impl LogManager {
         let dir = self.dir.join(tp.dir_name());
         let unopened = lock::mutex(&self.unopened).get(tp).copied();
         let log = Arc::new(match unopened {
-            Some((recovery_point, high_watermark)) => {
+            Some((recovery_point, high_watermark, log_start)) => {
                 let log = Log::open_with_recovery_point(dir, config, recovery_point)?;
-                if let Some(hw) = high_watermark {
-                    log.set_high_watermark(hw);
-                }
+                restore(&log, high_watermark, log_start);
                 lock::mutex(&self.unopened).remove(tp);
                 log
             }
@@ -235,12 +239,15 @@ impl LogManager {
         let collect = |f: fn(&Log) -> Offset| -> BTreeMap<TopicPartition, Offset> {
             logs.iter().map(|(tp, log)| (tp.clone(), f(log))).collect()
         };
-        let mut current = (collect(Log::recovery_point), collect(Log::high_watermark));
+        let mut current = (collect(Log::recovery_point), collect(Log::high_watermark), collect(Log::log_start_offset));
         // A partition that could not be opened keeps its entries until it is.
-        for (tp, &(recovery_point, high_watermark)) in lock::mutex(&self.unopened).iter() {
+        for (tp, &(recovery_point, high_watermark, log_start)) in lock::mutex(&self.unopened).iter() {
             current.0.entry(tp.clone()).or_insert(recovery_point);
             if let Some(hw) = high_watermark {
                 current.1.entry(tp.clone()).or_insert(hw);
+            }
+            if let Some(start) = log_start {
+                current.2.entry(tp.clone()).or_insert(start);
             }
         }
         if !always && last.as_ref() == Some(&current) {
@@ -248,6 +255,7 @@ impl LogManager {
         }
         checkpoint::write_offsets(&self.dir.join(RECOVERY_POINT_CHECKPOINT), &current.0)?;
         checkpoint::write_offsets(&self.dir.join(REPLICATION_CHECKPOINT), &current.1)?;
+        checkpoint::write_offsets(&self.dir.join(LOG_START_CHECKPOINT), &current.2)?;
         *last = Some(current);
         Ok(())
     }
@@ -328,6 +336,22 @@ pub struct Orphan {
     pub moved_at_ms: u64,
     /// Bytes of the files in it.
     pub bytes: u64,
+}
+
+/// Applies a partition's checkpointed high watermark and log start offset to its
+/// freshly opened log. A checkpointed start past the log's end (data lost with an
+/// unclean shutdown) moves it no further than the end.
+fn restore(log: &Log, high_watermark: Option<Offset>, log_start: Option<Offset>) {
+    if let Some(start) = log_start {
+        // Failing here leaves the start at the first segment: records DeleteRecords
+        // removed may be readable again, which is logged, not a reason to stay offline.
+        if let Err(e) = log.delete_records_before(start.min(log.log_end_offset())) {
+            tracing::warn!(dir = %log.dir().display(), log_start = start, error = %e, "cannot restore the checkpointed log start offset");
+        }
+    }
+    if let Some(hw) = high_watermark {
+        log.set_high_watermark(hw);
+    }
 }
 
 /// The orphaned log directories in `log_dir`, sorted by name.
@@ -432,6 +456,48 @@ mod tests {
         std::fs::rename(dir.path().join("aside.log"), &segment).unwrap();
         let log = m.get_or_create(&bad, config()).unwrap();
         assert_eq!((log.log_end_offset(), log.high_watermark()), (3, 3));
+    }
+
+    #[test]
+    fn delete_records_moves_the_log_start_deletes_whole_segments_and_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        let tp = TopicPartition::new("t", 0);
+        let log = m.get_or_create(&tp, config()).unwrap();
+        for _ in 0..10 {
+            log.append(&mut batch(3), 0).unwrap();
+        }
+        log.set_high_watermark(30);
+        let segments = |dir: &Path| {
+            fs::read_dir(dir.join("t-0"))
+                .unwrap()
+                .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "log"))
+                .count()
+        };
+        let before = segments(dir.path());
+        assert!(before > 3, "{before} segments");
+        // 13 falls inside a batch (12..15) of a kept segment: reads below it are out of range.
+        assert_eq!(log.delete_records_before(13).unwrap(), 13);
+        assert_eq!(log.log_start_offset(), 13);
+        assert!(segments(dir.path()) < before, "whole segments below 13 are deleted");
+        assert!(matches!(log.read(12, 1000, None, true), Err(Error::OffsetOutOfRange { log_start: 13, .. })));
+        assert!(log.read(13, 1000, None, true).is_ok());
+        // Lower than the start: no change. Past the end: refused.
+        assert_eq!(log.delete_records_before(5).unwrap(), 13);
+        assert!(matches!(log.delete_records_before(31), Err(Error::OffsetOutOfRange { .. })));
+        // Retention never moves the start back to the first segment's base.
+        log.apply_retention(0).unwrap();
+        assert_eq!(log.log_start_offset(), 13);
+        m.checkpoint().unwrap();
+        drop(log);
+        drop(m); // a crash: the checkpoint keeps the start
+
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        assert_eq!(m.get(&tp).unwrap().log_start_offset(), 13);
+        assert_eq!(m.get(&tp).unwrap().high_watermark(), 30);
+        m.close().unwrap();
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        assert_eq!(m.get(&tp).unwrap().log_start_offset(), 13, "and across a clean shutdown");
     }
 
     #[test]
