@@ -316,7 +316,8 @@ struct Env<'a> {
 /// Some tests create their topics with Kafka's `kafka-topics.sh` (found under
 /// `$KAFKA_PATH/bin`). Its `--create` and `--delete` take the same flags as
 /// `fjord topics create|delete`, so a small script in `target/conformance/kafka/bin`
-/// stands in for it; `--alter --partitions` (CreatePartitions) is not supported and says so.
+/// stands in for it, and `--alter --partitions N` is `fjord topics alter --partitions N`
+/// (CreatePartitions).
 fn kafka_topics_shim(root: &Path, work: &Path) -> Result<PathBuf> {
     let kafka = work.join("kafka");
     fs::create_dir_all(kafka.join("bin"))?;
@@ -338,6 +339,7 @@ done
 case "$action" in
   create) exec "$fjord" topics --bootstrap "$bootstrap" create --topic "$topic" "${{rest[@]}}" ;;
   delete) exec "$fjord" topics --bootstrap "$bootstrap" delete "$topic" ;;
+  alter) exec "$fjord" topics --bootstrap "$bootstrap" alter "$topic" "${{rest[@]}}" ;;
   *) echo "kafka-topics.sh shim: --$action ${{rest[*]}} is not supported by fjord topics" >&2; exit 1 ;;
 esac
 "#,
