@@ -694,6 +694,17 @@ pub(crate) enum Step {
     Torn { position: u64, reason: fjord_record::Error },
 }
 
+/// How much of each batch a [`Walker`] step checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// The header's framing only.
+    Framing,
+    /// Framing and the CRC (what reads check).
+    Crc,
+    /// Framing, CRC and every record (recovery).
+    Records,
+}
+
 /// Walks batch headers of a file range with few, growing positional reads.
 #[derive(Debug)]
 pub(crate) struct Walker<'a> {
@@ -734,36 +745,16 @@ impl<'a> Walker<'a> {
     /// The next batch. With `validate`, the whole batch is read and checked (CRC,
     /// records); otherwise only its header's framing.
     pub(crate) fn step(&mut self, validate: bool) -> io::Result<Step> {
-        let position = self.position;
-        let available = self.end - position;
-        if available == 0 {
-            return Ok(Step::End);
-        }
-        let torn = |reason| Ok(Step::Torn { position, reason });
-        if available < BATCH_OVERHEAD as u64 {
-            return torn(fjord_record::Error::Truncated { needed: BATCH_OVERHEAD, available: available as usize });
-        }
-        let header = match BatchHeader::parse_unchecked(self.fill(position, BATCH_OVERHEAD, validate)?) {
-            Ok(h) => h,
-            Err(e) => return torn(e),
-        };
-        let size = header.size();
-        if size as u64 > available {
-            return torn(fjord_record::Error::Truncated { needed: size, available: available as usize });
-        }
-        if validate {
-            let bytes = self.fill(position, size, true)?;
-            if let Err(e) = BatchHeader::parse_validated(bytes) {
-                return torn(e);
-            }
-        }
-        self.position += size as u64;
-        Ok(Step::Batch { position, header })
+        self.step_checked(if validate { Check::Records } else { Check::Framing })
     }
 
     /// The next batch, its framing and CRC checked (not its records: reads check what
     /// the CRC covers, at the CRC's speed).
     pub(crate) fn step_crc(&mut self) -> io::Result<Step> {
+        self.step_checked(Check::Crc)
+    }
+
+    fn step_checked(&mut self, check: Check) -> io::Result<Step> {
         let position = self.position;
         let available = self.end - position;
         if available == 0 {
@@ -773,7 +764,8 @@ impl<'a> Walker<'a> {
         if available < BATCH_OVERHEAD as u64 {
             return torn(fjord_record::Error::Truncated { needed: BATCH_OVERHEAD, available: available as usize });
         }
-        let header = match BatchHeader::parse_unchecked(self.fill(position, BATCH_OVERHEAD, true)?) {
+        let whole = check != Check::Framing;
+        let header = match BatchHeader::parse_unchecked(self.fill(position, BATCH_OVERHEAD, whole)?) {
             Ok(h) => h,
             Err(e) => return torn(e),
         };
@@ -781,7 +773,12 @@ impl<'a> Walker<'a> {
         if size as u64 > available {
             return torn(fjord_record::Error::Truncated { needed: size, available: available as usize });
         }
-        if let Err(e) = BatchHeader::parse(self.fill(position, size, true)?) {
+        let checked = match check {
+            Check::Framing => Ok(()),
+            Check::Crc => BatchHeader::parse(self.fill(position, size, true)?).map(drop),
+            Check::Records => BatchHeader::parse_validated(self.fill(position, size, true)?).map(drop),
+        };
+        if let Err(e) = checked {
             return torn(e);
         }
         self.position += size as u64;
