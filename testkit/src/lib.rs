@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+pub mod chaos;
 mod cluster;
 mod records;
 mod standalone;
