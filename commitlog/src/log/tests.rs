@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use fjord_record::BatchBuilder;
+use fjord_record::{batch, BatchBuilder};
 
 use super::*;
 

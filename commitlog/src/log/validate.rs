@@ -1,0 +1,125 @@
+//! What an append is checked for before anything is written: framing, CRC, sizes,
+//! record counts, and for a leader's append the records inside compressed batches
+//! and the keys of a compacted log. Pure functions over the bytes.
+
+use fjord_record::batch::BatchHeader;
+use fjord_record::{Compression, RecordFrame, BATCH_OVERHEAD};
+
+use crate::{Error, LogConfig, Result};
+
+/// An append holds at least one batch header and fits the `i32` positions of the index.
+fn check_append_size(buf: &[u8]) -> Result<()> {
+    if buf.is_empty() {
+        let source = fjord_record::Error::Truncated { needed: BATCH_OVERHEAD, available: 0 };
+        return Err(Error::InvalidBatch { position: 0, source });
+    }
+    if buf.len() > i32::MAX as usize {
+        return Err(Error::MessageTooLarge { size: buf.len(), max: i32::MAX as usize });
+    }
+    Ok(())
+}
+
+/// Checks every batch of an append before anything is written: framing, magic, CRC,
+/// records of uncompressed batches, a non-zero record count, and the size limit.
+/// Returns each batch's position in `buf` and header.
+pub(super) fn validate(buf: &[u8], max_message_bytes: u32) -> Result<Vec<(usize, BatchHeader)>> {
+    check_append_size(buf)?;
+    let mut out = Vec::new();
+    let mut position = 0;
+    while position < buf.len() {
+        let rest = &buf[position..];
+        let invalid = |source| Error::InvalidBatch { position, source };
+        let header = BatchHeader::parse_unchecked(rest).map_err(invalid)?;
+        if header.size() > max_message_bytes as usize {
+            return Err(Error::MessageTooLarge { size: header.size(), max: max_message_bytes as usize });
+        }
+        let header = BatchHeader::parse_validated(rest).map_err(invalid)?;
+        if header.record_count == 0 {
+            return Err(invalid(fjord_record::Error::RecordCountMismatch { count: 0, detail: "empty batch" }));
+        }
+        out.push((position, header));
+        position += header.size();
+    }
+    Ok(out)
+}
+
+/// What [`Log::append_visiting`] shows a caller of each record: the batch's header (as
+/// parsed; its offsets are not assigned yet) and the record's framing.
+pub type RecordVisitor<'a> = &'a mut dyn FnMut(&BatchHeader, &RecordFrame<'_>);
+
+/// [`validate`] for a leader's append, where the bytes come from a client: the records
+/// of compressed batches are decompressed (all batches together into at most
+/// [`LogConfig::max_decompressed_bytes`]) and walked like an uncompressed batch's, and
+/// in a compacted log every record needs a key (control batches aside: the cleaner
+/// could never tell which value is the latest). One walk per batch serves the framing
+/// check, the key check and `visit`.
+pub(super) fn validate_leader(
+    buf: &[u8],
+    config: &LogConfig,
+    mut visit: Option<RecordVisitor<'_>>,
+) -> Result<Vec<(usize, BatchHeader)>> {
+    let compacts = config.cleanup_policy.compacts();
+    if visit.is_none() && !compacts && batch_headers(buf).all(|h| h.compression() == Compression::None) {
+        // The common case needs nothing but the framing walk that CRC checking interleaves.
+        return validate(buf, config.max_message_bytes);
+    }
+    check_append_size(buf)?;
+    let limit = config.max_decompressed_bytes();
+    let mut budget = limit;
+    // KIP-467: the index of each keyless record among the append's records, and the
+    // first batch holding one.
+    let mut keyless: Vec<i32> = Vec::new();
+    let mut first_keyless = None;
+    let mut records_before = 0i32;
+    let mut out = Vec::new();
+    let mut position = 0;
+    while position < buf.len() {
+        let rest = &buf[position..];
+        let invalid = |source| Error::InvalidBatch { position, source };
+        let unchecked = BatchHeader::parse_unchecked(rest).map_err(invalid)?;
+        if unchecked.size() > config.max_message_bytes as usize {
+            return Err(Error::MessageTooLarge { size: unchecked.size(), max: config.max_message_bytes as usize });
+        }
+        let check_keys = compacts && !unchecked.is_control();
+        let keyless_before = keyless.len();
+        let walked = BatchHeader::parse_walked(rest, budget, |record| {
+            if check_keys && !record.has_key {
+                keyless.push(records_before.saturating_add(record.index));
+            }
+            if let Some(visit) = visit.as_mut() {
+                visit(&unchecked, record);
+            }
+        });
+        let (header, expanded) = match walked {
+            Ok(walked) => walked,
+            Err(fjord_record::Error::DecompressedTooLarge { codec, .. }) => {
+                return Err(Error::DecompressedTooLarge { position, codec, limit })
+            }
+            Err(source) => return Err(invalid(source)),
+        };
+        budget -= expanded;
+        if header.record_count == 0 {
+            return Err(invalid(fjord_record::Error::RecordCountMismatch { count: 0, detail: "empty batch" }));
+        }
+        if keyless.len() > keyless_before && first_keyless.is_none() {
+            first_keyless = Some(position);
+        }
+        records_before = records_before.saturating_add(header.record_count);
+        out.push((position, header));
+        position += header.size();
+    }
+    if let Some(position) = first_keyless {
+        return Err(Error::MissingKey { position, record_indexes: keyless });
+    }
+    Ok(out)
+}
+
+/// The headers of the batches in `buf`, read without any check, until one does not parse:
+/// enough to see which codecs an append holds before choosing how to validate it.
+fn batch_headers(mut buf: &[u8]) -> impl Iterator<Item = BatchHeader> + '_ {
+    std::iter::from_fn(move || {
+        let header = BatchHeader::parse_unchecked(buf).ok()?;
+        buf = buf.get(header.size()..).unwrap_or_default();
+        Some(header)
+    })
+}
