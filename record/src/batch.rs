@@ -27,6 +27,10 @@ pub const BATCH_OVERHEAD: usize = 61;
 pub const LOG_OVERHEAD: usize = 12;
 /// `producer_id` of a batch written by a non-idempotent producer.
 pub const NO_PRODUCER_ID: i64 = -1;
+/// Attributes bit of a batch that belongs to a transaction.
+pub const TRANSACTIONAL_FLAG: i16 = 0x10;
+/// Attributes bit of a control batch (transaction markers), written by brokers only.
+pub const CONTROL_FLAG: i16 = 0x20;
 
 const BASE_OFFSET: usize = 0;
 const LENGTH: usize = 8;
@@ -276,12 +280,12 @@ impl BatchHeader {
 
     /// Whether the batch belongs to a transaction.
     pub fn is_transactional(&self) -> bool {
-        self.attributes & 0x10 != 0
+        self.attributes & TRANSACTIONAL_FLAG != 0
     }
 
     /// Whether the batch holds control records (transaction markers).
     pub fn is_control(&self) -> bool {
-        self.attributes & 0x20 != 0
+        self.attributes & CONTROL_FLAG != 0
     }
 
     /// For an uncompressed batch, walks every record and checks that there are exactly

@@ -20,6 +20,8 @@ pub struct BatchBuilder {
     producer_id: i64,
     producer_epoch: i16,
     base_sequence: i32,
+    /// Attribute bits besides the codec: transactional (0x10), control (0x20).
+    flags: i16,
 }
 
 impl BatchBuilder {
@@ -40,6 +42,7 @@ impl BatchBuilder {
             producer_id: NO_PRODUCER_ID,
             producer_epoch: -1,
             base_sequence: -1,
+            flags: 0,
         }
     }
 
@@ -48,6 +51,20 @@ impl BatchBuilder {
         self.producer_id = producer_id;
         self.producer_epoch = producer_epoch;
         self.base_sequence = base_sequence;
+        self
+    }
+
+    /// Marks the batch as part of a transaction (attributes bit 0x10); it needs a
+    /// producer id and epoch ([`BatchBuilder::producer`]) to mean anything.
+    pub fn transactional(mut self) -> Self {
+        self.flags |= crate::batch::TRANSACTIONAL_FLAG;
+        self
+    }
+
+    /// Marks the batch as a control batch (attributes bit 0x20): only the broker writes
+    /// those (see [`crate::control`]).
+    pub(crate) fn control(mut self) -> Self {
+        self.flags |= crate::batch::CONTROL_FLAG;
         self
     }
 
@@ -145,7 +162,7 @@ impl BatchBuilder {
         h.extend_from_slice(&(-1i32).to_be_bytes()); // partition leader epoch
         h.push(2); // magic
         h.extend_from_slice(&[0; 4]); // crc, below
-        h.extend_from_slice(&(codec as i16).to_be_bytes()); // attributes: codec bits, create time
+        h.extend_from_slice(&(codec as i16 | self.flags).to_be_bytes()); // attributes: codec, create time, flags
         h.extend_from_slice(&last_offset_delta.to_be_bytes());
         h.extend_from_slice(&self.base_timestamp.to_be_bytes());
         h.extend_from_slice(&self.max_timestamp.to_be_bytes());

@@ -8,6 +8,7 @@
 //! - [`records`]: iteration over the records of an uncompressed batch (or of the
 //!   records section that [`compression::records_body`] decompressed).
 //! - [`builder`]: a fast batch builder (uncompressed, or compressed once at the end).
+//! - [`control`]: transaction markers (COMMIT/ABORT control batches), built and read.
 //! - [`compression`]: the gzip, snappy (xerial), lz4 (frame) and zstd codecs, bounded
 //!   decompression, and the records section of a possibly compressed batch.
 //! - [`varint`]: the zig-zag varints used inside records.
@@ -21,6 +22,7 @@
 pub mod batch;
 pub mod builder;
 pub mod compression;
+pub mod control;
 pub mod records;
 pub mod varint;
 
