@@ -1,0 +1,115 @@
+//! ListGroups, DescribeGroups and DeleteGroups.
+
+use std::collections::BTreeSet;
+
+use fjord_coord::paths;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+
+use super::registry::{group_id_of, group_root};
+use super::state::GroupState;
+use super::GroupCoordinator;
+
+impl GroupCoordinator {
+    /// ListGroups: the groups this broker coordinates, as Kafka lists only the groups
+    /// of the offsets partitions a broker leads, so that a client asking every broker
+    /// (librdkafka's list_groups, DescribeGroups after it) finds each group exactly once,
+    /// at its coordinator. Groups known only from the registry (with offsets, but not
+    /// touched since this broker started) are listed as Empty by the broker that holds
+    /// or takes their coordinator node, as FindCoordinator would make it.
+    pub(crate) async fn list_groups(&self, request: ListGroupsRequest) -> ResponseKind {
+        let mut names: BTreeSet<String> = self.inner.groups.lock().expect("groups lock").keys().cloned().collect();
+        match self.inner.store.children(paths::CONSUMERS).await {
+            Ok(nodes) => names.extend(nodes.iter().map(|node| group_id_of(node))),
+            Err(fjord_coord::Error::NoNode { .. }) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot list the group registry"),
+        }
+        let mut listed: Vec<(String, String, &'static str)> = Vec::new();
+        for name in names {
+            // NOT_COORDINATOR (another broker's group) and store errors leave it out here.
+            let Ok(Some(entry)) = self.lookup(&name).await else { continue };
+            let entry = entry.lock().await;
+            let protocol_type = entry.group.protocol_type.clone().unwrap_or_else(|| "consumer".to_string());
+            listed.push((name, protocol_type, entry.group.state.name()));
+        }
+        let states: Vec<String> = request.states_filter.iter().map(|s| s.to_lowercase()).collect();
+        let types: Vec<String> = request.types_filter.iter().map(|s| s.to_lowercase()).collect();
+        let groups = listed
+            .into_iter()
+            .filter(|(_, _, state)| states.is_empty() || states.contains(&state.to_lowercase()))
+            .filter(|_| types.is_empty() || types.contains(&"classic".to_string()))
+            .map(|(name, protocol_type, state)| {
+                list_groups_response::ListedGroup::default()
+                    .with_group_id(GroupId(StrBytes::from_string(name)))
+                    .with_protocol_type(StrBytes::from_string(protocol_type))
+                    .with_group_state(StrBytes::from_static_str(state))
+                    .with_group_type(StrBytes::from_static_str("classic"))
+            })
+            .collect();
+        ResponseKind::ListGroups(ListGroupsResponse::default().with_groups(groups))
+    }
+
+    pub(crate) async fn describe_groups(&self, request: DescribeGroupsRequest) -> ResponseKind {
+        let mut described = Vec::new();
+        for group_id in request.groups {
+            let mut out = describe_groups_response::DescribedGroup::default().with_group_id(group_id.clone());
+            match self.lookup(&group_id).await {
+                Err(e) => out = out.with_error_code(e.code()).with_group_state(StrBytes::from_static_str("Dead")),
+                // Kafka's answer for a group that does not exist: no error, state Dead.
+                Ok(None) => out = out.with_group_state(StrBytes::from_static_str("Dead")),
+                Ok(Some(entry)) => {
+                    let entry = entry.lock().await;
+                    let group = &entry.group;
+                    let members = group
+                        .members
+                        .values()
+                        .map(|m| {
+                            describe_groups_response::DescribedGroupMember::default()
+                                .with_member_id(StrBytes::from_string(m.member_id.clone()))
+                                .with_group_instance_id(m.group_instance_id.clone().map(StrBytes::from_string))
+                                .with_client_id(StrBytes::from_string(m.client_id.clone()))
+                                .with_client_host(StrBytes::from_string(m.client_host.clone()))
+                                .with_member_metadata(group.member_metadata(m))
+                                .with_member_assignment(m.assignment.clone())
+                        })
+                        .collect();
+                    out = out
+                        .with_group_state(StrBytes::from_static_str(group.state.name()))
+                        .with_protocol_type(StrBytes::from_string(group.protocol_type.clone().unwrap_or_default()))
+                        .with_protocol_data(StrBytes::from_string(group.protocol_name.clone().unwrap_or_default()))
+                        .with_members(members);
+                }
+            }
+            described.push(out);
+        }
+        ResponseKind::DescribeGroups(DescribeGroupsResponse::default().with_groups(described))
+    }
+
+    pub(crate) async fn delete_groups(&self, request: DeleteGroupsRequest) -> ResponseKind {
+        let mut results = Vec::new();
+        for group_id in request.groups_names {
+            let code = match self.delete_group(&group_id).await {
+                Ok(()) => 0,
+                Err(e) => e.code(),
+            };
+            results.push(delete_groups_response::DeletableGroupResult::default().with_group_id(group_id).with_error_code(code));
+        }
+        ResponseKind::DeleteGroups(DeleteGroupsResponse::default().with_results(results))
+    }
+
+    async fn delete_group(&self, group_id: &str) -> Result<(), ResponseError> {
+        let entry = self.lookup(group_id).await?.ok_or(ResponseError::GroupIdNotFound)?;
+        let entry = entry.lock().await;
+        if entry.group.state != GroupState::Empty {
+            return Err(ResponseError::NonEmptyGroup);
+        }
+        if !entry.exists() {
+            return Err(ResponseError::GroupIdNotFound);
+        }
+        self.inner.groups.lock().expect("groups lock").remove(group_id);
+        fjord_coord::delete_all(&*self.inner.store, &group_root(group_id))
+            .await
+            .map_err(|_| ResponseError::CoordinatorNotAvailable)
+    }
+}

@@ -1,0 +1,96 @@
+//! FindCoordinator: where a group's coordinator is, claiming it for this broker when
+//! no broker holds it, and the answer to transaction coordinator lookups.
+
+use fjord_coord::{paths, registry};
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+
+use super::GroupCoordinator;
+
+/// FindCoordinator key types.
+const KEY_TYPE_GROUP: i8 = 0;
+const KEY_TYPE_TRANSACTION: i8 = 1;
+/// The answer to a transaction coordinator lookup until transactions exist. It has to
+/// be one the clients give up on at once: librdkafka's transactional producer treats
+/// every other FindCoordinator error, UNSUPPORTED_VERSION and INVALID_REQUEST included,
+/// as "no coordinator yet" and asks again until `init_transactions` times out
+/// (COORDINATOR_NOT_AVAILABLE did exactly that); TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+/// is the one code it treats as fatal, and the Java client fails on it too. The error
+/// message says the real reason.
+const NO_TRANSACTION_COORDINATOR: ResponseError = ResponseError::TransactionalIdAuthorizationFailed;
+
+impl GroupCoordinator {
+    /// FindCoordinator, answered with the coordinators' addresses on `listener` (the one
+    /// the client came in on).
+    pub(crate) async fn find_coordinator(&self, request: FindCoordinatorRequest, version: i16, listener: &str) -> ResponseKind {
+        let keys: Vec<StrBytes> = if version >= 4 { request.coordinator_keys.clone() } else { vec![request.key.clone()] };
+        let mut coordinators = Vec::new();
+        for key in keys {
+            let answer = if request.key_type == KEY_TYPE_TRANSACTION {
+                Err(NO_TRANSACTION_COORDINATOR)
+            } else if request.key_type != KEY_TYPE_GROUP {
+                Err(ResponseError::InvalidRequest)
+            } else if key.is_empty() {
+                Err(ResponseError::InvalidGroupId)
+            } else {
+                self.locate(&key, listener).await
+            };
+            let mut coordinator = Coordinator::default().with_key(key);
+            match answer {
+                Ok((broker_id, host, port)) => {
+                    coordinator = coordinator
+                        .with_node_id(BrokerId(broker_id))
+                        .with_host(StrBytes::from_string(host))
+                        .with_port(i32::from(port));
+                }
+                Err(e) => {
+                    let message = if e == NO_TRANSACTION_COORDINATOR {
+                        "this broker has no transaction coordinator: transactions are not supported; unset transactional.id"
+                            .to_string()
+                    } else {
+                        e.to_string()
+                    };
+                    coordinator = coordinator
+                        .with_error_code(e.code())
+                        .with_node_id(BrokerId(-1))
+                        .with_port(-1)
+                        .with_error_message(Some(StrBytes::from_string(message)));
+                }
+            }
+            coordinators.push(coordinator);
+        }
+        let mut response = FindCoordinatorResponse::default();
+        if version < 4 {
+            let c = coordinators.pop().unwrap_or_default();
+            response = response
+                .with_error_code(c.error_code)
+                .with_error_message(c.error_message)
+                .with_node_id(c.node_id)
+                .with_host(c.host)
+                .with_port(c.port);
+        } else {
+            response = response.with_coordinators(coordinators);
+        }
+        ResponseKind::FindCoordinator(response)
+    }
+
+    /// Where the group's coordinator is, on `listener`: this broker if it holds (or can
+    /// take) the coordinator node, otherwise the registered broker that holds it (one
+    /// without that listener is as good as unreachable).
+    async fn locate(&self, group_id: &str, listener: &str) -> Result<(i32, String, u16), ResponseError> {
+        let owner = self.inner.claim(group_id).await?;
+        if owner == self.inner.endpoint.broker_id {
+            let own = self.inner.endpoint.listeners.iter().find(|l| l.name == listener);
+            return own.map(|l| (owner, l.host.clone(), l.port)).ok_or(ResponseError::CoordinatorNotAvailable);
+        }
+        match registry::read_json::<registry::BrokerRegistration>(&*self.inner.store, &paths::broker(owner)).await {
+            Ok(Some((b, _))) => match b.endpoint(listener) {
+                Some((host, port)) => Ok((owner, host.to_owned(), port)),
+                None => Err(ResponseError::CoordinatorNotAvailable),
+            },
+            _ => Err(ResponseError::CoordinatorNotAvailable),
+        }
+    }
+}
