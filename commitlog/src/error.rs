@@ -150,6 +150,26 @@ pub enum Error {
         /// The producer's current epoch in this log.
         current: i16,
     },
+    /// A producer with a transaction open in this log sent a batch outside it (Kafka's
+    /// INVALID_TXN_STATE): its data would belong to no transaction. Nothing was written.
+    #[error("producer {producer_id} has a transaction open since offset {first_offset} and sent a non-transactional batch")]
+    InvalidTxnState {
+        /// The producer id.
+        producer_id: i64,
+        /// First offset of its open transaction.
+        first_offset: Offset,
+    },
+    /// A transaction marker from a coordinator older than the one that last wrote a
+    /// marker for this producer (Kafka's TRANSACTION_COORDINATOR_FENCED). Nothing was written.
+    #[error("producer {producer_id}: marker from coordinator epoch {coordinator_epoch}, older than {current}")]
+    TransactionCoordinatorFenced {
+        /// The producer id.
+        producer_id: i64,
+        /// The marker's coordinator epoch.
+        coordinator_epoch: i32,
+        /// The coordinator epoch of the last marker for this producer.
+        current: i32,
+    },
     /// A segment holds a batch that fails its CRC, framing or offset order (found by a
     /// read, recovery, the scrubber or the cleaner): the data at and after `position`
     /// in this segment is not served (Kafka's CORRUPT_MESSAGE).

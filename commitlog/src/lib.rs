@@ -14,7 +14,8 @@
 //!     00000000000000000000.index      sparse (relative offset u32, position u32) every index.interval.bytes
 //!     00000000000000000000.timeindex  (timestamp i64, relative offset u32) when the max timestamp grows
 //!     leader-epoch-checkpoint         epoch -> start offset
-//!     00000000000000000000.snapshot   idempotent producer state as of that offset (`producer_state`)
+//!     00000000000000000000.txnindex   aborted transactions whose ABORT marker is in the segment (`txn_index`)
+//!     00000000000000000000.snapshot   producer state (idempotence, open transactions) as of that offset (`producer_state`)
 //!     .clean-shutdown                 log end offset, written by close(): no recovery scan needed
 //!     cleaner-offset-checkpoint       compacted logs: first dirty offset, tombstone ages (cleaner)
 //!     *.cleaned, *.swap               a clean in progress (see [`cleaner`] for the swap protocol)
@@ -62,6 +63,7 @@ mod manager;
 mod producer_state;
 mod recovery;
 mod segment;
+mod txn_index;
 
 pub use cleaner::{CleanStats, Cleaner, CleanerConfig};
 pub use config::{CleanupPolicy, CompressionType, LogConfig, MessageTimestampType, DEFAULT_MIN_SEGMENT_BYTES};
@@ -74,3 +76,4 @@ pub use manager::{
     REPLICATION_CHECKPOINT,
 };
 pub use producer_state::ProducerInfo;
+pub use txn_index::AbortedTxn;

@@ -10,7 +10,8 @@
 //! - `truncate`: truncation (followers, repair);
 //! - `retention`: retention, DeleteRecords and the delayed deletion of segment files;
 //! - `compaction`: swapping a cleaned segment in (the cleaner itself is `crate::cleaner`);
-//! - `scrub`: finding and repairing damaged batches.
+//! - `scrub`: finding and repairing damaged batches;
+//! - `txn`: transaction markers, the last stable offset, aborted transactions.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -38,6 +39,7 @@ mod read;
 mod retention;
 mod scrub;
 mod truncate;
+mod txn;
 mod validate;
 
 pub use append::AppendInfo;
@@ -72,6 +74,8 @@ pub struct Log {
     pub(crate) truncated_below: AtomicI64,
     /// Where the scrubber goes on: (segment base offset, byte position).
     scrub_cursor: Mutex<(Offset, u64)>,
+    /// Undecided transactions, for the last stable offset (see `txn`).
+    unstable: Mutex<txn::Unstable>,
 }
 
 #[derive(Debug)]
@@ -116,8 +120,20 @@ impl Log {
         epochs.truncate_from_end(loaded.log_end_offset)?;
         epochs.truncate_from_start(log_start)?;
         let size: u64 = loaded.segments.values().map(|s| s.size()).sum();
+        // The producer state replays at least the unflushed part, whose aborted-transactions
+        // index may lack entries, and everything from a segment whose index is damaged.
+        let mut replay_from = loaded.recovery_point;
+        for seg in loaded.segments.values() {
+            if crate::txn_index::entries_on_disk(seg)?.is_none() {
+                tracing::warn!(dir = %dir.display(), segment = seg.base_offset, "rebuilding a damaged aborted-transactions index");
+                replay_from = replay_from.min(seg.base_offset);
+                break;
+            }
+        }
         let mut producers = ProducerState::new(&dir);
-        producers.reload(loaded.segments.values(), log_start, loaded.log_end_offset)?;
+        let replayed = producers.reload(loaded.segments.values(), log_start, loaded.log_end_offset, replay_from)?;
+        txn::rebuild_indexes(loaded.segments.values(), &replayed)?;
+        let unstable = producers.open_transactions().map(|(first, _)| (first, None)).collect();
         let view = Arc::new(loaded.segments.clone());
         Ok(Log {
             log_end_offset: AtomicI64::new(loaded.log_end_offset),
@@ -144,6 +160,7 @@ impl Log {
             truncations: AtomicU64::new(0),
             truncated_below: AtomicI64::new(Offset::MAX),
             scrub_cursor: Mutex::new((Offset::MIN, 0)),
+            unstable: Mutex::new(unstable),
             dir,
         })
     }

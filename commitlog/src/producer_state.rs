@@ -16,6 +16,18 @@
 //! Followers (`append_replicated`) apply the batches without checks, so a follower that
 //! becomes leader already knows every producer.
 //!
+//! # Transactions
+//! A transactional batch (attributes bit 0x10) opens the producer's transaction in this
+//! partition at its base offset unless one is open already; the producer's COMMIT or
+//! ABORT marker (a control batch, see [`fjord_record::control`]) closes it and yields a
+//! [`CompletedTxn`]. While a transaction is open the producer may send only
+//! transactional batches ([`Error::InvalidTxnState`]), and is never expired. `open`
+//! keeps the first offsets of the open transactions in order: the smallest one bounds
+//! the last stable offset (LSO), and an abort records the LSO after it in the
+//! aborted-transactions index (`txn_index`). A marker from an older producer epoch is
+//! [`Error::InvalidProducerEpoch`], from an older coordinator epoch
+//! [`Error::TransactionCoordinatorFenced`] (see [`ProducerState::check_marker`]).
+//!
 //! # Persistence
 //! The state is derived from the batch headers in the log. `<offset>.snapshot` files in
 //! the partition directory hold the state as of an offset (everything below it applied);
@@ -26,14 +38,18 @@
 //!
 //! Snapshot file (the checkpoint text format, written atomically), one line per producer:
 //! ```text
-//! producer_id epoch last_timestamp (first_seq last_seq first_offset last_offset)...
+//! producer_id epoch last_timestamp coordinator_epoch txn_first_offset (first_seq last_seq first_offset last_offset)...
 //! ```
+//! `txn_first_offset` is -1 without an open transaction. Snapshots written before
+//! transactions lack the two transaction fields (3 + 4n fields instead of 5 + 4n, told
+//! apart by the count) and are still read.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use fjord_record::batch::BatchHeader;
+use fjord_record::control::{self, Control};
 use fjord_record::Offset;
 
 use crate::checkpoint;
@@ -62,6 +78,32 @@ struct ProducerEntry {
     batches: VecDeque<BatchMetadata>,
     /// Largest batch timestamp seen: expiry counts inactivity from it (as Kafka).
     last_timestamp: i64,
+    /// Coordinator epoch of the last marker for this producer (-1: none yet).
+    coordinator_epoch: i32,
+    /// First offset of the producer's open transaction in this partition.
+    txn_first_offset: Option<Offset>,
+}
+
+/// A transaction that ended in this partition: its marker was appended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CompletedTxn {
+    pub(crate) producer_id: i64,
+    /// Offset of its first batch here.
+    pub(crate) first_offset: Offset,
+    /// Offset of its marker.
+    pub(crate) last_offset: Offset,
+    pub(crate) aborted: bool,
+    /// The last stable offset once it ended: the first offset of the earliest
+    /// transaction still open, else the offset after the marker (what the aborted
+    /// transactions index stores, so a reader can stop searching there).
+    pub(crate) last_stable_offset: Offset,
+}
+
+/// A transaction that a data batch opened in this partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TxnStarted {
+    pub(crate) producer_id: i64,
+    pub(crate) first_offset: Offset,
 }
 
 /// What a producer looks like to an observer (tests, tools).
@@ -80,10 +122,12 @@ pub struct ProducerInfo {
 }
 
 /// The state of one partition (see the module docs).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ProducerState {
     dir: PathBuf,
     producers: HashMap<i64, ProducerEntry>,
+    /// First offset of each open transaction -> its producer id (kept with `producers`).
+    open: BTreeMap<Offset, i64>,
 }
 
 /// `first + delta` in Kafka's sequence space, which wraps from `i32::MAX` to 0.
@@ -100,29 +144,47 @@ fn meta_of(h: &BatchHeader) -> BatchMetadata {
     }
 }
 
-/// Whether a batch takes part in idempotence (control batches belong to transactions,
-/// which this broker does not run).
+/// Whether a batch takes part in idempotence (a data batch with a producer id; control
+/// batches carry no sequence).
 fn is_idempotent(h: &BatchHeader) -> bool {
     h.producer_id >= 0 && !h.is_control()
 }
 
 impl ProducerEntry {
-    fn apply(&mut self, h: &BatchHeader) {
-        if h.producer_epoch != self.epoch {
-            self.epoch = h.producer_epoch;
+    fn new(epoch: i16, last_timestamp: i64) -> Self {
+        Self { epoch, batches: VecDeque::new(), last_timestamp, coordinator_epoch: -1, txn_first_offset: None }
+    }
+
+    /// A new epoch restarts the sequences (the coordinator or InitProducerId bumped it).
+    fn set_epoch(&mut self, epoch: i16) {
+        if epoch != self.epoch {
+            self.epoch = epoch;
             self.batches.clear();
         }
+    }
+
+    /// Applies a data batch; `Some(first offset)` when it opened a transaction.
+    fn apply(&mut self, h: &BatchHeader) -> Option<Offset> {
+        self.set_epoch(h.producer_epoch);
         if self.batches.len() == MAX_CACHED_BATCHES {
             self.batches.pop_front();
         }
         self.batches.push_back(meta_of(h));
         self.last_timestamp = self.last_timestamp.max(h.max_timestamp);
+        if h.is_transactional() && self.txn_first_offset.is_none() {
+            self.txn_first_offset = Some(h.base_offset);
+            return self.txn_first_offset;
+        }
+        None
     }
 
     /// Leader checks of one batch against this entry (see the module docs).
     fn check(&self, producer_id: i64, h: &BatchHeader) -> Result<Option<BatchMetadata>> {
         if h.producer_epoch < self.epoch {
             return Err(Error::InvalidProducerEpoch { producer_id, epoch: h.producer_epoch, current: self.epoch });
+        }
+        if let Some(first_offset) = self.txn_first_offset.filter(|_| !h.is_transactional()) {
+            return Err(Error::InvalidTxnState { producer_id, first_offset });
         }
         if h.producer_epoch > self.epoch {
             if h.base_sequence != 0 {
@@ -153,7 +215,7 @@ impl ProducerEntry {
 
 impl ProducerState {
     pub(crate) fn new(dir: &Path) -> Self {
-        Self { dir: dir.to_path_buf(), producers: HashMap::new() }
+        Self { dir: dir.to_path_buf(), producers: HashMap::new(), open: BTreeMap::new() }
     }
 
     /// Leader checks of an append's batches, in order, as if the earlier ones were
@@ -175,11 +237,9 @@ impl ProducerState {
                 Some(e) => e,
                 None => {
                     // Unknown: any sequence starts it.
-                    pending.insert(
-                        h.producer_id,
-                        ProducerEntry { epoch: h.producer_epoch, batches: VecDeque::new(), last_timestamp: 0 },
-                    );
-                    pending.get_mut(&h.producer_id).expect("just inserted").apply(h);
+                    let mut entry = ProducerEntry::new(h.producer_epoch, 0);
+                    entry.apply(h);
+                    pending.insert(h.producer_id, entry);
                     continue;
                 }
             };
@@ -193,14 +253,73 @@ impl ProducerState {
         Ok(None)
     }
 
-    /// Records appended batches (their offsets final).
-    pub(crate) fn apply(&mut self, headers: &[(usize, BatchHeader)]) {
+    /// Records appended data batches (their offsets final); control batches go through
+    /// [`ProducerState::apply_control`]. Returns the transactions they opened.
+    pub(crate) fn apply(&mut self, headers: &[(usize, BatchHeader)]) -> Vec<TxnStarted> {
+        let mut events = Vec::new();
         for (_, h) in headers.iter().filter(|(_, h)| is_idempotent(h)) {
-            self.producers
-                .entry(h.producer_id)
-                .or_insert_with(|| ProducerEntry { epoch: h.producer_epoch, batches: VecDeque::new(), last_timestamp: i64::MIN })
-                .apply(h);
+            let entry = self.producers.entry(h.producer_id).or_insert_with(|| ProducerEntry::new(h.producer_epoch, i64::MIN));
+            if let Some(first_offset) = entry.apply(h) {
+                self.open.insert(first_offset, h.producer_id);
+                events.push(TxnStarted { producer_id: h.producer_id, first_offset });
+            }
         }
+        events
+    }
+
+    /// Leader check of a marker for `producer_id` at `producer_epoch` from a coordinator
+    /// at `coordinator_epoch`, before it is appended: an older producer epoch is fenced
+    /// ([`Error::InvalidProducerEpoch`], Kafka's answer since 2.7), an older coordinator
+    /// epoch too ([`Error::TransactionCoordinatorFenced`]). A producer this partition
+    /// does not know passes: Kafka writes its marker, which records the (possibly bumped)
+    /// epoch that fences the producer's older incarnations here.
+    pub(crate) fn check_marker(&self, producer_id: i64, producer_epoch: i16, coordinator_epoch: i32) -> Result<()> {
+        let Some(entry) = self.producers.get(&producer_id) else {
+            return Ok(());
+        };
+        if producer_epoch < entry.epoch {
+            return Err(Error::InvalidProducerEpoch { producer_id, epoch: producer_epoch, current: entry.epoch });
+        }
+        if coordinator_epoch < entry.coordinator_epoch {
+            return Err(Error::TransactionCoordinatorFenced { producer_id, coordinator_epoch, current: entry.coordinator_epoch });
+        }
+        Ok(())
+    }
+
+    /// Records an appended control batch (`h`, offsets final, with what it holds). An
+    /// end-transaction marker closes the producer's open transaction, if any, and
+    /// returns it; other control records change nothing.
+    pub(crate) fn apply_control(&mut self, h: &BatchHeader, control: Control) -> Option<CompletedTxn> {
+        let Control::EndTxn { commit, coordinator_epoch } = control else {
+            return None;
+        };
+        if h.producer_id < 0 {
+            return None;
+        }
+        let entry = self.producers.entry(h.producer_id).or_insert_with(|| ProducerEntry::new(h.producer_epoch, i64::MIN));
+        entry.set_epoch(h.producer_epoch);
+        entry.coordinator_epoch = coordinator_epoch;
+        entry.last_timestamp = entry.last_timestamp.max(h.max_timestamp);
+        let first_offset = entry.txn_first_offset.take()?;
+        self.open.remove(&first_offset);
+        let last_stable_offset = self.open.keys().next().copied().unwrap_or(h.base_offset + 1);
+        Some(CompletedTxn {
+            producer_id: h.producer_id,
+            first_offset,
+            last_offset: h.base_offset,
+            aborted: !commit,
+            last_stable_offset,
+        })
+    }
+
+    /// First offsets of the open transactions, with their producer ids, in offset order.
+    pub(crate) fn open_transactions(&self) -> impl Iterator<Item = (Offset, i64)> + '_ {
+        self.open.iter().map(|(&offset, &pid)| (offset, pid))
+    }
+
+    /// Rebuilds `open` from the entries (after loading or pruning them).
+    fn reindex_open(&mut self) {
+        self.open = self.producers.iter().filter_map(|(&pid, e)| Some((e.txn_first_offset?, pid))).collect();
     }
 
     pub(crate) fn info(&self) -> Vec<ProducerInfo> {
@@ -224,9 +343,11 @@ impl ProducerState {
 
     /// Forgets producers idle (by batch timestamp) for at least `expiration_ms` at `now_ms`.
     /// Returns how many were removed.
+    /// A producer with an open transaction never expires here (as Kafka): its marker
+    /// still has to come, and the LSO waits for it.
     pub(crate) fn remove_expired(&mut self, now_ms: i64, expiration_ms: i64) -> usize {
         let before = self.producers.len();
-        self.producers.retain(|_, e| now_ms.saturating_sub(e.last_timestamp) < expiration_ms);
+        self.producers.retain(|_, e| e.txn_first_offset.is_some() || now_ms.saturating_sub(e.last_timestamp) < expiration_ms);
         before - self.producers.len()
     }
 
@@ -234,7 +355,8 @@ impl ProducerState {
     /// forgotten (a follower rebuilding from the log could not know them either), and so
     /// are snapshots below the log start.
     pub(crate) fn on_log_start(&mut self, log_start: Offset) -> Result<()> {
-        self.producers.retain(|_, e| e.batches.back().is_some_and(|b| b.last_offset >= log_start));
+        self.producers.retain(|_, e| still_in_log(e, log_start));
+        self.reindex_open();
         for (offset, path) in list_snapshots(&self.dir)? {
             if offset < log_start {
                 remove(&path)?;
@@ -253,7 +375,8 @@ impl ProducerState {
             .producers
             .iter()
             .map(|(pid, e)| {
-                let mut line = format!("{pid} {} {}", e.epoch, e.last_timestamp);
+                let txn_first_offset = e.txn_first_offset.unwrap_or(-1);
+                let mut line = format!("{pid} {} {} {} {txn_first_offset}", e.epoch, e.last_timestamp, e.coordinator_epoch);
                 for b in &e.batches {
                     line.push_str(&format!(" {} {} {} {}", b.first_seq, b.last_seq, b.first_offset, b.last_offset));
                 }
@@ -266,14 +389,20 @@ impl ProducerState {
     }
 
     /// Rebuilds the state for a log holding `[log_start, log_end)` in `segments`: drops
-    /// snapshots above `log_end` (truncated away), loads the latest readable one, and
-    /// replays the batch headers after it. Without a snapshot the whole log is replayed.
+    /// snapshots above `log_end` (truncated away), loads the latest readable one at or
+    /// below `replay_from_at_most` (so everything from there on is replayed: after a
+    /// crash, the unflushed part, whose aborted-transactions index may be incomplete),
+    /// and replays the batch headers after it, reading the record of each control batch. Without a snapshot the whole log is replayed.
+    /// Returns where the replay started and the transactions it saw aborted, with the
+    /// base offset of the segment holding each marker: what the aborted-transactions
+    /// index of those segments must hold from that offset on.
     pub(crate) fn reload<'a>(
         &mut self,
         segments: impl Iterator<Item = &'a std::sync::Arc<Segment>>,
         log_start: Offset,
         log_end: Offset,
-    ) -> Result<()> {
+        replay_from_at_most: Offset,
+    ) -> Result<Replayed> {
         self.producers.clear();
         let mut from = log_start;
         let mut snapshots = list_snapshots(&self.dir)?;
@@ -282,7 +411,10 @@ impl ProducerState {
                 remove(&path)?;
                 continue;
             }
-            match read_snapshot(&path) {
+            let read = read_snapshot(&path);
+            match read {
+                // Kept for later opens, but the replay must start lower.
+                Ok(_) if offset > replay_from_at_most => {}
                 Ok(producers) => {
                     self.producers = producers;
                     from = from.max(offset);
@@ -294,7 +426,9 @@ impl ProducerState {
                 }
             }
         }
-        self.producers.retain(|_, e| e.batches.back().is_some_and(|b| b.last_offset >= log_start));
+        self.producers.retain(|_, e| still_in_log(e, log_start));
+        self.reindex_open();
+        let mut aborted = Vec::new();
         for seg in segments {
             let path = seg.path(LOG_SUFFIX);
             let size = seg.size();
@@ -309,22 +443,62 @@ impl ProducerState {
             };
             let file = seg.log()?;
             let mut walk = Walker::new(&file, position, size);
-            while let Step::Batch { header, .. } = walk.step(false).at(&path)? {
-                if header.base_offset >= from && header.base_offset < log_end {
+            while let Step::Batch { header, position } = walk.step(false).at(&path)? {
+                if header.base_offset < from || header.base_offset >= log_end {
+                    continue;
+                }
+                if !header.is_control() {
                     self.apply(&[(0, header)]);
+                    continue;
+                }
+                let bytes = walk.batch_bytes(position, header.size()).at(&path)?;
+                let Some(control) = read_control(&header, bytes) else { continue };
+                if let Some(txn) = self.apply_control(&header, control).filter(|t| t.aborted) {
+                    aborted.push((seg.base_offset, txn));
                 }
             }
         }
-        Ok(())
+        Ok(Replayed { from, aborted })
     }
 
     /// The log was emptied: no state, no snapshots.
     pub(crate) fn clear(&mut self) -> Result<()> {
         self.producers.clear();
+        self.open.clear();
         for (_, path) in list_snapshots(&self.dir)? {
             remove(&path)?;
         }
         Ok(())
+    }
+}
+
+/// What [`ProducerState::reload`] replayed.
+#[derive(Debug, Default)]
+pub(crate) struct Replayed {
+    /// The replay started here: the state below came from a snapshot.
+    pub(crate) from: Offset,
+    /// Transactions aborted by markers at or after `from`, with the base offset of the
+    /// segment holding the marker, in log order.
+    pub(crate) aborted: Vec<(Offset, CompletedTxn)>,
+}
+
+/// Whether a producer's state still matters once the log starts at `log_start`: its
+/// latest batch is still there, or it has a transaction open (retention never passes
+/// an open transaction's first offset).
+fn still_in_log(e: &ProducerEntry, log_start: Offset) -> bool {
+    e.txn_first_offset.is_some() || e.batches.back().is_some_and(|b| b.last_offset >= log_start)
+}
+
+/// The control record of a control batch as written in the log; `None` (with a warning)
+/// when it does not read as one, which only a broker bug or damage past the CRC could
+/// make: such a batch changes no transaction.
+pub(crate) fn read_control(header: &BatchHeader, batch: &[u8]) -> Option<Control> {
+    match control::parse_marker(header, batch) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(offset = header.base_offset, error = %e, "ignoring an unreadable control batch");
+            None
+        }
     }
 }
 
@@ -361,13 +535,23 @@ fn read_snapshot(path: &Path) -> Result<HashMap<i64, ProducerEntry>> {
         let bad = |detail| Error::MalformedCheckpoint { path: path.to_path_buf(), line: i + 3, detail };
         let nums: Vec<i64> =
             fields.iter().map(|f| f.parse::<i64>()).collect::<std::result::Result<_, _>>().map_err(|_| bad("not a number"))?;
-        let [pid, epoch, last_timestamp, rest @ ..] = nums.as_slice() else {
-            return Err(bad("expected `producer_id epoch last_timestamp batches...`"));
+        // 5 + 4n fields since transactions, 3 + 4n before (no coordinator epoch, no
+        // open transaction): the counts never coincide.
+        let (pid, epoch, last_timestamp, coordinator_epoch, txn_first_offset, rest) = match nums.as_slice() {
+            [pid, epoch, ts, cepoch, txn, rest @ ..] if rest.len() % 4 == 0 => (pid, epoch, ts, *cepoch, *txn, rest),
+            [pid, epoch, ts, rest @ ..] if rest.len() % 4 == 0 => (pid, epoch, ts, -1, -1, rest),
+            _ => return Err(bad("expected `producer_id epoch last_timestamp [coordinator_epoch txn_first_offset] batches...`")),
         };
-        if rest.len() % 4 != 0 || rest.len() / 4 > MAX_CACHED_BATCHES {
-            return Err(bad("batches need four fields each, at most five batches"));
+        if rest.len() / 4 > MAX_CACHED_BATCHES {
+            return Err(bad("at most five batches"));
         }
         let epoch = i16::try_from(*epoch).map_err(|_| bad("epoch out of range"))?;
+        let coordinator_epoch = i32::try_from(coordinator_epoch).map_err(|_| bad("coordinator epoch out of range"))?;
+        let txn_first_offset = match txn_first_offset {
+            -1 => None,
+            o if o >= 0 => Some(o),
+            _ => return Err(bad("negative transaction offset")),
+        };
         let seq = |v: i64| i32::try_from(v).map_err(|_| bad("sequence out of range"));
         let mut batches = VecDeque::new();
         for b in rest.chunks_exact(4) {
@@ -378,7 +562,7 @@ fn read_snapshot(path: &Path) -> Result<HashMap<i64, ProducerEntry>> {
                 last_offset: b[3],
             });
         }
-        out.insert(*pid, ProducerEntry { epoch, batches, last_timestamp: *last_timestamp });
+        out.insert(*pid, ProducerEntry { epoch, batches, last_timestamp: *last_timestamp, coordinator_epoch, txn_first_offset });
     }
     Ok(out)
 }
@@ -435,6 +619,96 @@ mod tests {
         s.apply(&[header(2, 0, i32::MAX - 1, 2, 10)]);
         assert_eq!(s.info()[1].last_sequence, i32::MAX);
         assert_eq!(s.check(&[header(2, 0, 0, 1, 12)]).unwrap(), None);
+    }
+
+    fn txn_header(pid: i64, epoch: i16, seq: i32, records: i32, offset: Offset) -> (usize, BatchHeader) {
+        let mut b = fjord_record::BatchBuilder::new(1_000).producer(pid, epoch, seq).transactional();
+        for _ in 0..records {
+            b.append(1_000, None, Some(b"v"), &[]);
+        }
+        let mut bytes = b.build_vec();
+        fjord_record::batch::set_base_offset(&mut bytes, offset);
+        (0, BatchHeader::parse(&bytes).unwrap())
+    }
+
+    fn marker(pid: i64, epoch: i16, offset: Offset) -> BatchHeader {
+        let mut bytes = control::end_txn_marker(pid, epoch, 0, true, 1_000);
+        fjord_record::batch::set_base_offset(&mut bytes, offset);
+        BatchHeader::parse(&bytes).unwrap()
+    }
+
+    fn end(commit: bool, coordinator_epoch: i32) -> Control {
+        Control::EndTxn { commit, coordinator_epoch }
+    }
+
+    #[test]
+    fn transactions_open_at_their_first_batch_and_close_at_their_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = ProducerState::new(dir.path());
+        // Producer 1 opens at 0, producer 2 at 2; producer 1's second batch keeps 0.
+        assert_eq!(s.apply(&[txn_header(1, 0, 0, 2, 0)]), vec![TxnStarted { producer_id: 1, first_offset: 0 }]);
+        assert_eq!(s.apply(&[txn_header(2, 0, 0, 1, 2)]), vec![TxnStarted { producer_id: 2, first_offset: 2 }]);
+        assert!(s.apply(&[txn_header(1, 0, 2, 1, 3)]).is_empty());
+        assert_eq!(s.open_transactions().collect::<Vec<_>>(), vec![(0, 1), (2, 2)]);
+        // Inside its transaction a producer may not write outside it.
+        assert!(matches!(s.check(&[header(1, 0, 3, 1, 4)]), Err(Error::InvalidTxnState { producer_id: 1, first_offset: 0 })));
+        assert_eq!(s.check(&[txn_header(1, 0, 3, 1, 4)]).unwrap(), None);
+        // Producer 1 aborts at 4: the LSO after it is producer 2's first offset.
+        let done = s.apply_control(&marker(1, 0, 4), end(false, 5)).unwrap();
+        assert_eq!(done, CompletedTxn { producer_id: 1, first_offset: 0, last_offset: 4, aborted: true, last_stable_offset: 2 });
+        // Producer 2 commits at 5: nothing open, the LSO is past the marker.
+        let done = s.apply_control(&marker(2, 0, 5), end(true, 5)).unwrap();
+        assert_eq!((done.aborted, done.last_stable_offset), (false, 6));
+        assert_eq!(s.open_transactions().count(), 0);
+        // A retried marker closes nothing; plain batches are fine again.
+        assert_eq!(s.apply_control(&marker(2, 0, 6), end(true, 5)), None);
+        assert_eq!(s.check(&[header(1, 0, 3, 1, 7)]).unwrap(), None);
+        // Other control records change nothing.
+        assert_eq!(s.apply_control(&marker(1, 0, 7), Control::Other { control_type: 3 }), None);
+    }
+
+    #[test]
+    fn markers_from_fenced_producers_or_coordinators_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = ProducerState::new(dir.path());
+        // Unknown producer: Kafka writes the marker, which records its epoch.
+        s.check_marker(9, 0, 0).unwrap();
+        s.apply(&[txn_header(9, 2, 0, 1, 0)]);
+        s.apply_control(&marker(9, 2, 1), end(false, 4)).unwrap();
+        assert!(matches!(s.check_marker(9, 1, 4), Err(Error::InvalidProducerEpoch { epoch: 1, current: 2, .. })));
+        assert!(matches!(
+            s.check_marker(9, 2, 3),
+            Err(Error::TransactionCoordinatorFenced { coordinator_epoch: 3, current: 4, .. })
+        ));
+        s.check_marker(9, 3, 4).unwrap();
+        // A marker at a bumped epoch fences the producer's older batches here.
+        s.apply_control(&marker(9, 3, 2), end(false, 4));
+        assert!(matches!(s.check(&[txn_header(9, 2, 1, 1, 3)]), Err(Error::InvalidProducerEpoch { current: 3, .. })));
+        assert_eq!(s.check(&[txn_header(9, 3, 0, 1, 3)]).unwrap(), None);
+    }
+
+    #[test]
+    fn open_transactions_survive_snapshots_expiry_and_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = ProducerState::new(dir.path());
+        s.apply(&[txn_header(1, 0, 0, 1, 10)]);
+        s.apply(&[header(2, 0, 0, 1, 11)]);
+        s.apply_control(&marker(2, 0, 12), end(true, 7));
+        s.snapshot(13).unwrap();
+        let loaded = read_snapshot(&snapshot_path(dir.path(), 13)).unwrap();
+        assert_eq!(loaded, s.producers);
+        assert_eq!(loaded[&1].txn_first_offset, Some(10));
+        assert_eq!(loaded[&2].coordinator_epoch, 7);
+        // Expiry and a log start past its batches keep a producer with an open transaction.
+        assert_eq!(s.remove_expired(i64::MAX, 1), 1);
+        s.on_log_start(12).unwrap();
+        assert_eq!(s.open_transactions().collect::<Vec<_>>(), vec![(10, 1)]);
+        // Snapshots written before transactions (3 + 4n fields) still read.
+        checkpoint::write_lines(&snapshot_path(dir.path(), 20), &["5 1 1000 0 0 3 3".to_owned()]).unwrap();
+        let old = read_snapshot(&snapshot_path(dir.path(), 20)).unwrap();
+        assert_eq!((old[&5].epoch, old[&5].coordinator_epoch, old[&5].txn_first_offset), (1, -1, None));
+        checkpoint::write_lines(&snapshot_path(dir.path(), 21), &["5 1 1000 0 0 3".to_owned()]).unwrap();
+        assert!(read_snapshot(&snapshot_path(dir.path(), 21)).is_err());
     }
 
     #[test]

@@ -25,6 +25,7 @@ use crate::checkpoint::sync_dir;
 use crate::error::IoContext;
 use crate::index::{self, IndexBuilder, OffsetEntry, TimeEntry};
 use crate::segment::{segment_path, Segment, Step, Walker, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
+use crate::txn_index::TXN_INDEX_SUFFIX;
 use crate::{epoch, LogConfig, Result};
 
 /// Written by `Log::close` with the log end offset; its presence on open means no
@@ -222,7 +223,7 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
         }
         match parse_segment_name(&name) {
             Some((base, LOG_SUFFIX)) if path.is_file() => bases.push(base),
-            Some((base, INDEX_SUFFIX | TIME_INDEX_SUFFIX)) => index_files.push((base, path)),
+            Some((base, INDEX_SUFFIX | TIME_INDEX_SUFFIX | TXN_INDEX_SUFFIX)) => index_files.push((base, path)),
             // Producer state snapshots: loaded by the log after the segments.
             Some((_, crate::producer_state::SNAPSHOT_SUFFIX)) => {}
             _ => tracing::warn!(path = %path.display(), "ignoring unexpected file in a partition directory"),
@@ -307,7 +308,7 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
         if is_last || truncated {
             for &later in &bases[i + 1..] {
                 tracing::warn!(dir = %dir.display(), segment = later, "removing a segment after a truncated tail");
-                for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+                for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX] {
                     remove_if_exists(&segment_path(dir, later, suffix))?;
                 }
             }

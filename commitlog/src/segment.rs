@@ -34,6 +34,7 @@ use fjord_record::{BatchHeader, Offset, BATCH_OVERHEAD};
 
 use crate::files::FileSlot;
 use crate::index::{Entries, IndexEntry, OffsetEntry, SealedFile, TimeEntry};
+use crate::txn_index::TXN_INDEX_SUFFIX;
 use crate::{lock, Error, Result};
 
 /// Segment file suffixes.
@@ -87,6 +88,9 @@ pub(crate) struct Segment {
     index_unusable: AtomicBool,
     /// Damage reports of this segment (for the log's counter).
     damage_reports: AtomicU64,
+    /// Entries in the `.txnindex` file (see [`crate::txn_index`]): reads open it only
+    /// when there are any.
+    aborted: AtomicU64,
 }
 
 impl Segment {
@@ -111,6 +115,7 @@ impl Segment {
             damage: Mutex::new(None),
             index_unusable: AtomicBool::new(false),
             damage_reports: AtomicU64::new(0),
+            aborted: AtomicU64::new(0),
         }
     }
 
@@ -214,7 +219,7 @@ impl Segment {
             self.index_file.locked(|| {
                 self.time_index_file.locked(|| {
                     let mut renamed = Vec::new();
-                    for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+                    for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX] {
                         let from = self.path(suffix);
                         let mut to = from.clone().into_os_string();
                         to.push(DELETED_SUFFIX);
@@ -237,6 +242,21 @@ impl Segment {
                 })
             })
         })
+    }
+
+    /// Entries in the aborted-transactions index.
+    pub(crate) fn aborted_count(&self) -> u64 {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// The writer appended `n` entries to the aborted-transactions index.
+    pub(crate) fn add_aborted(&self, n: u64) {
+        self.aborted.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// The aborted-transactions index holds `n` entries (loaded or rewritten).
+    pub(crate) fn set_aborted(&self, n: u64) {
+        self.aborted.store(n, Ordering::Release);
     }
 
     /// Makes the segment the active one, with its index entries resident.

@@ -109,7 +109,7 @@ impl Log {
         self.append_validated(&mut w, &config, batches, &headers)
     }
 
-    fn append_validated(
+    pub(super) fn append_validated(
         &self,
         w: &mut Writer,
         config: &LogConfig,
@@ -130,6 +130,14 @@ impl Log {
         if config.preallocate {
             active.reserve(position + batches.len() as u64, config.segment_bytes);
         }
+        let producers = match self.prepare_producers(w, &segment, batches, headers) {
+            Ok(update) => update,
+            Err(e) => {
+                let _ = w.epochs.truncate_from_end(leo_before);
+                return Err(e);
+            }
+        };
+        let active = &mut w.active;
         // Straight to the held file, the path formatted only on failure: per append, a
         // small one especially, both are measurable.
         if let Err(source) = active.log_file.write_all_at(batches, position) {
@@ -137,6 +145,7 @@ impl Log {
             // size, which also forgets the reservation past it).
             let _ = active.release_reserved();
             let _ = w.epochs.truncate_from_end(leo_before);
+            self.undo_producers(&segment, &producers);
             return Err(Error::Io { path: segment.path(LOG_SUFFIX), source });
         }
         let mut record_count = 0u64;
@@ -155,7 +164,7 @@ impl Log {
             record_count += h.record_count as u64;
         }
         segment.set_max_timestamp(active.builder.max_timestamp);
-        w.producers.apply(headers);
+        self.apply_producers(w, headers, producers);
         // Publish: bytes first, then the segment size, then the log end offset. The
         // bytes were validated above: they extend the segment's verified prefix.
         segment.appended(position, position + batches.len() as u64);

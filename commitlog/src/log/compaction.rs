@@ -50,6 +50,12 @@ impl Log {
             cleaner::remove_cleaned(&dir, base)?;
             return Ok(false);
         }
+        // The cleaner keeps every marker, so the cleaned segment keeps the group's aborted
+        // transactions (an entry whose aborted records are gone is harmless).
+        let mut aborted = Vec::new();
+        for s in group {
+            aborted.extend(crate::txn_index::read_all(s)?);
+        }
         // Readers of the old segments must never open the new files under the old names.
         for s in group {
             s.pin_indexes();
@@ -78,7 +84,10 @@ impl Log {
                 fs::rename(cleaner::suffixed(&dir, base, suffix, SWAP_SUFFIX), &to).at(&to)?;
             }
             sync_dir(&dir)?;
-            Ok(Arc::new(Segment::new(&dir, base, cleaned.size, cleaned.max_timestamp)))
+            let new = Arc::new(Segment::new(&dir, base, cleaned.size, cleaned.max_timestamp));
+            crate::txn_index::rewrite(&new, &aborted)?;
+            crate::txn_index::sync(&new)?;
+            Ok(new)
         })();
         let new = committed.map_err(|e| match e {
             e @ Error::SwapInterrupted { .. } => e,

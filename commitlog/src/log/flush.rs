@@ -47,12 +47,15 @@ impl Log {
                     f.sync_all().at(&path)?;
                 }
             }
+            // Below the recovery point nothing rebuilds it: it must be on disk first.
+            crate::txn_index::sync(&seg)?;
         }
         self.write_active_indexes(w, true)?;
         let a = &w.active;
         a.segment.log()?.sync_data().at(a.segment.path(LOG_SUFFIX))?;
         a.index_file.sync_data().at(a.segment.path(INDEX_SUFFIX))?;
         a.time_index_file.sync_data().at(a.segment.path(TIME_INDEX_SUFFIX))?;
+        crate::txn_index::sync(&a.segment)?;
         if w.dir_dirty {
             sync_dir(&self.dir)?;
             w.dir_dirty = false;

@@ -42,8 +42,11 @@ impl Log {
 
     /// Deletes whole sealed segments, oldest first, while `retention.ms` (by the
     /// segment's largest timestamp, against `now_ms`) or `retention.bytes` says so;
-    /// the active segment always stays. Returns how many segments were deleted.
-    /// Also forgets idempotent producers idle for `producer.id.expiration.ms`.
+    /// the active segment always stays, and so does every segment from the one holding
+    /// the first offset of the earliest open transaction (its records must stay readable
+    /// until its marker decides them, and the producer state knows it from them). Returns
+    /// how many segments were deleted. Also forgets idempotent producers idle for
+    /// `producer.id.expiration.ms` (never one with an open transaction).
     pub fn apply_retention(&self, now_ms: i64) -> Result<usize> {
         let mut w = lock::mutex(&self.writer);
         self.delete_expired(&mut w, false)?;
@@ -59,10 +62,15 @@ impl Log {
             return Ok(0);
         }
         let active_base = w.active.segment.base_offset;
+        let first_open = w.producers.open_transactions().next().map_or(Offset::MAX, |(first, _)| first);
         let mut size = self.size_bytes();
         let mut doomed = Vec::new();
         for (&base, seg) in &w.segments {
             if base == active_base {
+                break;
+            }
+            // The segment ends where the next begins: it must end at or below `first_open`.
+            if w.segments.range(base + 1..).next().is_some_and(|(&next, _)| next > first_open) {
                 break;
             }
             let expired =

@@ -81,7 +81,12 @@ impl Log {
         w.dir_dirty = true;
         self.finish_truncation(&mut w, new_end)?;
         let w = &mut *w;
-        w.producers.reload(w.segments.values(), self.log_start_offset(), new_end)
+        // The producer state and the aborted-transactions index of the kept segments
+        // forget what was cut (replayed from a snapshot at or below the new end).
+        let replayed = w.producers.reload(w.segments.values(), self.log_start_offset(), new_end, new_end)?;
+        super::txn::rebuild_indexes(w.segments.values(), &replayed)?;
+        self.reset_unstable(&w.producers);
+        Ok(())
     }
 
     /// Empties the log and restarts it at `offset` (a follower whose leader's log
@@ -103,6 +108,7 @@ impl Log {
         w.dir_dirty = true;
         w.epochs.clear()?;
         w.producers.clear()?;
+        self.reset_unstable(&w.producers);
         self.log_start_offset.store(offset, Ordering::Release);
         self.high_watermark.store(offset, Ordering::Release);
         self.recovery_point.store(offset, Ordering::Release);

@@ -1,0 +1,207 @@
+//! Transactions in a partition: writing markers, the producer state's open
+//! transactions, the last stable offset (LSO) and the aborted-transactions index.
+//!
+//! The LSO is the first offset a read_committed consumer may not read yet: the first
+//! offset of the earliest transaction still undecided, never above the high watermark.
+//! A transaction is undecided while it is open, and also once its marker is appended
+//! until the high watermark passes the marker: before that the marker could still be
+//! truncated away on a leader change (as Kafka's "unreplicated" transactions). Readers
+//! compute the LSO from `Log::unstable` (first offset -> marker offset once decided)
+//! without the writer lock; the writer keeps it in step with the producer state.
+//!
+//! An append holding control batches works out its effect on the producer state on a
+//! copy first, so the ABORT entries of the `.txnindex` are written before the log bytes
+//! and taken back if those fail: the state, the index and the log change together or
+//! not at all.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use fjord_record::batch::{self, BatchHeader};
+use fjord_record::{control, Offset};
+
+use super::{now_ms, AppendInfo, Log, Writer};
+use crate::producer_state::{read_control, CompletedTxn, ProducerState, TxnStarted};
+use crate::segment::Segment;
+use crate::txn_index::{self, AbortedTxn};
+use crate::{lock, Error, Result};
+
+/// Undecided transactions: first offset -> the marker's offset once one is appended.
+pub(super) type Unstable = BTreeMap<Offset, Option<Offset>>;
+
+/// What an append does to the producer state, worked out before its bytes are written.
+pub(super) enum ProducerUpdate {
+    /// Data batches only: applied to the state after the write (it cannot fail).
+    Data,
+    /// With control batches: the state after the append, the transactions the markers
+    /// ended, and the `.txnindex` length before the ABORT entries written for them.
+    Control { state: Box<ProducerState>, started: Vec<TxnStarted>, completed: Vec<CompletedTxn>, index_len: u64 },
+}
+
+impl From<&CompletedTxn> for AbortedTxn {
+    fn from(t: &CompletedTxn) -> Self {
+        AbortedTxn {
+            producer_id: t.producer_id,
+            first_offset: t.first_offset,
+            last_offset: t.last_offset,
+            last_stable_offset: t.last_stable_offset,
+        }
+    }
+}
+
+impl Log {
+    /// Leader append of the marker ending `producer_id`'s transaction (WriteTxnMarkers):
+    /// COMMIT with `commit`, else ABORT, for the coordinator at `coordinator_epoch`. A
+    /// marker at an older producer epoch than this log knows is
+    /// [`Error::InvalidProducerEpoch`], from an older coordinator epoch
+    /// [`Error::TransactionCoordinatorFenced`]; nothing is written then. A producer with
+    /// no open transaction here still gets its marker (a retry, or a partition it never
+    /// wrote to), as Kafka does. An ABORT adds the transaction to the `.txnindex` of the
+    /// segment it lands in.
+    pub fn append_marker(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        coordinator_epoch: i32,
+        commit: bool,
+        leader_epoch: i32,
+    ) -> Result<AppendInfo> {
+        let config = self.config();
+        let mut bytes = control::end_txn_marker(producer_id, producer_epoch, coordinator_epoch, commit, now_ms());
+        let mut w = self.lock_writer()?;
+        w.producers.check_marker(producer_id, producer_epoch, coordinator_epoch)?;
+        batch::set_base_offset(&mut bytes, self.log_end_offset());
+        batch::set_partition_leader_epoch(&mut bytes, leader_epoch);
+        let header = BatchHeader::parse(&bytes).map_err(|source| Error::InvalidBatch { position: 0, source })?;
+        self.append_validated(&mut w, &config, &bytes, &[(0, header)])
+    }
+
+    /// The last stable offset: where a read_committed consumer's data ends (see the
+    /// module docs). Equal to the high watermark when no transaction is undecided.
+    pub fn last_stable_offset(&self) -> Offset {
+        let high_watermark = self.high_watermark();
+        let mut unstable = lock::mutex(&self.unstable);
+        // Decided and replicated: stable for good (the high watermark only goes back by
+        // a truncation, which rebuilds this map).
+        unstable.retain(|_, marker| marker.is_none_or(|m| m >= high_watermark));
+        unstable.keys().next().map_or(high_watermark, |&first| first.min(high_watermark))
+    }
+
+    /// The first offsets of the transactions open in this log, with their producer ids.
+    pub fn open_transactions(&self) -> Vec<(Offset, i64)> {
+        lock::mutex(&self.writer).producers.open_transactions().collect()
+    }
+
+    /// The aborted transactions a read_committed fetch of the records in
+    /// `[fetch_offset, upper)` must be told about: those with a marker at or after
+    /// `fetch_offset` and a first offset below `upper`, from the `.txnindex` of the
+    /// segment holding `fetch_offset` and the ones after it (see [`crate::txn_index`]).
+    pub fn aborted_transactions(&self, fetch_offset: Offset, upper: Offset) -> Result<Vec<AbortedTxn>> {
+        let view = self.view();
+        let mut out = Vec::new();
+        let floor = view.range(..=fetch_offset).next_back().map_or(Offset::MIN, |(&base, _)| base);
+        for (_, seg) in view.range(floor..) {
+            if txn_index::collect(seg, fetch_offset, upper, &mut out)? {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Before an append's bytes are written to `segment`: for an append with control
+    /// batches, the producer state after it (on a copy) and the ABORT entries written to
+    /// the segment's `.txnindex` (see the module docs).
+    pub(super) fn prepare_producers(
+        &self,
+        w: &Writer,
+        segment: &Segment,
+        batches: &[u8],
+        headers: &[(usize, BatchHeader)],
+    ) -> Result<ProducerUpdate> {
+        if !headers.iter().any(|(_, h)| h.is_control()) {
+            return Ok(ProducerUpdate::Data);
+        }
+        let mut state = Box::new(w.producers.clone());
+        let (mut started, mut completed) = (Vec::new(), Vec::new());
+        for (at, h) in headers {
+            if !h.is_control() {
+                started.extend(state.apply(&[(*at, *h)]));
+                continue;
+            }
+            let Some(control) = read_control(h, &batches[*at..]) else { continue };
+            completed.extend(state.apply_control(h, control));
+        }
+        let index_len = segment.aborted_count();
+        let aborted: Vec<AbortedTxn> = completed.iter().filter(|t| t.aborted).map(AbortedTxn::from).collect();
+        if let Err(e) = txn_index::append(segment, &aborted) {
+            // Whatever part of the entries reached the file goes again.
+            let _ = txn_index::truncate(segment, index_len);
+            return Err(e);
+        }
+        Ok(ProducerUpdate::Control { state, started, completed, index_len })
+    }
+
+    /// The append's bytes could not be written: the `.txnindex` entries go again.
+    pub(super) fn undo_producers(&self, segment: &Segment, update: &ProducerUpdate) {
+        if let ProducerUpdate::Control { index_len, .. } = update {
+            if let Err(e) = txn_index::truncate(segment, *index_len) {
+                // Derived data: the next open rebuilds it for this unflushed segment.
+                tracing::warn!(dir = %self.dir.display(), error = %e, "could not take back aborted-transaction entries");
+            }
+        }
+    }
+
+    /// After the append's bytes are written: the producer state and the undecided
+    /// transactions follow.
+    pub(super) fn apply_producers(&self, w: &mut Writer, headers: &[(usize, BatchHeader)], update: ProducerUpdate) {
+        let (started, completed) = match update {
+            ProducerUpdate::Data => (w.producers.apply(headers), Vec::new()),
+            ProducerUpdate::Control { state, started, completed, .. } => {
+                w.producers = *state;
+                (started, completed)
+            }
+        };
+        if started.is_empty() && completed.is_empty() {
+            return;
+        }
+        let mut unstable = lock::mutex(&self.unstable);
+        for s in started {
+            unstable.insert(s.first_offset, None);
+        }
+        for c in completed {
+            unstable.insert(c.first_offset, Some(c.last_offset));
+        }
+    }
+
+    /// The undecided transactions are the open ones (after opening or truncating the log).
+    pub(super) fn reset_unstable(&self, producers: &ProducerState) {
+        *lock::mutex(&self.unstable) = producers.open_transactions().map(|(first, _)| (first, None)).collect();
+    }
+}
+
+/// The `.txnindex` of `segments` after `ProducerState::reload` replayed them from
+/// `replayed.from`: each file keeps its entries for markers below `from` and gets the
+/// replayed aborts; the rest are set to what their files hold.
+pub(super) fn rebuild_indexes<'a>(
+    segments: impl Iterator<Item = &'a Arc<Segment>>,
+    replayed: &crate::producer_state::Replayed,
+) -> Result<()> {
+    let mut aborted: BTreeMap<Offset, Vec<AbortedTxn>> = BTreeMap::new();
+    for (base, txn) in &replayed.aborted {
+        aborted.entry(*base).or_default().push(AbortedTxn::from(txn));
+    }
+    let segments: Vec<&Arc<Segment>> = segments.collect();
+    for (i, seg) in segments.iter().enumerate() {
+        let next_base = segments.get(i + 1).map_or(Offset::MAX, |s| s.base_offset);
+        if next_base <= replayed.from {
+            // Not replayed: the file is as flushed (its length was checked at open).
+            seg.set_aborted(txn_index::entries_on_disk(seg)?.unwrap_or(0));
+            continue;
+        }
+        let mut entries: Vec<AbortedTxn> =
+            txn_index::read_all(seg)?.into_iter().filter(|e| e.last_offset < replayed.from).collect();
+        entries.extend(aborted.remove(&seg.base_offset).unwrap_or_default());
+        txn_index::rewrite(seg, &entries)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,248 @@
+//! Transactions in the log: markers, the last stable offset, the aborted-transactions
+//! index (`.txnindex`) across rolls, a clean close, a crash, damage, truncation,
+//! retention and replication.
+
+use std::time::Duration;
+
+use fjord_log::{AbortedTxn, Error, Log, LogConfig, Offset};
+use fjord_record::BatchBuilder;
+
+/// A batch of `n` records from producer `pid`, transactional or not.
+fn batch(pid: i64, epoch: i16, seq: i32, n: usize, transactional: bool) -> Vec<u8> {
+    let mut b = BatchBuilder::new(1_000).producer(pid, epoch, seq);
+    if transactional {
+        b = b.transactional();
+    }
+    for i in 0..n {
+        b.append(1_000, None, Some(format!("p{pid}-s{}", seq + i as i32).as_bytes()), &[]);
+    }
+    b.build_vec()
+}
+
+fn txn(log: &Log, pid: i64, seq: i32, n: usize) -> Offset {
+    log.append(&mut batch(pid, 0, seq, n, true), 0).unwrap().base_offset
+}
+
+fn tiny() -> LogConfig {
+    LogConfig {
+        segment_bytes: 400,
+        min_segment_bytes: 400,
+        index_interval_bytes: 100,
+        file_delete_delay: Duration::ZERO,
+        ..LogConfig::default()
+    }
+}
+
+/// What a read_committed consumer of the whole log is told: (producer, first offset).
+fn aborted(log: &Log) -> Vec<(i64, Offset)> {
+    let mut v: Vec<(i64, Offset)> = log
+        .aborted_transactions(log.log_start_offset(), log.log_end_offset())
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.producer_id, a.first_offset))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+fn files(log: &Log, suffix: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(log.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(suffix))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn the_last_stable_offset_waits_for_open_transactions_and_replicated_markers() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), LogConfig::default()).unwrap();
+    assert_eq!(txn(&log, 1, 0, 2), 0);
+    log.append(&mut batch(-1, -1, -1, 1, false), 0).unwrap();
+    assert_eq!(txn(&log, 2, 0, 1), 3);
+    log.set_high_watermark(log.log_end_offset());
+    assert_eq!(log.last_stable_offset(), 0);
+    assert_eq!(log.open_transactions(), vec![(0, 1), (3, 2)]);
+    // Producer 1 aborts at 4: stable up to producer 2's first offset once replicated.
+    let abort = log.append_marker(1, 0, 0, false, 0).unwrap();
+    assert_eq!((abort.base_offset, abort.record_count), (4, 1));
+    assert_eq!(log.last_stable_offset(), 0, "the marker is above the high watermark");
+    log.set_high_watermark(5);
+    assert_eq!(log.last_stable_offset(), 3);
+    assert_eq!(aborted(&log), vec![(1, 0)]);
+    // Producer 2 commits: nothing undecided, the LSO is the high watermark.
+    log.append_marker(2, 0, 0, true, 0).unwrap();
+    log.set_high_watermark(log.log_end_offset());
+    assert_eq!(log.last_stable_offset(), 6);
+    assert_eq!(aborted(&log), vec![(1, 0)], "a commit is not in the index");
+    assert!(log.open_transactions().is_empty());
+    // The search by range: from 5 on, producer 1's abort (marker 4) is behind.
+    assert!(log.aborted_transactions(5, 6).unwrap().is_empty());
+    assert_eq!(
+        log.aborted_transactions(1, 2).unwrap(),
+        vec![AbortedTxn { producer_id: 1, first_offset: 0, last_offset: 4, last_stable_offset: 3 }]
+    );
+}
+
+#[test]
+fn fenced_markers_and_stray_batches_leave_the_log_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), LogConfig::default()).unwrap();
+    log.append(&mut batch(7, 2, 0, 1, true), 0).unwrap();
+    log.append_marker(7, 2, 5, false, 0).unwrap();
+    let end = log.log_end_offset();
+    let size = log.size_bytes();
+    // (The marker, stamped now, rolled a segment: the batches are from 1970.)
+    let index_file = dir.path().join(&files(&log, ".txnindex")[0]);
+    let index = std::fs::read(&index_file).unwrap();
+    assert!(matches!(log.append_marker(7, 1, 5, true, 0), Err(Error::InvalidProducerEpoch { epoch: 1, current: 2, .. })));
+    assert!(matches!(
+        log.append_marker(7, 2, 4, true, 0),
+        Err(Error::TransactionCoordinatorFenced { coordinator_epoch: 4, current: 5, .. })
+    ));
+    // Inside an open transaction a producer's plain batch is refused.
+    log.append(&mut batch(7, 2, 1, 1, true), 0).unwrap();
+    let (end, size) = (end + 1, log.size_bytes().max(size));
+    assert!(matches!(log.append(&mut batch(7, 2, 2, 1, false), 0), Err(Error::InvalidTxnState { producer_id: 7, .. })));
+    assert_eq!((log.log_end_offset(), log.size_bytes()), (end, size));
+    assert_eq!(std::fs::read(&index_file).unwrap(), index);
+    // A marker for a producer the log never saw is written (it records the epoch).
+    log.append_marker(99, 0, 5, true, 0).unwrap();
+    assert!(matches!(log.append(&mut batch(99, -1, 0, 1, true), 0), Err(Error::InvalidProducerEpoch { .. })));
+}
+
+/// Ten transactions over many small segments, every other one aborted, with a plain
+/// batch between: returns the aborted ones as (producer, first offset).
+fn mixed(log: &Log) -> Vec<(i64, Offset)> {
+    let mut expected = Vec::new();
+    for pid in 0..10 {
+        let first = txn(log, pid, 0, 2);
+        log.append(&mut batch(-1, -1, -1, 1, false), 0).unwrap();
+        txn(log, pid, 2, 1);
+        let commit = pid % 2 == 0;
+        log.append_marker(pid, 0, 0, commit, 0).unwrap();
+        if !commit {
+            expected.push((pid, first));
+        }
+    }
+    // One left open.
+    txn(log, 50, 0, 1);
+    log.set_high_watermark(log.log_end_offset());
+    expected
+}
+
+#[test]
+fn the_index_survives_a_clean_close_a_crash_and_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), tiny()).unwrap();
+    let expected = mixed(&log);
+    assert!(log.segment_count() > 3, "rolls: {}", log.segment_count());
+    assert!(files(&log, ".txnindex").len() > 1);
+    assert_eq!(aborted(&log), expected);
+    let open = log.open_transactions();
+    let lso = log.last_stable_offset();
+    log.close().unwrap();
+    drop(log);
+    let reopen = |recovery_point: Offset| {
+        let log = Log::open_with_recovery_point(dir.path(), tiny(), recovery_point).unwrap();
+        log.set_high_watermark(log.log_end_offset());
+        log
+    };
+    // Clean: from the snapshot at the log end, nothing replayed.
+    let log = reopen(0);
+    assert_eq!((aborted(&log), log.open_transactions(), log.last_stable_offset()), (expected.clone(), open.clone(), lso));
+    let end = log.log_end_offset();
+    drop(log);
+    // A crash (no close): the unflushed part is replayed and its index rewritten.
+    let index_files = files(&reopen(0), ".txnindex");
+    for name in &index_files {
+        std::fs::remove_file(dir.path().join(name)).unwrap();
+    }
+    let log = reopen(0);
+    assert_eq!((aborted(&log), log.open_transactions(), log.last_stable_offset()), (expected.clone(), open.clone(), lso));
+    assert_eq!(files(&log, ".txnindex"), index_files);
+    log.close().unwrap();
+    drop(log);
+    // A torn index below the recovery point (after a clean close) is found and rebuilt.
+    let torn = dir.path().join(&index_files[0]);
+    std::fs::OpenOptions::new().append(true).open(&torn).map(|mut f| std::io::Write::write_all(&mut f, b"xyz")).unwrap().unwrap();
+    let log = reopen(end);
+    assert_eq!((aborted(&log), log.open_transactions()), (expected.clone(), open.clone()));
+    assert_eq!(std::fs::metadata(&torn).unwrap().len() % 34, 0);
+    // Without any snapshot the whole log is replayed.
+    log.close().unwrap();
+    drop(log);
+    for name in files(&reopen(end), ".snapshot") {
+        std::fs::remove_file(dir.path().join(name)).unwrap();
+    }
+    std::fs::remove_file(&torn).unwrap();
+    let log = reopen(0);
+    assert_eq!((aborted(&log), log.open_transactions(), log.last_stable_offset()), (expected, open, lso));
+}
+
+#[test]
+fn truncation_reopens_a_transaction_whose_marker_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), tiny()).unwrap();
+    let expected = mixed(&log);
+    // Cut at the last abort's marker (producer 9's, the log's last marker).
+    let last = log.aborted_transactions(0, log.log_end_offset()).unwrap().into_iter().max_by_key(|a| a.last_offset).unwrap();
+    log.truncate_to(last.last_offset).unwrap();
+    assert_eq!(aborted(&log), expected[..expected.len() - 1]);
+    assert_eq!(log.open_transactions(), vec![(last.first_offset, 9)]);
+    log.set_high_watermark(log.log_end_offset());
+    assert_eq!(log.last_stable_offset(), last.first_offset);
+    // The leader's marker comes again, as a follower would fetch it.
+    log.append_marker(9, 0, 0, false, 0).unwrap();
+    assert_eq!(aborted(&log), expected);
+}
+
+#[test]
+fn retention_never_passes_an_open_transaction_and_deletes_indexes_with_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), tiny()).unwrap();
+    let first = txn(&log, 1, 0, 1);
+    for _ in 0..40 {
+        log.append(&mut batch(-1, -1, -1, 1, false), 0).unwrap();
+    }
+    log.set_high_watermark(log.log_end_offset());
+    log.update_config(LogConfig { retention_bytes: Some(1), ..tiny() }).unwrap();
+    assert_eq!(log.apply_retention(i64::MAX).unwrap(), 0);
+    assert_eq!(log.log_start_offset(), first);
+    // Once aborted, its segment may go, and the index files with theirs.
+    log.append_marker(1, 0, 0, false, 0).unwrap();
+    let before = files(&log, ".txnindex");
+    assert_eq!(before.len(), 1);
+    for _ in 0..20 {
+        log.append(&mut batch(-1, -1, -1, 1, false), 0).unwrap();
+    }
+    log.set_high_watermark(log.log_end_offset());
+    assert!(log.apply_retention(i64::MAX).unwrap() > 0);
+    assert!(log.log_start_offset() > first);
+    assert!(before.iter().all(|name| !dir.path().join(name).exists()), "the index went with its segment");
+    assert!(aborted(&log).is_empty());
+}
+
+#[test]
+fn a_follower_copies_markers_and_builds_the_same_state() {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let follower_dir = tempfile::tempdir().unwrap();
+    let leader = Log::open(leader_dir.path(), tiny()).unwrap();
+    let follower = Log::open(follower_dir.path(), tiny()).unwrap();
+    let expected = mixed(&leader);
+    let mut at = 0;
+    while at < leader.log_end_offset() {
+        let bytes = leader.read_bytes(at, 1 << 20, None, false).unwrap();
+        follower.append_replicated(&bytes).unwrap();
+        at = follower.log_end_offset();
+    }
+    follower.set_high_watermark(follower.log_end_offset());
+    assert_eq!(aborted(&follower), expected);
+    assert_eq!(follower.open_transactions(), leader.open_transactions());
+    assert_eq!(follower.last_stable_offset(), leader.last_stable_offset());
+    assert_eq!(files(&follower, ".txnindex"), files(&leader, ".txnindex"));
+    // The follower, now leader, knows the producers' epochs and open transactions.
+    assert!(matches!(follower.append(&mut batch(50, 0, 1, 1, false), 1), Err(Error::InvalidTxnState { .. })));
+}
