@@ -1,0 +1,491 @@
+//! The accumulator: per topic and partition, the open batch records are appended to and
+//! the closed batches waiting for the sender, with the `send` path that appends (the
+//! partitioner's choice, the sticky partition) and the `buffer.memory` budget a send
+//! waits on.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fjord_record::{BatchBuilder, Compression, BATCH_OVERHEAD};
+
+use super::batch::{Completion, DeliveryFuture};
+use super::idempotence::{ProducerIdentity, Stamp};
+use super::{now_ms, Inner, Producer, ProducerRecord};
+use crate::error::{Error, Result};
+use crate::partitioner::{partition_for_key, Random};
+
+/// A send finding `buffer.memory` full waits for this fraction of it to be free
+/// (see `Inner::reserve`)...
+const REFILL_FRACTION: usize = 32;
+/// ...for at most this long, then for its own record's bytes only.
+const REFILL_WAIT: Duration = Duration::from_millis(50);
+
+/// Topic names are the application's own, so a fast non-keyed hash (FNV-1a) is safe
+/// here; SipHash showed up in profiles of the send path.
+#[derive(Clone, Copy)]
+pub(super) struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// In-flight batches of a partition that hold its open batch back. With linger.ms=0,
+/// taking every open batch whenever the leader could take a request left the size of
+/// requests to the sender's timing: `fjord bench --batch 500` sent 58-135 records per
+/// request, and the more requests, the less time both ends had for records. Two, not
+/// one: while the broker handles one request the next is on its way, so it does not
+/// idle for a round trip. Full batches are not held (up to max.in.flight).
+const OPEN_BATCH_HOLD: usize = 2;
+
+pub(super) type TopicMap = HashMap<Arc<str>, TopicState, std::hash::BuildHasherDefault<Fnv>>;
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) topics: TopicMap,
+    /// Batches created and not completed yet.
+    pub(super) incomplete: usize,
+    pub(super) flushing: usize,
+    pub(super) closing: bool,
+    /// In-flight requests per broker id.
+    pub(super) in_flight: HashMap<i32, usize>,
+    pub(super) random: Option<Random>,
+    /// The idempotent producer's id and epoch; `None` when not idempotent.
+    pub(super) identity: Option<ProducerIdentity>,
+    /// A stamped batch failed for good: bump the producer epoch before sending more.
+    pub(super) reset_pending: bool,
+}
+
+pub(super) struct TopicState {
+    pub(super) name: Arc<str>,
+    /// Partition count as of metadata version `metadata_version`.
+    pub(super) partition_count: i32,
+    pub(super) metadata_version: u64,
+    pub(super) partitions: Vec<PartitionQueue>,
+    pub(super) sticky: Option<i32>,
+}
+
+#[derive(Default)]
+pub(super) struct PartitionQueue {
+    pub(super) open: Option<OpenBatch>,
+    pub(super) ready: VecDeque<ReadyBatch>,
+    /// Idempotence: the sequence number of the next batch sent for the first time.
+    pub(super) next_sequence: i32,
+    /// Idempotence: the sequence after the last acknowledged batch.
+    pub(super) acked_sequence: i32,
+    /// Idempotence: the sequences of the batches numbered since the oldest one still
+    /// unresolved (in flight or waiting for a retry), with whether each completed. A new
+    /// batch is numbered only while this holds fewer than 5: the broker remembers a
+    /// producer's last 5 batches, so a retry of the oldest one is still recognised even
+    /// if every later batch was appended meanwhile.
+    pub(super) window: VecDeque<(i32, bool)>,
+    /// Batches of this partition in requests not answered yet.
+    pub(super) sending: usize,
+    /// The partition's leader when the sender last looked (`None` before it did).
+    pub(super) leader: Option<i32>,
+}
+
+impl PartitionQueue {
+    /// Whether the sender may take the open (not full) batch of this partition now,
+    /// linger aside: not while [`OPEN_BATCH_HOLD`] of the partition's batches are in
+    /// flight. It fills up meanwhile, and the answer to one of them wakes the sender.
+    pub(super) fn open_sendable(&self) -> bool {
+        self.sending < OPEN_BATCH_HOLD
+    }
+}
+
+pub(super) struct OpenBatch {
+    pub(super) builder: BatchBuilder,
+    pub(super) created: Instant,
+    pub(super) completion: Arc<Completion>,
+    pub(super) memory: usize,
+    /// With an audit hook, each record's creation time as the hook gave it.
+    pub(super) audit: Vec<i64>,
+}
+
+/// A closed batch, waiting to be sent or retried.
+pub(crate) struct ReadyBatch {
+    pub(super) topic: Arc<str>,
+    pub(super) partition: i32,
+    pub(super) bytes: Bytes,
+    pub(super) records: usize,
+    pub(super) completion: Arc<Completion>,
+    pub(super) memory: usize,
+    pub(super) created: Instant,
+    pub(super) attempts: u32,
+    pub(super) retry_at: Option<Instant>,
+    /// Idempotence: id, epoch and sequence, from the first time it was sent.
+    pub(super) stamp: Option<Stamp>,
+    /// With an audit hook, each record's creation time (empty for the parts of a split
+    /// batch: the original batch reports its records when the parts are done).
+    pub(super) audit: Vec<i64>,
+}
+
+impl Producer {
+    /// Queues `record` for sending. Waits only for metadata of a new topic and for buffer
+    /// space; the returned future resolves when the broker acknowledged the record.
+    pub async fn send(&self, record: ProducerRecord) -> Result<DeliveryFuture> {
+        match self.try_append(record)? {
+            Ok(future) => Ok(future),
+            // Boxed: the waiting path holds a metadata fetch, kilobytes of future state,
+            // which would make every `send` future that large, copied on each call (the
+            // copies were ~7% of the bench client's samples).
+            Err((record, size, reserved)) => Box::pin(self.append_waiting(record, size, reserved)).await,
+        }
+    }
+
+    /// A send that waits for nothing: the record's memory is free and its topic's
+    /// partition count is cached. Otherwise the record comes back (`Err`) with its size
+    /// and whether its memory is reserved, for [`Self::append_waiting`].
+    fn try_append(&self, record: ProducerRecord) -> Result<std::result::Result<DeliveryFuture, (ProducerRecord, usize, bool)>> {
+        let inner = &self.inner;
+        let size = record.encoded_size();
+        inner.check_size(size)?;
+        let Ok(permit) = inner.memory.try_acquire_many(size as u32) else {
+            return Ok(Err((record, size, false)));
+        };
+        permit.forget();
+        let timestamp = record.timestamp.unwrap_or_else(now_ms);
+        match self.append_locked(record, size, timestamp, inner.cluster.metadata_version(), None) {
+            Ok(Ok(future)) => Ok(Ok(future)),
+            Ok(Err(record)) => Ok(Err((record, size, true))),
+            Err(e) => {
+                inner.memory.add_permits(size);
+                Err(e)
+            }
+        }
+    }
+
+    /// Appends a record that has to wait for buffer memory (unless `reserved`) or for its
+    /// topic's metadata.
+    async fn append_waiting(&self, record: ProducerRecord, size: usize, reserved: bool) -> Result<DeliveryFuture> {
+        if !reserved {
+            self.inner.reserve(size).await?;
+        }
+        let result = self.append(record, size).await;
+        if result.is_err() {
+            self.inner.memory.add_permits(size);
+        }
+        result
+    }
+
+    /// Sends `records` in order, as many [`Self::send`] calls would, and returns their
+    /// delivery futures in the same order. The records are appended under one lock for as
+    /// long as buffer memory is free and their topics' partition counts are known, with
+    /// one clock read for their timestamps: a caller with many records at hand (the
+    /// gateway, a request at a time) pays the lock, the wake-up and the clock once, not
+    /// per record, and does not contend with itself. A record that has to wait (for
+    /// memory or metadata) takes the path of `send`, then the run goes on.
+    ///
+    /// The first error ends the call; the records before it stay queued and are
+    /// delivered, as with a loop of `send`.
+    pub async fn send_many(&self, records: impl IntoIterator<Item = ProducerRecord>) -> Result<Vec<DeliveryFuture>> {
+        let mut records = records.into_iter();
+        let mut futures = Vec::with_capacity(records.size_hint().0);
+        loop {
+            let (record, size, reserved) = match self.append_run(&mut records, &mut futures)? {
+                None => return Ok(futures),
+                Some(waiting) => waiting,
+            };
+            futures.push(Box::pin(self.append_waiting(record, size, reserved)).await?);
+        }
+    }
+
+    /// Appends records from `records` under one lock until they run out (`None`) or one
+    /// has to wait: `Some((record, size, whether its memory is reserved))`.
+    fn append_run(
+        &self,
+        records: &mut impl Iterator<Item = ProducerRecord>,
+        futures: &mut Vec<DeliveryFuture>,
+    ) -> Result<Option<(ProducerRecord, usize, bool)>> {
+        let inner = &self.inner;
+        let version = inner.cluster.metadata_version();
+        let now = now_ms();
+        let mut woke = false;
+        let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut outcome = Ok(None);
+        for record in records.by_ref() {
+            let size = record.encoded_size();
+            if let Err(e) = inner.check_size(size) {
+                outcome = Err(e);
+                break;
+            }
+            let Ok(permit) = inner.memory.try_acquire_many(size as u32) else {
+                outcome = Ok(Some((record, size, false)));
+                break;
+            };
+            permit.forget();
+            let timestamp = record.timestamp.unwrap_or(now);
+            match self.append_to(&mut state, record, size, timestamp, version, None, &mut woke) {
+                Ok(Ok(future)) => futures.push(future),
+                Ok(Err(back)) => {
+                    outcome = Ok(Some((back, size, true)));
+                    break;
+                }
+                Err(e) => {
+                    inner.memory.add_permits(size);
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        drop(state);
+        if woke {
+            inner.wake_sender.notify_one();
+        }
+        outcome
+    }
+
+    /// Appends a record whose `size` bytes of buffer memory are reserved.
+    async fn append(&self, record: ProducerRecord, size: usize) -> Result<DeliveryFuture> {
+        let timestamp = record.timestamp.unwrap_or_else(now_ms);
+        let version = self.inner.cluster.metadata_version();
+        let mut record = record;
+        let mut known = None;
+        loop {
+            match self.append_locked(record, size, timestamp, version, known)? {
+                Ok(future) => return Ok(future),
+                Err(back) => {
+                    known = Some(self.inner.partition_count(&back.topic).await?);
+                    record = back;
+                }
+            }
+        }
+    }
+
+    /// The append itself, under one lock. The partition count comes from the topic's
+    /// cache, valid while the metadata stays at `version`, else from `known`; with
+    /// neither, the record comes back (`Err`) for the caller to fetch the metadata. One
+    /// lock per send: the sender thread takes it too, and a second one showed in profiles.
+    fn append_locked(
+        &self,
+        record: ProducerRecord,
+        size: usize,
+        timestamp: i64,
+        version: u64,
+        known: Option<i32>,
+    ) -> Result<std::result::Result<DeliveryFuture, ProducerRecord>> {
+        let mut woke = false;
+        let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        let appended = self.append_to(&mut state, record, size, timestamp, version, known, &mut woke);
+        drop(state);
+        if woke {
+            self.inner.wake_sender.notify_one();
+        }
+        appended
+    }
+
+    /// Appends one record to its partition's open batch in `state` (locked by the
+    /// caller), as [`Self::append_locked`] describes; `woke` is set when the sender has
+    /// work to wake up for (a new or a full batch).
+    #[allow(clippy::too_many_arguments)]
+    fn append_to(
+        &self,
+        state: &mut State,
+        record: ProducerRecord,
+        size: usize,
+        timestamp: i64,
+        version: u64,
+        known: Option<i32>,
+        woke: &mut bool,
+    ) -> Result<std::result::Result<DeliveryFuture, ProducerRecord>> {
+        let inner = &self.inner;
+        let cached = state.topics.get(record.topic.as_str()).filter(|t| t.metadata_version == version).map(|t| t.partition_count);
+        let Some(partitions) = cached.or(known) else {
+            return Ok(Err(record));
+        };
+        if let Some(p) = record.partition {
+            if !(0..partitions).contains(&p) {
+                return Err(Error::UnknownPartition { topic: record.topic, partition: p });
+            }
+        }
+        if state.closing {
+            return Err(Error::ProducerClosed);
+        }
+        let State { topics, random, incomplete, in_flight, .. } = state;
+        let topic = topics.entry_ref(&record.topic, partitions);
+        topic.partition_count = partitions;
+        topic.metadata_version = version;
+        let partition = match (record.partition, &record.key) {
+            (Some(p), _) => p,
+            (None, Some(key)) => partition_for_key(key, partitions),
+            (None, None) => *topic.sticky.get_or_insert_with(|| random.as_mut().map_or(0, |r| r.partition(partitions, None))),
+        };
+        let name = topic.name.clone();
+        let queue = &mut topic.partitions[partition as usize];
+        // Wake the sender only when it could send something: not while the leader has
+        // max.in.flight requests out, nor for a new open batch that its partition's
+        // batches in flight hold back (an answer wakes it then). At full speed, a wake-up
+        // per batch was a futex wake and a context switch per batch, mostly for nothing.
+        let leader_free = queue.leader.is_none_or(|l| in_flight.get(&l).is_none_or(|&n| n < inner.config.max_in_flight));
+        if let Some(open) = &queue.open {
+            if open.builder.size() + size > inner.config.batch_size {
+                let open = queue.open.take().expect("checked above");
+                queue.ready.push_back(open.close(&name, partition, inner.config.compression)?);
+                *woke |= leader_free;
+            }
+        }
+        let open_sendable = queue.open_sendable();
+        let open = queue.open.get_or_insert_with(|| {
+            *incomplete += 1;
+            *woke |= leader_free && open_sendable;
+            OpenBatch {
+                builder: BatchBuilder::with_capacity(timestamp, inner.config.batch_size.min(1 << 20)),
+                created: Instant::now(),
+                completion: Arc::new(Completion::default()),
+                memory: 0,
+                audit: Vec::new(),
+            }
+        });
+        let index = open.builder.len() as i32;
+        open.builder.append_with_headers(timestamp, record.key.as_deref(), record.value.as_deref(), &record.headers);
+        open.memory += size;
+        if let Some(audit) = &inner.config.audit {
+            open.audit.push(audit.created_ms(&record, timestamp));
+        }
+        let future = DeliveryFuture::new(open.completion.clone(), partition, index);
+        if open.builder.size() >= inner.config.batch_size {
+            let open = queue.open.take().expect("just appended");
+            queue.ready.push_back(open.close(&name, partition, inner.config.compression)?);
+            if record.key.is_none() && record.partition.is_none() {
+                // The sticky partition's batch is full: stick to another one next.
+                let next = random.as_mut().map_or(0, |r| r.partition(partitions, Some(partition)));
+                topic.sticky = Some(next);
+            }
+            *woke |= leader_free;
+        }
+        Ok(Ok(future))
+    }
+}
+
+pub(super) trait TopicsExt {
+    fn entry_ref(&mut self, topic: &str, partitions: i32) -> &mut TopicState;
+}
+
+impl TopicsExt for TopicMap {
+    /// The topic's state, created (or grown, when partitions were added) on demand,
+    /// without allocating the name on the hot path.
+    fn entry_ref(&mut self, topic: &str, partitions: i32) -> &mut TopicState {
+        if self.get(topic).is_none() {
+            let name: Arc<str> = topic.into();
+            let state = TopicState {
+                name: name.clone(),
+                partition_count: 0,
+                metadata_version: u64::MAX,
+                partitions: Vec::new(),
+                sticky: None,
+            };
+            self.insert(name, state);
+        }
+        let t = self.get_mut(topic).expect("inserted above");
+        if t.partitions.len() < partitions as usize {
+            t.partitions.resize_with(partitions as usize, PartitionQueue::default);
+        }
+        t
+    }
+}
+
+impl OpenBatch {
+    pub(super) fn close(self, topic: &Arc<str>, partition: i32, codec: Compression) -> Result<ReadyBatch> {
+        let records = self.builder.len();
+        let bytes = self.builder.build_compressed(codec)?;
+        Ok(ReadyBatch {
+            topic: topic.clone(),
+            partition,
+            bytes,
+            records,
+            completion: self.completion,
+            memory: self.memory,
+            created: self.created,
+            attempts: 0,
+            retry_at: None,
+            stamp: None,
+            audit: self.audit,
+        })
+    }
+}
+
+impl Inner {
+    /// A record of `size` encoded bytes must fit in a request with its batch header.
+    fn check_size(&self, size: usize) -> Result<()> {
+        match size + BATCH_OVERHEAD {
+            total if total > self.config.max_request_size => {
+                Err(Error::RecordTooLarge { size: total, max: self.config.max_request_size })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes `size` bytes of `buffer.memory`, waiting up to `max.block.ms`.
+    async fn reserve(&self, size: usize) -> Result<()> {
+        let permits = size as u32;
+        if let Ok(p) = self.memory.try_acquire_many(permits) {
+            p.forget();
+            return Ok(());
+        }
+        let started = Instant::now();
+        let full = || Error::BufferFull { buffer_memory: self.config.buffer_memory, waited: started.elapsed() };
+        if self.config.max_block.is_zero() {
+            return Err(full());
+        }
+        // The buffer is full: wait until a refill is free rather than just this record's
+        // bytes, then hand back what is over. Waiting for one record woke the sending task
+        // for every completed batch (a futex wake and two context switches per batch at
+        // 50 records a batch), and it filled the buffer again at once. The wait for the
+        // refill is short, then only the record's bytes are waited for: a slow broker
+        // still lets a record through as soon as its bytes are free.
+        let refill = u32::try_from(self.config.buffer_memory / REFILL_FRACTION).unwrap_or(u32::MAX).max(permits);
+        if refill > permits {
+            let wait = REFILL_WAIT.min(self.config.max_block);
+            if let Ok(Ok(p)) = tokio::time::timeout(wait, self.memory.acquire_many(refill)).await {
+                p.forget();
+                self.memory.add_permits((refill - permits) as usize);
+                return Ok(());
+            }
+        }
+        let left = self.config.max_block.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, self.memory.acquire_many(permits)).await {
+            Ok(Ok(p)) => {
+                p.forget();
+                Ok(())
+            }
+            _ => Err(full()),
+        }
+    }
+}
+
+impl State {
+    pub(super) fn queue(&mut self, topic: &str, partition: i32) -> Option<&mut PartitionQueue> {
+        self.topics.get_mut(topic)?.partitions.get_mut(usize::try_from(partition).ok()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_send_future_stays_small() {
+        // It is moved (copied) on every send: the waiting path must stay boxed.
+        fn size_of_send<'a, F>(_: fn(&'a Producer, ProducerRecord) -> F) -> usize {
+            std::mem::size_of::<F>()
+        }
+        let size = size_of_send(|p, r| p.send(r));
+        assert!(size <= 1024, "send future is {size} bytes (it was 2.5 KB with the waiting path inline)");
+    }
+}

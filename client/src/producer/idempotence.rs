@@ -1,0 +1,149 @@
+//! The idempotent producer's identity and sequence numbers: InitProducerId, the
+//! sequence arithmetic (which wraps like Kafka's), stamping a batch when it is first
+//! sent, and the epoch bump after a stamped batch failed for good.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::{InitProducerIdRequest, ProducerId};
+
+use super::accumulator::{ReadyBatch, State};
+use super::Inner;
+use crate::cluster::Cluster;
+use crate::error::{Error, Result};
+
+/// The broker remembers the last 5 batches per producer and partition: a retry of an
+/// older one could not be recognised.
+pub(super) const MAX_IN_FLIGHT_IDEMPOTENT: usize = 5;
+
+/// Id and epoch from InitProducerId.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ProducerIdentity {
+    id: i64,
+    epoch: i16,
+}
+
+/// What an idempotent producer stamped into a batch when it first sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    pub(super) identity: ProducerIdentity,
+    pub(super) sequence: i32,
+}
+
+/// `sequence + n` in Kafka's sequence space, which wraps from `i32::MAX` to 0.
+pub(super) fn add_sequence(sequence: i32, n: usize) -> i32 {
+    ((i64::from(sequence) + n as i64) % (i64::from(i32::MAX) + 1)) as i32
+}
+
+/// Whether a completed batch was a split one (its parts carry its sequences).
+pub(super) enum OutcomeKind {
+    Whole,
+    Split,
+}
+
+/// Whether sequence `a` comes after `b` (less than half the space ahead, across the wrap).
+pub(super) fn sequence_ahead(a: i32, b: i32) -> bool {
+    let distance = (i64::from(a) - i64::from(b)).rem_euclid(i64::from(i32::MAX) + 1);
+    distance > 0 && distance < 1 << 30
+}
+
+impl ReadyBatch {
+    /// Stamps the producer id, epoch and first sequence into the batch bytes.
+    pub(super) fn stamp(&mut self, identity: ProducerIdentity, sequence: i32) {
+        let mut bytes = std::mem::take(&mut self.bytes).try_into_mut().unwrap_or_else(|shared| shared[..].into());
+        fjord_record::batch::set_producer(&mut bytes, identity.id, identity.epoch, sequence);
+        self.bytes = bytes.freeze();
+        self.stamp = Some(Stamp { identity, sequence });
+    }
+}
+
+impl State {
+    /// Whether the broker may have refused `batch` as out of order only because an
+    /// earlier batch of its partition is still unresolved (then it is worth a retry).
+    pub(super) fn earlier_batch_pending(&mut self, batch: &ReadyBatch) -> bool {
+        let Some(stamp) = batch.stamp else {
+            return false;
+        };
+        Some(stamp.identity) == self.identity
+            && self.queue(&batch.topic, batch.partition).is_some_and(|q| q.acked_sequence != stamp.sequence)
+    }
+}
+
+/// Asks any broker for a producer id, retrying retriable errors until `timeout`.
+pub(super) async fn init_producer_id(cluster: &Cluster, timeout: Duration) -> Result<ProducerIdentity> {
+    let deadline = Instant::now() + timeout;
+    let request = InitProducerIdRequest::default()
+        .with_transactional_id(None)
+        .with_transaction_timeout_ms(60_000)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    loop {
+        let attempt = async {
+            let conn = cluster.any_broker().await?;
+            let response = conn.request(&request, 4).await?;
+            match Error::kafka(response.error_code, "InitProducerId", None) {
+                None => Ok(ProducerIdentity { id: response.producer_id.0, epoch: response.producer_epoch }),
+                Some(e) => Err(e),
+            }
+        };
+        match attempt.await {
+            Ok(identity) => {
+                tracing::debug!(producer_id = identity.id, epoch = identity.epoch, "idempotent producer id");
+                return Ok(identity);
+            }
+            Err(e) if e.is_retriable() && Instant::now() < deadline => {
+                tracing::debug!(%e, "InitProducerId failed; retrying");
+                tokio::time::sleep(cluster.config().retry_backoff).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// After a stamped batch failed for good: once nothing is in flight, bumps the epoch of
+/// the producer id and restarts every partition's sequence (batches already stamped are
+/// stamped again when sent); a broker takes a newer epoch that starts at sequence 0, so
+/// no InitProducerId round trip is needed (KIP-360, as the Java client does for an
+/// idempotent producer). Only when the epoch would overflow is a new producer id taken.
+/// `None` when no reset is due now.
+pub(super) async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
+    let current = {
+        let state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !state.reset_pending || state.in_flight.values().any(|&n| n > 0) {
+            return None;
+        }
+        state.identity
+    };
+    let identity = match current.filter(|c| c.epoch < i16::MAX - 1) {
+        Some(current) => ProducerIdentity { id: current.id, epoch: current.epoch + 1 },
+        None => match init_producer_id(&inner.cluster, inner.config.delivery_timeout).await {
+            Ok(identity) => identity,
+            Err(e) => return Some(Err(e)),
+        },
+    };
+    tracing::info!(producer_id = identity.id, epoch = identity.epoch, "a batch failed: continuing in a new producer epoch");
+    let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+    state.identity = Some(identity);
+    state.reset_pending = false;
+    for topic in state.topics.values_mut() {
+        for queue in &mut topic.partitions {
+            queue.next_sequence = 0;
+            queue.acked_sequence = 0;
+            queue.window.clear();
+        }
+    }
+    Some(Ok(()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequence_numbers_wrap_like_kafka() {
+        assert_eq!(add_sequence(i32::MAX, 1), 0);
+        assert_eq!(add_sequence(i32::MAX - 1, 3), 1);
+        assert!(sequence_ahead(5, 3) && !sequence_ahead(3, 5) && !sequence_ahead(3, 3));
+        assert!(sequence_ahead(2, i32::MAX - 1), "across the wrap");
+    }
+}
