@@ -90,6 +90,14 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::InitProducerId, 0, 4),
+    // Transactions (`crate::txn`): the versions before KIP-890's, whose clients expect
+    // the broker to verify partitions itself.
+    (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::AddOffsetsToTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 3),
+    (ApiKey::TxnOffsetCommit, 0, 3),
+    (ApiKey::DescribeTransactions, 0, 0),
+    (ApiKey::ListTransactions, 0, 1),
     (ApiKey::ElectLeaders, 0, 2),
     (ApiKey::CreateAcls, 1, 3),
     (ApiKey::DescribeAcls, 1, 3),

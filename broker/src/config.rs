@@ -141,6 +141,8 @@ pub struct BrokerConfig {
     pub cleaner: CleanerConfig,
     /// Group coordinator settings (`group.*`, `offset.metadata.max.bytes`).
     pub group: GroupConfig,
+    /// Transaction coordinator settings (`transaction.*`, `transactional.id.expiration.ms`).
+    pub transaction: crate::txn::TxnConfig,
     /// `metrics.listen` (Fjord): `HOST:PORT` serving the Prometheus text at `/metrics`;
     /// default none (off).
     pub metrics_listen: Option<SocketAddr>,
@@ -252,6 +254,7 @@ impl Default for BrokerConfig {
             log: LogConfig::default(),
             cleaner: CleanerConfig::default(),
             group: GroupConfig::default(),
+            transaction: crate::txn::TxnConfig::default(),
             metrics_listen: None,
             replication: ReplicationConfig::default(),
             audit: AuditConfig::default(),
@@ -479,6 +482,7 @@ impl BrokerConfig {
             _ if crate::tls::SslConfig::KEYS.contains(&key) => self.ssl.set(key, value).map_err(|r| invalid(&r))?,
             _ if CleanerConfig::KEYS.contains(&key) => self.cleaner.set(key, value)?,
             _ if ReplicationConfig::KEYS.contains(&key) => self.replication.set(key, value).map_err(invalid)?,
+            _ if crate::txn::TxnConfig::KEYS.contains(&key) => self.transaction.set(key, value).map_err(invalid)?,
             _ => match LOG_KEYS.iter().find(|(broker_key, _)| *broker_key == key) {
                 Some((_, topic_key)) => self.log.set(topic_key, value.trim())?,
                 None => return Err(Error::UnknownConfig { key: key.to_owned() }),

@@ -24,6 +24,7 @@
 //! never expire while the group's registry exists.
 
 pub(crate) mod state;
+mod txn_offsets;
 
 mod admin;
 mod find_coordinator;

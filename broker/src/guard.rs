@@ -159,6 +159,8 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::SaslAuthenticate => v >= 2,
         ApiKey::DescribeCluster => true,
         ApiKey::CreatePartitions | ApiKey::DeleteRecords => v >= 2,
+        ApiKey::AddPartitionsToTxn | ApiKey::AddOffsetsToTxn | ApiKey::EndTxn | ApiKey::TxnOffsetCommit => v >= 3,
+        ApiKey::DescribeTransactions | ApiKey::ListTransactions => true,
         _ => return Err("no schema for this api"),
     };
     let w = &mut Walker { buf: body, flexible };
@@ -570,6 +572,60 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                 w.int8()?; // include fenced brokers
             }
         }
+        ApiKey::AddPartitionsToTxn => {
+            w.string()?; // transactional id
+            w.int64()?; // producer id
+            w.int16()?; // producer epoch
+            w.array(|w| {
+                w.string()?;
+                w.array(Walker::int32)?;
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::AddOffsetsToTxn => {
+            w.string()?; // transactional id
+            w.int64()?;
+            w.int16()?;
+            w.string()?; // group id
+        }
+        ApiKey::EndTxn => {
+            w.string()?; // transactional id
+            w.int64()?;
+            w.int16()?;
+            w.int8()?; // committed
+        }
+        ApiKey::TxnOffsetCommit => {
+            w.string()?; // transactional id
+            w.string()?; // group id
+            w.int64()?;
+            w.int16()?;
+            if v >= 3 {
+                w.int32()?; // generation id
+                w.string()?; // member id
+                w.string()?; // group instance id
+            }
+            w.array(|w| {
+                w.string()?;
+                w.array(|w| {
+                    w.int32()?;
+                    w.int64()?;
+                    if v >= 2 {
+                        w.int32()?; // committed leader epoch
+                    }
+                    w.string()?; // metadata
+                    w.tagged_fields()
+                })?;
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::DescribeTransactions => w.array(Walker::string)?,
+        ApiKey::ListTransactions => {
+            w.array(Walker::string)?; // state filters
+            w.array(Walker::int64)?; // producer id filters
+            if v >= 1 {
+                w.int64()?; // duration filter
+            }
+        }
         _ => unreachable!("flexible versions are listed for every api walked above"),
     }
     w.tagged_fields()
@@ -853,6 +909,50 @@ mod tests {
                 ])
                 .with_timeout_ms(30_000)
                 .with_validate_only(true)
+                .encode(&mut buf, v),
+            ApiKey::AddPartitionsToTxn => AddPartitionsToTxnRequest::default()
+                .with_v3_and_below_transactional_id(TransactionalId(s("tx")))
+                .with_v3_and_below_producer_id(ProducerId(7))
+                .with_v3_and_below_topics(vec![
+                    add_partitions_to_txn_request::AddPartitionsToTxnTopic::default()
+                        .with_name(name())
+                        .with_partitions(vec![0, 1]),
+                    add_partitions_to_txn_request::AddPartitionsToTxnTopic::default().with_name(name()),
+                ])
+                .encode(&mut buf, v),
+            ApiKey::AddOffsetsToTxn => AddOffsetsToTxnRequest::default()
+                .with_transactional_id(TransactionalId(s("tx")))
+                .with_producer_id(ProducerId(7))
+                .with_group_id(GroupId(s("g")))
+                .encode(&mut buf, v),
+            ApiKey::EndTxn => EndTxnRequest::default()
+                .with_transactional_id(TransactionalId(s("tx")))
+                .with_producer_id(ProducerId(7))
+                .with_committed(true)
+                .encode(&mut buf, v),
+            ApiKey::TxnOffsetCommit => TxnOffsetCommitRequest::default()
+                .with_transactional_id(TransactionalId(s("tx")))
+                .with_group_id(GroupId(s("g")))
+                .with_producer_id(ProducerId(7))
+                .with_member_id(if v >= 3 { s("m") } else { s("") })
+                .with_group_instance_id(if v >= 3 { Some(s("i")) } else { None })
+                .with_topics(vec![txn_offset_commit_request::TxnOffsetCommitRequestTopic::default()
+                    .with_name(name())
+                    .with_partitions(vec![
+                        txn_offset_commit_request::TxnOffsetCommitRequestPartition::default()
+                            .with_partition_index(1)
+                            .with_committed_offset(5)
+                            .with_committed_metadata(Some(s("meta"))),
+                        txn_offset_commit_request::TxnOffsetCommitRequestPartition::default(),
+                    ])])
+                .encode(&mut buf, v),
+            ApiKey::DescribeTransactions => DescribeTransactionsRequest::default()
+                .with_transactional_ids(vec![TransactionalId(s("a")), TransactionalId(s("b"))])
+                .encode(&mut buf, v),
+            ApiKey::ListTransactions => ListTransactionsRequest::default()
+                .with_state_filters(vec![s("Ongoing")])
+                .with_producer_id_filters(vec![ProducerId(1), ProducerId(2)])
+                .with_duration_filter(if v >= 1 { 1000 } else { -1 })
                 .encode(&mut buf, v),
             other => panic!("no sample for {other:?}"),
         };

@@ -15,6 +15,7 @@ pub(crate) mod offsets;
 pub(crate) mod partitions;
 pub(crate) mod produce;
 pub(crate) mod producer_id;
+pub(crate) mod txn;
 
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use std::sync::Arc;
@@ -46,6 +47,8 @@ pub(crate) struct Broker {
     pub(crate) metrics: Metrics,
     /// Idempotent producer ids (InitProducerId).
     pub(crate) producer_ids: ProducerIdManager,
+    /// The transaction coordinator's state (`crate::txn`).
+    pub(crate) txns: crate::txn::TxnCoordinator,
     /// The controller epoch while this broker is the controller (ElectLeaders).
     pub(crate) controllership: Arc<crate::controller::Controllership>,
     /// Every listener, with its protocol and advertised address.
@@ -149,6 +152,9 @@ impl Broker {
             RequestKind::IncrementalAlterConfigs(req) => {
                 (ApiKey::IncrementalAlterConfigs, self.incremental_alter_configs(req, session).await)
             }
+            RequestKind::FindCoordinator(req) if req.key_type == crate::txn::KEY_TYPE_TRANSACTION => {
+                (ApiKey::FindCoordinator, self.find_txn_coordinator(req, version, session).await)
+            }
             RequestKind::FindCoordinator(req) => {
                 let key_type = req.key_type;
                 let mut body = self.groups.find_coordinator(req, version, &session.listener.name).await;
@@ -197,7 +203,19 @@ impl Broker {
                 self.add_denied_groups(session, &mut body, denied);
                 (ApiKey::DeleteGroups, body)
             }
-            RequestKind::InitProducerId(req) => (ApiKey::InitProducerId, self.init_producer_id(req).await),
+            RequestKind::InitProducerId(req) => (ApiKey::InitProducerId, self.init_producer_id(req, version).await),
+            RequestKind::AddPartitionsToTxn(req) => {
+                (ApiKey::AddPartitionsToTxn, self.add_partitions_to_txn(req, version, session).await)
+            }
+            RequestKind::AddOffsetsToTxn(req) => (ApiKey::AddOffsetsToTxn, self.add_offsets_to_txn(req, version, session).await),
+            RequestKind::EndTxn(req) => (ApiKey::EndTxn, self.end_txn(req, version, session).await),
+            RequestKind::TxnOffsetCommit(mut req) => {
+                (ApiKey::TxnOffsetCommit, self.txn_offset_commit(&mut req, version, session).await)
+            }
+            RequestKind::DescribeTransactions(req) => {
+                (ApiKey::DescribeTransactions, self.describe_transactions(req, session).await)
+            }
+            RequestKind::ListTransactions(req) => (ApiKey::ListTransactions, self.list_transactions(req, session).await),
             RequestKind::SaslHandshake(req) => (ApiKey::SaslHandshake, self.sasl_handshake(req, version, session)),
             RequestKind::SaslAuthenticate(req) => (ApiKey::SaslAuthenticate, self.sasl_authenticate(req, session).await),
             RequestKind::ElectLeaders(req) => (ApiKey::ElectLeaders, self.elect_leaders(req, version).await),

@@ -41,6 +41,8 @@
 //! - [`observer`]: the hook a binary watches the broker through (leader appends record
 //!   by record, start, shutdown); the audit's broker tier (`audit.enable`) implements it
 //!   in `fjord-audit`.
+//! - `txn`: the transaction coordinator (`__transaction_state`, the state machine,
+//!   markers to the partition leaders).
 //! - [`config`]: [`BrokerConfig`], under Kafka's key names.
 //! - [`listener`]: named listeners (`listeners`, `listener.security.protocol.map`,
 //!   `advertised.listeners`, `inter.broker.listener.name`); `connection` serves each
@@ -79,6 +81,7 @@ pub mod server;
 pub mod tls;
 mod topic_config;
 mod topics;
+mod txn;
 
 pub use config::{AuditConfig, BrokerConfig, Secret};
 pub use error::{Error, Result};
@@ -87,3 +90,4 @@ pub use listener::{ListenerConfig, Listeners, SecurityProtocol};
 pub use replication::ReplicationConfig;
 pub use server::run;
 pub use tls::{ClientAuth, SslConfig};
+pub use txn::TxnConfig;

@@ -40,7 +40,7 @@ use crate::partition::{Partition, Role};
 use crate::periodic::Periodic;
 use crate::replication::fetcher::{FetchContext, Fetchers};
 use crate::replication::leader::FollowerProgress;
-pub(crate) use crate::replication::peer::{PeerConfig, PeerSasl};
+pub(crate) use crate::replication::peer::{Peer, PeerConfig, PeerSasl};
 
 /// A state applied to a partition, kept until its log is opened.
 #[derive(Debug, Clone)]

@@ -159,6 +159,7 @@ pub async fn run_listeners(
     let tracker = TaskTracker::new();
     let settings = TopicSettings { log: config.log, unclean_leader_election: config.unclean_leader_election };
     let peer = peer_config(&config, &inter_broker)?;
+    let txns = crate::txn::TxnCoordinator::new(config.transaction.clone(), peer.clone(), config.broker_id);
     let replicas = ReplicaManager::new(config.broker_id, store.clone(), config.replication, peer);
     let view = ClusterView::new(store.clone(), settings, logs.clone(), replicas.clone());
     if let Err(e) = view.start(&tracker, &stop).await {
@@ -240,6 +241,7 @@ pub async fn run_listeners(
         groups,
         metrics: Default::default(),
         producer_ids,
+        txns,
         controllership,
         listeners: plan.clone(),
         connections: ConnectionLimits::default(),
@@ -288,6 +290,7 @@ pub async fn run_listeners(
     spawn_periodic_tasks(&tracker, &logs, &broker.config, &stop);
     spawn_cleaner(&tracker, &logs, &broker.config, &stop);
     crate::topic_config::spawn_watcher(&tracker, &broker, &stop);
+    crate::txn::spawn(&tracker, &broker, &stop);
     if let Some(listener) = metrics_listener {
         tracing::info!(address = %listener.local_addr().map_err(Error::Network)?, "serving metrics at /metrics");
         crate::metrics::spawn_endpoint(&tracker, listener, broker.clone(), stop.clone());

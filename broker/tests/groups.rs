@@ -583,30 +583,3 @@ async fn a_static_member_that_comes_back_keeps_its_partitions_and_nobody_rebalan
     run_python(STATIC_SCRIPT, &[&bootstrap, "statics"], PYTHON_TIMEOUT).await;
     broker.stop().await.unwrap();
 }
-
-/// Until transactions exist, a transactional producer fails at once with a fatal
-/// error that says why, instead of retrying the coordinator lookup until its own
-/// timeout (#27, "Also"): librdkafka's `init_transactions` with 30 s to spare.
-const TRANSACTIONAL_SCRIPT: &str = r#"
-import sys, time
-from confluent_kafka import Producer, KafkaException
-p = Producer({'bootstrap.servers': sys.argv[1], 'transactional.id': 'tx-1'})
-start = time.time()
-try:
-    p.init_transactions(30)
-    raise AssertionError("init_transactions succeeded")
-except KafkaException as e:
-    err, took = e.args[0], time.time() - start
-    assert took < 10, ("took", took, err)
-    assert err.fatal(), err
-    assert 'transactions are not supported' in err.str(), err
-print("ok")
-"#;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_transactional_producer_fails_fast_with_the_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
-    run_python(TRANSACTIONAL_SCRIPT, &[&broker.bootstrap()], PYTHON_TIMEOUT).await;
-    broker.stop().await.unwrap();
-}

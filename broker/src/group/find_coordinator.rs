@@ -1,5 +1,5 @@
 //! FindCoordinator: where a group's coordinator is, claiming it for this broker when
-//! no broker holds it, and the answer to transaction coordinator lookups.
+//! no broker holds it (transactional ids, key type 1, are `crate::handler::txn`'s).
 
 use fjord_coord::{paths, registry};
 use kafka_protocol::error::ResponseError;
@@ -9,17 +9,8 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::GroupCoordinator;
 
-/// FindCoordinator key types.
+/// FindCoordinator's key type of a consumer group.
 const KEY_TYPE_GROUP: i8 = 0;
-const KEY_TYPE_TRANSACTION: i8 = 1;
-/// The answer to a transaction coordinator lookup until transactions exist. It has to
-/// be one the clients give up on at once: librdkafka's transactional producer treats
-/// every other FindCoordinator error, UNSUPPORTED_VERSION and INVALID_REQUEST included,
-/// as "no coordinator yet" and asks again until `init_transactions` times out
-/// (COORDINATOR_NOT_AVAILABLE did exactly that); TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-/// is the one code it treats as fatal, and the Java client fails on it too. The error
-/// message says the real reason.
-const NO_TRANSACTION_COORDINATOR: ResponseError = ResponseError::TransactionalIdAuthorizationFailed;
 
 impl GroupCoordinator {
     /// FindCoordinator, answered with the coordinators' addresses on `listener` (the one
@@ -28,9 +19,7 @@ impl GroupCoordinator {
         let keys: Vec<StrBytes> = if version >= 4 { request.coordinator_keys.clone() } else { vec![request.key.clone()] };
         let mut coordinators = Vec::new();
         for key in keys {
-            let answer = if request.key_type == KEY_TYPE_TRANSACTION {
-                Err(NO_TRANSACTION_COORDINATOR)
-            } else if request.key_type != KEY_TYPE_GROUP {
+            let answer = if request.key_type != KEY_TYPE_GROUP {
                 Err(ResponseError::InvalidRequest)
             } else if key.is_empty() {
                 Err(ResponseError::InvalidGroupId)
@@ -46,12 +35,7 @@ impl GroupCoordinator {
                         .with_port(i32::from(port));
                 }
                 Err(e) => {
-                    let message = if e == NO_TRANSACTION_COORDINATOR {
-                        "this broker has no transaction coordinator: transactions are not supported; unset transactional.id"
-                            .to_string()
-                    } else {
-                        e.to_string()
-                    };
+                    let message = e.to_string();
                     coordinator = coordinator
                         .with_error_code(e.code())
                         .with_node_id(BrokerId(-1))

@@ -14,13 +14,13 @@ use super::{now_ms, GroupCoordinator};
 /// A committed offset as stored in the offset registry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct CommittedOffset {
-    offset: i64,
+    pub(super) offset: i64,
     #[serde(default = "no_epoch")]
-    leader_epoch: i32,
+    pub(super) leader_epoch: i32,
     #[serde(default)]
-    metadata: String,
+    pub(super) metadata: String,
     #[serde(default)]
-    commit_timestamp_ms: i64,
+    pub(super) commit_timestamp_ms: i64,
 }
 
 fn no_epoch() -> i32 {

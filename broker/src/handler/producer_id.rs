@@ -7,10 +7,10 @@
 //! hand out the same id. Ids of a block not used before a restart are skipped, never
 //! reused. Works the same on ZooKeeper and on the embedded store.
 //!
-//! Only idempotence is served: a request with a transactional id is INVALID_REQUEST,
-//! since this broker runs no transaction coordinator. An idempotent producer gets a new
-//! id with epoch 0 on every call, as Kafka does for non-transactional producers (the
-//! v3+ `producer_id`/`producer_epoch` fields only matter for transactions).
+//! A request with a transactional id goes to the transaction coordinator
+//! (`crate::handler::txn`). An idempotent producer gets a new id with epoch 0 on every
+//! call, as Kafka does for non-transactional producers (the v3+ `producer_id`/
+//! `producer_epoch` fields only matter for transactions).
 
 use fjord_coord::registry::{read_json, to_json, ProducerIdBlock};
 use fjord_coord::{paths, CreateMode, Store};
@@ -87,12 +87,12 @@ impl ProducerIdManager {
 }
 
 impl Broker {
-    pub(crate) async fn init_producer_id(&self, request: InitProducerIdRequest) -> ResponseKind {
+    pub(crate) async fn init_producer_id(&self, request: InitProducerIdRequest, version: i16) -> ResponseKind {
+        if let Some(id) = request.transactional_id.clone() {
+            return self.init_txn_producer_id(request, version, &id).await;
+        }
         let response = InitProducerIdResponse::default().with_producer_id(ProducerId(-1)).with_producer_epoch(-1);
-        let response = if request.transactional_id.is_some() {
-            tracing::debug!("InitProducerId with a transactional id: transactions are not supported");
-            response.with_error_code(error_code::INVALID_REQUEST)
-        } else {
+        let response = {
             match self.producer_ids.next_id().await {
                 Ok(id) => response.with_producer_id(ProducerId(id)).with_producer_epoch(0),
                 Err(e) => {

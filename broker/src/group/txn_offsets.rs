@@ -1,0 +1,203 @@
+//! Transactional offset commits: TxnOffsetCommit keeps a producer's offsets pending, and
+//! the transaction's marker applies them (commit) or drops them (abort).
+//!
+//! Pending offsets live in the metadata store, next to the committed ones, at
+//! `/txn_offsets/<producer id>/<group>`, one document per producer and group. So they
+//! survive a restart of the group's coordinator between the commit of the offsets and
+//! the marker (the transaction coordinator resends markers until they land), and the
+//! marker needs no more than the producer id to find them: a marker for
+//! [`crate::txn::GROUP_MARKER_TOPIC`] completes every group this broker coordinates that
+//! holds pending offsets of the producer.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use fjord_coord::{registry, CreateMode, MetadataStore};
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::txn_offset_commit_response::{TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic};
+use kafka_protocol::messages::{ResponseKind, TxnOffsetCommitRequest, TxnOffsetCommitResponse};
+use serde::{Deserialize, Serialize};
+
+use super::offsets::CommittedOffset;
+use super::registry::{group_id_of, group_node};
+use super::{now_ms, GroupCoordinator};
+
+/// Root of the pending transactional offsets in the metadata store.
+const ROOT: &str = "/txn_offsets";
+
+/// One producer's pending offsets for one group.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Pending {
+    producer_epoch: i16,
+    offsets: Vec<PendingOffset>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct PendingOffset {
+    topic: String,
+    partition: i32,
+    committed: CommittedOffset,
+}
+
+fn producer_root(producer_id: i64) -> String {
+    format!("{ROOT}/{producer_id}")
+}
+
+fn pending_path(producer_id: i64, group_id: &str) -> String {
+    format!("{ROOT}/{producer_id}/{}", group_node(group_id))
+}
+
+impl GroupCoordinator {
+    /// The broker coordinating `group_id`, claiming it for this broker when nobody does
+    /// (as FindCoordinator would): where a transaction's marker for the group goes.
+    pub(crate) async fn coordinator_of(&self, group_id: &str) -> Option<i32> {
+        self.inner.claim(group_id).await.ok()
+    }
+
+    /// TxnOffsetCommit: checks the group as OffsetCommit does (a member that names a
+    /// generation must be in it), then keeps the offsets pending for the producer.
+    /// `known` says which partitions the cluster has.
+    pub(crate) async fn txn_offset_commit(
+        &self,
+        request: TxnOffsetCommitRequest,
+        version: i16,
+        known: impl Fn(&str, i32) -> bool,
+    ) -> ResponseKind {
+        let respond = |codes: &dyn Fn(&str, i32) -> i16| {
+            let topics = request
+                .topics
+                .iter()
+                .map(|t| {
+                    TxnOffsetCommitResponseTopic::default().with_name(t.name.clone()).with_partitions(
+                        t.partitions
+                            .iter()
+                            .map(|p| {
+                                TxnOffsetCommitResponsePartition::default()
+                                    .with_partition_index(p.partition_index)
+                                    .with_error_code(codes(&t.name, p.partition_index))
+                            })
+                            .collect(),
+                    )
+                })
+                .collect();
+            ResponseKind::TxnOffsetCommit(TxnOffsetCommitResponse::default().with_topics(topics))
+        };
+        let fenced = |e: ResponseError| {
+            // KIP-588: clients before TxnOffsetCommit v3 know INVALID_PRODUCER_EPOCH only.
+            if e == ResponseError::ProducerFenced && version < 3 {
+                ResponseError::InvalidProducerEpoch.code()
+            } else {
+                e.code()
+            }
+        };
+        let entry = match self.entry(&request.group_id).await {
+            Ok(entry) => entry,
+            Err(e) => return respond(&|_, _| fenced(e)),
+        };
+        let mut entry = entry.lock().await;
+        if version >= 3 && (request.generation_id >= 0 || !request.member_id.is_empty()) {
+            let instance = request.group_instance_id.as_deref();
+            if let Err(e) = entry.group.check_commit(&request.member_id, instance, request.generation_id, Instant::now()) {
+                return respond(&|_, _| e.code());
+            }
+        }
+        let producer_id = request.producer_id.0;
+        let path = pending_path(producer_id, &request.group_id);
+        let store: &dyn MetadataStore = &*self.inner.store;
+        let mut pending = match registry::read_json::<Pending>(store, &path).await {
+            Ok(found) => found.map(|(p, _)| p).filter(|p| p.producer_epoch <= request.producer_epoch).unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(group = %request.group_id.as_str(), error = %e, "pending offsets unreadable");
+                return respond(&|_, _| ResponseError::CoordinatorNotAvailable.code());
+            }
+        };
+        pending.producer_epoch = request.producer_epoch;
+        let mut codes: BTreeMap<(String, i32), i16> = BTreeMap::new();
+        let now = now_ms();
+        for topic in &request.topics {
+            for p in &topic.partitions {
+                let key = (topic.name.to_string(), p.partition_index);
+                let metadata = p.committed_metadata.as_ref().map(|m| m.to_string()).unwrap_or_default();
+                let code = if !known(&topic.name, p.partition_index) {
+                    ResponseError::UnknownTopicOrPartition.code()
+                } else if metadata.len() > self.inner.config.offset_metadata_max_bytes {
+                    ResponseError::OffsetMetadataTooLarge.code()
+                } else {
+                    pending.offsets.retain(|o| (o.topic.as_str(), o.partition) != (key.0.as_str(), key.1));
+                    pending.offsets.push(PendingOffset {
+                        topic: key.0.clone(),
+                        partition: key.1,
+                        committed: CommittedOffset {
+                            offset: p.committed_offset,
+                            leader_epoch: p.committed_leader_epoch,
+                            metadata,
+                            commit_timestamp_ms: now,
+                        },
+                    });
+                    0
+                };
+                codes.insert(key, code);
+            }
+        }
+        if codes.values().any(|&c| c == 0) {
+            let data = registry::to_json(&pending);
+            let written = match store.set(&path, &data, None).await {
+                Err(fjord_coord::Error::NoNode { .. }) => {
+                    fjord_coord::create_all(store, &path, &data, CreateMode::Persistent).await.map(drop)
+                }
+                other => other.map(drop),
+            };
+            if let Err(e) = written {
+                tracing::warn!(group = %request.group_id.as_str(), error = %e, "pending offsets not written");
+                return respond(&|_, _| ResponseError::CoordinatorNotAvailable.code());
+            }
+        }
+        drop(entry);
+        respond(&|topic, p| codes.get(&(topic.to_owned(), p)).copied().unwrap_or(0))
+    }
+
+    /// A transaction marker for the producer's offsets: on commit its pending offsets
+    /// become the committed ones of every group this broker coordinates; on abort they
+    /// are dropped. `Err` when the store failed (the coordinator sends the marker again).
+    // Called by the WriteTxnMarkers handler for `crate::txn::GROUP_MARKER_TOPIC`, which
+    // lands with the partitions' side of transactions (#20).
+    #[allow(dead_code)]
+    pub(crate) async fn complete_txn_offsets(&self, producer_id: i64, commit: bool) -> Result<(), ResponseError> {
+        let store: &dyn MetadataStore = &*self.inner.store;
+        let unavailable = |e: fjord_coord::Error| {
+            tracing::warn!(producer_id, error = %e, "pending offsets unavailable");
+            ResponseError::CoordinatorNotAvailable
+        };
+        let root = producer_root(producer_id);
+        let nodes = match store.children(&root).await {
+            Ok(nodes) => nodes,
+            Err(fjord_coord::Error::NoNode { .. }) => return Ok(()),
+            Err(e) => return Err(unavailable(e)),
+        };
+        for node in nodes {
+            let group_id = group_id_of(&node);
+            let entry = match self.entry(&group_id).await {
+                Ok(entry) => entry,
+                // Another broker coordinates the group: the marker for it goes there.
+                Err(ResponseError::NotCoordinator) => continue,
+                Err(e) => return Err(e),
+            };
+            let mut entry = entry.lock().await;
+            let path = format!("{root}/{node}");
+            let Some((pending, _)) = registry::read_json::<Pending>(store, &path).await.map_err(unavailable)? else { continue };
+            if commit {
+                for p in pending.offsets {
+                    self.inner.store_offset(&group_id, &p.topic, p.partition, &p.committed).await.map_err(unavailable)?;
+                    entry.offsets.insert((p.topic, p.partition), p.committed);
+                }
+            }
+            match store.delete(&path, None).await {
+                Ok(()) | Err(fjord_coord::Error::NoNode { .. }) => {}
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
+        // Other brokers' groups may still be under it: then it stays.
+        let _ = store.delete(&root, None).await;
+        Ok(())
+    }
+}

@@ -1,0 +1,439 @@
+//! The transaction coordinator's APIs: FindCoordinator for transactional ids,
+//! InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
+//! DescribeTransactions and ListTransactions. The state machine is `crate::txn::state`,
+//! the storage and the markers `crate::txn`.
+//!
+//! Authorization (with the authorizer on), as Kafka: Write on the transactional id for
+//! every request of a producer (TRANSACTIONAL_ID_AUTHORIZATION_FAILED), Write on each
+//! topic added (TOPIC_AUTHORIZATION_FAILED), Read on the group added
+//! (GROUP_AUTHORIZATION_FAILED), Describe on the id to find its coordinator or describe
+//! it, and ListTransactions lists only the ids the client may Describe.
+
+use fjord_auth::{Operation, Resource};
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::add_partitions_to_txn_response::{
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
+};
+use kafka_protocol::messages::describe_transactions_response::{TopicData, TransactionState};
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::list_transactions_response::TransactionState as ListedTransaction;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+
+use crate::connection::Session;
+use crate::handler::Broker;
+use crate::txn::state::{EndPlan, InitPlan, InitRequest, TxnMetadata, TxnState};
+
+/// KIP-588: PRODUCER_FENCED exists from these versions on; older clients are told
+/// INVALID_PRODUCER_EPOCH, which they also treat as fatal.
+const FENCED_SINCE_INIT: i16 = 4;
+const FENCED_SINCE: i16 = 2;
+
+fn fenced_for(error: ResponseError, version: i16, since: i16) -> ResponseError {
+    if error == ResponseError::ProducerFenced && version < since {
+        ResponseError::InvalidProducerEpoch
+    } else {
+        error
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+fn text(s: &str) -> StrBytes {
+    StrBytes::from_string(s.to_owned())
+}
+
+impl Broker {
+    fn may_transact(&self, session: &Session, operation: Operation, transactional_id: &str) -> bool {
+        self.authorize(session, operation, Resource::transactional_id(transactional_id))
+    }
+
+    /// FindCoordinator with key type 1: the leader of the id's `__transaction_state`
+    /// partition, the topic created first if need be.
+    pub(crate) async fn find_txn_coordinator(
+        &self,
+        request: FindCoordinatorRequest,
+        version: i16,
+        session: &Session,
+    ) -> ResponseKind {
+        let keys = if version >= 4 { request.coordinator_keys } else { vec![request.key] };
+        let mut coordinators = Vec::with_capacity(keys.len());
+        for key in keys {
+            let answer = if key.is_empty() {
+                Err(ResponseError::InvalidRequest)
+            } else if !self.may_transact(session, Operation::Describe, &key) {
+                Err(ResponseError::TransactionalIdAuthorizationFailed)
+            } else {
+                match self.ensure_txn_topic().await {
+                    Ok(()) => self.locate_txn_coordinator(&key, &session.listener.name),
+                    Err(e) => Err(e),
+                }
+            };
+            let coordinator = match answer {
+                Ok((id, host, port)) => Coordinator::default()
+                    .with_key(key)
+                    .with_node_id(BrokerId(id))
+                    .with_host(text(&host))
+                    .with_port(i32::from(port)),
+                Err(e) => Coordinator::default()
+                    .with_key(key)
+                    .with_error_code(e.code())
+                    .with_error_message(Some(text(&e.to_string())))
+                    .with_node_id(BrokerId(-1))
+                    .with_port(-1),
+            };
+            coordinators.push(coordinator);
+        }
+        let mut response = FindCoordinatorResponse::default();
+        if version < 4 {
+            let c = coordinators.pop().unwrap_or_default();
+            response = response
+                .with_error_code(c.error_code)
+                .with_error_message(c.error_message)
+                .with_node_id(c.node_id)
+                .with_host(c.host)
+                .with_port(c.port);
+        } else {
+            response = response.with_coordinators(coordinators);
+        }
+        ResponseKind::FindCoordinator(response)
+    }
+
+    /// InitProducerId with a transactional id: a new id at epoch 0, or the id's producer
+    /// with a bumped epoch (fencing older producers). An open transaction of the id is
+    /// aborted first: the answer is CONCURRENT_TRANSACTIONS until the abort is complete.
+    pub(crate) async fn init_txn_producer_id(&self, request: InitProducerIdRequest, version: i16, id: &str) -> ResponseKind {
+        let respond = |result: Result<(i64, i16), ResponseError>| {
+            let response = InitProducerIdResponse::default();
+            ResponseKind::InitProducerId(match result {
+                Ok((producer_id, epoch)) => response.with_producer_id(ProducerId(producer_id)).with_producer_epoch(epoch),
+                Err(e) => response
+                    .with_error_code(fenced_for(e, version, FENCED_SINCE_INIT).code())
+                    .with_producer_id(ProducerId(-1))
+                    .with_producer_epoch(-1),
+            })
+        };
+        if id.is_empty() {
+            return respond(Err(ResponseError::InvalidRequest));
+        }
+        let timeout_ms = request.transaction_timeout_ms;
+        if timeout_ms <= 0 || timeout_ms > self.txns.config.max_timeout_ms {
+            return respond(Err(ResponseError::InvalidTransactionTimeout));
+        }
+        let (loaded, slot) = match self.txn_slot(id).await {
+            Ok(found) => found,
+            Err(e) => return respond(Err(e)),
+        };
+        let expected = (version >= 3 && request.producer_id.0 >= 0).then_some((request.producer_id.0, request.producer_epoch));
+        let mut current = slot.lock().await;
+        let now = now_ms();
+        let plan = match current.as_ref() {
+            None => Ok(InitPlan::NewProducerId),
+            Some(metadata) => metadata.plan_init(InitRequest { timeout_ms, expected }, now),
+        };
+        let target = match plan {
+            Err(e) => return respond(Err(e)),
+            Ok(InitPlan::Retry) => {
+                let m = current.as_ref().expect("invariant: a retry has a state");
+                return respond(Ok((m.producer_id, m.producer_epoch)));
+            }
+            Ok(InitPlan::Bump(target)) => target,
+            Ok(InitPlan::NewProducerId) => match self.producer_ids.next_id().await {
+                Ok(producer_id) => TxnMetadata::with_new_producer_id(id, producer_id, timeout_ms, now, current.as_ref()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not allocate a producer id");
+                    return respond(Err(ResponseError::CoordinatorNotAvailable));
+                }
+            },
+            Ok(InitPlan::FenceAndAbort(target)) => {
+                if let Err(e) = self.write_txn_state(&loaded, id, Some(&target)).await {
+                    return respond(Err(e));
+                }
+                tracing::info!(
+                    transactional_id = id,
+                    epoch = target.producer_epoch,
+                    "fencing the producer of an open transaction"
+                );
+                *current = Some(target);
+                self.txns.complete_later(loaded.partition, id);
+                return respond(Err(ResponseError::ConcurrentTransactions));
+            }
+        };
+        if let Err(e) = self.write_txn_state(&loaded, id, Some(&target)).await {
+            return respond(Err(e));
+        }
+        let answer = (target.producer_id, target.producer_epoch);
+        *current = Some(target);
+        respond(Ok(answer))
+    }
+
+    /// AddPartitionsToTxn v0-v3: every named partition joins the transaction, or none does.
+    pub(crate) async fn add_partitions_to_txn(
+        &self,
+        request: AddPartitionsToTxnRequest,
+        version: i16,
+        session: &Session,
+    ) -> ResponseKind {
+        let id = request.v3_and_below_transactional_id.to_string();
+        let topics = &request.v3_and_below_topics;
+        // Per partition: its own error, or None when it may be added.
+        let mut refusals: Vec<Vec<Option<ResponseError>>> = Vec::with_capacity(topics.len());
+        let transact = self.may_transact(session, Operation::Write, &id);
+        for topic in topics {
+            let refusal = if !transact {
+                Some(ResponseError::TransactionalIdAuthorizationFailed)
+            } else if !self.authorize(session, Operation::Write, Resource::topic(&topic.name)) {
+                Some(ResponseError::TopicAuthorizationFailed)
+            } else {
+                None
+            };
+            let known = self.topics.get(&topic.name);
+            refusals.push(
+                topic
+                    .partitions
+                    .iter()
+                    .map(|&p| match (refusal, &known) {
+                        (Some(e), _) => Some(e),
+                        (None, Some(t)) if t.partition_replicas(p).is_some() => None,
+                        (None, _) => Some(ResponseError::UnknownTopicOrPartition),
+                    })
+                    .collect(),
+            );
+        }
+        let outcome = if refusals.iter().flatten().any(Option::is_some) {
+            // Kafka: the partitions that could have been added are not attempted.
+            None
+        } else {
+            let partitions: Vec<(String, i32)> =
+                topics.iter().flat_map(|t| t.partitions.iter().map(|&p| (t.name.to_string(), p))).collect();
+            Some(
+                self.txn_change(&id, |m, now| {
+                    m.add_partitions(request.v3_and_below_producer_id.0, request.v3_and_below_producer_epoch, &partitions, now)
+                })
+                .await,
+            )
+        };
+        let results = topics
+            .iter()
+            .zip(refusals)
+            .map(|(topic, refusals)| {
+                AddPartitionsToTxnTopicResult::default().with_name(topic.name.clone()).with_results_by_partition(
+                    topic
+                        .partitions
+                        .iter()
+                        .zip(refusals)
+                        .map(|(&p, refusal)| {
+                            let code = match (&outcome, refusal) {
+                                (_, Some(e)) => e.code(),
+                                (None, None) => ResponseError::OperationNotAttempted.code(),
+                                (Some(Ok(())), None) => 0,
+                                (Some(Err(e)), None) => fenced_for(*e, version, FENCED_SINCE).code(),
+                            };
+                            AddPartitionsToTxnPartitionResult::default().with_partition_index(p).with_partition_error_code(code)
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        ResponseKind::AddPartitionsToTxn(AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results))
+    }
+
+    /// AddOffsetsToTxn: the group's offsets commit with the transaction (TxnOffsetCommit
+    /// to the group coordinator follows).
+    pub(crate) async fn add_offsets_to_txn(
+        &self,
+        request: AddOffsetsToTxnRequest,
+        version: i16,
+        session: &Session,
+    ) -> ResponseKind {
+        let id = request.transactional_id.as_str();
+        let code = if !self.may_transact(session, Operation::Write, id) {
+            ResponseError::TransactionalIdAuthorizationFailed.code()
+        } else if !self.authorize(session, Operation::Read, Resource::group(request.group_id.as_str())) {
+            ResponseError::GroupAuthorizationFailed.code()
+        } else if request.group_id.is_empty() {
+            ResponseError::InvalidGroupId.code()
+        } else {
+            let group = request.group_id.as_str();
+            match self.txn_change(id, |m, now| m.add_group(request.producer_id.0, request.producer_epoch, group, now)).await {
+                Ok(()) => 0,
+                Err(e) => fenced_for(e, version, FENCED_SINCE).code(),
+            }
+        };
+        ResponseKind::AddOffsetsToTxn(AddOffsetsToTxnResponse::default().with_error_code(code))
+    }
+
+    /// EndTxn: answered once the commit or abort is prepared (written); the markers and
+    /// the complete state follow in the background, and the producer's next request on
+    /// the id waits for them (CONCURRENT_TRANSACTIONS).
+    pub(crate) async fn end_txn(&self, request: EndTxnRequest, version: i16, session: &Session) -> ResponseKind {
+        let id = request.transactional_id.as_str();
+        let respond = |code: i16| ResponseKind::EndTxn(EndTxnResponse::default().with_error_code(code));
+        if !self.may_transact(session, Operation::Write, id) {
+            return respond(ResponseError::TransactionalIdAuthorizationFailed.code());
+        }
+        let (loaded, slot) = match self.txn_slot(id).await {
+            Ok(found) => found,
+            Err(e) => return respond(e.code()),
+        };
+        let mut current = slot.lock().await;
+        let Some(metadata) = current.as_ref() else {
+            return respond(ResponseError::InvalidProducerIdMapping.code());
+        };
+        let plan = metadata.plan_end(request.producer_id.0, request.producer_epoch, request.committed, now_ms());
+        match plan {
+            Err(e) => respond(fenced_for(e, version, FENCED_SINCE).code()),
+            Ok(EndPlan::AlreadyDone) => respond(0),
+            Ok(EndPlan::Prepare(target)) => {
+                if let Err(e) = self.write_txn_state(&loaded, id, Some(&target)).await {
+                    return respond(e.code());
+                }
+                *current = Some(target);
+                self.txns.complete_later(loaded.partition, id);
+                respond(0)
+            }
+        }
+    }
+
+    /// Applies `change` to the id's state and writes the result (`None`: nothing to write).
+    async fn txn_change(
+        &self,
+        id: &str,
+        change: impl FnOnce(&TxnMetadata, i64) -> Result<Option<TxnMetadata>, ResponseError>,
+    ) -> Result<(), ResponseError> {
+        let (loaded, slot) = self.txn_slot(id).await?;
+        let mut current = slot.lock().await;
+        let metadata = current.as_ref().ok_or(ResponseError::InvalidProducerIdMapping)?;
+        let Some(target) = change(metadata, now_ms())? else { return Ok(()) };
+        self.write_txn_state(&loaded, id, Some(&target)).await?;
+        *current = Some(target);
+        Ok(())
+    }
+
+    /// TxnOffsetCommit (to the group's coordinator): Write on the transactional id, Read on
+    /// the group and on each topic; the group coordinator keeps the offsets pending.
+    pub(crate) async fn txn_offset_commit(
+        &self,
+        request: &mut TxnOffsetCommitRequest,
+        version: i16,
+        session: &Session,
+    ) -> ResponseKind {
+        use kafka_protocol::messages::txn_offset_commit_response::{
+            TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+        };
+        let answer = |topic: &txn_offset_commit_request::TxnOffsetCommitRequestTopic, code: i16| {
+            TxnOffsetCommitResponseTopic::default().with_name(topic.name.clone()).with_partitions(
+                topic
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        TxnOffsetCommitResponsePartition::default().with_partition_index(p.partition_index).with_error_code(code)
+                    })
+                    .collect(),
+            )
+        };
+        let whole = if !self.may_transact(session, Operation::Write, &request.transactional_id) {
+            Some(ResponseError::TransactionalIdAuthorizationFailed)
+        } else if !self.authorize(session, Operation::Read, Resource::group(request.group_id.as_str())) {
+            Some(ResponseError::GroupAuthorizationFailed)
+        } else {
+            None
+        };
+        if let Some(e) = whole {
+            let topics = request.topics.iter().map(|t| answer(t, e.code())).collect();
+            return ResponseKind::TxnOffsetCommit(TxnOffsetCommitResponse::default().with_topics(topics));
+        }
+        let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut request.topics)
+            .into_iter()
+            .partition(|t| self.authorize(session, Operation::Read, Resource::topic(&t.name)));
+        request.topics = allowed;
+        let known = |topic: &str, p: i32| self.topics.get(topic).is_some_and(|t| t.partition_replicas(p).is_some());
+        let mut body = self.groups.txn_offset_commit(request.clone(), version, known).await;
+        if let ResponseKind::TxnOffsetCommit(response) = &mut body {
+            response.topics.extend(denied.iter().map(|t| answer(t, ResponseError::TopicAuthorizationFailed.code())));
+        }
+        body
+    }
+
+    /// DescribeTransactions: each id's state as this coordinator holds it.
+    pub(crate) async fn describe_transactions(&self, request: DescribeTransactionsRequest, session: &Session) -> ResponseKind {
+        let mut states = Vec::with_capacity(request.transactional_ids.len());
+        for id in request.transactional_ids {
+            let answer = TransactionState::default().with_transactional_id(id.clone()).with_transaction_start_time_ms(-1);
+            let answer = if !self.may_transact(session, Operation::Describe, &id) {
+                answer.with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code())
+            } else {
+                match self.txn_slot(&id).await {
+                    Err(e) => answer.with_error_code(e.code()),
+                    Ok((_, slot)) => match slot.lock().await.clone() {
+                        None => answer.with_error_code(ResponseError::TransactionalIdNotFound.code()),
+                        Some(m) => {
+                            let mut topics: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
+                            for (topic, p) in &m.partitions {
+                                topics.entry(topic.clone()).or_default().push(*p);
+                            }
+                            answer
+                                .with_transaction_state(text(m.state.name()))
+                                .with_transaction_timeout_ms(m.timeout_ms)
+                                .with_transaction_start_time_ms(m.start_ms)
+                                .with_producer_id(ProducerId(m.producer_id))
+                                .with_producer_epoch(m.producer_epoch)
+                                .with_topics(
+                                    topics
+                                        .into_iter()
+                                        .map(|(t, ps)| TopicData::default().with_topic(TopicName(text(&t))).with_partitions(ps))
+                                        .collect(),
+                                )
+                        }
+                    },
+                }
+            };
+            states.push(answer);
+        }
+        ResponseKind::DescribeTransactions(DescribeTransactionsResponse::default().with_transaction_states(states))
+    }
+
+    /// ListTransactions: the ids this broker coordinates, filtered by state, producer id
+    /// and (v1) how long their transaction has been open.
+    pub(crate) async fn list_transactions(&self, request: ListTransactionsRequest, session: &Session) -> ResponseKind {
+        const STATES: [TxnState; 8] = [
+            TxnState::Empty,
+            TxnState::Ongoing,
+            TxnState::PrepareCommit,
+            TxnState::PrepareAbort,
+            TxnState::CompleteCommit,
+            TxnState::CompleteAbort,
+            TxnState::Dead,
+            TxnState::PrepareEpochFence,
+        ];
+        let unknown: Vec<StrBytes> =
+            request.state_filters.iter().filter(|f| !STATES.iter().any(|s| s.name() == f.as_str())).cloned().collect();
+        let now = now_ms();
+        let mut listed = Vec::new();
+        for loaded in self.txns.loaded() {
+            for (id, slot) in loaded.slots() {
+                let Some(m) = slot.lock().await.clone() else { continue };
+                let state_ok =
+                    request.state_filters.is_empty() || request.state_filters.iter().any(|f| f.as_str() == m.state.name());
+                let producer_ok =
+                    request.producer_id_filters.is_empty() || request.producer_id_filters.iter().any(|p| p.0 == m.producer_id);
+                let duration_ok =
+                    request.duration_filter < 0 || (m.start_ms >= 0 && now.saturating_sub(m.start_ms) >= request.duration_filter);
+                if state_ok && producer_ok && duration_ok && self.may_transact(session, Operation::Describe, &id) {
+                    listed.push(
+                        ListedTransaction::default()
+                            .with_transactional_id(TransactionalId(text(&id)))
+                            .with_producer_id(ProducerId(m.producer_id))
+                            .with_transaction_state(text(m.state.name())),
+                    );
+                }
+            }
+        }
+        listed.sort_by(|a, b| a.transactional_id.cmp(&b.transactional_id));
+        ResponseKind::ListTransactions(
+            ListTransactionsResponse::default().with_unknown_state_filters(unknown).with_transaction_states(listed),
+        )
+    }
+}

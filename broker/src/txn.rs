@@ -1,0 +1,769 @@
+//! The transaction coordinator (Kafka's design, docs/architecture.md): transactional ids,
+//! their producer ids and epochs, and the two-phase end of every transaction.
+//!
+//! # Layout
+//! - [`state`]: one transactional id's state machine, pure and unit-tested.
+//! - this file: the coordinator's storage and its background work:
+//!   - `__transaction_state`, an internal compacted topic (`transaction.state.log.*`,
+//!     50 partitions, replication factor min(3, brokers) by default), created on the
+//!     first transaction coordinator lookup. A transactional id belongs to partition
+//!     `abs(javaHashCode(id)) % partitions`, and its coordinator is that partition's
+//!     leader. Each state change is one record (key: the id, value: the state as JSON;
+//!     a null value forgets the id) appended with acks=all before it takes effect.
+//!   - loading: the first request for a partition this broker leads (or the ticker, after
+//!     a leader change or a restart) reads the partition into memory and resumes every
+//!     transaction it finds prepared, so what one coordinator prepared another completes.
+//!   - completion: a prepared transaction's markers go to each of its partitions' leaders
+//!     as WriteTxnMarkers over the inter-broker listener (this broker included), with its
+//!     security, as the replica fetchers connect; its consumer groups get theirs as a
+//!     marker on `__consumer_offsets` sent to each group's coordinator. Only then is the
+//!     transaction written complete.
+//!   - the ticker: aborts transactions past their timeout (fencing their producer) and
+//!     forgets ids idle for `transactional.id.expiration.ms`.
+//! - `crate::handler::txn`: the APIs (InitProducerId with a transactional id,
+//!   AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, DescribeTransactions, ListTransactions).
+
+pub(crate) mod state;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex as SyncMutex};
+use std::time::Duration;
+
+use fjord_coord::paths;
+use fjord_coord::registry::{read_json, BrokerRegistration};
+use fjord_record::{BatchBuilder, TopicPartition};
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
+use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest};
+use kafka_protocol::protocol::StrBytes;
+use tokio::sync::{mpsc, Mutex};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::codec::error_code;
+use crate::handler::Broker;
+use crate::partition::Role;
+use crate::periodic::Periodic;
+use crate::replication::{Peer, PeerConfig};
+use state::TxnMetadata;
+
+/// The internal topic holding every transactional id's state.
+pub(crate) const TOPIC: &str = "__transaction_state";
+/// The topic consumer groups' transactional offsets are named under in markers: a marker
+/// for it goes to the group's coordinator, which applies or drops the producer's pending
+/// offsets (Kafka writes the marker into the group's `__consumer_offsets` partition; here
+/// committed offsets live in the metadata store, so the name only routes the marker).
+pub(crate) const GROUP_MARKER_TOPIC: &str = "__consumer_offsets";
+/// FindCoordinator's key type of a transactional id.
+pub(crate) const KEY_TYPE_TRANSACTION: i8 = 1;
+/// WriteTxnMarkers version the coordinator sends (the first flexible one).
+const MARKER_VERSION: i16 = 1;
+/// How long a coordinator waits for a state record to reach the in-sync replicas.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause between rounds of markers that did not all land (no leader, a broker down).
+const MARKER_BACKOFF: Duration = Duration::from_millis(100);
+/// How often the ticker looks for partitions to load and transactions to time out.
+const TICK: Duration = Duration::from_millis(200);
+
+/// Transaction coordinator settings, under Kafka's names and with its defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnConfig {
+    /// `transaction.max.timeout.ms`: the longest transaction timeout a producer may ask for.
+    pub max_timeout_ms: i32,
+    /// `transactional.id.expiration.ms`: an id with no transaction for this long is forgotten.
+    pub id_expiration_ms: i64,
+    /// `transaction.state.log.num.partitions`.
+    pub log_num_partitions: i32,
+    /// `transaction.state.log.replication.factor` (capped at the live brokers when the
+    /// topic is created).
+    pub log_replication_factor: i16,
+    /// `transaction.state.log.min.isr`.
+    pub log_min_isr: i32,
+    /// `transaction.state.log.segment.bytes`.
+    pub log_segment_bytes: i64,
+    /// `transaction.abort.timed.out.transaction.cleanup.interval.ms`.
+    pub abort_timed_out_interval_ms: u64,
+    /// `transaction.remove.expired.transaction.cleanup.interval.ms`.
+    pub remove_expired_interval_ms: u64,
+}
+
+impl Default for TxnConfig {
+    fn default() -> Self {
+        Self {
+            max_timeout_ms: 900_000,
+            id_expiration_ms: 7 * 24 * 3_600_000,
+            log_num_partitions: 50,
+            log_replication_factor: 3,
+            log_min_isr: 2,
+            log_segment_bytes: 100 * 1024 * 1024,
+            abort_timed_out_interval_ms: 10_000,
+            remove_expired_interval_ms: 3_600_000,
+        }
+    }
+}
+
+impl TxnConfig {
+    /// The broker config keys [`TxnConfig::set`] takes.
+    pub(crate) const KEYS: &'static [&'static str] = &[
+        "transaction.max.timeout.ms",
+        "transactional.id.expiration.ms",
+        "transaction.state.log.num.partitions",
+        "transaction.state.log.replication.factor",
+        "transaction.state.log.min.isr",
+        "transaction.state.log.segment.bytes",
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        "transaction.remove.expired.transaction.cleanup.interval.ms",
+    ];
+
+    /// Sets one of [`TxnConfig::KEYS`].
+    pub(crate) fn set(&mut self, key: &str, value: &str) -> Result<(), &'static str> {
+        let number = || value.trim().parse::<i64>().map_err(|_| "not a number");
+        let positive = || number().and_then(|n| if n >= 1 { Ok(n) } else { Err("must be at least 1") });
+        match key {
+            "transaction.max.timeout.ms" => {
+                self.max_timeout_ms = i32::try_from(positive()?).map_err(|_| "larger than 2147483647")?
+            }
+            "transactional.id.expiration.ms" => self.id_expiration_ms = positive()?,
+            "transaction.state.log.num.partitions" => {
+                self.log_num_partitions = i32::try_from(positive()?).map_err(|_| "larger than 2147483647")?
+            }
+            "transaction.state.log.replication.factor" => {
+                self.log_replication_factor = i16::try_from(positive()?).map_err(|_| "larger than 32767")?
+            }
+            "transaction.state.log.min.isr" => {
+                self.log_min_isr = i32::try_from(positive()?).map_err(|_| "larger than 2147483647")?
+            }
+            "transaction.state.log.segment.bytes" => self.log_segment_bytes = positive()?,
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms" => {
+                self.abort_timed_out_interval_ms = positive()? as u64
+            }
+            "transaction.remove.expired.transaction.cleanup.interval.ms" => self.remove_expired_interval_ms = positive()? as u64,
+            _ => return Err("not a transaction coordinator key"),
+        }
+        Ok(())
+    }
+}
+
+/// Kafka's `Utils.abs(id.hashCode()) % partitions`: Java's String hash over UTF-16 code
+/// units, so every Kafka client and tool agrees on an id's partition.
+///
+/// Example: `"hello"` hashes to 99162322 in Java, so with 50 partitions it is in partition 22.
+pub(crate) fn partition_for(transactional_id: &str, partitions: i32) -> i32 {
+    let hash = transactional_id.encode_utf16().fold(0i32, |h, unit| h.wrapping_mul(31).wrapping_add(i32::from(unit)));
+    // Java's Utils.abs maps MIN_VALUE to 0 rather than overflowing.
+    let abs = if hash == i32::MIN { 0 } else { hash.abs() };
+    abs % partitions.max(1)
+}
+
+/// One transactional id's slot: `None` once forgotten (or before its first InitProducerId).
+pub(crate) type Slot = Arc<Mutex<Option<TxnMetadata>>>;
+
+/// A partition of `__transaction_state` loaded while this broker leads it in `leader_epoch`.
+pub(crate) struct Loaded {
+    pub(crate) partition: i32,
+    pub(crate) leader_epoch: i32,
+    ids: SyncMutex<HashMap<String, Slot>>,
+}
+
+impl Loaded {
+    /// The id's slot, created empty when the id is new.
+    pub(crate) fn slot(&self, transactional_id: &str) -> Slot {
+        let mut ids = self.ids.lock().expect("invariant: ids lock is never poisoned");
+        ids.entry(transactional_id.to_owned()).or_default().clone()
+    }
+
+    /// Every id with a slot, with it.
+    pub(crate) fn slots(&self) -> Vec<(String, Slot)> {
+        let ids = self.ids.lock().expect("invariant: ids lock is never poisoned");
+        ids.iter().map(|(id, slot)| (id.clone(), slot.clone())).collect()
+    }
+
+    fn forget(&self, transactional_id: &str) {
+        self.ids.lock().expect("invariant: ids lock is never poisoned").remove(transactional_id);
+    }
+}
+
+/// The coordinator's own state; the rest (topics, replicas, producer ids) is the broker's.
+pub(crate) struct TxnCoordinator {
+    pub(crate) config: TxnConfig,
+    peer: PeerConfig,
+    broker_id: i32,
+    /// Loaded partitions of `__transaction_state` by index.
+    loaded: SyncMutex<HashMap<i32, Arc<Loaded>>>,
+    /// Serialises loading, so a partition is read once per leader epoch.
+    loading: Mutex<()>,
+    /// One connection per broker markers go to, each used by one sender at a time.
+    peers: SyncMutex<HashMap<i32, Arc<Mutex<Option<Peer>>>>>,
+    /// Ids whose completion (markers, then the complete state) is under way.
+    completing: SyncMutex<HashSet<String>>,
+    /// Prepared transactions to complete, read by the task [`spawn`] starts.
+    wake: mpsc::UnboundedSender<(i32, String)>,
+    woken: SyncMutex<Option<mpsc::UnboundedReceiver<(i32, String)>>>,
+}
+
+impl TxnCoordinator {
+    pub(crate) fn new(config: TxnConfig, peer: PeerConfig, broker_id: i32) -> Self {
+        let (wake, woken) = mpsc::unbounded_channel();
+        Self {
+            config,
+            peer,
+            broker_id,
+            loaded: SyncMutex::new(HashMap::new()),
+            loading: Mutex::new(()),
+            peers: SyncMutex::new(HashMap::new()),
+            completing: SyncMutex::new(HashSet::new()),
+            wake,
+            woken: SyncMutex::new(Some(woken)),
+        }
+    }
+
+    /// Asks the completion task to finish the id's prepared transaction (once: a second
+    /// request while one is under way is dropped).
+    pub(crate) fn complete_later(&self, partition: i32, transactional_id: &str) {
+        let mut completing = self.completing.lock().expect("invariant: completing lock is never poisoned");
+        if completing.insert(transactional_id.to_owned()) && self.wake.send((partition, transactional_id.to_owned())).is_err() {
+            // The broker is stopping; the next coordinator completes it.
+            completing.remove(transactional_id);
+        }
+    }
+
+    fn done_completing(&self, transactional_id: &str) {
+        self.completing.lock().expect("invariant: completing lock is never poisoned").remove(transactional_id);
+    }
+
+    /// Every loaded partition.
+    pub(crate) fn loaded(&self) -> Vec<Arc<Loaded>> {
+        self.loaded.lock().expect("invariant: loaded lock is never poisoned").values().cloned().collect()
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Broker {
+    /// The number of partitions of `__transaction_state`: the topic's, else the configured count.
+    pub(crate) fn txn_partitions(&self) -> i32 {
+        self.topics.get(TOPIC).map_or(self.txns.config.log_num_partitions, |t| t.partition_count())
+    }
+
+    /// Creates `__transaction_state` if it does not exist yet (the first transaction
+    /// coordinator lookup does, as in Kafka). `Err` is the FindCoordinator answer.
+    pub(crate) async fn ensure_txn_topic(&self) -> Result<(), ResponseError> {
+        if self.topics.get(TOPIC).is_some() {
+            return Ok(());
+        }
+        let c = &self.txns.config;
+        let live = self.topics.view().brokers().len().max(1);
+        let replication_factor = c.log_replication_factor.min(i16::try_from(live).unwrap_or(i16::MAX));
+        let overrides = BTreeMap::from([
+            ("cleanup.policy".to_owned(), "compact".to_owned()),
+            ("compression.type".to_owned(), "uncompressed".to_owned()),
+            ("segment.bytes".to_owned(), c.log_segment_bytes.to_string()),
+            ("min.insync.replicas".to_owned(), c.log_min_isr.min(i32::from(replication_factor)).to_string()),
+        ]);
+        let layout = crate::topics::Layout::Spread { partitions: c.log_num_partitions, replication_factor };
+        match self.topics.create(TOPIC, layout, overrides).await {
+            Ok(_) => {
+                tracing::info!(partitions = c.log_num_partitions, replication_factor, "created {TOPIC}");
+                Ok(())
+            }
+            Err(crate::topics::TopicError::AlreadyExists) => Ok(()),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not create {TOPIC}");
+                Err(ResponseError::CoordinatorNotAvailable)
+            }
+        }
+    }
+
+    /// The coordinator of `transactional_id`: the leader of its partition, with its
+    /// address on `listener`.
+    pub(crate) fn locate_txn_coordinator(
+        &self,
+        transactional_id: &str,
+        listener: &str,
+    ) -> Result<(i32, String, u16), ResponseError> {
+        let tp = TopicPartition::new(TOPIC, partition_for(transactional_id, self.txn_partitions()));
+        let leader = self.topics.view().partition_state(&tp).map_or(-1, |s| s.state.leader);
+        if leader < 0 {
+            return Err(ResponseError::CoordinatorNotAvailable);
+        }
+        if leader == self.config.broker_id {
+            let own = self.listeners.iter().find(|l| l.name == listener);
+            return own.map(|l| (leader, l.host.clone(), l.port)).ok_or(ResponseError::CoordinatorNotAvailable);
+        }
+        let brokers = self.topics.view().brokers();
+        let registration = brokers.iter().find(|(id, _)| *id == leader).map(|(_, r)| r);
+        match registration.and_then(|r| r.endpoint(listener)) {
+            Some((host, port)) => Ok((leader, host.to_owned(), port)),
+            None => Err(ResponseError::CoordinatorNotAvailable),
+        }
+    }
+
+    /// The loaded partition holding `transactional_id` and the id's slot: NOT_COORDINATOR
+    /// when this broker does not lead the partition, COORDINATOR_LOAD_IN_PROGRESS when it
+    /// could not be read yet.
+    pub(crate) async fn txn_slot(&self, transactional_id: &str) -> Result<(Arc<Loaded>, Slot), ResponseError> {
+        if self.topics.get(TOPIC).is_none() {
+            return Err(ResponseError::NotCoordinator);
+        }
+        let loaded = self.txn_loaded(partition_for(transactional_id, self.txn_partitions())).await?;
+        let slot = loaded.slot(transactional_id);
+        Ok((loaded, slot))
+    }
+
+    /// The partition as loaded in the current leader epoch, reading it if need be.
+    pub(crate) async fn txn_loaded(&self, partition: i32) -> Result<Arc<Loaded>, ResponseError> {
+        let epoch = self.txn_leader_epoch(partition).ok_or(ResponseError::NotCoordinator)?;
+        let current = |txns: &TxnCoordinator| {
+            let loaded = txns.loaded.lock().expect("invariant: loaded lock is never poisoned");
+            loaded.get(&partition).filter(|l| l.leader_epoch == epoch).cloned()
+        };
+        if let Some(loaded) = current(&self.txns) {
+            return Ok(loaded);
+        }
+        let _loading = self.txns.loading.lock().await;
+        if let Some(loaded) = current(&self.txns) {
+            return Ok(loaded);
+        }
+        let replica = self.replicas.get(&TopicPartition::new(TOPIC, partition)).ok_or(ResponseError::NotCoordinator)?;
+        let log = replica.log.clone();
+        let read = tokio::task::spawn_blocking(move || read_states(&log)).await;
+        let states = match read {
+            Ok(Ok(states)) => states,
+            Ok(Err(e)) => {
+                tracing::error!(partition, error = %e, "could not load {TOPIC}");
+                return Err(ResponseError::CoordinatorLoadInProgress);
+            }
+            Err(e) => {
+                tracing::error!(partition, error = %e, "loading {TOPIC} failed");
+                return Err(ResponseError::CoordinatorLoadInProgress);
+            }
+        };
+        // Leadership may have moved while reading.
+        if self.txn_leader_epoch(partition) != Some(epoch) {
+            return Err(ResponseError::NotCoordinator);
+        }
+        let prepared: Vec<String> =
+            states.values().filter(|m| m.state.is_prepared()).map(|m| m.transactional_id.clone()).collect();
+        let ids = states.into_iter().map(|(id, m)| (id, Arc::new(Mutex::new(Some(m))))).collect();
+        let loaded = Arc::new(Loaded { partition, leader_epoch: epoch, ids: SyncMutex::new(ids) });
+        self.txns.loaded.lock().expect("invariant: loaded lock is never poisoned").insert(partition, loaded.clone());
+        tracing::info!(partition, leader_epoch = epoch, prepared = prepared.len(), "loaded {TOPIC} partition");
+        for id in prepared {
+            self.txns.complete_later(partition, &id);
+        }
+        Ok(loaded)
+    }
+
+    /// This broker's leader epoch of the partition, `None` unless it leads it.
+    fn txn_leader_epoch(&self, partition: i32) -> Option<i32> {
+        let replica = self.replicas.get(&TopicPartition::new(TOPIC, partition))?;
+        let state = replica.state();
+        (state.role == Role::Leader).then_some(state.leader_epoch)
+    }
+
+    /// Appends the id's new state (`None` forgets it) to its partition with acks=all, in
+    /// the leader epoch it was loaded in. The caller makes the state current only on `Ok`.
+    pub(crate) async fn write_txn_state(
+        &self,
+        loaded: &Loaded,
+        transactional_id: &str,
+        metadata: Option<&TxnMetadata>,
+    ) -> Result<(), ResponseError> {
+        let value = match metadata.map(serde_json::to_vec) {
+            None => None,
+            Some(Ok(value)) => Some(value),
+            Some(Err(e)) => {
+                tracing::error!(transactional_id, error = %e, "cannot encode a transaction state");
+                return Err(ResponseError::UnknownServerError);
+            }
+        };
+        let mut builder = BatchBuilder::new(now_ms());
+        builder.append(now_ms(), Some(transactional_id.as_bytes()), value.as_deref(), &[]);
+        let batch = builder.build_vec();
+        let replica = self.replicas.get(&TopicPartition::new(TOPIC, loaded.partition)).ok_or(ResponseError::NotCoordinator)?;
+        let min_isr = replica.log.config().min_insync_replicas as usize;
+        let appended = {
+            if replica.state().leader_epoch != loaded.leader_epoch {
+                return Err(ResponseError::NotCoordinator);
+            }
+            replica.append_as_leader(&batch, true, min_isr, None)
+        };
+        let (info, epoch) = match appended {
+            Ok(Ok(appended)) => appended,
+            Err(code) if code == error_code::NOT_LEADER_OR_FOLLOWER => return Err(ResponseError::NotCoordinator),
+            Err(code) => {
+                tracing::warn!(transactional_id, code, "transaction state not written");
+                return Err(ResponseError::CoordinatorNotAvailable);
+            }
+            Ok(Err(e)) => {
+                tracing::error!(transactional_id, error = %e, "transaction state not written");
+                return Err(ResponseError::CoordinatorNotAvailable);
+            }
+        };
+        if epoch != loaded.leader_epoch {
+            return Err(ResponseError::NotCoordinator);
+        }
+        match replica.wait_for_replication(epoch, info.last_offset, min_isr, WRITE_TIMEOUT).await {
+            Ok(()) => Ok(()),
+            Err(code) if code == error_code::NOT_LEADER_OR_FOLLOWER => Err(ResponseError::NotCoordinator),
+            Err(code) => {
+                tracing::warn!(transactional_id, code, "transaction state not replicated");
+                Err(ResponseError::CoordinatorNotAvailable)
+            }
+        }
+    }
+
+    /// Finishes the id's prepared transaction: markers to every partition and group,
+    /// then the complete state. Gives up only when this broker stops coordinating the id
+    /// (the next coordinator finishes it) or the transaction is no longer prepared.
+    async fn complete_txn(&self, partition: i32, transactional_id: &str, stop: &CancellationToken) {
+        loop {
+            let Ok(loaded) = self.txn_loaded(partition).await else { return };
+            let slot = loaded.slot(transactional_id);
+            let Some(prepared) = slot.lock().await.clone().filter(|m| m.state.is_prepared()) else { return };
+            if !self.send_markers(&loaded, &prepared, stop).await {
+                return;
+            }
+            let mut current = slot.lock().await;
+            if current.as_ref() != Some(&prepared) {
+                return;
+            }
+            let Some(complete) = prepared.complete(now_ms()) else { return };
+            match self.write_txn_state(&loaded, transactional_id, Some(&complete)).await {
+                Ok(()) => {
+                    tracing::debug!(transactional_id, state = complete.state.name(), "transaction completed");
+                    *current = Some(complete);
+                    return;
+                }
+                Err(ResponseError::NotCoordinator) => return,
+                Err(_) => {}
+            }
+            drop(current);
+            tokio::select! {
+                () = tokio::time::sleep(MARKER_BACKOFF) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Sends the transaction's markers until every partition and group took them;
+    /// `false` when this broker stopped coordinating the id or the broker is stopping.
+    async fn send_markers(&self, loaded: &Loaded, txn: &TxnMetadata, stop: &CancellationToken) -> bool {
+        let commit = txn.state == state::TxnState::PrepareCommit;
+        let mut pending: Vec<(String, i32)> = txn.partitions.iter().cloned().collect();
+        let mut groups: Vec<String> = txn.groups.iter().cloned().collect();
+        loop {
+            if self.txn_leader_epoch(loaded.partition) != Some(loaded.leader_epoch) {
+                return false;
+            }
+            // Partitions by leader; a deleted topic needs no marker.
+            let mut by_broker: BTreeMap<i32, Vec<(String, i32)>> = BTreeMap::new();
+            let (mut unreachable, mut unreachable_groups) = (Vec::new(), Vec::new());
+            for (topic, p) in pending.drain(..) {
+                if self.topics.get(&topic).is_none_or(|t| t.partition_replicas(p).is_none()) {
+                    continue;
+                }
+                let leader = self.topics.view().partition_state(&TopicPartition::new(&topic, p)).map_or(-1, |s| s.state.leader);
+                if leader < 0 {
+                    unreachable.push((topic, p));
+                } else {
+                    by_broker.entry(leader).or_default().push((topic, p));
+                }
+            }
+            let mut group_brokers: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+            for group in groups.drain(..) {
+                match self.groups.coordinator_of(&group).await {
+                    Some(broker) => group_brokers.entry(broker).or_default().push(group),
+                    None => unreachable_groups.push(group),
+                }
+            }
+            pending.append(&mut unreachable);
+            groups.append(&mut unreachable_groups);
+            let brokers: BTreeSet<i32> = by_broker.keys().chain(group_brokers.keys()).copied().collect();
+            for broker in brokers {
+                let partitions = by_broker.remove(&broker).unwrap_or_default();
+                let group_list = group_brokers.remove(&broker).unwrap_or_default();
+                let (failed, failed_groups) =
+                    self.send_markers_to(broker, txn, commit, loaded.leader_epoch, partitions, group_list).await;
+                pending.extend(failed);
+                groups.extend(failed_groups);
+            }
+            if pending.is_empty() && groups.is_empty() {
+                return true;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(MARKER_BACKOFF) => {}
+                () = stop.cancelled() => return false,
+            }
+        }
+    }
+
+    /// One WriteTxnMarkers to `broker`; returns the partitions and groups to retry.
+    async fn send_markers_to(
+        &self,
+        broker: i32,
+        txn: &TxnMetadata,
+        commit: bool,
+        coordinator_epoch: i32,
+        partitions: Vec<(String, i32)>,
+        groups: Vec<String>,
+    ) -> (Vec<(String, i32)>, Vec<String>) {
+        let mut topics: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        for (topic, p) in &partitions {
+            topics.entry(topic.clone()).or_default().push(*p);
+        }
+        if !groups.is_empty() {
+            // The group coordinator completes every group it holds pending offsets of this
+            // producer for; the partition index carries no meaning.
+            topics.entry(GROUP_MARKER_TOPIC.to_owned()).or_default().push(0);
+        }
+        let marker = WritableTxnMarker::default()
+            .with_producer_id(ProducerId(txn.producer_id))
+            .with_producer_epoch(txn.producer_epoch)
+            .with_transaction_result(commit)
+            .with_coordinator_epoch(coordinator_epoch)
+            .with_topics(
+                topics
+                    .into_iter()
+                    .map(|(name, indexes)| {
+                        WritableTxnMarkerTopic::default()
+                            .with_name(TopicName(StrBytes::from_string(name)))
+                            .with_partition_indexes(indexes)
+                    })
+                    .collect(),
+            );
+        let request = WriteTxnMarkersRequest::default().with_markers(vec![marker]);
+        let connection = {
+            let mut peers = self.txns.peers.lock().expect("invariant: peers lock is never poisoned");
+            peers.entry(broker).or_default().clone()
+        };
+        let mut connection = connection.lock().await;
+        let timeout = self.config.replication.socket_timeout;
+        if connection.is_none() {
+            match self.connect_peer(broker, timeout).await {
+                Ok(peer) => *connection = Some(peer),
+                Err(e) => {
+                    tracing::debug!(broker, error = %e, "cannot reach a partition leader for transaction markers");
+                    return (partitions, groups);
+                }
+            }
+        }
+        let peer = connection.as_mut().expect("invariant: connected above");
+        let response = match peer.call(&request, MARKER_VERSION, timeout).await {
+            Ok(response) => response,
+            Err(e) => {
+                tracing::debug!(broker, error = %e, "transaction markers not delivered");
+                *connection = None;
+                return (partitions, groups);
+            }
+        };
+        let mut failed = Vec::new();
+        let mut groups_failed = false;
+        let answered = response.markers.iter().find(|m| m.producer_id.0 == txn.producer_id);
+        let mut acknowledged: HashSet<(String, i32)> = HashSet::new();
+        for topic in answered.iter().flat_map(|m| m.topics.iter()) {
+            for p in &topic.partitions {
+                let code = p.error_code;
+                let done = code == error_code::NONE
+                    // The topic or partition is gone: nothing left to mark.
+                    || code == error_code::UNKNOWN_TOPIC_OR_PARTITION
+                    // A newer epoch already wrote to it: a later marker closed the transaction.
+                    || code == error_code::INVALID_PRODUCER_EPOCH;
+                if topic.name.as_str() == GROUP_MARKER_TOPIC {
+                    groups_failed |= !done;
+                } else if done {
+                    acknowledged.insert((topic.name.to_string(), p.partition_index));
+                } else {
+                    tracing::debug!(broker, topic = %topic.name.as_str(), partition = p.partition_index, code, "marker refused; retrying");
+                }
+            }
+        }
+        if !groups.is_empty() && answered.is_none_or(|m| !m.topics.iter().any(|t| t.name.as_str() == GROUP_MARKER_TOPIC)) {
+            groups_failed = true;
+        }
+        for tp in partitions {
+            if !acknowledged.contains(&tp) {
+                failed.push(tp);
+            }
+        }
+        (failed, if groups_failed { groups } else { Vec::new() })
+    }
+
+    async fn connect_peer(&self, broker: i32, timeout: Duration) -> Result<Peer, String> {
+        let registration = read_json::<BrokerRegistration>(&*self.topics.store().clone(), &paths::broker(broker))
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some((registration, _)) = registration else { return Err(format!("broker {broker} is not registered")) };
+        let listener = &self.txns.peer.listener;
+        let (host, port) =
+            registration.endpoint(listener).ok_or_else(|| format!("broker {broker} has no listener {listener}"))?;
+        let client_id = format!("fjord-txn-coordinator-{}", self.txns.broker_id);
+        Peer::connect(host, port, client_id, &self.txns.peer, timeout).await.map_err(|e| e.to_string())
+    }
+
+    /// One pass of the ticker: loads partitions this broker leads, drops those it no
+    /// longer leads, aborts timed-out transactions (when `abort` is due) and forgets
+    /// expired ids (when `expire` is due).
+    async fn txn_tick(&self, abort: bool, expire: bool) {
+        if self.topics.get(TOPIC).is_none() {
+            return;
+        }
+        let partitions = self.txn_partitions();
+        {
+            let mut loaded = self.txns.loaded.lock().expect("invariant: loaded lock is never poisoned");
+            loaded.retain(|&p, l| self.txn_leader_epoch(p) == Some(l.leader_epoch));
+        }
+        for partition in 0..partitions {
+            if self.txn_leader_epoch(partition).is_none() {
+                continue;
+            }
+            let Ok(loaded) = self.txn_loaded(partition).await else { continue };
+            if !abort && !expire {
+                continue;
+            }
+            for (id, slot) in loaded.slots() {
+                let mut current = slot.lock().await;
+                let Some(metadata) = current.as_ref() else { continue };
+                let now = now_ms();
+                if abort {
+                    if let Some(target) = metadata.time_out(now) {
+                        tracing::info!(transactional_id = %id, timeout_ms = metadata.timeout_ms, "aborting a transaction past its timeout");
+                        if self.write_txn_state(&loaded, &id, Some(&target)).await.is_ok() {
+                            *current = Some(target);
+                            self.txns.complete_later(partition, &id);
+                        }
+                        continue;
+                    }
+                }
+                if expire
+                    && metadata.expired(now, self.txns.config.id_expiration_ms)
+                    && self.write_txn_state(&loaded, &id, None).await.is_ok()
+                {
+                    tracing::info!(transactional_id = %id, "forgot an expired transactional id");
+                    *current = None;
+                    drop(current);
+                    loaded.forget(&id);
+                }
+            }
+        }
+    }
+}
+
+/// Reads every transactional id's last state from a partition of `__transaction_state`.
+fn read_states(log: &fjord_log::Log) -> fjord_log::Result<HashMap<String, TxnMetadata>> {
+    const CHUNK: usize = 1 << 20;
+    let end = log.log_end_offset();
+    let mut offset = log.log_start_offset();
+    let mut states = HashMap::new();
+    while offset < end {
+        let bytes = log.read_bytes(offset, CHUNK, Some(end), true)?;
+        let mut next = offset;
+        for batch in fjord_record::batch::batches(&bytes) {
+            let Ok((header, batch)) = batch else { break };
+            next = header.next_offset();
+            // Markers and foreign batches carry no states.
+            if header.is_control() {
+                continue;
+            }
+            let Ok(body) = fjord_record::compression::records_body(&header, batch, CHUNK * 64) else { continue };
+            for record in fjord_record::Records::new(&body, 0) {
+                let Ok(record) = record else { break };
+                let Some(key) = record.key.and_then(|k| std::str::from_utf8(k).ok()) else { continue };
+                match record.value.map(serde_json::from_slice::<TxnMetadata>) {
+                    None => {
+                        states.remove(key);
+                    }
+                    Some(Ok(metadata)) => {
+                        states.insert(key.to_owned(), metadata);
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(transactional_id = key, error = %e, "skipping a transaction state that does not parse")
+                    }
+                }
+            }
+        }
+        if next <= offset {
+            break;
+        }
+        offset = next;
+    }
+    Ok(states)
+}
+
+/// Starts the coordinator's background work: completing prepared transactions and the
+/// ticker (loading, timeouts, expiry). Both stop with `shutdown`.
+pub(crate) fn spawn(tracker: &TaskTracker, broker: &Arc<Broker>, shutdown: &CancellationToken) {
+    let Some(mut woken) = broker.txns.woken.lock().expect("invariant: woken lock is never poisoned").take() else { return };
+    {
+        let (broker, shutdown, tasks) = (broker.clone(), shutdown.clone(), tracker.clone());
+        tracker.spawn(async move {
+            loop {
+                let (partition, id) = tokio::select! {
+                    Some(next) = woken.recv() => next,
+                    () = shutdown.cancelled() => return,
+                };
+                let (broker, shutdown) = (broker.clone(), shutdown.clone());
+                tasks.spawn(async move {
+                    broker.complete_txn(partition, &id, &shutdown).await;
+                    broker.txns.done_completing(&id);
+                });
+            }
+        });
+    }
+    let (broker, shutdown) = (broker.clone(), shutdown.clone());
+    tracker.spawn(async move {
+        let mut periodic = Periodic::new(TICK);
+        let config = broker.txns.config.clone();
+        let abort_every = Duration::from_millis(config.abort_timed_out_interval_ms);
+        let expire_every = Duration::from_millis(config.remove_expired_interval_ms);
+        let (mut last_abort, mut last_expire) = (tokio::time::Instant::now(), tokio::time::Instant::now());
+        while periodic.tick_until(&shutdown).await {
+            let now = tokio::time::Instant::now();
+            let abort = now.duration_since(last_abort) >= abort_every;
+            let expire = now.duration_since(last_expire) >= expire_every;
+            if abort {
+                last_abort = now;
+            }
+            if expire {
+                last_expire = now;
+            }
+            broker.txn_tick(abort, expire).await;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_follow_javas_string_hash() {
+        // Java: "hello".hashCode() == 99162322; "polygenelubricants".hashCode() == Integer.MIN_VALUE.
+        assert_eq!(partition_for("hello", 50), 99162322 % 50);
+        assert_eq!(partition_for("polygenelubricants", 50), 0);
+        // Negative hashes are folded: "Aa" is 2112, "zzzzzzzz" overflows to a negative value.
+        let h = "zzzzzzzz".encode_utf16().fold(0i32, |h, u| h.wrapping_mul(31).wrapping_add(i32::from(u)));
+        assert!(h < 0);
+        assert_eq!(partition_for("zzzzzzzz", 50), h.abs() % 50);
+        assert_eq!(partition_for("", 50), 0);
+        // Outside the BMP, Java hashes the two UTF-16 units.
+        assert_eq!(partition_for("\u{1F600}", 1000), ((0xD83Di32 * 31 + 0xDE00) % 1000));
+    }
+
+    #[test]
+    fn config_keys_are_kafkas() {
+        let mut c = TxnConfig::default();
+        assert_eq!(c.set("transaction.max.timeout.ms", "60000"), Ok(()));
+        assert_eq!(c.set("transaction.state.log.num.partitions", "3"), Ok(()));
+        assert_eq!(c.set("transaction.state.log.replication.factor", "1"), Ok(()));
+        assert_eq!(c.set("transactional.id.expiration.ms", "1000"), Ok(()));
+        assert_eq!(c.set("transaction.abort.timed.out.transaction.cleanup.interval.ms", "500"), Ok(()));
+        assert_eq!((c.max_timeout_ms, c.log_num_partitions, c.log_replication_factor), (60_000, 3, 1));
+        assert_eq!(c.set("transaction.state.log.num.partitions", "0"), Err("must be at least 1"));
+        assert_eq!(c.set("transaction.max.timeout.ms", "x"), Err("not a number"));
+        assert!(c.set("group.min.session.timeout.ms", "1").is_err());
+        assert!(TxnConfig::KEYS.iter().all(|k| TxnConfig::default().set(k, "1").is_ok()));
+    }
+}

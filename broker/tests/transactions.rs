@@ -1,0 +1,301 @@
+//! The transaction coordinator over the raw protocol: FindCoordinator for transactional
+//! ids (every version, batched keys), InitProducerId with a transactional id (new ids,
+//! bumped epochs, fencing an open transaction), AddPartitionsToTxn, AddOffsetsToTxn,
+//! EndTxn and TxnOffsetCommit with Kafka's errors for bad input, DescribeTransactions
+//! and ListTransactions, and the state surviving a restart (`__transaction_state`).
+
+mod common;
+
+use common::{produce_request, RawClient, TestBroker};
+use fjord_record::BatchBuilder;
+use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+use kafka_protocol::messages::txn_offset_commit_request::{TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+
+const INVALID_REQUEST: i16 = 42;
+const INVALID_PRODUCER_EPOCH: i16 = 47;
+const INVALID_TXN_STATE: i16 = 48;
+const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
+const INVALID_TRANSACTION_TIMEOUT: i16 = 50;
+const CONCURRENT_TRANSACTIONS: i16 = 51;
+const OPERATION_NOT_ATTEMPTED: i16 = 55;
+const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+const PRODUCER_FENCED: i16 = 90;
+const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_owned())
+}
+
+fn tid(v: &str) -> TransactionalId {
+    TransactionalId(s(v))
+}
+
+async fn start(dir: &std::path::Path) -> TestBroker {
+    TestBroker::start_in(dir.join("data"), |c| {
+        c.set("transaction.state.log.num.partitions", "4").unwrap();
+        c.set("num.partitions", "2").unwrap();
+    })
+    .await
+    .unwrap()
+}
+
+async fn find_coordinator(client: &mut RawClient, version: i16, id: &str) -> FindCoordinatorResponse {
+    let request = if version >= 4 {
+        FindCoordinatorRequest::default().with_key_type(1).with_coordinator_keys(vec![s(id)])
+    } else {
+        FindCoordinatorRequest::default().with_key_type(1).with_key(s(id))
+    };
+    client.call(ApiKey::FindCoordinator, version, &request).await.unwrap()
+}
+
+async fn init(client: &mut RawClient, version: i16, id: &str, timeout_ms: i32) -> InitProducerIdResponse {
+    let request = InitProducerIdRequest::default()
+        .with_transactional_id(Some(tid(id)))
+        .with_transaction_timeout_ms(timeout_ms)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    client.call(ApiKey::InitProducerId, version, &request).await.unwrap()
+}
+
+async fn add_partitions(
+    client: &mut RawClient,
+    version: i16,
+    id: &str,
+    pid: i64,
+    epoch: i16,
+    topics: &[(&str, &[i32])],
+) -> Vec<(String, i32, i16)> {
+    let request = AddPartitionsToTxnRequest::default()
+        .with_v3_and_below_transactional_id(tid(id))
+        .with_v3_and_below_producer_id(ProducerId(pid))
+        .with_v3_and_below_producer_epoch(epoch)
+        .with_v3_and_below_topics(
+            topics
+                .iter()
+                .map(|(t, ps)| AddPartitionsToTxnTopic::default().with_name(TopicName(s(t))).with_partitions(ps.to_vec()))
+                .collect(),
+        );
+    let r: AddPartitionsToTxnResponse = client.call(ApiKey::AddPartitionsToTxn, version, &request).await.unwrap();
+    r.results_by_topic_v3_and_below
+        .iter()
+        .flat_map(|t| t.results_by_partition.iter().map(|p| (t.name.to_string(), p.partition_index, p.partition_error_code)))
+        .collect()
+}
+
+async fn end_txn(client: &mut RawClient, version: i16, id: &str, pid: i64, epoch: i16, commit: bool) -> i16 {
+    let request = EndTxnRequest::default()
+        .with_transactional_id(tid(id))
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(epoch)
+        .with_committed(commit);
+    let r: EndTxnResponse = client.call(ApiKey::EndTxn, version, &request).await.unwrap();
+    r.error_code
+}
+
+async fn describe(client: &mut RawClient, ids: &[&str]) -> Vec<describe_transactions_response::TransactionState> {
+    let request = DescribeTransactionsRequest::default().with_transactional_ids(ids.iter().map(|i| tid(i)).collect());
+    let r: DescribeTransactionsResponse = client.call(ApiKey::DescribeTransactions, 0, &request).await.unwrap();
+    r.transaction_states
+}
+
+fn batch(pid: i64, epoch: i16, seq: i32, value: &str) -> bytes::Bytes {
+    let mut b = BatchBuilder::new(1_700_000_000_000).producer(pid, epoch, seq);
+    b.append(1_700_000_000_000, None, Some(value.as_bytes()), &[]);
+    b.build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinator_lookup_creates_the_state_topic_and_names_the_partition_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(dir.path()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    for version in 1..=3 {
+        let r = find_coordinator(&mut client, version, "tx-a").await;
+        assert_eq!(r.error_code, 0, "v{version}: {:?}", r.error_message);
+        assert_eq!((r.host.as_str(), r.port), ("127.0.0.1", i32::from(broker.addr.port())), "v{version}");
+    }
+    // v4 batches keys: each answered on its own, an empty id refused.
+    let request = FindCoordinatorRequest::default().with_key_type(1).with_coordinator_keys(vec![s("tx-a"), s(""), s("tx-b")]);
+    let r: FindCoordinatorResponse = client.call(ApiKey::FindCoordinator, 4, &request).await.unwrap();
+    let codes: Vec<(String, i16)> = r.coordinators.iter().map(|c| (c.key.to_string(), c.error_code)).collect();
+    assert_eq!(codes, vec![("tx-a".into(), 0), ("".into(), INVALID_REQUEST), ("tx-b".into(), 0)]);
+    // The state topic exists with the configured partitions.
+    let metadata: MetadataResponse = client
+        .call(
+            ApiKey::Metadata,
+            9,
+            &MetadataRequest::default().with_topics(Some(vec![
+                metadata_request::MetadataRequestTopic::default().with_name(Some(TopicName(s("__transaction_state"))))
+            ])),
+        )
+        .await
+        .unwrap();
+    assert_eq!(metadata.topics[0].error_code, 0);
+    assert_eq!(metadata.topics[0].partitions.len(), 4);
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_producer_id_bumps_epochs_and_refuses_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(dir.path()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert_eq!(find_coordinator(&mut client, 3, "tx-1").await.error_code, 0);
+    let first = init(&mut client, 4, "tx-1", 60_000).await;
+    assert_eq!((first.error_code, first.producer_epoch), (0, 0));
+    let pid = first.producer_id.0;
+    assert!(pid >= 0);
+    for (version, epoch) in [(0, 1), (2, 2), (3, 3), (4, 4)] {
+        let r = init(&mut client, version, "tx-1", 60_000).await;
+        assert_eq!((r.error_code, r.producer_id.0, r.producer_epoch), (0, pid, epoch), "v{version}");
+    }
+    // Another id: another producer id.
+    let other = init(&mut client, 4, "tx-2", 60_000).await;
+    assert!(other.error_code == 0 && other.producer_id.0 != pid);
+    // Bad input: an empty id, a timeout over transaction.max.timeout.ms (15 minutes) or not positive.
+    assert_eq!(init(&mut client, 4, "", 60_000).await.error_code, INVALID_REQUEST);
+    assert_eq!(init(&mut client, 4, "tx-1", 900_001).await.error_code, INVALID_TRANSACTION_TIMEOUT);
+    assert_eq!(init(&mut client, 4, "tx-1", 0).await.error_code, INVALID_TRANSACTION_TIMEOUT);
+    // v3+ with the producer id and epoch it had: an older epoch is fenced.
+    let request = InitProducerIdRequest::default()
+        .with_transactional_id(Some(tid("tx-1")))
+        .with_transaction_timeout_ms(60_000)
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(1);
+    let r: InitProducerIdResponse = client.call(ApiKey::InitProducerId, 4, &request).await.unwrap();
+    assert_eq!(r.error_code, PRODUCER_FENCED);
+    let r: InitProducerIdResponse = client.call(ApiKey::InitProducerId, 3, &request).await.unwrap();
+    assert_eq!(r.error_code, INVALID_PRODUCER_EPOCH, "before KIP-588 the client knows INVALID_PRODUCER_EPOCH");
+    broker.stop().await.unwrap();
+
+    // The ids and epochs survive a restart: the next epoch follows the last one.
+    let broker = start(dir.path()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let r = init(&mut client, 4, "tx-1", 60_000).await;
+    assert_eq!((r.error_code, r.producer_id.0, r.producer_epoch), (0, pid, 5));
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_refuse_bad_requests_with_kafkas_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(dir.path()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    // The topic first (auto-created by a produce).
+    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
+    assert_eq!(find_coordinator(&mut client, 4, "tx").await.coordinators[0].error_code, 0);
+    let r = init(&mut client, 4, "tx", 60_000).await;
+    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    // Nothing begun: EndTxn makes no sense.
+    assert_eq!(end_txn(&mut client, 3, "tx", pid, epoch, true).await, INVALID_TXN_STATE);
+    assert_eq!(end_txn(&mut client, 3, "tx", pid, epoch, false).await, INVALID_TXN_STATE);
+    // Another producer id, an older epoch, an id never initialised.
+    assert_eq!(add_partitions(&mut client, 3, "tx", pid + 1000, epoch, &[("out", &[0])]).await[0].2, INVALID_PRODUCER_ID_MAPPING);
+    assert_eq!(add_partitions(&mut client, 3, "tx", pid, epoch + 1, &[("out", &[0])]).await[0].2, PRODUCER_FENCED);
+    assert_eq!(add_partitions(&mut client, 1, "tx", pid, epoch + 1, &[("out", &[0])]).await[0].2, INVALID_PRODUCER_EPOCH);
+    assert_eq!(add_partitions(&mut client, 3, "never", 1, 0, &[("out", &[0])]).await[0].2, INVALID_PRODUCER_ID_MAPPING);
+    assert_eq!(end_txn(&mut client, 3, "never", 1, 0, true).await, INVALID_PRODUCER_ID_MAPPING);
+    // An unknown partition: it gets UNKNOWN_TOPIC_OR_PARTITION, the others are not attempted.
+    let results = add_partitions(&mut client, 3, "tx", pid, epoch, &[("out", &[0, 1, 7]), ("nope", &[0])]).await;
+    assert_eq!(
+        results,
+        vec![
+            ("out".into(), 0, OPERATION_NOT_ATTEMPTED),
+            ("out".into(), 1, OPERATION_NOT_ATTEMPTED),
+            ("out".into(), 7, UNKNOWN_TOPIC_OR_PARTITION),
+            ("nope".into(), 0, UNKNOWN_TOPIC_OR_PARTITION),
+        ]
+    );
+    assert_eq!(describe(&mut client, &["tx"]).await[0].transaction_state.as_str(), "Empty", "nothing was added");
+    // Now a real one: both partitions and a group.
+    for version in [0, 3] {
+        let results = add_partitions(&mut client, version, "tx", pid, epoch, &[("out", &[0, 1])]).await;
+        assert!(results.iter().all(|r| r.2 == 0), "v{version}: {results:?}");
+    }
+    let request = AddOffsetsToTxnRequest::default()
+        .with_transactional_id(tid("tx"))
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(epoch)
+        .with_group_id(GroupId(s("g")));
+    let r: AddOffsetsToTxnResponse = client.call(ApiKey::AddOffsetsToTxn, 3, &request).await.unwrap();
+    assert_eq!(r.error_code, 0);
+    let stale = request.clone().with_producer_epoch(epoch + 1);
+    let r: AddOffsetsToTxnResponse = client.call(ApiKey::AddOffsetsToTxn, 3, &stale).await.unwrap();
+    assert_eq!(r.error_code, PRODUCER_FENCED);
+    // The group coordinator keeps offsets pending for the producer; unknown partitions are named.
+    let request = TxnOffsetCommitRequest::default()
+        .with_transactional_id(tid("tx"))
+        .with_group_id(GroupId(s("g")))
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(epoch)
+        .with_topics(vec![TxnOffsetCommitRequestTopic::default().with_name(TopicName(s("out"))).with_partitions(vec![
+            TxnOffsetCommitRequestPartition::default().with_partition_index(0).with_committed_offset(1),
+            TxnOffsetCommitRequestPartition::default().with_partition_index(9).with_committed_offset(1),
+        ])]);
+    let r: TxnOffsetCommitResponse = client.call(ApiKey::TxnOffsetCommit, 3, &request).await.unwrap();
+    let codes: Vec<i16> = r.topics[0].partitions.iter().map(|p| p.error_code).collect();
+    assert_eq!(codes, vec![0, UNKNOWN_TOPIC_OR_PARTITION]);
+    // Pending offsets are not committed offsets.
+    let fetch = OffsetFetchRequest::default().with_group_id(GroupId(s("g"))).with_topics(Some(vec![
+        offset_fetch_request::OffsetFetchRequestTopic::default().with_name(TopicName(s("out"))).with_partition_indexes(vec![0]),
+    ]));
+    let r: OffsetFetchResponse = client.call(ApiKey::OffsetFetch, 5, &fetch).await.unwrap();
+    assert_eq!(r.topics[0].partitions[0].committed_offset, -1);
+    let state = &describe(&mut client, &["tx", "unknown"]).await;
+    assert_eq!(state[0].transaction_state.as_str(), "Ongoing");
+    assert_eq!(state[0].producer_id.0, pid);
+    assert_eq!(state[0].topics.len(), 1);
+    assert_eq!(state[0].topics[0].partitions, vec![0, 1]);
+    assert!(state[0].transaction_start_time_ms > 0);
+    assert_eq!(state[1].error_code, TRANSACTIONAL_ID_NOT_FOUND);
+    let listed: ListTransactionsResponse = client
+        .call(ApiKey::ListTransactions, 1, &ListTransactionsRequest::default().with_state_filters(vec![s("Ongoing"), s("Bogus")]))
+        .await
+        .unwrap();
+    assert_eq!(listed.transaction_states.iter().map(|t| t.transactional_id.to_string()).collect::<Vec<_>>(), vec!["tx"]);
+    assert_eq!(listed.unknown_state_filters, vec![s("Bogus")]);
+    // Commit: prepared, then the other outcome is refused and the same one is "in progress or done".
+    assert_eq!(end_txn(&mut client, 3, "tx", pid, epoch + 1, true).await, PRODUCER_FENCED);
+    assert_eq!(end_txn(&mut client, 1, "tx", pid, epoch + 1, true).await, INVALID_PRODUCER_EPOCH);
+    assert_eq!(end_txn(&mut client, 3, "tx", pid, epoch, true).await, 0);
+    assert_eq!(end_txn(&mut client, 3, "tx", pid, epoch, false).await, INVALID_TXN_STATE);
+    let again = end_txn(&mut client, 3, "tx", pid, epoch, true).await;
+    assert!(again == CONCURRENT_TRANSACTIONS || again == 0, "{again}");
+    let state = describe(&mut client, &["tx"]).await[0].transaction_state.to_string();
+    assert!(state == "PrepareCommit" || state == "CompleteCommit", "{state}");
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_producer_fences_an_open_transaction_and_a_restart_keeps_it_prepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(dir.path()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
+    assert_eq!(find_coordinator(&mut client, 4, "zombie").await.coordinators[0].error_code, 0);
+    let r = init(&mut client, 4, "zombie", 60_000).await;
+    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    assert!(add_partitions(&mut client, 3, "zombie", pid, epoch, &[("out", &[0])]).await.iter().all(|r| r.2 == 0));
+    // A second producer with the same id: the open transaction is aborted under a bumped
+    // epoch and the caller is told to retry.
+    assert_eq!(init(&mut client, 4, "zombie", 60_000).await.error_code, CONCURRENT_TRANSACTIONS);
+    let state = &describe(&mut client, &["zombie"]).await[0];
+    assert!(["PrepareAbort", "CompleteAbort"].contains(&state.transaction_state.as_str()), "{:?}", state.transaction_state);
+    assert_eq!(state.producer_epoch, epoch + 1);
+    // The zombie can neither add nor commit.
+    assert_eq!(add_partitions(&mut client, 3, "zombie", pid, epoch, &[("out", &[1])]).await[0].2, PRODUCER_FENCED);
+    assert_eq!(end_txn(&mut client, 3, "zombie", pid, epoch, true).await, PRODUCER_FENCED);
+    broker.stop().await.unwrap();
+
+    // After a restart the state is read back as it was written.
+    let broker = start(dir.path()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let state = &describe(&mut client, &["zombie"]).await[0];
+    assert_eq!(state.error_code, 0);
+    assert!(["PrepareAbort", "CompleteAbort"].contains(&state.transaction_state.as_str()), "{:?}", state.transaction_state);
+    assert_eq!((state.producer_id.0, state.producer_epoch), (pid, epoch + 1));
+    assert_eq!(end_txn(&mut client, 3, "zombie", pid, epoch, true).await, PRODUCER_FENCED);
+    broker.stop().await.unwrap();
+}
