@@ -84,7 +84,14 @@ impl BrokerObserver for BrokerTier {
         )
         .with_window_ms(self.window_ms);
         let counter = Arc::new(counter);
-        let client = fjord_client::ClientConfig::new(&at.bootstrap);
+        let mut client = fjord_client::ClientConfig::new(&at.bootstrap);
+        for (key, value) in &at.client_properties.0 {
+            // The broker hands over only settings the client knows; one it does not would
+            // leave the publisher failing every round, so it is said once here.
+            if let Err(e) = client.set(key, value) {
+                tracing::error!(error = %e, key, "audit: the broker's client setting is not usable; publishing will fail");
+            }
+        }
         let stop = CancellationToken::new();
         let publisher = counter.clone().spawn_publisher(client.clone(), self.config.interval, stop.clone());
         let started = Started { counter, client, stop, publisher: Mutex::new(Some(publisher)) };
@@ -284,7 +291,13 @@ mod tests {
         let tier = BrokerTier::new(&config).unwrap();
         assert!(tier.tally("events").is_none(), "no counter before the broker serves");
         // Nothing listens there: the publisher only retries in the background.
-        tier.serving(&Serving { broker_id: 1, host: "h".into(), port: 9092, bootstrap: "127.0.0.1:1".into() });
+        tier.serving(&Serving {
+            broker_id: 1,
+            host: "h".into(),
+            port: 9092,
+            bootstrap: "127.0.0.1:1".into(),
+            client_properties: Default::default(),
+        });
         let mut b = BatchBuilder::new(0);
         b.append(0, None, Some(b"a"), &[]);
         let batch = b.build_vec();

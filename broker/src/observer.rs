@@ -28,8 +28,26 @@ pub struct Serving {
     /// See `host`.
     pub port: i32,
     /// `host:port` a client of this broker connects to: a plaintext listener when there
-    /// is one (an observer's client has no credentials), else the inter-broker listener.
+    /// is one, else the inter-broker listener.
     pub bootstrap: String,
+    /// Kafka client settings (`security.protocol`, `sasl.*`, `ssl.*`) that reach
+    /// `bootstrap`: none for a plaintext listener; for the inter-broker listener, its
+    /// protocol with this broker's own identity (its inter-broker SASL user, its
+    /// truststore, its keystore as client certificate), so an observer publishes on a
+    /// broker with no plaintext listener at all.
+    pub client_properties: ClientProperties,
+}
+
+/// Kafka client settings as `(key, value)` pairs; `Debug` hides every password.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ClientProperties(pub Vec<(String, String)>);
+
+impl std::fmt::Debug for ClientProperties {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(k, v)| (k, if k.contains("password") { "<hidden>" } else { v.as_str() })))
+            .finish()
+    }
 }
 
 /// Watches the broker; see the module documentation for when each method is called.

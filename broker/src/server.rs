@@ -249,12 +249,21 @@ pub async fn run_listeners(
         acls,
     });
     // The observer may talk to this broker like any client (the accept loop below serves
-    // it): over a plaintext listener when there is one (its client has no credentials),
-    // else the inter-broker listener.
+    // it): over a plaintext listener when there is one, else over the inter-broker
+    // listener as this broker authenticates to its peers.
     if let Some(observer) = &observer {
-        let own = broker.listeners.iter().find(|l| l.protocol == SecurityProtocol::Plaintext).unwrap_or(&inter_broker);
+        let plaintext = broker.listeners.iter().find(|l| l.protocol == SecurityProtocol::Plaintext);
+        let own = plaintext.unwrap_or(&inter_broker);
         let bootstrap = format!("{}:{}", own.host, own.port);
-        observer.serving(&crate::observer::Serving { broker_id: broker.config.broker_id, host: host.clone(), port, bootstrap });
+        let client_properties =
+            if plaintext.is_some() { Default::default() } else { observer_client_properties(&broker.config, own) };
+        observer.serving(&crate::observer::Serving {
+            broker_id: broker.config.broker_id,
+            host: host.clone(),
+            port,
+            bootstrap,
+            client_properties,
+        });
     }
     {
         let (store, view, replicas, shutdown, stop) =
@@ -333,6 +342,30 @@ fn peer_config(config: &BrokerConfig, inter_broker: &ListenerInfo) -> Result<Pee
         peer.sasl = Some(PeerSasl { mechanism: config.sasl_inter_broker_mechanism, username, password: password.0 });
     }
     Ok(peer)
+}
+
+/// The Kafka client settings that reach `listener` as this broker's replica fetchers
+/// do (see [`peer_config`]): its protocol, the truststore as CA, the keystore as client
+/// certificate, the inter-broker SASL identity.
+fn observer_client_properties(config: &BrokerConfig, listener: &ListenerInfo) -> crate::observer::ClientProperties {
+    let mut properties = vec![("security.protocol".to_owned(), listener.protocol.name().to_owned())];
+    let mut set = |key: &str, value: Option<String>| {
+        if let Some(value) = value {
+            properties.push((key.to_owned(), value));
+        }
+    };
+    if listener.protocol.tls() {
+        let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
+        set("ssl.ca.location", path(&config.ssl.truststore_location));
+        set("ssl.certificate.location", path(&config.ssl.keystore_location));
+        set("ssl.key.location", path(&config.ssl.keystore_location));
+    }
+    if listener.protocol.sasl() {
+        set("sasl.mechanism", Some(config.sasl_inter_broker_mechanism.name().to_owned()));
+        set("sasl.username", config.inter_broker_sasl_username.clone());
+        set("sasl.password", config.inter_broker_sasl_password.as_ref().map(|p| p.0.clone()));
+    }
+    crate::observer::ClientProperties(properties)
 }
 
 /// `NAME://host:port` of each listener, for the start-up log line.

@@ -179,3 +179,83 @@ async fn standalone_broker_flushes_its_counts_at_graceful_shutdown() {
     assert_eq!(counted, [("events", 3 * WINDOW_MS, 30)]);
     broker.stop().await.unwrap();
 }
+
+/// A broker whose only listener is SASL_SSL with authorization on: the broker tier
+/// publishes to `_audit` over it as the broker's own inter-broker identity (its
+/// truststore as CA), so auditing needs no plaintext listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_tier_publishes_over_sasl_ssl_as_the_broker() {
+    use fjord_auth::{ScramCredential, ScramMechanism};
+    let dir = tempfile::tempdir().unwrap();
+    let certs_dir = dir.path().join("certs");
+    std::fs::create_dir_all(&certs_dir).unwrap();
+    let certs = common::Certs::create(&certs_dir).unwrap();
+    let mut config = fjord_broker::BrokerConfig { log_dir: dir.path().join("data"), ..Default::default() };
+    for (key, value) in [
+        ("listeners", "SASL_SSL://127.0.0.1:0"),
+        ("ssl.keystore.location", &certs.path("server-keystore.pem")),
+        ("ssl.truststore.location", &certs.path("ca.pem")),
+        ("authorizer.enable", "true"),
+        ("super.users", "User:broker"),
+        ("inter.broker.sasl.username", "broker"),
+        ("inter.broker.sasl.password", "broker-secret"),
+        ("audit.enable", "true"),
+        ("audit.interval.ms", "200"),
+        ("audit.window.ms", &WINDOW_MS.to_string()),
+    ] {
+        config.set(key, value).unwrap();
+    }
+    fjord_audit::BrokerTier::install(&mut config).unwrap();
+    let bound = fjord_broker::server::bind(&config).await.unwrap();
+    let addr = bound[0].local_addr().unwrap();
+    std::fs::create_dir_all(&config.log_dir).unwrap();
+    let store = fjord_broker::server::open_store(&config).await.unwrap();
+    let credential = ScramCredential::generate(ScramMechanism::Sha256, "broker-secret", 4096).unwrap();
+    fjord_auth::store::set_credential(&*store, "broker", ScramMechanism::Sha256, &credential).await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(fjord_broker::server::run_listeners(config, store, bound, shutdown.clone()));
+
+    let mut client = ClientConfig::new(&format!("localhost:{}", addr.port()));
+    for (key, value) in [
+        ("security.protocol", "SASL_SSL"),
+        ("sasl.username", "broker"),
+        ("sasl.password", "broker-secret"),
+        ("ssl.ca.location", &certs.path("ca.pem")),
+    ] {
+        client.set(key, value).unwrap();
+    }
+    let producer = Producer::connect(ProducerConfig { client: client.clone(), ..ProducerConfig::default() }).await.unwrap();
+    for i in 0..5i64 {
+        let record = ProducerRecord::new("events", Bytes::from(format!("e{i}"))).timestamp(3 * WINDOW_MS);
+        producer.send(record).await.unwrap().await.unwrap();
+    }
+    producer.close().await;
+    // The periodic publish (every 200 ms) must get the count out while the broker runs.
+    let admin = Admin::connect(client.clone()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let end = admin.list_offsets(&[(AUDIT_TOPIC.into(), 0, fjord_client::OffsetSpec::Latest)]).await;
+        if matches!(end.as_deref(), Ok([n]) if *n > 0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no audit record published over SASL_SSL: {end:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut consumer = Consumer::connect(ConsumerConfig { client, ..ConsumerConfig::default() }).await.unwrap();
+    let tp = TopicPartition::new(AUDIT_TOPIC, 0);
+    consumer.assign([tp.clone()]).await.unwrap();
+    consumer.seek(&tp, SeekTo::Beginning).unwrap();
+    let mut counted = 0;
+    while counted < 5 {
+        assert!(tokio::time::Instant::now() < deadline, "{counted} of 5 records counted in _audit");
+        for r in consumer.poll(Duration::from_millis(200)).await.unwrap() {
+            let record = AuditRecord::decode(r.value.as_deref().unwrap_or_default()).unwrap();
+            if record.tier == BROKER_TIER && record.topic == "events" {
+                counted += record.count;
+            }
+        }
+    }
+    assert_eq!(counted, 5);
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task).await.unwrap().unwrap().unwrap();
+}
