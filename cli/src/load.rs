@@ -10,9 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// Flags of `fjord load`.
 #[derive(clap::Args)]
 pub(crate) struct LoadArgs {
-    /// Broker(s) to bootstrap from, HOST:PORT[,HOST:PORT...].
-    #[arg(long, default_value = "127.0.0.1:9092", env = "FJORD_BOOTSTRAP")]
-    bootstrap: String,
+    #[command(flatten)]
+    connect: crate::tools::ConnectArgs,
     /// Topics to load: a regex that must match the whole topic name.
     #[arg(long, value_name = "REGEX")]
     topics: String,
@@ -134,8 +133,11 @@ async fn once(config: &LoaderConfig) -> anyhow::Result<RunSummary> {
 
 /// Runs `fjord load`.
 pub(crate) async fn load(args: LoadArgs) -> anyhow::Result<()> {
+    // --bootstrap, --command-config and FJORD_* as every client tool takes them.
+    let client = args.connect.client()?;
     let config = LoaderConfig {
-        bootstrap: args.bootstrap,
+        bootstrap: client.bootstrap_servers.join(","),
+        security: client.security,
         topics: args.topics,
         dest: args.dest,
         registry: args.registry,

@@ -1,6 +1,7 @@
 //! `fjord mirror`: flags → [`fjord_mirror::MirrorConfig`] → [`fjord_mirror::run`] until
 //! Ctrl-C/SIGTERM; `fjord mirror status` prints a running mirror's per-partition lag.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -20,6 +21,18 @@ pub(crate) struct MirrorArgs {
     /// The target (analytics) cluster, HOST:PORT[,HOST:PORT...].
     #[arg(long, value_name = "HOST:PORT", required = true)]
     target: Option<String>,
+    /// Kafka client properties of the source clusters (security.protocol, sasl.*, ssl.*),
+    /// as MirrorMaker's consumer config: `ALIAS=FILE` for one source, a bare `FILE` for
+    /// every source without its own; repeat for several. FJORD_SOURCE_SASL_USERNAME,
+    /// FJORD_SOURCE_SASL_PASSWORD... override every source's file. A bootstrap.servers in
+    /// the file is not used: --source names the brokers.
+    #[arg(long = "source-config", value_name = "[ALIAS=]FILE", env = "FJORD_SOURCE_CONFIG")]
+    source_configs: Vec<String>,
+    /// Kafka client properties of the target cluster, as MirrorMaker's producer config;
+    /// FJORD_TARGET_SASL_USERNAME, FJORD_TARGET_SASL_PASSWORD... override it. A
+    /// bootstrap.servers in the file is not used: --target names the brokers.
+    #[arg(long = "target-config", value_name = "FILE", env = "FJORD_TARGET_CONFIG")]
+    target_config: Option<PathBuf>,
     /// Topics to mirror: a regex that must match the whole name; new matching topics are
     /// picked up while running.
     #[arg(long, value_name = "REGEX", required = true)]
@@ -77,8 +90,16 @@ pub(crate) async fn run(args: MirrorArgs) -> anyhow::Result<()> {
     if let Some(MirrorCommand::Status(s)) = args.command {
         return status(s).await;
     }
-    let sources = args.sources.iter().map(|s| SourceConfig::parse(s)).collect::<Result<Vec<_>, _>>()?;
+    let env = |name: &str| std::env::var(name).ok();
+    let mut sources = args.sources.iter().map(|s| SourceConfig::parse(s)).collect::<Result<Vec<_>, _>>()?;
+    let files = source_config_files(&args.source_configs, &sources)?;
+    for source in &mut sources {
+        let file = files.get(source.alias.as_str()).or(files.get("")).map(|f| f.as_path());
+        source.security = crate::tools::client_from(file, "--source-config", "FJORD_SOURCE_", env)?.security;
+    }
     let mut config = MirrorConfig::new(sources, args.target.unwrap_or_default(), args.topics.unwrap_or_default());
+    config.target_security =
+        crate::tools::client_from(args.target_config.as_deref(), "--target-config", "FJORD_TARGET_", env)?.security;
     config.group = args.group;
     config.rename = args.rename;
     config.repartition_by_key = args.repartition_by_key;
@@ -99,6 +120,31 @@ pub(crate) async fn run(args: MirrorArgs) -> anyhow::Result<()> {
     };
     fjord_mirror::run(config, listener, crate::server::shutdown_on_signal()?).await?;
     Ok(())
+}
+
+/// `--source-config` values by alias (`""` for the bare `FILE` every other source uses);
+/// an alias no `--source` has, or one given twice, is an error.
+fn source_config_files<'a>(
+    values: &'a [String],
+    sources: &[SourceConfig],
+) -> anyhow::Result<std::collections::HashMap<&'a str, PathBuf>> {
+    let mut files = std::collections::HashMap::new();
+    for value in values {
+        let (alias, file) = match value.split_once('=') {
+            Some((alias, file)) => (alias.trim(), file.trim()),
+            None => ("", value.trim()),
+        };
+        if !alias.is_empty() && !sources.iter().any(|s| s.alias == alias) {
+            anyhow::bail!("--source-config {value}: no --source has the alias {alias:?}");
+        }
+        if files.insert(alias, PathBuf::from(file)).is_some() {
+            match alias {
+                "" => anyhow::bail!("--source-config FILE (for every source) is given twice"),
+                _ => anyhow::bail!("--source-config {alias}=FILE is given twice"),
+            }
+        }
+    }
+    Ok(files)
 }
 
 async fn status(args: StatusArgs) -> anyhow::Result<()> {

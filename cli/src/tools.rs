@@ -59,31 +59,43 @@ pub(crate) struct ConnectArgs {
 impl ConnectArgs {
     /// The client config: the properties file, then the environment, then the flags.
     pub(crate) fn client(&self) -> anyhow::Result<ClientConfig> {
-        let env = |key: &str| std::env::var(format!("FJORD_{}", key.replace('.', "_").to_ascii_uppercase())).ok();
-        self.client_with(env)
+        self.client_with(|name| std::env::var(name).ok())
     }
 
     fn client_with(&self, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<ClientConfig> {
-        let mut config = ClientConfig::new(DEFAULT_BOOTSTRAP);
-        if let Some(path) = &self.command_config {
-            let context = || format!("--command-config {}", path.display());
-            let text = std::fs::read_to_string(path).with_context(context)?;
-            for (key, value) in fjord_client::parse_properties(&text).with_context(context)? {
-                config.set(&key, &value).with_context(context)?;
-            }
-        }
-        for key in ENV_SETTINGS {
-            if let Some(value) = env(key) {
-                let name = format!("FJORD_{}", key.replace('.', "_").to_ascii_uppercase());
-                config.set(key, &value).with_context(|| name)?;
-            }
-        }
+        let mut config = client_from(self.command_config.as_deref(), "--command-config", "FJORD_", env)?;
         if let Some(bootstrap) = &self.bootstrap {
             config.set("bootstrap.servers", bootstrap).context("--bootstrap")?;
         }
         config.connect_timeout = Duration::from_millis(self.connect_timeout_ms);
         Ok(config)
     }
+}
+
+/// A client config from the Kafka properties file `file` (named `flag` in errors), then
+/// the variables `<env_prefix>SECURITY_PROTOCOL`, `<env_prefix>SASL_PASSWORD`... of
+/// [`ENV_SETTINGS`] read through `env`, which override the file.
+pub(crate) fn client_from(
+    file: Option<&std::path::Path>,
+    flag: &str,
+    env_prefix: &str,
+    env: impl Fn(&str) -> Option<String>,
+) -> anyhow::Result<ClientConfig> {
+    let mut config = ClientConfig::new(DEFAULT_BOOTSTRAP);
+    if let Some(path) = file {
+        let context = || format!("{flag} {}", path.display());
+        let text = std::fs::read_to_string(path).with_context(context)?;
+        for (key, value) in fjord_client::parse_properties(&text).with_context(context)? {
+            config.set(&key, &value).with_context(context)?;
+        }
+    }
+    for key in ENV_SETTINGS {
+        let name = format!("{env_prefix}{}", key.replace('.', "_").to_ascii_uppercase());
+        if let Some(value) = env(&name) {
+            config.set(key, &value).with_context(|| name)?;
+        }
+    }
+    Ok(config)
 }
 
 /// `--audit CLUSTER`: the opt-in producer or consumer tier of the audit.
@@ -174,7 +186,7 @@ mod tests {
         std::fs::write(&file, "bootstrap.servers=h:1\nsecurity.protocol=SASL_PLAINTEXT\nsasl.username=a\nsasl.password=file\n")
             .unwrap();
         let args = ConnectArgs { bootstrap: None, command_config: Some(file.clone()), connect_timeout_ms: 7 };
-        let env = |key: &str| (key == "sasl.password").then(|| "env".to_owned());
+        let env = |name: &str| (name == "FJORD_SASL_PASSWORD").then(|| "env".to_owned());
         let config = args.client_with(env).unwrap();
         assert_eq!(config.bootstrap_servers, ["h:1"]);
         assert_eq!(config.security.sasl_password.as_deref(), Some("env"));

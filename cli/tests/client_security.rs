@@ -69,6 +69,11 @@ struct SecureBroker {
 impl SecureBroker {
     /// A broker whose client listener is SASL_SSL (SCRAM-SHA-256, user `alice`).
     async fn start() -> Self {
+        Self::start_as("alice", PASSWORD).await
+    }
+
+    /// A broker whose client listener is SASL_SSL (SCRAM-SHA-256), with one user.
+    async fn start_as(user: &str, password: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         make_certs(dir.path());
         let mut config = BrokerConfig { log_dir: dir.path().join("data"), ..BrokerConfig::default() };
@@ -80,22 +85,27 @@ impl SecureBroker {
         let sasl_ssl = bound[0].local_addr().unwrap();
         std::fs::create_dir_all(&config.log_dir).unwrap();
         let store = fjord_broker::server::open_store(&config).await.unwrap();
-        let credential = ScramCredential::generate(ScramMechanism::Sha256, PASSWORD, 4096).unwrap();
-        fjord_auth::store::set_credential(&*store, "alice", ScramMechanism::Sha256, &credential).await.unwrap();
+        let credential = ScramCredential::generate(ScramMechanism::Sha256, password, 4096).unwrap();
+        fjord_auth::store::set_credential(&*store, user, ScramMechanism::Sha256, &credential).await.unwrap();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(fjord_broker::server::run_listeners(config, store, bound, shutdown.clone()));
         Self { sasl_ssl, dir, shutdown, task }
     }
 
-    /// A Kafka client properties file for the SASL_SSL listener with `password`.
+    /// A Kafka client properties file for the SASL_SSL listener as `alice` with `password`.
     fn properties(&self, name: &str, password: &str) -> PathBuf {
+        self.properties_as(name, "alice", password)
+    }
+
+    /// A Kafka client properties file for the SASL_SSL listener as `user` with `password`.
+    fn properties_as(&self, name: &str, user: &str, password: &str) -> PathBuf {
         let path = self.dir.path().join(name);
         let ca = self.dir.path().join("ca.pem");
         std::fs::write(
             &path,
             format!(
-                "# SASL_SSL as alice\nbootstrap.servers={}\nsecurity.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-256\n\
-                 sasl.username=alice\nsasl.password={password}\nssl.ca.location={}\n",
+                "# SASL_SSL as {user}\nbootstrap.servers={}\nsecurity.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-256\n\
+                 sasl.username={user}\nsasl.password={password}\nssl.ca.location={}\n",
                 self.sasl_ssl,
                 ca.display()
             ),
@@ -220,4 +230,95 @@ async fn a_wrong_password_is_an_authentication_failure_and_a_plaintext_client_fa
     let out = tokio::time::timeout(RUN_LIMIT, out).await.unwrap().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     broker.stop().await;
+}
+
+/// `fjord load` reads a SASL_SSL cluster with --command-config (and publishes its audit
+/// counts over the same settings).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_reads_over_sasl_ssl_with_a_command_config() {
+    let broker = SecureBroker::start().await;
+    let props = broker.properties("alice.properties", PASSWORD);
+    let config = props.to_str().unwrap();
+    ok(&["produce", "--topic", "clicks", "--command-config", config], "a\nb\nc\n").await;
+    let dest = broker.dir.path().join("hdfs");
+    let dest = format!("file://{}", dest.display());
+    let out = ok(&["load", "--topics", "clicks", "--dest", &dest, "--audit-cluster", "dc", "--command-config", config], "").await;
+    assert!(out.contains("3 records"), "{out}");
+    let consumed =
+        ok(&["consume", "--topic", "_audit", "--from", "beginning", "--max-messages", "1", "--command-config", config], "").await;
+    assert!(consumed.contains("loader"), "no loader audit record: {consumed}");
+    // Without the file, the loader cannot get in.
+    let addr = broker.sasl_ssl.to_string();
+    let out =
+        fjord(&["load", "--topics", "clicks", "--dest", &dest, "--bootstrap", &addr, "--connect-timeout-ms", "2000"], "").await;
+    assert!(!out.status.success(), "a loader without credentials read a SASL_SSL cluster");
+    broker.stop().await;
+}
+
+/// `fjord mirror` reaches a source and a target with different identities: the source's
+/// from `--source-config ALIAS=FILE`, the target's from `--target-config FILE` with its
+/// password from FJORD_TARGET_SASL_PASSWORD; neither identity exists on the other cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirror_takes_separate_source_and_target_security() {
+    let source = SecureBroker::start_as("reader", "reader-secret").await;
+    let target = SecureBroker::start_as("writer", "writer-secret").await;
+    let source_props = source.properties_as("reader.properties", "reader", "reader-secret");
+    let target_props = target.properties_as("writer.properties", "writer", "writer-secret");
+    let without_password = std::fs::read_to_string(&target_props).unwrap().replace("sasl.password=writer-secret\n", "");
+    let target_file = target.dir.path().join("writer-no-password.properties");
+    std::fs::write(&target_file, without_password).unwrap();
+    ok(&["produce", "--topic", "orders", "--command-config", source_props.to_str().unwrap()], "x\ny\n").await;
+
+    let mut mirror = tokio::process::Command::new(env!("CARGO_BIN_EXE_fjord"))
+        .args(["mirror", "--source", &format!("dc1={}", source.sasl_ssl), "--target", &target.sasl_ssl.to_string()])
+        .args(["--topics", "orders", "--source-config", &format!("dc1={}", source_props.display())])
+        .args(["--target-config", target_file.to_str().unwrap(), "--topic-refresh", "1s"])
+        .env("RUST_LOG", "warn")
+        .env("FJORD_TARGET_SASL_PASSWORD", "writer-secret")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The mirror creates `orders` on the target once it has connected to both sides.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let target_config = target_props.to_str().unwrap();
+    while !ok(&["topics", "list", "--command-config", target_config], "").await.lines().any(|l| l == "orders") {
+        if let Ok(Some(status)) = mirror.try_wait() {
+            let mut stderr = String::new();
+            tokio::io::AsyncReadExt::read_to_string(mirror.stderr.as_mut().unwrap(), &mut stderr).await.unwrap();
+            panic!("the mirror exited ({status}): {stderr}");
+        }
+        assert!(std::time::Instant::now() < deadline, "the mirror did not create orders on the target");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let consumed = ok(
+        &["consume", "--topic", "orders", "--from", "beginning", "--max-messages", "2", "--command-config", target_config],
+        "",
+    )
+    .await;
+    assert_eq!(consumed, "x\ny\n");
+    mirror.start_kill().unwrap();
+    let _ = mirror.wait().await;
+
+    // An alias no --source has is refused before anything connects.
+    let out = fjord(
+        &[
+            "mirror",
+            "--source",
+            &format!("dc1={}", source.sasl_ssl),
+            "--target",
+            &target.sasl_ssl.to_string(),
+            "--topics",
+            "orders",
+            "--source-config",
+            &format!("dc9={}", source_props.display()),
+        ],
+        "",
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("no --source has the alias \"dc9\""), "{stderr}");
+    source.stop().await;
+    target.stop().await;
 }

@@ -71,6 +71,9 @@ pub type CrashHook = Arc<dyn Fn(&Step) -> bool + Send + Sync>;
 pub struct LoaderConfig {
     /// `host:port[,host:port…]` of the brokers.
     pub bootstrap: String,
+    /// How to reach them: `security.protocol`, `sasl.*`, `ssl.*` (for reading the topics
+    /// and for publishing the audit counts alike).
+    pub security: fjord_client::SecurityConfig,
     /// Regex; topics whose whole name matches are loaded (internal topics never are).
     pub topics: String,
     /// `file:///path` or `hdfs://namenode:port/path`.
@@ -104,6 +107,7 @@ impl Default for LoaderConfig {
     fn default() -> Self {
         Self {
             bootstrap: "127.0.0.1:9092".into(),
+            security: Default::default(),
             topics: ".*".into(),
             dest: "file:///tmp/fjord-load".into(),
             registry: None,
@@ -125,6 +129,7 @@ impl fmt::Debug for LoaderConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LoaderConfig")
             .field("bootstrap", &self.bootstrap)
+            .field("security", &self.security)
             .field("topics", &self.topics)
             .field("dest", &self.dest)
             .field("registry", &self.registry)
@@ -318,7 +323,11 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
     summary.markers += write_markers(&dest, &state).await?;
 
     // 2. The partitions and where each read starts and ends.
-    let client = ClientConfig { allow_auto_create_topics: false, ..ClientConfig::new(&config.bootstrap) };
+    let client = ClientConfig {
+        allow_auto_create_topics: false,
+        security: config.security.clone(),
+        ..ClientConfig::new(&config.bootstrap)
+    };
     let admin = Admin::connect(client.clone()).await?;
     let mut topics: Vec<_> =
         admin.list_topics().await?.into_iter().filter(|t| !t.is_internal && pattern.is_match(&t.name)).collect();
@@ -497,7 +506,7 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
         // Counted only now that the data is committed; a failed publish keeps the counts
         // in the counter, and the next run's publish retries them under the same ids.
         audit.commit(pending);
-        publish_audit(audit, &config.bootstrap).await;
+        publish_audit(audit, config).await;
     }
     summary.markers += write_markers(&dest, &next).await?;
     prune_states(&dest, &config.job, next.seq).await?;
@@ -507,8 +516,8 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
 
 /// Publishes the loader tier's committed counts; failures are logged, not fatal: the
 /// data is committed already and the counts stay queued for the next publish.
-async fn publish_audit(audit: &fjord_audit::AuditCounter, bootstrap: &str) {
-    let client = ClientConfig::new(bootstrap);
+async fn publish_audit(audit: &fjord_audit::AuditCounter, config: &LoaderConfig) {
+    let client = ClientConfig { security: config.security.clone(), ..ClientConfig::new(&config.bootstrap) };
     if let Err(e) = fjord_audit::ensure_audit_topic(&client).await {
         tracing::warn!(error = %e, "could not create the audit topic; relying on auto-creation");
     }

@@ -16,6 +16,9 @@ pub struct SourceConfig {
     pub alias: String,
     /// `HOST:PORT[,HOST:PORT...]`.
     pub bootstrap: String,
+    /// How to reach it (`security.protocol`, `sasl.*`, `ssl.*`): each source cluster has
+    /// its own identity, as MirrorMaker's consumer config.
+    pub security: fjord_client::SecurityConfig,
 }
 
 impl SourceConfig {
@@ -30,7 +33,7 @@ impl SourceConfig {
             return Err(Error::InvalidConfig(format!("source {s:?}: the alias before '=' is empty")));
         }
         check_bootstrap(bootstrap, &format!("source {alias}"))?;
-        Ok(Self { alias: alias.to_string(), bootstrap: bootstrap.to_string() })
+        Ok(Self { alias: alias.to_string(), bootstrap: bootstrap.to_string(), security: Default::default() })
     }
 }
 
@@ -55,6 +58,9 @@ pub struct MirrorConfig {
     pub sources: Vec<SourceConfig>,
     /// Target (analytics) cluster bootstrap list.
     pub target: String,
+    /// How to reach the target (MirrorMaker's producer config): its own identity, apart
+    /// from the sources'.
+    pub target_security: fjord_client::SecurityConfig,
     /// Topics to mirror: a regex that must match the whole name. Internal topics
     /// (`__*`) never match.
     pub topics: String,
@@ -93,6 +99,7 @@ impl MirrorConfig {
         Self {
             sources,
             target: target.into(),
+            target_security: Default::default(),
             topics: topics.into(),
             group: "fjord-mirror".into(),
             rename: None,

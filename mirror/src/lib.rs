@@ -68,7 +68,7 @@ pub async fn run(config: MirrorConfig, metrics: Option<TcpListener>, shutdown: C
     let topics = config.validate()?;
     tracing::info!(?config, "starting the mirror");
     let stats = Arc::new(stats::Stats::new(&config.sources));
-    let target_client = ClientConfig::new(&config.target);
+    let target_client = ClientConfig { security: config.target_security.clone(), ..ClientConfig::new(&config.target) };
     let target = Target::connect(target_client.clone())
         .await
         .map_err(|error| Error::TargetUnreachable { target: config.target.clone(), error })?;

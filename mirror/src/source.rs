@@ -191,6 +191,7 @@ impl<'a> Session<'a> {
         let source_client = ClientConfig {
             client_id: "fjord-mirror".into(),
             connect_timeout: Duration::from_secs(5),
+            security: source.security.clone(),
             ..ClientConfig::new(&source.bootstrap)
         };
         let admin = Admin::connect(source_client.clone()).await?;
