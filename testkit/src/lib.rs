@@ -38,7 +38,7 @@ pub use tmpfs::Tmpfs;
 pub use wait::wait_until;
 
 /// Where Debian's package puts the server jar and its dependencies.
-const ZOOKEEPER_CLASSPATH: &str = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
+pub(crate) const ZOOKEEPER_CLASSPATH: &str = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
 
 /// A standalone ZooKeeper server for one test.
 #[derive(Debug)]

@@ -1,7 +1,8 @@
 //! `cargo xtask test`: install what the tests need on a fresh Debian machine, check the
 //! formatting, run every test of the workspace, then clippy with warnings as errors, then
 //! the core set of librdkafka's own integration tests (`cargo xtask conformance`, see
-//! [`conformance`]; `FJORD_SKIP_CONFORMANCE=1` leaves it out).
+//! [`conformance`]; `FJORD_SKIP_CONFORMANCE=1` leaves it out). The short chaos run
+//! (fjord-testkit's `tests/chaos_short.rs`, see [`chaos`]) is one of the workspace's tests.
 //! `.ci/run` calls exactly this. With extra arguments (`cargo xtask test -- NAME`) only
 //! the selected tests run, without the format and lint checks.
 //!
@@ -13,6 +14,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+mod chaos;
 mod conformance;
 
 /// Debian packages the integration tests run: a real ZooKeeper server, kcat
@@ -25,6 +27,10 @@ const APT_PACKAGES: &[(&str, &str)] = &[
     ("python3-venv", "/usr/share/doc/python3-venv"),
     // Headless browser that opens the audit's HTML report in its test.
     ("chromium", "/usr/bin/chromium"),
+    // Network namespaces, veth pairs and the fault rules of the chaos run.
+    ("iproute2", "/usr/sbin/ip"),
+    ("nftables", "/usr/sbin/nft"),
+    ("iptables", "/usr/sbin/iptables"),
 ];
 
 /// Python packages installed into `target/venv`: independent clients for the tests
@@ -40,9 +46,10 @@ fn main() -> Result<()> {
         Some("test") => test(&args[1..]),
         Some("provision") => provision(),
         Some("conformance") => conformance::conformance(&args[1..]),
+        Some("chaos") => chaos::chaos(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask test [-- cargo test args]\n       cargo xtask provision\n       cargo xtask conformance [--tests 0001,...] [--all] [--scenario default|noautocreate] [--idempotent]"
+                "usage: cargo xtask test [-- cargo test args]\n       cargo xtask provision\n       cargo xtask conformance [--tests 0001,...] [--all] [--scenario default|noautocreate] [--idempotent]\n       cargo xtask chaos --seed S --duration SECS [--faults partition,isolate,one-way,zk-expire,loss,latency,netem,kill,pause,disk] [--json]"
             );
             std::process::exit(2);
         }
