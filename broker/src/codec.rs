@@ -45,6 +45,8 @@ pub(crate) mod error_code {
     pub(crate) const INVALID_CONFIG: i16 = 40;
     pub(crate) const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
     pub(crate) const INVALID_PRODUCER_EPOCH: i16 = 47;
+    pub(crate) const INVALID_TXN_STATE: i16 = 48;
+    pub(crate) const TRANSACTION_COORDINATOR_FENCED: i16 = 52;
     pub(crate) const KAFKA_STORAGE_ERROR: i16 = 56;
     pub(crate) const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
     pub(crate) const FENCED_LEADER_EPOCH: i16 = 74;
@@ -109,6 +111,9 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeCluster, 0, 1),
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DeleteRecords, 0, 2),
+    // Only v1: the codec crate (like Kafka 4) no longer reads v0, which differs from v1
+    // in its encoding only (v1 is flexible).
+    (ApiKey::WriteTxnMarkers, 1, 1),
 ];
 
 /// Produce versions whose payloads are old message sets; answered by hand

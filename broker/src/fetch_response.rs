@@ -52,6 +52,9 @@ pub(crate) struct PartitionData {
     pub(crate) high_watermark: i64,
     pub(crate) last_stable_offset: i64,
     pub(crate) log_start_offset: i64,
+    /// read_committed: the aborted transactions in the fetched range, as
+    /// `(producer_id, first_offset)`; empty otherwise.
+    pub(crate) aborted_transactions: Vec<(i64, i64)>,
     pub(crate) records: FetchedRecords,
 }
 
@@ -103,7 +106,12 @@ pub(crate) fn encode(correlation_id: i32, version: i16, response: &FetchResponse
             if version >= 5 {
                 writer.buf.put_i64(p.log_start_offset);
             }
-            writer.array_len(0); // aborted transactions: none, there are no transactions
+            writer.array_len(p.aborted_transactions.len());
+            for &(producer_id, first_offset) in &p.aborted_transactions {
+                writer.buf.put_i64(producer_id);
+                writer.buf.put_i64(first_offset);
+                writer.tagged_fields();
+            }
             if version >= 11 {
                 writer.buf.put_i32(-1); // preferred read replica: none
             }
@@ -192,8 +200,8 @@ impl Writer {
 mod tests {
     use std::io::Write;
 
-    use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData as KPartitionData};
-    use kafka_protocol::messages::{ApiKey, FetchResponse, ResponseKind, TopicName};
+    use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData as KPartitionData};
+    use kafka_protocol::messages::{ApiKey, FetchResponse, ProducerId, ResponseKind, TopicName};
     use kafka_protocol::protocol::StrBytes;
 
     use super::*;
@@ -209,6 +217,7 @@ mod tests {
                 high_watermark: 1000 + i as i64,
                 last_stable_offset: 1000 + i as i64,
                 log_start_offset: 3,
+                aborted_transactions: if i == 0 { vec![(7, 100), (9, 250)] } else { Vec::new() },
                 records,
             })
             .collect();
@@ -239,7 +248,16 @@ mod tests {
                                 .with_high_watermark(p.high_watermark)
                                 .with_last_stable_offset(p.last_stable_offset)
                                 .with_log_start_offset(if version >= 5 { p.log_start_offset } else { -1 })
-                                .with_aborted_transactions(Some(vec![]))
+                                .with_aborted_transactions(Some(
+                                    p.aborted_transactions
+                                        .iter()
+                                        .map(|&(pid, first)| {
+                                            AbortedTransaction::default()
+                                                .with_producer_id(ProducerId(pid))
+                                                .with_first_offset(first)
+                                        })
+                                        .collect(),
+                                ))
                                 .with_records(Some(records.next().unwrap().clone()))
                         })
                         .collect(),

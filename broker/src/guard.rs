@@ -161,6 +161,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::CreatePartitions | ApiKey::DeleteRecords => v >= 2,
         ApiKey::AddPartitionsToTxn | ApiKey::AddOffsetsToTxn | ApiKey::EndTxn | ApiKey::TxnOffsetCommit => v >= 3,
         ApiKey::DescribeTransactions | ApiKey::ListTransactions => true,
+        ApiKey::WriteTxnMarkers => v >= 1,
         _ => return Err("no schema for this api"),
     };
     let w = &mut Walker { buf: body, flexible };
@@ -482,6 +483,20 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                     w.int32()?; // leader epoch
                     w.tagged_fields()
                 })?;
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::WriteTxnMarkers => {
+            w.array(|w| {
+                w.int64()?; // producer id
+                w.int16()?; // producer epoch
+                w.int8()?; // transaction result
+                w.array(|w| {
+                    w.string()?; // name
+                    w.array(Walker::int32)?; // partition indexes
+                    w.tagged_fields()
+                })?;
+                w.int32()?; // coordinator epoch
                 w.tagged_fields()
             })?;
         }
@@ -891,6 +906,16 @@ mod tests {
             ApiKey::DescribeCluster => DescribeClusterRequest::default()
                 .with_include_cluster_authorized_operations(true)
                 .with_endpoint_type(if v >= 1 { 2 } else { 1 })
+                .encode(&mut buf, v),
+            ApiKey::WriteTxnMarkers => WriteTxnMarkersRequest::default()
+                .with_markers(vec![write_txn_markers_request::WritableTxnMarker::default()
+                    .with_producer_id(ProducerId(7))
+                    .with_producer_epoch(2)
+                    .with_transaction_result(true)
+                    .with_topics(vec![write_txn_markers_request::WritableTxnMarkerTopic::default()
+                        .with_name(name())
+                        .with_partition_indexes(vec![0, 3])])
+                    .with_coordinator_epoch(5)])
                 .encode(&mut buf, v),
             ApiKey::DeleteRecords => DeleteRecordsRequest::default()
                 .with_topics(vec![delete_records_request::DeleteRecordsTopic::default().with_name(name()).with_partitions(vec![

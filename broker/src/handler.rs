@@ -16,6 +16,7 @@ pub(crate) mod partitions;
 pub(crate) mod produce;
 pub(crate) mod producer_id;
 pub(crate) mod txn;
+pub(crate) mod write_txn_markers;
 
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use std::sync::Arc;
@@ -229,6 +230,7 @@ impl Broker {
                 (ApiKey::AlterUserScramCredentials, self.alter_user_scram_credentials(req).await)
             }
             RequestKind::DeleteRecords(req) => (ApiKey::DeleteRecords, self.delete_records(req, session)),
+            RequestKind::WriteTxnMarkers(req) => (ApiKey::WriteTxnMarkers, self.write_txn_markers(req, session).await),
             RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req, session).await),
             RequestKind::DescribeCluster(req) => (ApiKey::DescribeCluster, self.describe_cluster(req, &session.listener.name)),
             other => {
@@ -264,6 +266,9 @@ pub(crate) fn log_error_code(error: &fjord_log::Error) -> i16 {
         // Idempotent producers: a gap in the sequence, or a fenced (older) epoch.
         E::OutOfOrderSequence { .. } => error_code::OUT_OF_ORDER_SEQUENCE_NUMBER,
         E::InvalidProducerEpoch { .. } => error_code::INVALID_PRODUCER_EPOCH,
+        // Transactions: a plain batch inside an open transaction, a fenced coordinator's marker.
+        E::InvalidTxnState { .. } => error_code::INVALID_TXN_STATE,
+        E::TransactionCoordinatorFenced { .. } => error_code::TRANSACTION_COORDINATOR_FENCED,
         E::OffsetOutOfRange { .. } => error_code::OFFSET_OUT_OF_RANGE,
         // Damaged data on disk: never served, never skipped (the log reports it once).
         E::CorruptSegment { .. } => error_code::CORRUPT_MESSAGE,

@@ -146,14 +146,15 @@ impl Partition {
     /// leader learns the high watermark from its followers' fetches, so until it reaches
     /// the log end at the start of this epoch it may be below records already committed:
     /// then OFFSET_NOT_AVAILABLE (retriable), as Kafka answers, instead of an offset that
-    /// would send a consumer back over committed records.
-    pub(crate) fn latest_offset(&self) -> Result<Offset, Refusal> {
+    /// would send a consumer back over committed records. With `read_committed`, the
+    /// last stable offset (never above the high watermark).
+    pub(crate) fn latest_offset(&self, read_committed: bool) -> Result<Offset, Refusal> {
         let state = self.state();
         let high_watermark = self.log.high_watermark();
         if high_watermark < state.epoch_start_offset {
             return Err(error_code::OFFSET_NOT_AVAILABLE);
         }
-        Ok(high_watermark)
+        Ok(if read_committed { self.log.last_stable_offset() } else { high_watermark })
     }
 
     /// Leader append of a produce request; also returns the leader epoch it was
@@ -188,6 +189,38 @@ impl Partition {
             if !self.maybe_advance_high_watermark() {
                 self.notify_appended();
             }
+        }
+        Ok(appended)
+    }
+
+    /// Leader append of a transaction marker (WriteTxnMarkers) ending the transaction of
+    /// `producer_id`; also returns the leader epoch it was appended in. The log checks the
+    /// producer and coordinator epochs (see [`fjord_log::Log::append_marker`]). With
+    /// `min_isr` set (Kafka writes markers with acks=all), refuses NOT_ENOUGH_REPLICAS when
+    /// the ISR is smaller.
+    pub(crate) fn append_marker_as_leader(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        coordinator_epoch: i32,
+        commit: bool,
+        min_isr: usize,
+    ) -> Result<Result<(AppendInfo, i32), fjord_log::Error>, Refusal> {
+        let appended = {
+            let state = self.state();
+            if state.role != Role::Leader {
+                return Err(error_code::NOT_LEADER_OR_FOLLOWER);
+            }
+            if state.isr.len() < min_isr {
+                return Err(error_code::NOT_ENOUGH_REPLICAS);
+            }
+            self.log
+                .append_marker(producer_id, producer_epoch, coordinator_epoch, commit, state.leader_epoch)
+                .map(|info| (info, state.leader_epoch))
+        };
+        if appended.is_ok() && !self.maybe_advance_high_watermark() {
+            // The last stable offset may have moved: read_committed fetches re-read.
+            self.notify_appended();
         }
         Ok(appended)
     }

@@ -439,6 +439,39 @@ mod tests {
         manager.shutdown().await;
     }
 
+    /// Markers (WriteTxnMarkers) go through the leader only, and the last stable offset
+    /// passes a decided transaction only once its marker is on the ISR: until then a
+    /// leader change could still lose the marker.
+    #[tokio::test]
+    async fn markers_are_the_leaders_and_the_lso_waits_for_them_to_replicate() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
+        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
+        let tp = TopicPartition::new("t", 0);
+        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
+        let partition = manager.add_partition(&tp, log.clone());
+        assert_eq!(partition.append_marker_as_leader(9, 0, 0, true, 1).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
+        manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
+        let mut txn = fjord_record::BatchBuilder::new(1_000).producer(9, 0, 0).transactional();
+        txn.append(1_000, None, Some(b"v"), &[]);
+        partition.append_as_leader(&txn.build_vec(), false, 1, None).unwrap().unwrap();
+        manager.follower_fetched(&partition, 2, 1);
+        assert_eq!((log.high_watermark(), log.last_stable_offset()), (1, 0));
+        assert_eq!(partition.latest_offset(true), Ok(0));
+        assert_eq!(partition.append_marker_as_leader(9, 0, 0, true, 3).unwrap_err(), error_code::NOT_ENOUGH_REPLICAS);
+        let (info, epoch) = partition.append_marker_as_leader(9, 0, 0, true, 2).unwrap().unwrap();
+        assert_eq!((info.base_offset, epoch), (1, 0));
+        assert_eq!(log.last_stable_offset(), 0, "the commit is not on the follower yet");
+        manager.follower_fetched(&partition, 2, 2);
+        assert_eq!((log.high_watermark(), log.last_stable_offset()), (2, 2));
+        assert_eq!(partition.latest_offset(true), Ok(2));
+        // A follower now: markers go to the new leader.
+        manager.apply(&tp, &[1, 2], &state(2, 1, &[2]), 1);
+        assert_eq!(partition.append_marker_as_leader(9, 0, 0, false, 1).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
+        assert_eq!(log.log_end_offset(), 2);
+        manager.shutdown().await;
+    }
+
     /// A leader whose high watermark is below the log end at the start of its epoch
     /// (it has not heard from its followers yet) answers OFFSET_NOT_AVAILABLE for the
     /// latest offset until a follower's fetch moves the high watermark up.
@@ -453,16 +486,16 @@ mod tests {
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
         partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
         partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
-        assert_eq!(partition.latest_offset(), Ok(0), "this epoch began at 0: the high watermark is current");
+        assert_eq!(partition.latest_offset(false), Ok(0), "this epoch began at 0: the high watermark is current");
 
         // A new epoch begins at the log end, 2, above the high watermark.
         manager.apply(&tp, &[1, 2], &state(1, 1, &[1, 2]), 1);
         assert_eq!(log.high_watermark(), 0);
-        assert_eq!(partition.latest_offset(), Err(error_code::OFFSET_NOT_AVAILABLE));
+        assert_eq!(partition.latest_offset(false), Err(error_code::OFFSET_NOT_AVAILABLE));
         manager.follower_fetched(&partition, 2, 1);
-        assert_eq!(partition.latest_offset(), Err(error_code::OFFSET_NOT_AVAILABLE), "high watermark 1, epoch start 2");
+        assert_eq!(partition.latest_offset(false), Err(error_code::OFFSET_NOT_AVAILABLE), "high watermark 1, epoch start 2");
         manager.follower_fetched(&partition, 2, 2);
-        assert_eq!(partition.latest_offset(), Ok(2));
+        assert_eq!(partition.latest_offset(false), Ok(2));
         manager.shutdown().await;
     }
 }

@@ -266,6 +266,18 @@ async fn an_allowed_anonymous_client_cannot_delete_a_topic_or_alter_its_config()
     let response: kafka_protocol::messages::DeleteRecordsResponse =
         anonymous.call(ApiKey::DeleteRecords, 2, &trim).await.unwrap();
     assert_eq!(response.topics[0].partitions[0].error_code, TOPIC_AUTHORIZATION_FAILED);
+    // WriteTxnMarkers needs ClusterAction on the cluster (the brokers', a super user's).
+    let abort = WriteTxnMarkersRequest::default().with_markers(vec![write_txn_markers_request::WritableTxnMarker::default()
+        .with_producer_id(ProducerId(5))
+        .with_topics(vec![write_txn_markers_request::WritableTxnMarkerTopic::default()
+            .with_name(topic_name("shared"))
+            .with_partition_indexes(vec![0])])]);
+    let response: WriteTxnMarkersResponse = anonymous.call(ApiKey::WriteTxnMarkers, 1, &abort).await.unwrap();
+    assert_eq!(response.markers[0].topics[0].partitions[0].error_code, CLUSTER_AUTHORIZATION_FAILED);
+    assert_eq!(admin.latest_offset("shared").await, (0, 1), "nothing written");
+    let response: WriteTxnMarkersResponse = admin.call(ApiKey::WriteTxnMarkers, 1, &abort).await.unwrap();
+    assert_eq!(response.markers[0].topics[0].partitions[0].error_code, 0);
+    assert_eq!(admin.latest_offset("shared").await, (0, 2));
     // Nor may it grant itself more.
     assert_eq!(
         allow(&mut anonymous, "User:ANONYMOUS", Operation::All, ResourceType::Cluster, "kafka-cluster").await,

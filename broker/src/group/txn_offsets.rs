@@ -159,9 +159,7 @@ impl GroupCoordinator {
     /// A transaction marker for the producer's offsets: on commit its pending offsets
     /// become the committed ones of every group this broker coordinates; on abort they
     /// are dropped. `Err` when the store failed (the coordinator sends the marker again).
-    // Called by the WriteTxnMarkers handler for `crate::txn::GROUP_MARKER_TOPIC`, which
-    // lands with the partitions' side of transactions (#20).
-    #[allow(dead_code)]
+    // Called by the WriteTxnMarkers handler for `crate::txn::GROUP_MARKER_TOPIC`.
     pub(crate) async fn complete_txn_offsets(&self, producer_id: i64, commit: bool) -> Result<(), ResponseError> {
         let store: &dyn MetadataStore = &*self.inner.store;
         let unavailable = |e: fjord_coord::Error| {

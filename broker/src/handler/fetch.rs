@@ -9,6 +9,12 @@
 //! tokio timer). Registering before reading means an append between the read and the
 //! wait leaves a permit behind instead of being missed.
 //!
+//! `isolation_level=1` (read_committed) stops a consumer's read at the last stable
+//! offset instead of the high watermark and lists the aborted transactions overlapping
+//! what it returns (from the segments' `.txnindex`), so the client drops their records;
+//! the records themselves go out as they are, by sendfile too. Every answer carries the
+//! partition's last stable offset, whatever the isolation level.
+//!
 //! A replica id is honoured only from a connection that is that broker's: on the
 //! inter-broker listener, from an address the broker is registered at (with SASL, the
 //! broker's authenticated principal as well). Anyone else's replica Fetch is answered
@@ -54,6 +60,8 @@ impl Broker {
         // sendfile cannot cross user-space TLS: those connections get copies.
         let zero_copy = self.config.fetch_zero_copy && !session.listener.protocol.tls();
         let replica_fetch = request.replica_id.0 >= 0;
+        // Followers copy everything, markers and open transactions included.
+        let read_committed = request.isolation_level == 1 && !replica_fetch;
         let wanted: Vec<(String, Vec<Wanted>)> = request
             .topics
             .into_iter()
@@ -103,14 +111,14 @@ impl Broker {
                     partition.register_waiter(&waiter);
                 }
             }
-            let (data, has_error) = self.read_partitions(&wanted, max_bytes, replica.is_some(), zero_copy);
+            let (data, has_error) = self.read_partitions(&wanted, max_bytes, replica.is_some(), read_committed, zero_copy);
             if has_error || data.records_bytes() >= min_bytes || Instant::now() >= deadline {
                 return data;
             }
             tokio::select! {
                 () = waiter.notified() => {}
                 () = tokio::time::sleep_until(deadline) => {
-                    return self.read_partitions(&wanted, max_bytes, replica.is_some(), zero_copy).0;
+                    return self.read_partitions(&wanted, max_bytes, replica.is_some(), read_committed, zero_copy).0;
                 }
             }
         }
@@ -123,6 +131,7 @@ impl Broker {
         wanted: &[(String, Vec<Wanted>)],
         max_bytes: usize,
         replica: bool,
+        read_committed: bool,
         zero_copy: bool,
     ) -> (FetchResponseData, bool) {
         let mut total = 0usize;
@@ -134,7 +143,8 @@ impl Broker {
                 partitions: partitions
                     .iter()
                     .map(|w| {
-                        let data = self.read_partition(w, max_bytes.saturating_sub(total), total == 0, replica, zero_copy);
+                        let remaining = max_bytes.saturating_sub(total);
+                        let data = self.read_partition(w, remaining, total == 0, replica, read_committed, zero_copy);
                         total += data.records.len();
                         has_error |= data.error_code != error_code::NONE;
                         data
@@ -145,13 +155,22 @@ impl Broker {
         (FetchResponseData { topics, ..Default::default() }, has_error)
     }
 
-    fn read_partition(&self, wanted: &Wanted, remaining: usize, first: bool, replica: bool, zero_copy: bool) -> PartitionData {
+    fn read_partition(
+        &self,
+        wanted: &Wanted,
+        remaining: usize,
+        first: bool,
+        replica: bool,
+        read_committed: bool,
+        zero_copy: bool,
+    ) -> PartitionData {
         let mut data = PartitionData {
             partition_index: wanted.partition_index,
             error_code: error_code::NONE,
             high_watermark: -1,
             last_stable_offset: -1,
             log_start_offset: -1,
+            aborted_transactions: Vec::new(),
             records: FetchedRecords::Empty,
         };
         let partition = match &wanted.partition {
@@ -166,32 +185,38 @@ impl Broker {
             return data;
         }
         let log = &partition.log;
+        // The last stable offset after the high watermark: it is never above it.
         let high_watermark = log.high_watermark();
+        let last_stable_offset = log.last_stable_offset().min(high_watermark);
         data.high_watermark = high_watermark;
-        data.last_stable_offset = high_watermark; // no transactions: everything is stable
+        data.last_stable_offset = last_stable_offset;
         data.log_start_offset = log.log_start_offset();
         let limit = wanted.partition_max_bytes.min(remaining);
-        // Consumers never see above the high watermark; followers need everything.
-        let upper_bound = (!replica).then_some(high_watermark);
+        // Consumers never see above the high watermark (read_committed ones above the last
+        // stable offset); followers need everything.
+        let upper_bound = match (replica, read_committed) {
+            (true, _) => None,
+            (false, false) => Some(high_watermark),
+            (false, true) => Some(last_stable_offset),
+        };
         // KIP-74: the first batch of the first non-empty partition is returned whole even
         // when it exceeds the limits, so a consumer can always make progress.
-        let records = if zero_copy {
-            log.read(wanted.fetch_offset, limit, upper_bound, first).map(|slice| {
-                if slice.is_empty() {
-                    FetchedRecords::Empty
-                } else {
-                    FetchedRecords::File { file: slice.file.clone(), position: slice.position, len: slice.len }
-                }
-            })
-        } else {
-            log.read_bytes(wanted.fetch_offset, limit, upper_bound, first).map(|bytes| {
-                if bytes.is_empty() {
-                    FetchedRecords::Empty
-                } else {
-                    FetchedRecords::Memory(bytes.into())
-                }
-            })
-        };
+        let records = log.read(wanted.fetch_offset, limit, upper_bound, first).and_then(|slice| {
+            if read_committed && !slice.is_empty() {
+                // The aborted transactions overlapping the batches returned.
+                let aborted = log.aborted_transactions(slice.first_offset.max(wanted.fetch_offset), slice.next_offset)?;
+                data.aborted_transactions = aborted.iter().map(|a| (a.producer_id, a.first_offset)).collect();
+            }
+            if slice.is_empty() {
+                Ok(FetchedRecords::Empty)
+            } else if zero_copy {
+                Ok(FetchedRecords::File { file: slice.file.clone(), position: slice.position, len: slice.len })
+            } else {
+                let bytes =
+                    slice.read_to_vec().map_err(|source| fjord_log::Error::Io { path: log.dir().to_path_buf(), source })?;
+                Ok(FetchedRecords::Memory(bytes.into()))
+            }
+        });
         match records {
             Ok(records) => data.records = records,
             Err(e) => {
@@ -279,6 +304,7 @@ fn refused(request: FetchRequest, code: i16) -> FetchResponseData {
                     high_watermark: -1,
                     last_stable_offset: -1,
                     log_start_offset: -1,
+                    aborted_transactions: Vec::new(),
                     records: FetchedRecords::Empty,
                 })
                 .collect(),

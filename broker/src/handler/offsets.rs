@@ -1,4 +1,6 @@
-//! ListOffsets: earliest, latest, or the first offset at or after a timestamp.
+//! ListOffsets: earliest, latest, or the first offset at or after a timestamp. "Latest"
+//! is the high watermark, or with `isolation_level=1` (read_committed) the last stable
+//! offset, where such a consumer's data ends.
 
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse, ResponseKind};
@@ -15,6 +17,7 @@ const EARLIEST: i64 = -2;
 
 impl Broker {
     pub(crate) fn list_offsets(&self, request: ListOffsetsRequest, version: i16, session: &Session) -> ResponseKind {
+        let read_committed = request.isolation_level == 1;
         let topics = request
             .topics
             .into_iter()
@@ -49,7 +52,7 @@ impl Broker {
                         }
                         let log = &partition.log;
                         match p.timestamp {
-                            LATEST => match partition.latest_offset() {
+                            LATEST => match partition.latest_offset(read_committed) {
                                 Ok(offset) => response.with_offset(offset),
                                 Err(code) => response.with_error_code(code),
                             },
