@@ -77,6 +77,11 @@ kafka_enum!(
         Cluster = 4, "Cluster", "CLUSTER";
         /// A transactional id.
         TransactionalId = 5, "TransactionalId", "TRANSACTIONAL_ID";
+        /// A schema registry subject: Describe reads its schemas and config, Write
+        /// registers a version, Delete deletes versions, Alter changes its compatibility.
+        /// Not a Kafka resource type: its code is outside Kafka's range (0..=7), so a Kafka
+        /// client neither sends it nor is sent it by the broker's ACL APIs.
+        Subject = 64, "Subject", "SUBJECT";
     }
 );
 

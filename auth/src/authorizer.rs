@@ -65,6 +65,11 @@ impl<'a> Resource<'a> {
         Self { resource_type: ResourceType::TransactionalId, name }
     }
 
+    /// A schema registry subject.
+    pub fn subject(name: &'a str) -> Self {
+        Self { resource_type: ResourceType::Subject, name }
+    }
+
     /// The cluster.
     pub fn cluster() -> Self {
         Self { resource_type: ResourceType::Cluster, name: CLUSTER_NAME }
@@ -88,6 +93,7 @@ fn type_slot(resource_type: ResourceType) -> usize {
         ResourceType::Group => 1,
         ResourceType::Cluster => 2,
         ResourceType::TransactionalId => 3,
+        ResourceType::Subject => 4,
     }
 }
 
@@ -97,7 +103,7 @@ fn type_slot(resource_type: ResourceType) -> usize {
 pub struct Authorizer {
     config: AuthorizerConfig,
     acls: BTreeMap<ResourcePattern, BTreeSet<AccessControlEntry>>,
-    index: [TypeIndex; 4],
+    index: [TypeIndex; 5],
 }
 
 impl Authorizer {
@@ -117,7 +123,7 @@ impl Authorizer {
 
     /// An authorizer over ACLs grouped by pattern (as the store keeps them).
     pub fn from_patterns(config: AuthorizerConfig, acls: BTreeMap<ResourcePattern, BTreeSet<AccessControlEntry>>) -> Self {
-        let mut index: [TypeIndex; 4] = Default::default();
+        let mut index: [TypeIndex; 5] = Default::default();
         for (pattern, entries) in &acls {
             if entries.is_empty() {
                 continue;

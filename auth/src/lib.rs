@@ -12,6 +12,10 @@
 //! - [`authorizer`]: the pure, indexed check run on every request.
 //! - [`store`]: credentials and ACLs in the metadata store (paths and JSON as Kafka's).
 //! - [`watcher`]: [`AclWatcher`], which keeps every broker's [`Authorizer`] current.
+//! - [`http`]: TLS, HTTP Basic and ACLs for the gateway and the registry.
+//! - [`tls`]: the server side of TLS from PEM files (`ssl.keystore.location` ...), reloaded
+//!   when the files change, and client-certificate principals; shared by the broker,
+//!   the gateway and the registry.
 //!
 //! # Invariants
 //! A password is never stored or logged: only the salt, iteration count, StoredKey and
@@ -20,10 +24,12 @@
 
 pub mod acl;
 pub mod authorizer;
+pub mod http;
 pub mod plain;
 pub mod principal;
 pub mod scram;
 pub mod store;
+pub mod tls;
 pub mod watcher;
 
 pub use acl::{
@@ -106,6 +112,17 @@ pub enum Error {
     Contended {
         /// Store path.
         path: String,
+    },
+    /// A setting that cannot be used: a TLS file that does not load, a key that is
+    /// missing for what the others ask for.
+    #[error("invalid config {key} = {value:?}: {reason}")]
+    InvalidConfig {
+        /// The config key.
+        key: String,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
     },
     /// The metadata store failed.
     #[error(transparent)]

@@ -111,7 +111,7 @@ pub async fn run_listeners(
     // TLS files are loaded before anything else starts, so a bad file stops the start
     // with a message instead of failing every handshake.
     let tls = match plan.iter().any(|l| l.protocol.tls()) {
-        true => Some(crate::tls::TlsServer::new(config.ssl.clone())?),
+        true => Some(crate::tls::server(config.ssl.clone())?),
         false => None,
     };
     let inter_broker = plan

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use anyhow::Context;
 use fjord_gateway::GatewayConfig;
 use tokio::net::TcpListener;
 
@@ -50,6 +51,18 @@ pub(crate) struct GatewayArgs {
     /// How long a browser may cache a CORS preflight answer (s).
     #[arg(long, env = "FJORD_GATEWAY_CORS_MAX_AGE_SECS")]
     cors_max_age_secs: Option<u64>,
+    /// Security properties file (`key=value` lines, Confluent REST Proxy's names): TLS
+    /// (`ssl.keystore.location`, `ssl.truststore.location`, `ssl.client.auth`),
+    /// `authentication.method=BASIC`, `authentication.realm`, `authorizer.enable`,
+    /// `super.users`, and the gateway's own broker identity (`client.security.protocol`,
+    /// `client.sasl.mechanism`, `client.sasl.username`, `client.sasl.password`,
+    /// `client.ssl.ca.location`).
+    #[arg(long, value_name = "FILE", env = "FJORD_GATEWAY_CONFIG")]
+    config: Option<std::path::PathBuf>,
+    /// ZooKeeper connect string of the cluster's metadata store, where Basic
+    /// authentication reads the users and the authorizer the ACLs.
+    #[arg(long, env = "FJORD_ZOOKEEPER_CONNECT")]
+    zookeeper: Option<String>,
 }
 
 impl GatewayArgs {
@@ -69,7 +82,7 @@ impl GatewayArgs {
             origin_topics,
             ..defaults.cors.clone()
         };
-        Ok(GatewayConfig {
+        let mut config = GatewayConfig {
             cors,
             registry_url: self.registry.clone(),
             max_body_bytes: self.max_body_bytes.unwrap_or(defaults.max_body_bytes),
@@ -79,7 +92,15 @@ impl GatewayArgs {
             audit_interval: (self.audit_interval_secs > 0).then(|| Duration::from_secs(self.audit_interval_secs)),
             audit_cluster: self.audit_cluster.clone(),
             ..defaults
-        })
+        };
+        if let Some(path) = &self.config {
+            let context = || format!("--config {}", path.display());
+            let text = std::fs::read_to_string(path).with_context(context)?;
+            for (key, value) in fjord_client::parse_properties(&text).with_context(context)? {
+                config.set(&key, &value).with_context(context)?;
+            }
+        }
+        Ok(config)
     }
 }
 
@@ -87,12 +108,22 @@ impl GatewayArgs {
 pub(crate) async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     let config = args.config()?;
     config.validate()?;
+    let store = match &args.zookeeper {
+        Some(connect) => Some(
+            fjord_coord::open(Some(connect), std::path::Path::new("")).await.with_context(|| format!("ZooKeeper {connect}"))?,
+        ),
+        None if config.security.needs_store() => {
+            anyhow::bail!("authentication.method=BASIC and authorizer.enable read users and ACLs: give --zookeeper")
+        }
+        None => None,
+    };
     let http = TcpListener::bind(&args.http).await?;
     let grpc = TcpListener::bind(&args.grpc).await?;
-    println!("gateway HTTP: http://{} (OpenAPI at /openapi.json)", http.local_addr()?);
+    let scheme = if config.security.tls_enabled() { "https" } else { "http" };
+    println!("gateway HTTP: {scheme}://{} (OpenAPI at /openapi.json)", http.local_addr()?);
     println!("gateway gRPC: {} (fjord.v1.Publisher, fjord.v1.Subscriber, health, reflection)", grpc.local_addr()?);
     println!("publishing into {}", config.bootstrap);
     let shutdown = crate::server::shutdown_on_signal()?;
-    fjord_gateway::run(config, http, grpc, shutdown).await?;
+    fjord_gateway::run_with_store(config, store, http, grpc, shutdown).await?;
     Ok(())
 }

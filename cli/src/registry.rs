@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use fjord_schema_registry::RegistryConfig;
 use tokio::net::TcpListener;
 
@@ -20,18 +21,33 @@ pub(crate) struct RegistryArgs {
     /// Directory of the embedded metadata store (only without --zookeeper).
     #[arg(long, env = "FJORD_REGISTRY_DATA_DIR", default_value = "./fjord-registry-data")]
     data_dir: PathBuf,
+    /// Security properties file (`key=value` lines, Confluent Schema Registry's names):
+    /// TLS (`ssl.keystore.location`, `ssl.truststore.location`, `ssl.client.auth`),
+    /// `authentication.method=BASIC`, `authentication.realm`, `authorizer.enable`,
+    /// `super.users` (users and ACLs are the brokers', in the same metadata store).
+    #[arg(long, value_name = "FILE", env = "FJORD_REGISTRY_CONFIG")]
+    config: Option<PathBuf>,
 }
 
 /// Runs the registry until Ctrl-C or SIGTERM.
 pub(crate) async fn registry(args: RegistryArgs) -> anyhow::Result<()> {
+    let mut config = RegistryConfig::default();
+    if let Some(path) = &args.config {
+        let context = || format!("--config {}", path.display());
+        let text = std::fs::read_to_string(path).with_context(context)?;
+        for (key, value) in fjord_client::parse_properties(&text).with_context(context)? {
+            config.set(&key, &value).with_context(context)?;
+        }
+    }
     let store = fjord_coord::open(args.zookeeper.as_deref(), &args.data_dir).await?;
     let listener = TcpListener::bind(&args.listen).await?;
     let backing = match &args.zookeeper {
         Some(connect) => format!("ZooKeeper {connect}"),
         None => format!("embedded metadata store in {}", args.data_dir.display()),
     };
-    println!("schema registry: http://{} ({backing})", listener.local_addr()?);
+    let scheme = if config.security.tls_enabled() { "https" } else { "http" };
+    println!("schema registry: {scheme}://{} ({backing})", listener.local_addr()?);
     let shutdown = crate::server::shutdown_on_signal()?;
-    fjord_schema_registry::run(RegistryConfig::default(), store, listener, shutdown).await?;
+    fjord_schema_registry::run(config, store, listener, shutdown).await?;
     Ok(())
 }

@@ -181,6 +181,10 @@ struct ResourceArgs {
     /// The cluster.
     #[arg(long)]
     cluster: bool,
+    /// A schema registry subject (Describe reads it, Write registers versions, Delete
+    /// deletes, Alter sets its compatibility).
+    #[arg(long)]
+    subject: Option<String>,
 }
 
 impl ResourceArgs {
@@ -190,7 +194,7 @@ impl ResourceArgs {
             (_, Some(g), _, _) => Some((ResourceType::Group, g.clone())),
             (_, _, Some(id), _) => Some((ResourceType::TransactionalId, id.clone())),
             (_, _, _, true) => Some((ResourceType::Cluster, CLUSTER_NAME.to_string())),
-            _ => None,
+            _ => self.subject.clone().map(|s| (ResourceType::Subject, s)),
         }
     }
 }

@@ -135,8 +135,12 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
             )
         },
         async {
-            let result =
-                stop_all(fjord_gateway::run(gateway_config, http, grpc, shutdown.clone()).await.map_err(Into::into), &shutdown);
+            let result = stop_all(
+                fjord_gateway::run_with_store(gateway_config, Some(store.clone()), http, grpc, shutdown.clone())
+                    .await
+                    .map_err(Into::into),
+                &shutdown,
+            );
             broker_shutdown.cancel();
             result
         },

@@ -153,11 +153,7 @@ impl KafkaBackend {
     }
 
     fn client_config(&self) -> ClientConfig {
-        ClientConfig {
-            connect_timeout: self.config.broker_timeout.min(Duration::from_secs(5)),
-            request_timeout: self.config.broker_timeout,
-            ..ClientConfig::new(&self.config.bootstrap)
-        }
+        self.config.client_config()
     }
 
     async fn producer(&self, acks: Acks) -> Result<&Producer> {

@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+use fjord_auth::http::HttpSecurityConfig;
+use fjord_client::SecurityConfig;
+
 use crate::{Error, Result};
 
 /// Gateway settings.
@@ -49,6 +52,15 @@ pub struct GatewayConfig {
     /// How long an `Idempotency-Key` holds: a repeat within it gets the first answer and
     /// writes nothing. Also the retention of the key topic.
     pub idempotency_window: Duration,
+    /// TLS, authentication and authorization of the HTTP and gRPC fronts: Confluent REST
+    /// Proxy's and Kafka's keys (`ssl.keystore.location`, `authentication.method=BASIC`,
+    /// `authorizer.enable` ...; see [`GatewayConfig::set`]).
+    pub security: HttpSecurityConfig,
+    /// How the gateway connects to the brokers: its own identity, as Confluent REST Proxy's
+    /// `client.*` keys (`client.security.protocol`, `client.sasl.mechanism`,
+    /// `client.sasl.username`, `client.sasl.password`, `client.ssl.ca.location`,
+    /// `client.ssl.certificate.location`, `client.ssl.key.location`).
+    pub client_security: SecurityConfig,
 }
 
 /// CORS for browsers. With no allowed origins CORS is off: no CORS headers, preflights
@@ -171,6 +183,8 @@ impl Default for GatewayConfig {
             dead_letter_topic: None,
             cors: CorsConfig::default(),
             idempotency_window: Duration::from_secs(24 * 60 * 60),
+            security: HttpSecurityConfig::default(),
+            client_security: SecurityConfig::default(),
         }
     }
 }
@@ -179,6 +193,40 @@ impl GatewayConfig {
     /// A config publishing into `bootstrap`, defaults elsewhere.
     pub fn new(bootstrap: impl Into<String>) -> Self {
         Self { bootstrap: bootstrap.into(), ..Self::default() }
+    }
+
+    /// Sets a security key by its name, as in a Confluent REST Proxy properties file:
+    /// the front's own (`ssl.keystore.location`, `ssl.truststore.location`,
+    /// `ssl.client.auth` or `ssl.client.authentication`, `ssl.principal.mapping.rules`,
+    /// `ssl.handshake.timeout.ms`, `authentication.method` (`NONE`|`BASIC`),
+    /// `authentication.realm`, `authentication.cache.ms`, `authorizer.enable`,
+    /// `super.users`, `allow.everyone.if.no.acl.found`) and the brokers' connection
+    /// (`client.` + a Kafka client security key). An unknown key is an error.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let bad = |reason: String| Error::Config(format!("{key}: {reason}"));
+        if let Some(client_key) = key.strip_prefix("client.") {
+            return match self.client_security.set(client_key, value) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(bad("not a client security key (security.protocol, sasl.*, ssl.*.location)".into())),
+                Err(e) => Err(bad(e.to_string())),
+            };
+        }
+        match self.security.set(key, value) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(bad("unknown gateway key".into())),
+            Err(reason) => Err(bad(reason)),
+        }
+    }
+
+    /// How the gateway's own clients (producer, fetches, admin, audit, idempotency keys)
+    /// reach the brokers: `bootstrap`, the broker timeout and `client.*` security.
+    pub fn client_config(&self) -> fjord_client::ClientConfig {
+        fjord_client::ClientConfig {
+            connect_timeout: self.broker_timeout.min(Duration::from_secs(5)),
+            request_timeout: self.broker_timeout,
+            security: self.client_security.clone(),
+            ..fjord_client::ClientConfig::new(&self.bootstrap)
+        }
     }
 
     /// Rejects settings the gateway cannot run with.
@@ -206,6 +254,7 @@ impl GatewayConfig {
         if self.broker_timeout.is_zero() {
             return bad("broker_timeout must be positive".into());
         }
+        self.security.validate().map_err(|e| Error::Config(e.to_string()))?;
         if self.max_fetch_bytes == 0 || self.max_fetch_bytes > i32::MAX as usize {
             return bad(format!("max_fetch_bytes = {} is out of range", self.max_fetch_bytes));
         }

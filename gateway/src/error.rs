@@ -66,9 +66,19 @@ pub enum Error {
         /// The configured limit.
         limit: usize,
     },
-    /// The request's origin may not call the gateway, or not for this topic (CORS).
+    /// The request's origin may not call the gateway, or not for this topic (CORS), or
+    /// its principal lacks the ACL (Write on the topic to publish, Read to pull).
     #[error("forbidden: {0}")]
     Forbidden(String),
+    /// No credentials where they are required, or wrong ones (401 with
+    /// `WWW-Authenticate`; gRPC UNAUTHENTICATED).
+    #[error("unauthorized: {reason}")]
+    Unauthenticated {
+        /// What is missing or wrong (never the password).
+        reason: String,
+        /// The `WWW-Authenticate` challenge (`Basic realm="..."`).
+        challenge: String,
+    },
     /// The topic does not exist (and the broker does not auto-create it).
     #[error("topic {0} not found")]
     UnknownTopic(String),
@@ -163,6 +173,7 @@ impl Error {
             Error::UnsupportedMediaType(_) | Error::UnsupportedEncoding(_) => 415,
             Error::PayloadTooLarge { .. } => 413,
             Error::Forbidden(_) => 403,
+            Error::Unauthenticated { .. } => 401,
             Error::OffsetOutOfRange { .. } => 416,
             Error::BufferFull { .. } => 429,
             Error::Unavailable(_) => 503,
@@ -210,6 +221,7 @@ impl Error {
         use tonic::Code;
         match self.http_status() {
             400 | 413 | 415 | 422 => Code::InvalidArgument,
+            401 => Code::Unauthenticated,
             403 => Code::PermissionDenied,
             404 => Code::NotFound,
             409 => Code::FailedPrecondition,
@@ -264,6 +276,8 @@ mod tests {
                 tonic::Code::ResourceExhausted,
             ),
             (Error::Unavailable("down".into()), 503, 50300, tonic::Code::Unavailable),
+            (Error::Unauthenticated { reason: "r".into(), challenge: "c".into() }, 401, 40100, tonic::Code::Unauthenticated),
+            (Error::Forbidden("f".into()), 403, 40300, tonic::Code::PermissionDenied),
         ];
         for (e, status, code, grpc) in cases {
             assert_eq!((e.http_status(), e.error_code(), e.grpc_code()), (status, code, grpc), "{e}");

@@ -8,7 +8,11 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+use fjord_auth::http::{Conn, Incoming, Peer};
+use fjord_auth::Operation;
 
 use fjord_client::Acks;
 use fjord_proto::v1::publisher_server::{Publisher, PublisherServer};
@@ -17,12 +21,15 @@ use fjord_proto::v1::{
     self, EventOffset, FetchRequest, FetchResponse, PublishError, PublishRequest, PublishResponse, SubscribeRequest,
 };
 use futures::{Stream, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::codec::CompressionEncoding;
+use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::backend::{Delivered, Event, FetchQuery, Fetched};
+use crate::http::auth::{forbidden, unauthenticated, unknown_peer, Caller};
 use crate::http::produce::all_delivered;
 use crate::http::read::DEFAULT_FETCH_BYTES;
 use crate::idempotency::{self, Outcome, RequestHash};
@@ -62,11 +69,30 @@ fn events(request: &mut PublishRequest) -> Vec<Event> {
         .collect()
 }
 
+/// Who made a call: its `authorization` metadata (HTTP Basic, as the HTTP front) or its
+/// client certificate; UNAUTHENTICATED when credentials are required and missing or wrong.
+async fn caller<T>(g: &Gateway, request: &Request<T>) -> Result<Caller> {
+    let peer = request.extensions().get::<Peer>().cloned().unwrap_or_else(unknown_peer);
+    let authorization = request.metadata().get("authorization").map(|v| v.as_bytes());
+    let principal = g.security.authenticate(authorization, &peer).await.map_err(|why| unauthenticated(g, why))?;
+    Ok(Caller { principal, host: peer.host() })
+}
+
+/// PERMISSION_DENIED unless the caller may `operation` the topic.
+fn authorize(g: &Gateway, caller: &Caller, operation: Operation, topic: &str) -> Result<()> {
+    if caller.may(g, operation, topic) {
+        Ok(())
+    } else {
+        Err(forbidden(caller, operation, topic))
+    }
+}
+
 /// Publishes one batch; shared by the unary and the streaming call.
-async fn publish(g: &Gateway, api: &'static str, mut request: PublishRequest) -> Result<Vec<Delivered>> {
+async fn publish(g: &Gateway, api: &'static str, caller: &Caller, mut request: PublishRequest) -> Result<Vec<Delivered>> {
     let start = Instant::now();
     let result = async {
         check_topic_name(&request.topic)?;
+        authorize(g, caller, Operation::Write, &request.topic)?;
         let acks = acks(request.acks)?;
         if request.events.is_empty() {
             return Err(Error::BadRequest { index: None, reason: "the batch holds no events".into() });
@@ -137,9 +163,10 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 #[tonic::async_trait]
 impl Publisher for PublisherService {
     async fn publish(&self, request: Request<PublishRequest>) -> Result<Response<PublishResponse>, Status> {
+        let caller = caller(&self.0, &request).await?;
         let request = request.into_inner();
         let batch_id = request.batch_id;
-        let delivered = publish(&self.0, "grpc_publish", request).await?;
+        let delivered = publish(&self.0, "grpc_publish", &caller, request).await?;
         Ok(Response::new(PublishResponse { batch_id, offsets: offsets(delivered), error: None }))
     }
 
@@ -150,14 +177,16 @@ impl Publisher for PublisherService {
         request: Request<Streaming<PublishRequest>>,
     ) -> Result<Response<Self::PublishStreamStream>, Status> {
         let g = self.0.clone();
+        // Authenticated once for the stream; each batch's topic is authorized on its own.
+        let caller = Arc::new(caller(&g, &request).await?);
         let answers = request
             .into_inner()
             .map(move |batch| {
-                let g = g.clone();
+                let (g, caller) = (g.clone(), caller.clone());
                 async move {
                     let batch = batch?;
                     let batch_id = batch.batch_id;
-                    Ok(match publish(&g, "grpc_publish_stream", batch).await {
+                    Ok(match publish(&g, "grpc_publish_stream", &caller, batch).await {
                         Ok(delivered) => PublishResponse { batch_id, offsets: offsets(delivered), error: None },
                         Err(e) => PublishResponse {
                             batch_id,
@@ -237,9 +266,11 @@ fn fetch_response(topic: &str, partition: i32, f: Fetched) -> FetchResponse {
 impl Subscriber for SubscriberService {
     async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
         let start = Instant::now();
-        let r = request.into_inner();
         let g = &self.gateway;
+        let caller = caller(g, &request).await;
+        let r = request.into_inner();
         let result = async {
+            authorize(g, &caller?, Operation::Read, &r.topic)?;
             let q = fetch_query(
                 g,
                 r.topic.clone(),
@@ -258,8 +289,10 @@ impl Subscriber for SubscriberService {
     type SubscribeStream = BoxStream<FetchResponse>;
 
     async fn subscribe(&self, request: Request<SubscribeRequest>) -> Result<Response<Self::SubscribeStream>, Status> {
+        let caller = caller(&self.gateway, &request).await?;
         let r = request.into_inner();
         let g = self.gateway.clone();
+        authorize(&g, &caller, Operation::Read, &r.topic)?;
         let mut query = fetch_query(&g, r.topic.clone(), r.partition, r.offset, r.max_bytes, SUBSCRIBE_WAIT)?;
         let shutdown = self.shutdown.clone();
         // A small channel: the subscriber's reading speed paces the fetches.
@@ -295,6 +328,8 @@ impl Subscriber for SubscriberService {
 /// Serves Publisher, Subscriber, health and reflection on `listener` until `shutdown`.
 pub(crate) async fn serve(gateway: Arc<Gateway>, listener: TcpListener, shutdown: CancellationToken) -> Result<()> {
     let limit = gateway.config.max_body_bytes;
+    let incoming =
+        Incoming::start(listener, gateway.security.clone(), shutdown.clone()).map_err(|e| Error::Serve(format!("gRPC: {e}")))?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<PublisherServer<PublisherService>>().await;
     health.set_serving::<SubscriberServer<SubscriberService>>().await;
@@ -330,15 +365,63 @@ pub(crate) async fn serve(gateway: Arc<Gateway>, listener: TcpListener, shutdown
         .add_service(publisher)
         .add_service(subscriber)
         .serve_with_incoming_shutdown(
-            // Tonic sets TCP_NODELAY only on listeners it binds itself. Without it, Nagle
-            // holds each small answer of a stream until the client's delayed ACK (40 ms
-            // on Linux) whenever an earlier one is unacknowledged, so a stream with
-            // several batches in flight waited ~40 ms per answer.
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            // TLS handshakes (when on) run in `Incoming`, each on its own task; it also
+            // sets TCP_NODELAY, without which Nagle held each small answer of a stream
+            // until the client's delayed ACK (~40 ms per answer).
+            futures::stream::unfold(incoming, |mut incoming| async move {
+                let (conn, peer) = incoming.next().await?;
+                Some((Ok::<_, std::io::Error>(GrpcConn { conn, peer }), incoming))
+            }),
             shutdown.cancelled_owned(),
         )
         .await
         .map_err(|e| Error::Serve(format!("gRPC: {e}")))
+}
+
+/// A connection as tonic takes it: calls see the [`Peer`] in their extensions.
+struct GrpcConn {
+    conn: Conn,
+    peer: Peer,
+}
+
+impl Connected for GrpcConn {
+    type ConnectInfo = Peer;
+
+    fn connect_info(&self) -> Peer {
+        self.peer.clone()
+    }
+}
+
+impl AsyncRead for GrpcConn {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().conn).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for GrpcConn {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().conn).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().conn).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.conn.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().conn).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().conn).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! Every error answer is `{"error_code": N, "message": "...", "record_index": i}` with
 //! the status of [`Error::http_status`]; a throttled request also gets `Retry-After`.
 
+pub(crate) mod auth;
 pub(crate) mod cors;
 pub(crate) mod encoding;
 #[cfg(test)]
@@ -53,6 +54,7 @@ pub(crate) fn router(gateway: Arc<Gateway>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .route_layer(axum::middleware::from_fn_with_state(gateway.clone(), auth::guard))
         // Bodies are read with our own limit (read_body), which answers 413 in our format.
         .layer(DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn_with_state(gateway.clone(), cors::cors))
@@ -92,6 +94,11 @@ pub(crate) fn error_response(e: &Error) -> Response {
         body["record_index"] = json!(i);
     }
     let mut r = (status, axum::Json(body)).into_response();
+    if let Error::Unauthenticated { challenge, .. } = e {
+        if let Ok(value) = HeaderValue::from_str(challenge) {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, value);
+        }
+    }
     if let Some(after) = e.retry_after() {
         // Retry-After is whole seconds; round up so a client never retries too early.
         let secs = after.as_millis().div_ceil(1000).max(1);

@@ -49,8 +49,11 @@ mod service;
 
 use std::sync::Arc;
 
+use fjord_auth::http::{HttpSecurity, Incoming, Peer};
+use fjord_coord::Store;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use backend::{Backend, KafkaBackend};
 pub use config::{CorsConfig, GatewayConfig};
@@ -62,8 +65,21 @@ pub use service::{CREATED_HEADER, HOST_HEADER};
 /// cancelled. Tests and `fjord dev` call exactly this. The brokers need not be up yet:
 /// the gateway connects on first use and answers 503 until they are.
 pub async fn run(config: GatewayConfig, http: TcpListener, grpc: TcpListener, shutdown: CancellationToken) -> Result<()> {
+    run_with_store(config, None, http, grpc, shutdown).await
+}
+
+/// [`run`] with the metadata store, which Basic authentication (the users' SCRAM
+/// credentials) and the authorizer (the ACLs) read: required when
+/// `authentication.method=BASIC` or `authorizer.enable=true`.
+pub async fn run_with_store(
+    config: GatewayConfig,
+    store: Option<Store>,
+    http: TcpListener,
+    grpc: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<()> {
     let backend = Arc::new(KafkaBackend::new(config.clone()));
-    serve(config, backend, http, grpc, shutdown).await
+    serve_with_store(config, backend, store, http, grpc, shutdown).await
 }
 
 /// [`run`] over any [`Backend`].
@@ -74,22 +90,40 @@ pub async fn serve(
     grpc: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<()> {
+    serve_with_store(config, backend, None, http, grpc, shutdown).await
+}
+
+/// [`run_with_store`] over any [`Backend`].
+pub async fn serve_with_store(
+    config: GatewayConfig,
+    backend: Arc<dyn Backend>,
+    store: Option<Store>,
+    http: TcpListener,
+    grpc: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<()> {
     tracing::info!(?config, http = ?http.local_addr().ok(), grpc = ?grpc.local_addr().ok(), "gateway starting");
-    let audit_publisher = config.audit_interval.map(|interval| (interval, config.bootstrap.clone()));
-    let gateway = Arc::new(service::Gateway::new(config, backend)?);
+    let audit_publisher = config.audit_interval.map(|interval| (interval, config.client_config()));
+    // The ACL watcher runs until the gateway stops, and is waited for.
+    let watchers = TaskTracker::new();
+    let security = HttpSecurity::start(config.security.clone(), store, &watchers, shutdown.clone())
+        .await
+        .map_err(|e| Error::Config(format!("security: {e}")))?;
+    let mut gateway = service::Gateway::new(config, backend)?;
+    gateway.security = security.clone();
+    let gateway = Arc::new(gateway);
     // The publisher has its own token: it flushes after both servers stopped, so the
     // counts of the last requests are published too.
     let audit_stop = CancellationToken::new();
     let audit_task = match (&gateway.audit, audit_publisher) {
-        (Some(counter), Some((interval, bootstrap))) => {
-            Some(counter.clone().spawn_publisher(fjord_client::ClientConfig::new(&bootstrap), interval, audit_stop.clone()))
-        }
+        (Some(counter), Some((interval, client))) => Some(counter.clone().spawn_publisher(client, interval, audit_stop.clone())),
         _ => None,
     };
+    let http = Incoming::start(http, security, shutdown.clone()).map_err(|e| Error::Serve(format!("HTTP: {e}")))?;
     let app = http::router(gateway.clone());
     let http_shutdown = shutdown.clone();
     let http_server = async {
-        let r = axum::serve(http, app)
+        let r = axum::serve(http, app.into_make_service_with_connect_info::<Peer>())
             .with_graceful_shutdown(http_shutdown.cancelled_owned())
             .await
             .map_err(|e| Error::Serve(format!("HTTP: {e}")));
@@ -113,5 +147,7 @@ pub async fn serve(
             Err(e) => tracing::warn!(error = %e, "audit publisher panicked"),
         }
     }
+    watchers.close();
+    watchers.wait().await;
     http_result.and(grpc_result)
 }

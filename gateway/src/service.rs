@@ -39,6 +39,8 @@ pub(crate) struct Gateway {
     /// The idempotency key store, opened by the first keyed request (so the gateway
     /// starts while the brokers are down, like its producers).
     keys: OnceCell<KeyStore>,
+    /// TLS, authentication and ACLs of both fronts (open unless configured).
+    pub(crate) security: Arc<fjord_auth::http::HttpSecurity>,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -64,6 +66,7 @@ impl Gateway {
             budget: Semaphore::new(config.buffer_bytes),
             decode_slots: Semaphore::new(crate::http::encoding::DECODE_TASKS),
             keys: OnceCell::new(),
+            security: fjord_auth::http::HttpSecurity::open(),
             registry,
             metrics: Metrics::default(),
             backend,
@@ -174,11 +177,7 @@ impl Gateway {
 
     /// The idempotency key store, opened (and the key topic read) on first use.
     pub(crate) async fn key_store(&self) -> Result<&KeyStore> {
-        let client = fjord_client::ClientConfig {
-            connect_timeout: self.config.broker_timeout.min(Duration::from_secs(5)),
-            request_timeout: self.config.broker_timeout,
-            ..fjord_client::ClientConfig::new(&self.config.bootstrap)
-        };
+        let client = self.config.client_config();
         let open = self.keys.get_or_try_init(|| KeyStore::open(&self.config, client));
         // Opening connects, creates the topic and reads it: a few broker round trips.
         let limit = self.config.broker_timeout * 3;

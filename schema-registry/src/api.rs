@@ -35,12 +35,14 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use fjord_auth::http::{HttpSecurity, HttpSecurityConfig, Incoming, Peer};
 use fjord_coord::Store;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::limit::ConcurrencyLimitLayer;
 
 use crate::compat::CompatibilityLevel;
@@ -77,6 +79,10 @@ pub struct RegistryConfig {
     /// Parses and compatibility checks running at once, each on a thread of the blocking
     /// pool; more wait for a turn. Default: half the cores, 1 to 4.
     pub cpu_tasks: usize,
+    /// TLS, authentication and authorization (Confluent's and Kafka's key names, set with
+    /// [`RegistryConfig::set`]; see the `auth` module for what each request needs).
+    #[serde(skip)]
+    pub security: HttpSecurityConfig,
 }
 
 impl Default for RegistryConfig {
@@ -93,11 +99,26 @@ impl Default for RegistryConfig {
             max_depth: limits.max_depth,
             max_fixed_size: limits.max_fixed_size,
             cpu_tasks: default_cpu_tasks(),
+            security: HttpSecurityConfig::default(),
         }
     }
 }
 
 impl RegistryConfig {
+    /// Sets a security key by its name, as in a Confluent Schema Registry properties file:
+    /// `ssl.keystore.location`, `ssl.truststore.location`, `ssl.client.auth` (or
+    /// `ssl.client.authentication`), `ssl.principal.mapping.rules`,
+    /// `ssl.handshake.timeout.ms`, `authentication.method` (`NONE`|`BASIC`),
+    /// `authentication.realm`, `authentication.cache.ms`, `authorizer.enable`,
+    /// `super.users`, `allow.everyone.if.no.acl.found`. An unknown key is an error.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match self.security.set(key, value) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::Config(format!("{key}: unknown registry key"))),
+            Err(reason) => Err(Error::Config(format!("{key}: {reason}"))),
+        }
+    }
+
     /// Rejects settings the service cannot run with.
     pub fn validate(&self) -> Result<()> {
         if self.max_body_bytes < 1024 {
@@ -116,6 +137,7 @@ impl RegistryConfig {
                 return Err(Error::Config(format!("{key} = 0 would refuse every schema")));
             }
         }
+        self.security.validate().map_err(|e| Error::Config(e.to_string()))?;
         Ok(())
     }
 
@@ -135,6 +157,12 @@ type AppState = Arc<SchemaStore>;
 /// The REST API over `store`, with its own id → schema cache. Several routers (instances)
 /// may share one store.
 pub fn router(config: &RegistryConfig, store: Store) -> Router {
+    secured_router(config, store, HttpSecurity::open())
+}
+
+/// [`router`] behind `security` (authentication, and authorization per the `auth`
+/// module's table).
+pub fn secured_router(config: &RegistryConfig, store: Store, security: Arc<HttpSecurity>) -> Router {
     let state: AppState =
         Arc::new(SchemaStore::with_limits(store, config.default_compatibility, config.schema_limits(), config.cpu_tasks));
     Router::new()
@@ -154,6 +182,7 @@ pub fn router(config: &RegistryConfig, store: Store) -> Router {
         .route("/config/{subject}", get(get_subject_config).put(put_subject_config).delete(delete_subject_config))
         .route("/compatibility/subjects/{subject}/versions", post(check_all))
         .route("/compatibility/subjects/{subject}/versions/{version}", post(check_version))
+        .route_layer(axum::middleware::from_fn_with_state(security, crate::auth::guard))
         .fallback(|| async { ApiError::http(StatusCode::NOT_FOUND, "HTTP 404 Not Found") })
         .method_not_allowed_fallback(|| async { ApiError::http(StatusCode::METHOD_NOT_ALLOWED, "HTTP 405 Method Not Allowed") })
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
@@ -167,7 +196,18 @@ pub async fn run(config: RegistryConfig, store: Store, listener: TcpListener, sh
     config.validate()?;
     let addr = listener.local_addr().map_err(Error::Serve)?;
     tracing::info!(%addr, ?config, "schema registry listening");
-    axum::serve(listener, router(&config, store)).with_graceful_shutdown(shutdown.cancelled_owned()).await.map_err(Error::Serve)
+    // The ACL watcher (authorizer.enable) runs until shutdown and is waited for.
+    let watchers = TaskTracker::new();
+    let security = HttpSecurity::start(config.security.clone(), Some(store.clone()), &watchers, shutdown.clone())
+        .await
+        .map_err(|e| Error::Config(format!("security: {e}")))?;
+    // Plain TCP or TLS (handshakes off the accept loop, each under a timeout).
+    let incoming = Incoming::start(listener, security.clone(), shutdown.clone()).map_err(Error::Serve)?;
+    let app = secured_router(&config, store, security).into_make_service_with_connect_info::<Peer>();
+    let served = axum::serve(incoming, app).with_graceful_shutdown(shutdown.cancelled_owned()).await.map_err(Error::Serve);
+    watchers.close();
+    watchers.wait().await;
+    served
 }
 
 // ---- responses and errors ---------------------------------------------------------------
@@ -185,15 +225,15 @@ fn raw_reply(status: StatusCode, bytes: Vec<u8>) -> Response {
 
 /// An error as the API reports it.
 #[derive(Debug)]
-struct ApiError {
-    status: StatusCode,
-    code: i32,
-    message: String,
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) code: i32,
+    pub(crate) message: String,
 }
 
 impl ApiError {
     /// Errors of the HTTP layer, whose Confluent error code is the status itself.
-    fn http(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(crate) fn http(status: StatusCode, message: impl Into<String>) -> Self {
         Self { status, code: i32::from(status.as_u16()), message: message.into() }
     }
 }
@@ -363,9 +403,17 @@ fn page<T>(items: Vec<T>, flags: &Flags) -> Vec<T> {
     items.into_iter().skip(offset).take(limit).collect()
 }
 
-async fn list_subjects(State(s): State<AppState>, flags: Flags) -> ApiResult {
+async fn list_subjects(
+    State(s): State<AppState>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
+    flags: Flags,
+) -> ApiResult {
     let deleted_only = flag(&flags, "deletedOnly");
     let mut subjects = s.subjects(deleted_only || flag(&flags, "deleted")).await?;
+    // As Kafka's Metadata lists topics: only the subjects the caller may Describe.
+    if let Some(axum::Extension(caller)) = &caller {
+        subjects.retain(|subject| caller.may(fjord_auth::Operation::Describe, subject));
+    }
     if deleted_only {
         let live = s.subjects(false).await?;
         subjects.retain(|subject| !live.contains(subject));

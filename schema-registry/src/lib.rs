@@ -12,6 +12,7 @@
 //!   metadata store (ZooKeeper in a cluster, embedded in `fjord dev`), plus an id → schema
 //!   cache per instance.
 //! - [`api`]: the axum REST service, [`RegistryConfig`] and [`run`].
+//! - `auth`: TLS, HTTP Basic and ACLs on `Subject` resources (what each request needs).
 //! - [`datum`]: bounded decoding of one datum (every length, size, count and depth checked
 //!   against the bytes left and the limits before apache-avro allocates anything).
 //! - [`framing`]: magic byte 0, 4-byte big-endian schema id, Avro binary.
@@ -29,6 +30,7 @@
 //!   another instance may already have found that id by the schema's fingerprint.
 
 pub mod api;
+mod auth;
 pub mod client;
 pub mod compat;
 pub mod datum;
@@ -36,7 +38,7 @@ pub mod framing;
 pub mod schema;
 pub mod store;
 
-pub use api::{router, run, RegistryConfig};
+pub use api::{router, run, secured_router, RegistryConfig};
 pub use client::{Decoded, RegistryClient};
 pub use compat::CompatibilityLevel;
 pub use schema::{ParsedSchema, SchemaLimits};

@@ -127,8 +127,16 @@ pub(crate) async fn records(
     respond(&g, "http_fetch", fut).await
 }
 
-pub(crate) async fn list_topics(State(g): State<Arc<Gateway>>) -> Response {
-    respond(&g, "http_topics", async { Ok(Answer::json(json!(g.backend.topics().await?))) }).await
+pub(crate) async fn list_topics(State(g): State<Arc<Gateway>>, caller: Option<axum::Extension<super::auth::Caller>>) -> Response {
+    respond(&g, "http_topics", async {
+        let mut topics = g.backend.topics().await?;
+        // As Kafka's Metadata: only the topics the caller may Describe.
+        if let Some(axum::Extension(caller)) = &caller {
+            topics.retain(|t| caller.may(&g, fjord_auth::Operation::Describe, t));
+        }
+        Ok(Answer::json(json!(topics)))
+    })
+    .await
 }
 
 pub(crate) async fn describe_topic(State(g): State<Arc<Gateway>>, Path(topic): Path<String>) -> Response {
