@@ -15,15 +15,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use fjord_client::{Admin, ClientConfig, ConsumerRecord, NewTopic, Producer, ProducerConfig, ProducerRecord, ResponseError};
+use fjord_record::now_ms;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::record::{created_ms, window_start, AuditRecord, AUDIT_TOPIC, DEFAULT_WINDOW_MS};
 use crate::{Error, Result};
-
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
 
 /// Counts events per (topic, window of creation time) for one tier on one host.
 #[derive(Debug)]

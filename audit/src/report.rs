@@ -13,10 +13,11 @@ use fjord_client::{
     Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, Error as ClientError, OffsetReset, OffsetSpec, SeekTo,
     TopicPartition,
 };
+use fjord_record::now_ms;
 use regex::Regex;
 use serde::Serialize;
 
-use crate::counter::{now_ms, window_ms};
+use crate::counter::window_ms;
 use crate::record::{audited_topic, AuditRecord, GapRecord, AUDIT_TOPIC, DEFAULT_WINDOW_MS, GAPS_TOPIC};
 use crate::time::format_utc;
 use crate::{Error, Result};

@@ -20,6 +20,7 @@ use fjord_client::{
     Admin, AuditHook, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, NewTopic, OffsetReset, Producer, ProducerConfig,
     ProducerRecord, SeekTo, TopicPartition,
 };
+use fjord_record::now_ms;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -28,10 +29,6 @@ const TOPICS: [&str; 2] = ["clicks", "views"];
 
 async fn bind() -> TcpListener {
     TcpListener::bind("127.0.0.1:0").await.expect("bind loopback")
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
 /// A broker with the broker tier on (publishing every 200 ms), on `listener`.

@@ -142,7 +142,7 @@ impl ClusterView {
             if !stray {
                 continue;
             }
-            let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            let now_ms = fjord_record::now_ms() as u64;
             match self.logs.move_aside(&tp, now_ms) {
                 Ok(Some(moved)) => tracing::warn!(
                     partition = %tp,

@@ -42,6 +42,7 @@ use std::time::Duration;
 
 use fjord_coord::registry::{read_json, to_json, PartitionState, TopicAssignment};
 use fjord_coord::{create_all, paths, CreateMode, MetadataStore, Store, Watch, WatchEvent};
+use fjord_record::now_ms;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -603,10 +604,6 @@ async fn pause(shutdown: &CancellationToken) -> bool {
         () = tokio::time::sleep(RETRY_BACKOFF) => true,
         () = shutdown.cancelled() => false,
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

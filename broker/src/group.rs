@@ -37,6 +37,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use fjord_coord::Store;
+use fjord_record::now_ms;
 use kafka_protocol::error::ResponseError;
 use tokio::sync::Mutex;
 
@@ -220,8 +221,4 @@ async fn ticker(inner: Weak<Inner>) {
         let Some(inner) = inner.upgrade() else { return };
         inner.tick().await;
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }

@@ -178,10 +178,8 @@ impl Partition {
             }
             // The topic's compression.type and message.timestamp.type, applied on the
             // leader only: followers copy the leader's bytes.
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-            let mut batches = crate::topic_config::append::apply(records, &self.log.config(), now_ms).into_owned();
+            let mut batches =
+                crate::topic_config::append::apply(records, &self.log.config(), fjord_record::now_ms()).into_owned();
             self.log.append_visiting(&mut batches, state.leader_epoch, visit).map(|info| (info, state.leader_epoch))
         };
         if appended.is_ok() {

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fjord_coord::registry::{to_json, BrokerRegistration};
 use fjord_coord::{create_all, paths, CreateMode, MetadataStore, Store};
 use fjord_log::{Cleaner, LogManager};
+use fjord_record::now_ms;
 use std::net::SocketAddr;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -465,10 +466,6 @@ async fn register(store: &dyn MetadataStore, broker_id: i32, registration: &Brok
             other => return other.map(drop).map_err(Error::from),
         }
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Retention, `flush.ms` and the checkpoint files, each on its own interval, on the

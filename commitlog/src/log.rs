@@ -19,9 +19,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use fjord_record::Offset;
+use fjord_record::{now_ms, Offset};
 
 use crate::checkpoint::sync_dir;
 use crate::cleaner::{CleanStats, CleanerState};
@@ -92,10 +92,6 @@ struct Writer {
     dir_dirty: bool,
     pending_deletes: Vec<(Instant, Vec<PathBuf>)>,
     closed: bool,
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Log {

@@ -23,6 +23,7 @@ use fjord_client::{
     Acks, Admin, ClientConfig, Consumer, ConsumerConfig, NewTopic, OffsetReset, OffsetSpec, Producer, ProducerConfig,
     ProducerRecord, SeekTo, TopicPartition,
 };
+use fjord_record::now_ms;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
@@ -402,10 +403,6 @@ async fn follow(mut consumer: Consumer, shared: Arc<Shared>, lease_ms: i64, wind
             }
         }
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

@@ -3,12 +3,13 @@
 //! schema registry, and metrics.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use apache_avro::Schema;
 use bytes::Bytes;
 use fjord_audit::AuditCounter;
 use fjord_client::Acks;
+use fjord_record::now_ms;
 use fjord_schema_registry::RegistryClient;
 use tokio::sync::{OnceCell, Semaphore};
 
@@ -41,10 +42,6 @@ pub(crate) struct Gateway {
     keys: OnceCell<KeyStore>,
     /// TLS, authentication and ACLs of both fronts (open unless configured).
     pub(crate) security: Arc<fjord_auth::http::HttpSecurity>,
-}
-
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Gateway {

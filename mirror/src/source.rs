@@ -25,6 +25,7 @@ use fjord_client::{
     Acks, Admin, ClientConfig, ConsumerRecord, DeliveryFuture, GroupAdmin, GroupConfig, GroupConsumer, NewTopic, OffsetReset,
     OffsetSpec, Producer, ProducerConfig, ProducerRecord, Rebalance, ResponseError, TopicMetadata, TopicPartition,
 };
+use fjord_record::now_ms;
 use regex::Regex;
 use tokio_util::sync::CancellationToken;
 
@@ -583,10 +584,6 @@ async fn lag_loop(stats: Arc<Stats>, alias: String, client: ClientConfig, interv
             Err(e) => stats.failed(&alias, &e.to_string()),
         }
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

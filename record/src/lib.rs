@@ -32,6 +32,13 @@ pub use records::{Header, Record, RecordFrame, Records};
 
 use std::fmt;
 
+/// The wall clock as record timestamps count it: milliseconds since the Unix epoch (0
+/// for a clock set before 1970). The one clock helper of the crates above this one:
+/// CreateTime and LogAppendTime stamps, retention, flush and expiry deadlines.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
 /// A partition of a topic: the unit of ordering, storage and replication.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TopicPartition {
@@ -146,3 +153,15 @@ pub enum Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn now_ms_is_the_unix_clock_in_milliseconds() {
+        let unix_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+        let (before, now, after) = (unix_ms(), now_ms(), unix_ms());
+        assert!(before <= now && now <= after, "{before} <= {now} <= {after}");
+    }
+}

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fjord_record::{BatchBuilder, Compression, BATCH_OVERHEAD};
+use fjord_record::{now_ms, BatchBuilder, Compression, BATCH_OVERHEAD};
 
 use super::batch::{Completion, DeliveryFuture};
 use super::idempotence::{ProducerIdentity, Stamp};
-use super::{now_ms, Inner, Producer, ProducerRecord};
+use super::{Inner, Producer, ProducerRecord};
 use crate::error::{Error, Result};
 use crate::partitioner::{partition_for_key, Random};
 

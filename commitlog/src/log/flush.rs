@@ -5,7 +5,9 @@ use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{now_ms, Log, Writer};
+use fjord_record::now_ms;
+
+use super::{Log, Writer};
 use crate::checkpoint::sync_dir;
 use crate::error::IoContext;
 use crate::segment::{INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};

@@ -544,7 +544,7 @@ fn request_id(g: &Gateway, headers: &HeaderMap) -> String {
     }
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{}-{:x}-{n:x}", String::from_utf8_lossy(g.host()), crate::service::now_ms())
+    format!("{}-{:x}-{n:x}", String::from_utf8_lossy(g.host()), fjord_record::now_ms())
 }
 
 #[cfg(test)]
