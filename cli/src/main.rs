@@ -8,6 +8,7 @@
 //! - `tools`: `fjord topics`, `produce`, `consume`, `bench` over `fjord_client`.
 //! - `audit`: `fjord audit report|watch` over `fjord_audit`.
 //! - `mirror`: `fjord mirror` (and `status`) over `fjord_mirror`.
+//! - `secure`: `fjord dev --secure` (local CA, users, admin.properties).
 //! - `security`: `fjord users` and `fjord acls` over `fjord_auth`'s store.
 //! - `logs`: `fjord logs orphans`, the log directories a broker moved aside.
 use std::io::IsTerminal;
@@ -21,6 +22,7 @@ mod load;
 mod logs;
 mod mirror;
 mod registry;
+mod secure;
 mod security;
 mod server;
 mod tools;

@@ -31,6 +31,11 @@ pub(crate) struct DevArgs {
     /// Broker metrics address (Prometheus text at /metrics).
     #[arg(long, env = "FJORD_DEV_METRICS", default_value = "127.0.0.1:9094")]
     metrics: SocketAddr,
+    /// Nothing plaintext: a local CA and certificate, an admin user with a random password
+    /// and <data-dir>/secure/admin.properties for clients; the broker serves SASL_SSL with
+    /// ACLs on (the schema registry, gateway and metrics are not served).
+    #[arg(long)]
+    secure: bool,
 }
 
 /// `fjord broker`.
@@ -69,6 +74,9 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     config.audit.interval = std::time::Duration::from_secs(30);
     config.audit.cluster = "dev".into();
     config.apply_env(std::env::vars())?;
+    if args.secure {
+        return crate::secure::dev(config).await;
+    }
     // The broker counts through the audit's hook; flushed by the broker at shutdown
     // before it stops accepting.
     fjord_audit::BrokerTier::install(&mut config)?;

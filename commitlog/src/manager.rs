@@ -90,8 +90,10 @@ impl LogManager {
             }
             let Some(tp) = parse_partition_dir(&name) else {
                 // `__`-prefixed directories belong to the components that share the log dir
-                // (the broker's embedded metadata store): expected, so not worth a warning.
-                if name.starts_with("__") {
+                // (the broker's embedded metadata store), `secure` holds `fjord dev
+                // --secure`'s keys (no partition directory has a name without `-N`):
+                // expected, so not worth a warning.
+                if name.starts_with("__") || name == "secure" {
                     tracing::debug!(path = %path.display(), "leaving a non-partition directory alone");
                     continue;
                 }

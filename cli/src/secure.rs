@@ -1,0 +1,231 @@
+//! `fjord dev --secure`: the same broker as `fjord dev`, but with nothing plaintext. Under
+//! `<data dir>/secure/` it keeps a local CA and a server certificate for localhost /
+//! 127.0.0.1 / ::1 (`ca.pem`, `server-keystore.pem`), two SCRAM users with random
+//! passwords (`admin`, the super user, and `broker`, the broker's own identity for its
+//! inter-broker connections and the audit's broker tier), and `admin.properties`, a Kafka
+//! client properties file for the admin that `fjord --command-config`, `kcat -F` and any
+//! Kafka client take as is.
+//!
+//! The files are made on the first run and reused by later ones, so a client's
+//! `admin.properties` keeps working across restarts; a missing file is made again (a new
+//! CA invalidates the old `ca.pem`, a new password is written into the store). The CA's
+//! private key is never written: a certificate is only ever signed right after the CA is
+//! made, so nothing on disk can mint another one.
+//!
+//! The broker's one listener is SASL_SSL (SCRAM-SHA-256/512, PLAIN over TLS), the
+//! authorizer is on with no ACLs (only the super users may do anything until ACLs are
+//! added) and the metrics endpoint is off (it has no TLS). The schema registry and the
+//! gateway are not served in this mode: they have no TLS or authentication yet.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use fjord_auth::{ScramCredential, ScramMechanism};
+use fjord_broker::BrokerConfig;
+
+/// Kafka's minimum (and default) SCRAM iteration count.
+const SCRAM_ITERATIONS: u32 = 4096;
+/// The admin's and the broker's user names.
+pub(crate) const ADMIN_USER: &str = "admin";
+const BROKER_USER: &str = "broker";
+/// How long the generated certificates are valid.
+const VALIDITY_YEARS: i32 = 2;
+
+/// The files and passwords of `<data dir>/secure/`.
+pub(crate) struct SecureFiles {
+    pub(crate) ca: PathBuf,
+    pub(crate) keystore: PathBuf,
+    pub(crate) admin_properties: PathBuf,
+    admin_password: String,
+    broker_password: String,
+}
+
+impl SecureFiles {
+    /// Reads `<data_dir>/secure/`, making what is missing (`admin.properties` is written
+    /// by [`SecureFiles::write_admin_properties`] once the address is bound).
+    pub(crate) fn prepare(data_dir: &Path) -> anyhow::Result<Self> {
+        let dir = data_dir.join("secure");
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+        let ca = dir.join("ca.pem");
+        let keystore = dir.join("server-keystore.pem");
+        if !(ca.exists() && keystore.exists()) {
+            let (ca_pem, keystore_pem) = make_certificates()?;
+            // The keystore first: a run interrupted in between finds no ca.pem and makes both again.
+            write_private(&keystore, &keystore_pem)?;
+            std::fs::write(&ca, ca_pem).with_context(|| format!("writing {}", ca.display()))?;
+        }
+        let admin_properties = dir.join("admin.properties");
+        let admin_password = match read_setting(&admin_properties, "sasl.password")? {
+            Some(password) => password,
+            None => random_password(),
+        };
+        let broker_file = dir.join("broker.properties");
+        let broker_password = match read_setting(&broker_file, "sasl.password")? {
+            Some(password) => password,
+            None => {
+                let password = random_password();
+                let text = format!(
+                    "# The broker's own identity (inter-broker connections, the audit's broker tier).\n\
+                     sasl.username={BROKER_USER}\nsasl.password={password}\n"
+                );
+                write_private(&broker_file, text.as_bytes())?;
+                password
+            }
+        };
+        Ok(Self { ca, keystore, admin_properties, admin_password, broker_password })
+    }
+
+    /// Writes `admin.properties` for the broker at `bootstrap`; rewritten each run, as the
+    /// address may have moved (FJORD_LISTENERS).
+    pub(crate) fn write_admin_properties(&self, bootstrap: &str) -> anyhow::Result<()> {
+        let text = format!(
+            "# fjord dev --secure: the super user. Use with fjord --command-config, kcat -F or any Kafka client.\n\
+             bootstrap.servers={bootstrap}\nsecurity.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-256\n\
+             sasl.username={ADMIN_USER}\nsasl.password={}\nssl.ca.location={}\n",
+            self.admin_password,
+            self.ca.display()
+        );
+        write_private(&self.admin_properties, text.as_bytes())
+    }
+
+    /// The broker settings of the secure mode: one SASL_SSL listener, which is also the
+    /// inter-broker one, the authorizer on with the admin and the broker as super users.
+    pub(crate) fn configure(&self, config: &mut BrokerConfig, address: &str) -> anyhow::Result<()> {
+        let path = |p: &Path| p.to_str().map(str::to_owned).with_context(|| format!("{} is not valid UTF-8", p.display()));
+        for (key, value) in [
+            ("listeners", format!("SASL_SSL://{address}")),
+            ("inter.broker.listener.name", "SASL_SSL".into()),
+            ("ssl.keystore.type", "PEM".into()),
+            ("ssl.keystore.location", path(&self.keystore)?),
+            ("ssl.truststore.location", path(&self.ca)?),
+            ("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN".into()),
+            ("sasl.mechanism.inter.broker.protocol", "SCRAM-SHA-256".into()),
+            ("inter.broker.sasl.username", BROKER_USER.into()),
+            ("inter.broker.sasl.password", self.broker_password.clone()),
+            ("authorizer.enable", "true".into()),
+            ("super.users", format!("User:{ADMIN_USER};User:{BROKER_USER}")),
+            ("allow.everyone.if.no.acl.found", "false".into()),
+        ] {
+            config.set(key, &value).with_context(|| format!("--secure sets {key}"))?;
+        }
+        Ok(())
+    }
+
+    /// Writes the admin's and the broker's SCRAM credentials (both mechanisms) into the
+    /// store, replacing older ones, so the passwords on disk are the ones that work.
+    pub(crate) async fn write_users(&self, store: &dyn fjord_coord::MetadataStore) -> anyhow::Result<()> {
+        for (user, password) in [(ADMIN_USER, &self.admin_password), (BROKER_USER, &self.broker_password)] {
+            for mechanism in [ScramMechanism::Sha256, ScramMechanism::Sha512] {
+                let credential = ScramCredential::generate(mechanism, password, SCRAM_ITERATIONS)?;
+                fjord_auth::store::set_credential(store, user, mechanism, &credential)
+                    .await
+                    .with_context(|| format!("storing the credential of {user}"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A CA and a server certificate signed by it, as (`ca.pem`, key + certificate PEM).
+fn make_certificates() -> anyhow::Result<(String, Vec<u8>)> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+    };
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).context("the clock is before 1970")?;
+    // Whole years around now: a day's error in the year does not matter at this width.
+    let year = 1970 + (now.as_secs() / 31_556_952) as i32;
+    let (not_before, not_after) = (rcgen::date_time_ymd(year - 1, 1, 1), rcgen::date_time_ymd(year + VALIDITY_YEARS, 1, 1));
+
+    let ca_key = KeyPair::generate().context("generating the CA key")?;
+    let mut ca_params = CertificateParams::default();
+    ca_params.distinguished_name = DistinguishedName::new();
+    ca_params.distinguished_name.push(DnType::CommonName, "fjord dev --secure local CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    (ca_params.not_before, ca_params.not_after) = (not_before, not_after);
+    let ca = ca_params.self_signed(&ca_key).context("signing the CA certificate")?;
+
+    let server_key = KeyPair::generate().context("generating the server key")?;
+    let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
+    let mut params = CertificateParams::new(names).context("the server certificate's names")?;
+    params.distinguished_name = DistinguishedName::new();
+    params.distinguished_name.push(DnType::CommonName, "localhost");
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    // Client auth too: the broker presents it when it connects to itself (the audit).
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    (params.not_before, params.not_after) = (not_before, not_after);
+    let server = params.signed_by(&server_key, &ca, &ca_key).context("signing the server certificate")?;
+    let keystore = format!("{}{}", server_key.serialize_pem(), server.pem());
+    Ok((ca.pem(), keystore.into_bytes()))
+}
+
+/// 32 random bytes as 64 hex digits: nothing a properties file or a shell would mangle.
+fn random_password() -> String {
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes[..]);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `key`'s value in the properties file at `path`; `None` when the file is missing.
+fn read_setting(path: &Path, key: &str) -> anyhow::Result<Option<String>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let pairs = fjord_client::parse_properties(&text).with_context(|| format!("in {}", path.display()))?;
+    match pairs.into_iter().find(|(k, _)| k == key) {
+        Some((_, value)) if !value.is_empty() => Ok(Some(value)),
+        _ => bail!("{} has no {key}: delete the file to have a new one made", path.display()),
+    }
+}
+
+/// Writes `bytes` to `path` readable by this user only (a temporary file renamed over it).
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let context = || format!("writing {}", path.display());
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).with_context(context)?;
+    file.write_all(bytes).with_context(context)?;
+    file.sync_all().with_context(context)?;
+    std::fs::rename(&tmp, path).with_context(context)
+}
+
+/// `fjord dev --secure` after the common part of `fjord dev`: `config` has the data dir,
+/// the audit and the environment applied, and its first listener's address is where the
+/// SASL_SSL listener binds; runs the broker alone until Ctrl-C/SIGTERM.
+pub(crate) async fn dev(mut config: BrokerConfig) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.log_dir).with_context(|| format!("creating {}", config.log_dir.display()))?;
+    let files = SecureFiles::prepare(&config.log_dir)?;
+    let address = config.listeners.first().address.to_string();
+    files.configure(&mut config, &address)?;
+    // The metrics endpoint is plain HTTP: not in a mode where nothing is plaintext.
+    config.metrics_listen = None;
+    fjord_audit::BrokerTier::install(&mut config)?;
+    config.validate()?;
+    let listeners = fjord_broker::server::bind(&config).await?;
+    let bound = listeners[0].local_addr()?;
+    files.write_admin_properties(&bound.to_string())?;
+    let store = fjord_broker::server::open_store(&config).await?;
+    files.write_users(&*store).await?;
+    let props = files.admin_properties.display();
+    println!("fjord dev --secure");
+    println!("  Kafka broker     {bound}   SASL_SSL (SCRAM-SHA-256/512, PLAIN), ACLs on");
+    println!("  admin client     {props}   (user {ADMIN_USER}, the super user)");
+    println!("  CA certificate   {}", files.ca.display());
+    println!("  try              fjord topics list --command-config {props}");
+    println!("                   kcat -F {props} -L");
+    println!("  not served       schema registry, gateway, metrics (no TLS there yet)");
+    println!("  data             {}", config.log_dir.display());
+    println!("Ctrl-C stops everything cleanly.");
+    let shutdown = crate::server::shutdown_on_signal()?;
+    fjord_broker::server::run_listeners(config, store, listeners, shutdown).await.context("broker")?;
+    Ok(())
+}
