@@ -14,8 +14,11 @@
 //!   later offset for its key, or when it is a tombstone first cleaned more than
 //!   `delete.retention.ms` ago. Kept records keep their offsets (and their bytes):
 //!   a batch keeps its base offset, last offset delta, producer fields and codec;
-//!   only its record count, length and CRC change. Control batches are kept. When
-//!   the dirty keys do not fit the map, several passes run.
+//!   only its record count, length and CRC change. Control batches (transaction
+//!   markers) are kept; the records of aborted transactions (from the segments'
+//!   `.txnindex`) go, and never enter the map, so they shadow nothing. The cleanable
+//!   end is at most the last stable offset, so every transaction below it is decided.
+//!   When the dirty keys do not fit the map, several passes run.
 //! - Consecutive cleaned segments are merged while their source sizes fit
 //!   `segment.bytes`, so a compacted log does not keep one tiny file per old segment.
 //!
@@ -260,12 +263,12 @@ impl Cleaner {
         let mut throttle = Throttle::new(self.config.io_max_bytes_per_second);
         // The end is fixed when the clean starts: under steady appends, later passes
         // would otherwise chase an end that keeps moving.
-        let target = cleanable_end(&log.view(), now_ms, config.min_compaction_lag, log.high_watermark());
+        let target = cleanable_end(&log.view(), now_ms, config.min_compaction_lag, log.last_stable_offset());
         let mut tombstone_pass_done = false;
         loop {
             let view = log.view();
             let truncations = log.truncations.load(std::sync::atomic::Ordering::Acquire);
-            let clean_end = target.min(cleanable_end(&view, now_ms, config.min_compaction_lag, log.high_watermark()));
+            let clean_end = target.min(cleanable_end(&view, now_ms, config.min_compaction_lag, log.last_stable_offset()));
             let dirty = clean_end > state.first_dirty;
             // Nothing new, but tombstones below the first dirty offset have expired:
             // one pass with an empty map drops them.
@@ -274,8 +277,10 @@ impl Cleaner {
                 break;
             }
             map.clear();
+            // Below the cleanable end every transaction is decided (it is at most the LSO).
+            let aborted = Aborted::load(log, log.log_start_offset(), clean_end.max(state.first_dirty))?;
             let map_end = if dirty {
-                let end = build_map(&view, state.first_dirty, clean_end, map, &mut throttle, &mut stats)?;
+                let end = build_map(&view, state.first_dirty, clean_end, map, &aborted, &mut throttle, &mut stats)?;
                 if end == state.first_dirty {
                     return Err(Error::CleanerBufferTooSmall { dir: log.dir().to_path_buf(), capacity: map.max_entries });
                 }
@@ -291,6 +296,7 @@ impl Cleaner {
                 delete_retention: config.delete_retention,
                 horizons: &state,
                 tombstones_due: std::cell::Cell::new(None),
+                aborted: &aborted,
             };
             let groups = group_segments(&view, map_end, config.segment_bytes);
             let mut outcome = Ok(true);
@@ -538,9 +544,10 @@ impl Throttle {
 type View = std::collections::BTreeMap<Offset, Arc<Segment>>;
 
 /// Where cleaning must stop: the base of the active segment, of the segment holding
-/// the high watermark (records above it may still be truncated away, and must not
-/// shadow committed ones), or of the first segment whose largest timestamp is
-/// younger than `min.compaction.lag.ms`, whichever is lowest.
+/// the last stable offset (records above the high watermark may still be truncated
+/// away, and records of undecided transactions may still be aborted: neither may
+/// shadow committed ones), or of the first segment whose largest timestamp is younger
+/// than `min.compaction.lag.ms`, whichever is lowest.
 fn cleanable_end(view: &View, now_ms: i64, lag: Duration, high_watermark: Offset) -> Offset {
     let active = *view.keys().next_back().expect("invariant: at least one segment");
     let by_hw = view.range(..=high_watermark).next_back().map_or(active, |(b, _)| *b);
@@ -560,7 +567,7 @@ impl Log {
         let Some(lag) = config.max_compaction_lag else { return false };
         let first_dirty = crate::lock::mutex(&self.cleaner).first_dirty;
         let view = self.view();
-        let end = cleanable_end(&view, now_ms, config.min_compaction_lag, self.high_watermark());
+        let end = cleanable_end(&view, now_ms, config.min_compaction_lag, self.last_stable_offset());
         let start = view.range(..=first_dirty).next_back().map_or(first_dirty, |(b, _)| *b);
         let horizon = now_ms.saturating_sub(i64::try_from(lag.as_millis()).unwrap_or(i64::MAX));
         view.range(start..end).next().is_some_and(|(_, s)| s.max_timestamp() <= horizon)
@@ -574,7 +581,7 @@ impl Log {
 
     fn cleanable_ratio_with(&self, first_dirty: Offset, now_ms: i64) -> Option<f64> {
         let view = self.view();
-        let end = cleanable_end(&view, now_ms, self.config().min_compaction_lag, self.high_watermark());
+        let end = cleanable_end(&view, now_ms, self.config().min_compaction_lag, self.last_stable_offset());
         let (mut clean, mut dirty) = (0u64, 0u64);
         let bases: Vec<Offset> = view.range(..end).map(|(b, _)| *b).collect();
         for (i, base) in bases.iter().enumerate() {
@@ -597,6 +604,7 @@ fn build_map(
     first_dirty: Offset,
     clean_end: Offset,
     map: &mut OffsetMap,
+    aborted: &Aborted,
     throttle: &mut Throttle,
     stats: &mut CleanStats,
 ) -> Result<Offset> {
@@ -610,7 +618,8 @@ fn build_map(
         while let Some((header, bytes)) = next_batch(&mut walk, &path)? {
             throttle.account(bytes.len());
             stats.bytes_read += bytes.len() as u64;
-            if header.last_offset() < first_dirty || header.is_control() {
+            // Aborted records never shadow anything: they are dropped below.
+            if header.last_offset() < first_dirty || header.is_control() || aborted.contains(&header) {
                 continue;
             }
             if header.record_count.max(0) as usize > map.free() {
@@ -687,6 +696,31 @@ struct Pass<'a> {
     horizons: &'a CleanerState,
     /// Earliest expiry among the tombstones this pass kept.
     tombstones_due: std::cell::Cell<Option<i64>>,
+    /// Aborted transactions: their records go.
+    aborted: &'a Aborted,
+}
+
+/// The aborted transactions overlapping what a clean reads, by producer: a
+/// transactional batch inside one of them holds aborted records.
+#[derive(Debug, Default)]
+struct Aborted(std::collections::HashMap<i64, Vec<(Offset, Offset)>>);
+
+impl Aborted {
+    fn load(log: &Log, from: Offset, to: Offset) -> Result<Self> {
+        let mut by_producer: std::collections::HashMap<i64, Vec<(Offset, Offset)>> = std::collections::HashMap::new();
+        for a in log.aborted_transactions(from, to)? {
+            by_producer.entry(a.producer_id).or_default().push((a.first_offset, a.last_offset));
+        }
+        Ok(Self(by_producer))
+    }
+
+    fn contains(&self, header: &BatchHeader) -> bool {
+        header.is_transactional()
+            && !header.is_control()
+            && self.0.get(&header.producer_id).is_some_and(|ranges| {
+                ranges.iter().any(|&(first, last)| first <= header.base_offset && header.base_offset <= last)
+            })
+    }
 }
 
 impl Pass<'_> {
@@ -767,6 +801,11 @@ fn write_cleaned(
             stats.bytes_read += bytes.len() as u64;
             if header.is_control() {
                 out.push(&header, bytes, config.index_interval_bytes)?;
+                continue;
+            }
+            if header.base_offset < pass.map_end && pass.aborted.contains(&header) {
+                // An aborted transaction's records: no reader may ever see them.
+                stats.records_read += header.record_count.max(0) as u64;
                 continue;
             }
             let body = records_body(&header, bytes, &path)?;

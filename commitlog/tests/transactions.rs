@@ -246,3 +246,65 @@ fn a_follower_copies_markers_and_builds_the_same_state() {
     // The follower, now leader, knows the producers' epochs and open transactions.
     assert!(matches!(follower.append(&mut batch(50, 0, 1, 1, false), 1), Err(Error::InvalidTxnState { .. })));
 }
+
+/// A keyed batch of one record `key=value` from producer `pid` (transactional or not).
+fn keyed(pid: i64, seq: i32, transactional: bool, key: &str, value: &str) -> Vec<u8> {
+    let mut b = BatchBuilder::new(1_000).producer(pid, 0, seq);
+    if transactional {
+        b = b.transactional();
+    }
+    b.append(1_000, Some(key.as_bytes()), Some(value.as_bytes()), &[]);
+    b.build_vec()
+}
+
+#[test]
+fn compaction_drops_aborted_records_keeps_markers_and_stops_at_the_lso() {
+    use fjord_log::{Cleaner, CleanerConfig, CleanupPolicy};
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig { cleanup_policy: CleanupPolicy::Compact, ..tiny() };
+    let log = Log::open(dir.path(), config).unwrap();
+    // k=good committed, then k=bad aborted (it must not shadow k=good), filler to roll
+    // segments, then k=open in a transaction still open (above the LSO: untouched).
+    log.append(&mut keyed(1, 0, true, "k", "good"), 0).unwrap();
+    log.append_marker(1, 0, 0, true, 0).unwrap();
+    log.append(&mut keyed(2, 0, true, "k", "bad"), 0).unwrap();
+    log.append(&mut keyed(2, 1, true, "j", "bad"), 0).unwrap();
+    log.append_marker(2, 0, 0, false, 0).unwrap();
+    for i in 0..10 {
+        log.append(&mut keyed(-1, -1, false, &format!("f{i}"), "x"), 0).unwrap();
+    }
+    let open = log.append(&mut keyed(3, 0, true, "k", "open"), 0).unwrap().base_offset;
+    for i in 0..10 {
+        log.append(&mut keyed(-1, -1, false, &format!("g{i}"), "x"), 0).unwrap();
+    }
+    log.set_high_watermark(log.log_end_offset());
+    assert_eq!(log.last_stable_offset(), open);
+    Cleaner::new(CleanerConfig::default()).clean(&log, 10_000).unwrap();
+    let mut values = Vec::new();
+    let mut markers = 0;
+    let mut at = log.log_start_offset();
+    while at < log.log_end_offset() {
+        let bytes = log.read_bytes(at, 1 << 20, None, true).unwrap();
+        for b in fjord_record::batch::batches(&bytes) {
+            let (h, b) = b.unwrap();
+            at = h.next_offset();
+            if h.is_control() {
+                markers += 1;
+                continue;
+            }
+            for r in fjord_record::Records::new(&b[fjord_record::BATCH_OVERHEAD..], 0) {
+                let r = r.unwrap();
+                let kv =
+                    (String::from_utf8(r.key.unwrap().to_vec()).unwrap(), String::from_utf8(r.value.unwrap().to_vec()).unwrap());
+                if kv.0 == "k" || kv.0 == "j" {
+                    values.push(kv);
+                }
+            }
+        }
+    }
+    assert!(log.last_clean().unwrap().records_read > 0, "the cleaner ran");
+    assert_eq!(values, vec![("k".to_owned(), "good".to_owned()), ("k".to_owned(), "open".to_owned())]);
+    assert_eq!(markers, 2, "markers are kept");
+    assert_eq!(aborted(&log), vec![(2, 2)], "the index still names the abort");
+    assert_eq!(log.open_transactions(), vec![(open, 3)]);
+}
