@@ -192,6 +192,13 @@ pub enum Error {
         /// Keys the map holds.
         capacity: usize,
     },
+    /// The log dir is locked by another broker or tool (its `.lock` file): stop that
+    /// one first.
+    #[error("the log dir {} is in use by a running broker or tool (its .lock is held)", path.display())]
+    InUse {
+        /// The log dir.
+        path: PathBuf,
+    },
     /// A segment swap stopped after its commit point; reopening the log finishes it.
     #[error("segment swap in {} interrupted: {source}", dir.display())]
     SwapInterrupted {

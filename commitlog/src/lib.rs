@@ -40,8 +40,9 @@
 //! - Below the recovery point nothing is cut: a batch that fails its CRC, framing or
 //!   offset order there (found by a read, on open, or by [`Log::scrub`]) is the
 //!   segment's damage, logged once and counted, and every read at or past it fails
-//!   with [`Error::CorruptSegment`]: never served, never skipped. [`Log::repair`] is the
-//!   explicit way out.
+//!   with [`Error::CorruptSegment`]: never served, never skipped. [`Log::repair`] and
+//!   [`repair_partition`] are the explicit way out: they truncate at the damage and keep
+//!   what they cut in a side directory (`repair`), never deleting it.
 //! - Checkpoint files are checksummed; a damaged one is rebuilt from the log.
 //! - Descriptors do not grow with the segment count ([`files`]).
 //! - Compaction (`cleanup.policy=compact`, [`Cleaner`]) only rewrites sealed segments
@@ -62,6 +63,7 @@ mod log;
 mod manager;
 mod producer_state;
 mod recovery;
+mod repair;
 mod segment;
 mod txn_index;
 
@@ -72,8 +74,9 @@ pub use files::FileCache;
 pub use fjord_record::{Offset, TopicPartition};
 pub use log::{AppendInfo, Log, ReadSlice, RecordVisitor};
 pub use manager::{
-    delete_orphan, orphans, LogManager, Orphan, LOG_START_CHECKPOINT, ORPHAN_MARKER, RECOVERY_POINT_CHECKPOINT,
-    REPLICATION_CHECKPOINT,
+    delete_orphan, lock_log_dir, orphans, LogManager, Orphan, Unhealthy, LOCK_FILE, LOG_START_CHECKPOINT, ORPHAN_MARKER,
+    RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT,
 };
 pub use producer_state::ProducerInfo;
+pub use repair::{repair_partition, MovedAside, Repair, DAMAGED_MARKER, REPAIR_MANIFEST};
 pub use txn_index::AbortedTxn;

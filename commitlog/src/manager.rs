@@ -1,7 +1,7 @@
 //! [`LogManager`]: the partitions of one log dir (`log.dirs`) and its checkpoints.
 
 use std::collections::BTreeMap;
-use std::fs;
+use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -21,9 +21,13 @@ pub const LOG_START_CHECKPOINT: &str = "log-start-offset-checkpoint";
 /// Between a partition directory's name and the time it was moved aside: see
 /// [`LogManager::move_aside`].
 pub const ORPHAN_MARKER: &str = "-orphan-";
+/// The file a [`LogManager`] holds an exclusive lock on for as long as it is open (Kafka's
+/// name), so a second broker or an offline tool (`fjord logs repair`) cannot write the
+/// same log dir behind it.
+pub const LOCK_FILE: &str = ".lock";
 /// Files the log dir may hold besides partition directories.
 const KNOWN_FILES: &[&str] =
-    &[RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT, LOG_START_CHECKPOINT, "meta.properties", ".lock"];
+    &[RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT, LOG_START_CHECKPOINT, "meta.properties", LOCK_FILE];
 
 /// Many partitions under one log dir, with the dir-level checkpoint files.
 #[derive(Debug)]
@@ -41,6 +45,41 @@ pub struct LogManager {
     /// the checkpoint files and used when a later [`LogManager::get_or_create`] opens
     /// them, so one bad partition neither stops the broker nor loses its place.
     unopened: Mutex<BTreeMap<TopicPartition, Place>>,
+    /// Why each partition that is not served could not be opened (the last error).
+    offline: Mutex<BTreeMap<TopicPartition, String>>,
+    /// The partitions that are offline or damaged, as of the last
+    /// [`LogManager::refresh_health`]: what Metadata, metrics and the replica fetchers read.
+    health: RwLock<Arc<BTreeMap<TopicPartition, Unhealthy>>>,
+    /// Held until [`LogManager::close`] or drop (see [`LOCK_FILE`]).
+    lock: Mutex<Option<File>>,
+}
+
+/// Why a partition of this log dir is not fully served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unhealthy {
+    /// Its log could not be opened: nothing of it is served.
+    Offline {
+        /// The error.
+        reason: String,
+    },
+    /// Its log holds a damaged batch: reads at and after it answer CORRUPT_MESSAGE.
+    Damaged {
+        /// The damaged segment's `.log`.
+        segment: PathBuf,
+        /// Byte position of the first bad batch found in it.
+        position: u64,
+    },
+}
+
+impl std::fmt::Display for Unhealthy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unhealthy::Offline { reason } => write!(f, "offline: cannot open the log: {reason}"),
+            Unhealthy::Damaged { segment, position } => {
+                write!(f, "damaged: corrupt batch at byte {position} of {}", segment.display())
+            }
+        }
+    }
 }
 
 /// An unopened partition's checkpointed recovery point, high watermark and log start.
@@ -57,6 +96,7 @@ impl LogManager {
         default_config.validate()?;
         let dir = dir.into();
         fs::create_dir_all(&dir).at(&dir)?;
+        let lock = lock_log_dir(&dir)?;
         // A damaged or unreadable checkpoint is not trusted at all (a flipped digit in a
         // recovery point would skip the CRC scan of unflushed data): without recovery
         // points every partition's log is re-validated from its start; without high
@@ -73,6 +113,7 @@ impl LogManager {
         let log_starts = read(LOG_START_CHECKPOINT, "log start offsets restart at the first segment");
         let mut logs = BTreeMap::new();
         let mut unopened = BTreeMap::new();
+        let mut offline = BTreeMap::new();
         let mut orphans = 0;
         for entry in fs::read_dir(&dir).at(&dir)? {
             let entry = entry.at(&dir)?;
@@ -86,6 +127,10 @@ impl LogManager {
             }
             if orphan_name(&name).is_some() {
                 orphans += 1;
+                continue;
+            }
+            if crate::repair::is_side_dir(&name) {
+                // What a repair cut off: kept for the operator, never loaded.
                 continue;
             }
             let Some(tp) = parse_partition_dir(&name) else {
@@ -118,6 +163,7 @@ impl LogManager {
                         error = %e,
                         "cannot open this partition's log: it stays offline and on disk as it is; the other partitions are served"
                     );
+                    offline.insert(tp.clone(), e.to_string());
                     unopened.insert(tp, (recovery_point, high_watermark, log_start));
                 }
             }
@@ -129,14 +175,46 @@ impl LogManager {
                 "the log dir keeps logs moved aside as unknown to the metadata; `fjord logs orphans` lists them and deletes them on request"
             );
         }
-        Ok(LogManager {
+        let manager = LogManager {
             dir,
             default_config,
             logs: RwLock::new(logs),
             last_checkpoint: Mutex::new(None),
             scrub_next: Mutex::new(None),
             unopened: Mutex::new(unopened),
-        })
+            offline: Mutex::new(offline),
+            health: RwLock::new(Arc::new(BTreeMap::new())),
+            lock: Mutex::new(Some(lock)),
+        };
+        manager.refresh_health();
+        Ok(manager)
+    }
+
+    /// The partitions that are offline (their log could not be opened) or damaged (a
+    /// read, the open or the scrubber found a bad batch), as of the last
+    /// [`LogManager::refresh_health`]: cheap, for every Metadata request.
+    pub fn unhealthy(&self) -> Arc<BTreeMap<TopicPartition, Unhealthy>> {
+        lock::read(&self.health).clone()
+    }
+
+    /// Recomputes [`LogManager::unhealthy`] (call it every second or so, and after a
+    /// repair): walks every partition's segment list once. Logs a partition that
+    /// became healthy again.
+    pub fn refresh_health(&self) {
+        let mut health = BTreeMap::new();
+        for (tp, reason) in lock::mutex(&self.offline).iter() {
+            health.insert(tp.clone(), Unhealthy::Offline { reason: reason.clone() });
+        }
+        for (tp, log) in lock::read(&self.logs).iter() {
+            if let Some((segment, position)) = log.damage().into_iter().next() {
+                health.insert(tp.clone(), Unhealthy::Damaged { segment, position });
+            }
+        }
+        let mut current = lock::write(&self.health);
+        for tp in current.keys().filter(|tp| !health.contains_key(*tp)) {
+            tracing::info!(partition = %tp, "the partition's log is healthy again");
+        }
+        *current = Arc::new(health);
     }
 
     /// The log dir.
@@ -169,15 +247,22 @@ impl LogManager {
         }
         let dir = self.dir.join(tp.dir_name());
         let unopened = lock::mutex(&self.unopened).get(tp).copied();
-        let log = Arc::new(match unopened {
-            Some((recovery_point, high_watermark, log_start)) => {
-                let log = Log::open_with_recovery_point(dir, config, recovery_point)?;
-                restore(&log, high_watermark, log_start);
-                lock::mutex(&self.unopened).remove(tp);
-                log
+        let opened = match unopened {
+            Some((recovery_point, high_watermark, log_start)) => Log::open_with_recovery_point(dir, config, recovery_point)
+                .inspect(|log| {
+                    restore(log, high_watermark, log_start);
+                    lock::mutex(&self.unopened).remove(tp);
+                }),
+            None => Log::open(dir, config),
+        };
+        let log = match opened {
+            Ok(log) => Arc::new(log),
+            Err(e) => {
+                lock::mutex(&self.offline).insert(tp.clone(), e.to_string());
+                return Err(e);
             }
-            None => Log::open(dir, config)?,
-        });
+        };
+        lock::mutex(&self.offline).remove(tp);
         logs.insert(tp.clone(), log.clone());
         Ok(log)
     }
@@ -314,16 +399,30 @@ impl LogManager {
     }
 
     /// Flushes and closes every log and checkpoints: the next open needs no
-    /// recovery scan.
+    /// recovery scan. Then releases the log dir's lock.
     pub fn close(&self) -> Result<()> {
         for log in self.logs() {
             log.close()?;
         }
-        self.checkpoint()
+        self.checkpoint()?;
+        lock::mutex(&self.lock).take();
+        Ok(())
     }
 
     fn logs(&self) -> Vec<Arc<Log>> {
         lock::read(&self.logs).values().cloned().collect()
+    }
+}
+
+/// Takes the exclusive lock of a log dir ([`LOCK_FILE`]), held until the file is dropped;
+/// [`Error::InUse`] when a broker (or a tool) holds it.
+pub fn lock_log_dir(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).at(&path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(fs::TryLockError::WouldBlock) => Err(Error::InUse { path: dir.to_path_buf() }),
+        Err(fs::TryLockError::Error(source)) => Err(Error::Io { path, source }),
     }
 }
 
@@ -448,6 +547,10 @@ mod tests {
 
         let m = LogManager::open(dir.path(), config()).unwrap();
         assert_eq!(m.partitions(), vec![good.clone()], "the good partition is served, the bad one is offline");
+        let health = m.unhealthy();
+        assert_eq!(health.keys().collect::<Vec<_>>(), vec![&bad], "only the bad partition is reported");
+        let Some(Unhealthy::Offline { reason }) = health.get(&bad) else { panic!("{health:?}") };
+        assert!(reason.contains("00000000000000000000.log"), "the reason names the file: {reason}");
         assert!(m.get_or_create(&bad, config()).is_err(), "a later attempt fails the same way");
         m.checkpoint().unwrap();
         let points = checkpoint::read_offsets(&dir.path().join(REPLICATION_CHECKPOINT)).unwrap();
@@ -458,6 +561,36 @@ mod tests {
         std::fs::rename(dir.path().join("aside.log"), &segment).unwrap();
         let log = m.get_or_create(&bad, config()).unwrap();
         assert_eq!((log.log_end_offset(), log.high_watermark()), (3, 3));
+        m.refresh_health();
+        assert!(m.unhealthy().is_empty());
+    }
+
+    #[test]
+    fn a_damaged_log_is_reported_until_repaired_and_a_second_manager_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let tp = TopicPartition::new("t", 0);
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        assert!(matches!(LogManager::open(dir.path(), config()), Err(Error::InUse { .. })), "one broker per log dir");
+        let log = m.get_or_create(&tp, config()).unwrap();
+        for _ in 0..3 {
+            log.append(&mut batch(3), 0).unwrap();
+        }
+        let segment = dir.path().join("t-0").join("00000000000000000000.log");
+        let mut bytes = std::fs::read(&segment).unwrap();
+        let second = fjord_record::BatchHeader::parse(&bytes).unwrap().size();
+        bytes[second + 80] ^= 1;
+        std::fs::write(&segment, bytes).unwrap();
+        m.scrub(u64::MAX);
+        assert!(m.unhealthy().is_empty(), "read at the next refresh");
+        m.refresh_health();
+        let health = m.unhealthy();
+        assert_eq!(health.get(&tp), Some(&Unhealthy::Damaged { segment: segment.clone(), position: second as u64 }));
+        assert!(health.get(&tp).unwrap().to_string().contains(&format!("byte {second} of")));
+        log.repair(1_764_600_000_000).unwrap().unwrap();
+        m.refresh_health();
+        assert!(m.unhealthy().is_empty());
+        m.close().unwrap();
+        LogManager::open(dir.path(), config()).unwrap();
     }
 
     #[test]

@@ -462,6 +462,11 @@ impl Segment {
         })
     }
 
+    /// The known damage: its position and what is wrong there.
+    pub(crate) fn damage(&self) -> Option<(u64, fjord_record::Error)> {
+        lock::mutex(&self.damage).clone()
+    }
+
     /// Position of the known damage, if any.
     pub(crate) fn damage_at(&self) -> Option<u64> {
         Some(self.damage_at.load(Ordering::Acquire)).filter(|&at| at != NO_DAMAGE)

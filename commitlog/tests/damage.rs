@@ -340,35 +340,116 @@ fn the_scrubber_finds_damage_no_read_touched() {
     assert_fenced(&log, &appended, damaged, segs[7].0, path);
 }
 
+/// What a repair's side directory holds: the concatenation of what it moved aside, in
+/// segment order (tail of the damaged segment first).
+fn moved_bytes(repair: &fjord_log::Repair) -> Vec<u8> {
+    let mut out = Vec::new();
+    for m in &repair.moved {
+        let bytes = fs::read(&m.to).unwrap();
+        assert_eq!(bytes.len() as u64, m.bytes, "{}", m.to.display());
+        out.extend(bytes);
+    }
+    out
+}
+
+/// The bytes of the log's segments from `(segment, position)` on, as they were before
+/// a repair.
+fn bytes_from(segs: &[(Offset, PathBuf)], segment: &Path, position: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    let first = segs.iter().position(|(_, p)| p == segment).unwrap();
+    for (i, (_, p)) in segs.iter().enumerate().skip(first) {
+        let bytes = fs::read(p).unwrap();
+        out.extend_from_slice(if i == first { &bytes[position as usize..] } else { &bytes[..] });
+    }
+    out
+}
+
 #[test]
-fn repair_truncates_at_the_first_damage_and_the_log_goes_on() {
+fn repair_truncates_at_the_first_damage_keeps_the_rest_aside_and_the_log_goes_on() {
     // A flipped byte (found by reads), a cut-short segment (found on open), and damage
     // nothing has read yet (found by the repair's scrub).
     for kind in ["flip", "cut", "unread"] {
-        let dir = tempfile::tempdir().unwrap();
-        let appended = closed_log(dir.path());
-        let segs = segments(dir.path());
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("t-0");
+        let appended = closed_log(&dir);
+        let segs = segments(&dir);
         let path = &segs[3].1;
         let (position, damaged, _) = batches_of(path)[1];
         match kind {
             "cut" => fs::OpenOptions::new().write(true).open(path).unwrap().set_len(position as u64).unwrap(),
             _ => flip(path, position + 70),
         }
-        let log = Log::open(dir.path(), config()).unwrap();
+        let before = bytes_from(&segs, path, position as u64);
+        let log = Log::open(&dir, config()).unwrap();
         if kind == "flip" {
             assert!(log.read(damaged, 1 << 20, None, true).is_err());
         }
-        assert_eq!(log.repair().unwrap(), Some(damaged), "{kind}");
+        let repair = log.repair(1_764_600_000_000).unwrap().expect(kind);
+        assert_eq!((repair.truncated_to, &repair.segment, repair.position), (damaged, path, position as u64), "{kind}");
+        assert!(repair.applied);
+        assert_eq!(repair.side_dir, root.path().join("t-0-damaged-1764600000000"));
+        assert_eq!(moved_bytes(&repair), before, "{kind}: every byte cut off is kept aside");
+        let manifest = fs::read_to_string(repair.side_dir.join(fjord_log::REPAIR_MANIFEST)).unwrap();
+        assert!(manifest.contains(&format!("byte {position} of {}", path.display())), "{manifest}");
         assert!(log.damage().is_empty(), "{kind}");
         let kept: Batches = appended.iter().filter(|(o, _)| *o < damaged).cloned().collect();
         assert_eq!(read_all(&log), kept, "{kind}");
-        assert_eq!(log.repair().unwrap(), None, "{kind}: nothing left to repair");
+        assert_eq!(log.repair(1_764_600_000_001).unwrap(), None, "{kind}: nothing left to repair");
         log.append(&mut batch(2, 5, 9_000), 6).unwrap();
         assert_eq!(read_all(&log).len(), kept.len() + 1, "{kind}");
         log.close().unwrap();
         drop(log);
-        let log = Log::open(dir.path(), config()).unwrap();
+        let log = Log::open(&dir, config()).unwrap();
         assert_eq!(read_all(&log).len(), kept.len() + 1, "{kind}: the repair holds after a reopen");
         assert!(log.damage().is_empty());
+        assert_eq!(moved_bytes(&repair), before, "{kind}: the side files outlive the deleted segments");
+        // A log dir holding the side directory opens without loading it.
+        drop(log);
+        let m = LogManager::open(root.path(), config()).unwrap();
+        assert_eq!(m.partitions(), vec![TopicPartition::new("t", 0)]);
     }
+}
+
+#[test]
+fn offline_repair_refuses_a_locked_dir_dry_runs_without_writing_then_repairs() {
+    let root = tempfile::tempdir().unwrap();
+    let tp = TopicPartition::new("t", 0);
+    let dir = root.path().join("t-0");
+    let appended = closed_log(&dir);
+    let segs = segments(&dir);
+    let path = &segs[4].1;
+    let (position, damaged, _) = batches_of(path)[1];
+    flip(path, position + 70);
+    let before = bytes_from(&segs, path, position as u64);
+
+    // A broker holds the log dir: no tool may write behind it.
+    let m = LogManager::open(root.path(), config()).unwrap();
+    assert!(matches!(fjord_log::repair_partition(root.path(), &tp, true, 1), Err(Error::InUse { .. })));
+    m.close().unwrap();
+    drop(m);
+
+    let snapshot = |d: &Path| -> Vec<(PathBuf, Vec<u8>)> {
+        let mut files: Vec<_> = fs::read_dir(d).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_file()).collect();
+        files.sort();
+        files.into_iter().map(|p| (p.clone(), fs::read(&p).unwrap())).collect()
+    };
+    let untouched = snapshot(&dir);
+    let plan = fjord_log::repair_partition(root.path(), &tp, true, 1_764_600_000_000).unwrap().unwrap();
+    assert!(!plan.applied);
+    assert_eq!((plan.truncated_to, &plan.segment, plan.position), (damaged, path, position as u64));
+    assert_eq!(plan.moved.len(), segs.len() - 4, "the damaged tail and every later segment");
+    assert_eq!(snapshot(&dir), untouched, "a dry run writes nothing");
+    assert!(!plan.side_dir.exists());
+
+    let done = fjord_log::repair_partition(root.path(), &tp, false, 1_764_600_000_000).unwrap().unwrap();
+    assert!(done.applied);
+    assert_eq!((done.truncated_to, done.moved.len()), (damaged, plan.moved.len()));
+    assert_eq!(moved_bytes(&done), before, "every byte cut off is kept aside");
+    assert_eq!(fjord_log::repair_partition(root.path(), &tp, false, 1_764_600_000_001).unwrap(), None);
+
+    let m = LogManager::open(root.path(), config()).unwrap();
+    let log = m.get(&tp).unwrap();
+    let kept: Batches = appended.iter().filter(|(o, _)| *o < damaged).cloned().collect();
+    assert_eq!(read_all(&log), kept, "every record before the damage, nothing after it");
+    assert_eq!(log.log_end_offset(), damaged);
 }

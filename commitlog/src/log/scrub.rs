@@ -1,5 +1,5 @@
-//! Damage: where the segments hold a batch that is not whole and valid, the
-//! scrubber that looks for it in the background, and the operator's repair.
+//! Damage: where the segments hold a batch that is not whole and valid, and the
+//! scrubber that looks for it in the background. Repairs are in `crate::repair`.
 
 use std::path::PathBuf;
 
@@ -53,26 +53,5 @@ impl Log {
         }
         *cursor = (Offset::MIN, 0);
         Ok((checked, true))
-    }
-
-    /// The operator's repair of damage (see [`Log::damage`]): scrubs the whole log,
-    /// then truncates it after the last good batch before the first damage, dropping
-    /// the damaged batch and everything after it (later segments too), as a follower
-    /// truncates to its leader. Returns the new log end offset, `None` when nothing is
-    /// damaged. On a follower, replication then fetches the dropped part again from
-    /// the leader; on a single node it is gone, which is why this is never automatic.
-    pub fn repair(&self) -> Result<Option<Offset>> {
-        while !self.scrub(u64::MAX)?.1 {}
-        let view = self.view();
-        let Some((seg, at)) = view.values().find_map(|s| Some((s, s.damage_at()?))) else {
-            return Ok(None);
-        };
-        let offset = seg.next_offset_before(at)?;
-        tracing::warn!(
-            dir = %self.dir.display(), segment = seg.base_offset, position = at, offset,
-            "repair: truncating the log at its first damaged batch"
-        );
-        self.truncate_to(offset)?;
-        Ok(Some(self.log_end_offset()))
     }
 }
