@@ -64,14 +64,20 @@ pub(crate) struct Broker {
 
 impl Broker {
     /// This broker's replica of partition `index` of `topic`: UNKNOWN_TOPIC_OR_PARTITION
-    /// when the topic has no such partition, NOT_LEADER_OR_FOLLOWER when this broker holds
-    /// no replica of it (the client refreshes its metadata and goes to the leader). The
-    /// replica's role is checked by whoever uses it.
+    /// when the topic has no such partition, KAFKA_STORAGE_ERROR when its log here could
+    /// not be opened (as Kafka answers for a replica on an offline log dir),
+    /// NOT_LEADER_OR_FOLLOWER when this broker holds no replica of it (the client
+    /// refreshes its metadata and goes to the leader). The replica's role is checked by
+    /// whoever uses it.
     pub(crate) fn replica(&self, topic: &Topic, index: i32) -> Result<Arc<Partition>, i16> {
         if topic.partition_replicas(index).is_none() {
             return Err(error_code::UNKNOWN_TOPIC_OR_PARTITION);
         }
-        self.replicas.get(&TopicPartition::new(&topic.name, index)).ok_or(error_code::NOT_LEADER_OR_FOLLOWER)
+        let tp = TopicPartition::new(&topic.name, index);
+        self.replicas.get(&tp).ok_or_else(|| match self.topics.logs().unhealthy().get(&tp) {
+            Some(fjord_log::Unhealthy::Offline { .. }) => error_code::KAFKA_STORAGE_ERROR,
+            _ => error_code::NOT_LEADER_OR_FOLLOWER,
+        })
     }
 
     /// The topic, auto-created (when `allowed` and `auto.create.topics.enable`) with the

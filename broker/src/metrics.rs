@@ -196,6 +196,35 @@ impl Metrics {
             }
         }
 
+        // Kafka's OfflinePartitionsCount, for this broker's replicas: an alert needs one
+        // number; the per-partition family says which and why.
+        let unhealthy = logs.unhealthy();
+        family(
+            &mut out,
+            "fjord_broker_unhealthy_partitions",
+            "gauge",
+            "Replicas here whose log could not be opened (offline) or holds a damaged batch.",
+        );
+        let _ = writeln!(out, "fjord_broker_unhealthy_partitions {}", unhealthy.len());
+        family(
+            &mut out,
+            "fjord_broker_partition_unhealthy",
+            "gauge",
+            "1 per unhealthy replica: state=\"offline\" (not served, KAFKA_STORAGE_ERROR) or \"damaged\" (served up to the damage).",
+        );
+        for (tp, state) in unhealthy.iter() {
+            let state = match state {
+                fjord_log::Unhealthy::Offline { .. } => "offline",
+                fjord_log::Unhealthy::Damaged { .. } => "damaged",
+            };
+            let _ = writeln!(
+                out,
+                "fjord_broker_partition_unhealthy{{topic=\"{}\",partition=\"{}\",state=\"{state}\"}} 1",
+                escape(&tp.topic),
+                tp.partition
+            );
+        }
+
         let cleaned: Vec<(&String, CleanStats)> =
             partitions.iter().filter_map(|(labels, log)| Some((labels, log.last_clean()?))).collect();
         type Stat = fn(&CleanStats) -> f64;

@@ -382,6 +382,29 @@ impl Partition {
         Ok(true)
     }
 
+    /// Follower: when this replica's log is damaged, truncates it below the damage
+    /// (moving the damaged bytes aside, see `fjord_log::Log::repair`) so that fetching
+    /// from the log end brings the records again from the leader. Only while following
+    /// `leader`: the state lock is held from the check to the truncation, so the replica
+    /// cannot become leader with a log cut short by this. The caller has scrubbed the
+    /// log (slow, so outside the lock). `Ok(None)` when there is nothing to do.
+    pub(crate) fn heal_as_follower(&self, leader: i32, now_ms: u64) -> Result<Option<fjord_log::Repair>, fjord_log::Error> {
+        let state = self.state();
+        if state.role != (Role::Follower { leader }) || self.log.damage().is_empty() {
+            return Ok(None);
+        }
+        let repair = self.log.repair_known_damage(now_ms)?;
+        drop(state);
+        if let Some(r) = &repair {
+            tracing::warn!(
+                tp = %self.tp, leader, segment = %r.segment.display(), position = r.position, reason = %r.reason,
+                truncated_to = r.truncated_to, moved_aside_to = %r.side_dir.display(),
+                "follower's log was damaged: truncated below the damage (the damaged bytes are kept aside); fetching the rest again from the leader"
+            );
+        }
+        Ok(repair)
+    }
+
     /// Follower: the leader no longer has our fetch offset. Below its log start, the
     /// log restarts there (retention went past us); otherwise our log is ahead of the
     /// leader's and is truncated against its epochs again.

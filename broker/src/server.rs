@@ -501,17 +501,22 @@ fn spawn_periodic_tasks(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &
 }
 
 /// The scrubber: every second, CRC-checks that second's share of
-/// `log.scrub.bytes.per.second` (see [`LogManager::scrub`]); off at 0.
+/// `log.scrub.bytes.per.second` (see [`LogManager::scrub`]; off at 0), then refreshes
+/// the partitions' health that Metadata, the metrics and the replica fetchers read
+/// (damage found by reads as well).
 fn spawn_scrubber(tracker: &TaskTracker, logs: &Arc<LogManager>, bytes_per_second: u64, shutdown: &CancellationToken) {
-    if bytes_per_second == 0 {
-        return;
-    }
     let (logs, shutdown) = (logs.clone(), shutdown.clone());
     tracker.spawn(async move {
         let mut periodic = Periodic::new(Duration::from_secs(1));
         while periodic.tick_until(&shutdown).await {
             let logs = logs.clone();
-            if let Err(e) = tokio::task::spawn_blocking(move || logs.scrub(bytes_per_second)).await {
+            let scrub = move || {
+                if bytes_per_second > 0 {
+                    logs.scrub(bytes_per_second);
+                }
+                logs.refresh_health();
+            };
+            if let Err(e) = tokio::task::spawn_blocking(scrub).await {
                 tracing::error!(task = "scrub", error = %e, "periodic log task panicked");
             }
         }

@@ -1,6 +1,9 @@
 //! Metadata: the live brokers, the controller, and the topics asked for (auto-created
 //! when allowed), each partition with its leader, leader epoch, replicas, ISR and
-//! offline replicas, as this broker's cluster view has them. DescribeCluster: the live
+//! offline replicas, as this broker's cluster view has them. This broker's own replica
+//! counts as offline when its log could not be opened or holds a damaged batch (see
+//! `LogManager::unhealthy`), and a partition it leads then answers KAFKA_STORAGE_ERROR
+//! (the leader is still named: what comes before the damage is served). DescribeCluster: the live
 //! brokers, the controller and the cluster id (the metadata store's, the same on every
 //! broker).
 
@@ -144,6 +147,8 @@ impl Broker {
 
     fn topic_metadata(&self, topic: &Topic, live: &BTreeSet<i32>) -> MetadataResponseTopic {
         let view = self.topics.view();
+        let unhealthy = self.topics.logs().unhealthy();
+        let me = self.config.broker_id;
         let ids = |ids: &[i32]| ids.iter().copied().map(BrokerId).collect::<Vec<_>>();
         let partitions = topic
             .replicas
@@ -154,11 +159,14 @@ impl Broker {
                 let state = view.partition_state(&fjord_record::TopicPartition::new(&topic.name, p));
                 let (leader, leader_epoch, isr) =
                     state.map_or((-1, -1, Vec::new()), |s| (s.state.leader, s.state.leader_epoch, s.state.isr));
-                let offline: Vec<i32> = replicas.iter().copied().filter(|r| !live.contains(r)).collect();
+                let tp = fjord_record::TopicPartition::new(&topic.name, p);
+                let damaged_here = unhealthy.contains_key(&tp);
+                let offline: Vec<i32> =
+                    replicas.iter().copied().filter(|&r| !live.contains(&r) || (r == me && damaged_here)).collect();
                 // A leader that is not live cannot be reached: the controller is about to
                 // elect another; until then the client must wait, as with no leader.
                 let (leader, error) = if leader >= 0 && live.contains(&leader) {
-                    (leader, error_code::NONE)
+                    (leader, if leader == me && damaged_here { error_code::KAFKA_STORAGE_ERROR } else { error_code::NONE })
                 } else {
                     (-1, error_code::LEADER_NOT_AVAILABLE)
                 };

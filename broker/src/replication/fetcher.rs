@@ -4,7 +4,9 @@
 //! just became a follower ended (OffsetForLeaderEpoch) and truncates, then sends one
 //! Fetch for all its partitions (replica id = this broker, from each log end offset),
 //! appends what comes back with `append_replicated` and takes the leader's high
-//! watermark. Failures are retried after `replica.fetch.backoff.ms`: a partition the
+//! watermark. A partition whose local log is damaged (found by the scrubber, a read or
+//! the open) is first healed: truncated below the damage, the damaged bytes moved aside,
+//! and fetched again from there. Failures are retried after `replica.fetch.backoff.ms`: a partition the
 //! leader answers with an error waits alone (the others keep fetching, so one stale
 //! partition cannot push the rest out of the ISR); a leader that is unreachable or not
 //! registered is logged and retried. Nothing here stops the broker.
@@ -215,7 +217,7 @@ async fn round(
         *peer = Some(connect(context, leader).await?);
     }
     let peer = peer.as_mut().expect("invariant: connected above");
-    let mut failed = Vec::new();
+    let mut failed = heal(leader, partitions).await;
     let (mut truncating, mut fetching) = (Vec::new(), Vec::new());
     for partition in partitions {
         match partition.next_follower_step(leader) {
@@ -234,6 +236,34 @@ async fn round(
         failed.extend(fetch(context, leader, peer, &fetching).await?);
     }
     Ok(failed)
+}
+
+/// Heals the damaged logs among `partitions` (see [`Partition::heal_as_follower`]) on
+/// the blocking pool; returns those that failed to heal, to be delayed.
+async fn heal(leader: i32, partitions: &[Arc<Partition>]) -> Vec<TopicPartition> {
+    let mut failed = Vec::new();
+    for partition in partitions.iter().filter(|p| !p.log.damage().is_empty()) {
+        let p = partition.clone();
+        let healed = tokio::task::spawn_blocking(move || {
+            // The whole log is scrubbed first, outside the partition's lock, so the cut is
+            // made at the first damage, not at the first found.
+            while !p.log.scrub(u64::MAX)?.1 {}
+            p.heal_as_follower(leader, fjord_record::now_ms() as u64)
+        })
+        .await;
+        match healed {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::error!(tp = %partition.tp, leader, error = %e, "healing a damaged follower log failed");
+                failed.push(partition.tp.clone());
+            }
+            Err(e) => {
+                tracing::error!(tp = %partition.tp, leader, error = %e, "healing a damaged follower log panicked");
+                failed.push(partition.tp.clone());
+            }
+        }
+    }
+    failed
 }
 
 fn topic_name(name: &str) -> TopicName {
