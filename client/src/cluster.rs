@@ -115,6 +115,12 @@ pub struct PartitionMetadata {
     pub replicas: Vec<i32>,
     /// In-sync replica broker ids.
     pub in_sync_replicas: Vec<i32>,
+    /// Replicas that cannot serve: their broker is down, or their log there is damaged
+    /// or could not be opened.
+    pub offline_replicas: Vec<i32>,
+    /// The partition's error code (0: none; 56 KAFKA_STORAGE_ERROR: the leader's log is
+    /// damaged or could not be opened; 5 LEADER_NOT_AVAILABLE).
+    pub error_code: i16,
 }
 
 /// One topic as metadata describes it; partitions are sorted by number.
@@ -374,6 +380,8 @@ fn merge(current: &Metadata, response: kafka_protocol::messages::MetadataRespons
                 leader_epoch: p.leader_epoch,
                 replicas: p.replica_nodes.iter().map(|b| b.0).collect(),
                 in_sync_replicas: p.isr_nodes.iter().map(|b| b.0).collect(),
+                offline_replicas: p.offline_replicas.iter().map(|b| b.0).collect(),
+                error_code: p.error_code,
             })
             .collect();
         partitions.sort_by_key(|p| p.partition);

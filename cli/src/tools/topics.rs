@@ -58,6 +58,28 @@ enum Action {
     },
 }
 
+/// Kafka's KAFKA_STORAGE_ERROR.
+const STORAGE_ERROR: i16 = 56;
+
+/// One partition of `fjord topics describe`: offline replicas and the partition's error
+/// only when there are any, so a healthy topic reads as before.
+fn partition_line(p: &fjord_client::PartitionMetadata) -> String {
+    let mut line = format!(
+        "  partition {:>3}  leader {:>3}  epoch {:>3}  replicas {:?}  isr {:?}",
+        p.partition, p.leader, p.leader_epoch, p.replicas, p.in_sync_replicas
+    );
+    if !p.offline_replicas.is_empty() {
+        line.push_str(&format!("  offline {:?}", p.offline_replicas));
+    }
+    match p.error_code {
+        0 => {}
+        STORAGE_ERROR => line.push_str("  error KAFKA_STORAGE_ERROR (log damaged or cannot be opened)"),
+        5 => line.push_str("  error LEADER_NOT_AVAILABLE"),
+        code => line.push_str(&format!("  error {code}")),
+    }
+    line
+}
+
 pub(crate) async fn run(args: TopicsArgs) -> anyhow::Result<()> {
     let admin = Admin::connect(args.connect.client()?).await?;
     match args.action {
@@ -80,9 +102,14 @@ pub(crate) async fn run(args: TopicsArgs) -> anyhow::Result<()> {
             let t = admin.describe_topic(&topic).await?;
             println!("topic {}  partitions {}", t.name, t.partitions.len());
             for p in &t.partitions {
+                println!("{}", partition_line(p));
+            }
+            if t.partitions.iter().any(|p| p.error_code == STORAGE_ERROR) {
                 println!(
-                    "  partition {:>3}  leader {:>3}  epoch {:>3}  replicas {:?}  isr {:?}",
-                    p.partition, p.leader, p.leader_epoch, p.replicas, p.in_sync_replicas
+                    "  KAFKA_STORAGE_ERROR: the leader's replica is offline: its log could not be opened, or holds a \
+                     damaged batch (served up to it). The broker's log names the file and byte; its /metrics has \
+                     fjord_broker_partition_unhealthy. With the broker stopped, `fjord logs repair` truncates at the \
+                     damage and keeps the rest aside."
                 );
             }
             let overrides: Vec<_> = admin.describe_configs(&topic).await?.into_iter().filter(|c| !c.is_default).collect();
