@@ -120,3 +120,65 @@ async fn a_fetch_over_a_corrupt_sealed_batch_answers_corrupt_message() {
     );
     broker.stop().await.unwrap();
 }
+
+async fn metadata(client: &mut RawClient, topics: &[&str]) -> MetadataResponse {
+    let request = MetadataRequest::default().with_topics(Some(
+        topics.iter().map(|t| metadata_request::MetadataRequestTopic::default().with_name(Some(topic_name(t)))).collect(),
+    ));
+    client.call(ApiKey::Metadata, 9, &request).await.unwrap()
+}
+
+/// A partition whose log cannot be opened stays offline while the others are served, and
+/// says so: Metadata answers KAFKA_STORAGE_ERROR with the replica in offline_replicas,
+/// Produce and Fetch answer KAFKA_STORAGE_ERROR (not NOT_LEADER_OR_FOLLOWER, which sends a
+/// client looking for another leader forever), and the metrics name it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_whose_log_cannot_be_opened_is_reported_offline_and_the_others_are_served() {
+    const STORAGE_ERROR: i16 = 56;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let broker = TestBroker::start_in(data.clone(), |_| {}).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    for topic in ["unreadable", "fine"] {
+        assert_eq!(client.produce(7, &produce_request(topic, 0, 1, 5000, batch(0))).await.0, 0);
+    }
+    let healthy = metadata(&mut client, &["unreadable", "fine"]).await;
+    assert!(healthy.topics.iter().all(|t| t.partitions[0].error_code == 0 && t.partitions[0].offline_replicas.is_empty()));
+    broker.stop().await.unwrap();
+
+    // The segment becomes unreadable: a directory where its file was.
+    let segment = data.join("unreadable-0").join("00000000000000000000.log");
+    std::fs::remove_file(&segment).unwrap();
+    std::fs::create_dir(&segment).unwrap();
+
+    let metrics_addr = free();
+    let broker = TestBroker::start_in(data, |c| c.metrics_listen = Some(metrics_addr)).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let response = metadata(&mut client, &["unreadable", "fine"]).await;
+    let partition = |name: &str| {
+        let t = response.topics.iter().find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == name)).unwrap();
+        t.partitions[0].clone()
+    };
+    let offline = partition("unreadable");
+    assert_eq!(offline.error_code, STORAGE_ERROR);
+    assert_eq!(offline.offline_replicas, vec![BrokerId(0)]);
+    let fine = partition("fine");
+    assert_eq!((fine.error_code, fine.offline_replicas.len()), (0, 0));
+
+    assert_eq!(client.produce(7, &produce_request("unreadable", 0, 1, 5000, batch(1))).await.0, STORAGE_ERROR);
+    assert_eq!(client.produce(7, &produce_request("fine", 0, 1, 5000, batch(1))).await.0, 0);
+    let request = FetchRequest::default().with_max_wait_ms(0).with_min_bytes(1).with_topics(vec![FetchTopic::default()
+        .with_topic(topic_name("unreadable"))
+        .with_partitions(vec![FetchPartition::default().with_partition(0).with_fetch_offset(0).with_partition_max_bytes(700)])]);
+    let response: FetchResponse = client.call(ApiKey::Fetch, 11, &request).await.unwrap();
+    assert_eq!(response.responses[0].partitions[0].error_code, STORAGE_ERROR);
+
+    let text = metrics(metrics_addr).await;
+    assert!(text.contains("fjord_broker_unhealthy_partitions 1\n"), "{text}");
+    assert!(
+        text.contains("fjord_broker_partition_unhealthy{topic=\"unreadable\",partition=\"0\",state=\"offline\"} 1\n"),
+        "{text}"
+    );
+    broker.stop().await.unwrap();
+}
