@@ -1,6 +1,7 @@
 //! ListGroups, DescribeGroups and DeleteGroups.
 
 use std::collections::BTreeSet;
+use std::time::Instant;
 
 use fjord_coord::paths;
 use kafka_protocol::error::ResponseError;
@@ -8,7 +9,7 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 
 use super::registry::{group_id_of, group_root};
-use super::state::GroupState;
+use super::state::{GroupState, Reply};
 use super::GroupCoordinator;
 
 impl GroupCoordinator {
@@ -100,16 +101,76 @@ impl GroupCoordinator {
 
     async fn delete_group(&self, group_id: &str) -> Result<(), ResponseError> {
         let entry = self.lookup(group_id).await?.ok_or(ResponseError::GroupIdNotFound)?;
-        let entry = entry.lock().await;
+        let mut entry = entry.lock().await;
+        // The ticker expires sessions every TICK; a member whose session ran out before
+        // this request is gone now, as with Kafka's exact timers (librdkafka's 0081
+        // deletes its group a session timeout after its static members close).
+        let before = entry.group.state;
+        entry.group.tick(Instant::now()).into_iter().for_each(Reply::deliver);
         if entry.group.state != GroupState::Empty {
             return Err(ResponseError::NonEmptyGroup);
         }
         if !entry.exists() {
+            if before != GroupState::Empty {
+                // Emptied just now: clear the ownership registry, as the ticker would.
+                self.inner.write_owners(group_id, entry.group.generation_id, None, &[]).await;
+            }
             return Err(ResponseError::GroupIdNotFound);
         }
         self.inner.groups.lock().expect("groups lock").remove(group_id);
         fjord_coord::delete_all(&*self.inner.store, &group_root(group_id))
             .await
             .map_err(|_| ResponseError::CoordinatorNotAvailable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::group::{Endpoint, GroupConfig};
+
+    /// librdkafka's 0081 closes static members (they send no LeaveGroup), waits their
+    /// session timeout and deletes the group; the ticker runs every TICK, so without
+    /// expiring overdue members first, DeleteGroups could come between the deadline
+    /// and the next tick and find the group not empty. The test blocks its only runtime
+    /// thread past the deadline, so the ticker cannot run in between.
+    #[tokio::test(flavor = "current_thread")]
+    async fn delete_groups_expires_a_session_that_ran_out_before_the_next_tick() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = fjord_coord::open(None, dir.path()).await.unwrap();
+        let config = GroupConfig { min_session_timeout_ms: 10, initial_rebalance_delay_ms: 0, ..GroupConfig::default() };
+        let coordinator = GroupCoordinator::new(store, Endpoint { broker_id: 0, listeners: Vec::new() }, config);
+        let join = JoinGroupRequest::default()
+            .with_group_id(GroupId(StrBytes::from_static_str("g")))
+            .with_session_timeout_ms(200)
+            .with_rebalance_timeout_ms(10_000)
+            .with_group_instance_id(Some(StrBytes::from_static_str("static-1")))
+            .with_protocol_type(StrBytes::from_static_str("consumer"))
+            .with_protocols(vec![join_group_request::JoinGroupRequestProtocol::default()
+                .with_name(StrBytes::from_static_str("range"))
+                .with_metadata(Bytes::from_static(b"m"))]);
+        let ResponseKind::JoinGroup(joined) = coordinator.join_group(join, 5, "c", "h").await else { panic!() };
+        assert_eq!(joined.error_code, 0);
+        let sync = SyncGroupRequest::default()
+            .with_group_id(GroupId(StrBytes::from_static_str("g")))
+            .with_generation_id(joined.generation_id)
+            .with_member_id(joined.member_id.clone())
+            .with_group_instance_id(Some(StrBytes::from_static_str("static-1")))
+            .with_assignments(vec![sync_group_request::SyncGroupRequestAssignment::default()
+                .with_member_id(joined.member_id.clone())
+                .with_assignment(Bytes::from_static(b"a"))]);
+        let ResponseKind::SyncGroup(synced) = coordinator.sync_group(sync, 3).await else { panic!() };
+        assert_eq!(synced.error_code, 0);
+
+        // The member goes silent; the session runs out while the ticker cannot run.
+        std::thread::sleep(Duration::from_millis(300));
+        let delete = DeleteGroupsRequest::default().with_groups_names(vec![GroupId(StrBytes::from_static_str("g"))]);
+        let ResponseKind::DeleteGroups(deleted) = coordinator.delete_groups(delete).await else { panic!() };
+        // No offsets were committed: once its member is gone, the group does not exist.
+        assert_eq!(deleted.results[0].error_code, ResponseError::GroupIdNotFound.code(), "not NON_EMPTY_GROUP");
     }
 }
