@@ -6,6 +6,7 @@ pub(crate) mod acls;
 pub(crate) mod admin;
 pub(crate) mod alter_configs;
 pub(crate) mod authz;
+pub(crate) mod broker_configs;
 pub(crate) mod delete_records;
 pub(crate) mod elect;
 pub(crate) mod fetch;
@@ -154,7 +155,7 @@ impl Broker {
             RequestKind::ListOffsets(req) => (ApiKey::ListOffsets, self.list_offsets(req, version, session)),
             RequestKind::CreateTopics(req) => (ApiKey::CreateTopics, self.create_topics(req, version, session).await),
             RequestKind::DeleteTopics(req) => (ApiKey::DeleteTopics, self.delete_topics(req, version, session).await),
-            RequestKind::DescribeConfigs(req) => (ApiKey::DescribeConfigs, self.describe_configs(req, session)),
+            RequestKind::DescribeConfigs(req) => (ApiKey::DescribeConfigs, self.describe_configs(req, session).await),
             RequestKind::AlterConfigs(req) => (ApiKey::AlterConfigs, self.alter_configs(req, session).await),
             RequestKind::IncrementalAlterConfigs(req) => {
                 (ApiKey::IncrementalAlterConfigs, self.incremental_alter_configs(req, session).await)

@@ -52,6 +52,15 @@ pub fn topic_config(topic: &str) -> String {
     format!("{TOPIC_CONFIGS}/{topic}")
 }
 
+/// `/config/brokers/<id>` and `/config/brokers/<default>`: dynamic broker configs, of
+/// one broker and the cluster-wide default (Kafka's layout).
+pub const BROKER_CONFIGS: &str = "/config/brokers";
+
+/// `/config/brokers/<node>`: `node` is a broker id or `<default>`.
+pub fn broker_config(node: &str) -> String {
+    format!("{BROKER_CONFIGS}/{node}")
+}
+
 /// `/config/users/<name>`: a user's SCRAM credentials (`name` already escaped as one
 /// path component).
 pub fn user_config(name: &str) -> String {

@@ -1,5 +1,6 @@
 //! CreateTopics, DeleteTopics and DescribeConfigs.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use super::broker_configs;
 use crate::codec::error_code;
 use crate::connection::Session;
 use crate::handler::Broker;
@@ -22,17 +24,21 @@ use fjord_auth::{Operation, Resource};
 /// DescribeConfigs (and AlterConfigs) resource types.
 pub(super) const RESOURCE_TOPIC: i8 = 2;
 pub(super) const RESOURCE_BROKER: i8 = 4;
+/// This broker's dynamic configs and the cluster default's (`/config/brokers/...`).
+type DynamicConfigs = (BTreeMap<String, String>, BTreeMap<String, String>);
 /// DescribeConfigs config sources.
 const SOURCE_DYNAMIC_TOPIC: i8 = 1;
+const SOURCE_DYNAMIC_BROKER: i8 = 2;
+const SOURCE_DYNAMIC_DEFAULT_BROKER: i8 = 3;
 const SOURCE_STATIC_BROKER: i8 = 4;
 const SOURCE_DEFAULT: i8 = 5;
 /// DescribeConfigs config types (v3+).
 const TYPE_BOOLEAN: i8 = 1;
-const TYPE_STRING: i8 = 2;
-const TYPE_INT: i8 = 3;
-const TYPE_LONG: i8 = 5;
-const TYPE_DOUBLE: i8 = 6;
-const TYPE_LIST: i8 = 7;
+pub(super) const TYPE_STRING: i8 = 2;
+pub(super) const TYPE_INT: i8 = 3;
+pub(super) const TYPE_LONG: i8 = 5;
+pub(super) const TYPE_DOUBLE: i8 = 6;
+pub(super) const TYPE_LIST: i8 = 7;
 
 impl Broker {
     pub(crate) async fn create_topics(&self, request: CreateTopicsRequest, version: i16, session: &Session) -> ResponseKind {
@@ -154,7 +160,14 @@ impl Broker {
         }
     }
 
-    pub(crate) fn describe_configs(&self, request: DescribeConfigsRequest, session: &Session) -> ResponseKind {
+    pub(crate) async fn describe_configs(&self, request: DescribeConfigsRequest, session: &Session) -> ResponseKind {
+        // The dynamic broker configs (this broker's and the cluster default), read once
+        // and only when a broker resource is described.
+        let dynamic = if request.resources.iter().any(|r| r.resource_type == RESOURCE_BROKER) {
+            self.dynamic_broker_configs().await
+        } else {
+            Ok(Default::default())
+        };
         let results = request
             .resources
             .into_iter()
@@ -167,7 +180,7 @@ impl Broker {
                 if let Err(code) = access {
                     return result.with_error_code(code);
                 }
-                let entries = match resource.resource_type {
+                let entries: Vec<(Cow<'static, str>, String, i8, i8)> = match resource.resource_type {
                     RESOURCE_TOPIC => match self.topics.get(&resource.resource_name) {
                         Some(topic) => log_config_entries(&topic.config)
                             .into_iter()
@@ -175,12 +188,45 @@ impl Broker {
                             .map(|(name, value, config_type)| {
                                 let source =
                                     if topic.overrides.contains_key(name) { SOURCE_DYNAMIC_TOPIC } else { SOURCE_DEFAULT };
-                                (name, value, config_type, source)
+                                (Cow::Borrowed(name), value, config_type, source)
                             })
                             .collect(),
                         None => return result.with_error_code(error_code::UNKNOWN_TOPIC_OR_PARTITION),
                     },
-                    RESOURCE_BROKER if resource.resource_name.parse() == Ok(self.config.broker_id) => self.broker_entries(),
+                    RESOURCE_BROKER => {
+                        match (&dynamic, broker_configs::node_name(&resource.resource_name, self.config.broker_id)) {
+                            (Ok((own, default)), Ok(node)) => {
+                                let dynamic = |configs: &BTreeMap<String, String>, source| {
+                                    configs
+                                        .iter()
+                                        .map(move |(k, v)| {
+                                            (Cow::Owned(k.clone()), v.clone(), broker_configs::config_type(k), source)
+                                        })
+                                        .collect::<Vec<_>>()
+                                };
+                                if node == broker_configs::DEFAULT_RESOURCE {
+                                    // Kafka describes only the cluster-wide dynamic configs here.
+                                    dynamic(default, SOURCE_DYNAMIC_DEFAULT_BROKER)
+                                } else {
+                                    // This broker's own dynamic value wins over the default's.
+                                    let mut entries = dynamic(own, SOURCE_DYNAMIC_BROKER);
+                                    entries.extend(
+                                        dynamic(default, SOURCE_DYNAMIC_DEFAULT_BROKER)
+                                            .into_iter()
+                                            .filter(|(k, ..)| !own.contains_key(k.as_ref())),
+                                    );
+                                    entries.extend(
+                                        self.broker_entries().into_iter().map(|(k, v, t, s)| (Cow::Borrowed(k), v, t, s)),
+                                    );
+                                    entries
+                                }
+                            }
+                            (Err(code), Ok(_)) => return result.with_error_code(*code),
+                            (_, Err((code, message))) => {
+                                return result.with_error_code(code).with_error_message(Some(StrBytes::from_string(message)))
+                            }
+                        }
+                    }
                     _ => {
                         return result
                             .with_error_code(error_code::INVALID_REQUEST)
@@ -190,10 +236,13 @@ impl Broker {
                 let wanted = resource.configuration_keys;
                 let configs = entries
                     .into_iter()
-                    .filter(|(name, ..)| wanted.as_ref().is_none_or(|keys| keys.iter().any(|k| k.as_str() == *name)))
+                    .filter(|(name, ..)| wanted.as_ref().is_none_or(|keys| keys.iter().any(|k| k.as_str() == name.as_ref())))
                     .map(|(name, value, config_type, source)| {
                         DescribeConfigsResourceResult::default()
-                            .with_name(StrBytes::from_static_str(name))
+                            .with_name(match name {
+                                Cow::Borrowed(name) => StrBytes::from_static_str(name),
+                                Cow::Owned(name) => StrBytes::from_string(name),
+                            })
                             .with_value(Some(StrBytes::from_string(value)))
                             .with_config_source(source)
                             .with_config_type(config_type)
@@ -203,6 +252,22 @@ impl Broker {
             })
             .collect();
         ResponseKind::DescribeConfigs(DescribeConfigsResponse::default().with_results(results))
+    }
+
+    /// This broker's dynamic configs and the cluster default's, from the metadata store;
+    /// the error code to answer when it cannot be read.
+    async fn dynamic_broker_configs(&self) -> Result<DynamicConfigs, i16> {
+        let store = &**self.topics.store();
+        let read = |node: String| async move { broker_configs::read(store, &node).await.map(|(configs, _)| configs) };
+        let own = read(self.config.broker_id.to_string()).await;
+        let default = read(broker_configs::DEFAULT_RESOURCE.to_owned()).await;
+        match (own, default) {
+            (Ok(own), Ok(default)) => Ok((own, default)),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "reading the dynamic broker configs failed");
+                Err(error_code::UNKNOWN_SERVER_ERROR)
+            }
+        }
     }
 
     fn broker_entries(&self) -> Vec<(&'static str, String, i8, i8)> {

@@ -6,7 +6,7 @@
 //! and apply it to this broker's logs; the other brokers apply it from their watch
 //! ([`crate::topic_config`]). As in Kafka, AlterConfigs replaces the whole set (keys it
 //! does not name go back to their defaults) while IncrementalAlterConfigs changes only
-//! the keys it names. Broker configs are static here: BROKER resources get INVALID_REQUEST.
+//! the keys it names. BROKER resources go to [`super::broker_configs`].
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -18,6 +18,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 
 use super::admin::{RESOURCE_BROKER, RESOURCE_TOPIC};
+use super::broker_configs;
 use crate::codec::error_code;
 use crate::connection::Session;
 use crate::handler::Broker;
@@ -36,7 +37,7 @@ const LIST_KEYS: &[&str] = &["cleanup.policy"];
 const CAS_ATTEMPTS: usize = 10;
 
 /// Why a resource was refused: the Kafka error code and a message.
-type Refusal = (i16, String);
+pub(super) type Refusal = (i16, String);
 
 fn invalid_request(message: impl Into<String>) -> Refusal {
     (error_code::INVALID_REQUEST, message.into())
@@ -73,6 +74,7 @@ impl Broker {
             let outcome = match check_resource(kind, &name, &duplicates) {
                 Err(refusal) => Err(refusal),
                 Ok(()) if access.is_err() => access.map_err(|code| (code, "not authorized to alter these configs".to_owned())),
+                Ok(()) if kind == RESOURCE_BROKER => self.alter_broker(&name, request.validate_only, &entries).await,
                 Ok(()) => self.alter_topic(&name, request.validate_only, |_| replacement(&entries)).await,
             };
             let (code, message) = split(outcome);
@@ -106,6 +108,7 @@ impl Broker {
             let outcome = match check_resource(kind, &name, &duplicates) {
                 Err(refusal) => Err(refusal),
                 Ok(()) if access.is_err() => access.map_err(|code| (code, "not authorized to alter these configs".to_owned())),
+                Ok(()) if kind == RESOURCE_BROKER => self.alter_broker_incrementally(&name, request.validate_only, &ops).await,
                 Ok(()) => {
                     let edit = |current: &BTreeMap<String, String>| {
                         check_ops(&ops)?;
@@ -124,6 +127,54 @@ impl Broker {
             );
         }
         ResponseKind::IncrementalAlterConfigs(IncrementalAlterConfigsResponse::default().with_responses(responses))
+    }
+
+    /// Legacy AlterConfigs on a broker resource: the entries with a value become its
+    /// whole set of dynamic configs.
+    async fn alter_broker(
+        &self,
+        resource: &str,
+        validate_only: bool,
+        entries: &[(String, Option<String>)],
+    ) -> Result<(), Refusal> {
+        let node = broker_configs::node_name(resource, self.config.broker_id)?;
+        let mut names = HashSet::new();
+        for (name, value) in entries {
+            if !names.insert(name.as_str()) {
+                return Err(invalid_request(format!("config {name} is named more than once")));
+            }
+            broker_configs::check(name, value.as_deref())?;
+        }
+        let next: BTreeMap<String, String> =
+            entries.iter().filter_map(|(name, value)| Some((name.clone(), value.clone()?))).collect();
+        broker_configs::alter(&**self.topics.store(), &node, validate_only, |_| Ok(next.clone())).await
+    }
+
+    /// IncrementalAlterConfigs on a broker resource: the named keys change, the others stay.
+    async fn alter_broker_incrementally(&self, resource: &str, validate_only: bool, ops: &[Op]) -> Result<(), Refusal> {
+        let node = broker_configs::node_name(resource, self.config.broker_id)?;
+        let mut names = HashSet::new();
+        for op in ops {
+            if !names.insert(op.name.as_str()) {
+                return Err(invalid_request(format!("config {} is named more than once", op.name)));
+            }
+            broker_configs::check(&op.name, op.value.as_deref())?;
+            match op.operation {
+                OP_DELETE => {}
+                OP_SET | OP_APPEND | OP_SUBTRACT if op.value.is_none() => {
+                    return Err(invalid_request(format!("null value for config {}", op.name)))
+                }
+                OP_SET => {}
+                OP_APPEND | OP_SUBTRACT if !broker_configs::is_list(&op.name) => {
+                    return Err(invalid_request(format!("config {} is not a list: it takes SET and DELETE only", op.name)))
+                }
+                OP_APPEND | OP_SUBTRACT => {}
+                other => return Err(invalid_request(format!("unknown config operation {other} for {}", op.name))),
+            }
+        }
+        // No broker-level defaults to start a list from: the dynamic value, or empty.
+        let edit = |current: &BTreeMap<String, String>| apply_ops(current, &LogConfig::default(), ops);
+        broker_configs::alter(&**self.topics.store(), &node, validate_only, edit).await
     }
 
     /// Reads the topic's overrides, computes the new ones with `edit`, validates them and
@@ -174,10 +225,7 @@ fn check_resource(kind: i8, name: &str, duplicates: &HashSet<(i8, String)>) -> R
         _ if duplicates.contains(&(kind, name.to_owned())) => {
             Err(invalid_request(format!("resource {name} is named more than once")))
         }
-        RESOURCE_TOPIC => Ok(()),
-        RESOURCE_BROKER => {
-            Err(invalid_request("altering broker configs is not supported: they are static (change the config file and restart)"))
-        }
+        RESOURCE_TOPIC | RESOURCE_BROKER => Ok(()),
         other => Err(invalid_request(format!("unsupported resource type {other}"))),
     }
 }
@@ -320,7 +368,7 @@ mod tests {
         assert_eq!(dups, HashSet::from([(2, "a".to_owned())]));
         assert_eq!(check_resource(2, "a", &dups).unwrap_err().0, error_code::INVALID_REQUEST);
         check_resource(2, "b", &dups).unwrap();
-        assert_eq!(check_resource(4, "0", &dups).unwrap_err().0, error_code::INVALID_REQUEST);
+        check_resource(4, "0", &dups).unwrap();
         assert_eq!(check_resource(8, "0", &dups).unwrap_err().0, error_code::INVALID_REQUEST);
     }
 }

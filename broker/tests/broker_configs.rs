@@ -1,0 +1,161 @@
+//! AlterConfigs and IncrementalAlterConfigs on a BROKER resource (#27, librdkafka test
+//! 0081's AlterConfigs sub-tests): Kafka's dynamic keys that mean nothing in Fjord are
+//! taken for this broker (`"0"`) and the cluster default (`""`), stored, described with
+//! their dynamic sources and kept across a restart; Fjord's own (static) keys are
+//! INVALID_REQUEST, unknown keys and bad values INVALID_CONFIG, another broker's id
+//! INVALID_REQUEST, and a refused request changes nothing.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{RawClient, TestBroker};
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+
+const INVALID_CONFIG: i16 = 40;
+const INVALID_REQUEST: i16 = 42;
+const BROKER: i8 = 4;
+/// IncrementalAlterConfigs operations.
+const SET: i8 = 0;
+const DELETE: i8 = 1;
+const APPEND: i8 = 2;
+/// DescribeConfigs sources.
+const DYNAMIC_BROKER: i8 = 2;
+const DYNAMIC_DEFAULT_BROKER: i8 = 3;
+
+/// One IncrementalAlterConfigs v1 of one broker resource: (error code, error message).
+async fn alter_incrementally(
+    client: &mut RawClient,
+    resource: &str,
+    ops: &[(&str, i8, Option<&str>)],
+    validate_only: bool,
+) -> (i16, String) {
+    use incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
+    let configs = ops
+        .iter()
+        .map(|(k, op, v)| {
+            AlterableConfig::default()
+                .with_name(StrBytes::from_string(k.to_string()))
+                .with_config_operation(*op)
+                .with_value(v.map(|v| StrBytes::from_string(v.to_owned())))
+        })
+        .collect();
+    let request = IncrementalAlterConfigsRequest::default().with_validate_only(validate_only).with_resources(vec![
+        AlterConfigsResource::default()
+            .with_resource_type(BROKER)
+            .with_resource_name(StrBytes::from_string(resource.to_owned()))
+            .with_configs(configs),
+    ]);
+    let response: IncrementalAlterConfigsResponse = client.call(ApiKey::IncrementalAlterConfigs, 1, &request).await.unwrap();
+    let r = &response.responses[0];
+    assert_eq!((r.resource_type, r.resource_name.as_str()), (BROKER, resource));
+    (r.error_code, r.error_message.as_deref().unwrap_or_default().to_owned())
+}
+
+/// One legacy AlterConfigs (v1) of one broker resource: (error code, error message).
+async fn alter_replacing(client: &mut RawClient, resource: &str, configs: &[(&str, &str)]) -> (i16, String) {
+    use alter_configs_request::{AlterConfigsResource, AlterableConfig};
+    let configs = configs
+        .iter()
+        .map(|(k, v)| {
+            AlterableConfig::default()
+                .with_name(StrBytes::from_string(k.to_string()))
+                .with_value(Some(StrBytes::from_string(v.to_string())))
+        })
+        .collect();
+    let request = AlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
+        .with_resource_type(BROKER)
+        .with_resource_name(StrBytes::from_string(resource.to_owned()))
+        .with_configs(configs)]);
+    let response: AlterConfigsResponse = client.call(ApiKey::AlterConfigs, 1, &request).await.unwrap();
+    let r = &response.responses[0];
+    (r.error_code, r.error_message.as_deref().unwrap_or_default().to_owned())
+}
+
+/// A broker resource's configs as DescribeConfigs v4 reports them: name → (value, source).
+async fn broker_configs(client: &mut RawClient, resource: &str) -> BTreeMap<String, (String, i8)> {
+    let describe = DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
+        .with_resource_type(BROKER)
+        .with_resource_name(StrBytes::from_string(resource.to_owned()))
+        .with_configuration_keys(None)]);
+    let response: DescribeConfigsResponse = client.call(ApiKey::DescribeConfigs, 4, &describe).await.unwrap();
+    assert_eq!(response.results[0].error_code, 0, "{:?}", response.results[0].error_message);
+    response.results[0]
+        .configs
+        .iter()
+        .map(|c| (c.name.to_string(), (c.value.as_deref().unwrap_or_default().to_owned(), c.config_source)))
+        .collect()
+}
+
+#[tokio::test]
+async fn broker_resources_take_kafkas_dynamic_keys_and_refuse_static_and_unknown_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let broker = TestBroker::start_in(data.clone(), |_| {}).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+
+    // What 0081 sends: a Kerberos relogin time for this broker, through both APIs.
+    let relogin = [("sasl.kerberos.min.time.before.relogin", SET, Some("58000"))];
+    assert_eq!(alter_incrementally(&mut client, "0", &relogin, false).await, (0, String::new()));
+    assert_eq!(alter_replacing(&mut client, "0", &[("sasl.kerberos.min.time.before.relogin", "58000")]).await.0, 0);
+    let ops = [("background.threads", SET, Some("9"))];
+    assert_eq!(alter_incrementally(&mut client, "0", &ops, false).await.0, 0);
+    // The cluster default, and this broker's value winning over it.
+    assert_eq!(alter_replacing(&mut client, "", &[("background.threads", "4"), ("num.io.threads", "16")]).await.0, 0);
+    let configs = broker_configs(&mut client, "0").await;
+    assert_eq!(configs["sasl.kerberos.min.time.before.relogin"], ("58000".to_owned(), DYNAMIC_BROKER));
+    assert_eq!(configs["background.threads"], ("9".to_owned(), DYNAMIC_BROKER));
+    assert_eq!(configs["num.io.threads"], ("16".to_owned(), DYNAMIC_DEFAULT_BROKER));
+    assert!(configs.contains_key("num.partitions"), "the static configs are still described");
+    let defaults = broker_configs(&mut client, "").await;
+    assert_eq!(
+        defaults,
+        BTreeMap::from([
+            ("background.threads".to_owned(), ("4".to_owned(), DYNAMIC_DEFAULT_BROKER)),
+            ("num.io.threads".to_owned(), ("16".to_owned(), DYNAMIC_DEFAULT_BROKER)),
+        ])
+    );
+    // validate_only changes nothing; DELETE drops this broker's own value.
+    let ops = [("background.threads", SET, Some("2"))];
+    assert_eq!(alter_incrementally(&mut client, "0", &ops, true).await.0, 0);
+    assert_eq!(broker_configs(&mut client, "0").await["background.threads"].0, "9");
+    assert_eq!(alter_incrementally(&mut client, "0", &[("background.threads", DELETE, None)], false).await.0, 0);
+    assert_eq!(broker_configs(&mut client, "0").await["background.threads"], ("4".to_owned(), DYNAMIC_DEFAULT_BROKER));
+
+    // Bad input: the code Kafka answers, a message naming the key, and no change.
+    let before = broker_configs(&mut client, "0").await;
+    let (code, message) = alter_incrementally(&mut client, "0", &[("log.retention.ms", SET, Some("1"))], false).await;
+    assert_eq!(code, INVALID_REQUEST, "Fjord's broker keys are static: {message}");
+    assert!(message.contains("log.retention.ms") && message.contains("static"), "{message}");
+    let (code, message) = alter_replacing(&mut client, "", &[("num.partitions", "8")]).await;
+    assert_eq!(code, INVALID_REQUEST, "{message}");
+    let (code, message) = alter_incrementally(&mut client, "0", &[("no.such.config", SET, Some("1"))], false).await;
+    assert_eq!(code, INVALID_CONFIG);
+    assert!(message.contains("no.such.config"), "{message}");
+    let (code, message) = alter_incrementally(&mut client, "0", &[("background.threads", SET, Some("0"))], false).await;
+    assert_eq!(code, INVALID_CONFIG);
+    assert!(message.contains("background.threads"), "{message}");
+    let (code, _) = alter_replacing(&mut client, "0", &[("sasl.kerberos.min.time.before.relogin", "soon")]).await;
+    assert_eq!(code, INVALID_CONFIG);
+    let (code, message) = alter_incrementally(&mut client, "7", &relogin, false).await;
+    assert_eq!(code, INVALID_REQUEST, "another broker's configs go to that broker");
+    assert!(message.contains('7'), "{message}");
+    for ops in [
+        &[("background.threads", APPEND, Some("1"))][..],
+        &[("background.threads", SET, None)],
+        &[("background.threads", 9, Some("1"))],
+        &[("background.threads", SET, Some("1")), ("background.threads", DELETE, None)],
+    ] {
+        assert_eq!(alter_incrementally(&mut client, "0", ops, false).await.0, INVALID_REQUEST, "{ops:?}");
+    }
+    assert_eq!(broker_configs(&mut client, "0").await, before);
+
+    // Stored, so a restart finds them.
+    broker.stop().await.unwrap();
+    let broker = TestBroker::start_in(data, |_| {}).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert_eq!(broker_configs(&mut client, "0").await, before);
+    broker.stop().await.unwrap();
+}
