@@ -201,7 +201,13 @@ impl Broker {
             }
             RequestKind::DescribeGroups(mut req) => {
                 let denied = self.take_denied_groups(session, Operation::Describe, &mut req.groups);
+                let include_operations = req.include_authorized_operations;
                 let mut body = self.groups.describe_groups(req).await;
+                if let (true, ResponseKind::DescribeGroups(r)) = (include_operations, &mut body) {
+                    for g in r.groups.iter_mut().filter(|g| g.error_code == 0) {
+                        g.authorized_operations = self.authorized_operations(session, Resource::group(&g.group_id));
+                    }
+                }
                 self.add_denied_groups(session, &mut body, denied);
                 (ApiKey::DescribeGroups, body)
             }
@@ -239,7 +245,7 @@ impl Broker {
             RequestKind::DeleteRecords(req) => (ApiKey::DeleteRecords, self.delete_records(req, session)),
             RequestKind::WriteTxnMarkers(req) => (ApiKey::WriteTxnMarkers, self.write_txn_markers(req, session).await),
             RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req, session).await),
-            RequestKind::DescribeCluster(req) => (ApiKey::DescribeCluster, self.describe_cluster(req, &session.listener.name)),
+            RequestKind::DescribeCluster(req) => (ApiKey::DescribeCluster, self.describe_cluster(req, session)),
             other => {
                 // decode_request only decodes what SUPPORTED_APIS lists, and every entry is matched above.
                 tracing::error!(request = ?other, "decoded a request without a handler");

@@ -26,7 +26,31 @@ use crate::handler::Broker;
 /// FindCoordinator's key type of a consumer group (1 is a transactional id).
 const KEY_TYPE_GROUP: i8 = 0;
 
+/// Kafka's operations per resource type (`AclEntry.supportedOperations`): what an
+/// "authorized operations" answer (Metadata, DescribeGroups, DescribeCluster) may list.
+fn supported_operations(resource_type: ResourceType) -> &'static [Operation] {
+    use Operation::*;
+    match resource_type {
+        ResourceType::Topic => &[Read, Write, Create, Describe, Delete, Alter, DescribeConfigs, AlterConfigs],
+        ResourceType::Group => &[Read, Describe, Delete],
+        ResourceType::Cluster => &[Create, ClusterAction, DescribeConfigs, AlterConfigs, IdempotentWrite, Alter, Describe],
+        ResourceType::TransactionalId => &[Describe, Write],
+        // The schema registry's; no Kafka API describes one.
+        ResourceType::Subject => &[Describe, Write, Delete, Alter],
+    }
+}
+
 impl Broker {
+    /// The operations the client may perform on `resource`, as Kafka's bit field (bit
+    /// `n` for the operation with code `n`). Without an authorizer every supported
+    /// operation is allowed, and all are listed, as Kafka does.
+    pub(crate) fn authorized_operations(&self, session: &Session, resource: Resource<'_>) -> i32 {
+        supported_operations(resource.resource_type)
+            .iter()
+            .filter(|op| self.authorize(session, **op, resource))
+            .fold(0, |bits, op| bits | 1 << op.code())
+    }
+
     fn may_group(&self, session: &Session, operation: Operation, group: &GroupId) -> bool {
         self.authorize(session, operation, Resource::group(group.as_str()))
     }

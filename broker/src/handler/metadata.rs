@@ -70,10 +70,18 @@ impl Broker {
             })
             .collect();
         let live: BTreeSet<i32> = brokers.iter().map(|b| b.node_id.0).collect();
+        // v8+ asks for the authorized operations (the cluster's up to v10); i32::MIN is
+        // Kafka's "not asked for".
+        let topic_operations = version >= 8 && request.include_topic_authorized_operations;
+        let cluster_operations = (8..=10).contains(&version) && request.include_cluster_authorized_operations;
         let topics = found
             .into_iter()
             .map(|(name, topic)| match topic {
-                Ok(topic) => self.topic_metadata(&topic, &live),
+                Ok(topic) => self.topic_metadata(&topic, &live).with_topic_authorized_operations(if topic_operations {
+                    self.authorized_operations(session, Resource::topic(&topic.name))
+                } else {
+                    i32::MIN
+                }),
                 Err(e) => MetadataResponseTopic::default()
                     .with_name(Some(TopicName(StrBytes::from_string(name))))
                     .with_error_code(e.code()),
@@ -84,6 +92,11 @@ impl Broker {
                 .with_brokers(brokers)
                 .with_cluster_id(Some(StrBytes::from_string(self.cluster_id.clone())))
                 .with_controller_id(BrokerId(view.controller().unwrap_or(-1)))
+                .with_cluster_authorized_operations(if cluster_operations {
+                    self.authorized_operations(session, Resource::cluster())
+                } else {
+                    i32::MIN
+                })
                 .with_topics(topics),
         )
     }
@@ -91,14 +104,19 @@ impl Broker {
     /// DescribeCluster (v0-v1): the brokers (their addresses on `listener`, as in
     /// Metadata), the controller and the cluster id. There are no KRaft controllers to
     /// describe (endpoint type 2).
-    pub(crate) fn describe_cluster(&self, request: DescribeClusterRequest, listener: &str) -> ResponseKind {
+    pub(crate) fn describe_cluster(&self, request: DescribeClusterRequest, session: &Session) -> ResponseKind {
         const BROKERS: i8 = 1;
         const UNSUPPORTED_ENDPOINT_TYPE: i16 = 115;
+        let listener = session.listener.name.as_str();
         let response = DescribeClusterResponse::default()
             .with_endpoint_type(request.endpoint_type)
             .with_cluster_id(StrBytes::from_string(self.cluster_id.clone()))
-            // Not computed: Kafka's "not provided".
-            .with_cluster_authorized_operations(i32::MIN);
+            // i32::MIN is Kafka's "not asked for".
+            .with_cluster_authorized_operations(if request.include_cluster_authorized_operations {
+                self.authorized_operations(session, Resource::cluster())
+            } else {
+                i32::MIN
+            });
         if request.endpoint_type != BROKERS {
             return ResponseKind::DescribeCluster(response.with_error_code(UNSUPPORTED_ENDPOINT_TYPE).with_error_message(Some(
                 StrBytes::from_string(format!(
