@@ -1,10 +1,10 @@
-//! `fjord dev --secure`: the same broker as `fjord dev`, but with nothing plaintext. Under
-//! `<data dir>/secure/` it keeps a local CA and a server certificate for localhost /
-//! 127.0.0.1 / ::1 (`ca.pem`, `server-keystore.pem`), two SCRAM users with random
-//! passwords (`admin`, the super user, and `broker`, the broker's own identity for its
-//! inter-broker connections and the audit's broker tier), and `admin.properties`, a Kafka
-//! client properties file for the admin that `fjord --command-config`, `kcat -F` and any
-//! Kafka client take as is.
+//! `fjord dev --secure`: the same services as `fjord dev`, but with nothing plaintext.
+//! Under `<data dir>/secure/` it keeps a local CA and a server certificate for localhost /
+//! 127.0.0.1 / ::1 (`ca.pem`, `server-keystore.pem`), three SCRAM users with random
+//! passwords (`admin`, the super user; `broker`, the broker's own identity for its
+//! inter-broker connections and the audit's broker tier; `gateway`, the gateway's identity
+//! towards the broker), and `admin.properties`, a Kafka client properties file for the
+//! admin that `fjord --command-config`, `kcat -F` and any Kafka client take as is.
 //!
 //! The files are made on the first run and reused by later ones, so a client's
 //! `admin.properties` keeps working across restarts; a missing file is made again (a new
@@ -15,7 +15,11 @@
 //! The broker's one listener is SASL_SSL (SCRAM-SHA-256/512, PLAIN over TLS), the
 //! authorizer is on with no ACLs (only the super users may do anything until ACLs are
 //! added) and the metrics endpoint is off (it has no TLS). The schema registry and the
-//! gateway are not served in this mode: they have no TLS or authentication yet.
+//! gateway serve HTTPS (and gRPC over TLS) with the same certificate, HTTP Basic checked
+//! against the same users, and the same ACLs. The gateway talks to the broker as
+//! `gateway`, a broker super user (it publishes into any topic its own callers may write,
+//! which it checks itself); it does not reach the registry, whose HTTPS its client cannot
+//! speak, so Avro topics are not validated in this mode.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -31,6 +35,7 @@ const SCRAM_ITERATIONS: u32 = 4096;
 /// The admin's and the broker's user names.
 pub(crate) const ADMIN_USER: &str = "admin";
 const BROKER_USER: &str = "broker";
+const GATEWAY_USER: &str = "gateway";
 /// How long the generated certificates are valid.
 const VALIDITY_YEARS: i32 = 2;
 
@@ -41,6 +46,7 @@ pub(crate) struct SecureFiles {
     pub(crate) admin_properties: PathBuf,
     admin_password: String,
     broker_password: String,
+    gateway_password: String,
 }
 
 impl SecureFiles {
@@ -66,20 +72,9 @@ impl SecureFiles {
             Some(password) => password,
             None => random_password(),
         };
-        let broker_file = dir.join("broker.properties");
-        let broker_password = match read_setting(&broker_file, "sasl.password")? {
-            Some(password) => password,
-            None => {
-                let password = random_password();
-                let text = format!(
-                    "# The broker's own identity (inter-broker connections, the audit's broker tier).\n\
-                     sasl.username={BROKER_USER}\nsasl.password={password}\n"
-                );
-                write_private(&broker_file, text.as_bytes())?;
-                password
-            }
-        };
-        Ok(Self { ca, keystore, admin_properties, admin_password, broker_password })
+        let broker_password = internal_password(&dir, BROKER_USER, "inter-broker connections, the audit's broker tier")?;
+        let gateway_password = internal_password(&dir, GATEWAY_USER, "the gateway's connections to the broker")?;
+        Ok(Self { ca, keystore, admin_properties, admin_password, broker_password, gateway_password })
     }
 
     /// Writes `admin.properties` for the broker at `bootstrap`; rewritten each run, as the
@@ -98,19 +93,18 @@ impl SecureFiles {
     /// The broker settings of the secure mode: one SASL_SSL listener, which is also the
     /// inter-broker one, the authorizer on with the admin and the broker as super users.
     pub(crate) fn configure(&self, config: &mut BrokerConfig, address: &str) -> anyhow::Result<()> {
-        let path = |p: &Path| p.to_str().map(str::to_owned).with_context(|| format!("{} is not valid UTF-8", p.display()));
         for (key, value) in [
             ("listeners", format!("SASL_SSL://{address}")),
             ("inter.broker.listener.name", "SASL_SSL".into()),
             ("ssl.keystore.type", "PEM".into()),
-            ("ssl.keystore.location", path(&self.keystore)?),
-            ("ssl.truststore.location", path(&self.ca)?),
+            ("ssl.keystore.location", utf8(&self.keystore)?),
+            ("ssl.truststore.location", utf8(&self.ca)?),
             ("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN".into()),
             ("sasl.mechanism.inter.broker.protocol", "SCRAM-SHA-256".into()),
             ("inter.broker.sasl.username", BROKER_USER.into()),
             ("inter.broker.sasl.password", self.broker_password.clone()),
             ("authorizer.enable", "true".into()),
-            ("super.users", format!("User:{ADMIN_USER};User:{BROKER_USER}")),
+            ("super.users", format!("User:{ADMIN_USER};User:{BROKER_USER};User:{GATEWAY_USER}")),
             ("allow.everyone.if.no.acl.found", "false".into()),
         ] {
             config.set(key, &value).with_context(|| format!("--secure sets {key}"))?;
@@ -118,10 +112,35 @@ impl SecureFiles {
         Ok(())
     }
 
-    /// Writes the admin's and the broker's SCRAM credentials (both mechanisms) into the
+    /// The registry's and the gateway's HTTP security: HTTPS with the server certificate,
+    /// Basic against the same users, the ACLs on with the admin as super user.
+    pub(crate) fn http_security(&self) -> anyhow::Result<Vec<(&'static str, String)>> {
+        Ok(vec![
+            ("ssl.keystore.location", utf8(&self.keystore)?),
+            ("authentication.method", "BASIC".into()),
+            ("authorizer.enable", "true".into()),
+            ("super.users", format!("User:{ADMIN_USER}")),
+            ("allow.everyone.if.no.acl.found", "false".into()),
+        ])
+    }
+
+    /// The gateway's own broker identity (its `client.*` keys).
+    pub(crate) fn gateway_client(&self) -> anyhow::Result<Vec<(&'static str, String)>> {
+        Ok(vec![
+            ("client.security.protocol", "SASL_SSL".into()),
+            ("client.sasl.mechanism", "SCRAM-SHA-256".into()),
+            ("client.sasl.username", GATEWAY_USER.into()),
+            ("client.sasl.password", self.gateway_password.clone()),
+            ("client.ssl.ca.location", utf8(&self.ca)?),
+        ])
+    }
+
+    /// Writes the users' SCRAM credentials (both mechanisms) into the
     /// store, replacing older ones, so the passwords on disk are the ones that work.
     pub(crate) async fn write_users(&self, store: &dyn fjord_coord::MetadataStore) -> anyhow::Result<()> {
-        for (user, password) in [(ADMIN_USER, &self.admin_password), (BROKER_USER, &self.broker_password)] {
+        let users =
+            [(ADMIN_USER, &self.admin_password), (BROKER_USER, &self.broker_password), (GATEWAY_USER, &self.gateway_password)];
+        for (user, password) in users {
             for mechanism in [ScramMechanism::Sha256, ScramMechanism::Sha512] {
                 let credential = ScramCredential::generate(mechanism, password, SCRAM_ITERATIONS)?;
                 fjord_auth::store::set_credential(store, user, mechanism, &credential)
@@ -131,6 +150,23 @@ impl SecureFiles {
         }
         Ok(())
     }
+}
+
+fn utf8(path: &Path) -> anyhow::Result<String> {
+    path.to_str().map(str::to_owned).with_context(|| format!("{} is not valid UTF-8", path.display()))
+}
+
+/// The password of the internal user `user` from `<dir>/<user>.properties`, made (and the
+/// file written) when missing.
+fn internal_password(dir: &Path, user: &str, what: &str) -> anyhow::Result<String> {
+    let file = dir.join(format!("{user}.properties"));
+    if let Some(password) = read_setting(&file, "sasl.password")? {
+        return Ok(password);
+    }
+    let password = random_password();
+    let text = format!("# The identity of {what}.\nsasl.username={user}\nsasl.password={password}\n");
+    write_private(&file, text.as_bytes())?;
+    Ok(password)
 }
 
 /// A CA and a server certificate signed by it, as (`ca.pem`, key + certificate PEM).
@@ -196,36 +232,4 @@ fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     file.write_all(bytes).with_context(context)?;
     file.sync_all().with_context(context)?;
     std::fs::rename(&tmp, path).with_context(context)
-}
-
-/// `fjord dev --secure` after the common part of `fjord dev`: `config` has the data dir,
-/// the audit and the environment applied, and its first listener's address is where the
-/// SASL_SSL listener binds; runs the broker alone until Ctrl-C/SIGTERM.
-pub(crate) async fn dev(mut config: BrokerConfig) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&config.log_dir).with_context(|| format!("creating {}", config.log_dir.display()))?;
-    let files = SecureFiles::prepare(&config.log_dir)?;
-    let address = config.listeners.first().address.to_string();
-    files.configure(&mut config, &address)?;
-    // The metrics endpoint is plain HTTP: not in a mode where nothing is plaintext.
-    config.metrics_listen = None;
-    fjord_audit::BrokerTier::install(&mut config)?;
-    config.validate()?;
-    let listeners = fjord_broker::server::bind(&config).await?;
-    let bound = listeners[0].local_addr()?;
-    files.write_admin_properties(&bound.to_string())?;
-    let store = fjord_broker::server::open_store(&config).await?;
-    files.write_users(&*store).await?;
-    let props = files.admin_properties.display();
-    println!("fjord dev --secure");
-    println!("  Kafka broker     {bound}   SASL_SSL (SCRAM-SHA-256/512, PLAIN), ACLs on");
-    println!("  admin client     {props}   (user {ADMIN_USER}, the super user)");
-    println!("  CA certificate   {}", files.ca.display());
-    println!("  try              fjord topics list --command-config {props}");
-    println!("                   kcat -F {props} -L");
-    println!("  not served       schema registry, gateway, metrics (no TLS there yet)");
-    println!("  data             {}", config.log_dir.display());
-    println!("Ctrl-C stops everything cleanly.");
-    let shutdown = crate::server::shutdown_on_signal()?;
-    fjord_broker::server::run_listeners(config, store, listeners, shutdown).await.context("broker")?;
-    Ok(())
 }

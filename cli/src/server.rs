@@ -32,8 +32,8 @@ pub(crate) struct DevArgs {
     #[arg(long, env = "FJORD_DEV_METRICS", default_value = "127.0.0.1:9094")]
     metrics: SocketAddr,
     /// Nothing plaintext: a local CA and certificate, an admin user with a random password
-    /// and <data-dir>/secure/admin.properties for clients; the broker serves SASL_SSL with
-    /// ACLs on (the schema registry, gateway and metrics are not served).
+    /// and <data-dir>/secure/admin.properties for clients; the broker serves SASL_SSL, the
+    /// registry and gateway HTTPS with Basic auth, ACLs on everywhere (no metrics endpoint).
     #[arg(long)]
     secure: bool,
 }
@@ -74,9 +74,18 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     config.audit.interval = std::time::Duration::from_secs(30);
     config.audit.cluster = "dev".into();
     config.apply_env(std::env::vars())?;
-    if args.secure {
-        return crate::secure::dev(config).await;
-    }
+    let secure = match args.secure {
+        true => {
+            std::fs::create_dir_all(&config.log_dir).with_context(|| format!("creating {}", config.log_dir.display()))?;
+            let files = crate::secure::SecureFiles::prepare(&config.log_dir)?;
+            let address = config.listeners.first().address.to_string();
+            files.configure(&mut config, &address)?;
+            // The metrics endpoint is plain HTTP: not where nothing may be plaintext.
+            config.metrics_listen = None;
+            Some(files)
+        }
+        false => None,
+    };
     // The broker counts through the audit's hook; flushed by the broker at shutdown
     // before it stops accepting.
     fjord_audit::BrokerTier::install(&mut config)?;
@@ -92,11 +101,34 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     );
     std::fs::create_dir_all(&config.log_dir).with_context(|| format!("creating {}", config.log_dir.display()))?;
     let store = fjord_broker::server::open_store(&config).await?;
-    println!("fjord dev");
-    println!("  Kafka broker     {address}   (try: kcat -b {address} -L)");
-    println!("  schema registry  http://{}", registry.local_addr()?);
-    println!("  gateway HTTP     http://{}", http.local_addr()?);
-    println!("  gateway gRPC     {}", grpc.local_addr()?);
+    let mut registry_config = fjord_schema_registry::RegistryConfig::default();
+    let mut registry_url = Some(format!("http://{}", registry.local_addr()?));
+    let mut gateway_security = Vec::new();
+    let scheme = if secure.is_some() { "https" } else { "http" };
+    if let Some(files) = &secure {
+        files.write_admin_properties(&address.to_string())?;
+        files.write_users(&*store).await?;
+        for (key, value) in files.http_security()? {
+            registry_config.set(key, &value).with_context(|| format!("--secure sets the registry's {key}"))?;
+        }
+        gateway_security = files.http_security()?;
+        gateway_security.extend(files.gateway_client()?);
+        // The gateway's registry client speaks plain HTTP only.
+        registry_url = None;
+        let props = files.admin_properties.display();
+        println!("fjord dev --secure: TLS, SASL/Basic and ACLs on every service; nothing plaintext");
+        println!("  Kafka broker     {address}   SASL_SSL (SCRAM-SHA-256/512, PLAIN)");
+        println!("  admin client     {props}   (user {}, the super user)", crate::secure::ADMIN_USER);
+        println!("  CA certificate   {}", files.ca.display());
+        println!("  try              fjord topics list --command-config {props}");
+        println!("                   kcat -F {props} -L");
+    } else {
+        println!("fjord dev");
+        println!("  Kafka broker     {address}   (try: kcat -b {address} -L)");
+    }
+    println!("  schema registry  {scheme}://{}", registry.local_addr()?);
+    println!("  gateway HTTP     {scheme}://{}", http.local_addr()?);
+    println!("  gateway gRPC     {}{}", grpc.local_addr()?, if secure.is_some() { " (TLS)" } else { "" });
     if let Some(metrics) = config.metrics_listen {
         println!("  broker metrics   http://{metrics}/metrics");
     }
@@ -105,18 +137,19 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     println!("Ctrl-C stops everything cleanly.");
 
     let shutdown = shutdown_on_signal()?;
-    let registry_config = fjord_schema_registry::RegistryConfig::default();
-    let registry_url = format!("http://{}", registry.local_addr()?);
     // The gateway tier's audit counts go to `_audit` every 30 s, so `fjord audit report`
     // works against `dev` out of the box.
-    let gateway_config = fjord_gateway::GatewayConfig {
-        registry_url: Some(registry_url),
+    let mut gateway_config = fjord_gateway::GatewayConfig {
+        registry_url,
         audit_interval: Some(std::time::Duration::from_secs(30)),
         audit_cluster: "dev".into(),
         // Pages a developer serves from this machine (any port) may post from a browser.
         cors: fjord_gateway::CorsConfig::loopback(),
         ..fjord_gateway::GatewayConfig::new(address.to_string())
     };
+    for (key, value) in gateway_security {
+        gateway_config.set(key, &value).with_context(|| format!("--secure sets the gateway's {key}"))?;
+    }
     // Any service failing stops the others: `dev` is one system.
     let stop_all = |result: anyhow::Result<()>, shutdown: &CancellationToken| {
         if result.is_err() {

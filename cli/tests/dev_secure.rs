@@ -4,7 +4,9 @@
 //! confluent-kafka; a client without credentials (plaintext, or TLS without SASL) gets
 //! nothing, and an authenticated user without ACLs cannot delete a topic, alter its
 //! config, reset or delete a group, read or write records (Kafka's codes each time), and
-//! afterwards the admin finds everything as it was. A restart reuses the files.
+//! afterwards the admin finds everything as it was. The registry and the gateway serve
+//! HTTPS with the same CA and users: 401 without credentials, 403 without ACLs, for
+//! pulling records, reading and deleting a subject. A restart reuses the files.
 
 mod common;
 
@@ -129,21 +131,48 @@ fn fjord(args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// `fjord dev --secure` on `port` with its data in `data`, once it listens and has written
-/// `admin.properties`.
-fn start(data: &Path, port: u16) -> FjordProcess {
+/// The ports of the services: broker, registry, gateway HTTP, gateway gRPC, metrics.
+#[derive(Clone, Copy)]
+struct Ports {
+    broker: u16,
+    registry: u16,
+    http: u16,
+    grpc: u16,
+    metrics: u16,
+}
+
+/// `fjord dev --secure` with its data in `data`, once every service listens.
+fn start(data: &Path, p: Ports) -> FjordProcess {
+    let at = |port: u16| format!("127.0.0.1:{port}");
     let mut dev = FjordProcess(
         Command::new(env!("CARGO_BIN_EXE_fjord"))
             .args(["dev", "--secure", "--data-dir"])
             .arg(data)
-            .env("FJORD_LISTENERS", format!("127.0.0.1:{port}"))
+            .args(["--registry", &at(p.registry), "--http", &at(p.http), "--grpc", &at(p.grpc), "--metrics", &at(p.metrics)])
+            .env("FJORD_LISTENERS", at(p.broker))
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut dev);
+    for port in [p.broker, p.registry, p.http, p.grpc] {
+        wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut dev);
+    }
+    // Written once the store is open, just after the services bound their ports.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !data.join("secure/admin.properties").exists() {
+        assert!(Instant::now() < deadline, "no secure/admin.properties");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     dev
+}
+
+/// `curl` with `args`: (HTTP status, body).
+fn curl(args: &[&str]) -> (u16, String) {
+    let out = Command::new("curl").args(["-s", "-o", "-", "-w", "\n%{http_code}"]).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (status.trim().parse().unwrap_or(0), body.to_owned())
 }
 
 /// The local addresses `pid` listens on (TCP), from `ss`.
@@ -161,8 +190,9 @@ fn listening(pid: u32) -> Vec<String> {
 fn dev_secure_serves_only_sasl_ssl_on_loopback_and_denies_without_credentials_or_acls() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("fjord-data");
-    let port = free_port();
-    let dev = start(&data, port);
+    let ports = Ports { broker: free_port(), registry: free_port(), http: free_port(), grpc: free_port(), metrics: free_port() };
+    let port = ports.broker;
+    let dev = start(&data, ports);
     let props = data.join("secure/admin.properties");
     let ca = data.join("secure/ca.pem");
     assert!(ca.exists(), "no secure/ca.pem");
@@ -181,9 +211,13 @@ fn dev_secure_serves_only_sasl_ssl_on_loopback_and_denies_without_credentials_or
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&props).unwrap().permissions().mode() & 0o077, 0, "admin.properties is readable by others");
 
-    // Loopback only, and only the one port (no registry, gateway or metrics in the clear).
-    let bound = listening(dev.id());
-    assert_eq!(bound, [format!("127.0.0.1:{port}")], "dev --secure listens on {bound:?}");
+    // Loopback only, and no metrics endpoint (plain HTTP).
+    let mut bound = listening(dev.id());
+    bound.sort();
+    let mut expected: Vec<String> =
+        [ports.broker, ports.registry, ports.http, ports.grpc].iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    expected.sort();
+    assert_eq!(bound, expected, "dev --secure listens on {bound:?}");
 
     // The admin's file as is: fjord, kcat -F, confluent-kafka.
     let config = props.to_str().unwrap();
@@ -232,6 +266,41 @@ fn dev_secure_serves_only_sasl_ssl_on_loopback_and_denies_without_credentials_or
             assert!(started.elapsed() < Duration::from_secs(30), "fjord {args:?} took {:?}", started.elapsed());
         }
     }
+    // The registry and the gateway: HTTPS with the same CA, Basic with the same users, the
+    // same ACLs (mallory exists now, with no ACL).
+    let ca_arg = ca.to_str().unwrap();
+    let admin_user = format!("admin:{password}");
+    let registry = format!("https://127.0.0.1:{}", ports.registry);
+    let gateway = format!("https://127.0.0.1:{}", ports.http);
+    let schema = r#"{"schema":"{\"type\":\"string\"}"}"#;
+    let post = ["-X", "POST", "-H", "Content-Type: application/vnd.schemaregistry.v1+json", "--data", schema];
+    let subject = format!("{registry}/subjects/orders-value/versions");
+    let mut args = vec!["--cacert", ca_arg, "-u", &admin_user];
+    args.extend(post);
+    args.push(&subject);
+    assert_eq!(curl(&args).0, 200, "the admin could not register a schema");
+    let pull = format!("{gateway}/v1/topics/orders/partitions/0/records?offset=0&format=binary");
+    let delete = format!("{registry}/subjects/orders-value?permanent=false");
+    for (who, auth, status) in [("nobody", None, 401), ("mallory", Some("mallory:mallory-secret"), 403)] {
+        let mut base = vec!["--cacert", ca_arg];
+        if let Some(auth) = auth {
+            base.extend(["-u", auth]);
+        }
+        let tries: [Vec<&str>; 3] = [vec![pull.as_str()], vec!["-X", "DELETE", delete.as_str()], vec![subject.as_str()]];
+        for extra in tries {
+            let mut args = base.clone();
+            args.extend(extra);
+            let (got, body) = curl(&args);
+            assert_eq!(got, status, "{who}: curl {args:?} answered {body}");
+        }
+    }
+    // Plain HTTP on the HTTPS ports gets no answer.
+    assert_ne!(curl(&[&pull.replace("https", "http")]).0, 200);
+    let (status, body) = curl(&["--cacert", ca_arg, "-u", &admin_user, &pull]);
+    assert!(status == 200 && body.contains("b3JkZXItMA"), "the admin's pull: {status} {body}");
+    let (status, body) = curl(&["--cacert", ca_arg, "-u", &admin_user, &format!("{registry}/subjects")]);
+    assert!(status == 200 && body.contains("orders-value"), "the subject is gone: {status} {body}");
+
     let out = fjord(&["topics", "describe", "orders", "--command-config", config]);
     assert!(out.status.success(), "orders is gone: {}", String::from_utf8_lossy(&out.stderr));
     let out = fjord(&["consume", "--topic", "orders", "--from", "beginning", "--max-messages", "5", "--command-config", config]);
@@ -240,7 +309,7 @@ fn dev_secure_serves_only_sasl_ssl_on_loopback_and_denies_without_credentials_or
 
     // A restart reuses the CA and the admin's password.
     let ca_before = std::fs::read(&ca).unwrap();
-    let dev = start(&data, port);
+    let dev = start(&data, ports);
     assert_eq!(std::fs::read(&ca).unwrap(), ca_before, "the CA was made again");
     assert_eq!(std::fs::read_to_string(&props).unwrap(), text, "admin.properties changed");
     let out = fjord(&["topics", "list", "--command-config", config]);
