@@ -57,7 +57,12 @@ fn random_request_bytes_never_take_the_broker_down() {
     let dir = tempfile::tempdir().unwrap();
     let broker = runtime.block_on(TestBroker::start_in(dir.path().join("data"), |_| {})).unwrap();
     let addr = broker.addr;
-    let config = ProptestConfig { cases: 1000, failure_persistence: None, ..ProptestConfig::default() };
+    // PROPTEST_CASES (read by the default config) raises the count for a longer run.
+    let config = ProptestConfig {
+        cases: ProptestConfig::default().cases.max(1000),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
     proptest!(config, |(frame in frame())| {
         runtime.block_on(throw(addr, &frame));
     });

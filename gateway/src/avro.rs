@@ -382,7 +382,8 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig { cases: 1_000, ..Default::default() })]
+        // PROPTEST_CASES (read by the default config) raises the count for a longer run.
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: proptest::prelude::ProptestConfig::default().cases.max(1_000), ..Default::default() })]
 
         /// Mutated JSON values (any JSON, or the good value with a field replaced by any
         /// JSON): the conversion answers a datum or a mismatch, never panics, and is quick.

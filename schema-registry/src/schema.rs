@@ -391,7 +391,8 @@ mod tests {
     ];
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig { cases: 2_000, ..Default::default() })]
+        // PROPTEST_CASES (read by the default config) raises the count for a longer run.
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: proptest::prelude::ProptestConfig::default().cases.max(2_000), ..Default::default() })]
 
         /// Mutated schema JSON (characters replaced, inserted, removed, numbers made huge,
         /// pieces repeated): parsing answers a schema or an error, never panics, and is quick.

@@ -183,7 +183,8 @@ fn a_reader_schema_resolves_after_the_walk() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+    // PROPTEST_CASES (read by the default config) raises the count for a longer run.
+    #![proptest_config(ProptestConfig { cases: ProptestConfig::default().cases.max(2_000), ..ProptestConfig::default() })]
 
     /// Mutated Avro binary (bytes flipped, replaced with varints, cut, grown) against a schema
     /// with every kind of type and one with zero-byte items and recursion: decoding answers
