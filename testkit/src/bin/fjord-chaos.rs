@@ -1,8 +1,8 @@
 //! `fjord-chaos --seed S --duration SECS [--faults LIST] [--json] [--history FILE]
-//! [--fjord BINARY] [--verbose]`: one chaos run (see `fjord_testkit::chaos`), run by
+//! [--fjord BINARY] [--verbose] [--plan]`: one chaos run (see `fjord_testkit::chaos`), run by
 //! `cargo xtask chaos`. Prints the faults and the anomalies; with `--json` the last line
 //! is one JSON object. Exit status 0: no violation; 1: violations; 2: the run could
-//! not be done.
+//! not be done. `--plan` prints the seed's schedule and runs nothing.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,6 +13,31 @@ use fjord_testkit::chaos::run::{self, Options, RunOutcome};
 use fjord_testkit::chaos::schedule::{self, FaultKind};
 
 fn main() {
+    // `--plan`: print the schedule the seed gives and stop (no root needed).
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--plan") {
+        let args = args.into_iter().filter(|a| a != "--plan").collect();
+        match parse(args).and_then(|(options, _)| run::plan(&options)) {
+            Ok(plan) => {
+                for p in &plan {
+                    println!(
+                        "{:>8.1}s {:<10} {:<24} {:>5.1}s {}",
+                        p.start.as_secs_f64(),
+                        p.kind.name(),
+                        p.target.to_string(),
+                        p.length.as_secs_f64(),
+                        p.amount
+                    );
+                }
+                println!("{} faults", plan.len());
+                std::process::exit(0);
+            }
+            Err(e) => {
+                eprintln!("fjord-chaos: {e:#}");
+                std::process::exit(2);
+            }
+        }
+    }
     match parse(std::env::args().skip(1).collect()).and_then(|(options, json)| Ok((run::run(options)?, json))) {
         Ok((outcome, json)) => {
             print_table(&outcome);
@@ -48,7 +73,7 @@ fn parse(args: Vec<String>) -> Result<(Options, bool)> {
             "--json" => json = true,
             "--verbose" | "-v" => verbose = true,
             other => bail!(
-                "unknown argument {other:?}\nusage: fjord-chaos --seed S --duration SECS [--faults partition,isolate,one-way,zk-expire,loss,latency,netem,kill,pause,disk] [--json] [--history FILE] [--fjord BINARY] [--verbose]"
+                "unknown argument {other:?}\nusage: fjord-chaos --seed S --duration SECS [--faults partition,isolate,one-way,zk-expire,loss,latency,netem,kill,pause,disk] [--json] [--history FILE] [--fjord BINARY] [--verbose] [--plan]"
             ),
         }
     }
@@ -57,7 +82,7 @@ fn parse(args: Vec<String>) -> Result<(Options, bool)> {
         Some(f) => f,
         None => std::env::current_exe()?.with_file_name("fjord"),
     };
-    if !fjord.exists() {
+    if !fjord.exists() && !std::env::args().any(|a| a == "--plan") {
         bail!("no fjord binary at {} (build it: cargo build -p fjord, or pass --fjord)", fjord.display());
     }
     let history = history.unwrap_or_else(|| std::env::temp_dir().join(format!("fjord-chaos-{seed}.jsonl")));

@@ -106,9 +106,14 @@ pub fn run(options: Options) -> Result<RunOutcome> {
     runtime.block_on(run_in(options, net))
 }
 
-async fn run_in(options: Options, net: Network) -> Result<RunOutcome> {
+/// The fault schedule `options` give (what [`run`] will inject, in order).
+pub fn plan(options: &Options) -> Result<Vec<Planned>> {
     let session = Duration::from_millis(SESSION_TIMEOUT_MS);
-    let plan = schedule::plan(options.seed, options.duration, &options.kinds, BROKERS, PARTITIONS, DISK_BROKER, session);
+    Ok(schedule::plan(options.seed, options.duration, &options.kinds, BROKERS, PARTITIONS, DISK_BROKER, session))
+}
+
+async fn run_in(options: Options, net: Network) -> Result<RunOutcome> {
+    let plan = plan(&options)?;
     let disk = options.kinds.contains(&FaultKind::Disk).then_some(DISK_BROKER);
     let mut nodes = Nodes::start(net, &options.fjord, BROKERS as usize, disk, &broker_configs())?;
     let outcome = drive(&options, &mut nodes, &plan).await;
