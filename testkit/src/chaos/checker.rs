@@ -550,7 +550,14 @@ mod tests {
     }
 
     fn rebalance(consumer: &str, generation: i32, at: u64) -> Event {
-        Event::Rebalance(Rebalance { process: 9, consumer: consumer.into(), generation, time_us: at, assigned: vec![0] })
+        Event::Rebalance(Rebalance {
+            process: 9,
+            consumer: consumer.into(),
+            member_id: format!("{consumer}-m{generation}"),
+            generation,
+            time_us: at,
+            assigned: vec![0],
+        })
     }
 
     /// A clean history: writes acknowledged in order, consumers reading every one once,
@@ -701,6 +708,13 @@ mod tests {
         h.push(poll("c1", 1, 40, &[(0, 0, "a"), (0, 1, "b")]));
         h.push(rebalance("c1", 2, 45));
         h.push(poll("c1", 2, 50, &[(0, 1, "b")]));
+        assert_eq!(check(&h).unwrap().anomalies, vec![]);
+        // A rebalance keeping the generation number (a new coordinator counts from 1
+        // again; the member id is new) resets the consumer's positions too.
+        let mut h = base.clone();
+        h.push(poll("c1", 2, 40, &[(0, 0, "a"), (0, 1, "b")]));
+        h.push(rebalance("c1", 2, 45));
+        h.push(poll("c1", 2, 50, &[(0, 0, "a")]));
         assert_eq!(check(&h).unwrap().anomalies, vec![]);
         // A poll in a new generation counts as one even if the rebalance was not logged.
         let mut h = base;

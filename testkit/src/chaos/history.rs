@@ -103,6 +103,10 @@ pub struct Commit {
 pub struct Rebalance {
     pub process: u32,
     pub consumer: String,
+    /// The member id the coordinator gave: a new one with the same generation number is
+    /// a rebalance too (a new coordinator counts generations from the start again).
+    #[serde(default)]
+    pub member_id: String,
     pub generation: i32,
     pub time_us: u64,
     pub assigned: Vec<i32>,

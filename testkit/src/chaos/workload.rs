@@ -211,7 +211,10 @@ async fn member_loop(
     stop: &CancellationToken,
     process: u32,
 ) -> Result<()> {
-    let mut generation = -1;
+    // (member id, generation): a coordinator that took the group over (its broker
+    // failed) starts generations from 1 again, so the number alone can repeat across a
+    // rebalance; the member id the member rejoined with does not.
+    let mut member = (String::new(), -1);
     let mut positions: BTreeMap<i32, i64> = BTreeMap::new();
     let mut failures = 0;
     let mut last_commit = Instant::now();
@@ -219,15 +222,16 @@ async fn member_loop(
         let invoke_us = recorder.now();
         let polled = consumer.poll(Duration::from_millis(500)).await;
         let complete_us = recorder.now();
-        let now_generation = consumer.generation();
-        if now_generation != generation {
-            generation = now_generation;
+        let now = (consumer.member_id(), consumer.generation());
+        if now != member {
+            member = now;
             positions.clear();
             let assigned = consumer.assignment().iter().map(|tp| tp.partition).collect();
             recorder.record(&Event::Rebalance(Rebalance {
                 process,
                 consumer: name.to_owned(),
-                generation,
+                member_id: member.0.clone(),
+                generation: member.1,
                 time_us: invoke_us,
                 assigned,
             }))?;
@@ -245,7 +249,7 @@ async fn member_loop(
                     recorder.record(&Event::Poll(Poll {
                         process,
                         consumer: name.to_owned(),
-                        generation,
+                        generation: member.1,
                         invoke_us,
                         complete_us,
                         outcome: Outcome::Ok,
@@ -259,7 +263,7 @@ async fn member_loop(
                 recorder.record(&Event::Poll(Poll {
                     process,
                     consumer: name.to_owned(),
-                    generation,
+                    generation: member.1,
                     invoke_us,
                     complete_us,
                     outcome: Outcome::Unknown,
@@ -285,7 +289,7 @@ async fn member_loop(
                 process,
                 group: GROUP.to_owned(),
                 consumer: name.to_owned(),
-                generation,
+                generation: member.1,
                 invoke_us,
                 complete_us,
                 offsets: positions.iter().map(|(&partition, &offset)| CommitOffset { partition, offset }).collect(),
