@@ -136,8 +136,10 @@ impl GroupCoordinator {
         if group_id.is_empty() {
             return Err(ResponseError::InvalidGroupId);
         }
-        if let Some(entry) = self.inner.groups.lock().expect("groups lock").get(group_id) {
-            return Ok(entry.clone());
+        let known = self.inner.groups.lock().expect("groups lock").get(group_id).cloned();
+        if let Some(entry) = known {
+            self.still_coordinator(group_id).await?;
+            return Ok(entry);
         }
         if self.inner.claim(group_id).await? != self.inner.endpoint.broker_id {
             return Err(ResponseError::NotCoordinator);
@@ -164,6 +166,7 @@ impl GroupCoordinator {
         }
         let known = self.inner.groups.lock().expect("groups lock").get(group_id).cloned();
         if let Some(entry) = known {
+            self.still_coordinator(group_id).await?;
             let exists = entry.lock().await.exists();
             return Ok(exists.then_some(entry));
         }
@@ -182,6 +185,23 @@ impl GroupCoordinator {
             .entry(group_id.to_string())
             .or_insert_with(|| Arc::new(Mutex::new(GroupEntry { group: Group::new(group_id), offsets })));
         Ok(Some(entry.clone()))
+    }
+
+    /// Checks that this broker still holds the group's coordinator node before serving
+    /// a group it has in memory. The node is ephemeral: once this broker's metadata
+    /// session expired (a partition from ZooKeeper, a long pause), another broker may
+    /// have claimed the group and be running it. Serving the in-memory group regardless
+    /// was a split brain: two coordinators, two generations whose members each owned
+    /// every partition, and commits from both, so committed offsets went backwards (found
+    /// by the chaos runs of #21). The group is dropped here and its members told
+    /// NOT_COORDINATOR, so they find the new coordinator and rejoin there.
+    async fn still_coordinator(&self, group_id: &str) -> Result<(), ResponseError> {
+        if self.inner.claim(group_id).await? == self.inner.endpoint.broker_id {
+            return Ok(());
+        }
+        tracing::warn!(group = group_id, "another broker coordinates the group now; dropping its state here");
+        self.inner.groups.lock().expect("groups lock").remove(group_id);
+        Err(ResponseError::NotCoordinator)
     }
 
     /// A group this broker already coordinates; requests other than JoinGroup and
