@@ -566,14 +566,17 @@ impl Broker {
         for topic in answered.iter().flat_map(|m| m.topics.iter()) {
             for p in &topic.partitions {
                 let code = p.error_code;
+                if topic.name.as_str() == GROUP_MARKER_TOPIC {
+                    // Only the group coordinator's own yes applies or drops the offsets.
+                    groups_failed |= code != error_code::NONE;
+                    continue;
+                }
                 let done = code == error_code::NONE
                     // The topic or partition is gone: nothing left to mark.
                     || code == error_code::UNKNOWN_TOPIC_OR_PARTITION
                     // A newer epoch already wrote to it: a later marker closed the transaction.
                     || code == error_code::INVALID_PRODUCER_EPOCH;
-                if topic.name.as_str() == GROUP_MARKER_TOPIC {
-                    groups_failed |= !done;
-                } else if done {
+                if done {
                     acknowledged.insert((topic.name.to_string(), p.partition_index));
                 } else {
                     tracing::debug!(broker, topic = %topic.name.as_str(), partition = p.partition_index, code, "marker refused; retrying");

@@ -61,6 +61,8 @@ enum Command {
     Consume(tools::consume::ConsumeArgs),
     /// List and describe consumer groups; reset their committed offsets.
     Groups(tools::groups::GroupsArgs),
+    /// List and describe transactional ids (state, producer, open partitions).
+    Transactions(tools::transactions::TransactionsArgs),
     /// Measure producer/consumer throughput and latency.
     Bench(tools::bench::BenchArgs),
     /// Load topics into HDFS or a local directory as hourly Avro files (one job run).
@@ -98,6 +100,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Produce(args) => tools::run_or_exit(tools::produce::run(args)).await,
         Command::Consume(args) => tools::run_or_exit(tools::consume::run(args)).await,
         Command::Groups(args) => tools::run_or_exit(tools::groups::run(args)).await,
+        Command::Transactions(args) => tools::run_or_exit(tools::transactions::run(args)).await,
         Command::Bench(args) => tools::run_or_exit(tools::bench::run(args)).await,
         Command::Load(args) => tools::run_or_exit(load::load(args)).await,
         Command::Mirror(args) => tools::run_or_exit(mirror::run(args)).await,

@@ -6,6 +6,7 @@
 //! - `produce`: stdin lines → records (optional key separator and headers).
 //! - `consume`: records → stdout, plain or JSON lines, from beginning/end/offset/time.
 //! - `groups`: list/describe consumer groups (lag per partition), reset committed offsets.
+//! - `transactions`: list/describe transactional ids at their coordinators.
 //! - `bench`: the paper's producer/consumer throughput experiment, with latency percentiles.
 
 pub(crate) mod bench;
@@ -13,6 +14,7 @@ pub(crate) mod consume;
 pub(crate) mod groups;
 pub(crate) mod produce;
 pub(crate) mod topics;
+pub(crate) mod transactions;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -16,6 +16,8 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::consumer::IsolationLevel;
+
 use crate::cluster::{ClientConfig, Cluster, TopicMetadata};
 use crate::error::{Error, Result};
 
@@ -254,10 +256,20 @@ fn topic_name(name: &str) -> TopicName {
 /// after `retry.backoff.ms`, as the producer and the consumer do, until
 /// `request.timeout.ms` has passed since the call began; then the last error is returned.
 pub(crate) async fn list_offsets(cluster: &Cluster, partitions: &[(String, i32, OffsetSpec)]) -> Result<Vec<i64>> {
+    list_offsets_at(cluster, partitions, IsolationLevel::ReadUncommitted).await
+}
+
+/// [`list_offsets`] at an isolation level: with read_committed, the latest offset is the
+/// last stable offset (the first offset of the earliest transaction not yet decided).
+pub(crate) async fn list_offsets_at(
+    cluster: &Cluster,
+    partitions: &[(String, i32, OffsetSpec)],
+    isolation: IsolationLevel,
+) -> Result<Vec<i64>> {
     let deadline = Instant::now() + cluster.config().request_timeout;
     let mut out: Vec<Option<i64>> = vec![None; partitions.len()];
     loop {
-        match ask_leaders(cluster, partitions, &mut out).await {
+        match ask_leaders(cluster, partitions, isolation, &mut out).await {
             Ok(()) => break,
             Err(e) if e.is_retriable() && Instant::now() < deadline => {
                 tracing::debug!(error = %e, "list offsets failed; retrying");
@@ -293,7 +305,12 @@ pub(crate) async fn list_offsets(cluster: &Cluster, partitions: &[(String, i32, 
 /// One round of ListOffsets: every partition without an answer in `out` is asked of the
 /// leader the metadata names. Each leader is asked even when another failed, so a retry
 /// asks only the partitions still unanswered; an error is returned per [`keep_worst`].
-async fn ask_leaders(cluster: &Cluster, partitions: &[(String, i32, OffsetSpec)], out: &mut [Option<i64>]) -> Result<()> {
+async fn ask_leaders(
+    cluster: &Cluster,
+    partitions: &[(String, i32, OffsetSpec)],
+    isolation: IsolationLevel,
+    out: &mut [Option<i64>],
+) -> Result<()> {
     let mut error = None;
     let mut by_leader: HashMap<i32, Vec<usize>> = HashMap::new();
     for (i, (topic, partition, _)) in partitions.iter().enumerate().filter(|(i, _)| out[*i].is_none()) {
@@ -303,7 +320,7 @@ async fn ask_leaders(cluster: &Cluster, partitions: &[(String, i32, OffsetSpec)]
         }
     }
     for (leader, indexes) in by_leader {
-        if let Err(e) = ask_leader(cluster, leader, partitions, &indexes, out).await {
+        if let Err(e) = ask_leader(cluster, leader, partitions, isolation, &indexes, out).await {
             keep_worst(&mut error, e);
         }
     }
@@ -324,6 +341,7 @@ async fn ask_leader(
     cluster: &Cluster,
     leader: i32,
     partitions: &[(String, i32, OffsetSpec)],
+    isolation: IsolationLevel,
     indexes: &[usize],
     out: &mut [Option<i64>],
 ) -> Result<()> {
@@ -339,7 +357,8 @@ async fn ask_leader(
             None => topics.push(ListOffsetsTopic::default().with_name(topic_name(topic)).with_partitions(vec![p])),
         }
     }
-    let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(topics);
+    let request =
+        ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_isolation_level(isolation as i8).with_topics(topics);
     let response = cluster.broker(leader).await?.request(&request, 7).await?;
     let mut error = None;
     for &i in indexes {

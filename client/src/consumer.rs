@@ -33,7 +33,7 @@ use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, TopicName}
 use kafka_protocol::protocol::StrBytes;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::admin::{list_offsets, OffsetSpec};
+use crate::admin::{list_offsets_at, OffsetSpec};
 use crate::audit::AuditHook;
 use crate::cluster::{ClientConfig, Cluster};
 use crate::error::{Error, ResponseError, Result};
@@ -66,6 +66,31 @@ pub enum SeekTo {
     Timestamp(i64),
 }
 
+/// `isolation.level`: what a consumer reads of transactional producers' records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IsolationLevel {
+    /// `read_uncommitted` (the default): everything, aborted transactions included.
+    #[default]
+    ReadUncommitted = 0,
+    /// `read_committed`: up to the last stable offset only, without the records of aborted
+    /// transactions.
+    ReadCommitted = 1,
+}
+
+impl std::str::FromStr for IsolationLevel {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "read_uncommitted" => Ok(Self::ReadUncommitted),
+            "read_committed" => Ok(Self::ReadCommitted),
+            other => {
+                Err(Error::InvalidConfig(format!("isolation.level must be read_uncommitted or read_committed, not {other:?}")))
+            }
+        }
+    }
+}
+
 /// Consumer settings (Kafka's names in the comments).
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
@@ -83,6 +108,8 @@ pub struct ConsumerConfig {
     pub auto_offset_reset: OffsetReset,
     /// Opt-in audit: told about every record `poll`/`recv` returns (see [`crate::audit`]).
     pub audit: Option<Arc<dyn AuditHook>>,
+    /// `isolation.level`.
+    pub isolation_level: IsolationLevel,
 }
 
 impl Default for ConsumerConfig {
@@ -95,6 +122,7 @@ impl Default for ConsumerConfig {
             max_partition_fetch_bytes: 1024 * 1024,
             auto_offset_reset: OffsetReset::Latest,
             audit: None,
+            isolation_level: IsolationLevel::ReadUncommitted,
         }
     }
 }
@@ -390,7 +418,8 @@ impl Consumer {
                     })
                     .collect();
                 let cluster = self.cluster.clone();
-                let task = tokio::spawn(async move { list_offsets(&cluster, &specs).await });
+                let isolation = self.config.isolation_level;
+                let task = tokio::spawn(async move { list_offsets_at(&cluster, &specs, isolation).await });
                 self.resolving = Some(Resolving { task, partitions });
             }
             let resolving = self.resolving.as_mut().expect("set above");
@@ -481,6 +510,7 @@ impl Consumer {
             .with_min_bytes(self.config.fetch_min_bytes)
             .with_max_bytes(self.config.fetch_max_bytes)
             .with_session_epoch(-1)
+            .with_isolation_level(self.config.isolation_level as i8)
             .with_topics(topics)
     }
 
@@ -545,7 +575,10 @@ impl Consumer {
                 state.backoff_until = None;
                 state.high_watermark = p.high_watermark;
                 if let Some(records) = p.records {
-                    state.fetch_offset = decode_records(&name, p.partition_index, state.fetch_offset, records, &mut self.buffer)?;
+                    let aborted: Vec<(i64, i64)> =
+                        p.aborted_transactions.iter().flatten().map(|a| (a.producer_id.0, a.first_offset)).collect();
+                    state.fetch_offset =
+                        decode_records(&name, p.partition_index, state.fetch_offset, records, &aborted, &mut self.buffer)?;
                 }
             }
         }
@@ -566,16 +599,24 @@ impl Consumer {
 }
 
 /// Decodes the complete batches in `records` into `out`, skipping records before
-/// `fetch_offset` (a fetch may start inside a batch) and control batches. Returns the next
-/// fetch offset. A partial batch at the end (the broker cut at max bytes) is left for the
-/// next fetch.
+/// `fetch_offset` (a fetch may start inside a batch), control batches and the batches of
+/// aborted transactions. Returns the next fetch offset. A partial batch at the end (the
+/// broker cut at max bytes) is left for the next fetch.
+///
+/// `aborted` is the read_committed answer's aborted transactions, (producer id, first
+/// offset): from its first offset on, a producer's transactional batches are skipped
+/// until its ABORT marker (Kafka's consumer does the same).
 pub(crate) fn decode_records(
     topic: &Arc<str>,
     partition: i32,
     fetch_offset: i64,
     records: Bytes,
+    aborted: &[(i64, i64)],
     out: &mut VecDeque<ConsumerRecord>,
 ) -> Result<i64> {
+    let mut pending_aborts: Vec<(i64, i64)> = aborted.to_vec();
+    pending_aborts.sort_by_key(|a| std::cmp::Reverse(a.1));
+    let mut aborting: std::collections::HashSet<i64> = std::collections::HashSet::new();
     let mut next = fetch_offset;
     let mut at = 0;
     while records.len() - at >= BATCH_OVERHEAD {
@@ -590,7 +631,17 @@ pub(crate) fn decode_records(
         if header.next_offset() <= next {
             continue;
         }
-        if !header.is_control() {
+        while pending_aborts.last().is_some_and(|a| a.1 <= header.last_offset()) {
+            let (producer, _) = pending_aborts.pop().expect("checked above");
+            aborting.insert(producer);
+        }
+        let skipped = header.is_transactional() && aborting.contains(&header.producer_id);
+        if header.is_control() {
+            // An ABORT marker (or COMMIT) ends the producer's transaction.
+            if header.is_transactional() {
+                aborting.remove(&header.producer_id);
+            }
+        } else if !skipped {
             let body = match records_body(&header, &batch, crate::MAX_DECOMPRESSED_BATCH)? {
                 std::borrow::Cow::Borrowed(_) => batch.slice(BATCH_OVERHEAD..),
                 std::borrow::Cow::Owned(v) => Bytes::from(v),
@@ -649,7 +700,7 @@ mod tests {
             data.extend_from_slice(&partial[..partial.len() - 3]);
             let topic: Arc<str> = "t".into();
             let mut out = VecDeque::new();
-            let next = decode_records(&topic, 0, 12, Bytes::from(data), &mut out).unwrap();
+            let next = decode_records(&topic, 0, 12, Bytes::from(data), &[], &mut out).unwrap();
             assert_eq!(next, 20);
             let offsets: Vec<i64> = out.iter().map(|r| r.offset).collect();
             assert_eq!(offsets, (12..20).collect::<Vec<_>>());
@@ -661,12 +712,52 @@ mod tests {
         }
     }
 
+    fn txn_batch(producer_id: i64, base: i64, n: usize) -> Vec<u8> {
+        let mut b = BatchBuilder::new(1_000).producer(producer_id, 0, base as i32).transactional();
+        for i in 0..n {
+            b.append(1_000, None, Some(format!("p{producer_id}-{}", base + i as i64).as_bytes()), &[]);
+        }
+        let mut bytes = b.build_vec();
+        set_base_offset(&mut bytes, base);
+        bytes
+    }
+
+    fn marker(producer_id: i64, offset: i64, commit: bool) -> Vec<u8> {
+        let mut bytes = fjord_record::control::end_txn_marker(producer_id, 0, 0, commit, 1_000);
+        set_base_offset(&mut bytes, offset);
+        bytes
+    }
+
+    #[test]
+    fn read_committed_skips_aborted_transactions_and_markers() {
+        // Producer 1 commits 0-1, producer 2 aborts 2-3 (interleaved with 1's 4), then
+        // producer 2 commits 7; markers at 5 (abort of 2), 6 (commit of 1), 8 (commit of 2).
+        let mut data = txn_batch(1, 0, 2);
+        data.extend(txn_batch(2, 2, 2));
+        data.extend(txn_batch(1, 4, 1));
+        data.extend(marker(2, 5, false));
+        data.extend(marker(1, 6, true));
+        data.extend(txn_batch(2, 7, 1));
+        data.extend(marker(2, 8, true));
+        let data = Bytes::from(data);
+        let offsets = |aborted: &[(i64, i64)], from: i64| {
+            let mut out = VecDeque::new();
+            let next = decode_records(&"t".into(), 0, from, data.clone(), aborted, &mut out).unwrap();
+            assert_eq!(next, 9);
+            out.iter().map(|r| r.offset).collect::<Vec<_>>()
+        };
+        assert_eq!(offsets(&[(2, 2)], 0), vec![0, 1, 4, 7], "read_committed");
+        assert_eq!(offsets(&[], 0), vec![0, 1, 2, 3, 4, 7], "read_uncommitted: only the markers are left out");
+        // A fetch from inside the aborted transaction still knows it from the list.
+        assert_eq!(offsets(&[(2, 2)], 3), vec![4, 7]);
+    }
+
     #[test]
     fn corrupt_batches_are_a_typed_error() {
         let mut data = batch(0, 3, Compression::None);
         let last = data.len() - 1;
         data[last] ^= 0xff;
-        let err = decode_records(&"t".into(), 0, 0, Bytes::from(data), &mut VecDeque::new()).unwrap_err();
+        let err = decode_records(&"t".into(), 0, 0, Bytes::from(data), &[], &mut VecDeque::new()).unwrap_err();
         assert!(matches!(err, Error::Record(fjord_record::Error::CrcMismatch { .. })), "{err}");
     }
 }

@@ -131,6 +131,10 @@ pub enum Error {
     /// A configuration value is invalid.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// A transactional producer call out of order (a send outside a transaction, a
+    /// commit after a failed record, ...).
+    #[error("transaction: {0}")]
+    TransactionState(String),
     /// The TLS handshake with a broker failed (untrusted certificate, wrong name, a
     /// listener that does not speak TLS...).
     #[error("TLS handshake with {broker} failed: {reason}")]

@@ -20,6 +20,8 @@
 //! - [`audit`]: [`AuditHook`], the opt-in audit counting of acknowledged and consumed records.
 //! - [`assignor`]: range (the paper's Algorithm 1), roundrobin, sticky, cooperative-sticky.
 //! - [`group`]: the group consumer (join/sync/heartbeat, committed offsets, rebalances).
+//! - [`transaction`]: the transaction coordinator's requests (the transactional producer's
+//!   half) and [`TransactionAdmin`].
 //!
 //! # Guarantees
 //! Records of one partition are stored and acknowledged in the order they were sent, each
@@ -39,16 +41,18 @@ pub mod group;
 pub mod partitioner;
 pub mod producer;
 pub mod security;
+pub mod transaction;
 
 pub use admin::{Admin, ConfigEntry, NewTopic, OffsetSpec};
 pub use audit::AuditHook;
 pub use cluster::{ClientConfig, Metadata, PartitionMetadata, TopicMetadata};
-pub use consumer::{Consumer, ConsumerConfig, ConsumerRecord, OffsetReset, SeekTo};
+pub use consumer::{Consumer, ConsumerConfig, ConsumerRecord, IsolationLevel, OffsetReset, SeekTo};
 pub use error::{Error, ResponseError, Result};
 pub use fjord_record::{Compression, TopicPartition};
 pub use group::{GroupAdmin, GroupConfig, GroupConsumer, GroupDescription, MemberDescription, Rebalance, RebalanceListener};
 pub use producer::{Acks, DeliveryFuture, Producer, ProducerConfig, ProducerRecord, RecordMetadata};
 pub use security::{parse_properties, SaslMechanism, SecurityConfig, SecurityProtocol};
+pub use transaction::{TransactionAdmin, TransactionDescription, TransactionListing};
 
 /// Largest records section a compressed batch may expand to (a guard against
 /// decompression bombs; far above any batch a real producer writes).

@@ -31,6 +31,11 @@
 //! waits for what is in flight and bumps its producer epoch (a newer epoch starts a new
 //! sequence on every partition) before sending on.
 //!
+//! Transactions (`transactional.id`, see the `transaction` module): `connect` takes the
+//! producer id from the transaction coordinator, and records sent between
+//! `begin_transaction` and `commit_transaction`/`abort_transaction` are committed or
+//! aborted together, with the consumer offsets of `send_offsets_to_transaction`.
+//!
 //! # Layout
 //! - this file: the [`Producer`] handle, connecting, `flush` and `close`;
 //! - `config`: [`ProducerConfig`] and [`Acks`];
@@ -40,6 +45,8 @@
 //! - `sender`: the sender task that drains the queues into produce requests, and the
 //!   completion, retry and splitting of batches from their answers;
 //! - `idempotence`: producer id, epoch and sequence numbers (InitProducerId, the epoch bump);
+//! - `transaction`: the transactional producer (begin, enlisting partitions, offsets,
+//!   commit, abort);
 //! - `batch`: a batch's completion and the per-record delivery futures;
 //! - `request`: the Produce request body.
 
@@ -50,13 +57,14 @@ mod idempotence;
 mod record;
 mod request;
 mod sender;
+mod transaction;
 
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, Semaphore};
 
 use self::accumulator::State;
-use self::idempotence::init_producer_id;
+use self::idempotence::{init_producer_id, ProducerIdentity};
 use self::sender::sender_loop;
 use crate::cluster::Cluster;
 use crate::error::{Error, Result};
@@ -99,9 +107,15 @@ impl Producer {
     pub async fn connect(config: ProducerConfig) -> Result<Self> {
         config.validate()?;
         let cluster = Cluster::connect(config.client.clone()).await?;
-        let identity = match config.idempotent() {
-            true => Some(init_producer_id(&cluster, config.delivery_timeout).await?),
-            false => None,
+        let identity = match (&config.transactional_id, config.idempotent()) {
+            (Some(id), _) => {
+                let txn = crate::transaction::TransactionalId { id: id.clone(), timeout: config.transaction_timeout };
+                let deadline = std::time::Instant::now() + config.delivery_timeout;
+                let (id, epoch) = txn.init_producer_id(&cluster, deadline).await?;
+                Some(ProducerIdentity::new(id, epoch))
+            }
+            (None, true) => Some(init_producer_id(&cluster, config.delivery_timeout).await?),
+            (None, false) => None,
         };
         let inner = Arc::new(Inner {
             memory: Arc::new(Semaphore::new(config.buffer_memory)),

@@ -69,6 +69,8 @@ pub(super) struct State {
     pub(super) identity: Option<ProducerIdentity>,
     /// A stamped batch failed for good: bump the producer epoch before sending more.
     pub(super) reset_pending: bool,
+    /// A transactional producer's open transaction.
+    pub(super) transaction: super::transaction::Transaction,
 }
 
 pub(super) struct TopicState {
@@ -140,6 +142,12 @@ impl Producer {
     /// Queues `record` for sending. Waits only for metadata of a new topic and for buffer
     /// space; the returned future resolves when the broker acknowledged the record.
     pub async fn send(&self, record: ProducerRecord) -> Result<DeliveryFuture> {
+        // Boxed, as below: only a transactional producer pays for the partition's
+        // enlisting in the transaction.
+        let record = match self.inner.config.transactional_id {
+            None => record,
+            Some(_) => Box::pin(self.inner.enlist(record)).await?,
+        };
         match self.try_append(record)? {
             Ok(future) => Ok(future),
             // Boxed: the waiting path holds a metadata fetch, kilobytes of future state,
@@ -197,6 +205,13 @@ impl Producer {
     pub async fn send_many(&self, records: impl IntoIterator<Item = ProducerRecord>) -> Result<Vec<DeliveryFuture>> {
         let mut records = records.into_iter();
         let mut futures = Vec::with_capacity(records.size_hint().0);
+        if self.inner.config.transactional_id.is_some() {
+            // Each record's partition joins the transaction before it is appended.
+            for record in records {
+                futures.push(self.send(record).await?);
+            }
+            return Ok(futures);
+        }
         loop {
             let (record, size, reserved) = match self.append_run(&mut records, &mut futures)? {
                 None => return Ok(futures),
@@ -345,7 +360,10 @@ impl Producer {
             *incomplete += 1;
             *woke |= leader_free && open_sendable;
             OpenBatch {
-                builder: BatchBuilder::with_capacity(timestamp, inner.config.batch_size.min(1 << 20)),
+                builder: match inner.config.transactional_id {
+                    None => BatchBuilder::with_capacity(timestamp, inner.config.batch_size.min(1 << 20)),
+                    Some(_) => BatchBuilder::with_capacity(timestamp, inner.config.batch_size.min(1 << 20)).transactional(),
+                },
                 created: Instant::now(),
                 completion: Arc::new(Completion::default()),
                 memory: 0,

@@ -131,6 +131,9 @@ pub(crate) fn split_batch(batch: &[u8], codec: Compression) -> Result<Vec<Bytes>
         let headers: Vec<(&str, Option<&[u8]>)> =
             r.headers.iter().map(|h| (std::str::from_utf8(h.key).unwrap_or(""), h.value)).collect();
         let mut b = BatchBuilder::new(timestamp);
+        if header.is_transactional() {
+            b = b.transactional();
+        }
         b.append(timestamp, r.key, r.value, &headers);
         out.push(b.build_compressed(codec)?);
     }

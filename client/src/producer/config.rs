@@ -79,6 +79,11 @@ pub struct ProducerConfig {
     /// Opt-in audit: told about every record once it is acknowledged (see
     /// [`crate::audit`]); `None` costs nothing.
     pub audit: Option<Arc<dyn AuditHook>>,
+    /// `transactional.id`: makes the producer transactional (see
+    /// [`crate::producer`]'s transactions); it implies idempotence.
+    pub transactional_id: Option<String>,
+    /// `transaction.timeout.ms`: the coordinator aborts a transaction open longer.
+    pub transaction_timeout: Duration,
 }
 
 impl Default for ProducerConfig {
@@ -97,6 +102,8 @@ impl Default for ProducerConfig {
             max_request_size: 1024 * 1024,
             enable_idempotence: None,
             audit: None,
+            transactional_id: None,
+            transaction_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -112,6 +119,12 @@ impl ProducerConfig {
         }
         if self.buffer_memory > Semaphore::MAX_PERMITS || self.max_request_size > u32::MAX as usize {
             return bad("buffer.memory is too large");
+        }
+        if self.transactional_id.is_some() && !self.idempotent() {
+            return bad("transactional.id needs idempotence (enable.idempotence, acks=all, retries > 0, max.in.flight <= 5)");
+        }
+        if self.transactional_id.as_deref() == Some("") {
+            return bad("transactional.id must not be empty");
         }
         if self.enable_idempotence == Some(true) && self.idempotence_conflict().is_some() {
             return Err(Error::InvalidConfig(format!(

@@ -19,8 +19,14 @@ pub(super) const MAX_IN_FLIGHT_IDEMPOTENT: usize = 5;
 /// Id and epoch from InitProducerId.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct ProducerIdentity {
-    id: i64,
-    epoch: i16,
+    pub(super) id: i64,
+    pub(super) epoch: i16,
+}
+
+impl ProducerIdentity {
+    pub(super) fn new(id: i64, epoch: i16) -> Self {
+        Self { id, epoch }
+    }
 }
 
 /// What an idempotent producer stamped into a batch when it first sent it.
@@ -115,6 +121,19 @@ pub(super) async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
         state.identity
     };
     let identity = match current.filter(|c| c.epoch < i16::MAX - 1) {
+        // A transactional producer's epochs are its coordinator's: a new one from it
+        // aborts the open transaction there, which can then only be aborted here too.
+        _ if inner.config.transactional_id.is_some() => {
+            let txn = inner.transactional_id().expect("invariant: checked just above");
+            let deadline = Instant::now() + inner.config.delivery_timeout;
+            match txn.init_producer_id(&inner.cluster, deadline).await {
+                Ok((id, epoch)) => {
+                    inner.state.lock().unwrap_or_else(|e| e.into_inner()).transaction.failed = true;
+                    ProducerIdentity { id, epoch }
+                }
+                Err(e) => return Some(Err(e)),
+            }
+        }
         Some(current) => ProducerIdentity { id: current.id, epoch: current.epoch + 1 },
         None => match init_producer_id(&inner.cluster, inner.config.delivery_timeout).await {
             Ok(identity) => identity,
