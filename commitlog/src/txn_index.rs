@@ -190,8 +190,22 @@ pub(crate) fn collect(segment: &Segment, fetch_offset: Offset, upper: Offset, ou
         }
         Err(e) => return Err(crate::Error::Io { path, source: e }),
     };
-    let mut buf = vec![0u8; READ_ENTRIES.min(count) * ENTRY_SIZE];
-    let mut at = 0usize;
+    // Entries are in marker order: skip, by binary search, those whose marker is below
+    // `fetch_offset` (never reported; and any transaction aborted after one of them and
+    // reported starts at or after its LSO, so they only end the search earlier), so a
+    // fetch costs O(log n + reported) reads however many aborts the segment holds.
+    let mut entry = [0u8; ENTRY_SIZE];
+    let (mut lo, mut hi) = (0usize, count);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        file.read_exact_at(&mut entry, (mid * ENTRY_SIZE) as u64).at(&path)?;
+        match AbortedTxn::decode(&entry) {
+            Some(e) if e.last_offset < fetch_offset => lo = mid + 1,
+            _ => hi = mid,
+        }
+    }
+    let mut buf = vec![0u8; READ_ENTRIES.min(count - lo).max(1) * ENTRY_SIZE];
+    let mut at = lo;
     while at < count {
         let n = READ_ENTRIES.min(count - at);
         let chunk = &mut buf[..n * ENTRY_SIZE];
@@ -229,6 +243,21 @@ mod tests {
         assert_eq!(AbortedTxn::decode(&other_version), None);
         assert_eq!(AbortedTxn::decode(&txn(1, 9, 5, 10).encode()), None);
         assert_eq!(AbortedTxn::decode(&bytes[..20]), None);
+    }
+
+    #[test]
+    fn a_search_in_a_long_index_starts_at_the_fetch_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = Segment::new(dir.path(), 0, 0, i64::MIN);
+        let entries: Vec<AbortedTxn> = (0..1000).map(|i| txn(i, 10 * i, 10 * i + 5, 10 * i + 6)).collect();
+        append(&seg, &entries).unwrap();
+        for (from, upper, expected) in
+            [(5000, 5020, vec![500, 501]), (0, 1, vec![0]), (9996, 20_000, vec![]), (9990, 9991, vec![999])]
+        {
+            let mut out = Vec::new();
+            collect(&seg, from, upper, &mut out).unwrap();
+            assert_eq!(out.iter().map(|e| e.producer_id).collect::<Vec<_>>(), expected, "{from}..{upper}");
+        }
     }
 
     #[test]
