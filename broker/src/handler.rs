@@ -151,7 +151,9 @@ impl Broker {
                 self.metrics.errors(ApiKey::Fetch as i16, fetch_errors(&data));
                 return Some(crate::fetch_response::encode(correlation_id, version, &data));
             }
-            RequestKind::OffsetForLeaderEpoch(req) => (ApiKey::OffsetForLeaderEpoch, self.offset_for_leader_epoch(req, session)),
+            RequestKind::OffsetForLeaderEpoch(req) => {
+                (ApiKey::OffsetForLeaderEpoch, self.offset_for_leader_epoch(req, session).await)
+            }
             RequestKind::ListOffsets(req) => (ApiKey::ListOffsets, self.list_offsets(req, version, session)),
             RequestKind::CreateTopics(req) => (ApiKey::CreateTopics, self.create_topics(req, version, session).await),
             RequestKind::DeleteTopics(req) => (ApiKey::DeleteTopics, self.delete_topics(req, version, session).await),

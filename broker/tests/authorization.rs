@@ -344,3 +344,38 @@ async fn find_coordinator_needs_describe_on_the_group() {
     assert_eq!(codes, [("mine".to_owned(), 0), ("theirs".to_owned(), GROUP_AUTHORIZATION_FAILED)]);
     broker.stop().await;
 }
+
+/// OffsetForLeaderEpoch with a replica id from a client that is no broker (not on the
+/// inter-broker listener, not its principal) is a client's request: Describe on the
+/// topic is checked. A replica id once let any client skip it.
+#[tokio::test]
+async fn offset_for_leader_epoch_with_a_replica_id_from_a_client_needs_describe() {
+    use kafka_protocol::messages::offset_for_leader_epoch_request::{OffsetForLeaderPartition, OffsetForLeaderTopic};
+    let broker = SecuredBroker::start().await;
+    let mut admin = broker.admin().await;
+    assert_eq!(create_topic(&mut admin, "epochs").await, 0);
+    let mut bob = broker.login("bob", BOB_PASSWORD).await;
+    let ask = |replica_id: i32| {
+        OffsetForLeaderEpochRequest::default().with_replica_id(BrokerId(replica_id)).with_topics(vec![
+            OffsetForLeaderTopic::default().with_topic(topic_name("epochs")).with_partitions(vec![
+                OffsetForLeaderPartition::default().with_partition(0).with_current_leader_epoch(-1).with_leader_epoch(0),
+            ]),
+        ])
+    };
+    for replica_id in [-1, 0, 1] {
+        let answer: OffsetForLeaderEpochResponse = bob.call(ApiKey::OffsetForLeaderEpoch, 4, &ask(replica_id)).await.unwrap();
+        assert_eq!(answer.topics[0].partitions[0].error_code, TOPIC_AUTHORIZATION_FAILED, "replica id {replica_id}");
+    }
+    // With Describe, bob gets the answer (and the replica id changes nothing).
+    assert_eq!(allow(&mut admin, "User:bob", Operation::Describe, ResourceType::Topic, "epochs").await, 0);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let answer: OffsetForLeaderEpochResponse = bob.call(ApiKey::OffsetForLeaderEpoch, 4, &ask(0)).await.unwrap();
+        if answer.topics[0].partitions[0].error_code == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the Describe ACL was not applied: {answer:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    broker.stop().await;
+}

@@ -232,7 +232,7 @@ impl Broker {
     /// Whether the client of `session` is broker `replica`: it came in on the
     /// inter-broker listener, from an address that broker is registered at. Checked once
     /// per connection (a resolution of the registered host), then remembered.
-    async fn is_replica(&self, session: &mut Session, replica: i32) -> bool {
+    pub(super) async fn is_replica(&self, session: &mut Session, replica: i32) -> bool {
         if session.replica == Some(replica) {
             return true;
         }

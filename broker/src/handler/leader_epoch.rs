@@ -20,28 +20,39 @@ use crate::replication::truncation::UNDEFINED;
 use fjord_auth::{Operation, Resource};
 
 impl Broker {
-    pub(crate) fn offset_for_leader_epoch(&self, request: OffsetForLeaderEpochRequest, session: &Session) -> ResponseKind {
+    pub(crate) async fn offset_for_leader_epoch(
+        &self,
+        request: OffsetForLeaderEpochRequest,
+        session: &mut Session,
+    ) -> ResponseKind {
+        // A replica id counts only on that broker's own connection, as for a replica Fetch
+        // (Kafka: ClusterAction); anyone else's request is a client's, answered per topic
+        // by Describe, or a replica id would let any client skip the check.
+        let replica_id = request.replica_id.0;
+        let follower = replica_id >= 0 && self.is_replica(session, replica_id).await;
+        let session = &*session;
         // Kafka: Describe on the topic.
         let may_describe = |topic: &str| self.authorize(session, Operation::Describe, Resource::topic(topic));
         let replica = |topic: &str, partition: i32| match self.topics.get(topic) {
             Some(topic) => self.replica(&topic, partition),
             None => Err(error_code::UNKNOWN_TOPIC_OR_PARTITION),
         };
-        ResponseKind::OffsetForLeaderEpoch(offset_for_leader_epoch(request, may_describe, replica))
+        ResponseKind::OffsetForLeaderEpoch(offset_for_leader_epoch(request, follower, may_describe, replica))
     }
 }
 
 /// The OffsetForLeaderEpoch answer: per partition, the largest epoch at or below the one
 /// asked for that the leader's log knows, and the offset where it ended. `may_describe`
-/// says whether the client may see a topic (followers, replica id >= 0, are not asked
-/// about: their truncation point is not a client's read); `replica` is this broker's
-/// replica of a partition, or the error code to answer instead.
+/// says whether the client may see a topic; a `follower` (a verified broker, not merely a
+/// request with a replica id) is not asked about: its truncation point is not a client's
+/// read. `replica` is this broker's replica of a partition, or the error code to answer
+/// instead.
 pub(crate) fn offset_for_leader_epoch(
     request: OffsetForLeaderEpochRequest,
+    follower: bool,
     may_describe: impl Fn(&str) -> bool,
     replica: impl Fn(&str, i32) -> Result<Arc<Partition>, Refusal>,
 ) -> OffsetForLeaderEpochResponse {
-    let follower = request.replica_id.0 >= 0;
     let topics = request
         .topics
         .into_iter()
@@ -144,7 +155,7 @@ mod tests {
         assert!(Arc::ptr_eq(&replica("t", 0).unwrap(), &partition));
 
         let asks = [(0, -1, 0), (0, -1, 1), (0, 4, 2), (0, 4, 3), (0, 3, 2), (0, 5, 2), (1, -1, 0), (2, -1, 0)];
-        let response = offset_for_leader_epoch(request(-1, &asks), |_| true, replica);
+        let response = offset_for_leader_epoch(request(-1, &asks), false, |_| true, replica);
         let undefined = (UNDEFINED as i32, UNDEFINED);
         assert_eq!(
             answers(&response),
@@ -160,10 +171,13 @@ mod tests {
             ]
         );
 
-        // A client that may not describe the topic learns nothing; a follower is not asked.
-        let denied = offset_for_leader_epoch(request(-1, &[(0, -1, 0)]), |_| false, replica);
+        // A client that may not describe the topic learns nothing, even naming a replica
+        // id it could not prove; a verified follower is not asked.
+        let denied = offset_for_leader_epoch(request(-1, &[(0, -1, 0)]), false, |_| false, replica);
         assert_eq!(answers(&denied), [(error_code::TOPIC_AUTHORIZATION_FAILED, undefined.0, undefined.1)]);
-        let follower = offset_for_leader_epoch(request(2, &[(0, -1, 0)]), |_| false, replica);
+        let posing = offset_for_leader_epoch(request(2, &[(0, -1, 0)]), false, |_| false, replica);
+        assert_eq!(answers(&posing), [(error_code::TOPIC_AUTHORIZATION_FAILED, undefined.0, undefined.1)]);
+        let follower = offset_for_leader_epoch(request(2, &[(0, -1, 0)]), true, |_| false, replica);
         assert_eq!(answers(&follower), [(error_code::NONE, 0, 3)]);
     }
 }
