@@ -1,15 +1,23 @@
 //! `cargo xtask conformance`: librdkafka's own integration tests, unchanged, against
-//! `fjord dev` (#27).
+//! `fjord dev`, or with `--cluster` against three `fjord broker`s on ZooKeeper (#27).
 //!
 //! - The tests come from the `rdkafka-sys` crate's vendored librdkafka (pinned below),
 //!   fetched into the cargo registry with `cargo fetch` when missing. The tree is copied
 //!   into `target/conformance/` and built there (`./configure`, `make libs`, the test
 //!   runner); the registry copy is never written to.
 //! - A `fjord dev` on free ports serves each run, with `num.partitions=4` as the suite's
-//!   own scenarios set (and `auto.create.topics.enable=false` for `noautocreate`).
-//! - Each test runs alone (`TESTS=NNNN`) with a timeout. The table shows test, result,
-//!   time and the first failing assertion; it is also written to
-//!   `target/conformance/report.md`, with each test's output in `target/conformance/logs/`.
+//!   own scenarios set (and `auto.create.topics.enable=false` for `noautocreate`). With
+//!   `--cluster`, a ZooKeeper and three `fjord broker` processes on free ports instead,
+//!   with `default.replication.factor=3` and `min.insync.replicas=1`: the suite creates
+//!   its own topics with replication factor 1, and acks=all on those needs a minimum of 1
+//!   (Kafka refuses it just the same; the suite's own cluster scenario sets 1 too).
+//! - Each test runs alone (`TESTS=NNNN`) with a timeout. The table shows test, result
+//!   (`pass`, `FAIL`, or `skip` when the runner itself skipped every variant, e.g. one
+//!   for the other scenario), time and the first failing assertion. Each run has its own
+//!   directory, `target/conformance/runs/{dev|cluster}-SCENARIO[-idempotent][-selected]/`
+//!   (`-selected` for a `--tests` run), with the
+//!   table in `report.md`, each test's output in `logs/` and the brokers' logs, so runs
+//!   of different modes can go on side by side.
 //! - `xtask/conformance.txt` says what each test is expected to do: `pass`, or
 //!   `known-fail` with the issue or reason. The run fails when a `pass` test fails, and
 //!   when a `known-fail` test passes (so the file is updated and stays true).
@@ -30,6 +38,10 @@ use crate::{cargo, root, run};
 const RDKAFKA_SYS: &str = "4.10.0+2.12.1";
 /// The broker version the test runner is told, for its per-test version gates.
 const KAFKA_VERSION: &str = "3.9.0";
+/// The brokers' `log.min.segment.bytes`: the suite is written for Kafka 3.9, whose
+/// `segment.bytes` may go down to 14 bytes, and 0077 and 0129 create topics with
+/// 10000 and 20000 bytes, under Fjord's default floor of 1 MiB.
+const MIN_SEGMENT_BYTES: &str = "10000";
 /// How long one test may take before it is killed and counted as failed.
 const TEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// Debian packages the build needs (package, a file it installs).
@@ -38,13 +50,41 @@ const BUILD_PACKAGES: &[(&str, &str)] = &[
     ("python3", "/usr/bin/python3"),
     ("zlib1g-dev", "/usr/include/zlib.h"),
     ("libzstd-dev", "/usr/include/zstd.h"),
+    // The suite checks statistics JSON with RapidJSON; without it 0053, 0098, 0101 and
+    // 0110 skip themselves.
+    ("rapidjson-dev", "/usr/include/rapidjson/schema.h"),
 ];
+/// `./configure`'s flags. No TLS, SASL/GSSAPI or OIDC: the tests that need them are
+/// known-fail until security lands; lz4 is librdkafka's bundled copy.
+const CONFIGURE_FLAGS: &[&str] = &["--disable-ssl", "--disable-gssapi", "--disable-curl", "--disable-lz4-ext"];
+/// Written into a finished build; a tree built from other packages or flags (one from
+/// before RapidJSON was added) is built again.
+const BUILD_KEY: &str = "configure --disable-ssl --disable-gssapi --disable-curl --disable-lz4-ext; with rapidjson-dev\n";
 
 /// What one test is expected to do, from `xtask/conformance.txt`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Expected {
     Pass,
     KnownFail(String),
+    /// The runner itself skips it against any broker here (it needs what the runner
+    /// was built without, or a mode Fjord does not serve), with the reason.
+    Skip(String),
+    /// Needs three brokers (it creates topics with replication factor 3, as Kafka
+    /// refuses on one broker too): known-fail on `fjord dev` for the reason, pass with
+    /// `--cluster`.
+    ClusterOnly(String),
+}
+
+impl Expected {
+    /// What is expected in this mode: a [`Expected::ClusterOnly`] test is a pass on
+    /// three brokers and a known-fail on one.
+    fn in_mode(&self, cluster: bool) -> Expected {
+        match self {
+            Expected::ClusterOnly(_) if cluster => Expected::Pass,
+            Expected::ClusterOnly(reason) => Expected::KnownFail(format!("needs three brokers: {reason}")),
+            other => other.clone(),
+        }
+    }
 }
 
 struct Options {
@@ -52,12 +92,46 @@ struct Options {
     all: bool,
     scenario: String,
     idempotent: bool,
+    cluster: bool,
+}
+
+impl Options {
+    fn describe(&self) -> String {
+        format!(
+            "{}, scenario {}{}",
+            if self.cluster { "3 fjord brokers on ZooKeeper" } else { "fjord dev" },
+            self.scenario,
+            if self.idempotent { ", idempotent producer (-P)" } else { "" }
+        )
+    }
+
+    /// The run's directory name under `target/conformance/runs`; a `--tests` run has
+    /// its own, so it can go on beside a full run of the same mode.
+    fn run_name(&self) -> String {
+        format!(
+            "{}-{}{}{}",
+            if self.cluster { "cluster" } else { "dev" },
+            self.scenario,
+            if self.idempotent { "-idempotent" } else { "" },
+            if self.tests.is_some() { "-selected" } else { "" }
+        )
+    }
+}
+
+/// What the runner made of one test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Pass,
+    Fail,
+    /// The runner skipped every variant of the test (another scenario's test, or one
+    /// the runner leaves out by its own flags): it says nothing either way.
+    Skip,
 }
 
 /// One test's outcome.
 struct Outcome {
     test: String,
-    passed: bool,
+    result: Verdict,
     seconds: f64,
     first_failure: String,
 }
@@ -73,30 +147,46 @@ pub(crate) fn conformance(args: &[String]) -> Result<()> {
     };
     let suite = build_suite(&root)?;
     run(cargo(&root).args(["build", "-p", "fjord"])).context("building fjord")?;
-    let work = root.join("target/conformance");
+    let work = root.join("target/conformance/runs").join(options.run_name());
     let logs = work.join("logs");
+    if logs.exists() {
+        fs::remove_dir_all(&logs)?;
+    }
     fs::create_dir_all(&logs)?;
-    let broker = DevBroker::start(&root, &work, &options.scenario)?;
+    let brokers: Box<dyn Brokers> = if options.cluster {
+        Box::new(ClusterBrokers::start(&root, &work, &options.scenario)?)
+    } else {
+        Box::new(DevBroker::start(&root, &work, &options.scenario)?)
+    };
+    let bootstrap = brokers.bootstrap().to_owned();
     let conf = work.join("test.conf");
-    fs::write(&conf, format!("bootstrap.servers={}\n", broker.bootstrap))?;
-    let kafka_path = kafka_topics_shim(&root, &work)?;
+    fs::write(&conf, format!("bootstrap.servers={bootstrap}\n"))?;
+    let kafka_path = kafka_shims(&root, &work)?;
     let mut outcomes = Vec::new();
     for test in &tests {
-        let env = Env { conf: &conf, kafka_path: &kafka_path, bootstrap: &broker.bootstrap };
-        let outcome = run_one(&suite, &env, test, &options, &logs)?;
+        let env = Env { conf: &conf, kafka_path: &kafka_path, bootstrap: &bootstrap };
+        let timeout = expectations.get(test).map_or(TEST_TIMEOUT, |e| e.timeout);
+        let outcome = run_one(&suite, &env, test, timeout, &options, &logs)?;
         eprintln!(
-            "conformance: {} {} in {:.0} s {}",
+            "conformance ({}): {} {} in {:.0} s {}",
+            options.run_name(),
             outcome.test,
-            if outcome.passed { "passed" } else { "FAILED" },
+            match outcome.result {
+                Verdict::Pass => "passed",
+                Verdict::Fail => "FAILED",
+                Verdict::Skip => "skipped",
+            },
             outcome.seconds,
             outcome.first_failure
         );
         outcomes.push(outcome);
     }
-    drop(broker);
-    let (table, surprises) = report(&outcomes, &expectations);
+    drop(brokers);
+    let (mut table, surprises) = report(&outcomes, &expectations, options.cluster);
+    table.insert_str(0, &format!("librdkafka {RDKAFKA_SYS} tests against {}\n\n", options.describe()));
     println!("{table}");
     fs::write(work.join("report.md"), &table)?;
+    eprintln!("conformance: the table is in {}", work.join("report.md").display());
     if !surprises.is_empty() {
         bail!("{} test(s) did not do what xtask/conformance.txt expects:\n{}", surprises.len(), surprises.join("\n"));
     }
@@ -104,7 +194,7 @@ pub(crate) fn conformance(args: &[String]) -> Result<()> {
 }
 
 fn parse(args: &[String]) -> Result<Options> {
-    let mut options = Options { tests: None, all: false, scenario: "default".into(), idempotent: false };
+    let mut options = Options { tests: None, all: false, scenario: "default".into(), idempotent: false, cluster: false };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -121,16 +211,29 @@ fn parse(args: &[String]) -> Result<Options> {
                 options.scenario = scenario.clone();
             }
             "--idempotent" => options.idempotent = true,
+            "--cluster" => options.cluster = true,
             other => bail!(
-                "unknown argument {other}\nusage: cargo xtask conformance [--tests 0001,0011,...] [--all] [--scenario default|noautocreate] [--idempotent]"
+                "unknown argument {other}\nusage: cargo xtask conformance [--tests 0001,0011,...] [--all] [--scenario default|noautocreate] [--idempotent] [--cluster]"
             ),
         }
     }
     Ok(options)
 }
 
-/// `xtask/conformance.txt`: `NNNN pass [core]` or `NNNN known-fail REASON`, `#` comments.
-fn read_expectations(path: &Path) -> Result<BTreeMap<String, (Expected, bool)>> {
+/// One line of `xtask/conformance.txt`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Expectation {
+    expected: Expected,
+    /// In the core set.
+    core: bool,
+    /// How long the test may take: [`TEST_TIMEOUT`] unless the line says `timeout=SECONDS`
+    /// (a test the suite itself runs for many minutes).
+    timeout: Duration,
+}
+
+/// `xtask/conformance.txt`: `NNNN pass [core] [timeout=SECONDS]`, `NNNN known-fail
+/// REASON`, `NNNN cluster-only REASON` or `NNNN skip REASON`, `#` comments.
+fn read_expectations(path: &Path) -> Result<BTreeMap<String, Expectation>> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = BTreeMap::new();
     for (n, line) in text.lines().enumerate() {
@@ -143,10 +246,35 @@ fn read_expectations(path: &Path) -> Result<BTreeMap<String, (Expected, bool)>> 
             bail!("{}:{}: expected `NNNN pass|known-fail ...`", path.display(), n + 1);
         };
         let rest = words.next().unwrap_or_default().trim();
+        let wrong = || {
+            anyhow::anyhow!(
+                "{}:{}: `pass [core] [timeout=SECONDS]`, `known-fail REASON`, `cluster-only REASON` or `skip REASON`, not {line:?}",
+                path.display(),
+                n + 1
+            )
+        };
         let entry = match verdict {
-            "pass" => (Expected::Pass, rest == "core"),
-            "known-fail" if !rest.is_empty() => (Expected::KnownFail(rest.to_owned()), false),
-            _ => bail!("{}:{}: `pass [core]` or `known-fail REASON`, not {line:?}", path.display(), n + 1),
+            "pass" => {
+                let mut entry = Expectation { expected: Expected::Pass, core: false, timeout: TEST_TIMEOUT };
+                for word in rest.split_whitespace() {
+                    match word.strip_prefix("timeout=") {
+                        None if word == "core" => entry.core = true,
+                        Some(secs) => entry.timeout = Duration::from_secs(secs.parse().map_err(|_| wrong())?),
+                        None => return Err(wrong()),
+                    }
+                }
+                entry
+            }
+            "known-fail" if !rest.is_empty() => {
+                Expectation { expected: Expected::KnownFail(rest.to_owned()), core: false, timeout: TEST_TIMEOUT }
+            }
+            "skip" if !rest.is_empty() => {
+                Expectation { expected: Expected::Skip(rest.to_owned()), core: false, timeout: TEST_TIMEOUT }
+            }
+            "cluster-only" if !rest.is_empty() => {
+                Expectation { expected: Expected::ClusterOnly(rest.to_owned()), core: false, timeout: TEST_TIMEOUT }
+            }
+            _ => return Err(wrong()),
         };
         out.insert(test.to_owned(), entry);
     }
@@ -154,8 +282,8 @@ fn read_expectations(path: &Path) -> Result<BTreeMap<String, (Expected, bool)>> 
 }
 
 /// The core set: the `pass core` tests (what `cargo xtask test` runs).
-fn core(expectations: &BTreeMap<String, (Expected, bool)>) -> Vec<String> {
-    expectations.iter().filter(|(_, (_, core))| *core).map(|(t, _)| t.clone()).collect()
+fn core(expectations: &BTreeMap<String, Expectation>) -> Vec<String> {
+    expectations.iter().filter(|(_, e)| e.core).map(|(t, _)| t.clone()).collect()
 }
 
 /// The librdkafka tree in the cargo registry, fetched there when missing.
@@ -191,11 +319,14 @@ fn registry_source(root: &Path) -> Result<PathBuf> {
 }
 
 /// Builds librdkafka and its test runner in `target/conformance/librdkafka-VERSION`
-/// (once); returns the `tests` directory.
+/// (once per [`BUILD_KEY`]); returns the `tests` directory. The build goes to a
+/// `.building` directory first, renamed into place only when it is complete, so an
+/// interrupted build is never taken for a finished one.
 fn build_suite(root: &Path) -> Result<PathBuf> {
     let tree = root.join(format!("target/conformance/librdkafka-{RDKAFKA_SYS}"));
     let tests = tree.join("tests");
-    if tests.join("test-runner").exists() {
+    let stamp = |tree: &Path| tree.join(".xtask-build");
+    if tests.join("test-runner").exists() && fs::read_to_string(stamp(&tree)).is_ok_and(|key| key == BUILD_KEY) {
         return Ok(tests);
     }
     let missing: Vec<&str> = BUILD_PACKAGES.iter().filter(|(_, probe)| !Path::new(probe).exists()).map(|(p, _)| *p).collect();
@@ -209,21 +340,33 @@ fn build_suite(root: &Path) -> Result<PathBuf> {
         .context("apt-get install of the librdkafka build packages failed (run as root)")?;
     }
     let source = registry_source(root)?;
+    let building = root.join(format!("target/conformance/librdkafka-{RDKAFKA_SYS}.building"));
+    if building.exists() {
+        fs::remove_dir_all(&building)?;
+    }
+    fs::create_dir_all(building.parent().expect("under target/conformance"))?;
+    run(Command::new("cp").arg("-r").arg(&source).arg(&building)).context("copying librdkafka out of the registry")?;
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get()).to_string();
+    run(Command::new("./configure").args(CONFIGURE_FLAGS).current_dir(&building)).context("configuring librdkafka")?;
+    run(Command::new("make").args(["-j", &jobs, "libs"]).current_dir(&building)).context("building librdkafka")?;
+    run(Command::new("make").args(["-j", &jobs, "build"]).current_dir(building.join("tests")))
+        .context("building librdkafka's test runner")?;
+    fs::write(stamp(&building), BUILD_KEY)?;
     if tree.exists() {
         fs::remove_dir_all(&tree)?;
     }
-    fs::create_dir_all(tree.parent().expect("under target/conformance"))?;
-    run(Command::new("cp").arg("-r").arg(&source).arg(&tree)).context("copying librdkafka out of the registry")?;
-    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get()).to_string();
-    // No TLS, SASL/GSSAPI or OIDC: the tests that need them are known-fail until
-    // security lands; lz4 is librdkafka's bundled copy.
-    run(Command::new("./configure")
-        .args(["--disable-ssl", "--disable-gssapi", "--disable-curl", "--disable-lz4-ext"])
-        .current_dir(&tree))
-    .context("configuring librdkafka")?;
-    run(Command::new("make").args(["-j", &jobs, "libs"]).current_dir(&tree)).context("building librdkafka")?;
-    run(Command::new("make").args(["-j", &jobs, "build"]).current_dir(&tests)).context("building librdkafka's test runner")?;
+    fs::rename(&building, &tree)?;
     Ok(tests)
+}
+
+/// What the tests run against, stopped when dropped.
+trait Brokers {
+    fn bootstrap(&self) -> &str;
+}
+
+/// A free port on loopback (bound and released; the broker binds it right after).
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// `fjord dev` on free ports, stopped when dropped.
@@ -236,7 +379,7 @@ struct DevBroker {
 impl DevBroker {
     fn start(root: &Path, work: &Path, scenario: &str) -> Result<Self> {
         let data = TempDir::new(work.join("data"))?;
-        let port = || -> Result<u16> { Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()) };
+        let port = free_port;
         let (broker, registry, http, grpc, metrics) = (port()?, port()?, port()?, port()?, port()?);
         let log = fs::File::create(work.join("fjord-dev.log"))?;
         let child = Command::new(root.join("target/debug/fjord"))
@@ -250,6 +393,11 @@ impl DevBroker {
             .env("FJORD_DEV_METRICS", format!("127.0.0.1:{metrics}"))
             // The suite's scenarios: 4 partitions per auto-created topic.
             .env("FJORD_NUM_PARTITIONS", "4")
+            .env("FJORD_LOG_MIN_SEGMENT_BYTES", MIN_SEGMENT_BYTES)
+            // For the ACL tests (0109, 0115, 0119): their ACLs are enforced, and where
+            // none is set everyone may do everything, as without an authorizer.
+            .env("FJORD_AUTHORIZER_ENABLE", "true")
+            .env("FJORD_ALLOW_EVERYONE_IF_NO_ACL_FOUND", "true")
             .env("FJORD_AUTO_CREATE_TOPICS_ENABLE", if scenario == "noautocreate" { "false" } else { "true" })
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -260,7 +408,7 @@ impl DevBroker {
         let deadline = Instant::now() + Duration::from_secs(60);
         while TcpStream::connect(&dev.bootstrap).is_err() {
             if let Some(status) = dev.child.try_wait()? {
-                bail!("fjord dev exited ({status}); see target/conformance/fjord-dev.log");
+                bail!("fjord dev exited ({status}); see {}", work.join("fjord-dev.log").display());
             }
             if Instant::now() > deadline {
                 bail!("fjord dev did not listen on {} within 60 s", dev.bootstrap);
@@ -271,20 +419,202 @@ impl DevBroker {
     }
 }
 
+impl Brokers for DevBroker {
+    fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+}
+
 impl Drop for DevBroker {
     fn drop(&mut self) {
-        // SIGTERM for a clean stop; the data goes with the temporary directory.
-        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // The data goes with the temporary directory.
+        stop(&mut self.child);
     }
+}
+
+/// SIGTERM for a clean stop, SIGKILL after 20 s.
+fn stop(child: &mut Child) {
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Debian's ZooKeeper (the `zookeeper` package `cargo xtask provision` installs).
+const ZOOKEEPER_CLASSPATH: &str = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
+/// The cluster's size, as in `deploy/cluster`.
+const CLUSTER_BROKERS: i32 = 3;
+
+/// A ZooKeeper and three `fjord broker` processes on free ports, all stopped when
+/// dropped (brokers first, so none is left without its ZooKeeper).
+struct ClusterBrokers {
+    zookeeper: Child,
+    brokers: Vec<Child>,
+    bootstrap: String,
+    _data: TempDir,
+}
+
+impl ClusterBrokers {
+    fn start(root: &Path, work: &Path, scenario: &str) -> Result<Self> {
+        if !Path::new("/usr/share/java/zookeeper.jar").exists() {
+            bail!("ZooKeeper is not installed: `cargo xtask provision` installs Debian's zookeeper package");
+        }
+        let data = TempDir::new(work.join("data"))?;
+        let zk_port = free_port()?;
+        let zk_config = data.0.join("zoo.cfg");
+        fs::write(
+            &zk_config,
+            format!(
+                "tickTime=500\ndataDir={}\nclientPort={zk_port}\nclientPortAddress=127.0.0.1\n\
+                 admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,stat,mntr\nmaxSessionTimeout=60000\n",
+                data.0.join("zookeeper").display()
+            ),
+        )?;
+        let zk_log = fs::File::create(work.join("zookeeper.log"))?;
+        let zookeeper = Command::new("java")
+            .args(["-Xmx256m", "-cp", ZOOKEEPER_CLASSPATH, "org.apache.zookeeper.server.ZooKeeperServerMain"])
+            .arg(&zk_config)
+            .stdin(Stdio::null())
+            .stdout(zk_log.try_clone()?)
+            .stderr(zk_log)
+            .spawn()
+            .context("starting ZooKeeper (java)")?;
+        let mut cluster = Self { zookeeper, brokers: Vec::new(), bootstrap: String::new(), _data: data };
+        wait_zookeeper(zk_port, &mut cluster.zookeeper, &work.join("zookeeper.log"))?;
+        let mut addresses = Vec::new();
+        for id in 1..=CLUSTER_BROKERS {
+            let addr = format!("127.0.0.1:{}", free_port()?);
+            let config = cluster._data.0.join(format!("broker-{id}.toml"));
+            fs::write(
+                &config,
+                format!(
+                    "\"broker.id\" = {id}\n\"listeners\" = \"PLAINTEXT://{addr}\"\n\
+                     \"zookeeper.connect\" = \"127.0.0.1:{zk_port}/fjord\"\n\
+                     \"num.partitions\" = 4\n\"default.replication.factor\" = 3\n\"min.insync.replicas\" = 1\n\
+                     \"log.min.segment.bytes\" = {MIN_SEGMENT_BYTES}\n\
+                     \"authorizer.enable\" = true\n\"allow.everyone.if.no.acl.found\" = true\n\
+                     \"auto.create.topics.enable\" = {}\n",
+                    scenario != "noautocreate"
+                ),
+            )?;
+            let log_path = work.join(format!("broker-{id}.log"));
+            let log = fs::File::create(&log_path)?;
+            let child = Command::new(root.join("target/debug/fjord"))
+                .args(["broker", "--config"])
+                .arg(&config)
+                .arg("--data-dir")
+                .arg(cluster._data.0.join(format!("broker-{id}")))
+                .env("NO_COLOR", "1")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("starting fjord broker")?;
+            cluster.brokers.push(child);
+            addresses.push((addr, log_path));
+        }
+        for (i, (addr, log)) in addresses.iter().enumerate() {
+            wait_listening(addr, &mut cluster.brokers[i], &format!("broker {}", i + 1), log)?;
+        }
+        cluster.bootstrap = addresses.iter().map(|(a, _)| a.as_str()).collect::<Vec<_>>().join(",");
+        // A broker listens only once it has registered; wait until the first one's
+        // metadata lists all three, so no test starts against a partial cluster.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match metadata_broker_count(&addresses[0].0) {
+                Ok(n) if n == CLUSTER_BROKERS => break,
+                Ok(_) | Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+                Ok(n) => bail!("the cluster's metadata lists {n} of {CLUSTER_BROKERS} brokers after 60 s"),
+                Err(e) => return Err(e.context("Metadata from broker 1")),
+            }
+        }
+        Ok(cluster)
+    }
+}
+
+impl Brokers for ClusterBrokers {
+    fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+}
+
+impl Drop for ClusterBrokers {
+    fn drop(&mut self) {
+        for child in &mut self.brokers {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+        }
+        for child in &mut self.brokers {
+            stop(child);
+        }
+        stop(&mut self.zookeeper);
+    }
+}
+
+/// Waits until ZooKeeper answers `srvr` with its mode: it accepts connections before
+/// it serves, and a broker that connects then loses its session at once.
+fn wait_zookeeper(port: u16, child: &mut Child, log: &Path) -> Result<()> {
+    use std::io::Write;
+    let serving = || -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut answer = String::new();
+        stream.write_all(b"srvr").is_ok() && stream.read_to_string(&mut answer).is_ok() && answer.contains("Mode:")
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !serving() {
+        if let Some(status) = child.try_wait()? {
+            bail!("ZooKeeper exited ({status}); see {}", log.display());
+        }
+        if Instant::now() > deadline {
+            bail!("ZooKeeper did not serve on port {port} within 60 s; see {}", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// Waits until `addr` accepts connections, failing early when `child` exits.
+fn wait_listening(addr: &str, child: &mut Child, what: &str, log: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(addr).is_err() {
+        if let Some(status) = child.try_wait()? {
+            bail!("{what} exited ({status}); see {}", log.display());
+        }
+        if Instant::now() > deadline {
+            bail!("{what} did not listen on {addr} within 60 s; see {}", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// The number of brokers in a Metadata v0 answer (all topics) from `addr`.
+fn metadata_broker_count(addr: &str) -> Result<i32> {
+    use std::io::Write;
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    // api_key 3 (Metadata), version 0, correlation id 1, client id "xtask", no topics
+    // (v0: an empty list means all).
+    let mut body = Vec::new();
+    body.extend_from_slice(&3i16.to_be_bytes());
+    body.extend_from_slice(&0i16.to_be_bytes());
+    body.extend_from_slice(&1i32.to_be_bytes());
+    body.extend_from_slice(&5i16.to_be_bytes());
+    body.extend_from_slice(b"xtask");
+    body.extend_from_slice(&0i32.to_be_bytes());
+    let mut request = (body.len() as i32).to_be_bytes().to_vec();
+    request.extend_from_slice(&body);
+    stream.write_all(&request)?;
+    // Size, correlation id, then the broker array's length.
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head)?;
+    Ok(i32::from_be_bytes([head[8], head[9], head[10], head[11]]))
 }
 
 /// A directory removed when dropped.
@@ -313,12 +643,12 @@ struct Env<'a> {
     bootstrap: &'a str,
 }
 
-/// Some tests create their topics with Kafka's `kafka-topics.sh` (found under
-/// `$KAFKA_PATH/bin`). Its `--create` and `--delete` take the same flags as
-/// `fjord topics create|delete`, so a small script in `target/conformance/kafka/bin`
-/// stands in for it, and `--alter --partitions N` is `fjord topics alter --partitions N`
-/// (CreatePartitions).
-fn kafka_topics_shim(root: &Path, work: &Path) -> Result<PathBuf> {
+/// Some tests call Kafka's `kafka-topics.sh` and `kafka-acls.sh` (found under
+/// `$KAFKA_PATH/bin`); scripts in the run's `kafka/bin` stand in for them. The topics
+/// tool's `--create` and `--delete` take the same flags as `fjord topics create|delete`,
+/// and `--alter --partitions N` is `fjord topics alter --partitions N` (CreatePartitions);
+/// for the ACL tool see [`kafka_acls_script`].
+fn kafka_shims(root: &Path, work: &Path) -> Result<PathBuf> {
     let kafka = work.join("kafka");
     fs::create_dir_all(kafka.join("bin"))?;
     let script = format!(
@@ -348,15 +678,71 @@ esac
     let path = kafka.join("bin/kafka-topics.sh");
     fs::write(&path, script)?;
     run(Command::new("chmod").arg("+x").arg(&path))?;
+    let acls = kafka.join("bin/kafka-acls.sh");
+    fs::write(&acls, kafka_acls_script(&root.join("target/venv/bin/python")))?;
+    run(Command::new("chmod").arg("+x").arg(&acls))?;
     Ok(kafka)
 }
 
-fn run_one(suite: &Path, env: &Env<'_>, test: &str, options: &Options, logs: &Path) -> Result<Outcome> {
+/// `kafka-acls.sh --bootstrap-server B --add|--remove [--force] --allow-principal|--deny-principal
+/// P --operation OP --allow-host|--deny-host H --topic|--group NAME`, as 0109, 0115 and
+/// 0119 call it: a CreateAcls or DeleteAcls request over the Kafka protocol, sent by confluent-kafka's
+/// AdminClient from the venv `cargo xtask provision` makes (the brokers run with
+/// `authorizer.enable`, everyone allowed where no ACL says otherwise).
+fn kafka_acls_script(python: &Path) -> String {
+    format!(
+        r#"#!{python}
+# kafka-acls.sh as librdkafka's tests call it, over CreateAcls (cargo xtask conformance).
+import sys
+from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType,
+                                   AdminClient, ResourcePatternType, ResourceType)
+
+args, i, opts = sys.argv[1:], 0, {{}}
+while i < len(args):
+    if args[i] in ("--add", "--remove", "--list"):
+        opts["action"] = args[i][2:]
+        i += 1
+    elif args[i] == "--force":
+        i += 1
+    elif i + 1 < len(args):
+        opts[args[i][2:]] = args[i + 1]
+        i += 2
+    else:
+        sys.exit(f"kafka-acls.sh stand-in: {{args[i]}} needs a value")
+if opts.get("action") not in ("add", "remove"):
+    sys.exit("kafka-acls.sh stand-in: only --add and --remove are supported")
+allow = "allow-principal" in opts
+principal = opts["allow-principal" if allow else "deny-principal"]
+host = opts.get("allow-host" if allow else "deny-host", "*")
+if "topic" in opts:
+    kind, name = ResourceType.TOPIC, opts["topic"]
+elif "group" in opts:
+    kind, name = ResourceType.GROUP, opts["group"]
+else:
+    sys.exit("kafka-acls.sh stand-in: --topic or --group is needed")
+operation = AclOperation[opts["operation"].upper()]
+permission = AclPermissionType.ALLOW if allow else AclPermissionType.DENY
+admin = AdminClient({{"bootstrap.servers": opts["bootstrap-server"]}})
+if opts["action"] == "add":
+    binding = AclBinding(kind, name, ResourcePatternType.LITERAL, principal, host, operation, permission)
+    futures = admin.create_acls([binding], request_timeout=30)
+else:
+    binding = AclBindingFilter(kind, name, ResourcePatternType.LITERAL, principal, host, operation, permission)
+    futures = admin.delete_acls([binding], request_timeout=30)
+for future in futures.values():
+    future.result()
+"#,
+        python = python.display()
+    )
+}
+
+fn run_one(suite: &Path, env: &Env<'_>, test: &str, timeout: Duration, options: &Options, logs: &Path) -> Result<Outcome> {
     let log_path = logs.join(format!("{test}.log"));
     let log = fs::File::create(&log_path)?;
     let mut cmd = Command::new(suite.join("test-runner"));
-    // -L: the tests that talk to a broker only; -E: no socket-emulation tests.
-    cmd.args(["-L", "-E", "-V", KAFKA_VERSION, "-s", &options.scenario]);
+    // -L: the tests that talk to a broker only. The socket-emulation tests run too: they
+    // delay or cut the client's own socket to a real broker.
+    cmd.args(["-L", "-V", KAFKA_VERSION, "-s", &options.scenario]);
     if options.idempotent {
         cmd.arg("-P");
     }
@@ -376,7 +762,7 @@ fn run_one(suite: &Path, env: &Env<'_>, test: &str, options: &Options, logs: &Pa
         if let Some(status) = child.try_wait()? {
             break status.success();
         }
-        if started.elapsed() > TEST_TIMEOUT {
+        if started.elapsed() > timeout {
             let _ = child.kill();
             let _ = child.wait();
             break false;
@@ -384,16 +770,46 @@ fn run_one(suite: &Path, env: &Env<'_>, test: &str, options: &Options, logs: &Pa
         std::thread::sleep(Duration::from_millis(200));
     };
     let seconds = started.elapsed().as_secs_f64();
-    let mut output = String::new();
-    fs::File::open(&log_path)?.read_to_string(&mut output)?;
-    let first_failure = if passed {
-        String::new()
-    } else if seconds >= TEST_TIMEOUT.as_secs_f64() {
-        format!("timed out after {} s", TEST_TIMEOUT.as_secs())
+    let mut output = Vec::new();
+    fs::File::open(&log_path)?.read_to_end(&mut output)?;
+    let output = String::from_utf8_lossy(&output);
+    let skipped = if passed { all_skipped(&output, test) } else { None };
+    let (result, first_failure) = if let Some(reasons) = skipped {
+        (Verdict::Skip, reasons)
+    } else if passed {
+        (Verdict::Pass, String::new())
+    } else if seconds >= timeout.as_secs_f64() {
+        (Verdict::Fail, format!("timed out after {} s", timeout.as_secs()))
     } else {
-        first_failure(&output)
+        (Verdict::Fail, first_failure(&output))
     };
-    Ok(Outcome { test: test.to_owned(), passed, seconds, first_failure })
+    Ok(Outcome { test: test.to_owned(), result, seconds, first_failure })
+}
+
+/// When the runner's summary lists test `test`'s variants and every one of them as
+/// SKIPPED (`| 0053_stats | SKIPPED | 0.000s | RapidJSON >=1.1.0 not available`): the
+/// reasons it gives, `;`-joined.
+fn all_skipped(output: &str, test: &str) -> Option<String> {
+    let prefix = format!("{test}_");
+    let mut reasons: Vec<String> = Vec::new();
+    let mut any = false;
+    for line in output.lines().map(strip_colors) {
+        let mut cells = line.split('|').map(str::trim).skip(1);
+        let (Some(name), Some(state)) = (cells.next(), cells.next()) else { continue };
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        if state != "SKIPPED" {
+            return None;
+        }
+        any = true;
+        let reason = cells.nth(1).unwrap_or_default();
+        let reason = if reason.is_empty() { "another scenario's test" } else { reason };
+        if !reasons.iter().any(|r| r == reason) {
+            reasons.push(reason.to_owned());
+        }
+    }
+    any.then(|| format!("skipped: {}", reasons.join("; ")))
 }
 
 /// The first `### Test "..." failed at FILE:LINE` and the assertion message after it.
@@ -427,20 +843,25 @@ fn strip_colors(s: &str) -> String {
 }
 
 /// The table, and the tests that did not do what the expectations file says.
-fn report(outcomes: &[Outcome], expectations: &BTreeMap<String, (Expected, bool)>) -> (String, Vec<String>) {
+fn report(outcomes: &[Outcome], expectations: &BTreeMap<String, Expectation>, cluster: bool) -> (String, Vec<String>) {
     let mut table = String::from("| test | result | expected | time | first failing assertion |\n|---|---|---|---|---|\n");
     let mut surprises = Vec::new();
     for o in outcomes {
-        let expected = expectations.get(&o.test).map(|(e, _)| e.clone());
+        let expected = expectations.get(&o.test).map(|e| e.expected.in_mode(cluster));
         let expected_text = match &expected {
             Some(Expected::Pass) => "pass".to_owned(),
             Some(Expected::KnownFail(reason)) => format!("known-fail: {reason}"),
+            Some(Expected::Skip(reason)) => format!("skip: {reason}"),
+            Some(Expected::ClusterOnly(reason)) => format!("cluster-only: {reason}"),
             None => "not listed".to_owned(),
         };
-        match (&expected, o.passed) {
-            (Some(Expected::Pass), false) => surprises.push(format!("{} failed: {}", o.test, o.first_failure)),
-            (Some(Expected::KnownFail(reason)), true) => {
+        match (&expected, o.result) {
+            (Some(Expected::Pass), Verdict::Fail) => surprises.push(format!("{} failed: {}", o.test, o.first_failure)),
+            (Some(Expected::KnownFail(reason)), Verdict::Pass) => {
                 surprises.push(format!("{} passes now (known-fail: {reason}): mark it pass", o.test))
+            }
+            (Some(Expected::Skip(reason)), Verdict::Pass | Verdict::Fail) => {
+                surprises.push(format!("{} ran (expected skip: {reason}): {}", o.test, o.first_failure))
             }
             (None, _) => surprises.push(format!("{} is not in xtask/conformance.txt", o.test)),
             _ => {}
@@ -448,12 +869,30 @@ fn report(outcomes: &[Outcome], expectations: &BTreeMap<String, (Expected, bool)
         table.push_str(&format!(
             "| {} | {} | {} | {:.0} s | {} |\n",
             o.test,
-            if o.passed { "pass" } else { "FAIL" },
+            match o.result {
+                Verdict::Pass => "pass",
+                Verdict::Fail => "FAIL",
+                Verdict::Skip => "skip",
+            },
             expected_text,
             o.seconds,
             o.first_failure.replace('|', "\\|")
         ));
     }
+    let count = |v: Verdict| outcomes.iter().filter(|o| o.result == v).count();
+    let known = outcomes
+        .iter()
+        .filter(|o| {
+            o.result == Verdict::Fail && expectations.get(&o.test).is_some_and(|e| matches!(e.expected, Expected::KnownFail(_)))
+        })
+        .count();
+    table.push_str(&format!(
+        "\n{} tests: {} passed, {} failed ({known} of them known-fail), {} skipped by the runner\n",
+        outcomes.len(),
+        count(Verdict::Pass),
+        count(Verdict::Fail),
+        count(Verdict::Skip)
+    ));
     (table, surprises)
 }
 
@@ -472,19 +911,60 @@ mod tests {
     }
 
     #[test]
+    fn the_build_key_names_the_configure_flags_and_packages() {
+        assert!(BUILD_KEY.contains(&CONFIGURE_FLAGS.join(" ")), "change BUILD_KEY with the flags, so old trees are rebuilt");
+        assert!(BUILD_PACKAGES.iter().any(|(p, _)| BUILD_KEY.contains(p) || !p.contains("rapidjson")));
+    }
+
+    #[test]
+    fn a_test_is_skipped_only_when_every_variant_is() {
+        let summary = |a: &str, b: &str| {
+            format!("|\u{1b}[36m 0045_subscribe_update                  |    {a} |   1.000s \u{1b}[0m|\u{1b}[36m RapidJSON missing\u{1b}[0m\n| 0045_resubscribe_with_regex    | {b} | 2.000s |\n| 0046_other | PASSED | 1s |\n")
+        };
+        assert_eq!(
+            all_skipped(&summary("SKIPPED", "SKIPPED"), "0045").as_deref(),
+            Some("skipped: RapidJSON missing; another scenario's test")
+        );
+        assert_eq!(all_skipped(&summary("SKIPPED", "PASSED"), "0045"), None);
+        assert_eq!(all_skipped(&summary("PASSED", "PASSED"), "0045"), None);
+        assert_eq!(all_skipped("no summary at all", "0045"), None, "no summary is not a skip");
+    }
+
+    #[test]
     fn the_expectations_file_is_read_strictly() {
         let dir = std::env::temp_dir().join(format!("xtask-expect-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let file = dir.join("e.txt");
-        fs::write(&file, "# comment\n0001 pass core\n0002 pass\n0081 known-fail #22: CreatePartitions\n").unwrap();
+        fs::write(&file, "# comment\n0001 pass core\n0002 pass\n0113 pass timeout=900\n0081 known-fail #22: CreatePartitions\n")
+            .unwrap();
         let read = read_expectations(&file).unwrap();
-        assert_eq!(read["0001"], (Expected::Pass, true));
-        assert_eq!(read["0002"], (Expected::Pass, false));
-        assert_eq!(read["0081"], (Expected::KnownFail("#22: CreatePartitions".into()), false));
+        let pass = |core, secs| Expectation { expected: Expected::Pass, core, timeout: Duration::from_secs(secs) };
+        assert_eq!(read["0001"], pass(true, 300));
+        assert_eq!(read["0002"], pass(false, 300));
+        assert_eq!(read["0113"], pass(false, 900));
+        assert_eq!(
+            read["0081"],
+            Expectation { expected: Expected::KnownFail("#22: CreatePartitions".into()), core: false, timeout: TEST_TIMEOUT }
+        );
         assert_eq!(core(&read), vec!["0001".to_string()]);
         fs::write(&file, "0003 known-fail\n").unwrap();
         assert!(read_expectations(&file).is_err(), "a known-fail needs its reason");
         fs::write(&file, "0003 flaky\n").unwrap();
+        assert!(read_expectations(&file).is_err());
+        fs::write(&file, "0097 skip needs SSL\n0003 skip\n").unwrap();
+        assert!(read_expectations(&file).is_err(), "a skip needs its reason");
+        fs::write(&file, "0097 skip needs SSL\n").unwrap();
+        assert_eq!(read_expectations(&file).unwrap()["0097"].expected, Expected::Skip("needs SSL".into()));
+        fs::write(&file, "0098 cluster-only creates its topics with replication factor 3\n").unwrap();
+        let cluster_only = read_expectations(&file).unwrap()["0098"].expected.clone();
+        assert_eq!(cluster_only.in_mode(true), Expected::Pass);
+        assert_eq!(
+            cluster_only.in_mode(false),
+            Expected::KnownFail("needs three brokers: creates its topics with replication factor 3".into())
+        );
+        fs::write(&file, "0003 pass timeout=long\n").unwrap();
+        assert!(read_expectations(&file).is_err());
+        fs::write(&file, "0003 pass cor\n").unwrap();
         assert!(read_expectations(&file).is_err());
         fs::remove_dir_all(&dir).unwrap();
     }

@@ -1,8 +1,9 @@
 //! `cargo xtask test`: install what the tests need on a fresh Debian machine, check the
 //! formatting, run every test of the workspace, then clippy with warnings as errors, then
-//! the core set of librdkafka's own integration tests (`cargo xtask conformance`, see
-//! [`conformance`]; `FJORD_SKIP_CONFORMANCE=1` leaves it out). The short chaos run
-//! (fjord-testkit's `tests/chaos_short.rs`, see [`chaos`]) is one of the workspace's tests.
+//! the core set of librdkafka's own integration tests on `fjord dev` and on three brokers
+//! (`cargo xtask conformance [--cluster]`, see [`conformance`]; `FJORD_SKIP_CONFORMANCE=1`
+//! leaves it out). The short chaos run (fjord-testkit's `tests/chaos_short.rs`, see
+//! [`chaos`]) is one of the workspace's tests.
 //! `.ci/run` calls exactly this. With extra arguments (`cargo xtask test -- NAME`) only
 //! the selected tests run, without the format and lint checks.
 //!
@@ -49,7 +50,7 @@ fn main() -> Result<()> {
         Some("chaos") => chaos::chaos(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask test [-- cargo test args]\n       cargo xtask provision\n       cargo xtask conformance [--tests 0001,...] [--all] [--scenario default|noautocreate] [--idempotent]\n       cargo xtask chaos --seed S --duration SECS [--faults partition,isolate,one-way,zk-expire,loss,latency,netem,kill,pause,disk] [--json]"
+                "usage: cargo xtask test [-- cargo test args]\n       cargo xtask provision\n       cargo xtask conformance [--tests 0001,...] [--all] [--scenario default|noautocreate] [--idempotent] [--cluster]\n       cargo xtask chaos --seed S --duration SECS [--faults partition,isolate,one-way,zk-expire,loss,latency,netem,kill,pause,disk] [--json]"
             );
             std::process::exit(2);
         }
@@ -78,7 +79,10 @@ fn test(extra: &[String]) -> Result<()> {
         run(cargo(&root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
             .context("clippy found warnings")?;
         if std::env::var_os("FJORD_SKIP_CONFORMANCE").is_none() {
-            conformance::conformance(&[]).context("librdkafka's integration tests (core set)")?;
+            // The core set on one broker and on three (about 3 and 4 minutes).
+            conformance::conformance(&[]).context("librdkafka's integration tests (core set, fjord dev)")?;
+            conformance::conformance(&["--cluster".to_owned()])
+                .context("librdkafka's integration tests (core set, 3 brokers on ZooKeeper)")?;
         }
     }
     Ok(())
