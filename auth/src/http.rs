@@ -219,7 +219,9 @@ impl HttpSecurity {
         shutdown: CancellationToken,
     ) -> Result<Arc<Self>> {
         config.validate()?;
-        let tls = if config.tls_enabled() { Some(TlsServer::new(config.ssl.clone())?) } else { None };
+        // HTTP/2 (gRPC's transport) and HTTP/1.1, both served on each listener.
+        let alpn = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let tls = if config.tls_enabled() { Some(TlsServer::with_alpn(config.ssl.clone(), alpn)?) } else { None };
         let store = match (config.needs_store(), store) {
             (false, _) => None,
             (true, Some(store)) => Some(store),

@@ -165,6 +165,8 @@ fn parse_rules(value: &str) -> std::result::Result<Vec<MappingRule>, String> {
 /// The server side of TLS: the current acceptor, rebuilt when the files change.
 pub struct TlsServer {
     config: SslConfig,
+    /// ALPN protocols offered, most preferred first (none for Kafka listeners).
+    alpn: Vec<Vec<u8>>,
     state: Mutex<Loaded>,
 }
 
@@ -178,9 +180,15 @@ struct Loaded {
 impl TlsServer {
     /// Loads the files; an error names the file and what is wrong with it.
     pub fn new(config: SslConfig) -> Result<Self> {
+        Self::with_alpn(config, Vec::new())
+    }
+
+    /// [`TlsServer::new`] offering the ALPN protocols `alpn` (`h2`, `http/1.1`): HTTP/2
+    /// clients, gRPC's above all, refuse a TLS server that negotiates none.
+    pub fn with_alpn(config: SslConfig, alpn: Vec<Vec<u8>>) -> Result<Self> {
         let stamps = stamps(&config);
-        let acceptor = TlsAcceptor::from(Arc::new(server_config(&config)?));
-        Ok(Self { config, state: Mutex::new(Loaded { acceptor, stamps, checked: Instant::now() }) })
+        let acceptor = TlsAcceptor::from(Arc::new(server_config(&config, &alpn)?));
+        Ok(Self { config, alpn, state: Mutex::new(Loaded { acceptor, stamps, checked: Instant::now() }) })
     }
 
     /// The acceptor for the next handshake: the files as they are now, re-read if they
@@ -192,7 +200,7 @@ impl TlsServer {
             let now = stamps(&self.config);
             if now != state.stamps {
                 state.stamps = now;
-                match server_config(&self.config) {
+                match server_config(&self.config, &self.alpn) {
                     Ok(config) => {
                         state.acceptor = TlsAcceptor::from(Arc::new(config));
                         tracing::info!("TLS key store or trust store changed: reloaded");
@@ -234,7 +242,7 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// A rustls server config from the PEM files.
-fn server_config(config: &SslConfig) -> Result<ServerConfig> {
+fn server_config(config: &SslConfig, alpn: &[Vec<u8>]) -> Result<ServerConfig> {
     let keystore = config.keystore_location.as_deref().ok_or_else(|| Error::InvalidConfig {
         key: "ssl.keystore.location".into(),
         value: String::new(),
@@ -279,9 +287,11 @@ fn server_config(config: &SslConfig) -> Result<ServerConfig> {
             builder.with_client_cert_verifier(verifier)
         }
     };
-    builder
+    let mut server = builder
         .with_single_cert(chain, key)
-        .map_err(|e| invalid_file("ssl.keystore.location", keystore, format!("key and certificate do not go together: {e}")))
+        .map_err(|e| invalid_file("ssl.keystore.location", keystore, format!("key and certificate do not go together: {e}")))?;
+    server.alpn_protocols = alpn.to_vec();
+    Ok(server)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //!   leaders, ISRs and the controller read from ZooKeeper.
 //! - [`StandaloneBroker`] (`standalone`): one in-process broker on the embedded store.
 //! - [`Tmpfs`] (`tmpfs`): a small tmpfs mounted for one test (root), a disk that fills up.
+//! - [`Certs`] (`certs`): a test CA, server key store and client certificate (openssl).
 //! - [`wait_until`] (`wait`): poll a condition with a deadline instead of sleeping.
 //! - [`python`]: the interpreter of the tests that drive the Python clients.
 //! - `records` (through `fjord-client`): numbered records sent across a fault
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+mod certs;
 pub mod chaos;
 mod cluster;
 mod records;
@@ -31,6 +33,7 @@ mod standalone;
 mod tmpfs;
 mod wait;
 
+pub use certs::Certs;
 pub use cluster::{Cluster, ClusterBuilder};
 pub use records::{numbered, produce_round, read_values, round_value, stream_across};
 pub use standalone::StandaloneBroker;
