@@ -272,10 +272,19 @@ pub(crate) struct ConnectionSlot {
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 impl ConnectionLimits {
-    /// A slot for one more connection from `ip`, or which limit it would pass.
-    pub(crate) fn try_open(&self, ip: IpAddr, max_total: usize, max_per_ip: usize) -> Result<ConnectionSlot, ConnectionEvent> {
+    /// A slot for one more connection from `ip`, or which limit it would pass. A
+    /// `protected` connection (the inter-broker listener's, as Kafka protects it) is
+    /// counted but never refused for `max_total`: a flood of clients must not cut
+    /// replication and the controller off.
+    pub(crate) fn try_open(
+        &self,
+        ip: IpAddr,
+        max_total: usize,
+        max_per_ip: usize,
+        protected: bool,
+    ) -> Result<ConnectionSlot, ConnectionEvent> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.total >= max_total {
+        if state.total >= max_total && !protected {
             return Err(ConnectionEvent::MaxConnections);
         }
         let from_ip = state.per_ip.get(&ip).copied().unwrap_or(0);
@@ -342,7 +351,9 @@ pub(crate) async fn accept(
         match accepted {
             Ok((stream, peer)) => {
                 let config = &broker.config;
-                match broker.connections.try_open(peer.ip(), config.max_connections, config.max_connections_per_ip) {
+                // Kafka's protected listener: the inter-broker one, when there are others.
+                let protected = info.name == config.inter_broker_listener() && broker.listeners.len() > 1;
+                match broker.connections.try_open(peer.ip(), config.max_connections, config.max_connections_per_ip, protected) {
                     Ok(slot) => {
                         let (broker, info, stop) = (broker.clone(), info.clone(), stop.clone());
                         tracker.spawn(async move {
@@ -419,14 +430,18 @@ mod tests {
     fn connection_limits_count_per_address_and_give_back_on_drop() {
         let limits = ConnectionLimits::default();
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        let first = limits.try_open(a, 3, 2).unwrap();
-        let second = limits.try_open(a, 3, 2).unwrap();
-        assert_eq!(limits.try_open(a, 3, 2).err(), Some(ConnectionEvent::MaxConnectionsPerIp));
-        let third = limits.try_open(b, 3, 2).unwrap();
-        assert_eq!(limits.try_open(b, 3, 2).err(), Some(ConnectionEvent::MaxConnections));
+        let first = limits.try_open(a, 3, 2, false).unwrap();
+        let second = limits.try_open(a, 3, 2, false).unwrap();
+        assert_eq!(limits.try_open(a, 3, 2, false).err(), Some(ConnectionEvent::MaxConnectionsPerIp));
+        let third = limits.try_open(b, 3, 2, false).unwrap();
+        assert_eq!(limits.try_open(b, 3, 2, false).err(), Some(ConnectionEvent::MaxConnections));
+        // A protected connection passes max.connections (counted), not the per-address limit.
+        let protected = limits.try_open(b, 3, 2, true).unwrap();
+        assert_eq!(limits.try_open(b, 3, 2, true).err(), Some(ConnectionEvent::MaxConnectionsPerIp));
+        drop(protected);
         drop(first);
         assert_eq!(limits.open(), 2);
-        let again = limits.try_open(a, 3, 2).unwrap();
+        let again = limits.try_open(a, 3, 2, false).unwrap();
         drop((second, third, again));
         assert_eq!(limits.open(), 0);
         assert!(limits.state.lock().unwrap().per_ip.is_empty(), "no entry left per address");

@@ -303,3 +303,25 @@ async fn the_single_address_form_of_listeners_still_works() {
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// The inter-broker listener is Kafka's protected listener: when clients have used up
+/// `max.connections`, a broker (here a connection to INTERNAL) still gets in, while
+/// another client is closed.
+#[tokio::test]
+async fn the_inter_broker_listener_is_not_refused_at_max_connections() {
+    let broker = MultiBroker::start("CLIENT://127.0.0.1:0,INTERNAL://127.0.0.1:0", |c| {
+        c.set("listener.security.protocol.map", "CLIENT:PLAINTEXT,INTERNAL:PLAINTEXT").unwrap();
+        c.set("inter.broker.listener.name", "INTERNAL").unwrap();
+        c.set("max.connections", "2").unwrap();
+    })
+    .await;
+    let mut first = broker.client("CLIENT").await;
+    let mut second = broker.client("CLIENT").await;
+    api_versions(&mut first).await.unwrap();
+    api_versions(&mut second).await.unwrap();
+    let mut over = broker.client("CLIENT").await;
+    assert!(over.is_closed_by_broker().await, "a third client connection is closed");
+    let mut replica = broker.client("INTERNAL").await;
+    api_versions(&mut replica).await.expect("the inter-broker listener is served past max.connections");
+    broker.stop().await;
+}
