@@ -18,7 +18,7 @@ fn configs(dir: &str) -> Vec<PathBuf> {
 
 #[test]
 fn deploy_broker_configs_parse_and_validate() {
-    for dir in ["cluster", "systemd"] {
+    for dir in ["cluster", "systemd", "secure"] {
         let files = configs(dir);
         assert_eq!(files.len(), 3, "three broker configs in deploy/{dir}");
         for (i, file) in files.iter().enumerate() {
@@ -36,7 +36,7 @@ fn deploy_broker_configs_parse_and_validate() {
 /// every interface (the operator widens it knowingly, reading the comment beside it).
 #[test]
 fn deploy_configs_open_no_plaintext_listener_on_every_interface() {
-    for dir in ["cluster", "systemd"] {
+    for dir in ["cluster", "systemd", "secure"] {
         for file in configs(dir) {
             let text = std::fs::read_to_string(&file).unwrap();
             for line in text.lines().filter(|l| l.trim_start().starts_with("\"listeners\"")) {
@@ -44,5 +44,30 @@ fn deploy_configs_open_no_plaintext_listener_on_every_interface() {
                 assert!(!wide, "{}: {line}", file.display());
             }
         }
+    }
+}
+
+/// deploy/secure: every listener SASL_SSL, the inter-broker one on the private network,
+/// ACLs on, no password in the file.
+#[test]
+fn the_secure_layout_has_nothing_in_the_clear() {
+    for file in configs("secure") {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let config = BrokerConfig::from_toml(&text).unwrap();
+        assert!(config.authorizer_enable, "{}", file.display());
+        assert!(config.inter_broker_sasl_password.is_none(), "{}: a password in the file", file.display());
+        assert!(config.ssl.keystore_location.is_some() && config.ssl.truststore_location.is_some(), "{}", file.display());
+        for listener in config.listeners.iter() {
+            assert_eq!(
+                config.listener_security_protocol_map.get(&listener.name).map(|p| p.name()),
+                Some("SASL_SSL"),
+                "{}: {}",
+                file.display(),
+                listener.name
+            );
+        }
+        let internal = config.listeners.get("INTERNAL").unwrap();
+        assert!(!internal.address.ip().is_unspecified(), "{}: INTERNAL on every interface", file.display());
+        assert_eq!(config.inter_broker_listener(), "INTERNAL", "{}", file.display());
     }
 }
