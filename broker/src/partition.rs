@@ -49,10 +49,27 @@ pub(crate) struct ReplicaState {
     pub(crate) epoch_start_offset: Offset,
     /// Leader: each other replica's progress.
     pub(crate) followers: HashMap<i32, FollowerProgress>,
-    /// Leader: an ISR change is being written to the store.
-    pub(crate) isr_change_in_flight: bool,
+    /// Leader: the ISR being written to the store, while that write is in flight.
+    /// Until the store has it, the high watermark counts the members of both (Kafka's
+    /// maximal ISR, KIP-497): a follower named in the store's ISR can be elected, so
+    /// nothing may count as committed that it does not have yet.
+    pub(crate) isr_in_flight: Option<Vec<i32>>,
     /// Follower: the log has not yet been truncated against the leader's epochs.
     pub(crate) truncation_pending: bool,
+}
+
+impl ReplicaState {
+    /// The ISR the high watermark must wait for: the adopted one plus any member of the
+    /// one being written (an expansion counts at once, a shrink only once written).
+    pub(crate) fn maximal_isr(&self) -> Vec<i32> {
+        let mut isr = self.isr.clone();
+        for &replica in self.isr_in_flight.iter().flatten() {
+            if !isr.contains(&replica) {
+                isr.push(replica);
+            }
+        }
+        isr
+    }
 }
 
 /// Why a produce or fetch was refused, as a Kafka error code.
@@ -84,7 +101,7 @@ impl Partition {
             state_version: -1,
             epoch_start_offset: 0,
             followers: HashMap::new(),
-            isr_change_in_flight: false,
+            isr_in_flight: None,
             truncation_pending: false,
         };
         Self { tp, log, waiters: Mutex::new(Vec::new()), state: Mutex::new(state), changed: watch::Sender::new(0) }
@@ -232,7 +249,8 @@ impl Partition {
                 return false;
             }
             let current = self.log.high_watermark();
-            match leader::high_watermark(self.log.log_end_offset(), &state.isr, &state.followers) {
+            let isr = state.maximal_isr();
+            match leader::high_watermark(self.log.log_end_offset(), &isr, &state.followers) {
                 Some(hw) if hw > current => {
                     self.log.set_high_watermark(hw);
                     true
@@ -291,7 +309,7 @@ impl Partition {
             progress.on_fetch(fetch_offset, leo, now);
             let hw = self.log.high_watermark();
             let caught_up = leader::may_join_isr(fetch_offset, hw, state.epoch_start_offset);
-            (caught_up && !state.isr.contains(&replica) && !state.isr_change_in_flight).then(|| {
+            (caught_up && !state.isr.contains(&replica) && state.isr_in_flight.is_none()).then(|| {
                 let mut isr = state.isr.clone();
                 isr.push(replica);
                 isr
@@ -305,7 +323,7 @@ impl Partition {
     /// when that differs from the current ISR and no change is in flight.
     pub(crate) fn shrunk_isr(&self, me: i32, lag: Duration, now: Instant) -> Option<Vec<i32>> {
         let state = self.state();
-        if state.role != Role::Leader || state.isr_change_in_flight {
+        if state.role != Role::Leader || state.isr_in_flight.is_some() {
             return None;
         }
         let out = leader::out_of_sync(me, &state.isr, &state.followers, lag, now);

@@ -226,7 +226,7 @@ impl ReplicaManager {
                 s.role = role;
                 s.leader_epoch = state.leader_epoch;
                 s.followers.clear();
-                s.isr_change_in_flight = false;
+                s.isr_in_flight = None;
                 s.truncation_pending = false;
                 match role {
                     Role::Leader => {
@@ -266,14 +266,15 @@ impl ReplicaManager {
     /// last seen, same leader and epoch), then adopts it. On a version conflict the
     /// znode is re-read: if this broker still leads in the same epoch, its ISR and
     /// version are taken and the next check proposes again. One write per partition
-    /// at a time.
+    /// at a time; while it is in flight the high watermark also waits for the proposed
+    /// members ([`ReplicaState::maximal_isr`](crate::partition::ReplicaState::maximal_isr)).
     pub(crate) fn propose_isr(&self, partition: &Arc<Partition>, isr: Vec<i32>) {
         let (leader_epoch, expected_version, controller_epoch) = {
             let mut s = partition.state();
-            if s.role != Role::Leader || s.isr_change_in_flight || s.isr == isr {
+            if s.role != Role::Leader || s.isr_in_flight.is_some() || s.isr == isr {
                 return;
             }
-            s.isr_change_in_flight = true;
+            s.isr_in_flight = Some(isr.clone());
             (s.leader_epoch, s.state_version, s.controller_epoch)
         };
         let (store, partition, me, shutdown) = (self.store.clone(), partition.clone(), self.broker_id, self.shutdown.clone());
@@ -285,27 +286,30 @@ impl ReplicaManager {
                 written = store.set(&path, &proposed, Some(expected_version)) => written,
                 () = shutdown.cancelled() => return,
             };
+            // After a conflict, or a failure that may still have been written (a lost
+            // connection), the store's own state says which ISR holds.
             let adopted = match written {
                 Ok(stat) => Some((isr, stat.version)),
-                Err(fjord_coord::Error::BadVersion { .. }) => match read_json::<PartitionState>(&*store, &path).await {
-                    Ok(Some((current, stat))) if current.leader == me && current.leader_epoch == leader_epoch => {
-                        tracing::info!(tp = %partition.tp, isr = ?current.isr, "ISR changed meanwhile; re-read the partition state");
-                        Some((current.isr, stat.version))
-                    }
-                    Ok(_) => None, // a new leader or epoch: the next applied state says what we are
-                    Err(e) => {
-                        tracing::warn!(tp = %partition.tp, error = %e, "re-reading the partition state failed");
-                        None
-                    }
-                },
                 Err(e) => {
-                    tracing::warn!(tp = %partition.tp, error = %e, "writing the ISR failed; retried at the next change");
-                    None
+                    if !matches!(e, fjord_coord::Error::BadVersion { .. }) {
+                        tracing::warn!(tp = %partition.tp, error = %e, "writing the ISR failed; reading back what the store holds");
+                    }
+                    match read_json::<PartitionState>(&*store, &path).await {
+                        Ok(Some((current, stat))) if current.leader == me && current.leader_epoch == leader_epoch => {
+                            tracing::info!(tp = %partition.tp, isr = ?current.isr, "re-read the partition state");
+                            Some((current.isr, stat.version))
+                        }
+                        Ok(_) => None, // a new leader or epoch: the next applied state says what we are
+                        Err(e) => {
+                            tracing::warn!(tp = %partition.tp, error = %e, "re-reading the partition state failed; retried at the next change");
+                            None
+                        }
+                    }
                 }
             };
             {
                 let mut s = partition.state();
-                s.isr_change_in_flight = false;
+                s.isr_in_flight = None;
                 if let Some((isr, version)) = adopted {
                     if s.role == Role::Leader && s.leader_epoch == leader_epoch && version > s.state_version {
                         tracing::info!(tp = %partition.tp, from = ?s.isr, to = ?isr, leader_epoch, "ISR changed");
@@ -370,6 +374,38 @@ mod tests {
 
     fn state(leader: i32, leader_epoch: i32, isr: &[i32]) -> PartitionState {
         PartitionState { leader, leader_epoch, isr: isr.to_vec(), controller_epoch: 0 }
+    }
+
+    /// While the ISR expansion that adds follower 2 is being written, the high watermark
+    /// waits for 2: once the store holds it, 2 may be elected, so nothing 2 lacks may
+    /// count as committed. (A chaos run, seed 8, saw a read record vanish when the leader
+    /// advanced on its old ISR and the joining follower was elected.)
+    #[tokio::test]
+    async fn the_high_watermark_waits_for_a_follower_whose_isr_expansion_is_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
+        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
+        let tp = TopicPartition::new("t", 0);
+        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
+        let partition = manager.add_partition(&tp, log.clone());
+        manager.apply(&tp, &[1, 2], &state(1, 0, &[1]), 0);
+        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        assert_eq!(log.high_watermark(), 1, "the leader alone is the ISR");
+
+        let proposed = partition.record_follower_fetch(2, 1, Instant::now()).expect("2 caught up");
+        assert_eq!(proposed, vec![1, 2]);
+        partition.state().isr_in_flight = Some(proposed); // what propose_isr sets before writing
+        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        assert_eq!(log.high_watermark(), 1, "2 has not fetched offset 1 yet");
+        partition.record_follower_fetch(2, 2, Instant::now());
+        assert_eq!(log.high_watermark(), 2);
+
+        // A shrink in flight counts only once written: the leaving member still holds it back.
+        manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 1);
+        partition.state().isr_in_flight = Some(vec![1]);
+        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        assert_eq!(log.high_watermark(), 2);
+        manager.shutdown().await;
     }
 
     /// acks=all on leader 1 of replicas [1, 2]: refused below min ISR, answered when the
