@@ -19,7 +19,7 @@ use fjord_record::now_ms;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::record::{created_ms, window_start, AuditRecord, AUDIT_TOPIC, DEFAULT_WINDOW_MS};
+use crate::record::{audited_topic, created_ms, window_start, AuditRecord, AUDIT_TOPIC, DEFAULT_WINDOW_MS};
 use crate::{Error, Result};
 
 /// Counts events per (topic, window of creation time) for one tier on one host.
@@ -93,9 +93,12 @@ impl AuditCounter {
         self.record_n(topic, created_ms, 1);
     }
 
-    /// Counts `n` events of `topic` created in the same window as `created_ms`.
+    /// Counts `n` events of `topic` created in the same window as `created_ms`. Topics
+    /// the audit does not count ([`audited_topic`]: its own, `_schemas`, `__` topics) are
+    /// left out here, as the broker tier leaves them out: a hooked producer that also
+    /// sends audit records would otherwise publish counts of `_audit` itself.
     pub fn record_n(&self, topic: &str, created_ms: i64, n: u64) {
-        if n == 0 {
+        if n == 0 || !audited_topic(topic) {
             return;
         }
         let key = (topic.to_owned(), window_start(created_ms, self.window_ms));
@@ -116,7 +119,7 @@ impl AuditCounter {
     /// Adds `(window start, count)` pairs of `topic` under one lock; the starts are
     /// [`window_start`]s of this counter's window length (see [`AuditCounter::window_ms`]).
     pub fn record_windows(&self, topic: &str, windows: &[(i64, u64)]) {
-        if windows.is_empty() {
+        if windows.is_empty() || !audited_topic(topic) {
             return;
         }
         let mut counts = self.counts.lock().expect("audit counts lock");
@@ -267,8 +270,12 @@ pub struct PendingCounts {
 }
 
 impl PendingCounts {
-    /// Counts one event of `topic` created at `created_ms`.
+    /// Counts one event of `topic` created at `created_ms` (not the audit's own or
+    /// internal topics, as [`AuditCounter::record_n`]).
     pub fn record(&mut self, topic: &str, created_ms: i64) {
+        if !audited_topic(topic) {
+            return;
+        }
         *self.counts.entry((topic.to_owned(), window_start(created_ms, self.window_ms))).or_default() += 1;
     }
 
@@ -305,6 +312,19 @@ pub(crate) fn window_ms(window: Duration) -> Result<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A producer with the audit hook that also publishes audit records (or writes
+    /// offsets) counted those too, and its next publish added records about `_audit`.
+    #[test]
+    fn the_audits_own_and_internal_topics_are_not_counted() {
+        let c = AuditCounter::new("producer", "h1", "online").with_window(Duration::from_secs(60)).unwrap();
+        c.record(AUDIT_TOPIC, 1_000);
+        c.record_n("__consumer_offsets", 1_000, 3);
+        c.record_windows("_schemas", &[(0, 2)]);
+        assert!(c.take().is_empty());
+        c.record("events", 1_000);
+        assert_eq!(c.take().len(), 1);
+    }
 
     #[test]
     fn counts_by_window_and_takes_deltas_with_fresh_ids() {

@@ -223,7 +223,13 @@ async fn pipeline_is_complete_at_every_tier_and_a_replayed_audit_record_counts_o
     }
     let after = collect(&cfg).await.unwrap();
     assert_eq!((after.replays_ignored, after.malformed_skipped), (1, 3));
-    assert_eq!(after.audit_records, report.audit_records);
+    assert_eq!(
+        after.audit_records,
+        report.audit_records,
+        "{}\n---\n{}",
+        fjord_audit::render::text(&report),
+        fjord_audit::render::text(&after)
+    );
     assert_eq!(windows_of(&after), before);
 
     // The JSON contract.
