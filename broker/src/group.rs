@@ -28,6 +28,7 @@ mod txn_offsets;
 
 mod admin;
 mod find_coordinator;
+pub(crate) use find_coordinator::coordinators_response;
 mod membership;
 mod offsets;
 mod registry;

@@ -45,19 +45,7 @@ impl GroupCoordinator {
             }
             coordinators.push(coordinator);
         }
-        let mut response = FindCoordinatorResponse::default();
-        if version < 4 {
-            let c = coordinators.pop().unwrap_or_default();
-            response = response
-                .with_error_code(c.error_code)
-                .with_error_message(c.error_message)
-                .with_node_id(c.node_id)
-                .with_host(c.host)
-                .with_port(c.port);
-        } else {
-            response = response.with_coordinators(coordinators);
-        }
-        ResponseKind::FindCoordinator(response)
+        ResponseKind::FindCoordinator(coordinators_response(version, coordinators))
     }
 
     /// Where the group's coordinator is, on `listener`: this broker if it holds (or can
@@ -77,4 +65,21 @@ impl GroupCoordinator {
             _ => Err(ResponseError::CoordinatorNotAvailable),
         }
     }
+}
+
+/// A FindCoordinator answer from one coordinator per key: v4+ lists them, older versions
+/// asked for one key and carry its answer at the top level. Shared by the group and the
+/// transaction coordinators.
+pub(crate) fn coordinators_response(version: i16, mut coordinators: Vec<Coordinator>) -> FindCoordinatorResponse {
+    let response = FindCoordinatorResponse::default();
+    if version >= 4 {
+        return response.with_coordinators(coordinators);
+    }
+    let c = coordinators.pop().unwrap_or_default();
+    response
+        .with_error_code(c.error_code)
+        .with_error_message(c.error_message)
+        .with_node_id(c.node_id)
+        .with_host(c.host)
+        .with_port(c.port)
 }

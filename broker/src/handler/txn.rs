@@ -86,19 +86,7 @@ impl Broker {
             };
             coordinators.push(coordinator);
         }
-        let mut response = FindCoordinatorResponse::default();
-        if version < 4 {
-            let c = coordinators.pop().unwrap_or_default();
-            response = response
-                .with_error_code(c.error_code)
-                .with_error_message(c.error_message)
-                .with_node_id(c.node_id)
-                .with_host(c.host)
-                .with_port(c.port);
-        } else {
-            response = response.with_coordinators(coordinators);
-        }
-        ResponseKind::FindCoordinator(response)
+        ResponseKind::FindCoordinator(crate::group::coordinators_response(version, coordinators))
     }
 
     /// InitProducerId with a transactional id: a new id at epoch 0, or the id's producer
