@@ -143,7 +143,7 @@ pub(crate) fn conformance(args: &[String]) -> Result<()> {
     let tests: Vec<String> = match (&options.tests, options.all) {
         (Some(tests), _) => tests.clone(),
         (None, true) => expectations.keys().cloned().collect(),
-        (None, false) => core(&expectations),
+        (None, false) => core(&expectations, options.cluster),
     };
     let suite = build_suite(&root)?;
     run(cargo(&root).args(["build", "-p", "fjord"])).context("building fjord")?;
@@ -224,14 +224,25 @@ fn parse(args: &[String]) -> Result<Options> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Expectation {
     expected: Expected,
-    /// In the core set.
-    core: bool,
+    /// In the core set, and in which modes.
+    core: Core,
     /// How long the test may take: [`TEST_TIMEOUT`] unless the line says `timeout=SECONDS`
     /// (a test the suite itself runs for many minutes).
     timeout: Duration,
 }
 
-/// `xtask/conformance.txt`: `NNNN pass [core] [timeout=SECONDS]`, `NNNN known-fail
+/// Which core sets a test is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Core {
+    No,
+    /// `core`: on one broker and on three.
+    Both,
+    /// `core-dev`: on `fjord dev` only. A test of single-broker behaviour that takes long
+    /// (0030, 50 s) is run once, so CI's three-broker pass stays on what three brokers change.
+    Dev,
+}
+
+/// `xtask/conformance.txt`: `NNNN pass [core|core-dev] [timeout=SECONDS]`, `NNNN known-fail
 /// REASON`, `NNNN cluster-only REASON` or `NNNN skip REASON`, `#` comments.
 fn read_expectations(path: &Path) -> Result<BTreeMap<String, Expectation>> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -248,17 +259,18 @@ fn read_expectations(path: &Path) -> Result<BTreeMap<String, Expectation>> {
         let rest = words.next().unwrap_or_default().trim();
         let wrong = || {
             anyhow::anyhow!(
-                "{}:{}: `pass [core] [timeout=SECONDS]`, `known-fail REASON`, `cluster-only REASON` or `skip REASON`, not {line:?}",
+                "{}:{}: `pass [core|core-dev] [timeout=SECONDS]`, `known-fail REASON`, `cluster-only REASON` or `skip REASON`, not {line:?}",
                 path.display(),
                 n + 1
             )
         };
         let entry = match verdict {
             "pass" => {
-                let mut entry = Expectation { expected: Expected::Pass, core: false, timeout: TEST_TIMEOUT };
+                let mut entry = Expectation { expected: Expected::Pass, core: Core::No, timeout: TEST_TIMEOUT };
                 for word in rest.split_whitespace() {
                     match word.strip_prefix("timeout=") {
-                        None if word == "core" => entry.core = true,
+                        None if word == "core" => entry.core = Core::Both,
+                        None if word == "core-dev" => entry.core = Core::Dev,
                         Some(secs) => entry.timeout = Duration::from_secs(secs.parse().map_err(|_| wrong())?),
                         None => return Err(wrong()),
                     }
@@ -266,13 +278,13 @@ fn read_expectations(path: &Path) -> Result<BTreeMap<String, Expectation>> {
                 entry
             }
             "known-fail" if !rest.is_empty() => {
-                Expectation { expected: Expected::KnownFail(rest.to_owned()), core: false, timeout: TEST_TIMEOUT }
+                Expectation { expected: Expected::KnownFail(rest.to_owned()), core: Core::No, timeout: TEST_TIMEOUT }
             }
             "skip" if !rest.is_empty() => {
-                Expectation { expected: Expected::Skip(rest.to_owned()), core: false, timeout: TEST_TIMEOUT }
+                Expectation { expected: Expected::Skip(rest.to_owned()), core: Core::No, timeout: TEST_TIMEOUT }
             }
             "cluster-only" if !rest.is_empty() => {
-                Expectation { expected: Expected::ClusterOnly(rest.to_owned()), core: false, timeout: TEST_TIMEOUT }
+                Expectation { expected: Expected::ClusterOnly(rest.to_owned()), core: Core::No, timeout: TEST_TIMEOUT }
             }
             _ => return Err(wrong()),
         };
@@ -281,9 +293,11 @@ fn read_expectations(path: &Path) -> Result<BTreeMap<String, Expectation>> {
     Ok(out)
 }
 
-/// The core set: the `pass core` tests (what `cargo xtask test` runs).
-fn core(expectations: &BTreeMap<String, Expectation>) -> Vec<String> {
-    expectations.iter().filter(|(_, e)| e.core).map(|(t, _)| t.clone()).collect()
+/// The core set in one mode: the `pass core` tests, and on `fjord dev` the `pass core-dev`
+/// ones too (what `cargo xtask test` runs).
+fn core(expectations: &BTreeMap<String, Expectation>, cluster: bool) -> Vec<String> {
+    let wanted = |core: Core| core == Core::Both || (core == Core::Dev && !cluster);
+    expectations.iter().filter(|(_, e)| wanted(e.core)).map(|(t, _)| t.clone()).collect()
 }
 
 /// The librdkafka tree in the cargo registry, fetched there when missing.
@@ -935,18 +949,23 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("xtask-expect-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let file = dir.join("e.txt");
-        fs::write(&file, "# comment\n0001 pass core\n0002 pass\n0113 pass timeout=900\n0081 known-fail #22: CreatePartitions\n")
+        fs::write(
+            &file,
+            "# comment\n0001 pass core\n0002 pass\n0030 pass core-dev\n0113 pass timeout=900\n0081 known-fail #22: CreatePartitions\n",
+        )
             .unwrap();
         let read = read_expectations(&file).unwrap();
         let pass = |core, secs| Expectation { expected: Expected::Pass, core, timeout: Duration::from_secs(secs) };
-        assert_eq!(read["0001"], pass(true, 300));
-        assert_eq!(read["0002"], pass(false, 300));
-        assert_eq!(read["0113"], pass(false, 900));
+        assert_eq!(read["0001"], pass(Core::Both, 300));
+        assert_eq!(read["0002"], pass(Core::No, 300));
+        assert_eq!(read["0030"], pass(Core::Dev, 300));
+        assert_eq!(read["0113"], pass(Core::No, 900));
         assert_eq!(
             read["0081"],
-            Expectation { expected: Expected::KnownFail("#22: CreatePartitions".into()), core: false, timeout: TEST_TIMEOUT }
+            Expectation { expected: Expected::KnownFail("#22: CreatePartitions".into()), core: Core::No, timeout: TEST_TIMEOUT }
         );
-        assert_eq!(core(&read), vec!["0001".to_string()]);
+        assert_eq!(core(&read, false), vec!["0001".to_string(), "0030".to_string()]);
+        assert_eq!(core(&read, true), vec!["0001".to_string()], "core-dev stays out of the three-broker run");
         fs::write(&file, "0003 known-fail\n").unwrap();
         assert!(read_expectations(&file).is_err(), "a known-fail needs its reason");
         fs::write(&file, "0003 flaky\n").unwrap();
