@@ -1,3 +1,10 @@
+use std::fs;
+
+use fjord_record::batch::BatchHeader;
+use fjord_record::{Records, BATCH_OVERHEAD};
+
+use super::offset_map::key_hash;
+use super::rewrite::rebuild;
 use super::*;
 use crate::LogConfig;
 
