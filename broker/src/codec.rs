@@ -91,6 +91,7 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 5),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::OffsetDelete, 0, 0),
     (ApiKey::InitProducerId, 0, 4),
     // Transactions (`crate::txn`): the versions before KIP-890's, whose clients expect
     // the broker to verify partitions itself.

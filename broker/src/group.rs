@@ -10,6 +10,7 @@
 //! - `membership`: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, the I/O shell around
 //!   [`state`];
 //! - `offsets`: OffsetCommit and OffsetFetch;
+//! - `offset_delete`: OffsetDelete;
 //! - `admin`: ListGroups, DescribeGroups, DeleteGroups;
 //! - `registry`: the registries in the metadata store (docs/architecture.md) and the
 //!   group-id-to-node-name encoding:
@@ -30,6 +31,7 @@ mod admin;
 mod find_coordinator;
 pub(crate) use find_coordinator::coordinators_response;
 mod membership;
+mod offset_delete;
 mod offsets;
 mod registry;
 

@@ -12,6 +12,7 @@ pub(crate) mod elect;
 pub(crate) mod fetch;
 pub(crate) mod leader_epoch;
 pub(crate) mod metadata;
+pub(crate) mod offset_delete;
 pub(crate) mod offsets;
 pub(crate) mod partitions;
 pub(crate) mod produce;
@@ -213,6 +214,7 @@ impl Broker {
                 self.add_denied_groups(session, &mut body, denied);
                 (ApiKey::DescribeGroups, body)
             }
+            RequestKind::OffsetDelete(req) => (ApiKey::OffsetDelete, self.offset_delete(req, session).await),
             RequestKind::DeleteGroups(mut req) => {
                 let denied = self.take_denied_groups(session, Operation::Delete, &mut req.groups_names);
                 let mut body = self.groups.delete_groups(req).await;

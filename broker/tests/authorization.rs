@@ -379,3 +379,83 @@ async fn offset_for_leader_epoch_with_a_replica_id_from_a_client_needs_describe(
     }
     broker.stop().await;
 }
+
+/// OffsetDelete (#22) needs Delete on the group, else the whole request is
+/// GROUP_AUTHORIZATION_FAILED, and Read on each topic, else its partitions are
+/// TOPIC_AUTHORIZATION_FAILED; a refused offset stays committed.
+#[tokio::test]
+async fn offset_delete_needs_delete_on_the_group_and_read_on_each_topic() {
+    let broker = SecuredBroker::start().await;
+    let mut admin = broker.admin().await;
+    for topic in ["open", "secret"] {
+        assert_eq!(create_topic(&mut admin, topic).await, 0);
+    }
+    let partition = |topic: &'static str| (topic_name(topic), 0);
+    let commit = OffsetCommitRequest::default()
+        .with_group_id(GroupId(StrBytes::from_static_str("shared")))
+        .with_generation_id_or_member_epoch(-1)
+        .with_topics(
+            [partition("open"), partition("secret")]
+                .into_iter()
+                .map(|(name, p)| {
+                    offset_commit_request::OffsetCommitRequestTopic::default().with_name(name).with_partitions(vec![
+                        offset_commit_request::OffsetCommitRequestPartition::default()
+                            .with_partition_index(p)
+                            .with_committed_offset(5),
+                    ])
+                })
+                .collect(),
+        );
+    let committed: OffsetCommitResponse = admin.call(ApiKey::OffsetCommit, 8, &commit).await.unwrap();
+    assert!(committed.topics.iter().flat_map(|t| &t.partitions).all(|p| p.error_code == 0));
+    let delete = OffsetDeleteRequest::default().with_group_id(GroupId(StrBytes::from_static_str("shared"))).with_topics(
+        ["open", "secret"]
+            .into_iter()
+            .map(|topic| {
+                offset_delete_request::OffsetDeleteRequestTopic::default()
+                    .with_name(topic_name(topic))
+                    .with_partitions(vec![offset_delete_request::OffsetDeleteRequestPartition::default()])
+            })
+            .collect(),
+    );
+    let mut bob = broker.login("bob", BOB_PASSWORD).await;
+    // (top-level error, per-topic error) of bob's OffsetDelete once `ready` says the ACLs
+    // created last are in force (they apply within two seconds).
+    async fn bob_deletes(
+        bob: &mut RawClient,
+        delete: &OffsetDeleteRequest,
+        ready: impl Fn(&OffsetDeleteResponse) -> bool,
+    ) -> (i16, Vec<(String, i16)>) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let response: OffsetDeleteResponse = bob.call(ApiKey::OffsetDelete, 0, delete).await.unwrap();
+            if ready(&response) || Instant::now() > deadline {
+                let topics = response.topics.iter().map(|t| (t.name.to_string(), t.partitions[0].error_code)).collect();
+                return (response.error_code, topics);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    let answer = bob_deletes(&mut bob, &delete, |_| true).await;
+    assert_eq!(answer, (GROUP_AUTHORIZATION_FAILED, vec![]));
+    assert_eq!(allow(&mut admin, "User:bob", Operation::Delete, ResourceType::Group, "shared").await, 0);
+    let answer = bob_deletes(&mut bob, &delete, |r| r.error_code == 0).await;
+    let denied = vec![("open".to_owned(), TOPIC_AUTHORIZATION_FAILED), ("secret".to_owned(), TOPIC_AUTHORIZATION_FAILED)];
+    assert_eq!(answer, (0, denied));
+    assert_eq!(allow(&mut admin, "User:bob", Operation::Read, ResourceType::Topic, "open").await, 0);
+    let answer = bob_deletes(&mut bob, &delete, |r| r.topics.iter().any(|t| t.partitions[0].error_code == 0)).await;
+    assert_eq!(answer, (0, vec![("open".to_owned(), 0), ("secret".to_owned(), TOPIC_AUTHORIZATION_FAILED)]));
+
+    let fetch = OffsetFetchRequest::default().with_groups(vec![offset_fetch_request::OffsetFetchRequestGroup::default()
+        .with_group_id(GroupId(StrBytes::from_static_str("shared")))
+        .with_topics(None)]);
+    let fetched: OffsetFetchResponse = admin.call(ApiKey::OffsetFetch, 8, &fetch).await.unwrap();
+    let left: Vec<(String, i64)> = fetched.groups[0]
+        .topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| (t.name.to_string(), p.committed_offset)))
+        .collect();
+    assert_eq!(left, [("secret".to_owned(), 5)], "only the permitted offset went");
+    broker.stop().await;
+}

@@ -637,6 +637,43 @@ impl Group {
     pub(crate) fn member_metadata(&self, member: &Member) -> Bytes {
         member.metadata(self.protocol_name.as_deref().unwrap_or_default())
     }
+
+    /// Whether a live member of the group may be consuming `topic`, so that its
+    /// committed offsets must stay (OffsetDelete answers GROUP_SUBSCRIBED_TO_TOPIC). As
+    /// Kafka decides it: the topics of the members' consumer-protocol subscriptions for
+    /// the chosen protocol; when that is not known (another protocol type, no protocol
+    /// chosen yet, metadata that does not decode), every topic counts as subscribed, so
+    /// nothing a member may be reading loses its offsets.
+    pub(crate) fn is_subscribed_to(&self, topic: &str) -> bool {
+        let protocol = match (self.protocol_type.as_deref(), self.protocol_name.as_deref()) {
+            (Some("consumer"), Some(protocol)) if !self.members.is_empty() => protocol,
+            _ => return true,
+        };
+        let mut any_undecodable = false;
+        let subscribed = self.members.values().any(|m| match subscription_topics(&m.metadata(protocol)) {
+            Some(topics) => topics.iter().any(|t| t == topic),
+            None => {
+                any_undecodable = true;
+                false
+            }
+        });
+        subscribed || any_undecodable
+    }
+}
+
+/// The topics of a consumer-protocol subscription (the member metadata of a `consumer`
+/// group). Every version starts with version 0's fields, so it is read as version 0,
+/// as Kafka reads it; `None` when the bytes are not a subscription.
+fn subscription_topics(metadata: &Bytes) -> Option<Vec<String>> {
+    use kafka_protocol::messages::consumer_protocol_subscription::ConsumerProtocolSubscription;
+    use kafka_protocol::protocol::Decodable;
+    let mut buf = metadata.clone();
+    if buf.len() < 2 {
+        return None;
+    }
+    let _version = bytes::Buf::get_i16(&mut buf);
+    let subscription = ConsumerProtocolSubscription::decode(&mut buf, 0).ok()?;
+    Some(subscription.topics.iter().map(|t| t.to_string()).collect())
 }
 
 #[cfg(test)]

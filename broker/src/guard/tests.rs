@@ -254,6 +254,12 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
                     .with_partition_indexes(vec![0, 3])])
                 .with_coordinator_epoch(5)])
             .encode(&mut buf, v),
+        ApiKey::OffsetDelete => OffsetDeleteRequest::default()
+            .with_group_id(GroupId(s("g")))
+            .with_topics(vec![offset_delete_request::OffsetDeleteRequestTopic::default()
+                .with_name(name())
+                .with_partitions(vec![offset_delete_request::OffsetDeleteRequestPartition::default().with_partition_index(3)])])
+            .encode(&mut buf, v),
         ApiKey::DeleteRecords => DeleteRecordsRequest::default()
             .with_topics(vec![delete_records_request::DeleteRecordsTopic::default().with_name(name()).with_partitions(vec![
                 delete_records_request::DeleteRecordsPartition::default().with_partition_index(1).with_offset(42),
