@@ -8,7 +8,8 @@
 //! - the segment holding the recovery point and everything after it is re-read
 //!   batch by batch with the CRC and record framing checked, and its indexes are
 //!   rebuilt; the first invalid or incomplete batch and everything after it (in
-//!   that segment and in later ones) is truncated away, with a warning;
+//!   that segment and in later ones) is truncated away, with a warning, after being
+//!   copied into `<dir>-damaged-<ms>/` (see `crate::repair`): nothing is deleted unseen;
 //! - after a clean shutdown (the `.clean-shutdown` marker names the log end
 //!   offset) nothing is re-read but the active segment's tail after its last index
 //!   entry, which is CRC-checked.
@@ -255,6 +256,8 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
     }
     let mut segments = BTreeMap::new();
     let mut active = None;
+    // Log bytes of the segments before the one being loaded.
+    let mut kept_before = 0;
     let last = bases.len() - 1;
     for (i, &base) in bases.iter().enumerate() {
         let is_last = i == last;
@@ -288,6 +291,7 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
                 // Flushed data: damage here is reported and fenced, never cut away.
                 load_trusted_sealed(&segment, len, config)?;
                 segments.insert(base, segment);
+                kept_before += len;
                 continue;
             }
         }
@@ -295,9 +299,17 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
         let truncated = s.valid_size < len;
         if truncated {
             let (position, reason) = s.torn.clone().unwrap_or_default();
+            // Usually a torn write, but it may be the only copy of records a disk fault
+            // damaged: the cut bytes and the later segments are kept aside before anything
+            // is cut, as a repair keeps them.
+            let later: Vec<PathBuf> = bases[i + 1..].iter().map(|&b| segment_path(dir, b, LOG_SUFFIX)).collect();
+            let kept = (bases[0], s.next_offset.unwrap_or(base), kept_before + s.valid_size);
+            let now_ms = u64::try_from(fjord_record::now_ms()).unwrap_or(0);
+            let side_dir = crate::repair::keep_recovery_cut(dir, &log_path, s.valid_size, len, &reason, &later, kept, now_ms)?;
             tracing::warn!(
                 dir = %dir.display(), segment = base, position, reason = %reason, dropped_bytes = len - s.valid_size,
-                "truncating an invalid log tail"
+                later_segments = later.len(), kept_aside_in = %side_dir.display(),
+                "truncating an invalid log tail (the cut bytes are kept aside)"
             );
             segment.log()?.set_len(s.valid_size).at(&log_path)?;
         }
@@ -307,7 +319,7 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
         segments.insert(base, segment.clone());
         if is_last || truncated {
             for &later in &bases[i + 1..] {
-                tracing::warn!(dir = %dir.display(), segment = later, "removing a segment after a truncated tail");
+                tracing::warn!(dir = %dir.display(), segment = later, "removing a segment after a truncated tail (kept aside)");
                 for suffix in [LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX] {
                     remove_if_exists(&segment_path(dir, later, suffix))?;
                 }
@@ -319,6 +331,7 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
         let mut times = s.times;
         times.extend(builder.time_entry());
         write_index_files(&segment, &s.offsets, &times)?;
+        kept_before += s.valid_size;
     }
     let active = active.expect("invariant: the loop ends with an active segment");
     let log_end_offset = next_offset_of(&active)?;

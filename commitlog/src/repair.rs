@@ -9,11 +9,14 @@
 //! each file came from; only once those are on disk (fsynced) is the log truncated.
 //! Logs never load that directory, and nothing deletes it but an operator.
 //!
-//! Two callers:
+//! Three callers:
 //! - [`Log::repair`], online: a follower whose copy is damaged truncates below the
 //!   damage and fetches the rest again from its leader (the broker's fetcher);
 //! - [`repair_partition`], offline, with the broker stopped: `fjord logs repair`, for a
-//!   single node where the records after the damage exist nowhere else.
+//!   single node where the records after the damage exist nowhere else;
+//! - recovery after an unclean shutdown ([`keep_recovery_cut`]): the invalid tail it cuts
+//!   above the recovery point is usually a torn write, but may be the only copy of
+//!   records a disk fault damaged, so it is kept the same way.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -74,7 +77,7 @@ pub struct Repair {
 
 /// The first damage of a log and what a repair at it cuts.
 #[derive(Debug)]
-struct Plan {
+pub(crate) struct Plan {
     segment: PathBuf,
     position: u64,
     reason: String,
@@ -119,7 +122,7 @@ impl Log {
             log_start_offset: self.log_start_offset().min(truncate_to),
             kept_bytes,
         };
-        let (side_dir, moved) = move_aside(self.dir(), &plan, now_ms)?;
+        let (side_dir, moved) = move_aside(self.dir(), &plan, now_ms, REPAIR)?;
         tracing::warn!(
             dir = %self.dir().display(), segment = %plan.segment.display(), position, truncate_to,
             side_dir = %side_dir.display(),
@@ -186,7 +189,7 @@ pub fn repair_partition(log_dir: &Path, tp: &TopicPartition, dry_run: bool, now_
     }
     // Saved before the log is opened: opening may itself cut an invalid tail (past the
     // recovery point), and what it cuts is then already kept.
-    let (side_dir, moved) = move_aside(&dir, &plan, now_ms)?;
+    let (side_dir, moved) = move_aside(&dir, &plan, now_ms, REPAIR)?;
     let recovery_points = checkpoint::read_offsets(&log_dir.join(RECOVERY_POINT_CHECKPOINT)).unwrap_or_default();
     let recovery_point = recovery_points.get(tp).copied().unwrap_or(0).min(plan.truncate_to);
     let log = Log::open_with_recovery_point(&dir, LogConfig::default(), recovery_point)?;
@@ -316,24 +319,62 @@ fn side_file(side_dir: &Path, from: &Path, at: u64) -> PathBuf {
     }
 }
 
+/// The first line of a repair's manifest.
+const REPAIR: &str = "repair";
+
+/// Recovery after an unclean shutdown is about to cut `segment` (a `.log` of the
+/// partition directory `dir`) at `position`, where its first invalid batch is (`reason`),
+/// and to delete the `later` segments' files: copies those bytes (later segments
+/// hard-linked) into `<dir>-damaged-<now_ms>/` first, fsynced, with a manifest, so the cut
+/// loses nothing. `truncate_to` is the log end after the cut; `kept_bytes` the log bytes
+/// left. Returns the side directory.
+#[allow(clippy::too_many_arguments)] // one call site; the plan's fields spelled out
+pub(crate) fn keep_recovery_cut(
+    dir: &Path,
+    segment: &Path,
+    position: u64,
+    len: u64,
+    reason: &str,
+    later: &[PathBuf],
+    (log_start_offset, truncate_to, kept_bytes): (Offset, Offset, u64),
+    now_ms: u64,
+) -> Result<PathBuf> {
+    let mut cut = vec![(segment.to_path_buf(), position, len - position)];
+    for p in later {
+        let bytes = fs::metadata(p).at(p)?.len();
+        cut.push((p.clone(), 0, bytes));
+    }
+    let plan = Plan {
+        segment: segment.to_path_buf(),
+        position,
+        reason: reason.to_owned(),
+        truncate_to,
+        cut,
+        log_start_offset,
+        kept_bytes,
+    };
+    move_aside(dir, &plan, now_ms, "recovery after an unclean shutdown").map(|(side_dir, _)| side_dir)
+}
+
 /// Copies what `plan` cuts into a new side directory next to `partition_dir`, fsyncs
-/// it, and writes the manifest.
-fn move_aside(partition_dir: &Path, plan: &Plan, now_ms: u64) -> Result<(PathBuf, Vec<MovedAside>)> {
+/// it, and writes the manifest, headed `<what> of <partition dir>`.
+fn move_aside(partition_dir: &Path, plan: &Plan, now_ms: u64, what: &str) -> Result<(PathBuf, Vec<MovedAside>)> {
     let side_dir = side_dir_name(partition_dir, now_ms);
     fs::create_dir(&side_dir).at(&side_dir)?;
     let mut moved = Vec::new();
-    for (from, at, bytes) in &plan.cut {
+    for (i, (from, at, bytes)) in plan.cut.iter().enumerate() {
         let to = side_file(&side_dir, from, *at);
         // A later segment is never written again, only deleted: a hard link keeps its
-        // bytes without copying them. The damaged segment is cut short: its tail is copied.
-        if *at != 0 || fs::hard_link(from, &to).is_err() {
+        // bytes without copying them. The damaged segment (the first) is cut short in
+        // place, even from its byte 0, which would empty a link too: it is copied.
+        if i == 0 || fs::hard_link(from, &to).is_err() {
             copy_range(from, *at, *bytes, &to)?;
         }
         File::open(&to).and_then(|f| f.sync_all()).at(&to)?;
         moved.push(MovedAside { from: from.clone(), from_position: *at, bytes: *bytes, to });
     }
     let mut manifest = format!(
-        "repair of {} at {now_ms} ms since the epoch\nfirst bad batch: byte {} of {}: {}\nkept: offsets [{}, {}), {} bytes\n",
+        "{what} of {} at {now_ms} ms since the epoch\nfirst bad batch: byte {} of {}: {}\nkept: offsets [{}, {}), {} bytes\n",
         partition_dir.display(),
         plan.position,
         plan.segment.display(),

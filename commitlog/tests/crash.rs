@@ -6,6 +6,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{batch, read_all, restore, snapshot};
@@ -69,10 +70,14 @@ fn expected_prefix(
 
 /// Reopens the damaged copy and checks the prefix property and that appends go on.
 /// With `reopen_clean`, also closes and reopens (fsyncs make that slow, so only sometimes).
+/// Also checks that recovery deleted no log byte: what it cut is in the side directory.
 fn check_recovers(files: &BTreeMap<String, Vec<u8>>, expected: &[(Offset, Vec<u8>)], what: &str, reopen_clean: bool) {
-    let dir = tempfile::tempdir().unwrap();
-    restore(dir.path(), files);
-    let log = Log::open(dir.path(), config()).unwrap_or_else(|e| panic!("{what}: open failed: {e}"));
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("t-0");
+    fs::create_dir(&dir).unwrap();
+    restore(&dir, files);
+    let log = Log::open(&dir, config()).unwrap_or_else(|e| panic!("{what}: open failed: {e}"));
+    assert_eq!(log_bytes(&dir) + kept_aside(root.path()).len(), log_bytes_of(files), "{what}: every cut byte is kept aside");
     let got = read_all(&log);
     assert_eq!(got.len(), expected.len(), "{what}: wrong number of batches");
     assert!(got == expected, "{what}: recovered log is not the expected prefix");
@@ -88,8 +93,41 @@ fn check_recovers(files: &BTreeMap<String, Vec<u8>>, expected: &[(Offset, Vec<u8
     // The repaired log survives a second, clean reopen.
     log.close().unwrap();
     drop(log);
-    let log = Log::open(dir.path(), config()).unwrap();
+    let log = Log::open(&dir, config()).unwrap();
     assert_eq!(read_all(&log).len(), expected.len() + 1, "{what}: after clean reopen");
+}
+
+/// Bytes of the `.log` files of a snapshot.
+fn log_bytes_of(files: &Files) -> usize {
+    files.iter().filter(|(n, _)| n.ends_with(".log")).map(|(_, b)| b.len()).sum()
+}
+
+/// Bytes of the `.log` files in a partition directory.
+fn log_bytes(dir: &Path) -> usize {
+    log_bytes_of(&snapshot(dir))
+}
+
+/// What recovery kept aside under `root` (the log dir): the concatenation of every side
+/// directory's segment files, in name order (a damaged segment's tail, then later
+/// segments), and each side directory's manifest must say it was a recovery.
+fn kept_aside(root: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut sides: Vec<PathBuf> = fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("t-0-damaged-"))
+        .collect();
+    sides.sort();
+    for side in sides {
+        let manifest = fs::read_to_string(side.join(fjord_log::REPAIR_MANIFEST)).unwrap();
+        assert!(manifest.starts_with("recovery after an unclean shutdown of "), "{manifest}");
+        for (name, bytes) in snapshot(&side) {
+            if name != fjord_log::REPAIR_MANIFEST {
+                out.extend(bytes);
+            }
+        }
+    }
+    out
 }
 
 fn active_segment(files: &BTreeMap<String, Vec<u8>>) -> String {
@@ -152,8 +190,9 @@ fn flipped_bytes_in_the_tail_are_cut_off_not_served() {
 
 #[test]
 fn a_flushed_prefix_survives_and_only_the_tail_is_rescanned() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), config()).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("t-0");
+    let log = Log::open(&dir, config()).unwrap();
     for i in 0..50 {
         log.append(&mut batch(2, 30, i), 0).unwrap();
     }
@@ -165,12 +204,69 @@ fn a_flushed_prefix_survives_and_only_the_tail_is_rescanned() {
     }
     drop(log);
     // Tear the active segment's last batch; recovery from the checkpoint finds it.
-    let files = snapshot(dir.path());
+    let files = snapshot(&dir);
     let active = active_segment(&files);
-    let f = OpenOptions::new().write(true).open(dir.path().join(&active)).unwrap();
-    f.set_len(files[&active].len() as u64 - 1).unwrap();
-    let log = Log::open_with_recovery_point(dir.path(), config(), recovery_point).unwrap();
+    let f = OpenOptions::new().write(true).open(dir.join(&active)).unwrap();
+    let torn = files[&active].len() - 1;
+    f.set_len(torn as u64).unwrap();
+    let log = Log::open_with_recovery_point(&dir, config(), recovery_point).unwrap();
     assert_eq!(log.log_end_offset(), 108);
     assert_eq!(read_all(&log).len(), 54);
-    assert!(fs::read_dir(dir.path()).unwrap().count() > 3);
+    assert!(fs::read_dir(&dir).unwrap().count() > 3);
+    let last = appended_size(&files[&active], torn);
+    assert_eq!(kept_aside(root.path()), files[&active][torn - last..torn], "the torn batch is kept aside");
+}
+
+/// Size of the last (torn) batch of a `.log` cut at `cut`: the bytes after the last
+/// whole batch.
+fn appended_size(log: &[u8], cut: usize) -> usize {
+    let whole: usize = fjord_record::batch::batches(&log[..cut]).map_while(Result::ok).map(|(_, b)| b.len()).sum();
+    cut - whole
+}
+
+#[test]
+fn an_invalid_batch_above_the_recovery_point_is_cut_with_everything_after_it_kept_aside() {
+    // Issue 26: recovery used to delete what it cut. A flipped byte in the middle of
+    // unflushed data (a disk fault, not a torn write) cuts that batch, the rest of its
+    // segment and every later segment: all of it must stay on disk, byte for byte.
+    let (files, appended) = crashed_log(400, 11);
+    let segments: Vec<String> = files.keys().filter(|n| n.ends_with(".log")).cloned().collect();
+    assert!(segments.len() > 10);
+    let segment = &segments[4];
+    let batches: Vec<(usize, Offset)> = {
+        let mut position = 0;
+        fjord_record::batch::batches(&files[segment])
+            .map(|b| {
+                let (h, b) = b.unwrap();
+                position += b.len();
+                (position - b.len(), h.base_offset)
+            })
+            .collect()
+    };
+    let (position, damaged_offset) = batches[2];
+    let mut damaged = files.clone();
+    damaged.get_mut(segment).unwrap()[position + 40] ^= 0x08;
+    let expected: Vec<_> = appended.iter().filter(|(o, _)| *o < damaged_offset).cloned().collect();
+
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("t-0");
+    fs::create_dir(&dir).unwrap();
+    restore(&dir, &damaged);
+    let log = Log::open(&dir, config()).unwrap();
+    assert_eq!(read_all(&log), expected);
+    let mut cut = damaged[segment][position..].to_vec();
+    for later in segments.iter().filter(|n| *n > segment) {
+        cut.extend_from_slice(&damaged[later]);
+    }
+    assert_eq!(kept_aside(root.path()), cut, "the damaged batch, the rest of its segment and every later segment");
+    let side = fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().path()).find(|p| p != &dir).unwrap();
+    let manifest = fs::read_to_string(side.join(fjord_log::REPAIR_MANIFEST)).unwrap();
+    assert!(manifest.contains(&format!("first bad batch: byte {position} of ")), "{manifest}");
+    assert!(manifest.contains(&format!("kept: offsets [0, {damaged_offset})")), "{manifest}");
+    // A log dir holding it opens without loading it as a partition.
+    log.close().unwrap();
+    drop(log);
+    let m = fjord_log::LogManager::open(root.path(), config()).unwrap();
+    assert_eq!(m.partitions(), vec![fjord_log::TopicPartition::new("t", 0)]);
+    assert_eq!(read_all(&m.get(&fjord_log::TopicPartition::new("t", 0)).unwrap()), expected);
 }
