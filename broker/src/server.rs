@@ -55,13 +55,17 @@ pub async fn run(config: BrokerConfig, listener: TcpListener, shutdown: Cancella
 pub async fn bind(config: &BrokerConfig) -> Result<Vec<TcpListener>> {
     let mut bound = Vec::with_capacity(config.listeners.len());
     for listener in config.listeners.iter() {
-        bound.push(TcpListener::bind(listener.address).await.map_err(|e| Error::InvalidConfig {
-            key: "listeners".into(),
-            value: format!("{}://{}", listener.name, listener.address),
-            reason: format!("cannot listen there: {e}"),
-        })?);
+        bound.push(bind_one(listener).await?);
     }
     Ok(bound)
+}
+
+async fn bind_one(listener: &crate::ListenerConfig) -> Result<TcpListener> {
+    TcpListener::bind(listener.address).await.map_err(|e| Error::InvalidConfig {
+        key: "listeners".into(),
+        value: format!("{}://{}", listener.name, listener.address),
+        reason: format!("cannot listen there: {e}"),
+    })
 }
 
 /// The metadata store `run` uses: ZooKeeper when `zookeeper.connect` is set, otherwise
@@ -82,10 +86,10 @@ pub async fn run_with_store(
     shutdown: CancellationToken,
 ) -> Result<()> {
     config.validate()?;
+    // The first listener is the caller's; binding it again here would fail (in use).
     let mut listeners = vec![listener];
-    if config.listeners.len() > 1 {
-        let rest = BrokerConfig { listeners: config.listeners.clone(), ..config.clone() };
-        listeners.extend(bind(&rest).await?.into_iter().skip(1));
+    for rest in config.listeners.iter().skip(1) {
+        listeners.push(bind_one(rest).await?);
     }
     run_listeners(config, store, listeners, shutdown).await
 }

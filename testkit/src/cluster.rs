@@ -16,8 +16,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
+use fjord_auth::{ScramCredential, ScramMechanism};
 use fjord_broker::BrokerConfig;
-use fjord_client::{Admin, ClientConfig, NewTopic};
+use fjord_client::{Admin, ClientConfig, NewTopic, SecurityConfig};
 use fjord_coord::registry::{read_json, PartitionState, TopicAssignment};
 use fjord_coord::{paths, Store, ZooKeeperStore};
 use nix::sys::signal::{kill, Signal};
@@ -27,7 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::{free_port, wait_until, ZooKeeper};
+use crate::{free_port, wait_until, Certs, ZooKeeper};
 
 /// How long a broker may take to start serving (a restart after `kill -9` waits for the
 /// old ZooKeeper session to expire before it can register again).
@@ -37,6 +38,11 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(45);
 /// Session timeout of the brokers unless the test sets `zookeeper.session.timeout.ms`:
 /// short, so a killed broker is noticed in seconds, not in Kafka's 18 s.
 const SESSION_TIMEOUT_MS: &str = "3000";
+/// The SCRAM iteration count of the users the fixture writes (Kafka's minimum).
+const SCRAM_ITERATIONS: u32 = 4096;
+/// The super user and the brokers' own identity of [`ClusterBuilder::sasl_ssl`].
+pub const SECURE_ADMIN: &str = "admin";
+const SECURE_BROKER: &str = "broker";
 
 /// How the brokers run.
 #[derive(Debug, Clone)]
@@ -53,6 +59,14 @@ pub struct ClusterBuilder {
     mode: Mode,
     configs: Vec<(String, String)>,
     zookeeper: Option<String>,
+    /// Listener names, one loopback port each; empty: the one bare (PLAINTEXT) address.
+    listeners: Vec<String>,
+    /// SCRAM users written into the cluster's chroot before any broker starts.
+    users: Vec<(String, String)>,
+    /// How the fixture's own clients reach the first listener.
+    client_security: SecurityConfig,
+    /// [`ClusterBuilder::sasl_ssl`] was asked for: certificates and keys made at start.
+    sasl_ssl: bool,
 }
 
 impl ClusterBuilder {
@@ -82,8 +96,53 @@ impl ClusterBuilder {
         self
     }
 
+    /// Named listeners instead of the one PLAINTEXT address: every broker binds one
+    /// loopback port per name, in this order (`NAME://127.0.0.1:PORT,...`). The first is
+    /// the one [`Cluster::addr`], [`Cluster::bootstrap`] and the fixture's own clients
+    /// use; [`Cluster::listener_addr`] gives the others. What each name speaks and which
+    /// one brokers use among themselves are ordinary configs
+    /// (`listener.security.protocol.map`, `inter.broker.listener.name`, ...).
+    pub fn listeners(mut self, names: &[&str]) -> Self {
+        self.listeners = names.iter().map(|n| n.to_ascii_uppercase()).collect();
+        self
+    }
+
+    /// A SCRAM user (SHA-256 and SHA-512 credentials, never the password) written into the
+    /// cluster's metadata before any broker starts: a broker's inter-broker identity, a
+    /// test's client.
+    pub fn scram_user(mut self, name: &str, password: &str) -> Self {
+        self.users.push((name.to_owned(), password.to_owned()));
+        self
+    }
+
+    /// How the fixture's own clients (the start-up probe, [`Cluster::create_topic`]) and
+    /// [`Cluster::client_config`] connect to the first listener; plaintext by default.
+    pub fn client_security(mut self, security: SecurityConfig) -> Self {
+        self.client_security = security;
+        self
+    }
+
+    /// Nothing plaintext, as `deploy/secure` lays a cluster out: each broker serves a
+    /// SASL_SSL listener `CLIENT` for clients and a SASL_SSL listener `INTERNAL` for
+    /// replication, where it authenticates as user `broker` (SCRAM-SHA-512) with a
+    /// password of its own; a test CA and server certificate (see [`Certs`]), SCRAM and
+    /// PLAIN, and the authorizer on with [`SECURE_ADMIN`] and `broker` as super users and
+    /// no ACLs. The fixture's clients are the admin over SCRAM-SHA-256
+    /// ([`Cluster::secure`] has its password and the CA). Configs set with
+    /// [`ClusterBuilder::config`] still apply on top.
+    pub fn sasl_ssl(mut self) -> Self {
+        self.sasl_ssl = true;
+        self.listeners = vec!["CLIENT".into(), "INTERNAL".into()];
+        self
+    }
+
     /// Starts ZooKeeper (unless given) and every broker, and waits until each one serves.
-    pub async fn start(self) -> Result<Cluster> {
+    pub async fn start(mut self) -> Result<Cluster> {
+        let dir = tempfile::Builder::new().prefix("fjord-cluster-").tempdir()?;
+        let secure = match self.sasl_ssl {
+            true => Some(self.prepare_sasl_ssl(dir.path())?),
+            false => None,
+        };
         // Each config is checked once here, so a typo fails the test at its start with
         // the broker's own message rather than as a broker that never comes up.
         let mut probe = BrokerConfig::default();
@@ -104,7 +163,14 @@ impl ClusterBuilder {
                 .await
                 .with_context(|| format!("test session on ZooKeeper {connect}"))?,
         );
-        let dir = tempfile::Builder::new().prefix("fjord-cluster-").tempdir()?;
+        for (user, password) in &self.users {
+            for mechanism in ScramMechanism::ALL {
+                let credential = ScramCredential::generate(mechanism, password, SCRAM_ITERATIONS)?;
+                fjord_auth::store::set_credential(&*store, user, mechanism, &credential)
+                    .await
+                    .with_context(|| format!("writing the SCRAM credential of {user}"))?;
+            }
+        }
         // One entry per key, the last one set winning (a TOML file may not repeat a key).
         let mut configs: Vec<(String, String)> = Vec::new();
         for (key, value) in
@@ -113,17 +179,23 @@ impl ClusterBuilder {
             configs.retain(|(k, _)| *k != key);
             configs.push((key, value));
         }
-        let mut cluster =
-            Cluster { brokers: BTreeMap::new(), store, connect, mode: self.mode, configs, dir, _zookeeper: zookeeper };
+        let mut cluster = Cluster {
+            brokers: BTreeMap::new(),
+            store,
+            connect,
+            mode: self.mode,
+            configs,
+            listeners: self.listeners,
+            client_security: self.client_security,
+            secure,
+            dir,
+            _zookeeper: zookeeper,
+        };
         for id in 0..self.brokers as i32 {
             let data_dir = cluster.dir.path().join(format!("broker-{id}"));
             std::fs::create_dir_all(&data_dir)?;
-            let node = Node {
-                port: free_port()?,
-                log_file: cluster.dir.path().join(format!("broker-{id}.log")),
-                data_dir,
-                running: None,
-            };
+            let ports = (0..cluster.listeners.len().max(1)).map(|_| free_port()).collect::<Result<_>>()?;
+            let node = Node { ports, log_file: cluster.dir.path().join(format!("broker-{id}.log")), data_dir, running: None };
             cluster.brokers.insert(id, node);
         }
         // Start them all, then wait for them all: their start-ups overlap.
@@ -135,11 +207,86 @@ impl ClusterBuilder {
         }
         Ok(cluster)
     }
+
+    /// The certificates, passwords, users and configs of [`ClusterBuilder::sasl_ssl`],
+    /// made under `dir`; the configs go first, so the test's own override them.
+    fn prepare_sasl_ssl(&mut self, dir: &Path) -> Result<SecureCluster> {
+        let certs_dir = dir.join("certs");
+        std::fs::create_dir_all(&certs_dir)?;
+        let certs = Certs::create(&certs_dir)?;
+        let secure = SecureCluster {
+            ca: certs.dir.join("ca.pem"),
+            // Fixed: a test cluster on loopback, deleted with it, guards nothing.
+            admin_password: "admin-secret".into(),
+            broker_password: "broker-secret".into(),
+        };
+        let keystore = certs.path("server-keystore.pem");
+        let ca = certs.path("ca.pem");
+        let ours: Vec<(String, String)> = [
+            ("listener.security.protocol.map", "CLIENT:SASL_SSL,INTERNAL:SASL_SSL".to_owned()),
+            ("inter.broker.listener.name", "INTERNAL".into()),
+            ("ssl.keystore.type", "PEM".into()),
+            ("ssl.keystore.location", keystore),
+            ("ssl.truststore.location", ca),
+            ("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN".into()),
+            ("sasl.mechanism.inter.broker.protocol", "SCRAM-SHA-512".into()),
+            ("inter.broker.sasl.username", SECURE_BROKER.into()),
+            ("inter.broker.sasl.password", secure.broker_password.clone()),
+            ("authorizer.enable", "true".into()),
+            ("super.users", format!("User:{SECURE_ADMIN};User:{SECURE_BROKER}")),
+            ("allow.everyone.if.no.acl.found", "false".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        self.configs = ours.into_iter().chain(std::mem::take(&mut self.configs)).collect();
+        self.users.insert(0, (SECURE_ADMIN.into(), secure.admin_password.clone()));
+        self.users.insert(1, (SECURE_BROKER.into(), secure.broker_password.clone()));
+        let mut security = SecurityConfig::default();
+        for (key, value) in secure.client_properties() {
+            security.set(&key, &value).with_context(|| format!("client property {key}"))?;
+        }
+        self.client_security = security;
+        Ok(secure)
+    }
 }
 
-/// One broker's fixed place: port, data dir, log file; and its run, if any.
+/// What the clients of a [`ClusterBuilder::sasl_ssl`] cluster need.
+#[derive(Debug, Clone)]
+pub struct SecureCluster {
+    /// The CA the brokers' certificate chains to (`ssl.ca.location`).
+    pub ca: PathBuf,
+    /// [`SECURE_ADMIN`]'s password.
+    pub admin_password: String,
+    broker_password: String,
+}
+
+impl SecureCluster {
+    /// Kafka client properties of the admin (`security.protocol` ... `ssl.ca.location`),
+    /// without `bootstrap.servers`: what confluent-kafka and kafka-python take.
+    pub fn client_properties(&self) -> Vec<(String, String)> {
+        self.user_properties(SECURE_ADMIN, &self.admin_password)
+    }
+
+    /// The same for another user (see [`ClusterBuilder::scram_user`]).
+    pub fn user_properties(&self, user: &str, password: &str) -> Vec<(String, String)> {
+        [
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "SCRAM-SHA-256"),
+            ("sasl.username", user),
+            ("sasl.password", password),
+            ("ssl.ca.location", self.ca.to_str().unwrap_or_default()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+}
+
+/// One broker's fixed place: ports (one per listener), data dir, log file; and its run,
+/// if any.
 struct Node {
-    port: u16,
+    ports: Vec<u16>,
     data_dir: PathBuf,
     log_file: PathBuf,
     running: Option<Running>,
@@ -160,6 +307,9 @@ pub struct Cluster {
     connect: String,
     mode: Mode,
     configs: Vec<(String, String)>,
+    listeners: Vec<String>,
+    client_security: SecurityConfig,
+    secure: Option<SecureCluster>,
     dir: tempfile::TempDir,
     // Dropped last: the brokers go first.
     _zookeeper: Option<ZooKeeper>,
@@ -168,7 +318,16 @@ pub struct Cluster {
 impl Cluster {
     /// A builder for 3 in-process brokers on a ZooKeeper of their own.
     pub fn builder() -> ClusterBuilder {
-        ClusterBuilder { brokers: 3, mode: Mode::InProcess, configs: Vec::new(), zookeeper: None }
+        ClusterBuilder {
+            brokers: 3,
+            mode: Mode::InProcess,
+            configs: Vec::new(),
+            zookeeper: None,
+            listeners: Vec::new(),
+            users: Vec::new(),
+            client_security: SecurityConfig::default(),
+            sasl_ssl: false,
+        }
     }
 
     /// Broker ids.
@@ -182,9 +341,30 @@ impl Cluster {
         self.ids().iter().map(|&id| self.addr(id)).collect::<Vec<_>>().join(",")
     }
 
-    /// `127.0.0.1:PORT` of broker `id`.
+    /// `127.0.0.1:PORT` of broker `id` (its first listener's).
     pub fn addr(&self, id: i32) -> String {
-        format!("127.0.0.1:{}", self.node(id).port)
+        format!("127.0.0.1:{}", self.node(id).ports[0])
+    }
+
+    /// `127.0.0.1:PORT` of broker `id`'s listener `name` (see [`ClusterBuilder::listeners`]).
+    pub fn listener_addr(&self, id: i32, name: &str) -> Result<String> {
+        let index = self
+            .listeners
+            .iter()
+            .position(|l| l.eq_ignore_ascii_case(name))
+            .ok_or_else(|| anyhow!("no listener {name} (the listeners are {:?})", self.listeners))?;
+        Ok(format!("127.0.0.1:{}", self.node(id).ports[index]))
+    }
+
+    /// A client config for every broker's first listener, with the fixture's client
+    /// security (the admin's, for [`ClusterBuilder::sasl_ssl`]).
+    pub fn client_config(&self) -> ClientConfig {
+        ClientConfig { security: self.client_security.clone(), ..ClientConfig::new(&self.bootstrap()) }
+    }
+
+    /// The certificates and passwords of a [`ClusterBuilder::sasl_ssl`] cluster.
+    pub fn secure(&self) -> Option<&SecureCluster> {
+        self.secure.as_ref()
     }
 
     /// The brokers' `zookeeper.connect`, chroot included.
@@ -357,7 +537,7 @@ impl Cluster {
         let mut new = NewTopic::new(topic, partitions);
         new.replication_factor = i16::try_from(self.brokers.len()).context("replication factor")?;
         new.configs = configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let admin = Admin::connect(ClientConfig::new(&self.bootstrap())).await.context("admin client on the cluster")?;
+        let admin = Admin::connect(self.client_config()).await.context("admin client on the cluster")?;
         admin.create_topics(&[new]).await.with_context(|| format!("create topic {topic}"))?;
         self.wait_fully_replicated(topic, timeout).await
     }
@@ -466,7 +646,13 @@ impl Cluster {
     /// Starts broker `id` without waiting for it to serve.
     async fn launch(&mut self, id: i32) -> Result<()> {
         let node = self.node(id);
-        let listen = format!("127.0.0.1:{}", node.port);
+        let listen = match self.listeners.is_empty() {
+            true => format!("127.0.0.1:{}", node.ports[0]),
+            false => {
+                let named = self.listeners.iter().zip(&node.ports).map(|(name, port)| format!("{name}://127.0.0.1:{port}"));
+                named.collect::<Vec<_>>().join(",")
+            }
+        };
         let running = match &self.mode {
             Mode::Process(binary) => {
                 // Extra keys go through the same TOML file users write.
@@ -503,7 +689,9 @@ impl Cluster {
                 config.log_dir = node.data_dir.clone();
                 config.zookeeper_connect = Some(self.connect.clone());
                 fjord_audit::BrokerTier::install(&mut config)?;
-                let listener = TcpListener::bind(&listen).await.with_context(|| format!("binding {listen} for broker {id}"))?;
+                // The first listener is bound here; `run` binds the others from `listeners`.
+                let first = format!("127.0.0.1:{}", node.ports[0]);
+                let listener = TcpListener::bind(&first).await.with_context(|| format!("binding {first} for broker {id}"))?;
                 let shutdown = CancellationToken::new();
                 let task = tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
                 Running::InProcess { shutdown, task }
@@ -522,7 +710,7 @@ impl Cluster {
             if let Some(exited) = self.exited(id).await {
                 bail!("broker {id} exited while starting: {exited}\n{}", self.log_tail(id, 40));
             }
-            if api_versions(&addr).await.is_ok() {
+            if self.answers(&addr).await {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
@@ -530,6 +718,22 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Whether the broker at `addr` answers: ApiVersions on a plaintext first listener;
+    /// otherwise a metadata request of a client with the fixture's security (TLS and SASL
+    /// must work too, so the broker's credentials and certificates are known good).
+    async fn answers(&self, addr: &str) -> bool {
+        if self.client_security.protocol == fjord_client::SecurityProtocol::Plaintext {
+            return api_versions(addr).await.is_ok();
+        }
+        let config = ClientConfig {
+            security: self.client_security.clone(),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(2),
+            ..ClientConfig::new(addr)
+        };
+        Admin::connect(config).await.is_ok()
     }
 
     /// `Some(how)` once a started broker has ended (it then counts as not running).

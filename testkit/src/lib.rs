@@ -5,7 +5,9 @@
 //!   package (`cargo xtask test` installs it), on a free port, stopped and deleted on drop.
 //! - [`Cluster`] (`cluster`): ZooKeeper + N brokers, as child processes of the `fjord`
 //!   binary (kill -9, SIGSTOP/SIGCONT, restart on the same data dir) or in process;
-//!   leaders, ISRs and the controller read from ZooKeeper.
+//!   leaders, ISRs and the controller read from ZooKeeper; one plaintext listener each,
+//!   or named listeners ([`ClusterBuilder::sasl_ssl`]: SASL_SSL for clients and between
+//!   brokers, ACLs on).
 //! - [`StandaloneBroker`] (`standalone`): one in-process broker on the embedded store.
 //! - [`Tmpfs`] (`tmpfs`): a small tmpfs mounted for one test (root), a disk that fills up.
 //! - [`Certs`] (`certs`): a test CA, server key store and client certificate (openssl).
@@ -34,7 +36,7 @@ mod tmpfs;
 mod wait;
 
 pub use certs::Certs;
-pub use cluster::{Cluster, ClusterBuilder};
+pub use cluster::{Cluster, ClusterBuilder, SecureCluster, SECURE_ADMIN};
 pub use records::{numbered, produce_round, read_values, round_value, stream_across};
 pub use standalone::StandaloneBroker;
 pub use tmpfs::Tmpfs;
