@@ -8,9 +8,10 @@
 //! crc32c 5d3c0b7e   CRC-32C of every byte above, 8 lowercase hex digits
 //! ```
 //!
-//! Used for `recovery-point-offset-checkpoint` and `replication-offset-checkpoint`
-//! (`topic partition offset`), for `leader-epoch-checkpoint` (`epoch start_offset`) and
-//! for producer state snapshots.
+//! Used for `recovery-point-offset-checkpoint`, `replication-offset-checkpoint` and
+//! `log-start-offset-checkpoint` (`topic partition offset`), for `leader-epoch-checkpoint`
+//! (`epoch start_offset`), for `cleaner-offset-checkpoint` and for producer state
+//! snapshots.
 //!
 //! Why a checksum: these files decide what recovery trusts without reading it (a
 //! recovery point too high skips the CRC scan of unflushed data) and what replication

@@ -453,3 +453,142 @@ fn offline_repair_refuses_a_locked_dir_dry_runs_without_writing_then_repairs() {
     assert_eq!(read_all(&log), kept, "every record before the damage, nothing after it");
     assert_eq!(log.log_end_offset(), damaged);
 }
+
+/// The three ways a checkpoint file is damaged in these tests: cut short, one digit
+/// changed so that it still parses (`flip` gives the changed text), and garbage.
+fn damage_kinds(path: &Path, flip: impl Fn(&str) -> String) -> Vec<(&'static str, Vec<u8>)> {
+    let good = fs::read(path).unwrap();
+    let flipped = flip(std::str::from_utf8(&good).unwrap());
+    assert_ne!(flipped.as_bytes(), &good[..], "the flip changes the file");
+    vec![
+        ("truncated", good[..good.len() / 2].to_vec()),
+        ("flipped digit", flipped.into_bytes()),
+        ("garbage", b"\xff\x00\x13 not a checkpoint\n\n".to_vec()),
+    ]
+}
+
+#[test]
+fn a_damaged_log_start_offset_checkpoint_never_hides_or_deletes_records() {
+    // DeleteRecords moved the start to 13, inside a segment. A damaged checkpoint must
+    // not move it further (a flipped digit that still parses, 13 -> 19, would delete the
+    // records 13..19): the start falls back to the first segment, which only makes
+    // records below 13 readable again.
+    let root = tempfile::tempdir().unwrap();
+    let tp = TopicPartition::new("t", 0);
+    let appended = {
+        let m = LogManager::open(root.path(), config()).unwrap();
+        let log = m.get_or_create(&tp, config()).unwrap();
+        let mut appended = Vec::new();
+        for i in 0..10 {
+            let mut b = batch(3, 30, 1_000 + i);
+            appended.push((log.append(&mut b, 0).unwrap().base_offset, b));
+        }
+        log.set_high_watermark(30);
+        assert_eq!(log.delete_records_before(13).unwrap(), 13);
+        m.close().unwrap();
+        appended
+    };
+    let path = root.path().join(fjord_log::LOG_START_CHECKPOINT);
+    let good = fs::read(&path).unwrap();
+    for (kind, bytes) in damage_kinds(&path, |t| t.replacen("t 0 13\n", "t 0 19\n", 1)) {
+        fs::write(&path, &bytes).unwrap();
+        let m = LogManager::open(root.path(), config()).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let log = m.get(&tp).unwrap();
+        assert!(log.log_start_offset() <= 13, "{kind}: log start {}", log.log_start_offset());
+        assert_eq!(log.log_end_offset(), 30, "{kind}");
+        let kept: Batches = appended.iter().filter(|(o, _)| *o + 3 > log.log_start_offset()).cloned().collect();
+        assert_eq!(read_all(&log), kept, "{kind}: every record from the start on");
+        assert!(kept.first().is_some_and(|(o, _)| *o <= 12), "{kind}: the batch holding 13 is there");
+        drop(log);
+        drop(m);
+        fs::write(&path, &good).unwrap();
+    }
+}
+
+#[test]
+fn a_damaged_cleaner_checkpoint_costs_work_never_records() {
+    // A compacted log cleaned once: the cleaner checkpoint says how far it is clean and
+    // when it first passed over each range (tombstones live delete.retention.ms from
+    // then). Damaged, it must make the next clean redo work, never drop a tombstone
+    // early: a digit flipped in "expired below" (0 -> 9) still parsed before the
+    // checkpoint had a checksum and deleted the tombstones at offsets 5 and 6 an hour
+    // before their time.
+    const HOUR_MS: i64 = 3_600_000;
+    let config = LogConfig {
+        cleanup_policy: fjord_log::CleanupPolicy::Compact,
+        delete_retention: Duration::from_millis(HOUR_MS as u64),
+        segment_ms: Some(Duration::from_secs(3600)),
+        ..config()
+    };
+    let record = |key: &str, value: Option<&str>, ts: i64| {
+        let mut b = BatchBuilder::new(ts);
+        b.append(ts, Some(key.as_bytes()), value.map(str::as_bytes), &[]);
+        b.build_vec()
+    };
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("t-0");
+    let log = Log::open(&dir, config).unwrap();
+    for (i, (key, value)) in
+        [("a", Some("1")), ("b", Some("1")), ("c", Some("1")), ("d", Some("1")), ("e", Some("1")), ("a", None), ("b", None)]
+            .into_iter()
+            .chain((0..40).map(|i| if i % 2 == 0 { ("f", Some("x")) } else { ("g", Some("y")) }))
+            .enumerate()
+    {
+        log.append(&mut record(key, value, 1_000 + i as i64), 0).unwrap();
+    }
+    log.set_high_watermark(log.log_end_offset());
+    let mut cleaner = fjord_log::Cleaner::new(fjord_log::CleanerConfig::default());
+    let now = 10 * HOUR_MS;
+    cleaner.clean(&log, now).unwrap();
+    // The offsets of keys a to e and of the tombstones among them.
+    let first_keys = |log: &Log| -> (Vec<Offset>, Vec<Offset>) {
+        let (mut kept, mut tombstones) = (Vec::new(), Vec::new());
+        for (_, bytes) in read_all(log) {
+            let h = fjord_record::BatchHeader::parse(&bytes).unwrap();
+            let body = fjord_record::compression::records_body(&h, &bytes, 1 << 20).unwrap();
+            for r in fjord_record::Records::new(&body, fjord_record::BATCH_OVERHEAD) {
+                let r = r.unwrap();
+                let offset = h.base_offset + i64::from(r.offset_delta);
+                if r.key.is_some_and(|k| k < &b"f"[..]) {
+                    kept.push(offset);
+                    if r.value.is_none() {
+                        tombstones.push(offset);
+                    }
+                }
+            }
+        }
+        (kept, tombstones)
+    };
+    assert_eq!(first_keys(&log), (vec![2, 3, 4, 5, 6], vec![5, 6]), "tombstones stay delete.retention.ms after the first clean");
+    log.close().unwrap();
+    drop(log);
+
+    let path = dir.join("cleaner-offset-checkpoint");
+    let good = fs::read(&path).unwrap();
+    // "expired below" is the second field of the first entry line (the third line of the
+    // file in the layout without a checksum, where it had a line of its own).
+    let flip = |text: &str| {
+        let mut lines: Vec<String> = text.split('\n').map(str::to_owned).collect();
+        match lines[2].split(' ').collect::<Vec<_>>().as_slice() {
+            ["0"] => lines[2] = "9".to_owned(),
+            [first, "0", due] => lines[2] = format!("{first} 9 {due}"),
+            other => panic!("unexpected cleaner checkpoint line {other:?}"),
+        }
+        lines.join("\n")
+    };
+    for (kind, bytes) in damage_kinds(&path, flip) {
+        fs::write(&path, &bytes).unwrap();
+        let log = Log::open(&dir, config).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        // New records make the log dirty again; a clean a minute later (well inside the
+        // tombstones' hour) rewrites the segments holding the tombstones.
+        for i in 0..30 {
+            log.append(&mut record(if i % 2 == 0 { "f" } else { "g" }, Some("z"), 2_000 + i), 0).unwrap();
+        }
+        log.set_high_watermark(log.log_end_offset());
+        cleaner.clean(&log, now + 60_000).unwrap();
+        assert_eq!(first_keys(&log), (vec![2, 3, 4, 5, 6], vec![5, 6]), "{kind}: no tombstone goes early, no record is lost");
+        log.close().unwrap();
+        drop(log);
+        fs::write(&path, &good).unwrap();
+    }
+}

@@ -45,6 +45,12 @@ fn tombstone_ages_follow_passes_and_survive_a_reload() {
     assert_eq!(s.horizons.len(), MAX_HORIZONS);
     fs::write(dir.path().join(CLEANER_CHECKPOINT), "0\nnot a number\n").unwrap();
     assert_eq!(CleanerState::load(dir.path()).first_dirty, 0);
+    // Written checksummed; the layout from before the checksum is still read.
+    s.save(dir.path()).unwrap();
+    assert!(fs::read_to_string(dir.path().join(CLEANER_CHECKPOINT)).unwrap().starts_with("1\n"));
+    fs::write(dir.path().join(CLEANER_CHECKPOINT), "0\n20\n10\n1500\n1\n20 1050\n").unwrap();
+    let old = CleanerState::load(dir.path());
+    assert_eq!((old.first_dirty, old.expired_below, old.horizons, old.tombstones_due), (20, 10, vec![(20, 1_050)], Some(1_500)));
 }
 
 #[test]
