@@ -297,7 +297,8 @@ impl Partition {
     }
 
     /// Leader: records a follower's fetch from `fetch_offset` (its log end offset).
-    /// Returns the ISR to propose when the follower just caught up and is not in it.
+    /// Returns the ISR to propose when the follower just caught up and is not in it, or
+    /// when it is in it but fetches below the high watermark ([`leader::lost_committed`]).
     pub(crate) fn record_follower_fetch(&self, replica: i32, fetch_offset: Offset, now: Instant) -> Option<Vec<i32>> {
         let expand = {
             let mut state = self.state();
@@ -308,6 +309,17 @@ impl Partition {
             let progress = state.followers.get_mut(&replica)?;
             progress.on_fetch(fetch_offset, leo, now);
             let hw = self.log.high_watermark();
+            if state.isr.contains(&replica) && leader::lost_committed(fetch_offset, hw) {
+                if state.isr_in_flight.is_some() {
+                    // Proposed again at its next fetch, once this write is done.
+                    return None;
+                }
+                tracing::warn!(
+                    tp = %self.tp, replica, fetch_offset, high_watermark = hw,
+                    "an in-sync follower fetches below the high watermark (it cut its log short): it leaves the ISR until it has the committed records again"
+                );
+                return Some(state.isr.iter().copied().filter(|&r| r != replica).collect());
+            }
             let caught_up = leader::may_join_isr(fetch_offset, hw, state.epoch_start_offset);
             (caught_up && !state.isr.contains(&replica) && state.isr_in_flight.is_none()).then(|| {
                 let mut isr = state.isr.clone();

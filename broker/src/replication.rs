@@ -326,7 +326,7 @@ impl ReplicaManager {
     }
 
     /// Leader: records a replica fetch from `replica` at `fetch_offset`; proposes the
-    /// ISR with it when it just caught up.
+    /// ISR with it when it just caught up, without it when it lost committed records.
     pub(crate) fn follower_fetched(&self, partition: &Arc<Partition>, replica: i32, fetch_offset: i64) {
         if let Some(isr) = partition.record_follower_fetch(replica, fetch_offset, Instant::now()) {
             self.propose_isr(partition, isr);
@@ -405,6 +405,33 @@ mod tests {
         partition.state().isr_in_flight = Some(vec![1]);
         partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
         assert_eq!(log.high_watermark(), 2);
+        manager.shutdown().await;
+    }
+
+    /// A follower in the ISR that fetches below the high watermark (it cut its log short,
+    /// as a healed follower does) is proposed out of the ISR at once, not after
+    /// `replica.lag.time.max.ms`; it is proposed in again once it reaches the high watermark.
+    #[tokio::test]
+    async fn an_in_sync_follower_fetching_below_the_high_watermark_leaves_the_isr_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
+        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
+        let tp = TopicPartition::new("t", 0);
+        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
+        let partition = manager.add_partition(&tp, log.clone());
+        manager.apply(&tp, &[1, 2, 3], &state(1, 0, &[1, 2, 3]), 0);
+        for _ in 0..3 {
+            partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        }
+        let now = Instant::now();
+        assert_eq!(partition.record_follower_fetch(2, 3, now), None);
+        assert_eq!(partition.record_follower_fetch(3, 3, now), None);
+        assert_eq!(log.high_watermark(), 3);
+        assert_eq!(partition.record_follower_fetch(2, 1, now), Some(vec![1, 3]), "2 lost committed records");
+        assert_eq!(log.high_watermark(), 3, "the high watermark never goes back");
+        manager.apply(&tp, &[1, 2, 3], &state(1, 0, &[1, 3]), 1);
+        assert_eq!(partition.record_follower_fetch(2, 2, now), None, "still behind");
+        assert_eq!(partition.record_follower_fetch(2, 3, now), Some(vec![1, 3, 2]), "caught up again");
         manager.shutdown().await;
     }
 

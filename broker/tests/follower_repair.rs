@@ -3,7 +3,8 @@
 //! the middle of its log, the follower started again. Its scrubber finds the damage, it
 //! truncates below it (the damaged bytes moved aside, never deleted) and fetches the rest
 //! again: it rejoins the ISR with a log byte-identical to the leader's, and no
-//! acknowledged record is lost.
+//! acknowledged record is lost. A follower that heals while in the ISR cuts its log below
+//! the high watermark: it leaves the ISR at once and comes back once caught up.
 
 mod common;
 
@@ -107,5 +108,106 @@ async fn a_follower_with_a_damaged_segment_truncates_below_it_and_refetches_from
         cluster.stop(id).await.unwrap();
     }
     cluster.wait_for_state(TOPIC, 0, REACT, "led by the healed follower", |s| s.leader == follower).await.unwrap();
+    assert_eq!(read_values(&client, TOPIC, 0).await.unwrap(), values);
+}
+
+/// Flips one byte of `path` in place (the running broker keeps its descriptor, so the
+/// file is written where it is, not replaced).
+fn flip_in_place(path: &Path, at: u64) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut byte = [0u8];
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.read_exact(&mut byte).unwrap();
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.write_all(&[byte[0] ^ 0x01]).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// Every distinct (znode version, ISR) of the partition state, polled every 5 ms until
+/// `stop`: the history of ISR changes.
+async fn isr_history(store: fjord_coord::Store, topic: &str, stop: tokio_util::sync::CancellationToken) -> Vec<(i32, Vec<i32>)> {
+    let path = fjord_coord::paths::partition_state(topic, 0);
+    let mut seen: Vec<(i32, Vec<i32>)> = Vec::new();
+    while !stop.is_cancelled() {
+        if let Ok(Some((state, stat))) =
+            fjord_coord::registry::read_json::<fjord_coord::registry::PartitionState>(&*store, &path).await
+        {
+            if seen.last().is_none_or(|(v, _)| *v != stat.version) {
+                seen.push((stat.version, state.isr));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_in_sync_follower_that_heals_below_the_high_watermark_leaves_the_isr_until_caught_up() {
+    // Issue 26: a follower in the ISR whose scrubber finds damage cuts its log below the
+    // high watermark to heal it. It then lacks committed records: it must leave the ISR
+    // at once (the leader sees its fetch below the high watermark), not after
+    // replica.lag.time.max.ms (a minute here), and come back once it has them again.
+    common::init_tracing();
+    let cluster = Cluster::builder()
+        .brokers(3)
+        .config("log.min.segment.bytes", 1024)
+        .config("log.scrub.bytes.per.second", 64 << 20)
+        .config("replica.fetch.wait.max.ms", 100)
+        .config("replica.lag.time.max.ms", 60_000)
+        .start()
+        .await
+        .unwrap();
+    cluster.create_topic(TOPIC, 1, &[("segment.bytes", "4096"), ("min.insync.replicas", "2")], REACT).await.unwrap();
+    let client = ClientConfig::new(&cluster.bootstrap());
+    let producer =
+        Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, ..ProducerConfig::default() }).await.unwrap();
+    let mut values = Vec::new();
+    for round in 0..30 {
+        let mut pending = Vec::new();
+        for i in 0..10 {
+            let value = format!("round {round} record {i} {}", "x".repeat(40));
+            pending.push(producer.send(ProducerRecord::new(TOPIC, value.clone()).partition(0)).await.unwrap());
+            values.push(value);
+        }
+        for delivery in pending {
+            delivery.await.unwrap();
+        }
+    }
+    cluster.wait_fully_replicated(TOPIC, REACT).await.unwrap();
+    let leader = cluster.leader(TOPIC, 0).await.unwrap().unwrap();
+    let follower = *cluster.ids().iter().find(|&&id| id != leader).unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let history = tokio::spawn(isr_history(cluster.store().clone(), TOPIC, stop.clone()));
+
+    // Damage in the middle of the running follower's log, below the high watermark.
+    let partition_dir = cluster.data_dir(follower).join(format!("{TOPIC}-0"));
+    let logs = segments(&partition_dir);
+    assert!(logs.len() >= 4, "{logs:?}");
+    let segment = &logs[logs.len() / 2];
+    let first = fjord_record::BatchHeader::parse(&std::fs::read(segment).unwrap()).unwrap().size();
+    flip_in_place(segment, first as u64 + 70);
+
+    fjord_testkit::wait_until(REACT, "the follower healed: its log byte-identical to the leader's", || async {
+        let healed = std::fs::read_dir(cluster.data_dir(follower))?
+            .any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with(&format!("{TOPIC}-0-damaged-"))));
+        let same = healed && cluster.log_bytes(follower, TOPIC, 0)? == cluster.log_bytes(leader, TOPIC, 0)?;
+        Ok(same.then_some(()))
+    })
+    .await
+    .unwrap();
+    cluster.wait_for_isr(TOPIC, 0, &cluster.ids(), REACT).await.unwrap();
+    stop.cancel();
+    let history = history.await.unwrap();
+    // Each ISR change writes a new state version: without the rule the follower stayed in
+    // the ISR throughout and the version did not move. (A poll can miss a state that
+    // lived a few ms, so the versions are counted, not only the states seen.)
+    let (first, last) = (history.first().unwrap().0, history.last().unwrap().0);
+    assert!(last - first >= 2, "the ISR shrank and grew again: {history:?}");
+    let without: Vec<i32> = cluster.ids().into_iter().filter(|&id| id != follower).collect();
+    let seen_out = history.iter().any(|(_, isr)| !isr.contains(&follower));
+    tracing::info!(?history, ?without, seen_out, "ISR history while the follower healed");
+
+    // Nothing acknowledged is lost.
     assert_eq!(read_values(&client, TOPIC, 0).await.unwrap(), values);
 }

@@ -64,6 +64,16 @@ pub(crate) fn may_join_isr(fetch_offset: Offset, high_watermark: Offset, epoch_s
     fetch_offset >= high_watermark && fetch_offset >= epoch_start_offset
 }
 
+/// Whether an ISR member fetching from `fetch_offset` must leave the ISR at once: its
+/// log ends below the high watermark, so it lacks records counted as committed (it cut
+/// its log short: a repair of a damaged copy, or an unclean restart that lost unflushed
+/// data). Elected now, it would lose them; waiting for `replica.lag.time.max.ms` leaves
+/// that window open, and a follower that catches up fast would never leave at all.
+/// It joins again through [`may_join_isr`] once it has them.
+pub(crate) fn lost_committed(fetch_offset: Offset, high_watermark: Offset) -> bool {
+    fetch_offset < high_watermark
+}
+
 /// The ISR members other than the leader `me` that have not been caught up for more
 /// than `lag` (`replica.lag.time.max.ms`).
 pub(crate) fn out_of_sync(
@@ -125,6 +135,7 @@ mod tests {
         followers.get_mut(&3).unwrap().on_fetch(10, 10, at(t, 900));
         assert_eq!(out_of_sync(1, &[1, 2, 3], &followers, lag, at(t, 1_001)), vec![2]);
         assert!(out_of_sync(1, &[1, 3], &followers, lag, at(t, 1_001)).is_empty(), "only ISR members leave");
+        assert!(lost_committed(89, 90) && !lost_committed(90, 90) && !lost_committed(95, 90));
         assert!(may_join_isr(90, 90, 80));
         assert!(!may_join_isr(89, 90, 80), "below the high watermark");
         assert!(!may_join_isr(90, 90, 95), "misses records of an earlier epoch");
