@@ -10,6 +10,13 @@ pub const AUDIT_TOPIC: &str = "_audit";
 /// The tier the brokers count their appends under (`audit.enable` in the broker config).
 pub const BROKER_TIER: &str = "broker";
 
+/// The tier of events a producing tier took in for a topic but set aside in a dead-letter
+/// topic (the gateway's `?on_invalid=dead_letter`): counted under the topic they were
+/// meant for, so its report shows what came in (producing + dead-lettered) and still
+/// balances, since the dead letters were never meant to reach its downstream tiers. They
+/// are counted again, as ordinary events, under the dead-letter topic.
+pub const DEAD_LETTER_TIER: &str = "dead_letter";
+
 /// Default window length: 10 minutes of event creation time.
 pub const DEFAULT_WINDOW_MS: i64 = 10 * 60 * 1000;
 

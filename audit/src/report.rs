@@ -18,7 +18,7 @@ use regex::Regex;
 use serde::Serialize;
 
 use crate::counter::window_ms;
-use crate::record::{audited_topic, AuditRecord, GapRecord, AUDIT_TOPIC, DEFAULT_WINDOW_MS, GAPS_TOPIC};
+use crate::record::{audited_topic, AuditRecord, GapRecord, AUDIT_TOPIC, DEAD_LETTER_TIER, DEFAULT_WINDOW_MS, GAPS_TOPIC};
 use crate::time::format_utc;
 use crate::{Error, Result};
 
@@ -26,7 +26,7 @@ use crate::{Error, Result};
 pub const PRODUCING_TIERS: [&str; 2] = ["producer", "gateway"];
 
 /// Display order of the known tiers (pipeline order); others follow by name.
-const TIER_ORDER: [&str; 6] = ["producer", "gateway", "broker", "mirror", "loader", "consumer"];
+const TIER_ORDER: [&str; 7] = ["producer", "gateway", DEAD_LETTER_TIER, "broker", "mirror", "loader", "consumer"];
 
 /// What to report and how strictly.
 #[derive(Debug, Clone)]
@@ -115,6 +115,10 @@ pub struct WindowRow {
     pub counts: BTreeMap<String, u64>,
     /// The producing count (sum of the producing tiers).
     pub produced: u64,
+    /// Events of this topic the producing tiers set aside in a dead-letter topic
+    /// ([`DEAD_LETTER_TIER`]): they came in with the produced ones, and are compared
+    /// with nothing here (the dead-letter topic's own rows count them again).
+    pub dead_lettered: u64,
     /// Tier → count minus `produced`, for the tiers downstream of the producers.
     pub differences: BTreeMap<String, i64>,
     /// The verdict.
@@ -259,7 +263,7 @@ pub fn compare(config: &ReportConfig, collected: Collected, now: i64) -> Report 
             let mut producing: Vec<String> = tiers.iter().filter(|t| PRODUCING_TIERS.contains(&t.as_str())).cloned().collect();
             // With no producing tier audited, the first tier in pipeline order is the reference.
             if producing.is_empty() {
-                producing.extend(tiers.first().cloned());
+                producing.extend(tiers.iter().find(|t| *t != DEAD_LETTER_TIER).cloned());
             }
             TopicTiers { topic, tiers, producing }
         })
@@ -273,11 +277,12 @@ pub fn compare(config: &ReportConfig, collected: Collected, now: i64) -> Report 
         }
         let counts: BTreeMap<String, u64> = tt.tiers.iter().map(|t| (t.clone(), counted.get(t).copied().unwrap_or(0))).collect();
         let produced: u64 = tt.producing.iter().map(|t| counts[t]).sum();
+        let dead_lettered = counts.get(DEAD_LETTER_TIER).copied().unwrap_or(0);
         let allowed = (produced as f64 * config.tolerance).floor() as i64;
         let mut differences = BTreeMap::new();
         let mut problems = Vec::new();
         let (mut short, mut over) = (false, false);
-        for t in tt.tiers.iter().filter(|t| !tt.producing.contains(t)) {
+        for t in tt.tiers.iter().filter(|t| !tt.producing.contains(t) && *t != DEAD_LETTER_TIER) {
             let d = counts[t] as i64 - produced as i64;
             differences.insert(t.clone(), d);
             if d.abs() > allowed {
@@ -302,6 +307,7 @@ pub fn compare(config: &ReportConfig, collected: Collected, now: i64) -> Report 
             window_start_utc: format_utc(*start),
             counts,
             produced,
+            dead_lettered,
             differences,
             verdict,
             problems,
@@ -438,6 +444,33 @@ mod tests {
             ]
         );
         assert_eq!(r.topics[0].tiers, ["gateway", "consumer"]);
+    }
+
+    #[test]
+    fn dead_letters_are_their_own_tier_and_compared_with_nothing() {
+        let mut c = Collected::default();
+        let mut seen = HashSet::new();
+        // 500 came in for "clicks": 497 produced there, 3 set aside in "clicks.dlq".
+        for v in [
+            rec("1", "gateway", "clicks", 0, 497),
+            rec("2", DEAD_LETTER_TIER, "clicks", 0, 3),
+            rec("3", "broker", "clicks", 0, 497),
+            rec("4", "gateway", "clicks.dlq", 0, 3),
+            rec("5", "broker", "clicks.dlq", 0, 3),
+            // Only dead letters in a window: no producing tier to compare with, still complete.
+            rec("6", DEAD_LETTER_TIER, "rare", 0, 2),
+        ] {
+            c.add_audit_value(Some(&v), 1000, &mut seen);
+        }
+        let r = compare(&config(), c, 100_000);
+        assert!(r.all_complete(), "{:?}", r.windows);
+        let clicks = &r.windows[0];
+        assert_eq!((clicks.topic.as_str(), clicks.produced, clicks.dead_lettered), ("clicks", 497, 3));
+        assert_eq!(clicks.differences.keys().collect::<Vec<_>>(), ["broker"]);
+        assert_eq!(r.topics[0].tiers, ["gateway", DEAD_LETTER_TIER, "broker"]);
+        assert_eq!(r.topics[0].producing, ["gateway"]);
+        let rare = r.topics.iter().find(|t| t.topic == "rare").unwrap();
+        assert!(rare.producing.is_empty(), "{rare:?}");
     }
 
     #[test]

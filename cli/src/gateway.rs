@@ -51,12 +51,34 @@ pub(crate) struct GatewayArgs {
     /// How long a browser may cache a CORS preflight answer (s).
     #[arg(long, env = "FJORD_GATEWAY_CORS_MAX_AGE_SECS")]
     cors_max_age_secs: Option<u64>,
+    /// How long an `Idempotency-Key` holds (s): a repeat within it gets the first answer.
+    /// Default 86400 (24 h). Config key `idempotency.window.ms`.
+    #[arg(long, env = "FJORD_GATEWAY_IDEMPOTENCY_WINDOW_SECS")]
+    idempotency_window_secs: Option<u64>,
+    /// Requests per second per client (its principal, or its IP address when anonymous);
+    /// over it: 429 with Retry-After, gRPC RESOURCE_EXHAUSTED. 0: unlimited (default).
+    /// Config key `limits.requests.per.sec`.
+    #[arg(long, env = "FJORD_GATEWAY_LIMIT_REQUESTS_PER_SEC")]
+    limit_requests_per_sec: Option<u32>,
+    /// Request body bytes per second per client, as sent (compressed bodies count
+    /// compressed). 0: unlimited (default). Config key `limits.bytes.per.sec`.
+    #[arg(long, env = "FJORD_GATEWAY_LIMIT_BYTES_PER_SEC")]
+    limit_bytes_per_sec: Option<u64>,
+    /// How much of a second's allowance a client may spend at once (ms; default 1000).
+    /// Config key `limits.burst.ms`.
+    #[arg(long, env = "FJORD_GATEWAY_LIMIT_BURST_MS")]
+    limit_burst_ms: Option<u64>,
+    /// Clients tracked at once by the limits (default 100000); past it idle ones are
+    /// forgotten first. Config key `limits.max.clients`.
+    #[arg(long, env = "FJORD_GATEWAY_LIMIT_MAX_CLIENTS")]
+    limit_max_clients: Option<usize>,
     /// Security properties file (`key=value` lines, Confluent REST Proxy's names): TLS
     /// (`ssl.keystore.location`, `ssl.truststore.location`, `ssl.client.auth`),
     /// `authentication.method=BASIC`, `authentication.realm`, `authorizer.enable`,
     /// `super.users`, and the gateway's own broker identity (`client.security.protocol`,
     /// `client.sasl.mechanism`, `client.sasl.username`, `client.sasl.password`,
-    /// `client.ssl.ca.location`).
+    /// `client.ssl.ca.location`); also `idempotency.window.ms` and the `limits.*` keys,
+    /// which the flags above override.
     #[arg(long, value_name = "FILE", env = "FJORD_GATEWAY_CONFIG")]
     config: Option<std::path::PathBuf>,
     /// ZooKeeper connect string of the cluster's metadata store, where Basic
@@ -100,6 +122,15 @@ impl GatewayArgs {
                 config.set(&key, &value).with_context(context)?;
             }
         }
+        // Flags win over the file.
+        let limits = &mut config.client_limits;
+        if let Some(secs) = self.idempotency_window_secs {
+            config.idempotency_window = Duration::from_secs(secs);
+        }
+        limits.requests_per_sec = self.limit_requests_per_sec.unwrap_or(limits.requests_per_sec);
+        limits.bytes_per_sec = self.limit_bytes_per_sec.unwrap_or(limits.bytes_per_sec);
+        limits.burst = self.limit_burst_ms.map_or(limits.burst, Duration::from_millis);
+        limits.max_clients = self.limit_max_clients.unwrap_or(limits.max_clients);
         Ok(config)
     }
 }
@@ -126,4 +157,65 @@ pub(crate) async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     let shutdown = crate::server::shutdown_on_signal()?;
     fjord_gateway::run_with_store(config, store, http, grpc, shutdown).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: GatewayArgs,
+    }
+
+    fn config(args: &[&str]) -> GatewayConfig {
+        let cli = Cli::try_parse_from(["fjord-gateway", "--bootstrap", "127.0.0.1:9092"].iter().chain(args)).unwrap();
+        cli.args.config().unwrap()
+    }
+
+    #[test]
+    fn limit_and_idempotency_flags_set_the_config_and_win_over_the_file() {
+        let c = config(&[]);
+        assert_eq!((c.client_limits.requests_per_sec, c.client_limits.bytes_per_sec), (0, 0));
+        assert_eq!(c.idempotency_window, Duration::from_secs(24 * 3600));
+        let c = config(&[
+            "--limit-requests-per-sec",
+            "50",
+            "--limit-bytes-per-sec",
+            "1000000",
+            "--limit-burst-ms",
+            "2000",
+            "--limit-max-clients",
+            "10",
+            "--idempotency-window-secs",
+            "3600",
+        ]);
+        assert_eq!((c.client_limits.requests_per_sec, c.client_limits.bytes_per_sec), (50, 1_000_000));
+        assert_eq!((c.client_limits.burst, c.client_limits.max_clients), (Duration::from_secs(2), 10));
+        assert_eq!(c.idempotency_window, Duration::from_secs(3600));
+        c.validate().unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("gateway.properties");
+        std::fs::write(&file, "limits.requests.per.sec=7\nlimits.bytes.per.sec=99\nidempotency.window.ms=60000\n").unwrap();
+        let file = file.to_str().unwrap();
+        let c = config(&["--config", file]);
+        assert_eq!((c.client_limits.requests_per_sec, c.client_limits.bytes_per_sec), (7, 99));
+        assert_eq!(c.idempotency_window, Duration::from_secs(60));
+        let c = config(&["--config", file, "--limit-requests-per-sec", "8"]);
+        assert_eq!((c.client_limits.requests_per_sec, c.client_limits.bytes_per_sec), (8, 99));
+        std::fs::write(dir.path().join("bad.properties"), "limits.requests.per.sec=lots\n").unwrap();
+        let bad = Cli::try_parse_from([
+            "fjord-gateway",
+            "--bootstrap",
+            "b:1",
+            "--config",
+            dir.path().join("bad.properties").to_str().unwrap(),
+        ]);
+        let e = bad.unwrap().args.config().unwrap_err();
+        assert!(format!("{e:#}").contains("limits.requests.per.sec"), "{e:#}");
+    }
 }

@@ -52,6 +52,9 @@ pub struct GatewayConfig {
     /// How long an `Idempotency-Key` holds: a repeat within it gets the first answer and
     /// writes nothing. Also the retention of the key topic.
     pub idempotency_window: Duration,
+    /// Requests/s and bytes/s per client (principal, or IP address when anonymous);
+    /// off by default.
+    pub client_limits: ClientLimits,
     /// TLS, authentication and authorization of the HTTP and gRPC fronts: Confluent REST
     /// Proxy's and Kafka's keys (`ssl.keystore.location`, `authentication.method=BASIC`,
     /// `authorizer.enable` ...; see [`GatewayConfig::set`]).
@@ -61,6 +64,34 @@ pub struct GatewayConfig {
     /// `client.sasl.username`, `client.sasl.password`, `client.ssl.ca.location`,
     /// `client.ssl.certificate.location`, `client.ssl.key.location`).
     pub client_security: SecurityConfig,
+}
+
+/// Per-client rate limits (see `limits`): over either, a request is refused with 429 and
+/// `Retry-After` (gRPC: RESOURCE_EXHAUSTED with `grpc-retry-pushback-ms`). A client is its
+/// authenticated principal (Basic or client certificate), or its IP address when
+/// anonymous, so anonymous beacons from many browsers do not share one allowance. Limits
+/// are per gateway process: behind a load balancer over N gateways a client gets up to N
+/// times them, and anonymous clients behind one proxy share its address.
+#[derive(Debug, Clone)]
+pub struct ClientLimits {
+    /// Requests per second per client on the data routes (publish, pull, topics) and per
+    /// gRPC publish batch or fetch; 0 = unlimited.
+    pub requests_per_sec: u32,
+    /// Request body bytes per second per client, as sent (compressed bodies count
+    /// compressed, like Kafka's produce quotas; gRPC: the events' size); 0 = unlimited.
+    pub bytes_per_sec: u64,
+    /// How much of a second's allowance a client may spend at once: each bucket holds
+    /// `rate x burst`.
+    pub burst: Duration,
+    /// Clients tracked at once; past it idle clients, then the least recently seen, are
+    /// forgotten, so memory stays bounded under many distinct clients.
+    pub max_clients: usize,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        Self { requests_per_sec: 0, bytes_per_sec: 0, burst: Duration::from_secs(1), max_clients: 100_000 }
+    }
 }
 
 /// CORS for browsers. With no allowed origins CORS is off: no CORS headers, preflights
@@ -183,6 +214,7 @@ impl Default for GatewayConfig {
             dead_letter_topic: None,
             cors: CorsConfig::default(),
             idempotency_window: Duration::from_secs(24 * 60 * 60),
+            client_limits: ClientLimits::default(),
             security: HttpSecurityConfig::default(),
             client_security: SecurityConfig::default(),
         }
@@ -195,27 +227,41 @@ impl GatewayConfig {
         Self { bootstrap: bootstrap.into(), ..Self::default() }
     }
 
-    /// Sets a security key by its name, as in a Confluent REST Proxy properties file:
+    /// Sets a key by its name, as in a Confluent REST Proxy properties file: security keys,
     /// the front's own (`ssl.keystore.location`, `ssl.truststore.location`,
     /// `ssl.client.auth` or `ssl.client.authentication`, `ssl.principal.mapping.rules`,
     /// `ssl.handshake.timeout.ms`, `authentication.method` (`NONE`|`BASIC`),
     /// `authentication.realm`, `authentication.cache.ms`, `authorizer.enable`,
     /// `super.users`, `allow.everyone.if.no.acl.found`) and the brokers' connection
-    /// (`client.` + a Kafka client security key). An unknown key is an error.
+    /// (`client.` + a Kafka client security key); and the gateway's own
+    /// `idempotency.window.ms`, `limits.requests.per.sec`, `limits.bytes.per.sec`,
+    /// `limits.burst.ms` and `limits.max.clients`. An unknown key is an error.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         let bad = |reason: String| Error::Config(format!("{key}: {reason}"));
-        if let Some(client_key) = key.strip_prefix("client.") {
-            return match self.client_security.set(client_key, value) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(bad("not a client security key (security.protocol, sasl.*, ssl.*.location)".into())),
-                Err(e) => Err(bad(e.to_string())),
-            };
+        let number = || value.trim().parse::<u64>().map_err(|_| bad(format!("{value:?} is not a whole number")));
+        let too_large = |_| bad("too large".into());
+        match key {
+            "idempotency.window.ms" => self.idempotency_window = Duration::from_millis(number()?),
+            "limits.requests.per.sec" => self.client_limits.requests_per_sec = u32::try_from(number()?).map_err(too_large)?,
+            "limits.bytes.per.sec" => self.client_limits.bytes_per_sec = number()?,
+            "limits.burst.ms" => self.client_limits.burst = Duration::from_millis(number()?),
+            "limits.max.clients" => self.client_limits.max_clients = usize::try_from(number()?).map_err(too_large)?,
+            _ => {
+                if let Some(client_key) = key.strip_prefix("client.") {
+                    return match self.client_security.set(client_key, value) {
+                        Ok(true) => Ok(()),
+                        Ok(false) => Err(bad("not a client security key (security.protocol, sasl.*, ssl.*.location)".into())),
+                        Err(e) => Err(bad(e.to_string())),
+                    };
+                }
+                return match self.security.set(key, value) {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(bad("unknown gateway key".into())),
+                    Err(reason) => Err(bad(reason)),
+                };
+            }
         }
-        match self.security.set(key, value) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(bad("unknown gateway key".into())),
-            Err(reason) => Err(bad(reason)),
-        }
+        Ok(())
     }
 
     /// How the gateway's own clients (producer, fetches, admin, audit, idempotency keys)
@@ -250,6 +296,9 @@ impl GatewayConfig {
         self.cors.validate()?;
         if self.idempotency_window.as_millis() == 0 {
             return bad("idempotency_window must be positive".into());
+        }
+        if self.client_limits.burst.as_millis() == 0 || self.client_limits.max_clients == 0 {
+            return bad("client_limits: burst and max_clients must be positive".into());
         }
         if self.broker_timeout.is_zero() {
             return bad("broker_timeout must be positive".into());

@@ -110,6 +110,17 @@ pub enum Error {
         /// Suggested pause.
         retry_after: Duration,
     },
+    /// The client (principal, or IP address when anonymous) is over its requests/s or
+    /// bytes/s limit: it should retry after `retry_after`.
+    #[error("{client} is over its limit of {limit}; retry after {retry_after:?}")]
+    RateLimited {
+        /// The client as the limits key it.
+        client: String,
+        /// The limit it is over (`10 requests/s`).
+        limit: String,
+        /// When its allowance covers another request.
+        retry_after: Duration,
+    },
     /// The brokers did not answer within the bounded wait.
     #[error("broker unavailable: {0}")]
     Unavailable(String),
@@ -175,7 +186,7 @@ impl Error {
             Error::Forbidden(_) => 403,
             Error::Unauthenticated { .. } => 401,
             Error::OffsetOutOfRange { .. } => 416,
-            Error::BufferFull { .. } => 429,
+            Error::BufferFull { .. } | Error::RateLimited { .. } => 429,
             Error::Unavailable(_) => 503,
             Error::Config(_) | Error::Serve(_) | Error::Broker(_) => 500,
         }
@@ -184,7 +195,7 @@ impl Error {
     /// Confluent REST Proxy style code: the status times 100 plus a detail digit
     /// (40401 topic not found, 40402 partition not found, 40403 schema not found,
     /// 41501 unsupported content encoding, 42201 invalid schema, 42202 invalid record,
-    /// 42203 Avro mismatch).
+    /// 42203 Avro mismatch, 42901 a client over its rate limit; 42900 is the full buffer).
     pub fn error_code(&self) -> u32 {
         let detail = match self {
             Error::UnknownTopic(_) => 1,
@@ -194,6 +205,7 @@ impl Error {
             Error::Unprocessable { .. } | Error::NoRegistry => 2,
             Error::AvroMismatch { .. } => 3,
             Error::UnsupportedEncoding(_) => 1,
+            Error::RateLimited { .. } => 1,
             _ => 0,
         };
         u32::from(self.http_status()) * 100 + detail
@@ -211,7 +223,7 @@ impl Error {
     /// How long a throttled caller should wait.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Error::BufferFull { retry_after, .. } => Some(*retry_after),
+            Error::BufferFull { retry_after, .. } | Error::RateLimited { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -243,7 +255,7 @@ impl From<Error> for tonic::Status {
             if let Ok(v) = ms.parse() {
                 status.metadata_mut().insert("grpc-retry-pushback-ms", v);
             }
-            if let Ok(v) = after.as_secs().max(1).to_string().parse() {
+            if let Ok(v) = after.as_millis().div_ceil(1000).max(1).to_string().parse() {
                 status.metadata_mut().insert("retry-after", v);
             }
         }
@@ -275,6 +287,12 @@ mod tests {
                 42900,
                 tonic::Code::ResourceExhausted,
             ),
+            (
+                Error::RateLimited { client: "User:a".into(), limit: "1 requests/s".into(), retry_after: Duration::from_secs(1) },
+                429,
+                42901,
+                tonic::Code::ResourceExhausted,
+            ),
             (Error::Unavailable("down".into()), 503, 50300, tonic::Code::Unavailable),
             (Error::Unauthenticated { reason: "r".into(), challenge: "c".into() }, 401, 40100, tonic::Code::Unauthenticated),
             (Error::Forbidden("f".into()), 403, 40300, tonic::Code::PermissionDenied),
@@ -302,6 +320,6 @@ mod tests {
         let status: tonic::Status = Error::BufferFull { used: 9, capacity: 9, retry_after: Duration::from_millis(1500) }.into();
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
         assert_eq!(status.metadata().get("grpc-retry-pushback-ms").unwrap(), "1500");
-        assert_eq!(status.metadata().get("retry-after").unwrap(), "1");
+        assert_eq!(status.metadata().get("retry-after").unwrap(), "2", "whole seconds, rounded up as the HTTP header");
     }
 }

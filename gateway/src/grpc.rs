@@ -92,6 +92,9 @@ async fn publish(g: &Gateway, api: &'static str, caller: &Caller, mut request: P
     let start = Instant::now();
     let result = async {
         check_topic_name(&request.topic)?;
+        // Each batch (unary, or one of a stream) is a request against the caller's limits.
+        let client = caller.limit_key();
+        g.limiter.admit(&client)?;
         authorize(g, caller, Operation::Write, &request.topic)?;
         let acks = acks(request.acks)?;
         if request.events.is_empty() {
@@ -99,6 +102,7 @@ async fn publish(g: &Gateway, api: &'static str, caller: &Caller, mut request: P
         }
         let events = events(&mut request);
         let bytes = events.iter().map(Event::encoded_size).sum::<usize>();
+        g.limiter.charge(&client, bytes);
         if request.idempotency_key.is_empty() {
             return Ok((all_delivered(g.publish(&request.topic, events, acks).await?)?, bytes));
         }
@@ -270,7 +274,9 @@ impl Subscriber for SubscriberService {
         let caller = caller(g, &request).await;
         let r = request.into_inner();
         let result = async {
-            authorize(g, &caller?, Operation::Read, &r.topic)?;
+            let caller = caller?;
+            g.limiter.admit(&caller.limit_key())?;
+            authorize(g, &caller, Operation::Read, &r.topic)?;
             let q = fetch_query(
                 g,
                 r.topic.clone(),

@@ -19,6 +19,7 @@
 //! - `grpc`: the tonic services, health and reflection.
 //! - `idempotency`: `Idempotency-Key` / `idempotency_key`, kept in the compacted topic
 //!   `_gateway_idempotency` so it holds across restarts and gateways.
+//! - `limits`: requests/s and bytes/s per client ([`ClientLimits`]).
 //!
 //! # Invariants
 //! - A request is checked whole (parsing, base64, Avro, key fields, event sizes, topic
@@ -33,7 +34,9 @@
 //!   UNAVAILABLE.
 //! - With `audit_interval` set, the gateway tier's audit counter (`fjord-audit`) counts
 //!   every acknowledged event by its `fjord.created_ms`, publishes to `_audit` every
-//!   interval, and flushes once more when the gateway stops.
+//!   interval, and flushes once more when the gateway stops; dead letters are counted
+//!   under their dead-letter topic by it, and under the topic they were meant for by the
+//!   `dead_letter` tier.
 
 pub mod backend;
 pub mod config;
@@ -43,6 +46,7 @@ mod avro;
 mod grpc;
 mod http;
 mod idempotency;
+mod limits;
 mod metrics;
 mod openapi;
 mod service;
@@ -56,7 +60,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use backend::{Backend, KafkaBackend};
-pub use config::{CorsConfig, GatewayConfig};
+pub use config::{ClientLimits, CorsConfig, GatewayConfig};
 pub use error::{Error, Result};
 pub use idempotency::TOPIC as IDEMPOTENCY_TOPIC;
 pub use service::{CREATED_HEADER, HOST_HEADER};
@@ -115,9 +119,11 @@ pub async fn serve_with_store(
     // The publisher has its own token: it flushes after both servers stopped, so the
     // counts of the last requests are published too.
     let audit_stop = CancellationToken::new();
-    let audit_task = match (&gateway.audit, audit_publisher) {
-        (Some(counter), Some((interval, client))) => Some(counter.clone().spawn_publisher(client, interval, audit_stop.clone())),
-        _ => None,
+    let audit_tasks: Vec<_> = match audit_publisher {
+        Some((interval, client)) => (gateway.audit.iter().chain(&gateway.dead_letter_audit))
+            .map(|counter| counter.clone().spawn_publisher(client.clone(), interval, audit_stop.clone()))
+            .collect(),
+        None => Vec::new(),
     };
     let http = Incoming::start(http, security, shutdown.clone()).map_err(|e| Error::Serve(format!("HTTP: {e}")))?;
     let app = http::router(gateway.clone());
@@ -138,7 +144,7 @@ pub async fn serve_with_store(
     };
     let (http_result, grpc_result) = tokio::join!(http_server, grpc_server);
     audit_stop.cancel();
-    if let Some(task) = audit_task {
+    for task in audit_tasks {
         match task.await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {

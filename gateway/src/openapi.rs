@@ -31,7 +31,7 @@ pub(crate) fn document() -> Value {
         "413": error_response("Body over the limit (default 10 MiB)."),
         "415": error_response("Unsupported Content-Type."),
         "422": error_response("A record cannot be produced (bad base64, Avro mismatch with the field path, missing key field)."),
-        "429": error_response("Producer buffer full; retry after the Retry-After header."),
+        "429": error_response("Producer buffer full, or the client over its requests/s or bytes/s limit (error_code 42901); retry after the Retry-After header."),
         "503": error_response("Brokers unavailable within the bounded wait."),
     });
     let v2_body = json!({

@@ -15,6 +15,7 @@ use tokio::sync::{OnceCell, Semaphore};
 
 use crate::backend::{Backend, Delivered, Event};
 use crate::idempotency::KeyStore;
+use crate::limits::Limiter;
 use crate::metrics::Metrics;
 use crate::{Error, GatewayConfig, Result};
 
@@ -37,11 +38,16 @@ pub(crate) struct Gateway {
     host: Bytes,
     /// The gateway tier's audit counter, when `audit_interval` is set.
     pub(crate) audit: Option<Arc<AuditCounter>>,
+    /// The dead-letter tier's (`fjord_audit::DEAD_LETTER_TIER`): events of a topic set
+    /// aside in its dead-letter topic, counted under the topic they were meant for.
+    pub(crate) dead_letter_audit: Option<Arc<AuditCounter>>,
     /// The idempotency key store, opened by the first keyed request (so the gateway
     /// starts while the brokers are down, like its producers).
     keys: OnceCell<KeyStore>,
     /// TLS, authentication and ACLs of both fronts (open unless configured).
     pub(crate) security: Arc<fjord_auth::http::HttpSecurity>,
+    /// Requests/s and bytes/s per client.
+    pub(crate) limiter: Limiter,
 }
 
 impl Gateway {
@@ -49,22 +55,27 @@ impl Gateway {
         config.validate()?;
         let registry = config.registry_url.as_deref().map(RegistryClient::new).transpose()?;
         let host = config.resolved_host_name();
-        let audit = match config.audit_interval {
-            Some(_) => Some(Arc::new(
-                AuditCounter::new("gateway", host.clone(), config.audit_cluster.clone())
-                    .with_window(config.audit_window)
-                    .map_err(|e| Error::Config(e.to_string()))?,
-            )),
-            None => None,
+        let counter = |tier: &str| -> Result<Option<Arc<AuditCounter>>> {
+            match config.audit_interval {
+                Some(_) => Ok(Some(Arc::new(
+                    AuditCounter::new(tier, host.clone(), config.audit_cluster.clone())
+                        .with_window(config.audit_window)
+                        .map_err(|e| Error::Config(e.to_string()))?,
+                ))),
+                None => Ok(None),
+            }
         };
+        let (audit, dead_letter_audit) = (counter("gateway")?, counter(fjord_audit::DEAD_LETTER_TIER)?);
         Ok(Self {
             host: Bytes::from(host),
             audit,
+            dead_letter_audit,
             budget: Semaphore::new(config.buffer_bytes),
             decode_slots: Semaphore::new(crate::http::encoding::DECODE_TASKS),
             keys: OnceCell::new(),
             security: fjord_auth::http::HttpSecurity::open(),
             registry,
+            limiter: Limiter::new(config.client_limits.clone()),
             metrics: Metrics::default(),
             backend,
             config,

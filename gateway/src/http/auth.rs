@@ -23,6 +23,7 @@
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::connect_info::ConnectInfo;
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
 use axum::http::header;
@@ -30,6 +31,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use fjord_auth::http::{Peer, Unauthenticated};
 use fjord_auth::{Operation, Principal, Resource};
+use http_body_util::BodyExt;
 
 use super::error_response;
 use crate::service::Gateway;
@@ -43,6 +45,16 @@ pub(crate) struct Caller {
 }
 
 impl Caller {
+    /// Who the per-client limits count this request against: its principal, or its IP
+    /// address when anonymous (so anonymous browsers do not share one allowance).
+    pub(crate) fn limit_key(&self) -> String {
+        if self.principal == Principal::anonymous() {
+            format!("ip:{}", self.host)
+        } else {
+            self.principal.to_string()
+        }
+    }
+
     /// Whether this caller may `operation` the topic.
     pub(crate) fn may(&self, g: &Gateway, operation: Operation, topic: &str) -> bool {
         g.security.authorize(&self.principal, &self.host, operation, Resource::topic(topic))
@@ -83,6 +95,23 @@ pub(crate) async fn guard(State(g): State<Arc<Gateway>>, request: Request, next:
         Err(why) => return reject(&g, unauthenticated(&g, why)),
     };
     let caller = Caller { principal, host: peer.host() };
+    // The data routes count against the caller's limits (see `limits`): refused before
+    // the body is read; the body's bytes are charged as they arrive.
+    let mut body = body;
+    if g.limiter.enabled() && (route.starts_with("/topics") || route.starts_with("/v1/")) {
+        let client = caller.limit_key();
+        if let Err(e) = g.limiter.admit(&client) {
+            g.metrics.record("http_limit", e.http_status(), 0, 0, std::time::Duration::ZERO);
+            return error_response(&e);
+        }
+        let charged = g.clone();
+        body = Body::new(body.map_frame(move |frame| {
+            if let Some(data) = frame.data_ref() {
+                charged.limiter.charge(&client, data.len());
+            }
+            frame
+        }));
+    }
     let params = RawPathParams::from_request_parts(&mut parts, &()).await.ok();
     let topic = params.as_ref().and_then(|p| p.iter().find(|(k, _)| *k == "topic").map(|(_, v)| v.to_owned()));
     let needed = match (parts.method.as_str(), route.as_str()) {

@@ -476,8 +476,11 @@ async fn bulk(g: &Gateway, topic: String, q: &HashMap<String, String>, headers: 
     check_topic_name(&dlq_topic)?;
     let request_id = request_id(g, headers);
     let mut dead = Vec::new();
+    // The dead letters' creation time, stamped here so the dead-letter tier counts them in
+    // the window the gateway tier counts them (under the dead-letter topic).
+    let created = fjord_record::now_ms();
     let events = parse_ndjson_with(&body, key_field, schema, partition, |i, line, e| {
-        dead.push(dead_letter_event(&topic, &request_id, i, line, &e));
+        dead.push(dead_letter_event(&topic, &request_id, i, line, &e, created));
         Ok(())
     })?;
     if events.is_empty() && dead.is_empty() {
@@ -488,6 +491,9 @@ async fn bulk(g: &Gateway, topic: String, q: &HashMap<String, String>, headers: 
     // event is produced, and a retry loses nothing (at worst a dead letter twice).
     if !dead.is_empty() {
         all_delivered(g.publish(&dlq_topic, dead, acks).await?)?;
+        if let Some(audit) = &g.dead_letter_audit {
+            audit.record_n(&topic, created, dead_count as u64);
+        }
     }
     let bytes = events.iter().map(Event::encoded_size).sum();
     let count = events.len();
@@ -513,7 +519,7 @@ pub(crate) const DLQ_TOPIC: &str = "fjord.dlq.topic";
 /// The dead-letter record of line `index` (0-based; the header holds the 1-based line
 /// number, as editors count): the raw bytes as value, the rest as headers, so the line is
 /// kept byte for byte whatever it holds.
-fn dead_letter_event(topic: &str, request_id: &str, index: usize, line: &[u8], e: &Error) -> Event {
+fn dead_letter_event(topic: &str, request_id: &str, index: usize, line: &[u8], e: &Error, created_ms: i64) -> Event {
     // The reason without the "record N: " prefix: the line has its own header.
     let reason = match e {
         Error::BadRequest { reason, .. } | Error::Unprocessable { reason, .. } => reason.clone(),
@@ -529,7 +535,7 @@ fn dead_letter_event(topic: &str, request_id: &str, index: usize, line: &[u8], e
             header(DLQ_REQUEST_ID, request_id.to_string()),
             header(DLQ_TOPIC, topic.to_string()),
         ],
-        timestamp_ms: None,
+        timestamp_ms: Some(created_ms),
         partition: None,
     }
 }
