@@ -125,8 +125,10 @@ fn verdict_color(v: Verdict) -> &'static str {
     }
 }
 
-/// One SVG line chart: x = window, y = count, one polyline per tier.
-fn chart(topic: &str, tiers: &[String], rows: &[&WindowRow]) -> String {
+/// One SVG line chart: x = window, y = count, one polyline per tier; windows that are not
+/// complete are shaded in their verdict's colour. Every name in it is escaped (the web
+/// console embeds it as is).
+pub fn chart(topic: &str, tiers: &[String], rows: &[&WindowRow]) -> String {
     const W: f64 = 720.0;
     const H: f64 = 260.0;
     const L: f64 = 60.0;

@@ -74,6 +74,24 @@ pub struct ConfigEntry {
     pub value: Option<String>,
     /// Whether it is the broker's default rather than a topic override.
     pub is_default: bool,
+    /// Where the value comes from, by Kafka's DescribeConfigs `config_source` name
+    /// (`DYNAMIC_TOPIC_CONFIG`, `STATIC_BROKER_CONFIG`, `DEFAULT_CONFIG`, ...).
+    pub source: &'static str,
+}
+
+/// Kafka's name of a DescribeConfigs `config_source` code.
+fn config_source_name(code: i8) -> &'static str {
+    match code {
+        1 => "DYNAMIC_TOPIC_CONFIG",
+        2 => "DYNAMIC_BROKER_CONFIG",
+        3 => "DYNAMIC_DEFAULT_BROKER_CONFIG",
+        4 => "STATIC_BROKER_CONFIG",
+        5 => "DEFAULT_CONFIG",
+        6 => "DYNAMIC_BROKER_LOGGER_CONFIG",
+        7 => "CLIENT_METRICS_CONFIG",
+        8 => "GROUP_CONFIG",
+        _ => "UNKNOWN",
+    }
 }
 
 /// Administration client.
@@ -170,6 +188,11 @@ impl Admin {
         Ok(())
     }
 
+    /// The cluster as metadata describes it now: brokers, the controller and every topic.
+    pub async fn metadata(&self) -> Result<Arc<crate::Metadata>> {
+        self.cluster.refresh(None).await
+    }
+
     /// Every topic, sorted by name.
     pub async fn list_topics(&self) -> Result<Vec<Arc<TopicMetadata>>> {
         let md = self.cluster.refresh(None).await?;
@@ -186,29 +209,55 @@ impl Admin {
 
     /// A topic's configuration as the broker sees it.
     pub async fn describe_configs(&self, topic: &str) -> Result<Vec<ConfigEntry>> {
-        let request = DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
-            .with_resource_type(TOPIC_RESOURCE)
-            .with_resource_name(StrBytes::from_string(topic.to_string()))
-            .with_configuration_keys(None)]);
+        let mut all = self.describe_topics_configs(&[topic.to_string()], None).await?;
+        all.pop().map(|(_, entries)| entries).unwrap_or_else(|| Ok(Vec::new()))
+    }
+
+    /// The configuration of several topics in one DescribeConfigs request, each topic's
+    /// entries (or its own error) in the order asked; `keys` limits the entries returned
+    /// (`None`: all of them).
+    pub async fn describe_topics_configs(
+        &self,
+        topics: &[String],
+        keys: Option<&[&str]>,
+    ) -> Result<Vec<(String, Result<Vec<ConfigEntry>>)>> {
+        let keys: Option<Vec<StrBytes>> = keys.map(|k| k.iter().map(|k| StrBytes::from_string(k.to_string())).collect());
+        let request = DescribeConfigsRequest::default().with_resources(
+            topics
+                .iter()
+                .map(|topic| {
+                    DescribeConfigsResource::default()
+                        .with_resource_type(TOPIC_RESOURCE)
+                        .with_resource_name(StrBytes::from_string(topic.clone()))
+                        .with_configuration_keys(keys.clone())
+                })
+                .collect(),
+        );
         let response = self.cluster.any_broker().await?.request(&request, 4).await?;
-        let mut entries = Vec::new();
+        let mut out = Vec::with_capacity(response.results.len());
         for r in response.results {
+            let topic = r.resource_name.to_string();
             if let Some(e) =
                 Error::kafka(r.error_code, format!("describe configs of {topic}"), r.error_message.map(|m| m.to_string()))
             {
-                return Err(e);
+                out.push((topic, Err(e)));
+                continue;
             }
-            for c in r.configs {
-                // config_source 5 = DEFAULT_CONFIG (v1+); v0 has is_default, decoded into the same field.
-                entries.push(ConfigEntry {
+            // config_source 5 = DEFAULT_CONFIG (v1+); v0 has is_default, decoded into the same field.
+            let mut entries: Vec<ConfigEntry> = r
+                .configs
+                .into_iter()
+                .map(|c| ConfigEntry {
                     name: c.name.to_string(),
                     value: c.value.map(|v| v.to_string()),
                     is_default: c.config_source == 5 || c.config_source == 4,
-                });
-            }
+                    source: config_source_name(c.config_source),
+                })
+                .collect();
+            entries.sort_by(|a, b| a.name.cmp(&b.name));
+            out.push((topic, Ok(entries)));
         }
-        entries.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(entries)
+        Ok(out)
     }
 
     /// Sets topic config overrides (IncrementalAlterConfigs, operation SET).
