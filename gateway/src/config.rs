@@ -275,6 +275,16 @@ impl GatewayConfig {
         }
     }
 
+    /// The web console's settings: the gateway's brokers, identity, registry and bounds.
+    pub fn console_config(&self) -> fjord_console::ConsoleConfig {
+        fjord_console::ConsoleConfig {
+            client: self.client_config(),
+            registry_url: self.registry_url.clone(),
+            timeout: self.broker_timeout,
+            audit_window: self.audit_window,
+        }
+    }
+
     /// Rejects settings the gateway cannot run with.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));

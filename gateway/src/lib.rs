@@ -125,8 +125,10 @@ pub async fn serve_with_store(
             .collect(),
         None => Vec::new(),
     };
+    // The web console (#23) at /ui/, with the gateway's authentication and ACLs.
+    let console = fjord_console::Console::new(gateway.config.console_config(), security.clone());
     let http = Incoming::start(http, security, shutdown.clone()).map_err(|e| Error::Serve(format!("HTTP: {e}")))?;
-    let app = http::router(gateway.clone());
+    let app = http::router(gateway.clone()).merge(fjord_console::router(console));
     let http_shutdown = shutdown.clone();
     let http_server = async {
         let r = axum::serve(http, app.into_make_service_with_connect_info::<Peer>())

@@ -1,0 +1,182 @@
+//! The page shell every page shares (head, navigation, the embedded stylesheet and script)
+//! and small rendering helpers.
+
+use axum::http::StatusCode;
+use maud::{html, Markup, DOCTYPE};
+
+/// Where the console is mounted (its routes in `router` say the same): every link is
+/// absolute under it.
+pub(crate) const BASE: &str = "/ui";
+
+/// The stylesheet and script, compiled into the binary (the console works offline).
+pub(crate) const CSS: &str = include_str!("../assets/console.css");
+pub(crate) const JS: &str = include_str!("../assets/console.js");
+
+/// The navigation entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Nav {
+    Overview,
+    Topics,
+    Groups,
+    Schemas,
+    Audit,
+    None,
+}
+
+const NAV: [(Nav, &str, &str); 5] = [
+    (Nav::Overview, "/", "Overview"),
+    (Nav::Topics, "/topics", "Topics"),
+    (Nav::Groups, "/groups", "Groups"),
+    (Nav::Schemas, "/schemas", "Schemas"),
+    (Nav::Audit, "/audit", "Audit"),
+];
+
+/// A whole page.
+pub(crate) fn page(title: &str, active: Nav, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · Fjord console" }
+                link rel="icon" href="data:,";
+                link rel="stylesheet" href={ (BASE) "/assets/console.css" };
+                script src={ (BASE) "/assets/console.js" } defer {}
+            }
+            body {
+                header.top {
+                    a.brand href={ (BASE) "/" } { "Fjord" }
+                    nav aria-label="Sections" {
+                        @for (nav, path, label) in NAV {
+                            a href={ (BASE) (path) } aria-current=[(nav == active).then_some("page")] { (label) }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+/// The page of an error: the shell and the message.
+pub(crate) fn error_page(status: StatusCode, message: &str) -> Markup {
+    page(
+        "Error",
+        Nav::None,
+        html! {
+            h1 { "Error " (status.as_u16()) }
+            (error_box(message))
+        },
+    )
+}
+
+/// An error inside a page (one part of it failed, the rest is shown).
+pub(crate) fn error_box(message: &str) -> Markup {
+    html! { p.error role="alert" { (message) } }
+}
+
+/// A notice (what an action did).
+pub(crate) fn notice(message: &str) -> Markup {
+    html! { p.notice role="status" { (message) } }
+}
+
+/// `s` percent-encoded for one path segment or query value: everything but the unreserved
+/// characters of RFC 3986, so a group id with `/`, `?`, `#` or `"` stays one segment.
+pub(crate) fn enc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A timestamp (ms since the epoch) as UTC, with milliseconds.
+pub(crate) fn time(ms: i64) -> String {
+    if ms < 0 {
+        return "-".into();
+    }
+    let s = fjord_audit::time::format_utc(ms);
+    format!("{}.{:03}Z", s.trim_end_matches('Z'), ms.rem_euclid(1000))
+}
+
+/// Broker ids as `1, 2, 3`.
+pub(crate) fn ids(ids: &[i32]) -> String {
+    ids.iter().map(i32::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// A count with thousands separators.
+pub(crate) fn count(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        format!("-{out}")
+    } else {
+        out
+    }
+}
+
+/// A duration in ms as the largest whole unit (`7d`, `36h`, `1500ms`); -1 is unlimited.
+pub(crate) fn millis(value: &str) -> String {
+    let Ok(ms) = value.parse::<i64>() else { return value.to_string() };
+    if ms < 0 {
+        return "unlimited".into();
+    }
+    for (unit, len) in [("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)] {
+        if ms >= len && ms % len == 0 {
+            return format!("{}{unit}", ms / len);
+        }
+    }
+    format!("{ms}ms")
+}
+
+/// Bytes as a short size; -1 is unlimited.
+pub(crate) fn bytes(value: &str) -> String {
+    let Ok(n) = value.parse::<i64>() else { return value.to_string() };
+    if n < 0 {
+        return "unlimited".into();
+    }
+    for (unit, len) in [("GiB", 1i64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if n >= len && n % len == 0 {
+            return format!("{}{unit}", n / len);
+        }
+    }
+    format!("{n}B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers() {
+        assert_eq!(enc("a b/c?\"<"), "a%20b%2Fc%3F%22%3C");
+        assert_eq!(enc("orders.v1-x_y~"), "orders.v1-x_y~");
+        assert_eq!(count(1234567), "1,234,567");
+        assert_eq!(count(-12), "-12");
+        assert_eq!(millis("604800000"), "7d");
+        assert_eq!(millis("-1"), "unlimited");
+        assert_eq!(millis("1500"), "1500ms");
+        assert_eq!(bytes("1073741824"), "1GiB");
+        assert_eq!(time(1_796_010_000_123), "2026-11-30T03:40:00.123Z");
+    }
+
+    #[test]
+    fn user_text_is_escaped() {
+        let p = page("<t>", Nav::None, error_box("<script>alert(1)</script>"));
+        let s = p.into_string();
+        assert!(!s.contains("<script>alert"), "{s}");
+        assert!(s.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(s.contains("<title>&lt;t&gt; · Fjord console</title>"));
+    }
+}

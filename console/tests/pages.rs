@@ -1,0 +1,255 @@
+//! The console's pages over HTTP against a real broker, registry and gateway, with kcat as
+//! the independent client: topics and records kcat made are shown (an Avro record decoded
+//! through the registry), hostile keys, values, headers and group ids are escaped, a
+//! kcat group's lag shows, topics are created and deleted through the forms (and kcat sees
+//! it), a cross-site form post is refused, offsets are reset, and a broker or registry
+//! that cannot be reached is a message on the page.
+
+mod support;
+
+use std::time::Duration;
+
+use apache_avro::types::Value;
+use fjord_console::{Console, ConsoleConfig};
+use fjord_schema_registry::RegistryClient;
+use support::{kcat, kcat_produce, until, System};
+
+const HOSTILE_KEY: &str = "<script>alert('key')</script>";
+const HOSTILE_VALUE: &str = "\"><img src=x onerror=alert(1)>";
+const HOSTILE_GROUP: &str = "<b>grp\"&'</b>";
+
+/// An Avro click, framed as Confluent's serializers do, made through the registry.
+async fn avro_click(registry: &str, page: &str) -> Vec<u8> {
+    let client = RegistryClient::new(registry).unwrap();
+    let schema = r#"{"type":"record","name":"Click","fields":[{"name":"page","type":"string"},{"name":"n","type":"long"}]}"#;
+    let value = Value::Record(vec![("page".into(), Value::String(page.into())), ("n".into(), Value::Long(7))]);
+    client.serialize("clicks-value", schema, value).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_records_and_groups_made_by_kcat_are_shown_escaped() {
+    let sys = System::start().await;
+    kcat_produce(
+        &sys.broker,
+        "orders",
+        &format!("k1\t{{\"item\":\"book\",\"qty\":2}}\n{HOSTILE_KEY}\t{HOSTILE_VALUE}\n"),
+        Some("x-evil=<i>hdr</i>"),
+    );
+    // Avro, framed (magic byte, schema id) through the registry; no newline in its bytes.
+    let avro = avro_click(&sys.registry, "/checkout").await;
+    assert!(!avro.contains(&b'\n'));
+    let (ok, _, err) = kcat(&["-b", &sys.broker, "-P", "-t", "clicks"], Some(&avro));
+    assert!(ok, "{err}");
+
+    let (status, list) = sys.get("/ui/topics").await;
+    assert_eq!(status, 200, "{list}");
+    assert!(list.contains(">orders</a>") && list.contains(">clicks</a>"), "{list}");
+
+    let (status, page) = sys.get("/ui/topics/orders").await;
+    assert_eq!(status, 200, "{page}");
+    for raw in ["<script>alert", "<img src=x", "<i>hdr</i>"] {
+        assert!(!page.contains(raw), "unescaped {raw:?} in the topic page");
+    }
+    assert!(page.contains("&lt;script&gt;alert('key')&lt;/script&gt;"), "{page}");
+    assert!(page.contains("&quot;&gt;&lt;img src=x onerror=alert(1)&gt;"), "{page}");
+    assert!(page.contains("&lt;i&gt;hdr&lt;/i&gt;"), "{page}");
+    assert!(page.contains("&quot;item&quot;: &quot;book&quot;"), "JSON pretty-printed: {page}");
+    assert!(page.contains("DEFAULT_CONFIG") || page.contains("STATIC_BROKER_CONFIG"), "config sources: {page}");
+
+    let (status, page) = sys.get("/ui/topics/clicks").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("avro · schema 1"), "{page}");
+    assert!(page.contains("&quot;page&quot;: &quot;/checkout&quot;"), "Avro decoded: {page}");
+
+    // A kcat consumer group reads orders to its end and commits; then two more records.
+    let (ok, _, err) = kcat(
+        &[
+            "-b",
+            &sys.broker,
+            "-G",
+            HOSTILE_GROUP,
+            "-X",
+            "auto.offset.reset=earliest",
+            "-X",
+            "enable.auto.commit=true",
+            "-e",
+            "-q",
+            "orders",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    kcat_produce(&sys.broker, "orders", "k2\tmore\nk3\tmore\n", None);
+    until(30, "the group's lag of 2", async || {
+        let (_, page) = sys.get("/ui/groups").await;
+        assert!(!page.contains("<b>grp"), "unescaped group id");
+        page.contains("&lt;b&gt;grp&quot;&amp;'&lt;/b&gt;") && page.contains("<td class=\"num lag\">2</td>")
+    })
+    .await;
+    let group_path = format!("/ui/groups/{}", support::enc(HOSTILE_GROUP));
+    let (status, page) = sys.get(&group_path).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("id=\"total-lag\">2<"), "{page}");
+
+    // Reset the (empty) group to earliest: its lag is every record (4).
+    let r = sys.post_form(&format!("{group_path}/reset"), &[("topic", "orders"), ("to", "earliest"), ("value", "")]).await;
+    assert_eq!(r.status(), 303, "{}", r.text().await.unwrap());
+    let (_, page) = sys.get(&group_path).await;
+    assert!(page.contains("id=\"total-lag\">4<"), "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_are_created_and_deleted_through_the_forms() {
+    let sys = System::start().await;
+    let r = sys.post_form("/ui/topics", &[("name", "made-in-ui"), ("partitions", "3"), ("retention_ms", "3600000")]).await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/ui/topics/made-in-ui?created=1");
+    let (ok, listing, err) = kcat(&["-b", &sys.broker, "-L", "-t", "made-in-ui"], None);
+    assert!(ok, "{err}");
+    assert!(listing.contains("topic \"made-in-ui\" with 3 partitions"), "{listing}");
+    let (_, page) = sys.get("/ui/topics/made-in-ui?created=1").await;
+    assert!(page.contains("Created topic made-in-ui."), "{page}");
+    assert!(page.contains("<td>retention.ms</td><td>3600000</td><td>DYNAMIC_TOPIC_CONFIG</td>"), "{page}");
+
+    // A bad name is refused on the page, with the form kept.
+    let r = sys.post_form("/ui/topics", &[("name", "no spaces"), ("partitions", "1")]).await;
+    assert_eq!(r.status(), 400);
+    let page = r.text().await.unwrap();
+    assert!(page.contains("is not a topic name") && page.contains("value=\"no spaces\""), "{page}");
+    // A form posted from another site's page is refused and creates nothing.
+    let r = reqwest::Client::new()
+        .post(format!("{}/ui/topics", sys.http))
+        .header("Origin", "http://evil.example")
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body("name=csrf&partitions=1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let (_, listing, _) = kcat(&["-b", &sys.broker, "-L"], None);
+    assert!(!listing.contains("\"csrf\""), "{listing}");
+
+    let r = sys.post_form("/ui/topics/made-in-ui/delete", &[]).await;
+    assert_eq!(r.status(), 303);
+    until(30, "the deleted topic to leave kcat's listing", async || {
+        let (_, listing, _) = kcat(&["-b", &sys.broker, "-L"], None);
+        !listing.contains("made-in-ui")
+    })
+    .await;
+    let (status, page) = sys.get("/ui/topics/made-in-ui").await;
+    assert_eq!(status, 404);
+    assert!(page.contains("topic &quot;made-in-ui&quot; does not exist"), "{page}");
+}
+
+/// A console whose broker and registry are not there: every page renders a message.
+#[tokio::test]
+async fn unreachable_brokers_and_registry_are_messages_on_the_page() {
+    // Ports nothing listens on: bound, then closed.
+    let dead = |l: std::net::TcpListener| l.local_addr().unwrap().to_string();
+    let broker = dead(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let registry = dead(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let config = ConsoleConfig {
+        registry_url: Some(format!("http://{registry}")),
+        timeout: Duration::from_secs(2),
+        ..ConsoleConfig::new(&broker)
+    };
+    let console = Console::new(config, fjord_auth::http::HttpSecurity::open());
+    let app = fjord_console::router(console);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    for path in ["/ui/", "/ui/topics", "/ui/topics/t", "/ui/groups", "/ui/groups/g", "/ui/schemas", "/ui/audit"] {
+        let r = reqwest::get(format!("{url}{path}")).await.unwrap();
+        let status = r.status().as_u16();
+        let page = r.text().await.unwrap();
+        assert!((500..=504).contains(&status), "{path}: {status}");
+        assert!(page.contains("<p class=\"error\" role=\"alert\">"), "{path}: {page}");
+        assert!(page.contains("<nav aria-label=\"Sections\">"), "{path}: the page shell is there");
+        if path == "/ui/schemas" {
+            assert!(page.contains("schema registry"), "{page}");
+        } else {
+            assert!(page.contains("brokers") || page.contains("audit"), "{path}: {page}");
+        }
+    }
+    let r = reqwest::get(format!("{url}/ui/assets/console.js")).await.unwrap();
+    assert_eq!(r.status(), 200, "assets are served without the brokers");
+}
+
+/// With the gateway's Basic authentication and authorizer on, the console asks for the
+/// same credentials and shows and does only what the ACLs allow the user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_authentication_and_acls_apply_to_the_console() {
+    use fjord_auth::scram::{ScramCredential, ScramMechanism};
+    use fjord_auth::{
+        AccessControlEntry, AclBinding, Operation, PatternType, Permission, Principal, ResourcePattern, ResourceType,
+    };
+
+    let sys = System::start().await;
+    kcat_produce(&sys.broker, "visible", "k\tv\n", None);
+    kcat_produce(&sys.broker, "secret", "k\tv\n", None);
+    let store = fjord_coord::open(None, &sys.dir.path().join("gateway-store")).await.unwrap();
+    for (user, password) in [("alice", "alice-pw"), ("admin", "admin-pw")] {
+        let credential = ScramCredential::generate(ScramMechanism::Sha256, password, 4096).unwrap();
+        fjord_auth::store::set_credential(&*store, user, ScramMechanism::Sha256, &credential).await.unwrap();
+    }
+    let allow = |operation| AclBinding {
+        pattern: ResourcePattern::new(ResourceType::Topic, "visible", PatternType::Literal).unwrap(),
+        entry: AccessControlEntry::new(Principal::user("alice"), "*", operation, Permission::Allow).unwrap(),
+    };
+    fjord_auth::store::create_acls(&*store, &[allow(Operation::Describe), allow(Operation::Read)]).await.unwrap();
+    let mut config = fjord_gateway::GatewayConfig::new(sys.broker.clone());
+    for (key, value) in [("authentication.method", "BASIC"), ("authorizer.enable", "true"), ("super.users", "User:admin")] {
+        config.set(key, value).unwrap();
+    }
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", http.local_addr().unwrap());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(fjord_gateway::run_with_store(config, Some(store), http, grpc, shutdown.clone()));
+    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let get = |path: &str, user: Option<(&str, &str)>| {
+        let mut r = client.get(format!("{url}{path}"));
+        if let Some((u, p)) = user {
+            r = r.basic_auth(u, Some(p));
+        }
+        r.send()
+    };
+    // The gateway serves once its store watchers are up.
+    let mut r = get("/ui/topics", None).await;
+    for _ in 0..100 {
+        if r.as_ref().is_ok_and(|r| r.status() != 503) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        r = get("/ui/topics", None).await;
+    }
+    let r = r.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.headers()["www-authenticate"].to_str().unwrap().starts_with("Basic realm="));
+    assert_eq!(get("/ui/topics", Some(("alice", "wrong"))).await.unwrap().status(), 401);
+
+    let alice = Some(("alice", "alice-pw"));
+    let page = get("/ui/topics", alice).await.unwrap().text().await.unwrap();
+    assert!(page.contains(">visible</a>") && !page.contains("secret"), "{page}");
+    assert!(!page.contains("Delete"), "alice may not delete: {page}");
+    let r = get("/ui/topics/secret", alice).await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("User:alice may not Describe topic &quot;secret&quot;"));
+    let page = get("/ui/topics/visible", alice).await.unwrap().text().await.unwrap();
+    assert!(page.contains("<pre class=\"text\">v</pre>"), "alice reads visible: {page}");
+    let r = client
+        .post(format!("{url}/ui/topics"))
+        .basic_auth("alice", Some("alice-pw"))
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body("name=alices&partitions=1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("User:alice may not Create topic &quot;alices&quot;"));
+    assert_eq!(get("/ui/audit", alice).await.unwrap().status(), 403, "no Read on _audit");
+
+    let page = get("/ui/topics", Some(("admin", "admin-pw"))).await.unwrap().text().await.unwrap();
+    assert!(page.contains(">visible</a>") && page.contains(">secret</a>"), "{page}");
+    shutdown.cancel();
+}
