@@ -290,13 +290,20 @@ impl Consumer {
 
     /// The offset of the next record [`Consumer::recv`]/[`Consumer::poll`] will return
     /// for the partition (resolving a pending seek first).
+    ///
+    /// Once every record fetched for the partition was handed out, that is the fetch
+    /// offset, as Kafka's consumer reports it: a read_committed fetch passes transaction
+    /// markers and aborted batches that no record shows, and the position moves past them
+    /// (so a reader can tell it reached the high watermark, and a commit leaves no lag).
     pub async fn position(&mut self, tp: &TopicPartition) -> Result<i64> {
         self.resolve_pending().await?;
         let state = self
             .partitions
             .get(&(Arc::from(tp.topic.as_str()), tp.partition))
             .ok_or_else(|| Error::NotAssigned(tp.to_string()))?;
-        state.position.ok_or_else(|| Error::OffsetOutOfRange { partition: tp.to_string(), offset: -1 })
+        let position = state.position.ok_or_else(|| Error::OffsetOutOfRange { partition: tp.to_string(), offset: -1 })?;
+        let buffered = self.buffer.iter().any(|r| *r.topic == *tp.topic && r.partition == tp.partition);
+        Ok(if buffered { position } else { position.max(state.fetch_offset) })
     }
 
     /// The high watermark the last fetch reported for the partition (-1 before any).
