@@ -291,6 +291,12 @@ impl Admin {
     pub async fn list_offsets(&self, partitions: &[(String, i32, OffsetSpec)]) -> Result<Vec<i64>> {
         list_offsets(&self.cluster, partitions).await
     }
+
+    /// [`Admin::list_offsets`] at an isolation level: with read_committed, the latest
+    /// offset is the last stable offset.
+    pub async fn list_offsets_at(&self, partitions: &[(String, i32, OffsetSpec)], isolation: IsolationLevel) -> Result<Vec<i64>> {
+        list_offsets_at(&self.cluster, partitions, isolation).await
+    }
 }
 
 fn topic_name(name: &str) -> TopicName {
