@@ -446,6 +446,7 @@ async fn notify(store: &dyn MetadataStore, pattern: &ResourcePattern) -> Result<
 /// Deletes notifications older than [`NOTIFICATION_TTL`]. They are named in creation
 /// order, so the walk stops at the first young one.
 async fn purge_notifications(store: &dyn MetadataStore) -> Result<()> {
+    // `fjord_record::now_ms` inline: fjord-auth sits beside the record format, not on it.
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     let ttl_ms = NOTIFICATION_TTL.as_millis() as i64;
     for name in store.children(paths::ACL_CHANGES).await? {

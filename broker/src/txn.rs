@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use fjord_coord::paths;
 use fjord_coord::registry::{read_json, BrokerRegistration};
-use fjord_record::{BatchBuilder, TopicPartition};
+use fjord_record::{now_ms, BatchBuilder, TopicPartition};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
 use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest};
@@ -235,10 +235,6 @@ impl TxnCoordinator {
     pub(crate) fn loaded(&self) -> Vec<Arc<Loaded>> {
         self.loaded.lock().expect("invariant: loaded lock is never poisoned").values().cloned().collect()
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Broker {

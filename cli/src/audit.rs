@@ -48,7 +48,7 @@ struct Common {
 
 impl Common {
     fn config(&self, default_since_windows: Option<i64>) -> anyhow::Result<ReportConfig> {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+        let now = fjord_record::now_ms();
         let window = Duration::from_secs(self.window_secs);
         let since_ms = match (&self.since, default_since_windows) {
             (Some(s), _) => Some(fjord_audit::time::parse_since(s, now)?),

@@ -380,6 +380,8 @@ fn split(path: &str) -> (&str, &str) {
     (if at == 0 { "/" } else { &path[..at] }, &path[at + 1..])
 }
 
+/// Milliseconds since the Unix epoch, 0 before 1970: `fjord_record::now_ms`, kept here
+/// because the metadata store depends on no other Fjord crate (docs/architecture.md).
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }

@@ -307,11 +307,7 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
     let pattern = regex::Regex::new(&format!("^(?:{})$", config.topics))?;
     let dest = crate::fs::open(&config.dest, config.hdfs_timeout)?;
     let registry = config.registry.as_deref().map(RegistryClient::new).transpose().map_err(|e| Error::Registry(Box::new(e)))?;
-    let run_id = format!(
-        "{}-{}",
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis(),
-        std::process::id()
-    );
+    let run_id = format!("{}-{}", fjord_record::now_ms(), std::process::id());
     let mut summary = RunSummary { job: config.job.clone(), run_id: run_id.clone(), ..RunSummary::default() };
 
     // 1. Finish or roll back what dead runs left, then read the committed state.

@@ -10,6 +10,7 @@
 //! it, and ListTransactions lists only the ids the client may Describe.
 
 use fjord_auth::{Operation, Resource};
+use fjord_record::now_ms;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::add_partitions_to_txn_response::{
     AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
@@ -35,10 +36,6 @@ fn fenced_for(error: ResponseError, version: i16, since: i16) -> ResponseError {
     } else {
         error
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 fn text(s: &str) -> StrBytes {
