@@ -237,8 +237,18 @@ async fn act(
     // One outstanding watch per node: a pass re-arms only those that fired.
     let (mut brokers_changed, mut topics_changed, mut controller_changed): (Option<Watch>, Option<Watch>, Option<Watch>) =
         (None, None, None);
+    // Brokers' unhealthy replicas (crate::replica_health): a change moves leadership off them.
+    let mut offline_changed: Option<Watch> = None;
     loop {
         let pass = async {
+            if offline_changed.is_none() {
+                match create_all(store, paths::OFFLINE_REPLICAS, &[], CreateMode::Persistent).await {
+                    Ok(_) | Err(fjord_coord::Error::NodeExists { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                offline_changed = Some(store.watch_children(paths::OFFLINE_REPLICAS).await?.1);
+            }
+            let unhealthy = crate::replica_health::read_all(store).await?;
             let ids = match brokers_changed {
                 Some(_) => store.children(paths::BROKER_IDS).await?,
                 None => {
@@ -281,12 +291,12 @@ async fn act(
             if !bounced.is_empty() {
                 tracing::info!(brokers = ?bounced, "brokers restarted since the last pass");
                 let without: BTreeSet<i32> = alive.difference(&bounced).copied().collect();
-                reconcile(store, epoch, &without, unclean_default).await?;
+                reconcile(store, epoch, &without, &unhealthy, unclean_default).await?;
             }
-            reconcile(store, epoch, &alive, unclean_default).await?;
+            reconcile(store, epoch, &alive, &unhealthy, unclean_default).await?;
             sessions = live;
             if let (true, Some(r)) = (check_due, config.rebalance) {
-                restore_preferred(store, epoch, &alive, r.percentage).await?;
+                restore_preferred(store, epoch, &alive, &unhealthy, r.percentage).await?;
                 check_due = false;
                 next_check = Some(tokio::time::Instant::now() + r.interval);
             }
@@ -295,8 +305,8 @@ async fn act(
         if let Err(stop) = pass.await {
             return stop;
         }
-        let (Some(brokers), Some(topics), Some(controller)) =
-            (brokers_changed.as_mut(), topics_changed.as_mut(), controller_changed.as_mut())
+        let (Some(brokers), Some(topics), Some(controller), Some(offline)) =
+            (brokers_changed.as_mut(), topics_changed.as_mut(), controller_changed.as_mut(), offline_changed.as_mut())
         else {
             unreachable!("invariant: every watch is armed after a successful pass")
         };
@@ -306,6 +316,7 @@ async fn act(
             () = tokio::time::sleep_until(check_at), if next_check.is_some() => { check_due = true; continue }
             event = brokers => { brokers_changed = None; event }
             event = topics => { topics_changed = None; event }
+            event = offline => { offline_changed = None; event }
             // Deleted (session lost) or replaced: the next pass finds out which.
             event = controller => { controller_changed = None; event }
             () = shutdown.cancelled() => return Stop::Shutdown,
@@ -347,8 +358,18 @@ fn numbered_partitions(assignment: &TopicAssignment) -> impl Iterator<Item = (i3
     assignment.partitions.iter().filter_map(|(p, replicas)| Some((p.parse().ok()?, replicas)))
 }
 
-/// One pass over every partition: writes the states [`decide`] changes.
-async fn reconcile(store: &dyn MetadataStore, epoch: i32, live: &BTreeSet<i32>, unclean_default: bool) -> Result<(), Stop> {
+/// Partition → brokers whose replica of it is offline or damaged (`crate::replica_health`).
+type Unhealthy = BTreeMap<(String, i32), BTreeSet<i32>>;
+
+/// One pass over every partition: writes the states [`decide_avoiding`] changes.
+async fn reconcile(
+    store: &dyn MetadataStore,
+    epoch: i32,
+    live: &BTreeSet<i32>,
+    unhealthy: &Unhealthy,
+    unclean_default: bool,
+) -> Result<(), Stop> {
+    let none = BTreeSet::new();
     for (topic, assignment) in topic_assignments(store).await? {
         // The topic's own `unclean.leader.election.enable`, read once per topic (write_state
         // decides without awaiting, so it cannot be read only when an election needs it).
@@ -356,7 +377,11 @@ async fn reconcile(store: &dyn MetadataStore, epoch: i32, live: &BTreeSet<i32>, 
         let unclean = overrides.get("unclean.leader.election.enable").map_or(unclean_default, |v| v.trim() == "true");
         for (partition, replicas) in numbered_partitions(&assignment) {
             let what = "controller changed partition state";
-            write_state(store, epoch, &topic, partition, what, |state| decide(state, replicas, live, unclean).ok_or(())).await?;
+            let bad = unhealthy.get(&(topic.clone(), partition)).unwrap_or(&none);
+            write_state(store, epoch, &topic, partition, what, |state| {
+                decide_avoiding(state, replicas, live, bad, unclean).ok_or(())
+            })
+            .await?;
         }
     }
     Ok(())
@@ -365,7 +390,13 @@ async fn reconcile(store: &dyn MetadataStore, epoch: i32, live: &BTreeSet<i32>, 
 /// The rebalancing pass: reads every partition, asks [`rebalance`] which ones go back to
 /// their preferred replica, and writes each (compare-and-set; on a conflict the state is
 /// read again and [`prefer`] decides again).
-async fn restore_preferred(store: &dyn MetadataStore, epoch: i32, live: &BTreeSet<i32>, percentage: u32) -> Result<(), Stop> {
+async fn restore_preferred(
+    store: &dyn MetadataStore,
+    epoch: i32,
+    live: &BTreeSet<i32>,
+    unhealthy: &Unhealthy,
+    percentage: u32,
+) -> Result<(), Stop> {
     let mut states = Vec::new();
     for (topic, assignment) in topic_assignments(store).await? {
         for (partition, replicas) in numbered_partitions(&assignment) {
@@ -376,6 +407,10 @@ async fn restore_preferred(store: &dyn MetadataStore, epoch: i32, live: &BTreeSe
         }
     }
     for ((topic, partition), replicas, _) in rebalance(&states, live, percentage) {
+        // Never back to a preferred replica whose copy is unhealthy.
+        if unhealthy.get(&(topic.clone(), *partition)).is_some_and(|bad| replicas.first().is_some_and(|p| bad.contains(p))) {
+            continue;
+        }
         let what = "controller moved leadership back to the preferred replica";
         write_state(store, epoch, topic, *partition, what, |state| prefer(state, replicas, live).ok_or(())).await?;
     }
@@ -558,6 +593,34 @@ pub(crate) fn decide(state: &PartitionState, replicas: &[i32], live: &BTreeSet<i
     Some(PartitionState { leader, leader_epoch: state.leader_epoch + 1, isr, controller_epoch: state.controller_epoch })
 }
 
+/// [`decide`], keeping leadership and ISR membership off the replicas in `unhealthy`
+/// (offline or damaged copies, `crate::replica_health`) when another in-sync replica is
+/// usable: a leader listed there gives leadership to the first usable in-sync replica
+/// and leaves the ISR, as does a listed follower, and a listed replica is never elected
+/// (Kafka's handling of an offline replica). When no usable in-sync replica exists, the
+/// state is decided as if nothing were listed: a damaged leader still serves everything
+/// before its damage, and a damaged last in-sync replica is a better leader than none.
+pub(crate) fn decide_avoiding(
+    state: &PartitionState,
+    replicas: &[i32],
+    live: &BTreeSet<i32>,
+    unhealthy: &BTreeSet<i32>,
+    unclean: bool,
+) -> Option<PartitionState> {
+    let usable: BTreeSet<i32> = live.difference(unhealthy).copied().collect();
+    let other_in_sync = replicas.iter().any(|b| usable.contains(b) && state.isr.contains(b));
+    if unhealthy.is_empty() || !other_in_sync {
+        return decide(state, replicas, live, unclean);
+    }
+    if unhealthy.contains(&state.leader) && live.contains(&state.leader) {
+        tracing::warn!(
+            leader = state.leader, isr = ?state.isr,
+            "the leader's copy is offline or damaged: leadership moves to a healthy in-sync replica"
+        );
+    }
+    decide(state, replicas, &usable, unclean)
+}
+
 /// Kafka's automatic preferred-leader rebalancing over `(key, replicas, state)` of every
 /// partition: per broker, the share of the partitions it is the preferred replica of (the
 /// first of the assignment) that another broker leads; for each broker above `percentage`
@@ -630,6 +693,25 @@ mod tests {
 
     fn state(leader: i32, epoch: i32, isr: &[i32]) -> PartitionState {
         PartitionState { leader, leader_epoch: epoch, isr: isr.to_vec(), controller_epoch: 1 }
+    }
+
+    #[test]
+    fn unhealthy_replicas_lose_leadership_and_isr_membership_when_a_healthy_one_can_take_over() {
+        let replicas = [1, 2, 3];
+        let all = live(&[1, 2, 3]);
+        let decide = |s: &PartitionState, l: &BTreeSet<i32>, bad: &[i32]| decide_avoiding(s, &replicas, l, &live(bad), false);
+        assert_eq!(decide(&state(1, 4, &[1, 2, 3]), &all, &[]), None, "nothing listed: nothing changes");
+        assert_eq!(decide(&state(1, 4, &[1, 2, 3]), &all, &[1]), Some(state(2, 5, &[2, 3])), "a damaged leader gives way");
+        assert_eq!(decide(&state(1, 4, &[1, 2, 3]), &all, &[2]), Some(state(1, 4, &[1, 3])), "a damaged follower leaves the ISR");
+        assert_eq!(decide(&state(1, 4, &[1, 3]), &all, &[1]), Some(state(3, 5, &[3])), "only in-sync replicas take over");
+        assert_eq!(
+            decide(&state(1, 4, &[1, 2, 3]), &live(&[2, 3]), &[2]),
+            Some(state(3, 5, &[3])),
+            "never elected over a healthy one"
+        );
+        assert_eq!(decide(&state(1, 4, &[1]), &all, &[1]), None, "no other in-sync replica: the damaged leader stays");
+        assert_eq!(decide(&state(1, 4, &[1, 2]), &all, &[1, 2]), None, "nobody healthy in sync: as if nothing were listed");
+        assert_eq!(decide(&state(1, 4, &[1, 2]), &live(&[2]), &[2]), Some(state(2, 5, &[2])), "a damaged last replica over none");
     }
 
     fn live(ids: &[i32]) -> BTreeSet<i32> {

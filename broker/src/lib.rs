@@ -74,6 +74,7 @@ mod metrics;
 pub mod observer;
 mod partition;
 mod periodic;
+mod replica_health;
 mod replication;
 mod response;
 mod sasl;

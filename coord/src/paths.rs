@@ -32,6 +32,16 @@ pub const SCHEMA_IDS: &str = "/schemas/ids";
 /// Parent of schema subjects.
 pub const SCHEMA_SUBJECTS: &str = "/schemas/subjects";
 
+/// Parent of the brokers' unhealthy replica lists, `<id>` ephemeral (Fjord's; Kafka's
+/// controller learns them from LeaderAndIsr answers, which Fjord does not send).
+pub const OFFLINE_REPLICAS: &str = "/brokers/offline_replicas";
+
+/// `/brokers/offline_replicas/<id>`: the replicas broker `id` holds that are offline or
+/// damaged (ephemeral, absent when there are none).
+pub fn offline_replicas(id: i32) -> String {
+    format!("{OFFLINE_REPLICAS}/{id}")
+}
+
 /// `/brokers/ids/<id>`: a live broker's registration (ephemeral).
 pub fn broker(id: i32) -> String {
     format!("{BROKER_IDS}/{id}")
