@@ -109,7 +109,8 @@ async fn publish(g: &Gateway, api: &'static str, caller: &Caller, mut request: P
         idempotency::check_key(&request.idempotency_key)?;
         let hash = request_hash(&request.topic, request.acks, &events);
         let keys = g.key_store().await?;
-        let run = keys.run("", &request.idempotency_key, &hash, || async {
+        let scope = caller.key_scope();
+        let run = keys.run(&scope, &request.idempotency_key, &hash, || async {
             let delivered = all_delivered(g.publish(&request.topic, events, acks).await?)?;
             let answer = delivered.iter().map(|d| serde_json::json!([d.partition, d.offset])).collect();
             Ok((serde_json::Value::Array(answer), delivered))

@@ -48,6 +48,11 @@ fn allow(principal: &str, operation: Operation, topic: &str, pattern: PatternTyp
 
 impl Secure {
     async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// [`Secure::start`] with the gateway's config adjusted by the caller.
+    async fn start_with(configure: impl FnOnce(&mut GatewayConfig)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("certs")).unwrap();
         let certs = Certs::create(&dir.path().join("certs")).unwrap();
@@ -98,6 +103,7 @@ impl Secure {
         ] {
             gateway.set(key, &value).unwrap();
         }
+        configure(&mut gateway);
         let (http, http_addr) = support::bind().await;
         let (grpc, grpc_addr) = support::bind().await;
         tokio::spawn(fjord_gateway::run_with_store(gateway, Some(store), http, grpc, shutdown.clone()));
@@ -232,6 +238,44 @@ async fn a_client_certificate_is_the_principal_and_beacons_are_anonymous() {
     let (status, headers, _) = s.curl("/v1/events/orders", &[post(EVENT), vec!["-H", "Origin: http://localhost:3000"]].concat());
     assert_eq!(status, 401);
     assert!(headers.to_ascii_lowercase().contains("access-control-allow-origin"), "{headers}");
+}
+
+/// Idempotency keys and the per-client limits belong to the authenticated principal:
+/// the writer (Basic) and alice (a client certificate) use one key for the same body and
+/// each is written once with its own answer; the writer over its bytes/s is refused while
+/// alice, from the same address, is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_keys_and_limits_are_per_principal() {
+    let s = Secure::start_with(|g| g.client_limits.bytes_per_sec = 1000).await;
+    let cert = ["--cert", &s.certs.path("client.pem"), "--key", &s.certs.path("client.key")].map(str::to_owned);
+    let alice: Vec<&str> = cert.iter().map(String::as_str).collect();
+    let writer = vec!["-u", "writer:writer-pw"];
+    let keyed = |who: &Vec<&str>, body: &str| {
+        let args = [post(body), vec!["-H", "Idempotency-Key: order-7"], who.clone()].concat();
+        let (status, _, body) = s.curl("/v1/events/orders", &args);
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let by_writer = keyed(&writer, EVENT);
+    let by_alice = keyed(&alice, EVENT);
+    assert_ne!(by_writer, by_alice, "alice's request under the writer's key is her own: {by_writer} {by_alice}");
+    assert_eq!(keyed(&writer, EVENT), by_writer, "the writer's repeat gets the writer's answer");
+    assert_eq!(keyed(&alice, EVENT), by_alice);
+    let pull = "/v1/topics/orders/partitions/0/records?offset=0";
+    let (status, _, records) = s.curl(pull, &["-u", "reader:reader-pw"]);
+    assert_eq!(status, 200, "{records}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&records).unwrap()["records"].as_array().unwrap().len(), 2);
+
+    // 10 kB at 1000 bytes/s: the writer is refused for about 9 s, alice is not.
+    let big: String = (0..500).map(|i| format!("{{\"n\":\"{i:012}\"}}\n")).collect();
+    assert_eq!(s.curl("/v1/events/orders", &[post(&big), writer.clone()].concat()).0, 200);
+    let (status, headers, body) = s.curl("/v1/events/orders", &[post(EVENT), writer.clone()].concat());
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("User:writer is over its limit of 1000 bytes/s"), "{body}");
+    let retry_after = headers.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("retry-after: ").map(str::to_owned));
+    let retry_after: u64 = retry_after.expect("Retry-After header").trim().parse().unwrap();
+    assert!((1..=10).contains(&retry_after), "{retry_after}");
+    assert_eq!(s.curl("/v1/events/orders", &[post(EVENT), alice.clone()].concat()).0, 200, "alice has her own allowance");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,6 +45,17 @@ pub(crate) struct Caller {
 }
 
 impl Caller {
+    /// The scope of the caller's idempotency keys: its principal, so one principal's key
+    /// never answers another's request. Anonymous callers share the empty scope, the one
+    /// keys had before the gateway authenticated, so keys stored then still hold.
+    pub(crate) fn key_scope(&self) -> String {
+        if self.principal == Principal::anonymous() {
+            String::new()
+        } else {
+            self.principal.to_string()
+        }
+    }
+
     /// Who the per-client limits count this request against: its principal, or its IP
     /// address when anonymous (so anonymous browsers do not share one allowance).
     pub(crate) fn limit_key(&self) -> String {
@@ -144,4 +155,21 @@ pub(crate) async fn guard(State(g): State<Arc<Gateway>>, request: Request, next:
 fn reject(g: &Gateway, e: Error) -> Response {
     g.metrics.record("http_auth", e.http_status(), 0, 0, std::time::Duration::ZERO);
     error_response(&e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_and_idempotency_keys_are_per_principal_and_anonymous_callers_per_address() {
+        let caller = |principal: Principal, host: &str| Caller { principal, host: host.into() };
+        let alice = caller(Principal::user("alice"), "10.0.0.1");
+        let alice_elsewhere = caller(Principal::user("alice"), "10.0.0.2");
+        assert_eq!((alice.limit_key(), alice.key_scope()), ("User:alice".to_string(), "User:alice".to_string()));
+        assert_eq!(alice.limit_key(), alice_elsewhere.limit_key(), "a principal is one client wherever it connects from");
+        let anonymous = caller(Principal::anonymous(), "10.0.0.3");
+        assert_eq!((anonymous.limit_key(), anonymous.key_scope()), ("ip:10.0.0.3".to_string(), String::new()));
+        assert_ne!(anonymous.limit_key(), caller(Principal::anonymous(), "10.0.0.4").limit_key());
+    }
 }

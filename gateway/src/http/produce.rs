@@ -13,9 +13,11 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use bytes::Bytes;
 use serde_json::{json, Value as Json};
 
+use super::auth::Caller;
 use super::{read_body, respond, Answer, V2_CONTENT_TYPE};
 use crate::backend::{Delivered, Event};
 use crate::idempotency::{self, Outcome, RequestHash};
@@ -43,17 +45,20 @@ pub(crate) fn embedded_format(headers: &HeaderMap) -> Result<EmbeddedFormat> {
 
 pub(crate) async fn v2_topic(
     State(g): State<Arc<Gateway>>,
+    caller: Option<Extension<Caller>>,
     Path(topic): Path<String>,
     Query(q): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let fut = keyed(&g, "v2", &topic, None, &q, &headers, body, |body| v2(&g, topic.clone(), None, &q, &headers, body));
+    let fut =
+        keyed(&g, scope(&caller), "v2", &topic, None, &q, &headers, body, |body| v2(&g, topic.clone(), None, &q, &headers, body));
     respond(&g, "http_v2", fut).await
 }
 
 pub(crate) async fn v2_partition(
     State(g): State<Arc<Gateway>>,
+    caller: Option<Extension<Caller>>,
     Path((topic, partition)): Path<(String, String)>,
     Query(q): Query<HashMap<String, String>>,
     headers: HeaderMap,
@@ -61,7 +66,7 @@ pub(crate) async fn v2_partition(
 ) -> Response {
     let fut = async {
         let p = Some(parse_partition(&topic, &partition)?);
-        keyed(&g, "v2", &topic, p, &q, &headers, body, |body| v2(&g, topic.clone(), p, &q, &headers, body)).await
+        keyed(&g, scope(&caller), "v2", &topic, p, &q, &headers, body, |body| v2(&g, topic.clone(), p, &q, &headers, body)).await
     };
     respond(&g, "http_v2", fut).await
 }
@@ -231,12 +236,14 @@ async fn v2(
 
 pub(crate) async fn ndjson(
     State(g): State<Arc<Gateway>>,
+    caller: Option<Extension<Caller>>,
     Path(topic): Path<String>,
     Query(q): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let fut = keyed(&g, "ndjson", &topic, None, &q, &headers, body, |body| bulk(&g, topic.clone(), &q, &headers, body));
+    let fut =
+        keyed(&g, scope(&caller), "ndjson", &topic, None, &q, &headers, body, |body| bulk(&g, topic.clone(), &q, &headers, body));
     respond(&g, "http_ndjson", fut).await
 }
 
@@ -246,12 +253,14 @@ pub(crate) async fn ndjson(
 /// reads a beacon's answer.
 pub(crate) async fn beacon(
     State(g): State<Arc<Gateway>>,
+    caller: Option<Extension<Caller>>,
     Path(topic): Path<String>,
     Query(q): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let fut = keyed(&g, "beacon", &topic, None, &q, &headers, body, |body| bulk(&g, topic.clone(), &q, &headers, body));
+    let fut =
+        keyed(&g, scope(&caller), "beacon", &topic, None, &q, &headers, body, |body| bulk(&g, topic.clone(), &q, &headers, body));
     let r = respond(&g, "http_beacon", fut).await;
     if r.status().is_success() {
         // Keep CORS headers the middleware adds later; drop only the JSON.
@@ -382,11 +391,18 @@ pub(crate) fn all_delivered(results: Vec<Result<Delivered>>) -> Result<Vec<Deliv
     Ok(out)
 }
 
+/// The scope of the caller's idempotency keys (see [`Caller::key_scope`]); a router
+/// served without the guard (unit tests) is anonymous.
+fn scope(caller: &Option<Extension<Caller>>) -> String {
+    caller.as_ref().map_or_else(String::new, |c| c.key_scope())
+}
+
 /// Runs a publish handler on the request body, once per `Idempotency-Key` when the
 /// request carries one (see `idempotency`): a repeat gets the stored answer.
 #[allow(clippy::too_many_arguments)] // the parts of one request, as the handlers hold them
 async fn keyed<F, Fut>(
     g: &Gateway,
+    scope: String,
     kind: &str,
     topic: &str,
     partition: Option<i32>,
@@ -425,7 +441,7 @@ where
     }
     hash.part(headers.get(header::CONTENT_TYPE).map_or(&b""[..], |v| v.as_bytes())).part(&body);
     let hash = hash.finish();
-    let run = g.key_store().await?.run("", key, &hash, || async {
+    let run = g.key_store().await?.run(&scope, key, &hash, || async {
         let answer = f(body).await?;
         Ok((json!({ "content_type": answer.content_type, "body": answer.body.clone() }), answer))
     });
