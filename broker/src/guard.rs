@@ -152,6 +152,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::DescribeGroups => v >= 5,
         ApiKey::DeleteGroups => v >= 2,
         ApiKey::OffsetDelete => false,
+        ApiKey::DescribeProducers => true,
         ApiKey::InitProducerId => v >= 2,
         ApiKey::ElectLeaders => v >= 2,
         ApiKey::CreateAcls | ApiKey::DescribeAcls | ApiKey::DeleteAcls => v >= 2,
@@ -498,6 +499,13 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                     w.tagged_fields()
                 })?;
                 w.int32()?; // coordinator epoch
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::DescribeProducers => {
+            w.array(|w| {
+                w.string()?; // name
+                w.array(Walker::int32)?; // partition indexes
                 w.tagged_fields()
             })?;
         }

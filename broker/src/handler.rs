@@ -8,6 +8,7 @@ pub(crate) mod alter_configs;
 pub(crate) mod authz;
 pub(crate) mod broker_configs;
 pub(crate) mod delete_records;
+pub(crate) mod describe_producers;
 pub(crate) mod elect;
 pub(crate) mod fetch;
 pub(crate) mod leader_epoch;
@@ -247,6 +248,7 @@ impl Broker {
                 (ApiKey::AlterUserScramCredentials, self.alter_user_scram_credentials(req).await)
             }
             RequestKind::DeleteRecords(req) => (ApiKey::DeleteRecords, self.delete_records(req, session)),
+            RequestKind::DescribeProducers(req) => (ApiKey::DescribeProducers, self.describe_producers(req, session)),
             RequestKind::WriteTxnMarkers(req) => (ApiKey::WriteTxnMarkers, self.write_txn_markers(req, session).await),
             RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req, session).await),
             RequestKind::DescribeCluster(req) => (ApiKey::DescribeCluster, self.describe_cluster(req, session)),

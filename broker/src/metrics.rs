@@ -298,6 +298,7 @@ pub(crate) fn response_errors(body: &ResponseKind) -> Vec<i16> {
         ResponseKind::ListGroups(r) => vec![r.error_code],
         ResponseKind::DescribeGroups(r) => r.groups.iter().map(|g| g.error_code).collect(),
         ResponseKind::DeleteGroups(r) => r.results.iter().map(|g| g.error_code).collect(),
+        ResponseKind::DescribeProducers(r) => r.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).collect(),
         ResponseKind::OffsetDelete(r) => {
             std::iter::once(r.error_code).chain(r.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code)).collect()
         }

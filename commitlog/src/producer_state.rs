@@ -119,6 +119,10 @@ pub struct ProducerInfo {
     pub last_offset: Offset,
     /// Largest timestamp of its batches (expiry counts from here).
     pub last_timestamp: i64,
+    /// Coordinator epoch of the last transaction marker for it (-1: none yet).
+    pub coordinator_epoch: i32,
+    /// First offset of its open transaction in this partition, if one is open.
+    pub txn_start_offset: Option<Offset>,
 }
 
 /// The state of one partition (see the module docs).
@@ -334,6 +338,8 @@ impl ProducerState {
                     last_sequence: last.last_seq,
                     last_offset: last.last_offset,
                     last_timestamp: e.last_timestamp,
+                    coordinator_epoch: e.coordinator_epoch,
+                    txn_start_offset: e.txn_first_offset,
                 })
             })
             .collect();

@@ -72,7 +72,15 @@ fn a_retry_is_answered_with_the_original_offsets_and_nothing_is_appended() {
     assert_eq!(log.log_end_offset(), 8);
     assert_eq!(
         log.producers(),
-        vec![ProducerInfo { producer_id: 1, epoch: 1, last_sequence: 0, last_offset: 5, last_timestamp: 1_000 }]
+        vec![ProducerInfo {
+            producer_id: 1,
+            epoch: 1,
+            last_sequence: 0,
+            last_offset: 5,
+            last_timestamp: 1_000,
+            coordinator_epoch: -1,
+            txn_start_offset: None
+        }]
     );
 }
 
@@ -138,7 +146,15 @@ fn recovery_starts_from_the_latest_snapshot_instead_of_rescanning() {
     let log = Log::open(dir.path(), tiny()).unwrap();
     assert_eq!(
         log.producers(),
-        vec![ProducerInfo { producer_id: 77, epoch: 3, last_sequence: 4, last_offset: 29, last_timestamp: 1_000 }]
+        vec![ProducerInfo {
+            producer_id: 77,
+            epoch: 3,
+            last_sequence: 4,
+            last_offset: 29,
+            last_timestamp: 1_000,
+            coordinator_epoch: -1,
+            txn_start_offset: None
+        }]
     );
     drop(log);
     // An unreadable snapshot is dropped and an older one (or the log) used instead.

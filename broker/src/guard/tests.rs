@@ -254,6 +254,11 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
                     .with_partition_indexes(vec![0, 3])])
                 .with_coordinator_epoch(5)])
             .encode(&mut buf, v),
+        ApiKey::DescribeProducers => DescribeProducersRequest::default()
+            .with_topics(vec![describe_producers_request::TopicRequest::default()
+                .with_name(name())
+                .with_partition_indexes(vec![0, 2])])
+            .encode(&mut buf, v),
         ApiKey::OffsetDelete => OffsetDeleteRequest::default()
             .with_group_id(GroupId(s("g")))
             .with_topics(vec![offset_delete_request::OffsetDeleteRequestTopic::default()
