@@ -32,6 +32,7 @@ fn a_short_seeded_schedule_of_every_fault_kind_keeps_what_acks_all_acknowledged(
     }
     let report = &outcome.report;
     assert!(report.acked_all > 100 && report.records_read > 100, "too little work to judge: {report:?}");
+    assert!(report.committed > 10 && report.aborted > 3, "too few transactions to judge: {report:?}");
     let violations: Vec<_> = report.anomalies.iter().filter(|a| a.kind.is_violation()).take(30).collect();
     assert!(
         violations.is_empty(),

@@ -102,6 +102,7 @@ fn print_table(outcome: &RunOutcome) {
         "acknowledged: {} acks=all, {} acks=1; {} produces indeterminate; {} records read by consumers",
         r.acked_all, r.acked_one, r.indeterminate, r.records_read
     );
+    println!("transactions acknowledged: {} committed, {} aborted", r.committed, r.aborted);
     println!();
     println!("{:<18} {:>6}", "anomaly", "count");
     for kind in AnomalyKind::ALL {
@@ -137,6 +138,8 @@ fn summary(outcome: &RunOutcome) -> serde_json::Value {
         "acked_one": r.acked_one,
         "indeterminate": r.indeterminate,
         "records_read": r.records_read,
+        "transactions_committed": r.committed,
+        "transactions_aborted": r.aborted,
         "violations": r.violations(),
         "anomalies": r.counts(),
         "unexpected_exits": outcome.unexpected_exits,

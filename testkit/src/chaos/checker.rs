@@ -13,7 +13,15 @@
 //! | `consumer_skip` | a consumer jumped over offsets the log holds, within one generation | yes |
 //! | `consumer_back` | a consumer went back to an offset it had passed, within one generation | yes |
 //! | `commit_backwards` | a group's committed offset went down: a commit invoked after another completed committed less | yes |
+//! | `txn_lost` | a transaction's commit was acknowledged, and a value it wrote is not in the final read_committed read | yes |
+//! | `txn_aborted_read` | a value of a transaction whose abort was acknowledged was given to a read_committed reader | yes |
+//! | `txn_partial` | read_committed readers see some values of a transaction and not the others | yes |
 //! | `acks1_lost` | an acks=1 write was acknowledged and is not where it was acknowledged | no: what acks=1 risks |
+//!
+//! The transactions topic has its own ground truth, the final read_committed read of each
+//! of its partitions. Against it, `duplicate` (a value stored twice), `read_vanished` (a
+//! read_committed poll the final read does not back), `consumer_skip` and `consumer_back`
+//! are checked too; their details name the transactions topic.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -21,7 +29,7 @@ use std::fmt;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use super::history::{Acks, Event, Outcome};
+use super::history::{Acks, Decision, Event, Outcome, TxnWrite};
 
 /// The kinds of anomaly, in the order reports list them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -35,12 +43,15 @@ pub enum AnomalyKind {
     ConsumerSkip,
     ConsumerBack,
     CommitBackwards,
+    TxnLost,
+    TxnAbortedRead,
+    TxnPartial,
     Acks1Lost,
 }
 
 impl AnomalyKind {
     /// Every kind, in report order.
-    pub const ALL: [AnomalyKind; 9] = [
+    pub const ALL: [AnomalyKind; 12] = [
         AnomalyKind::LostWrite,
         AnomalyKind::Duplicate,
         AnomalyKind::OffsetConflict,
@@ -49,6 +60,9 @@ impl AnomalyKind {
         AnomalyKind::ConsumerSkip,
         AnomalyKind::ConsumerBack,
         AnomalyKind::CommitBackwards,
+        AnomalyKind::TxnLost,
+        AnomalyKind::TxnAbortedRead,
+        AnomalyKind::TxnPartial,
         AnomalyKind::Acks1Lost,
     ];
 
@@ -63,6 +77,9 @@ impl AnomalyKind {
             AnomalyKind::ConsumerSkip => "consumer_skip",
             AnomalyKind::ConsumerBack => "consumer_back",
             AnomalyKind::CommitBackwards => "commit_backwards",
+            AnomalyKind::TxnLost => "txn_lost",
+            AnomalyKind::TxnAbortedRead => "txn_aborted_read",
+            AnomalyKind::TxnPartial => "txn_partial",
             AnomalyKind::Acks1Lost => "acks1_lost",
         }
     }
@@ -98,8 +115,11 @@ pub struct Report {
     pub acked_one: usize,
     /// Produces whose outcome the client could not know.
     pub indeterminate: usize,
-    /// Records delivered to consumers.
+    /// Records delivered to consumers (read_committed ones included).
     pub records_read: usize,
+    /// Transactions whose commit, and whose abort, was acknowledged.
+    pub committed: usize,
+    pub aborted: usize,
     pub faults: usize,
     pub anomalies: Vec<Anomaly>,
 }
@@ -184,7 +204,7 @@ pub fn check(events: &[Event]) -> Result<Report> {
                     report.indeterminate += 1;
                 }
             }
-            Event::Poll(poll) => report.records_read += poll.records.len(),
+            Event::Poll(poll) | Event::CommittedPoll(poll) => report.records_read += poll.records.len(),
             Event::Fault(_) => report.faults += 1,
             _ => {}
         }
@@ -197,6 +217,7 @@ pub fn check(events: &[Event]) -> Result<Report> {
     check_reads(events, &stored, &mut report);
     check_consumers(events, &stored, &mut report);
     check_commits(events, &mut report);
+    check_transactions(events, &mut report)?;
     report.anomalies.sort_by_key(|a| (a.kind, a.partition));
     Ok(report)
 }
@@ -484,10 +505,150 @@ fn check_commits(events: &[Event], report: &mut Report) {
     }
 }
 
+/// The final read_committed read of the transactions topic: partition -> offset ->
+/// value, and value -> every place holding it. Fails when one partition was read twice
+/// or a read holds one offset twice (the history cannot be judged).
+type Stored<'a> = (BTreeMap<i32, BTreeMap<i64, &'a str>>, HashMap<&'a str, Vec<(i32, i64)>>);
+
+fn committed_log(events: &[Event]) -> Result<Stored<'_>> {
+    let (mut stored, mut positions): Stored<'_> = Default::default();
+    for event in events {
+        let Event::CommittedFinalRead(read) = event else { continue };
+        if stored.contains_key(&read.partition) {
+            bail!("two final read_committed reads of partition {}", read.partition);
+        }
+        let log = stored.entry(read.partition).or_default();
+        for r in &read.records {
+            if r.partition != read.partition || log.insert(r.offset, &r.value).is_some() {
+                bail!(
+                    "the final read_committed read of partition {} holds {}:{} twice or misplaced",
+                    read.partition,
+                    r.partition,
+                    r.offset
+                );
+            }
+            positions.entry(&r.value).or_default().push((r.partition, r.offset));
+        }
+    }
+    Ok((stored, positions))
+}
+
+/// Everything about the transactions topic: `txn_lost`, `txn_aborted_read`,
+/// `txn_partial`, and `duplicate`, `read_vanished`, `consumer_skip` and `consumer_back`
+/// of its read_committed readers.
+fn check_transactions(events: &[Event], report: &mut Report) -> Result<()> {
+    let (stored, positions) = committed_log(events)?;
+    let mut aborted: HashMap<&str, &str> = HashMap::new();
+    for event in events {
+        let Event::Transaction(t) = event else { continue };
+        if let Some(w) = t.writes.iter().find(|w| !stored.contains_key(&w.partition)) {
+            bail!("partition {} of the transactions topic was written to and has no final read", w.partition);
+        }
+        let held: Vec<&TxnWrite> = t.writes.iter().filter(|w| positions.contains_key(w.value.as_str())).collect();
+        let partition = t.writes.first().map_or(-1, |w| w.partition);
+        let name = || format!("transaction of {} ({} us..{} us)", t.transactional_id, t.invoke_us, t.complete_us);
+        match (t.outcome, t.decision) {
+            (Outcome::Ok, Decision::Commit) => {
+                report.committed += 1;
+                for w in t.writes.iter().filter(|w| !positions.contains_key(w.value.as_str())) {
+                    report.anomalies.push(Anomaly {
+                        kind: AnomalyKind::TxnLost,
+                        partition: w.partition,
+                        detail: format!("{:?} of the committed {} is not in the final read_committed read", w.value, name()),
+                    });
+                }
+            }
+            (Outcome::Ok, Decision::Abort) => {
+                report.aborted += 1;
+                for w in &t.writes {
+                    aborted.insert(&w.value, &t.transactional_id);
+                }
+            }
+            _ => {}
+        }
+        if !held.is_empty() && held.len() < t.writes.len() {
+            report.anomalies.push(Anomaly {
+                kind: AnomalyKind::TxnPartial,
+                partition,
+                detail: format!(
+                    "{} ({:?}, outcome {:?}): read_committed holds {} of its {} values: {:?}",
+                    name(),
+                    t.decision,
+                    t.outcome,
+                    held.len(),
+                    t.writes.len(),
+                    held.iter().map(|w| &w.value).collect::<Vec<_>>()
+                ),
+            });
+        }
+    }
+    for (value, found) in &positions {
+        if found.len() > 1 {
+            report.anomalies.push(Anomaly {
+                kind: AnomalyKind::Duplicate,
+                partition: found[0].0,
+                detail: format!("transactions topic: {value:?} (transactional) stored at {found:?}"),
+            });
+        }
+        if let Some(id) = aborted.get(value) {
+            report.anomalies.push(Anomaly {
+                kind: AnomalyKind::TxnAbortedRead,
+                partition: found[0].0,
+                detail: format!("{value:?} of an aborted transaction of {id} is in the final read_committed read at {found:?}"),
+            });
+        }
+    }
+    // consumer -> (incarnation, partition -> last offset read).
+    let mut readers: HashMap<&str, (i32, BTreeMap<i32, i64>)> = HashMap::new();
+    for event in events {
+        let Event::CommittedPoll(poll) = event else { continue };
+        let reader = readers.entry(&poll.consumer).or_insert_with(|| (poll.generation, BTreeMap::new()));
+        if reader.0 != poll.generation {
+            *reader = (poll.generation, BTreeMap::new());
+        }
+        for r in &poll.records {
+            let at = format!("{} read {:?} at {}:{} at {} us", poll.consumer, r.value, r.partition, r.offset, poll.complete_us);
+            if let Some(id) = aborted.get(r.value.as_str()) {
+                report.anomalies.push(Anomaly {
+                    kind: AnomalyKind::TxnAbortedRead,
+                    partition: r.partition,
+                    detail: format!("transactions topic: {at}, a value of an aborted transaction of {id}"),
+                });
+            }
+            let kept = stored.get(&r.partition).and_then(|log| log.get(&r.offset)).copied();
+            if kept != Some(r.value.as_str()) {
+                report.anomalies.push(Anomaly {
+                    kind: AnomalyKind::ReadVanished,
+                    partition: r.partition,
+                    detail: format!("transactions topic: {at}; the final read_committed read holds {kept:?} there"),
+                });
+            }
+            if let Some(&last) = reader.1.get(&r.partition) {
+                let between = || stored.get(&r.partition).map_or(0, |log| log.range(last + 1..r.offset).count());
+                if r.offset <= last {
+                    report.anomalies.push(Anomaly {
+                        kind: AnomalyKind::ConsumerBack,
+                        partition: r.partition,
+                        detail: format!("transactions topic: {at}, after offset {last}"),
+                    });
+                } else if let between @ 1.. = between() {
+                    report.anomalies.push(Anomaly {
+                        kind: AnomalyKind::ConsumerSkip,
+                        partition: r.partition,
+                        detail: format!("transactions topic: {at} right after {last}, skipping {between} committed records"),
+                    });
+                }
+            }
+            reader.1.insert(r.partition, r.offset);
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chaos::history::{Commit, CommitOffset, FinalRead, Poll, Produce, Rebalance, Record};
+    use crate::chaos::history::{Commit, CommitOffset, FinalRead, Poll, Produce, Rebalance, Record, TxnWrite};
 
     fn write(process: u32, at: u64, partition: i32, value: &str, acks: Acks, outcome: Outcome, offset: Option<i64>) -> Event {
         Event::Produce(Produce {
@@ -758,5 +919,131 @@ mod tests {
         assert_eq!(back, events);
         let error = crate::chaos::history::read_history(&b"{\"op\":\"produce\"}\n"[..]).unwrap_err();
         assert!(format!("{error:#}").contains("line 1"), "{error:#}");
+    }
+
+    fn txn(id: &str, at: u64, writes: &[(i32, &str)], decision: Decision, outcome: Outcome) -> Event {
+        Event::Transaction(crate::chaos::history::Transaction {
+            process: 7,
+            transactional_id: id.into(),
+            invoke_us: at,
+            complete_us: at + 5,
+            writes: writes.iter().map(|&(partition, v)| TxnWrite { partition, value: v.into() }).collect(),
+            decision,
+            outcome,
+            error: None,
+        })
+    }
+
+    fn committed_stored(partition: i32, records: &[(i64, &str)]) -> Event {
+        Event::CommittedFinalRead(FinalRead {
+            partition,
+            time_us: 1_000_000,
+            start_offset: 0,
+            end_offset: records.last().map_or(0, |r| r.0 + 2),
+            records: records.iter().map(|&(o, v)| rec(partition, o, v)).collect(),
+        })
+    }
+
+    fn committed_poll(consumer: &str, incarnation: i32, at: u64, records: &[(i32, i64, &str)]) -> Event {
+        match poll(consumer, incarnation, at, records) {
+            Event::Poll(p) => Event::CommittedPoll(p),
+            _ => unreachable!(),
+        }
+    }
+
+    /// A clean transactional history: a committed transaction over two partitions, an
+    /// aborted one (its records and markers take offsets read_committed skips), one whose
+    /// end is unknown and that committed, and a reader that saw the committed values.
+    fn clean_txn() -> Vec<Event> {
+        let mut h = clean();
+        h.extend([
+            txn("t1", 10, &[(0, "t1-a"), (1, "t1-b")], Decision::Commit, Outcome::Ok),
+            txn("t1", 20, &[(0, "t1-c")], Decision::Abort, Outcome::Ok),
+            txn("t2", 30, &[(0, "t2-a"), (1, "t2-b")], Decision::Commit, Outcome::Unknown),
+            txn("t2", 40, &[(1, "t2-c")], Decision::Abort, Outcome::Unknown),
+            committed_poll("rc0", 0, 50, &[(0, 0, "t1-a"), (0, 4, "t2-a")]),
+            committed_poll("rc0", 0, 60, &[(1, 0, "t1-b")]),
+            committed_stored(0, &[(0, "t1-a"), (4, "t2-a")]),
+            committed_stored(1, &[(0, "t1-b"), (2, "t2-b")]),
+        ]);
+        h
+    }
+
+    #[test]
+    fn a_clean_transactional_history_has_no_anomaly() {
+        let report = check(&clean_txn()).unwrap();
+        assert_eq!(report.anomalies, vec![], "{report:#?}");
+        assert_eq!((report.committed, report.aborted), (1, 1));
+        assert_eq!(report.operations, 11 + 6);
+        assert_eq!(report.records_read, 5 + 3);
+    }
+
+    #[test]
+    fn a_committed_transactions_value_missing_from_read_committed_is_lost() {
+        let mut h = clean_txn();
+        h.push(txn("t3", 70, &[(1, "t3-a")], Decision::Commit, Outcome::Ok));
+        let report = only(h, AnomalyKind::TxnLost);
+        assert!(report.anomalies[0].detail.contains("t3-a"), "{report:#?}");
+    }
+
+    #[test]
+    fn a_value_of_an_acknowledged_abort_read_by_read_committed_is_an_aborted_read() {
+        let mut h = clean_txn();
+        h.push(committed_poll("rc1", 0, 70, &[(0, 2, "t1-c")]));
+        let report = check(&h).unwrap();
+        assert_eq!(report.count(AnomalyKind::TxnAbortedRead), 1, "{report:#?}");
+        // The final log does not hold it either: the read also vanished.
+        assert_eq!(report.count(AnomalyKind::ReadVanished), 1, "{report:#?}");
+        assert_eq!(report.anomalies.len(), 2, "{report:#?}");
+
+        let mut h = clean_txn();
+        h.retain(|e| !matches!(e, Event::CommittedFinalRead(r) if r.partition == 0));
+        h.push(committed_stored(0, &[(0, "t1-a"), (2, "t1-c"), (4, "t2-a")]));
+        let report = check(&h).unwrap();
+        let aborted: Vec<_> = report.anomalies.iter().filter(|a| a.kind == AnomalyKind::TxnAbortedRead).collect();
+        assert_eq!(aborted.len(), 1, "{report:#?}");
+        assert!(aborted[0].detail.contains("final read_committed read"), "{report:#?}");
+        // rc0 went from offset 0 to 4 past what the final read holds at 2: also a skip.
+        assert_eq!(report.count(AnomalyKind::ConsumerSkip), 1, "{report:#?}");
+    }
+
+    #[test]
+    fn a_transaction_seen_in_part_is_partial_whatever_its_outcome() {
+        let mut h = clean_txn();
+        h.retain(|e| !matches!(e, Event::CommittedFinalRead(r) if r.partition == 1));
+        h.push(committed_stored(1, &[(0, "t1-b")]));
+        let report = only(h, AnomalyKind::TxnPartial);
+        assert!(report.anomalies[0].detail.contains("t2"), "the unknown-outcome transaction: {report:#?}");
+    }
+
+    #[test]
+    fn transactional_duplicates_skips_and_steps_back_are_found() {
+        let mut h = clean_txn();
+        h.retain(|e| !matches!(e, Event::CommittedFinalRead(r) if r.partition == 1));
+        h.push(committed_stored(1, &[(0, "t1-b"), (2, "t2-b"), (3, "t2-b")]));
+        only(h, AnomalyKind::Duplicate);
+
+        let mut h = clean_txn();
+        h.push(committed_poll("rc1", 0, 70, &[(0, 4, "t2-a")]));
+        h.push(committed_poll("rc2", 0, 70, &[(1, 2, "t2-b"), (1, 0, "t1-b")]));
+        only(h, AnomalyKind::ConsumerBack);
+
+        let mut h = clean_txn();
+        h.push(committed_poll("rc1", 0, 70, &[(0, 0, "t1-a")]));
+        h.push(committed_poll("rc1", 1, 80, &[(0, 0, "t1-a")]));
+        assert_eq!(check(&h).unwrap().anomalies, vec![], "a new incarnation may start over");
+
+        let mut h = clean_txn();
+        h.retain(|e| !matches!(e, Event::CommittedFinalRead(r) if r.partition == 0));
+        h.push(committed_stored(0, &[(0, "t1-a"), (1, "t9"), (4, "t2-a")]));
+        h.push(txn("t9", 45, &[(0, "t9")], Decision::Commit, Outcome::Ok));
+        only(h, AnomalyKind::ConsumerSkip);
+    }
+
+    #[test]
+    fn a_transaction_on_a_partition_without_a_final_read_cannot_be_judged() {
+        let mut h = clean_txn();
+        h.push(txn("t3", 70, &[(2, "t3-a")], Decision::Commit, Outcome::Ok));
+        assert!(check(&h).is_err());
     }
 }

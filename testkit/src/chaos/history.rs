@@ -126,6 +126,38 @@ pub struct FinalRead {
     pub records: Vec<Record>,
 }
 
+/// What a transactional producer asked for at the end of a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Commit,
+    Abort,
+}
+
+/// One value a transaction wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnWrite {
+    pub partition: i32,
+    pub value: String,
+}
+
+/// One transaction of a transactional producer on the transactions topic: values no other
+/// operation writes, then a commit or an abort. `outcome` is `ok` when the end was
+/// acknowledged (the decision holds), `unknown` when anything failed on the way (the
+/// transaction may have committed or aborted, but never partly).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transaction {
+    pub process: u32,
+    pub transactional_id: String,
+    pub invoke_us: u64,
+    pub complete_us: u64,
+    pub writes: Vec<TxnWrite>,
+    pub decision: Decision,
+    pub outcome: Outcome,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
 /// A fault the harness injected, with its start and heal times.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fault {
@@ -145,12 +177,21 @@ pub enum Event {
     Rebalance(Rebalance),
     FinalRead(FinalRead),
     Fault(Fault),
+    /// A transaction on the transactions topic.
+    Transaction(Transaction),
+    /// A poll of a read_committed consumer of the transactions topic (assigned, not in a
+    /// group: `generation` counts the consumer's incarnations, so a replaced consumer
+    /// starting over is not a step back).
+    CommittedPoll(Poll),
+    /// The final read_committed read of one partition of the transactions topic, once
+    /// every transaction was decided (its last stable offset reached its high watermark).
+    CommittedFinalRead(FinalRead),
 }
 
 impl Event {
     /// Whether this line is a client operation (what the run's "operations" count).
     pub fn is_operation(&self) -> bool {
-        matches!(self, Event::Produce(_) | Event::Poll(_) | Event::Commit(_))
+        matches!(self, Event::Produce(_) | Event::Poll(_) | Event::Commit(_) | Event::Transaction(_) | Event::CommittedPoll(_))
     }
 }
 

@@ -19,6 +19,8 @@ use super::schedule::{self, FaultKind, Planned, Target};
 use super::workload::{self, Recorder, Workload};
 
 const TOPIC: &str = "chaos";
+/// The transactions topic: transactional producers and read_committed consumers.
+const TXN_TOPIC: &str = "chaos-txn";
 const BROKERS: i32 = 3;
 const PARTITIONS: i32 = 3;
 /// The broker whose data dir is a small tmpfs (the `disk` fault).
@@ -86,6 +88,10 @@ fn broker_configs() -> Vec<(&'static str, String)> {
         ("replica.lag.time.max.ms", "6000".into()),
         ("replica.socket.timeout.ms", "5000".into()),
         ("group.initial.rebalance.delay.ms", "0".into()),
+        // Few transaction-state partitions (Kafka's 50 only slow a debug cluster's start),
+        // and timed-out transactions aborted within seconds of their timeout.
+        ("transaction.state.log.num.partitions", "3".into()),
+        ("transaction.abort.timed.out.transaction.cleanup.interval.ms", "2000".into()),
     ]
 }
 
@@ -154,6 +160,9 @@ async fn drive(options: &Options, nodes: &mut Nodes, plan: &[Planned]) -> Result
         idempotent_producers: 3,
         acks1_producers: 2,
         consumers: 2,
+        txn_topic: TXN_TOPIC.into(),
+        transactional_producers: 2,
+        committed_consumers: 1,
         send_interval: Duration::from_millis(20),
     };
     let stop = CancellationToken::new();
@@ -206,6 +215,8 @@ async fn drive(options: &Options, nodes: &mut Nodes, plan: &[Planned]) -> Result
         .context("workload task")?
         .context("workload")?;
     workload::final_reads(&w, &recorder, Duration::from_secs(120)).await?;
+    let decided = workload::TRANSACTION_TIMEOUT + Duration::from_secs(120);
+    workload::committed_final_reads(&w, &recorder, decided).await?;
     let events = history::read_history(std::io::BufReader::new(std::fs::File::open(&options.history)?))?;
     let report = checker::check(&events)?;
     Ok(RunOutcome {
@@ -218,8 +229,8 @@ async fn drive(options: &Options, nodes: &mut Nodes, plan: &[Planned]) -> Result
     })
 }
 
-/// Creates the topic (retrying while the brokers come up) and waits until every
-/// partition has all three replicas in sync.
+/// Creates the topics (retrying while the brokers come up) and waits until every
+/// partition of the main one has all three replicas in sync.
 async fn create_topic(bootstrap: &str) -> Result<Admin> {
     let deadline = Instant::now() + SETTLE_TIMEOUT;
     let admin = loop {
@@ -229,14 +240,16 @@ async fn create_topic(bootstrap: &str) -> Result<Admin> {
             Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
         }
     };
-    let mut topic = NewTopic::new(TOPIC, PARTITIONS);
-    topic.replication_factor = BROKERS as i16;
-    loop {
-        match admin.create_topics(std::slice::from_ref(&topic)).await {
-            Ok(()) => break,
-            Err(e) if e.to_string().to_lowercase().contains("exist") => break,
-            Err(e) if Instant::now() >= deadline => return Err(e).context("creating the chaos topic"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+    for name in [TOPIC, TXN_TOPIC] {
+        let mut topic = NewTopic::new(name, PARTITIONS);
+        topic.replication_factor = BROKERS as i16;
+        loop {
+            match admin.create_topics(std::slice::from_ref(&topic)).await {
+                Ok(()) => break,
+                Err(e) if e.to_string().to_lowercase().contains("exist") => break,
+                Err(e) if Instant::now() >= deadline => return Err(e).with_context(|| format!("creating topic {name}")),
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
         }
     }
     wait_in_sync(&admin, SETTLE_TIMEOUT).await?;
