@@ -97,20 +97,38 @@ fn refused_start(data: &Path) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// The exact sequence of issue 26, case 2, on a 16 MiB tmpfs as the data dir: a metadata
-/// write on the full disk fails (and used to leave a partial journal record), then with
-/// space freed a topic is created, 5,000 records are acknowledged with acks=all and a
-/// group offset is committed; after a restart all of it is there.
+/// Registers `schema` (Avro JSON) under `subject` on the registry at `port`: status, body.
+fn register_schema(port: u16, subject: &str, schema: &str) -> (u16, String) {
+    let body = serde_json::json!({ "schema": schema }).to_string();
+    common::http(port, "POST", &format!("/subjects/{subject}/versions"), Some(&body))
+}
+
+/// The exact sequence of issue 26, case 2, on a 16 MiB tmpfs as the data dir of `fjord
+/// dev` (broker and schema registry on the same embedded store): a schema registration and
+/// a topic creation on the full disk fail (and used to leave a partial journal record),
+/// then with space freed a topic is created, 5,000 records are acknowledged with acks=all,
+/// a schema is registered and a group offset is committed; after a restart all of it is
+/// there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_after_a_full_disk_survive_a_restart() {
     let disk = fjord_testkit::Tmpfs::mount(16).unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("dev.log");
     let data = disk.path().join("data");
-    let port = free_port();
-    let broker = start(port, &data);
+    let (port, registry) = (free_port(), free_port());
+    let dev = common::start_dev(port, registry, &data, &log);
     create_topic(port, "before").await;
     produce(port, "before", &values("before", 100)).await;
+    let (status, body) = register_schema(registry, "before-value", r#"{"type":"string"}"#);
+    assert_eq!(status, 200, "{body}");
 
     disk.fill("filler").unwrap();
+    // A schema large enough that its journal record is cut short by the full disk rather
+    // than refused whole (the registry's write of case 2).
+    let fields: Vec<String> = (0..200).map(|i| format!(r#"{{"name":"field_{i}_{}","type":"long"}}"#, "x".repeat(20))).collect();
+    let big = format!(r#"{{"type":"record","name":"WhileFull","fields":[{}]}}"#, fields.join(","));
+    let (status, body) = register_schema(registry, "while-full-value", &big);
+    assert!(status >= 500, "a registration on a full disk fails: {status} {body}");
     // 500 partitions: an assignment document larger than a page, so the append is cut
     // short by the full disk rather than refused whole.
     let admin = Admin::connect(client(port)).await.unwrap();
@@ -121,16 +139,28 @@ async fn acknowledged_writes_after_a_full_disk_survive_a_restart() {
     create_topic(port, "acked").await;
     let acked = values("acked", 5000);
     produce(port, "acked", &acked).await;
+    let (status, body) =
+        register_schema(registry, "acked-value", r#"{"type":"record","name":"Acked","fields":[{"name":"n","type":"long"}]}"#);
+    assert_eq!(status, 200, "{body}");
+    let id: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let id = id["id"].as_i64().unwrap();
     let groups = GroupAdmin::connect(client(port)).await.unwrap();
     groups.reset_offsets("readers", &[(TopicPartition::new("acked", 0), 4321)]).await.unwrap();
-    stop(broker);
+    stop(dev);
 
-    let broker = start(port, &data);
+    let dev = common::start_dev(port, registry, &data, &log);
     assert_eq!(read(port, "acked").await, acked, "every acknowledged record after the full disk");
     assert_eq!(read(port, "before").await, values("before", 100));
     let committed = GroupAdmin::connect(client(port)).await.unwrap().committed_offsets("readers").await.unwrap();
     assert_eq!(committed.get(&TopicPartition::new("acked", 0)), Some(&4321));
-    stop(broker);
+    let (status, body) = common::http(registry, "GET", "/subjects/acked-value/versions/latest", None);
+    assert_eq!(status, 200, "the schema registered after the full disk: {body}");
+    assert!(body.contains(r#"\"name\":\"Acked\""#) && body.contains(&format!(r#""id":{id}"#)), "{body}");
+    let (status, body) = common::http(registry, "GET", &format!("/schemas/ids/{id}"), None);
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = common::http(registry, "GET", "/subjects/before-value/versions/latest", None);
+    assert_eq!(status, 200, "the schema registered before the full disk");
+    stop(dev);
 }
 
 /// The log on a full disk: a produce that does not fit fails with an error (never an
@@ -140,8 +170,10 @@ async fn acknowledged_writes_after_a_full_disk_survive_a_restart() {
 async fn the_log_on_a_full_disk_refuses_writes_and_keeps_every_acknowledged_one() {
     let disk = fjord_testkit::Tmpfs::mount(24).unwrap();
     let data = disk.path().join("data");
-    let port = free_port();
-    let broker = start(port, &data);
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("dev.log");
+    let (port, registry) = (free_port(), free_port());
+    let broker = common::start_dev(port, registry, &data, &log);
     create_topic(port, "log").await;
     let mut acked = values("before", 100);
     produce(port, "log", &acked).await;
@@ -172,6 +204,14 @@ async fn the_log_on_a_full_disk_refuses_writes_and_keeps_every_acknowledged_one(
     }
     let refused = refused.expect("a full disk refuses a write");
     assert!(refused.to_lowercase().contains("storage"), "the error says why: {refused}");
+    // Issue 26 case 9: KAFKA_STORAGE_ERROR produce failures were not logged. The broker's
+    // log names the partition and the cause.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text.lines().find(|l| l.contains("produce failed: storage error"));
+    let line = line.unwrap_or_else(|| panic!("no storage error logged:\n{text}"));
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(line.contains(r#"topic="log""#) && line.contains("partition=0"), "names the partition: {line}");
+    assert!(line.contains("No space left on device"), "names the cause: {line}");
     assert_eq!(read(port, "log").await, acked, "nothing acknowledged is lost while the disk is full");
 
     std::fs::remove_file(disk.path().join("filler")).unwrap();
@@ -181,7 +221,7 @@ async fn the_log_on_a_full_disk_refuses_writes_and_keeps_every_acknowledged_one(
     assert_eq!(read(port, "log").await, acked, "writes resume once space is freed");
     stop(broker);
 
-    let broker = start(port, &data);
+    let broker = common::start_dev(port, registry, &data, &log);
     assert_eq!(read(port, "log").await, acked, "every acknowledged record across a restart");
     stop(broker);
 }

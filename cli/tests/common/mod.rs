@@ -63,3 +63,45 @@ pub(crate) fn start_broker(port: u16, data_dir: &Path, env: &[(&str, &str)]) -> 
 pub(crate) fn free_port() -> u16 {
     fjord_testkit::free_port().unwrap()
 }
+
+/// `fjord dev` (broker, schema registry, gateway) with its data in `data_dir`, the Kafka
+/// listener on `port` and the registry on `registry`, its log (stdout, no colours)
+/// appended to `log`; once the broker and the registry listen.
+pub(crate) fn start_dev(port: u16, registry: u16, data_dir: &Path, log: &Path) -> FjordProcess {
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fjord"))
+        .args(["dev", "--data-dir"])
+        .arg(data_dir)
+        .args(["--registry", &format!("127.0.0.1:{registry}"), "--http", &format!("127.0.0.1:{}", free_port())])
+        .args(["--metrics", &format!("127.0.0.1:{}", free_port())])
+        .env("FJORD_LISTENERS", format!("127.0.0.1:{port}"))
+        .env("FJORD_DEV_GRPC", format!("127.0.0.1:{}", free_port()))
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stdout(out)
+        .spawn()
+        .unwrap();
+    wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut child);
+    wait_until_listening(SocketAddr::from(([127, 0, 0, 1], registry)), &mut child);
+    FjordProcess(child)
+}
+
+/// One HTTP/1.1 request to `127.0.0.1:port` (`Connection: close`): the status code and
+/// the body.
+pub(crate) fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let body = body.unwrap_or("");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/vnd.schemaregistry.v1+json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (status, body)
+}
