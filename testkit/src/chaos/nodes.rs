@@ -284,11 +284,14 @@ impl Nodes {
                 self.pause(id, false)?;
             }
             let broker = self.broker(id)?;
-            if let Some(child) = broker.child.as_mut() {
-                if let Some(status) = child.try_wait()? {
-                    exited.push(format!("broker {id} exited on its own ({status})"));
-                    broker.child = None;
-                }
+            let status = match broker.child.as_mut() {
+                Some(child) => child.try_wait()?,
+                None => None,
+            };
+            if let Some(status) = status {
+                self.broker(id)?.child = None;
+                // Why it ended is in its last lines; the logs themselves go with the run.
+                exited.push(format!("broker {id} exited on its own ({status}); its log ended:\n{}", self.log_tail(id, 6)));
             }
             if self.broker(id)?.child.is_none() {
                 self.launch(id)?;
