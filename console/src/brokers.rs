@@ -130,9 +130,20 @@ pub(crate) struct Record {
 pub(crate) struct Browse {
     /// One partition, or all of them (up to [`MAX_BROWSE_PARTITIONS`]).
     pub(crate) partition: Option<i32>,
-    /// First offset; `None`: the newest `limit` records.
-    pub(crate) offset: Option<i64>,
+    /// Where to start; the newest `limit` records when `Newest`.
+    pub(crate) start: Start,
     pub(crate) limit: usize,
+}
+
+/// Where a browse starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// The newest records.
+    Newest,
+    /// This offset in every partition browsed.
+    Offset(i64),
+    /// The first record at or after this timestamp (ms), found per partition.
+    Timestamp(i64),
 }
 
 /// Partitions read at once when browsing "all partitions".
@@ -232,30 +243,50 @@ impl Brokers {
         bounded(self.timeout, "create the topic", admin.create_topics(&[topic])).await
     }
 
+    pub(crate) async fn alter_config(&self, topic: &str, name: &str, value: &str) -> Result<()> {
+        let admin = self.admin().await?;
+        let configs = BTreeMap::from([(name.to_string(), value.to_string())]);
+        bounded(self.timeout, "alter the topic's config", admin.alter_configs(topic, &configs)).await
+    }
+
     pub(crate) async fn delete_topic(&self, name: &str) -> Result<()> {
         let admin = self.admin().await?;
         bounded(self.timeout, "delete the topic", admin.delete_topics(&[name.to_string()])).await
     }
 
-    /// Reads records of `topic` per `browse`, newest first.
+    /// Reads records of `topic` per `browse`: the newest `limit`, or the first `limit`
+    /// from the start asked for; shown newest first.
     pub(crate) async fn browse(&self, topic: &TopicRow, browse: &Browse) -> Result<Vec<Record>> {
+        let partitions: Vec<&PartitionRow> = topic
+            .partitions
+            .iter()
+            .filter(|p| p.offsets.is_some() && browse.partition.is_none_or(|want| want == p.partition))
+            .take(MAX_BROWSE_PARTITIONS)
+            .collect();
+        // The offset of a timestamp in each partition (the log end when nothing is as new).
+        let by_time: HashMap<i32, i64> = match browse.start {
+            Start::Timestamp(ts) if !partitions.is_empty() => {
+                let admin = self.admin().await?;
+                let specs: Vec<_> =
+                    partitions.iter().map(|p| (topic.name.clone(), p.partition, OffsetSpec::Timestamp(ts))).collect();
+                let offsets = bounded(self.timeout, "find offsets by timestamp", admin.list_offsets(&specs)).await?;
+                partitions.iter().map(|p| p.partition).zip(offsets).collect()
+            }
+            _ => HashMap::new(),
+        };
         // (partition, first offset, end offset exclusive)
         let mut ranges: Vec<(i32, i64, i64)> = Vec::new();
         let limit = browse.limit as i64;
-        for p in topic.partitions.iter().filter(|p| browse.partition.is_none_or(|want| want == p.partition)) {
+        for p in &partitions {
             let Some((start, end)) = p.offsets else { continue };
-            let (from, to) = match browse.offset {
-                Some(o) => {
-                    let from = o.clamp(start, end);
-                    (from, (from + limit).min(end))
-                }
-                None => ((end - limit).max(start), end),
+            let first = match browse.start {
+                Start::Newest => (end - limit).max(start),
+                Start::Offset(o) => o.clamp(start, end),
+                Start::Timestamp(_) => by_time.get(&p.partition).copied().unwrap_or(end).clamp(start, end),
             };
-            if from < to {
-                ranges.push((p.partition, from, to));
-            }
-            if ranges.len() >= MAX_BROWSE_PARTITIONS {
-                break;
+            let to = (first + limit).min(end);
+            if first < to {
+                ranges.push((p.partition, first, to));
             }
         }
         if ranges.is_empty() {
@@ -305,9 +336,16 @@ impl Brokers {
             Ok::<_, fjord_client::Error>(records)
         };
         let mut records = bounded(self.timeout, "read the records", read).await?;
-        // Newest first: by timestamp, then offset, so partitions interleave by time.
-        records.sort_by_key(|r| std::cmp::Reverse((r.timestamp, r.offset, r.partition)));
-        records.truncate(browse.limit);
+        // By timestamp, then offset, so partitions interleave by time; from a start the
+        // first `limit` after it are kept, else the newest. Shown newest first.
+        records.sort_by_key(|r| (r.timestamp, r.offset, r.partition));
+        if browse.start == Start::Newest {
+            let cut = records.len().saturating_sub(browse.limit);
+            records.drain(..cut);
+        } else {
+            records.truncate(browse.limit);
+        }
+        records.reverse();
         Ok(records)
     }
 

@@ -61,6 +61,26 @@ async fn topics_records_and_groups_made_by_kcat_are_shown_escaped() {
     assert!(page.contains("avro · schema 1"), "{page}");
     assert!(page.contains("&quot;page&quot;: &quot;/checkout&quot;"), "Avro decoded: {page}");
 
+    // By timestamp: from long ago every record, from the future none; a bad one is a 400.
+    let (_, page) = sys.get("/ui/topics/orders?timestamp=2000-01-01T00:00Z").await;
+    assert!(page.contains("2 records, newest first."), "{page}");
+    let (_, page) = sys.get(&format!("/ui/topics/orders?timestamp={}", i64::MAX / 2)).await;
+    assert!(page.contains("No records in this range."), "{page}");
+    let (status, page) = sys.get("/ui/topics/orders?timestamp=yesterday").await;
+    assert_eq!(status, 400);
+    assert!(page.contains("timestamp: &quot;yesterday&quot; is neither"), "{page}");
+
+    // Schemas: the subject, and candidate schemas checked against its latest version.
+    let (status, page) = sys.get("/ui/schemas").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains(">clicks-value</a>"), "{page}");
+    let compatible = r#"{"type":"record","name":"Click","fields":[{"name":"page","type":"string"},{"name":"n","type":"long"},{"name":"ref","type":"string","default":""}]}"#;
+    let page = sys.post_form("/ui/schemas/clicks-value/check", &[("schema", compatible)]).await.text().await.unwrap();
+    assert!(page.contains("Compatible."), "{page}");
+    let incompatible = r#"{"type":"record","name":"Click","fields":[{"name":"page","type":"int"},{"name":"n","type":"long"}]}"#;
+    let page = sys.post_form("/ui/schemas/clicks-value/check", &[("schema", incompatible)]).await.text().await.unwrap();
+    assert!(page.contains("Not compatible"), "{page}");
+
     // A kcat consumer group reads orders to its end and commits; then two more records.
     let (ok, _, err) = kcat(
         &[
@@ -110,6 +130,13 @@ async fn topics_are_created_and_deleted_through_the_forms() {
     let (_, page) = sys.get("/ui/topics/made-in-ui?created=1").await;
     assert!(page.contains("Created topic made-in-ui."), "{page}");
     assert!(page.contains("<td>retention.ms</td><td>3600000</td><td>DYNAMIC_TOPIC_CONFIG</td>"), "{page}");
+    let r = sys.post_form("/ui/topics/made-in-ui/configs", &[("name", "retention.ms"), ("value", "7200000")]).await;
+    assert_eq!(r.status(), 303);
+    let (_, page) = sys.get("/ui/topics/made-in-ui?altered=retention.ms").await;
+    assert!(page.contains("<td>retention.ms</td><td>7200000</td><td>DYNAMIC_TOPIC_CONFIG</td>"), "{page}");
+    let r = sys.post_form("/ui/topics/made-in-ui/configs", &[("name", "retention.ms"), ("value", "soon")]).await;
+    assert_eq!(r.status(), 502, "the broker refuses a bad value");
+    assert!(r.text().await.unwrap().contains("retention.ms"));
 
     // A bad name is refused on the page, with the form kept.
     let r = sys.post_form("/ui/topics", &[("name", "no spaces"), ("partitions", "1")]).await;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
-use axum::Extension;
+use axum::{Extension, Form};
 use futures::StreamExt;
 use maud::{html, Markup};
 use serde::de::DeserializeOwned;
@@ -22,10 +22,19 @@ const MAX_DIFF_LINES: usize = 1000;
 
 /// One `GET` of the registry's API as `caller`.
 async fn get<T: DeserializeOwned>(c: &Console, caller: &Caller, path: &str) -> Result<T> {
+    call(c, caller, path, None).await
+}
+
+/// One request to the registry's API as `caller`: a `GET`, or a `POST` of `body`.
+async fn call<T: DeserializeOwned>(c: &Console, caller: &Caller, path: &str, body: Option<serde_json::Value>) -> Result<T> {
     let base = c.config.registry_url.as_deref().ok_or(Error::NoRegistry)?.trim_end_matches('/');
     let url = format!("{base}{path}");
     let failed = |reason: String| Error::Registry { url: base.to_string(), reason };
-    let mut request = c.http.get(&url).header("Accept", "application/vnd.schemaregistry.v1+json");
+    let mut request = match body {
+        Some(body) => c.http.post(&url).header("Content-Type", "application/vnd.schemaregistry.v1+json").body(body.to_string()),
+        None => c.http.get(&url),
+    };
+    request = request.header("Accept", "application/vnd.schemaregistry.v1+json");
     if let Some(a) = &caller.authorization {
         request = request.header("Authorization", a.clone());
     }
@@ -124,19 +133,54 @@ pub(crate) async fn subject(
     Path(subject): Path<String>,
     Query(q): Query<SubjectQuery>,
 ) -> Result<Markup> {
-    let versions: Vec<i64> = get(&c, &caller, &format!("/subjects/{}/versions", enc(&subject))).await?;
+    subject_page(&c, &caller, &subject, &q, None).await
+}
+
+/// A candidate schema to check against the subject's latest version.
+#[derive(Debug, Deserialize)]
+pub(crate) struct CheckForm {
+    schema: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct CheckAnswer {
+    is_compatible: bool,
+    #[serde(default)]
+    messages: Vec<String>,
+}
+
+/// The result of a check, shown on the subject page.
+struct Checked {
+    candidate: String,
+    answer: Result<CheckAnswer>,
+}
+
+pub(crate) async fn check(
+    State(c): State<Arc<Console>>,
+    Extension(caller): Extension<Caller>,
+    Path(subject): Path<String>,
+    Form(form): Form<CheckForm>,
+) -> Result<Markup> {
+    let body = serde_json::json!({ "schema": form.schema });
+    let path = format!("/compatibility/subjects/{}/versions/latest?verbose=true", enc(&subject));
+    let answer = call::<CheckAnswer>(&c, &caller, &path, Some(body)).await;
+    subject_page(&c, &caller, &subject, &SubjectQuery::default(), Some(Checked { candidate: form.schema, answer })).await
+}
+
+async fn subject_page(c: &Console, caller: &Caller, subject: &str, q: &SubjectQuery, checked: Option<Checked>) -> Result<Markup> {
+    let versions: Vec<i64> = get(c, caller, &format!("/subjects/{}/versions", enc(subject))).await?;
     let wanted = if q.version.trim().is_empty() { "latest".to_string() } else { enc(q.version.trim()) };
-    let v: Version = get(&c, &caller, &format!("/subjects/{}/versions/{wanted}", enc(&subject))).await?;
-    let level = level(&c, &caller, &subject).await;
+    let v: Version = get(c, caller, &format!("/subjects/{}/versions/{wanted}", enc(subject))).await?;
+    let level = level(c, caller, subject).await;
     let against = match q.against.trim() {
         "" => None,
-        a => Some(get::<Version>(&c, &caller, &format!("/subjects/{}/versions/{}", enc(&subject), enc(a))).await),
+        a => Some(get::<Version>(c, caller, &format!("/subjects/{}/versions/{}", enc(subject), enc(a))).await),
     };
     let text = pretty(&v.schema);
     let body = html! {
         h1 { "Subject " span.name { (subject) } }
         p.summary { "Version " (v.version) " of " (versions.len()) " · schema id " (v.id) " · compatibility " strong { (level) } }
-        form.browse method="get" action={ (BASE) "/schemas/" (enc(&subject)) } {
+        form.browse method="get" action={ (BASE) "/schemas/" (enc(subject)) } {
             label { "Version "
                 select name="version" {
                     @for n in versions.iter().rev() { option value=(n) selected[*n == v.version] { (n) } }
@@ -165,6 +209,21 @@ pub(crate) async fn subject(
                     }
                 }
             }
+        }
+        h2 #check { "Check a candidate schema" }
+        p.hint { "Against the latest version, at the subject's compatibility level." }
+        @if let Some(checked) = &checked {
+            @match &checked.answer {
+                Ok(a) if a.is_compatible => p.notice role="status" { "Compatible." },
+                Ok(a) => p.error role="alert" { "Not compatible: " (a.messages.join("; ")) },
+                Err(e) => (error_box(&e.to_string())),
+            }
+        }
+        form.check method="post" action={ (BASE) "/schemas/" (enc(subject)) "/check" } {
+            textarea name="schema" rows="8" cols="80" required aria-label="Candidate schema" {
+                (checked.as_ref().map_or(text.as_str(), |c| c.candidate.as_str()))
+            }
+            button type="submit" { "Check" }
         }
     };
     Ok(page(&format!("Subject {subject}"), Nav::Schemas, body))

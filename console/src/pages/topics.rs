@@ -12,7 +12,7 @@ use fjord_auth::{Operation, Resource};
 use maud::{html, Markup};
 use serde::Deserialize;
 
-use crate::brokers::{Browse, PartitionRow, Record, TopicRow, LIST_CONFIGS};
+use crate::brokers::{Browse, PartitionRow, Record, Start, TopicRow, LIST_CONFIGS};
 use crate::decode::{self, Shown};
 use crate::layout::{self, count, enc, error_box, notice, page, Nav, BASE};
 use crate::{Caller, Console, Error, Result};
@@ -247,6 +247,28 @@ pub(crate) async fn delete(
     Ok(Redirect::to(&format!("{BASE}/topics?deleted={}", enc(&topic))).into_response())
 }
 
+/// A topic config to set.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ConfigForm {
+    name: String,
+    value: String,
+}
+
+pub(crate) async fn alter_config(
+    State(c): State<Arc<Console>>,
+    Extension(caller): Extension<Caller>,
+    Path(topic): Path<String>,
+    Form(form): Form<ConfigForm>,
+) -> Result<Response> {
+    caller.check(&c, Operation::AlterConfigs, Resource::topic(&topic))?;
+    let name = form.name.trim();
+    if name.is_empty() {
+        return Err(Error::BadInput { field: "name", reason: "a config name is required".into() });
+    }
+    c.brokers.alter_config(&topic, name, form.value.trim()).await?;
+    Ok(Redirect::to(&format!("{BASE}/topics/{}?altered={}", enc(&topic), enc(name))).into_response())
+}
+
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct TopicQuery {
     #[serde(default)]
@@ -256,8 +278,27 @@ pub(crate) struct TopicQuery {
     #[serde(default)]
     limit: String,
     #[serde(default)]
+    timestamp: String,
+    #[serde(default)]
     key: String,
     created: Option<String>,
+    altered: Option<String>,
+}
+
+/// Where the browse starts: an offset, else a timestamp (ms since the epoch or
+/// `YYYY-MM-DDTHH:MM[:SS]Z`), else the newest records.
+fn start(q: &TopicQuery) -> Result<Start> {
+    if let Some(o) = parse_opt::<i64>("offset", &q.offset)? {
+        return Ok(Start::Offset(o));
+    }
+    let ts = q.timestamp.trim();
+    if ts.is_empty() {
+        return Ok(Start::Newest);
+    }
+    ts.parse::<i64>().ok().or_else(|| fjord_audit::time::parse_utc(ts)).map(Start::Timestamp).ok_or_else(|| Error::BadInput {
+        field: "timestamp",
+        reason: format!("{ts:?} is neither ms since the epoch nor YYYY-MM-DDTHH:MM[:SS]Z"),
+    })
 }
 
 pub(crate) async fn topic(
@@ -272,7 +313,7 @@ pub(crate) async fn topic(
         c.brokers.with_offsets(&[metadata]).await?.pop().ok_or_else(|| Error::NotFound { kind: "topic", name: name.clone() })?;
     let browse = Browse {
         partition: parse_opt::<i32>("partition", &q.partition)?,
-        offset: parse_opt::<i64>("offset", &q.offset)?,
+        start: start(&q)?,
         limit: parse_opt::<usize>("limit", &q.limit)?.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT),
     };
     let configs = if caller.may(&c, Operation::DescribeConfigs, Resource::topic(&name)) {
@@ -303,13 +344,14 @@ pub(crate) async fn topic(
     let body = html! {
         h1 { "Topic " span.name { (row.name) } }
         @if q.created.is_some() { (notice(&format!("Created topic {}.", row.name))) }
+        @if let Some(k) = &q.altered { (notice(&format!("Set {k}."))) }
         p.summary {
             (row.partitions.len()) " partitions, replication " (row.replication()) ", " (count(row.records())) " records"
         }
         h2 { "Partitions" }
         (partitions_table(&row.partitions))
         h2 #messages { "Messages" }
-        (browser_form(&row, &browse, &q.key))
+        (browser_form(&row, &browse, &q))
         @match &records {
             Ok(records) => (records_table(records, &row, &browse)),
             Err(e) => (error_box(&e.to_string())),
@@ -331,6 +373,13 @@ pub(crate) async fn topic(
                 }
             }
             Err(e) => (error_box(&e.to_string())),
+        }
+        @if caller.may(&c, Operation::AlterConfigs, Resource::topic(&name)) {
+            form.create method="post" action={ (BASE) "/topics/" (enc(&name)) "/configs" } {
+                label { "Config " input name="name" required placeholder="retention.ms"; }
+                label { "Value " input name="value" required; }
+                button type="submit" { "Set" }
+            }
         }
         @if caller.may(&c, Operation::Delete, Resource::topic(&name)) {
             form method="post" action={ (BASE) "/topics/" (enc(&name)) "/delete" } data-confirm={ "Delete topic " (name) " and all its records?" } {
@@ -376,7 +425,7 @@ fn partitions_table(partitions: &[PartitionRow]) -> Markup {
     }
 }
 
-fn browser_form(row: &TopicRow, browse: &Browse, key: &str) -> Markup {
+fn browser_form(row: &TopicRow, browse: &Browse, q: &TopicQuery) -> Markup {
     html! {
         form.browse method="get" action={ (BASE) "/topics/" (enc(&row.name)) "#messages" } {
             label { "Partition "
@@ -387,9 +436,10 @@ fn browser_form(row: &TopicRow, browse: &Browse, key: &str) -> Markup {
                     }
                 }
             }
-            label { "From offset " input name="offset" type="number" min="0" placeholder="newest" value=[browse.offset]; }
+            label { "From offset " input name="offset" type="number" min="0" placeholder="newest" value=(q.offset); }
+            label { "or from time " input name="timestamp" placeholder="2026-01-01T00:00Z or ms" value=(q.timestamp); }
             label { "Show " input name="limit" type="number" min="1" max=(MAX_LIMIT) value=(browse.limit); }
-            label { "Key contains " input name="key" type="search" value=(key); }
+            label { "Key contains " input name="key" type="search" value=(q.key); }
             button type="submit" { "Browse" }
         }
     }
@@ -454,7 +504,10 @@ fn records_table(records: &[ShownRecord], row: &TopicRow, browse: &Browse) -> Ma
         }
         @if let Some(p) = browse.partition {
             @if let Some(Some((start, end))) = row.partitions.iter().find(|x| x.partition == p).map(|x| x.offsets) {
-                @let first = browse.offset.unwrap_or((end - browse.limit as i64).max(start)).clamp(start, end);
+                @let first = match browse.start {
+                    Start::Offset(o) => o.clamp(start, end),
+                    _ => records.iter().map(|r| r.record.offset).min().unwrap_or((end - browse.limit as i64).max(start)),
+                };
                 p.pager {
                     @if first > start {
                         a href={ (BASE) "/topics/" (enc(&row.name)) "?partition=" (p) "&offset=" ((first - browse.limit as i64).max(start)) "&limit=" (browse.limit) "#messages" } { "← older" }
