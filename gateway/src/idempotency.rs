@@ -116,21 +116,36 @@ struct Entry {
     answer: Option<Json>,
 }
 
-#[derive(Default)]
 struct Keys {
     map: HashMap<Bytes, Entry>,
+    /// Next offset of the key topic to apply: `map` is the log's state below it. Kept
+    /// under the same lock as the map, so a claim can be judged against exactly the
+    /// records before it.
+    next: i64,
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Self { map: HashMap::new(), next: -1 }
+    }
 }
 
 impl Keys {
+    /// Whether a claim of `key` written at `at_ms` wins against the state the map holds
+    /// (the records before it): the key is unknown, expired, or a pending claim whose
+    /// lease ran out.
+    fn claim_wins(&self, key: &Bytes, at_ms: i64, lease_ms: i64) -> bool {
+        match self.map.get(key) {
+            None => true,
+            Some(e) => at_ms >= e.expires_ms || (e.answer.is_none() && at_ms >= e.since_ms.saturating_add(lease_ms)),
+        }
+    }
+
     /// Applies one record; the same rules on every gateway.
     fn apply(&mut self, key: Bytes, r: KeyRecord, lease_ms: i64) {
         match r.state {
             State::Pending => {
-                let free = match self.map.get(&key) {
-                    None => true,
-                    Some(e) => r.at_ms >= e.expires_ms || (e.answer.is_none() && r.at_ms >= e.since_ms.saturating_add(lease_ms)),
-                };
-                if free {
+                if self.claim_wins(&key, r.at_ms, lease_ms) {
                     let entry = Entry { claim: r.claim, hash: r.hash, since_ms: r.at_ms, expires_ms: r.expires_ms, answer: None };
                     self.map.insert(key, entry);
                 }
@@ -266,9 +281,28 @@ impl KeyStore {
         })
     }
 
-    fn owns(&self, key: &Bytes, claim: &str) -> bool {
-        let keys = self.shared.keys.lock().unwrap_or_else(|e| e.into_inner());
-        keys.map.get(key).is_some_and(|e| e.claim == claim)
+    /// Whether our claim `claim` of `key`, appended at `offset` and written at `at_ms`,
+    /// is the first live claim in the log. Decided as soon as the follower has applied
+    /// every record before `offset`: then the map is the state our claim meets, and the
+    /// rule every follower will apply to it gives the answer without waiting for the
+    /// follower to read the claim back (a fetch round trip on every keyed request).
+    async fn claim_won(&self, key: &Bytes, claim: &str, offset: i64, at_ms: i64) -> Result<bool> {
+        let deadline = Instant::now() + self.timeout;
+        let mut rx = self.shared.applied.subscribe();
+        loop {
+            {
+                let keys = self.shared.keys.lock().unwrap_or_else(|e| e.into_inner());
+                if keys.next > offset {
+                    return Ok(keys.map.get(key).is_some_and(|e| e.claim == claim));
+                }
+                if keys.next == offset {
+                    return Ok(keys.claim_wins(key, at_ms, self.lease.as_millis() as i64));
+                }
+            }
+            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+                return Err(Error::Unavailable(format!("the idempotency key topic was not read within {:?}", self.timeout)));
+            }
+        }
     }
 
     async fn append(&self, key: &Bytes, record: &KeyRecord) -> Result<i64> {
@@ -327,9 +361,9 @@ impl KeyStore {
                 Lookup::Free => {
                     let n = self.claims.fetch_add(1, Ordering::Relaxed);
                     let claim = format!("{}/{}/{}/{n}", self.gateway, std::process::id(), now_ms());
-                    let offset = self.append(&store_key, &self.record(State::Pending, &claim, hash, None)).await?;
-                    self.caught_up(offset + 1).await?;
-                    if self.owns(&store_key, &claim) {
+                    let record = self.record(State::Pending, &claim, hash, None);
+                    let offset = self.append(&store_key, &record).await?;
+                    if self.claim_won(&store_key, &claim, offset, record.at_ms).await? {
                         break claim;
                     }
                     if Instant::now() >= deadline {
@@ -371,6 +405,7 @@ async fn follow(mut consumer: Consumer, shared: Arc<Shared>, lease_ms: i64, wind
                     let mut keys = shared.keys.lock().unwrap_or_else(|e| e.into_inner());
                     for r in records {
                         next = Some(r.offset + 1);
+                        keys.next = keys.next.max(r.offset + 1);
                         let (Some(key), Some(value)) = (r.key, r.value) else { continue };
                         match serde_json::from_slice::<KeyRecord>(&value) {
                             Ok(record) => keys.apply(key, record, lease_ms),
@@ -390,6 +425,10 @@ async fn follow(mut consumer: Consumer, shared: Arc<Shared>, lease_ms: i64, wind
                     None => consumer.position(&tp).await.ok(),
                 };
                 if let Some(p) = position {
+                    {
+                        let mut keys = shared.keys.lock().unwrap_or_else(|e| e.into_inner());
+                        keys.next = keys.next.max(p);
+                    }
                     shared.applied.send_if_modified(|cur| {
                         let changed = p > *cur;
                         *cur = (*cur).max(p);
