@@ -10,18 +10,18 @@
 //!   resource, as Kafka's `ErrorsPerSec` counts them; frames that were no request at all
 //!   (the connection was closed) count as `malformed`.
 //!
-//! Why no metrics crate: the registry is an array of atomics and one small map, and the
-//! exposition is a few `writeln!`s (as in the gateway); a client crate would bring a
-//! registry abstraction for nothing. The HTTP side is one `GET /metrics` answered with
+//! Why no metrics registry crate: the registry is an array of atomics and one small map,
+//! and the exposition is written with `fjord-metrics` (as in the gateway and the mirror);
+//! a client crate would bring a registry abstraction for nothing. The HTTP side is one `GET /metrics` answered with
 //! `Connection: close`, hand-written too, so the broker carries no HTTP stack.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fjord_log::{CleanStats, Log, LogManager};
+use fjord_metrics::{escape, family, sample, Kind};
 use kafka_protocol::messages::{ApiKey, ResponseKind};
 use kafka_protocol::ResponseError;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -124,45 +124,41 @@ impl Metrics {
     /// The exposition text: these counters, then the logs' gauges.
     fn render(&self, logs: &LogManager) -> String {
         let mut out = String::with_capacity(4096);
-        family(&mut out, "fjord_broker_requests_total", "counter", "Requests received, by API.");
+        family(&mut out, "fjord_broker_requests_total", Kind::Counter, "Requests received, by API.");
         for (key, counter) in self.requests.iter().enumerate() {
             let n = counter.load(Ordering::Relaxed);
             if n > 0 {
                 let api = if key == API_KEYS { "unknown".to_owned() } else { api_name(key as i16) };
-                let _ = writeln!(out, "fjord_broker_requests_total{{api=\"{api}\"}} {n}");
+                sample(&mut out, "fjord_broker_requests_total", &format!("api=\"{api}\""), n);
             }
         }
         family(
             &mut out,
             "fjord_broker_request_errors_total",
-            "counter",
+            Kind::Counter,
             "Error codes answered, by API and error (one per failed partition or resource).",
         );
         for (&(key, code), n) in self.errors.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let error = ResponseError::try_from_code(code).map(|e| e.to_string()).unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "fjord_broker_request_errors_total{{api=\"{}\",error=\"{}\",code=\"{code}\"}} {n}",
-                api_name(key),
-                escape(&error)
-            );
+            let labels = format!("api=\"{}\",error=\"{}\",code=\"{code}\"", api_name(key), escape(&error));
+            sample(&mut out, "fjord_broker_request_errors_total", &labels, n);
         }
         family(
             &mut out,
             "fjord_broker_malformed_requests_total",
-            "counter",
+            Kind::Counter,
             "Frames that were not a request; each closed its connection.",
         );
-        let _ = writeln!(out, "fjord_broker_malformed_requests_total {}", self.malformed.load(Ordering::Relaxed));
+        sample(&mut out, "fjord_broker_malformed_requests_total", "", self.malformed.load(Ordering::Relaxed));
         family(
             &mut out,
             "fjord_broker_connection_events_total",
-            "counter",
+            Kind::Counter,
             "Connections the broker refused (connection limits) or closed (idle, failed TLS handshake or authentication).",
         );
         for event in ConnectionEvent::ALL {
             let n = self.connection_events[event as usize].load(Ordering::Relaxed);
-            let _ = writeln!(out, "fjord_broker_connection_events_total{{event=\"{}\"}} {n}", event.label());
+            sample(&mut out, "fjord_broker_connection_events_total", &format!("event=\"{}\"", event.label()), n);
         }
 
         let mut partitions: Vec<(String, Arc<Log>)> = logs
@@ -190,9 +186,9 @@ impl Metrics {
             ),
         ];
         for (name, help, gauge) in gauges {
-            family(&mut out, name, "gauge", help);
+            family(&mut out, name, Kind::Gauge, help);
             for (labels, log) in &partitions {
-                let _ = writeln!(out, "{name}{{{labels}}} {}", gauge(log));
+                sample(&mut out, name, labels, gauge(log));
             }
         }
 
@@ -202,14 +198,14 @@ impl Metrics {
         family(
             &mut out,
             "fjord_broker_unhealthy_partitions",
-            "gauge",
+            Kind::Gauge,
             "Replicas here whose log could not be opened (offline) or holds a damaged batch.",
         );
-        let _ = writeln!(out, "fjord_broker_unhealthy_partitions {}", unhealthy.len());
+        sample(&mut out, "fjord_broker_unhealthy_partitions", "", unhealthy.len());
         family(
             &mut out,
             "fjord_broker_partition_unhealthy",
-            "gauge",
+            Kind::Gauge,
             "1 per unhealthy replica: state=\"offline\" (not served, KAFKA_STORAGE_ERROR) or \"damaged\" (served up to the damage).",
         );
         for (tp, state) in unhealthy.iter() {
@@ -217,12 +213,8 @@ impl Metrics {
                 fjord_log::Unhealthy::Offline { .. } => "offline",
                 fjord_log::Unhealthy::Damaged { .. } => "damaged",
             };
-            let _ = writeln!(
-                out,
-                "fjord_broker_partition_unhealthy{{topic=\"{}\",partition=\"{}\",state=\"{state}\"}} 1",
-                escape(&tp.topic),
-                tp.partition
-            );
+            let labels = format!("topic=\"{}\",partition=\"{}\",state=\"{state}\"", escape(&tp.topic), tp.partition);
+            sample(&mut out, "fjord_broker_partition_unhealthy", &labels, 1);
         }
 
         let cleaned: Vec<(&String, CleanStats)> =
@@ -263,9 +255,9 @@ impl Metrics {
             }),
         ];
         for (name, help, stat) in stats {
-            family(&mut out, name, "gauge", help);
+            family(&mut out, name, Kind::Gauge, help);
             for (labels, s) in &cleaned {
-                let _ = writeln!(out, "{name}{{{labels}}} {}", stat(s));
+                sample(&mut out, name, labels, stat(s));
             }
         }
         out
@@ -334,15 +326,6 @@ pub(crate) fn fetch_errors(data: &FetchResponseData) -> impl Iterator<Item = i16
 /// Kafka's name of an API key (`Produce`, `Fetch`, ...), or its number.
 fn api_name(key: i16) -> String {
     ApiKey::try_from(key).map_or_else(|_| key.to_string(), |k| format!("{k:?}"))
-}
-
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-/// A label value with `\`, `"` and newlines escaped, as the text format wants.
-fn escape(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// Serves `GET /metrics` on `listener` until `shutdown`.

@@ -3,9 +3,10 @@
 //! the producer buffer in use.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::Mutex;
 use std::time::Duration;
+
+use fjord_metrics::{family, sample, Kind};
 
 /// Latency bucket bounds, seconds.
 const BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
@@ -54,48 +55,47 @@ impl Metrics {
     pub(crate) fn render(&self, buffer_used: usize, buffer_capacity: usize) -> String {
         let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = String::new();
-        let _ = writeln!(out, "# HELP fjord_gateway_requests_total Requests answered, by API and status.");
-        let _ = writeln!(out, "# TYPE fjord_gateway_requests_total counter");
+        family(&mut out, "fjord_gateway_requests_total", Kind::Counter, "Requests answered, by API and status.");
         for ((api, status), n) in &s.requests {
-            let _ = writeln!(out, "fjord_gateway_requests_total{{api=\"{api}\",status=\"{status}\"}} {n}");
+            sample(&mut out, "fjord_gateway_requests_total", &format!("api=\"{api}\",status=\"{status}\""), n);
         }
-        let _ = writeln!(
-            out,
-            "# HELP fjord_gateway_errors_total Requests answered with an error status (4xx/5xx), by API and status."
+        family(
+            &mut out,
+            "fjord_gateway_errors_total",
+            Kind::Counter,
+            "Requests answered with an error status (4xx/5xx), by API and status.",
         );
-        let _ = writeln!(out, "# TYPE fjord_gateway_errors_total counter");
         for ((api, status), n) in s.requests.iter().filter(|((_, st), _)| *st >= 400) {
-            let _ = writeln!(out, "fjord_gateway_errors_total{{api=\"{api}\",status=\"{status}\"}} {n}");
+            sample(&mut out, "fjord_gateway_errors_total", &format!("api=\"{api}\",status=\"{status}\""), n);
         }
-        let _ = writeln!(out, "# HELP fjord_gateway_events_total Events published, by API.");
-        let _ = writeln!(out, "# TYPE fjord_gateway_events_total counter");
+        family(&mut out, "fjord_gateway_events_total", Kind::Counter, "Events published, by API.");
         for (api, n) in &s.events {
-            let _ = writeln!(out, "fjord_gateway_events_total{{api=\"{api}\"}} {n}");
+            sample(&mut out, "fjord_gateway_events_total", &format!("api=\"{api}\""), n);
         }
-        let _ = writeln!(out, "# HELP fjord_gateway_bytes_total Event bytes (key, value, headers) published, by API.");
-        let _ = writeln!(out, "# TYPE fjord_gateway_bytes_total counter");
+        family(&mut out, "fjord_gateway_bytes_total", Kind::Counter, "Event bytes (key, value, headers) published, by API.");
         for (api, n) in &s.bytes {
-            let _ = writeln!(out, "fjord_gateway_bytes_total{{api=\"{api}\"}} {n}");
+            sample(&mut out, "fjord_gateway_bytes_total", &format!("api=\"{api}\""), n);
         }
-        let _ = writeln!(out, "# HELP fjord_gateway_request_duration_seconds Request latency, by API.");
-        let _ = writeln!(out, "# TYPE fjord_gateway_request_duration_seconds histogram");
+        family(&mut out, "fjord_gateway_request_duration_seconds", Kind::Histogram, "Request latency, by API.");
         for (api, h) in &s.latency {
             let mut cumulative = 0;
             for (i, bound) in BUCKETS.iter().enumerate() {
                 cumulative += h.buckets[i];
-                let _ =
-                    writeln!(out, "fjord_gateway_request_duration_seconds_bucket{{api=\"{api}\",le=\"{bound}\"}} {cumulative}");
+                sample(
+                    &mut out,
+                    "fjord_gateway_request_duration_seconds_bucket",
+                    &format!("api=\"{api}\",le=\"{bound}\""),
+                    cumulative,
+                );
             }
-            let _ = writeln!(out, "fjord_gateway_request_duration_seconds_bucket{{api=\"{api}\",le=\"+Inf\"}} {}", h.count);
-            let _ = writeln!(out, "fjord_gateway_request_duration_seconds_sum{{api=\"{api}\"}} {}", h.sum);
-            let _ = writeln!(out, "fjord_gateway_request_duration_seconds_count{{api=\"{api}\"}} {}", h.count);
+            sample(&mut out, "fjord_gateway_request_duration_seconds_bucket", &format!("api=\"{api}\",le=\"+Inf\""), h.count);
+            sample(&mut out, "fjord_gateway_request_duration_seconds_sum", &format!("api=\"{api}\""), h.sum);
+            sample(&mut out, "fjord_gateway_request_duration_seconds_count", &format!("api=\"{api}\""), h.count);
         }
-        let _ = writeln!(out, "# HELP fjord_gateway_buffer_used_bytes Bytes of events accepted and not yet acknowledged.");
-        let _ = writeln!(out, "# TYPE fjord_gateway_buffer_used_bytes gauge");
-        let _ = writeln!(out, "fjord_gateway_buffer_used_bytes {buffer_used}");
-        let _ = writeln!(out, "# HELP fjord_gateway_buffer_capacity_bytes Bound on fjord_gateway_buffer_used_bytes.");
-        let _ = writeln!(out, "# TYPE fjord_gateway_buffer_capacity_bytes gauge");
-        let _ = writeln!(out, "fjord_gateway_buffer_capacity_bytes {buffer_capacity}");
+        family(&mut out, "fjord_gateway_buffer_used_bytes", Kind::Gauge, "Bytes of events accepted and not yet acknowledged.");
+        sample(&mut out, "fjord_gateway_buffer_used_bytes", "", buffer_used);
+        family(&mut out, "fjord_gateway_buffer_capacity_bytes", Kind::Gauge, "Bound on fjord_gateway_buffer_used_bytes.");
+        sample(&mut out, "fjord_gateway_buffer_capacity_bytes", "", buffer_capacity);
         out
     }
 }

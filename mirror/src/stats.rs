@@ -4,10 +4,10 @@
 //! (`/metrics`) and as the JSON [`Status`] (`/status`, `fjord mirror status`).
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::Mutex;
 
 use fjord_client::TopicPartition;
+use fjord_metrics::{escape, samples, Kind};
 use serde::{Deserialize, Serialize};
 
 use crate::config::SourceConfig;
@@ -238,95 +238,83 @@ impl Stats {
         let status = self.status();
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = String::new();
-        metric(
+        samples(
             &mut out,
             "fjord_mirror_source_up",
-            "gauge",
+            Kind::Gauge,
             "1 while the source is reachable and mirrored, 0 while it is retried.",
-            status.sources.iter().map(|s| (format!("source=\"{}\"", esc(&s.alias)), i64::from(s.state == SourceState::Up))),
+            status.sources.iter().map(|s| (format!("source=\"{}\"", escape(&s.alias)), i64::from(s.state == SourceState::Up))),
         );
-        metric(
+        samples(
             &mut out,
             "fjord_mirror_source_failures_total",
-            "counter",
+            Kind::Counter,
             "Failed attempts to reach or read the source.",
-            status.sources.iter().map(|s| (format!("source=\"{}\"", esc(&s.alias)), s.failures as i64)),
+            status.sources.iter().map(|s| (format!("source=\"{}\"", escape(&s.alias)), s.failures as i64)),
         );
-        metric(
+        samples(
             &mut out,
             "fjord_mirror_commits_total",
-            "counter",
+            Kind::Counter,
             "Offset commits in the source group (each after the target acknowledged).",
-            status.sources.iter().map(|s| (format!("source=\"{}\"", esc(&s.alias)), s.commits as i64)),
+            status.sources.iter().map(|s| (format!("source=\"{}\"", escape(&s.alias)), s.commits as i64)),
         );
         let records = inner.sources.iter().flat_map(|(alias, s)| {
-            s.records.iter().map(move |(t, n)| (format!("source=\"{}\",topic=\"{}\"", esc(alias), esc(t)), *n as i64))
+            s.records.iter().map(move |(t, n)| (format!("source=\"{}\",topic=\"{}\"", escape(alias), escape(t)), *n as i64))
         });
-        metric(&mut out, "fjord_mirror_records_total", "counter", "Records copied and acknowledged by the target.", records);
+        samples(&mut out, "fjord_mirror_records_total", Kind::Counter, "Records copied and acknowledged by the target.", records);
         let partitions: Vec<(String, &PartitionStatus)> = status
             .sources
             .iter()
             .flat_map(|s| {
                 s.partitions.iter().map(move |p| {
-                    (format!("source=\"{}\",topic=\"{}\",partition=\"{}\"", esc(&s.alias), esc(&p.topic), p.partition), p)
+                    (format!("source=\"{}\",topic=\"{}\",partition=\"{}\"", escape(&s.alias), escape(&p.topic), p.partition), p)
                 })
             })
             .collect();
-        metric(
+        samples(
             &mut out,
             "fjord_mirror_lag",
-            "gauge",
+            Kind::Gauge,
             "Source log end offset minus the mirrored position, per source partition.",
             partitions.iter().filter_map(|(l, p)| p.lag.map(|lag| (l.clone(), lag))),
         );
-        metric(
+        samples(
             &mut out,
             "fjord_mirror_position",
-            "gauge",
+            Kind::Gauge,
             "Next source offset to copy (everything before it is in the target).",
             partitions.iter().filter(|(_, p)| p.mirrored >= 0).map(|(l, p)| (l.clone(), p.mirrored)),
         );
-        metric(
+        samples(
             &mut out,
             "fjord_mirror_source_log_end_offset",
-            "gauge",
+            Kind::Gauge,
             "Source log end offset at the last lag refresh.",
             partitions.iter().filter(|(_, p)| p.log_end >= 0).map(|(l, p)| (l.clone(), p.log_end)),
         );
         let mut gaps: BTreeMap<String, (i64, i64)> = BTreeMap::new();
         for g in &status.gaps {
             let e = gaps
-                .entry(format!("source=\"{}\",topic=\"{}\",partition=\"{}\"", esc(&g.source), esc(&g.topic), g.partition))
+                .entry(format!("source=\"{}\",topic=\"{}\",partition=\"{}\"", escape(&g.source), escape(&g.topic), g.partition))
                 .or_default();
             e.0 += 1;
             e.1 += g.records;
         }
-        metric(
+        samples(
             &mut out,
             "fjord_mirror_gaps_total",
-            "counter",
+            Kind::Counter,
             "Ranges of source offsets deleted by retention before they were mirrored.",
             gaps.iter().map(|(l, (n, _))| (l.clone(), *n)),
         );
-        metric(
+        samples(
             &mut out,
             "fjord_mirror_gap_records_total",
-            "counter",
+            Kind::Counter,
             "Records lost to retention before they were mirrored.",
             gaps.iter().map(|(l, (_, n))| (l.clone(), *n)),
         );
         out
     }
-}
-
-fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: impl IntoIterator<Item = (String, i64)>) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    for (labels, v) in samples {
-        let _ = writeln!(out, "{name}{{{labels}}} {v}");
-    }
-}
-
-/// Label value escaping of the text format.
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
