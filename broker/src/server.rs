@@ -603,12 +603,52 @@ async fn cluster_id(store: &dyn MetadataStore, dir: &Path, broker_id: i32) -> Re
 
 /// Reads `meta.properties` (`broker.id`, `cluster.id`): the cluster id, `None` when the
 /// file or its `cluster.id` is missing. A log dir of another broker id is refused.
+///
+/// Fjord writes a `#crc32c=` comment line (Kafka's readers skip comments) covering the
+/// lines after it. A file that fails it, is not text, or has no readable `broker.id` is
+/// damaged, not another broker's: it is moved aside (`meta.properties.damaged-<unix ms>`,
+/// kept for the operator) with a warning and `None` is returned, so the broker writes a
+/// fresh one from its config and the store's cluster id instead of refusing to start. Only
+/// an intact file can claim another broker or cluster. A file without the line (Kafka's,
+/// or Fjord's before it) is read as before.
 fn read_meta_properties(path: &Path, broker_id: i32) -> Result<Option<String>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(Error::Io { path: path.to_path_buf(), source }),
     };
+    let parsed = parse_meta_properties(&bytes);
+    let Some((stored_id, cluster_id)) = parsed.as_ref().ok() else {
+        let why = parsed.err().unwrap_or_default();
+        let aside = path.with_file_name(format!("{META_PROPERTIES}.damaged-{}", now_ms()));
+        std::fs::rename(path, &aside).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
+        tracing::warn!(
+            path = %path.display(), kept_as = %aside.display(), why,
+            "meta.properties is damaged: moved aside; a new one is written from broker.id and the metadata store's cluster id"
+        );
+        return Ok(None);
+    };
+    let bad = |reason: String| Error::MetaProperties { path: path.to_path_buf(), reason };
+    match *stored_id {
+        id if id == broker_id => Ok(cluster_id.clone()),
+        id => Err(bad(format!("log dir belongs to broker.id {id}, this broker is {broker_id}"))),
+    }
+}
+
+/// The comment line carrying the checksum of the lines after it.
+const META_CHECKSUM: &str = "#crc32c=";
+
+/// `meta.properties`' broker id and cluster id, or why the file is damaged.
+fn parse_meta_properties(bytes: &[u8]) -> std::result::Result<(i32, Option<String>), &'static str> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8 text")?;
+    if let Some(at) = text.find(&format!("\n{META_CHECKSUM}")).map(|i| i + 1).or(text.starts_with(META_CHECKSUM).then_some(0)) {
+        let line_end = text[at..].find('\n').map(|i| at + i + 1).ok_or("the checksum line is cut short")?;
+        let stored = text[at + META_CHECKSUM.len()..line_end - 1].trim();
+        let stored = u32::from_str_radix(stored, 16).map_err(|_| "bad checksum value")?;
+        if fjord_record::batch::crc32c(&text.as_bytes()[line_end..]) != stored {
+            return Err("checksum mismatch: the file was damaged after it was written");
+        }
+    }
     let mut stored_id = None;
     let mut cluster_id = None;
     for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
@@ -618,17 +658,14 @@ fn read_meta_properties(path: &Path, broker_id: i32) -> Result<Option<String>> {
             _ => {}
         }
     }
-    let bad = |reason: String| Error::MetaProperties { path: path.to_path_buf(), reason };
-    match stored_id {
-        Some(id) if id == broker_id => Ok(cluster_id),
-        Some(id) => Err(bad(format!("log dir belongs to broker.id {id}, this broker is {broker_id}"))),
-        None => Err(bad("missing or malformed broker.id".into())),
-    }
+    Ok((stored_id.ok_or("missing or malformed broker.id")?, cluster_id))
 }
 
-/// Writes `meta.properties` atomically: a temp file, fsynced, renamed, the dir fsynced.
+/// Writes `meta.properties` atomically (a temp file, fsynced, renamed, the dir fsynced),
+/// with the checksum line.
 fn write_meta_properties(path: &Path, broker_id: i32, cluster_id: &str) -> Result<()> {
-    let text = format!("#Written by fjord\nversion=0\nbroker.id={broker_id}\ncluster.id={cluster_id}\n");
+    let body = format!("version=0\nbroker.id={broker_id}\ncluster.id={cluster_id}\n");
+    let text = format!("#Written by fjord\n{META_CHECKSUM}{:08x}\n{body}", fjord_record::batch::crc32c(body.as_bytes()));
     let tmp = path.with_file_name(format!("{META_PROPERTIES}.tmp"));
     let written = std::fs::File::create(&tmp)
         .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()).and_then(|()| f.sync_all()))
@@ -680,6 +717,39 @@ mod tests {
         std::fs::write(third.join(META_PROPERTIES), "version=0\nbroker.id=3\n").unwrap();
         assert_eq!(cluster_id(&store, &third, 3).await.unwrap(), cluster);
         assert_ne!(new_cluster_id(), new_cluster_id());
+    }
+
+    /// A damaged meta.properties (cut short, one digit of the broker id flipped, garbage)
+    /// is moved aside and written anew instead of stopping the broker; an intact one of
+    /// another broker is still refused.
+    #[tokio::test]
+    async fn a_damaged_meta_properties_is_kept_aside_and_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = fjord_coord::EmbeddedStore::open(&dir.path().join("store")).unwrap();
+        let log_dir = dir.path().join("b1");
+        std::fs::create_dir(&log_dir).unwrap();
+        let cluster = cluster_id(&store, &log_dir, 1).await.unwrap();
+        let path = log_dir.join(META_PROPERTIES);
+        let good = std::fs::read(&path).unwrap();
+        assert!(String::from_utf8_lossy(&good).contains("\n#crc32c="), "written with its checksum");
+        let flipped = String::from_utf8(good.clone()).unwrap().replace("broker.id=1", "broker.id=3").into_bytes();
+        for (kind, bytes) in
+            [("truncated", good[..good.len() - 9].to_vec()), ("flipped digit", flipped), ("garbage", b"\xff\x00zz".to_vec())]
+        {
+            std::fs::write(&path, &bytes).unwrap();
+            assert_eq!(cluster_id(&store, &log_dir, 1).await.unwrap(), cluster, "{kind}: starts with the store's id");
+            assert_eq!(std::fs::read(&path).unwrap(), good, "{kind}: written anew");
+            let aside: Vec<_> = std::fs::read_dir(&log_dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("meta.properties.damaged-"))
+                .collect();
+            assert_eq!(aside.len(), 1, "{kind}: the damaged file is kept: {aside:?}");
+            assert_eq!(std::fs::read(log_dir.join(&aside[0])).unwrap(), bytes, "{kind}");
+            std::fs::remove_file(log_dir.join(&aside[0])).unwrap();
+        }
+        // Intact and another broker's: refused, as before.
+        assert!(matches!(cluster_id(&store, &log_dir, 2).await, Err(Error::MetaProperties { .. })));
     }
 
     #[tokio::test]
