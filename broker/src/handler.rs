@@ -65,6 +65,20 @@ pub(crate) struct Broker {
     pub(crate) acls: Option<Arc<fjord_auth::AclWatcher>>,
 }
 
+/// The replica a per-partition answer works on, or the code to answer instead:
+/// TOPIC_AUTHORIZATION_FAILED when the client may not act on the topic (without asking
+/// where the partition is, so a denied client learns nothing of it), else `locate`'s.
+pub(crate) fn authorized_replica(
+    allowed: bool,
+    locate: impl FnOnce() -> Result<Arc<Partition>, i16>,
+) -> Result<Arc<Partition>, i16> {
+    if allowed {
+        locate()
+    } else {
+        Err(error_code::TOPIC_AUTHORIZATION_FAILED)
+    }
+}
+
 impl Broker {
     /// This broker's replica of partition `index` of `topic`: UNKNOWN_TOPIC_OR_PARTITION
     /// when the topic has no such partition, KAFKA_STORAGE_ERROR when its log here could
@@ -81,6 +95,16 @@ impl Broker {
             Some(fjord_log::Unhealthy::Offline { .. }) => error_code::KAFKA_STORAGE_ERROR,
             _ => error_code::NOT_LEADER_OR_FOLLOWER,
         })
+    }
+
+    /// [`Broker::replica`] of a topic by name: UNKNOWN_TOPIC_OR_PARTITION for a topic
+    /// this broker does not know. What the per-partition handlers pass as their `replica`
+    /// dependency.
+    pub(crate) fn replica_named(&self, topic: &str, index: i32) -> Result<Arc<Partition>, i16> {
+        match self.topics.get(topic) {
+            Some(topic) => self.replica(&topic, index),
+            None => Err(error_code::UNKNOWN_TOPIC_OR_PARTITION),
+        }
     }
 
     /// The topic, auto-created (when `allowed` and `auto.create.topics.enable`) with the

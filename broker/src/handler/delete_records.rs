@@ -16,6 +16,7 @@ use fjord_auth::{Operation, Resource};
 
 use crate::codec::error_code;
 use crate::connection::Session;
+use crate::handler::authorized_replica;
 use crate::handler::{log_error_code, Broker};
 use crate::partition::{Partition, Refusal};
 
@@ -26,10 +27,7 @@ impl Broker {
     pub(crate) fn delete_records(&self, request: DeleteRecordsRequest, session: &Session) -> ResponseKind {
         // Kafka: Delete on the topic.
         let may_delete = |topic: &str| self.authorize(session, Operation::Delete, Resource::topic(topic));
-        let replica = |topic: &str, partition: i32| match self.topics.get(topic) {
-            Some(topic) => self.replica(&topic, partition),
-            None => Err(error_code::UNKNOWN_TOPIC_OR_PARTITION),
-        };
+        let replica = |topic: &str, partition: i32| self.replica_named(topic, partition);
         let (response, moved) = delete_records(request, may_delete, replica);
         // The new starts are durable before the client hears of them.
         if moved {
@@ -62,10 +60,7 @@ pub(crate) fn delete_records(
                 .map(|p| {
                     let result =
                         DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index).with_low_watermark(-1);
-                    let partition = match allowed {
-                        false => Err(error_code::TOPIC_AUTHORIZATION_FAILED),
-                        true => replica(&t.name.0, p.partition_index),
-                    };
+                    let partition = authorized_replica(allowed, || replica(&t.name.0, p.partition_index));
                     let partition = match partition.and_then(|partition| partition.check_leader(-1).map(|_| partition)) {
                         Ok(partition) => partition,
                         Err(code) => return result.with_error_code(code),

@@ -25,10 +25,7 @@ use crate::handler::Broker;
 impl Broker {
     pub(crate) fn describe_producers(&self, request: DescribeProducersRequest, session: &Session) -> ResponseKind {
         let may_read = |topic: &str| self.authorize(session, Operation::Read, Resource::topic(topic));
-        let producers = |topic: &str, partition: i32| match self.topics.get(topic) {
-            Some(topic) => self.replica(&topic, partition).map(|replica| replica.log.producers()),
-            None => Err(error_code::UNKNOWN_TOPIC_OR_PARTITION),
-        };
+        let producers = |topic: &str, partition: i32| self.replica_named(topic, partition).map(|replica| replica.log.producers());
         ResponseKind::DescribeProducers(describe_producers(request, may_read, producers))
     }
 }

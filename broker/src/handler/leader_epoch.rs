@@ -12,8 +12,8 @@ use std::sync::Arc;
 use kafka_protocol::messages::offset_for_leader_epoch_response::{EpochEndOffset, OffsetForLeaderTopicResult};
 use kafka_protocol::messages::{OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, ResponseKind};
 
-use crate::codec::error_code;
 use crate::connection::Session;
+use crate::handler::authorized_replica;
 use crate::handler::Broker;
 use crate::partition::{Partition, Refusal};
 use crate::replication::truncation::UNDEFINED;
@@ -33,10 +33,7 @@ impl Broker {
         let session = &*session;
         // Kafka: Describe on the topic.
         let may_describe = |topic: &str| self.authorize(session, Operation::Describe, Resource::topic(topic));
-        let replica = |topic: &str, partition: i32| match self.topics.get(topic) {
-            Some(topic) => self.replica(&topic, partition),
-            None => Err(error_code::UNKNOWN_TOPIC_OR_PARTITION),
-        };
+        let replica = |topic: &str, partition: i32| self.replica_named(topic, partition);
         ResponseKind::OffsetForLeaderEpoch(offset_for_leader_epoch(request, follower, may_describe, replica))
     }
 }
@@ -66,10 +63,7 @@ pub(crate) fn offset_for_leader_epoch(
                         .with_partition(p.partition)
                         .with_leader_epoch(UNDEFINED as i32)
                         .with_end_offset(UNDEFINED);
-                    let partition = match allowed {
-                        false => Err(error_code::TOPIC_AUTHORIZATION_FAILED),
-                        true => replica(&t.topic.0, p.partition),
-                    };
+                    let partition = authorized_replica(allowed, || replica(&t.topic.0, p.partition));
                     let partition = match partition {
                         Ok(partition) => partition,
                         Err(code) => return answer.with_error_code(code),
@@ -101,6 +95,7 @@ mod tests {
     use kafka_protocol::protocol::StrBytes;
 
     use super::*;
+    use crate::codec::error_code;
     use crate::replication::{PeerConfig, ReplicaManager, ReplicationConfig};
 
     fn batch(records: usize) -> Vec<u8> {
