@@ -87,6 +87,10 @@ struct GroupEntry {
     group: Group,
     /// Committed offsets by (topic, partition); loaded from the store on first use.
     offsets: BTreeMap<(String, i32), CommittedOffset>,
+    /// Partitions with transactional offsets pending (TxnOffsetCommit, no marker yet), by
+    /// producer id; loaded with the offsets. OffsetFetch with `require_stable` answers
+    /// UNSTABLE_OFFSET_COMMIT for them.
+    pending_txn: txn_offsets::PendingPartitions,
 }
 
 impl GroupEntry {
@@ -95,7 +99,7 @@ impl GroupEntry {
     /// joined) is a group that never existed: ListGroups leaves it out, DescribeGroups
     /// calls it Dead and DeleteGroups answers GROUP_ID_NOT_FOUND.
     fn exists(&self) -> bool {
-        self.group.state != GroupState::Empty || !self.offsets.is_empty()
+        self.group.state != GroupState::Empty || !self.offsets.is_empty() || !self.pending_txn.is_empty()
     }
 }
 
@@ -147,14 +151,11 @@ impl GroupCoordinator {
         if self.inner.claim(group_id).await? != self.inner.endpoint.broker_id {
             return Err(ResponseError::NotCoordinator);
         }
-        let offsets = self.inner.load_offsets(group_id).await.map_err(|e| {
-            tracing::warn!(group = group_id, error = %e, "could not load committed offsets");
-            ResponseError::CoordinatorLoadInProgress
-        })?;
+        let (offsets, pending_txn) = self.inner.load_group_offsets(group_id).await?;
         let mut groups = self.inner.groups.lock().expect("groups lock");
         let entry = groups
             .entry(group_id.to_string())
-            .or_insert_with(|| Arc::new(Mutex::new(GroupEntry { group: Group::new(group_id), offsets })));
+            .or_insert_with(|| Arc::new(Mutex::new(GroupEntry { group: Group::new(group_id), offsets, pending_txn })));
         Ok(entry.clone())
     }
 
@@ -176,17 +177,14 @@ impl GroupCoordinator {
         if self.inner.claim(group_id).await? != self.inner.endpoint.broker_id {
             return Err(ResponseError::NotCoordinator);
         }
-        let offsets = self.inner.load_offsets(group_id).await.map_err(|e| {
-            tracing::warn!(group = group_id, error = %e, "could not load committed offsets");
-            ResponseError::CoordinatorLoadInProgress
-        })?;
-        if offsets.is_empty() {
+        let (offsets, pending_txn) = self.inner.load_group_offsets(group_id).await?;
+        if offsets.is_empty() && pending_txn.is_empty() {
             return Ok(None);
         }
         let mut groups = self.inner.groups.lock().expect("groups lock");
         let entry = groups
             .entry(group_id.to_string())
-            .or_insert_with(|| Arc::new(Mutex::new(GroupEntry { group: Group::new(group_id), offsets })));
+            .or_insert_with(|| Arc::new(Mutex::new(GroupEntry { group: Group::new(group_id), offsets, pending_txn })));
         Ok(Some(entry.clone()))
     }
 
@@ -219,6 +217,21 @@ impl GroupCoordinator {
 }
 
 impl Inner {
+    /// A group's committed offsets and its pending transactional ones, read from the
+    /// store when this broker takes the group on.
+    async fn load_group_offsets(
+        &self,
+        group_id: &str,
+    ) -> Result<(BTreeMap<(String, i32), CommittedOffset>, txn_offsets::PendingPartitions), ResponseError> {
+        let unavailable = |e: fjord_coord::Error| {
+            tracing::warn!(group = group_id, error = %e, "could not load committed offsets");
+            ResponseError::CoordinatorLoadInProgress
+        };
+        let offsets = self.load_offsets(group_id).await.map_err(unavailable)?;
+        let pending = self.load_pending_txn(group_id).await.map_err(unavailable)?;
+        Ok((offsets, pending))
+    }
+
     async fn tick(&self) {
         let entries: Vec<(String, Arc<Mutex<GroupEntry>>)> =
             self.groups.lock().expect("groups lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect();

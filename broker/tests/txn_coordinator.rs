@@ -299,3 +299,119 @@ async fn a_new_producer_fences_an_open_transaction_and_a_restart_keeps_it_prepar
     assert_eq!(end_txn(&mut client, 3, "zombie", pid, epoch, true).await, PRODUCER_FENCED);
     broker.stop().await.unwrap();
 }
+
+/// OffsetFetch of one partition of `out` for group `sg`: (error code, committed offset)
+/// of the partition, from the top-level fields before v8 and the group's after.
+async fn fetch_offset(client: &mut RawClient, version: i16, require_stable: bool, partition: i32) -> (i16, i64) {
+    let request = if version >= 8 {
+        OffsetFetchRequest::default().with_require_stable(require_stable).with_groups(vec![
+            offset_fetch_request::OffsetFetchRequestGroup::default().with_group_id(GroupId(s("sg"))).with_topics(Some(vec![
+                offset_fetch_request::OffsetFetchRequestTopics::default()
+                    .with_name(TopicName(s("out")))
+                    .with_partition_indexes(vec![partition]),
+            ])),
+        ])
+    } else {
+        let request = OffsetFetchRequest::default().with_group_id(GroupId(s("sg"))).with_topics(Some(vec![
+            offset_fetch_request::OffsetFetchRequestTopic::default()
+                .with_name(TopicName(s("out")))
+                .with_partition_indexes(vec![partition]),
+        ]));
+        if version >= 7 {
+            request.with_require_stable(require_stable)
+        } else {
+            request
+        }
+    };
+    let r: OffsetFetchResponse = client.call(ApiKey::OffsetFetch, version, &request).await.unwrap();
+    if version >= 8 {
+        assert_eq!(r.groups[0].error_code, 0);
+        let p = &r.groups[0].topics[0].partitions[0];
+        (p.error_code, p.committed_offset)
+    } else {
+        assert_eq!(r.error_code, 0);
+        let p = &r.topics[0].partitions[0];
+        (p.error_code, p.committed_offset)
+    }
+}
+
+const UNSTABLE_OFFSET_COMMIT: i16 = 88;
+
+/// Group `sg` with offset 5 of `out` 0 pending in a transaction, 3 of `out` 1 committed.
+async fn assert_pending(client: &mut RawClient) {
+    assert_eq!(fetch_offset(client, 7, true, 0).await, (UNSTABLE_OFFSET_COMMIT, -1));
+    assert_eq!(fetch_offset(client, 8, true, 0).await, (UNSTABLE_OFFSET_COMMIT, -1));
+    // Not asked for stable offsets (or a version without the field): the last committed.
+    assert_eq!(fetch_offset(client, 7, false, 0).await, (0, -1));
+    assert_eq!(fetch_offset(client, 8, false, 0).await, (0, -1));
+    assert_eq!(fetch_offset(client, 6, true, 0).await, (0, -1));
+    // A partition the transaction does not commit is stable.
+    assert_eq!(fetch_offset(client, 8, true, 1).await, (0, 3));
+}
+
+/// KIP-447: while a transaction's offsets are pending (TxnOffsetCommit done, the commit
+/// marker not yet at the group coordinator), OffsetFetch with `require_stable` answers
+/// UNSTABLE_OFFSET_COMMIT for those partitions so that the client retries, instead of
+/// the offsets from before the transaction (librdkafka 0103 on three brokers read -1001
+/// right after commit_transaction); without it, or for other partitions, the last
+/// committed offset. A restarted coordinator reads the pending offsets back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offset_fetch_require_stable_is_unstable_while_transactional_offsets_are_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(dir.path()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
+    assert_eq!(find_coordinator(&mut client, 4, "stable").await.coordinators[0].error_code, 0);
+    let r = init(&mut client, 4, "stable", 60_000).await;
+    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    // Partition 1 has an offset committed outside the transaction.
+    let commit = OffsetCommitRequest::default().with_group_id(GroupId(s("sg"))).with_topics(vec![
+        offset_commit_request::OffsetCommitRequestTopic::default().with_name(TopicName(s("out"))).with_partitions(vec![
+            offset_commit_request::OffsetCommitRequestPartition::default().with_partition_index(1).with_committed_offset(3),
+        ]),
+    ]);
+    let r: OffsetCommitResponse = client.call(ApiKey::OffsetCommit, 8, &commit).await.unwrap();
+    assert_eq!(r.topics[0].partitions[0].error_code, 0);
+    let request = AddOffsetsToTxnRequest::default()
+        .with_transactional_id(tid("stable"))
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(epoch)
+        .with_group_id(GroupId(s("sg")));
+    let r: AddOffsetsToTxnResponse = client.call(ApiKey::AddOffsetsToTxn, 3, &request).await.unwrap();
+    assert_eq!(r.error_code, 0);
+    let request = TxnOffsetCommitRequest::default()
+        .with_transactional_id(tid("stable"))
+        .with_group_id(GroupId(s("sg")))
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(epoch)
+        .with_topics(vec![TxnOffsetCommitRequestTopic::default()
+            .with_name(TopicName(s("out")))
+            .with_partitions(vec![TxnOffsetCommitRequestPartition::default().with_partition_index(0).with_committed_offset(5)])]);
+    let r: TxnOffsetCommitResponse = client.call(ApiKey::TxnOffsetCommit, 3, &request).await.unwrap();
+    assert_eq!(r.topics[0].partitions[0].error_code, 0);
+
+    assert_pending(&mut client).await;
+    broker.stop().await.unwrap();
+    let broker = start(dir.path()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert_pending(&mut client).await;
+    // The commit's marker applies the offset: then it is stable.
+    assert_eq!(find_coordinator(&mut client, 4, "stable").await.coordinators[0].error_code, 0);
+    let mut ended = end_txn(&mut client, 3, "stable", pid, epoch, true).await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while ended != 0 && tokio::time::Instant::now() < deadline {
+        // The restarted coordinator may still be loading its partition.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        ended = end_txn(&mut client, 3, "stable", pid, epoch, true).await;
+    }
+    assert_eq!(ended, 0);
+    let mut fetched = fetch_offset(&mut client, 8, true, 0).await;
+    while fetched.0 == UNSTABLE_OFFSET_COMMIT && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        fetched = fetch_offset(&mut client, 8, true, 0).await;
+    }
+    assert_eq!(fetched, (0, 5));
+    assert_eq!(fetch_offset(&mut client, 7, true, 0).await, (0, 5));
+    assert_eq!(fetch_offset(&mut client, 8, true, 1).await, (0, 3));
+    broker.stop().await.unwrap();
+}

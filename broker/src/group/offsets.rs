@@ -27,6 +27,10 @@ fn no_epoch() -> i32 {
     -1
 }
 
+/// One partition's OffsetFetch answer: its committed offset (`None`: never committed) or
+/// the partition's error.
+type Fetched = Result<Option<CommittedOffset>, ResponseError>;
+
 impl GroupCoordinator {
     /// OffsetCommit (and the admin's AlterConsumerGroupOffsets, which is one). As in
     /// Kafka, a partition the cluster does not have (`known` says which it has) gets
@@ -118,20 +122,25 @@ impl GroupCoordinator {
         respond(codes, 0)
     }
 
+    /// OffsetFetch. With `require_stable` (v7+, KIP-447) a partition whose offset a
+    /// transaction commits and whose marker has not landed yet answers
+    /// UNSTABLE_OFFSET_COMMIT (the client retries), as Kafka does; without it, the last
+    /// committed offset.
     pub(crate) async fn offset_fetch(&self, request: OffsetFetchRequest, version: i16) -> ResponseKind {
+        let stable = version >= 7 && request.require_stable;
         if version >= 8 {
             let mut groups = Vec::with_capacity(request.groups.len());
             for g in &request.groups {
                 let wanted =
                     g.topics.as_ref().map(|ts| ts.iter().map(|t| (t.name.clone(), t.partition_indexes.clone())).collect());
-                groups.push(self.offset_fetch_group(&g.group_id, wanted).await);
+                groups.push(self.offset_fetch_group(&g.group_id, wanted, stable).await);
             }
             return ResponseKind::OffsetFetch(OffsetFetchResponse::default().with_groups(groups));
         }
         // Before v8 a request names one group, and the answer carries that group's
         // error code and topics at the top level, in types of their own.
         let wanted = request.topics.as_ref().map(|ts| ts.iter().map(|t| (t.name.clone(), t.partition_indexes.clone())).collect());
-        let group = self.offset_fetch_group(&request.group_id, wanted).await;
+        let group = self.offset_fetch_group(&request.group_id, wanted, stable).await;
         let topics = group
             .topics
             .into_iter()
@@ -156,14 +165,16 @@ impl GroupCoordinator {
 
     /// One group's OffsetFetch answer: the committed offset, leader epoch and metadata of
     /// each requested partition (every committed one when `wanted` is `None`), -1 for a
-    /// partition never committed; the group's error code and no topics when the group
-    /// cannot be read here.
+    /// partition never committed, UNSTABLE_OFFSET_COMMIT for one with a transactional
+    /// offset pending when `stable` is asked for; the group's error code and no topics
+    /// when the group cannot be read here.
     async fn offset_fetch_group(
         &self,
         group_id: &GroupId,
         wanted: Option<Vec<(TopicName, Vec<i32>)>>,
+        stable: bool,
     ) -> offset_fetch_response::OffsetFetchResponseGroup {
-        let (code, found) = match self.committed(group_id, wanted).await {
+        let (code, found) = match self.committed(group_id, wanted, stable).await {
             Ok(found) => (0, found),
             Err(e) => (e.code(), Vec::new()),
         };
@@ -174,11 +185,18 @@ impl GroupCoordinator {
                     partitions
                         .into_iter()
                         .map(|(p, c)| {
-                            offset_fetch_response::OffsetFetchResponsePartitions::default()
-                                .with_partition_index(p)
-                                .with_committed_offset(c.as_ref().map_or(-1, |c| c.offset))
-                                .with_committed_leader_epoch(c.as_ref().map_or(-1, |c| c.leader_epoch))
-                                .with_metadata(Some(StrBytes::from_string(c.map(|c| c.metadata).unwrap_or_default())))
+                            let answer = offset_fetch_response::OffsetFetchResponsePartitions::default().with_partition_index(p);
+                            match c {
+                                Err(e) => answer
+                                    .with_committed_offset(-1)
+                                    .with_committed_leader_epoch(-1)
+                                    .with_metadata(Some(StrBytes::default()))
+                                    .with_error_code(e.code()),
+                                Ok(c) => answer
+                                    .with_committed_offset(c.as_ref().map_or(-1, |c| c.offset))
+                                    .with_committed_leader_epoch(c.as_ref().map_or(-1, |c| c.leader_epoch))
+                                    .with_metadata(Some(StrBytes::from_string(c.map(|c| c.metadata).unwrap_or_default()))),
+                            }
                         })
                         .collect(),
                 )
@@ -191,34 +209,42 @@ impl GroupCoordinator {
     }
 
     /// Committed offsets of the requested partitions (all committed ones when
-    /// `wanted` is `None`), grouped by topic; `None` for a partition never committed.
+    /// `wanted` is `None`), grouped by topic; `None` for a partition never committed,
+    /// UNSTABLE_OFFSET_COMMIT for one with a transactional offset pending when `stable`.
     async fn committed(
         &self,
         group_id: &GroupId,
         wanted: Option<Vec<(TopicName, Vec<i32>)>>,
-    ) -> Result<Vec<(TopicName, Vec<(i32, Option<CommittedOffset>)>)>, ResponseError> {
+        stable: bool,
+    ) -> Result<Vec<(TopicName, Vec<(i32, Fetched)>)>, ResponseError> {
         // A group that does not exist has nothing committed; looking does not create it.
         let Some(entry) = self.lookup(group_id).await? else {
             return Ok(wanted
                 .unwrap_or_default()
                 .into_iter()
-                .map(|(topic, partitions)| (topic, partitions.into_iter().map(|p| (p, None)).collect()))
+                .map(|(topic, partitions)| (topic, partitions.into_iter().map(|p| (p, Ok(None))).collect()))
                 .collect());
         };
         let entry = entry.lock().await;
+        let fetched = |topic: &str, p: i32| {
+            if stable && entry.pending_txn.contains(topic, p) {
+                Err(ResponseError::UnstableOffsetCommit)
+            } else {
+                Ok(entry.offsets.get(&(topic.to_owned(), p)).cloned())
+            }
+        };
         Ok(match wanted {
             Some(wanted) => wanted
                 .into_iter()
                 .map(|(topic, partitions)| {
-                    let found =
-                        partitions.into_iter().map(|p| (p, entry.offsets.get(&(topic.to_string(), p)).cloned())).collect();
+                    let found = partitions.into_iter().map(|p| (p, fetched(&topic, p))).collect();
                     (topic, found)
                 })
                 .collect(),
             None => {
-                let mut by_topic: BTreeMap<String, Vec<(i32, Option<CommittedOffset>)>> = BTreeMap::new();
-                for ((topic, p), c) in &entry.offsets {
-                    by_topic.entry(topic.clone()).or_default().push((*p, Some(c.clone())));
+                let mut by_topic: BTreeMap<String, Vec<(i32, Fetched)>> = BTreeMap::new();
+                for (topic, p) in entry.offsets.keys() {
+                    by_topic.entry(topic.clone()).or_default().push((*p, fetched(topic, *p)));
                 }
                 by_topic.into_iter().map(|(t, ps)| (TopicName(StrBytes::from_string(t)), ps)).collect()
             }

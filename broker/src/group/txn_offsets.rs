@@ -8,8 +8,16 @@
 //! marker needs no more than the producer id to find them: a marker for
 //! [`crate::txn::GROUP_MARKER_TOPIC`] completes every group this broker coordinates that
 //! holds pending offsets of the producer.
+//!
+//! The group's entry also knows which of its partitions have offsets pending
+//! ([`PendingPartitions`], read back from the store when a broker takes the group on), so
+//! OffsetFetch with `require_stable` (v7+, KIP-447) answers UNSTABLE_OFFSET_COMMIT for
+//! them until the marker lands, as Kafka does: EndTxn is answered once the commit is
+//! prepared, and a consumer that reads its group's offsets right after (librdkafka asks
+//! with `require_stable` when read_committed) retries instead of reading the offsets from
+//! before the transaction.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use fjord_coord::{registry, CreateMode, MetadataStore};
@@ -20,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::offsets::CommittedOffset;
 use super::registry::{group_id_of, group_node};
-use super::{now_ms, GroupCoordinator};
+use super::{now_ms, GroupCoordinator, Inner};
 
 /// Root of the pending transactional offsets in the metadata store.
 const ROOT: &str = "/txn_offsets";
@@ -37,6 +45,55 @@ struct PendingOffset {
     topic: String,
     partition: i32,
     committed: CommittedOffset,
+}
+
+/// A group's partitions with transactional offsets pending, by producer id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct PendingPartitions(BTreeMap<i64, BTreeSet<(String, i32)>>);
+
+impl PendingPartitions {
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether a producer has an offset pending for the partition.
+    pub(super) fn contains(&self, topic: &str, partition: i32) -> bool {
+        self.0.values().any(|ps| ps.iter().any(|(t, p)| t == topic && *p == partition))
+    }
+
+    fn set(&mut self, producer_id: i64, pending: &Pending) {
+        let partitions: BTreeSet<(String, i32)> = pending.offsets.iter().map(|o| (o.topic.clone(), o.partition)).collect();
+        if partitions.is_empty() {
+            self.0.remove(&producer_id);
+        } else {
+            self.0.insert(producer_id, partitions);
+        }
+    }
+
+    fn remove(&mut self, producer_id: i64) {
+        self.0.remove(&producer_id);
+    }
+}
+
+impl Inner {
+    /// The group's pending transactional offsets as the store holds them: one look per
+    /// producer with offsets pending for any group (producers of open transactions).
+    pub(super) async fn load_pending_txn(&self, group_id: &str) -> fjord_coord::Result<PendingPartitions> {
+        let store: &dyn MetadataStore = &*self.store;
+        let producers = match store.children(ROOT).await {
+            Ok(producers) => producers,
+            Err(fjord_coord::Error::NoNode { .. }) => return Ok(PendingPartitions::default()),
+            Err(e) => return Err(e),
+        };
+        let mut found = PendingPartitions::default();
+        for producer in producers {
+            let Ok(producer_id) = producer.parse::<i64>() else { continue };
+            if let Some((pending, _)) = registry::read_json::<Pending>(store, &pending_path(producer_id, group_id)).await? {
+                found.set(producer_id, &pending);
+            }
+        }
+        Ok(found)
+    }
 }
 
 fn producer_root(producer_id: i64) -> String {
@@ -151,6 +208,7 @@ impl GroupCoordinator {
                 tracing::warn!(group = %request.group_id.as_str(), error = %e, "pending offsets not written");
                 return respond(&|_, _| ResponseError::CoordinatorNotAvailable.code());
             }
+            entry.pending_txn.set(producer_id, &pending);
         }
         drop(entry);
         respond(&|topic, p| codes.get(&(topic.to_owned(), p)).copied().unwrap_or(0))
@@ -182,7 +240,10 @@ impl GroupCoordinator {
             };
             let mut entry = entry.lock().await;
             let path = format!("{root}/{node}");
-            let Some((pending, _)) = registry::read_json::<Pending>(store, &path).await.map_err(unavailable)? else { continue };
+            let Some((pending, _)) = registry::read_json::<Pending>(store, &path).await.map_err(unavailable)? else {
+                entry.pending_txn.remove(producer_id);
+                continue;
+            };
             if commit {
                 for p in pending.offsets {
                     self.inner.store_offset(&group_id, &p.topic, p.partition, &p.committed).await.map_err(unavailable)?;
@@ -193,6 +254,7 @@ impl GroupCoordinator {
                 Ok(()) | Err(fjord_coord::Error::NoNode { .. }) => {}
                 Err(e) => return Err(unavailable(e)),
             }
+            entry.pending_txn.remove(producer_id);
         }
         // Other brokers' groups may still be under it: then it stays.
         let _ = store.delete(&root, None).await;

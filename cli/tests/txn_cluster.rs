@@ -1,0 +1,323 @@
+//! Transactions on three `fjord broker` processes on ZooKeeper, with confluent-kafka
+//! (librdkafka) as the application:
+//! - a transaction that only commits consumer offsets (`send_offsets_to_transaction`, no
+//!   records): the offsets are the group's committed ones as soon as the consumer asks,
+//!   right after `commit_transaction` (librdkafka's 0103 `do_test_empty_txn` read -1001:
+//!   EndTxn is answered once the commit is prepared, and the group coordinator, often on
+//!   another broker than the transaction coordinator, answered with the offsets from
+//!   before the marker instead of UNSTABLE_OFFSET_COMMIT);
+//! - consume-transform-produce (`ctp-in` → `ctp-out`, offsets sent in each transaction)
+//!   across a SIGKILL of the transaction coordinator's broker, then of a partition leader
+//!   that is not the coordinator: read_committed, the output holds each input record
+//!   exactly once, in order per partition, no record of an aborted transaction, and the
+//!   group's committed offset is the whole input.
+//!
+//! The interpreter is `$FJORD_TEST_PYTHON` (set by `cargo xtask test`), else the
+//! workspace's `target/venv/bin/python`.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use fjord_testkit::Cluster;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+/// Partitions of `__transaction_state` in these clusters (a transactional id's coordinator
+/// is the leader of partition `javaHash(id) % 3`).
+const TXN_PARTITIONS: i32 = 3;
+
+async fn cluster() -> Cluster {
+    Cluster::builder()
+        .brokers(3)
+        .processes(env!("CARGO_BIN_EXE_fjord"))
+        .config("transaction.state.log.num.partitions", TXN_PARTITIONS)
+        .start()
+        .await
+        .unwrap()
+}
+
+/// Kafka's partition of `__transaction_state` for a transactional id: Java's String hash.
+fn txn_partition(id: &str) -> i32 {
+    let hash = id.encode_utf16().fold(0i32, |h, u| h.wrapping_mul(31).wrapping_add(i32::from(u)));
+    (if hash == i32::MIN { 0 } else { hash.abs() }) % TXN_PARTITIONS
+}
+
+/// Five offsets-only transactions (four committed, one aborted), each checked with
+/// `committed()` right after it ends.
+const OFFSETS_ONLY: &str = r#"
+import sys
+from confluent_kafka import Producer, Consumer, TopicPartition as TP
+
+bootstrap = sys.argv[1]
+seed = Producer({'bootstrap.servers': bootstrap})
+for i in range(10):
+    seed.produce('offsets-only', value=b'%d' % i, partition=0)
+assert seed.flush(30) == 0
+consumer = Consumer({'bootstrap.servers': bootstrap, 'group.id': 'offsets-only', 'enable.auto.commit': False,
+                     'auto.offset.reset': 'earliest'})
+consumer.subscribe(['offsets-only'])
+producer = Producer({'bootstrap.servers': bootstrap, 'transactional.id': 'offsets-only-tx'})
+producer.init_transactions(30)
+committed = -1001
+for round in range(5):
+    got = []
+    while len(got) < 2:
+        m = consumer.poll(1.0)
+        if m is not None and m.error() is None:
+            got.append(m)
+    position = got[-1].offset() + 1
+    producer.begin_transaction()
+    producer.send_offsets_to_transaction([TP('offsets-only', 0, position)], consumer.consumer_group_metadata(), 30)
+    if round == 2:
+        producer.abort_transaction(30)
+    else:
+        producer.commit_transaction(30)
+        committed = position
+    found = consumer.committed([TP('offsets-only', 0)], timeout=10)[0].offset
+    assert found == committed, ('round', round, 'committed offset', found, 'expected', committed)
+    print('round', round, 'committed', found, flush=True)
+consumer.close()
+print('ok', flush=True)
+"#;
+
+/// A confluent-kafka script run with the cluster's bootstrap as its argument; it must
+/// print `ok` last.
+struct Script {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    stdout: Vec<String>,
+}
+
+impl Script {
+    fn spawn(script: &str, bootstrap: &str) -> Self {
+        let python = fjord_testkit::python().unwrap();
+        let mut child = tokio::process::Command::new(&python)
+            .arg("-c")
+            .arg(script)
+            .arg(bootstrap)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        Self { child, stdin, lines, stdout: Vec::new() }
+    }
+
+    /// The next line the script prints; `None` once it closed its output.
+    async fn next_line(&mut self) -> Option<String> {
+        let line = self.lines.next_line().await.unwrap()?;
+        self.stdout.push(line.clone());
+        Some(line)
+    }
+
+    async fn answer(&mut self, line: &str) {
+        self.stdin.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+        self.stdin.flush().await.unwrap();
+    }
+
+    /// Waits for the script to exit and checks it succeeded.
+    async fn finish(mut self) {
+        while self.next_line().await.is_some() {}
+        let output = self.child.wait_with_output().await.unwrap();
+        assert!(
+            output.status.success() && self.stdout.last().is_some_and(|l| l == "ok"),
+            "confluent-kafka run failed ({}):\n{}\n{}",
+            output.status,
+            self.stdout.join("\n"),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // What the run went through (transactions committed and aborted), for --nocapture.
+        eprintln!("{}", self.stdout.join("\n"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offsets_only_transaction_commits_its_offsets_on_three_brokers() {
+    let cluster = cluster().await;
+    cluster.create_topic("offsets-only", 1, &[], Duration::from_secs(30)).await.unwrap();
+    let script = Script::spawn(OFFSETS_ONLY, &cluster.bootstrap());
+    tokio::time::timeout(Duration::from_secs(180), script.finish()).await.expect("the script finished in time");
+}
+
+/// Consume-transform-produce: `ctp-in` (one partition, `n` records) to `ctp-out` (three
+/// partitions, record i to partition i % 3), one transaction per batch with the input
+/// offset sent to it. Says `ready` once its producer is initialised (then waits for a line),
+/// `kill` a quarter of the way and `restart` three quarters of the way (without waiting);
+/// then checks the output read_committed.
+const CTP: &str = r#"
+import os, sys, time
+from confluent_kafka import Producer, Consumer, TopicPartition as TP, KafkaException
+
+bootstrap, n = sys.argv[1], 3000
+seed = Producer({'bootstrap.servers': bootstrap, 'enable.idempotence': True})
+for i in range(n):
+    seed.produce('ctp-in', value=b'%d' % i, partition=0)
+assert seed.flush(60) == 0
+
+common = {'bootstrap.servers': bootstrap, 'reconnect.backoff.max.ms': 200, 'retry.backoff.ms': 50}
+consumer = Consumer(dict(common, **{'group.id': 'ctp', 'enable.auto.commit': False, 'isolation.level': 'read_committed',
+                                    'auto.offset.reset': 'earliest'}))
+consumer.assign([TP('ctp-in', 0)])
+fatal = []
+
+def new_producer():
+    p = Producer(dict(common, **{'transactional.id': 'ctp-tx', 'transaction.timeout.ms': 60000}))
+    while True:
+        try:
+            p.init_transactions(30)
+            return p
+        except KafkaException as e:
+            if not e.args[0].retriable():
+                raise
+            time.sleep(0.2)
+
+def rewind():
+    while True:
+        try:
+            committed = consumer.committed([TP('ctp-in', 0)], timeout=10)[0].offset
+            consumer.seek(TP('ctp-in', 0, committed if committed >= 0 else 0))
+            return max(committed, 0)
+        except KafkaException:
+            time.sleep(0.2)
+
+def retrying(call):
+    while True:
+        try:
+            return call()
+        except KafkaException as e:
+            if not e.args[0].retriable():
+                raise
+            time.sleep(0.1)
+
+producer = new_producer()
+print('ready', flush=True)
+sys.stdin.readline()
+committed_attempts, aborted_attempts, attempt, said = set(), set(), 0, set()
+deadline = time.time() + 240
+done = rewind()
+while done < n:
+    assert time.time() < deadline, ('processed', done, 'of', n)
+    for at, word in ((n // 4, 'kill'), (3 * n // 4, 'restart')):
+        if done >= at and word not in said:
+            said.add(word)
+            print(word, flush=True)
+    msgs = [m for m in consumer.consume(50, 0.5) if m.error() is None]
+    if not msgs:
+        continue
+    attempt += 1
+    try:
+        producer.begin_transaction()
+        for m in msgs:
+            i = int(m.value())
+            producer.produce('ctp-out', value=b'%d:%d' % (i, attempt), partition=i % 3)
+        position = msgs[-1].offset() + 1
+        retrying(lambda: producer.send_offsets_to_transaction([TP('ctp-in', 0, position)],
+                                                              consumer.consumer_group_metadata(), 30))
+        retrying(lambda: producer.commit_transaction(30))
+        committed_attempts.add(attempt)
+        done = position
+    except KafkaException as e:
+        if e.args[0].txn_requires_abort():
+            retrying(lambda: producer.abort_transaction(30))
+            aborted_attempts.add(attempt)
+        else:
+            # The outcome is unknown to the application: it starts a new producer, which
+            # completes or aborts the old one's transaction, and goes back to the offsets.
+            fatal.append(str(e))
+            producer = new_producer()
+        done = rewind()
+
+# The group's committed offset is the whole input, stable.
+assert rewind() == n, ('committed offset', rewind(), 'of', n)
+check = Consumer({'bootstrap.servers': bootstrap, 'group.id': 'check', 'enable.auto.commit': False,
+                  'isolation.level': 'read_committed'})
+check.assign([TP('ctp-out', p, 0) for p in range(3)])
+by_partition, total, deadline = {0: [], 1: [], 2: []}, 0, time.time() + 60
+while time.time() < deadline:
+    batch = [m for m in check.consume(10000, 1.0) if m.error() is None]
+    for m in batch:
+        i, a = (int(x) for x in m.value().split(b':'))
+        by_partition[m.partition()].append((i, a))
+    total += len(batch)
+    if not batch and total >= n:
+        break
+check.close()
+indexes = sorted(i for records in by_partition.values() for i, _ in records)
+assert indexes == list(range(n)), ('records', len(indexes), 'distinct', len(set(indexes)), 'missing',
+                                   sorted(set(range(n)) - set(indexes))[:10])
+for p, records in by_partition.items():
+    assert [i for i, _ in records] == sorted(i for i, _ in records), ('out of order in partition', p)
+    assert all(i % 3 == p for i, _ in records)
+visible_aborted = [r for records in by_partition.values() for r in records if r[1] in aborted_attempts]
+assert not visible_aborted, ('records of aborted transactions visible', visible_aborted[:10])
+print('transactions', attempt, 'committed', len(committed_attempts), 'aborted', len(aborted_attempts),
+      'fatal', fatal, flush=True)
+print('ok', flush=True)
+os._exit(0)
+"#;
+
+/// Which broker the consume-transform-produce run loses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Victim {
+    /// The leader of `ctp-tx`'s `__transaction_state` partition.
+    TxnCoordinator,
+    /// The leader of a `ctp-out` partition, not the transaction coordinator.
+    PartitionLeader,
+}
+
+async fn consume_transform_produce_across_kill_9(victim: Victim) {
+    let mut cluster = cluster().await;
+    for (topic, partitions) in [("ctp-in", 1), ("ctp-out", 3)] {
+        cluster.create_topic(topic, partitions, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
+    }
+    let mut script = Script::spawn(CTP, &cluster.bootstrap());
+    let run = async {
+        let mut killed = None;
+        while let Some(line) = script.next_line().await {
+            match line.as_str() {
+                "ready" => {
+                    let wait = Duration::from_secs(30);
+                    let coordinator =
+                        cluster.wait_for_leader("__transaction_state", txn_partition("ctp-tx"), wait).await.unwrap();
+                    let target = match victim {
+                        Victim::TxnCoordinator => coordinator,
+                        Victim::PartitionLeader => {
+                            let mut leaders = Vec::new();
+                            for p in 0..3 {
+                                leaders.push(cluster.wait_for_leader("ctp-out", p, wait).await.unwrap());
+                            }
+                            *leaders
+                                .iter()
+                                .find(|&&l| l != coordinator)
+                                .unwrap_or_else(|| panic!("every ctp-out leader {leaders:?} is the coordinator"))
+                        }
+                    };
+                    killed = Some(target);
+                    script.answer("go").await;
+                }
+                "kill" => cluster.kill(killed.expect("ready came first")).await.unwrap(),
+                "restart" => cluster.start(killed.expect("ready came first")).await.unwrap(),
+                _ => {}
+            }
+            if line == "ok" {
+                break;
+            }
+        }
+        assert!(killed.is_some(), "the script never got ready:\n{}", script.stdout.join("\n"));
+        script.finish().await;
+    };
+    tokio::time::timeout(Duration::from_secs(360), run).await.expect("the script finished in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_transform_produce_is_exactly_once_across_kill_9_of_the_transaction_coordinator() {
+    consume_transform_produce_across_kill_9(Victim::TxnCoordinator).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_transform_produce_is_exactly_once_across_kill_9_of_a_partition_leader() {
+    consume_transform_produce_across_kill_9(Victim::PartitionLeader).await;
+}
