@@ -225,6 +225,50 @@ fn retention_never_passes_an_open_transaction_and_deletes_indexes_with_segments(
     assert!(aborted(&log).is_empty());
 }
 
+/// DeleteRecords may pass an open transaction's first offset (Kafka bounds it by the high
+/// watermark only); the last stable offset is then the log start, never below it (it was
+/// the transaction's first offset, under the log start: ListOffsets read_committed and
+/// Fetch answered an offset that no longer exists). After a crash the producer state is
+/// replayed from the log start, which no longer holds the transaction's first batch: it
+/// is known from its first batch still in the log, so the LSO stays between the log start
+/// and that batch, and its abort still hides every record of it that is left.
+#[test]
+fn delete_records_past_an_open_transaction_keeps_the_lso_at_the_log_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let tp = fjord_record::TopicPartition::new("t", 0);
+    let manager = fjord_log::LogManager::open(dir.path(), tiny()).unwrap();
+    let log = manager.get_or_create(&tp, tiny()).unwrap();
+    assert_eq!(txn(&log, 1, 0, 2), 0);
+    for _ in 0..20 {
+        log.append(&mut batch(-1, -1, -1, 1, false), 0).unwrap();
+    }
+    let later = txn(&log, 1, 2, 2);
+    assert_eq!(later, 22);
+    log.append(&mut batch(-1, -1, -1, 1, false), 0).unwrap();
+    log.set_high_watermark(log.log_end_offset());
+    assert_eq!(log.last_stable_offset(), 0);
+    assert_eq!(log.delete_records_before(10).unwrap(), 10);
+    assert_eq!(log.open_transactions(), vec![(0, 1)], "the transaction is still open");
+    assert_eq!(log.last_stable_offset(), 10);
+    manager.checkpoint().unwrap();
+    drop(log);
+    drop(manager); // a crash: the checkpoint keeps the start
+
+    let manager = fjord_log::LogManager::open(dir.path(), tiny()).unwrap();
+    let log = manager.get(&tp).unwrap();
+    assert_eq!(log.log_start_offset(), 10);
+    let open = log.open_transactions();
+    assert!(open.len() == 1 && open[0].1 == 1 && open[0].0 <= later, "{open:?}");
+    assert!((10..=later).contains(&log.last_stable_offset()), "{}", log.last_stable_offset());
+    let abort = log.append_marker(1, 0, 0, false, 0).unwrap().base_offset;
+    log.set_high_watermark(log.log_end_offset());
+    assert_eq!(log.last_stable_offset(), log.log_end_offset());
+    let told = log.aborted_transactions(10, log.log_end_offset()).unwrap();
+    assert_eq!(told.len(), 1);
+    assert!(told[0].producer_id == 1 && told[0].first_offset <= later && told[0].last_offset == abort, "{told:?}");
+    manager.close().unwrap();
+}
+
 #[test]
 fn a_follower_copies_markers_and_builds_the_same_state() {
     let leader_dir = tempfile::tempdir().unwrap();

@@ -78,13 +78,20 @@ impl Log {
 
     /// The last stable offset: where a read_committed consumer's data ends (see the
     /// module docs). Equal to the high watermark when no transaction is undecided.
+    ///
+    /// Never below the log start: DeleteRecords may move the start past the first offset
+    /// of an open transaction (Kafka bounds it by the high watermark only), and then, as
+    /// Kafka's first unstable offset, the LSO is the log start until the transaction is
+    /// decided; its marker still ends it, and an abort still lists it for the fetches
+    /// that overlap it.
     pub fn last_stable_offset(&self) -> Offset {
         let high_watermark = self.high_watermark();
+        let log_start = self.log_start_offset();
         let mut unstable = lock::mutex(&self.unstable);
         // Decided and replicated: stable for good (the high watermark only goes back by
         // a truncation, which rebuilds this map).
         unstable.retain(|_, marker| marker.is_none_or(|m| m >= high_watermark));
-        unstable.keys().next().map_or(high_watermark, |&first| first.min(high_watermark))
+        unstable.keys().next().map_or(high_watermark, |&first| first.max(log_start).min(high_watermark))
     }
 
     /// The first offsets of the transactions open in this log, with their producer ids.
