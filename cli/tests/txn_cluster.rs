@@ -119,15 +119,17 @@ impl Script {
     }
 
     /// Waits for the script to exit and checks it succeeded.
-    async fn finish(mut self) {
+    async fn finish(&mut self) {
         while self.next_line().await.is_some() {}
-        let output = self.child.wait_with_output().await.unwrap();
+        let status = self.child.wait().await.unwrap();
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.child.stderr.take() {
+            tokio::io::AsyncReadExt::read_to_string(&mut pipe, &mut stderr).await.unwrap();
+        }
         assert!(
-            output.status.success() && self.stdout.last().is_some_and(|l| l == "ok"),
-            "confluent-kafka run failed ({}):\n{}\n{}",
-            output.status,
+            status.success() && self.stdout.last().is_some_and(|l| l == "ok"),
+            "confluent-kafka run failed ({status}):\n{}\n{stderr}",
             self.stdout.join("\n"),
-            String::from_utf8_lossy(&output.stderr)
         );
         // What the run went through (transactions committed and aborted), for --nocapture.
         eprintln!("{}", self.stdout.join("\n"));
@@ -138,8 +140,9 @@ impl Script {
 async fn an_offsets_only_transaction_commits_its_offsets_on_three_brokers() {
     let cluster = cluster().await;
     cluster.create_topic("offsets-only", 1, &[], Duration::from_secs(30)).await.unwrap();
-    let script = Script::spawn(OFFSETS_ONLY, &cluster.bootstrap());
-    tokio::time::timeout(Duration::from_secs(180), script.finish()).await.expect("the script finished in time");
+    let mut script = Script::spawn(OFFSETS_ONLY, &cluster.bootstrap());
+    let finished = tokio::time::timeout(Duration::from_secs(180), script.finish()).await;
+    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.stdout.join("\n"));
 }
 
 /// Consume-transform-produce: `ctp-in` (one partition, `n` records) to `ctp-out` (three
@@ -152,6 +155,11 @@ import os, sys, time
 from confluent_kafka import Producer, Consumer, TopicPartition as TP, KafkaException
 
 bootstrap, n = sys.argv[1], 3000
+# Every retry loop gives up here, saying where, rather than outliving the test's timeout.
+hard_deadline = time.time() + 280
+def check_time(where):
+    assert time.time() < hard_deadline, ('stuck in', where)
+
 seed = Producer({'bootstrap.servers': bootstrap, 'enable.idempotence': True})
 for i in range(n):
     seed.produce('ctp-in', value=b'%d' % i, partition=0)
@@ -172,6 +180,7 @@ def new_producer():
         except KafkaException as e:
             if not e.args[0].retriable():
                 raise
+            check_time('init_transactions: %s' % e)
             time.sleep(0.2)
 
 def rewind():
@@ -180,7 +189,8 @@ def rewind():
             committed = consumer.committed([TP('ctp-in', 0)], timeout=10)[0].offset
             consumer.seek(TP('ctp-in', 0, committed if committed >= 0 else 0))
             return max(committed, 0)
-        except KafkaException:
+        except KafkaException as e:
+            check_time('committed: %s' % e)
             time.sleep(0.2)
 
 def retrying(call):
@@ -190,6 +200,7 @@ def retrying(call):
         except KafkaException as e:
             if not e.args[0].retriable():
                 raise
+            check_time('retry: %s' % e)
             time.sleep(0.1)
 
 producer = new_producer()
@@ -197,6 +208,7 @@ print('ready', flush=True)
 sys.stdin.readline()
 committed_attempts, aborted_attempts, attempt, said = set(), set(), 0, set()
 deadline = time.time() + 240
+progress_at = time.time() + 10
 done = rewind()
 while done < n:
     assert time.time() < deadline, ('processed', done, 'of', n)
@@ -205,6 +217,9 @@ while done < n:
             said.add(word)
             print(word, flush=True)
     msgs = [m for m in consumer.consume(50, 0.5) if m.error() is None]
+    if time.time() > progress_at:
+        progress_at = time.time() + 10
+        print('progress', done, 'transactions', attempt, 'aborted', len(aborted_attempts), 'fatal', len(fatal), flush=True)
     if not msgs:
         continue
     attempt += 1
@@ -309,7 +324,8 @@ async fn consume_transform_produce_across_kill_9(victim: Victim) {
         assert!(killed.is_some(), "the script never got ready:\n{}", script.stdout.join("\n"));
         script.finish().await;
     };
-    tokio::time::timeout(Duration::from_secs(360), run).await.expect("the script finished in time");
+    let finished = tokio::time::timeout(Duration::from_secs(360), run).await;
+    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.stdout.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
