@@ -1,6 +1,7 @@
-//! ListOffsets: earliest, latest, or the first offset at or after a timestamp. "Latest"
-//! is the high watermark, or with `isolation_level=1` (read_committed) the last stable
-//! offset, where such a consumer's data ends.
+//! ListOffsets: earliest, latest, the first offset at or after a timestamp, or the
+//! record with the largest timestamp. "Latest" is the high watermark, or with
+//! `isolation_level=1` (read_committed) the last stable offset, where such a consumer's
+//! data ends.
 
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse, ResponseKind};
@@ -14,6 +15,8 @@ use fjord_auth::{Operation, Resource};
 const LATEST: i64 = -1;
 /// `timestamp` value asking for the log start offset.
 const EARLIEST: i64 = -2;
+/// `timestamp` value asking for the record with the largest timestamp (KIP-734, v7).
+const MAX_TIMESTAMP: i64 = -3;
 
 impl Broker {
     pub(crate) fn list_offsets(&self, request: ListOffsetsRequest, version: i16, session: &Session) -> ResponseKind {
@@ -62,7 +65,12 @@ impl Broker {
                                 Ok(None) => response,
                                 Err(e) => response.with_error_code(log_error_code(&e)),
                             },
-                            // -3 (max timestamp, v7) and anything else negative.
+                            MAX_TIMESTAMP => match log.offset_of_max_timestamp() {
+                                Ok(Some((offset, timestamp))) => response.with_offset(offset).with_timestamp(timestamp),
+                                Ok(None) => response,
+                                Err(e) => response.with_error_code(log_error_code(&e)),
+                            },
+                            // Anything else negative (-4 and -5 ask for tiered storage).
                             _ => response.with_error_code(error_code::INVALID_REQUEST),
                         }
                     })

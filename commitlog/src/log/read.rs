@@ -140,4 +140,50 @@ impl Log {
         }
         Ok(None)
     }
+
+    /// ListOffsets' max timestamp (-3, KIP-734): the offset and timestamp of the first
+    /// record carrying the largest timestamp in the log; `None` for a log without
+    /// records. As Kafka answers since KAFKA-16310: that record's own offset, not the
+    /// last offset of its batch (a compressed batch is decompressed to find it, within
+    /// `max_decompressed_bytes`; with LogAppendTime every record of the batch carries
+    /// the batch's timestamp, so its first record is the answer).
+    pub fn offset_of_max_timestamp(&self) -> Result<Option<(Offset, i64)>> {
+        let view = self.view();
+        // The first segment holding the largest timestamp (an empty one holds none).
+        let Some(seg) = view.values().filter(|s| s.max_timestamp() != i64::MIN).reduce(|best, s| {
+            if s.max_timestamp() > best.max_timestamp() {
+                s
+            } else {
+                best
+            }
+        }) else {
+            return Ok(None);
+        };
+        let max = seg.max_timestamp();
+        let path = seg.path(LOG_SUFFIX);
+        let size = seg.size();
+        let Some((position, _)) = seg.find_batch(seg.base_offset, size)? else {
+            return Ok(None);
+        };
+        let file = seg.log()?;
+        let mut walk = crate::segment::Walker::new(&file, position, size);
+        while let crate::segment::Step::Batch { position, header } = walk.step(false).at(&path)? {
+            if header.max_timestamp != max {
+                continue;
+            }
+            if header.timestamp_type() == TimestampType::LogAppendTime {
+                return Ok(Some((header.base_offset, max)));
+            }
+            let bytes = walk.batch_bytes(position, header.size()).at(&path)?;
+            let limit = self.config().max_decompressed_bytes();
+            let body = fjord_record::compression::records_body(&header, bytes, limit)
+                .map_err(|source| Error::CorruptSegment { path: path.clone(), position, source })?;
+            let found = Records::new(&body, BATCH_OVERHEAD)
+                .flatten()
+                .find(|r| header.base_timestamp + r.timestamp_delta == max)
+                .map_or(header.last_offset(), |r| header.base_offset + i64::from(r.offset_delta));
+            return Ok(Some((found, max)));
+        }
+        Ok(None)
+    }
 }

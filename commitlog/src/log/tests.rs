@@ -208,6 +208,38 @@ fn a_reader_holding_a_deleted_segment_finishes() {
 }
 
 #[test]
+fn offset_of_max_timestamp_is_the_first_record_carrying_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), small(600)).unwrap();
+    assert_eq!(log.offset_of_max_timestamp().unwrap(), None, "no records");
+    // librdkafka 0081's case: one record per batch at 100, 400, 250: offset 1.
+    for ts in [100, 400, 250] {
+        let mut b = BatchBuilder::new(ts);
+        b.append(ts, None, Some(&[0; 40]), &[]);
+        log.append(&mut b.build_vec(), 0).unwrap();
+    }
+    assert_eq!(log.offset_of_max_timestamp().unwrap(), Some((1, 400)));
+    // Later segments with a larger timestamp, inside a compressed batch whose last
+    // record is not the one (offsets 3-6 at 300, 900, 900, 500; then 7 at 900 again).
+    for _ in 0..10 {
+        let mut b = BatchBuilder::new(200);
+        b.append(200, None, Some(&[0; 40]), &[]);
+        log.append(&mut b.build_vec(), 0).unwrap();
+    }
+    let mut b = BatchBuilder::new(300);
+    for ts in [300, 900, 900, 500] {
+        b.append(ts, None, Some(&[0; 40]), &[]);
+    }
+    let mut compressed = b.build_compressed(fjord_record::Compression::Gzip).unwrap().to_vec();
+    let base = log.append(&mut compressed, 0).unwrap().base_offset;
+    let mut b = BatchBuilder::new(900);
+    b.append(900, None, Some(&[0; 40]), &[]);
+    log.append(&mut b.build_vec(), 0).unwrap();
+    assert!(log.segment_count() > 2);
+    assert_eq!(log.offset_of_max_timestamp().unwrap(), Some((base + 1, 900)));
+}
+
+#[test]
 fn offset_for_timestamp_finds_the_first_record_at_or_after() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path(), small(600)).unwrap();
