@@ -154,6 +154,9 @@ pub struct BrokerConfig {
     /// What watches this broker (not a config key): the binary sets it, e.g. to the
     /// audit's broker tier when `audit.enable` (see [`crate::observer`]).
     pub observer: Option<std::sync::Arc<dyn crate::observer::BrokerObserver>>,
+    /// The keys given to [`BrokerConfig::set`] (the file, `FJORD_*`, flags): what
+    /// DescribeConfigs reports as STATIC_BROKER_CONFIG, the rest as DEFAULT_CONFIG.
+    pub static_keys: std::collections::BTreeSet<String>,
     /// `authorizer.enable`: check every request against the ACLs (default false, so an
     /// unsecured `fjord dev` keeps working).
     pub authorizer_enable: bool,
@@ -259,8 +262,24 @@ impl Default for BrokerConfig {
             replication: ReplicationConfig::default(),
             audit: AuditConfig::default(),
             observer: None,
+            static_keys: Default::default(),
         }
     }
+}
+
+/// The broker keys that set the default of topic key `topic_key`, the one Kafka
+/// describes first (e.g. `log.retention.ms` for `retention.ms`) first; none for a key
+/// that is no topic key.
+pub(crate) fn broker_keys_of(topic_key: &str) -> Vec<&'static str> {
+    let mut keys: Vec<&'static str> =
+        LOG_KEYS.iter().filter(|(_, topic)| *topic == topic_key).map(|(broker, _)| *broker).collect();
+    match topic_key {
+        "retention.ms" => keys.extend(["log.retention.minutes", "log.retention.hours"]),
+        "segment.ms" => keys.push("log.roll.hours"),
+        "unclean.leader.election.enable" => keys.push("unclean.leader.election.enable"),
+        _ => {}
+    }
+    keys
 }
 
 /// Broker keys that set a topic-level log default, with the topic key they map to.
@@ -488,6 +507,7 @@ impl BrokerConfig {
                 None => return Err(Error::UnknownConfig { key: key.to_owned() }),
             },
         }
+        self.static_keys.insert(if key == "log.dir" { "log.dirs".to_owned() } else { key.to_owned() });
         Ok(())
     }
 

@@ -8,6 +8,7 @@ pub(crate) mod alter_configs;
 pub(crate) mod authz;
 pub(crate) mod broker_configs;
 pub(crate) mod delete_records;
+pub(crate) mod describe_configs;
 pub(crate) mod describe_producers;
 pub(crate) mod elect;
 pub(crate) mod fetch;
