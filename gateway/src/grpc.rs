@@ -110,7 +110,8 @@ async fn publish(g: &Gateway, api: &'static str, caller: &Caller, mut request: P
         let hash = request_hash(&request.topic, request.acks, &events);
         let keys = g.key_store().await?;
         let scope = caller.key_scope();
-        let run = keys.run(&scope, &request.idempotency_key, &hash, || async {
+        let run = keys.run(&scope, &request.idempotency_key, &hash, |gate| async {
+            gate.open().await?;
             let delivered = all_delivered(g.publish(&request.topic, events, acks).await?)?;
             let answer = delivered.iter().map(|d| serde_json::json!([d.partition, d.offset])).collect();
             Ok((serde_json::Value::Array(answer), delivered))

@@ -27,7 +27,7 @@ use fjord_record::now_ms;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::{Error, GatewayConfig, Result};
@@ -334,9 +334,14 @@ impl KeyStore {
     /// Runs `f` at most once for (`principal`, `key`) within the window. `f` returns the
     /// answer to store (JSON) and its own result. A repeat gets the stored answer; a
     /// repeat of a different request (`hash`) is refused with 422.
+    ///
+    /// `f` starts while the key is being claimed, so its preparation (parsing, checking,
+    /// converting the events) overlaps the claim's round trip to the brokers; it must
+    /// [`Gate::open`] before it writes anything, and is dropped unopened unless the claim
+    /// is won (a repeat, a refused key or a failed claim writes nothing).
     pub(crate) async fn run<R, F, Fut>(&self, principal: &str, key: &str, hash: &str, f: F) -> Result<Outcome<R>>
     where
-        F: FnOnce() -> Fut,
+        F: FnOnce(Gate) -> Fut,
         Fut: std::future::Future<Output = Result<(Json, R)>>,
     {
         let mut stored = Vec::with_capacity(principal.len() + 1 + key.len());
@@ -344,35 +349,33 @@ impl KeyStore {
         stored.push(0);
         stored.extend_from_slice(key.as_bytes());
         let store_key = Bytes::from(stored);
-        // A repeat waits for the first run, up to its lease; then it takes over.
-        let deadline = Instant::now() + self.lease + self.timeout * 2;
-        let claim = loop {
-            let mut rx = self.shared.applied.subscribe();
-            match self.lookup(&store_key, hash)? {
-                Lookup::Done(answer) => return Ok(Outcome::Stored(answer)),
-                Lookup::InFlight => {
-                    if Instant::now() >= deadline {
-                        return Err(Error::Unavailable("a request with this Idempotency-Key is still in flight".into()));
-                    }
-                    // Woken by the next record read; also look again now and then, since
-                    // a claim's lease runs out without anything being written.
-                    let _ = tokio::time::timeout(IN_FLIGHT_RECHECK, rx.changed()).await;
-                }
-                Lookup::Free => {
-                    let n = self.claims.fetch_add(1, Ordering::Relaxed);
-                    let claim = format!("{}/{}/{}/{n}", self.gateway, std::process::id(), now_ms());
-                    let record = self.record(State::Pending, &claim, hash, None);
-                    let offset = self.append(&store_key, &record).await?;
-                    if self.claim_won(&store_key, &claim, offset, record.at_ms).await? {
-                        break claim;
-                    }
-                    if Instant::now() >= deadline {
-                        return Err(Error::Unavailable("a request with this Idempotency-Key is still in flight".into()));
-                    }
-                }
+        let (open, gate) = oneshot::channel();
+        let work = f(Gate(Some(gate)));
+        tokio::pin!(work);
+        let claim = self.claim(&store_key, key, hash);
+        tokio::pin!(claim);
+        // The claim is polled first, so its record is on its way before `f` prepares.
+        let mut early = None;
+        let claimed = loop {
+            tokio::select! {
+                biased;
+                claimed = &mut claim => break claimed,
+                done = &mut work, if early.is_none() => early = Some(done),
             }
         };
-        match f().await {
+        let claim = match claimed? {
+            Claimed::Stored(answer) => return Ok(Outcome::Stored(answer)),
+            Claimed::Won(claim) => claim,
+        };
+        let result = match early {
+            // Finished without the gate: it failed while preparing, having written nothing.
+            Some(result) => result,
+            None => {
+                let _ = open.send(());
+                work.await
+            }
+        };
+        match result {
             Ok((answer, r)) => {
                 if let Err(e) = self.append(&store_key, &self.record(State::Done, &claim, hash, Some(answer))).await {
                     // The events are written: answering an error would invite a retry that
@@ -389,6 +392,65 @@ impl KeyStore {
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// Claims `store_key` for this run, or finds the stored answer of an earlier one.
+    async fn claim(&self, store_key: &Bytes, key: &str, hash: &str) -> Result<Claimed> {
+        // A repeat waits for the first run, up to its lease; then it takes over.
+        let deadline = Instant::now() + self.lease + self.timeout * 2;
+        loop {
+            let mut rx = self.shared.applied.subscribe();
+            match self.lookup(store_key, hash)? {
+                Lookup::Done(answer) => return Ok(Claimed::Stored(answer)),
+                Lookup::InFlight => {
+                    if Instant::now() >= deadline {
+                        return Err(Error::Unavailable("a request with this Idempotency-Key is still in flight".into()));
+                    }
+                    // Woken by the next record read; also look again now and then, since
+                    // a claim's lease runs out without anything being written.
+                    let _ = tokio::time::timeout(IN_FLIGHT_RECHECK, rx.changed()).await;
+                }
+                Lookup::Free => {
+                    let n = self.claims.fetch_add(1, Ordering::Relaxed);
+                    let claim = format!("{}/{}/{}/{n}", self.gateway, std::process::id(), now_ms());
+                    let record = self.record(State::Pending, &claim, hash, None);
+                    let offset = self.append(store_key, &record).await?;
+                    if self.claim_won(store_key, &claim, offset, record.at_ms).await? {
+                        return Ok(Claimed::Won(claim));
+                    }
+                    if Instant::now() >= deadline {
+                        tracing::debug!(key, "lost the claim of an Idempotency-Key and its first run is still in flight");
+                        return Err(Error::Unavailable("a request with this Idempotency-Key is still in flight".into()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How a claim ended: this run owns the key, or an earlier run's answer is stored.
+enum Claimed {
+    Won(String),
+    Stored(Json),
+}
+
+/// Handed to the work of a keyed request: opens once the key is claimed for it. The
+/// work must pass it before writing anything; work without a key gets an open one.
+pub(crate) struct Gate(Option<oneshot::Receiver<()>>);
+
+impl Gate {
+    /// A gate that is open: for requests without a key.
+    pub(crate) fn open_now() -> Self {
+        Self(None)
+    }
+
+    /// Waits until the key is claimed for this run. Work whose claim is not won is
+    /// dropped while waiting here, so this returns an error only if the run is gone.
+    pub(crate) async fn open(self) -> Result<()> {
+        match self.0 {
+            None => Ok(()),
+            Some(rx) => rx.await.map_err(|_| Error::Unavailable("the Idempotency-Key claim was abandoned".into())),
         }
     }
 }
