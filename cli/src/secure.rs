@@ -18,8 +18,9 @@
 //! gateway serve HTTPS (and gRPC over TLS) with the same certificate, HTTP Basic checked
 //! against the same users, and the same ACLs. The gateway talks to the broker as
 //! `gateway`, a broker super user (it publishes into any topic its own callers may write,
-//! which it checks itself); it does not reach the registry, whose HTTPS its client cannot
-//! speak, so Avro topics are not validated in this mode.
+//! which it checks itself), and reaches the registry over HTTPS as `gateway` too (Basic,
+//! trusting the same CA), so Avro records are validated against the registry's schemas
+//! as without `--secure`.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -132,6 +133,15 @@ impl SecureFiles {
             ("client.sasl.username", GATEWAY_USER.into()),
             ("client.sasl.password", self.gateway_password.clone()),
             ("client.ssl.ca.location", utf8(&self.ca)?),
+        ])
+    }
+
+    /// The gateway's registry client: the CA, and Basic as `gateway` (schemas by id are
+    /// open to every authenticated user).
+    pub(crate) fn gateway_registry(&self) -> anyhow::Result<Vec<(&'static str, String)>> {
+        Ok(vec![
+            ("schema.registry.ssl.ca.location", utf8(&self.ca)?),
+            ("schema.registry.basic.auth.user.info", format!("{GATEWAY_USER}:{}", self.gateway_password)),
         ])
     }
 

@@ -102,9 +102,9 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.log_dir).with_context(|| format!("creating {}", config.log_dir.display()))?;
     let store = fjord_broker::server::open_store(&config).await?;
     let mut registry_config = fjord_schema_registry::RegistryConfig::default();
-    let mut registry_url = Some(format!("http://{}", registry.local_addr()?));
-    let mut gateway_security = Vec::new();
     let scheme = if secure.is_some() { "https" } else { "http" };
+    let registry_url = Some(format!("{scheme}://{}", registry.local_addr()?));
+    let mut gateway_security = Vec::new();
     if let Some(files) = &secure {
         files.write_admin_properties(&address.to_string())?;
         files.write_users(&*store).await?;
@@ -113,8 +113,7 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
         }
         gateway_security = files.http_security()?;
         gateway_security.extend(files.gateway_client()?);
-        // The gateway's registry client speaks plain HTTP only.
-        registry_url = None;
+        gateway_security.extend(files.gateway_registry()?);
         let props = files.admin_properties.display();
         println!("fjord dev --secure: TLS, SASL/Basic and ACLs on every service; nothing plaintext");
         println!("  Kafka broker     {address}   SASL_SSL (SCRAM-SHA-256/512, PLAIN)");

@@ -6,7 +6,9 @@
 //! config, reset or delete a group, read or write records (Kafka's codes each time), and
 //! afterwards the admin finds everything as it was. The registry and the gateway serve
 //! HTTPS with the same CA and users: 401 without credentials, 403 without ACLs, for
-//! pulling records, reading and deleting a subject. A restart reuses the files.
+//! pulling records, reading and deleting a subject; the gateway validates Avro records
+//! against the registry's schemas, read over HTTPS as its own user. A restart reuses the
+//! files.
 
 mod common;
 
@@ -278,7 +280,22 @@ fn dev_secure_serves_only_sasl_ssl_on_loopback_and_denies_without_credentials_or
     let mut args = vec!["--cacert", ca_arg, "-u", &admin_user];
     args.extend(post);
     args.push(&subject);
-    assert_eq!(curl(&args).0, 200, "the admin could not register a schema");
+    let (status, body) = curl(&args);
+    assert_eq!(status, 200, "the admin could not register a schema: {body}");
+    let id: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let id = id["id"].as_i64().unwrap();
+    // The gateway validates Avro against that schema, which it reads from the registry
+    // over HTTPS as its own user: a string is produced, a number refused.
+    let produce = format!("{gateway}/topics/orders");
+    for (value, expected) in [(r#""order-avro""#, 200), ("5", 422)] {
+        let record = format!(r#"{{"value_schema_id":{id},"records":[{{"value":{value}}}]}}"#);
+        let avro = ["-X", "POST", "-H", "Content-Type: application/vnd.kafka.avro.v2+json", "--data", &record];
+        let mut args = vec!["--cacert", ca_arg, "-u", &admin_user];
+        args.extend(avro);
+        args.push(&produce);
+        let (status, body) = curl(&args);
+        assert_eq!(status, expected, "Avro value {value} through the gateway: {body}");
+    }
     let pull = format!("{gateway}/v1/topics/orders/partitions/0/records?offset=0&format=binary");
     let delete = format!("{registry}/subjects/orders-value?permanent=false");
     for (who, auth, status) in [("nobody", None, 401), ("mallory", Some("mallory:mallory-secret"), 403)] {

@@ -64,6 +64,10 @@ pub struct GatewayConfig {
     /// `client.sasl.username`, `client.sasl.password`, `client.ssl.ca.location`,
     /// `client.ssl.certificate.location`, `client.ssl.key.location`).
     pub client_security: SecurityConfig,
+    /// How the gateway reaches an `https://` registry and who it is there, as REST
+    /// Proxy's `schema.registry.*` keys (`schema.registry.ssl.ca.location`,
+    /// `schema.registry.basic.auth.user.info`).
+    pub registry_security: fjord_schema_registry::ClientSecurity,
 }
 
 /// Per-client rate limits (see `limits`): over either, a request is refused with 429 and
@@ -217,6 +221,7 @@ impl Default for GatewayConfig {
             client_limits: ClientLimits::default(),
             security: HttpSecurityConfig::default(),
             client_security: SecurityConfig::default(),
+            registry_security: fjord_schema_registry::ClientSecurity::default(),
         }
     }
 }
@@ -233,7 +238,8 @@ impl GatewayConfig {
     /// `ssl.handshake.timeout.ms`, `authentication.method` (`NONE`|`BASIC`),
     /// `authentication.realm`, `authentication.cache.ms`, `authorizer.enable`,
     /// `super.users`, `allow.everyone.if.no.acl.found`) and the brokers' connection
-    /// (`client.` + a Kafka client security key); and the gateway's own
+    /// (`client.` + a Kafka client security key), the registry's
+    /// (`schema.registry.ssl.ca.location`, `schema.registry.basic.auth.user.info`); and the gateway's own
     /// `idempotency.window.ms`, `limits.requests.per.sec`, `limits.bytes.per.sec`,
     /// `limits.burst.ms` and `limits.max.clients`. An unknown key is an error.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
@@ -247,6 +253,13 @@ impl GatewayConfig {
             "limits.burst.ms" => self.client_limits.burst = Duration::from_millis(number()?),
             "limits.max.clients" => self.client_limits.max_clients = usize::try_from(number()?).map_err(too_large)?,
             _ => {
+                if let Some(registry_key) = key.strip_prefix("schema.registry.") {
+                    return match self.registry_security.set(registry_key, value) {
+                        Ok(true) => Ok(()),
+                        Ok(false) => Err(bad("not a registry client key (ssl.ca.location, basic.auth.user.info)".into())),
+                        Err(reason) => Err(bad(reason)),
+                    };
+                }
                 if let Some(client_key) = key.strip_prefix("client.") {
                     return match self.client_security.set(client_key, value) {
                         Ok(true) => Ok(()),

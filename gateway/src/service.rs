@@ -53,7 +53,11 @@ pub(crate) struct Gateway {
 impl Gateway {
     pub(crate) fn new(config: GatewayConfig, backend: Arc<dyn Backend>) -> Result<Self> {
         config.validate()?;
-        let registry = config.registry_url.as_deref().map(RegistryClient::new).transpose()?;
+        let registry = config
+            .registry_url
+            .as_deref()
+            .map(|url| RegistryClient::with_security(url, &config.registry_security))
+            .transpose()?;
         let host = config.resolved_host_name();
         let counter = |tier: &str| -> Result<Option<Arc<AuditCounter>>> {
             match config.audit_interval {

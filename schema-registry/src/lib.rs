@@ -39,7 +39,7 @@ pub mod schema;
 pub mod store;
 
 pub use api::{router, run, secured_router, RegistryConfig};
-pub use client::{Decoded, RegistryClient};
+pub use client::{ClientSecurity, Decoded, RegistryClient};
 pub use compat::CompatibilityLevel;
 pub use schema::{ParsedSchema, SchemaLimits};
 pub use store::SchemaStore;
@@ -216,6 +216,22 @@ pub enum Error {
     /// A registry base URL that cannot be used.
     #[error("bad registry URL {0:?}")]
     BadUrl(String),
+    /// A request to an `https://` registry failed in transport (connect, TLS, HTTP).
+    #[error("registry request to {url} failed: {reason}")]
+    Https {
+        /// URL requested.
+        url: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The client's TLS settings for an `https://` registry cannot be used.
+    #[error("registry TLS {}: {reason}", path.display())]
+    Tls {
+        /// The CA file (empty when none was given).
+        path: std::path::PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl From<apache_avro::Error> for Error {
