@@ -204,9 +204,62 @@ async fn bench_reports_json_for_produce_consume_and_e2e() {
         let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{mode}: {e}: {out}"));
         assert_eq!(report["messages"], 2000, "{mode}");
         assert_eq!(report["bytes"], 200_000, "{mode}");
-        for field in ["seconds", "msg_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms"] {
+        for field in ["seconds", "msg_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms", "max_ms"] {
             assert!(report[field].as_f64().is_some_and(|v| v >= 0.0), "{mode}: {field} in {report}");
         }
         assert!(report["p50_ms"].as_f64() <= report["p999_ms"].as_f64());
+        assert!(report["p999_ms"].as_f64() <= report["max_ms"].as_f64());
+        assert_eq!(report["open_loop"], false, "{mode}");
     }
+}
+
+/// `--rate`: the sends follow the schedule (1000 messages at 4000/s cannot finish before
+/// the last one is due, 250 ms in), every message is measured, and `--broker-pid` (the
+/// broker runs in this test's process) adds the broker's CPU per message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_open_loop_keeps_the_rate_and_reports_broker_cpu() {
+    let b = start_broker().await;
+    let pid = std::process::id().to_string();
+    for mode in ["produce", "e2e"] {
+        let args = [
+            "bench",
+            mode,
+            "--bootstrap",
+            &b.addr,
+            "--topic",
+            "open",
+            "--messages",
+            "1000",
+            "--size",
+            "100",
+            "--rate",
+            "4000",
+            "--broker-pid",
+            &pid,
+            "--json",
+        ];
+        let out = fjord(&args, "").await;
+        let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{mode}: {e}: {out}"));
+        assert_eq!((report["messages"].as_u64(), report["open_loop"].as_bool()), (Some(1000), Some(true)), "{report}");
+        assert_eq!(report["target_msg_per_s"], 4000, "{report}");
+        assert_eq!(report["latency_samples"], 1000, "every message is measured: {report}");
+        assert!(report["seconds"].as_f64().unwrap() >= 0.2497, "faster than the schedule: {report}");
+        assert!(report["msg_per_s"].as_f64().unwrap() <= 4010.0, "{report}");
+        assert!(report["p50_ms"].as_f64() <= report["max_ms"].as_f64(), "{report}");
+        assert!(report["broker_cpu_us_per_msg"].as_f64().is_some_and(|us| us >= 0.0), "{report}");
+        assert!(report["client_cpu_us_per_msg"].as_f64().is_some_and(|us| us >= 0.0), "{report}");
+    }
+    let out =
+        run(env!("CARGO_BIN_EXE_fjord"), &["bench", "consume", "--bootstrap", &b.addr, "--messages", "1", "--rate", "5"], "")
+            .await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--rate applies to produce and e2e"));
+    let out = run(
+        env!("CARGO_BIN_EXE_fjord"),
+        &["bench", "produce", "--bootstrap", &b.addr, "--messages", "1", "--broker-pid", "4294967295"],
+        "",
+    )
+    .await;
+    assert!(!out.status.success(), "an unreadable broker pid is an error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("process 4294967295"));
 }

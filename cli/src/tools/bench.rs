@@ -7,7 +7,20 @@
 //!   poll (one fetch response's worth of records).
 //! - e2e: produces and consumes at once; latency is send → consumed, per record.
 //!
+//! With `--rate N` (produce, e2e) the producer runs open loop: message `i` is sent at
+//! `start + i / N` whether or not the earlier ones were acknowledged, and its latency
+//! counts from that scheduled time, so a stall is charged to every message it held up
+//! (see `schedule`). Without it the producer sends as fast as it can (closed loop), which
+//! gives the peak rate but latencies that hide queueing. Latencies go into an HDR
+//! histogram: p50, p99, p99.9 and the maximum.
+//!
+//! With `--broker-pid` (Linux) the report adds the brokers' CPU time per message, read
+//! from `/proc` before and after the run (see `cpu`), and this process's own.
+//!
 //! MB/s counts value bytes, 10^6 bytes per MB.
+
+mod cpu;
+mod schedule;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -18,14 +31,20 @@ use clap::{Args, ValueEnum};
 use fjord_client::{
     Acks, Compression, Consumer, ConsumerConfig, DeliveryFuture, OffsetReset, Producer, ProducerConfig, ProducerRecord, SeekTo,
 };
+use futures::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
+use tokio::sync::mpsc;
 
+use self::cpu::CpuMeter;
+use self::schedule::{Latencies, Schedule};
 use super::{parse_acks, parse_compression, ConnectArgs};
 
 /// Runs shorter than this get no progress bar.
 const PROGRESS_MIN_MESSAGES: u64 = 200_000;
 /// A consume bench gives up when no record arrives for this long.
 const IDLE_LIMIT: Duration = Duration::from_secs(10);
+/// Sent records an open-loop run hands to its acknowledgement collector ahead of it.
+const COLLECTOR_QUEUE: usize = 1 << 16;
 
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
@@ -52,6 +71,15 @@ pub(crate) struct BenchArgs {
     /// none, gzip, snappy, lz4 or zstd.
     #[arg(long, default_value = "none", value_parser = parse_compression)]
     compression: Compression,
+    /// Open loop (produce, e2e): send this many messages per second on a fixed
+    /// schedule, latency counted from each message's scheduled send time. Without it
+    /// the producer sends as fast as it can.
+    #[arg(long, value_name = "MSG_PER_S", value_parser = clap::value_parser!(u64).range(1..))]
+    rate: Option<u64>,
+    /// Broker process ids (repeat the flag or separate with commas): the report adds
+    /// their CPU time per message, from /proc (Linux).
+    #[arg(long = "broker-pid", value_name = "PID", value_delimiter = ',')]
+    broker_pids: Vec<u32>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -70,20 +98,31 @@ struct Report {
     messages: u64,
     bytes: u64,
     seconds: f64,
-    /// Microseconds.
-    latencies: Vec<u32>,
+    latencies: Latencies,
+}
+
+/// CPU used during a run: the brokers' (when their pids were given) and this process's.
+struct CpuUsed {
+    brokers: Option<Duration>,
+    client: Duration,
 }
 
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.messages == 0 {
         bail!("--messages must be at least 1");
     }
+    if args.rate.is_some() && args.mode == Mode::Consume {
+        bail!("--rate applies to produce and e2e: a consumer reads as fast as it can");
+    }
+    let brokers = (!args.broker_pids.is_empty()).then(|| CpuMeter::start(&args.broker_pids)).transpose()?;
+    let client = CpuMeter::start(&[std::process::id()])?;
     let report = match args.mode {
         Mode::Produce => produce(&args, None).await?,
         Mode::Consume => consume(&args).await?,
         Mode::E2e => e2e(&args).await?,
     };
-    report.print(args.json);
+    let cpu = CpuUsed { brokers: brokers.map(|m| m.used()).transpose()?, client: client.used()? };
+    report.print(args.rate, &cpu, args.json);
     Ok(())
 }
 
@@ -116,53 +155,117 @@ fn producer_config(args: &BenchArgs) -> anyhow::Result<ProducerConfig> {
     })
 }
 
-/// Produces `args.messages` records. With `stamp`, each value starts with the nanoseconds
-/// since that instant (for end-to-end latency).
+/// Produces `args.messages` records, closed loop or at `--rate`. With `stamp`, each value
+/// starts with the nanoseconds since that instant at which it was sent (closed loop) or
+/// due (open loop), for end-to-end latency; the producer's own latencies are then not
+/// kept.
 async fn produce(args: &BenchArgs, stamp: Option<Instant>) -> anyhow::Result<Report> {
     let producer = Producer::connect(producer_config(args)?).await?;
     producer.partition_count(&args.topic).await.with_context(|| format!("topic {}", args.topic))?;
     let payload: Bytes = (0..args.size).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>().into();
+    let value = |sent: Instant| match stamp {
+        Some(epoch) if args.size >= 8 => {
+            let mut v = payload.to_vec();
+            v[..8].copy_from_slice(&(sent.saturating_duration_since(epoch).as_nanos() as u64).to_be_bytes());
+            Bytes::from(v)
+        }
+        _ => payload.clone(),
+    };
+    let record = |value: Bytes| ProducerRecord { topic: args.topic.clone(), value: Some(value), ..ProducerRecord::default() };
     let pb = if stamp.is_some() { ProgressBar::hidden() } else { progress(args.messages) };
-    let mut latencies = Vec::with_capacity(if stamp.is_some() { 0 } else { args.messages as usize });
-    let mut pending: VecDeque<(Instant, DeliveryFuture)> = VecDeque::new();
     let started = Instant::now();
-    for i in 0..args.messages {
-        let value = match stamp {
-            Some(epoch) if args.size >= 8 => {
-                let mut v = payload.to_vec();
-                v[..8].copy_from_slice(&(epoch.elapsed().as_nanos() as u64).to_be_bytes());
-                Bytes::from(v)
+    let latencies = match args.rate {
+        None => {
+            let mut latencies = Latencies::new();
+            let mut pending: VecDeque<(Instant, DeliveryFuture)> = VecDeque::new();
+            for i in 0..args.messages {
+                let sent = Instant::now();
+                let delivery = producer.send(record(value(sent))).await?;
+                if stamp.is_none() {
+                    pending.push_back((sent, delivery));
+                    // One clock read for all the records found acknowledged in this pass
+                    // (they were, at the latest, by now): clock reads were ~10% of the
+                    // sending thread.
+                    let mut acknowledged = None;
+                    while let Some(result) = pending.front().and_then(|(_, f)| f.try_result()) {
+                        result?;
+                        let (sent, _) = pending.pop_front().expect("front exists");
+                        latencies.record_since(sent, *acknowledged.get_or_insert_with(Instant::now));
+                    }
+                }
+                if i % 65_536 == 65_535 {
+                    pb.inc(65_536);
+                }
             }
-            _ => payload.clone(),
-        };
-        let record = ProducerRecord { topic: args.topic.clone(), value: Some(value), ..ProducerRecord::default() };
-        let sent = Instant::now();
-        let delivery = producer.send(record).await?;
-        if stamp.is_none() {
-            pending.push_back((sent, delivery));
-            // One clock read for all the records found acknowledged in this pass (they
-            // were, at the latest, by now): clock reads were ~10% of the sending thread.
-            let mut acknowledged = None;
-            while let Some(result) = pending.front().and_then(|(_, f)| f.try_result()) {
-                result?;
-                let (sent, _) = pending.pop_front().expect("front exists");
-                let now = *acknowledged.get_or_insert_with(Instant::now);
-                latencies.push(now.saturating_duration_since(sent).as_micros().min(u32::MAX as u128) as u32);
+            producer.flush().await;
+            for (sent, f) in pending {
+                f.await?;
+                latencies.record_since(sent, Instant::now());
             }
+            latencies
         }
-        if i % 65_536 == 65_535 {
-            pb.inc(65_536);
+        Some(rate) => {
+            let (acks, collector) = collect_acknowledgements();
+            let schedule = Schedule::new(started, rate);
+            let mut next = 0;
+            while next < args.messages {
+                let due = schedule.due_by(Instant::now()).min(args.messages);
+                if due <= next {
+                    tokio::time::sleep_until(schedule.due_at(next).into()).await;
+                    continue;
+                }
+                // Everything due goes out now, each with its own scheduled time: a send
+                // that blocked (a full buffer, a slow broker) delays the next ones, and
+                // their latencies count that delay.
+                for i in next..due {
+                    let due_at = schedule.due_at(i);
+                    let delivery = producer.send(record(value(due_at))).await?;
+                    if acks.send((due_at, delivery)).await.is_err() {
+                        break; // the collector stopped on an error, returned below
+                    }
+                }
+                pb.inc(due - next);
+                next = due;
+            }
+            producer.flush().await;
+            drop(acks);
+            collector.await.context("acknowledgement collector")??
         }
-    }
-    producer.flush().await;
-    for (sent, f) in pending {
-        f.await?;
-        latencies.push(sent.elapsed().as_micros().min(u32::MAX as u128) as u32);
-    }
+    };
     let seconds = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
     producer.close().await;
     Ok(Report { mode: Mode::Produce, messages: args.messages, bytes: args.messages * args.size as u64, seconds, latencies })
+}
+
+/// An open-loop run's acknowledgement collector: a task that waits for every sent record
+/// at once and records each latency when its acknowledgement arrives (not when the
+/// sender next looks), from the record's scheduled time. Stops at the first failed record.
+fn collect_acknowledgements() -> (mpsc::Sender<(Instant, DeliveryFuture)>, tokio::task::JoinHandle<anyhow::Result<Latencies>>) {
+    let (tx, mut rx) = mpsc::channel::<(Instant, DeliveryFuture)>(COLLECTOR_QUEUE);
+    let task = tokio::spawn(async move {
+        let mut latencies = Latencies::new();
+        let mut pending = FuturesUnordered::new();
+        let mut open = true;
+        loop {
+            tokio::select! {
+                Some((due, result, done)) = pending.next(), if !pending.is_empty() => {
+                    result?;
+                    latencies.record_since(due, done);
+                }
+                sent = rx.recv(), if open => match sent {
+                    Some((due, delivery)) => pending.push(async move {
+                        let result = delivery.await;
+                        (due, result, Instant::now())
+                    }),
+                    None => open = false,
+                },
+                else => break,
+            }
+        }
+        Ok(latencies)
+    });
+    (tx, task)
 }
 
 async fn bench_consumer(args: &BenchArgs) -> anyhow::Result<Consumer> {
@@ -184,7 +287,7 @@ async fn consume(args: &BenchArgs) -> anyhow::Result<Report> {
     }
     let pb = progress(args.messages);
     let (mut messages, mut bytes) = (0u64, 0u64);
-    let mut latencies = Vec::new();
+    let mut latencies = Latencies::new();
     let started = Instant::now();
     let mut last_record = Instant::now();
     while messages < args.messages {
@@ -197,7 +300,7 @@ async fn consume(args: &BenchArgs) -> anyhow::Result<Report> {
             continue;
         }
         last_record = Instant::now();
-        latencies.push(polled.elapsed().as_micros().min(u32::MAX as u128) as u32);
+        latencies.record(polled.elapsed());
         let take = records.len().min((args.messages - messages) as usize);
         bytes += records[..take].iter().map(|r| r.value.as_ref().map_or(0, |v| v.len()) as u64).sum::<u64>();
         messages += take as u64;
@@ -222,11 +325,17 @@ async fn e2e(args: &BenchArgs) -> anyhow::Result<Report> {
     let pb = progress(args.messages);
     let started = Instant::now();
     let producing = {
-        let args = BenchArgs { mode: Mode::Produce, connect: args.connect.clone(), topic: args.topic.clone(), ..*args };
+        let args = BenchArgs {
+            mode: Mode::Produce,
+            connect: args.connect.clone(),
+            topic: args.topic.clone(),
+            broker_pids: Vec::new(),
+            ..*args
+        };
         tokio::spawn(async move { produce(&args, Some(epoch)).await })
     };
     let (mut messages, mut bytes) = (0u64, 0u64);
-    let mut latencies = Vec::with_capacity(args.messages as usize);
+    let mut latencies = Latencies::new();
     let mut last_record = Instant::now();
     while messages < args.messages {
         let records = consumer.poll(Duration::from_secs(1)).await?;
@@ -242,7 +351,7 @@ async fn e2e(args: &BenchArgs) -> anyhow::Result<Report> {
             let value = r.value.as_deref().unwrap_or_default();
             let Some(sent) = value.get(..8) else { continue };
             let sent = u64::from_be_bytes(sent.try_into().expect("8 bytes"));
-            latencies.push((now.saturating_sub(sent) / 1000).min(u32::MAX as u64) as u32);
+            latencies.record_micros(now.saturating_sub(sent) / 1000);
             bytes += value.len() as u64;
         }
         messages += records.len() as u64;
@@ -255,21 +364,9 @@ async fn e2e(args: &BenchArgs) -> anyhow::Result<Report> {
 }
 
 impl Report {
-    fn percentile_ms(&self, sorted: &[u32], p: f64) -> f64 {
-        if sorted.is_empty() {
-            return 0.0;
-        }
-        let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-        sorted[i] as f64 / 1000.0
-    }
-
-    fn print(mut self, json: bool) {
-        self.latencies.sort_unstable();
-        let (p50, p99, p999) = (
-            self.percentile_ms(&self.latencies, 0.50),
-            self.percentile_ms(&self.latencies, 0.99),
-            self.percentile_ms(&self.latencies, 0.999),
-        );
+    fn print(self, rate: Option<u64>, cpu: &CpuUsed, json: bool) {
+        let l = &self.latencies;
+        let (p50, p99, p999, max) = (l.quantile_ms(0.50), l.quantile_ms(0.99), l.quantile_ms(0.999), l.max_ms());
         let msg_per_s = self.messages as f64 / self.seconds;
         let mb_per_s = self.bytes as f64 / self.seconds / 1e6;
         let mode = match self.mode {
@@ -277,8 +374,10 @@ impl Report {
             Mode::Consume => "consume",
             Mode::E2e => "e2e",
         };
+        let broker_us = cpu.brokers.map(|c| cpu::micros_per_message(c, self.messages));
+        let client_us = cpu::micros_per_message(cpu.client, self.messages);
         if json {
-            let report = serde_json::json!({
+            let mut report = serde_json::json!({
                 "mode": mode,
                 "messages": self.messages,
                 "bytes": self.bytes,
@@ -288,11 +387,24 @@ impl Report {
                 "p50_ms": p50,
                 "p99_ms": p99,
                 "p999_ms": p999,
+                "max_ms": max,
+                "latency_samples": l.count(),
+                "open_loop": rate.is_some(),
+                "client_cpu_us_per_msg": client_us,
             });
+            if let Some(rate) = rate {
+                report["target_msg_per_s"] = rate.into();
+            }
+            if let (Some(cpu), Some(us)) = (cpu.brokers, broker_us) {
+                report["broker_cpu_s"] = cpu.as_secs_f64().into();
+                report["broker_cpu_us_per_msg"] = us.into();
+            }
             println!("{report}");
         } else {
+            let target = rate.map(|r| format!(" (open loop at {r} msg/s)")).unwrap_or_default();
+            let brokers = broker_us.map(|us| format!("; broker CPU {us:.2} µs/msg")).unwrap_or_default();
             println!(
-                "{mode}: {} messages, {} bytes in {:.2} s: {:.0} msg/s, {:.1} MB/s; latency p50 {p50:.2} ms, p99 {p99:.2} ms, p99.9 {p999:.2} ms",
+                "{mode}{target}: {} messages, {} bytes in {:.2} s: {:.0} msg/s, {:.1} MB/s; latency p50 {p50:.2} ms, p99 {p99:.2} ms, p99.9 {p999:.2} ms, max {max:.2} ms{brokers}; client CPU {client_us:.2} µs/msg",
                 self.messages, self.bytes, self.seconds, msg_per_s, mb_per_s
             );
         }

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Replicated-write benchmark (issue #24): throughput, open-loop latency and broker CPU per
+# message of single-copy and replicated writes on deploy/cluster (ZooKeeper and three
+# brokers on this machine), optionally against a second build side by side.
+#
+#   xtask/bench/replication.sh [ROUNDS]          (default 3)
+#
+# Environment:
+#   FJORD_BIN        the broker build measured (default target/release/fjord)
+#   FJORD_BIN_BEFORE a second broker build: a second cluster runs it on other ports and
+#                    every run alternates between the two (labels "before" / "after")
+#   BENCH_BIN        the `fjord bench` client (default FJORD_BIN)
+#   MESSAGES SIZE BATCH PARTITIONS   per run (default 2000000 200 50 6)
+#   CASES            which of rf1-acks1 rf3-acksall rf3-acks1 (default all three)
+#   OPEN_SECONDS     length of each open-loop run at a third of the case's median peak
+#                    (default 10; 0 skips them)
+#   AUDIT            0 turns the brokers' audit tier off (default: on, as deploy/cluster ships)
+#   KEEP             1 keeps the data dirs (default: removed)
+#
+# Each run prints one JSON line (`fjord bench --json`, with broker_cpu_us_per_msg from
+# /proc: the figure that stays meaningful on a shared machine) tagged with build, case and
+# kind; the end prints the medians. Ports are picked free at random; nothing else on the
+# machine is touched. Say the load average (printed) with any figure you quote.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+rounds=${1:-3}
+after_bin=${FJORD_BIN:-$repo/target/release/fjord}
+before_bin=${FJORD_BIN_BEFORE:-}
+bench_bin=${BENCH_BIN:-$after_bin}
+messages=${MESSAGES:-2000000}
+size=${SIZE:-200}
+batch=${BATCH:-50}
+partitions=${PARTITIONS:-6}
+cases=${CASES:-rf1-acks1 rf3-acksall rf3-acks1}
+open_seconds=${OPEN_SECONDS:-10}
+
+for bin in "$after_bin" "$bench_bin" ${before_bin:+"$before_bin"}; do
+  [ -x "$bin" ] || { echo "replication.sh: no executable $bin (cargo build --release -p fjord)" >&2; exit 1; }
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/fjord-bench.XXXXXX")
+results=$work/results.jsonl
+builds=(after)
+[ -n "$before_bin" ] && builds=(before after)
+
+free_port() {
+  local port
+  while :; do
+    port=$((20000 + RANDOM % 40000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return; }
+  done
+}
+
+declare -A bootstrap pids
+cleanup() {
+  for build in "${builds[@]}"; do
+    [ -d "$work/$build" ] && "$repo/deploy/cluster/stop.sh" "$work/$build" >/dev/null 2>&1 || true
+  done
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+
+for build in "${builds[@]}"; do
+  bin=$after_bin
+  [ "$build" = before ] && bin=$before_bin
+  p1=$(free_port) p2=$(free_port) p3=$(free_port) zk=$(free_port)
+  RUST_LOG=warn FJORD_AUDIT_ENABLE=$([ "${AUDIT:-1}" = 0 ] && echo false || echo true) FJORD_BIN=$bin ZK_PORT=$zk FJORD_PORTS="$p1 $p2 $p3" \
+    "$repo/deploy/cluster/start.sh" "$work/$build" >"$work/$build.start.log"
+  bootstrap[$build]="127.0.0.1:$p1,127.0.0.1:$p2,127.0.0.1:$p3"
+  pids[$build]="$(cat "$work/$build/broker-1.pid"),$(cat "$work/$build/broker-2.pid"),$(cat "$work/$build/broker-3.pid")"
+  "$bench_bin" topics --bootstrap "${bootstrap[$build]}" create --topic rf1 --partitions "$partitions" --replication-factor 1 >/dev/null
+  "$bench_bin" topics --bootstrap "${bootstrap[$build]}" create --topic rf3 --partitions "$partitions" --replication-factor 3 \
+    --config min.insync.replicas=2 >/dev/null
+  # Warm up: leaders elected, followers in the ISR, connections open.
+  for topic in rf1 rf3; do
+    "$bench_bin" bench produce --bootstrap "${bootstrap[$build]}" --topic $topic --messages 200000 --acks all --json >/dev/null
+  done
+done
+
+case_args() {
+  case $1 in
+    rf1-acks1) echo "--topic rf1 --acks 1" ;;
+    rf3-acksall) echo "--topic rf3 --acks all" ;;
+    rf3-acks1) echo "--topic rf3 --acks 1" ;;
+    *) echo "unknown case $1" >&2; exit 1 ;;
+  esac
+}
+
+# run BUILD CASE KIND [extra bench args...]
+run() {
+  local build=$1 case=$2 kind=$3
+  shift 3
+  local line
+  # shellcheck disable=SC2046
+  line=$("$bench_bin" bench produce --bootstrap "${bootstrap[$build]}" $(case_args "$case") --size "$size" --batch "$batch" \
+    --broker-pid "${pids[$build]}" --json "$@")
+  local load
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  echo "{\"build\":\"$build\",\"case\":\"$case\",\"kind\":\"$kind\",\"load1\":$load,\"report\":$line}" | tee -a "$results"
+}
+
+for _ in $(seq 1 "$rounds"); do
+  for case in $cases; do
+    for build in "${builds[@]}"; do
+      run "$build" "$case" peak --messages "$messages"
+    done
+  done
+done
+
+median_peak() {
+  python3 - "$results" "$1" "$2" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(int(statistics.median(r["report"]["msg_per_s"] for r in rows if r["build"] == sys.argv[2] and r["case"] == sys.argv[3] and r["kind"] == "peak")))
+EOF
+}
+
+if [ "$open_seconds" -gt 0 ]; then
+  for _ in $(seq 1 "$rounds"); do
+    for case in $cases; do
+      for build in "${builds[@]}"; do
+        rate=$(($(median_peak "$build" "$case") / 3))
+        run "$build" "$case" open --rate "$rate" --messages $((rate * open_seconds))
+      done
+    done
+  done
+fi
+
+python3 - "$results" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+groups = {}
+for r in rows:
+    groups.setdefault((r["kind"], r["case"], r["build"]), []).append(r)
+print()
+print("| kind | case | build | runs | msg/s | p50 ms | p99 ms | p99.9 ms | max ms | broker µs/msg | load1 |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for (kind, case, build), rs in sorted(groups.items()):
+    m = lambda k: statistics.median(r["report"][k] for r in rs)
+    load = statistics.median(r["load1"] for r in rs)
+    print(f"| {kind} | {case} | {build} | {len(rs)} | {m('msg_per_s'):,.0f} | {m('p50_ms'):.2f} | {m('p99_ms'):.2f} | "
+          f"{m('p999_ms'):.2f} | {m('max_ms'):.2f} | {m('broker_cpu_us_per_msg'):.2f} | {load:.1f} |")
+EOF
