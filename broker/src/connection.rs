@@ -1,7 +1,10 @@
 //! One client connection: a reader that decodes and handles requests one at a time (so
 //! produce requests on a connection are appended in the order they were sent, as Kafka
 //! does), and a writer that sends the responses in the same order while the reader goes
-//! on with the next request.
+//! on with the next request. An acks=all produce is handled up to its append; its answer
+//! reaches the writer as a [`Reply::Later`] that completes once the ISR has the batches,
+//! and the writer sends nothing queued after it before it (at most `RESPONSE_QUEUE`
+//! answers wait so).
 //!
 //! Anything that is not a well-formed frame (negative or oversized length, truncation,
 //! bytes that do not decode) closes this connection with a log line; nothing else is
@@ -32,7 +35,7 @@ use crate::codec::decode_request;
 use crate::handler::Broker;
 use crate::listener::ListenerInfo;
 use crate::metrics::ConnectionEvent;
-use crate::response::{Chunk, Response};
+use crate::response::{Chunk, Reply, Response};
 use crate::sasl::{Mechanism, SaslState};
 use crate::{Error, Result};
 
@@ -212,9 +215,9 @@ fn allowed_before_authentication(api_key: i16) -> bool {
 }
 
 async fn read_requests<R: AsyncRead + Unpin>(
-    broker: &Broker,
+    broker: &Arc<Broker>,
     mut read: R,
-    responses: mpsc::Sender<Response>,
+    responses: mpsc::Sender<Reply>,
     session: &mut Session,
     accepted: Instant,
 ) -> Result<()> {
@@ -243,7 +246,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
             let mut framed = BytesMut::with_capacity(4 + token.len());
             framed.extend_from_slice(&(token.len() as u32).to_be_bytes());
             framed.extend_from_slice(&token);
-            if responses.send(Response::from(framed.freeze())).await.is_err() {
+            if responses.send(Response::from(framed.freeze()).into()).await.is_err() {
                 break;
             }
             continue;
@@ -294,12 +297,20 @@ async fn read_frame<R: AsyncRead + Unpin>(read: &mut R, buf: &mut BytesMut, max:
     }
 }
 
-async fn write_responses<W: ResponseSink>(mut write: W, mut queue: mpsc::Receiver<Response>) -> Result<()> {
+async fn write_responses<W: ResponseSink>(mut write: W, mut queue: mpsc::Receiver<Reply>) -> Result<()> {
     let mut out: Vec<u8> = Vec::with_capacity(WRITE_BUFFER);
-    while let Some(response) = queue.recv().await {
-        let mut next = Some(response);
-        while let Some(response) = next {
-            for chunk in response.chunks {
+    while let Some(reply) = queue.recv().await {
+        let mut next = Some(reply);
+        while let Some(reply) = next {
+            let response = match reply {
+                Reply::Now(response) => Some(response),
+                Reply::Later(pending) => {
+                    // What is gathered goes out before the wait, not after it.
+                    flush(&mut write, &mut out).await?;
+                    pending.await
+                }
+            };
+            for chunk in response.map(|r| r.chunks).unwrap_or_default() {
                 match chunk {
                     Chunk::Bytes(bytes) if bytes.len() <= WRITE_BUFFER => out.extend_from_slice(&bytes),
                     Chunk::Bytes(bytes) => {

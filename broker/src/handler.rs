@@ -37,7 +37,7 @@ use crate::handler::producer_id::ProducerIdManager;
 use crate::metrics::{fetch_errors, response_errors, Metrics};
 use crate::partition::Partition;
 use crate::replication::ReplicaManager;
-use crate::response::Response;
+use crate::response::Reply;
 use crate::topics::{Topic, Topics};
 use crate::BrokerConfig;
 
@@ -136,8 +136,9 @@ impl Broker {
             || self.authorize(session, Operation::Create, Resource::topic(topic))
     }
 
-    /// Answers one request from the client of `session`.
-    pub(crate) async fn handle(&self, decoded: Decoded, session: &mut Session) -> Option<Response> {
+    /// Answers one request from the client of `session`: a response now, or (an acks=all
+    /// produce, appended already) one that completes once the ISR has the batches.
+    pub(crate) async fn handle(self: &Arc<Self>, decoded: Decoded, session: &mut Session) -> Option<Reply> {
         let (header, version, request) = match decoded {
             Decoded::Unsupported { correlation_id, api_key, version } => {
                 tracing::debug!(api_key, version, "unsupported api key or version");
@@ -147,13 +148,13 @@ impl Broker {
                     // KIP-511: a v0 body with the error and our ranges, so the client can retry
                     // with a version we both know.
                     let body = api_versions(error_code::UNSUPPORTED_VERSION);
-                    return Some(codec::encode_response(correlation_id, ApiKey::ApiVersions, 0, &body));
+                    return Some(codec::encode_response(correlation_id, ApiKey::ApiVersions, 0, &body).into());
                 }
-                return Some(codec::error_response(correlation_id, error_code::UNSUPPORTED_VERSION));
+                return Some(codec::error_response(correlation_id, error_code::UNSUPPORTED_VERSION).into());
             }
             Decoded::LegacyProduce { header, version, body } => {
                 self.metrics.request(header.request_api_key);
-                return produce::legacy(&header, version, body, &self.metrics);
+                return produce::legacy(&header, version, body, &self.metrics).map(Reply::from);
             }
             Decoded::Request { header, version, request } => (header, version, request),
         };
@@ -164,19 +165,26 @@ impl Broker {
             self.refuse_group_request(session, &request, version).or_else(|| self.refuse_cluster_request(session, &request));
         if let (Some(body), Ok(key)) = (refusal, ApiKey::try_from(header.request_api_key)) {
             self.metrics.errors(key as i16, response_errors(&body));
-            return Some(codec::encode_response(correlation_id, key, version, &body));
+            return Some(codec::encode_response(correlation_id, key, version, &body).into());
         }
         let (key, body) = match *request {
             RequestKind::ApiVersions(_) => (ApiKey::ApiVersions, api_versions(error_code::NONE)),
             RequestKind::Metadata(req) => (ApiKey::Metadata, self.metadata(req, version, session).await),
-            RequestKind::Produce(req) => {
-                let response = self.produce(req, version, session).await?;
-                (ApiKey::Produce, response)
-            }
+            RequestKind::Produce(req) => match self.produce(req, version, session).await? {
+                produce::Produced::Answered(body) => (ApiKey::Produce, ResponseKind::Produce(body)),
+                produce::Produced::Replicating(replicated) => {
+                    let broker = self.clone();
+                    return Some(Reply::Later(Box::pin(async move {
+                        let body = ResponseKind::Produce(replicated.await);
+                        broker.metrics.errors(ApiKey::Produce as i16, response_errors(&body));
+                        Some(codec::encode_response(correlation_id, ApiKey::Produce, version, &body))
+                    })));
+                }
+            },
             RequestKind::Fetch(req) => {
                 let data = self.fetch(req, session).await;
                 self.metrics.errors(ApiKey::Fetch as i16, fetch_errors(&data));
-                return Some(crate::fetch_response::encode(correlation_id, version, &data));
+                return Some(crate::fetch_response::encode(correlation_id, version, &data).into());
             }
             RequestKind::OffsetForLeaderEpoch(req) => {
                 (ApiKey::OffsetForLeaderEpoch, self.offset_for_leader_epoch(req, session).await)
@@ -280,11 +288,11 @@ impl Broker {
             other => {
                 // decode_request only decodes what SUPPORTED_APIS lists, and every entry is matched above.
                 tracing::error!(request = ?other, "decoded a request without a handler");
-                return Some(codec::error_response(correlation_id, error_code::UNSUPPORTED_VERSION));
+                return Some(codec::error_response(correlation_id, error_code::UNSUPPORTED_VERSION).into());
             }
         };
         self.metrics.errors(key as i16, response_errors(&body));
-        Some(codec::encode_response(correlation_id, key, version, &body))
+        Some(codec::encode_response(correlation_id, key, version, &body).into())
     }
 }
 

@@ -2,6 +2,8 @@
 //! File regions are what make fetch zero-copy: the connection sends them with sendfile(2).
 
 use std::fs::File;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -40,5 +42,22 @@ pub(crate) struct Response {
 impl From<Bytes> for Response {
     fn from(bytes: Bytes) -> Self {
         Self { chunks: vec![Chunk::Bytes(bytes)] }
+    }
+}
+
+/// What a handler hands the connection's writer, in request order.
+pub(crate) enum Reply {
+    /// A response to write now.
+    Now(Response),
+    /// A response still being completed: an acks=all produce whose batches are appended
+    /// and wait for the ISR. The writer waits for it before writing anything queued
+    /// after it, so responses keep the order of the requests while the reader goes on
+    /// appending the next requests (`None`: nothing to send).
+    Later(Pin<Box<dyn Future<Output = Option<Response>> + Send>>),
+}
+
+impl From<Response> for Reply {
+    fn from(response: Response) -> Self {
+        Reply::Now(response)
     }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{produce_request, topic_name, RawClient, TestBroker};
-use fjord_coord::registry::{read_json, to_json, PartitionState, TopicAssignment};
+use fjord_coord::registry::{read_json, to_json, BrokerRegistration, PartitionState, TopicAssignment};
 use fjord_coord::{create_all, paths, CreateMode, Store};
 use fjord_record::BatchBuilder;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
@@ -266,6 +266,60 @@ async fn followers_replicate_byte_for_byte_and_acks_all_follows_the_isr() {
     produce_acks_all_retrying(&mut client, "r", batch("e", 3)).await;
     assert_eq!(log_bytes(&follower.data_dir, "r"), log_bytes(&leader.data_dir, "r"));
     follower.stop().await.unwrap();
+    leader.stop().await.unwrap();
+}
+
+/// An acks=all produce waiting for the ISR does not hold up its connection: the requests
+/// after it are read and appended meanwhile, in order (the followers then fetch them in
+/// the same rounds), and the answers still go out in request order, each once the whole
+/// ISR has its batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_all_answers_keep_request_order_while_the_next_requests_are_appended() {
+    let cluster = Cluster::new().await;
+    create_topic(&cluster.store, "p", &[0, 1], 2).await;
+    // Follower 1 is registered (so it stays in the ISR) but never runs: this test fetches
+    // in its name, from 127.0.0.1 where it is registered.
+    let registration = BrokerRegistration {
+        host: "127.0.0.1".into(),
+        port: 1,
+        rack: None,
+        endpoints: vec![],
+        listener_security_protocol_map: Default::default(),
+    };
+    create_all(&*cluster.store, &paths::broker(1), &to_json(&registration), CreateMode::Ephemeral).await.unwrap();
+    let leader = cluster.start(0, Duration::from_secs(60)).await;
+    fjord_testkit::wait_until(Duration::from_secs(20), "the leader to lead", || async {
+        let mut probe = RawClient::connect(leader.addr).await?;
+        Ok((produce(&mut probe, "p", 1, 1_000, batch("warm", 1)).await == (0, 0)).then_some(()))
+    })
+    .await
+    .unwrap();
+
+    let mut client = RawClient::connect(leader.addr).await.unwrap();
+    let requests = [(-1, batch("a", 2)), (1, batch("b", 3)), (-1, batch("c", 1))];
+    let mut ids = Vec::new();
+    for (acks, records) in requests {
+        let frame = client.encode(ApiKey::Produce, 9, &produce_request("p", 0, acks, 30_000, records));
+        client.send_frame(&frame).await.unwrap();
+        ids.push(i32::from_be_bytes(frame[4..8].try_into().unwrap()));
+    }
+    // All three are appended while the first waits for follower 1.
+    fjord_testkit::wait_until(Duration::from_secs(10), "the third request to be appended", || async {
+        Ok(log_bytes(&leader.data_dir, "p").windows(3).any(|w| w == b"c-0").then_some(()))
+    })
+    .await
+    .unwrap();
+    // Nothing is answered yet: the first answer waits for the ISR, the others behind it.
+    assert!(tokio::time::timeout(Duration::from_millis(300), client.stream.readable()).await.is_err(), "an early answer");
+
+    // Follower 1 fetches from the log end: every batch is on the ISR.
+    let mut follower = RawClient::connect(leader.addr).await.unwrap();
+    assert_eq!(fetch(&mut follower, "p", 1, 7, 0).await, (0, 7, 0));
+    for (id, expected) in ids.into_iter().zip([1, 3, 6]) {
+        let response: ProduceResponse = client.read_response(ApiKey::Produce, 9, id).await.unwrap();
+        let p = &response.responses[0].partition_responses[0];
+        assert_eq!((p.error_code, p.base_offset), (0, expected), "request {id}");
+    }
     leader.stop().await.unwrap();
 }
 

@@ -1,6 +1,12 @@
 //! Produce: validate and append record batches as the partition's leader, answer with
 //! the base offsets; acks=all answers once the ISR has the batches.
 //!
+//! An acks=all request is appended at once and its answer handed to the connection's
+//! writer as a future that waits for the ISR (see [`Produced::Replicating`]): the
+//! connection reads and appends the client's next requests meanwhile, in order, so the
+//! followers fetch several requests' batches per round instead of one, and the answers
+//! still go out in request order, each once the whole ISR has its batches.
+//!
 //! What a client sends is checked as Kafka checks it before anything is appended: a
 //! control batch (attributes bit 0x20) is the broker's to write and is refused with
 //! INVALID_RECORD; every record of every batch must walk, compressed ones included
@@ -9,6 +15,8 @@
 //! Decompression and key scans run on a bounded set of blocking threads, never on the
 //! network workers, so a client sending compressed bombs delays only itself.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -57,10 +65,20 @@ impl From<i16> for Refusal {
     }
 }
 
+/// What a produce request came to once its batches are appended.
+pub(crate) enum Produced {
+    /// The answer (acks=1, or acks=all with nothing appended).
+    Answered(ProduceResponse),
+    /// acks=all: the answer once the ISR has every appended batch, or the request's
+    /// timeout passed (each partition that did not make it says why).
+    Replicating(Pin<Box<dyn Future<Output = ProduceResponse> + Send>>),
+}
+
 impl Broker {
     /// Appends every partition's batches; `None` for acks=0, which has no response.
-    /// With acks=all, answers once the ISR has every batch (or the request timed out).
-    pub(crate) async fn produce(&self, request: ProduceRequest, version: i16, session: &Session) -> Option<ResponseKind> {
+    /// With acks=all, the answer waits for the ISR to have every batch (or the request
+    /// to time out), without holding up the next request on the connection.
+    pub(crate) async fn produce(&self, request: ProduceRequest, version: i16, session: &Session) -> Option<Produced> {
         let acks = request.acks;
         let valid_acks = matches!(acks, -1..=1);
         let acks_all = acks == -1;
@@ -155,26 +173,33 @@ impl Broker {
             responses
                 .push(TopicProduceResponse::default().with_name(topic_data.name).with_partition_responses(partition_responses));
         }
-        // Every batch is appended before the first wait, so the followers fetch them all
-        // in one round; the waits share the request's timeout.
-        let timeout = Duration::from_millis(u64::try_from(request.timeout_ms).unwrap_or(0));
-        let deadline = tokio::time::Instant::now() + timeout;
-        for wait in awaiting {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if let Err(code) = wait.replica.wait_for_replication(wait.leader_epoch, wait.last_offset, wait.min_isr, left).await {
-                let response = &mut responses[wait.topic].partition_responses[wait.partition];
-                response.error_code = code;
-                response.base_offset = -1;
-            }
+        if !awaiting.is_empty() {
+            // Every batch is appended before the first wait, so the followers fetch them
+            // all in one round; the waits share the request's timeout, which runs from now.
+            let timeout = Duration::from_millis(u64::try_from(request.timeout_ms).unwrap_or(0));
+            let deadline = tokio::time::Instant::now() + timeout;
+            return Some(Produced::Replicating(Box::pin(async move {
+                for wait in awaiting {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    let replicated =
+                        wait.replica.wait_for_replication(wait.leader_epoch, wait.last_offset, wait.min_isr, left).await;
+                    if let Err(code) = replicated {
+                        let response = &mut responses[wait.topic].partition_responses[wait.partition];
+                        response.error_code = code;
+                        response.base_offset = -1;
+                    }
+                }
+                ProduceResponse::default().with_responses(responses)
+            })));
         }
-        let response = ResponseKind::Produce(ProduceResponse::default().with_responses(responses));
+        let response = ProduceResponse::default().with_responses(responses);
         if acks == 0 {
             // No answer goes out, but what was refused is still counted (the handler
             // counts the answers it sends).
-            self.metrics.errors(ApiKey::Produce as i16, response_errors(&response));
+            self.metrics.errors(ApiKey::Produce as i16, response_errors(&ResponseKind::Produce(response)));
             return None;
         }
-        Some(response)
+        Some(Produced::Answered(response))
     }
 }
 
