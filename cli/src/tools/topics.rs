@@ -35,10 +35,20 @@ enum Action {
     },
     /// List topics, one per line.
     List,
-    /// Show partitions, leaders, replicas, ISR and config overrides.
+    /// Show partitions, leaders, replicas, ISR and config overrides; with
+    /// --under-replicated or --offline only those partitions, of every topic unless one
+    /// is named (Kafka's kafka-topics --describe --under-replicated-partitions /
+    /// --unavailable-partitions).
     Describe {
-        /// Topic name.
-        topic: String,
+        /// Topic name (required without a filter).
+        #[arg(required_unless_present_any = ["under_replicated", "offline"])]
+        topic: Option<String>,
+        /// Only partitions whose ISR is smaller than their replica set.
+        #[arg(long, visible_alias = "under-replicated-partitions", conflicts_with = "offline")]
+        under_replicated: bool,
+        /// Only partitions without a leader (every replica that could lead is down).
+        #[arg(long, visible_alias = "unavailable-partitions")]
+        offline: bool,
     },
     /// Delete a topic.
     Delete {
@@ -80,6 +90,16 @@ fn partition_line(p: &fjord_client::PartitionMetadata) -> String {
     line
 }
 
+/// Kafka's under-replicated partition: fewer in-sync replicas than replicas.
+fn is_under_replicated(p: &fjord_client::PartitionMetadata) -> bool {
+    p.in_sync_replicas.len() < p.replicas.len()
+}
+
+/// Kafka's unavailable partition: no leader to serve it.
+fn is_offline(p: &fjord_client::PartitionMetadata) -> bool {
+    p.leader < 0
+}
+
 pub(crate) async fn run(args: TopicsArgs) -> anyhow::Result<()> {
     let admin = Admin::connect(args.connect.client()?).await?;
     match args.action {
@@ -98,7 +118,23 @@ pub(crate) async fn run(args: TopicsArgs) -> anyhow::Result<()> {
                 println!("{}", t.name);
             }
         }
-        Action::Describe { topic } => {
+        Action::Describe { topic, under_replicated, offline } if under_replicated || offline => {
+            let topics = match topic {
+                Some(topic) => vec![admin.describe_topic(&topic).await?],
+                None => admin.list_topics().await?,
+            };
+            let wanted = |p: &fjord_client::PartitionMetadata| match under_replicated {
+                true => is_under_replicated(p),
+                false => is_offline(p),
+            };
+            for t in &topics {
+                for p in t.partitions.iter().filter(|p| wanted(p)) {
+                    println!("{}{}", t.name, partition_line(p));
+                }
+            }
+        }
+        Action::Describe { topic, .. } => {
+            let topic = topic.context("name a topic")?;
             let t = admin.describe_topic(&topic).await?;
             println!("topic {}  partitions {}", t.name, t.partitions.len());
             for p in &t.partitions {
