@@ -216,10 +216,17 @@ pub(crate) fn topic_configs(
             if overrides.contains_key(name) {
                 synonyms.push((Cow::Borrowed(name), value, SOURCE_DYNAMIC_TOPIC));
             }
-            if let Some(set) = broker_keys.iter().find(|k| broker.static_keys.contains(**k)) {
-                synonyms.push((Cow::Borrowed(*set), broker_value, SOURCE_STATIC_BROKER));
-            }
             let default_name = broker_keys.first().copied().unwrap_or(name);
+            // Set in the broker's config (under any of its names), or changed in code
+            // where the config was built (embedded brokers, tests): either way the value
+            // in force is the broker's, not the default.
+            match broker_keys.iter().find(|k| broker.static_keys.contains(**k)) {
+                Some(set) => synonyms.push((Cow::Borrowed(*set), broker_value, SOURCE_STATIC_BROKER)),
+                None if broker_value != default_value => {
+                    synonyms.push((Cow::Borrowed(default_name), broker_value, SOURCE_STATIC_BROKER))
+                }
+                None => {}
+            }
             synonyms.push((Cow::Borrowed(default_name), default_value, SOURCE_DEFAULT));
             Described { name: Cow::Borrowed(name), config_type, synonyms }
         })
@@ -261,8 +268,11 @@ pub(crate) fn broker_configs(c: &BrokerConfig, partitions_per_broker: usize) -> 
         .map(|((name, value, config_type), (_, default_value, _))| {
             let mut synonyms = Vec::new();
             // A key set under another name counts too (`log.retention.hours` for `log.retention.ms`).
+            // A value changed in code where the config was built counts as set too: what is
+            // shown is always the value in force.
             let set = c.static_keys.contains(name)
-                || LOG_KEY_ALIASES.iter().any(|(alias, key)| *key == name && c.static_keys.contains(*alias));
+                || LOG_KEY_ALIASES.iter().any(|(alias, key)| *key == name && c.static_keys.contains(*alias))
+                || value != default_value;
             if set {
                 synonyms.push((Cow::Borrowed(name), value, SOURCE_STATIC_BROKER));
             }
