@@ -81,10 +81,10 @@ async fn a_leader_with_a_damaged_segment_gives_leadership_to_a_healthy_in_sync_r
     flip_in_place(segment, first as u64 + 70);
 
     // Before the fix the damaged leader kept leading and consumers stopped at the damage.
+    // The old leader may already have healed and rejoined the ISR by the time this looks
+    // (it did within 2 s once, under load), so only the move itself is waited for.
     let moved = cluster
-        .wait_for_state(TOPIC, 0, REACT, "leadership moved off the damaged leader", |s| {
-            s.leader >= 0 && s.leader != leader && !s.isr.contains(&leader)
-        })
+        .wait_for_state(TOPIC, 0, REACT, "leadership moved off the damaged leader", |s| s.leader >= 0 && s.leader != leader)
         .await
         .unwrap();
     assert!(moved.leader_epoch > leader_epoch);
