@@ -70,6 +70,22 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 /// version, a wrong count, a blank or torn line, a checksum mismatch) is
 /// [`Error::MalformedCheckpoint`]; an I/O failure reading it is [`Error::Io`].
 pub(crate) fn read_lines(path: &Path) -> Result<Option<Vec<Vec<String>>>> {
+    Ok(read_lines_with_format(path)?.map(|(lines, _)| lines))
+}
+
+/// Whether a checkpoint file carried a checksum: a version 0 file (Kafka's, or Fjord's
+/// before the checksum) parses with a flipped digit, so what it says is only a claim
+/// that callers check against the log before acting on it (#26).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// Version 1: the checksum matched.
+    Checksummed,
+    /// Version 0: nothing vouches for the values.
+    Unchecksummed,
+}
+
+/// [`read_lines`], with the file's [`Format`].
+fn read_lines_with_format(path: &Path) -> Result<Option<(Vec<Vec<String>>, Format)>> {
     let bytes = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -78,8 +94,11 @@ pub(crate) fn read_lines(path: &Path) -> Result<Option<Vec<Vec<String>>>> {
     parse(&bytes).map(Some).map_err(|(line, detail)| Error::MalformedCheckpoint { path: path.to_path_buf(), line, detail })
 }
 
-/// [`read_lines`] on the file's bytes; the error is (1-based line, what is wrong).
-fn parse(bytes: &[u8]) -> std::result::Result<Vec<Vec<String>>, (usize, &'static str)> {
+/// Where a file is malformed: (1-based line, what is wrong).
+type Malformed = (usize, &'static str);
+
+/// [`read_lines`] on the file's bytes.
+fn parse(bytes: &[u8]) -> std::result::Result<(Vec<Vec<String>>, Format), Malformed> {
     let text = std::str::from_utf8(bytes).map_err(|_| (1, "not UTF-8 text"))?;
     let Some(body) = text.strip_suffix('\n') else {
         return Err((text.lines().count().max(1), "does not end with a newline (torn write)"));
@@ -105,7 +124,7 @@ fn parse(bytes: &[u8]) -> std::result::Result<Vec<Vec<String>>, (usize, &'static
     if entries.len() != count {
         return Err((2, "entry count does not match the number of lines"));
     }
-    entries
+    let lines = entries
         .iter()
         .enumerate()
         .map(|(i, l)| {
@@ -115,13 +134,21 @@ fn parse(bytes: &[u8]) -> std::result::Result<Vec<Vec<String>>, (usize, &'static
             }
             Ok(fields)
         })
-        .collect()
+        .collect::<std::result::Result<_, _>>()?;
+    Ok((lines, if checksummed { Format::Checksummed } else { Format::Unchecksummed }))
 }
 
 /// Offsets per partition (`topic partition offset` lines).
 pub(crate) fn read_offsets(path: &Path) -> Result<BTreeMap<TopicPartition, Offset>> {
+    read_offsets_with_format(path).map(|(offsets, _)| offsets)
+}
+
+/// [`read_offsets`], with the file's [`Format`] (a missing file is an empty checksummed one:
+/// nothing in it needs vouching for).
+pub(crate) fn read_offsets_with_format(path: &Path) -> Result<(BTreeMap<TopicPartition, Offset>, Format)> {
+    let (lines, format) = read_lines_with_format(path)?.unwrap_or((Vec::new(), Format::Checksummed));
     let mut out = BTreeMap::new();
-    for (i, fields) in read_lines(path)?.unwrap_or_default().into_iter().enumerate() {
+    for (i, fields) in lines.into_iter().enumerate() {
         let bad = |detail| Error::MalformedCheckpoint { path: path.to_path_buf(), line: i + 3, detail };
         let [topic, partition, offset] = fields.as_slice() else {
             return Err(bad("expected `topic partition offset`"));
@@ -130,7 +157,7 @@ pub(crate) fn read_offsets(path: &Path) -> Result<BTreeMap<TopicPartition, Offse
         let offset = offset.parse().map_err(|_| bad("bad offset"))?;
         out.insert(TopicPartition::new(topic.clone(), partition), offset);
     }
-    Ok(out)
+    Ok((out, format))
 }
 
 /// Writes offsets per partition.
@@ -158,7 +185,9 @@ mod tests {
         assert!(read_offsets(&dir.path().join("missing")).unwrap().is_empty());
         // Kafka's version 0 (and Fjord's before the checksum) is still read.
         fs::write(&path, "0\n2\nmy-topic 11 0\norders 0 1234\n").unwrap();
-        assert_eq!(read_offsets(&path).unwrap(), m);
+        assert_eq!(read_offsets_with_format(&path).unwrap(), (m.clone(), Format::Unchecksummed), "read, but not vouched for");
+        write_offsets(&path, &m).unwrap();
+        assert_eq!(read_offsets_with_format(&path).unwrap(), (m, Format::Checksummed));
     }
 
     #[test]

@@ -60,6 +60,7 @@ pub mod files;
 mod index;
 mod lock;
 mod log;
+mod log_start;
 mod manager;
 mod producer_state;
 mod recovery;

@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use fjord_record::{Offset, TopicPartition};
 
-use crate::checkpoint;
+use crate::checkpoint::{self, Format};
 use crate::error::IoContext;
+use crate::log_start::{self, Decision};
 use crate::{lock, Error, Log, LogConfig, Result};
 
 /// Per partition: everything below is fsynced.
@@ -82,8 +83,9 @@ impl std::fmt::Display for Unhealthy {
     }
 }
 
-/// An unopened partition's checkpointed recovery point, high watermark and log start.
-type Place = (Offset, Option<Offset>, Option<Offset>);
+/// An unopened partition's checkpointed recovery point, high watermark and log start
+/// (with the format of the file it came from: see [`crate::log_start`]).
+type Place = (Offset, Option<Offset>, Option<(Offset, Format)>);
 type Checkpoints = (BTreeMap<TopicPartition, Offset>, BTreeMap<TopicPartition, Offset>, BTreeMap<TopicPartition, Offset>);
 
 impl LogManager {
@@ -110,7 +112,13 @@ impl LogManager {
         };
         let recovery_points = read(RECOVERY_POINT_CHECKPOINT, "re-validating every partition's log from its start");
         let high_watermarks = read(REPLICATION_CHECKPOINT, "high watermarks restart at the log start");
-        let log_starts = read(LOG_START_CHECKPOINT, "log start offsets restart at the first segment");
+        // Not trusted alike: a version 0 file's values are checked against each log
+        // (crate::log_start), and rewritten checksummed at the next checkpoint.
+        let (log_starts, log_start_format) = checkpoint::read_offsets_with_format(&dir.join(LOG_START_CHECKPOINT))
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "checkpoint damaged or unreadable: log start offsets restart at the first segment");
+                (BTreeMap::new(), Format::Checksummed)
+            });
         let mut logs = BTreeMap::new();
         let mut unopened = BTreeMap::new();
         let mut offline = BTreeMap::new();
@@ -147,7 +155,7 @@ impl LogManager {
             };
             let recovery_point = recovery_points.get(&tp).copied().unwrap_or(0);
             let high_watermark = high_watermarks.get(&tp).copied();
-            let log_start = log_starts.get(&tp).copied();
+            let log_start = log_starts.get(&tp).map(|&start| (start, log_start_format));
             match Log::open_with_recovery_point(&path, default_config, recovery_point) {
                 Ok(log) => {
                     restore(&log, high_watermark, log_start);
@@ -333,7 +341,9 @@ impl LogManager {
             if let Some(hw) = high_watermark {
                 current.1.entry(tp.clone()).or_insert(hw);
             }
-            if let Some(start) = log_start {
+            // An unchecksummed start is carried over only once its log agreed with it:
+            // written out now it would come back checksummed, and be trusted.
+            if let Some((start, Format::Checksummed)) = log_start {
                 current.2.entry(tp.clone()).or_insert(start);
             }
         }
@@ -440,14 +450,33 @@ pub struct Orphan {
 }
 
 /// Applies a partition's checkpointed high watermark and log start offset to its
-/// freshly opened log. A checkpointed start past the log's end (data lost with an
-/// unclean shutdown) moves it no further than the end.
-fn restore(log: &Log, high_watermark: Option<Offset>, log_start: Option<Offset>) {
-    if let Some(start) = log_start {
-        // Failing here leaves the start at the first segment: records DeleteRecords
-        // removed may be readable again, which is logged, not a reason to stay offline.
-        if let Err(e) = log.delete_records_before(start.min(log.log_end_offset())) {
-            tracing::warn!(dir = %log.dir().display(), log_start = start, error = %e, "cannot restore the checkpointed log start offset");
+/// freshly opened log. The start only hides records, never deletes a segment, and an
+/// unchecksummed one only where the log agrees with it ([`log_start::decide`]).
+fn restore(log: &Log, high_watermark: Option<Offset>, log_start: Option<(Offset, Format)>) {
+    if let Some((start, format)) = log_start {
+        let opened = log_start::Opened {
+            first_offset: log.log_start_offset(),
+            log_end: log.log_end_offset(),
+            first_epoch_start: log.leader_epochs().first().map(|&(_, offset)| offset),
+        };
+        match log_start::decide(start, format, opened) {
+            Decision::Nothing => {}
+            // Failing here leaves the start at the first segment: records DeleteRecords
+            // removed may be readable again, which is logged, not a reason to stay offline.
+            Decision::Hide(offset) => {
+                if let Err(e) = log.restore_log_start(offset) {
+                    tracing::warn!(dir = %log.dir().display(), log_start = offset, error = %e, "cannot restore the checkpointed log start offset");
+                }
+            }
+            Decision::Ignore(why) => tracing::warn!(
+                dir = %log.dir().display(),
+                checkpointed = start,
+                log_start = opened.first_offset,
+                log_end = opened.log_end,
+                first_epoch_start = ?opened.first_epoch_start,
+                why,
+                "ignoring the checkpointed log start offset: the start stays at the first segment, every record is kept"
+            ),
         }
     }
     if let Some(hw) = high_watermark {
@@ -633,6 +662,41 @@ mod tests {
         m.close().unwrap();
         let m = LogManager::open(dir.path(), config()).unwrap();
         assert_eq!(m.get(&tp).unwrap().log_start_offset(), 13, "and across a clean shutdown");
+    }
+
+    #[test]
+    fn a_checkpointed_log_start_hides_records_but_never_deletes_a_segment() {
+        // A checksummed start past the first segments (their deletion by DeleteRecords was
+        // lost in a crash, or the file says so for any other reason): the records below
+        // it are hidden, and every segment file stays on disk (#26).
+        let dir = tempfile::tempdir().unwrap();
+        let tp = TopicPartition::new("t", 0);
+        {
+            let m = LogManager::open(dir.path(), config()).unwrap();
+            let log = m.get_or_create(&tp, config()).unwrap();
+            for _ in 0..10 {
+                log.append(&mut batch(3), 0).unwrap();
+            }
+            log.set_high_watermark(30);
+            m.close().unwrap();
+        }
+        let files = || {
+            let names = fs::read_dir(dir.path().join("t-0")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap());
+            names.filter(|n| n.ends_with(".log")).count()
+        };
+        let before = files();
+        let path = dir.path().join(LOG_START_CHECKPOINT);
+        checkpoint::write_offsets(&path, &BTreeMap::from([(tp.clone(), 22)])).unwrap();
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        let log = m.get(&tp).unwrap();
+        assert_eq!(log.log_start_offset(), 22);
+        assert!(log.segment_count() > 3, "the segments wholly below 22 are still there: {}", log.segment_count());
+        assert_eq!(files(), before, "no segment deleted or renamed");
+        assert!(matches!(log.read(21, 1000, None, true), Err(Error::OffsetOutOfRange { log_start: 22, .. })));
+        assert!(log.read(22, 1000, None, true).is_ok());
+        // DeleteRecords (or retention) removes them as it would any other.
+        assert_eq!(log.delete_records_before(23).unwrap(), 23);
+        assert!(files() < before);
     }
 
     #[test]

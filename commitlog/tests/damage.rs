@@ -505,6 +505,62 @@ fn a_damaged_log_start_offset_checkpoint_never_hides_or_deletes_records() {
     }
 }
 
+/// `.log` files of a partition directory (the ones deleted segments leave are `.deleted`).
+fn segment_files(dir: &Path) -> usize {
+    segments(dir).len()
+}
+
+#[test]
+fn a_version_0_log_start_checkpoint_with_a_flipped_digit_hides_and_deletes_nothing() {
+    // A version 0 file (Kafka's layout, Fjord's before the checksum) parses with a digit
+    // flipped. Before the fix, "t 0 13" read as "t 0 19" moved the start to 19 at open
+    // (hiding 13..19; "t 0 43" deleted the segments below 43) and "t 0 93" to the log
+    // end (every record gone). Now such a value is ignored with a warning, a believable one
+    // is applied, and the next checkpoint rewrites the file checksummed.
+    let root = tempfile::tempdir().unwrap();
+    let tp = TopicPartition::new("t", 0);
+    let partition_dir = root.path().join("t-0");
+    let appended = {
+        let m = LogManager::open(root.path(), config()).unwrap();
+        let log = m.get_or_create(&tp, config()).unwrap();
+        let mut appended = Vec::new();
+        for i in 0..20 {
+            let mut b = batch(3, 30, 1_000 + i);
+            appended.push((log.append(&mut b, 0).unwrap().base_offset, b));
+        }
+        log.set_high_watermark(60);
+        assert_eq!(log.delete_records_before(13).unwrap(), 13);
+        m.close().unwrap();
+        appended
+    };
+    let segments_before = segment_files(&partition_dir);
+    assert!(segments_before >= 3, "{segments_before} segments: a flip to 43 reaches past the first");
+    let from_13: Batches = appended.iter().filter(|(o, _)| *o + 3 > 13).cloned().collect();
+    let path = root.path().join(fjord_log::LOG_START_CHECKPOINT);
+    // (value, believable): 19 and 43 are 13 with a digit flipped, 93 is past the end.
+    for (value, believable) in [("19", false), ("43", false), ("93", false), ("13", true)] {
+        fs::write(&path, format!("0\n1\nt 0 {value}\n")).unwrap();
+        let m = LogManager::open(root.path(), config()).unwrap_or_else(|e| panic!("{value}: {e}"));
+        let log = m.get(&tp).unwrap();
+        // An ignored value leaves the start at the base of the first segment left by
+        // DeleteRecords(13), the one holding 12..15.
+        let start = log.log_start_offset();
+        assert!(start <= 13, "v0 {value}: log start {start}");
+        assert_eq!(start == 13, believable, "v0 {value}: a believable value is applied, another ignored (start {start})");
+        assert_eq!(log.log_end_offset(), 60, "v0 {value}");
+        assert_eq!(segment_files(&partition_dir), segments_before, "v0 {value}: no segment deleted");
+        let read: Batches = read_all(&log).into_iter().filter(|(o, _)| *o + 3 > 13).collect();
+        assert_eq!(read, from_13, "v0 {value}: every record from 13 on is readable");
+        // The next checkpoint writes the start in force, checksummed.
+        m.checkpoint().unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("1\n1\n") && text.contains("\ncrc32c "), "v0 {value}: rewritten checksummed: {text:?}");
+        assert!(text.contains(&format!("\nt 0 {start}\n")), "v0 {value}: {text:?}");
+        drop(log);
+        m.close().unwrap();
+    }
+}
+
 #[test]
 fn a_damaged_cleaner_checkpoint_costs_work_never_records() {
     // A compacted log cleaned once: the cleaner checkpoint says how far it is clean and

@@ -113,6 +113,21 @@ impl Log {
     /// start survives a restart through the log dir's `log-start-offset-checkpoint`
     /// ([`crate::LogManager`]), which the caller writes.
     pub fn delete_records_before(&self, offset: Offset) -> Result<Offset> {
+        self.move_log_start(offset, true)
+    }
+
+    /// Moves the log start offset up to `offset` as the log dir's checkpoint recorded it,
+    /// when the log opens: as [`Log::delete_records_before`], but no segment is deleted.
+    /// A checkpoint alone never deletes data (#26): the segments wholly below `offset`
+    /// stay on disk, unreadable, until DeleteRecords or retention removes them
+    /// (normally there are none: DeleteRecords deleted them before the checkpoint was
+    /// written). The caller decides whether to believe the checkpoint
+    /// (`crate::log_start::decide`).
+    pub(crate) fn restore_log_start(&self, offset: Offset) -> Result<Offset> {
+        self.move_log_start(offset, false)
+    }
+
+    fn move_log_start(&self, offset: Offset, delete_segments: bool) -> Result<Offset> {
         let mut w = self.lock_writer()?;
         let log_start = self.log_start_offset();
         let log_end = self.log_end_offset();
@@ -125,7 +140,11 @@ impl Log {
         let config = self.config();
         // Segments whose successor starts at or below `offset` hold only records below it.
         let bases: Vec<Offset> = w.segments.keys().copied().collect();
-        let doomed: Vec<Offset> = bases.windows(2).take_while(|pair| pair[1] <= offset).map(|pair| pair[0]).collect();
+        let doomed: Vec<Offset> = if delete_segments {
+            bases.windows(2).take_while(|pair| pair[1] <= offset).map(|pair| pair[0]).collect()
+        } else {
+            Vec::new()
+        };
         // Readers check the start offset first, then look at the segments.
         self.log_start_offset.store(offset, Ordering::Release);
         let mut size = self.size_bytes();
@@ -135,7 +154,9 @@ impl Log {
                 self.schedule_delete(&mut w, &config, &seg)?;
             }
         }
-        tracing::info!(dir = %self.dir.display(), log_start = offset, segments = doomed.len(), "deleted records below the new log start");
+        if delete_segments {
+            tracing::info!(dir = %self.dir.display(), log_start = offset, segments = doomed.len(), "deleted records below the new log start");
+        }
         self.publish(&w);
         self.size_bytes.store(size, Ordering::Release);
         self.high_watermark.fetch_max(offset, Ordering::AcqRel);
