@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use fjord_auth::Principal;
@@ -46,6 +47,11 @@ const WRITE_BUFFER: usize = 64 * 1024;
 /// File regions are copied through user space in pieces of this size where sendfile
 /// cannot be used (inside TLS).
 const COPY_CHUNK: usize = 64 * 1024;
+/// How long a connection stays open after the answer that ends it (a failed
+/// authentication) when the client does not close it first (see `linger`): long enough
+/// for a client stalled under load to read the answer; never longer than an
+/// unauthenticated client may hold a connection anyway (`connection.authentication.timeout.ms`).
+const FAILED_AUTHENTICATION_LINGER: Duration = Duration::from_secs(2);
 
 /// Who is on the other end of one connection: every handler gets it with the request.
 #[derive(Debug)]
@@ -265,11 +271,36 @@ async fn read_requests<R: AsyncRead + Unpin>(
             }
         }
         if session.close {
-            // The answer (a SASL failure) goes out, then the connection closes.
+            // The answer (a SASL failure) is with the writer; the connection closes only
+            // after the client has had it (see `linger`).
+            linger(&mut read, &mut buf, FAILED_AUTHENTICATION_LINGER.min(config.authentication_timeout)).await;
             return Err(Error::Unauthenticated { reason: "SASL authentication failed or out of order".into() });
         }
     }
     Ok(())
+}
+
+/// After an answer that ends the connection (a failed authentication): keeps the
+/// connection open, reading and dropping whatever the client still sends, until the
+/// client closes it or `limit` passes; then the writer sends the
+/// end of stream (and TLS close_notify) behind the answer.
+///
+/// Closing right behind the answer loses it in two ways, both seen with kafka-python
+/// under load: a client that reads late gets the answer and the end of stream in one
+/// read, and kafka-python then drops the answer and reports only a disconnect; and
+/// closing a socket with unread input makes the kernel send a reset, which discards the
+/// answer if it is still in flight. A client that read its answer closes at once, so
+/// this costs a well-behaved client nothing.
+async fn linger<R: AsyncRead + Unpin>(read: &mut R, buf: &mut BytesMut, limit: Duration) {
+    let until = Instant::now() + limit;
+    loop {
+        buf.clear();
+        match tokio::time::timeout_at(until, read.read_buf(buf)).await {
+            Ok(Ok(n)) if n > 0 => continue,
+            // The client closed (or reset) the connection, or the linger is over.
+            _ => return,
+        }
+    }
 }
 
 /// Reads one `i32 length | body` frame; `None` at a clean end of stream.
@@ -334,6 +365,9 @@ async fn write_responses<W: ResponseSink>(mut write: W, mut queue: mpsc::Receive
             next = queue.try_recv().ok();
         }
         flush(&mut write, &mut out).await?;
+        // TLS: a write can leave records inside the session when the socket is full;
+        // they must reach the socket now, not with the next answer (which may never come).
+        write.flush().await.map_err(Error::Network)?;
     }
     write.shutdown().await.ok();
     Ok(())

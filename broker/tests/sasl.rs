@@ -322,3 +322,43 @@ async fn replicas_fetch_over_a_sasl_ssl_inter_broker_listener() {
         tokio::time::timeout(Duration::from_secs(30), task).await.unwrap().unwrap().unwrap();
     }
 }
+
+/// A failed authentication is answered before the connection closes, even to a client
+/// that reads late (kafka-python, under load, drops an answer that arrives in the same
+/// read as the end of the stream, and sees only a disconnect): the broker keeps the
+/// connection open after its answer, reading and dropping what the client still sends,
+/// until the client closes it, and only after a bounded linger closes it itself. Bytes the
+/// client sent after its token (a pipelined request) are read before the close, so the
+/// close is a FIN, not a reset that can destroy the answer in flight.
+#[tokio::test]
+async fn a_failed_authentication_is_answered_before_a_clean_close_even_to_a_late_reader() {
+    use tokio::io::AsyncReadExt;
+    let broker = SaslBroker::start().await;
+    let mut client = RawClient::connect(broker.addrs["SASL_PLAINTEXT"]).await.unwrap();
+    assert_eq!(handshake(&mut client, "PLAIN").await.error_code, 0);
+    let token = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(b"\0alice\0wrong"));
+    let frame = client.encode(ApiKey::SaslAuthenticate, 2, &token);
+    let correlation_id = 2;
+    client.send_frame(&frame).await.unwrap();
+    // A request behind the token, sent while the broker holds its answer for the
+    // failed-authentication delay: it is still unread in the socket when the answer goes.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let metadata = client.encode(ApiKey::Metadata, 12, &MetadataRequest::default());
+    client.send_frame(&metadata).await.unwrap();
+    // Late: the answer (after the 100 ms failed-authentication delay) is long written.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let answer: SaslAuthenticateResponse =
+        client.read_response(ApiKey::SaslAuthenticate, 2, correlation_id).await.expect("the answer, not a reset");
+    assert_eq!(answer.error_code, SASL_AUTHENTICATION_FAILED);
+    // Still open behind the answer: a client reads it before it sees any close.
+    let mut byte = [0u8; 1];
+    let next = tokio::time::timeout(Duration::from_millis(200), client.stream.read(&mut byte)).await;
+    assert!(next.is_err(), "the broker closed right behind its answer: {next:?}");
+    // Then it closes by itself (the client never does), with a FIN: the pipelined request
+    // was read, so no reset.
+    let started = tokio::time::Instant::now();
+    let end = tokio::time::timeout(Duration::from_secs(10), client.stream.read(&mut byte)).await.expect("never closed");
+    assert!(matches!(end, Ok(0)), "closed with {end:?}, not a clean end of stream");
+    assert!(started.elapsed() < Duration::from_secs(5), "lingered {:?}", started.elapsed());
+    broker.stop().await;
+}
