@@ -173,6 +173,16 @@ impl ClusterView {
         self.read().topics.get(name).cloned()
     }
 
+    /// The topic of id `id` (KIP-516); never a topic without an id (nil).
+    pub(crate) fn topic_by_id(&self, id: &uuid::Uuid) -> Option<Arc<Topic>> {
+        if id.is_nil() {
+            return None;
+        }
+        // A scan: ids are looked up by Fetch v13+ and DeleteTopics v6 only, and comparing
+        // 16 bytes per topic costs less than keeping a second index in step.
+        self.read().topics.values().find(|t| t.topic_id == *id).cloned()
+    }
+
     /// Every topic, sorted by name.
     pub(crate) fn topics(&self) -> Vec<Arc<Topic>> {
         self.read().topics.values().cloned().collect()
@@ -391,6 +401,11 @@ impl ClusterView {
                 let Some((bytes, stat)) = data else { return Ok((None, watch)) };
                 let assignment: TopicAssignment = serde_json::from_slice(&bytes)
                     .map_err(|source| fjord_coord::Error::Codec { path: paths::topic(&name), source })?;
+                // Stored before topic ids: give it one (once, whoever wins the
+                // compare-and-set); the write fires the watch, and the next read has it.
+                if let Some(id) = crate::topic_id::assign_missing(&*self.store, &name, &assignment, stat.version).await? {
+                    tracing::info!(topic = %name, topic_id = %crate::topic_id::encode(id), "assigned a topic id to a topic stored without one");
+                }
                 let overrides = read_overrides(&*self.store, &name).await?;
                 Ok::<_, fjord_coord::Error>((Some((assignment, overrides, stat.ctime_ms)), watch))
             };

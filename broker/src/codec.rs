@@ -60,6 +60,7 @@ pub(crate) mod error_code {
     pub(crate) const RESOURCE_NOT_FOUND: i16 = 91;
     pub(crate) const DUPLICATE_RESOURCE: i16 = 92;
     pub(crate) const UNACCEPTABLE_CREDENTIAL: i16 = 93;
+    pub(crate) const UNKNOWN_TOPIC_ID: i16 = 100;
 }
 
 /// The APIs this broker implements, with the versions it advertises (inclusive).
@@ -67,11 +68,12 @@ pub(crate) mod error_code {
 /// Produce is advertised from v0 although only v3+ (RecordBatch v2) payloads are
 /// accepted: librdkafka derives features such as compression support from the broker
 /// accepting old versions, and silently disables them otherwise. Fetch starts at v4, the
-/// first version that carries RecordBatch v2, and stops at v12: v13 names topics by id.
+/// first version that carries RecordBatch v2, and stops at v13, the first that names
+/// topics by id (KIP-516); v14+ add fields for KRaft and tiered storage.
 /// The group APIs are answered by the group coordinator (`crate::group`).
 pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 0, 9),
-    (ApiKey::Fetch, 4, 12),
+    (ApiKey::Fetch, 4, 13),
     (ApiKey::ListOffsets, 1, 7),
     (ApiKey::OffsetForLeaderEpoch, 2, 4),
     (ApiKey::Metadata, 0, 12),

@@ -1,4 +1,4 @@
-//! A hand-written FetchResponse encoder (v4-v12) that leaves the records as file regions.
+//! A hand-written FetchResponse encoder (v4-v13) that leaves the records as file regions.
 //!
 //! The codec crate wants the records of a fetch in memory; to send them with sendfile(2)
 //! the response is written around them instead: every field up to a partition's records
@@ -10,11 +10,14 @@ use std::fs::File;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use uuid::Uuid;
 
 use crate::response::{Chunk, Response};
 
 /// First flexible (compact arrays, tagged fields) Fetch version.
 const FIRST_FLEXIBLE: i16 = 12;
+/// First Fetch version that names topics by id (KIP-516), and the last one encoded here.
+const FIRST_TOPIC_ID: i16 = 13;
 
 /// The records of one partition in a fetch response.
 #[derive(Debug, Clone)]
@@ -62,6 +65,8 @@ pub(crate) struct PartitionData {
 #[derive(Debug, Clone)]
 pub(crate) struct TopicData {
     pub(crate) topic: String,
+    /// The topic's id, which v13+ answers with instead of the name.
+    pub(crate) topic_id: Uuid,
     pub(crate) partitions: Vec<PartitionData>,
 }
 
@@ -81,9 +86,9 @@ impl FetchResponseData {
     }
 }
 
-/// Encodes `response` as a framed Fetch response of `version` (4..=12).
+/// Encodes `response` as a framed Fetch response of `version` (4..=13).
 pub(crate) fn encode(correlation_id: i32, version: i16, response: &FetchResponseData) -> Response {
-    debug_assert!((4..=FIRST_FLEXIBLE).contains(&version));
+    debug_assert!((4..=FIRST_TOPIC_ID).contains(&version));
     let flexible = version >= FIRST_FLEXIBLE;
     let mut writer = Writer { chunks: Vec::new(), buf: BytesMut::with_capacity(256), flexible };
     writer.buf.put_i32(0); // frame length, patched at the end
@@ -96,7 +101,11 @@ pub(crate) fn encode(correlation_id: i32, version: i16, response: &FetchResponse
     }
     writer.array_len(response.topics.len());
     for topic in &response.topics {
-        writer.string(&topic.topic);
+        if version >= FIRST_TOPIC_ID {
+            writer.buf.put_slice(topic.topic_id.as_bytes());
+        } else {
+            writer.string(&topic.topic);
+        }
         writer.array_len(topic.partitions.len());
         for p in &topic.partitions {
             writer.buf.put_i32(p.partition_index);
@@ -226,8 +235,8 @@ mod tests {
             error_code: 0,
             session_id: 0,
             topics: vec![
-                TopicData { topic: "events".into(), partitions },
-                TopicData { topic: "other".into(), partitions: vec![] },
+                TopicData { topic: "events".into(), topic_id: Uuid::from_u128(0x0102_0304), partitions },
+                TopicData { topic: "other".into(), topic_id: Uuid::from_u128(u128::MAX - 5), partitions: vec![] },
             ],
         }
     }
@@ -238,7 +247,12 @@ mod tests {
             .topics
             .iter()
             .map(|t| {
-                FetchableTopicResponse::default().with_topic(TopicName(StrBytes::from_string(t.topic.clone()))).with_partitions(
+                let named = if version >= FIRST_TOPIC_ID {
+                    FetchableTopicResponse::default().with_topic_id(t.topic_id)
+                } else {
+                    FetchableTopicResponse::default().with_topic(TopicName(StrBytes::from_string(t.topic.clone())))
+                };
+                named.with_partitions(
                     t.partitions
                         .iter()
                         .map(|p| {
@@ -275,7 +289,7 @@ mod tests {
         file.write_all(&[0xaa; 17]).unwrap();
         file.write_all(&payload).unwrap();
         let file = Arc::new(file);
-        for version in 4..=FIRST_FLEXIBLE {
+        for version in 4..=FIRST_TOPIC_ID {
             for zero_copy in [true, false] {
                 let in_file = if zero_copy {
                     FetchedRecords::File { file: file.clone(), position: 17, len: payload.len() }

@@ -193,7 +193,11 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                 w.int32()?;
             }
             w.array(|w| {
-                w.string()?;
+                if v >= 13 {
+                    w.uuid()?; // topic id
+                } else {
+                    w.string()?;
+                }
                 w.array(|w| {
                     w.int32()?;
                     if v >= 9 {
@@ -213,7 +217,11 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
             })?;
             if v >= 7 {
                 w.array(|w| {
-                    w.string()?;
+                    if v >= 13 {
+                        w.uuid()?;
+                    } else {
+                        w.string()?;
+                    }
                     w.array(Walker::int32)?;
                     w.tagged_fields()
                 })?;

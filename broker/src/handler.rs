@@ -182,7 +182,7 @@ impl Broker {
                 }
             },
             RequestKind::Fetch(req) => {
-                let data = self.fetch(req, session).await;
+                let data = self.fetch(req, version, session).await;
                 self.metrics.errors(ApiKey::Fetch as i16, fetch_errors(&data));
                 return Some(crate::fetch_response::encode(correlation_id, version, &data).into());
             }

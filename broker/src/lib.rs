@@ -25,6 +25,8 @@
 //!   election / ISR cleanup when brokers come and go.
 //! - `topics`: topics (from the view), their creation with a replica placement over the
 //!   live brokers, deletion, and config reloads.
+//! - `topic_id`: topic ids (KIP-516): made at creation, assigned once to topics stored
+//!   without one, in Kafka's text form.
 //! - `limits`: `max.partitions.per.request` and `max.partitions.per.broker` (by default
 //!   from the open-file limit, which the broker raises at start), checked before a
 //!   topic creation allocates anything.
@@ -81,6 +83,7 @@ mod sasl;
 pub mod server;
 pub mod tls;
 mod topic_config;
+mod topic_id;
 mod topics;
 mod txn;
 

@@ -23,6 +23,7 @@ use fjord_coord::{create_all, delete_all, paths, CreateMode, Store};
 use fjord_log::LogConfig;
 use fjord_record::TopicPartition;
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 use crate::cluster::ClusterView;
 use crate::codec::error_code;
@@ -58,6 +59,9 @@ pub(crate) struct TopicSettings {
 #[derive(Debug)]
 pub(crate) struct Topic {
     pub(crate) name: String,
+    /// The topic id (KIP-516); nil while a topic stored before ids existed waits for
+    /// one (`crate::topic_id::assign_missing`).
+    pub(crate) topic_id: Uuid,
     /// Replicas of each partition (index = partition number); the first is the preferred leader.
     pub(crate) replicas: Vec<Vec<i32>>,
     /// The effective log config (broker defaults + overrides), `min.insync.replicas` included.
@@ -81,18 +85,24 @@ impl Topic {
             .map(|p| assignment.replicas(p).map(<[i32]>::to_vec))
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| TopicError::InvalidReplicaAssignment("partitions are not numbered 0..n".into()))?;
+        let topic_id = match &assignment.topic_id {
+            None => Uuid::nil(),
+            Some(text) => crate::topic_id::decode(text)
+                .ok_or_else(|| TopicError::InvalidReplicaAssignment(format!("topic id {text:?} is not 16 bytes of base64")))?,
+        };
         let (config, unclean_leader_election) = effective_config(settings, &overrides, true)?;
-        Ok(Self { name: name.to_owned(), replicas, config, overrides, unclean_leader_election })
+        Ok(Self { name: name.to_owned(), topic_id, replicas, config, overrides, unclean_leader_election })
     }
 
     pub(crate) fn new(
         name: &str,
+        topic_id: Uuid,
         replicas: Vec<Vec<i32>>,
         overrides: BTreeMap<String, String>,
         settings: &TopicSettings,
     ) -> Result<Self, TopicError> {
         let (config, unclean_leader_election) = effective_config(settings, &overrides, false)?;
-        Ok(Self { name: name.to_owned(), replicas, config, overrides, unclean_leader_election })
+        Ok(Self { name: name.to_owned(), topic_id, replicas, config, overrides, unclean_leader_election })
     }
 
     /// Number of partitions.
@@ -149,6 +159,9 @@ pub(crate) enum TopicError {
     AlreadyExists,
     #[error("unknown topic")]
     Unknown,
+    /// Named by an id (KIP-516) no topic has.
+    #[error("unknown topic id")]
+    UnknownId,
     /// The principal lacks the ACL the request needs on this topic.
     #[error("not authorized to access the topic")]
     Unauthorized,
@@ -182,6 +195,7 @@ impl TopicError {
         match self {
             TopicError::AlreadyExists => error_code::TOPIC_ALREADY_EXISTS,
             TopicError::Unknown => error_code::UNKNOWN_TOPIC_OR_PARTITION,
+            TopicError::UnknownId => error_code::UNKNOWN_TOPIC_ID,
             TopicError::Unauthorized => error_code::TOPIC_AUTHORIZATION_FAILED,
             TopicError::InvalidName(_) => error_code::INVALID_TOPIC_EXCEPTION,
             TopicError::InvalidPartitions(_) | TopicError::TooManyPartitions { .. } => error_code::INVALID_PARTITIONS,
@@ -293,7 +307,7 @@ impl Topics {
         if overrides == topic.overrides {
             return Ok(false);
         }
-        let updated = Topic::new(name, topic.replicas.clone(), overrides, &self.settings)?;
+        let updated = Topic::new(name, topic.topic_id, topic.replicas.clone(), overrides, &self.settings)?;
         for p in 0..updated.partition_count() {
             if let Some(partition) = self.replicas.get(&TopicPartition::new(name, p)) {
                 partition.log.update_config(updated.config).map_err(Error::from)?;
@@ -389,7 +403,7 @@ impl Topics {
             }
             Layout::Manual(replicas) => replicas,
         };
-        let topic = Topic::new(name, replicas, overrides, &self.settings)?;
+        let topic = Topic::new(name, crate::topic_id::new_topic_id(), replicas, overrides, &self.settings)?;
         let store = &*self.store;
         let config_doc = to_json(&TopicConfigDocument { version: 1, config: topic.overrides.clone() });
         let config_path = paths::topic_config(name);
@@ -401,8 +415,10 @@ impl Topics {
                 other?;
             }
         }
-        let assignment =
-            TopicAssignment { partitions: topic.replicas.iter().enumerate().map(|(p, r)| (p.to_string(), r.clone())).collect() };
+        let assignment = TopicAssignment {
+            partitions: topic.replicas.iter().enumerate().map(|(p, r)| (p.to_string(), r.clone())).collect(),
+            topic_id: Some(crate::topic_id::encode(topic.topic_id)),
+        };
         match create_all(store, &paths::topic(name), &to_json(&assignment), CreateMode::Persistent).await {
             // Another broker created it first.
             Err(fjord_coord::Error::NodeExists { .. }) => return Err(TopicError::AlreadyExists),
@@ -588,10 +604,19 @@ impl Topics {
     }
 
     /// Deletes a topic: its store nodes go, then every broker's view drops the topic and
-    /// deletes its replicas' logs; answers once this broker's view has.
-    pub(crate) async fn delete(&self, name: &str) -> Result<(), TopicError> {
+    /// deletes its replicas' logs; answers once this broker's view has. With `expected_id`
+    /// (DeleteTopics v6 by id) only the topic of that id: one created again under the
+    /// same name since the client looked is another topic, and [`TopicError::UnknownId`].
+    pub(crate) async fn delete(&self, name: &str, expected_id: Option<Uuid>) -> Result<(), TopicError> {
         let _admin = self.admin.lock().await;
-        if self.get(name).is_none() && self.store.exists(&paths::topic(name)).await?.is_none() {
+        let stored = read_json::<TopicAssignment>(&*self.store, &paths::topic(name)).await?;
+        if let Some(expected) = expected_id {
+            let id = stored.as_ref().and_then(|(a, _)| a.topic_id.as_deref()).and_then(crate::topic_id::decode);
+            if id != Some(expected) {
+                return Err(TopicError::UnknownId);
+            }
+        }
+        if self.get(name).is_none() && stored.is_none() {
             return Err(TopicError::Unknown);
         }
         delete_all(&*self.store, &paths::topic(name)).await?;
@@ -839,11 +864,14 @@ mod tests {
             ("unclean.leader.election.enable".to_owned(), "true".to_owned()),
             ("retention.ms".to_owned(), "1000".to_owned()),
         ]);
-        let topic = Topic::new("t", vec![vec![1, 2]], overrides, &settings).unwrap();
+        let topic = Topic::new("t", Uuid::nil(), vec![vec![1, 2]], overrides, &settings).unwrap();
         assert_eq!((topic.config.min_insync_replicas, topic.unclean_leader_election), (2, true));
         for (key, value) in [("min.insync.replicas", "0"), ("unclean.leader.election.enable", "maybe"), ("nope", "1")] {
             let overrides = BTreeMap::from([(key.to_owned(), value.to_owned())]);
-            assert!(matches!(Topic::new("t", vec![vec![1]], overrides, &settings), Err(TopicError::InvalidConfig(_))));
+            assert!(matches!(
+                Topic::new("t", Uuid::nil(), vec![vec![1]], overrides, &settings),
+                Err(TopicError::InvalidConfig(_))
+            ));
         }
     }
 }

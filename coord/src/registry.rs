@@ -44,11 +44,19 @@ impl BrokerRegistration {
     }
 }
 
-/// `/brokers/topics/<topic>`: replicas of each partition, the first one preferred leader.
+/// `/brokers/topics/<topic>`: replicas of each partition, the first one preferred leader,
+/// and the topic's id (KIP-516).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct TopicAssignment {
     /// Partition number (as a string, as Kafka writes it) → replica broker ids.
     pub partitions: BTreeMap<String, Vec<i32>>,
+    /// The topic id, 16 bytes as 22 URL-safe base64 characters without padding (Kafka's
+    /// `topic_id` key and encoding). Set when the topic is created; a topic stored before
+    /// ids existed has none until a broker assigns one, once, by compare-and-set on the
+    /// node's version. Never changed after: a topic deleted and created again under the
+    /// same name gets a new one, which is how clients and replicas tell them apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<String>,
 }
 
 impl TopicAssignment {

@@ -16,6 +16,15 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_owned())
 }
 
+/// A Fetch topic as version `v` names it: by name, or from v13 by id.
+fn fetch_topic(v: i16) -> FetchTopic {
+    if v >= 13 {
+        FetchTopic::default().with_topic_id(uuid::Uuid::from_u128(0x1234))
+    } else {
+        FetchTopic::default().with_topic(TopicName(s("topic-a")))
+    }
+}
+
 /// A request with every array populated (two elements where possible).
 fn sample(key: ApiKey, v: i16) -> Vec<u8> {
     let mut buf = BytesMut::new();
@@ -34,14 +43,14 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
         ApiKey::Fetch => FetchRequest::default()
             .with_session_id(if v >= 7 { 3 } else { 0 })
             .with_rack_id(if v >= 11 { s("rack") } else { s("") })
-            .with_topics(vec![FetchTopic::default().with_topic(name()).with_partitions(vec![
+            .with_topics(vec![fetch_topic(v).with_partitions(vec![
                 FetchPartition::default().with_partition(0).with_fetch_offset(7).with_partition_max_bytes(100),
                 FetchPartition::default().with_partition(1),
             ])])
-            .with_forgotten_topics_data(if v >= 7 {
-                vec![ForgottenTopic::default().with_topic(name()).with_partitions(vec![1, 2])]
-            } else {
-                vec![]
+            .with_forgotten_topics_data(match v {
+                13.. => vec![ForgottenTopic::default().with_topic_id(uuid::Uuid::from_u128(7)).with_partitions(vec![1, 2])],
+                7.. => vec![ForgottenTopic::default().with_topic(name()).with_partitions(vec![1, 2])],
+                _ => vec![],
             })
             .encode(&mut buf, v),
         ApiKey::ListOffsets => ListOffsetsRequest::default()

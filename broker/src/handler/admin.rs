@@ -68,22 +68,23 @@ impl Broker {
             let overrides: BTreeMap<String, String> =
                 topic.configs.into_iter().filter_map(|c| Some((c.name.to_string(), c.value?.to_string()))).collect();
             // validate_only checks the same limits and builds no assignment.
+            // A validate_only answer has no id: no topic was made (Kafka: the nil id).
             let outcome = match request.validate_only {
                 true => {
                     let counts = layout.counts();
-                    self.topics.validate(&name, &layout, &overrides).await.map(|()| counts)
+                    self.topics.validate(&name, &layout, &overrides).await.map(|()| (counts, uuid::Uuid::nil()))
                 }
-                false => self
-                    .topics
-                    .create(&name, layout, overrides)
-                    .await
-                    .map(|created| (created.partition_count(), created.replicas.first().map_or(0, Vec::len) as i16)),
+                false => self.topics.create(&name, layout, overrides).await.map(|created| {
+                    ((created.partition_count(), created.replicas.first().map_or(0, Vec::len) as i16), created.topic_id)
+                }),
             };
             match outcome {
-                Ok((partitions, replication_factor)) => {
+                Ok(((partitions, replication_factor), topic_id)) => {
                     if version >= 5 {
                         result = result.with_num_partitions(partitions).with_replication_factor(replication_factor);
                     }
+                    // v7+ (KIP-516); the codec leaves it out of older versions.
+                    result = result.with_topic_id(topic_id);
                 }
                 Err(e) => {
                     if let TopicError::Internal(e) = &e {
@@ -98,21 +99,48 @@ impl Broker {
     }
 
     pub(crate) async fn delete_topics(&self, request: DeleteTopicsRequest, version: i16, session: &Session) -> ResponseKind {
-        let names: Vec<Option<TopicName>> = if version >= 6 {
-            request.topics.into_iter().map(|t| t.name).collect()
+        let nil = uuid::Uuid::nil();
+        let named: Vec<(Option<TopicName>, uuid::Uuid)> = if version >= 6 {
+            request.topics.into_iter().map(|t| (t.name, t.topic_id)).collect()
         } else {
-            request.topic_names.into_iter().map(Some).collect()
+            request.topic_names.into_iter().map(|n| (Some(n), nil)).collect()
         };
-        let mut responses = Vec::with_capacity(names.len());
-        for name in names {
-            let result = DeletableTopicResult::default().with_name(name.clone());
-            // v6 may name topics by id; this broker has no topic ids.
+        let mut responses = Vec::with_capacity(named.len());
+        for (name, id) in named {
+            // v6 names a topic by name or by id (KIP-516), never both (Kafka:
+            // INVALID_REQUEST). By id, the name is the view's; the delete checks the id
+            // against the store, so a topic created again under that name is kept.
+            let (name, expected_id, topic_id) = match (name, id.is_nil()) {
+                (Some(name), true) => {
+                    let id = self.topics.get(&name.0).map_or(nil, |t| t.topic_id);
+                    (Some(name), None, id)
+                }
+                (None, false) => {
+                    let topic = self.topics.view().topic_by_id(&id);
+                    (topic.map(|t| TopicName(StrBytes::from_string(t.name.clone()))), Some(id), id)
+                }
+                (name, _) => {
+                    responses.push(
+                        DeletableTopicResult::default()
+                            .with_name(name)
+                            .with_topic_id(id)
+                            .with_error_code(error_code::INVALID_REQUEST)
+                            .with_error_message(Some(StrBytes::from_static_str("name the topic by name or by id, not both"))),
+                    );
+                    continue;
+                }
+            };
+            let mut result = DeletableTopicResult::default().with_name(name.clone()).with_topic_id(topic_id);
             let outcome = match &name {
                 Some(name) if !self.authorize(session, Operation::Delete, Resource::topic(&name.0)) => {
+                    // By id, the name the client did not give is not told (Kafka).
+                    if expected_id.is_some() {
+                        result = result.with_name(None);
+                    }
                     Err(TopicError::Unauthorized)
                 }
-                Some(name) => self.topics.delete(&name.0).await,
-                None => Err(TopicError::Unknown),
+                Some(name) => self.topics.delete(&name.0, expected_id).await,
+                None => Err(TopicError::UnknownId),
             };
             responses.push(match outcome {
                 Ok(()) => result,

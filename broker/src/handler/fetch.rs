@@ -15,6 +15,11 @@
 //! the records themselves go out as they are, by sendfile too. Every answer carries the
 //! partition's last stable offset, whatever the isolation level.
 //!
+//! From v13 a topic is named by its id (KIP-516): an id no topic has is answered
+//! UNKNOWN_TOPIC_ID, and so is the nil id. A topic deleted and created again under the
+//! same name has a new id, so a consumer still fetching by the old one learns that its
+//! topic is gone instead of reading the new topic's records at its old offsets.
+//!
 //! A replica id is honoured only from a connection that is that broker's: on the
 //! inter-broker listener, from an address the broker is registered at (with SASL, the
 //! broker's authenticated principal as well). Anyone else's replica Fetch is answered
@@ -28,6 +33,7 @@ use std::time::Duration;
 use kafka_protocol::messages::FetchRequest;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use uuid::Uuid;
 
 use crate::codec::error_code;
 use crate::connection::Session;
@@ -48,51 +54,61 @@ struct Wanted {
 }
 
 impl Broker {
-    pub(crate) async fn fetch(&self, request: FetchRequest, session: &mut Session) -> FetchResponseData {
+    pub(crate) async fn fetch(&self, request: FetchRequest, version: i16, session: &mut Session) -> FetchResponseData {
         // Fetch sessions (KIP-227) are not implemented: session 0 means "no session", which
         // every client accepts; an id we never handed out is unknown.
         if request.session_id != 0 {
             return FetchResponseData { error_code: error_code::FETCH_SESSION_ID_NOT_FOUND, ..Default::default() };
         }
         if request.replica_id.0 >= 0 && !self.is_replica(session, request.replica_id.0).await {
-            return refused(request, error_code::TOPIC_AUTHORIZATION_FAILED);
+            return refused(request, version, error_code::TOPIC_AUTHORIZATION_FAILED);
         }
         // sendfile cannot cross user-space TLS: those connections get copies.
         let zero_copy = self.config.fetch_zero_copy && !session.listener.protocol.tls();
         let replica_fetch = request.replica_id.0 >= 0;
         // Followers copy everything, markers and open transactions included.
         let read_committed = request.isolation_level == 1 && !replica_fetch;
-        let wanted: Vec<(String, Vec<Wanted>)> = request
+        let by_id = version >= 13;
+        let wanted: Vec<(String, Uuid, Vec<Wanted>)> = request
             .topics
             .into_iter()
             .map(|t| {
-                let name = t.topic.0.to_string();
+                let (name, topic, unknown) = if by_id {
+                    let topic = self.topics.view().topic_by_id(&t.topic_id);
+                    (topic.as_ref().map_or_else(String::new, |t| t.name.clone()), topic, error_code::UNKNOWN_TOPIC_ID)
+                } else {
+                    let name = t.topic.0.to_string();
+                    let topic = self.topics.get(&name);
+                    (name, topic, error_code::UNKNOWN_TOPIC_OR_PARTITION)
+                };
+                let topic_id = if by_id { t.topic_id } else { topic.as_ref().map_or(Uuid::nil(), |t| t.topic_id) };
                 // Kafka: Read on the topic (replica fetches were checked above).
                 let allowed = replica_fetch || self.authorize(session, Operation::Read, Resource::topic(&name));
-                let topic = self.topics.get(&name);
                 let partitions = t
                     .partitions
                     .into_iter()
                     .map(|p| Wanted {
                         partition_index: p.partition,
                         partition: match &topic {
+                            // An id names no topic to authorize against.
+                            None if by_id => Err(unknown),
                             _ if !allowed => Err(error_code::TOPIC_AUTHORIZATION_FAILED),
                             Some(topic) => self.replica(topic, p.partition),
-                            None => Err(error_code::UNKNOWN_TOPIC_OR_PARTITION),
+                            None => Err(unknown),
                         },
                         fetch_offset: p.fetch_offset,
                         partition_max_bytes: usize::try_from(p.partition_max_bytes).unwrap_or(0),
                         current_leader_epoch: p.current_leader_epoch,
                     })
                     .collect();
-                (name, partitions)
+                (name, topic_id, partitions)
             })
             .collect();
         // A follower (replica id >= 0) reads up to the log end and reports its log end
         // offset with its fetch offset, once per request.
         let replica = (request.replica_id.0 >= 0).then_some(request.replica_id.0);
         if let Some(replica) = replica {
-            for w in wanted.iter().flat_map(|(_, partitions)| partitions) {
+            for w in wanted.iter().flat_map(|(_, _, partitions)| partitions) {
                 if let Ok(partition) = &w.partition {
                     let leo = partition.log.log_end_offset();
                     if partition.check_leader(w.current_leader_epoch).is_ok() && w.fetch_offset <= leo {
@@ -106,7 +122,7 @@ impl Broker {
         let deadline = Instant::now() + Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0));
         let waiter = Arc::new(Notify::new());
         loop {
-            for (_, partitions) in &wanted {
+            for (_, _, partitions) in &wanted {
                 for partition in partitions.iter().filter_map(|w| w.partition.as_ref().ok()) {
                     partition.register_waiter(&waiter);
                 }
@@ -128,7 +144,7 @@ impl Broker {
     /// error (a delayed fetch answers at once then, as Kafka does).
     fn read_partitions(
         &self,
-        wanted: &[(String, Vec<Wanted>)],
+        wanted: &[(String, Uuid, Vec<Wanted>)],
         max_bytes: usize,
         replica: bool,
         read_committed: bool,
@@ -138,8 +154,9 @@ impl Broker {
         let mut has_error = false;
         let topics = wanted
             .iter()
-            .map(|(name, partitions)| TopicData {
+            .map(|(name, topic_id, partitions)| TopicData {
                 topic: name.clone(),
+                topic_id: *topic_id,
                 partitions: partitions
                     .iter()
                     .map(|w| {
@@ -289,12 +306,14 @@ impl Broker {
 }
 
 /// Every requested partition answered with `code`, nothing read.
-fn refused(request: FetchRequest, code: i16) -> FetchResponseData {
+fn refused(request: FetchRequest, version: i16, code: i16) -> FetchResponseData {
     let topics = request
         .topics
         .into_iter()
         .map(|t| TopicData {
             topic: t.topic.0.to_string(),
+            // v13+ answers by the id asked for; older versions have none.
+            topic_id: if version >= 13 { t.topic_id } else { Uuid::nil() },
             partitions: t
                 .partitions
                 .into_iter()

@@ -28,20 +28,44 @@ impl Broker {
     pub(crate) async fn metadata(&self, request: MetadataRequest, version: i16, session: &Session) -> ResponseKind {
         let listener = session.listener.name.as_str();
         let describe = |name: &str| self.authorize(session, Operation::Describe, Resource::topic(name));
-        // v0: an empty list means every topic; v1+: null means every topic.
-        let requested: Option<Vec<String>> = match request.topics {
+        // v0: an empty list means every topic; v1+: null means every topic. v10+ entries
+        // carry a topic id too; v12+ may name a topic by its id alone (KIP-516).
+        let requested: Option<Vec<Result<String, uuid::Uuid>>> = match request.topics {
             None => None,
             Some(topics) if topics.is_empty() && version == 0 => None,
-            Some(topics) => Some(topics.into_iter().filter_map(|t| t.name).map(|n| n.0.to_string()).collect()),
+            Some(topics) => Some(
+                topics
+                    .into_iter()
+                    .filter_map(|t| match t.name {
+                        Some(name) => Some(Ok(name.0.to_string())),
+                        None if version >= 12 => Some(Err(t.topic_id)),
+                        None => None,
+                    })
+                    .collect(),
+            ),
         };
         // Clients before v4 have no opt-out of auto-creation.
         let allow_auto_create = version < 4 || request.allow_auto_topic_creation;
+        let mut unknown_ids = Vec::new();
         let found: Vec<(String, Result<_, TopicError>)> = match requested {
             // Kafka: only the topics the principal may Describe are listed.
             None => self.topics.list().into_iter().filter(|t| describe(&t.name)).map(|t| (t.name.clone(), Ok(t))).collect(),
             Some(names) => {
                 let mut found = Vec::with_capacity(names.len());
                 for name in names {
+                    let name = match name {
+                        Ok(name) => name,
+                        // By id: never auto-created. A topic the principal may not
+                        // Describe is as unknown as a missing one (Kafka), so that ids
+                        // cannot be probed.
+                        Err(id) => {
+                            match self.topics.view().topic_by_id(&id).filter(|t| describe(&t.name)) {
+                                Some(topic) => found.push((topic.name.clone(), Ok(topic))),
+                                None => unknown_ids.push(id),
+                            }
+                            continue;
+                        }
+                    };
                     if !describe(&name) {
                         found.push((name, Err(TopicError::Unauthorized)));
                         continue;
@@ -74,7 +98,7 @@ impl Broker {
         // Kafka's "not asked for".
         let topic_operations = version >= 8 && request.include_topic_authorized_operations;
         let cluster_operations = (8..=10).contains(&version) && request.include_cluster_authorized_operations;
-        let topics = found
+        let topics: Vec<MetadataResponseTopic> = found
             .into_iter()
             .map(|(name, topic)| match topic {
                 Ok(topic) => self.topic_metadata(&topic, &live).with_topic_authorized_operations(if topic_operations {
@@ -86,6 +110,10 @@ impl Broker {
                     .with_name(Some(TopicName(StrBytes::from_string(name))))
                     .with_error_code(e.code()),
             })
+            // An unknown id has no name to answer with (Kafka: null, with the id).
+            .chain(unknown_ids.into_iter().map(|id| {
+                MetadataResponseTopic::default().with_name(None).with_topic_id(id).with_error_code(error_code::UNKNOWN_TOPIC_ID)
+            }))
             .collect();
         ResponseKind::Metadata(
             MetadataResponse::default()
@@ -200,6 +228,7 @@ impl Broker {
             .collect();
         MetadataResponseTopic::default()
             .with_name(Some(TopicName(StrBytes::from_string(topic.name.clone()))))
+            .with_topic_id(topic.topic_id)
             .with_partitions(partitions)
     }
 }
