@@ -82,7 +82,7 @@ async fn api_versions_lists_what_is_implemented_and_answers_unknown_versions_wit
     let response: ApiVersionsResponse = client.call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default()).await.unwrap();
     let ranges: Vec<(i16, i16, i16)> = response.api_keys.iter().map(|k| (k.api_key, k.min_version, k.max_version)).collect();
     assert!(ranges.contains(&(ApiKey::Produce as i16, 0, 9)));
-    assert!(ranges.contains(&(ApiKey::Fetch as i16, 4, 12)));
+    assert!(ranges.contains(&(ApiKey::Fetch as i16, 4, 13)));
     assert!(ranges.contains(&(ApiKey::JoinGroup as i16, 0, 9)));
     assert!(ranges.contains(&(ApiKey::InitProducerId as i16, 0, 4)));
     assert!(ranges.contains(&(ApiKey::AddPartitionsToTxn as i16, 0, 3)));
