@@ -10,9 +10,6 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{RawClient, TestBroker};
-use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
-use kafka_protocol::messages::*;
-use kafka_protocol::protocol::StrBytes;
 
 const INVALID_CONFIG: i16 = 40;
 const INVALID_REQUEST: i16 = 42;
@@ -32,61 +29,20 @@ async fn alter_incrementally(
     ops: &[(&str, i8, Option<&str>)],
     validate_only: bool,
 ) -> (i16, String) {
-    use incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
-    let configs = ops
-        .iter()
-        .map(|(k, op, v)| {
-            AlterableConfig::default()
-                .with_name(StrBytes::from_string(k.to_string()))
-                .with_config_operation(*op)
-                .with_value(v.map(|v| StrBytes::from_string(v.to_owned())))
-        })
-        .collect();
-    let request = IncrementalAlterConfigsRequest::default().with_validate_only(validate_only).with_resources(vec![
-        AlterConfigsResource::default()
-            .with_resource_type(BROKER)
-            .with_resource_name(StrBytes::from_string(resource.to_owned()))
-            .with_configs(configs),
-    ]);
-    let response: IncrementalAlterConfigsResponse = client.call(ApiKey::IncrementalAlterConfigs, 1, &request).await.unwrap();
-    let r = &response.responses[0];
-    assert_eq!((r.resource_type, r.resource_name.as_str()), (BROKER, resource));
-    (r.error_code, r.error_message.as_deref().unwrap_or_default().to_owned())
+    let (code, message) = common::alter_incrementally(client, BROKER, resource, ops, validate_only).await;
+    (code, message.unwrap_or_default())
 }
 
 /// One legacy AlterConfigs (v1) of one broker resource: (error code, error message).
 async fn alter_replacing(client: &mut RawClient, resource: &str, configs: &[(&str, &str)]) -> (i16, String) {
-    use alter_configs_request::{AlterConfigsResource, AlterableConfig};
-    let configs = configs
-        .iter()
-        .map(|(k, v)| {
-            AlterableConfig::default()
-                .with_name(StrBytes::from_string(k.to_string()))
-                .with_value(Some(StrBytes::from_string(v.to_string())))
-        })
-        .collect();
-    let request = AlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
-        .with_resource_type(BROKER)
-        .with_resource_name(StrBytes::from_string(resource.to_owned()))
-        .with_configs(configs)]);
-    let response: AlterConfigsResponse = client.call(ApiKey::AlterConfigs, 1, &request).await.unwrap();
-    let r = &response.responses[0];
-    (r.error_code, r.error_message.as_deref().unwrap_or_default().to_owned())
+    let configs: Vec<(&str, Option<&str>)> = configs.iter().map(|&(k, v)| (k, Some(v))).collect();
+    let (code, message) = common::alter_replacing(client, 1, BROKER, resource, &configs).await;
+    (code, message.unwrap_or_default())
 }
 
 /// A broker resource's configs as DescribeConfigs v4 reports them: name → (value, source).
 async fn broker_configs(client: &mut RawClient, resource: &str) -> BTreeMap<String, (String, i8)> {
-    let describe = DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
-        .with_resource_type(BROKER)
-        .with_resource_name(StrBytes::from_string(resource.to_owned()))
-        .with_configuration_keys(None)]);
-    let response: DescribeConfigsResponse = client.call(ApiKey::DescribeConfigs, 4, &describe).await.unwrap();
-    assert_eq!(response.results[0].error_code, 0, "{:?}", response.results[0].error_message);
-    response.results[0]
-        .configs
-        .iter()
-        .map(|c| (c.name.to_string(), (c.value.as_deref().unwrap_or_default().to_owned(), c.config_source)))
-        .collect()
+    common::describe_configs(client, BROKER, resource).await
 }
 
 #[tokio::test]

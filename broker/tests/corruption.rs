@@ -6,12 +6,12 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::{produce_request, topic_name, RawClient, TestBroker};
 use fjord_record::BatchBuilder;
+use fjord_testkit::segments;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -46,17 +46,6 @@ async fn metrics(addr: SocketAddr) -> String {
     response
 }
 
-/// `.log` files of the partition, oldest first.
-fn segments(dir: &Path) -> Vec<PathBuf> {
-    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    logs.sort();
-    logs
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fetch_over_a_corrupt_sealed_batch_answers_corrupt_message() {
     let dir = tempfile::tempdir().unwrap();
@@ -77,7 +66,7 @@ async fn a_fetch_over_a_corrupt_sealed_batch_answers_corrupt_message() {
     broker.stop().await.unwrap();
 
     // One flipped byte inside the second batch of the second segment.
-    let logs = segments(&data.join(format!("{TOPIC}-0")));
+    let logs = segments(&data.join(format!("{TOPIC}-0"))).unwrap();
     assert!(logs.len() >= 4, "{logs:?}");
     let bytes = std::fs::read(&logs[1]).unwrap();
     let first = fjord_record::BatchHeader::parse(&bytes).unwrap();

@@ -8,56 +8,25 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fjord_client::{Acks, ClientConfig, Producer, ProducerConfig, ProducerRecord};
-use fjord_testkit::{read_values, Cluster};
+use fjord_client::{ClientConfig, ProducerRecord};
+use fjord_testkit::{damaged_aside, fill_segmented_topic, flip_in_place, read_values, scrubbing_cluster, segments};
 
 const REACT: Duration = Duration::from_secs(30);
 const TOPIC: &str = "healed";
 
-/// `.log` files of a partition directory, oldest first.
-fn segments(dir: &Path) -> Vec<PathBuf> {
-    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    logs.sort();
-    logs
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_with_a_damaged_segment_truncates_below_it_and_refetches_from_the_leader() {
     common::init_tracing();
-    let mut cluster = Cluster::builder()
-        .brokers(3)
-        .config("log.min.segment.bytes", 1024)
-        .config("log.scrub.bytes.per.second", 64 << 20)
-        .config("replica.fetch.wait.max.ms", 100)
+    let mut cluster = scrubbing_cluster()
         .config("replica.lag.time.max.ms", 2000)
         .config("controlled.shutdown.timeout.ms", 5000)
         .start()
         .await
         .unwrap();
-    cluster.create_topic(TOPIC, 1, &[("segment.bytes", "4096"), ("min.insync.replicas", "2")], REACT).await.unwrap();
     let client = ClientConfig::new(&cluster.bootstrap());
-    let producer =
-        Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, ..ProducerConfig::default() }).await.unwrap();
-    let mut values = Vec::new();
-    for round in 0..30 {
-        let mut pending = Vec::new();
-        for i in 0..10 {
-            let value = format!("round {round} record {i} {}", "x".repeat(40));
-            pending.push(producer.send(ProducerRecord::new(TOPIC, value.clone()).partition(0)).await.unwrap());
-            values.push(value);
-        }
-        for delivery in pending {
-            delivery.await.unwrap();
-        }
-    }
-    cluster.wait_fully_replicated(TOPIC, REACT).await.unwrap();
+    let (producer, mut values) = fill_segmented_topic(&cluster, TOPIC, REACT).await.unwrap();
     let leader = cluster.leader(TOPIC, 0).await.unwrap().unwrap();
     let follower = *cluster.ids().iter().find(|&&id| id != leader).unwrap();
     let others: Vec<i32> = cluster.ids().into_iter().filter(|&id| id != follower).collect();
@@ -71,7 +40,7 @@ async fn a_follower_with_a_damaged_segment_truncates_below_it_and_refetches_from
         values.push(value);
     }
     let partition_dir = cluster.data_dir(follower).join(format!("{TOPIC}-0"));
-    let logs = segments(&partition_dir);
+    let logs = segments(&partition_dir).unwrap();
     assert!(logs.len() >= 4, "{logs:?}");
     let segment = &logs[logs.len() / 2];
     let mut bytes = std::fs::read(segment).unwrap();
@@ -93,11 +62,7 @@ async fn a_follower_with_a_damaged_segment_truncates_below_it_and_refetches_from
     cluster.wait_for_isr(TOPIC, 0, &cluster.ids(), REACT).await.unwrap();
 
     // The damaged bytes are kept aside in the follower's data dir.
-    let side: Vec<PathBuf> = std::fs::read_dir(cluster.data_dir(follower))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("{TOPIC}-0-damaged-")))
-        .collect();
+    let side = damaged_aside(cluster.data_dir(follower), TOPIC, 0).unwrap();
     assert_eq!(side.len(), 1, "{side:?}");
     let name = segment.file_name().unwrap().to_string_lossy().into_owned();
     let tail = std::fs::read(side[0].join(format!("{name}.from-{first}"))).unwrap();
@@ -109,19 +74,6 @@ async fn a_follower_with_a_damaged_segment_truncates_below_it_and_refetches_from
     }
     cluster.wait_for_state(TOPIC, 0, REACT, "led by the healed follower", |s| s.leader == follower).await.unwrap();
     assert_eq!(read_values(&client, TOPIC, 0).await.unwrap(), values);
-}
-
-/// Flips one byte of `path` in place (the running broker keeps its descriptor, so the
-/// file is written where it is, not replaced).
-fn flip_in_place(path: &Path, at: u64) {
-    use std::io::{Read, Seek, SeekFrom, Write};
-    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
-    let mut byte = [0u8];
-    f.seek(SeekFrom::Start(at)).unwrap();
-    f.read_exact(&mut byte).unwrap();
-    f.seek(SeekFrom::Start(at)).unwrap();
-    f.write_all(&[byte[0] ^ 0x01]).unwrap();
-    f.sync_all().unwrap();
 }
 
 /// Every distinct (znode version, ISR) of the partition state, polled every 5 ms until
@@ -149,32 +101,9 @@ async fn an_in_sync_follower_that_heals_below_the_high_watermark_leaves_the_isr_
     // at once (the leader sees its fetch below the high watermark), not after
     // replica.lag.time.max.ms (a minute here), and come back once it has them again.
     common::init_tracing();
-    let cluster = Cluster::builder()
-        .brokers(3)
-        .config("log.min.segment.bytes", 1024)
-        .config("log.scrub.bytes.per.second", 64 << 20)
-        .config("replica.fetch.wait.max.ms", 100)
-        .config("replica.lag.time.max.ms", 60_000)
-        .start()
-        .await
-        .unwrap();
-    cluster.create_topic(TOPIC, 1, &[("segment.bytes", "4096"), ("min.insync.replicas", "2")], REACT).await.unwrap();
+    let cluster = scrubbing_cluster().config("replica.lag.time.max.ms", 60_000).start().await.unwrap();
     let client = ClientConfig::new(&cluster.bootstrap());
-    let producer =
-        Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, ..ProducerConfig::default() }).await.unwrap();
-    let mut values = Vec::new();
-    for round in 0..30 {
-        let mut pending = Vec::new();
-        for i in 0..10 {
-            let value = format!("round {round} record {i} {}", "x".repeat(40));
-            pending.push(producer.send(ProducerRecord::new(TOPIC, value.clone()).partition(0)).await.unwrap());
-            values.push(value);
-        }
-        for delivery in pending {
-            delivery.await.unwrap();
-        }
-    }
-    cluster.wait_fully_replicated(TOPIC, REACT).await.unwrap();
+    let (_producer, values) = fill_segmented_topic(&cluster, TOPIC, REACT).await.unwrap();
     let leader = cluster.leader(TOPIC, 0).await.unwrap().unwrap();
     let follower = *cluster.ids().iter().find(|&&id| id != leader).unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
@@ -182,15 +111,14 @@ async fn an_in_sync_follower_that_heals_below_the_high_watermark_leaves_the_isr_
 
     // Damage in the middle of the running follower's log, below the high watermark.
     let partition_dir = cluster.data_dir(follower).join(format!("{TOPIC}-0"));
-    let logs = segments(&partition_dir);
+    let logs = segments(&partition_dir).unwrap();
     assert!(logs.len() >= 4, "{logs:?}");
     let segment = &logs[logs.len() / 2];
     let first = fjord_record::BatchHeader::parse(&std::fs::read(segment).unwrap()).unwrap().size();
-    flip_in_place(segment, first as u64 + 70);
+    flip_in_place(segment, first as u64 + 70).unwrap();
 
     fjord_testkit::wait_until(REACT, "the follower healed: its log byte-identical to the leader's", || async {
-        let healed = std::fs::read_dir(cluster.data_dir(follower))?
-            .any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with(&format!("{TOPIC}-0-damaged-"))));
+        let healed = !damaged_aside(cluster.data_dir(follower), TOPIC, 0)?.is_empty();
         let same = healed && cluster.log_bytes(follower, TOPIC, 0)? == cluster.log_bytes(leader, TOPIC, 0)?;
         Ok(same.then_some(()))
     })

@@ -9,76 +9,29 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fjord_client::{Acks, ClientConfig, Producer, ProducerConfig, ProducerRecord};
-use fjord_testkit::{read_values, Cluster};
+use fjord_client::{ClientConfig, ProducerRecord};
+use fjord_testkit::{damaged_aside, fill_segmented_topic, flip_in_place, read_values, scrubbing_cluster, segments};
 
 const REACT: Duration = Duration::from_secs(30);
 const TOPIC: &str = "damaged-leader";
 
-/// `.log` files of a partition directory, oldest first.
-fn segments(dir: &Path) -> Vec<PathBuf> {
-    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    logs.sort();
-    logs
-}
-
-/// Flips one byte of `path` in place (the running broker keeps its descriptor).
-fn flip_in_place(path: &Path, at: u64) {
-    use std::io::{Read, Seek, SeekFrom, Write};
-    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
-    let mut byte = [0u8];
-    f.seek(SeekFrom::Start(at)).unwrap();
-    f.read_exact(&mut byte).unwrap();
-    f.seek(SeekFrom::Start(at)).unwrap();
-    f.write_all(&[byte[0] ^ 0x01]).unwrap();
-    f.sync_all().unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_leader_with_a_damaged_segment_gives_leadership_to_a_healthy_in_sync_replica() {
     common::init_tracing();
-    let cluster = Cluster::builder()
-        .brokers(3)
-        .config("log.min.segment.bytes", 1024)
-        .config("log.scrub.bytes.per.second", 64 << 20)
-        .config("replica.fetch.wait.max.ms", 100)
-        .config("replica.lag.time.max.ms", 60_000)
-        .start()
-        .await
-        .unwrap();
-    cluster.create_topic(TOPIC, 1, &[("segment.bytes", "4096"), ("min.insync.replicas", "2")], REACT).await.unwrap();
+    let cluster = scrubbing_cluster().config("replica.lag.time.max.ms", 60_000).start().await.unwrap();
     let client = ClientConfig::new(&cluster.bootstrap());
-    let producer =
-        Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, ..ProducerConfig::default() }).await.unwrap();
-    let mut values = Vec::new();
-    for round in 0..30 {
-        let mut pending = Vec::new();
-        for i in 0..10 {
-            let value = format!("round {round} record {i} {}", "x".repeat(40));
-            pending.push(producer.send(ProducerRecord::new(TOPIC, value.clone()).partition(0)).await.unwrap());
-            values.push(value);
-        }
-        for delivery in pending {
-            delivery.await.unwrap();
-        }
-    }
-    cluster.wait_fully_replicated(TOPIC, REACT).await.unwrap();
+    let (producer, mut values) = fill_segmented_topic(&cluster, TOPIC, REACT).await.unwrap();
     let leader = cluster.leader(TOPIC, 0).await.unwrap().unwrap();
     let leader_epoch = cluster.partition_state(TOPIC, 0).await.unwrap().unwrap().leader_epoch;
 
     let partition_dir = cluster.data_dir(leader).join(format!("{TOPIC}-0"));
-    let logs = segments(&partition_dir);
+    let logs = segments(&partition_dir).unwrap();
     assert!(logs.len() >= 4, "{logs:?}");
     let segment = &logs[logs.len() / 2];
     let first = fjord_record::BatchHeader::parse(&std::fs::read(segment).unwrap()).unwrap().size();
-    flip_in_place(segment, first as u64 + 70);
+    flip_in_place(segment, first as u64 + 70).unwrap();
 
     // Before the fix the damaged leader kept leading and consumers stopped at the damage.
     // The old leader may already have healed and rejoined the ISR by the time this looks
@@ -105,11 +58,7 @@ async fn a_leader_with_a_damaged_segment_gives_leadership_to_a_healthy_in_sync_r
     })
     .await
     .unwrap();
-    let side: Vec<PathBuf> = std::fs::read_dir(cluster.data_dir(leader))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("{TOPIC}-0-damaged-")))
-        .collect();
+    let side = damaged_aside(cluster.data_dir(leader), TOPIC, 0).unwrap();
     assert_eq!(side.len(), 1, "the damaged bytes are kept aside: {side:?}");
     assert_eq!(read_values(&client, TOPIC, 0).await.unwrap(), values);
 }

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use common::{produce_request, topic_name, RawClient, TestBroker, EARLIEST};
+use common::{alter_incrementally, produce_request, topic_name, RawClient, TestBroker, EARLIEST};
 use fjord_record::BatchBuilder;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
@@ -506,75 +506,19 @@ const SET: i8 = 0;
 const DELETE: i8 = 1;
 const APPEND: i8 = 2;
 
-/// One IncrementalAlterConfigs v1 resource: (error code, error message).
-async fn alter_incrementally(
-    client: &mut RawClient,
-    resource_type: i8,
-    resource: &str,
-    ops: &[(&str, i8, Option<&str>)],
-    validate_only: bool,
-) -> (i16, Option<String>) {
-    use incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
-    let configs = ops
-        .iter()
-        .map(|(k, op, v)| {
-            AlterableConfig::default()
-                .with_name(StrBytes::from_string(k.to_string()))
-                .with_config_operation(*op)
-                .with_value(v.map(|v| StrBytes::from_string(v.to_owned())))
-        })
-        .collect();
-    let request = IncrementalAlterConfigsRequest::default().with_validate_only(validate_only).with_resources(vec![
-        AlterConfigsResource::default()
-            .with_resource_type(resource_type)
-            .with_resource_name(StrBytes::from_string(resource.to_owned()))
-            .with_configs(configs),
-    ]);
-    let response: IncrementalAlterConfigsResponse = client.call(ApiKey::IncrementalAlterConfigs, 1, &request).await.unwrap();
-    assert_eq!(response.responses.len(), 1);
-    let r = &response.responses[0];
-    assert_eq!((r.resource_type, r.resource_name.as_str()), (resource_type, resource));
-    (r.error_code, r.error_message.as_ref().map(|m| m.to_string()))
-}
-
-/// One legacy AlterConfigs resource at `version`: (error code, error message).
+/// One legacy AlterConfigs of one topic at `version`: (error code, error message).
 async fn alter_replacing(
     client: &mut RawClient,
     version: i16,
     topic: &str,
     configs: &[(&str, Option<&str>)],
 ) -> (i16, Option<String>) {
-    use alter_configs_request::{AlterConfigsResource, AlterableConfig};
-    let configs = configs
-        .iter()
-        .map(|(k, v)| {
-            AlterableConfig::default()
-                .with_name(StrBytes::from_string(k.to_string()))
-                .with_value(v.map(|v| StrBytes::from_string(v.to_owned())))
-        })
-        .collect();
-    let request = AlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
-        .with_resource_type(2)
-        .with_resource_name(StrBytes::from_string(topic.to_owned()))
-        .with_configs(configs)]);
-    let response: AlterConfigsResponse = client.call(ApiKey::AlterConfigs, version, &request).await.unwrap();
-    let r = &response.responses[0];
-    (r.error_code, r.error_message.as_ref().map(|m| m.to_string()))
+    common::alter_replacing(client, version, 2, topic, configs).await
 }
 
 /// A topic's configs as DescribeConfigs reports them: name → (value, config source).
 async fn topic_configs(client: &mut RawClient, topic: &str) -> std::collections::BTreeMap<String, (String, i8)> {
-    let describe = DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
-        .with_resource_type(2)
-        .with_resource_name(StrBytes::from_string(topic.to_owned()))
-        .with_configuration_keys(None)]);
-    let response: DescribeConfigsResponse = client.call(ApiKey::DescribeConfigs, 4, &describe).await.unwrap();
-    assert_eq!(response.results[0].error_code, 0);
-    response.results[0]
-        .configs
-        .iter()
-        .map(|c| (c.name.to_string(), (c.value.as_deref().unwrap_or_default().to_owned(), c.config_source)))
-        .collect()
+    common::describe_configs(client, 2, topic).await
 }
 
 #[tokio::test]

@@ -12,7 +12,13 @@
 //! - [`Tmpfs`] (`tmpfs`): a small tmpfs mounted for one test (root), a disk that fills up.
 //! - [`Certs`] (`certs`): a test CA, server key store and client certificate (openssl).
 //! - [`wait_until`] (`wait`): poll a condition with a deadline instead of sleeping.
-//! - [`python`]: the interpreter of the tests that drive the Python clients.
+//! - [`python`] (`python`): the interpreter of the tests that drive the Python clients,
+//!   and [`PythonScript`] / [`run_python`], one such script run with its output read as it
+//!   comes.
+//! - `damage` (through `fjord-client`): a log of many small segments on three scrubbing
+//!   brokers ([`scrubbing_cluster`], [`fill_segmented_topic`]), one byte of it flipped
+//!   ([`flip_in_place`]), its segments ([`segments`]) and the side directories the damaged
+//!   bytes go to ([`damaged_aside`]).
 //! - `records` (through `fjord-client`): numbered records sent across a fault
 //!   ([`stream_across`]) or in rounds ([`produce_round`]), a partition read back
 //!   ([`read_values`]).
@@ -30,6 +36,8 @@ use anyhow::{bail, Context, Result};
 mod certs;
 pub mod chaos;
 mod cluster;
+mod damage;
+mod python;
 mod records;
 mod standalone;
 mod tmpfs;
@@ -37,6 +45,10 @@ mod wait;
 
 pub use certs::Certs;
 pub use cluster::{Cluster, ClusterBuilder, SecureCluster, SECURE_ADMIN};
+pub use damage::{
+    acks_all_producer, damaged_aside, fill_segmented_topic, flip_in_place, produce_acked_rounds, scrubbing_cluster, segments,
+};
+pub use python::{python, run_python, PythonOutput, PythonScript};
 pub use records::{numbered, produce_round, read_values, round_value, stream_across};
 pub use standalone::StandaloneBroker;
 pub use tmpfs::Tmpfs;
@@ -149,20 +161,4 @@ impl Drop for ZooKeeper {
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// The Python interpreter of the tests that drive independent clients (confluent-kafka,
-/// kafka-python, fastavro, grpcio): `$FJORD_TEST_PYTHON` (set by `cargo xtask test`),
-/// else the workspace's `target/venv/bin/python` that `cargo xtask test` provisions.
-/// Missing is an error, never a skip.
-pub fn python() -> Result<std::path::PathBuf> {
-    let path = match std::env::var_os("FJORD_TEST_PYTHON") {
-        Some(path) => std::path::PathBuf::from(path),
-        // Every crate of the workspace sits one level below its root.
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin/python"),
-    };
-    if !path.exists() {
-        bail!("no Python at {} (run `cargo xtask test`, which provisions target/venv, or set FJORD_TEST_PYTHON)", path.display());
-    }
-    Ok(path)
 }

@@ -201,18 +201,94 @@ impl RawClient {
     }
 }
 
-/// Runs `script` with the tests' Python ([`fjord_testkit::python`]) and `args`; fails
+/// A resource's configs as DescribeConfigs v4 reports them (`resource_type` 2 a topic, 4
+/// a broker): name → (value, config source); fails unless the resource is answered.
+pub(crate) async fn describe_configs(
+    client: &mut RawClient,
+    resource_type: i8,
+    resource: &str,
+) -> std::collections::BTreeMap<String, (String, i8)> {
+    use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+    use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse};
+    let describe = DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
+        .with_resource_type(resource_type)
+        .with_resource_name(StrBytes::from_string(resource.to_owned()))
+        .with_configuration_keys(None)]);
+    let response: DescribeConfigsResponse = client.call(ApiKey::DescribeConfigs, 4, &describe).await.unwrap();
+    assert_eq!(response.results[0].error_code, 0, "{:?}", response.results[0].error_message);
+    response.results[0]
+        .configs
+        .iter()
+        .map(|c| (c.name.to_string(), (c.value.as_deref().unwrap_or_default().to_owned(), c.config_source)))
+        .collect()
+}
+
+/// One IncrementalAlterConfigs v1 of one resource (`resource_type` 2 a topic, 4 a
+/// broker), `ops` as (key, operation, value): (error code, error message).
+pub(crate) async fn alter_incrementally(
+    client: &mut RawClient,
+    resource_type: i8,
+    resource: &str,
+    ops: &[(&str, i8, Option<&str>)],
+    validate_only: bool,
+) -> (i16, Option<String>) {
+    use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
+    use kafka_protocol::messages::{IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse};
+    let configs = ops
+        .iter()
+        .map(|(k, op, v)| {
+            AlterableConfig::default()
+                .with_name(StrBytes::from_string(k.to_string()))
+                .with_config_operation(*op)
+                .with_value(v.map(|v| StrBytes::from_string(v.to_owned())))
+        })
+        .collect();
+    let request = IncrementalAlterConfigsRequest::default().with_validate_only(validate_only).with_resources(vec![
+        AlterConfigsResource::default()
+            .with_resource_type(resource_type)
+            .with_resource_name(StrBytes::from_string(resource.to_owned()))
+            .with_configs(configs),
+    ]);
+    let response: IncrementalAlterConfigsResponse = client.call(ApiKey::IncrementalAlterConfigs, 1, &request).await.unwrap();
+    assert_eq!(response.responses.len(), 1);
+    let r = &response.responses[0];
+    assert_eq!((r.resource_type, r.resource_name.as_str()), (resource_type, resource));
+    (r.error_code, r.error_message.as_ref().map(|m| m.to_string()))
+}
+
+/// One legacy AlterConfigs of one resource at `version`, replacing its configs with
+/// `configs` (a `None` value is null): (error code, error message).
+pub(crate) async fn alter_replacing(
+    client: &mut RawClient,
+    version: i16,
+    resource_type: i8,
+    resource: &str,
+    configs: &[(&str, Option<&str>)],
+) -> (i16, Option<String>) {
+    use kafka_protocol::messages::alter_configs_request::{AlterConfigsResource, AlterableConfig};
+    use kafka_protocol::messages::{AlterConfigsRequest, AlterConfigsResponse};
+    let configs = configs
+        .iter()
+        .map(|(k, v)| {
+            AlterableConfig::default()
+                .with_name(StrBytes::from_string(k.to_string()))
+                .with_value(v.map(|v| StrBytes::from_string(v.to_owned())))
+        })
+        .collect();
+    let request = AlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
+        .with_resource_type(resource_type)
+        .with_resource_name(StrBytes::from_string(resource.to_owned()))
+        .with_configs(configs)]);
+    let response: AlterConfigsResponse = client.call(ApiKey::AlterConfigs, version, &request).await.unwrap();
+    let r = &response.responses[0];
+    (r.error_code, r.error_message.as_ref().map(|m| m.to_string()))
+}
+
+/// Runs `script` with the tests' Python ([`fjord_testkit::run_python`]) and `args`; fails
 /// unless it exits 0 within `timeout` having printed `ok`, showing its output.
 pub(crate) async fn run_python(script: &str, args: &[&str], timeout: Duration) {
-    let python = fjord_testkit::python().unwrap();
-    let output = tokio::process::Command::new(&python).arg("-c").arg(script).args(args).kill_on_drop(true).output();
-    let output = tokio::time::timeout(timeout, output).await.expect("the Python script timed out").unwrap();
-    assert!(
-        output.status.success() && String::from_utf8_lossy(&output.stdout).contains("ok"),
-        "the Python script failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = fjord_testkit::run_python(script, args, timeout).await.unwrap();
+    assert!(output.said_ok(), "the Python script failed {}", output.transcript());
 }
 
 /// Runs kcat with `args`, feeding `stdin`; fails on a non-zero exit.

@@ -151,18 +151,10 @@ pub fn kcat_payloads(broker: &str, topic: &str, partition: i32) -> Vec<Vec<u8>> 
     payloads
 }
 
-/// The Python interpreter with grpcio: `FJORD_TEST_PYTHON`, else the workspace venv that
-/// `cargo xtask test` provisions. Missing is a failure, never a skip.
+/// The Python interpreter with grpcio ([`fjord_testkit::python`]). Missing is a failure,
+/// never a skip.
 pub fn python() -> PathBuf {
-    let path = std::env::var_os("FJORD_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin/python"));
-    assert!(
-        path.exists(),
-        "Python for the grpcio test not found at {} (run `cargo xtask test`, which provisions target/venv, or set FJORD_TEST_PYTHON)",
-        path.display()
-    );
-    path
+    fjord_testkit::python().unwrap()
 }
 
 /// A gateway alone, on an existing broker: for restarts and several gateways on one

@@ -1,0 +1,151 @@
+//! The Python clients (confluent-kafka, kafka-python, fastavro, grpcio) as the tests drive
+//! them: a script given inline (`python -c SCRIPT ARGS...`), its output read line by line
+//! while it runs (a test acts on a line such as `restart`: kills a broker, answers on the
+//! script's stdin), its stderr drained meanwhile (a chatty librdkafka must not block the
+//! script on a full pipe), and what it said kept for the failure message.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::task::JoinHandle;
+
+/// The Python interpreter of the tests that drive independent clients (confluent-kafka,
+/// kafka-python, fastavro, grpcio): `$FJORD_TEST_PYTHON` (set by `cargo xtask test`),
+/// else the workspace's `target/venv/bin/python` that `cargo xtask test` provisions.
+/// Missing is an error, never a skip.
+pub fn python() -> Result<PathBuf> {
+    let path = match std::env::var_os("FJORD_TEST_PYTHON") {
+        Some(path) => PathBuf::from(path),
+        // Every crate of the workspace sits one level below its root.
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/venv/bin/python"),
+    };
+    if !path.exists() {
+        bail!("no Python at {} (run `cargo xtask test`, which provisions target/venv, or set FJORD_TEST_PYTHON)", path.display());
+    }
+    Ok(path)
+}
+
+/// A running `python -c SCRIPT ARGS...`, killed when dropped.
+#[derive(Debug)]
+pub struct PythonScript {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Lines<BufReader<ChildStdout>>,
+    stdout: Vec<String>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+/// How a script ended: its exit status, every line it printed, and its stderr.
+#[derive(Debug)]
+pub struct PythonOutput {
+    /// The exit status.
+    pub status: ExitStatus,
+    /// Every line of its stdout, in order.
+    pub lines: Vec<String>,
+    /// All of its stderr.
+    pub stderr: String,
+}
+
+impl PythonOutput {
+    /// Exited 0 with `ok` as its last line: how the tests' scripts say they passed.
+    pub fn ok(&self) -> bool {
+        self.status.success() && self.lines.last().is_some_and(|l| l == "ok")
+    }
+
+    /// Exited 0 and printed `ok` somewhere in its output.
+    pub fn said_ok(&self) -> bool {
+        self.status.success() && self.lines.iter().any(|l| l.contains("ok"))
+    }
+
+    /// Everything it said, for a failure message.
+    pub fn transcript(&self) -> String {
+        format!("({}):\n{}\n{}", self.status, self.lines.join("\n"), self.stderr)
+    }
+}
+
+impl PythonScript {
+    /// Starts `script` with the tests' Python ([`python`]) and `args`; its stdin stays
+    /// open for [`PythonScript::answer`].
+    pub fn spawn(script: &str, args: &[&str]) -> Result<Self> {
+        let mut child = tokio::process::Command::new(python()?)
+            .arg("-c")
+            .arg(script)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the Python script")?;
+        let stdin = child.stdin.take();
+        let lines = BufReader::new(child.stdout.take().context("the script's stdout")?).lines();
+        let mut pipe = child.stderr.take().context("the script's stderr")?;
+        let stderr = tokio::spawn(async move {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text).await;
+            text
+        });
+        Ok(Self { child, stdin, lines, stdout: Vec::new(), stderr: Some(stderr) })
+    }
+
+    /// The next line the script prints; `None` once it closed its output.
+    pub async fn next_line(&mut self) -> Result<Option<String>> {
+        let Some(line) = self.lines.next_line().await? else { return Ok(None) };
+        self.stdout.push(line.clone());
+        Ok(Some(line))
+    }
+
+    /// Closes the script's stdin: it reads end of file from then on.
+    pub fn close_stdin(&mut self) {
+        drop(self.stdin.take());
+    }
+
+    /// Every line printed so far.
+    pub fn stdout(&self) -> &[String] {
+        &self.stdout
+    }
+
+    /// Writes `line` and a newline to the script's stdin.
+    pub async fn answer(&mut self, line: &str) -> Result<()> {
+        let stdin = self.stdin.as_mut().context("the script's stdin is closed")?;
+        stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        stdin.flush().await?;
+        Ok(())
+    }
+
+    /// Kills the script (SIGKILL) and waits for it; [`PythonScript::finish`] then says
+    /// what it printed.
+    pub async fn kill(&mut self) -> Result<()> {
+        self.child.kill().await?;
+        Ok(())
+    }
+
+    /// Reads the rest of its output and waits for it to exit. Borrowed, not consumed, so
+    /// that a test whose deadline cut this short can still say what the script printed
+    /// ([`PythonScript::stdout`]).
+    pub async fn finish(&mut self) -> Result<PythonOutput> {
+        while self.next_line().await?.is_some() {}
+        drop(self.stdin.take());
+        let status = self.child.wait().await?;
+        let stderr = match self.stderr.take() {
+            Some(task) => task.await.unwrap_or_default(),
+            None => String::new(),
+        };
+        Ok(PythonOutput { status, lines: self.stdout.clone(), stderr })
+    }
+}
+
+/// Runs `script` with `args` and nothing on its stdin to its end, within `timeout`: how
+/// it ended, or an error if it could not start or outlived `timeout` (then it is killed).
+pub async fn run_python(script: &str, args: &[&str], timeout: Duration) -> Result<PythonOutput> {
+    let mut script = PythonScript::spawn(script, args)?;
+    script.close_stdin();
+    match tokio::time::timeout(timeout, script.finish()).await {
+        Ok(output) => output,
+        Err(_) => bail!("the Python script did not finish within {timeout:?}"),
+    }
+}
