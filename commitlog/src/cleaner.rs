@@ -18,6 +18,8 @@
 //!   markers) are kept; the records of aborted transactions (from the segments'
 //!   `.txnindex`) go, and never enter the map, so they shadow nothing. The cleanable
 //!   end is at most the last stable offset, so every transaction below it is decided.
+//!   A marker whose transaction has no record left goes too, once it was first cleaned
+//!   more than `delete.retention.ms` ago (Kafka's second pass; see `Pass::drop_marker`).
 //!   When the dirty keys do not fit the map, several passes run.
 //! - Consecutive cleaned segments are merged while their source sizes fit
 //!   `segment.bytes`, so a compacted log does not keep one tiny file per old segment.
@@ -160,6 +162,9 @@ pub struct CleanStats {
     pub records_kept: u64,
     /// Tombstones dropped because they were older than `delete.retention.ms`.
     pub tombstones_removed: u64,
+    /// Transaction markers dropped: no record of their transaction was left, and they
+    /// were first cleaned more than `delete.retention.ms` ago (Kafka's second pass).
+    pub markers_removed: u64,
     /// Wall time spent, throttling included.
     pub elapsed: Duration,
     /// When the clean ran (the `now_ms` it was given).
@@ -274,8 +279,8 @@ impl Cleaner {
             let truncations = log.truncations.load(std::sync::atomic::Ordering::Acquire);
             let clean_end = target.min(cleanable_end(&view, now_ms, config.min_compaction_lag, log.last_stable_offset()));
             let dirty = clean_end > state.first_dirty;
-            // Nothing new, but tombstones below the first dirty offset have expired:
-            // one pass with an empty map drops them.
+            // Nothing new, but tombstones (or markers) below the first dirty offset have
+            // expired: one pass with an empty map drops them.
             let tombstones = !dirty && !tombstone_pass_done && state.tombstones_due.is_some_and(|t| t <= now_ms);
             if !dirty && !tombstones {
                 break;
@@ -293,6 +298,8 @@ impl Cleaner {
                 state.first_dirty
             };
             stats.passes += 1;
+            let producer_last: std::collections::HashMap<i64, Offset> =
+                log.producers().into_iter().map(|p| (p.producer_id, p.last_offset)).collect();
             let pass = Pass {
                 map,
                 map_end,
@@ -301,6 +308,8 @@ impl Cleaner {
                 horizons: &state,
                 tombstones_due: std::cell::Cell::new(None),
                 aborted: &aborted,
+                txn_kept: Default::default(),
+                producer_last: &producer_last,
             };
             let groups = group_segments(&view, map_end, config.segment_bytes);
             let mut outcome = Ok(true);

@@ -352,3 +352,98 @@ fn compaction_drops_aborted_records_keeps_markers_and_stops_at_the_lso() {
     assert_eq!(aborted(&log), vec![(2, 2)], "the index still names the abort");
     assert_eq!(log.open_transactions(), vec![(open, 3)]);
 }
+
+/// Every batch of the log from its start: (offset, producer, control?, key=value of each record).
+fn walk(log: &Log) -> Vec<(Offset, i64, bool, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut at = log.log_start_offset();
+    while at < log.log_end_offset() {
+        let bytes = log.read_bytes(at, 1 << 20, None, true).unwrap();
+        for b in fjord_record::batch::batches(&bytes) {
+            let (h, b) = b.unwrap();
+            at = h.next_offset();
+            let records = if h.is_control() {
+                Vec::new()
+            } else {
+                fjord_record::Records::new(&b[fjord_record::BATCH_OVERHEAD..], 0)
+                    .map(|r| {
+                        let r = r.unwrap();
+                        format!(
+                            "{}={}",
+                            String::from_utf8_lossy(r.key.unwrap_or_default()),
+                            String::from_utf8_lossy(r.value.unwrap_or_default())
+                        )
+                    })
+                    .collect()
+            };
+            out.push((h.base_offset, h.producer_id, h.is_control(), records));
+        }
+    }
+    out
+}
+
+/// Kafka's second pass over markers: a marker goes once no record of its transaction is
+/// left (all aborted, or all superseded) and it was first cleaned `delete.retention.ms`
+/// ago; never the marker of a transaction with a record left, nor a producer's last
+/// marker. After the clean and a reopen (the producer state and the LSO rebuilt from the
+/// log) nothing is open, the LSO is the log end, and no aborted record is visible.
+#[test]
+fn markers_go_after_delete_retention_once_their_transaction_has_no_record_left() {
+    use fjord_log::{Cleaner, CleanerConfig, CleanupPolicy};
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig { cleanup_policy: CleanupPolicy::Compact, delete_retention: Duration::from_secs(1), ..tiny() };
+    let log = Log::open(dir.path(), config).unwrap();
+    // Producer 1: k committed, then superseded below (no record left: its marker may go).
+    log.append(&mut keyed(1, 0, true, "k", "old"), 0).unwrap();
+    let commit_superseded = log.append_marker(1, 0, 0, true, 0).unwrap().base_offset;
+    // Producer 2: aborted (no record left once the cleaner drops them: its marker may go).
+    log.append(&mut keyed(2, 0, true, "a", "aborted"), 0).unwrap();
+    let abort = log.append_marker(2, 0, 0, false, 0).unwrap().base_offset;
+    // Producer 4: committed with a key nobody overwrites: its marker stays.
+    log.append(&mut keyed(4, 0, true, "m", "kept"), 0).unwrap();
+    let commit_kept = log.append_marker(4, 0, 0, true, 0).unwrap().base_offset;
+    log.append(&mut keyed(-1, -1, false, "k", "new"), 0).unwrap();
+    // Later transactions of 1 and 2: their markers are the producers' last, and stay.
+    log.append(&mut keyed(1, 1, true, "z1", "v"), 0).unwrap();
+    let last_1 = log.append_marker(1, 0, 0, true, 0).unwrap().base_offset;
+    log.append(&mut keyed(2, 1, true, "z2", "v"), 0).unwrap();
+    let last_2 = log.append_marker(2, 0, 0, false, 0).unwrap().base_offset;
+    for i in 0..12 {
+        log.append(&mut keyed(-1, -1, false, &format!("f{i}"), "x"), 0).unwrap();
+    }
+    log.set_high_watermark(log.log_end_offset());
+    let markers = |log: &Log| -> Vec<Offset> { walk(log).into_iter().filter(|b| b.2).map(|b| b.0).collect() };
+    let all = vec![commit_superseded, abort, commit_kept, last_1, last_2];
+    assert_eq!(markers(&log), all);
+
+    let mut cleaner = Cleaner::new(CleanerConfig::default());
+    cleaner.clean(&log, 10_000).unwrap();
+    assert_eq!(markers(&log), all, "first cleaned now: kept for delete.retention.ms");
+    assert_eq!(log.last_clean().unwrap().markers_removed, 0);
+    cleaner.clean(&log, 10_900).unwrap();
+    assert_eq!(markers(&log), all, "not yet delete.retention.ms");
+    cleaner.clean(&log, 11_000).unwrap();
+    assert_eq!(markers(&log), vec![commit_kept, last_1, last_2]);
+    assert_eq!(log.last_clean().unwrap().markers_removed, 2);
+
+    let check = |log: &Log| {
+        let records: Vec<String> = walk(log).into_iter().flat_map(|b| b.3).collect();
+        assert!(records.contains(&"m=kept".to_owned()) && records.contains(&"k=new".to_owned()), "{records:?}");
+        assert!(!records.iter().any(|r| r.contains("aborted") || r == "k=old" || r == "z2=v"), "{records:?}");
+        assert!(log.open_transactions().is_empty(), "{:?}", log.open_transactions());
+        assert_eq!(log.last_stable_offset(), log.log_end_offset());
+    };
+    check(&log);
+    let end = log.log_end_offset();
+    drop(log);
+    // A crash loses the producer state snapshot: rebuilt from the cleaned log.
+    for snapshot in std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()) {
+        if snapshot.extension().is_some_and(|e| e == "snapshot") {
+            std::fs::remove_file(snapshot).unwrap();
+        }
+    }
+    let log = Log::open(dir.path(), config).unwrap();
+    log.set_high_watermark(end);
+    check(&log);
+    assert_eq!(markers(&log), vec![commit_kept, last_1, last_2]);
+}

@@ -55,6 +55,11 @@ pub(super) struct Pass<'a> {
     pub(super) tombstones_due: std::cell::Cell<Option<i64>>,
     /// Aborted transactions: their records go.
     pub(super) aborted: &'a Aborted,
+    /// Per producer, whether the transaction walked so far (since its previous marker)
+    /// kept any record: its marker may go only when none did (see [`Pass::drop_marker`]).
+    pub(super) txn_kept: std::cell::RefCell<std::collections::HashMap<i64, bool>>,
+    /// Per producer, the offset of its last data batch in the log (producer state).
+    pub(super) producer_last: &'a std::collections::HashMap<i64, Offset>,
 }
 
 /// The aborted transactions overlapping what a clean reads, by producer: a
@@ -99,6 +104,39 @@ impl Pass<'_> {
             self.tombstones_due.set(Some(self.tombstones_due.get().map_or(due, |d| d.min(due))));
         }
         (true, false)
+    }
+}
+
+impl Pass<'_> {
+    /// Records that a data batch of `producer_id`'s transaction kept records (or not).
+    fn txn_data(&self, producer_id: i64, kept: bool) {
+        *self.txn_kept.borrow_mut().entry(producer_id).or_insert(false) |= kept;
+    }
+
+    /// Kafka's second pass over transaction markers: a marker goes once its transaction
+    /// has no record left in the log (all aborted, or all superseded by later keys) and
+    /// it was first cleaned more than `delete.retention.ms` ago, so a read_committed
+    /// reader that saw the transaction's records had that long to see the marker too.
+    /// Safe because a pass walks the log from its start in order: every data batch of the
+    /// transaction came before its marker in this walk. A marker stays when it is its
+    /// producer's last batch (no later data batch of it), so the producer's epoch is
+    /// still in the log for the producer state rebuilt after a crash; and above the end
+    /// of the pass. A marker kept for its age makes the log due again then.
+    fn drop_marker(&self, header: &BatchHeader) -> bool {
+        let kept_data = self.txn_kept.borrow_mut().remove(&header.producer_id).unwrap_or(false);
+        if kept_data || header.base_offset >= self.map_end {
+            return false;
+        }
+        if self.producer_last.get(&header.producer_id).is_none_or(|&last| last <= header.base_offset) {
+            return false;
+        }
+        let first_cleaned = self.horizons.first_cleaned_at(header.base_offset).unwrap_or(self.now_ms);
+        let due = first_cleaned.saturating_add(self.delete_retention.as_millis() as i64);
+        if due <= self.now_ms {
+            return true;
+        }
+        self.tombstones_due.set(Some(self.tombstones_due.get().map_or(due, |d| d.min(due))));
+        false
     }
 }
 
@@ -157,12 +195,17 @@ pub(super) fn write_cleaned(
             throttle.account(bytes.len());
             stats.bytes_read += bytes.len() as u64;
             if header.is_control() {
-                out.push(&header, bytes, config.index_interval_bytes)?;
+                if pass.drop_marker(&header) {
+                    stats.markers_removed += 1;
+                } else {
+                    out.push(&header, bytes, config.index_interval_bytes)?;
+                }
                 continue;
             }
             if header.base_offset < pass.map_end && pass.aborted.contains(&header) {
                 // An aborted transaction's records: no reader may ever see them.
                 stats.records_read += header.record_count.max(0) as u64;
+                pass.txn_data(header.producer_id, false);
                 continue;
             }
             let body = records_body(&header, bytes, &path)?;
@@ -183,6 +226,9 @@ pub(super) fn write_cleaned(
                 }
             }
             stats.records_kept += kept.len() as u64;
+            if header.is_transactional() {
+                pass.txn_data(header.producer_id, !kept.is_empty());
+            }
             if kept.len() == header.record_count as usize {
                 out.push(&header, bytes, config.index_interval_bytes)?;
             } else if !kept.is_empty() {

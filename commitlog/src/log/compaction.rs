@@ -50,8 +50,9 @@ impl Log {
             cleaner::remove_cleaned(&dir, base)?;
             return Ok(false);
         }
-        // The cleaner keeps every marker, so the cleaned segment keeps the group's aborted
-        // transactions (an entry whose aborted records are gone is harmless).
+        // The cleaned segment keeps the group's aborted transactions: the cleaner drops a
+        // marker only once its transaction has no record left, and an entry whose
+        // aborted records are gone is harmless.
         let mut aborted = Vec::new();
         for s in group {
             aborted.extend(crate::txn_index::read_all(s)?);
