@@ -115,6 +115,9 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::DescribeProducers, 0, 0),
+    // v0 is gone from the codec crate (and from Kafka 4); v1 differs from it only in
+    // throttling semantics.
+    (ApiKey::DescribeLogDirs, 1, 4),
     // Only v1: the codec crate (like Kafka 4) no longer reads v0, which differs from v1
     // in its encoding only (v1 is flexible).
     (ApiKey::WriteTxnMarkers, 1, 1),

@@ -153,6 +153,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::DeleteGroups => v >= 2,
         ApiKey::OffsetDelete => false,
         ApiKey::DescribeProducers => true,
+        ApiKey::DescribeLogDirs => v >= 2,
         ApiKey::InitProducerId => v >= 2,
         ApiKey::ElectLeaders => v >= 2,
         ApiKey::CreateAcls | ApiKey::DescribeAcls | ApiKey::DeleteAcls => v >= 2,
@@ -514,6 +515,13 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
             w.array(|w| {
                 w.string()?; // name
                 w.array(Walker::int32)?; // partition indexes
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::DescribeLogDirs => {
+            w.array(|w| {
+                w.string()?; // topic
+                w.array(Walker::int32)?; // partitions
                 w.tagged_fields()
             })?;
         }

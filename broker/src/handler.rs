@@ -9,6 +9,7 @@ pub(crate) mod authz;
 pub(crate) mod broker_configs;
 pub(crate) mod delete_records;
 pub(crate) mod describe_configs;
+pub(crate) mod describe_log_dirs;
 pub(crate) mod describe_producers;
 pub(crate) mod elect;
 pub(crate) mod fetch;
@@ -282,6 +283,7 @@ impl Broker {
             }
             RequestKind::DeleteRecords(req) => (ApiKey::DeleteRecords, self.delete_records(req, session)),
             RequestKind::DescribeProducers(req) => (ApiKey::DescribeProducers, self.describe_producers(req, session)),
+            RequestKind::DescribeLogDirs(req) => (ApiKey::DescribeLogDirs, self.describe_log_dirs(req, version, session)),
             RequestKind::WriteTxnMarkers(req) => (ApiKey::WriteTxnMarkers, self.write_txn_markers(req, session).await),
             RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req, session).await),
             RequestKind::DescribeCluster(req) => (ApiKey::DescribeCluster, self.describe_cluster(req, session)),

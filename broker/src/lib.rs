@@ -17,7 +17,8 @@
 //!   as file regions for sendfile.
 //! - `guard`: a structural walk of each request body before it is decoded, so that no
 //!   claimed array length can make the decoder allocate beyond the frame's size.
-//! - `handler`: one module per API (metadata, produce, fetch, offsets, admin, alter_configs).
+//! - `handler`: one module per API (metadata, produce, fetch, offsets, admin, alter_configs,
+//!   describe_log_dirs, ...).
 //! - `cluster`: the metadata view (live brokers, topics, partition states) kept current
 //!   by store watches; it opens the logs of this broker's replicas and hands their
 //!   states to the replica manager.

@@ -268,6 +268,12 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
                 .with_name(name())
                 .with_partition_indexes(vec![0, 2])])
             .encode(&mut buf, v),
+        ApiKey::DescribeLogDirs => DescribeLogDirsRequest::default()
+            .with_topics(Some(vec![
+                describe_log_dirs_request::DescribableLogDirTopic::default().with_topic(name()).with_partitions(vec![0, 2]),
+                describe_log_dirs_request::DescribableLogDirTopic::default().with_topic(TopicName(s("b"))),
+            ]))
+            .encode(&mut buf, v),
         ApiKey::OffsetDelete => OffsetDeleteRequest::default()
             .with_group_id(GroupId(s("g")))
             .with_topics(vec![offset_delete_request::OffsetDeleteRequestTopic::default()

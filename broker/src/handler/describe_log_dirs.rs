@@ -1,0 +1,106 @@
+//! DescribeLogDirs (API 35, v1-v4): this broker's log directory, and in it each replica's
+//! size on disk, offset lag and whether it is a future replica, for every partition asked
+//! (all when the request's topic list is null). Needs Describe on the cluster (Kafka).
+//!
+//! A broker has one log directory (`log.dirs` with one entry), so the answer has one
+//! result. The offset lag is Kafka's for a current replica, `max(high watermark - log
+//! end offset, 0)`; replicas are never future ones (no AlterReplicaLogDirs moves). v4's
+//! total and usable bytes come from statvfs(2) of the directory, -1 when that fails.
+//! A partition asked for that this broker holds no replica of is left out, as Kafka does.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kafka_protocol::messages::describe_log_dirs_response::{
+    DescribeLogDirsPartition, DescribeLogDirsResult, DescribeLogDirsTopic,
+};
+use kafka_protocol::messages::{DescribeLogDirsRequest, DescribeLogDirsResponse, ResponseKind, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::codec::error_code;
+use crate::connection::Session;
+use crate::handler::Broker;
+use fjord_auth::{Operation, Resource};
+
+impl Broker {
+    pub(crate) fn describe_log_dirs(&self, request: DescribeLogDirsRequest, version: i16, session: &Session) -> ResponseKind {
+        if !self.authorize(session, Operation::Describe, Resource::cluster()) {
+            // v3+ has a top-level error; before it, Kafka answers no results.
+            return ResponseKind::DescribeLogDirs(DescribeLogDirsResponse::default().with_error_code(if version >= 3 {
+                error_code::CLUSTER_AUTHORIZATION_FAILED
+            } else {
+                error_code::NONE
+            }));
+        }
+        // None: every partition; Some: only these (topic → partitions).
+        let wanted: Option<BTreeMap<String, BTreeSet<i32>>> = request.topics.map(|topics| {
+            let mut wanted: BTreeMap<String, BTreeSet<i32>> = BTreeMap::new();
+            for t in topics {
+                wanted.entry(t.topic.0.to_string()).or_default().extend(t.partitions);
+            }
+            wanted
+        });
+        let logs = self.topics.logs();
+        let mut topics: BTreeMap<String, Vec<DescribeLogDirsPartition>> = BTreeMap::new();
+        let mut held = logs.partitions();
+        held.sort();
+        for tp in held {
+            if let Some(wanted) = &wanted {
+                if !wanted.get(&tp.topic).is_some_and(|p| p.contains(&tp.partition)) {
+                    continue;
+                }
+            }
+            // Deleted since listed: nothing to describe.
+            let Some(log) = logs.get(&tp) else { continue };
+            let lag = (log.high_watermark() - log.log_end_offset()).max(0);
+            topics.entry(tp.topic.clone()).or_default().push(
+                DescribeLogDirsPartition::default()
+                    .with_partition_index(tp.partition)
+                    .with_partition_size(i64::try_from(log.size_bytes()).unwrap_or(i64::MAX))
+                    .with_offset_lag(lag)
+                    .with_is_future_key(false),
+            );
+        }
+        let (total_bytes, usable_bytes) = disk_space(logs.dir()).unwrap_or((-1, -1));
+        let result = DescribeLogDirsResult::default()
+            .with_error_code(error_code::NONE)
+            .with_log_dir(StrBytes::from_string(logs.dir().display().to_string()))
+            .with_topics(
+                topics
+                    .into_iter()
+                    .map(|(name, partitions)| {
+                        DescribeLogDirsTopic::default()
+                            .with_name(TopicName(StrBytes::from_string(name)))
+                            .with_partitions(partitions)
+                    })
+                    .collect(),
+            )
+            // v4+; the codec leaves them out of older versions.
+            .with_total_bytes(total_bytes)
+            .with_usable_bytes(usable_bytes);
+        ResponseKind::DescribeLogDirs(DescribeLogDirsResponse::default().with_results(vec![result]))
+    }
+}
+
+/// (total, usable) bytes of the file system holding `dir`; usable is what an
+/// unprivileged writer may still use (statvfs's `f_bavail`, as Kafka's `getUsableSpace`).
+// The statvfs field types are u64 on Linux but narrower elsewhere.
+#[allow(clippy::useless_conversion)]
+fn disk_space(dir: &std::path::Path) -> Option<(i64, i64)> {
+    let stat = nix::sys::statvfs::statvfs(dir).ok()?;
+    let block = u64::from(stat.fragment_size());
+    let bytes = |blocks: u64| i64::try_from(blocks.saturating_mul(block)).unwrap_or(i64::MAX);
+    Some((bytes(u64::from(stat.blocks())), bytes(u64::from(stat.blocks_available()))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_space_is_read_and_usable_is_at_most_total() {
+        let dir = tempfile::tempdir().unwrap();
+        let (total, usable) = disk_space(dir.path()).unwrap();
+        assert!(total > 0 && (0..=total).contains(&usable), "total {total}, usable {usable}");
+        assert_eq!(disk_space(&dir.path().join("missing")), None);
+    }
+}
