@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{run_python, TestBroker};
 
 const SCRIPT: &str = r#"
-import sys
+import sys, time
 from kafka import TopicPartition as TP
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import UnknownTopicOrPartitionError
@@ -47,7 +47,14 @@ assert txn.flush(20) == 0
 [open_txn] = [p for p in producers() if p.producer_id != plain.producer_id]
 assert (open_txn.last_sequence, open_txn.current_transaction_start_offset) == (2, 5), open_txn
 txn.commit_transaction(20)
-[done] = [p for p in producers() if p.producer_id != plain.producer_id]
+# EndTxn is answered once the commit is prepared (as Kafka does); the marker that closes
+# the transaction in the partition follows.
+deadline = time.time() + 20
+while True:
+    [done] = [p for p in producers() if p.producer_id != plain.producer_id]
+    if done.current_transaction_start_offset == -1 or time.time() > deadline:
+        break
+    time.sleep(0.1)
 assert done.current_transaction_start_offset == -1 and done.coordinator_epoch >= 0, done
 assert [p for p in producers() if p.producer_id == plain.producer_id] == [plain]
 

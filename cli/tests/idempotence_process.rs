@@ -179,6 +179,14 @@ async fn confluent_kafka_idempotent_producer_survives_kill_9_of_its_leader_on_th
         .spawn()
         .unwrap();
     let mut lines = tokio::io::BufReader::new(script.stdout.take().unwrap()).lines();
+    // Drained as it comes so a chatty librdkafka (a reconnect log line for every retry to
+    // the killed leader) cannot block the script on a full pipe.
+    let mut pipe = script.stderr.take().unwrap();
+    let stderr = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut pipe, &mut text).await;
+        text
+    });
     let mut stdout = Vec::new();
     let run = async {
         while let Some(line) = lines.next_line().await.unwrap() {
@@ -187,15 +195,14 @@ async fn confluent_kafka_idempotent_producer_survives_kill_9_of_its_leader_on_th
             }
             stdout.push(line);
         }
-        script.wait_with_output().await.unwrap()
+        script.wait().await.unwrap()
     };
-    let output = tokio::time::timeout(Duration::from_secs(240), run).await.expect("the script finished");
+    let status = tokio::time::timeout(Duration::from_secs(240), run).await.expect("the script finished");
+    let stderr = stderr.await.unwrap();
     assert!(
-        output.status.success() && stdout.iter().any(|l| l == "restart") && stdout.last().is_some_and(|l| l == "ok"),
-        "idempotent confluent-kafka run failed ({}):\n{}\n{}",
-        output.status,
+        status.success() && stdout.iter().any(|l| l == "restart") && stdout.last().is_some_and(|l| l == "ok"),
+        "idempotent confluent-kafka run failed ({status}):\n{}\n{stderr}",
         stdout.join("\n"),
-        String::from_utf8_lossy(&output.stderr)
     );
     assert_ne!(cluster.wait_for_leader("idempotent", 0, Duration::from_secs(30)).await.unwrap(), leader);
 }

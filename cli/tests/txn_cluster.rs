@@ -16,6 +16,7 @@
 //! workspace's `target/venv/bin/python`.
 
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fjord_testkit::Cluster;
@@ -86,6 +87,9 @@ struct Script {
     stdin: tokio::process::ChildStdin,
     lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
     stdout: Vec<String>,
+    /// Drained as it comes: librdkafka logs every failed reconnect to a killed broker on
+    /// stderr, and a full pipe would block its threads and so the whole script.
+    stderr: Arc<Mutex<String>>,
 }
 
 impl Script {
@@ -103,7 +107,22 @@ impl Script {
             .unwrap();
         let stdin = child.stdin.take().unwrap();
         let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        Self { child, stdin, lines, stdout: Vec::new() }
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let sink = Arc::clone(&stderr);
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = pipe.next_line().await {
+                let mut text = sink.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+        Self { child, stdin, lines, stdout: Vec::new(), stderr }
+    }
+
+    /// What the script printed on both outputs so far, for a failure message.
+    fn output(&self) -> String {
+        format!("{}\n---- stderr ----\n{}", self.stdout.join("\n"), self.stderr.lock().unwrap())
     }
 
     /// The next line the script prints; `None` once it closed its output.
@@ -122,14 +141,10 @@ impl Script {
     async fn finish(&mut self) {
         while self.next_line().await.is_some() {}
         let status = self.child.wait().await.unwrap();
-        let mut stderr = String::new();
-        if let Some(mut pipe) = self.child.stderr.take() {
-            tokio::io::AsyncReadExt::read_to_string(&mut pipe, &mut stderr).await.unwrap();
-        }
         assert!(
             status.success() && self.stdout.last().is_some_and(|l| l == "ok"),
-            "confluent-kafka run failed ({status}):\n{}\n{stderr}",
-            self.stdout.join("\n"),
+            "confluent-kafka run failed ({status}):\n{}",
+            self.output(),
         );
         // What the run went through (transactions committed and aborted), for --nocapture.
         eprintln!("{}", self.stdout.join("\n"));
@@ -142,7 +157,7 @@ async fn an_offsets_only_transaction_commits_its_offsets_on_three_brokers() {
     cluster.create_topic("offsets-only", 1, &[], Duration::from_secs(30)).await.unwrap();
     let mut script = Script::spawn(OFFSETS_ONLY, &cluster.bootstrap());
     let finished = tokio::time::timeout(Duration::from_secs(180), script.finish()).await;
-    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.stdout.join("\n"));
+    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.output());
 }
 
 /// Consume-transform-produce: `ctp-in` (one partition, `n` records) to `ctp-out` (three
@@ -151,12 +166,23 @@ async fn an_offsets_only_transaction_commits_its_offsets_on_three_brokers() {
 /// `kill` a quarter of the way and `restart` three quarters of the way (without waiting);
 /// then checks the output read_committed.
 const CTP: &str = r#"
-import os, sys, time
+import faulthandler, os, sys, time
 from confluent_kafka import Producer, Consumer, TopicPartition as TP, KafkaException
 
 bootstrap, n = sys.argv[1], 3000
 # Every retry loop gives up here, saying where, rather than outliving the test's timeout.
 hard_deadline = time.time() + 280
+# A call that blocks past every deadline (one run hung after 'kill' with nothing printed)
+# still says where: the stack goes to stderr, which the test prints.
+faulthandler.dump_traceback_later(300)
+# A failed assertion exits at once: destroying librdkafka handles with a broker down can
+# block the interpreter's exit, and the test would see a hang instead of the message.
+def fail_fast(kind, value, tb):
+    import traceback
+    traceback.print_exception(kind, value, tb)
+    sys.stderr.flush()
+    os._exit(1)
+sys.excepthook = fail_fast
 def check_time(where):
     assert time.time() < hard_deadline, ('stuck in', where)
 
@@ -321,11 +347,11 @@ async fn consume_transform_produce_across_kill_9(victim: Victim) {
                 break;
             }
         }
-        assert!(killed.is_some(), "the script never got ready:\n{}", script.stdout.join("\n"));
+        assert!(killed.is_some(), "the script never got ready:\n{}", script.output());
         script.finish().await;
     };
     let finished = tokio::time::timeout(Duration::from_secs(360), run).await;
-    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.stdout.join("\n"));
+    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.output());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,23 @@ use super::*;
 use crate::{create_all, delete_all};
 
 fn store(dir: &Path) -> EmbeddedStore {
-    EmbeddedStore::open(dir).unwrap()
+    reopen(dir).unwrap()
+}
+
+/// Opens the store a test just dropped. A test running beside it that spawns a process
+/// (a tmpfs mount) can hold a copy of the lock file's descriptor between its fork and
+/// exec, and the lock with it, for some milliseconds on a loaded machine: `InUse` is
+/// retried for a while, any other answer is returned.
+fn reopen(dir: &Path) -> Result<EmbeddedStore> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match EmbeddedStore::open(dir) {
+            Err(Error::InUse { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
 }
 
 #[tokio::test]
@@ -98,7 +114,7 @@ async fn a_damaged_record_in_the_middle_refuses_to_open_and_leaves_the_file_alon
         let mut damaged = full.clone();
         damaged[at] ^= bit;
         std::fs::write(&journal, &damaged).unwrap();
-        match EmbeddedStore::open(dir.path()) {
+        match reopen(dir.path()) {
             Err(e @ Error::CorruptJournal { .. }) => {
                 let Error::CorruptJournal { path, offset, next_valid } = &e else { unreachable!() };
                 assert_eq!((path, *offset, *next_valid), (&journal, offsets[2] as u64, offsets[3] as u64), "byte {at}");
@@ -169,7 +185,7 @@ async fn a_format_1_journal_is_read_then_rewritten_in_format_2() {
     let mut damaged = v1[..whole].to_vec();
     damaged[FRAME_LEN + 3] ^= 1;
     std::fs::write(&journal, &damaged).unwrap();
-    assert!(matches!(EmbeddedStore::open(dir.path()), Err(Error::CorruptJournal { offset: 0, .. })));
+    assert!(matches!(reopen(dir.path()), Err(Error::CorruptJournal { offset: 0, .. })));
 }
 
 #[tokio::test]
@@ -192,7 +208,7 @@ async fn headers_cut_short_stale_rewrites_and_newer_formats() {
     let mut newer = MAGIC.to_vec();
     newer.extend(3u16.to_be_bytes());
     std::fs::write(&journal, &newer).unwrap();
-    let refused = EmbeddedStore::open(dir.path()).unwrap_err();
+    let refused = reopen(dir.path()).unwrap_err();
     assert!(refused.to_string().contains("format version 3"), "{refused}");
 }
 
