@@ -96,8 +96,9 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetDelete, 0, 0),
     (ApiKey::InitProducerId, 0, 4),
     // Transactions (`crate::txn`): the versions before KIP-890's, whose clients expect
-    // the broker to verify partitions itself.
-    (ApiKey::AddPartitionsToTxn, 0, 3),
+    // the broker to verify partitions itself; AddPartitionsToTxn v4-v5 are the brokers'
+    // batched form (with verify_only).
+    (ApiKey::AddPartitionsToTxn, 0, 5),
     (ApiKey::AddOffsetsToTxn, 0, 3),
     (ApiKey::EndTxn, 0, 3),
     (ApiKey::TxnOffsetCommit, 0, 3),

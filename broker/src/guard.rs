@@ -619,6 +619,21 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                 w.int8()?; // include fenced brokers
             }
         }
+        ApiKey::AddPartitionsToTxn if v >= 4 => {
+            // KIP-890's batch: transactions, each with its partitions.
+            w.array(|w| {
+                w.string()?; // transactional id
+                w.int64()?; // producer id
+                w.int16()?; // producer epoch
+                w.int8()?; // verify only
+                w.array(|w| {
+                    w.string()?;
+                    w.array(Walker::int32)?;
+                    w.tagged_fields()
+                })?;
+                w.tagged_fields()
+            })?;
+        }
         ApiKey::AddPartitionsToTxn => {
             w.string()?; // transactional id
             w.int64()?; // producer id

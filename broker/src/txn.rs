@@ -24,6 +24,7 @@
 //!   AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, DescribeTransactions, ListTransactions).
 
 pub(crate) mod state;
+pub(crate) mod verify;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex as SyncMutex};

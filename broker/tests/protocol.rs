@@ -85,7 +85,7 @@ async fn api_versions_lists_what_is_implemented_and_answers_unknown_versions_wit
     assert!(ranges.contains(&(ApiKey::Fetch as i16, 4, 13)));
     assert!(ranges.contains(&(ApiKey::JoinGroup as i16, 0, 9)));
     assert!(ranges.contains(&(ApiKey::InitProducerId as i16, 0, 4)));
-    assert!(ranges.contains(&(ApiKey::AddPartitionsToTxn as i16, 0, 3)));
+    assert!(ranges.contains(&(ApiKey::AddPartitionsToTxn as i16, 0, 5)));
     assert!(ranges.contains(&(ApiKey::EndTxn as i16, 0, 3)));
     assert!(ranges.contains(&(ApiKey::ElectLeaders as i16, 0, 2)));
     assert!(ranges.contains(&(ApiKey::CreateAcls as i16, 1, 3)));

@@ -415,3 +415,171 @@ async fn offset_fetch_require_stable_is_unstable_while_transactional_offsets_are
     assert_eq!(fetch_offset(&mut client, 8, true, 1).await, (0, 3));
     broker.stop().await.unwrap();
 }
+
+const TRANSACTION_ABORTABLE: i16 = 120;
+
+/// Kafka's `Utils.abs(group.hashCode()) % 50`: the group's partition of the offsets topic.
+fn offsets_partition(group: &str) -> i32 {
+    let hash = group.encode_utf16().fold(0i32, |h, unit| h.wrapping_mul(31).wrapping_add(i32::from(unit)));
+    (if hash == i32::MIN { 0 } else { hash.abs() }) % 50
+}
+
+async fn txn_commit(client: &mut RawClient, version: i16, id: &str, group: &str, pid: i64, epoch: i16, offset: i64) -> i16 {
+    let request = TxnOffsetCommitRequest::default()
+        .with_transactional_id(tid(id))
+        .with_group_id(GroupId(s(group)))
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(epoch)
+        .with_topics(vec![TxnOffsetCommitRequestTopic::default().with_name(TopicName(s("out"))).with_partitions(vec![
+            TxnOffsetCommitRequestPartition::default().with_partition_index(0).with_committed_offset(offset),
+        ])]);
+    let r: TxnOffsetCommitResponse = client.call(ApiKey::TxnOffsetCommit, version, &request).await.unwrap();
+    r.topics[0].partitions[0].error_code
+}
+
+/// Group `group`'s offset of `out` 0 asked with require_stable: (error code, offset).
+async fn stable_offset(client: &mut RawClient, group: &str) -> (i16, i64) {
+    let request = OffsetFetchRequest::default().with_require_stable(true).with_groups(vec![
+        offset_fetch_request::OffsetFetchRequestGroup::default().with_group_id(GroupId(s(group))).with_topics(Some(vec![
+            offset_fetch_request::OffsetFetchRequestTopics::default()
+                .with_name(TopicName(s("out")))
+                .with_partition_indexes(vec![0]),
+        ])),
+    ]);
+    let r: OffsetFetchResponse = client.call(ApiKey::OffsetFetch, 8, &request).await.unwrap();
+    let p = &r.groups[0].topics[0].partitions[0];
+    (p.error_code, p.committed_offset)
+}
+
+/// One transaction of a batched AddPartitionsToTxn: id, producer id, epoch, verify_only,
+/// (topic, partitions).
+type Batched<'a> = (&'a str, i64, i16, bool, &'a [(&'a str, &'a [i32])]);
+
+/// AddPartitionsToTxn v4+ (the brokers' batch): each transaction's (topic, partition, code).
+async fn add_batched(client: &mut RawClient, version: i16, transactions: &[Batched<'_>]) -> (i16, Vec<Vec<(String, i32, i16)>>) {
+    use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTransaction;
+    let request = AddPartitionsToTxnRequest::default().with_transactions(
+        transactions
+            .iter()
+            .map(|(id, pid, epoch, verify, topics)| {
+                AddPartitionsToTxnTransaction::default()
+                    .with_transactional_id(tid(id))
+                    .with_producer_id(ProducerId(*pid))
+                    .with_producer_epoch(*epoch)
+                    .with_verify_only(*verify)
+                    .with_topics(
+                        topics
+                            .iter()
+                            .map(|(t, ps)| {
+                                AddPartitionsToTxnTopic::default().with_name(TopicName(s(t))).with_partitions(ps.to_vec())
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    );
+    let r: AddPartitionsToTxnResponse = client.call(ApiKey::AddPartitionsToTxn, version, &request).await.unwrap();
+    let results = r
+        .results_by_transaction
+        .iter()
+        .map(|t| {
+            t.topic_results
+                .iter()
+                .flat_map(|t| {
+                    t.results_by_partition.iter().map(|p| (t.name.to_string(), p.partition_index, p.partition_error_code))
+                })
+                .collect()
+        })
+        .collect();
+    (r.error_code, results)
+}
+
+/// Kafka's checks of a TxnOffsetCommit (KIP-890): offsets for a group the transaction
+/// did not add with AddOffsetsToTxn are INVALID_TXN_STATE and nothing is kept pending
+/// (OffsetFetch with require_stable stays stable, and the commit applies nothing); another
+/// producer id, a stale epoch (INVALID_PRODUCER_EPOCH before v3) and an id never
+/// initialised get Kafka's codes. AddPartitionsToTxn v4/v5, the brokers' batched form:
+/// verify_only answers NONE for what the open transaction holds (partitions, and a group
+/// by its offsets-topic partition) and INVALID_TXN_STATE (v4) or TRANSACTION_ABORTABLE
+/// (v5) for the rest without adding it; without verify_only it adds; an id repeated in a
+/// batch is INVALID_REQUEST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn txn_offset_commit_needs_the_group_in_the_transaction_and_v4_batches_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(dir.path()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
+    assert_eq!(find_coordinator(&mut client, 4, "tx-v").await.coordinators[0].error_code, 0);
+    let r = init(&mut client, 4, "tx-v", 60_000).await;
+    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    assert!(add_partitions(&mut client, 3, "tx-v", pid, epoch, &[("out", &[0])]).await.iter().all(|r| r.2 == 0));
+
+    // The group was never added: refused, for every version, and nothing is pending.
+    for version in 0..=3 {
+        assert_eq!(txn_commit(&mut client, version, "tx-v", "vg", pid, epoch, 7).await, INVALID_TXN_STATE, "v{version}");
+    }
+    assert_eq!(stable_offset(&mut client, "vg").await, (0, -1));
+    assert_eq!(txn_commit(&mut client, 3, "tx-v", "vg", pid + 1000, epoch, 7).await, INVALID_PRODUCER_ID_MAPPING);
+    assert_eq!(txn_commit(&mut client, 3, "tx-v", "vg", pid, epoch + 1, 7).await, PRODUCER_FENCED);
+    assert_eq!(txn_commit(&mut client, 2, "tx-v", "vg", pid, epoch + 1, 7).await, INVALID_PRODUCER_EPOCH);
+    assert_eq!(txn_commit(&mut client, 3, "never", "vg", 1, 0, 7).await, INVALID_PRODUCER_ID_MAPPING);
+
+    // verify_only: out-0 is in the transaction; out-1 and the group are not, and stay out.
+    let group_partition = offsets_partition("vg");
+    let asked: &[(&str, &[i32])] = &[("out", &[0, 1]), ("__consumer_offsets", &[group_partition])];
+    for (version, missing) in [(4, INVALID_TXN_STATE), (5, TRANSACTION_ABORTABLE)] {
+        let (top, results) = add_batched(&mut client, version, &[("tx-v", pid, epoch, true, asked)]).await;
+        assert_eq!(top, 0);
+        assert_eq!(
+            results,
+            vec![vec![("out".into(), 0, 0), ("out".into(), 1, missing), ("__consumer_offsets".into(), group_partition, missing)]],
+            "v{version}"
+        );
+    }
+    assert_eq!(describe(&mut client, &["tx-v"]).await[0].topics[0].partitions, vec![0], "verify_only added a partition");
+    // A stale epoch and an unknown id are verified as Kafka answers them; an id twice is malformed.
+    let (_, results) = add_batched(
+        &mut client,
+        5,
+        &[
+            ("tx-v", pid, epoch + 1, true, &[("out", &[0])]),
+            ("never", 1, 0, true, &[("out", &[0])]),
+            ("tx-v", pid, epoch, true, &[("out", &[0])]),
+        ],
+    )
+    .await;
+    let codes: Vec<i16> = results.iter().map(|t| t[0].2).collect();
+    assert_eq!(codes, vec![PRODUCER_FENCED, INVALID_PRODUCER_ID_MAPPING, INVALID_REQUEST]);
+
+    // The group added: verified, and its offsets are kept pending until the commit.
+    let request = AddOffsetsToTxnRequest::default()
+        .with_transactional_id(tid("tx-v"))
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(epoch)
+        .with_group_id(GroupId(s("vg")));
+    let r: AddOffsetsToTxnResponse = client.call(ApiKey::AddOffsetsToTxn, 3, &request).await.unwrap();
+    assert_eq!(r.error_code, 0);
+    let (_, results) =
+        add_batched(&mut client, 4, &[("tx-v", pid, epoch, true, &[("__consumer_offsets", &[group_partition])])]).await;
+    assert_eq!(results[0][0].2, 0);
+    assert_eq!(txn_commit(&mut client, 3, "tx-v", "vg", pid, epoch, 7).await, 0);
+    assert_eq!(stable_offset(&mut client, "vg").await, (UNSTABLE_OFFSET_COMMIT, -1));
+    // Without verify_only v4 adds, as v3 does.
+    let (_, results) = add_batched(&mut client, 4, &[("tx-v", pid, epoch, false, &[("out", &[1])])]).await;
+    assert_eq!(results, vec![vec![("out".into(), 1, 0)]]);
+    assert_eq!(describe(&mut client, &["tx-v"]).await[0].topics[0].partitions, vec![0, 1]);
+
+    assert_eq!(end_txn(&mut client, 3, "tx-v", pid, epoch, true).await, 0);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut fetched = stable_offset(&mut client, "vg").await;
+    while fetched.0 == UNSTABLE_OFFSET_COMMIT && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        fetched = stable_offset(&mut client, "vg").await;
+    }
+    assert_eq!(fetched, (0, 7));
+    // The transaction is over: its group is no longer in a transaction.
+    let r = txn_commit(&mut client, 3, "tx-v", "vg", pid, epoch, 9).await;
+    assert!(r == INVALID_TXN_STATE || r == CONCURRENT_TRANSACTIONS, "{r}");
+    assert_eq!(stable_offset(&mut client, "vg").await, (0, 7));
+    broker.stop().await.unwrap();
+}

@@ -6,7 +6,9 @@
 //! topic a member subscribes to (GROUP_SUBSCRIBED_TO_TOPIC, since they would only be
 //! committed again, or worse, a member restarting would reset) and loses the others; a
 //! group of another protocol type with members keeps everything (NON_EMPTY_GROUP). A group
-//! left Empty without offsets no longer exists, as after DeleteGroups.
+//! left Empty without offsets no longer exists, as after DeleteGroups. Transactional
+//! offsets of a deleted partition still pending (TxnOffsetCommit before the marker) go
+//! too, as in Kafka's coordinator: the transaction's commit does not bring them back.
 
 use fjord_coord::{paths, MetadataStore};
 use kafka_protocol::error::ResponseError;
@@ -37,6 +39,11 @@ impl GroupCoordinator {
         for ((topic, partition), eligible) in partitions.iter().zip(eligible) {
             if !eligible {
                 codes.push(ResponseError::GroupSubscribedToTopic.code());
+                continue;
+            }
+            if let Err(e) = entry.drop_pending_offset(store, group_id, topic, *partition).await {
+                tracing::warn!(group = group_id, topic, partition, error = %e, "pending transactional offset not dropped");
+                codes.push(ResponseError::CoordinatorNotAvailable.code());
                 continue;
             }
             // The registry first: an offset that stays there would come back with the
@@ -168,6 +175,45 @@ mod tests {
         // The last offsets gone, the group no longer exists.
         assert_eq!(groups.offset_delete("g", &owned(&[("a", 0), ("b", 0)])).await, Ok(vec![0, 0]));
         assert_eq!(groups.offset_delete("g", &owned(&[("a", 0)])).await, Err(ResponseError::GroupIdNotFound));
+    }
+
+    /// Producer 7 commits offset 50 of ("a", 0) and ("a", 1) in a transaction; OffsetDelete
+    /// of ("a", 0) comes before the marker. The commit then applies ("a", 1) only: the
+    /// deleted partition's pending offset went with the delete, here and in the store (a
+    /// coordinator started over it agrees), as Kafka's coordinator drops it.
+    #[tokio::test]
+    async fn offset_delete_drops_pending_transactional_offsets_so_a_later_commit_does_not_restore_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let groups = coordinator(dir.path()).await;
+        let both = [("a", 0), ("a", 1)];
+        commit(&groups, "g", &both).await;
+        let request = TxnOffsetCommitRequest::default()
+            .with_transactional_id(TransactionalId(StrBytes::from_static_str("tx")))
+            .with_group_id(group("g"))
+            .with_producer_id(ProducerId(7))
+            .with_producer_epoch(0)
+            .with_generation_id(-1)
+            .with_topics(vec![txn_offset_commit_request::TxnOffsetCommitRequestTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("a")))
+                .with_partitions(
+                    [0, 1]
+                        .map(|p| {
+                            txn_offset_commit_request::TxnOffsetCommitRequestPartition::default()
+                                .with_partition_index(p)
+                                .with_committed_offset(50)
+                        })
+                        .to_vec(),
+                )]);
+        let ResponseKind::TxnOffsetCommit(r) = groups.txn_offset_commit(request, 3, |_, _| true).await else { panic!() };
+        assert!(r.topics.iter().flat_map(|t| &t.partitions).all(|p| p.error_code == 0), "{r:?}");
+
+        assert_eq!(groups.offset_delete("g", &owned(&[("a", 0)])).await, Ok(vec![0]));
+        assert_eq!(committed(&groups, "g", &both).await, [-1, 10]);
+        // Restarted between the delete and the marker: the store has the same view.
+        drop(groups);
+        let groups = coordinator(dir.path()).await;
+        groups.complete_txn_offsets(7, true).await.unwrap();
+        assert_eq!(committed(&groups, "g", &both).await, [-1, 50], "the deleted partition's pending offset came back");
     }
 
     #[tokio::test]

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::offsets::CommittedOffset;
 use super::registry::{group_id_of, group_node};
-use super::{now_ms, GroupCoordinator, Inner};
+use super::{now_ms, GroupCoordinator, GroupEntry, Inner};
 
 /// Root of the pending transactional offsets in the metadata store.
 const ROOT: &str = "/txn_offsets";
@@ -73,6 +73,11 @@ impl PendingPartitions {
     fn remove(&mut self, producer_id: i64) {
         self.0.remove(&producer_id);
     }
+
+    /// The producers with an offset of the partition pending.
+    fn producers_of(&self, topic: &str, partition: i32) -> Vec<i64> {
+        self.0.iter().filter(|(_, ps)| ps.iter().any(|(t, p)| t == topic && *p == partition)).map(|(id, _)| *id).collect()
+    }
 }
 
 impl Inner {
@@ -93,6 +98,35 @@ impl Inner {
             }
         }
         Ok(found)
+    }
+}
+
+impl GroupEntry {
+    /// Drops every producer's pending offset of the partition (OffsetDelete): as Kafka's
+    /// group coordinator removes pending transactional offsets with the committed one, so
+    /// a transaction committed after the delete does not bring the offset back. The
+    /// transaction itself is untouched; its marker finds less to apply.
+    pub(super) async fn drop_pending_offset(
+        &mut self,
+        store: &dyn MetadataStore,
+        group_id: &str,
+        topic: &str,
+        partition: i32,
+    ) -> fjord_coord::Result<()> {
+        for producer_id in self.pending_txn.producers_of(topic, partition) {
+            let path = pending_path(producer_id, group_id);
+            let Some((mut pending, stat)) = registry::read_json::<Pending>(store, &path).await? else {
+                self.pending_txn.remove(producer_id);
+                continue;
+            };
+            pending.offsets.retain(|o| !(o.topic == topic && o.partition == partition));
+            // Conditional on the version read: a TxnOffsetCommit in between (it holds the
+            // group's lock too, so only another broker's stale view) fails this instead of
+            // being overwritten.
+            store.set(&path, &registry::to_json(&pending), Some(stat.version)).await?;
+            self.pending_txn.set(producer_id, &pending);
+        }
+        Ok(())
     }
 }
 

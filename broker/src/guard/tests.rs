@@ -298,6 +298,19 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
             .with_timeout_ms(30_000)
             .with_validate_only(true)
             .encode(&mut buf, v),
+        ApiKey::AddPartitionsToTxn if v >= 4 => AddPartitionsToTxnRequest::default()
+            .with_transactions(vec![
+                add_partitions_to_txn_request::AddPartitionsToTxnTransaction::default()
+                    .with_transactional_id(TransactionalId(s("tx")))
+                    .with_producer_id(ProducerId(7))
+                    .with_verify_only(true)
+                    .with_topics(vec![add_partitions_to_txn_request::AddPartitionsToTxnTopic::default()
+                        .with_name(name())
+                        .with_partitions(vec![0, 1])]),
+                add_partitions_to_txn_request::AddPartitionsToTxnTransaction::default()
+                    .with_transactional_id(TransactionalId(s("ty"))),
+            ])
+            .encode(&mut buf, v),
         ApiKey::AddPartitionsToTxn => AddPartitionsToTxnRequest::default()
             .with_v3_and_below_transactional_id(TransactionalId(s("tx")))
             .with_v3_and_below_producer_id(ProducerId(7))

@@ -29,6 +29,8 @@ use crate::txn::state::{EndPlan, InitPlan, InitRequest, TxnMetadata, TxnState};
 /// INVALID_PRODUCER_EPOCH, which they also treat as fatal.
 const FENCED_SINCE_INIT: i16 = 4;
 const FENCED_SINCE: i16 = 2;
+/// TxnOffsetCommit knows PRODUCER_FENCED from v3 on.
+const TXN_OFFSET_FENCED_SINCE: i16 = 3;
 
 fn fenced_for(error: ResponseError, version: i16, since: i16) -> ResponseError {
     if error == ResponseError::ProducerFenced && version < since {
@@ -36,6 +38,26 @@ fn fenced_for(error: ResponseError, version: i16, since: i16) -> ResponseError {
     } else {
         error
     }
+}
+
+/// The same code for every partition of `topics`.
+fn answer_all(
+    topics: &[add_partitions_to_txn_request::AddPartitionsToTxnTopic],
+    code: i16,
+) -> Vec<AddPartitionsToTxnTopicResult> {
+    topics
+        .iter()
+        .map(|t| {
+            AddPartitionsToTxnTopicResult::default().with_name(t.name.clone()).with_results_by_partition(
+                t.partitions
+                    .iter()
+                    .map(|&p| {
+                        AddPartitionsToTxnPartitionResult::default().with_partition_index(p).with_partition_error_code(code)
+                    })
+                    .collect(),
+            )
+        })
+        .collect()
 }
 
 fn text(s: &str) -> StrBytes {
@@ -154,22 +176,72 @@ impl Broker {
         respond(Ok(answer))
     }
 
-    /// AddPartitionsToTxn v0-v3: every named partition joins the transaction, or none does.
+    /// AddPartitionsToTxn. v0-v3 (a producer's): every named partition joins the
+    /// transaction, or none does. v4+ (KIP-890, the brokers' own: ClusterAction on the
+    /// cluster, else CLUSTER_AUTHORIZATION_FAILED for the whole request): a batch of
+    /// transactions, each added the same way, or with `verify_only` checked without
+    /// adding anything: NONE for a partition the open transaction holds, else
+    /// TRANSACTION_ABORTABLE (v5) or INVALID_TXN_STATE (v4, which predates that code).
     pub(crate) async fn add_partitions_to_txn(
         &self,
         request: AddPartitionsToTxnRequest,
         version: i16,
         session: &Session,
     ) -> ResponseKind {
-        let id = request.v3_and_below_transactional_id.to_string();
-        let topics = &request.v3_and_below_topics;
+        if version <= 3 {
+            let id = request.v3_and_below_transactional_id.to_string();
+            let producer = (request.v3_and_below_producer_id.0, request.v3_and_below_producer_epoch);
+            let results = self.add_partitions_of(&id, producer, &request.v3_and_below_topics, false, version, session).await;
+            return ResponseKind::AddPartitionsToTxn(
+                AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results),
+            );
+        }
+        if !self.authorize(session, Operation::ClusterAction, Resource::cluster()) {
+            return ResponseKind::AddPartitionsToTxn(
+                AddPartitionsToTxnResponse::default().with_error_code(ResponseError::ClusterAuthorizationFailed.code()),
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut results = Vec::with_capacity(request.transactions.len());
+        for txn in &request.transactions {
+            let id = txn.transactional_id.to_string();
+            let topic_results = if seen.insert(id.clone()) {
+                let producer = (txn.producer_id.0, txn.producer_epoch);
+                self.add_partitions_of(&id, producer, &txn.topics, txn.verify_only, version, session).await
+            } else {
+                // Kafka: one id twice in a batch is a malformed request; the first counts.
+                answer_all(&txn.topics, ResponseError::InvalidRequest.code())
+            };
+            results.push(
+                add_partitions_to_txn_response::AddPartitionsToTxnResult::default()
+                    .with_transactional_id(txn.transactional_id.clone())
+                    .with_topic_results(topic_results),
+            );
+        }
+        ResponseKind::AddPartitionsToTxn(AddPartitionsToTxnResponse::default().with_results_by_transaction(results))
+    }
+
+    /// One transaction's partitions added (or with `verify_only` checked), each with its
+    /// code: a partition refused (authorization, unknown) makes the others
+    /// OPERATION_NOT_ATTEMPTED, as Kafka.
+    async fn add_partitions_of(
+        &self,
+        id: &str,
+        (producer_id, epoch): (i64, i16),
+        topics: &[add_partitions_to_txn_request::AddPartitionsToTxnTopic],
+        verify_only: bool,
+        version: i16,
+        session: &Session,
+    ) -> Vec<AddPartitionsToTxnTopicResult> {
         // Per partition: its own error, or None when it may be added.
         let mut refusals: Vec<Vec<Option<ResponseError>>> = Vec::with_capacity(topics.len());
-        let transact = self.may_transact(session, Operation::Write, &id);
+        let transact = self.may_transact(session, Operation::Write, id);
         for topic in topics {
+            // Verifying a group's offsets names its partition of Kafka's offsets topic.
+            let offsets = verify_only && topic.name.as_str() == crate::txn::GROUP_MARKER_TOPIC;
             let refusal = if !transact {
                 Some(ResponseError::TransactionalIdAuthorizationFailed)
-            } else if !self.authorize(session, Operation::Write, Resource::topic(&topic.name)) {
+            } else if !offsets && !self.authorize(session, Operation::Write, Resource::topic(&topic.name)) {
                 Some(ResponseError::TopicAuthorizationFailed)
             } else {
                 None
@@ -181,26 +253,27 @@ impl Broker {
                     .iter()
                     .map(|&p| match (refusal, &known) {
                         (Some(e), _) => Some(e),
-                        (None, Some(t)) if t.partition_replicas(p).is_some() => None,
+                        (None, _) if offsets && (0..crate::txn::verify::OFFSETS_PARTITIONS).contains(&p) => None,
+                        (None, Some(t)) if !offsets && t.partition_replicas(p).is_some() => None,
                         (None, _) => Some(ResponseError::UnknownTopicOrPartition),
                     })
                     .collect(),
             );
         }
-        let outcome = if refusals.iter().flatten().any(Option::is_some) {
+        let partitions: Vec<(String, i32)> =
+            topics.iter().flat_map(|t| t.partitions.iter().map(|&p| (t.name.to_string(), p))).collect();
+        // Per partition in order: the outcome of the request, when it was attempted.
+        let outcome: Option<Vec<Result<(), ResponseError>>> = if refusals.iter().flatten().any(Option::is_some) {
             // Kafka: the partitions that could have been added are not attempted.
             None
+        } else if verify_only {
+            Some(self.verify_in_txn(id, producer_id, epoch, &partitions, version).await)
         } else {
-            let partitions: Vec<(String, i32)> =
-                topics.iter().flat_map(|t| t.partitions.iter().map(|&p| (t.name.to_string(), p))).collect();
-            Some(
-                self.txn_change(&id, |m, now| {
-                    m.add_partitions(request.v3_and_below_producer_id.0, request.v3_and_below_producer_epoch, &partitions, now)
-                })
-                .await,
-            )
+            let added = self.txn_change(id, |m, now| m.add_partitions(producer_id, epoch, &partitions, now)).await;
+            Some(vec![added; partitions.len()])
         };
-        let results = topics
+        let mut outcome = outcome.map(Vec::into_iter);
+        topics
             .iter()
             .zip(refusals)
             .map(|(topic, refusals)| {
@@ -210,19 +283,56 @@ impl Broker {
                         .iter()
                         .zip(refusals)
                         .map(|(&p, refusal)| {
-                            let code = match (&outcome, refusal) {
+                            let attempted = outcome.as_mut().and_then(Iterator::next);
+                            let code = match (attempted, refusal) {
                                 (_, Some(e)) => e.code(),
                                 (None, None) => ResponseError::OperationNotAttempted.code(),
                                 (Some(Ok(())), None) => 0,
-                                (Some(Err(e)), None) => fenced_for(*e, version, FENCED_SINCE).code(),
+                                (Some(Err(e)), None) => fenced_for(e, version, FENCED_SINCE).code(),
                             };
                             AddPartitionsToTxnPartitionResult::default().with_partition_index(p).with_partition_error_code(code)
                         })
                         .collect(),
                 )
             })
-            .collect();
-        ResponseKind::AddPartitionsToTxn(AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results))
+            .collect()
+    }
+
+    /// verify_only: the id's open transaction holds each partition (NONE), or not.
+    async fn verify_in_txn(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        partitions: &[(String, i32)],
+        version: i16,
+    ) -> Vec<Result<(), ResponseError>> {
+        use crate::txn::state::Held;
+        let all = |e: ResponseError| vec![Err(e); partitions.len()];
+        let (_, slot) = match self.txn_slot(id).await {
+            Ok(found) => found,
+            Err(e) => return all(e),
+        };
+        let current = slot.lock().await;
+        let Some(m) = current.as_ref() else { return all(ResponseError::InvalidProducerIdMapping) };
+        if let Err(e) = m.verify(producer_id, epoch) {
+            return all(e);
+        }
+        let missing = if version >= 5 { ResponseError::TransactionAbortable } else { ResponseError::InvalidTxnState };
+        partitions
+            .iter()
+            .map(|(topic, p)| {
+                let held = match topic.as_str() {
+                    crate::txn::GROUP_MARKER_TOPIC => Held::OffsetsPartition(*p, crate::txn::verify::OFFSETS_PARTITIONS),
+                    topic => Held::Partition(topic, *p),
+                };
+                if m.holds(held) {
+                    Ok(())
+                } else {
+                    Err(missing)
+                }
+            })
+            .collect()
     }
 
     /// AddOffsetsToTxn: the group's offsets commit with the transaction (TxnOffsetCommit
@@ -283,7 +393,7 @@ impl Broker {
     }
 
     /// Applies `change` to the id's state and writes the result (`None`: nothing to write).
-    async fn txn_change(
+    pub(crate) async fn txn_change(
         &self,
         id: &str,
         change: impl FnOnce(&TxnMetadata, i64) -> Result<Option<TxnMetadata>, ResponseError>,
@@ -298,7 +408,8 @@ impl Broker {
     }
 
     /// TxnOffsetCommit (to the group's coordinator): Write on the transactional id, Read on
-    /// the group and on each topic; the group coordinator keeps the offsets pending.
+    /// the group and on each topic; the transaction must hold the group
+    /// (`crate::txn::verify`); the group coordinator keeps the offsets pending.
     pub(crate) async fn txn_offset_commit(
         &self,
         request: &mut TxnOffsetCommitRequest,
@@ -328,6 +439,14 @@ impl Broker {
         };
         if let Some(e) = whole {
             let topics = request.topics.iter().map(|t| answer(t, e.code())).collect();
+            return ResponseKind::TxnOffsetCommit(TxnOffsetCommitResponse::default().with_topics(topics));
+        }
+        // KIP-890: only offsets of a transaction that added the group (AddOffsetsToTxn);
+        // anything else leaves the group untouched.
+        let (id, producer) = (request.transactional_id.as_str(), (request.producer_id.0, request.producer_epoch));
+        if let Err(e) = self.verify_txn_group(id, producer.0, producer.1, request.group_id.as_str()).await {
+            let code = fenced_for(e, version, TXN_OFFSET_FENCED_SINCE).code();
+            let topics = request.topics.iter().map(|t| answer(t, code)).collect();
             return ResponseKind::TxnOffsetCommit(TxnOffsetCommitResponse::default().with_topics(topics));
         }
         let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut request.topics)

@@ -103,6 +103,17 @@ pub(crate) struct TxnMetadata {
     pub(crate) last_update_ms: i64,
 }
 
+/// What a verification asks the open transaction about ([`TxnMetadata::holds`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Held<'a> {
+    /// A partition added with AddPartitionsToTxn.
+    Partition(&'a str, i32),
+    /// A group added with AddOffsetsToTxn.
+    Group(&'a str),
+    /// Any group added whose `__consumer_offsets` partition (of that many) this is.
+    OffsetsPartition(i32, i32),
+}
+
 /// InitProducerId's request, as far as the state machine cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct InitRequest {
@@ -263,6 +274,30 @@ impl TxnMetadata {
         let mut target = self.begin(now_ms);
         target.groups.insert(group.to_owned());
         Ok(Some(target))
+    }
+
+    /// KIP-890's verification of a write (AddPartitionsToTxn v4+ with verify_only, and a
+    /// TxnOffsetCommit): the producer must be the id's current one, at its epoch, and the
+    /// transaction not being ended, as Kafka's coordinator checks; then [`Self::holds`]
+    /// says per partition or group whether the open transaction has it.
+    pub(crate) fn verify(&self, producer_id: i64, epoch: i16) -> Result<(), ResponseError> {
+        self.check_producer(producer_id, epoch)?;
+        if self.state.is_prepared() || self.state == TxnState::PrepareEpochFence {
+            return Err(ResponseError::ConcurrentTransactions);
+        }
+        Ok(())
+    }
+
+    /// Whether the open transaction holds `what`, added before (a partition, or a group's
+    /// offsets by name or, as a broker asks Kafka's coordinator, by its partition of
+    /// `__consumer_offsets`).
+    pub(crate) fn holds(&self, what: Held<'_>) -> bool {
+        self.state == TxnState::Ongoing
+            && match what {
+                Held::Partition(topic, p) => self.partitions.iter().any(|(t, q)| t == topic && *q == p),
+                Held::Group(group) => self.groups.contains(group),
+                Held::OffsetsPartition(p, count) => self.groups.iter().any(|g| super::partition_for(g, count) == p),
+            }
     }
 
     fn check_may_add(&self) -> Result<(), ResponseError> {

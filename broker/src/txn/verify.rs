@@ -1,0 +1,129 @@
+//! The group coordinator's check of a TxnOffsetCommit (KIP-890): the offsets must belong
+//! to a transaction that added the group with AddOffsetsToTxn. Offsets committed
+//! without it would sit pending with no marker ever coming for them (the coordinator
+//! writes markers only to what the transaction holds), or be applied by the marker of an
+//! unrelated transaction of the same producer.
+//!
+//! The transaction coordinator of the id answers: this broker's own state when it is the
+//! coordinator, else an AddPartitionsToTxn v4 with `verify_only` to the coordinator,
+//! naming the group by its partition of Kafka's offsets topic as Kafka's brokers do (so
+//! any group of that partition passes there, as in Kafka).
+
+use std::time::Duration;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::add_partitions_to_txn_request::{AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction};
+use kafka_protocol::messages::{AddPartitionsToTxnRequest, ProducerId, TopicName, TransactionalId};
+use kafka_protocol::protocol::StrBytes;
+
+use super::state::Held;
+use super::{partition_for, GROUP_MARKER_TOPIC};
+use crate::handler::Broker;
+
+/// Partitions of Kafka's offsets topic (`offsets.topic.num.partitions`' default), by
+/// which a group is named in a verification; Fjord keeps offsets elsewhere, so the count
+/// only has to agree between brokers.
+pub(crate) const OFFSETS_PARTITIONS: i32 = 50;
+
+/// The version of the AddPartitionsToTxn a group coordinator sends: the first with
+/// `verify_only` (its "not in the transaction" is INVALID_TXN_STATE).
+const VERIFY_VERSION: i16 = 4;
+
+/// Bound on the coordinator's answer; a coordinator that does not answer is retried by
+/// the client (COORDINATOR_LOAD_IN_PROGRESS, as Kafka maps a failed verification).
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Broker {
+    /// Whether producer `(producer_id, epoch)` of `transactional_id` has an open
+    /// transaction that added `group`'s offsets. Kafka's codes: INVALID_TXN_STATE when it
+    /// did not, INVALID_PRODUCER_ID_MAPPING or PRODUCER_FENCED for another producer or
+    /// epoch, CONCURRENT_TRANSACTIONS while the transaction is being ended.
+    pub(crate) async fn verify_txn_group(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        epoch: i16,
+        group: &str,
+    ) -> Result<(), ResponseError> {
+        match self.txn_slot(transactional_id).await {
+            Ok((_, slot)) => {
+                let current = slot.lock().await;
+                let m = current.as_ref().ok_or(ResponseError::InvalidProducerIdMapping)?;
+                m.verify(producer_id, epoch)?;
+                match m.holds(Held::Group(group)) {
+                    true => Ok(()),
+                    false => Err(ResponseError::InvalidTxnState),
+                }
+            }
+            Err(ResponseError::NotCoordinator) => self.verify_remotely(transactional_id, producer_id, epoch, group).await,
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The same question to the coordinator on another broker.
+    async fn verify_remotely(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        epoch: i16,
+        group: &str,
+    ) -> Result<(), ResponseError> {
+        let (broker, _, _) = self.locate_txn_coordinator(transactional_id, &self.txns.peer.listener)?;
+        if broker == self.config.broker_id {
+            // Leadership moved here between the two looks: the client asks again.
+            return Err(ResponseError::CoordinatorLoadInProgress);
+        }
+        let partition = partition_for(group, OFFSETS_PARTITIONS);
+        let request = AddPartitionsToTxnRequest::default().with_transactions(vec![AddPartitionsToTxnTransaction::default()
+            .with_transactional_id(TransactionalId(StrBytes::from_string(transactional_id.to_owned())))
+            .with_producer_id(ProducerId(producer_id))
+            .with_producer_epoch(epoch)
+            .with_verify_only(true)
+            .with_topics(vec![AddPartitionsToTxnTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str(GROUP_MARKER_TOPIC)))
+                .with_partitions(vec![partition])])]);
+        // The connection markers to that broker use, one request at a time.
+        let connection = {
+            let mut peers = self.txns.peers.lock().expect("invariant: peers lock is never poisoned");
+            peers.entry(broker).or_default().clone()
+        };
+        let mut connection = connection.lock().await;
+        if connection.is_none() {
+            let peer = self.connect_peer(broker, VERIFY_TIMEOUT).await.map_err(|e| {
+                tracing::debug!(broker, error = %e, "cannot reach the transaction coordinator to verify offsets");
+                ResponseError::CoordinatorLoadInProgress
+            })?;
+            *connection = Some(peer);
+        }
+        let peer = connection.as_mut().expect("invariant: connected above");
+        let response = match peer.call(&request, VERIFY_VERSION, VERIFY_TIMEOUT).await {
+            Ok(response) => response,
+            Err(e) => {
+                tracing::debug!(broker, error = %e, "transaction verification not answered");
+                *connection = None;
+                return Err(ResponseError::CoordinatorLoadInProgress);
+            }
+        };
+        drop(connection);
+        if let Some(e) = ResponseError::try_from_code(response.error_code) {
+            return Err(e);
+        }
+        let code = response
+            .results_by_transaction
+            .iter()
+            .flat_map(|t| t.topic_results.iter())
+            .flat_map(|t| t.results_by_partition.iter())
+            .map(|p| p.partition_error_code)
+            .next()
+            // An answer without our partition: treat as not verified.
+            .unwrap_or(ResponseError::InvalidTxnState.code());
+        match ResponseError::try_from_code(code) {
+            None => Ok(()),
+            // The coordinator moved: the client finds it again and retries.
+            Some(ResponseError::NotCoordinator | ResponseError::CoordinatorNotAvailable) => {
+                Err(ResponseError::CoordinatorLoadInProgress)
+            }
+            Some(e) => Err(e),
+        }
+    }
+}
