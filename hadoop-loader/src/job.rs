@@ -1,24 +1,32 @@
 //! One run of a load job: recover what a previous run left, read every matching partition
 //! from its committed offset to the end offset fixed at the start, write hourly Avro
 //! files into the run's tmp directory, then commit (see the crate docs for the protocol).
+//!
+//! # Layout
+//! - this file: the job's settings ([`LoaderConfig`]), what a run reports ([`RunSummary`],
+//!   [`Progress`]), and [`run_once`], which runs the three steps in order;
+//! - `plan`: which partitions a run reads, from where to where (the arithmetic a pure
+//!   function of the committed state and the offsets the brokers report);
+//! - `write`: reading the records and writing them into data and error files in the run
+//!   directory;
+//! - `commit`: the committed state ([`JobState`]), the next state a run commits (a pure
+//!   function), the manifest, the moves into place, recovery of dead runs, `_SUCCESS`
+//!   markers.
 
-use std::collections::{BTreeMap, HashMap};
+mod commit;
+mod plan;
+mod write;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use apache_avro::Schema;
-use base64::Engine;
-use bytes::Bytes;
-use fjord_client::{
-    Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, OffsetReset, OffsetSpec, SeekTo, TopicPartition,
-};
+use fjord_client::{Admin, ClientConfig};
 use fjord_schema_registry::RegistryClient;
-use serde::{Deserialize, Serialize};
 
-use crate::fs::{Destination, FileWriter};
-use crate::layout::{self, HOUR_MS};
-use crate::ocf::{self, Codec, OcfWriter};
+pub use commit::{load_state, JobState};
+
+use crate::ocf::Codec;
 use crate::{Error, Result};
 
 /// Where a run stops reading.
@@ -221,71 +229,6 @@ impl fmt::Display for RunSummary {
     }
 }
 
-/// A committed state: the job's offsets and counts, one file per commit.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct JobState {
-    /// Commit number, 1 for the first.
-    pub seq: u64,
-    /// The run that committed it.
-    pub run_id: String,
-    /// topic → partition → next offset to read.
-    pub offsets: BTreeMap<String, BTreeMap<i32, i64>>,
-    /// topic → partition → largest record timestamp loaded so far.
-    pub max_timestamps: BTreeMap<String, BTreeMap<i32, i64>>,
-    /// topic → `YYYY/MM/DD/HH` → records loaded into that hour, all runs.
-    pub counts: BTreeMap<String, BTreeMap<String, u64>>,
-    /// topic → `YYYY/MM/DD/HH` → records this run loaded into that hour.
-    pub run_counts: BTreeMap<String, BTreeMap<String, u64>>,
-    /// topic → records this run quarantined.
-    pub run_bad_records: BTreeMap<String, u64>,
-    /// topic → the completeness watermark of the previous state (see [`JobState::watermark`]).
-    pub prev_watermarks: BTreeMap<String, i64>,
-}
-
-impl JobState {
-    /// The time before which a topic's hours are complete: the smallest, over the topic's
-    /// partitions that ever had records, of the largest timestamp loaded. Producers' create
-    /// times grow within a partition, so no partition will add to an hour that ended
-    /// before it. A partition that never had a record does not hold hours back.
-    pub fn watermark(&self, topic: &str) -> Option<i64> {
-        self.max_timestamps.get(topic).and_then(|m| m.values().min().copied())
-    }
-
-    /// Hours whose `_SUCCESS` marker this state asks for and earlier states did not: hours
-    /// that became complete since the previous state, and complete hours this run added to.
-    pub fn new_complete_hours(&self) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        for (topic, hours) in &self.counts {
-            let Some(wm) = self.watermark(topic) else { continue };
-            let prev = self.prev_watermarks.get(topic).copied();
-            let touched = self.run_counts.get(topic);
-            for hour in hours.keys() {
-                let Some(start) = layout::parse_hour_path(hour) else { continue };
-                let end = start + HOUR_MS;
-                let newly = prev.is_none_or(|p| end > p) || touched.is_some_and(|t| t.contains_key(hour));
-                if end <= wm && newly {
-                    out.push((topic.clone(), hour.clone()));
-                }
-            }
-        }
-        out
-    }
-}
-
-/// The run's point of no return: what to move and the state to install.
-#[derive(Debug, Serialize, Deserialize)]
-struct Manifest {
-    run_id: String,
-    prev_seq: u64,
-    /// (path in the run dir, final path), both relative to the destination root.
-    moves: Vec<(String, String)>,
-}
-
-const MANIFEST: &str = "_MANIFEST.json";
-const STATE_IN_RUN: &str = "offsets.json";
-/// Committed states kept besides the newest (older ones are deleted after a commit).
-const STATES_KEPT: u64 = 20;
-
 fn crash(config: &LoaderConfig, step: Step) -> Result<()> {
     match &config.crash_hook {
         Some(hook) if hook(&step) => Err(Error::InjectedCrash(step)),
@@ -311,12 +254,12 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
     let mut summary = RunSummary { job: config.job.clone(), run_id: run_id.clone(), ..RunSummary::default() };
 
     // 1. Finish or roll back what dead runs left, then read the committed state.
-    let (rolled_back, rolled_forward) = recover(&dest, config).await?;
+    let (rolled_back, rolled_forward) = commit::recover(&dest, config).await?;
     summary.rolled_back = rolled_back;
     summary.rolled_forward = rolled_forward;
     let state = load_state(&dest, &config.job).await?;
     // Markers of the newest state may be missing if its run died right after committing.
-    summary.markers += write_markers(&dest, &state).await?;
+    summary.markers += commit::write_markers(&dest, &state).await?;
 
     // 2. The partitions and where each read starts and ends.
     let client = ClientConfig {
@@ -325,133 +268,15 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
         ..ClientConfig::new(&config.bootstrap)
     };
     let admin = Admin::connect(client.clone()).await?;
-    let mut topics: Vec<_> =
-        admin.list_topics().await?.into_iter().filter(|t| !t.is_internal && pattern.is_match(&t.name)).collect();
-    topics.sort_by(|a, b| a.name.cmp(&b.name));
-    let tps: Vec<(String, i32)> =
-        topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.clone(), p.partition))).collect();
-    let ask = |spec: OffsetSpec| tps.iter().map(|(t, p)| (t.clone(), *p, spec)).collect::<Vec<_>>();
-    let earliest = admin.list_offsets(&ask(OffsetSpec::Earliest)).await?;
-    let mut ends = admin.list_offsets(&ask(OffsetSpec::Latest)).await?;
-    if let Until::Timestamp(ts) = config.until {
-        let at = admin.list_offsets(&ask(OffsetSpec::Timestamp(ts))).await?;
-        for (end, at) in ends.iter_mut().zip(at) {
-            *end = (*end).min(at);
-        }
-    }
-    let mut parts: Vec<PartitionRun> = Vec::new();
-    for (i, (topic, partition)) in tps.iter().enumerate() {
-        let committed = state.offsets.get(topic).and_then(|m| m.get(partition)).copied();
-        let mut start = committed.unwrap_or(earliest[i]);
-        if start < earliest[i] {
-            tracing::warn!(
-                topic,
-                partition,
-                committed = start,
-                log_start = earliest[i],
-                "records before the log start were deleted by retention before they were loaded"
-            );
-            start = earliest[i];
-        }
-        if start > ends[i] && config.until == Until::Latest {
-            return Err(Error::Inconsistent(format!(
-                "{topic}-{partition}: committed offset {start} is beyond the log end {} (topic recreated?)",
-                ends[i]
-            )));
-        }
-        parts.push(PartitionRun::new(topic, *partition, start, ends[i]));
-    }
+    let partitions = plan::partitions(&admin, &pattern).await?;
+    let (earliest, ends) = plan::bounds(&admin, &partitions, config.until).await?;
+    let mut parts = plan::plan(&partitions, &earliest, &ends, &state, config.until)?;
 
     // 3. Read and write.
-    let run_dir = format!("{}/{run_id}", layout::tmp_dir(&config.job));
-    let mut writer = RunWriter {
-        dest: &dest,
-        config,
-        run_dir: run_dir.clone(),
-        registry: registry.as_ref(),
-        schemas: HashMap::new(),
-        refused: HashMap::new(),
-        moves: Vec::new(),
-        next_file: 0,
-        bytes_out: 0,
-        scratch: Vec::new(),
-    };
+    let run_dir = format!("{}/{run_id}", crate::layout::tmp_dir(&config.job));
+    let mut writer = write::RunWriter::new(&dest, config, run_dir.clone(), registry.as_ref());
     let mut audit_pending = config.audit.as_ref().map(|a| a.pending());
-    let mut remaining: Vec<usize> = (0..parts.len()).filter(|&i| parts[i].next < parts[i].end).collect();
-    progress.start(remaining.len(), remaining.iter().map(|&i| (parts[i].end - parts[i].next) as u64).sum());
-    summary.partitions = remaining.len();
-    if !remaining.is_empty() {
-        let mut consumer = Consumer::connect(ConsumerConfig {
-            client,
-            auto_offset_reset: OffsetReset::Earliest,
-            fetch_max_wait: Duration::from_millis(100),
-            // A bulk reader: large fetches, and room for a producer's whole batch (1 MB in
-            // librdkafka) per partition.
-            max_partition_fetch_bytes: 8 * 1024 * 1024,
-            fetch_max_bytes: 64 * 1024 * 1024,
-            ..ConsumerConfig::default()
-        })
-        .await?;
-        assign(&mut consumer, &parts, &remaining).await?;
-        let index: HashMap<(String, i32), usize> =
-            parts.iter().enumerate().map(|(i, p)| ((p.topic.clone(), p.partition), i)).collect();
-        let mut taken = 0u64;
-        while !remaining.is_empty() {
-            // recv, not poll(timeout): a poll timing out in the middle of decoding a fetch
-            // response drops it, and with large responses that repeats (fjord-client issue).
-            // The idle bound here ends the run, so dropping state on it is harmless.
-            let record = match tokio::time::timeout(config.idle_timeout, consumer.recv()).await {
-                Ok(record) => record?,
-                Err(_) => {
-                    let p = &parts[remaining[0]];
-                    return Err(Error::Stalled {
-                        topic: p.topic.clone(),
-                        partition: p.partition,
-                        offset: p.next,
-                        end: p.end,
-                        idle: config.idle_timeout,
-                    });
-                }
-            };
-            let Some(&i) = index.get(&(record.topic.to_string(), record.partition)) else { continue };
-            let part = &mut parts[i];
-            if record.offset < part.next || record.offset >= part.end {
-                continue;
-            }
-            taken += 1;
-            let bytes = record.key.as_ref().map_or(0, |k| k.len() as u64) + record.value.as_ref().map_or(0, |v| v.len() as u64);
-            let bad_before = part.bad_records;
-            writer.take(part, &record).await?;
-            if part.bad_records == bad_before {
-                if let Some(pending) = audit_pending.as_mut() {
-                    pending.record_consumed(&record);
-                }
-            }
-            crash(config, Step::Read(taken))?;
-            summary.bytes_in += bytes;
-            progress.advance(1, bytes);
-            let capped = config.max_records.is_some_and(|max| taken >= max);
-            if capped {
-                // Cap reached: every partition ends where it is now.
-                for p in parts.iter_mut() {
-                    p.end = p.end.min(p.next);
-                }
-            }
-            if parts[i].next < parts[i].end && !capped {
-                continue;
-            }
-            for &j in &remaining {
-                if parts[j].next >= parts[j].end {
-                    writer.finish_partition(&mut parts[j]).await?;
-                    progress.partition_done();
-                }
-            }
-            // Finished partitions stay assigned (their records are skipped above): a new
-            // assignment can take in a response to an old fetch that ran ahead of the
-            // position, which would skip records (fjord-client: the seek epoch restarts).
-            remaining.retain(|&j| parts[j].next < parts[j].end);
-        }
-    }
+    write::read_and_write(config, client, &mut parts, &mut writer, audit_pending.as_mut(), progress, &mut summary).await?;
     crash(config, Step::FilesWritten)?;
     summary.files = writer.moves.len();
     summary.bytes_out = writer.bytes_out;
@@ -465,38 +290,8 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
     }
 
     // 4. Commit: state and manifest into the run dir, then the moves, then the state.
-    let mut next = state.clone();
-    next.seq = state.seq + 1;
-    next.run_id = run_id.clone();
-    next.run_counts.clear();
-    next.run_bad_records.clear();
-    next.prev_watermarks = state.counts.keys().filter_map(|t| state.watermark(t).map(|w| (t.clone(), w))).collect();
-    for p in &parts {
-        if p.records + p.bad_records == 0 {
-            continue;
-        }
-        next.offsets.entry(p.topic.clone()).or_default().insert(p.partition, p.next);
-        if let Some(ts) = p.max_timestamp {
-            let m = next.max_timestamps.entry(p.topic.clone()).or_default().entry(p.partition).or_insert(ts);
-            *m = (*m).max(ts);
-        }
-        for (hour, n) in &p.counts {
-            *next.counts.entry(p.topic.clone()).or_default().entry(hour.clone()).or_default() += n;
-            *next.run_counts.entry(p.topic.clone()).or_default().entry(hour.clone()).or_default() += n;
-        }
-        if p.bad_records > 0 {
-            *next.run_bad_records.entry(p.topic.clone()).or_default() += p.bad_records;
-        }
-    }
-    let state_json = serde_json::to_vec_pretty(&next).expect("invariant: state serializes");
-    write_whole(&dest, &format!("{run_dir}/{STATE_IN_RUN}"), state_json).await?;
-    let manifest = Manifest { run_id: run_id.clone(), prev_seq: state.seq, moves: std::mem::take(&mut writer.moves) };
-    let manifest_json = serde_json::to_vec_pretty(&manifest).expect("invariant: manifest serializes");
-    let part = format!("{run_dir}/{MANIFEST}.part");
-    write_whole(&dest, &part, manifest_json).await?;
-    dest.fs.rename(&dest.path(&part), &dest.path(&format!("{run_dir}/{MANIFEST}"))).await?;
-    crash(config, Step::ManifestWritten)?;
-    complete(&dest, config, &run_dir, &manifest, next.seq, false).await?;
+    let next = commit::next_state(&state, &run_id, &parts);
+    commit::commit(&dest, config, &run_dir, &state, &next, std::mem::take(&mut writer.moves)).await?;
     summary.committed_seq = Some(next.seq);
     if let (Some(audit), Some(pending)) = (&config.audit, audit_pending.take()) {
         // Counted only now that the data is committed; a failed publish keeps the counts
@@ -504,8 +299,8 @@ pub async fn run_once(config: &LoaderConfig, progress: &dyn Progress) -> Result<
         audit.commit(pending);
         publish_audit(audit, config).await;
     }
-    summary.markers += write_markers(&dest, &next).await?;
-    prune_states(&dest, &config.job, next.seq).await?;
+    summary.markers += commit::write_markers(&dest, &next).await?;
+    commit::prune_states(&dest, &config.job, next.seq).await?;
     summary.elapsed = started.elapsed();
     Ok(summary)
 }
@@ -527,395 +322,9 @@ async fn publish_audit(audit: &fjord_audit::AuditCounter, config: &LoaderConfig)
     producer.close().await;
 }
 
-/// Assigns the partitions with records to read, each at its start offset.
-async fn assign(consumer: &mut Consumer, parts: &[PartitionRun], which: &[usize]) -> Result<()> {
-    consumer.assign(which.iter().map(|&i| TopicPartition::new(parts[i].topic.as_str(), parts[i].partition))).await?;
-    for &i in which {
-        consumer.seek(&TopicPartition::new(parts[i].topic.as_str(), parts[i].partition), SeekTo::Offset(parts[i].next))?;
-    }
-    Ok(())
-}
-
-async fn write_whole(dest: &Destination, rel: &str, data: Vec<u8>) -> Result<()> {
-    let mut w = dest.fs.create(&dest.path(rel)).await?;
-    w.write(Bytes::from(data)).await?;
-    w.close().await
-}
-
-fn parent(rel: &str) -> &str {
-    rel.rsplit_once('/').map_or("", |(p, _)| p)
-}
-
-/// Moves the manifest's files into place, installs the state (the commit) and deletes the
-/// run directory. Each step is skipped when already done, so a run that died anywhere in
-/// here is finished by calling this again.
-async fn complete(
-    dest: &Destination,
-    config: &LoaderConfig,
-    run_dir: &str,
-    manifest: &Manifest,
-    seq: u64,
-    recovery: bool,
-) -> Result<()> {
-    for (index, (from, to)) in manifest.moves.iter().enumerate() {
-        let (from_abs, to_abs) = (dest.path(from), dest.path(to));
-        if dest.fs.exists(&from_abs).await? {
-            dest.fs.mkdirs(&dest.path(parent(to))).await?;
-            dest.fs.rename(&from_abs, &to_abs).await?;
-        } else if !dest.fs.exists(&to_abs).await? {
-            return Err(Error::Inconsistent(format!(
-                "{from} of run {} is neither in its run directory nor at {to}",
-                manifest.run_id
-            )));
-        }
-        crash(config, Step::Moved { index, recovery })?;
-    }
-    let state_rel = layout::state_file(&config.job, seq);
-    if !dest.fs.exists(&dest.path(&state_rel)).await? {
-        dest.fs.mkdirs(&dest.path(&layout::offsets_dir(&config.job))).await?;
-        dest.fs.rename(&dest.path(&format!("{run_dir}/{STATE_IN_RUN}")), &dest.path(&state_rel)).await?;
-    }
-    crash(config, Step::StateInstalled)?;
-    dest.fs.delete(&dest.path(run_dir), true).await?;
-    Ok(())
-}
-
-/// Deals with the run directories of dead runs: without a manifest a run committed
-/// nothing and none of its files are visible, so it is deleted; with one, it is finished.
-/// Returns (rolled back, rolled forward).
-async fn recover(dest: &Destination, config: &LoaderConfig) -> Result<(usize, usize)> {
-    let tmp = layout::tmp_dir(&config.job);
-    let runs = match dest.fs.list(&dest.path(&tmp)).await {
-        Ok(runs) => runs,
-        Err(Error::NotFound(_)) => return Ok((0, 0)),
-        Err(e) => return Err(e),
-    };
-    let (mut back, mut forward) = (0, 0);
-    for run in runs.iter().filter(|e| e.is_dir) {
-        let run_dir = format!("{tmp}/{}", run.name);
-        let manifest_path = dest.path(&format!("{run_dir}/{MANIFEST}"));
-        if !dest.fs.exists(&manifest_path).await? {
-            tracing::info!(run = %run.name, job = %config.job, "rolling back a run that died before its manifest");
-            dest.fs.delete(&dest.path(&run_dir), true).await?;
-            back += 1;
-            continue;
-        }
-        let manifest: Manifest = serde_json::from_slice(&dest.fs.read(&manifest_path).await?)
-            .map_err(|source| Error::CorruptState { path: manifest_path.clone(), source })?;
-        let seq = manifest.prev_seq + 1;
-        let latest = latest_seq(dest, &config.job).await?;
-        if latest >= seq {
-            // Committed already: only the cleanup was missing.
-            dest.fs.delete(&dest.path(&run_dir), true).await?;
-            continue;
-        }
-        if latest != manifest.prev_seq {
-            return Err(Error::Inconsistent(format!(
-                "run {} was based on state {} but the newest state is {latest}",
-                manifest.run_id, manifest.prev_seq
-            )));
-        }
-        tracing::info!(run = %run.name, job = %config.job, moves = manifest.moves.len(), "completing a run that died after its manifest");
-        complete(dest, config, &run_dir, &manifest, seq, true).await?;
-        forward += 1;
-    }
-    Ok((back, forward))
-}
-
-async fn state_seqs(dest: &Destination, job: &str) -> Result<Vec<u64>> {
-    match dest.fs.list(&dest.path(&layout::offsets_dir(job))).await {
-        Ok(entries) => Ok(entries.iter().filter_map(|e| e.name.strip_suffix(".json")?.parse().ok()).collect()),
-        Err(Error::NotFound(_)) => Ok(Vec::new()),
-        Err(e) => Err(e),
-    }
-}
-
-async fn latest_seq(dest: &Destination, job: &str) -> Result<u64> {
-    Ok(state_seqs(dest, job).await?.into_iter().max().unwrap_or(0))
-}
-
-/// The newest committed state of `job` in `dest` (an empty state before the first commit).
-pub async fn load_state(dest: &Destination, job: &str) -> Result<JobState> {
-    let seq = latest_seq(dest, job).await?;
-    if seq == 0 {
-        return Ok(JobState::default());
-    }
-    let path = dest.path(&layout::state_file(job, seq));
-    serde_json::from_slice(&dest.fs.read(&path).await?).map_err(|source| Error::CorruptState { path, source })
-}
-
-async fn prune_states(dest: &Destination, job: &str, newest: u64) -> Result<()> {
-    for seq in state_seqs(dest, job).await? {
-        if seq + STATES_KEPT < newest {
-            dest.fs.delete(&dest.path(&layout::state_file(job, seq)), false).await?;
-        }
-    }
-    Ok(())
-}
-
-/// Writes the `_SUCCESS` markers `state` asks for that are missing; returns how many.
-async fn write_markers(dest: &Destination, state: &JobState) -> Result<usize> {
-    let mut written = 0;
-    for (topic, hour) in state.new_complete_hours() {
-        let path = dest.path(&format!("{}/_SUCCESS", layout::hour_dir(&topic, &hour)));
-        if !dest.fs.exists(&path).await? {
-            match dest.fs.create(&path).await {
-                Ok(w) => w.close().await?,
-                Err(Error::AlreadyExists(_)) => continue,
-                Err(e) => return Err(e),
-            }
-            written += 1;
-        }
-    }
-    Ok(written)
-}
-
-/// What a data file holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Envelope,
-    Registered(i32),
-}
-
-struct OpenFile {
-    ocf: OcfWriter,
-    kind: Kind,
-    hour: i64,
-    first: i64,
-    last: i64,
-    tmp: String,
-}
-
-struct ErrorFile {
-    out: Box<dyn FileWriter>,
-    first: i64,
-    last: i64,
-    tmp: String,
-}
-
-/// One partition's progress in a run.
-struct PartitionRun {
-    topic: String,
-    partition: i32,
-    next: i64,
-    end: i64,
-    records: u64,
-    bad_records: u64,
-    max_timestamp: Option<i64>,
-    counts: BTreeMap<String, u64>,
-    file: Option<OpenFile>,
-    errors: Option<ErrorFile>,
-}
-
-impl PartitionRun {
-    fn new(topic: &str, partition: i32, next: i64, end: i64) -> Self {
-        Self {
-            topic: topic.to_string(),
-            partition,
-            next,
-            end,
-            records: 0,
-            bad_records: 0,
-            max_timestamp: None,
-            counts: BTreeMap::new(),
-            file: None,
-            errors: None,
-        }
-    }
-}
-
-/// Turns records into files in the run directory and remembers where they go.
-struct RunWriter<'a> {
-    dest: &'a Destination,
-    config: &'a LoaderConfig,
-    run_dir: String,
-    registry: Option<&'a RegistryClient>,
-    /// Schema id → (schema, its JSON for file headers).
-    schemas: HashMap<i32, (Arc<Schema>, String)>,
-    /// Schema ids the registry has but this loader refuses, with the reason.
-    refused: HashMap<i32, String>,
-    moves: Vec<(String, String)>,
-    next_file: u64,
-    bytes_out: u64,
-    scratch: Vec<u8>,
-}
-
-/// Why a record is bad (it goes to the errors directory).
-struct Bad(String);
-
-impl RunWriter<'_> {
-    fn tmp_name(&mut self, ext: &str) -> String {
-        self.next_file += 1;
-        format!("{}/files/{:08}.{ext}", self.run_dir, self.next_file)
-    }
-
-    /// The kind of file a record goes into and its datum in `self.scratch`.
-    async fn encode(&mut self, part: &PartitionRun, r: &ConsumerRecord) -> Result<Result<Kind, Bad>> {
-        self.scratch.clear();
-        let framed = r
-            .value
-            .as_deref()
-            .filter(|v| v.len() >= fjord_schema_registry::framing::HEADER_LEN && v[0] == fjord_schema_registry::framing::MAGIC);
-        let (Some(registry), Some(value)) = (self.registry, framed) else {
-            ocf::encode_envelope(
-                &mut self.scratch,
-                part.partition,
-                r.offset,
-                r.timestamp,
-                r.key.as_deref(),
-                r.value.as_deref(),
-                &r.headers,
-            );
-            return Ok(Ok(Kind::Envelope));
-        };
-        let (id, datum) = fjord_schema_registry::framing::unframe(value).map_err(|e| Error::Registry(Box::new(e)))?;
-        if let Some(reason) = self.refused.get(&id) {
-            return Ok(Err(Bad(reason.clone())));
-        }
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.schemas.entry(id) {
-            use fjord_schema_registry::Error as E;
-            let schema = match registry.schema(id).await {
-                Ok(s) => s,
-                Err(E::UnknownId(_)) => return Ok(Err(Bad(format!("schema id {id} is not registered")))),
-                // A schema the registry holds but this loader will not decode with (one
-                // beyond the limits, registered before they were enforced): every record
-                // naming it is bad, and the run goes on. Remembered, so it is fetched once.
-                Err(e @ (E::SchemaLimit { .. } | E::InvalidSchema(_) | E::UnsupportedSchema(_))) => {
-                    let reason = format!("schema id {id} is refused: {e}");
-                    self.refused.insert(id, reason.clone());
-                    return Ok(Err(Bad(reason)));
-                }
-                Err(e) => return Err(Error::Registry(Box::new(e))),
-            };
-            let json =
-                serde_json::to_string(&*schema).map_err(|source| Error::CorruptState { path: format!("schema {id}"), source })?;
-            slot.insert((schema, json));
-        }
-        let schema = &self.schemas[&id].0;
-        // Bounded: every length, size and count is checked against the bytes left before
-        // anything is allocated (a `fixed` of 2^62 once aborted every run here).
-        match fjord_schema_registry::datum::decode(schema, None, datum, id, registry.datum_limits()) {
-            Ok(_) => {}
-            Err(fjord_schema_registry::Error::TrailingBytes { len, .. }) => {
-                return Ok(Err(Bad(format!("{len} bytes left after the datum of schema {id}"))))
-            }
-            Err(e) => return Ok(Err(Bad(format!("does not decode with schema {id}: {e}")))),
-        }
-        self.scratch.extend_from_slice(datum);
-        Ok(Ok(Kind::Registered(id)))
-    }
-
-    async fn take(&mut self, part: &mut PartitionRun, r: &ConsumerRecord) -> Result<()> {
-        part.next = r.offset + 1;
-        match self.encode(part, r).await? {
-            Ok(kind) => {
-                let hour = layout::hour_of(r.timestamp);
-                let roll = part.file.as_ref().is_some_and(|f| {
-                    f.kind != kind || f.hour != hour || f.ocf.written + f.ocf.pending() >= self.config.max_file_bytes
-                });
-                if roll {
-                    self.close_file(part).await?;
-                }
-                if part.file.is_none() {
-                    part.file = Some(self.open_file(part, kind, hour, r.offset).await?);
-                }
-                let file = part.file.as_mut().expect("invariant: opened above");
-                file.ocf.append(&self.scratch).await?;
-                file.last = r.offset;
-                part.records += 1;
-                *part.counts.entry(layout::hour_path(r.timestamp)).or_default() += 1;
-                part.max_timestamp = Some(part.max_timestamp.map_or(r.timestamp, |m| m.max(r.timestamp)));
-            }
-            Err(Bad(reason)) => {
-                if self.config.on_bad_record == BadRecordPolicy::Fail {
-                    return Err(Error::BadRecord {
-                        topic: part.topic.clone(),
-                        partition: part.partition,
-                        offset: r.offset,
-                        reason,
-                    });
-                }
-                self.quarantine(part, r, reason).await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn open_file(&mut self, part: &PartitionRun, kind: Kind, hour: i64, first: i64) -> Result<OpenFile> {
-        let tmp = self.tmp_name("avro");
-        let schema_json = match kind {
-            Kind::Envelope => ocf::ENVELOPE_SCHEMA,
-            Kind::Registered(id) => self.schemas[&id].1.as_str(),
-        };
-        let mut meta = vec![("fjord.topic", part.topic.clone()), ("fjord.partition", part.partition.to_string())];
-        if let Kind::Registered(id) = kind {
-            meta.push(("fjord.schema.id", id.to_string()));
-        }
-        let out = self.dest.fs.create(&self.dest.path(&tmp)).await?;
-        let ocf = OcfWriter::start(out, &tmp, schema_json, self.config.codec, &meta).await?;
-        Ok(OpenFile { ocf, kind, hour, first, last: first, tmp })
-    }
-
-    async fn close_file(&mut self, part: &mut PartitionRun) -> Result<()> {
-        if let Some(f) = part.file.take() {
-            self.bytes_out += f.ocf.finish().await?;
-            let dir = layout::hour_dir(&part.topic, &layout::hour_path(f.hour));
-            self.moves.push((f.tmp, format!("{dir}/{}", layout::data_file_name(&part.topic, part.partition, f.first, f.last))));
-        }
-        Ok(())
-    }
-
-    async fn quarantine(&mut self, part: &mut PartitionRun, r: &ConsumerRecord, reason: String) -> Result<()> {
-        if part.errors.is_none() {
-            let tmp = self.tmp_name("jsonl");
-            let out = self.dest.fs.create(&self.dest.path(&tmp)).await?;
-            part.errors = Some(ErrorFile { out, first: r.offset, last: r.offset, tmp });
-        }
-        let b64 = |b: &Option<Bytes>| b.as_ref().map(|b| base64::engine::general_purpose::STANDARD.encode(b));
-        let line = serde_json::json!({
-            "topic": part.topic, "partition": part.partition, "offset": r.offset, "timestamp": r.timestamp,
-            "reason": reason, "key": b64(&r.key), "value": b64(&r.value),
-        });
-        let mut bytes = serde_json::to_vec(&line).expect("invariant: JSON values serialize");
-        bytes.push(b'\n');
-        self.bytes_out += bytes.len() as u64;
-        let errors = part.errors.as_mut().expect("invariant: opened above");
-        errors.last = r.offset;
-        errors.out.write(Bytes::from(bytes)).await?;
-        part.bad_records += 1;
-        Ok(())
-    }
-
-    async fn finish_partition(&mut self, part: &mut PartitionRun) -> Result<()> {
-        self.close_file(part).await?;
-        if let Some(e) = part.errors.take() {
-            e.out.close().await?;
-            self.moves.push((e.tmp, layout::error_file(&self.config.job, &part.topic, part.partition, e.first, e.last)));
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn complete_hours_follow_the_slowest_partition() {
-        let h = |n: i64| layout::hour_path(n * HOUR_MS);
-        let mut s = JobState::default();
-        s.counts.insert("t".into(), [(h(0), 5), (h(1), 5), (h(2), 5)].into_iter().collect());
-        // Partition 1 has only reached the middle of hour 1.
-        s.max_timestamps.insert("t".into(), [(0, 3 * HOUR_MS), (1, HOUR_MS + HOUR_MS / 2)].into_iter().collect());
-        assert_eq!(s.watermark("t"), Some(HOUR_MS + HOUR_MS / 2));
-        assert_eq!(s.new_complete_hours(), vec![("t".to_string(), h(0))]);
-        // Hour 0 was complete before and this run did not touch it: nothing new.
-        s.prev_watermarks.insert("t".into(), HOUR_MS);
-        assert!(s.new_complete_hours().is_empty());
-        // A late record for hour 0 in this run asks for its marker again.
-        s.run_counts.insert("t".into(), [(h(0), 1)].into_iter().collect());
-        assert_eq!(s.new_complete_hours(), vec![("t".to_string(), h(0))]);
-    }
 
     #[test]
     fn job_names() {

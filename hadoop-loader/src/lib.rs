@@ -14,7 +14,9 @@
 //! - [`layout`]: where things go in the destination, UTC hour arithmetic, file names.
 //! - [`ocf`]: an Avro Object Container File writer (null, deflate, snappy) and the generic
 //!   envelope schema for records that carry no registered schema.
-//! - [`job`]: [`LoaderConfig`], [`run_once`], the commit protocol and recovery.
+//! - [`job`]: [`LoaderConfig`], [`run_once`]; its steps in `job/plan.rs` (which partitions,
+//!   from where to where), `job/write.rs` (records into files) and `job/commit.rs` (the
+//!   commit protocol and recovery).
 //!
 //! # Destination layout
 //! ```text
