@@ -1,15 +1,16 @@
-//! gzip vs plain NDJSON through one gateway, side by side in one run: starts a broker and
-//! a gateway in this process on loopback, then posts the same clickstream-like events
-//! (about 200 bytes of JSON each, in batches) first plain, then gzip-compressed
-//! (`Content-Encoding: gzip`, compressed by the client before timing starts), then plain
-//! again, and prints events/s and bytes on the wire (request bodies) for each. Then plain
-//! again, each request with its own `Idempotency-Key`, against plain without: the key's
-//! cost (a claim and an answer appended to the key topic per request).
+//! gzip vs plain NDJSON, and a key vs none, through one gateway, side by side in one run:
+//! starts a broker and a gateway in this process on loopback, then posts the same
+//! clickstream-like events (about 200 bytes of JSON each, in batches) in rounds that
+//! alternate plain, gzip-compressed (`Content-Encoding: gzip`, compressed by the client
+//! before timing starts) and plain with an `Idempotency-Key` per request (the key's cost:
+//! a claim and an answer appended to the key topic per request), and prints events/s and
+//! bytes on the wire (request bodies) for each round, then the median of each kind.
 //!
 //! ```text
-//! cargo run --release -p fjord-gateway --example compression_bench -- 200000 500 4
+//! cargo run --release -p fjord-gateway --example compression_bench -- 200000 500 4 3
 //! ```
-//! (arguments: events per round, events per request, concurrent clients)
+//! (arguments: events per round, events per request, concurrent clients, rounds of each
+//! kind)
 
 use std::io::Write;
 use std::sync::Arc;
@@ -79,8 +80,8 @@ async fn round(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().context("numeric arguments")).collect::<Result<_, _>>()?;
-    let (events, per_request, concurrency) =
-        (args.first().copied().unwrap_or(200_000), args.get(1).copied().unwrap_or(500), args.get(2).copied().unwrap_or(4));
+    let arg = |i: usize, default: usize| args.get(i).copied().unwrap_or(default);
+    let (events, per_request, concurrency, repeats) = (arg(0, 200_000), arg(1, 500), arg(2, 4), arg(3, 3).max(1));
     let dir = tempfile::tempdir()?;
     let shutdown = CancellationToken::new();
     let broker_listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -105,21 +106,34 @@ async fn main() -> anyhow::Result<()> {
     // Warm-up: topic creation and connections are not part of either figure.
     round(&url, Arc::new(plain[..1].to_vec()), false, None, 1, per_request).await?;
     round(&url, Arc::new(plain[..1].to_vec()), false, Some("warm"), 1, per_request).await?;
-    let rounds = [
-        ("plain", &plain, false, None),
-        ("gzip", &gzipped, true, None),
-        ("plain", &plain, false, None),
-        ("gzip", &gzipped, true, None),
-        ("plain", &plain, false, None),
-        ("plain+key", &plain, false, Some("k1")),
-        ("plain", &plain, false, None),
-        ("plain+key", &plain, false, Some("k2")),
-    ];
-    for (name, bodies, gz, key) in rounds {
-        let (eps, wire) = round(&url, bodies.clone(), gz, key, concurrency, per_request).await?;
+    // Each kind once per repeat, in turn, so drift in the machine's load hits all alike.
+    let kinds = [("plain", &plain, false), ("gzip", &gzipped, true), ("plain+key", &plain, false)];
+    let mut results: Vec<(&str, Vec<f64>, usize)> = kinds.iter().map(|(name, _, _)| (*name, Vec::new(), 0)).collect();
+    for repeat in 0..repeats {
+        for (i, (name, bodies, gz)) in kinds.iter().enumerate() {
+            let key = (*name == "plain+key").then(|| format!("r{repeat}"));
+            let (eps, wire) = round(&url, (*bodies).clone(), *gz, key.as_deref(), concurrency, per_request).await?;
+            println!(
+                "{{\"body\":\"{name}\",\"round\":{repeat},\"events\":{events},\"batch\":{per_request},\"concurrency\":{concurrency},\"events_per_s\":{eps:.0},\"wire_bytes\":{wire},\"bytes_per_event\":{:.1}}}",
+                wire as f64 / events as f64
+            );
+            results[i].1.push(eps);
+            results[i].2 = wire;
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let plain_median = median(&results[0].1);
+    for (name, eps, wire) in &results {
+        let m = median(eps);
         println!(
-            "{{\"body\":\"{name}\",\"events\":{events},\"batch\":{per_request},\"concurrency\":{concurrency},\"events_per_s\":{eps:.0},\"wire_bytes\":{wire},\"bytes_per_event\":{:.1}}}",
-            wire as f64 / events as f64
+            "{{\"median\":\"{name}\",\"rounds\":{},\"events_per_s\":{m:.0},\"vs_plain\":{:.3},\"wire_bytes\":{wire},\"bytes_per_event\":{:.1}}}",
+            eps.len(),
+            m / plain_median,
+            *wire as f64 / events as f64
         );
     }
     shutdown.cancel();

@@ -13,7 +13,7 @@
 //! Every rule is decided from the records alone (their `at_ms`, not the reader's clock),
 //! so all followers build the same map.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,6 +42,9 @@ const MAX_KEY_LEN: usize = 255;
 const IN_FLIGHT_RECHECK: Duration = Duration::from_millis(500);
 /// Pause after a failed poll of the key topic before trying again.
 const FOLLOW_BACKOFF: Duration = Duration::from_millis(200);
+/// Most records of our own kept for the follower to pass (see `Keys::own`): past it, a
+/// claim waits for the follower as if the records were another gateway's.
+const MAX_OWN: usize = 65_536;
 
 /// Checks a caller's key: 1..=255 visible ASCII characters.
 pub(crate) fn check_key(key: &str) -> Result<()> {
@@ -122,11 +125,17 @@ struct Keys {
     /// under the same lock as the map, so a claim can be judged against exactly the
     /// records before it.
     next: i64,
+    /// Records this store appended at `next` or beyond, by offset: what the follower will
+    /// read there, known from the append's acknowledgement. A claim whose gap to the
+    /// follower holds only these is decided without waiting for the follower to fetch
+    /// them (a fetch round trip or two on every keyed request when one gateway serves
+    /// several at once).
+    own: BTreeMap<i64, (Bytes, KeyRecord)>,
 }
 
 impl Default for Keys {
     fn default() -> Self {
-        Self { map: HashMap::new(), next: -1 }
+        Self { map: HashMap::new(), next: -1, own: BTreeMap::new() }
     }
 }
 
@@ -139,6 +148,39 @@ impl Keys {
             None => true,
             Some(e) => at_ms >= e.expires_ms || (e.answer.is_none() && at_ms >= e.since_ms.saturating_add(lease_ms)),
         }
+    }
+
+    /// Moves the applied position to `next` (never back), forgetting our own records
+    /// below it: the map holds their effect now.
+    fn advance(&mut self, next: i64) {
+        self.next = self.next.max(next);
+        if self.own.first_key_value().is_some_and(|(o, _)| *o < self.next) {
+            self.own = self.own.split_off(&self.next);
+        }
+    }
+
+    /// Whether claim `claim` of `key`, at `offset` and written at `at_ms`, is the first
+    /// live claim in the log, when that can be told now (`None`: not yet). It can once the
+    /// follower has applied every record before `offset` (the map is then the state the
+    /// claim meets), or when every record from the follower's position up to `offset` is
+    /// one of our own: a record changes only its own key's entry, so the key's state at
+    /// `offset` is its entry in the map with our records of that key applied in order,
+    /// exactly what every follower will compute.
+    fn decide(&self, key: &Bytes, claim: &str, offset: i64, at_ms: i64, lease_ms: i64) -> Option<bool> {
+        if self.next > offset {
+            return Some(self.map.get(key).is_some_and(|e| e.claim == claim));
+        }
+        if self.next < 0 || self.own.range(self.next..offset).count() as i64 != offset - self.next {
+            return None;
+        }
+        let mut one = Keys::default();
+        if let Some(e) = self.map.get(key) {
+            one.map.insert(key.clone(), e.clone());
+        }
+        for (k, r) in self.own.range(self.next..offset).map(|(_, kr)| kr).filter(|(k, _)| k == key) {
+            one.apply(k.clone(), r.clone(), lease_ms);
+        }
+        Some(one.claim_wins(key, at_ms, lease_ms))
     }
 
     /// Applies one record; the same rules on every gateway.
@@ -282,21 +324,17 @@ impl KeyStore {
     }
 
     /// Whether our claim `claim` of `key`, appended at `offset` and written at `at_ms`,
-    /// is the first live claim in the log. Decided as soon as the follower has applied
-    /// every record before `offset`: then the map is the state our claim meets, and the
-    /// rule every follower will apply to it gives the answer without waiting for the
-    /// follower to read the claim back (a fetch round trip on every keyed request).
+    /// is the first live claim in the log: decided as soon as every record before it is
+    /// known (see [`Keys::decide`]), without waiting for the follower to read the claim
+    /// back (a fetch round trip on every keyed request).
     async fn claim_won(&self, key: &Bytes, claim: &str, offset: i64, at_ms: i64) -> Result<bool> {
         let deadline = Instant::now() + self.timeout;
         let mut rx = self.shared.applied.subscribe();
         loop {
             {
                 let keys = self.shared.keys.lock().unwrap_or_else(|e| e.into_inner());
-                if keys.next > offset {
-                    return Ok(keys.map.get(key).is_some_and(|e| e.claim == claim));
-                }
-                if keys.next == offset {
-                    return Ok(keys.claim_wins(key, at_ms, self.lease.as_millis() as i64));
+                if let Some(won) = keys.decide(key, claim, offset, at_ms, self.lease.as_millis() as i64) {
+                    return Ok(won);
                 }
             }
             if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
@@ -312,7 +350,16 @@ impl KeyStore {
             self.producer.send(r).await?.await
         };
         match tokio::time::timeout(self.timeout, send).await {
-            Ok(Ok(m)) => Ok(m.offset),
+            Ok(Ok(m)) => {
+                let mut keys = self.shared.keys.lock().unwrap_or_else(|e| e.into_inner());
+                if m.offset >= keys.next && keys.next >= 0 && keys.own.len() < MAX_OWN {
+                    keys.own.insert(m.offset, (key.clone(), record.clone()));
+                    drop(keys);
+                    // Wakes claims waiting on a gap this record fills.
+                    self.shared.applied.send_modify(|_| {});
+                }
+                Ok(m.offset)
+            }
             Ok(Err(e)) => Err(e.into()),
             Err(_) => Err(Error::Unavailable(format!("the idempotency key topic did not acknowledge within {:?}", self.timeout))),
         }
@@ -467,7 +514,7 @@ async fn follow(mut consumer: Consumer, shared: Arc<Shared>, lease_ms: i64, wind
                     let mut keys = shared.keys.lock().unwrap_or_else(|e| e.into_inner());
                     for r in records {
                         next = Some(r.offset + 1);
-                        keys.next = keys.next.max(r.offset + 1);
+                        keys.advance(r.offset + 1);
                         let (Some(key), Some(value)) = (r.key, r.value) else { continue };
                         match serde_json::from_slice::<KeyRecord>(&value) {
                             Ok(record) => keys.apply(key, record, lease_ms),
@@ -489,7 +536,7 @@ async fn follow(mut consumer: Consumer, shared: Arc<Shared>, lease_ms: i64, wind
                 if let Some(p) = position {
                     {
                         let mut keys = shared.keys.lock().unwrap_or_else(|e| e.into_inner());
-                        keys.next = keys.next.max(p);
+                        keys.advance(p);
                     }
                     shared.applied.send_if_modified(|cur| {
                         let changed = p > *cur;
@@ -544,5 +591,29 @@ mod tests {
         assert!(!keys.map.contains_key(&k));
         assert!(check_key("").is_err() && check_key("a b").is_err() && check_key(&"x".repeat(256)).is_err());
         check_key("7f0c3c1e-8d3a-4b8e-9f61-1a2b3c4d5e6f").unwrap();
+    }
+
+    #[test]
+    fn a_claim_is_decided_from_our_own_records_only_when_they_fill_the_gap() {
+        let (k, other) = (Bytes::from_static(b"\0k"), Bytes::from_static(b"\0o"));
+        let mut keys = Keys::default();
+        keys.advance(10);
+        // Offsets 10 and 11 are ours (another key, then an earlier claim of k); our claim "b" is at 12.
+        keys.own.insert(10, (other.clone(), rec(State::Pending, "x", 5)));
+        keys.own.insert(11, (k.clone(), rec(State::Pending, "a", 5)));
+        assert_eq!(keys.decide(&k, "b", 12, 6, 100), Some(false), "our own earlier live claim of the key wins");
+        assert_eq!(keys.decide(&other, "y", 12, 6, 100), Some(false));
+        let fresh = Bytes::from_static(b"\0f");
+        assert_eq!(keys.decide(&fresh, "c", 12, 6, 100), Some(true), "records of other keys do not matter");
+        // A gap (offset 12 unknown: another gateway's record) leaves claim 13 undecided.
+        assert_eq!(keys.decide(&fresh, "c", 13, 6, 100), None);
+        // The follower applies 10..=12 (12 being another gateway's claim of `fresh`).
+        keys.apply(other.clone(), rec(State::Pending, "x", 5), 100);
+        keys.apply(k.clone(), rec(State::Pending, "a", 5), 100);
+        keys.apply(fresh.clone(), rec(State::Pending, "z", 5), 100);
+        keys.advance(13);
+        assert!(keys.own.is_empty(), "records the follower passed are forgotten");
+        assert_eq!(keys.decide(&fresh, "c", 13, 6, 100), Some(false), "decided from the map once applied");
+        assert_eq!(keys.decide(&fresh, "z", 12, 6, 100), Some(true), "an applied claim is read from the map");
     }
 }
