@@ -6,6 +6,9 @@
 //! requests are batched together into large produce requests. Fetches go through a small
 //! pool of [`Consumer`]s, one per partition being read, each seeked to the asked offset:
 //! the HTTP/gRPC pull stays stateless for the caller, who carries the offset.
+//!
+//! Atomic publishes go through one transactional producer per gateway (see
+//! [`Backend::publish_atomic`]), one transaction at a time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -119,6 +122,11 @@ pub trait Backend: Send + Sync + 'static {
     /// every explicit partition before sending any event, so a request naming a missing
     /// one fails whole, with nothing produced.
     async fn publish(&self, topic: &str, events: Vec<Event>, acks: Acks) -> Result<Vec<Result<Delivered>>>;
+    /// Publishes `events` to `topic` in one transaction (acks=all): once this returns `Ok`
+    /// every event is visible to read_committed consumers, and on an error none of them
+    /// ever is ([`Error::Aborted`], or an error raised before anything was sent), except
+    /// an [`Error::Unavailable`] that says the commit's outcome is unknown.
+    async fn publish_atomic(&self, topic: &str, events: Vec<Event>) -> Result<Vec<Delivered>>;
     /// One stateless pull.
     async fn fetch(&self, query: FetchQuery) -> Result<Fetched>;
     /// Names of the topics, sorted.
@@ -141,6 +149,11 @@ pub struct KafkaBackend {
     producers: [OnceCell<Producer>; 3],
     admin: OnceCell<Admin>,
     consumers: Mutex<HashMap<(String, i32), SharedConsumer>>,
+    /// The transactional producer of atomic publishes; its lock makes them take turns (a
+    /// producer has one open transaction at most). `None` until the first one, and again
+    /// after a transaction could not be ended cleanly: the next one initializes the
+    /// transactional id anew, which aborts whatever the last one left open.
+    atomic: Mutex<Option<Producer>>,
 }
 
 /// A pooled fetch consumer; its lock serializes the fetches of one partition.
@@ -149,7 +162,13 @@ type SharedConsumer = Arc<Mutex<Consumer>>;
 impl KafkaBackend {
     /// A backend for the cluster at `config.bootstrap`; connects lazily.
     pub fn new(config: GatewayConfig) -> Self {
-        Self { config, producers: Default::default(), admin: OnceCell::new(), consumers: Mutex::new(HashMap::new()) }
+        Self {
+            config,
+            producers: Default::default(),
+            admin: OnceCell::new(),
+            consumers: Mutex::new(HashMap::new()),
+            atomic: Mutex::new(None),
+        }
     }
 
     fn client_config(&self) -> ClientConfig {
@@ -212,10 +231,35 @@ impl KafkaBackend {
 }
 
 /// Runs `f` with the bound on broker waits: past it the answer is 503, never a hang.
-async fn bounded<T>(limit: Duration, what: &str, f: impl std::future::Future<Output = fjord_client::Result<T>>) -> Result<T> {
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    what: &str,
+    f: impl std::future::Future<Output = fjord_client::Result<T>>,
+) -> Result<T> {
     match tokio::time::timeout(limit, f).await {
         Ok(r) => r.map_err(Error::from),
         Err(_) => Err(Error::Unavailable(format!("{what} took longer than {limit:?}"))),
+    }
+}
+
+/// Checks the topic (auto-creating it where the broker does) and every explicit
+/// partition before the first send, so a bad request produces nothing.
+pub(crate) async fn check_partitions(limit: Duration, producer: &Producer, topic: &str, events: &[Event]) -> Result<()> {
+    let partitions = bounded(limit, "fetching metadata", producer.partition_count(topic)).await?;
+    match events.iter().filter_map(|e| e.partition).find(|p| !(0..partitions).contains(p)) {
+        Some(partition) => Err(Error::UnknownPartition { topic: topic.to_string(), partition }),
+        None => Ok(()),
+    }
+}
+
+pub(crate) fn record(topic: &str, e: Event) -> ProducerRecord {
+    ProducerRecord {
+        topic: topic.to_string(),
+        partition: e.partition,
+        key: e.key,
+        value: e.value,
+        headers: e.headers,
+        timestamp: e.timestamp_ms,
     }
 }
 
@@ -223,25 +267,12 @@ async fn bounded<T>(limit: Duration, what: &str, f: impl std::future::Future<Out
 impl Backend for KafkaBackend {
     async fn publish(&self, topic: &str, events: Vec<Event>, acks: Acks) -> Result<Vec<Result<Delivered>>> {
         let producer = self.producer(acks).await?;
-        // Check the topic (auto-creating it where the broker does) and the partitions
-        // before the first send, so a bad request produces nothing.
-        let partitions = bounded(self.config.broker_timeout, "fetching metadata", producer.partition_count(topic)).await?;
-        if let Some(partition) = events.iter().filter_map(|e| e.partition).find(|p| !(0..partitions).contains(p)) {
-            return Err(Error::UnknownPartition { topic: topic.to_string(), partition });
-        }
+        check_partitions(self.config.broker_timeout, producer, topic, &events).await?;
         // One bound for queueing and acknowledgement together (a timer per event would
         // cost more than the send).
         let send_all = async {
             // One send for the request: the producer appends the run under one lock.
-            let records = events.into_iter().map(|e| ProducerRecord {
-                topic: topic.to_string(),
-                partition: e.partition,
-                key: e.key,
-                value: e.value,
-                headers: e.headers,
-                timestamp: e.timestamp_ms,
-            });
-            let futures = producer.send_many(records).await?;
+            let futures = producer.send_many(events.into_iter().map(|e| record(topic, e))).await?;
             // Awaited in order rather than with `join_all`: the events share a few batches,
             // and `join_all` would register a waker per event on each batch (profiled: the
             // gRPC stream spent ~20% of its time there); in order, one waits and the rest
@@ -260,6 +291,10 @@ impl Backend for KafkaBackend {
             .into_iter()
             .map(|r| r.map(|m| Delivered { partition: m.partition, offset: m.offset }).map_err(Error::from))
             .collect())
+    }
+
+    async fn publish_atomic(&self, topic: &str, events: Vec<Event>) -> Result<Vec<Delivered>> {
+        crate::atomic::publish(&self.config, &self.atomic, topic, events).await
     }
 
     async fn fetch(&self, query: FetchQuery) -> Result<Fetched> {

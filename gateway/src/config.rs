@@ -52,6 +52,10 @@ pub struct GatewayConfig {
     /// How long an `Idempotency-Key` holds: a repeat within it gets the first answer and
     /// writes nothing. Also the retention of the key topic.
     pub idempotency_window: Duration,
+    /// `transactional.id` of the producer behind atomic publishes; `None` =
+    /// `fjord-gateway-<host name>`. Keep it per gateway and stable across its restarts:
+    /// a restart then fences the previous process and aborts what it left open.
+    pub transactional_id: Option<String>,
     /// Requests/s and bytes/s per client (principal, or IP address when anonymous);
     /// off by default.
     pub client_limits: ClientLimits,
@@ -218,6 +222,7 @@ impl Default for GatewayConfig {
             dead_letter_topic: None,
             cors: CorsConfig::default(),
             idempotency_window: Duration::from_secs(24 * 60 * 60),
+            transactional_id: None,
             client_limits: ClientLimits::default(),
             security: HttpSecurityConfig::default(),
             client_security: SecurityConfig::default(),
@@ -240,7 +245,7 @@ impl GatewayConfig {
     /// `super.users`, `allow.everyone.if.no.acl.found`) and the brokers' connection
     /// (`client.` + a Kafka client security key), the registry's
     /// (`schema.registry.ssl.ca.location`, `schema.registry.basic.auth.user.info`); and the gateway's own
-    /// `idempotency.window.ms`, `limits.requests.per.sec`, `limits.bytes.per.sec`,
+    /// `idempotency.window.ms`, `transactional.id`, `limits.requests.per.sec`, `limits.bytes.per.sec`,
     /// `limits.burst.ms` and `limits.max.clients`. An unknown key is an error.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         let bad = |reason: String| Error::Config(format!("{key}: {reason}"));
@@ -248,6 +253,7 @@ impl GatewayConfig {
         let too_large = |_| bad("too large".into());
         match key {
             "idempotency.window.ms" => self.idempotency_window = Duration::from_millis(number()?),
+            "transactional.id" => self.transactional_id = Some(value.trim().to_string()),
             "limits.requests.per.sec" => self.client_limits.requests_per_sec = u32::try_from(number()?).map_err(too_large)?,
             "limits.bytes.per.sec" => self.client_limits.bytes_per_sec = number()?,
             "limits.burst.ms" => self.client_limits.burst = Duration::from_millis(number()?),
@@ -323,6 +329,9 @@ impl GatewayConfig {
         if self.client_limits.burst.as_millis() == 0 || self.client_limits.max_clients == 0 {
             return bad("client_limits: burst and max_clients must be positive".into());
         }
+        if self.transactional_id.as_deref().is_some_and(|id| id.is_empty() || id.len() > 249) {
+            return bad("transactional_id must be 1-249 characters".into());
+        }
         if self.broker_timeout.is_zero() {
             return bad("broker_timeout must be positive".into());
         }
@@ -331,6 +340,11 @@ impl GatewayConfig {
             return bad(format!("max_fetch_bytes = {} is out of range", self.max_fetch_bytes));
         }
         Ok(())
+    }
+
+    /// The transactional id of atomic publishes (see `atomic`).
+    pub(crate) fn resolved_transactional_id(&self) -> String {
+        self.transactional_id.clone().unwrap_or_else(|| format!("fjord-gateway-{}", self.resolved_host_name()))
     }
 
     /// The `fjord.host` value: the configured name or this machine's hostname.
@@ -354,6 +368,13 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("bootstrap"));
         assert!(!GatewayConfig::default().resolved_host_name().is_empty());
         assert_eq!(GatewayConfig { host_name: Some("h1".into()), ..GatewayConfig::default() }.resolved_host_name(), "h1");
+        let c = GatewayConfig { host_name: Some("h1".into()), ..GatewayConfig::default() };
+        assert_eq!(c.resolved_transactional_id(), "fjord-gateway-h1");
+        let mut c = GatewayConfig::default();
+        c.set("transactional.id", "gw-7").unwrap();
+        assert_eq!(c.resolved_transactional_id(), "gw-7");
+        c.set("transactional.id", "").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("transactional_id"));
     }
 
     #[test]

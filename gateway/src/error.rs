@@ -124,6 +124,11 @@ pub enum Error {
     /// The brokers did not answer within the bounded wait.
     #[error("broker unavailable: {0}")]
     Unavailable(String),
+    /// An atomic publish failed and its transaction was aborted: none of the request's
+    /// events is or will be visible to read_committed consumers. Status, code and record
+    /// index are the cause's.
+    #[error("atomic publish aborted, none of its events will be visible to read_committed consumers: {0}")]
+    Aborted(Box<Error>),
     /// The broker or the client library failed in a way not listed above.
     #[error("broker: {0}")]
     Broker(#[source] fjord_client::Error),
@@ -169,6 +174,7 @@ impl Error {
     /// The HTTP status of this failure.
     pub fn http_status(&self) -> u16 {
         match self {
+            Error::Aborted(cause) => cause.http_status(),
             Error::BadRequest { .. } => 400,
             Error::Unprocessable { .. } | Error::AvroMismatch { .. } => 422,
             Error::UnknownSchema(_) | Error::UnknownTopic(_) | Error::UnknownPartition { .. } => 404,
@@ -198,6 +204,7 @@ impl Error {
     /// 42203 Avro mismatch, 42901 a client over its rate limit; 42900 is the full buffer).
     pub fn error_code(&self) -> u32 {
         let detail = match self {
+            Error::Aborted(cause) => return cause.error_code(),
             Error::UnknownTopic(_) => 1,
             Error::UnknownPartition { .. } => 2,
             Error::UnknownSchema(_) => 3,
@@ -216,6 +223,7 @@ impl Error {
         match self {
             Error::BadRequest { index, .. } | Error::Unprocessable { index, .. } => *index,
             Error::AvroMismatch { index, .. } => Some(*index),
+            Error::Aborted(cause) => cause.record_index(),
             _ => None,
         }
     }
@@ -296,6 +304,13 @@ mod tests {
             (Error::Unavailable("down".into()), 503, 50300, tonic::Code::Unavailable),
             (Error::Unauthenticated { reason: "r".into(), challenge: "c".into() }, 401, 40100, tonic::Code::Unauthenticated),
             (Error::Forbidden("f".into()), 403, 40300, tonic::Code::PermissionDenied),
+            (Error::Aborted(Box::new(Error::Unavailable("down".into()))), 503, 50300, tonic::Code::Unavailable),
+            (
+                Error::Aborted(Box::new(Error::Unprocessable { index: Some(2), reason: "r".into() })),
+                422,
+                42202,
+                tonic::Code::InvalidArgument,
+            ),
         ];
         for (e, status, code, grpc) in cases {
             assert_eq!((e.http_status(), e.error_code(), e.grpc_code()), (status, code, grpc), "{e}");

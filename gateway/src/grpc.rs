@@ -97,22 +97,33 @@ async fn publish(g: &Gateway, api: &'static str, caller: &Caller, mut request: P
         g.limiter.admit(&client)?;
         authorize(g, caller, Operation::Write, &request.topic)?;
         let acks = acks(request.acks)?;
+        let atomic = request.atomic;
+        if atomic && acks != Acks::All {
+            return Err(Error::BadRequest { index: None, reason: "atomic needs ACKS_ALL (or unspecified)".into() });
+        }
         if request.events.is_empty() {
             return Err(Error::BadRequest { index: None, reason: "the batch holds no events".into() });
         }
         let events = events(&mut request);
         let bytes = events.iter().map(Event::encoded_size).sum::<usize>();
         g.limiter.charge(&client, bytes);
+        let topic = &request.topic;
+        let publish = |events| async move {
+            match atomic {
+                true => g.publish_atomic(topic, events).await,
+                false => all_delivered(g.publish(topic, events, acks).await?),
+            }
+        };
         if request.idempotency_key.is_empty() {
-            return Ok((all_delivered(g.publish(&request.topic, events, acks).await?)?, bytes));
+            return Ok((publish(events).await?, bytes));
         }
         idempotency::check_key(&request.idempotency_key)?;
-        let hash = request_hash(&request.topic, request.acks, &events);
+        let hash = request_hash(&request.topic, request.acks, atomic, &events);
         let keys = g.key_store().await?;
         let scope = caller.key_scope();
         let run = keys.run(&scope, &request.idempotency_key, &hash, |gate| async {
             gate.open().await?;
-            let delivered = all_delivered(g.publish(&request.topic, events, acks).await?)?;
+            let delivered = publish(events).await?;
             let answer = delivered.iter().map(|d| serde_json::json!([d.partition, d.offset])).collect();
             Ok((serde_json::Value::Array(answer), delivered))
         });
@@ -130,10 +141,15 @@ async fn publish(g: &Gateway, api: &'static str, caller: &Caller, mut request: P
     result.map(|(d, _)| d)
 }
 
-/// What makes two keyed batches the same request: topic, acks and the events as sent.
-fn request_hash(topic: &str, acks: i32, events: &[Event]) -> String {
+/// What makes two keyed batches the same request: topic, acks, atomic and the events as
+/// sent.
+fn request_hash(topic: &str, acks: i32, atomic: bool, events: &[Event]) -> String {
     let mut h = RequestHash::new();
     h.part(b"grpc").part(topic.as_bytes()).part(&acks.to_be_bytes());
+    if atomic {
+        // Only when set, so keys stored before the flag existed keep their hash.
+        h.part(b"atomic");
+    }
     let opt = |b: &Option<bytes::Bytes>| b.as_ref().map_or(vec![0], |b| [&[1u8][..], b].concat());
     for e in events {
         h.part(&opt(&e.key)).part(&opt(&e.value));

@@ -42,6 +42,7 @@ pub mod backend;
 pub mod config;
 mod error;
 
+mod atomic;
 mod avro;
 mod grpc;
 mod http;

@@ -25,6 +25,11 @@ pub(crate) fn document() -> Value {
     let partition = path_param("partition", "integer", "Partition number.");
     let acks =
         query_param("acks", "string", "0, 1 or all (default all): how many replicas must have the events before the answer.");
+    let atomic = query_param(
+        "atomic",
+        "boolean",
+        "true: all events in one transaction, every one visible to read_committed consumers or none (needs acks=all).",
+    );
     let produce_errors = json!({
         "400": error_response("Malformed JSON or request; record_index names the record."),
         "404": error_response("Unknown topic (auto-create off), partition or schema id."),
@@ -67,14 +72,14 @@ pub(crate) fn document() -> Value {
                 },
                 "post": {
                     "summary": "Kafka REST Proxy v2 produce; records are spread by key (murmur2) or their own partition.",
-                    "parameters": [topic, acks, idempotency_key],
+                    "parameters": [topic, acks, atomic, idempotency_key],
                     "requestBody": v2_body,
                     "responses": v2_responses,
                 },
             },
             "/topics/{topic}/partitions/{partition}": { "post": {
                 "summary": "Kafka REST Proxy v2 produce into one partition.",
-                "parameters": [topic, partition, acks, idempotency_key],
+                "parameters": [topic, partition, acks, atomic, idempotency_key],
                 "requestBody": v2_body,
                 "responses": v2_responses,
             } },
@@ -86,6 +91,7 @@ pub(crate) fn document() -> Value {
                     query_param("key", "string", "Field (dotted path) whose value is the event key."),
                     query_param("schema_id", "integer", "Encode each line as Avro with this registry schema (Confluent framing)."),
                     query_param("partition", "integer", "Put every event in this partition."),
+                    atomic,
                     idempotency_key,
                 ],
                 "requestBody": { "required": true, "content": { "application/x-ndjson": { "schema": { "type": "string" } } } },
@@ -93,7 +99,7 @@ pub(crate) fn document() -> Value {
             } },
             "/v1/beacon/{topic}": { "post": {
                 "summary": "navigator.sendBeacon: an NDJSON body sent as text/plain, the options of /v1/events; 204 on success.",
-                "parameters": [topic, acks, query_param("key", "string", "Field (dotted path) whose value is the event key."), idempotency_key],
+                "parameters": [topic, acks, query_param("key", "string", "Field (dotted path) whose value is the event key."), atomic, idempotency_key],
                 "requestBody": { "required": true, "content": { "text/plain": { "schema": { "type": "string" } } } },
                 "responses": {
                     "204": { "description": "Every event produced." },

@@ -130,7 +130,18 @@ impl Gateway {
     /// waits for the acknowledgements. The request is refused whole (nothing produced)
     /// when an event is too large, the topic or a partition is unknown, or the budget is
     /// short.
-    pub(crate) async fn publish(&self, topic: &str, mut events: Vec<Event>, acks: Acks) -> Result<Vec<Result<Delivered>>> {
+    pub(crate) async fn publish(&self, topic: &str, events: Vec<Event>, acks: Acks) -> Result<Vec<Result<Delivered>>> {
+        self.publish_as(topic, events, Some(acks)).await
+    }
+
+    /// [`Self::publish`] in one transaction: all events visible to read_committed
+    /// consumers, or none (see [`Backend::publish_atomic`]).
+    pub(crate) async fn publish_atomic(&self, topic: &str, events: Vec<Event>) -> Result<Vec<Delivered>> {
+        self.publish_as(topic, events, None).await?.into_iter().collect()
+    }
+
+    /// Publishes with `acks`, or atomically (`None`).
+    async fn publish_as(&self, topic: &str, mut events: Vec<Event>, acks: Option<Acks>) -> Result<Vec<Result<Delivered>>> {
         check_topic_name(topic)?;
         let now = now_ms();
         let mut total = 0usize;
@@ -161,12 +172,19 @@ impl Gateway {
             capacity: self.config.buffer_bytes,
             retry_after: self.config.retry_after,
         })?;
-        let Some(audit) = &self.audit else {
-            return self.backend.publish(topic, events, acks).await;
+        let send = async {
+            match acks {
+                Some(acks) => self.backend.publish(topic, events, acks).await,
+                None => Ok(self.backend.publish_atomic(topic, events).await?.into_iter().map(Ok).collect()),
+            }
         };
-        // Count by creation time, and only what the brokers acknowledged; a run of events
-        // created at the same time is counted at once (one lock and lookup, not one each).
-        let results = self.backend.publish(topic, events, acks).await?;
+        let Some(audit) = &self.audit else {
+            return send.await;
+        };
+        // Count by creation time, and only what the brokers acknowledged (for an atomic
+        // publish: committed); a run of events created at the same time is counted at
+        // once (one lock and lookup, not one each).
+        let results = send.await?;
         let mut run: Option<(i64, u64)> = None;
         for (r, created) in results.iter().zip(created) {
             if r.is_err() {
@@ -296,6 +314,11 @@ pub(crate) mod tests {
                     Ok(Delivered { partition, offset: entries.len() as i64 - 1 })
                 })
                 .collect())
+        }
+
+        async fn publish_atomic(&self, topic: &str, events: Vec<Event>) -> Result<Vec<Delivered>> {
+            // `publish` checks before it writes anything, so it is all or nothing already.
+            self.publish(topic, events, Acks::All).await?.into_iter().collect()
         }
 
         async fn fetch(&self, q: FetchQuery) -> Result<Fetched> {

@@ -4,7 +4,8 @@
 //!
 //! Both parse and check the whole body first (every record converted to its final bytes)
 //! and publish only then, so a bad record anywhere refuses the request with nothing
-//! produced.
+//! produced. With `?atomic=true` the publish itself is all or nothing too: one
+//! transaction over every partition the events go to (see `crate::atomic`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use bytes::Bytes;
+use fjord_client::Acks;
 use serde_json::{json, Value as Json};
 
 use super::auth::Caller;
@@ -136,6 +138,7 @@ async fn v2(
 ) -> Result<Answer> {
     let format = embedded_format(headers)?;
     let acks = parse_acks(q.get("acks").map(String::as_str))?;
+    let atomic = parse_atomic(q, acks)?;
     let doc: Json =
         serde_json::from_slice(&body).map_err(|e| Error::BadRequest { index: None, reason: format!("malformed JSON: {e}") })?;
     let Json::Object(doc) = doc else {
@@ -219,7 +222,7 @@ async fn v2(
     let bytes = events.iter().map(Event::encoded_size).sum();
     let count = events.len();
     gate.open().await?;
-    let results = g.publish(&topic, events, acks).await?;
+    let results = publish_events(g, &topic, events, acks, atomic).await?;
     let offsets: Vec<Json> = results
         .iter()
         .map(|r| match r {
@@ -363,6 +366,38 @@ fn lines(body: &[u8]) -> impl Iterator<Item = &[u8]> {
     })
 }
 
+/// `?atomic=true|false` (absent: false): whether the request's events are published in
+/// one transaction. A transaction is acknowledged by every in-sync replica, so it needs
+/// acks=all.
+fn parse_atomic(q: &HashMap<String, String>, acks: Acks) -> Result<bool> {
+    let atomic = match q.get("atomic").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(Error::BadRequest { index: None, reason: format!("atomic must be true or false, not {other:?}") })
+        }
+    };
+    if atomic && acks != Acks::All {
+        return Err(Error::BadRequest { index: None, reason: "atomic=true needs acks=all (the default)".into() });
+    }
+    Ok(atomic)
+}
+
+/// Publishes with `acks`, or in one transaction when `atomic`.
+async fn publish_events(
+    g: &Gateway,
+    topic: &str,
+    events: Vec<Event>,
+    acks: Acks,
+    atomic: bool,
+) -> Result<Vec<Result<Delivered>>> {
+    if atomic {
+        Ok(g.publish_atomic(topic, events).await?.into_iter().map(Ok).collect())
+    } else {
+        g.publish(topic, events, acks).await
+    }
+}
+
 /// Per-partition first/last offsets of a publish, for the NDJSON answer.
 pub(crate) fn summarize(delivered: &[Delivered]) -> Vec<Json> {
     let mut by_partition: BTreeMap<i32, (i64, i64, usize)> = BTreeMap::new();
@@ -471,6 +506,7 @@ async fn bulk(
     gate: Gate,
 ) -> Result<Answer> {
     let acks = parse_acks(q.get("acks").map(String::as_str))?;
+    let atomic = parse_atomic(q, acks)?;
     let partition = q.get("partition").map(|p| parse_partition(&topic, p)).transpose()?;
     let schema_id = match q.get("schema_id") {
         None => None,
@@ -489,6 +525,12 @@ async fn bulk(
             })
         }
     };
+    if atomic && dead_letter {
+        return Err(Error::BadRequest {
+            index: None,
+            reason: "atomic=true cannot be combined with on_invalid=dead_letter: an atomic request is all or nothing".into(),
+        });
+    }
     let schema = match schema_id {
         Some(id) => Some((id, g.schema_by_id(id).await?)),
         None => None,
@@ -500,7 +542,7 @@ async fn bulk(
         let bytes = events.iter().map(Event::encoded_size).sum();
         let count = events.len();
         gate.open().await?;
-        let delivered = all_delivered(g.publish(&topic, events, acks).await?)?;
+        let delivered = all_delivered(publish_events(g, &topic, events, acks, atomic).await?)?;
         let body = json!({ "count": count, "partitions": summarize(&delivered), "value_schema_id": schema_id });
         return Ok(Answer { body, content_type: "application/json", events: count, bytes });
     }
