@@ -85,6 +85,17 @@ kafka_enum!(
     }
 );
 
+impl ResourceType {
+    /// Whether Kafka knows this type (Topic, Group, Cluster, TransactionalId): only these
+    /// are shown to, or matched for, a Kafka client's ANY filter in DescribeAcls and
+    /// DeleteAcls. A Kafka client decodes any other code as UNKNOWN (Java prints it so),
+    /// and must not delete the registry's `Subject` ACLs with a filter meant for its own;
+    /// those stay with the registry's and Fjord's tools, which name the type.
+    pub fn is_kafka(self) -> bool {
+        self != Self::Subject
+    }
+}
+
 kafka_enum!(
     /// How a pattern's name matches resource names.
     PatternType, "pattern type" {

@@ -1,7 +1,8 @@
 //! Kafka's security admin APIs through confluent-kafka's AdminClient (librdkafka):
 //! CreateAcls, DescribeAcls (ANY and MATCH filters), DeleteAcls,
 //! AlterUserScramCredentials and DescribeUserScramCredentials; then the stored
-//! credential is checked against the password the client salted.
+//! credential is checked against the password the client salted. The registry's Subject
+//! ACLs in the same store are neither shown nor deleted by ANY filters.
 
 mod common;
 
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use common::{run_python, TestBroker};
 use fjord_auth::scram::ScramMechanism;
+use fjord_auth::{AccessControlEntry, AclBinding, Operation, PatternType, Permission, ResourcePattern, ResourceType};
 
 const SCRIPT: &str = r#"
 import sys
@@ -36,7 +38,11 @@ def describe(restype, name, pattern, principal=None):
     f = AclBindingFilter(restype, name, pattern, principal, None, AclOperation.ANY, AclPermissionType.ANY)
     return sorted(map(key, a.describe_acls(f).result()))
 
-assert describe(ResourceType.ANY, None, ResourcePatternType.ANY) == sorted(map(key, acls)), describe(ResourceType.ANY, None, ResourcePatternType.ANY)
+# ANY lists Kafka's resource types only: the registry's Subject ACLs in the store (which a
+# Kafka client could only show as UNKNOWN) are not among them.
+everything = describe(ResourceType.ANY, None, ResourcePatternType.ANY)
+assert not any(b[0] == ResourceType.UNKNOWN for b in everything), everything
+assert everything == sorted(map(key, acls)), everything
 # MATCH: what applies to topic 'orders': the literal name, the literal '*', the prefix 'ord'.
 assert describe(T, 'orders', ResourcePatternType.MATCH) == sorted(map(key, [acls[0], acls[1], acls[3], acls[4]]))
 # ANY with a name: that exact name, whatever the pattern type.
@@ -56,6 +62,7 @@ results[good].result()
 
 bob = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, 'User:bob', None, AclOperation.ANY, AclPermissionType.ANY)
 cluster = AclBindingFilter(C, None, ResourcePatternType.ANY, None, None, AclOperation.ANY, AclPermissionType.ANY)
+# bob's ANY filter deletes his Kafka ACL, not his Subject ACL.
 deleted = a.delete_acls([bob, cluster])
 assert list(map(key, deleted[bob].result())) == [key(acls[3])], deleted[bob].result()
 assert list(map(key, deleted[cluster].result())) == [key(good)], deleted[cluster].result()
@@ -99,6 +106,17 @@ print("ok")
 async fn confluent_kafka_manages_acls_and_scram_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
+    // The registry's ACLs on subjects (not a Kafka resource type), in the store as its
+    // tools write them: Kafka's ANY filters neither show nor delete them.
+    std::fs::create_dir_all(&data).unwrap();
+    let subjects = [("orders-value", "User:bob"), ("payments-value", "User:alice")].map(|(subject, principal)| AclBinding {
+        pattern: ResourcePattern::new(ResourceType::Subject, subject, PatternType::Literal).unwrap(),
+        entry: AccessControlEntry::new(principal.parse().unwrap(), "*", Operation::Describe, Permission::Allow).unwrap(),
+    });
+    {
+        let store = fjord_coord::EmbeddedStore::open(&data.join(fjord_broker::server::METADATA_DIR)).unwrap();
+        fjord_auth::store::create_acls(&store, &subjects).await.unwrap();
+    }
     let broker = TestBroker::start_in(data.clone(), |_| {}).await.unwrap();
     run_python(SCRIPT, &[&broker.bootstrap()], Duration::from_secs(60)).await;
     broker.stop().await.unwrap();
@@ -113,5 +131,8 @@ async fn confluent_kafka_manages_acls_and_scram_credentials() {
         assert!(!credential.verify_password(*mechanism, "alice-secreT"), "{mechanism}");
     }
     let acls = fjord_auth::store::read_acls(&store).await.unwrap();
-    assert_eq!(acls.values().map(|entries| entries.len()).sum::<usize>(), 4);
+    assert_eq!(acls.values().map(|entries| entries.len()).sum::<usize>(), 4 + subjects.len());
+    for subject in &subjects {
+        assert!(acls[&subject.pattern].contains(&subject.entry), "a Kafka ANY filter deleted {subject}");
+    }
 }

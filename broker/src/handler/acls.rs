@@ -75,6 +75,23 @@ fn creation_binding(c: &AclCreation) -> Result<AclBinding, String> {
     Ok(AclBinding { pattern, entry })
 }
 
+/// `filter` as filters of Kafka's resource types only: itself when it names a type, one
+/// per Kafka type when its type is ANY.
+fn kafka_types(filter: &AclBindingFilter) -> Vec<AclBindingFilter> {
+    if filter.pattern.resource_type.is_some() {
+        return vec![filter.clone()];
+    }
+    ResourceType::ALL
+        .iter()
+        .filter(|t| t.is_kafka())
+        .map(|t| {
+            let mut one = filter.clone();
+            one.pattern.resource_type = Some(*t);
+            one
+        })
+        .collect()
+}
+
 /// A DescribeAcls / DeleteAcls filter: ANY (1) and null mean "any".
 #[allow(clippy::too_many_arguments)]
 fn binding_filter(
@@ -151,6 +168,8 @@ impl Broker {
         };
         let resources = acls
             .into_iter()
+            // ANY means any Kafka resource type (see `ResourceType::is_kafka`).
+            .filter(|(pattern, _)| filter.pattern.resource_type.is_some() || pattern.resource_type.is_kafka())
             .filter(|(pattern, _)| filter.pattern.matches(pattern))
             .filter_map(|(pattern, entries)| {
                 let acls: Vec<AclDescription> = entries
@@ -193,9 +212,19 @@ impl Broker {
             })
             .collect();
         let valid: Vec<AclBindingFilter> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
-        let deleted = store::delete_acls(&**self.topics.store(), &valid).await;
+        // A filter with ANY resource type deletes from Kafka's types only (see
+        // `ResourceType::is_kafka`): it goes to the store as one filter per Kafka type,
+        // and what those deleted is answered as that filter's.
+        let expanded: Vec<Vec<AclBindingFilter>> = valid.iter().map(kafka_types).collect();
+        let flat: Vec<AclBindingFilter> = expanded.iter().flatten().cloned().collect();
+        let deleted = store::delete_acls(&**self.topics.store(), &flat).await;
         let failure = deleted.as_ref().err().map(|e| store_failure("DeleteAcls", e));
-        let mut deleted = deleted.unwrap_or_default().into_iter();
+        let mut per_store_filter = deleted.unwrap_or_default().into_iter();
+        let mut deleted = expanded
+            .iter()
+            .map(|parts| per_store_filter.by_ref().take(parts.len()).flatten().collect::<Vec<AclBinding>>())
+            .collect::<Vec<_>>()
+            .into_iter();
         let results = checked
             .into_iter()
             .map(|c| {
