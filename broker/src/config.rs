@@ -146,6 +146,10 @@ pub struct BrokerConfig {
     /// `metrics.listen` (Fjord): `HOST:PORT` serving the Prometheus text at `/metrics`;
     /// default none (off).
     pub metrics_listen: Option<SocketAddr>,
+    /// `metrics.<key>` for each of [`fjord_auth::http::HttpSecurityConfig::KEYS`] (Fjord):
+    /// TLS and HTTP Basic on the metrics endpoint, as the gateway's and the registry's
+    /// (`metrics.ssl.keystore.location`, `metrics.authentication.method=BASIC`, ...).
+    pub metrics_security: fjord_auth::http::HttpSecurityConfig,
     /// Replication settings (`replica.*`).
     pub replication: ReplicationConfig,
     /// The audit's broker tier (Fjord, `audit.*`): what this broker counts as partition
@@ -259,6 +263,7 @@ impl Default for BrokerConfig {
             group: GroupConfig::default(),
             transaction: crate::txn::TxnConfig::default(),
             metrics_listen: None,
+            metrics_security: fjord_auth::http::HttpSecurityConfig::default(),
             replication: ReplicationConfig::default(),
             audit: AuditConfig::default(),
             observer: None,
@@ -497,6 +502,9 @@ impl BrokerConfig {
                 let ms = if n < 0 { -1 } else { n.checked_mul(unit).ok_or_else(|| invalid("out of range"))? };
                 let topic_key = if key.starts_with("log.roll") { "segment.ms" } else { "retention.ms" };
                 self.log.set(topic_key, &ms.to_string())?;
+            }
+            _ if key.strip_prefix("metrics.").is_some_and(|k| fjord_auth::http::HttpSecurityConfig::KEYS.contains(&k)) => {
+                self.metrics_security.set(&key["metrics.".len()..], value).map_err(|r| invalid(&r))?;
             }
             _ if crate::tls::SslConfig::KEYS.contains(&key) => self.ssl.set(key, value).map_err(|r| invalid(&r))?,
             _ if CleanerConfig::KEYS.contains(&key) => self.cleaner.set(key, value)?,

@@ -14,13 +14,13 @@
 //!
 //! The broker's one listener is SASL_SSL (SCRAM-SHA-256/512, PLAIN over TLS), the
 //! authorizer is on with no ACLs (only the super users may do anything until ACLs are
-//! added) and the metrics endpoint is off (it has no TLS). The schema registry and the
+//! added) and the metrics endpoint serves HTTPS with Basic. The schema registry and the
 //! gateway serve HTTPS (and gRPC over TLS) with the same certificate, HTTP Basic checked
 //! against the same users, and the same ACLs. The gateway talks to the broker as
-//! `gateway`, a broker super user (it publishes into any topic its own callers may write,
-//! which it checks itself), and reaches the registry over HTTPS as `gateway` too (Basic,
-//! trusting the same CA), so Avro records are validated against the registry's schemas
-//! as without `--secure`.
+//! `gateway`, which is not a super user: its ACLs ([`gateway_acls`]) allow what its calls
+//! need and nothing else, and it checks its own callers' ACLs before it acts for them. It
+//! reaches the registry over HTTPS as `gateway` too (Basic, trusting the same CA), so
+//! Avro records are validated against the registry's schemas as without `--secure`.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -92,7 +92,8 @@ impl SecureFiles {
     }
 
     /// The broker settings of the secure mode: one SASL_SSL listener, which is also the
-    /// inter-broker one, the authorizer on with the admin and the broker as super users.
+    /// inter-broker one, the authorizer on with the admin and the broker as super users
+    /// (the gateway has ACLs: [`SecureFiles::write_users`]).
     pub(crate) fn configure(&self, config: &mut BrokerConfig, address: &str) -> anyhow::Result<()> {
         for (key, value) in [
             ("listeners", format!("SASL_SSL://{address}")),
@@ -105,8 +106,11 @@ impl SecureFiles {
             ("inter.broker.sasl.username", BROKER_USER.into()),
             ("inter.broker.sasl.password", self.broker_password.clone()),
             ("authorizer.enable", "true".into()),
-            ("super.users", format!("User:{ADMIN_USER};User:{BROKER_USER};User:{GATEWAY_USER}")),
+            ("super.users", format!("User:{ADMIN_USER};User:{BROKER_USER}")),
             ("allow.everyone.if.no.acl.found", "false".into()),
+            // The metrics endpoint: HTTPS with the same certificate, Basic with the same users.
+            ("metrics.ssl.keystore.location", utf8(&self.keystore)?),
+            ("metrics.authentication.method", "BASIC".into()),
         ] {
             config.set(key, &value).with_context(|| format!("--secure sets {key}"))?;
         }
@@ -146,7 +150,8 @@ impl SecureFiles {
     }
 
     /// Writes the users' SCRAM credentials (both mechanisms) into the
-    /// store, replacing older ones, so the passwords on disk are the ones that work.
+    /// store, replacing older ones, so the passwords on disk are the ones that work, and
+    /// the gateway's ACLs ([`gateway_acls`]; ACLs already there are kept).
     pub(crate) async fn write_users(&self, store: &dyn fjord_coord::MetadataStore) -> anyhow::Result<()> {
         let users =
             [(ADMIN_USER, &self.admin_password), (BROKER_USER, &self.broker_password), (GATEWAY_USER, &self.gateway_password)];
@@ -158,8 +163,55 @@ impl SecureFiles {
                     .with_context(|| format!("storing the credential of {user}"))?;
             }
         }
-        Ok(())
+        fjord_auth::store::create_acls(store, &gateway_acls()?).await.context("storing the gateway's ACLs")
     }
+}
+
+/// What the gateway's broker identity may do: exactly what its calls need.
+/// - Publishing for its callers into any topic they may write (the gateway checks their
+///   Write first): Write and Describe (Metadata) on every topic; its producers are
+///   idempotent (InitProducerId): IdempotentWrite on the cluster.
+/// - Stateless pulls (assigned partitions, no group) and its topic listing and
+///   descriptions: Read and Describe (Fetch, ListOffsets, Metadata) on every topic. No
+///   group ACL: it joins no group.
+/// - `_gateway_idempotency` (its key store) and `_audit` (its audit tier): it creates them
+///   when missing (Create), then writes and reads them through the grants above.
+/// - Never Kafka's internal topics (every `__` name: `__consumer_offsets`,
+///   `__transaction_state`) nor the other tools' (`_mirror_gaps`, `_schemas`): denies,
+///   which win over the `*` allows.
+///
+/// Nothing else: no Create elsewhere (a publish to a missing topic is refused, not
+/// auto-created), no Delete, Alter or config changes, no ACL or user management.
+fn gateway_acls() -> anyhow::Result<Vec<fjord_auth::AclBinding>> {
+    use fjord_auth::acl::CLUSTER_NAME;
+    use fjord_auth::{
+        AccessControlEntry, AclBinding, Operation, PatternType, Permission, Principal, ResourcePattern, ResourceType,
+    };
+    use Operation::{All, Create, Describe, IdempotentWrite, Read, Write};
+    use PatternType::{Literal, Prefixed};
+    use Permission::{Allow, Deny};
+    use ResourceType::{Cluster, Topic};
+    let grants = [
+        (Topic, "*", Literal, Write, Allow),
+        (Topic, "*", Literal, Read, Allow),
+        (Topic, "*", Literal, Describe, Allow),
+        (Topic, fjord_gateway::IDEMPOTENCY_TOPIC, Literal, Create, Allow),
+        (Topic, fjord_audit::AUDIT_TOPIC, Literal, Create, Allow),
+        (Cluster, CLUSTER_NAME, Literal, IdempotentWrite, Allow),
+        // Kafka's internal topics and the other tools' own: a deny wins over the allows.
+        (Topic, "__", Prefixed, All, Deny),
+        (Topic, fjord_audit::GAPS_TOPIC, Literal, All, Deny),
+        (Topic, "_schemas", Literal, All, Deny),
+    ];
+    grants
+        .into_iter()
+        .map(|(resource_type, name, pattern_type, operation, permission)| {
+            Ok(AclBinding {
+                pattern: ResourcePattern::new(resource_type, name, pattern_type)?,
+                entry: AccessControlEntry::new(Principal::user(GATEWAY_USER), "*", operation, permission)?,
+            })
+        })
+        .collect()
 }
 
 fn utf8(path: &Path) -> anyhow::Result<String> {

@@ -33,7 +33,7 @@ pub(crate) struct DevArgs {
     metrics: SocketAddr,
     /// Nothing plaintext: a local CA and certificate, an admin user with a random password
     /// and <data-dir>/secure/admin.properties for clients; the broker serves SASL_SSL, the
-    /// registry and gateway HTTPS with Basic auth, ACLs on everywhere (no metrics endpoint).
+    /// registry, gateway and broker metrics HTTPS with Basic auth, ACLs on everywhere.
     #[arg(long)]
     secure: bool,
 }
@@ -80,8 +80,6 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
             let files = crate::secure::SecureFiles::prepare(&config.log_dir)?;
             let address = config.listeners.first().address.to_string();
             files.configure(&mut config, &address)?;
-            // The metrics endpoint is plain HTTP: not where nothing may be plaintext.
-            config.metrics_listen = None;
             Some(files)
         }
         false => None,
@@ -129,7 +127,7 @@ pub(crate) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     println!("  gateway HTTP     {scheme}://{}", http.local_addr()?);
     println!("  gateway gRPC     {}{}", grpc.local_addr()?, if secure.is_some() { " (TLS)" } else { "" });
     if let Some(metrics) = config.metrics_listen {
-        println!("  broker metrics   http://{metrics}/metrics");
+        println!("  broker metrics   {scheme}://{metrics}/metrics");
     }
     println!("  data             {}", config.log_dir.display());
     println!("  metadata store   embedded, in {}", config.log_dir.join(fjord_broker::server::METADATA_DIR).display());

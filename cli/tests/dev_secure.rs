@@ -7,8 +7,9 @@
 //! afterwards the admin finds everything as it was. The registry and the gateway serve
 //! HTTPS with the same CA and users: 401 without credentials, 403 without ACLs, for
 //! pulling records, reading and deleting a subject; the gateway validates Avro records
-//! against the registry's schemas, read over HTTPS as its own user. A restart reuses the
-//! files.
+//! against the registry's schemas, read over HTTPS as its own user, as a broker user
+//! that is not a super user. The broker's metrics endpoint is HTTPS with Basic too. A
+//! restart reuses the files.
 
 mod common;
 
@@ -157,7 +158,7 @@ fn start(data: &Path, p: Ports) -> FjordProcess {
             .spawn()
             .unwrap(),
     );
-    for port in [p.broker, p.registry, p.http, p.grpc] {
+    for port in [p.broker, p.registry, p.http, p.grpc, p.metrics] {
         wait_until_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut dev);
     }
     // Written once the store is open, just after the services bound their ports.
@@ -213,11 +214,11 @@ fn dev_secure_serves_only_sasl_ssl_on_loopback_and_denies_without_credentials_or
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&props).unwrap().permissions().mode() & 0o077, 0, "admin.properties is readable by others");
 
-    // Loopback only, and no metrics endpoint (plain HTTP).
+    // Loopback only: the services and the broker's metrics endpoint.
     let mut bound = listening(dev.id());
     bound.sort();
     let mut expected: Vec<String> =
-        [ports.broker, ports.registry, ports.http, ports.grpc].iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        [ports.broker, ports.registry, ports.http, ports.grpc, ports.metrics].iter().map(|p| format!("127.0.0.1:{p}")).collect();
     expected.sort();
     assert_eq!(bound, expected, "dev --secure listens on {bound:?}");
 
@@ -296,6 +297,35 @@ fn dev_secure_serves_only_sasl_ssl_on_loopback_and_denies_without_credentials_or
         let (status, body) = curl(&args);
         assert_eq!(status, expected, "Avro value {value} through the gateway: {body}");
     }
+    // The gateway's broker identity is not a super user, only what its ACLs allow: it
+    // still publishes (above; and with an Idempotency-Key, kept in the topic it creates,
+    // `_gateway_idempotency`), but a client with its credentials can neither delete a
+    // topic nor change its config.
+    let keyed = ["-X", "POST", "-H", "Content-Type: application/x-ndjson", "-H", "Idempotency-Key: once"];
+    let event = format!("{gateway}/v1/events/orders");
+    for _ in 0..2 {
+        let mut args = vec!["--cacert", ca_arg, "-u", &admin_user];
+        args.extend(keyed);
+        args.extend(["--data-binary", "{\"order\":\"keyed\"}\n", &event]);
+        let (status, body) = curl(&args);
+        assert_eq!(status, 200, "a keyed publish through the gateway: {body}");
+    }
+    let gateway_password = std::fs::read_to_string(data.join("secure/gateway.properties")).unwrap();
+    let gateway_password = gateway_password.lines().find_map(|l| l.strip_prefix("sasl.password=")).unwrap();
+    let as_gateway = dir.path().join("as-gateway.properties");
+    let gateway_text = text
+        .replace("sasl.username=admin", "sasl.username=gateway")
+        .replace(&format!("sasl.password={password}"), &format!("sasl.password={gateway_password}"));
+    std::fs::write(&as_gateway, gateway_text).unwrap();
+    let as_gateway = as_gateway.to_str().unwrap();
+    let tries: [&[&str]; 2] = [&["topics", "delete", "orders"], &["topics", "alter", "orders", "--config", "retention.ms=1"]];
+    for args in tries {
+        let mut args = args.to_vec();
+        args.extend(["--command-config", as_gateway]);
+        let out = fjord(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        assert!(!out.status.success() && stderr.contains("authoriz"), "as the gateway, fjord {args:?}: {stderr}");
+    }
     let pull = format!("{gateway}/v1/topics/orders/partitions/0/records?offset=0&format=binary");
     let delete = format!("{registry}/subjects/orders-value?permanent=false");
     for (who, auth, status) in [("nobody", None, 401), ("mallory", Some("mallory:mallory-secret"), 403)] {
@@ -311,6 +341,14 @@ fn dev_secure_serves_only_sasl_ssl_on_loopback_and_denies_without_credentials_or
             assert_eq!(got, status, "{who}: curl {args:?} answered {body}");
         }
     }
+    // The broker's metrics: HTTPS only, Basic with the same users.
+    let metrics = format!("https://127.0.0.1:{}/metrics", ports.metrics);
+    assert_eq!(curl(&["--cacert", ca_arg, &metrics]).0, 401, "metrics without credentials");
+    assert_eq!(curl(&["--cacert", ca_arg, "-u", "admin:not-the-password", &metrics]).0, 401, "metrics with a wrong password");
+    let (status, body) = curl(&["--cacert", ca_arg, "-u", &admin_user, &metrics]);
+    assert!(status == 200 && body.contains("fjord_broker_requests_total"), "the admin's scrape: {status} {body}");
+    assert_eq!(curl(&["--cacert", ca_arg, "-u", "mallory:mallory-secret", &metrics]).0, 200, "any user may scrape");
+    assert_eq!(curl(&["-u", &admin_user, &metrics.replace("https", "http")]).0, 0, "plain HTTP on the metrics port");
     // Plain HTTP on the HTTPS ports gets no answer.
     assert_ne!(curl(&[&pull.replace("https", "http")]).0, 200);
     let (status, body) = curl(&["--cacert", ca_arg, "-u", &admin_user, &pull]);
