@@ -159,6 +159,30 @@ pub(crate) struct Cluster {
     refreshing: tokio::sync::Mutex<()>,
 }
 
+/// Opens connections as a client would, one at a time per call, and closes them again:
+/// TCP, the TLS handshake and SASL exchange `security` asks for, then ApiVersions (what
+/// every client sends first). `fjord bench connect` measures new connections with it.
+#[derive(Clone)]
+pub struct ConnectionProbe {
+    config: ClientConfig,
+    security: Arc<Prepared>,
+}
+
+impl ConnectionProbe {
+    /// Loads the TLS files and credentials of `config` once, for every probe.
+    pub fn new(config: ClientConfig) -> Result<Self> {
+        config.validate()?;
+        let security = config.security.prepare()?;
+        Ok(Self { config, security })
+    }
+
+    /// One connection to `broker` (`host:port`), established and then closed.
+    pub async fn connect_once(&self, broker: &str) -> Result<()> {
+        let c = &self.config;
+        Connection::connect(broker, &c.client_id, c.connect_timeout, c.request_timeout, &self.security).await.map(drop)
+    }
+}
+
 impl Cluster {
     /// Connects to the first reachable bootstrap broker and loads the broker list.
     pub(crate) async fn connect(config: ClientConfig) -> Result<Arc<Self>> {

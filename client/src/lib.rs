@@ -45,7 +45,7 @@ pub mod transaction;
 
 pub use admin::{Admin, ConfigEntry, NewTopic, OffsetSpec};
 pub use audit::AuditHook;
-pub use cluster::{ClientConfig, Metadata, PartitionMetadata, TopicMetadata};
+pub use cluster::{ClientConfig, ConnectionProbe, Metadata, PartitionMetadata, TopicMetadata};
 pub use consumer::{Consumer, ConsumerConfig, ConsumerRecord, IsolationLevel, OffsetReset, SeekTo};
 pub use error::{Error, ResponseError, Result};
 pub use fjord_record::{Compression, TopicPartition};

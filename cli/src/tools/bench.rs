@@ -1,4 +1,5 @@
-//! `fjord bench produce|consume|e2e`: the paper's throughput experiment.
+//! `fjord bench produce|consume|e2e`: the paper's throughput experiment; `fjord bench
+//! connect`: new connections per second, without and with SASL (see `connect`).
 //!
 //! - produce: `--messages` records of `--size` bytes, `--batch` records per batch (one
 //!   batch per partition per request, so `--batch 1` sends one message per request, as the
@@ -19,6 +20,7 @@
 //!
 //! MB/s counts value bytes, 10^6 bytes per MB.
 
+mod connect;
 mod cpu;
 mod schedule;
 
@@ -80,6 +82,9 @@ pub(crate) struct BenchArgs {
     /// their CPU time per message, from /proc (Linux).
     #[arg(long = "broker-pid", value_name = "PID", value_delimiter = ',')]
     broker_pids: Vec<u32>,
+    /// connect: connections open at once (each is opened, used for ApiVersions, closed).
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -90,6 +95,8 @@ enum Mode {
     Produce,
     Consume,
     E2e,
+    /// `--messages` new connections (TCP, TLS, SASL, ApiVersions, close) per phase.
+    Connect,
 }
 
 /// What a run measured.
@@ -120,6 +127,10 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Mode::Produce => produce(&args, None).await?,
         Mode::Consume => consume(&args).await?,
         Mode::E2e => e2e(&args).await?,
+        // Two phases with their own report: see `connect`.
+        Mode::Connect => {
+            return connect::run(args.connect.client()?, args.messages, args.concurrency, &args.broker_pids, args.json).await
+        }
     };
     let cpu = CpuUsed { brokers: brokers.map(|m| m.used()).transpose()?, client: client.used()? };
     report.print(args.rate, &cpu, args.json);
@@ -373,6 +384,7 @@ impl Report {
             Mode::Produce => "produce",
             Mode::Consume => "consume",
             Mode::E2e => "e2e",
+            Mode::Connect => "connect",
         };
         let broker_us = cpu.brokers.map(|c| cpu::micros_per_message(c, self.messages));
         let client_us = cpu::micros_per_message(cpu.client, self.messages);
