@@ -170,7 +170,8 @@ impl SecureFiles {
 /// What the gateway's broker identity may do: exactly what its calls need.
 /// - Publishing for its callers into any topic they may write (the gateway checks their
 ///   Write first): Write and Describe (Metadata) on every topic; its producers are
-///   idempotent (InitProducerId): IdempotentWrite on the cluster.
+///   idempotent (InitProducerId): IdempotentWrite on the cluster; atomic publishes use
+///   one transactional producer: Write and Describe on transactional ids `fjord-gateway-*`.
 /// - Stateless pulls (assigned partitions, no group) and its topic listing and
 ///   descriptions: Read and Describe (Fetch, ListOffsets, Metadata) on every topic. No
 ///   group ACL: it joins no group.
@@ -190,7 +191,7 @@ fn gateway_acls() -> anyhow::Result<Vec<fjord_auth::AclBinding>> {
     use Operation::{All, Create, Describe, IdempotentWrite, Read, Write};
     use PatternType::{Literal, Prefixed};
     use Permission::{Allow, Deny};
-    use ResourceType::{Cluster, Topic};
+    use ResourceType::{Cluster, Topic, TransactionalId};
     let grants = [
         (Topic, "*", Literal, Write, Allow),
         (Topic, "*", Literal, Read, Allow),
@@ -198,6 +199,9 @@ fn gateway_acls() -> anyhow::Result<Vec<fjord_auth::AclBinding>> {
         (Topic, fjord_gateway::IDEMPOTENCY_TOPIC, Literal, Create, Allow),
         (Topic, fjord_audit::AUDIT_TOPIC, Literal, Create, Allow),
         (Cluster, CLUSTER_NAME, Literal, IdempotentWrite, Allow),
+        // Atomic publishes: one transactional producer, transactional.id fjord-gateway-<host>.
+        (TransactionalId, "fjord-gateway-", Prefixed, Write, Allow),
+        (TransactionalId, "fjord-gateway-", Prefixed, Describe, Allow),
         // Kafka's internal topics and the other tools' own: a deny wins over the allows.
         (Topic, "__", Prefixed, All, Deny),
         (Topic, fjord_audit::GAPS_TOPIC, Literal, All, Deny),
