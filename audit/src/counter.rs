@@ -9,12 +9,14 @@
 //! affected windows (loss), never silent agreement.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use fjord_client::{Admin, ClientConfig, ConsumerRecord, NewTopic, Producer, ProducerConfig, ProducerRecord, ResponseError};
+use fjord_client::{
+    Admin, ClientConfig, ConsumerRecord, IsolationLevel, NewTopic, Producer, ProducerConfig, ProducerRecord, ResponseError,
+};
 use fjord_record::now_ms;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -35,6 +37,9 @@ pub struct AuditCounter {
     counts: Mutex<BTreeMap<(String, i64), u64>>,
     /// Records taken from `counts` whose send has not been acknowledged yet.
     unsent: Mutex<Vec<AuditRecord>>,
+    /// The hook of a read_committed consumer: its records say so, and the report keeps
+    /// them apart (see [`crate::record::READ_COMMITTED_SUFFIX`]).
+    read_committed: AtomicBool,
 }
 
 impl AuditCounter {
@@ -52,6 +57,7 @@ impl AuditCounter {
             seq: AtomicU64::new(0),
             counts: Mutex::new(BTreeMap::new()),
             unsent: Mutex::new(Vec::new()),
+            read_committed: AtomicBool::new(false),
         }
     }
 
@@ -146,6 +152,7 @@ impl AuditCounter {
                 window_ms: self.window_ms,
                 count,
                 published_ms: now,
+                isolation: self.read_committed.load(Ordering::Relaxed).then(|| "read_committed".to_string()),
             });
         }
         unsent.clone()
@@ -230,8 +237,11 @@ pub fn tally(windows: &mut Vec<(i64, u64)>, start: i64, n: u64) {
 
 /// The opt-in producer and consumer tiers: give the counter to
 /// [`ProducerConfig::audit`] (it counts each record when acknowledged, never a failed
-/// one) or [`fjord_client::ConsumerConfig::audit`] (it counts each record `poll` returns),
-/// and run its publisher.
+/// one; a transactional producer's when their transaction commits) or
+/// [`fjord_client::ConsumerConfig::audit`] (it counts each record `poll` returns; with
+/// `isolation.level=read_committed` its records say so, and the report shows them as
+/// the tier `consumer (read_committed)`), and run its publisher. Give each consumer tier
+/// a counter of its own: one counter is one tier.
 impl fjord_client::AuditHook for AuditCounter {
     fn created_ms(&self, record: &ProducerRecord, timestamp: i64) -> i64 {
         created_ms(record.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())), timestamp)
@@ -243,6 +253,10 @@ impl fjord_client::AuditHook for AuditCounter {
             tally(&mut windows, window_start(ms, self.window_ms), 1);
         }
         self.record_windows(topic, &windows);
+    }
+
+    fn consumer_isolation(&self, level: IsolationLevel) {
+        self.read_committed.store(level == IsolationLevel::ReadCommitted, Ordering::Relaxed);
     }
 
     fn consumed(&self, records: &[ConsumerRecord]) {

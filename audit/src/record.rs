@@ -17,6 +17,11 @@ pub const BROKER_TIER: &str = "broker";
 /// are counted again, as ordinary events, under the dead-letter topic.
 pub const DEAD_LETTER_TIER: &str = "dead_letter";
 
+/// What the report appends to the tier of a read_committed consumer's counts
+/// ([`AuditRecord::isolation`]), so they stand apart from read_uncommitted consumers of
+/// the same tier, which also count aborted transactions' records.
+pub const READ_COMMITTED_SUFFIX: &str = " (read_committed)";
+
 /// Default window length: 10 minutes of event creation time.
 pub const DEFAULT_WINDOW_MS: i64 = 10 * 60 * 1000;
 
@@ -79,6 +84,11 @@ pub struct AuditRecord {
     pub count: u64,
     /// When the record was published (ms since the epoch), for people reading `_audit`.
     pub published_ms: i64,
+    /// `read_committed` when the counts are a read_committed consumer's: records of
+    /// aborted transactions are not among them, so they compare with producers that
+    /// count only committed transactions. Absent otherwise (and in older records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<String>,
 }
 
 impl AuditRecord {
@@ -92,6 +102,15 @@ impl AuditRecord {
             && !r.tier.is_empty()
             && !r.topic.is_empty();
         sane.then_some(r)
+    }
+
+    /// The tier the report counts this record under: the tier, with
+    /// [`READ_COMMITTED_SUFFIX`] for a read_committed consumer's counts.
+    pub fn report_tier(&self) -> String {
+        match self.isolation.as_deref() {
+            Some("read_committed") => format!("{}{READ_COMMITTED_SUFFIX}", self.tier),
+            _ => self.tier.clone(),
+        }
     }
 
     /// The JSON encoding.
@@ -131,6 +150,7 @@ mod tests {
             window_ms: 600_000,
             count: 3,
             published_ms: 1,
+            isolation: None,
         };
         assert_eq!(AuditRecord::decode(&good.encode()), Some(good.clone()));
         assert_eq!(AuditRecord::decode(b"not json"), None);
@@ -139,6 +159,34 @@ mod tests {
         assert_eq!(AuditRecord::decode(&off_boundary.encode()), None);
         let zero = AuditRecord { window_ms: 0, ..good };
         assert_eq!(AuditRecord::decode(&zero.encode()), None);
+    }
+
+    #[test]
+    fn a_read_committed_consumers_counts_are_their_own_tier_and_older_records_still_decode() {
+        let plain = AuditRecord {
+            id: "h/consumer/1/0".into(),
+            tier: "consumer".into(),
+            host: "h".into(),
+            cluster: "online".into(),
+            topic: "t".into(),
+            window_start_ms: 0,
+            window_ms: 1000,
+            count: 3,
+            published_ms: 1,
+            isolation: None,
+        };
+        // Without an isolation the JSON is what older tiers wrote, and their records decode.
+        assert!(!String::from_utf8(plain.encode()).unwrap().contains("isolation"));
+        assert_eq!(plain.report_tier(), "consumer");
+        let committed = AuditRecord { isolation: Some("read_committed".into()), ..plain.clone() };
+        assert_eq!(AuditRecord::decode(&committed.encode()), Some(committed.clone()));
+        assert_eq!(committed.report_tier(), "consumer (read_committed)");
+        // Anything else names no tier of its own.
+        for other in ["read_uncommitted", "", "READ_COMMITTED", &"x".repeat(10_000)] {
+            assert_eq!(AuditRecord { isolation: Some(other.into()), ..plain.clone() }.report_tier(), "consumer");
+        }
+        let bad_type = String::from_utf8(plain.encode()).unwrap().replace("\"count\"", "\"isolation\":7,\"count\"");
+        assert_eq!(AuditRecord::decode(bad_type.as_bytes()), None, "{bad_type}");
     }
 
     #[test]

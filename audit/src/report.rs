@@ -18,7 +18,9 @@ use regex::Regex;
 use serde::Serialize;
 
 use crate::counter::window_ms;
-use crate::record::{audited_topic, AuditRecord, GapRecord, AUDIT_TOPIC, DEAD_LETTER_TIER, DEFAULT_WINDOW_MS, GAPS_TOPIC};
+use crate::record::{
+    audited_topic, AuditRecord, GapRecord, AUDIT_TOPIC, DEAD_LETTER_TIER, DEFAULT_WINDOW_MS, GAPS_TOPIC, READ_COMMITTED_SUFFIX,
+};
 use crate::time::format_utc;
 use crate::{Error, Result};
 
@@ -175,7 +177,9 @@ impl Report {
 
 /// Sorts tiers in pipeline order.
 pub(crate) fn tier_rank(t: &str) -> (usize, &str) {
-    (TIER_ORDER.iter().position(|k| *k == t).unwrap_or(TIER_ORDER.len()), t)
+    // A read_committed consumer tier follows its plain one.
+    let base = t.strip_suffix(READ_COMMITTED_SUFFIX).unwrap_or(t);
+    (TIER_ORDER.iter().position(|k| *k == base).unwrap_or(TIER_ORDER.len()), t)
 }
 
 /// What was read from `_audit`, before comparing.
@@ -206,7 +210,8 @@ impl Collected {
             return;
         }
         self.audit_records += 1;
-        *self.counts.entry((r.topic, r.window_start_ms)).or_default().entry(r.tier).or_default() += r.count;
+        let tier = r.report_tier();
+        *self.counts.entry((r.topic, r.window_start_ms)).or_default().entry(tier).or_default() += r.count;
     }
 }
 
@@ -396,6 +401,7 @@ mod tests {
             window_ms: 1000,
             count,
             published_ms: 0,
+            isolation: None,
         }
         .encode()
     }
@@ -471,6 +477,28 @@ mod tests {
         assert_eq!(r.topics[0].producing, ["gateway"]);
         let rare = r.topics.iter().find(|t| t.topic == "rare").unwrap();
         assert!(rare.producing.is_empty(), "{rare:?}");
+    }
+
+    /// 30 records committed and 20 aborted: the transactional producer counted the 30,
+    /// a read_uncommitted consumer saw all 50, a read_committed one the 30.
+    #[test]
+    fn a_read_committed_consumer_is_its_own_tier_and_compares_with_committed_counts() {
+        let mut c = Collected::default();
+        let mut seen = HashSet::new();
+        let committed = |id: &str, count: u64| {
+            let plain = String::from_utf8(rec(id, "consumer", "t", 0, count)).unwrap();
+            plain.replacen('{', "{\"isolation\":\"read_committed\",", 1).into_bytes()
+        };
+        for v in [rec("1", "producer", "t", 0, 30), rec("2", "consumer", "t", 0, 50), committed("3", 25), committed("4", 5)] {
+            c.add_audit_value(Some(&v), 1000, &mut seen);
+        }
+        let r = compare(&config(), c, 100_000);
+        assert_eq!(r.topics[0].tiers, ["producer", "consumer", "consumer (read_committed)"]);
+        let w = &r.windows[0];
+        assert_eq!(w.counts["consumer (read_committed)"], 30);
+        assert_eq!(w.differences["consumer (read_committed)"], 0);
+        assert_eq!(w.differences["consumer"], 20);
+        assert_eq!((w.verdict, w.problems.clone()), (Verdict::Duplicates, vec!["consumer".to_string()]));
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! client's hook at poll). A second test deletes a range with retention before the
 //! consumer reads it: the broker tier, counted when the data arrived, is complete and the
 //! consumer is short by exactly the deleted records in exactly that window. A third
-//! checks that a send that fails is counted by neither the producer nor the broker.
+//! checks that a send that fails is counted by neither the producer nor the broker. A
+//! fourth has a transactional producer abort a transaction: a read_committed consumer's
+//! tier agrees with the producer tier, which counts committed transactions only.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,8 +19,8 @@ use bytes::Bytes;
 use fjord_audit::record::window_start;
 use fjord_audit::{collect, render, AuditCounter, Format, Report, ReportConfig, Verdict, AUDIT_TOPIC};
 use fjord_client::{
-    Admin, AuditHook, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, NewTopic, OffsetReset, Producer, ProducerConfig,
-    ProducerRecord, SeekTo, TopicPartition,
+    Admin, AuditHook, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, IsolationLevel, NewTopic, OffsetReset, OffsetSpec,
+    Producer, ProducerConfig, ProducerRecord, SeekTo, TopicPartition,
 };
 use fjord_record::now_ms;
 use tokio::net::TcpListener;
@@ -446,4 +448,115 @@ async fn futures_join(deliveries: Vec<fjord_client::DeliveryFuture>) -> Vec<bool
         out.push(d.await.is_ok());
     }
     out
+}
+
+/// Transactions: 20 records committed and 10 aborted by a transactional producer with the
+/// producer tier. The producer tier counts the 20 only (its hook gets a transaction's
+/// records at commit); a read_committed consumer's tier, reported as
+/// `consumer (read_committed)`, counts the 20 and agrees with it; a read_uncommitted
+/// consumer of the same data counts all 30, under `consumer`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_committed_consumer_tier_agrees_with_a_transactional_producer_and_skips_aborted_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let listener = bind().await;
+    let broker_addr = listener.local_addr().unwrap();
+    // No broker tier: the brokers count appends, aborted ones included.
+    let mut config = fjord_broker::BrokerConfig {
+        log_dir: dir.path().join("broker"),
+        listeners: listener.local_addr().unwrap().into(),
+        num_partitions: 2,
+        ..fjord_broker::BrokerConfig::default()
+    };
+    config.set("transaction.state.log.num.partitions", "1").unwrap();
+    tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
+    let client = ClientConfig::new(&broker_addr.to_string());
+    Admin::connect(client.clone()).await.unwrap().create_topics(&[NewTopic::new("orders", 2)]).await.unwrap();
+
+    let producer_tier = Arc::new(AuditCounter::new("producer", "app-1", "online").with_window(WINDOW).unwrap());
+    let producer = Producer::connect(ProducerConfig {
+        client: client.clone(),
+        audit: Some(producer_tier.clone()),
+        transactional_id: Some("audited".into()),
+        ..ProducerConfig::default()
+    })
+    .await
+    .unwrap();
+    // Every record in one window, long past (so the verdict is final).
+    let created = window_start(now_ms() - 10_000, WINDOW.as_millis() as i64);
+    for (round, commit) in [(0, true), (1, false), (2, true)] {
+        producer.begin_transaction().unwrap();
+        for i in 0..10 {
+            let record = ProducerRecord::new("orders", format!("{round}:{i}"))
+                .key(format!("k{i}"))
+                .header(fjord_audit::CREATED_HEADER, Some(Bytes::from(created.to_string())));
+            drop(producer.send(record).await.unwrap());
+        }
+        match commit {
+            true => producer.commit_transaction().await.unwrap(),
+            false => producer.abort_transaction().await.unwrap(),
+        }
+        let counted: u64 = producer_tier.unpublished().values().sum();
+        assert_eq!(counted, 10 * [1, 1, 2][round], "round {round}: the producer tier counts committed transactions only");
+    }
+
+    let consume = |isolation: IsolationLevel, counter: Arc<AuditCounter>| {
+        let client = client.clone();
+        async move {
+            let mut consumer = Consumer::connect(ConsumerConfig {
+                client,
+                auto_offset_reset: OffsetReset::Earliest,
+                isolation_level: isolation,
+                fetch_max_wait: Duration::from_millis(50),
+                audit: Some(counter),
+                ..ConsumerConfig::default()
+            })
+            .await
+            .unwrap();
+            consumer.assign_topic("orders").await.unwrap();
+            // Up to the end of both partitions (the positions pass markers and aborted batches).
+            let ends = Admin::connect(ClientConfig::new(&broker_addr.to_string()))
+                .await
+                .unwrap()
+                .list_offsets(&[("orders".into(), 0, OffsetSpec::Latest), ("orders".into(), 1, OffsetSpec::Latest)])
+                .await
+                .unwrap();
+            let mut values = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                for r in consumer.poll(Duration::from_millis(100)).await.unwrap() {
+                    values.push(String::from_utf8(r.value.unwrap().to_vec()).unwrap());
+                }
+                let mut done = true;
+                for (p, end) in ends.iter().enumerate() {
+                    done &= consumer.position(&TopicPartition::new("orders", p as i32)).await.unwrap() >= *end;
+                }
+                if done {
+                    return values;
+                }
+                assert!(Instant::now() < deadline, "{isolation:?} read {} records, not to the log ends {ends:?}", values.len());
+            }
+        }
+    };
+    let committed_tier = Arc::new(AuditCounter::new("consumer", "reader-rc", "online").with_window(WINDOW).unwrap());
+    let uncommitted_tier = Arc::new(AuditCounter::new("consumer", "reader-ru", "online").with_window(WINDOW).unwrap());
+    let committed = consume(IsolationLevel::ReadCommitted, committed_tier.clone()).await;
+    assert_eq!(committed.len(), 20);
+    assert!(committed.iter().all(|v| !v.starts_with("1:")), "an aborted record was returned: {committed:?}");
+    assert_eq!(consume(IsolationLevel::ReadUncommitted, uncommitted_tier.clone()).await.len(), 30);
+
+    let publisher = Producer::connect(ProducerConfig { client: client.clone(), ..ProducerConfig::default() }).await.unwrap();
+    fjord_audit::ensure_audit_topic(&client).await.unwrap();
+    for tier in [&producer_tier, &committed_tier, &uncommitted_tier] {
+        tier.publish(&publisher).await.unwrap();
+    }
+    let cfg = ReportConfig { topics: Some(regex::Regex::new("^orders$").unwrap()), ..report_config(&client) };
+    let report =
+        report_when(&cfg, "all three tiers in the report", |r| r.windows.first().is_some_and(|w| w.counts.len() == 3)).await;
+    assert_eq!(report.topics[0].tiers, ["producer", "consumer", "consumer (read_committed)"]);
+    let w = &report.windows[0];
+    assert_eq!((w.produced, w.counts["consumer"], w.counts["consumer (read_committed)"]), (20, 30, 20));
+    assert_eq!(w.differences["consumer (read_committed)"], 0, "{}", fjord_audit::render::text(&report));
+    assert_eq!(w.problems, ["consumer"], "only the read_uncommitted consumer differs (+10: the aborted records)");
 }

@@ -200,6 +200,9 @@ impl Consumer {
     /// that does not exist is an error ([`Error::UnknownTopic`]), not a new empty topic.
     pub async fn connect(config: ConsumerConfig) -> Result<Self> {
         let cluster = Cluster::connect(ClientConfig { allow_auto_create_topics: false, ..config.client.clone() }).await?;
+        if let Some(audit) = &config.audit {
+            audit.consumer_isolation(config.isolation_level);
+        }
         Ok(Self {
             cluster,
             config,

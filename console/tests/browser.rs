@@ -33,6 +33,7 @@ fn induce_audit_loss(broker: &str) {
         window_ms: window,
         count,
         published_ms: now_ms(),
+        isolation: None,
     };
     let lines: Vec<String> = [
         record("gateway", start(7_200_000), 100),

@@ -27,13 +27,20 @@ impl Inner {
         let succeeded = !matches!(outcome, Outcome::Failed(_));
         let outcome_kind = if matches!(outcome, Outcome::PerRecord(_)) { OutcomeKind::Split } else { OutcomeKind::Whole };
         if let Some(audit) = self.config.audit.as_ref().filter(|_| !batch.audit.is_empty()) {
-            match &outcome {
-                Outcome::Sent { .. } => audit.acknowledged(&batch.topic, &batch.audit),
+            let acked: Vec<i64> = match &outcome {
+                Outcome::Sent { .. } => batch.audit.clone(),
                 Outcome::PerRecord(results) => {
-                    let acked: Vec<i64> = batch.audit.iter().zip(results).filter(|(_, r)| r.is_ok()).map(|(c, _)| *c).collect();
-                    audit.acknowledged(&batch.topic, &acked);
+                    batch.audit.iter().zip(results).filter(|(_, r)| r.is_ok()).map(|(c, _)| *c).collect()
                 }
-                Outcome::Failed(_) => {}
+                Outcome::Failed(_) => Vec::new(),
+            };
+            if self.config.transactional_id.is_some() {
+                // Counted when the transaction commits: an aborted one's records never
+                // reach a read_committed reader, so they are not counted either.
+                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                state.transaction.audit.push((batch.topic.to_string(), acked));
+            } else if !acked.is_empty() {
+                audit.acknowledged(&batch.topic, &acked);
             }
         }
         batch.completion.complete(outcome);

@@ -33,6 +33,9 @@ pub(super) struct Transaction {
     /// A record of the open transaction failed for good, and the coordinator aborted it
     /// when the producer took a new epoch: it can only be aborted.
     pub(super) failed: bool,
+    /// Acknowledged records of the open transaction for the audit hook, by topic: handed
+    /// over at commit, dropped at abort.
+    pub(super) audit: Vec<(String, Vec<i64>)>,
 }
 
 impl Inner {
@@ -144,7 +147,12 @@ impl Producer {
             false => Ok(()),
         };
         if result.is_ok() || !commit {
-            self.inner.state.lock().unwrap_or_else(|e| e.into_inner()).transaction = Transaction::default();
+            let ended = std::mem::take(&mut self.inner.state.lock().unwrap_or_else(|e| e.into_inner()).transaction);
+            if let (true, Some(audit)) = (commit, &self.inner.config.audit) {
+                for (topic, created) in ended.audit.iter().filter(|(_, c)| !c.is_empty()) {
+                    audit.acknowledged(topic, created);
+                }
+            }
         }
         result
     }
