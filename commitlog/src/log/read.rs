@@ -11,6 +11,7 @@ use fjord_record::{Compression, Offset, Records, TimestampType, BATCH_OVERHEAD};
 
 use super::Log;
 use crate::error::IoContext;
+use crate::lock;
 use crate::segment::{Segment, Slice, LOG_SUFFIX};
 use crate::{Error, Result};
 
@@ -47,6 +48,9 @@ impl ReadSlice {
     }
 }
 
+/// How many times a read starts over on a newer segment list after a segment swap.
+const MAX_READ_RETRIES: usize = 8;
+
 impl Log {
     /// Whole batches from the one containing `offset`, at most `max_bytes` of them,
     /// but at least one whole batch when `min_one` is set (KIP-74), never a batch
@@ -59,41 +63,58 @@ impl Log {
     /// returns the batch 10–19 only (20–29 reaches the bound), `first_offset` 10 and
     /// `next_offset` 20.
     pub fn read(&self, offset: Offset, max_bytes: usize, upper_bound: Option<Offset>, min_one: bool) -> Result<ReadSlice> {
-        // The writer publishes a new segment before the log end that reaches into it,
-        // and a new log start before the segment list without the deleted segments:
-        // so load the log end, then the segments, then the log start.
-        let log_end = self.log_end_offset();
-        let view = self.view();
-        let log_start = self.log_start_offset();
-        if offset < log_start || offset > log_end {
-            return Err(Error::OffsetOutOfRange { requested: offset, log_start, log_end });
-        }
         let empty = |seg: &Segment| -> Result<ReadSlice> {
             Ok(ReadSlice { file: seg.log()?, position: seg.size(), len: 0, first_offset: offset, next_offset: offset })
         };
-        let floor = view.range(..=offset).next_back();
-        let candidates = floor.into_iter().chain(view.range(offset + 1..));
-        if offset < log_end && upper_bound.is_none_or(|u| offset < u) {
-            for (_, seg) in candidates {
-                match seg.read(offset, max_bytes, upper_bound, min_one) {
-                    Ok(Some((file, Slice { position, len, first_offset, next_offset }))) => {
-                        return Ok(ReadSlice { file, position, len, first_offset, next_offset })
+        let mut retries = 0;
+        loop {
+            // The writer publishes a new segment before the log end that reaches into it,
+            // and a new log start before the segment list without the deleted segments:
+            // so load the log end, then the segments, then the log start.
+            let log_end = self.log_end_offset();
+            let view = self.view();
+            let log_start = self.log_start_offset();
+            if offset < log_start || offset > log_end {
+                return Err(Error::OffsetOutOfRange { requested: offset, log_start, log_end });
+            }
+            let floor = view.range(..=offset).next_back();
+            let candidates = floor.into_iter().chain(view.range(offset + 1..));
+            if offset < log_end && upper_bound.is_none_or(|u| offset < u) {
+                for (_, seg) in candidates {
+                    match seg.read(offset, max_bytes, upper_bound, min_one) {
+                        Ok(Some((file, Slice { position, len, first_offset, next_offset }))) => {
+                            return Ok(ReadSlice { file, position, len, first_offset, next_offset })
+                        }
+                        Ok(None) => {}
+                        // Deleted (retention, truncation) and unlinked while this read held
+                        // the old segment list: the data moved away, as below.
+                        Err(Error::Io { source, .. }) if seg.is_deleted() && source.kind() == io::ErrorKind::NotFound => break,
+                        Err(e) => return Err(e),
                     }
-                    Ok(None) => {}
-                    // Deleted (retention, truncation) and unlinked while this read held
-                    // the old segment list: the data moved away, as below.
-                    Err(Error::Io { source, .. }) if seg.is_deleted() && source.kind() == io::ErrorKind::NotFound => break,
-                    Err(e) => return Err(e),
+                }
+                // Raced with retention or truncation: the data moved away under us.
+                let log_start = self.log_start_offset();
+                if offset < log_start {
+                    return Err(Error::OffsetOutOfRange { requested: offset, log_start, log_end: self.log_end_offset() });
+                }
+                // Raced with the cleaner: it swapped the segments this read held for a cleaned
+                // one, which has the records at or after `offset` (the last batch of the log
+                // is never cleaned away). Read again on the new list instead of answering
+                // empty below the log end. The swap renames the old files before it
+                // publishes the new list, under the writer lock: waiting for that lock (only
+                // on this rare path) makes sure the new list is out. Each retry needs yet
+                // another swap to fail.
+                if retries < MAX_READ_RETRIES {
+                    drop(lock::mutex(&self.writer));
+                    if !Arc::ptr_eq(&view, &self.view()) {
+                        retries += 1;
+                        continue;
+                    }
                 }
             }
-            // Raced with retention or truncation: the data moved away under us.
-            let log_start = self.log_start_offset();
-            if offset < log_start {
-                return Err(Error::OffsetOutOfRange { requested: offset, log_start, log_end: self.log_end_offset() });
-            }
+            let seg = view.values().next_back().expect("invariant: at least one segment");
+            return empty(seg);
         }
-        let seg = view.values().next_back().expect("invariant: at least one segment");
-        empty(seg)
     }
 
     /// [`Log::read`], copying the bytes into memory.
