@@ -166,7 +166,7 @@ async fn an_offsets_only_transaction_commits_its_offsets_on_three_brokers() {
 /// `kill` a quarter of the way and `restart` three quarters of the way (without waiting);
 /// then checks the output read_committed.
 const CTP: &str = r#"
-import faulthandler, os, sys, time
+import faulthandler, os, sys, threading, time
 from confluent_kafka import Producer, Consumer, TopicPartition as TP, KafkaException
 
 bootstrap, n = sys.argv[1], 3000
@@ -195,7 +195,7 @@ common = {'bootstrap.servers': bootstrap, 'reconnect.backoff.max.ms': 200, 'retr
 consumer = Consumer(dict(common, **{'group.id': 'ctp', 'enable.auto.commit': False, 'isolation.level': 'read_committed',
                                     'auto.offset.reset': 'earliest'}))
 consumer.assign([TP('ctp-in', 0)])
-fatal = []
+fatal, stuck = [], []
 
 def new_producer():
     p = Producer(dict(common, **{'transactional.id': 'ctp-tx', 'transaction.timeout.ms': 60000}))
@@ -218,6 +218,30 @@ def rewind():
         except KafkaException as e:
             check_time('committed: %s' % e)
             time.sleep(0.2)
+
+class Stuck(Exception):
+    pass
+
+def bounded(call, limit=60):
+    # Open bug (#20): after a kill -9 of the broker that also coordinated the group,
+    # send_offsets_to_transaction was seen blocking for minutes past its own 30 s timeout
+    # (integration CI, stack dumped at this call). Past `limit` the transaction's outcome
+    # counts as unknown, as for any fatal error: a new producer fences this one and the
+    # run goes on from the committed offsets; the exactly-once checks below still hold.
+    box = {}
+    def run():
+        try:
+            box['value'] = call()
+        except BaseException as e:
+            box['error'] = e
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        raise Stuck('blocked for %d s' % limit)
+    if 'error' in box:
+        raise box['error']
+    return box.get('value')
 
 def retrying(call):
     while True:
@@ -255,11 +279,16 @@ while done < n:
             i = int(m.value())
             producer.produce('ctp-out', value=b'%d:%d' % (i, attempt), partition=i % 3)
         position = msgs[-1].offset() + 1
-        retrying(lambda: producer.send_offsets_to_transaction([TP('ctp-in', 0, position)],
-                                                              consumer.consumer_group_metadata(), 30))
+        retrying(lambda: bounded(lambda: producer.send_offsets_to_transaction(
+            [TP('ctp-in', 0, position)], consumer.consumer_group_metadata(), 30)))
         retrying(lambda: producer.commit_transaction(30))
         committed_attempts.add(attempt)
         done = position
+    except Stuck as e:
+        stuck.append(str(e))
+        producer = new_producer()
+        done = rewind()
+        continue
     except KafkaException as e:
         if e.args[0].txn_requires_abort():
             retrying(lambda: producer.abort_transaction(30))
@@ -295,7 +324,7 @@ for p, records in by_partition.items():
 visible_aborted = [r for records in by_partition.values() for r in records if r[1] in aborted_attempts]
 assert not visible_aborted, ('records of aborted transactions visible', visible_aborted[:10])
 print('transactions', attempt, 'committed', len(committed_attempts), 'aborted', len(aborted_attempts),
-      'fatal', fatal, flush=True)
+      'fatal', fatal, 'stuck', stuck, flush=True)
 print('ok', flush=True)
 os._exit(0)
 "#;
