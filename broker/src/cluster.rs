@@ -26,7 +26,7 @@
 //!
 //! [`WatchEvent::SessionLost`]: fjord_coord::WatchEvent::SessionLost
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -63,8 +63,6 @@ struct ViewState {
     /// Every partition whose state node has been read at least once; `None` while the
     /// node is missing (a topic being created or deleted).
     partitions: HashMap<TopicPartition, Option<StateVersion>>,
-    /// Every broker's unhealthy replicas as published under `/brokers/offline_replicas`.
-    unhealthy: crate::replica_health::Published,
 }
 
 /// The `/controller` document (Kafka's layout).
@@ -108,13 +106,12 @@ impl ClusterView {
     /// every topic present now is loaded (its partitions applied), as a single broker
     /// used to before accepting connections.
     pub(crate) async fn start(self: &Arc<Self>, tracker: &TaskTracker, shutdown: &CancellationToken) -> crate::Result<()> {
-        for parent in [paths::BROKER_IDS, paths::TOPICS, paths::TOPIC_CONFIGS, paths::OFFLINE_REPLICAS] {
+        for parent in [paths::BROKER_IDS, paths::TOPICS, paths::TOPIC_CONFIGS] {
             ensure_path(&*self.store, parent).await?;
         }
         let initial = self.store.children(paths::TOPICS).await?;
         tracker.spawn(self.clone().watch_brokers(shutdown.clone()));
         tracker.spawn(self.clone().watch_controller(shutdown.clone()));
-        tracker.spawn(self.clone().watch_unhealthy_replicas(shutdown.clone()));
         tracker.spawn(self.clone().watch_topics(shutdown.clone()));
         let loaded = self.wait_for(Duration::from_secs(60), |view| initial.iter().all(|name| view.is_loaded(name))).await;
         if loaded {
@@ -208,13 +205,6 @@ impl ClusterView {
     /// The controller's broker id, if there is one.
     pub(crate) fn controller(&self) -> Option<i32> {
         self.read().controller
-    }
-
-    /// The brokers that published their replica of the partition as offline or damaged
-    /// (`crate::replica_health`), this one included.
-    pub(crate) fn unhealthy_replicas(&self, tp: &TopicPartition) -> BTreeSet<i32> {
-        let key = (tp.topic.clone(), tp.partition);
-        self.read().unhealthy.get(&key).map(|r| r.unhealthy.clone()).unwrap_or_default()
     }
 
     /// The partition's state as last read.
@@ -345,35 +335,6 @@ impl ClusterView {
                 }
                 Err(e) => {
                     if !backoff(paths::CONTROLLER, &e, &shutdown).await {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    /// `/brokers/offline_replicas`: every broker's unhealthy replicas, for Metadata's
-    /// `offline_replicas` (Kafka's brokers learn them from the controller's
-    /// UpdateMetadata; Fjord's read what each broker publishes, as the controller does).
-    /// Each broker replaces its node on every change (a delete and a create), so a
-    /// children watch sees every change.
-    async fn watch_unhealthy_replicas(self: Arc<Self>, shutdown: CancellationToken) {
-        loop {
-            let read = async {
-                let (_, watch) = self.store.watch_children(paths::OFFLINE_REPLICAS).await?;
-                let published = crate::replica_health::read_all(&*self.store).await?;
-                Ok::<_, fjord_coord::Error>((published, watch))
-            };
-            match read.await {
-                Ok((published, watch)) => {
-                    self.update(|v| v.unhealthy = published);
-                    tokio::select! {
-                        _ = watch => {}
-                        () = shutdown.cancelled() => return,
-                    }
-                }
-                Err(e) => {
-                    if !backoff(paths::OFFLINE_REPLICAS, &e, &shutdown).await {
                         return;
                     }
                 }

@@ -9,10 +9,7 @@
 //! ephemeral `/brokers/offline_replicas/<id>` lists the partitions whose log here could
 //! not be opened or holds a damaged batch ([`fjord_log::LogManager::unhealthy`]), and is
 //! absent when there are none. The controller watches that directory and treats a listed
-//! replica as unusable for its partition ([`crate::controller::decide_avoiding`]), and
-//! every broker watches it too ([`crate::cluster::ClusterView`]) so that its Metadata
-//! answers list a peer's unhealthy replica in `offline_replicas`, as Kafka's brokers do
-//! from the controller's UpdateMetadata. A
+//! replica as unusable for its partition ([`crate::controller::decide_avoiding`]). A
 //! damaged leader thus loses leadership to a healthy in-sync replica, becomes a follower
 //! and heals from it (truncating below the damage, the damaged bytes kept aside); once
 //! healthy, it is no longer listed and rejoins the ISR as any follower does.
@@ -32,11 +29,6 @@ use crate::periodic::Periodic;
 /// How often the health is compared with what was published (the scrubber refreshes it
 /// every second).
 const EVERY: Duration = Duration::from_secs(1);
-
-/// [`OfflineReplica::state`] of a replica whose log could not be opened.
-const OFFLINE: &str = "offline";
-/// [`OfflineReplica::state`] of a replica whose log holds a damaged batch.
-const DAMAGED: &str = "damaged";
 
 /// `/brokers/offline_replicas/<id>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,8 +53,8 @@ fn document(unhealthy: &BTreeMap<TopicPartition, Unhealthy>) -> OfflineReplicas 
             topic: tp.topic.clone(),
             partition: tp.partition,
             state: match why {
-                Unhealthy::Offline { .. } => OFFLINE,
-                Unhealthy::Damaged { .. } => DAMAGED,
+                Unhealthy::Offline { .. } => "offline",
+                Unhealthy::Damaged { .. } => "damaged",
             }
             .to_owned(),
         })
@@ -118,29 +110,15 @@ async fn replace(store: &dyn MetadataStore, path: &str, doc: &OfflineReplicas) -
     create_all(store, path, &to_json(doc), CreateMode::Ephemeral).await.map(drop)
 }
 
-/// The brokers whose replica of one partition is unhealthy.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct UnhealthyReplicas {
-    /// Offline or damaged: not elected over a healthy in-sync replica, listed in every
-    /// broker's Metadata `offline_replicas`.
-    pub(crate) unhealthy: BTreeSet<i32>,
-    /// Of those, the ones whose log could not be opened: they serve nothing, so they
-    /// are never elected (Kafka never elects a replica on an offline log dir).
-    pub(crate) offline: BTreeSet<i32>,
-}
-
-/// Partition (topic, index) → its unhealthy replicas, as every broker published them.
-pub(crate) type Published = BTreeMap<(String, i32), UnhealthyReplicas>;
-
-/// Every broker's published unhealthy replicas. A node that vanished between listing
-/// and reading is skipped.
-pub(crate) async fn read_all(store: &dyn MetadataStore) -> fjord_coord::Result<Published> {
+/// Every broker's published unhealthy replicas: partition → the brokers whose replica of
+/// it is unhealthy. A node that vanished between listing and reading is skipped.
+pub(crate) async fn read_all(store: &dyn MetadataStore) -> fjord_coord::Result<BTreeMap<(String, i32), BTreeSet<i32>>> {
     let children = match store.children(paths::OFFLINE_REPLICAS).await {
         Ok(children) => children,
         Err(fjord_coord::Error::NoNode { .. }) => return Ok(BTreeMap::new()),
         Err(e) => return Err(e),
     };
-    let mut out = Published::new();
+    let mut out: BTreeMap<(String, i32), BTreeSet<i32>> = BTreeMap::new();
     for child in children {
         let Ok(broker) = child.parse::<i32>() else { continue };
         let doc = match read_json::<OfflineReplicas>(store, &paths::offline_replicas(broker)).await {
@@ -154,11 +132,7 @@ pub(crate) async fn read_all(store: &dyn MetadataStore) -> fjord_coord::Result<P
             Err(e) => return Err(e),
         };
         for r in doc.partitions {
-            let replicas = out.entry((r.topic, r.partition)).or_default();
-            replicas.unhealthy.insert(broker);
-            if r.state == OFFLINE {
-                replicas.offline.insert(broker);
-            }
+            out.entry((r.topic, r.partition)).or_default().insert(broker);
         }
     }
     Ok(out)
@@ -180,14 +154,10 @@ mod tests {
         replace(&*store, &paths::offline_replicas(2), &document(&health)).await.unwrap();
         replace(&*store, &paths::offline_replicas(3), &document(&health)).await.unwrap();
         let read = read_all(&*store).await.unwrap();
-        let both = BTreeSet::from([2, 3]);
-        let damaged = UnhealthyReplicas { unhealthy: both.clone(), offline: BTreeSet::new() };
-        assert_eq!(read.get(&("t".to_owned(), 0)), Some(&damaged));
-        let offline = UnhealthyReplicas { unhealthy: both.clone(), offline: both };
-        assert_eq!(read.get(&("u".to_owned(), 2)), Some(&offline), "an unopenable log is offline");
+        assert_eq!(read.get(&("t".to_owned(), 0)), Some(&BTreeSet::from([2, 3])));
+        assert_eq!(read.get(&("u".to_owned(), 2)), Some(&BTreeSet::from([2, 3])));
         replace(&*store, &paths::offline_replicas(3), &document(&BTreeMap::new())).await.unwrap();
         assert!(store.exists(&paths::offline_replicas(3)).await.unwrap().is_none(), "healthy: no node");
-        let read = read_all(&*store).await.unwrap();
-        assert_eq!(read.get(&("t".to_owned(), 0)).map(|r| &r.unhealthy), Some(&BTreeSet::from([2])));
+        assert_eq!(read_all(&*store).await.unwrap().get(&("t".to_owned(), 0)), Some(&BTreeSet::from([2])));
     }
 }
