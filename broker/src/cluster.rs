@@ -26,7 +26,7 @@
 //!
 //! [`WatchEvent::SessionLost`]: fjord_coord::WatchEvent::SessionLost
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -63,6 +63,8 @@ struct ViewState {
     /// Every partition whose state node has been read at least once; `None` while the
     /// node is missing (a topic being created or deleted).
     partitions: HashMap<TopicPartition, Option<StateVersion>>,
+    /// Every broker's unhealthy replicas as published under `/brokers/offline_replicas`.
+    unhealthy: crate::replica_health::Published,
 }
 
 /// The `/controller` document (Kafka's layout).
@@ -106,12 +108,13 @@ impl ClusterView {
     /// every topic present now is loaded (its partitions applied), as a single broker
     /// used to before accepting connections.
     pub(crate) async fn start(self: &Arc<Self>, tracker: &TaskTracker, shutdown: &CancellationToken) -> crate::Result<()> {
-        for parent in [paths::BROKER_IDS, paths::TOPICS, paths::TOPIC_CONFIGS] {
+        for parent in [paths::BROKER_IDS, paths::TOPICS, paths::TOPIC_CONFIGS, paths::OFFLINE_REPLICAS] {
             ensure_path(&*self.store, parent).await?;
         }
         let initial = self.store.children(paths::TOPICS).await?;
         tracker.spawn(self.clone().watch_brokers(shutdown.clone()));
         tracker.spawn(self.clone().watch_controller(shutdown.clone()));
+        tracker.spawn(self.clone().watch_unhealthy_replicas(shutdown.clone()));
         tracker.spawn(self.clone().watch_topics(shutdown.clone()));
         let loaded = self.wait_for(Duration::from_secs(60), |view| initial.iter().all(|name| view.is_loaded(name))).await;
         if loaded {
@@ -130,8 +133,12 @@ impl ClusterView {
     /// `<topic>-<partition>-orphan-<unix ms>` and reported; it is deleted on an
     /// operator's command (`fjord logs orphans --delete`). A topic that is listed but
     /// not in the view (unreadable) keeps its logs where they are.
+    ///
+    /// Logs that could not be opened are among them (moved aside as they are): else they
+    /// would stay listed offline, and a topic created again under the name would meet
+    /// the same directory.
     fn set_aside_stray_logs(&self, listed: &[String]) {
-        for tp in self.logs.partitions() {
+        for tp in self.logs.partitions().into_iter().chain(self.logs.offline_partitions()) {
             let (stray, why) = match self.topic(&tp.topic) {
                 Some(topic) => (
                     !topic.partition_replicas(tp.partition).is_some_and(|r| r.contains(&self.broker_id)),
@@ -205,6 +212,13 @@ impl ClusterView {
     /// The controller's broker id, if there is one.
     pub(crate) fn controller(&self) -> Option<i32> {
         self.read().controller
+    }
+
+    /// The brokers that published their replica of the partition as offline or damaged
+    /// (`crate::replica_health`), this one included.
+    pub(crate) fn unhealthy_replicas(&self, tp: &TopicPartition) -> BTreeSet<i32> {
+        let key = (tp.topic.clone(), tp.partition);
+        self.read().unhealthy.get(&key).map(|r| r.unhealthy.clone()).unwrap_or_default()
     }
 
     /// The partition's state as last read.
@@ -335,6 +349,35 @@ impl ClusterView {
                 }
                 Err(e) => {
                     if !backoff(paths::CONTROLLER, &e, &shutdown).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `/brokers/offline_replicas`: every broker's unhealthy replicas, for Metadata's
+    /// `offline_replicas` (Kafka's brokers learn them from the controller's
+    /// UpdateMetadata; Fjord's read what each broker publishes, as the controller does).
+    /// Each broker replaces its node on every change (a delete and a create), so a
+    /// children watch sees every change.
+    async fn watch_unhealthy_replicas(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let read = async {
+                let (_, watch) = self.store.watch_children(paths::OFFLINE_REPLICAS).await?;
+                let published = crate::replica_health::read_all(&*self.store).await?;
+                Ok::<_, fjord_coord::Error>((published, watch))
+            };
+            match read.await {
+                Ok((published, watch)) => {
+                    self.update(|v| v.unhealthy = published);
+                    tokio::select! {
+                        _ = watch => {}
+                        () = shutdown.cancelled() => return,
+                    }
+                }
+                Err(e) => {
+                    if !backoff(paths::OFFLINE_REPLICAS, &e, &shutdown).await {
                         return;
                     }
                 }
@@ -488,12 +531,14 @@ impl ClusterView {
         }
         partitions.clear();
         while let Some(joined) = tasks.join_next().await {
-            if let Ok((tp, true)) = joined {
-                if deleted {
+            match joined {
+                Ok((tp, true)) if deleted => {
                     if let Err(e) = self.logs.delete(&tp) {
                         tracing::error!(partition = %tp, error = %e, "deleting the log of a deleted topic failed");
                     }
                 }
+                Ok((tp, false)) if deleted => self.set_aside_offline(&tp, "its topic was deleted"),
+                _ => {}
             }
         }
         self.update(|v| {
@@ -572,9 +617,14 @@ impl ClusterView {
                     return applied;
                 }
                 if applied.is_none() {
+                    let was_offline = self.logs.is_offline(tp);
                     match self.logs.get_or_create(tp, topic.config) {
                         Ok(log) => {
                             self.replicas.add_partition(tp, log);
+                            if was_offline {
+                                tracing::info!(partition = %tp, "the log of an assigned replica opens again: no longer offline");
+                                self.replicas.health_changed().notify_one();
+                            }
                         }
                         Err(e) => {
                             // Not served (NOT_LEADER_OR_FOLLOWER) until its next state change
@@ -604,9 +654,32 @@ impl ClusterView {
                     if let Err(e) = self.logs.delete(tp) {
                         tracing::error!(partition = %tp, error = %e, "deleting the log of a removed replica failed");
                     }
+                } else if state.is_some() {
+                    self.set_aside_offline(tp, "the partition was reassigned away from this broker");
                 }
                 None
             }
+        }
+    }
+
+    /// A replica this broker no longer holds whose log could not be opened: its
+    /// directory is moved aside as it is (never deleted, as nothing could read it) and it
+    /// leaves the offline listing at once. No-op for any other partition.
+    fn set_aside_offline(&self, tp: &TopicPartition, why: &str) {
+        if !self.logs.is_offline(tp) {
+            return;
+        }
+        match self.logs.move_aside(tp, fjord_record::now_ms() as u64) {
+            Ok(moved) => {
+                tracing::warn!(
+                    partition = %tp,
+                    moved_to = ?moved,
+                    reason = why,
+                    "an unopenable log this broker no longer holds a replica of is moved aside, keeping its data, and no longer offline"
+                );
+                self.replicas.health_changed().notify_one();
+            }
+            Err(e) => tracing::error!(partition = %tp, error = %e, "moving aside an unopenable log failed"),
         }
     }
 }

@@ -47,6 +47,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::read_overrides;
+use crate::replica_health::UnhealthyReplicas;
 
 /// Pause before competing again after a store error.
 const RETRY_BACKOFF: Duration = Duration::from_millis(500);
@@ -358,8 +359,8 @@ fn numbered_partitions(assignment: &TopicAssignment) -> impl Iterator<Item = (i3
     assignment.partitions.iter().filter_map(|(p, replicas)| Some((p.parse().ok()?, replicas)))
 }
 
-/// Partition → brokers whose replica of it is offline or damaged (`crate::replica_health`).
-type Unhealthy = BTreeMap<(String, i32), BTreeSet<i32>>;
+/// Partition → its replicas that are offline or damaged (`crate::replica_health`).
+type Unhealthy = crate::replica_health::Published;
 
 /// One pass over every partition: writes the states [`decide_avoiding`] changes.
 async fn reconcile(
@@ -369,7 +370,7 @@ async fn reconcile(
     unhealthy: &Unhealthy,
     unclean_default: bool,
 ) -> Result<(), Stop> {
-    let none = BTreeSet::new();
+    let none = UnhealthyReplicas::default();
     for (topic, assignment) in topic_assignments(store).await? {
         // The topic's own `unclean.leader.election.enable`, read once per topic (write_state
         // decides without awaiting, so it cannot be read only when an election needs it).
@@ -408,7 +409,10 @@ async fn restore_preferred(
     }
     for ((topic, partition), replicas, _) in rebalance(&states, live, percentage) {
         // Never back to a preferred replica whose copy is unhealthy.
-        if unhealthy.get(&(topic.clone(), *partition)).is_some_and(|bad| replicas.first().is_some_and(|p| bad.contains(p))) {
+        if unhealthy
+            .get(&(topic.clone(), *partition))
+            .is_some_and(|bad| replicas.first().is_some_and(|p| bad.unhealthy.contains(p)))
+        {
             continue;
         }
         let what = "controller moved leadership back to the preferred replica";
@@ -593,26 +597,35 @@ pub(crate) fn decide(state: &PartitionState, replicas: &[i32], live: &BTreeSet<i
     Some(PartitionState { leader, leader_epoch: state.leader_epoch + 1, isr, controller_epoch: state.controller_epoch })
 }
 
-/// [`decide`], keeping leadership and ISR membership off the replicas in `unhealthy`
-/// (offline or damaged copies, `crate::replica_health`) when another in-sync replica is
-/// usable: a leader listed there gives leadership to the first usable in-sync replica
-/// and leaves the ISR, as does a listed follower, and a listed replica is never elected
-/// (Kafka's handling of an offline replica). When no usable in-sync replica exists, the
-/// state is decided as if nothing were listed: a damaged leader still serves everything
-/// before its damage, and a damaged last in-sync replica is a better leader than none.
+/// [`decide`], keeping leadership and ISR membership off the replicas in `bad`
+/// (offline or damaged copies, `crate::replica_health`):
+/// - an offline copy (its log could not be opened) serves nothing, so it counts as not
+///   live at all: it is never elected, not even by an unclean election, and leaves the
+///   ISR (Kafka never elects a replica on an offline log dir); with nobody else the
+///   partition goes offline (leader -1, the ISR kept) until the copy opens again;
+/// - a damaged copy, when another in-sync replica is usable: a leader listed there gives
+///   leadership to the first usable in-sync replica and leaves the ISR, as does a listed
+///   follower, and it is never elected. When no usable in-sync replica exists, the state
+///   is decided as if it were healthy: a damaged leader still serves everything before
+///   its damage, and a damaged last in-sync replica is a better leader than none.
 pub(crate) fn decide_avoiding(
     state: &PartitionState,
     replicas: &[i32],
     live: &BTreeSet<i32>,
-    unhealthy: &BTreeSet<i32>,
+    bad: &UnhealthyReplicas,
     unclean: bool,
 ) -> Option<PartitionState> {
-    let usable: BTreeSet<i32> = live.difference(unhealthy).copied().collect();
+    if bad.offline.contains(&state.leader) && live.contains(&state.leader) {
+        tracing::warn!(leader = state.leader, isr = ?state.isr, "the leader's log cannot be opened: it gives up leadership");
+    }
+    let live: BTreeSet<i32> = live.difference(&bad.offline).copied().collect();
+    let live = &live;
+    let usable: BTreeSet<i32> = live.difference(&bad.unhealthy).copied().collect();
     let other_in_sync = replicas.iter().any(|b| usable.contains(b) && state.isr.contains(b));
-    if unhealthy.is_empty() || !other_in_sync {
+    if bad.unhealthy.is_empty() || !other_in_sync {
         return decide(state, replicas, live, unclean);
     }
-    if unhealthy.contains(&state.leader) && live.contains(&state.leader) {
+    if bad.unhealthy.contains(&state.leader) && live.contains(&state.leader) {
         tracing::warn!(
             leader = state.leader, isr = ?state.isr,
             "the leader's copy is offline or damaged: leadership moves to a healthy in-sync replica"
@@ -699,7 +712,9 @@ mod tests {
     fn unhealthy_replicas_lose_leadership_and_isr_membership_when_a_healthy_one_can_take_over() {
         let replicas = [1, 2, 3];
         let all = live(&[1, 2, 3]);
-        let decide = |s: &PartitionState, l: &BTreeSet<i32>, bad: &[i32]| decide_avoiding(s, &replicas, l, &live(bad), false);
+        let decide = |s: &PartitionState, l: &BTreeSet<i32>, bad: &[i32]| {
+            decide_avoiding(s, &replicas, l, &UnhealthyReplicas { unhealthy: live(bad), offline: BTreeSet::new() }, false)
+        };
         assert_eq!(decide(&state(1, 4, &[1, 2, 3]), &all, &[]), None, "nothing listed: nothing changes");
         assert_eq!(decide(&state(1, 4, &[1, 2, 3]), &all, &[1]), Some(state(2, 5, &[2, 3])), "a damaged leader gives way");
         assert_eq!(decide(&state(1, 4, &[1, 2, 3]), &all, &[2]), Some(state(1, 4, &[1, 3])), "a damaged follower leaves the ISR");
@@ -712,6 +727,31 @@ mod tests {
         assert_eq!(decide(&state(1, 4, &[1]), &all, &[1]), None, "no other in-sync replica: the damaged leader stays");
         assert_eq!(decide(&state(1, 4, &[1, 2]), &all, &[1, 2]), None, "nobody healthy in sync: as if nothing were listed");
         assert_eq!(decide(&state(1, 4, &[1, 2]), &live(&[2]), &[2]), Some(state(2, 5, &[2])), "a damaged last replica over none");
+    }
+
+    #[test]
+    fn offline_replicas_are_never_elected_and_leave_the_isr() {
+        let replicas = [1, 2, 3];
+        let offline = |ids: &[i32]| UnhealthyReplicas { unhealthy: live(ids), offline: live(ids) };
+        let decide = |s: &PartitionState, l: &[i32], off: &[i32], unclean: bool| {
+            decide_avoiding(s, &replicas, &live(l), &offline(off), unclean)
+        };
+        // Leader 1 dies; 2's log cannot be opened: 3 leads, not 2 (first in assignment order).
+        assert_eq!(decide(&state(1, 4, &[1, 2, 3]), &[2, 3], &[2], false), Some(state(3, 5, &[3])));
+        // 2 is the only other in-sync replica: the partition goes offline rather than to a
+        // copy that serves nothing (a damaged copy would lead here, see above).
+        assert_eq!(decide(&state(1, 4, &[1, 2]), &[2, 3], &[2], false), Some(state(-1, 5, &[1, 2])));
+        // Unclean election picks a live out-of-sync replica, never the offline one...
+        assert_eq!(decide(&state(1, 4, &[1, 2]), &[2, 3], &[2], true), Some(state(3, 5, &[3])));
+        // ... and with nobody else, nobody.
+        assert_eq!(decide(&state(1, 4, &[1, 2]), &[2], &[2], true), Some(state(-1, 5, &[1, 2])));
+        // An offline follower leaves the ISR even when no other replica is healthy.
+        assert_eq!(decide(&state(1, 4, &[1, 2]), &[1, 2, 3], &[2], false), Some(state(1, 4, &[1])));
+        // An offline leader gives up leadership to an in-sync replica, or to nobody.
+        assert_eq!(decide(&state(1, 4, &[1, 2]), &[1, 2, 3], &[1], false), Some(state(2, 5, &[2])));
+        assert_eq!(decide(&state(1, 4, &[1]), &[1, 2, 3], &[1], false), Some(state(-1, 5, &[1])));
+        // Once its log opens again (no longer listed), the last in-sync replica leads again.
+        assert_eq!(decide(&state(-1, 5, &[1]), &[1, 2, 3], &[], false), Some(state(1, 6, &[1])));
     }
 
     fn live(ids: &[i32]) -> BTreeSet<i32> {

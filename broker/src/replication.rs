@@ -33,6 +33,7 @@ use fjord_coord::registry::{read_json, to_json, PartitionState};
 use fjord_coord::{paths, Store};
 use fjord_log::Log;
 use fjord_record::TopicPartition;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -121,13 +122,24 @@ pub(crate) struct ReplicaManager {
     /// Fetchers, ISR writes and the ISR expiry task; stopped by [`ReplicaManager::shutdown`].
     tasks: TaskTracker,
     shutdown: CancellationToken,
+    /// Notified when a log here became healthy (a follower's repair, a log that opens
+    /// again): `crate::replica_health::publish` then clears its listing at once.
+    health_changed: Arc<Notify>,
 }
 
 impl ReplicaManager {
     pub(crate) fn new(broker_id: i32, store: Store, config: ReplicationConfig, peer: PeerConfig) -> Arc<Self> {
         let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
-        let context =
-            FetchContext { broker_id, store: store.clone(), config, peer, tasks: tasks.clone(), shutdown: shutdown.clone() };
+        let health_changed = Arc::new(Notify::new());
+        let context = FetchContext {
+            broker_id,
+            store: store.clone(),
+            config,
+            peer,
+            tasks: tasks.clone(),
+            shutdown: shutdown.clone(),
+            health_changed: health_changed.clone(),
+        };
         let manager = Arc::new(Self {
             broker_id,
             store,
@@ -137,6 +149,7 @@ impl ReplicaManager {
             fetchers: Fetchers::new(Arc::new(context)),
             tasks,
             shutdown,
+            health_changed,
         });
         manager.spawn_isr_expiry();
         manager
@@ -148,6 +161,11 @@ impl ReplicaManager {
         self.shutdown.cancel();
         self.tasks.close();
         self.tasks.wait().await;
+    }
+
+    /// See the field: what the health publisher waits on besides its timer.
+    pub(crate) fn health_changed(&self) -> Arc<Notify> {
+        self.health_changed.clone()
     }
 
     /// This broker's id.

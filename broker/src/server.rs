@@ -184,7 +184,13 @@ pub async fn run_listeners(
     let controllership = Arc::new(Controllership::default());
     tracker.spawn(controller::run(store.clone(), config.broker_id, controller_config, controllership.clone(), stop.clone()));
     tracker.spawn(keep_registered(store.clone(), config.broker_id, registration, shutdown.clone()));
-    tracker.spawn(crate::replica_health::publish(store.clone(), config.broker_id, logs.clone(), stop.clone()));
+    tracker.spawn(crate::replica_health::publish(
+        store.clone(),
+        config.broker_id,
+        logs.clone(),
+        replicas.health_changed(),
+        stop.clone(),
+    ));
     // A broker that was the last in-sync replica of a partition (a single broker
     // restarting, say) gets it back from the controller right after registering; wait
     // for that (bounded), so the first clients find it leading as before the restart.

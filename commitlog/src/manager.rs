@@ -270,9 +270,25 @@ impl LogManager {
                 return Err(e);
             }
         };
-        lock::mutex(&self.offline).remove(tp);
+        let was_offline = lock::mutex(&self.offline).remove(tp).is_some();
         logs.insert(tp.clone(), log.clone());
+        drop(logs);
+        if was_offline {
+            // Opens now: no longer listed as offline (Metadata, the published listing)
+            // from this moment, not from the next periodic refresh.
+            self.refresh_health();
+        }
         Ok(log)
+    }
+
+    /// Whether the partition's log could not be opened here (the last attempt failed).
+    pub fn is_offline(&self, tp: &TopicPartition) -> bool {
+        lock::mutex(&self.offline).contains_key(tp)
+    }
+
+    /// The partitions whose log could not be opened here.
+    pub fn offline_partitions(&self) -> Vec<TopicPartition> {
+        lock::mutex(&self.offline).keys().cloned().collect()
     }
 
     /// The default config partitions were opened with.
@@ -300,13 +316,40 @@ impl LogManager {
     /// more, so the name never parses as a partition directory and is not loaded again).
     /// For a log the metadata does not know: its data stays on disk until an operator
     /// deletes it ([`delete_orphan`]). Returns the new path (`None` when absent).
+    ///
+    /// A partition whose log could not be opened ([`LogManager::is_offline`]) has its
+    /// directory moved aside as it is (when there is one) and is then no longer offline
+    /// here: not listed by [`LogManager::unhealthy`], nor kept in the checkpoints. That is
+    /// the way out of offline for a replica this broker no longer holds (its topic
+    /// deleted, the partition reassigned away), as opening it is for one it holds.
     pub fn move_aside(&self, tp: &TopicPartition, now_ms: u64) -> Result<Option<PathBuf>> {
-        let Some(log) = lock::write(&self.logs).remove(tp) else { return Ok(None) };
-        if let Err(e) = log.close() {
-            // Its data is whole up to the last flush; a later load would recover the rest.
-            tracing::warn!(partition = %tp, error = %e, "closing a log before moving it aside failed");
-        }
-        let from = log.dir().to_path_buf();
+        let removed = lock::write(&self.logs).remove(tp);
+        let from = match removed {
+            Some(log) => {
+                if let Err(e) = log.close() {
+                    // Its data is whole up to the last flush; a later load would recover the rest.
+                    tracing::warn!(partition = %tp, error = %e, "closing a log before moving it aside failed");
+                }
+                log.dir().to_path_buf()
+            }
+            None if self.is_offline(tp) => {
+                let dir = self.dir.join(tp.dir_name());
+                let moved = if fs::symlink_metadata(&dir).is_ok() { Some(self.rename_aside(tp, &dir, now_ms)?) } else { None };
+                lock::mutex(&self.offline).remove(tp);
+                lock::mutex(&self.unopened).remove(tp);
+                self.checkpoint()?;
+                self.refresh_health();
+                return Ok(moved);
+            }
+            None => return Ok(None),
+        };
+        let to = self.rename_aside(tp, &from, now_ms)?;
+        self.checkpoint()?;
+        Ok(Some(to))
+    }
+
+    /// Renames `from` to the partition's first free `-orphan-<ms>` name, durably.
+    fn rename_aside(&self, tp: &TopicPartition, from: &Path, now_ms: u64) -> Result<PathBuf> {
         let mut ms = now_ms;
         let to = loop {
             let to = self.dir.join(format!("{}{ORPHAN_MARKER}{ms:013}", tp.dir_name()));
@@ -315,10 +358,9 @@ impl LogManager {
             }
             ms += 1;
         };
-        fs::rename(&from, &to).at(&from)?;
+        fs::rename(from, &to).at(from)?;
         checkpoint::sync_dir(&self.dir)?;
-        self.checkpoint()?;
-        Ok(Some(to))
+        Ok(to)
     }
 
     /// Writes both checkpoint files atomically (temp file, fsync, rename, fsync dir).
@@ -590,8 +632,44 @@ mod tests {
         std::fs::rename(dir.path().join("aside.log"), &segment).unwrap();
         let log = m.get_or_create(&bad, config()).unwrap();
         assert_eq!((log.log_end_offset(), log.high_watermark()), (3, 3));
-        m.refresh_health();
-        assert!(m.unhealthy().is_empty());
+        assert!(m.unhealthy().is_empty(), "healthy as soon as it opens, not at the next refresh");
+        assert!(!m.is_offline(&bad));
+    }
+
+    #[test]
+    fn an_offline_partition_moved_aside_is_no_longer_offline_and_keeps_its_bytes() {
+        // The way out of offline for a replica that is no longer this broker's (its topic
+        // deleted, reassigned away): before, it stayed listed offline until a restart, and
+        // a topic created again under the name met the same unopenable directory.
+        let dir = tempfile::tempdir().unwrap();
+        let bad = TopicPartition::new("bad", 0);
+        {
+            let m = LogManager::open(dir.path(), config()).unwrap();
+            let log = m.get_or_create(&bad, config()).unwrap();
+            log.append(&mut batch(3), 0).unwrap();
+            log.set_high_watermark(3);
+            log.close().unwrap();
+            m.checkpoint().unwrap();
+        }
+        let segment = dir.path().join(bad.dir_name()).join("00000000000000000000.log");
+        let kept = std::fs::read(&segment).unwrap();
+        std::fs::remove_file(&segment).unwrap();
+        std::fs::create_dir(&segment).unwrap();
+        std::fs::write(segment.join("inside"), &kept).unwrap();
+
+        let m = LogManager::open(dir.path(), config()).unwrap();
+        assert!(m.is_offline(&bad));
+        assert_eq!(m.offline_partitions(), vec![bad.clone()]);
+        let moved = m.move_aside(&bad, 1_700_000_000_000).unwrap().expect("its directory is moved aside");
+        assert!(orphan_name(&moved.file_name().unwrap().to_string_lossy()).is_some(), "{moved:?}");
+        assert_eq!(std::fs::read(moved.join("00000000000000000000.log").join("inside")).unwrap(), kept, "nothing deleted");
+        assert!(!m.is_offline(&bad) && m.unhealthy().is_empty(), "no longer offline, at once");
+        let points = checkpoint::read_offsets(&dir.path().join(REPLICATION_CHECKPOINT)).unwrap();
+        assert_eq!(points.get(&bad), None, "no longer checkpointed");
+        // The name is free again: a new replica of it starts empty and healthy.
+        let log = m.get_or_create(&bad, config()).unwrap();
+        assert_eq!(log.log_end_offset(), 0);
+        assert_eq!(m.move_aside(&TopicPartition::new("absent", 0), 1).unwrap(), None, "nothing to move");
     }
 
     #[test]

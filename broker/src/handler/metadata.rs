@@ -207,12 +207,20 @@ impl Broker {
                     state.map_or((-1, -1, Vec::new()), |s| (s.state.leader, s.state.leader_epoch, s.state.isr));
                 let tp = fjord_record::TopicPartition::new(&topic.name, p);
                 let damaged_here = unhealthy.contains_key(&tp);
-                let offline: Vec<i32> =
-                    replicas.iter().copied().filter(|&r| !live.contains(&r) || (r == me && damaged_here)).collect();
+                // Another broker's unhealthy replica, as it published it (this broker's own
+                // is known first-hand, before its publication comes round).
+                let unhealthy_peers = view.unhealthy_replicas(&tp);
+                let offline: Vec<i32> = replicas
+                    .iter()
+                    .copied()
+                    .filter(|&r| !live.contains(&r) || (r == me && damaged_here) || (r != me && unhealthy_peers.contains(&r)))
+                    .collect();
                 // A leader that is not live cannot be reached: the controller is about to
                 // elect another; until then the client must wait, as with no leader.
                 let (leader, error) = if leader >= 0 && live.contains(&leader) {
-                    (leader, if leader == me && damaged_here { error_code::KAFKA_STORAGE_ERROR } else { error_code::NONE })
+                    // The leader's copy is damaged or offline: as the leader itself answers.
+                    let storage_error = if leader == me { damaged_here } else { unhealthy_peers.contains(&leader) };
+                    (leader, if storage_error { error_code::KAFKA_STORAGE_ERROR } else { error_code::NONE })
                 } else {
                     (-1, error_code::LEADER_NOT_AVAILABLE)
                 };

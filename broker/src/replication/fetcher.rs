@@ -46,6 +46,9 @@ pub(crate) struct FetchContext {
     pub(crate) peer: PeerConfig,
     pub(crate) tasks: TaskTracker,
     pub(crate) shutdown: CancellationToken,
+    /// Notified when a repair healed a log here, so that its unhealthy listing goes at
+    /// once (`crate::replica_health::publish`).
+    pub(crate) health_changed: Arc<Notify>,
 }
 
 type PartitionSet = Arc<Mutex<HashMap<TopicPartition, Arc<Partition>>>>;
@@ -217,7 +220,7 @@ async fn round(
         *peer = Some(connect(context, leader).await?);
     }
     let peer = peer.as_mut().expect("invariant: connected above");
-    let mut failed = heal(leader, partitions).await;
+    let mut failed = heal(context, leader, partitions).await;
     let (mut truncating, mut fetching) = (Vec::new(), Vec::new());
     for partition in partitions {
         match partition.next_follower_step(leader) {
@@ -240,7 +243,7 @@ async fn round(
 
 /// Heals the damaged logs among `partitions` (see [`Partition::heal_as_follower`]) on
 /// the blocking pool; returns those that failed to heal, to be delayed.
-async fn heal(leader: i32, partitions: &[Arc<Partition>]) -> Vec<TopicPartition> {
+async fn heal(context: &FetchContext, leader: i32, partitions: &[Arc<Partition>]) -> Vec<TopicPartition> {
     let mut failed = Vec::new();
     for partition in partitions.iter().filter(|p| !p.log.damage().is_empty()) {
         let p = partition.clone();
@@ -252,7 +255,8 @@ async fn heal(leader: i32, partitions: &[Arc<Partition>]) -> Vec<TopicPartition>
         })
         .await;
         match healed {
-            Ok(Ok(_)) => {}
+            Ok(Ok(Some(_))) => context.health_changed.notify_one(),
+            Ok(Ok(None)) => {}
             Ok(Err(e)) => {
                 tracing::error!(tp = %partition.tp, leader, error = %e, "healing a damaged follower log failed");
                 failed.push(partition.tp.clone());
