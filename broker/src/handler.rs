@@ -109,13 +109,30 @@ impl Broker {
         }
     }
 
-    /// The topic, auto-created (when `allowed` and `auto.create.topics.enable`) with the
-    /// broker's `num.partitions` and `default.replication.factor`.
-    pub(crate) async fn topic_or_auto_create(&self, name: &str, allowed: bool) -> Result<Arc<Topic>, crate::topics::TopicError> {
+    /// The topic, auto-created when missing if the request asks for it (`requested`),
+    /// `auto.create.topics.enable` is on, and the principal may Create it (Kafka's rule
+    /// for auto-creation: Create on the cluster or the topic; always so without an
+    /// authorizer), with the broker's `num.partitions` and `default.replication.factor`.
+    /// A missing topic that was asked for but may not be created is `Unauthorized` (what
+    /// Kafka's Metadata answers); one not asked for, or with auto-creation off, `Unknown`.
+    pub(crate) async fn topic_or_auto_create(
+        &self,
+        session: &Session,
+        name: &str,
+        requested: bool,
+    ) -> Result<Arc<Topic>, crate::topics::TopicError> {
+        if let Some(topic) = self.topics.get(name) {
+            return Ok(topic);
+        }
         let c = &self.config;
-        self.topics
-            .get_or_auto_create(name, c.auto_create_topics && allowed, c.num_partitions, c.default_replication_factor)
-            .await
+        if !(requested && c.auto_create_topics) {
+            return Err(crate::topics::TopicError::Unknown);
+        }
+        // Checked only for a missing topic: the ACL lookups stay off the produce path.
+        if !self.may_create_topic(session, name) {
+            return Err(crate::topics::TopicError::Unauthorized);
+        }
+        self.topics.get_or_auto_create(name, true, c.num_partitions, c.default_replication_factor).await
     }
 
     /// Whether the client of `session` may perform `operation` on `resource`: always with

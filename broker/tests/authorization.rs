@@ -195,6 +195,76 @@ print("ok")
     broker.stop().await;
 }
 
+/// Metadata (v9) of one topic, asking for auto-creation: its error code.
+async fn metadata_creating(client: &mut RawClient, name: &str) -> i16 {
+    let request = MetadataRequest::default()
+        .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(topic_name(name)))]))
+        .with_allow_auto_topic_creation(true);
+    let response: MetadataResponse = client.call(ApiKey::Metadata, 9, &request).await.unwrap();
+    response.topics[0].error_code
+}
+
+/// Write on every topic creates none (#19): a Produce to a missing topic answers
+/// UNKNOWN_TOPIC_OR_PARTITION and a Metadata asking for auto-creation
+/// TOPIC_AUTHORIZATION_FAILED (Kafka's codes), and librdkafka's producer, which asks
+/// Metadata to create, reports TOPIC_AUTHORIZATION_FAILED; the admin's listing then shows
+/// that none of those topics exists. Once `bob` also has Create on the cluster, the same
+/// Produce, Metadata and librdkafka producer each create their topic. (Without an
+/// authorizer, a Produce auto-creates as before: protocol.rs's round trip produces into a
+/// topic nobody created.)
+#[tokio::test]
+async fn write_alone_creates_no_topic_create_does() {
+    const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+    let broker = SecuredBroker::start().await;
+    let mut admin = broker.admin().await;
+    assert_eq!(create_topic(&mut admin, "existing").await, 0);
+    assert_eq!(allow(&mut admin, "User:bob", Operation::Write, ResourceType::Topic, "*").await, 0);
+    let mut bob = broker.login("bob", BOB_PASSWORD).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while produce(&mut bob, "existing").await != 0 {
+        assert!(Instant::now() < deadline, "the Write ACL never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(produce(&mut bob, "raw-produce").await, UNKNOWN_TOPIC_OR_PARTITION);
+    assert_eq!(metadata_creating(&mut bob, "raw-metadata").await, TOPIC_AUTHORIZATION_FAILED);
+    // Auto-creation not asked for: the missing topic is just unknown.
+    assert_eq!(metadata(&mut bob, Some(&["raw-metadata"])).await, vec![("raw-metadata".to_owned(), UNKNOWN_TOPIC_OR_PARTITION)]);
+    let script = r#"
+import sys
+from confluent_kafka import Producer, KafkaError
+bootstrap, password, topic, expect_created = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "yes"
+results = []
+p = Producer({"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+              "sasl.username": "bob", "sasl.password": password, "message.timeout.ms": 10000})
+p.produce(topic, value=b"v", on_delivery=lambda err, msg: results.append(err))
+p.flush(20)
+assert len(results) == 1, results
+if expect_created:
+    assert results[0] is None, results[0]
+else:
+    assert results[0] is not None and results[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, results[0]
+print("ok")
+"#;
+    let addr = broker.addrs["SASL_PLAINTEXT"].to_string();
+    common::run_python(script, &[&addr, BOB_PASSWORD, "by-librdkafka", "no"], Duration::from_secs(60)).await;
+    let mut listed: Vec<String> = metadata(&mut admin, None).await.into_iter().map(|(name, _)| name).collect();
+    listed.sort();
+    assert_eq!(listed, ["existing"], "a topic was created with Write alone");
+
+    assert_eq!(allow(&mut admin, "User:bob", Operation::Create, ResourceType::Cluster, "kafka-cluster").await, 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while produce(&mut bob, "raw-produce").await != 0 {
+        assert!(Instant::now() < deadline, "the Create ACL never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(metadata_creating(&mut bob, "raw-metadata").await, 0);
+    common::run_python(script, &[&addr, BOB_PASSWORD, "by-librdkafka", "yes"], Duration::from_secs(60)).await;
+    let mut listed: Vec<String> = metadata(&mut admin, None).await.into_iter().map(|(name, _)| name).collect();
+    listed.sort();
+    assert_eq!(listed, ["by-librdkafka", "existing", "raw-metadata", "raw-produce"]);
+    broker.stop().await;
+}
+
 #[tokio::test]
 async fn metadata_hides_topics_the_principal_may_not_describe() {
     let broker = SecuredBroker::start().await;

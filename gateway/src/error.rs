@@ -150,6 +150,11 @@ impl From<fjord_client::Error> for Error {
             C::UnknownTopic(topic) => Error::UnknownTopic(topic),
             C::UnknownPartition { topic, partition } => Error::UnknownPartition { topic, partition },
             C::Kafka { code: ResponseError::UnknownTopicOrPartition, context, .. } => Error::UnknownTopic(context),
+            // The caller's own ACL was checked already: the brokers refused the gateway's
+            // identity, e.g. a missing topic it may not create (auto-creation needs Create).
+            C::Kafka { code: ResponseError::TopicAuthorizationFailed, context, .. } => Error::Forbidden(format!(
+                "{context}: the brokers refused the gateway (a missing topic is created only with Create on it)"
+            )),
             C::BufferFull { buffer_memory, .. } => {
                 Error::BufferFull { used: buffer_memory, capacity: buffer_memory, retry_after: Duration::from_secs(1) }
             }
@@ -325,6 +330,13 @@ mod tests {
         assert_eq!(e.http_status(), 503);
         let e: Error = fjord_client::Error::LeaderNotAvailable("t-0".into()).into();
         assert_eq!(e.http_status(), 503);
+        let e: Error = fjord_client::Error::Kafka {
+            code: ResponseError::TopicAuthorizationFailed,
+            context: "metadata for topic t".into(),
+            message: None,
+        }
+        .into();
+        assert_eq!(e.http_status(), 403);
     }
 
     #[test]

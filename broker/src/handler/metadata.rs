@@ -70,9 +70,9 @@ impl Broker {
                         found.push((name, Err(TopicError::Unauthorized)));
                         continue;
                     }
-                    // Auto-creation needs Create on the cluster or on the topic.
-                    let create = allow_auto_create && self.may_create_topic(session, &name);
-                    let topic = self.topic_or_auto_create(&name, create).await;
+                    // Auto-creation needs Create on the cluster or on the topic; without
+                    // it a missing topic answers TOPIC_AUTHORIZATION_FAILED (Kafka).
+                    let topic = self.topic_or_auto_create(session, &name, allow_auto_create).await;
                     if let Err(TopicError::Internal(e)) = &topic {
                         tracing::error!(topic = %name, error = %e, "auto-creating topic failed");
                     }

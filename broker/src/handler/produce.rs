@@ -88,8 +88,15 @@ impl Broker {
             let name = topic_data.name.0.to_string();
             // Kafka: Write on the topic, checked before the topic is looked up or created.
             let allowed = self.authorize(session, Operation::Write, Resource::topic(&name));
+            // Kafka never creates a topic on Produce (only Metadata does). We still do, so
+            // that an unsecured dev setup takes a first publish, but under the same rule
+            // as Metadata: Write alone never creates a topic, Create is needed too; a
+            // missing topic is then UNKNOWN_TOPIC_OR_PARTITION, as in Kafka's Produce.
             let topic = if valid_acks && allowed {
-                self.topic_or_auto_create(&name, true).await
+                match self.topic_or_auto_create(session, &name, true).await {
+                    Err(crate::topics::TopicError::Unauthorized) => Err(crate::topics::TopicError::Unknown),
+                    topic => topic,
+                }
             } else {
                 Err(crate::topics::TopicError::Unknown)
             };
