@@ -58,6 +58,12 @@ pub(crate) struct MirrorArgs {
     /// Static group membership id: a restarted mirror with the same id gets its partitions back at once.
     #[arg(long, value_name = "ID")]
     instance_id: Option<String>,
+    /// Exactly once on the target (as MirrorMaker 2's exactly.once.support): copies and
+    /// source positions commit in one transaction there, the positions as the offsets of
+    /// group GROUP.ALIAS on the target; read_committed readers see no duplicates after a
+    /// crash. Mirrors sharing a group need distinct --instance-id values (or hosts).
+    #[arg(long)]
+    exactly_once: bool,
     /// Publish the mirror tier's audit counts to the target's `_audit` under this cluster name.
     #[arg(long, value_name = "NAME")]
     audit_cluster: Option<String>,
@@ -106,6 +112,7 @@ pub(crate) async fn run(args: MirrorArgs) -> anyhow::Result<()> {
     config.commit_interval = args.commit_interval;
     config.topic_refresh = args.topic_refresh;
     config.instance_id = args.instance_id;
+    config.exactly_once = args.exactly_once;
     config.audit =
         args.audit_cluster.map(|cluster| AuditConfig { cluster, interval: args.audit_interval, window: args.audit_window });
     // Bad flags fail here, before anything binds or connects.

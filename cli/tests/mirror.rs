@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fjord_client::{
-    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, GroupAdmin, NewTopic, OffsetReset, OffsetSpec, Producer,
-    ProducerConfig, ProducerRecord, TopicPartition,
+    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, GroupAdmin, IsolationLevel, NewTopic, OffsetReset,
+    OffsetSpec, Producer, ProducerConfig, ProducerRecord, TopicPartition,
 };
 use fjord_testkit::StandaloneBroker;
 use tokio::net::TcpListener;
@@ -276,6 +276,12 @@ impl MirrorProcess {
     fn kill9(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
+    }
+
+    /// Sends a signal with kill(1), e.g. `-STOP` or `-CONT`.
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill").arg(signal).arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success(), "kill {signal} {}", self.child.id());
     }
 
     fn log(&self) -> String {
@@ -668,4 +674,142 @@ async fn a_second_mirror_joining_the_group_causes_no_duplicates() {
         assert_eq!(sources, expected, "partition {partition}: duplicates or reordering across the rebalance");
     }
     assert_eq!(offsets(&target.addr, "events", OffsetSpec::Latest).await.iter().sum::<i64>(), 2 * N as i64);
+}
+
+/// Every record of `topic` a consumer at `isolation` sees, per partition in order, read
+/// until each position reaches the log end offset (positions pass the markers, and with
+/// read_committed the aborted batches, that no record shows).
+async fn read_at(addr: &str, topic: &str, isolation: IsolationLevel) -> BTreeMap<i32, Vec<ConsumerRecord>> {
+    let ends = offsets(addr, topic, OffsetSpec::Latest).await;
+    let mut consumer = Consumer::connect(ConsumerConfig {
+        client: ClientConfig::new(addr),
+        auto_offset_reset: OffsetReset::Earliest,
+        isolation_level: isolation,
+        fetch_max_wait: Duration::from_millis(50),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    consumer.assign_topic(topic).await.unwrap();
+    let mut out: BTreeMap<i32, Vec<ConsumerRecord>> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for r in consumer.poll(Duration::from_millis(200)).await.unwrap() {
+            out.entry(r.partition).or_default().push(r);
+        }
+        let mut done = true;
+        for (p, end) in ends.iter().enumerate() {
+            done &= consumer.position(&TopicPartition::new(topic, p as i32)).await.unwrap() >= *end;
+        }
+        if done {
+            return out;
+        }
+        assert!(Instant::now() < deadline, "{isolation:?} did not reach the log ends {ends:?} of {topic}");
+    }
+}
+
+/// Whether a transaction holds records in `topic` that it has not committed: some
+/// partition's last stable offset (ListOffsets read_committed) is below its high watermark.
+async fn open_transaction(addr: &str, topic: &str) -> bool {
+    let a = admin(addr).await;
+    let n = a.describe_topic(topic).await.unwrap().partitions.len() as i32;
+    let specs: Vec<_> = (0..n).map(|p| (topic.to_string(), p, OffsetSpec::Latest)).collect();
+    let high_watermarks = a.list_offsets(&specs).await.unwrap();
+    let stable = a.list_offsets_at(&specs, IsolationLevel::ReadCommitted).await.unwrap();
+    stable.iter().zip(&high_watermarks).any(|(lso, hw)| lso < hw)
+}
+
+/// `fjord mirror --exactly-once` killed with kill -9 while a transaction holds copies in
+/// the target (after several committed ones), then restarted: a read_committed reader of
+/// the target sees every source record exactly once, in source order per partition
+/// (without the flag the records copied after the last commit come twice, see
+/// kill_9_midway_loses_nothing_and_duplicates_only_what_followed_the_last_commit), while
+/// a read_uncommitted one also sees the killed run's uncommitted copies, aborted by the
+/// restarted mirror. The positions are the target group's offsets, which end at the
+/// source's log ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_mirror_killed_with_kill_9_leaves_no_duplicates_and_no_loss() {
+    const N: usize = 100_000;
+    let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+    create(&source.addr, "events", 4, &[]).await;
+    // Half the records before the kill, half after: the first run cannot finish the copy.
+    let mut produced = produce(&source.addr, "events", "dc1", 0..N / 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let src = format!("dc1={}", source.addr);
+    let args = [
+        "--source",
+        &src,
+        "--target",
+        &target.addr,
+        "--topics",
+        "events",
+        "--group",
+        "g",
+        "--instance-id",
+        "m1",
+        "--commit-interval",
+        "300ms",
+        "--exactly-once",
+    ];
+    let target_positions = || async { committed(&target.addr, "g.dc1").await.values().sum::<i64>() };
+    let mut first = MirrorProcess::start(&args, dir.path().join("first.log"));
+    wait_for("several transactions committed", Duration::from_secs(60), || async { target_positions().await >= N as i64 / 20 })
+        .await;
+    // The kill must land inside a transaction that already wrote copies: the mirror is
+    // stopped (SIGSTOP; the requests it sent still land) and killed if the target shows an
+    // open transaction, else (stopped between two transactions) it runs on a moment.
+    let mut stops = 0;
+    loop {
+        first.signal("-STOP");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if open_transaction(&target.addr, "events").await {
+            break;
+        }
+        stops += 1;
+        assert!(stops < 50, "never stopped the mirror inside a transaction\n{}", first.log());
+        first.signal("-CONT");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.kill9();
+    let committed_at_kill = target_positions().await;
+    let written_at_kill = total(&target.addr, "events").await;
+    eprintln!("killed with {written_at_kill} offsets written in the target, source positions {committed_at_kill} committed");
+    assert!(committed_at_kill < N as i64 / 2, "the first run finished before the kill: nothing tested\n{}", first.log());
+
+    produced.extend(produce(&source.addr, "events", "dc1", N / 2..N).await);
+    let second = MirrorProcess::start(&args, dir.path().join("second.log"));
+    let ends = offsets(&source.addr, "events", OffsetSpec::Latest).await;
+    wait_for("the target group's offsets at the source's log ends", Duration::from_secs(90), || async {
+        let c = committed(&target.addr, "g.dc1").await;
+        ends.iter().enumerate().all(|(p, end)| c.get(&TopicPartition::new("events", p as i32)) == Some(end))
+    })
+    .await;
+
+    let mut seen = 0;
+    for (partition, records) in read_at(&target.addr, "events", IsolationLevel::ReadCommitted).await {
+        let sources: Vec<i64> = records
+            .iter()
+            .map(|r| {
+                let (p, o) = produced[&value(r)];
+                assert_eq!(p, partition, "a record changed partition");
+                o
+            })
+            .collect();
+        let expected: Vec<i64> = (0..ends[partition as usize]).collect();
+        assert_eq!(
+            sources,
+            expected,
+            "partition {partition}: read_committed must see source offsets 0..{} once each, in order\n{}",
+            ends[partition as usize],
+            second.log()
+        );
+        seen += sources.len();
+    }
+    assert_eq!(seen, N, "every source record is in the target exactly once");
+    assert!(!open_transaction(&target.addr, "events").await, "the killed run's transaction is still open");
+    // The killed run's uncommitted copies are in the log, aborted: read_uncommitted sees
+    // them, so read_committed's single copies are the transactions' doing.
+    let uncommitted: usize = read_at(&target.addr, "events", IsolationLevel::ReadUncommitted).await.values().map(Vec::len).sum();
+    eprintln!("read_uncommitted: {uncommitted} records for {N} (aborted copies of the killed run: {})", uncommitted - N);
+    assert!(uncommitted > N, "no aborted copy in the target: the kill did not land inside a transaction");
 }

@@ -91,6 +91,13 @@ pub struct MirrorConfig {
     pub audit: Option<AuditConfig>,
     /// Host name for audit records; `None` = this machine's.
     pub host: Option<String>,
+    /// Exactly once (MirrorMaker 2's `exactly.once.support`): each source's copies and
+    /// its positions commit in one transaction on the target cluster, the positions as
+    /// the offsets of group [`MirrorConfig::target_group`] there, read back from there when
+    /// a partition is assigned; so a crash leaves no duplicates for read_committed readers
+    /// of the target. The transactional id is [`MirrorConfig::transactional_id`]: mirror
+    /// processes sharing a group need distinct `instance_id`s (or hosts).
+    pub exactly_once: bool,
 }
 
 impl MirrorConfig {
@@ -112,6 +119,7 @@ impl MirrorConfig {
             instance_id: None,
             audit: None,
             host: None,
+            exactly_once: false,
         }
     }
 
@@ -174,6 +182,21 @@ impl MirrorConfig {
         Regex::new(&format!("^(?:{})$", self.topics)).map_err(invalid)
     }
 
+    /// The group on the target cluster whose offsets are source `alias`'s positions with
+    /// [`MirrorConfig::exactly_once`]: one per source, since two sources may have topics
+    /// of the same name.
+    pub fn target_group(&self, alias: &str) -> String {
+        format!("{}.{alias}", self.group)
+    }
+
+    /// The transactional id of source `alias`'s copies with [`MirrorConfig::exactly_once`]:
+    /// stable across restarts, so a restarted mirror fences the killed one and aborts the
+    /// transaction it left open at once instead of after the transaction timeout; distinct
+    /// per process of a group through the instance id (else the host name).
+    pub fn transactional_id(&self, alias: &str, host: &str) -> String {
+        format!("fjord-mirror.{}.{alias}.{}", self.group, self.instance_id.as_deref().unwrap_or(host))
+    }
+
     /// The target topic of `topic` from source `alias`.
     pub fn target_topic(&self, alias: &str, topic: &str) -> String {
         match &self.rename {
@@ -234,6 +257,17 @@ mod tests {
         c.rename = Some("{alias}.{topic}".into());
         c.validate().unwrap();
         assert_eq!(c.target_topic("dc2", "events"), "dc2.events");
+    }
+
+    #[test]
+    fn exactly_once_names_are_per_source_and_per_process() {
+        let mut c = config();
+        assert_eq!(c.target_group("dc1"), "fjord-mirror.dc1");
+        assert_ne!(c.target_group("dc1"), c.target_group("dc2"));
+        assert_eq!(c.transactional_id("dc1", "host-a"), "fjord-mirror.fjord-mirror.dc1.host-a");
+        c.instance_id = Some("m1".into());
+        assert_eq!(c.transactional_id("dc1", "host-a"), "fjord-mirror.fjord-mirror.dc1.m1");
+        assert_ne!(c.transactional_id("dc1", "h"), c.transactional_id("dc2", "h"));
     }
 
     #[test]

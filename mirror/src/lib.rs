@@ -4,7 +4,8 @@
 //! acknowledged (acks=all), so a crash duplicates at most the records after the last
 //! commit and loses none; data deleted by source retention before it was copied is
 //! reported as a [`Gap`] with its exact offsets; the lag of every source partition is on
-//! `/metrics`.
+//! `/metrics`. With [`MirrorConfig::exactly_once`] copies and positions commit in one
+//! transaction on the target instead, so a crash leaves no duplicates either.
 //!
 //! ```no_run
 //! # async fn f() -> fjord_mirror::Result<()> {
@@ -90,7 +91,8 @@ pub async fn run(config: MirrorConfig, metrics: Option<TcpListener>, shutdown: C
         }
         None => (None, None),
     };
-    let shared = Arc::new(Shared { config: config.clone(), topics, stats, target, audit });
+    let host = config.host.clone().unwrap_or_else(host_name);
+    let shared = Arc::new(Shared { config: config.clone(), topics, stats, target, audit, host });
     let mut tasks = JoinSet::new();
     for source in config.sources {
         tasks.spawn(run_source(shared.clone(), source, stop.clone()));

@@ -7,6 +7,17 @@
 //! group. So a committed offset never runs ahead of the target: a crash copies again at
 //! most the records after the last commit (duplicates), never loses any.
 //!
+//! Exactly once ([`MirrorConfig::exactly_once`]): the producer is transactional; the
+//! records sent since the last checkpoint and the source positions after them (as the
+//! offsets of [`MirrorConfig::target_group`] on the target, via AddOffsetsToTxn and
+//! TxnOffsetCommit) commit in one transaction, so read_committed readers of the target
+//! see each copy once or not at all. A newly assigned partition resumes at the target
+//! group's offset (asked with `require_stable`, so a commit still completing is waited
+//! for), not at the source group's, which is only committed afterwards, for the lag. Any
+//! failure aborts the open transaction and restarts the session from those offsets; a
+//! kill -9 leaves it open, and the restarted mirror's InitProducerId (same transactional
+//! id) aborts it.
+//!
 //! Gaps: the position a partition resumes at is the group's committed offset; when
 //! retention has deleted data past it, the consumer restarts at the log start. The mirror
 //! compares the committed offset (or, while running, the next expected offset) with the
@@ -22,8 +33,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use fjord_audit::{AuditCounter, PendingCounts, AUDIT_TOPIC};
 use fjord_client::{
-    Acks, Admin, ClientConfig, ConsumerRecord, DeliveryFuture, GroupAdmin, GroupConfig, GroupConsumer, NewTopic, OffsetReset,
-    OffsetSpec, Producer, ProducerConfig, ProducerRecord, Rebalance, ResponseError, TopicMetadata, TopicPartition,
+    Acks, Admin, ClientConfig, ConsumerRecord, DeliveryFuture, GroupAdmin, GroupConfig, GroupConsumer, IsolationLevel, NewTopic,
+    OffsetReset, OffsetSpec, Producer, ProducerConfig, ProducerRecord, Rebalance, ResponseError, TopicMetadata, TopicPartition,
 };
 use fjord_record::now_ms;
 use regex::Regex;
@@ -47,6 +58,8 @@ pub(crate) struct Shared {
     pub(crate) stats: Arc<Stats>,
     pub(crate) target: Target,
     pub(crate) audit: Option<Arc<AuditCounter>>,
+    /// This machine's name (or the configured one): part of the transactional ids.
+    pub(crate) host: String,
 }
 
 /// The target cluster: its admin client and the partition counts of its topics, created
@@ -185,6 +198,13 @@ struct Session<'a> {
     audit_pending: Option<PendingCounts>,
     rebalances: Arc<Mutex<Vec<Rebalance>>>,
     last_commit: Instant,
+    /// With exactly once: the target cluster's groups, where the positions are.
+    target_groups: Option<GroupAdmin>,
+    /// With exactly once: a transaction is open on the target.
+    txn_open: bool,
+    /// Partitions moved to the target's position since the last poll: the records of
+    /// them that poll returned came from elsewhere and are fetched again.
+    moved: HashSet<TopicPartition>,
 }
 
 impl<'a> Session<'a> {
@@ -197,8 +217,11 @@ impl<'a> Session<'a> {
         };
         let admin = Admin::connect(source_client.clone()).await?;
         let groups = GroupAdmin::connect(source_client.clone()).await?;
+        let exactly_once = shared.config.exactly_once;
+        // InitProducerId: fences a killed predecessor and aborts what it left open.
         let producer = Producer::connect(ProducerConfig {
             client: ClientConfig { client_id: "fjord-mirror".into(), ..shared.target.client.clone() },
+            transactional_id: exactly_once.then(|| shared.config.transactional_id(&source.alias, &shared.host)),
             acks: Acks::All,
             // One request in flight per broker: a retried batch can never overtake the
             // next one, so per-key order survives retries.
@@ -208,6 +231,10 @@ impl<'a> Session<'a> {
             ..ProducerConfig::default()
         })
         .await?;
+        let target_groups = match exactly_once {
+            true => Some(GroupAdmin::connect(shared.target.client.clone()).await?),
+            false => None,
+        };
         let mut session = Session {
             shared,
             alias: &source.alias,
@@ -225,6 +252,9 @@ impl<'a> Session<'a> {
             audit_pending: shared.audit.as_ref().map(|a| a.pending()),
             rebalances: Arc::default(),
             last_commit: Instant::now(),
+            target_groups,
+            txn_open: false,
+            moved: HashSet::new(),
         };
         let lag = tokio::spawn(lag_loop(
             shared.stats.clone(),
@@ -271,6 +301,13 @@ impl<'a> Session<'a> {
         if checkpoint {
             self.checkpoint(&mut consumer).await?;
         }
+        if self.txn_open {
+            // Its copies were never committed: abort now rather than at the next InitProducerId.
+            self.txn_open = false;
+            if let Err(e) = self.producer.abort_transaction().await {
+                tracing::warn!(source = %self.alias, error = %e, "aborting the mirror's transaction failed");
+            }
+        }
         self.sent.clear();
         self.sent_next.clear();
         self.sent_counts.clear();
@@ -289,6 +326,11 @@ impl<'a> Session<'a> {
         // A partition the group never committed starts at the log start: a new mirror
         // copies what the source holds.
         group.consumer.auto_offset_reset = OffsetReset::Earliest;
+        // Exactly-once copies carry only what the source committed: an aborted source
+        // transaction must not become a committed one on the target.
+        if config.exactly_once {
+            group.consumer.isolation_level = IsolationLevel::ReadCommitted;
+        }
         // Commits happen here, only after the target acknowledged.
         group.enable_auto_commit = false;
         group.group_instance_id = config.instance_id.clone();
@@ -330,8 +372,12 @@ impl<'a> Session<'a> {
                 r = consumer.poll(POLL_TIMEOUT) => r?,
                 () = shutdown.cancelled() => return Ok(None),
             };
-            self.handle_rebalances().await?;
+            self.handle_rebalances(consumer).await?;
+            let moved = std::mem::take(&mut self.moved);
             for r in records {
+                if moved.contains(&TopicPartition::new(&*r.topic, r.partition)) {
+                    continue;
+                }
                 self.forward(r).await?;
                 // One poll can hand out megabytes: commits go on within it, so the
                 // duplicate window after a crash stays about one commit interval.
@@ -389,7 +435,7 @@ impl<'a> Session<'a> {
 
     /// Applies the group's assignment changes: new partitions resume at the committed
     /// offset, and a committed offset below the log start is a gap.
-    async fn handle_rebalances(&mut self) -> Result<()> {
+    async fn handle_rebalances(&mut self, consumer: &mut GroupConsumer) -> Result<()> {
         let events = std::mem::take(&mut *self.rebalances.lock().unwrap_or_else(|p| p.into_inner()));
         for event in events {
             match event {
@@ -404,7 +450,14 @@ impl<'a> Session<'a> {
                     if partitions.is_empty() {
                         continue;
                     }
-                    let committed = self.groups.committed_offsets(&self.shared.config.group).await?;
+                    let mut committed = self.groups.committed_offsets(&self.shared.config.group).await?;
+                    if let Some(target) = &self.target_groups {
+                        // The target's positions are the ones that commit with the copies;
+                        // the source group's (committed after them) serve where the target
+                        // has none, e.g. the first exactly-once run after at-least-once ones.
+                        let group = self.shared.config.target_group(self.alias);
+                        committed.extend(target.stable_committed_offsets(&group, &partitions).await?);
+                    }
                     let specs: Vec<(String, i32, OffsetSpec)> =
                         partitions.iter().map(|tp| (tp.topic.clone(), tp.partition, OffsetSpec::Earliest)).collect();
                     let starts = self.admin.list_offsets(&specs).await?;
@@ -420,6 +473,10 @@ impl<'a> Session<'a> {
                         };
                         if committed.contains_key(&tp) {
                             self.next.insert(tp.clone(), position);
+                            if self.target_groups.is_some() {
+                                consumer.seek(&tp, position)?;
+                                self.moved.insert(tp.clone());
+                            }
                         }
                         self.shared.stats.assigned(self.alias, &tp, &target, position);
                     }
@@ -463,6 +520,7 @@ impl<'a> Session<'a> {
             timestamp: Some(r.timestamp),
         };
         let target = route.target.clone();
+        self.begin()?;
         let delivery =
             self.producer.send(record).await.map_err(|error| Error::NotAcknowledged { topic: target.clone(), error })?;
         self.sent.push((target, delivery));
@@ -471,9 +529,22 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Flushes the target, checks every acknowledgement, then commits the source offsets.
+    /// With exactly once: opens a transaction unless one is open.
+    fn begin(&mut self) -> Result<()> {
+        if self.target_groups.is_some() && !self.txn_open {
+            self.producer.begin_transaction()?;
+            self.txn_open = true;
+        }
+        Ok(())
+    }
+
+    /// Flushes the target, checks every acknowledgement, then commits the source offsets
+    /// (with exactly once: commits the transaction with them).
     async fn checkpoint(&mut self, consumer: &mut GroupConsumer) -> Result<()> {
         self.last_commit = Instant::now();
+        if self.target_groups.is_some() {
+            return self.commit_transaction(consumer).await;
+        }
         if self.sent.is_empty() && !self.commit_failed {
             return Ok(());
         }
@@ -511,6 +582,57 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// Commits the open transaction: the copies sent since the last one and the source
+    /// positions after them, as the target group's offsets. On failure the transaction is
+    /// aborted and the error ends the session, which starts again from the target's offsets.
+    async fn commit_transaction(&mut self, consumer: &mut GroupConsumer) -> Result<()> {
+        if !self.txn_open {
+            return Ok(());
+        }
+        let committed = self.try_commit_transaction().await;
+        self.txn_open = false;
+        if let Err(e) = committed {
+            if let Err(abort) = self.producer.abort_transaction().await {
+                // The restarted session's InitProducerId aborts it, or its timeout does.
+                tracing::warn!(source = %self.alias, error = %abort, "aborting the mirror's transaction failed");
+            }
+            return Err(e);
+        }
+        let owned: HashSet<TopicPartition> = consumer.assignment().into_iter().collect();
+        for (tp, next) in self.sent_next.drain() {
+            self.shared.stats.mirrored(self.alias, &tp, next);
+            if owned.contains(&tp) {
+                self.acked.insert(tp, next);
+            }
+        }
+        self.shared.stats.acknowledged(self.alias, &std::mem::take(&mut self.sent_counts));
+        if let (Some(audit), Some(pending)) = (&self.shared.audit, self.audit_pending.as_mut()) {
+            audit.commit(std::mem::replace(pending, audit.pending()));
+        }
+        self.shared.stats.committed(self.alias);
+        // The source group gets the same positions afterwards, only so that its lag reads
+        // right on the source cluster: positions are read from the target.
+        let offsets: Vec<(TopicPartition, i64)> = self.acked.iter().map(|(tp, o)| (tp.clone(), *o)).collect();
+        if let Err(e) = consumer.commit_offsets_sync(&offsets).await {
+            tracing::debug!(source = %self.alias, error = %e, "source group commit failed (informational only with exactly once)");
+        }
+        Ok(())
+    }
+
+    async fn try_commit_transaction(&mut self) -> Result<()> {
+        self.producer.flush().await;
+        for (topic, delivery) in self.sent.drain(..) {
+            delivery.await.map_err(|error| Error::NotAcknowledged { topic, error })?;
+        }
+        let offsets: Vec<(TopicPartition, i64)> = self.sent_next.iter().map(|(tp, o)| (tp.clone(), *o)).collect();
+        if !offsets.is_empty() {
+            let group = self.shared.config.target_group(self.alias);
+            self.producer.send_offsets_to_transaction(&offsets, &group).await?;
+        }
+        self.producer.commit_transaction().await?;
+        Ok(())
+    }
+
     async fn report_gap(&mut self, tp: &TopicPartition, first: i64, last: i64) {
         let gap = Gap {
             source: self.alias.to_string(),
@@ -525,7 +647,11 @@ impl<'a> Session<'a> {
             source = %gap.source, topic = %gap.topic, partition = gap.partition, first_offset = first, last_offset = last, records = gap.records,
             "LOSS: source retention deleted offsets {first}..={last} of {}-{} before they were mirrored", gap.topic, gap.partition
         );
-        self.record_gap(&gap).await;
+        if let Err(e) = self.begin() {
+            tracing::warn!(error = %e, "cannot open a transaction for the gap record; the gap is only logged");
+        } else {
+            self.record_gap(&gap).await;
+        }
         self.shared.stats.gap(gap);
     }
 

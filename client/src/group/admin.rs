@@ -5,12 +5,13 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::{GroupId, OffsetCommitRequest, OffsetFetchRequest};
 
 use super::protocol::decode_assignment_bytes;
 use super::{s, topic_name, Coordinator, Member};
 use crate::cluster::Cluster;
-use crate::error::{Error, Result};
+use crate::error::{Error, ResponseError, Result};
 use fjord_record::TopicPartition;
 
 /// One member as DescribeGroups reports it.
@@ -134,6 +135,62 @@ impl GroupAdmin {
                     .map(move |p| (TopicPartition::new(&name, p.partition_index), p.committed_offset))
             })
             .collect())
+    }
+
+    /// The committed offsets of `partitions` in `group` (absent where none), asked with
+    /// `require_stable` (KIP-447): while a transaction that commits offsets of a partition
+    /// is not complete, the coordinator answers UNSTABLE_OFFSET_COMMIT and this asks again
+    /// (up to the request timeout), so the answer never misses an offset a transaction
+    /// already committed. For applications that keep their positions in a group they are
+    /// not members of, as the exactly-once mirror does on its target cluster.
+    pub async fn stable_committed_offsets(
+        &self,
+        group: &str,
+        partitions: &[TopicPartition],
+    ) -> Result<BTreeMap<TopicPartition, i64>> {
+        let mut topics: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+        for tp in partitions {
+            topics.entry(&tp.topic).or_default().push(tp.partition);
+        }
+        let request = OffsetFetchRequest::default().with_group_id(GroupId(s(group))).with_require_stable(true).with_topics(Some(
+            topics
+                .into_iter()
+                .map(|(t, p)| OffsetFetchRequestTopic::default().with_name(topic_name(t)).with_partition_indexes(p))
+                .collect(),
+        ));
+        let coordinator = self.coordinator_of(group);
+        let deadline = std::time::Instant::now() + self.cluster.config().request_timeout;
+        loop {
+            let response = coordinator.coordinator().await?.request(&request, 7).await?;
+            let mut unstable = response.error_code == ResponseError::UnstableOffsetCommit.code();
+            if !unstable {
+                if let Some(e) = Error::kafka(response.error_code, format!("fetch offsets of {group}"), None) {
+                    return Err(e);
+                }
+            }
+            let mut out = BTreeMap::new();
+            for t in &response.topics {
+                for p in &t.partitions {
+                    let what = || format!("fetch offset of {group} {}-{}", t.name.0.as_str(), p.partition_index);
+                    match Error::kafka(p.error_code, what(), None) {
+                        Some(e) if e.code() == Some(ResponseError::UnstableOffsetCommit) => unstable = true,
+                        Some(e) => return Err(e),
+                        None if p.committed_offset >= 0 => {
+                            out.insert(TopicPartition::new(t.name.0.as_str(), p.partition_index), p.committed_offset);
+                        }
+                        None => {}
+                    }
+                }
+            }
+            if !unstable {
+                return Ok(out);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::kafka(ResponseError::UnstableOffsetCommit.code(), format!("fetch offsets of {group}"), None)
+                    .expect("a non-zero code is an error"));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 
     /// Log end offsets (the high watermark) of `partitions`, in order.

@@ -13,7 +13,7 @@ use kafka_protocol::messages::{GroupId, HeartbeatRequest, LeaveGroupRequest, Off
 
 use super::{lock, s, topic_name, Coordinator, GroupConfig, Member, Rebalance, RebalanceListener};
 use crate::cluster::Cluster;
-use crate::consumer::{Consumer, ConsumerRecord};
+use crate::consumer::{Consumer, ConsumerRecord, SeekTo};
 use crate::error::{Error, ResponseError, Result};
 use fjord_record::TopicPartition;
 
@@ -184,6 +184,18 @@ impl GroupConsumer {
             }
         }
         result
+    }
+
+    /// Moves an owned partition's position: the next poll fetches from `offset`, and
+    /// records of it fetched before are dropped. For applications that keep their
+    /// positions elsewhere than in this group (Kafka's `seek` in the rebalance listener).
+    pub fn seek(&mut self, tp: &TopicPartition, offset: i64) -> Result<()> {
+        if !self.owned.contains(tp) {
+            return Err(Error::NotAssigned(tp.to_string()));
+        }
+        self.consumer.seek(tp, SeekTo::Offset(offset))?;
+        self.consumed.insert(tp.clone(), offset);
+        Ok(())
     }
 
     /// Stops without committing or leaving, as a crashed process would: the coordinator
