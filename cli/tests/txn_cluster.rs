@@ -10,7 +10,9 @@
 //!   across a SIGKILL of the transaction coordinator's broker, then of a partition leader
 //!   that is not the coordinator: read_committed, the output holds each input record
 //!   exactly once, in order per partition, no record of an aborted transaction, and the
-//!   group's committed offset is the whole input.
+//!   group's committed offset is the whole input;
+//! - `send_offsets_to_transaction` after the group's coordinator was killed and left the
+//!   Metadata: librdkafka's call hangs (its bug, see the test), a new producer commits.
 //!
 //! The interpreter is `$FJORD_TEST_PYTHON` (set by `cargo xtask test`), else the
 //! workspace's `target/venv/bin/python`.
@@ -223,11 +225,15 @@ class Stuck(Exception):
     pass
 
 def bounded(call, limit=60):
-    # Open bug (#20): after a kill -9 of the broker that also coordinated the group,
-    # send_offsets_to_transaction was seen blocking for minutes past its own 30 s timeout
-    # (integration CI, stack dumped at this call). Past `limit` the transaction's outcome
-    # counts as unknown, as for any fatal error: a new producer fences this one and the
-    # run goes on from the committed offsets; the exactly-once checks below still hold.
+    # librdkafka's bug, not the cluster's (#20; librdkafka issues 5511 and 5456): after a
+    # kill -9 of the broker that coordinated the group, a Metadata response without that
+    # broker makes librdkafka decommission its handle while its coordinator cache still
+    # names it for the group; send_offsets_to_transaction then waits for that handle
+    # forever, past its own timeout (send_offsets_after_the_group_coordinator_left_the_
+    # metadata_works_from_a_new_producer reproduces it alone). Past `limit` the outcome
+    # counts as unknown, as for any fatal error: a new producer (empty cache) fences this
+    # one and the run goes on from the committed offsets; the exactly-once checks below
+    # still hold.
     box = {}
     def run():
         try:
@@ -391,4 +397,141 @@ async fn consume_transform_produce_is_exactly_once_across_kill_9_of_the_transact
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_transform_produce_is_exactly_once_across_kill_9_of_a_partition_leader() {
     consume_transform_produce_across_kill_9(Victim::PartitionLeader).await;
+}
+
+/// `send_offsets_to_transaction` by a producer whose group coordinator was killed and has
+/// left the Metadata. librdkafka (2.12.1's source, and the 2.16.0 of confluent-kafka
+/// 2.16.1) blocks in that call past its timeout, for good: a Metadata response without
+/// the broker makes it decommission the broker's handle, its coordinator cache still
+/// names that handle as the group's coordinator, and the TxnOffsetCommit waits for the
+/// handle to come up (a decommissioned handle never changes state again, so no
+/// FindCoordinator is sent), with no timeout (the coordinator request's `creq_ts_timeout`
+/// is never checked): librdkafka issues 5511 and 5456. Every answer of the cluster
+/// along the way is Kafka's (AddOffsetsToTxn: no error; Metadata: the live brokers).
+/// The script's first producer shows the hang (printed, and allowed: it is librdkafka's);
+/// a new producer, with an empty cache, fences it, finds the group's new coordinator
+/// and commits the offsets within its timeout: that is what is asserted.
+const STALE_COORDINATOR: &str = r#"
+import os, sys, threading, time
+from confluent_kafka import Producer, Consumer, TopicPartition as TP, KafkaError
+from confluent_kafka.admin import AdminClient
+
+bootstrap = sys.argv[1]
+def fail_fast(kind, value, tb):
+    import traceback
+    traceback.print_exception(kind, value, tb)
+    sys.stderr.flush()
+    os._exit(1)
+sys.excepthook = fail_fast
+
+def bounded(call, limit):
+    # (outcome, error, seconds): the call runs on a thread, as it may never return.
+    box = {}
+    def run():
+        try:
+            box['value'] = call()
+        except BaseException as e:
+            box['error'] = e
+    worker = threading.Thread(target=run, daemon=True)
+    start = time.time()
+    worker.start()
+    worker.join(limit)
+    took = time.time() - start
+    if worker.is_alive():
+        return 'stuck', None, took
+    if 'error' in box:
+        return 'error', box['error'], took
+    return 'returned', None, took
+
+seed = Producer({'bootstrap.servers': bootstrap})
+for i in range(10):
+    seed.produce('stale-in', value=b'%d' % i, partition=0)
+assert seed.flush(30) == 0
+
+def producer():
+    p = Producer({'bootstrap.servers': bootstrap, 'transactional.id': 'stale-tx', 'transaction.timeout.ms': 60000,
+                  'reconnect.backoff.max.ms': 200, 'retry.backoff.ms': 50})
+    p.init_transactions(30)
+    return p
+
+first = producer()
+print('ready', flush=True)
+txn_coordinator = int(sys.stdin.readline())
+# A group coordinated by another broker than the transaction coordinator (the broker
+# that answers the group's first FindCoordinator takes it), so the kill leaves the
+# transaction coordinator alone.
+admin = AdminClient({'bootstrap.servers': bootstrap})
+for k in range(30):
+    group = 'stale-%d' % k
+    consumer = Consumer({'bootstrap.servers': bootstrap, 'group.id': group, 'enable.auto.commit': False})
+    consumer.commit(offsets=[TP('stale-in', 0, 1)], asynchronous=False)
+    coordinator = admin.describe_consumer_groups([group])[group].result(30).coordinator.id
+    if coordinator != txn_coordinator:
+        break
+    consumer.close()
+else:
+    assert False, 'every group went to the transaction coordinator'
+metadata = consumer.consumer_group_metadata()
+# One transaction puts the group's coordinator in the producer's coordinator cache.
+first.begin_transaction()
+first.send_offsets_to_transaction([TP('stale-in', 0, 2)], metadata, 30)
+first.commit_transaction(30)
+print('group', group, 'coordinator', coordinator, 'transaction coordinator', txn_coordinator, flush=True)
+print('kill %d' % coordinator, flush=True)
+sys.stdin.readline()
+# The test answered once the killed broker's session expired; a Metadata response
+# without it makes librdkafka decommission its handle.
+start = time.time()
+while coordinator in first.list_topics(timeout=10).brokers:
+    assert time.time() - start < 60, ('the metadata still lists broker', coordinator)
+    time.sleep(0.2)
+time.sleep(1)
+first.begin_transaction()
+outcome, error, took = bounded(lambda: first.send_offsets_to_transaction([TP('stale-in', 0, 3)], metadata, 10), 30)
+print('first producer: %s after %.1f s (%s)' % (outcome, took, error), flush=True)
+# A librdkafka that enforces the call's timeout (issue 5456) fails it with _TIMED_OUT.
+assert outcome != 'error' or error.args[0].code() == KafkaError._TIMED_OUT, ('first producer', error)
+
+second = producer()
+second.begin_transaction()
+outcome, error, took = bounded(lambda: second.send_offsets_to_transaction([TP('stale-in', 0, 4)], metadata, 10), 30)
+print('second producer: %s after %.1f s (%s)' % (outcome, took, error), flush=True)
+assert outcome == 'returned', ('send_offsets_to_transaction of a new producer', outcome, error)
+second.commit_transaction(30)
+committed = consumer.committed([TP('stale-in', 0)], timeout=10)[0].offset
+assert committed == 4, ('committed offset', committed, 'expected the new producer\'s 4')
+print('ok', flush=True)
+os._exit(0)
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_offsets_after_the_group_coordinator_left_the_metadata_works_from_a_new_producer() {
+    let mut cluster = cluster().await;
+    cluster.create_topic("stale-in", 1, &[], Duration::from_secs(30)).await.unwrap();
+    let mut script = Script::spawn(STALE_COORDINATOR, &cluster.bootstrap());
+    let run = async {
+        let mut killed = false;
+        while let Some(line) = script.next_line().await {
+            if line == "ready" {
+                let wait = Duration::from_secs(30);
+                let coordinator = cluster.wait_for_leader("__transaction_state", txn_partition("stale-tx"), wait).await.unwrap();
+                script.answer(&coordinator.to_string()).await;
+            } else if let Some(id) = line.strip_prefix("kill ") {
+                let id: i32 = id.parse().unwrap();
+                cluster.kill(id).await.unwrap();
+                let rest: Vec<i32> = cluster.ids().into_iter().filter(|&b| b != id).collect();
+                // The session's expiry takes the broker's registration and its claim on
+                // the group's coordinator node.
+                cluster.wait_for_registered(&rest, Duration::from_secs(30)).await.unwrap();
+                killed = true;
+                script.answer("go").await;
+            } else if line == "ok" {
+                break;
+            }
+        }
+        assert!(killed, "the script never asked for the kill:\n{}", script.output());
+        script.finish().await;
+    };
+    let finished = tokio::time::timeout(Duration::from_secs(240), run).await;
+    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.output());
 }
