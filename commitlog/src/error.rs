@@ -208,6 +208,20 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    /// A segment's `.log` is not a readable regular file (a directory, a link to nothing,
+    /// a device): the log is not opened and nothing in its directory is changed, as a
+    /// log opened without that segment would be shorter than what was acknowledged.
+    #[error(
+        "segment {} is {found}, not a readable file: the log is not opened and nothing in its directory was changed; \
+         restore the file (or move the partition directory aside)",
+        path.display()
+    )]
+    UnreadableSegment {
+        /// The segment's `.log` path.
+        path: PathBuf,
+        /// What is there instead.
+        found: String,
+    },
     /// An earlier swap was interrupted: this log is not cleaned again until reopened.
     #[error("the cleaner stopped on {} after an interrupted swap; reopen the log", dir.display())]
     CleanerStopped {

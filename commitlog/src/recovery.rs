@@ -195,6 +195,38 @@ impl Active {
     }
 }
 
+/// Fails with [`Error::UnreadableSegment`] when a segment's `.log` in `dir` is not a
+/// readable regular file. Skipped as an unexpected entry (as it once was), the log would
+/// open without that segment: shorter when it was the last one, with its indexes removed
+/// as orphans, and its base offset reused by a new empty segment.
+///
+/// [`Error::UnreadableSegment`]: crate::Error::UnreadableSegment
+fn check_segment_files(dir: &Path) -> Result<()> {
+    for entry in fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        if !matches!(parse_segment_name(&entry.file_name().to_string_lossy()), Some((_, LOG_SUFFIX))) {
+            continue;
+        }
+        let path = entry.path();
+        // Followed through a link: a link to a segment file is a segment file.
+        if let Some(found) = not_a_segment_file(fs::metadata(&path)) {
+            return Err(crate::Error::UnreadableSegment { path, found });
+        }
+    }
+    Ok(())
+}
+
+/// What a `.log` path holds instead of a regular file, if anything else.
+fn not_a_segment_file(metadata: io::Result<fs::Metadata>) -> Option<String> {
+    match metadata {
+        Ok(m) if m.is_file() => None,
+        Ok(m) if m.is_dir() => Some("a directory".to_owned()),
+        Ok(_) => Some("a special file".to_owned()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Some("a link to nothing".to_owned()),
+        Err(e) => Some(format!("unreadable ({e})")),
+    }
+}
+
 /// What [`load`] found.
 #[derive(Debug)]
 pub(crate) struct Loaded {
@@ -207,6 +239,9 @@ pub(crate) struct Loaded {
 /// Opens or creates the partition directory `dir` (see the module docs).
 pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Result<Loaded> {
     fs::create_dir_all(dir).at(dir)?;
+    // Before anything in the directory is changed (interrupted swaps finished, indexes
+    // without a segment removed, a torn tail cut).
+    check_segment_files(dir)?;
     crate::cleaner::finish_interrupted_swaps(dir)?;
     let mut bases = Vec::new();
     let mut index_files = Vec::new();
@@ -223,7 +258,8 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
             continue;
         }
         match parse_segment_name(&name) {
-            Some((base, LOG_SUFFIX)) if path.is_file() => bases.push(base),
+            // Each a readable file: see check_segment_files.
+            Some((base, LOG_SUFFIX)) => bases.push(base),
             Some((base, INDEX_SUFFIX | TIME_INDEX_SUFFIX | TXN_INDEX_SUFFIX)) => index_files.push((base, path)),
             // Producer state snapshots: loaded by the log after the segments.
             Some((_, crate::producer_state::SNAPSHOT_SUFFIX)) => {}

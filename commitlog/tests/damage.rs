@@ -648,3 +648,83 @@ fn a_damaged_cleaner_checkpoint_costs_work_never_records() {
         fs::write(&path, &good).unwrap();
     }
 }
+
+/// Every entry of a directory, recursively, with its bytes (a directory's as empty):
+/// what "nothing was changed" compares.
+fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let meta = fs::symlink_metadata(&path).unwrap();
+        if meta.is_dir() {
+            out.push((path.clone(), Vec::new()));
+            out.extend(tree(&path));
+        } else if meta.is_file() {
+            out.push((path.clone(), fs::read(&path).unwrap()));
+        } else {
+            out.push((path.clone(), fs::read_link(&path).unwrap().into_os_string().into_encoded_bytes()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Puts something other than a segment file at a segment's path (given the path and a
+/// directory for link targets).
+type Break = fn(&Path, &Path);
+
+#[test]
+fn a_segment_path_that_is_not_a_readable_file_keeps_the_log_closed_and_changes_nothing() {
+    // Before: a `.log` that was not a file was skipped as an unexpected entry, so with
+    // the last segment a directory the log opened shorter (its indexes removed as
+    // orphans, its records gone from reads) instead of being reported.
+    let dir = tempfile::tempdir().unwrap();
+    let part = dir.path().join("t-0");
+    let appended = closed_log(&part);
+    let segs = segments(&part);
+    let (last, middle) = (segs.last().unwrap().1.clone(), segs[segs.len() / 2].1.clone());
+    let aside = dir.path().join("aside.log");
+
+    // The last (active) segment a directory holding its bytes; then a middle one a
+    // link to nothing.
+    let breaks: [(&Path, &str, Break); 2] = [
+        (&last, "a directory", |seg, _| {
+            fs::create_dir(seg).unwrap();
+            fs::copy(Path::new(seg).with_extension("moved"), seg.join("inside")).unwrap();
+        }),
+        (&middle, "a link to nothing", |seg, aside| std::os::unix::fs::symlink(aside.join("gone"), seg).unwrap()),
+    ];
+    for (seg, found, make) in breaks {
+        fs::rename(seg, seg.with_extension("moved")).unwrap();
+        make(seg, &aside);
+        let before = tree(&part);
+        match Log::open(&part, config()) {
+            Err(Error::UnreadableSegment { path, found: f }) => {
+                assert_eq!((path.as_path(), f.as_str()), (seg, found));
+            }
+            other => panic!("{seg:?} as {found}: expected UnreadableSegment, got {:?}", other.map(|l| l.log_end_offset())),
+        }
+        assert_eq!(tree(&part), before, "{found}: nothing in the directory changed");
+
+        // A log dir serves its other partitions and reports this one offline, naming the path.
+        let manager = LogManager::open(dir.path(), config()).unwrap();
+        let tp = TopicPartition::new("t", 0);
+        assert!(manager.get(&tp).is_none() && manager.is_offline(&tp));
+        let reason = manager.unhealthy().get(&tp).map(|u| u.to_string()).unwrap_or_default();
+        assert!(reason.contains(&seg.display().to_string()) && reason.contains(found), "{reason}");
+        manager.close().unwrap();
+        assert_eq!(tree(&part), before, "{found}: nothing changed by the log dir either");
+
+        // Restored, it opens with every record.
+        let p = Path::new(seg);
+        if fs::symlink_metadata(p).unwrap().is_dir() {
+            fs::remove_dir_all(p).unwrap();
+        } else {
+            fs::remove_file(p).unwrap();
+        }
+        fs::rename(p.with_extension("moved"), p).unwrap();
+        let log = Log::open(&part, config()).unwrap();
+        assert_reads_exactly(&log, &appended);
+        log.close().unwrap();
+    }
+}

@@ -535,10 +535,11 @@ fn opening_a_bad_path_is_an_error_not_a_panic() {
     assert!(matches!(Log::open(&file, LogConfig::default()), Err(Error::Io { .. })));
     let bad = LogConfig { segment_bytes: 1, ..LogConfig::default() };
     assert!(matches!(Log::open(dir.path().join("p-0"), bad), Err(Error::InvalidConfig { .. })));
-    // A directory squatting on the first segment's file name: a clear error.
+    // A directory squatting on the first segment's file name: a clear error, naming it.
     let p = dir.path().join("q-0");
-    fs::create_dir_all(p.join("00000000000000000000.log")).unwrap();
-    assert!(matches!(Log::open(&p, LogConfig::default()), Err(Error::Io { .. })));
+    let squat = p.join("00000000000000000000.log");
+    fs::create_dir_all(&squat).unwrap();
+    assert!(matches!(Log::open(&p, LogConfig::default()), Err(Error::UnreadableSegment { path, .. }) if path == squat));
 }
 
 #[test]
