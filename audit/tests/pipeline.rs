@@ -18,11 +18,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use fjord_audit::record::window_start;
 use fjord_audit::{collect, render, AuditCounter, Format, Report, ReportConfig, Verdict, AUDIT_TOPIC};
+use fjord_broker::BrokerConfig;
 use fjord_client::{
     Admin, AuditHook, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, IsolationLevel, NewTopic, OffsetReset, OffsetSpec,
     Producer, ProducerConfig, ProducerRecord, SeekTo, TopicPartition,
 };
 use fjord_record::now_ms;
+use fjord_testkit::StandaloneBroker;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -33,23 +35,25 @@ async fn bind() -> TcpListener {
     TcpListener::bind("127.0.0.1:0").await.expect("bind loopback")
 }
 
-/// A broker with the broker tier on (publishing every 200 ms), on `listener`.
-fn broker_config(dir: &Path, listener: &TcpListener, partitions: i32, window: Duration) -> fjord_broker::BrokerConfig {
-    let mut config = fjord_broker::BrokerConfig {
-        log_dir: dir.join("broker"),
-        listeners: listener.local_addr().unwrap().into(),
-        num_partitions: partitions,
-        ..fjord_broker::BrokerConfig::default()
-    };
-    config.audit = fjord_broker::AuditConfig {
-        enable: true,
-        interval: Duration::from_millis(200),
-        window,
-        cluster: "online".into(),
-        ..Default::default()
-    };
-    fjord_audit::BrokerTier::install(&mut config).unwrap();
-    config
+/// A broker with `partitions` partitions a topic and the broker tier on (publishing every
+/// 200 ms over `window`), its config then adjusted by `configure`.
+async fn audited_broker(partitions: i32, window: Duration, configure: impl FnOnce(&mut BrokerConfig)) -> StandaloneBroker {
+    StandaloneBroker::builder()
+        .configure(|config| {
+            config.num_partitions = partitions;
+            config.audit = fjord_broker::AuditConfig {
+                enable: true,
+                interval: Duration::from_millis(200),
+                window,
+                cluster: "online".into(),
+                ..Default::default()
+            };
+            configure(config);
+        })
+        .audit_tier()
+        .start()
+        .await
+        .unwrap()
 }
 
 /// Reads every record of `topic` up to its current end, through a consumer with
@@ -115,11 +119,9 @@ async fn pipeline_is_complete_at_every_tier_and_a_replayed_audit_record_counts_o
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
 
-    let listener = bind().await;
-    let broker_addr = listener.local_addr().unwrap();
-    let config = broker_config(dir.path(), &listener, 2, WINDOW);
-    tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
-    let client = ClientConfig::new(&broker_addr.to_string());
+    let broker = audited_broker(2, WINDOW, |_| {}).await;
+    let broker_addr = broker.addr.clone();
+    let client = ClientConfig::new(&broker_addr);
     let admin = Admin::connect(client.clone()).await.unwrap();
     admin.create_topics(&TOPICS.map(|t| NewTopic::new(t, 2))).await.unwrap();
 
@@ -132,7 +134,7 @@ async fn pipeline_is_complete_at_every_tier_and_a_replayed_audit_record_counts_o
         audit_interval: Some(Duration::from_millis(200)),
         audit_window: WINDOW,
         audit_cluster: "online".into(),
-        ..fjord_gateway::GatewayConfig::new(broker_addr.to_string())
+        ..fjord_gateway::GatewayConfig::new(broker_addr.clone())
     };
     let gateway = tokio::spawn(fjord_gateway::run(gw_config, http, bind().await, gateway_stop.clone()));
 
@@ -309,19 +311,15 @@ fn check_in_chromium(html: &Path, dir: &Path, topics: usize, lines: usize) {
 /// is short by exactly the deleted records, in exactly their topic and window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_deleting_a_range_shows_as_consumer_loss_in_that_window_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let shutdown = CancellationToken::new();
-    let _stop = shutdown.clone().drop_guard();
-    let listener = bind().await;
-    let addr = listener.local_addr().unwrap();
     let window = Duration::from_millis(fjord_audit::DEFAULT_WINDOW_MS as u64);
-    let mut config = broker_config(dir.path(), &listener, 1, window);
-    config.retention_check_interval = Duration::from_millis(50);
-    config.set("log.segment.delete.delay.ms", "0").unwrap();
-    // The topic's 1 KiB segments are below the default floor of segment.bytes.
-    config.set("log.min.segment.bytes", "1024").unwrap();
-    tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
-    let client = ClientConfig::new(&addr.to_string());
+    let broker = audited_broker(1, window, |config| {
+        config.retention_check_interval = Duration::from_millis(50);
+        config.set("log.segment.delete.delay.ms", "0").unwrap();
+        // The topic's 1 KiB segments are below the default floor of segment.bytes.
+        config.set("log.min.segment.bytes", "1024").unwrap();
+    })
+    .await;
+    let client = ClientConfig::new(&broker.addr);
     let admin = Admin::connect(client.clone()).await.unwrap();
     let mut expiring = NewTopic::new("expiring", 1);
     // One ~700-byte batch per 1 KiB segment, so every old batch sits in a segment of its own.
@@ -396,7 +394,6 @@ async fn retention_deleting_a_range_shows_as_consumer_loss_in_that_window_only()
         render(&recent, Format::Text).unwrap()
     );
     assert_eq!(recent.windows.iter().map(|w| w.produced).sum::<u64>(), 6);
-    shutdown.cancel();
 }
 
 /// A send that fails is counted by neither the producer's hook nor the broker: of three
@@ -405,13 +402,8 @@ async fn retention_deleting_a_range_shows_as_consumer_loss_in_that_window_only()
 /// are counted at both tiers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_send_is_not_counted() {
-    let dir = tempfile::tempdir().unwrap();
-    let shutdown = CancellationToken::new();
-    let _stop = shutdown.clone().drop_guard();
-    let listener = bind().await;
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(fjord_broker::run(broker_config(dir.path(), &listener, 1, WINDOW), listener, shutdown.clone()));
-    let client = ClientConfig::new(&addr.to_string());
+    let broker = audited_broker(1, WINDOW, |_| {}).await;
+    let client = ClientConfig::new(&broker.addr);
     let admin = Admin::connect(client.clone()).await.unwrap();
     let mut limited = NewTopic::new("limited", 1);
     limited.configs.insert("max.message.bytes".into(), "1024".into());
@@ -438,7 +430,6 @@ async fn a_failed_send_is_not_counted() {
     .await;
     assert_eq!(tier_total(&report, "limited", "producer"), 2);
     assert!(report.all_complete(), "{}", render(&report, Format::Text).unwrap());
-    shutdown.cancel();
 }
 
 /// Awaits every delivery in order: whether each succeeded.
@@ -457,20 +448,14 @@ async fn futures_join(deliveries: Vec<fjord_client::DeliveryFuture>) -> Vec<bool
 /// consumer of the same data counts all 30, under `consumer`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_committed_consumer_tier_agrees_with_a_transactional_producer_and_skips_aborted_records() {
-    let dir = tempfile::tempdir().unwrap();
-    let shutdown = CancellationToken::new();
-    let _stop = shutdown.clone().drop_guard();
-    let listener = bind().await;
-    let broker_addr = listener.local_addr().unwrap();
     // No broker tier: the brokers count appends, aborted ones included.
-    let mut config = fjord_broker::BrokerConfig {
-        log_dir: dir.path().join("broker"),
-        listeners: listener.local_addr().unwrap().into(),
-        num_partitions: 2,
-        ..fjord_broker::BrokerConfig::default()
-    };
-    config.set("transaction.state.log.num.partitions", "1").unwrap();
-    tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
+    let broker = StandaloneBroker::builder()
+        .configure(|config| config.num_partitions = 2)
+        .set("transaction.state.log.num.partitions", "1")
+        .start()
+        .await
+        .unwrap();
+    let broker_addr = broker.listener("PLAINTEXT");
     let client = ClientConfig::new(&broker_addr.to_string());
     Admin::connect(client.clone()).await.unwrap().create_topics(&[NewTopic::new("orders", 2)]).await.unwrap();
 

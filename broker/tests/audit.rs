@@ -185,12 +185,9 @@ async fn standalone_broker_flushes_its_counts_at_graceful_shutdown() {
 /// truststore as CA), so auditing needs no plaintext listener.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_tier_publishes_over_sasl_ssl_as_the_broker() {
-    use fjord_auth::{ScramCredential, ScramMechanism};
-    let dir = tempfile::tempdir().unwrap();
-    let certs_dir = dir.path().join("certs");
-    std::fs::create_dir_all(&certs_dir).unwrap();
-    let certs = common::Certs::create(&certs_dir).unwrap();
-    let mut config = fjord_broker::BrokerConfig { log_dir: dir.path().join("data"), ..Default::default() };
+    let certs_dir = tempfile::tempdir().unwrap();
+    let certs = common::Certs::create(certs_dir.path()).unwrap();
+    let mut broker = fjord_testkit::StandaloneBroker::builder();
     for (key, value) in [
         ("listeners", "SASL_SSL://127.0.0.1:0"),
         ("ssl.keystore.location", &certs.path("server-keystore.pem")),
@@ -203,17 +200,11 @@ async fn broker_tier_publishes_over_sasl_ssl_as_the_broker() {
         ("audit.interval.ms", "200"),
         ("audit.window.ms", &WINDOW_MS.to_string()),
     ] {
-        config.set(key, value).unwrap();
+        broker = broker.set(key, value);
     }
-    fjord_audit::BrokerTier::install(&mut config).unwrap();
-    let bound = fjord_broker::server::bind(&config).await.unwrap();
-    let addr = bound[0].local_addr().unwrap();
-    std::fs::create_dir_all(&config.log_dir).unwrap();
-    let store = fjord_broker::server::open_store(&config).await.unwrap();
-    let credential = ScramCredential::generate(ScramMechanism::Sha256, "broker-secret", 4096).unwrap();
-    fjord_auth::store::set_credential(&*store, "broker", ScramMechanism::Sha256, &credential).await.unwrap();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(fjord_broker::server::run_listeners(config, store, bound, shutdown.clone()));
+    let broker =
+        broker.user_with("broker", "broker-secret", &[fjord_auth::ScramMechanism::Sha256]).audit_tier().start().await.unwrap();
+    let addr = broker.listener("SASL_SSL");
 
     let mut client = ClientConfig::new(&format!("localhost:{}", addr.port()));
     for (key, value) in [
@@ -256,6 +247,5 @@ async fn broker_tier_publishes_over_sasl_ssl_as_the_broker() {
         }
     }
     assert_eq!(counted, 5);
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(30), task).await.unwrap().unwrap().unwrap();
+    broker.stop().await.unwrap();
 }

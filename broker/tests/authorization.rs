@@ -6,22 +6,19 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{produce_request, topic_name, RawClient};
-use fjord_auth::{Operation, PatternType, Permission, ResourceType, ScramCredential, ScramMechanism};
-use fjord_broker::BrokerConfig;
+use fjord_auth::{Operation, PatternType, Permission, ResourceType, ScramMechanism};
 use fjord_record::BatchBuilder;
+use fjord_testkit::StandaloneBroker;
 use kafka_protocol::messages::create_acls_request::AclCreation;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
-use tokio_util::sync::CancellationToken;
 
 const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
 const GROUP_AUTHORIZATION_FAILED: i16 = 30;
@@ -30,52 +27,30 @@ const ADMIN_PASSWORD: &str = "admin-secret";
 const BOB_PASSWORD: &str = "bob-secret";
 
 struct SecuredBroker {
-    addrs: BTreeMap<String, SocketAddr>,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<fjord_broker::Result<()>>,
-    _dir: tempfile::TempDir,
+    broker: StandaloneBroker,
 }
 
 impl SecuredBroker {
     /// SASL_PLAINTEXT and PLAINTEXT listeners, users `admin` (super user) and `bob`.
     async fn start() -> Self {
         common::init_tracing();
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = BrokerConfig { log_dir: dir.path().join("data"), ..BrokerConfig::default() };
-        config.set("listeners", "SASL_PLAINTEXT://127.0.0.1:0,PLAINTEXT://127.0.0.1:0").unwrap();
-        config.set("inter.broker.listener.name", "PLAINTEXT").unwrap();
-        config.set("sasl.enabled.mechanisms", "SCRAM-SHA-256,PLAIN").unwrap();
-        config.set("authorizer.enable", "true").unwrap();
-        config.set("super.users", "User:admin").unwrap();
-        let bound = fjord_broker::server::bind(&config).await.unwrap();
-        let addrs = config.listeners.iter().zip(&bound).map(|(l, b)| (l.name.clone(), b.local_addr().unwrap())).collect();
-        std::fs::create_dir_all(&config.log_dir).unwrap();
-        let store = fjord_broker::server::open_store(&config).await.unwrap();
-        for (user, password) in [("admin", ADMIN_PASSWORD), ("bob", BOB_PASSWORD)] {
-            let credential = ScramCredential::generate(ScramMechanism::Sha256, password, 4096).unwrap();
-            fjord_auth::store::set_credential(&*store, user, ScramMechanism::Sha256, &credential).await.unwrap();
-        }
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(fjord_broker::server::run_listeners(config, store, bound, shutdown.clone()));
-        let broker = Self { addrs, shutdown, task, _dir: dir };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(mut client) = RawClient::connect(broker.addrs["PLAINTEXT"]).await {
-                let versions: anyhow::Result<ApiVersionsResponse> =
-                    client.call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default()).await;
-                if versions.is_ok() {
-                    break;
-                }
-            }
-            assert!(Instant::now() < deadline, "broker did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        broker
+        let broker = StandaloneBroker::builder()
+            .set("listeners", "SASL_PLAINTEXT://127.0.0.1:0,PLAINTEXT://127.0.0.1:0")
+            .set("inter.broker.listener.name", "PLAINTEXT")
+            .set("sasl.enabled.mechanisms", "SCRAM-SHA-256,PLAIN")
+            .set("authorizer.enable", "true")
+            .set("super.users", "User:admin")
+            .user_with("admin", ADMIN_PASSWORD, &[ScramMechanism::Sha256])
+            .user_with("bob", BOB_PASSWORD, &[ScramMechanism::Sha256])
+            .start()
+            .await
+            .unwrap();
+        Self { broker }
     }
 
     /// A raw connection authenticated as `user` with SASL PLAIN.
     async fn login(&self, user: &str, password: &str) -> RawClient {
-        let mut client = RawClient::connect(self.addrs["SASL_PLAINTEXT"]).await.unwrap();
+        let mut client = RawClient::connect(self.broker.listener("SASL_PLAINTEXT")).await.unwrap();
         let handshake = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN"));
         let answer: SaslHandshakeResponse = client.call(ApiKey::SaslHandshake, 1, &handshake).await.unwrap();
         assert_eq!(answer.error_code, 0);
@@ -91,8 +66,7 @@ impl SecuredBroker {
     }
 
     async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.task).await.unwrap().unwrap().unwrap();
+        self.broker.stop().await.unwrap();
     }
 }
 
@@ -190,7 +164,7 @@ c.close()
 assert seen is not None and seen.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, seen
 print("ok")
 "#;
-    let addr = broker.addrs["SASL_PLAINTEXT"].to_string();
+    let addr = broker.broker.listener("SASL_PLAINTEXT").to_string();
     common::run_python(script, &[&addr, ADMIN_PASSWORD, BOB_PASSWORD], Duration::from_secs(120)).await;
     broker.stop().await;
 }
@@ -298,7 +272,7 @@ async fn an_allowed_anonymous_client_cannot_delete_a_topic_or_alter_its_config()
     for operation in [Operation::Read, Operation::Write] {
         assert_eq!(allow(&mut admin, "User:ANONYMOUS", operation, ResourceType::Topic, "shared").await, 0);
     }
-    let mut anonymous = RawClient::connect(broker.addrs["PLAINTEXT"]).await.unwrap();
+    let mut anonymous = RawClient::connect(broker.broker.listener("PLAINTEXT")).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while produce(&mut anonymous, "shared").await != 0 {
         assert!(Instant::now() < deadline, "the Write ACL never applied");

@@ -70,7 +70,10 @@ async fn brokers_answer_the_stores_one_cluster_id_and_a_log_dir_of_another_clust
     let foreign = dir.path().join("b2");
     std::fs::create_dir_all(foreign.join("old-topic-0")).unwrap();
     std::fs::write(foreign.join("meta.properties"), "version=0\nbroker.id=2\ncluster.id=AnotherClustersId00000\n").unwrap();
-    let refused = TestBroker::start_in(foreign.clone(), on_zk(2)).await.unwrap().stop().await.unwrap_err();
+    let refused = match TestBroker::start_in(foreign.clone(), on_zk(2)).await {
+        Ok(_) => panic!("a broker on another cluster's log dir started"),
+        Err(refused) => refused,
+    };
     let message = format!("{refused:#}");
     assert!(message.contains("AnotherClustersId00000") && message.contains(&cluster), "{message}");
     assert!(message.contains("wrong cluster"), "{message}");

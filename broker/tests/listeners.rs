@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -14,6 +13,7 @@ use common::{topic_name, RawClient};
 use fjord_broker::BrokerConfig;
 use fjord_coord::registry::{read_json, to_json, BrokerRegistration};
 use fjord_coord::{create_all, paths, CreateMode, Store};
+use fjord_testkit::StandaloneBroker;
 use kafka_protocol::messages::create_topics_request::{CreatableReplicaAssignment, CreatableTopic};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{
@@ -22,50 +22,34 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// A broker on the listeners of `listeners` (`NAME://127.0.0.1:0,...`), with its store.
 struct MultiBroker {
-    addrs: BTreeMap<String, SocketAddr>,
-    store: Store,
-    shutdown: CancellationToken,
-    task: JoinHandle<fjord_broker::Result<()>>,
-    _dir: tempfile::TempDir,
+    broker: StandaloneBroker,
 }
 
 impl MultiBroker {
     async fn start(listeners: &str, configure: impl FnOnce(&mut BrokerConfig)) -> Self {
         common::init_tracing();
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = BrokerConfig { log_dir: dir.path().to_path_buf(), ..BrokerConfig::default() };
-        config.set("listeners", listeners).unwrap();
-        configure(&mut config);
-        let bound = fjord_broker::server::bind(&config).await.unwrap();
-        let addrs = config.listeners.iter().zip(&bound).map(|(l, b)| (l.name.clone(), b.local_addr().unwrap())).collect();
-        let store = fjord_broker::server::open_store(&config).await.unwrap();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(fjord_broker::server::run_listeners(config, store.clone(), bound, shutdown.clone()));
-        let broker = Self { addrs, store, shutdown, task, _dir: dir };
-        broker.wait_serving().await;
-        broker
+        let broker = StandaloneBroker::builder().set("listeners", listeners).configure(configure).start().await.unwrap();
+        Self { broker }
     }
 
-    async fn wait_serving(&self) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while read_json::<BrokerRegistration>(&*self.store, &paths::broker(0)).await.unwrap().is_none() {
-            assert!(tokio::time::Instant::now() < deadline, "the broker did not register");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    fn addr(&self, listener: &str) -> SocketAddr {
+        self.broker.listener(listener)
+    }
+
+    fn store(&self) -> &Store {
+        self.broker.store()
     }
 
     async fn client(&self, listener: &str) -> RawClient {
-        RawClient::connect(self.addrs[listener]).await.unwrap()
+        RawClient::connect(self.addr(listener)).await.unwrap()
     }
 
     async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.task).await.unwrap().unwrap().unwrap();
+        self.broker.stop().await.unwrap();
     }
 }
 
@@ -101,10 +85,10 @@ async fn metadata_and_find_coordinator_answer_with_the_listener_the_client_came_
         c.set("inter.broker.listener.name", "INTERNAL").unwrap();
     })
     .await;
-    let (internal, external) = (broker.addrs["INTERNAL"], broker.addrs["EXTERNAL"]);
+    let (internal, external) = (broker.addr("INTERNAL"), broker.addr("EXTERNAL"));
     // Kafka's registration: every listener's endpoint and the protocol map; host and
     // port are the inter-broker listener's.
-    let (registration, _) = read_json::<BrokerRegistration>(&*broker.store, &paths::broker(0)).await.unwrap().unwrap();
+    let (registration, _) = read_json::<BrokerRegistration>(&**broker.store(), &paths::broker(0)).await.unwrap().unwrap();
     assert_eq!(
         registration.endpoints,
         [format!("INTERNAL://127.0.0.1:{}", internal.port()), format!("EXTERNAL://127.0.0.1:{}", external.port())]
@@ -138,7 +122,7 @@ async fn advertised_listeners_are_per_listener_name() {
     let broker_row = metadata(&mut client).await.brokers.remove(0);
     assert_eq!(
         (broker_row.host.to_string(), broker_row.port),
-        ("127.0.0.1".to_owned(), i32::from(broker.addrs["INTERNAL"].port()))
+        ("127.0.0.1".to_owned(), i32::from(broker.addr("INTERNAL").port()))
     );
     broker.stop().await;
 }
@@ -153,7 +137,7 @@ async fn register_absent_follower(broker: &MultiBroker) {
         endpoints: vec!["INTERNAL://127.0.0.1:1".into(), "EXTERNAL://127.0.0.1:2".into()],
         listener_security_protocol_map: Default::default(),
     };
-    create_all(&*broker.store, &paths::broker(1), &to_json(&registration), CreateMode::Ephemeral).await.unwrap();
+    create_all(&**broker.store(), &paths::broker(1), &to_json(&registration), CreateMode::Ephemeral).await.unwrap();
 }
 
 #[tokio::test]
@@ -181,7 +165,7 @@ async fn a_replica_fetch_from_a_client_is_refused_and_moves_no_follower() {
     // client-facing listener, one on the inter-broker listener from an address broker 1
     // is not registered at.
     let mut outside = broker.client("EXTERNAL").await;
-    let mut elsewhere = RawClient::connect_from(IpAddr::from([127, 0, 0, 2]), broker.addrs["INTERNAL"]).await.unwrap();
+    let mut elsewhere = RawClient::connect_from(IpAddr::from([127, 0, 0, 2]), broker.addr("INTERNAL")).await.unwrap();
     let fetch = replica_fetch("guarded", 1, 0);
     let isr = |response: &MetadataResponse| -> Vec<i32> {
         let topic = response.topics.iter().find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == "guarded"));
@@ -229,7 +213,7 @@ async fn connections_beyond_the_limits_are_closed_and_others_served() {
         c.set("max.connections", "3").unwrap();
     })
     .await;
-    let addr = broker.addrs["PLAINTEXT"];
+    let addr = broker.addr("PLAINTEXT");
     let (here, there, third) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]), IpAddr::from([127, 0, 0, 3]));
     let mut first = RawClient::connect_from(here, addr).await.unwrap();
     let mut second = RawClient::connect_from(here, addr).await.unwrap();

@@ -6,20 +6,17 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::{kcat, Certs, RawClient};
-use fjord_auth::{ScramCredential, ScramMechanism};
-use fjord_broker::BrokerConfig;
+use fjord_auth::ScramMechanism;
+use fjord_testkit::StandaloneBroker;
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, SaslAuthenticateRequest, SaslAuthenticateResponse,
-    SaslHandshakeRequest, SaslHandshakeResponse,
+    ApiKey, MetadataRequest, SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
 };
 use kafka_protocol::protocol::StrBytes;
-use tokio_util::sync::CancellationToken;
 
 const PASSWORD: &str = "alice-secret";
 const SASL_AUTHENTICATION_FAILED: i16 = 58;
@@ -27,54 +24,37 @@ const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
 const ILLEGAL_SASL_STATE: i16 = 34;
 
 struct SaslBroker {
-    addrs: BTreeMap<String, SocketAddr>,
     certs: Certs,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<fjord_broker::Result<()>>,
-    _dir: tempfile::TempDir,
+    broker: StandaloneBroker,
+    _certs_dir: tempfile::TempDir,
 }
 
 impl SaslBroker {
     /// A broker with SASL_SSL, SASL_PLAINTEXT and PLAINTEXT listeners and user `alice`.
     async fn start() -> Self {
         common::init_tracing();
-        let dir = tempfile::tempdir().unwrap();
-        let certs_dir = dir.path().join("certs");
-        std::fs::create_dir(&certs_dir).unwrap();
-        let certs = Certs::create(&certs_dir).unwrap();
-        let mut config = BrokerConfig { log_dir: dir.path().join("data"), ..BrokerConfig::default() };
-        config.set("listeners", "SASL_SSL://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,PLAINTEXT://127.0.0.1:0").unwrap();
-        config.set("inter.broker.listener.name", "PLAINTEXT").unwrap();
-        config.set("ssl.keystore.location", &certs.path("server-keystore.pem")).unwrap();
-        config.set("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN").unwrap();
-        let bound = fjord_broker::server::bind(&config).await.unwrap();
-        let addrs = config.listeners.iter().zip(&bound).map(|(l, b)| (l.name.clone(), b.local_addr().unwrap())).collect();
-        std::fs::create_dir_all(&config.log_dir).unwrap();
-        let store = fjord_broker::server::open_store(&config).await.unwrap();
-        for mechanism in ScramMechanism::ALL {
-            let credential = ScramCredential::generate(mechanism, PASSWORD, 4096).unwrap();
-            fjord_auth::store::set_credential(&*store, "alice", mechanism, &credential).await.unwrap();
-        }
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(fjord_broker::server::run_listeners(config, store, bound, shutdown.clone()));
-        let broker = Self { addrs, certs, shutdown, task, _dir: dir };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(mut client) = RawClient::connect(broker.addrs["PLAINTEXT"]).await {
-                if api_versions(&mut client).await.is_ok() {
-                    break;
-                }
-            }
-            assert!(tokio::time::Instant::now() < deadline, "broker did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        broker
+        let certs_dir = tempfile::tempdir().unwrap();
+        let certs = Certs::create(certs_dir.path()).unwrap();
+        let broker = StandaloneBroker::builder()
+            .set("listeners", "SASL_SSL://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,PLAINTEXT://127.0.0.1:0")
+            .set("inter.broker.listener.name", "PLAINTEXT")
+            .set("ssl.keystore.location", &certs.path("server-keystore.pem"))
+            .set("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN")
+            .user("alice", PASSWORD)
+            .start()
+            .await
+            .unwrap();
+        Self { certs, broker, _certs_dir: certs_dir }
+    }
+
+    fn addr(&self, listener: &str) -> SocketAddr {
+        self.broker.listener(listener)
     }
 
     fn kcat_args(&self, mechanism: &str, password: &str) -> Vec<String> {
         [
             "-b".to_owned(),
-            self.addrs["SASL_SSL"].to_string(),
+            self.addr("SASL_SSL").to_string(),
             "-X".to_owned(),
             "security.protocol=sasl_ssl".to_owned(),
             "-X".to_owned(),
@@ -90,13 +70,8 @@ impl SaslBroker {
     }
 
     async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.task).await.unwrap().unwrap().unwrap();
+        self.broker.stop().await.unwrap();
     }
-}
-
-async fn api_versions(client: &mut RawClient) -> anyhow::Result<ApiVersionsResponse> {
-    client.call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default()).await
 }
 
 async fn kcat_with(args: &[String], extra: &[&str], stdin: Option<&[u8]>) -> anyhow::Result<Vec<u8>> {
@@ -173,14 +148,14 @@ bad2.poll(8)
 assert any(e.code() == -169 or "Authentication" in e.str() for e in errors), errors
 print("ok")
 "#;
-    common::run_python(script, &[&broker.addrs["SASL_PLAINTEXT"].to_string(), PASSWORD], Duration::from_secs(120)).await;
+    common::run_python(script, &[&broker.addr("SASL_PLAINTEXT").to_string(), PASSWORD], Duration::from_secs(120)).await;
     broker.stop().await;
 }
 
 #[tokio::test]
 async fn malformed_or_out_of_order_sasl_closes_only_that_connection() {
     let broker = SaslBroker::start().await;
-    let addr = broker.addrs["SASL_PLAINTEXT"];
+    let addr = broker.addr("SASL_PLAINTEXT");
     // An authenticated connection that must be unaffected by the rest.
     let mut good = RawClient::connect(addr).await.unwrap();
     assert_eq!(handshake(&mut good, "PLAIN").await.error_code, 0);
@@ -240,48 +215,27 @@ async fn replicas_fetch_over_a_sasl_ssl_inter_broker_listener() {
     use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
     use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse};
     common::init_tracing();
-    let dir = tempfile::tempdir().unwrap();
-    let certs_dir = dir.path().join("certs");
-    std::fs::create_dir(&certs_dir).unwrap();
-    let certs = Certs::create(&certs_dir).unwrap();
-    let mut store = None;
-    let mut brokers = Vec::new();
+    let certs_dir = tempfile::tempdir().unwrap();
+    let certs = Certs::create(certs_dir.path()).unwrap();
+    let mut brokers: Vec<StandaloneBroker> = Vec::new();
     for id in 0..2 {
-        let mut config = BrokerConfig { log_dir: dir.path().join(format!("data-{id}")), ..BrokerConfig::default() };
-        config.set("broker.id", &id.to_string()).unwrap();
-        config.set("listeners", "INTERNAL://127.0.0.1:0,EXTERNAL://127.0.0.1:0").unwrap();
-        config.set("listener.security.protocol.map", "INTERNAL:SASL_SSL,EXTERNAL:PLAINTEXT").unwrap();
-        config.set("inter.broker.listener.name", "INTERNAL").unwrap();
-        config.set("ssl.keystore.location", &certs.path("server-keystore.pem")).unwrap();
-        config.set("ssl.truststore.location", &certs.path("ca.pem")).unwrap();
-        config.set("sasl.mechanism.inter.broker.protocol", "SCRAM-SHA-512").unwrap();
-        config.set("inter.broker.sasl.username", "broker").unwrap();
-        config.set("inter.broker.sasl.password", "broker-secret").unwrap();
-        let bound = fjord_broker::server::bind(&config).await.unwrap();
-        let external = bound[1].local_addr().unwrap();
-        std::fs::create_dir_all(&config.log_dir).unwrap();
-        let shared = match &store {
-            Some(store) => std::sync::Arc::clone(store),
-            None => {
-                let opened = fjord_broker::server::open_store(&config).await.unwrap();
-                let credential = ScramCredential::generate(ScramMechanism::Sha512, "broker-secret", 4096).unwrap();
-                fjord_auth::store::set_credential(&*opened, "broker", ScramMechanism::Sha512, &credential).await.unwrap();
-                store = Some(opened.clone());
-                opened
-            }
+        let builder = StandaloneBroker::builder()
+            .set("broker.id", &id.to_string())
+            .set("listeners", "INTERNAL://127.0.0.1:0,EXTERNAL://127.0.0.1:0")
+            .set("listener.security.protocol.map", "INTERNAL:SASL_SSL,EXTERNAL:PLAINTEXT")
+            .set("inter.broker.listener.name", "INTERNAL")
+            .set("ssl.keystore.location", &certs.path("server-keystore.pem"))
+            .set("ssl.truststore.location", &certs.path("ca.pem"))
+            .set("sasl.mechanism.inter.broker.protocol", "SCRAM-SHA-512")
+            .set("inter.broker.sasl.username", "broker")
+            .set("inter.broker.sasl.password", "broker-secret");
+        let builder = match brokers.first() {
+            Some(first) => builder.shared_store(first.store().clone()),
+            None => builder.user_with("broker", "broker-secret", &[ScramMechanism::Sha512]),
         };
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(fjord_broker::server::run_listeners(config, shared, bound, shutdown.clone()));
-        brokers.push((external, shutdown, task));
+        brokers.push(builder.start().await.unwrap());
     }
-    let mut client = loop {
-        if let Ok(mut client) = RawClient::connect(brokers[0].0).await {
-            if api_versions(&mut client).await.is_ok() {
-                break client;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut client = RawClient::connect(brokers[0].listener("EXTERNAL")).await.unwrap();
     let config = |k: &str, v: &str| {
         CreatableTopicConfig::default()
             .with_name(StrBytes::from_string(k.to_owned()))
@@ -307,8 +261,8 @@ async fn replicas_fetch_over_a_sasl_ssl_inter_broker_listener() {
     let mut acknowledged = false;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while !acknowledged {
-        for (addr, _, _) in &brokers {
-            let mut client = RawClient::connect(*addr).await.unwrap();
+        for broker in &brokers {
+            let mut client = RawClient::connect(broker.listener("EXTERNAL")).await.unwrap();
             let mut builder = fjord_record::BatchBuilder::new(1_700_000_000_000);
             builder.append(1_700_000_000_000, None, Some(b"replicated over SASL_SSL"), &[]);
             let (code, _) = client.produce(9, &common::produce_request("replicated", 0, -1, 5000, builder.build())).await;
@@ -317,9 +271,8 @@ async fn replicas_fetch_over_a_sasl_ssl_inter_broker_listener() {
         assert!(tokio::time::Instant::now() < deadline, "acks=all with min.insync.replicas=2 never succeeded");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    for (_, shutdown, task) in brokers {
-        shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(30), task).await.unwrap().unwrap().unwrap();
+    for broker in brokers {
+        broker.stop().await.unwrap();
     }
 }
 
@@ -334,7 +287,7 @@ async fn replicas_fetch_over_a_sasl_ssl_inter_broker_listener() {
 async fn a_failed_authentication_is_answered_before_a_clean_close_even_to_a_late_reader() {
     use tokio::io::AsyncReadExt;
     let broker = SaslBroker::start().await;
-    let mut client = RawClient::connect(broker.addrs["SASL_PLAINTEXT"]).await.unwrap();
+    let mut client = RawClient::connect(broker.addr("SASL_PLAINTEXT")).await.unwrap();
     assert_eq!(handshake(&mut client, "PLAIN").await.error_code, 0);
     let token = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(b"\0alice\0wrong"));
     let frame = client.encode(ApiKey::SaslAuthenticate, 2, &token);

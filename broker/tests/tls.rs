@@ -11,56 +11,34 @@ use std::time::Duration;
 
 use common::{kcat, Certs, RawClient};
 use fjord_broker::BrokerConfig;
+use fjord_testkit::StandaloneBroker;
 use tokio::io::AsyncWriteExt;
-use tokio_util::sync::CancellationToken;
 
 struct TlsBroker {
     addr: SocketAddr,
-    plain: SocketAddr,
     certs: Certs,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<fjord_broker::Result<()>>,
-    _dir: tempfile::TempDir,
+    broker: StandaloneBroker,
+    _certs_dir: tempfile::TempDir,
 }
 
 impl TlsBroker {
     /// A broker with an SSL listener (`ssl.client.auth=<client_auth>`) and a plaintext one.
     async fn start(client_auth: &str, configure: impl FnOnce(&mut BrokerConfig)) -> Self {
         common::init_tracing();
-        let dir = tempfile::tempdir().unwrap();
-        let certs_dir = dir.path().join("certs");
-        std::fs::create_dir(&certs_dir).unwrap();
-        let certs = Certs::create(&certs_dir).unwrap();
-        let mut config = BrokerConfig { log_dir: dir.path().join("data"), ..BrokerConfig::default() };
-        config.set("listeners", "SSL://127.0.0.1:0,PLAINTEXT://127.0.0.1:0").unwrap();
-        config.set("inter.broker.listener.name", "PLAINTEXT").unwrap();
-        config.set("ssl.keystore.type", "PEM").unwrap();
-        config.set("ssl.keystore.location", &certs.path("server-keystore.pem")).unwrap();
-        config.set("ssl.truststore.location", &certs.path("ca.pem")).unwrap();
-        config.set("ssl.client.auth", client_auth).unwrap();
-        configure(&mut config);
-        let bound = fjord_broker::server::bind(&config).await.unwrap();
-        let (addr, plain) = (bound[0].local_addr().unwrap(), bound[1].local_addr().unwrap());
-        std::fs::create_dir_all(&config.log_dir).unwrap();
-        let store = fjord_broker::server::open_store(&config).await.unwrap();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(fjord_broker::server::run_listeners(config, store, bound, shutdown.clone()));
-        let broker = Self { addr, plain, certs, shutdown, task, _dir: dir };
-        // Serving once the plaintext listener answers.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(mut client) = RawClient::connect(broker.plain).await {
-                let request = kafka_protocol::messages::ApiVersionsRequest::default();
-                let answer: anyhow::Result<kafka_protocol::messages::ApiVersionsResponse> =
-                    client.call(kafka_protocol::messages::ApiKey::ApiVersions, 3, &request).await;
-                if answer.is_ok() {
-                    break;
-                }
-            }
-            assert!(tokio::time::Instant::now() < deadline, "broker did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        broker
+        let certs_dir = tempfile::tempdir().unwrap();
+        let certs = Certs::create(certs_dir.path()).unwrap();
+        let broker = StandaloneBroker::builder()
+            .set("listeners", "SSL://127.0.0.1:0,PLAINTEXT://127.0.0.1:0")
+            .set("inter.broker.listener.name", "PLAINTEXT")
+            .set("ssl.keystore.type", "PEM")
+            .set("ssl.keystore.location", &certs.path("server-keystore.pem"))
+            .set("ssl.truststore.location", &certs.path("ca.pem"))
+            .set("ssl.client.auth", client_auth)
+            .configure(configure)
+            .start()
+            .await
+            .unwrap();
+        Self { addr: broker.listener("SSL"), certs, broker, _certs_dir: certs_dir }
     }
 
     /// kcat's options for the SSL listener, with the client certificate when `with_cert`.
@@ -84,8 +62,7 @@ impl TlsBroker {
     }
 
     async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.task).await.unwrap().unwrap().unwrap();
+        self.broker.stop().await.unwrap();
     }
 }
 

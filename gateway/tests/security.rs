@@ -10,11 +10,10 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
-use fjord_auth::scram::{ScramCredential, ScramMechanism};
+use fjord_auth::scram::ScramMechanism;
 use fjord_auth::{AccessControlEntry, AclBinding, Operation, PatternType, Permission, Principal, ResourcePattern, ResourceType};
-use fjord_broker::BrokerConfig;
 use fjord_gateway::GatewayConfig;
-use fjord_testkit::Certs;
+use fjord_testkit::{Certs, StandaloneBroker};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -30,6 +29,7 @@ struct Secure {
     grpc: SocketAddr,
     certs: Certs,
     shutdown: CancellationToken,
+    _broker: StandaloneBroker,
     _dir: tempfile::TempDir,
 }
 
@@ -56,31 +56,31 @@ impl Secure {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("certs")).unwrap();
         let certs = Certs::create(&dir.path().join("certs")).unwrap();
-        let mut config = BrokerConfig { log_dir: dir.path().join("data"), num_partitions: 1, ..BrokerConfig::default() };
-        config.set("listeners", "SASL_PLAINTEXT://127.0.0.1:0,PLAINTEXT://127.0.0.1:0").unwrap();
-        config.set("inter.broker.listener.name", "PLAINTEXT").unwrap();
-        config.set("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN").unwrap();
-        config.set("authorizer.enable", "true").unwrap();
-        config.set("super.users", "User:admin;User:gateway").unwrap();
-        let bound = fjord_broker::server::bind(&config).await.unwrap();
-        let sasl = bound[0].local_addr().unwrap();
-        std::fs::create_dir_all(&config.log_dir).unwrap();
-        let store = fjord_broker::server::open_store(&config).await.unwrap();
+        let mut broker = StandaloneBroker::builder()
+            .set("listeners", "SASL_PLAINTEXT://127.0.0.1:0,PLAINTEXT://127.0.0.1:0")
+            .set("inter.broker.listener.name", "PLAINTEXT")
+            .set("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN")
+            .set("authorizer.enable", "true")
+            .set("super.users", "User:admin;User:gateway")
+            .configure(|config| config.num_partitions = 1);
         for (i, (user, password)) in USERS.into_iter().enumerate() {
             // One user on SCRAM-SHA-512 only: Basic takes either mechanism's credential.
             let mechanism = if i == 3 { ScramMechanism::Sha512 } else { ScramMechanism::Sha256 };
-            let credential = ScramCredential::generate(mechanism, password, 4096).unwrap();
-            fjord_auth::store::set_credential(&*store, user, mechanism, &credential).await.unwrap();
+            broker = broker.user_with(user, password, &[mechanism]);
         }
-        let acls = [
-            allow("writer", Operation::Write, "orders", PatternType::Literal),
-            allow("reader", Operation::Read, "orders", PatternType::Literal),
-            allow("alice", Operation::Write, "orders", PatternType::Literal),
-            allow("ANONYMOUS", Operation::Write, "web-", PatternType::Prefixed),
-        ];
-        fjord_auth::store::create_acls(&*store, &acls).await.unwrap();
+        let broker = broker
+            .acls([
+                allow("writer", Operation::Write, "orders", PatternType::Literal),
+                allow("reader", Operation::Read, "orders", PatternType::Literal),
+                allow("alice", Operation::Write, "orders", PatternType::Literal),
+                allow("ANONYMOUS", Operation::Write, "web-", PatternType::Prefixed),
+            ])
+            .start()
+            .await
+            .expect("broker");
+        let sasl = broker.listener("SASL_PLAINTEXT");
+        let store = broker.store().clone();
         let shutdown = CancellationToken::new();
-        tokio::spawn(fjord_broker::server::run_listeners(config, store.clone(), bound, shutdown.clone()));
 
         let mut gateway = GatewayConfig {
             host_name: Some("gw-secure".into()),
@@ -121,7 +121,14 @@ impl Secure {
         let admin = fjord_client::Admin::connect(admin).await.expect("admin over SASL");
         let topics = ["orders", "web-clicks", "secret"].map(|t| fjord_client::NewTopic::new(t, 1));
         admin.create_topics(&topics).await.expect("create topics");
-        Self { http: format!("https://localhost:{}", http_addr.port()), grpc: grpc_addr, certs, shutdown, _dir: dir }
+        Self {
+            http: format!("https://localhost:{}", http_addr.port()),
+            grpc: grpc_addr,
+            certs,
+            shutdown,
+            _broker: broker,
+            _dir: dir,
+        }
     }
 
     /// Runs curl with `args` against `path`: (status, response headers, body).

@@ -16,6 +16,7 @@ use fjord_hadoop_loader::job::load_state;
 use fjord_hadoop_loader::layout;
 use fjord_hadoop_loader::{run_once, BadRecordPolicy, Error, LoaderConfig, Step};
 use fjord_schema_registry::{RegistryClient, RegistryConfig};
+use fjord_testkit::StandaloneBroker;
 use serde_json::Value as Json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -27,6 +28,7 @@ const CLICK_SCHEMA: &str = r#"{"type":"record","name":"Click","namespace":"test"
 
 struct Cluster {
     bootstrap: String,
+    _broker: StandaloneBroker,
     registry_url: String,
     shutdown: CancellationToken,
     _dir: tempfile::TempDir,
@@ -45,22 +47,8 @@ async fn start() -> Cluster {
 async fn start_with(registry_config: RegistryConfig) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let config = fjord_broker::BrokerConfig {
-        log_dir: dir.path().join("broker"),
-        listeners: listener.local_addr().unwrap().into(),
-        auto_create_topics: false,
-        ..fjord_broker::BrokerConfig::default()
-    };
-    let bootstrap = listener.local_addr().unwrap().to_string();
-    let token = shutdown.clone();
-    // Errors are printed, not panicked on: at the end of a test the temp dir goes away
-    // while the broker shuts down.
-    tokio::spawn(async move {
-        if let Err(e) = fjord_broker::run(config, listener, token).await {
-            eprintln!("broker stopped: {e}");
-        }
-    });
+    let broker = StandaloneBroker::builder().configure(|c| c.auto_create_topics = false).start().await.unwrap();
+    let bootstrap = broker.addr.clone();
     let store = fjord_coord::open(None, &dir.path().join("registry")).await.unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let registry_url = format!("http://{}", listener.local_addr().unwrap());
@@ -70,7 +58,7 @@ async fn start_with(registry_config: RegistryConfig) -> Cluster {
             eprintln!("registry stopped: {e}");
         }
     });
-    Cluster { bootstrap, registry_url, shutdown, _dir: dir }
+    Cluster { bootstrap, _broker: broker, registry_url, shutdown, _dir: dir }
 }
 
 fn client(bootstrap: &str) -> ClientConfig {

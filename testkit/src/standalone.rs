@@ -1,21 +1,55 @@
 //! One broker in this process on the embedded metadata store, as `fjord broker` without
-//! `--zookeeper` runs it: the quick fixture of client and CLI tests.
+//! `--zookeeper` runs it: the in-process fixture of broker, client, gateway and CLI tests.
+//!
+//! [`StandaloneBroker::start`] is the quick default (one PLAINTEXT listener, data in a temp
+//! dir); [`StandaloneBroker::builder`] covers the rest: named listeners (TLS, SASL), SCRAM
+//! users and ACLs written before the broker serves, a data dir that outlives a restart, and
+//! a clean [`StandaloneBroker::stop`] that returns what the broker's `run` returned.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use fjord_auth::acl::AclBinding;
+use fjord_auth::scram::{ScramCredential, ScramMechanism};
 use fjord_broker::BrokerConfig;
-use tokio::net::TcpListener;
+use fjord_coord::registry::{read_json, BrokerRegistration};
+use fjord_coord::{paths, Store};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// A broker running on the caller's tokio runtime, on `127.0.0.1:<free port>`, with its
-/// data in a temp dir. Dropping it starts its shutdown (and deletes the dir).
+/// SCRAM iterations of test users: Kafka's minimum, so logins stay cheap.
+const SCRAM_ITERATIONS: u32 = 4096;
+
+/// A broker running on the caller's tokio runtime. Dropping it starts its shutdown (and
+/// deletes its temp dir); [`StandaloneBroker::stop`] waits for it.
 pub struct StandaloneBroker {
-    /// `127.0.0.1:PORT`, the bootstrap address.
+    /// `127.0.0.1:PORT` of the first listener, the bootstrap address.
     pub addr: String,
+    addrs: BTreeMap<String, SocketAddr>,
+    store: Store,
+    data_dir: PathBuf,
     shutdown: CancellationToken,
-    _dir: tempfile::TempDir,
+    task: Option<JoinHandle<fjord_broker::Result<()>>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// How a [`StandaloneBroker`] starts; see [`StandaloneBroker::builder`].
+pub struct StandaloneBuilder {
+    config: BrokerConfig,
+    /// The first config key that did not parse, reported by `start`.
+    invalid: Option<anyhow::Error>,
+    data_dir: Option<PathBuf>,
+    users: Vec<(String, String, Vec<ScramMechanism>)>,
+    acls: Vec<AclBinding>,
+    audit_tier: bool,
+    store: Option<Store>,
 }
 
 impl StandaloneBroker {
-    /// A broker with the default config.
+    /// A broker with the default config and the audit's broker tier (what `fjord broker` runs).
     pub async fn start() -> anyhow::Result<Self> {
         Self::start_with(|_| {}).await
     }
@@ -30,29 +64,178 @@ impl StandaloneBroker {
         .await
     }
 
-    /// A broker whose config `configure` adjusts (log dir and listener are set already).
-    /// The broker is listening when this returns; a broker that fails panics the task it
-    /// runs on, which the test sees as refused connections.
+    /// [`StandaloneBroker::start`] with the config adjusted by `configure`.
     pub async fn start_with(configure: impl FnOnce(&mut BrokerConfig)) -> anyhow::Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let mut config = BrokerConfig { log_dir: dir.path().to_path_buf(), listeners: addr.into(), ..BrokerConfig::default() };
-        configure(&mut config);
-        fjord_audit::BrokerTier::install(&mut config)?;
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        tokio::spawn(async move {
-            if let Err(e) = fjord_broker::run(config, listener, token).await {
-                panic!("broker failed: {e}");
-            }
-        });
-        Ok(Self { addr: addr.to_string(), shutdown, _dir: dir })
+        Self::builder().configure(configure).audit_tier().start().await
+    }
+
+    /// A broker to describe before it starts: one PLAINTEXT listener on a free port, data
+    /// in a temp dir, no audit tier, until told otherwise.
+    pub fn builder() -> StandaloneBuilder {
+        let mut config = BrokerConfig::default();
+        let invalid = config.set("listeners", "PLAINTEXT://127.0.0.1:0").err().map(anyhow::Error::from);
+        StandaloneBuilder { config, invalid, data_dir: None, users: Vec::new(), acls: Vec::new(), audit_tier: false, store: None }
+    }
+
+    /// The address of the listener named `name` (`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, ...).
+    ///
+    /// # Panics
+    /// When the broker has no listener of that name: a mistake in the test itself.
+    pub fn listener(&self, name: &str) -> SocketAddr {
+        match self.addrs.get(name) {
+            Some(addr) => *addr,
+            None => panic!("the broker has no listener {name}; it has {:?}", self.addrs.keys().collect::<Vec<_>>()),
+        }
+    }
+
+    /// The broker's metadata store (shared, as `fjord dev` shares it with the registry).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Where the broker keeps its logs and its embedded metadata store.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Shuts the broker down cleanly and returns what its `run` returned.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        let Some(task) = self.task.take() else { return Ok(()) };
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .context("the broker did not stop within 30 s")?
+            .context("the broker task panicked")?
+            .context("the broker's run failed")
     }
 }
 
 impl Drop for StandaloneBroker {
     fn drop(&mut self) {
         self.shutdown.cancel();
+    }
+}
+
+impl StandaloneBuilder {
+    /// Sets a broker config key as a `fjord.toml` would (`listeners`, `authorizer.enable`, ...).
+    pub fn set(mut self, key: &str, value: &str) -> Self {
+        if let Err(e) = self.config.set(key, value) {
+            self.invalid.get_or_insert(anyhow::Error::from(e).context(format!("broker config {key}={value}")));
+        }
+        self
+    }
+
+    /// Adjusts the config directly (log dir and listeners may be overridden here too).
+    pub fn configure(mut self, configure: impl FnOnce(&mut BrokerConfig)) -> Self {
+        configure(&mut self.config);
+        self
+    }
+
+    /// Keeps the data in `dir` (created if missing, never deleted), so a test can stop the
+    /// broker and start another on the same data.
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_dir = Some(dir.into());
+        self
+    }
+
+    /// A SCRAM user with a credential for every mechanism.
+    pub fn user(self, name: &str, password: &str) -> Self {
+        self.user_with(name, password, &ScramMechanism::ALL)
+    }
+
+    /// A SCRAM user with credentials for `mechanisms` only.
+    pub fn user_with(mut self, name: &str, password: &str, mechanisms: &[ScramMechanism]) -> Self {
+        self.users.push((name.to_owned(), password.to_owned(), mechanisms.to_vec()));
+        self
+    }
+
+    /// ACLs written to the store before the broker serves its first request.
+    pub fn acls(mut self, acls: impl IntoIterator<Item = AclBinding>) -> Self {
+        self.acls.extend(acls);
+        self
+    }
+
+    /// Runs on `store` (another broker's, see [`StandaloneBroker::store`]) instead of its
+    /// own embedded one: brokers of one cluster without ZooKeeper.
+    pub fn shared_store(mut self, store: Store) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Installs the audit's broker tier, as the `fjord broker` binary does.
+    pub fn audit_tier(mut self) -> Self {
+        self.audit_tier = true;
+        self
+    }
+
+    /// Binds every listener, writes users and ACLs, starts the broker and returns once it
+    /// has registered (it serves from then on).
+    pub async fn start(self) -> anyhow::Result<StandaloneBroker> {
+        if let Some(e) = self.invalid {
+            return Err(e);
+        }
+        let mut config = self.config;
+        let (data_dir, temp) = match self.data_dir {
+            Some(dir) => (dir, None),
+            None => {
+                let temp = tempfile::tempdir()?;
+                (temp.path().to_path_buf(), Some(temp))
+            }
+        };
+        config.log_dir = data_dir.clone();
+        if self.audit_tier {
+            fjord_audit::BrokerTier::install(&mut config)?;
+        }
+        std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+        let bound = fjord_broker::server::bind(&config).await?;
+        let mut addrs = BTreeMap::new();
+        for (listener, socket) in config.listeners.iter().zip(&bound) {
+            addrs.insert(listener.name.clone(), socket.local_addr()?);
+        }
+        let addr = bound.first().context("the broker has no listener")?.local_addr()?.to_string();
+        let store = match self.store {
+            Some(store) => store,
+            None => fjord_broker::server::open_store(&config).await?,
+        };
+        for (user, password, mechanisms) in &self.users {
+            for &mechanism in mechanisms {
+                let credential = ScramCredential::generate(mechanism, password, SCRAM_ITERATIONS)?;
+                fjord_auth::store::set_credential(&*store, user, mechanism, &credential)
+                    .await
+                    .with_context(|| format!("writing the SCRAM credential of {user}"))?;
+            }
+        }
+        if !self.acls.is_empty() {
+            fjord_auth::store::create_acls(&*store, &self.acls).await.context("writing the ACLs")?;
+        }
+        let broker_id = config.broker_id;
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(fjord_broker::server::run_listeners(config, store.clone(), bound, shutdown.clone()));
+        let mut broker = StandaloneBroker { addr, addrs, store, data_dir, shutdown, task: Some(task), _dir: temp };
+        broker.wait_registered(broker_id).await?;
+        Ok(broker)
+    }
+}
+
+impl StandaloneBroker {
+    /// Waits for the broker's registration, its last step before serving; a broker that
+    /// stopped instead reports why.
+    async fn wait_registered(&mut self, broker_id: i32) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if read_json::<BrokerRegistration>(&*self.store, &paths::broker(broker_id)).await?.is_some() {
+                return Ok(());
+            }
+            if self.task.as_ref().is_some_and(JoinHandle::is_finished) {
+                let task = self.task.take().context("checked above")?;
+                return match task.await {
+                    Ok(Ok(())) => Err(anyhow::anyhow!("the broker stopped before it registered")),
+                    Ok(Err(e)) => Err(anyhow::Error::from(e).context("the broker failed to start")),
+                    Err(e) => Err(anyhow::Error::from(e).context("the broker task panicked")),
+                };
+            }
+            anyhow::ensure!(tokio::time::Instant::now() < deadline, "the broker did not register within 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fjord_broker::BrokerConfig;
+use fjord_testkit::StandaloneBroker;
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
@@ -17,9 +18,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use tokio::net::TcpStream;
 
 pub(crate) fn init_tracing() {
     let _ = tracing_subscriber::fmt()
@@ -28,35 +27,25 @@ pub(crate) fn init_tracing() {
         .try_init();
 }
 
-/// A broker running in this process.
+/// A broker running in this process (testkit's [`StandaloneBroker`] with its data in a
+/// dir the test chose, so it can be restarted on the same data).
 pub(crate) struct TestBroker {
     pub(crate) addr: SocketAddr,
     pub(crate) data_dir: PathBuf,
-    shutdown: CancellationToken,
-    task: JoinHandle<fjord_broker::Result<()>>,
+    broker: StandaloneBroker,
 }
 
 impl TestBroker {
-    /// Starts a broker on a fresh port with its data in `data_dir`.
+    /// Starts a broker on a fresh port with its data in `data_dir`; returns once it serves.
     pub(crate) async fn start_in(data_dir: PathBuf, configure: impl FnOnce(&mut BrokerConfig)) -> anyhow::Result<Self> {
         init_tracing();
-        let mut config = BrokerConfig { log_dir: data_dir.clone(), ..BrokerConfig::default() };
-        configure(&mut config);
-        fjord_audit::BrokerTier::install(&mut config)?;
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
-        Ok(Self { addr, data_dir, shutdown, task })
+        let broker = StandaloneBroker::builder().data_dir(data_dir.clone()).configure(configure).audit_tier().start().await?;
+        Ok(Self { addr: broker.addr.parse()?, data_dir, broker })
     }
 
     /// Clean shutdown; returns what `run` returned.
     pub(crate) async fn stop(self) -> anyhow::Result<()> {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .context("broker did not stop")??
-            .context("broker run failed")
+        self.broker.stop().await
     }
 
     pub(crate) fn bootstrap(&self) -> String {

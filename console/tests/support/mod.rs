@@ -1,4 +1,4 @@
-//! A real system on loopback for the console's tests: a broker (`fjord_broker::run`), the
+//! A real system on loopback for the console's tests: a broker ([`StandaloneBroker`]), the
 //! schema registry on an embedded metadata store, and the gateway (`fjord_gateway::run`),
 //! which serves the console at `/ui/`; each on 127.0.0.1:0. kcat is the independent
 //! client that makes topics, records and groups, and lists what the console created.
@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fjord_gateway::GatewayConfig;
+use fjord_testkit::StandaloneBroker;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -18,6 +19,7 @@ pub struct System {
     pub registry: String,
     pub http: String,
     shutdown: CancellationToken,
+    _broker: StandaloneBroker,
     pub dir: TempDir,
 }
 
@@ -41,14 +43,8 @@ impl System {
     pub async fn start_with(gateway: impl FnOnce(&mut GatewayConfig)) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let shutdown = CancellationToken::new();
-        let (listener, broker) = bind().await;
-        let config = fjord_broker::BrokerConfig {
-            log_dir: dir.path().join("broker"),
-            listeners: listener.local_addr().unwrap().into(),
-            num_partitions: 2,
-            ..fjord_broker::BrokerConfig::default()
-        };
-        tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
+        let standalone = StandaloneBroker::builder().configure(|config| config.num_partitions = 2).start().await.expect("broker");
+        let broker = standalone.addr.clone();
 
         let store = fjord_coord::open(None, &dir.path().join("registry")).await.expect("embedded store");
         let (listener, registry) = bind().await;
@@ -68,14 +64,14 @@ impl System {
         };
         gateway(&mut config);
         tokio::spawn(fjord_gateway::run(config, http, grpc, shutdown.clone()));
-        let s = Self { broker, registry: format!("http://{registry}"), http: format!("http://{http_addr}"), shutdown, dir };
-        // The broker answers metadata: every page can be read.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !kcat(&["-b", &s.broker, "-L", "-m", "2"], None).0 {
-            assert!(Instant::now() < deadline, "broker did not come up");
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        Self {
+            broker,
+            registry: format!("http://{registry}"),
+            http: format!("http://{http_addr}"),
+            shutdown,
+            _broker: standalone,
+            dir,
         }
-        s
     }
 
     /// GET of a console page: (status, body).

@@ -1,5 +1,5 @@
-//! A real system on loopback for the gateway's integration tests: the broker through
-//! `fjord_broker::run`, the schema registry through `fjord_schema_registry::run` on an
+//! A real system on loopback for the gateway's integration tests: the broker
+//! ([`StandaloneBroker`]), the schema registry through `fjord_schema_registry::run` on an
 //! embedded metadata store, and the gateway through `fjord_gateway::run`, each on
 //! 127.0.0.1:0; plus kcat to read back what was produced, independently of our client.
 #![allow(dead_code, unreachable_pub)] // each test binary uses a different part
@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use fjord_gateway::GatewayConfig;
+use fjord_testkit::StandaloneBroker;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -20,6 +21,7 @@ pub struct System {
     pub http: String,
     pub grpc: String,
     shutdown: CancellationToken,
+    _broker: StandaloneBroker,
     _dir: TempDir,
 }
 
@@ -48,15 +50,15 @@ impl System {
         let dir = tempfile::tempdir().expect("tempdir");
         let shutdown = CancellationToken::new();
 
-        let (listener, addr) = bind().await;
-        let mut config = fjord_broker::BrokerConfig {
-            log_dir: dir.path().join("broker"),
-            listeners: addr.into(),
-            num_partitions: 3,
-            ..fjord_broker::BrokerConfig::default()
-        };
-        broker(&mut config);
-        tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
+        let broker = StandaloneBroker::builder()
+            .configure(|config| {
+                config.num_partitions = 3;
+                broker(config);
+            })
+            .start()
+            .await
+            .expect("broker");
+        let addr = broker.addr.clone();
 
         let store = fjord_coord::open(None, &dir.path().join("registry")).await.expect("embedded store");
         let (listener, registry_addr) = bind().await;
@@ -72,16 +74,17 @@ impl System {
         let mut config = GatewayConfig {
             registry_url: Some(format!("http://{registry_addr}")),
             host_name: Some("gw-it".into()),
-            ..GatewayConfig::new(addr.to_string())
+            ..GatewayConfig::new(addr.clone())
         };
         gateway(&mut config);
         tokio::spawn(fjord_gateway::run(config, http, grpc, shutdown.clone()));
         Self {
-            broker: addr.to_string(),
+            broker: addr,
             registry: format!("http://{registry_addr}"),
             http: format!("http://{http_addr}"),
             grpc: format!("http://{grpc_addr}"),
             shutdown,
+            _broker: broker,
             _dir: dir,
         }
     }
