@@ -219,7 +219,7 @@ else:
     assert results[0] is not None and results[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, results[0]
 print("ok")
 "#;
-    let addr = broker.addrs["SASL_PLAINTEXT"].to_string();
+    let addr = broker.broker.listener("SASL_PLAINTEXT").to_string();
     common::run_python(script, &[&addr, BOB_PASSWORD, "by-librdkafka", "no"], Duration::from_secs(60)).await;
     let mut listed: Vec<String> = metadata(&mut admin, None).await.into_iter().map(|(name, _)| name).collect();
     listed.sort();
