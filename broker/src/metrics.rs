@@ -12,42 +12,31 @@
 //!
 //! Why no metrics registry crate: the registry is an array of atomics and one small map,
 //! and the exposition is written with `fjord-metrics` (as in the gateway and the mirror);
-//! a client crate would bring a registry abstraction for nothing. The HTTP side is one `GET /metrics` answered with
-//! `Connection: close`, hand-written too, so the broker carries no HTTP stack.
+//! a client crate would bring a registry abstraction for nothing. The HTTP side is
+//! `fjord_metrics::endpoint`, shared with the mirror: one `GET /metrics` per connection,
+//! so the broker carries no HTTP stack.
 //!
-//! Security (`metrics.*` keys, see [`fjord_auth::http`]): with `metrics.ssl.keystore.location`
-//! the endpoint speaks only TLS (the same PEM keys as the listeners), and with
-//! `metrics.authentication.method=BASIC` a scrape must carry HTTP Basic credentials of a
-//! user in the metadata store (or a trusted client certificate), else 401 with
-//! `WWW-Authenticate`: the TLS server and the credential check are fjord-auth's, as the
-//! gateway's and the registry's. Like the gateway's `/metrics`, any authenticated user
+//! Security (`metrics.*` keys, see [`fjord_metrics::endpoint`]): with
+//! `metrics.ssl.keystore.location` the endpoint speaks only TLS (the same PEM keys as the
+//! listeners), and with `metrics.authentication.method=BASIC` a scrape must carry HTTP
+//! Basic credentials of a user in the metadata store (or a trusted client certificate),
+//! else 401 with `WWW-Authenticate`. Like the gateway's `/metrics`, any authenticated user
 //! may scrape.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use fjord_auth::http::{HttpSecurity, Peer, Unauthenticated};
-use fjord_auth::tls::TlsServer;
 use fjord_log::{CleanStats, Log, LogManager};
 use fjord_metrics::{escape, family, sample, Kind};
 use kafka_protocol::messages::{ApiKey, ResponseKind};
 use kafka_protocol::ResponseError;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::fetch_response::FetchResponseData;
 use crate::handler::Broker;
 
 /// API keys counted one by one; larger (unknown) keys share one counter.
 const API_KEYS: usize = 128;
-/// The most bytes of an HTTP request head read before answering 400.
-const MAX_REQUEST_HEAD: usize = 8 * 1024;
-/// A scrape connection that has not sent its request head by then is dropped.
-const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The request counters.
 pub(crate) struct Metrics {
@@ -338,142 +327,21 @@ fn api_name(key: i16) -> String {
     ApiKey::try_from(key).map_or_else(|_| key.to_string(), |k| format!("{k:?}"))
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown`: over TLS when `tls` is given
-/// (offering only HTTP/1.1 by ALPN: this endpoint speaks nothing else, and a client
-/// offered h2 would speak it), with `security` checking credentials (Basic).
-pub(crate) fn spawn_endpoint(
-    tracker: &TaskTracker,
-    listener: TcpListener,
-    tls: Option<TlsServer>,
-    security: Arc<HttpSecurity>,
-    broker: Arc<Broker>,
-    shutdown: CancellationToken,
-) {
-    let tls = tls.map(Arc::new);
-    tracker.spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = shutdown.cancelled() => return,
-            };
-            let (stream, addr) = match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics accept failed; backing off");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let (broker, security, tls) = (broker.clone(), security.clone(), tls.clone());
-            // Not tracked: a scrape (its TLS handshake included) is bounded by
-            // SCRAPE_TIMEOUT and reads only counters, so shutdown need not wait for it.
-            tokio::spawn(async move {
-                let scraped = async {
-                    let Some(tls) = tls else {
-                        let peer = Peer { addr, certificate_principal: None };
-                        return scrape(stream, &peer, &security, &broker).await;
-                    };
-                    let stream = tls.acceptor().accept(stream).await?;
-                    let certificate = stream.get_ref().1.peer_certificates().and_then(|chain| chain.first());
-                    let subject = certificate.and_then(|c| fjord_auth::tls::certificate_subject(c));
-                    let peer = Peer { addr, certificate_principal: subject.map(|s| tls.config().principal(&s)) };
-                    scrape(stream, &peer, &security, &broker).await
-                };
-                if let Err(e) = tokio::time::timeout(SCRAPE_TIMEOUT, scraped)
-                    .await
-                    .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no request head in time")))
-                {
-                    tracing::debug!(peer = %addr, error = %e, "metrics scrape failed");
-                }
-            });
-        }
-    });
-}
+/// The broker's page for [`fjord_metrics::endpoint`]: `/metrics`, rendered per scrape.
+pub(crate) struct BrokerPages(pub(crate) Arc<Broker>);
 
-/// Reads one HTTP request head and answers it.
-async fn scrape<S: AsyncRead + AsyncWrite + Unpin>(
-    mut stream: S,
-    peer: &Peer,
-    security: &HttpSecurity,
-    broker: &Broker,
-) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        if head.len() > MAX_REQUEST_HEAD {
-            return respond(&mut stream, "400 Bad Request", &[], "request head too large\n").await;
-        }
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(()); // gone before asking anything
-        }
-        head.extend_from_slice(&buf[..n]);
+impl fjord_metrics::endpoint::Pages for BrokerPages {
+    fn page(&self, path: &str) -> Option<fjord_metrics::endpoint::Page> {
+        (path == "/metrics").then(|| fjord_metrics::endpoint::Page {
+            content_type: fjord_metrics::endpoint::PROMETHEUS,
+            body: self.0.metrics.render(self.0.topics.logs()),
+        })
     }
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let mut parts = std::str::from_utf8(line).unwrap_or_default().split(' ');
-    let (method, target) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
-    let path = target.split('?').next().unwrap_or_default();
-    if method.is_empty() {
-        return respond(&mut stream, "400 Bad Request", &[], "not an HTTP request\n").await;
-    }
-    if let Err(why) = security.authenticate(authorization(&head), peer).await {
-        tracing::debug!(peer = %peer.addr, %why, "metrics scrape refused");
-        return match why {
-            Unauthenticated::Unavailable(_) => respond(&mut stream, "503 Service Unavailable", &[], "try again\n").await,
-            why => {
-                let challenge = ("WWW-Authenticate", security.www_authenticate());
-                respond(&mut stream, "401 Unauthorized", &[challenge], &format!("{why}\n")).await
-            }
-        };
-    }
-    match (method, path) {
-        ("GET", "/metrics") => {
-            let text = broker.metrics.render(broker.topics.logs());
-            respond(&mut stream, "200 OK", &[], &text).await
-        }
-        (_, "/metrics") => respond(&mut stream, "405 Method Not Allowed", &[], "only GET\n").await,
-        _ => respond(&mut stream, "404 Not Found", &[], "the metrics are at /metrics\n").await,
-    }
-}
-
-/// The value of the request head's `Authorization` header (the name in any case).
-fn authorization(head: &[u8]) -> Option<&[u8]> {
-    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let colon = line.iter().position(|&b| b == b':')?;
-        let (name, value) = line.split_at(colon);
-        name.eq_ignore_ascii_case(b"authorization").then(|| value[1..].trim_ascii())
-    })
-}
-
-async fn respond<S: AsyncWrite + Unpin>(
-    stream: &mut S,
-    status: &str,
-    headers: &[(&str, String)],
-    body: &str,
-) -> std::io::Result<()> {
-    let extra: String = headers.iter().map(|(name, value)| format!("{name}: {value}\r\n")).collect();
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_authorization_header_is_found_in_any_case_and_only_in_headers() {
-        let head = b"GET /metrics HTTP/1.1\r\nHost: x\r\naUtHoRiZaTiOn:  Basic YTpi \r\n\r\n";
-        assert_eq!(authorization(head), Some(&b"Basic YTpi"[..]));
-        assert_eq!(authorization(b"GET /authorization: x HTTP/1.1\r\nHost: x\r\n\r\n"), None);
-        assert_eq!(authorization(b"GET / HTTP/1.1\r\nAuthorization\r\n\r\n"), None);
-        assert_eq!(authorization(b"\r\n\r\n"), None);
-    }
 
     #[test]
     fn counters_render_by_api_and_error() {

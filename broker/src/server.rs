@@ -314,19 +314,9 @@ pub async fn run_listeners(
     crate::txn::spawn(&tracker, &broker, &stop);
     if let Some(listener) = metrics_listener {
         tracing::info!(address = %listener.local_addr().map_err(Error::Network)?, "serving metrics at /metrics");
-        // TLS here, offering HTTP/1.1 only by ALPN; the HTTP security checks credentials.
-        let mut security = broker.config.metrics_security.clone();
-        let tls = match security.ssl.keystore_location.take() {
-            Some(keystore) => {
-                let ssl = fjord_auth::tls::SslConfig { keystore_location: Some(keystore), ..security.ssl.clone() };
-                Some(fjord_auth::tls::TlsServer::with_alpn(ssl, vec![b"http/1.1".to_vec()])?)
-            }
-            None => None,
-        };
-        // Client certificates are asked for by `tls` above, not by the credential check.
-        security.ssl.client_auth = fjord_auth::tls::ClientAuth::None;
-        let security = fjord_auth::http::HttpSecurity::start(security, Some(store.clone()), &tracker, stop.clone()).await?;
-        crate::metrics::spawn_endpoint(&tracker, listener, tls, security, broker.clone(), stop.clone());
+        let pages = Arc::new(crate::metrics::BrokerPages(broker.clone()));
+        let security = broker.config.metrics_security.clone();
+        fjord_metrics::endpoint::serve(listener, security, Some(store.clone()), pages, &tracker, stop.clone()).await?;
     }
     let accepting = TaskTracker::new();
     for (listener, info) in listeners.into_iter().zip(plan) {

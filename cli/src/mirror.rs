@@ -49,6 +49,15 @@ pub(crate) struct MirrorArgs {
     /// Serve /metrics (Prometheus) and /status on this address, e.g. 127.0.0.1:9400.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// The metrics endpoint's security, a properties file with the broker's `metrics.*`
+    /// keys: `metrics.ssl.keystore.location` (TLS only), `metrics.authentication.method=BASIC`
+    /// (users from --zookeeper), `metrics.ssl.client.auth`, ...
+    #[arg(long, value_name = "FILE", env = "FJORD_MIRROR_METRICS_CONFIG")]
+    metrics_config: Option<PathBuf>,
+    /// ZooKeeper connect string of the metadata store whose users may scrape the metrics
+    /// endpoint with Basic (the target cluster's).
+    #[arg(long, value_name = "CONNECT", env = "FJORD_ZOOKEEPER_CONNECT")]
+    zookeeper: Option<String>,
     /// Flush the target and commit source offsets this often (the duplicate window after a crash).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     commit_interval: Duration,
@@ -115,17 +124,34 @@ pub(crate) async fn run(args: MirrorArgs) -> anyhow::Result<()> {
     config.exactly_once = args.exactly_once;
     config.audit =
         args.audit_cluster.map(|cluster| AuditConfig { cluster, interval: args.audit_interval, window: args.audit_window });
+    if let Some(path) = &args.metrics_config {
+        let context = || format!("--metrics-config {}", path.display());
+        let text = std::fs::read_to_string(path).with_context(context)?;
+        for (key, value) in fjord_client::parse_properties(&text).with_context(context)? {
+            config.set(&key, &value).with_context(context)?;
+        }
+    }
     // Bad flags fail here, before anything binds or connects.
     config.validate()?;
+    let store = match &args.zookeeper {
+        Some(connect) => Some(
+            fjord_coord::open(Some(connect), std::path::Path::new("")).await.with_context(|| format!("ZooKeeper {connect}"))?,
+        ),
+        None if config.metrics_security.needs_store() => {
+            anyhow::bail!("metrics.authentication.method=BASIC reads the users from the metadata store: give --zookeeper")
+        }
+        None => None,
+    };
     let listener = match &args.metrics {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on --metrics {addr}"))?;
-            eprintln!("mirror metrics on http://{}/metrics, status on /status", l.local_addr()?);
+            let scheme = if config.metrics_security.tls_enabled() { "https" } else { "http" };
+            eprintln!("mirror metrics on {scheme}://{}/metrics, status on /status", l.local_addr()?);
             Some(l)
         }
         None => None,
     };
-    fjord_mirror::run(config, listener, crate::server::shutdown_on_signal()?).await?;
+    fjord_mirror::run_with_store(config, listener, store, crate::server::shutdown_on_signal()?).await?;
     Ok(())
 }
 

@@ -813,3 +813,75 @@ async fn exactly_once_mirror_killed_with_kill_9_leaves_no_duplicates_and_no_loss
     eprintln!("read_uncommitted: {uncommitted} records for {N} (aborted copies of the killed run: {})", uncommitted - N);
     assert!(uncommitted > N, "no aborted copy in the target: the kill did not land inside a transaction");
 }
+
+/// `curl -s` with `args`: (HTTP status, body); status 0 when no HTTP answer came.
+fn curl(args: &[&str]) -> (u16, String) {
+    let out = Command::new("curl").args(["-s", "-m", "10", "-o", "-", "-w", "\n%{http_code}"]).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (status.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+/// The mirror's metrics endpoint takes the broker's `metrics.*` security keys (#19): with
+/// `metrics.ssl.keystore.location` and `metrics.authentication.method=BASIC` (users from
+/// the metadata store given to `run_with_store`, here an embedded one holding `scraper`),
+/// `/metrics` and `/status` answer 401 with `WWW-Authenticate` without credentials or
+/// with a wrong password, 200 with the user's (the Prometheus text, the JSON status), and
+/// plain HTTP gets no HTTP answer at all. The CLI refuses a `--metrics-config` key it does
+/// not know, and Basic without `--zookeeper`, before binding anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_endpoint_serves_https_with_basic_auth() {
+    let target = start_broker(Duration::from_secs(300)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = fjord_testkit::Certs::create(dir.path()).unwrap();
+    let store = fjord_coord::open(None, &dir.path().join("store")).await.unwrap();
+    let credential = fjord_auth::ScramCredential::generate(fjord_auth::ScramMechanism::Sha256, "scrape-secret", 4096).unwrap();
+    fjord_auth::store::set_credential(&*store, "scraper", fjord_auth::ScramMechanism::Sha256, &credential).await.unwrap();
+
+    let sources = vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", free_addr())).unwrap()];
+    let mut config = fjord_mirror::MirrorConfig::new(sources, target.addr.clone(), "events");
+    let keystore = certs.dir.join("server-keystore.pem");
+    config.set("metrics.ssl.keystore.location", keystore.to_str().unwrap()).unwrap();
+    config.set("metrics.authentication.method", "BASIC").unwrap();
+    assert!(config.set("metrics.listen", "127.0.0.1:1").is_err(), "not a mirror key");
+    assert!(config.set("metrics.authentication.method", "DIGEST").is_err());
+    let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = metrics.local_addr().unwrap().port();
+    let shutdown = CancellationToken::new();
+    let mirror = tokio::spawn(fjord_mirror::run_with_store(config, Some(metrics), Some(store), shutdown.clone()));
+
+    let ca = certs.dir.join("ca.pem");
+    let ca = ca.to_str().unwrap();
+    let url = format!("https://127.0.0.1:{port}/metrics");
+    wait_for("the metrics endpoint", Duration::from_secs(20), || async { curl(&["--cacert", ca, &url]).0 != 0 }).await;
+    let (status, body) = curl(&["--cacert", ca, "-D", "-", &url]);
+    assert_eq!(status, 401, "no credentials: {body}");
+    assert!(body.contains("WWW-Authenticate: Basic realm="), "{body}");
+    assert_eq!(curl(&["--cacert", ca, "-u", "scraper:wrong", &url]).0, 401, "wrong password");
+    let (status, body) = curl(&["--cacert", ca, "-u", "scraper:scrape-secret", &url]);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("# TYPE fjord_mirror_"), "{body}");
+    let status_url = format!("https://127.0.0.1:{port}/status");
+    assert_eq!(curl(&["--cacert", ca, &status_url]).0, 401);
+    let (status, body) = curl(&["--cacert", ca, "-u", "scraper:scrape-secret", &status_url]);
+    assert_eq!(status, 200, "{body}");
+    assert!(serde_json::from_str::<fjord_mirror::Status>(&body).is_ok(), "{body}");
+    let (status, body) = curl(&["-u", "scraper:scrape-secret", &url.replace("https", "http")]);
+    assert_eq!(status, 0, "plain HTTP on a TLS endpoint got an HTTP answer: {body}");
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), mirror).await.unwrap().unwrap().unwrap();
+
+    let fjord = |extra: &[&str]| {
+        let mut args = vec!["mirror", "--source", "dc1=127.0.0.1:1", "--target", "127.0.0.1:2", "--topics", "t"];
+        args.extend(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_fjord")).args(&args).env_remove("FJORD_ZOOKEEPER_CONNECT").output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let file = dir.path().join("metrics.properties");
+    std::fs::write(&file, "metrics.sssl.keystore.location=/nowhere\n").unwrap();
+    let (ok, stderr) = fjord(&["--metrics", "127.0.0.1:0", "--metrics-config", file.to_str().unwrap()]);
+    assert!(!ok && stderr.contains("metrics.sssl.keystore.location"), "{stderr}");
+    std::fs::write(&file, "metrics.authentication.method=BASIC\n").unwrap();
+    let (ok, stderr) = fjord(&["--metrics", "127.0.0.1:0", "--metrics-config", file.to_str().unwrap()]);
+    assert!(!ok && stderr.contains("--zookeeper"), "{stderr}");
+}

@@ -6,8 +6,14 @@
 //! line per family, label values escaped) are written once. A registry crate would own
 //! the counters too; the services' counters are atomics and maps they already need for
 //! their own status answers, so only the writing is shared.
+//!
+//! With the `endpoint` feature, [`endpoint`] is the HTTP(S) endpoint the broker and the
+//! mirror serve their pages on, secured by the same `metrics.*` keys (TLS, Basic).
 
 use std::fmt::{Display, Write};
+
+#[cfg(feature = "endpoint")]
+pub mod endpoint;
 
 /// The type of a metric family (`# TYPE` line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -98,6 +98,11 @@ pub struct MirrorConfig {
     /// of the target. The transactional id is [`MirrorConfig::transactional_id`]: mirror
     /// processes sharing a group need distinct `instance_id`s (or hosts).
     pub exactly_once: bool,
+    /// The metrics endpoint's security, the broker's `metrics.*` keys (see
+    /// [`MirrorConfig::set`]): TLS with `metrics.ssl.keystore.location`, HTTP Basic with
+    /// `metrics.authentication.method=BASIC` (users read from the metadata store given to
+    /// [`crate::run_with_store`]). Default: plain HTTP, open.
+    pub metrics_security: fjord_auth::http::HttpSecurityConfig,
 }
 
 impl MirrorConfig {
@@ -120,6 +125,23 @@ impl MirrorConfig {
             audit: None,
             host: None,
             exactly_once: false,
+            metrics_security: fjord_auth::http::HttpSecurityConfig::default(),
+        }
+    }
+
+    /// Sets one `metrics.<key>` (as the broker's: `metrics.` and one of
+    /// [`fjord_auth::http::HttpSecurityConfig::KEYS`], e.g. `metrics.ssl.keystore.location`,
+    /// `metrics.authentication.method`); an unknown key or an unusable value is an error.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let known = key.strip_prefix("metrics.").filter(|k| fjord_auth::http::HttpSecurityConfig::KEYS.contains(k));
+        let Some(security_key) = known else {
+            return Err(Error::InvalidConfig(format!(
+                "unknown key {key:?}: the mirror's config file takes the metrics endpoint's metrics.ssl.*, metrics.authentication.* keys"
+            )));
+        };
+        match self.metrics_security.set(security_key, value) {
+            Ok(_) => Ok(()),
+            Err(reason) => Err(Error::InvalidConfig(format!("{key}={value}: {reason}"))),
         }
     }
 
@@ -176,6 +198,7 @@ impl MirrorConfig {
                 return bad(format!("source {} is the target cluster and topics keep their names: the mirror would copy its own output; pass --rename", s.alias));
             }
         }
+        self.metrics_security.validate().map_err(|e| Error::InvalidConfig(format!("metrics endpoint: {e}")))?;
         let invalid = |e: regex::Error| Error::InvalidRegex { regex: self.topics.clone(), detail: e.to_string() };
         // Compiled alone first, so an error points into the text the user wrote.
         Regex::new(&self.topics).map_err(invalid)?;

@@ -53,9 +53,9 @@ pub enum Error {
         /// The producer's error (its message is part of this one's).
         error: fjord_client::Error,
     },
-    /// Binding or serving the metrics endpoint failed.
+    /// Starting the metrics endpoint failed (its TLS files, or Basic without a store).
     #[error("metrics endpoint: {0}")]
-    Http(#[source] std::io::Error),
+    Metrics(#[source] fjord_auth::Error),
     /// Reading a running mirror's status over HTTP failed.
     #[error("cannot read mirror status from {url}: {detail}")]
     Status {

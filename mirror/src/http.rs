@@ -1,30 +1,33 @@
 //! The mirror's HTTP endpoint: `GET /metrics` (Prometheus text) and `GET /status` (JSON
-//! [`Status`]), and [`fetch_status`], the client side `fjord mirror status` uses.
+//! [`Status`]), served by `fjord_metrics::endpoint` (the broker's too, so both take the
+//! same `metrics.*` security keys: TLS, Basic), and [`fetch_status`], the client side
+//! `fjord mirror status` uses.
 
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::{Json, Router};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
+use fjord_metrics::endpoint::{Page, Pages, PROMETHEUS};
 
 use crate::stats::{Stats, Status};
 use crate::{Error, Result};
 
-pub(crate) async fn serve(listener: TcpListener, stats: Arc<Stats>, shutdown: CancellationToken) -> Result<()> {
-    let app = Router::new().route("/metrics", get(metrics)).route("/status", get(status)).with_state(stats);
-    axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await.map_err(Error::Http)
-}
+/// The mirror's pages, rendered from its counters on each request.
+pub(crate) struct MirrorPages(pub(crate) Arc<Stats>);
 
-async fn metrics(State(stats): State<Arc<Stats>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], stats.prometheus())
-}
+impl Pages for MirrorPages {
+    fn page(&self, path: &str) -> Option<Page> {
+        match path {
+            "/metrics" => Some(Page { content_type: PROMETHEUS, body: self.0.prometheus() }),
+            // Serializing plain counters and strings cannot fail.
+            "/status" => {
+                Some(Page { content_type: "application/json", body: serde_json::to_string(&self.0.status()).unwrap_or_default() })
+            }
+            _ => None,
+        }
+    }
 
-async fn status(State(stats): State<Arc<Stats>>) -> Json<Status> {
-    Json(stats.status())
+    fn not_found(&self) -> &'static str {
+        "the mirror serves /metrics and /status"
+    }
 }
 
 /// Reads the status of the mirror whose metrics endpoint listens on `addr` (`HOST:PORT`

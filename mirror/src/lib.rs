@@ -66,6 +66,18 @@ pub const AUDIT_TIER: &str = "mirror";
 /// a bad configuration (at start), an unreachable target (at start), or a target topic
 /// with too few partitions; unreachable sources are retried instead.
 pub async fn run(config: MirrorConfig, metrics: Option<TcpListener>, shutdown: CancellationToken) -> Result<()> {
+    run_with_store(config, metrics, None, shutdown).await
+}
+
+/// [`run`], with the metadata store where the metrics endpoint's Basic authentication
+/// (`metrics.authentication.method=BASIC`) reads the users: the target cluster's, whose
+/// SCRAM users then scrape the mirror as they scrape the brokers.
+pub async fn run_with_store(
+    config: MirrorConfig,
+    metrics: Option<TcpListener>,
+    store: Option<fjord_coord::Store>,
+    shutdown: CancellationToken,
+) -> Result<()> {
     let topics = config.validate()?;
     tracing::info!(?config, "starting the mirror");
     let stats = Arc::new(stats::Stats::new(&config.sources));
@@ -75,7 +87,15 @@ pub async fn run(config: MirrorConfig, metrics: Option<TcpListener>, shutdown: C
         .map_err(|error| Error::TargetUnreachable { target: config.target.clone(), error })?;
     // Cancelled at shutdown or when a source fails for good: everything stops.
     let stop = shutdown.child_token();
-    let http = metrics.map(|listener| tokio::spawn(http::serve(listener, stats.clone(), stop.clone())));
+    // Tracked: its ACL watcher (when Basic is on) stops with the mirror.
+    let endpoint = tokio_util::task::TaskTracker::new();
+    if let Some(listener) = metrics {
+        let pages = Arc::new(http::MirrorPages(stats.clone()));
+        let security = config.metrics_security.clone();
+        fjord_metrics::endpoint::serve(listener, security, store, pages, &endpoint, stop.clone())
+            .await
+            .map_err(Error::Metrics)?;
+    }
     let (audit, publisher) = match &config.audit {
         Some(a) => {
             let host = config.host.clone().unwrap_or_else(host_name);
@@ -120,11 +140,8 @@ pub async fn run(config: MirrorConfig, metrics: Option<TcpListener>, shutdown: C
             Ok(Ok(())) => {}
         }
     }
-    if let Some(http) = http {
-        if let Ok(Err(e)) = http.await {
-            tracing::warn!(error = %e, "the metrics endpoint failed");
-        }
-    }
+    endpoint.close();
+    endpoint.wait().await;
     result
 }
 
