@@ -15,10 +15,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::process::{Command, Stdio};
+
+use fjord_testkit::PythonScript;
 use std::time::Duration;
 
 /// Produces 100,000 records with `enable.idempotence=True`, says `restart` once a quarter
@@ -74,47 +74,26 @@ fn start_broker(addr: SocketAddr, data_dir: &Path) -> common::FjordProcess {
     common::start_broker(addr.port(), data_dir, &[("FJORD_LOG_FLUSH_INTERVAL_MESSAGES", "1")])
 }
 
-#[test]
-fn confluent_kafka_idempotent_producer_survives_kill_9_exactly_once() {
-    let python = fjord_testkit::python().unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confluent_kafka_idempotent_producer_survives_kill_9_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let mut broker = start_broker(addr, &data);
-    let mut script = Command::new(&python)
-        .arg("-c")
-        .arg(IDEMPOTENT_SCRIPT)
-        .arg(addr.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = script.stderr.take().unwrap();
-    // Drained on a thread so a chatty librdkafka cannot block the script on a full pipe.
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let mut lines = Vec::new();
-    for line in BufReader::new(script.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
+    let mut script = PythonScript::spawn(IDEMPOTENT_SCRIPT, &[&addr.to_string()]).unwrap();
+    let mut restarted = false;
+    while let Some(line) = script.next_line().await.unwrap() {
         if line == "restart" {
             broker.kill().unwrap(); // SIGKILL: no clean shutdown, in-flight requests unanswered
             broker.wait().unwrap();
             broker = start_broker(addr, &data);
+            restarted = true;
         }
-        lines.push(line);
     }
-    let status = script.wait().unwrap();
-    let stderr = stderr.join().unwrap();
+    let output = script.finish().await.unwrap();
     broker.kill().unwrap();
     broker.wait().unwrap();
-    assert!(
-        status.success() && lines.iter().any(|l| l == "restart") && lines.last().is_some_and(|l| l == "ok"),
-        "idempotent confluent-kafka run failed ({status}):\n{}\n{stderr}",
-        lines.join("\n")
-    );
+    assert!(restarted && output.ok(), "idempotent confluent-kafka run failed {}", output.transcript());
 }
 
 /// Three `fjord broker` processes on ZooKeeper, a topic with replication factor 3 and
@@ -163,46 +142,21 @@ async fn an_idempotent_stream_survives_kill_9_of_its_leader_on_three_brokers() {
 /// (SIGKILL) when the script says `restart`, and the controller elects another one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confluent_kafka_idempotent_producer_survives_kill_9_of_its_leader_on_three_brokers() {
-    use tokio::io::AsyncBufReadExt;
-
-    let python = fjord_testkit::python().unwrap();
     let mut cluster = fjord_testkit::Cluster::builder().brokers(3).processes(env!("CARGO_BIN_EXE_fjord")).start().await.unwrap();
     cluster.create_topic("idempotent", 1, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
     let leader = cluster.wait_for_leader("idempotent", 0, Duration::from_secs(30)).await.unwrap();
-    let mut script = tokio::process::Command::new(&python)
-        .arg("-c")
-        .arg(IDEMPOTENT_SCRIPT)
-        .arg(cluster.bootstrap())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(script.stdout.take().unwrap()).lines();
-    // Drained as it comes so a chatty librdkafka (a reconnect log line for every retry to
-    // the killed leader) cannot block the script on a full pipe.
-    let mut pipe = script.stderr.take().unwrap();
-    let stderr = tokio::spawn(async move {
-        let mut text = String::new();
-        let _ = tokio::io::AsyncReadExt::read_to_string(&mut pipe, &mut text).await;
-        text
-    });
-    let mut stdout = Vec::new();
+    let mut script = PythonScript::spawn(IDEMPOTENT_SCRIPT, &[&cluster.bootstrap()]).unwrap();
+    let mut restarted = false;
     let run = async {
-        while let Some(line) = lines.next_line().await.unwrap() {
+        while let Some(line) = script.next_line().await.unwrap() {
             if line == "restart" {
                 cluster.kill(leader).await.unwrap();
+                restarted = true;
             }
-            stdout.push(line);
         }
-        script.wait().await.unwrap()
+        script.finish().await.unwrap()
     };
-    let status = tokio::time::timeout(Duration::from_secs(240), run).await.expect("the script finished");
-    let stderr = stderr.await.unwrap();
-    assert!(
-        status.success() && stdout.iter().any(|l| l == "restart") && stdout.last().is_some_and(|l| l == "ok"),
-        "idempotent confluent-kafka run failed ({status}):\n{}\n{stderr}",
-        stdout.join("\n"),
-    );
+    let output = tokio::time::timeout(Duration::from_secs(240), run).await.expect("the script finished");
+    assert!(restarted && output.ok(), "idempotent confluent-kafka run failed {}", output.transcript());
     assert_ne!(cluster.wait_for_leader("idempotent", 0, Duration::from_secs(30)).await.unwrap(), leader);
 }

@@ -17,12 +17,9 @@
 //! The interpreter is `$FJORD_TEST_PYTHON` (set by `cargo xtask test`), else the
 //! workspace's `target/venv/bin/python`.
 
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fjord_testkit::Cluster;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use fjord_testkit::{Cluster, PythonScript};
 
 /// Partitions of `__transaction_state` in these clusters (a transactional id's coordinator
 /// is the leader of partition `javaHash(id) % 3`).
@@ -82,84 +79,26 @@ consumer.close()
 print('ok', flush=True)
 "#;
 
-/// A confluent-kafka script run with the cluster's bootstrap as its argument; it must
-/// print `ok` last.
-struct Script {
-    child: tokio::process::Child,
-    stdin: tokio::process::ChildStdin,
-    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
-    stdout: Vec<String>,
-    /// Drained as it comes: librdkafka logs every failed reconnect to a killed broker on
-    /// stderr, and a full pipe would block its threads and so the whole script.
-    stderr: Arc<Mutex<String>>,
+/// A confluent-kafka script run with the cluster's bootstrap as its argument.
+fn spawn(script: &str, bootstrap: &str) -> PythonScript {
+    PythonScript::spawn(script, &[bootstrap]).unwrap()
 }
 
-impl Script {
-    fn spawn(script: &str, bootstrap: &str) -> Self {
-        let python = fjord_testkit::python().unwrap();
-        let mut child = tokio::process::Command::new(&python)
-            .arg("-c")
-            .arg(script)
-            .arg(bootstrap)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-        let sink = Arc::clone(&stderr);
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = pipe.next_line().await {
-                let mut text = sink.lock().unwrap();
-                text.push_str(&line);
-                text.push('\n');
-            }
-        });
-        Self { child, stdin, lines, stdout: Vec::new(), stderr }
-    }
-
-    /// What the script printed on both outputs so far, for a failure message.
-    fn output(&self) -> String {
-        format!("{}\n---- stderr ----\n{}", self.stdout.join("\n"), self.stderr.lock().unwrap())
-    }
-
-    /// The next line the script prints; `None` once it closed its output.
-    async fn next_line(&mut self) -> Option<String> {
-        let line = self.lines.next_line().await.unwrap()?;
-        self.stdout.push(line.clone());
-        Some(line)
-    }
-
-    async fn answer(&mut self, line: &str) {
-        self.stdin.write_all(format!("{line}\n").as_bytes()).await.unwrap();
-        self.stdin.flush().await.unwrap();
-    }
-
-    /// Waits for the script to exit and checks it succeeded.
-    async fn finish(&mut self) {
-        while self.next_line().await.is_some() {}
-        let status = self.child.wait().await.unwrap();
-        assert!(
-            status.success() && self.stdout.last().is_some_and(|l| l == "ok"),
-            "confluent-kafka run failed ({status}):\n{}",
-            self.output(),
-        );
-        // What the run went through (transactions committed and aborted), for --nocapture.
-        eprintln!("{}", self.stdout.join("\n"));
-    }
+/// Waits for the script to exit; it must have printed `ok` last.
+async fn finish(script: &mut PythonScript) {
+    let output = script.finish().await.unwrap();
+    assert!(output.ok(), "confluent-kafka run failed {}", output.transcript());
+    // What the run went through (transactions committed and aborted), for --nocapture.
+    eprintln!("{}", output.lines.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offsets_only_transaction_commits_its_offsets_on_three_brokers() {
     let cluster = cluster().await;
     cluster.create_topic("offsets-only", 1, &[], Duration::from_secs(30)).await.unwrap();
-    let mut script = Script::spawn(OFFSETS_ONLY, &cluster.bootstrap());
+    let mut script = spawn(OFFSETS_ONLY, &cluster.bootstrap());
     let finished = tokio::time::timeout(Duration::from_secs(180), script.finish()).await;
-    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.output());
+    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.transcript());
 }
 
 /// Consume-transform-produce: `ctp-in` (one partition, `n` records) to `ctp-out` (three
@@ -349,10 +288,10 @@ async fn consume_transform_produce_across_kill_9(victim: Victim) {
     for (topic, partitions) in [("ctp-in", 1), ("ctp-out", 3)] {
         cluster.create_topic(topic, partitions, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
     }
-    let mut script = Script::spawn(CTP, &cluster.bootstrap());
+    let mut script = spawn(CTP, &cluster.bootstrap());
     let run = async {
         let mut killed = None;
-        while let Some(line) = script.next_line().await {
+        while let Some(line) = script.next_line().await.unwrap() {
             match line.as_str() {
                 "ready" => {
                     let wait = Duration::from_secs(30);
@@ -372,7 +311,7 @@ async fn consume_transform_produce_across_kill_9(victim: Victim) {
                         }
                     };
                     killed = Some(target);
-                    script.answer("go").await;
+                    script.answer("go").await.unwrap();
                 }
                 "kill" => cluster.kill(killed.expect("ready came first")).await.unwrap(),
                 "restart" => cluster.start(killed.expect("ready came first")).await.unwrap(),
@@ -382,11 +321,11 @@ async fn consume_transform_produce_across_kill_9(victim: Victim) {
                 break;
             }
         }
-        assert!(killed.is_some(), "the script never got ready:\n{}", script.output());
-        script.finish().await;
+        assert!(killed.is_some(), "the script never got ready:\n{}", script.transcript());
+        finish(&mut script).await;
     };
     let finished = tokio::time::timeout(Duration::from_secs(360), run).await;
-    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.output());
+    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.transcript());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -508,14 +447,14 @@ os._exit(0)
 async fn send_offsets_after_the_group_coordinator_left_the_metadata_works_from_a_new_producer() {
     let mut cluster = cluster().await;
     cluster.create_topic("stale-in", 1, &[], Duration::from_secs(30)).await.unwrap();
-    let mut script = Script::spawn(STALE_COORDINATOR, &cluster.bootstrap());
+    let mut script = spawn(STALE_COORDINATOR, &cluster.bootstrap());
     let run = async {
         let mut killed = false;
-        while let Some(line) = script.next_line().await {
+        while let Some(line) = script.next_line().await.unwrap() {
             if line == "ready" {
                 let wait = Duration::from_secs(30);
                 let coordinator = cluster.wait_for_leader("__transaction_state", txn_partition("stale-tx"), wait).await.unwrap();
-                script.answer(&coordinator.to_string()).await;
+                script.answer(&coordinator.to_string()).await.unwrap();
             } else if let Some(id) = line.strip_prefix("kill ") {
                 let id: i32 = id.parse().unwrap();
                 cluster.kill(id).await.unwrap();
@@ -524,14 +463,14 @@ async fn send_offsets_after_the_group_coordinator_left_the_metadata_works_from_a
                 // the group's coordinator node.
                 cluster.wait_for_registered(&rest, Duration::from_secs(30)).await.unwrap();
                 killed = true;
-                script.answer("go").await;
+                script.answer("go").await.unwrap();
             } else if line == "ok" {
                 break;
             }
         }
-        assert!(killed, "the script never asked for the kill:\n{}", script.output());
-        script.finish().await;
+        assert!(killed, "the script never asked for the kill:\n{}", script.transcript());
+        finish(&mut script).await;
     };
     let finished = tokio::time::timeout(Duration::from_secs(240), run).await;
-    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.output());
+    assert!(finished.is_ok(), "the script did not finish in time:\n{}", script.transcript());
 }

@@ -13,10 +13,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::process::{Command, Stdio};
+
+use fjord_testkit::PythonScript;
 
 const SCRIPT: &str = r#"
 import os, sys, time
@@ -124,47 +124,25 @@ fn start_broker(addr: SocketAddr, data_dir: &Path) -> common::FjordProcess {
     )
 }
 
-#[test]
-fn consume_transform_produce_survives_kill_9_exactly_once() {
-    let python = fjord_testkit::python().unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_transform_produce_survives_kill_9_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let mut broker = start_broker(addr, &data);
-    let mut script = Command::new(&python)
-        .arg("-c")
-        .arg(SCRIPT)
-        .arg(addr.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = script.stdin.take().unwrap();
-    let mut stderr = script.stderr.take().unwrap();
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let mut lines = Vec::new();
-    for line in BufReader::new(script.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
+    let mut script = PythonScript::spawn(SCRIPT, &[&addr.to_string()]).unwrap();
+    let mut restarted = false;
+    while let Some(line) = script.next_line().await.unwrap() {
         if line == "restart" {
             broker.kill().unwrap(); // SIGKILL: the open transaction and its requests cut off
             broker.wait().unwrap();
             broker = start_broker(addr, &data);
-            stdin.write_all(b"go\n").unwrap();
+            script.answer("go").await.unwrap();
+            restarted = true;
         }
-        lines.push(line);
     }
-    let status = script.wait().unwrap();
-    let stderr = stderr.join().unwrap();
+    let output = script.finish().await.unwrap();
     broker.kill().unwrap();
     broker.wait().unwrap();
-    assert!(
-        status.success() && lines.iter().any(|l| l == "restart") && lines.last().is_some_and(|l| l == "ok"),
-        "consume-transform-produce run failed ({status}):\n{}\n{stderr}",
-        lines.join("\n")
-    );
+    assert!(restarted && output.ok(), "consume-transform-produce run failed {}", output.transcript());
 }

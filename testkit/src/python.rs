@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -36,7 +37,9 @@ pub struct PythonScript {
     stdin: Option<ChildStdin>,
     lines: Lines<BufReader<ChildStdout>>,
     stdout: Vec<String>,
-    stderr: Option<JoinHandle<String>>,
+    /// Filled as it arrives, so a test that gives up on a stuck script can still show it.
+    stderr: Arc<Mutex<Vec<u8>>>,
+    stderr_drain: Option<JoinHandle<()>>,
 }
 
 /// How a script ended: its exit status, every line it printed, and its stderr.
@@ -84,12 +87,15 @@ impl PythonScript {
         let stdin = child.stdin.take();
         let lines = BufReader::new(child.stdout.take().context("the script's stdout")?).lines();
         let mut pipe = child.stderr.take().context("the script's stderr")?;
-        let stderr = tokio::spawn(async move {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text).await;
-            text
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&stderr);
+        let stderr_drain = tokio::spawn(async move {
+            let mut chunk = [0u8; 8192];
+            while let Ok(read @ 1..) = pipe.read(&mut chunk).await {
+                sink.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(&chunk[..read]);
+            }
         });
-        Ok(Self { child, stdin, lines, stdout: Vec::new(), stderr: Some(stderr) })
+        Ok(Self { child, stdin, lines, stdout: Vec::new(), stderr, stderr_drain: Some(stderr_drain) })
     }
 
     /// The next line the script prints; `None` once it closed its output.
@@ -107,6 +113,17 @@ impl PythonScript {
     /// Every line printed so far.
     pub fn stdout(&self) -> &[String] {
         &self.stdout
+    }
+
+    /// Its stderr so far.
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
+    }
+
+    /// Everything it said so far on both outputs, for the message of a test that gives up
+    /// on it while it runs.
+    pub fn transcript(&self) -> String {
+        format!("{}\n---- stderr ----\n{}", self.stdout.join("\n"), self.stderr())
     }
 
     /// Writes `line` and a newline to the script's stdin.
@@ -131,11 +148,11 @@ impl PythonScript {
         while self.next_line().await?.is_some() {}
         drop(self.stdin.take());
         let status = self.child.wait().await?;
-        let stderr = match self.stderr.take() {
-            Some(task) => task.await.unwrap_or_default(),
-            None => String::new(),
-        };
-        Ok(PythonOutput { status, lines: self.stdout.clone(), stderr })
+        if let Some(drain) = self.stderr_drain.take() {
+            // Ends at the script's exit (its stderr closes); a panic lost nothing kept so far.
+            let _ = drain.await;
+        }
+        Ok(PythonOutput { status, lines: self.stdout.clone(), stderr: self.stderr() })
     }
 }
 
