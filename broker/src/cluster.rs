@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use fjord_coord::registry::{read_json, BrokerRegistration, PartitionState, TopicAssignment};
 use fjord_coord::{paths, Store};
+use fjord_log::partition_metadata::{self, Decision};
 use fjord_log::LogManager;
 use fjord_record::TopicPartition;
 use serde::Deserialize;
@@ -441,19 +442,27 @@ impl ClusterView {
         loop {
             let read = async {
                 let (data, watch) = self.store.watch_data(&paths::topic(&name)).await?;
-                let Some((bytes, stat)) = data else { return Ok((None, watch)) };
+                let Some((bytes, stat)) = data else { return Ok(Some((None, watch))) };
                 let assignment: TopicAssignment = serde_json::from_slice(&bytes)
                     .map_err(|source| fjord_coord::Error::Codec { path: paths::topic(&name), source })?;
                 // Stored before topic ids: give it one (once, whoever wins the
-                // compare-and-set); the write fires the watch, and the next read has it.
-                if let Some(id) = crate::topic_id::assign_missing(&*self.store, &name, &assignment, stat.version).await? {
-                    tracing::info!(topic = %name, topic_id = %crate::topic_id::encode(id), "assigned a topic id to a topic stored without one");
+                // compare-and-set) and read it again. The topic is never loaded without
+                // an id: its replicas record the id they are opened with in
+                // `partition.metadata`, which is what keeps a stale replica from being
+                // served after the topic is deleted and created again.
+                if assignment.topic_id.is_none() {
+                    if let Some(id) = crate::topic_id::assign_missing(&*self.store, &name, &assignment, stat.version).await? {
+                        tracing::info!(topic = %name, topic_id = %crate::topic_id::encode(id), "assigned a topic id to a topic stored without one");
+                    }
+                    return Ok(None);
                 }
                 let overrides = read_overrides(&*self.store, &name).await?;
-                Ok::<_, fjord_coord::Error>((Some((assignment, overrides, stat.ctime_ms)), watch))
+                Ok::<_, fjord_coord::Error>(Some((Some((assignment, overrides, stat.ctime_ms)), watch)))
             };
-            match read.await {
-                Ok((None, watch)) => {
+            match read.await.transpose() {
+                // Just given an id (by this broker or another): read it again.
+                None => continue,
+                Some(Ok((None, watch))) => {
                     incarnation = None;
                     self.drop_partitions(&name, &mut partitions, &mut tasks, true).await;
                     tokio::select! {
@@ -461,7 +470,7 @@ impl ClusterView {
                         () = stop.cancelled() => break,
                     }
                 }
-                Ok((Some((assignment, overrides, created)), watch)) => {
+                Some(Ok((Some((assignment, overrides, created)), watch))) => {
                     // Deleted and created again between two reads: the old replicas
                     // (and their data) must not carry over into the new topic.
                     if incarnation.is_some_and(|seen| seen != created) {
@@ -506,7 +515,7 @@ impl ClusterView {
                         () = stop.cancelled() => break,
                     }
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     if !backoff(&paths::topic(&name), &e, &stop).await {
                         break;
                     }
@@ -618,8 +627,17 @@ impl ClusterView {
                 }
                 if applied.is_none() {
                     let was_offline = self.logs.is_offline(tp);
+                    let decision = self.check_topic_id(tp, topic)?;
                     match self.logs.get_or_create(tp, topic.config) {
                         Ok(log) => {
+                            if matches!(decision, Some(Decision::Adopt | Decision::Replace { .. })) {
+                                if let Err(e) = self.logs.write_topic_id(tp, topic.topic_id.as_bytes()) {
+                                    // Served without it, a later delete and re-create of the
+                                    // topic while this broker is down could not be told apart.
+                                    tracing::error!(partition = %tp, error = %e, "recording the topic id in partition.metadata failed; the replica is not served");
+                                    return None;
+                                }
+                            }
                             self.replicas.add_partition(tp, log);
                             if was_offline {
                                 tracing::info!(partition = %tp, "the log of an assigned replica opens again: no longer offline");
@@ -660,6 +678,56 @@ impl ClusterView {
                 None
             }
         }
+    }
+
+    /// Compares the replica's `partition.metadata` with the topic's id (KIP-516) before
+    /// the broker starts hosting it ([`partition_metadata::decide`]). A stale log (another
+    /// id: the topic was deleted and created again while this broker was down) is removed
+    /// as a deleted topic's is, so the replica opens empty and fetches from the leader; a
+    /// damaged file takes the partition offline, deleting nothing. Returns the decision
+    /// (`None` inside for a topic without an id), or `None` when the replica must not be
+    /// served.
+    fn check_topic_id(&self, tp: &TopicPartition, topic: &Topic) -> Option<Option<Decision>> {
+        if topic.topic_id.is_nil() {
+            return Some(None);
+        }
+        let on_disk = self.logs.topic_id(tp);
+        let decision = partition_metadata::decide(topic.topic_id.as_bytes(), &on_disk);
+        match &decision {
+            Decision::Keep | Decision::Adopt => {}
+            Decision::Offline { reason } => {
+                tracing::error!(partition = %tp, reason = %reason, "the replica's partition.metadata is damaged: it is not served and nothing is deleted");
+                self.logs.take_offline(tp, reason.clone());
+                self.replicas.health_changed().notify_one();
+                return None;
+            }
+            Decision::Replace { stale } => {
+                let stale = crate::topic_id::encode(uuid::Uuid::from_bytes(*stale));
+                let current = crate::topic_id::encode(topic.topic_id);
+                if self.logs.get(tp).is_some() {
+                    tracing::warn!(
+                        partition = %tp, stale_topic_id = %stale, topic_id = %current,
+                        "the local log belongs to a deleted topic of the same name: deleting it; the replica starts empty and fetches from the leader"
+                    );
+                    if let Err(e) = self.logs.delete(tp) {
+                        tracing::error!(partition = %tp, error = %e, "deleting the stale log of a deleted topic failed; the replica is not served");
+                        return None;
+                    }
+                } else if self.logs.is_offline(tp) {
+                    // Unopenable: moved aside as it is, as a deleted topic's unopenable log is.
+                    self.set_aside_offline(tp, "its log belongs to a deleted topic of the same name");
+                    if self.logs.is_offline(tp) {
+                        return None;
+                    }
+                } else {
+                    // Every partition directory is loaded (or listed offline) at start, so
+                    // this is a directory written behind the broker's back: leave it.
+                    tracing::error!(partition = %tp, stale_topic_id = %stale, "a log directory of another topic id that the log manager does not hold; the replica is not served");
+                    return None;
+                }
+            }
+        }
+        Some(Some(decision))
     }
 
     /// A replica this broker no longer holds whose log could not be opened: its

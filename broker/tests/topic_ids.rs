@@ -7,7 +7,8 @@
 //!   id is INVALID_REQUEST, by the right id deletes; the topic created again under the
 //!   same name has another id, and a Fetch by the old id is UNKNOWN_TOPIC_ID;
 //! - a topic stored without an id (before ids existed) gets one at the next start, kept
-//!   in the store and the same after another restart, its records untouched;
+//!   in the store and the same after another restart, its records untouched, and its
+//!   partition's log (without `partition.metadata`, as then) records the new id;
 //! - confluent-kafka's AdminClient (`describe_topics`) and consumer (Fetch v13 through
 //!   librdkafka) see the id and read by it; after a delete and re-create the id differs.
 
@@ -152,7 +153,10 @@ async fn a_topic_stored_without_an_id_gets_one_once_and_keeps_it() {
     drop(client);
     broker.stop().await.unwrap();
 
-    // As a broker from before topic ids wrote it: no `topic_id` key.
+    // As a broker from before topic ids wrote it: no `topic_id` key, and no
+    // `partition.metadata` in the partition's directory.
+    let metadata_file = data.join("legacy-0").join(fjord_log::partition_metadata::PARTITION_METADATA);
+    std::fs::remove_file(&metadata_file).expect("the partition recorded its topic's id");
     let config = fjord_broker::BrokerConfig { log_dir: data.clone(), ..fjord_broker::BrokerConfig::default() };
     let store = fjord_broker::server::open_store(&config).await.unwrap();
     let path = paths::topic("legacy");
@@ -180,6 +184,9 @@ async fn a_topic_stored_without_an_id_gets_one_once_and_keeps_it() {
     let (answered, error, bytes) = fetch(&mut client, 13, "", assigned).await;
     assert_eq!((answered, error), (assigned, 0));
     assert!(bytes > 0, "the records written before are read by the new id");
+    let recorded = std::fs::read_to_string(&metadata_file).unwrap();
+    let recorded = fjord_log::partition_metadata::parse(recorded.as_bytes()).unwrap();
+    assert_eq!(Uuid::from_bytes(recorded), assigned, "the log adopts the assigned id");
     drop(client);
     broker.stop().await.unwrap();
 

@@ -49,9 +49,16 @@ pub(crate) fn write_lines(path: &Path, lines: &[String]) -> Result<()> {
     }
     let crc = fjord_record::batch::crc32c(text.as_bytes());
     text.push_str(&format!("{CHECKSUM_PREFIX}{crc:08x}\n"));
+    write_atomic(path, text.as_bytes())
+}
+
+/// Writes `bytes` to `<path>.tmp` (the extension replaced), fsyncs it, renames it over
+/// `path` and fsyncs the directory: a crash leaves either the old or the new file, and a
+/// leftover `.tmp` is removed when the directory is loaded.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let mut f = File::create(&tmp).at(&tmp)?;
-    f.write_all(text.as_bytes()).at(&tmp)?;
+    f.write_all(bytes).at(&tmp)?;
     f.sync_all().at(&tmp)?;
     fs::rename(&tmp, path).at(path)?;
     if let Some(dir) = path.parent() {

@@ -88,6 +88,19 @@ pub enum Error {
         /// What is wrong.
         detail: &'static str,
     },
+    /// A partition directory's `partition.metadata` (its topic id) does not parse: the
+    /// partition is not served, and nothing in it is changed or deleted.
+    #[error(
+        "partition metadata file {} is damaged: {detail}; the partition stays offline and on disk as it is \
+         (write Kafka's `version: 0` / `topic_id: <id>` text, or remove the file to adopt the topic's current id)",
+        path.display()
+    )]
+    MalformedPartitionMetadata {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: &'static str,
+    },
     /// The log was closed (or deleted) and takes no more writes.
     #[error("log {} is closed", dir.display())]
     Closed {

@@ -62,6 +62,7 @@ mod lock;
 mod log;
 mod log_start;
 mod manager;
+pub mod partition_metadata;
 mod producer_state;
 mod recovery;
 mod repair;

@@ -10,6 +10,7 @@ use fjord_record::{Offset, TopicPartition};
 use crate::checkpoint::{self, Format};
 use crate::error::IoContext;
 use crate::log_start::{self, Decision};
+use crate::partition_metadata::{self, TopicId};
 use crate::{lock, Error, Log, LogConfig, Result};
 
 /// Per partition: everything below is fsynced.
@@ -156,7 +157,7 @@ impl LogManager {
             let recovery_point = recovery_points.get(&tp).copied().unwrap_or(0);
             let high_watermark = high_watermarks.get(&tp).copied();
             let log_start = log_starts.get(&tp).map(|&start| (start, log_start_format));
-            match Log::open_with_recovery_point(&path, default_config, recovery_point) {
+            match open_log(&path, default_config, recovery_point) {
                 Ok(log) => {
                     restore(&log, high_watermark, log_start);
                     logs.insert(tp, Arc::new(log));
@@ -256,12 +257,11 @@ impl LogManager {
         let dir = self.dir.join(tp.dir_name());
         let unopened = lock::mutex(&self.unopened).get(tp).copied();
         let opened = match unopened {
-            Some((recovery_point, high_watermark, log_start)) => Log::open_with_recovery_point(dir, config, recovery_point)
-                .inspect(|log| {
-                    restore(log, high_watermark, log_start);
-                    lock::mutex(&self.unopened).remove(tp);
-                }),
-            None => Log::open(dir, config),
+            Some((recovery_point, high_watermark, log_start)) => open_log(&dir, config, recovery_point).inspect(|log| {
+                restore(log, high_watermark, log_start);
+                lock::mutex(&self.unopened).remove(tp);
+            }),
+            None => open_log(&dir, config, 0),
         };
         let log = match opened {
             Ok(log) => Arc::new(log),
@@ -279,6 +279,39 @@ impl LogManager {
             self.refresh_health();
         }
         Ok(log)
+    }
+
+    /// The topic id recorded in the partition's directory (`partition.metadata`), whether
+    /// or not its log is open; `Ok(None)` when none is recorded.
+    pub fn topic_id(&self, tp: &TopicPartition) -> Result<Option<TopicId>> {
+        partition_metadata::read(&self.dir.join(tp.dir_name()))
+    }
+
+    /// Records `id` as the topic of the partition's open log, durably.
+    pub fn write_topic_id(&self, tp: &TopicPartition, id: &TopicId) -> Result<()> {
+        let log = self.get(tp).ok_or_else(|| Error::Io {
+            path: self.dir.join(tp.dir_name()),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "the partition's log is not open"),
+        })?;
+        partition_metadata::write(log.dir(), id)
+    }
+
+    /// Stops serving the partition's open log because of `reason` (a damaged file the log
+    /// itself does not read, such as `partition.metadata`): the log is closed and listed
+    /// offline from now, its directory and checkpointed place kept as they are, so a later
+    /// [`LogManager::get_or_create`] opens it again once it is repaired.
+    pub fn take_offline(&self, tp: &TopicPartition, reason: String) {
+        let removed = lock::write(&self.logs).remove(tp);
+        if let Some(log) = removed {
+            if let Err(e) = log.close() {
+                // Its data is whole up to the last flush; the recovery point says where that is.
+                tracing::warn!(partition = %tp, error = %e, "closing a log taken offline failed");
+            }
+            let log_start = Some((log.log_start_offset(), Format::Checksummed));
+            lock::mutex(&self.unopened).insert(tp.clone(), (log.recovery_point(), Some(log.high_watermark()), log_start));
+        }
+        lock::mutex(&self.offline).insert(tp.clone(), reason);
+        self.refresh_health();
     }
 
     /// Whether the partition's log could not be opened here (the last attempt failed).
@@ -489,6 +522,15 @@ pub struct Orphan {
     pub moved_at_ms: u64,
     /// Bytes of the files in it.
     pub bytes: u64,
+}
+
+/// Opens a partition's log, refusing one whose `partition.metadata` is damaged (it says
+/// which topic the data belongs to; nothing decides that without it).
+fn open_log(dir: &Path, config: LogConfig, recovery_point: Offset) -> Result<Log> {
+    if let Err(e @ Error::MalformedPartitionMetadata { .. }) = partition_metadata::read(dir) {
+        return Err(e);
+    }
+    Log::open_with_recovery_point(dir, config, recovery_point)
 }
 
 /// Applies a partition's checkpointed high watermark and log start offset to its

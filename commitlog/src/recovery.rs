@@ -249,7 +249,11 @@ pub(crate) fn load(dir: &Path, config: &LogConfig, recovery_point: Offset) -> Re
         let entry = entry.at(dir)?;
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name == epoch::FILE_NAME || name == CLEAN_SHUTDOWN || name == crate::cleaner::CLEANER_CHECKPOINT {
+        if name == epoch::FILE_NAME
+            || name == CLEAN_SHUTDOWN
+            || name == crate::cleaner::CLEANER_CHECKPOINT
+            || name == crate::partition_metadata::PARTITION_METADATA
+        {
             continue;
         }
         if name.ends_with(DELETED_SUFFIX) || name.ends_with(".tmp") {
