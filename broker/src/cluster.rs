@@ -705,13 +705,18 @@ impl ClusterView {
                 let stale = crate::topic_id::encode(uuid::Uuid::from_bytes(*stale));
                 let current = crate::topic_id::encode(topic.topic_id);
                 if self.logs.get(tp).is_some() {
-                    tracing::warn!(
-                        partition = %tp, stale_topic_id = %stale, topic_id = %current,
-                        "the local log belongs to a deleted topic of the same name: deleting it; the replica starts empty and fetches from the leader"
-                    );
-                    if let Err(e) = self.logs.delete(tp) {
-                        tracing::error!(partition = %tp, error = %e, "deleting the stale log of a deleted topic failed; the replica is not served");
-                        return None;
+                    // Moved aside, not deleted: the ids differ also when the store lost its
+                    // ids (restored from a backup taken before them: every topic is given a
+                    // new one), and data is never deleted on the metadata's word alone.
+                    match self.logs.move_aside(tp, fjord_record::now_ms() as u64) {
+                        Ok(moved) => tracing::warn!(
+                            partition = %tp, stale_topic_id = %stale, topic_id = %current, moved_to = ?moved,
+                            "the local log names another topic id (a deleted topic of the same name): moved aside, kept, never served; the replica starts empty and fetches from the leader"
+                        ),
+                        Err(e) => {
+                            tracing::error!(partition = %tp, error = %e, "moving aside the log of another topic id failed; the replica is not served");
+                            return None;
+                        }
                     }
                 } else if self.logs.is_offline(tp) {
                     // Unopenable: moved aside as it is, as a deleted topic's unopenable log is.

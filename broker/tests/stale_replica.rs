@@ -4,8 +4,10 @@
 //! Topic T (one partition on every broker) gets records A; broker X stops; T is deleted
 //! and created again (a new topic id) and gets records B; X starts with its old log of A
 //! still on disk and its `partition.metadata` naming the old id. Asserted:
-//! - X drops the old log: once back in the ISR its log holds exactly the leader's bytes
-//!   (B at B's offsets), no byte of A, and its `partition.metadata` names the new id;
+//! - X stops serving the old log: once back in the ISR its log holds exactly the leader's
+//!   bytes (B at B's offsets), no byte of A, and its `partition.metadata` names the new id;
+//!   the old log is moved aside whole (`T-0-orphan-<ms>`, A's bytes kept for an operator),
+//!   never deleted: a store that lost its ids would otherwise cost every log;
 //! - a consumer from the beginning reads B only, from X alone as well;
 //! - a missing `partition.metadata` (a log written before topic ids) is adopted: the id is
 //!   written again and every record kept;
@@ -71,7 +73,7 @@ fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_replica_returning_to_a_recreated_topic_drops_its_old_log() {
+async fn a_replica_returning_to_a_recreated_topic_sets_its_old_log_aside() {
     common::init_tracing();
     let mut cluster = Cluster::builder().brokers(3).config("replica.fetch.wait.max.ms", 100).start().await.unwrap();
     cluster.create_topic(TOPIC, 1, &[], REACT).await.unwrap();
@@ -144,7 +146,14 @@ async fn a_replica_returning_to_a_recreated_topic_drops_its_old_log() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .filter(|n| n.starts_with(TOPIC) && n != &format!("{TOPIC}-0"))
         .collect();
-    assert!(leftovers.is_empty(), "the stale log is deleted, as a deleted topic's is: {leftovers:?}");
+    assert_eq!(leftovers.len(), 1, "the stale log is moved aside once: {leftovers:?}");
+    assert!(leftovers[0].starts_with(&format!("{TOPIC}-0-orphan-")), "{leftovers:?}");
+    let aside: Vec<u8> = snapshot(&cluster.data_dir(x).join(&leftovers[0]))
+        .into_iter()
+        .filter(|(name, _)| name.ends_with(".log"))
+        .flat_map(|(_, bytes)| bytes)
+        .collect();
+    assert!(contains(&aside, b"old-record-049"), "A's records are kept aside, not deleted");
     assert_eq!(read_values(&client, TOPIC, 0).await.unwrap(), fresh, "consumers from the beginning see B only");
     assert_eq!(read_values(&ClientConfig::new(&cluster.addr(x)), TOPIC, 0).await.unwrap(), fresh, "through X too");
 

@@ -16,8 +16,10 @@
 //! - the same id: the log is this topic's;
 //! - no file: a log written before topic ids, or a new replica; it is adopted (the id
 //!   written), nothing deleted, since data is never deleted because metadata is missing;
-//! - another id: the log is a stale replica of a deleted topic, removed as a deleted
-//!   topic's log is, and the replica starts empty and fetches from the leader;
+//! - another id: the log is a stale replica of a deleted topic; it is moved aside whole
+//!   (`<topic>-<p>-orphan-<ms>`, never served, kept for an operator: a store that lost its
+//!   ids gives every topic a new one, and that must not cost every log) and the replica
+//!   starts empty and fetches from the leader;
 //! - a file that does not parse: damage, reported and refused (the partition stays
 //!   offline with [`Error::MalformedPartitionMetadata`]), never guessed at.
 //!
@@ -109,8 +111,8 @@ pub enum Decision {
     Keep,
     /// No id recorded: serve the log and record the topic's id.
     Adopt,
-    /// The log belongs to another topic of the same name (deleted since): remove it,
-    /// start the replica empty, record the topic's id.
+    /// The log belongs to another topic of the same name (deleted since): set it aside
+    /// (never deleted), start the replica empty, record the topic's id.
     Replace {
         /// The id the log recorded.
         stale: TopicId,
