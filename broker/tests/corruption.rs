@@ -118,12 +118,14 @@ async fn metadata(client: &mut RawClient, topics: &[&str]) -> MetadataResponse {
 }
 
 /// A partition whose log cannot be opened stays offline while the others are served, and
-/// says so: Metadata answers KAFKA_STORAGE_ERROR with the replica in offline_replicas,
+/// says so: Metadata lists the replica in offline_replicas with no leader (the controller
+/// never elects an unopenable copy, and there is no other),
 /// Produce and Fetch answer KAFKA_STORAGE_ERROR (not NOT_LEADER_OR_FOLLOWER, which sends a
 /// client looking for another leader forever), and the metrics name it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_whose_log_cannot_be_opened_is_reported_offline_and_the_others_are_served() {
     const STORAGE_ERROR: i16 = 56;
+    const LEADER_NOT_AVAILABLE: i16 = 5;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
@@ -144,14 +146,27 @@ async fn a_partition_whose_log_cannot_be_opened_is_reported_offline_and_the_othe
     let metrics_addr = free();
     let broker = TestBroker::start_in(data, |c| c.metrics_listen = Some(metrics_addr)).await.unwrap();
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    let response = metadata(&mut client, &["unreadable", "fine"]).await;
+    // The controller moves leadership off the unopenable copy; with no other replica the
+    // partition has no leader (Kafka's LEADER_NOT_AVAILABLE), its copy listed offline.
+    // Until the controller has acted it answers KAFKA_STORAGE_ERROR.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let response = loop {
+        let response = metadata(&mut client, &["unreadable", "fine"]).await;
+        let settled = response.topics.iter().any(|t| {
+            t.name.as_ref().is_some_and(|n| n.0.as_str() == "unreadable") && t.partitions[0].error_code == LEADER_NOT_AVAILABLE
+        });
+        if settled {
+            break response;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "leadership never moved off the unopenable copy: {response:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let partition = |name: &str| {
         let t = response.topics.iter().find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == name)).unwrap();
         t.partitions[0].clone()
     };
     let offline = partition("unreadable");
-    assert_eq!(offline.error_code, STORAGE_ERROR);
-    assert_eq!(offline.offline_replicas, vec![BrokerId(0)]);
+    assert_eq!((offline.leader_id, offline.offline_replicas.clone()), (BrokerId(-1), vec![BrokerId(0)]));
     let fine = partition("fine");
     assert_eq!((fine.error_code, fine.offline_replicas.len()), (0, 0));
 
