@@ -373,7 +373,11 @@ fn same_named_types_in_many_namespaces_hit_the_step_bound_quickly() {
         other => panic!("expected the step bound, got {other:?}"),
     }
     let took = thread_cpu() - started;
-    assert!(took < Duration::from_secs(2), "{took:?} of CPU");
+    // Spending the whole step budget takes 1.5-2 s of CPU in a debug build on the 2-core CI
+    // machine (it failed there at 2.009 s against a 2 s bound). Without the bound every one
+    // of 2,000 writer branches tries every one of 2,000 reader branches, field by field.
+    let bound = if cfg!(debug_assertions) { Duration::from_secs(5) } else { Duration::from_secs(2) };
+    assert!(took < bound, "{took:?} of CPU");
 }
 
 /// Records that each hold the previous one by reference: 5,000 levels of nesting in a flat
