@@ -306,30 +306,43 @@ async fn all_committed(addr: &str, group: &str, topic: &str) -> bool {
     ends.iter().enumerate().all(|(p, end)| c.get(&TopicPartition::new(topic, p as i32)) == Some(end))
 }
 
+/// Records in `events` on the source across a kill -9 run: half before the kill, half after
+/// (on a fast machine the mirror could otherwise copy everything between two checks and
+/// leave no kill to test).
+const N: usize = 100_000;
+
+/// The start of a kill -9 run: a source and a target broker, `events` on the source with
+/// its first `N / 2` records, and the mirror's arguments (group `g`, source alias `dc1`,
+/// commits every 300 ms, then `extra`).
+struct KillRun {
+    source: StandaloneBroker,
+    target: StandaloneBroker,
+    produced: HashMap<String, (i32, i64)>,
+    dir: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+impl KillRun {
+    async fn start(partitions: i32, extra: &[&str]) -> Self {
+        let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+        create(&source.addr, "events", partitions, &[]).await;
+        let produced = produce(&source.addr, "events", "dc1", 0..N / 2).await;
+        let src = format!("dc1={}", source.addr);
+        let common = ["--source", &src, "--target", &target.addr, "--topics", "events", "--group", "g"];
+        let args = common
+            .iter()
+            .chain(&["--instance-id", "m1", "--commit-interval", "300ms"])
+            .chain(extra)
+            .map(|a| a.to_string())
+            .collect();
+        KillRun { source, target, produced, dir: tempfile::tempdir().unwrap(), args }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_midway_loses_nothing_and_duplicates_only_what_followed_the_last_commit() {
-    const N: usize = 100_000;
-    let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
-    create(&source.addr, "events", 8, &[]).await;
-    // Half the records before the kill, half after: on a fast machine the mirror could
-    // otherwise copy everything between two checks and leave no kill to test.
-    let mut produced = produce(&source.addr, "events", "dc1", 0..N / 2).await;
-    let dir = tempfile::tempdir().unwrap();
-    let src = format!("dc1={}", source.addr);
-    let args = [
-        "--source",
-        &src,
-        "--target",
-        &target.addr,
-        "--topics",
-        "events",
-        "--group",
-        "g",
-        "--instance-id",
-        "m1",
-        "--commit-interval",
-        "300ms",
-    ];
+    let KillRun { source, target, mut produced, dir, args } = KillRun::start(8, &[]).await;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut first = MirrorProcess::start(&args, dir.path().join("first.log"));
     wait_for("the copy under way", Duration::from_secs(40), || async { total(&target.addr, "events").await >= N as i64 / 20 })
         .await;
@@ -729,28 +742,8 @@ async fn open_transaction(addr: &str, topic: &str) -> bool {
 /// source's log ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_mirror_killed_with_kill_9_leaves_no_duplicates_and_no_loss() {
-    const N: usize = 100_000;
-    let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
-    create(&source.addr, "events", 4, &[]).await;
-    // Half the records before the kill, half after: the first run cannot finish the copy.
-    let mut produced = produce(&source.addr, "events", "dc1", 0..N / 2).await;
-    let dir = tempfile::tempdir().unwrap();
-    let src = format!("dc1={}", source.addr);
-    let args = [
-        "--source",
-        &src,
-        "--target",
-        &target.addr,
-        "--topics",
-        "events",
-        "--group",
-        "g",
-        "--instance-id",
-        "m1",
-        "--commit-interval",
-        "300ms",
-        "--exactly-once",
-    ];
+    let KillRun { source, target, mut produced, dir, args } = KillRun::start(4, &["--exactly-once"]).await;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let target_positions = || async { committed(&target.addr, "g.dc1").await.values().sum::<i64>() };
     let mut first = MirrorProcess::start(&args, dir.path().join("first.log"));
     wait_for("several transactions committed", Duration::from_secs(60), || async { target_positions().await >= N as i64 / 20 })

@@ -79,9 +79,44 @@ consumer.close()
 print('ok', flush=True)
 "#;
 
-/// A confluent-kafka script run with the cluster's bootstrap as its argument.
+/// What every script here starts with:
+/// - a failed assertion exits at once: destroying librdkafka handles with a broker down
+///   can block the interpreter's exit, and the test would see a hang instead of the message;
+/// - `on_thread(call, limit)` runs a call that may never return (librdkafka's bug, see
+///   `bounded` in CTP) on a daemon thread: `('returned', value, seconds)`,
+///   `('error', exception, seconds)` or `('stuck', None, seconds)` after `limit` seconds.
+const PRELUDE: &str = r#"
+import os, sys, threading, time
+
+def fail_fast(kind, value, tb):
+    import traceback
+    traceback.print_exception(kind, value, tb)
+    sys.stderr.flush()
+    os._exit(1)
+sys.excepthook = fail_fast
+
+def on_thread(call, limit):
+    box = {}
+    def run():
+        try:
+            box['value'] = call()
+        except BaseException as e:
+            box['error'] = e
+    worker = threading.Thread(target=run, daemon=True)
+    start = time.time()
+    worker.start()
+    worker.join(limit)
+    took = time.time() - start
+    if worker.is_alive():
+        return 'stuck', None, took
+    if 'error' in box:
+        return 'error', box['error'], took
+    return 'returned', box.get('value'), took
+"#;
+
+/// A confluent-kafka script, after `PRELUDE`, run with the cluster's bootstrap as its argument.
 fn spawn(script: &str, bootstrap: &str) -> PythonScript {
-    PythonScript::spawn(script, &[bootstrap]).unwrap()
+    PythonScript::spawn(&format!("{PRELUDE}{script}"), &[bootstrap]).unwrap()
 }
 
 /// Waits for the script to exit; it must have printed `ok` last.
@@ -107,7 +142,7 @@ async fn an_offsets_only_transaction_commits_its_offsets_on_three_brokers() {
 /// `kill` a quarter of the way and `restart` three quarters of the way (without waiting);
 /// then checks the output read_committed.
 const CTP: &str = r#"
-import faulthandler, os, sys, threading, time
+import faulthandler
 from confluent_kafka import Producer, Consumer, TopicPartition as TP, KafkaException
 
 bootstrap, n = sys.argv[1], 3000
@@ -116,14 +151,6 @@ hard_deadline = time.time() + 280
 # A call that blocks past every deadline (one run hung after 'kill' with nothing printed)
 # still says where: the stack goes to stderr, which the test prints.
 faulthandler.dump_traceback_later(300)
-# A failed assertion exits at once: destroying librdkafka handles with a broker down can
-# block the interpreter's exit, and the test would see a hang instead of the message.
-def fail_fast(kind, value, tb):
-    import traceback
-    traceback.print_exception(kind, value, tb)
-    sys.stderr.flush()
-    os._exit(1)
-sys.excepthook = fail_fast
 def check_time(where):
     assert time.time() < hard_deadline, ('stuck in', where)
 
@@ -173,20 +200,12 @@ def bounded(call, limit=60):
     # counts as unknown, as for any fatal error: a new producer (empty cache) fences this
     # one and the run goes on from the committed offsets; the exactly-once checks below
     # still hold.
-    box = {}
-    def run():
-        try:
-            box['value'] = call()
-        except BaseException as e:
-            box['error'] = e
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(limit)
-    if worker.is_alive():
+    outcome, value, _ = on_thread(call, limit)
+    if outcome == 'stuck':
         raise Stuck('blocked for %d s' % limit)
-    if 'error' in box:
-        raise box['error']
-    return box.get('value')
+    if outcome == 'error':
+        raise value
+    return value
 
 def retrying(call):
     while True:
@@ -351,36 +370,10 @@ async fn consume_transform_produce_is_exactly_once_across_kill_9_of_a_partition_
 /// a new producer, with an empty cache, fences it, finds the group's new coordinator
 /// and commits the offsets within its timeout: that is what is asserted.
 const STALE_COORDINATOR: &str = r#"
-import os, sys, threading, time
 from confluent_kafka import Producer, Consumer, TopicPartition as TP, KafkaError
 from confluent_kafka.admin import AdminClient
 
 bootstrap = sys.argv[1]
-def fail_fast(kind, value, tb):
-    import traceback
-    traceback.print_exception(kind, value, tb)
-    sys.stderr.flush()
-    os._exit(1)
-sys.excepthook = fail_fast
-
-def bounded(call, limit):
-    # (outcome, error, seconds): the call runs on a thread, as it may never return.
-    box = {}
-    def run():
-        try:
-            box['value'] = call()
-        except BaseException as e:
-            box['error'] = e
-    worker = threading.Thread(target=run, daemon=True)
-    start = time.time()
-    worker.start()
-    worker.join(limit)
-    took = time.time() - start
-    if worker.is_alive():
-        return 'stuck', None, took
-    if 'error' in box:
-        return 'error', box['error'], took
-    return 'returned', None, took
 
 seed = Producer({'bootstrap.servers': bootstrap})
 for i in range(10):
@@ -426,14 +419,14 @@ while coordinator in first.list_topics(timeout=10).brokers:
     time.sleep(0.2)
 time.sleep(1)
 first.begin_transaction()
-outcome, error, took = bounded(lambda: first.send_offsets_to_transaction([TP('stale-in', 0, 3)], metadata, 10), 30)
+outcome, error, took = on_thread(lambda: first.send_offsets_to_transaction([TP('stale-in', 0, 3)], metadata, 10), 30)
 print('first producer: %s after %.1f s (%s)' % (outcome, took, error), flush=True)
 # A librdkafka that enforces the call's timeout (issue 5456) fails it with _TIMED_OUT.
 assert outcome != 'error' or error.args[0].code() == KafkaError._TIMED_OUT, ('first producer', error)
 
 second = producer()
 second.begin_transaction()
-outcome, error, took = bounded(lambda: second.send_offsets_to_transaction([TP('stale-in', 0, 4)], metadata, 10), 30)
+outcome, error, took = on_thread(lambda: second.send_offsets_to_transaction([TP('stale-in', 0, 4)], metadata, 10), 30)
 print('second producer: %s after %.1f s (%s)' % (outcome, took, error), flush=True)
 assert outcome == 'returned', ('send_offsets_to_transaction of a new producer', outcome, error)
 second.commit_transaction(30)

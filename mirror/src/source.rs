@@ -552,18 +552,7 @@ impl<'a> Session<'a> {
         for (topic, delivery) in self.sent.drain(..) {
             delivery.await.map_err(|error| Error::NotAcknowledged { topic, error })?;
         }
-        let owned: HashSet<TopicPartition> = consumer.assignment().into_iter().collect();
-        for (tp, next) in self.sent_next.drain() {
-            self.shared.stats.mirrored(self.alias, &tp, next);
-            // A partition revoked meanwhile is its new owner's to commit.
-            if owned.contains(&tp) {
-                self.acked.insert(tp, next);
-            }
-        }
-        self.shared.stats.acknowledged(self.alias, &std::mem::take(&mut self.sent_counts));
-        if let (Some(audit), Some(pending)) = (&self.shared.audit, self.audit_pending.as_mut()) {
-            audit.commit(std::mem::replace(pending, audit.pending()));
-        }
+        self.record_acknowledged(consumer);
         // Exactly what the target acknowledged, which may be less than what was polled.
         let offsets: Vec<(TopicPartition, i64)> = self.acked.iter().map(|(tp, o)| (tp.clone(), *o)).collect();
         match consumer.commit_offsets_sync(&offsets).await {
@@ -582,6 +571,24 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// Takes in what the target acknowledged since the last checkpoint: the mirrored
+    /// positions and counts for the stats, the audit's pending counts, and the next
+    /// position of each partition this consumer still owns.
+    fn record_acknowledged(&mut self, consumer: &GroupConsumer) {
+        let owned: HashSet<TopicPartition> = consumer.assignment().into_iter().collect();
+        for (tp, next) in self.sent_next.drain() {
+            self.shared.stats.mirrored(self.alias, &tp, next);
+            // A partition revoked meanwhile is its new owner's to commit.
+            if owned.contains(&tp) {
+                self.acked.insert(tp, next);
+            }
+        }
+        self.shared.stats.acknowledged(self.alias, &std::mem::take(&mut self.sent_counts));
+        if let (Some(audit), Some(pending)) = (&self.shared.audit, self.audit_pending.as_mut()) {
+            audit.commit(std::mem::replace(pending, audit.pending()));
+        }
+    }
+
     /// Commits the open transaction: the copies sent since the last one and the source
     /// positions after them, as the target group's offsets. On failure the transaction is
     /// aborted and the error ends the session, which starts again from the target's offsets.
@@ -598,17 +605,7 @@ impl<'a> Session<'a> {
             }
             return Err(e);
         }
-        let owned: HashSet<TopicPartition> = consumer.assignment().into_iter().collect();
-        for (tp, next) in self.sent_next.drain() {
-            self.shared.stats.mirrored(self.alias, &tp, next);
-            if owned.contains(&tp) {
-                self.acked.insert(tp, next);
-            }
-        }
-        self.shared.stats.acknowledged(self.alias, &std::mem::take(&mut self.sent_counts));
-        if let (Some(audit), Some(pending)) = (&self.shared.audit, self.audit_pending.as_mut()) {
-            audit.commit(std::mem::replace(pending, audit.pending()));
-        }
+        self.record_acknowledged(consumer);
         self.shared.stats.committed(self.alias);
         // The source group gets the same positions afterwards, only so that its lag reads
         // right on the source cluster: positions are read from the target.

@@ -38,7 +38,7 @@ fn config(c: &Console, q: &AuditQuery) -> Result<ReportConfig> {
         config = config.with_topics(q.topics.trim()).map_err(|e| Error::BadInput { field: "topics", reason: e.to_string() })?;
     }
     if !q.since.trim().is_empty() {
-        let since = fjord_audit::time::parse_since(q.since.trim(), now_ms())
+        let since = fjord_audit::time::parse_since(q.since.trim(), fjord_record::now_ms())
             .map_err(|e| Error::BadInput { field: "since", reason: e.to_string() })?;
         config.since_ms = Some(since);
     }
@@ -51,10 +51,6 @@ fn config(c: &Console, q: &AuditQuery) -> Result<ReportConfig> {
         config.grace = Duration::from_secs(s);
     }
     Ok(config)
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 fn anchor(w: &WindowRow) -> String {
