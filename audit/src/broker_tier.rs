@@ -7,7 +7,9 @@
 //! Only the Produce path counts: followers' appends (replica fetches) are not counted, so
 //! a record counts once however many replicas it has; a retry the idempotent-producer
 //! check recognises as a duplicate appends nothing and counts nothing; internal topics
-//! (`_audit`, `__consumer_offsets`, ...) are not audited. A record's creation time is its
+//! (`_audit`, `__consumer_offsets`, ...) are not audited. Records of a transaction are held
+//! until this broker writes the transaction's marker: counted on COMMIT, dropped on
+//! ABORT, so the broker tier agrees with a read_committed consumer. A record's creation time is its
 //! `fjord.created_ms` header, else its timestamp, exactly as every other tier reads it
 //! ([`crate::record::created_ms`]), so the counts compare window by window.
 //!
@@ -17,11 +19,18 @@
 //! timestamp delta and, for records with headers, compares header keys. One lock of the
 //! counter per partition appended.
 //!
+//! What a held transaction can miss: its counts live in this broker's memory, so when
+//! the marker is written by another leader (leadership moved mid-transaction) or after a
+//! restart, its committed records are not counted by this tier (the report shows the
+//! broker tier short for that window); counts held past [`UNDECIDED_HORIZON`] are dropped
+//! with a warning.
+//!
 //! Wiring (what `fjord dev` and `fjord broker` do): [`BrokerTier::install`] on the
 //! broker's config before `fjord_broker::run`.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fjord_broker::observer::{AppendTally, BrokerObserver, Serving};
 use fjord_broker::{AuditConfig, BrokerConfig};
@@ -37,6 +46,55 @@ use crate::{AuditCounter, Result, CREATED_HEADER};
 /// Bound on each flush at shutdown.
 const FLUSH_WAIT: Duration = Duration::from_secs(15);
 
+/// How long counts of a transaction wait for its marker here before they are dropped:
+/// well past Kafka's default `transaction.max.timeout.ms` (15 minutes), after which the
+/// coordinator aborts it; a marker that has not come by then was written elsewhere.
+const UNDECIDED_HORIZON: Duration = Duration::from_secs(3600);
+
+/// Counts of transactional appends by producer id, waiting for the transaction's marker.
+#[derive(Debug, Default)]
+struct Undecided {
+    by_producer: HashMap<i64, Held>,
+    last_sweep: Option<Instant>,
+}
+
+/// One producer's open transaction as this broker counted it: `(topic, windows)`.
+#[derive(Debug)]
+struct Held {
+    since: Instant,
+    counts: Vec<(String, Vec<(i64, u64)>)>,
+}
+
+impl Undecided {
+    fn hold(&mut self, producer_id: i64, topic: &str, windows: Vec<(i64, u64)>, now: Instant) {
+        self.sweep(now);
+        let held = self.by_producer.entry(producer_id).or_insert_with(|| Held { since: now, counts: Vec::new() });
+        held.counts.push((topic.to_owned(), windows));
+    }
+
+    /// The counts of `producer_id`'s transaction, taken out (one marker per partition
+    /// follows; the first decides for all, as a transaction has one outcome).
+    fn end(&mut self, producer_id: i64) -> Option<Held> {
+        self.by_producer.remove(&producer_id)
+    }
+
+    /// Drops, at most once a minute, what waited past [`UNDECIDED_HORIZON`].
+    fn sweep(&mut self, now: Instant) {
+        if self.last_sweep.is_some_and(|at| now.duration_since(at) < Duration::from_secs(60)) {
+            return;
+        }
+        self.last_sweep = Some(now);
+        self.by_producer.retain(|producer_id, held| {
+            let keep = now.duration_since(held.since) < UNDECIDED_HORIZON;
+            if !keep {
+                let records: u64 = held.counts.iter().flat_map(|(_, w)| w.iter().map(|(_, n)| n)).sum();
+                tracing::warn!(producer_id, records, "audit: no marker for this transaction here; its counts are dropped");
+            }
+            keep
+        });
+    }
+}
+
 /// The broker tier: counts from the first [`BrokerObserver::serving`] on (the broker
 /// accepts no produce before it), publishes over a client of the broker itself.
 #[derive(Debug)]
@@ -45,6 +103,7 @@ pub struct BrokerTier {
     window_ms: i64,
     /// Set once the broker serves: the counter is named after its address.
     started: OnceLock<Started>,
+    undecided: Arc<Mutex<Undecided>>,
 }
 
 #[derive(Debug)]
@@ -58,7 +117,12 @@ struct Started {
 impl BrokerTier {
     /// The tier for the `audit.*` settings of `config`.
     pub fn new(config: &AuditConfig) -> Result<Self> {
-        Ok(Self { window_ms: window_ms(config.window)?, config: config.clone(), started: OnceLock::new() })
+        Ok(Self {
+            window_ms: window_ms(config.window)?,
+            config: config.clone(),
+            started: OnceLock::new(),
+            undecided: Arc::default(),
+        })
     }
 
     /// Sets `config.observer` to a broker tier when `config.audit.enable`.
@@ -104,7 +168,18 @@ impl BrokerObserver for BrokerTier {
 
     fn tally(&self, topic: &str) -> Option<Box<dyn AppendTally>> {
         let counter = self.started.get()?.counter.clone();
-        audited_topic(topic).then(|| Box::new(Tally::new(counter, self.window_ms)) as Box<dyn AppendTally>)
+        audited_topic(topic)
+            .then(|| Box::new(Tally::new(counter, self.undecided.clone(), self.window_ms)) as Box<dyn AppendTally>)
+    }
+
+    fn transaction_ended(&self, _topic: &str, producer_id: i64, committed: bool) {
+        let Some(started) = self.started.get() else { return };
+        let Some(held) = self.undecided.lock().expect("audit undecided lock").end(producer_id) else { return };
+        if committed {
+            for (topic, windows) in &held.counts {
+                started.counter.record_windows(topic, windows);
+            }
+        }
     }
 
     fn before_handover(&self) -> BoxFuture<'_, ()> {
@@ -161,12 +236,15 @@ async fn flush(publisher: JoinHandle<Result<()>>) {
 
 /// The records of one append by window of creation time, gathered record by record from
 /// the validation's walk. Control batches (transaction markers) hold no events and are
-/// not counted.
+/// not counted; records of transactional batches are held for their marker.
 #[derive(Debug)]
 struct Tally {
     counter: Arc<AuditCounter>,
+    undecided: Arc<Mutex<Undecided>>,
     window_ms: i64,
     windows: Vec<(i64, u64)>,
+    /// Records of transactional batches by producer id (one, nearly always).
+    transactional: Vec<(i64, Vec<(i64, u64)>)>,
     /// The current window as [start, end) and the records counted in it: consecutive
     /// records nearly always share it, so most records cost a comparison, not a division.
     start: i64,
@@ -175,8 +253,20 @@ struct Tally {
 }
 
 impl Tally {
-    fn new(counter: Arc<AuditCounter>, window_ms: i64) -> Self {
-        Self { counter, window_ms, windows: Vec::new(), start: 0, end: 0, run: 0 }
+    fn new(counter: Arc<AuditCounter>, undecided: Arc<Mutex<Undecided>>, window_ms: i64) -> Self {
+        Self { counter, undecided, window_ms, windows: Vec::new(), transactional: Vec::new(), start: 0, end: 0, run: 0 }
+    }
+
+    /// One record of a transactional batch of `producer_id`, created at `ms`.
+    fn transactional(&mut self, producer_id: i64, ms: i64) {
+        let at = match self.transactional.iter().position(|(p, _)| *p == producer_id) {
+            Some(at) => at,
+            None => {
+                self.transactional.push((producer_id, Vec::new()));
+                self.transactional.len() - 1
+            }
+        };
+        tally(&mut self.transactional[at].1, window_start(ms, self.window_ms), 1);
     }
 
     fn flush_run(&mut self) {
@@ -208,6 +298,10 @@ impl AppendTally for Tally {
             TimestampType::LogAppendTime => header.max_timestamp,
             TimestampType::CreateTime => header.base_timestamp.wrapping_add(record.timestamp_delta),
         });
+        if header.is_transactional() {
+            self.transactional(header.producer_id, ms);
+            return;
+        }
         if (self.start..self.end).contains(&ms) {
             self.run += 1;
             return;
@@ -218,7 +312,14 @@ impl AppendTally for Tally {
         self.run = 1;
     }
 
-    fn appended(self: Box<Self>, topic: &str) {
+    fn appended(mut self: Box<Self>, topic: &str) {
+        if !self.transactional.is_empty() {
+            let now = Instant::now();
+            let mut undecided = self.undecided.lock().expect("audit undecided lock");
+            for (producer_id, windows) in std::mem::take(&mut self.transactional) {
+                undecided.hold(producer_id, topic, windows, now);
+            }
+        }
         let counter = self.counter.clone();
         counter.record_windows(topic, &self.finish());
     }
@@ -271,7 +372,7 @@ mod tests {
             b.append(12_000, None, Some(&[7u8; 20_000]), &[(CREATED_HEADER, Some(b"26000"))]);
             all.extend_from_slice(&b.build_compressed(codec).unwrap());
         }
-        let mut tally = Tally::new(counter(5_000), 5_000);
+        let mut tally = Tally::new(counter(5_000), Arc::default(), 5_000);
         let mut rest = &all[..];
         while !rest.is_empty() {
             let (h, _) =
@@ -312,6 +413,72 @@ mod tests {
         let counts: Vec<_> = tier.counter().unwrap().unpublished().into_iter().collect();
         assert_eq!(counts, [(("events".to_string(), 0), 1)]);
         tier.started.get().unwrap().stop.cancel();
+    }
+
+    /// The tier as the broker drives it: a tally per append, then maybe a marker.
+    fn append(tier: &BrokerTier, topic: &str, batch: &[u8]) {
+        let mut tally = tier.tally(topic).unwrap();
+        BatchHeader::parse_walked(batch, 1 << 20, |r| tally.record(&BatchHeader::parse_unchecked(batch).unwrap(), r)).unwrap();
+        tally.appended(topic);
+    }
+
+    fn batch(producer_id: Option<i64>, records: usize) -> Vec<u8> {
+        let mut b = BatchBuilder::new(0);
+        if let Some(id) = producer_id {
+            b = b.producer(id, 0, 0).transactional();
+        }
+        for _ in 0..records {
+            b.append(0, None, Some(b"v"), &[]);
+        }
+        b.build_vec()
+    }
+
+    #[tokio::test]
+    async fn transactional_records_count_at_their_commit_marker_and_never_when_aborted() {
+        let tier = BrokerTier::new(&AuditConfig { window: Duration::from_secs(1), ..AuditConfig::default() }).unwrap();
+        tier.serving(&Serving {
+            broker_id: 1,
+            host: "h".into(),
+            port: 9092,
+            bootstrap: "127.0.0.1:1".into(),
+            client_properties: Default::default(),
+        });
+        let counted = || -> u64 { tier.counter().unwrap().unpublished().values().sum() };
+        append(&tier, "events", &batch(None, 1));
+        // Producer 7's transaction spans two topics (two partitions each); producer 8's is aborted.
+        for topic in ["events", "events", "orders", "orders"] {
+            append(&tier, topic, &batch(Some(7), 2));
+        }
+        append(&tier, "events", &batch(Some(8), 5));
+        assert_eq!(counted(), 1, "transactional records wait for their marker");
+        tier.transaction_ended("events", 8, false);
+        tier.transaction_ended("events", 7, true);
+        assert_eq!(counted(), 9);
+        let per_topic: Vec<_> = tier.counter().unwrap().unpublished().into_iter().collect();
+        assert_eq!(per_topic, [(("events".to_string(), 0), 5), (("orders".to_string(), 0), 4)]);
+        // The markers of the transaction's other partitions find nothing more to count.
+        for topic in ["events", "orders", "orders"] {
+            tier.transaction_ended(topic, 7, true);
+        }
+        tier.transaction_ended("events", 8, true);
+        assert_eq!(counted(), 9, "a transaction counts once, and never after its abort");
+        // The producer's next transaction starts empty.
+        append(&tier, "events", &batch(Some(7), 3));
+        tier.transaction_ended("events", 7, true);
+        assert_eq!(counted(), 12);
+        tier.started.get().unwrap().stop.cancel();
+    }
+
+    #[test]
+    fn held_counts_are_dropped_past_the_horizon() {
+        let start = Instant::now();
+        let mut undecided = Undecided::default();
+        undecided.hold(1, "events", vec![(0, 3)], start);
+        undecided.hold(2, "events", vec![(0, 4)], start + UNDECIDED_HORIZON / 2);
+        undecided.hold(3, "events", vec![(0, 5)], start + UNDECIDED_HORIZON + Duration::from_secs(61));
+        assert!(undecided.end(1).is_none(), "held past the horizon");
+        assert_eq!(undecided.end(2).unwrap().counts, [("events".to_string(), vec![(0, 4)])]);
+        assert!(undecided.end(3).is_some());
     }
 
     #[test]

@@ -443,18 +443,16 @@ async fn futures_join(deliveries: Vec<fjord_client::DeliveryFuture>) -> Vec<bool
 
 /// Transactions: 20 records committed and 10 aborted by a transactional producer with the
 /// producer tier. The producer tier counts the 20 only (its hook gets a transaction's
-/// records at commit); a read_committed consumer's tier, reported as
-/// `consumer (read_committed)`, counts the 20 and agrees with it; a read_uncommitted
+/// records at commit); so does the broker tier (it holds a transaction's appends until
+/// the marker); a read_committed consumer's tier, reported as
+/// `consumer (read_committed)`, counts the 20 and agrees with both; a read_uncommitted
 /// consumer of the same data counts all 30, under `consumer`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_committed_consumer_tier_agrees_with_a_transactional_producer_and_skips_aborted_records() {
-    // No broker tier: the brokers count appends, aborted ones included.
-    let broker = StandaloneBroker::builder()
-        .configure(|config| config.num_partitions = 2)
-        .set("transaction.state.log.num.partitions", "1")
-        .start()
-        .await
-        .unwrap();
+    let broker = audited_broker(2, WINDOW, |config| {
+        config.set("transaction.state.log.num.partitions", "1").unwrap();
+    })
+    .await;
     let broker_addr = broker.listener("PLAINTEXT");
     let client = ClientConfig::new(&broker_addr.to_string());
     Admin::connect(client.clone()).await.unwrap().create_topics(&[NewTopic::new("orders", 2)]).await.unwrap();
@@ -537,11 +535,16 @@ async fn a_read_committed_consumer_tier_agrees_with_a_transactional_producer_and
         tier.publish(&publisher).await.unwrap();
     }
     let cfg = ReportConfig { topics: Some(regex::Regex::new("^orders$").unwrap()), ..report_config(&client) };
-    let report =
-        report_when(&cfg, "all three tiers in the report", |r| r.windows.first().is_some_and(|w| w.counts.len() == 3)).await;
-    assert_eq!(report.topics[0].tiers, ["producer", "consumer", "consumer (read_committed)"]);
+    // The broker tier publishes every 200 ms; what it counted is all in once it shows 20.
+    let report = report_when(&cfg, "all four tiers in the report", |r| {
+        r.windows.first().is_some_and(|w| w.counts.len() == 4 && w.counts["broker"] >= 20)
+    })
+    .await;
+    assert_eq!(report.topics[0].tiers, ["producer", "broker", "consumer", "consumer (read_committed)"]);
     let w = &report.windows[0];
-    assert_eq!((w.produced, w.counts["consumer"], w.counts["consumer (read_committed)"]), (20, 30, 20));
+    let counts = (w.produced, w.counts["broker"], w.counts["consumer"], w.counts["consumer (read_committed)"]);
+    assert_eq!(counts, (20, 20, 30, 20), "{}", fjord_audit::render::text(&report));
+    assert_eq!(w.differences["broker"], 0, "the broker tier counts no aborted record");
     assert_eq!(w.differences["consumer (read_committed)"], 0, "{}", fjord_audit::render::text(&report));
     assert_eq!(w.problems, ["consumer"], "only the read_uncommitted consumer differs (+10: the aborted records)");
 }

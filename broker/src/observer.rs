@@ -11,6 +11,9 @@
 //!   walks it (the walk happens anyway, so observing costs no second decode);
 //!   [`AppendTally::appended`] once the append succeeded and was not a duplicate (a failed
 //!   or duplicate append drops the tally unseen); followers' appends are not observed;
+//! - [`BrokerObserver::transaction_ended`] once this broker, as partition leader, appended
+//!   a COMMIT or ABORT marker (WriteTxnMarkers) for a producer: the records of its
+//!   transaction shown to a tally before are committed or aborted with it;
 //! - [`BrokerObserver::before_handover`] at a controlled shutdown, while this broker still
 //!   leads its partitions, and [`BrokerObserver::stopping`] after the handover, while
 //!   connections are still served. Both are awaited; the observer bounds them.
@@ -58,6 +61,10 @@ pub trait BrokerObserver: Send + Sync + std::fmt::Debug {
     /// A tally for one leader append to `topic`, `None` when this observer does not
     /// watch the topic.
     fn tally(&self, topic: &str) -> Option<Box<dyn AppendTally>>;
+
+    /// The transaction of `producer_id` in `topic` ended: committed, or aborted (its
+    /// records will never reach a read_committed consumer).
+    fn transaction_ended(&self, topic: &str, producer_id: i64, committed: bool);
 
     /// A controlled shutdown is about to hand leadership over.
     fn before_handover(&self) -> BoxFuture<'_, ()>;

@@ -95,6 +95,9 @@ impl Broker {
                                     log_error_code(&e)
                                 }
                                 Ok(Ok((info, leader_epoch))) => {
+                                    if let Some(observer) = &self.config.observer {
+                                        observer.transaction_ended(&t.name.0, marker.producer_id.0, marker.transaction_result);
+                                    }
                                     awaiting.push((
                                         markers.len(),
                                         topics.len(),
