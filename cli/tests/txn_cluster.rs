@@ -35,12 +35,6 @@ async fn cluster() -> Cluster {
         .unwrap()
 }
 
-/// Kafka's partition of `__transaction_state` for a transactional id: Java's String hash.
-fn txn_partition(id: &str) -> i32 {
-    let hash = id.encode_utf16().fold(0i32, |h, u| h.wrapping_mul(31).wrapping_add(i32::from(u)));
-    (if hash == i32::MIN { 0 } else { hash.abs() }) % TXN_PARTITIONS
-}
-
 /// Five offsets-only transactions (four committed, one aborted), each checked with
 /// `committed()` right after it ends.
 const OFFSETS_ONLY: &str = r#"
@@ -314,8 +308,7 @@ async fn consume_transform_produce_across_kill_9(victim: Victim) {
             match line.as_str() {
                 "ready" => {
                     let wait = Duration::from_secs(30);
-                    let coordinator =
-                        cluster.wait_for_leader("__transaction_state", txn_partition("ctp-tx"), wait).await.unwrap();
+                    let coordinator = cluster.wait_for_txn_coordinator("ctp-tx", TXN_PARTITIONS, wait).await.unwrap();
                     let target = match victim {
                         Victim::TxnCoordinator => coordinator,
                         Victim::PartitionLeader => {
@@ -446,7 +439,7 @@ async fn send_offsets_after_the_group_coordinator_left_the_metadata_works_from_a
         while let Some(line) = script.next_line().await.unwrap() {
             if line == "ready" {
                 let wait = Duration::from_secs(30);
-                let coordinator = cluster.wait_for_leader("__transaction_state", txn_partition("stale-tx"), wait).await.unwrap();
+                let coordinator = cluster.wait_for_txn_coordinator("stale-tx", TXN_PARTITIONS, wait).await.unwrap();
                 script.answer(&coordinator.to_string()).await.unwrap();
             } else if let Some(id) = line.strip_prefix("kill ") {
                 let id: i32 = id.parse().unwrap();

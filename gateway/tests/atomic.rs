@@ -160,10 +160,11 @@ async fn atomic_publishes_commit_across_partitions_and_fence_what_a_previous_gat
     assert_eq!(sys.end_offsets(TOPIC, 3).await, before, "none of the refused requests wrote anything");
 }
 
-/// Three brokers, the topic's partitions on one broker each: a partition leader is down
-/// when an atomic request writes to it after writing to the live ones. The request fails
-/// whole (503), what it wrote to the live partitions is in their logs but never visible to
-/// read_committed, and once the broker is back atomic publishes work again.
+/// Three brokers, the topic's partitions on one broker each: a partition leader (not the
+/// transaction coordinator) is down when an atomic request writes to it after writing to
+/// the live ones. The request fails whole (503), what it wrote to the live partitions is
+/// in their logs but never visible to read_committed, and once the broker is back atomic
+/// publishes work again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_leader_down_midway_leaves_nothing_of_the_request_visible_to_read_committed() {
     // Fewer transaction state partitions than Kafka's 50: created on the first atomic
@@ -182,9 +183,11 @@ async fn a_partition_leader_down_midway_leaves_nothing_of_the_request_visible_to
     let (grpc, _) = bind().await;
     let config = GatewayConfig {
         host_name: Some("gw-atomic".into()),
-        broker_timeout: Duration::from_secs(4),
+        // How long the request waits for the downed partition: long enough for the live
+        // partitions' events to be written on a loaded machine.
+        broker_timeout: Duration::from_secs(8),
         // Each partition's events leave as soon as they are appended: those of the live
-        // partitions are on their way before the request reaches partition 2.
+        // partitions are on their way before the request reaches the downed one.
         linger: Duration::ZERO,
         ..GatewayConfig::new(cluster.bootstrap())
     };
@@ -203,22 +206,25 @@ async fn a_partition_leader_down_midway_leaves_nothing_of_the_request_visible_to
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    // Stop the leader of partition 2; the partitions it does not lead stay up.
-    let victim = cluster.leader(TOPIC, 2).await.unwrap().unwrap();
-    let mut live = Vec::new();
-    for p in 0..2 {
-        if cluster.leader(TOPIC, p).await.unwrap() != Some(victim) {
-            live.push(p);
-        }
+    // Stop the leader of a partition (`down`) that is not the transaction coordinator:
+    // the coordinator's own failover would spend the request's time (one loaded run
+    // aborted before the live partitions were written). The partitions it does not lead
+    // stay up.
+    let coordinator = cluster.wait_for_txn_coordinator("fjord-gateway-gw-atomic", 3, react).await.unwrap();
+    let mut leaders = Vec::new();
+    for p in 0..3 {
+        leaders.push(cluster.leader(TOPIC, p).await.unwrap().unwrap());
     }
+    let down = (0..3).rev().find(|&p| leaders[p as usize] != coordinator).expect("a partition the coordinator does not lead");
+    let victim = leaders[down as usize];
+    let live: Vec<i32> = (0..3).filter(|&p| leaders[p as usize] != victim).collect();
     assert!(!live.is_empty(), "the partitions were all placed on broker {victim}");
     cluster.stop(victim).await.unwrap();
-    let survivor = cluster.ids().into_iter().find(|id| *id != victim).unwrap();
-    let client = ClientConfig::new(&cluster.addr(survivor));
+    let client = ClientConfig::new(&cluster.addr(coordinator));
 
-    // Midway: the live partitions' events come first, then partition 2's.
+    // Midway: the live partitions' events come first, then the downed partition's.
     let mut midway: Vec<(String, i32)> = live.iter().map(|p| (format!("mid-{p}"), *p)).collect();
-    midway.push(("mid-2".into(), 2));
+    midway.push((format!("mid-{down}"), down));
     let body = records(&midway.iter().map(|(v, p)| (v.as_str(), *p)).collect::<Vec<_>>());
     let (status, doc) = post_v2(&base, "?atomic=true", body).await;
     assert_eq!(status, 503, "{doc}");
@@ -248,13 +254,15 @@ async fn a_partition_leader_down_midway_leaves_nothing_of_the_request_visible_to
     expected.sort();
     assert_eq!(committed, expected, "read_committed sees nothing of the aborted request");
 
-    // The broker comes back: the abort completes on partition 2 too, and atomic
+    // The broker comes back: the abort completes on the downed partition too, and atomic
     // publishes work again (the first tries may meet the abort still completing).
     cluster.start(victim).await.unwrap();
-    cluster.wait_for_leader(TOPIC, 2, react).await.unwrap();
+    cluster.wait_for_leader(TOPIC, down, react).await.unwrap();
+    let last = [("last-a".to_string(), live[0]), ("last-b".to_string(), down)];
     let deadline = Instant::now() + react;
     loop {
-        let (status, doc) = post_v2(&base, "?atomic=true", records(&[("last-0", 0), ("last-2", 2)])).await;
+        let (status, doc) =
+            post_v2(&base, "?atomic=true", records(&last.iter().map(|(v, p)| (v.as_str(), *p)).collect::<Vec<_>>())).await;
         if status == 200 {
             break;
         }
@@ -263,6 +271,6 @@ async fn a_partition_leader_down_midway_leaves_nothing_of_the_request_visible_to
     }
     let client = cluster.client_config();
     let all = read(client, &[0, 1, 2], true, 6, react).await;
-    assert_eq!(all, sorted(&["after", "first-0", "first-1", "first-2", "last-0", "last-2"]), "mid-* never visible");
+    assert_eq!(all, sorted(&["after", "first-0", "first-1", "first-2", "last-a", "last-b"]), "mid-* never visible");
     shutdown.cancel();
 }

@@ -505,6 +505,15 @@ impl Cluster {
         Ok(self.wait_for_state(topic, partition, timeout, "a leader", |s| s.leader >= 0).await?.leader)
     }
 
+    /// Waits until the transaction coordinator of `transactional_id` is up and returns its
+    /// broker id: the leader of its `__transaction_state` partition (Kafka's: Java's
+    /// String hash of the id, modulo the topic's `partitions`).
+    pub async fn wait_for_txn_coordinator(&self, transactional_id: &str, partitions: i32, timeout: Duration) -> Result<i32> {
+        let hash = transactional_id.encode_utf16().fold(0i32, |h, u| h.wrapping_mul(31).wrapping_add(i32::from(u)));
+        let partition = (if hash == i32::MIN { 0 } else { hash.abs() }) % partitions;
+        self.wait_for_leader("__transaction_state", partition, timeout).await
+    }
+
     /// Waits until the partition has a leader and exactly `isr` (any order) in sync.
     pub async fn wait_for_isr(&self, topic: &str, partition: i32, isr: &[i32], timeout: Duration) -> Result<PartitionState> {
         let mut want = isr.to_vec();
