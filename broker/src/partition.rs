@@ -331,14 +331,16 @@ impl Partition {
         expand
     }
 
-    /// Leader: the ISR without the followers that have not caught up within `lag`,
-    /// when that differs from the current ISR and no change is in flight.
+    /// Leader: the ISR without the followers that have not caught up within `lag` and
+    /// without the members no longer assigned (a reassignment dropped them), when that
+    /// differs from the current ISR and no change is in flight.
     pub(crate) fn shrunk_isr(&self, me: i32, lag: Duration, now: Instant) -> Option<Vec<i32>> {
         let state = self.state();
         if state.role != Role::Leader || state.isr_in_flight.is_some() {
             return None;
         }
-        let out = leader::out_of_sync(me, &state.isr, &state.followers, lag, now);
+        let mut out = leader::out_of_sync(me, &state.isr, &state.followers, lag, now);
+        out.extend(leader::unassigned_isr_members(me, &state.isr, &state.replicas));
         (!out.is_empty()).then(|| state.isr.iter().copied().filter(|r| !out.contains(r)).collect())
     }
 

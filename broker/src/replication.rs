@@ -236,6 +236,13 @@ impl ReplicaManager {
                 return;
             }
             let same_term = s.role == role && s.leader_epoch == state.leader_epoch;
+            if same_term && role == Role::Leader && s.replicas != replicas {
+                // Reassigned within the term (same leader epoch): the followers follow the
+                // new replica list, or an added replica would never be tracked nor join
+                // the ISR. A removed one leaves the ISR below.
+                leader::follow_assignment(&mut s.followers, me, replicas, Instant::now());
+                tracing::info!(tp = %partition.tp, from = ?s.replicas, to = ?replicas, "replicas reassigned; following the new list");
+            }
             s.replicas = replicas.to_vec();
             s.isr = state.isr.clone();
             s.controller_epoch = state.controller_epoch;
@@ -271,6 +278,13 @@ impl ReplicaManager {
             match role {
                 Role::Follower { leader } => self.fetchers.follow(partition.clone(), leader),
                 Role::Leader | Role::None => self.fetchers.unfollow(&partition.tp),
+            }
+        }
+        if role == Role::Leader {
+            // Replicas no longer assigned leave the ISR at once, through the leader's own
+            // ISR write (retried by the expiry task while another write is in flight).
+            if let Some(isr) = partition.shrunk_isr(me, self.config.lag_time_max, Instant::now()) {
+                self.propose_isr(partition, isr);
             }
         }
         // A new ISR (or leadership) may let the high watermark move; acks=all produces
@@ -450,6 +464,36 @@ mod tests {
         manager.apply(&tp, &[1, 2, 3], &state(1, 0, &[1, 3]), 1);
         assert_eq!(partition.record_follower_fetch(2, 2, now), None, "still behind");
         assert_eq!(partition.record_follower_fetch(2, 3, now), Some(vec![1, 3, 2]), "caught up again");
+        manager.shutdown().await;
+    }
+
+    /// A replica added to the assignment within the leader's term (no new leader epoch,
+    /// as a reassignment adds it) is tracked and joins the ISR once caught up; a replica
+    /// removed is dropped and proposed out of the ISR at once.
+    #[tokio::test]
+    async fn a_replica_added_within_the_term_joins_the_isr_and_a_removed_one_leaves_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
+        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
+        let tp = TopicPartition::new("t", 0);
+        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
+        let partition = manager.add_partition(&tp, log.clone());
+        manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
+        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        assert_eq!(partition.record_follower_fetch(2, 1, Instant::now()), None);
+        assert_eq!(log.high_watermark(), 1);
+
+        // The controller adds 3: same state, new replica list.
+        manager.apply(&tp, &[1, 2, 3], &state(1, 0, &[1, 2]), 0);
+        assert_eq!(partition.record_follower_fetch(3, 0, Instant::now()), None, "3 is behind");
+        assert_eq!(partition.record_follower_fetch(3, 1, Instant::now()), Some(vec![1, 2, 3]), "3 caught up: it joins");
+        manager.apply(&tp, &[1, 2, 3], &state(1, 0, &[1, 2, 3]), 1);
+
+        // The controller drops 2: it is forgotten and proposed out of the ISR.
+        manager.apply(&tp, &[1, 3], &state(1, 0, &[1, 2, 3]), 1);
+        assert_eq!(partition.state().isr_in_flight, Some(vec![1, 3]), "the shrink is being written");
+        assert!(!partition.state().followers.contains_key(&2));
+        assert_eq!(partition.record_follower_fetch(2, 1, Instant::now()), None, "2's fetches no longer count");
         manager.shutdown().await;
     }
 

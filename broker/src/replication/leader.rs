@@ -1,6 +1,7 @@
 //! The leader's rules, as pure functions: follower progress, the high watermark, and
 //! who is in sync (Kafka's `Partition`/`Replica` logic, without the I/O).
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -52,9 +53,40 @@ pub(crate) fn high_watermark(leader_leo: Offset, isr: &[i32], followers: &HashMa
         if let Some(progress) = followers.get(replica) {
             hw = hw.min(progress.log_end_offset?);
         }
-        // No entry: `replica` is the leader itself.
+        // No entry: `replica` is the leader itself, or a replica no longer assigned whose
+        // removal from the ISR is being written ([`unassigned_isr_members`]); the
+        // controller elects only assigned replicas, so it can never lead with less.
     }
     Some(hw)
+}
+
+/// The leader's followers after the assignment became `replicas` during its term (a
+/// reassignment: Kafka's controller sends LeaderAndIsr with the new replica list and the
+/// same leader epoch). A replica added is tracked from an unknown position, so it joins
+/// the ISR only through [`may_join_isr`] once its fetches show it has caught up; a
+/// replica kept keeps its progress; a replica removed is forgotten (it leaves the ISR
+/// through [`unassigned_isr_members`]). Returns whether the set changed.
+///
+/// ```text
+/// followers {2: at 50, 3: at 40}, replicas [1, 3, 4], me 1  →  {3: at 40, 4: unknown}
+/// ```
+pub(crate) fn follow_assignment(followers: &mut HashMap<i32, FollowerProgress>, me: i32, replicas: &[i32], now: Instant) -> bool {
+    let before = followers.len();
+    followers.retain(|r, _| replicas.contains(r));
+    let mut changed = followers.len() != before;
+    for &replica in replicas.iter().filter(|&&r| r != me) {
+        if let Entry::Vacant(entry) = followers.entry(replica) {
+            entry.insert(FollowerProgress::new(now));
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// The ISR members other than the leader `me` that are no longer among `replicas`: they
+/// leave the ISR at once (Kafka's controller forces removed replicas out of it).
+pub(crate) fn unassigned_isr_members(me: i32, isr: &[i32], replicas: &[i32]) -> Vec<i32> {
+    isr.iter().copied().filter(|&r| r != me && !replicas.contains(&r)).collect()
 }
 
 /// Whether a follower fetching from `fetch_offset` may join the ISR: it has everything
@@ -124,6 +156,29 @@ mod tests {
         assert_eq!(p.last_caught_up, at(t, 300));
         p.on_fetch(70, 200, at(t, 400)); // went back (truncated): not caught up
         assert_eq!(p.last_caught_up, at(t, 300));
+    }
+
+    #[test]
+    fn a_reassignment_within_the_term_adds_and_drops_followers() {
+        let t = Instant::now();
+        let mut followers = HashMap::from([(2, FollowerProgress::new(t)), (3, FollowerProgress::new(t))]);
+        followers.get_mut(&2).unwrap().on_fetch(50, 50, t);
+        followers.get_mut(&3).unwrap().on_fetch(40, 50, t);
+        assert!(!follow_assignment(&mut followers, 1, &[1, 2, 3], at(t, 10)), "same replicas: nothing changes");
+        // {1, 2, 3} -> {1, 2, 3, 4}: 4 is tracked, from an unknown position.
+        assert!(follow_assignment(&mut followers, 1, &[1, 2, 3, 4], at(t, 10)));
+        assert_eq!(followers[&4].log_end_offset, None);
+        assert_eq!(followers[&2].log_end_offset, Some(50), "a kept follower keeps its progress");
+        assert_eq!(high_watermark(50, &[1, 2, 3, 4], &followers), None, "an unknown ISR member holds the high watermark");
+        assert_eq!(high_watermark(50, &[1, 2, 3], &followers), Some(40), "4 is not in the ISR yet");
+        followers.get_mut(&4).unwrap().on_fetch(40, 50, at(t, 20));
+        assert!(may_join_isr(40, 40, 0), "4 reached the high watermark: it may join");
+        // -> {1, 3, 4}: 2 is forgotten and must leave the ISR.
+        assert!(follow_assignment(&mut followers, 1, &[1, 3, 4], at(t, 30)));
+        assert_eq!(followers.keys().copied().collect::<std::collections::BTreeSet<_>>(), [3, 4].into());
+        assert_eq!(unassigned_isr_members(1, &[1, 2, 3], &[1, 3, 4]), vec![2]);
+        assert_eq!(unassigned_isr_members(1, &[1, 3], &[1, 3, 4]), Vec::<i32>::new());
+        assert_eq!(unassigned_isr_members(1, &[1, 3], &[3, 4]), Vec::<i32>::new(), "the leader never proposes itself out");
     }
 
     #[test]
