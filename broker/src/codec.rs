@@ -55,6 +55,7 @@ pub(crate) mod error_code {
     pub(crate) const PREFERRED_LEADER_NOT_AVAILABLE: i16 = 80;
     pub(crate) const ELIGIBLE_LEADERS_NOT_AVAILABLE: i16 = 83;
     pub(crate) const ELECTION_NOT_NEEDED: i16 = 84;
+    pub(crate) const NO_REASSIGNMENT_IN_PROGRESS: i16 = 85;
     pub(crate) const INVALID_RECORD: i16 = 87;
     pub(crate) const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
     pub(crate) const RESOURCE_NOT_FOUND: i16 = 91;
@@ -114,6 +115,9 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::SaslAuthenticate, 0, 2),
     (ApiKey::DescribeCluster, 0, 1),
     (ApiKey::CreatePartitions, 0, 3),
+    // v1 (KIP-860) adds allow_replication_factor_change.
+    (ApiKey::AlterPartitionReassignments, 0, 1),
+    (ApiKey::ListPartitionReassignments, 0, 0),
     (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::DescribeProducers, 0, 0),
     // v0 is gone from the codec crate (and from Kafka 4); v1 differs from it only in

@@ -28,12 +28,18 @@
 //! brokers follow such a state as they follow a failover election: it is the same
 //! partition-state write.
 //!
+//! It also carries partition reassignments forward ([`reassignment`]): every pass
+//! completes those whose target replicas are all in the ISR, and while one waits the
+//! pass repeats every `REASSIGNMENT_POLL`.
+//!
 //! A broker whose registration was replaced by a new session (it restarted between two
 //! watch events) is handled as a failure followed by a return, so its leaderships get a
 //! new epoch.
 //!
 //! Every pass is level-triggered (it reads the whole state), so a missed event or a new
 //! controller after a failover converges all the same.
+
+pub(crate) mod reassignment;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -51,6 +57,9 @@ use crate::replica_health::UnhealthyReplicas;
 
 /// Pause before competing again after a store error.
 const RETRY_BACKOFF: Duration = Duration::from_millis(500);
+
+/// How often a pass runs while a reassignment waits for its target replicas to be in sync.
+const REASSIGNMENT_POLL: Duration = Duration::from_millis(250);
 
 /// `/controller` (Kafka's layout).
 #[derive(Debug, Serialize, Deserialize)]
@@ -107,6 +116,9 @@ pub(crate) struct RebalanceConfig {
 pub(crate) struct Controllership {
     /// 0 while not the controller (controller epochs start at 1).
     epoch: AtomicI32,
+    /// Woken when AlterPartitionReassignments wrote a reassignment: the controller's
+    /// next pass starts at once (the topic node's data is not watched).
+    reassignment_asked: tokio::sync::Notify,
 }
 
 impl Controllership {
@@ -117,6 +129,11 @@ impl Controllership {
 
     fn set(&self, epoch: Option<i32>) {
         self.epoch.store(epoch.unwrap_or(0), Ordering::Release);
+    }
+
+    /// A reassignment was written: the controller should act on it now.
+    pub(crate) fn reassignment_asked(&self) {
+        self.reassignment_asked.notify_one();
     }
 }
 
@@ -137,7 +154,7 @@ pub(crate) async fn run(
             Ok(Some(epoch)) => {
                 tracing::info!(broker_id, controller_epoch = epoch, "became the controller");
                 controllership.set(Some(epoch));
-                let stop = act(&*store, broker_id, epoch, config, &shutdown).await;
+                let stop = act(&*store, broker_id, epoch, config, &controllership, &shutdown).await;
                 controllership.set(None);
                 resign(&*store, broker_id).await;
                 match stop {
@@ -226,9 +243,13 @@ async fn act(
     broker_id: i32,
     epoch: i32,
     config: ControllerConfig,
+    controllership: &Controllership,
     shutdown: &CancellationToken,
 ) -> Stop {
     let unclean_default = config.unclean_default;
+    // Whether a reassignment waits for its target replicas to join the ISR: the pass is
+    // then repeated every REASSIGNMENT_POLL (partition states are not watched).
+    let mut reassigning = false;
     // Session owner of each registration seen in the previous pass.
     let mut sessions: BTreeMap<i32, i64> = BTreeMap::new();
     // As in Kafka, the first check comes one interval after taking over, not at once:
@@ -295,6 +316,7 @@ async fn act(
                 reconcile(store, epoch, &without, &unhealthy, unclean_default).await?;
             }
             reconcile(store, epoch, &alive, &unhealthy, unclean_default).await?;
+            reassigning = reassignment::advance(store, epoch, &alive).await?;
             sessions = live;
             if let (true, Some(r)) = (check_due, config.rebalance) {
                 restore_preferred(store, epoch, &alive, &unhealthy, r.percentage).await?;
@@ -315,6 +337,8 @@ async fn act(
         let check_at = next_check.unwrap_or_else(tokio::time::Instant::now);
         let event = tokio::select! {
             () = tokio::time::sleep_until(check_at), if next_check.is_some() => { check_due = true; continue }
+            () = tokio::time::sleep(REASSIGNMENT_POLL), if reassigning => continue,
+            () = controllership.reassignment_asked.notified() => continue,
             event = brokers => { brokers_changed = None; event }
             event = topics => { topics_changed = None; event }
             event = offline => { offline_changed = None; event }

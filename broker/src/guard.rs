@@ -162,6 +162,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::SaslAuthenticate => v >= 2,
         ApiKey::DescribeCluster => true,
         ApiKey::CreatePartitions | ApiKey::DeleteRecords => v >= 2,
+        ApiKey::AlterPartitionReassignments | ApiKey::ListPartitionReassignments => true,
         ApiKey::AddPartitionsToTxn | ApiKey::AddOffsetsToTxn | ApiKey::EndTxn | ApiKey::TxnOffsetCommit => v >= 3,
         ApiKey::DescribeTransactions | ApiKey::ListTransactions => true,
         ApiKey::WriteTxnMarkers => v >= 1,
@@ -556,6 +557,29 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
             })?;
             w.int32()?; // timeout
             w.int8()?; // validate only
+        }
+        ApiKey::AlterPartitionReassignments => {
+            w.int32()?; // timeout
+            if v >= 1 {
+                w.int8()?; // allow replication factor change
+            }
+            w.array(|w| {
+                w.string()?; // name
+                w.array(|w| {
+                    w.int32()?; // partition index
+                    w.array(Walker::int32)?; // replicas (null: cancel)
+                    w.tagged_fields()
+                })?;
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::ListPartitionReassignments => {
+            w.int32()?; // timeout
+            w.array(|w| {
+                w.string()?; // name
+                w.array(Walker::int32)?; // partition indexes
+                w.tagged_fields()
+            })?; // topics (null: every one)
         }
         ApiKey::ElectLeaders => {
             if v >= 1 {

@@ -20,6 +20,7 @@ pub(crate) mod offsets;
 pub(crate) mod partitions;
 pub(crate) mod produce;
 pub(crate) mod producer_id;
+pub(crate) mod reassign;
 pub(crate) mod txn;
 pub(crate) mod write_txn_markers;
 
@@ -303,6 +304,12 @@ impl Broker {
             RequestKind::DescribeLogDirs(req) => (ApiKey::DescribeLogDirs, self.describe_log_dirs(req, version, session)),
             RequestKind::WriteTxnMarkers(req) => (ApiKey::WriteTxnMarkers, self.write_txn_markers(req, session).await),
             RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req, session).await),
+            RequestKind::AlterPartitionReassignments(req) => {
+                (ApiKey::AlterPartitionReassignments, self.alter_partition_reassignments(req, version).await)
+            }
+            RequestKind::ListPartitionReassignments(req) => {
+                (ApiKey::ListPartitionReassignments, self.list_partition_reassignments(req).await)
+            }
             RequestKind::DescribeCluster(req) => (ApiKey::DescribeCluster, self.describe_cluster(req, session)),
             other => {
                 // decode_request only decodes what SUPPORTED_APIS lists, and every entry is matched above.

@@ -312,6 +312,10 @@ pub(crate) fn response_errors(body: &ResponseKind) -> Vec<i16> {
             std::iter::once(r.error_code).chain(r.results.iter().map(|u| u.error_code)).collect()
         }
         ResponseKind::AlterUserScramCredentials(r) => r.results.iter().map(|u| u.error_code).collect(),
+        ResponseKind::AlterPartitionReassignments(r) => {
+            std::iter::once(r.error_code).chain(r.responses.iter().flat_map(|t| &t.partitions).map(|p| p.error_code)).collect()
+        }
+        ResponseKind::ListPartitionReassignments(r) => vec![r.error_code],
         // APIs without an entry here count requests only.
         _ => Vec::new(),
     }

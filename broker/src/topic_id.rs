@@ -95,7 +95,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = fjord_coord::EmbeddedStore::open(&dir.path().join("store")).unwrap();
         let path = paths::topic("old");
-        let old = TopicAssignment { partitions: [("0".to_string(), vec![1])].into(), topic_id: None };
+        let old = TopicAssignment { partitions: [("0".to_string(), vec![1])].into(), topic_id: None, ..Default::default() };
         fjord_coord::create_all(&store, &path, &to_json(&old), fjord_coord::CreateMode::Persistent).await.unwrap();
         let (read, stat) = fjord_coord::registry::read_json::<TopicAssignment>(&store, &path).await.unwrap().unwrap();
         let won = assign_missing(&store, "old", &read, stat.version).await.unwrap().expect("the first assignment writes");

@@ -418,6 +418,7 @@ impl Topics {
         let assignment = TopicAssignment {
             partitions: topic.replicas.iter().enumerate().map(|(p, r)| (p.to_string(), r.clone())).collect(),
             topic_id: Some(crate::topic_id::encode(topic.topic_id)),
+            ..TopicAssignment::default()
         };
         match create_all(store, &paths::topic(name), &to_json(&assignment), CreateMode::Persistent).await {
             // Another broker created it first.

@@ -113,7 +113,8 @@ async fn end_offset_for_epoch(client: &mut RawClient, topic: &str, current: i32,
 async fn create_topic(store: &Store, topic: &str, replicas: &[i32], min_isr: u32) {
     let config = format!(r#"{{"version":1,"config":{{"min.insync.replicas":"{min_isr}"}}}}"#);
     create_all(&**store, &paths::topic_config(topic), config.as_bytes(), CreateMode::Persistent).await.unwrap();
-    let assignment = TopicAssignment { partitions: [("0".to_string(), replicas.to_vec())].into(), topic_id: None };
+    let assignment =
+        TopicAssignment { partitions: [("0".to_string(), replicas.to_vec())].into(), topic_id: None, ..Default::default() };
     create_all(&**store, &paths::topic(topic), &to_json(&assignment), CreateMode::Persistent).await.unwrap();
     let state = PartitionState { leader: replicas[0], leader_epoch: 0, isr: replicas.to_vec(), controller_epoch: 0 };
     create_all(&**store, &paths::partition_state(topic, 0), &to_json(&state), CreateMode::Persistent).await.unwrap();

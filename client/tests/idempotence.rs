@@ -162,7 +162,8 @@ async fn a_leader_change_in_the_middle_of_an_idempotent_stream_loses_and_duplica
     )
     .await
     .unwrap();
-    let assignment = TopicAssignment { partitions: [("0".to_string(), vec![0, 1, 2])].into(), topic_id: None };
+    let assignment =
+        TopicAssignment { partitions: [("0".to_string(), vec![0, 1, 2])].into(), topic_id: None, ..Default::default() };
     create_all(&*store, &paths::topic(topic), &to_json(&assignment), CreateMode::Persistent).await.unwrap();
     let state = PartitionState { leader: 0, leader_epoch: 0, isr: vec![0, 1, 2], controller_epoch: 0 };
     let state_path = paths::partition_state(topic, 0);

@@ -57,6 +57,15 @@ pub struct TopicAssignment {
     /// same name gets a new one, which is how clients and replicas tell them apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic_id: Option<String>,
+    /// While a partition is being reassigned (KIP-455, Kafka's keys): partition → the
+    /// replicas being added. `partitions` then lists the target replicas first, followed
+    /// by the original ones not in the target.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub adding_replicas: BTreeMap<String, Vec<i32>>,
+    /// While a partition is being reassigned: partition → the replicas being removed
+    /// (dropped once every target replica is in the ISR).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub removing_replicas: BTreeMap<String, Vec<i32>>,
 }
 
 impl TopicAssignment {

@@ -286,6 +286,26 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
             ])])
             .with_timeout_ms(30_000)
             .encode(&mut buf, v),
+        ApiKey::AlterPartitionReassignments => AlterPartitionReassignmentsRequest::default()
+            .with_timeout_ms(30_000)
+            .with_topics(vec![alter_partition_reassignments_request::ReassignableTopic::default()
+                .with_name(name())
+                .with_partitions(vec![
+                    alter_partition_reassignments_request::ReassignablePartition::default()
+                        .with_partition_index(1)
+                        .with_replicas(Some(vec![BrokerId(2), BrokerId(3)])),
+                    alter_partition_reassignments_request::ReassignablePartition::default().with_partition_index(2),
+                ])])
+            .encode(&mut buf, v),
+        ApiKey::ListPartitionReassignments => ListPartitionReassignmentsRequest::default()
+            .with_timeout_ms(30_000)
+            .with_topics(Some(vec![
+                list_partition_reassignments_request::ListPartitionReassignmentsTopics::default()
+                    .with_name(name())
+                    .with_partition_indexes(vec![0, 1]),
+                list_partition_reassignments_request::ListPartitionReassignmentsTopics::default().with_name(name()),
+            ]))
+            .encode(&mut buf, v),
         ApiKey::CreatePartitions => CreatePartitionsRequest::default()
             .with_topics(vec![
                 create_partitions_request::CreatePartitionsTopic::default()

@@ -11,10 +11,11 @@ use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
 use kafka_protocol::messages::offset_fetch_response::OffsetFetchResponseGroup;
 use kafka_protocol::messages::{
-    delete_groups_response, describe_groups_response, AlterUserScramCredentialsResponse, BrokerId, CreateAclsResponse,
-    DeleteAclsResponse, DescribeAclsResponse, DescribeUserScramCredentialsResponse, ElectLeadersResponse,
-    FindCoordinatorResponse, GroupId, HeartbeatResponse, InitProducerIdResponse, JoinGroupResponse, LeaveGroupResponse,
-    OffsetCommitRequest, OffsetFetchResponse, ProducerId, RequestKind, ResponseKind, SyncGroupResponse,
+    delete_groups_response, describe_groups_response, AlterPartitionReassignmentsResponse, AlterUserScramCredentialsResponse,
+    BrokerId, CreateAclsResponse, DeleteAclsResponse, DescribeAclsResponse, DescribeUserScramCredentialsResponse,
+    ElectLeadersResponse, FindCoordinatorResponse, GroupId, HeartbeatResponse, InitProducerIdResponse, JoinGroupResponse,
+    LeaveGroupResponse, ListPartitionReassignmentsResponse, OffsetCommitRequest, OffsetFetchResponse, ProducerId, RequestKind,
+    ResponseKind, SyncGroupResponse,
 };
 
 use crate::codec::error_code::{
@@ -157,6 +158,13 @@ impl Broker {
                 ResponseKind::ElectLeaders(
                     ElectLeadersResponse::default().with_error_code(code).with_replica_election_results(results.collect()),
                 )
+            }
+            // Kafka: Alter on the cluster to reassign, Describe to list.
+            RequestKind::AlterPartitionReassignments(_) if !cluster(Operation::Alter) => {
+                ResponseKind::AlterPartitionReassignments(AlterPartitionReassignmentsResponse::default().with_error_code(code))
+            }
+            RequestKind::ListPartitionReassignments(_) if !cluster(Operation::Describe) => {
+                ResponseKind::ListPartitionReassignments(ListPartitionReassignmentsResponse::default().with_error_code(code))
             }
             RequestKind::InitProducerId(r) => match &r.transactional_id {
                 Some(id) if !self.authorize(session, Operation::Write, Resource::transactional_id(id.as_str())) => {
