@@ -7,12 +7,15 @@
 //! - `consume`: records → stdout, plain or JSON lines, from beginning/end/offset/time.
 //! - `groups`: list/describe consumer groups (lag per partition), reset committed offsets.
 //! - `transactions`: list/describe transactional ids at their coordinators.
+//! - `reassign`: start, verify or cancel partition reassignments (Kafka's JSON plan), or
+//!   move every replica off a broker.
 //! - `bench`: the paper's producer/consumer throughput experiment, with latency percentiles.
 
 pub(crate) mod bench;
 pub(crate) mod consume;
 pub(crate) mod groups;
 pub(crate) mod produce;
+pub(crate) mod reassign;
 pub(crate) mod topics;
 pub(crate) mod transactions;
 

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
+use kafka_protocol::messages::alter_partition_reassignments_request::{ReassignablePartition, ReassignableTopic};
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
@@ -11,8 +12,8 @@ use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::{
-    BrokerId, CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
-    IncrementalAlterConfigsRequest, ListOffsetsRequest, TopicName,
+    AlterPartitionReassignmentsRequest, BrokerId, CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
+    DescribeConfigsRequest, IncrementalAlterConfigsRequest, ListOffsetsRequest, ListPartitionReassignmentsRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -43,6 +44,21 @@ impl OffsetSpec {
             OffsetSpec::Timestamp(ts) => ts,
         }
     }
+}
+
+/// A partition reassignment in progress (ListPartitionReassignments).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionReassignment {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Every replica now: the target ones first, then the original ones not in the target.
+    pub replicas: Vec<i32>,
+    /// Replicas being added.
+    pub adding: Vec<i32>,
+    /// Replicas being removed.
+    pub removing: Vec<i32>,
 }
 
 /// What to create.
@@ -163,6 +179,76 @@ impl Admin {
         }
         self.cluster.refresh(Some(&[topic.to_string()])).await?;
         Ok(())
+    }
+
+    /// Starts moving each `(topic, partition)` to its replica list, or cancels its
+    /// reassignment in progress (`None`), on the controller (AlterPartitionReassignments).
+    /// Returns each partition's outcome; the replicas move afterwards
+    /// ([`Admin::list_partition_reassignments`] shows them until done).
+    pub async fn alter_partition_reassignments(
+        &self,
+        reassignments: &[(String, i32, Option<Vec<i32>>)],
+    ) -> Result<Vec<((String, i32), Result<()>)>> {
+        let mut topics: Vec<ReassignableTopic> = Vec::new();
+        for (topic, partition, replicas) in reassignments {
+            let partition = ReassignablePartition::default()
+                .with_partition_index(*partition)
+                .with_replicas(replicas.as_ref().map(|r| r.iter().map(|&b| BrokerId(b)).collect()));
+            match topics.iter_mut().find(|t| t.name.0.as_str() == topic) {
+                Some(t) => t.partitions.push(partition),
+                None => topics.push(ReassignableTopic::default().with_name(topic_name(topic)).with_partitions(vec![partition])),
+            }
+        }
+        let timeout = self.cluster.config().request_timeout.as_millis() as i32;
+        let request = AlterPartitionReassignmentsRequest::default().with_timeout_ms(timeout).with_topics(topics);
+        let response = self.cluster.controller().await?.request(&request, 0).await?;
+        if let Some(e) =
+            Error::kafka(response.error_code, "alter partition reassignments", response.error_message.map(|m| m.to_string()))
+        {
+            return Err(e);
+        }
+        Ok(response
+            .responses
+            .into_iter()
+            .flat_map(|t| {
+                let topic = t.name.0.to_string();
+                t.partitions.into_iter().map(move |p| {
+                    let context = format!("reassign {topic}-{}", p.partition_index);
+                    let outcome = match Error::kafka(p.error_code, context, p.error_message.map(|m| m.to_string())) {
+                        Some(e) => Err(e),
+                        None => Ok(()),
+                    };
+                    ((topic.clone(), p.partition_index), outcome)
+                })
+            })
+            .collect())
+    }
+
+    /// Every partition reassignment in progress (ListPartitionReassignments).
+    pub async fn list_partition_reassignments(&self) -> Result<Vec<PartitionReassignment>> {
+        let timeout = self.cluster.config().request_timeout.as_millis() as i32;
+        let request = ListPartitionReassignmentsRequest::default().with_timeout_ms(timeout).with_topics(None);
+        let response = self.cluster.controller().await?.request(&request, 0).await?;
+        if let Some(e) =
+            Error::kafka(response.error_code, "list partition reassignments", response.error_message.map(|m| m.to_string()))
+        {
+            return Err(e);
+        }
+        let ids = |v: Vec<BrokerId>| v.into_iter().map(|b| b.0).collect();
+        Ok(response
+            .topics
+            .into_iter()
+            .flat_map(|t| {
+                let topic = t.name.0.to_string();
+                t.partitions.into_iter().map(move |p| PartitionReassignment {
+                    topic: topic.clone(),
+                    partition: p.partition_index,
+                    replicas: ids(p.replicas),
+                    adding: ids(p.adding_replicas),
+                    removing: ids(p.removing_replicas),
+                })
+            })
+            .collect())
     }
 
     /// Deletes topics.

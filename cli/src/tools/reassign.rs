@@ -1,0 +1,200 @@
+//! `fjord reassign --execute|--verify|--cancel --plan FILE | --decommission BROKER`:
+//! Kafka's `kafka-reassign-partitions` over AlterPartitionReassignments and
+//! ListPartitionReassignments, with its reassignment JSON
+//! (`{"version":1,"partitions":[{"topic":"t","partition":0,"replicas":[1,2,3]}]}`;
+//! `log_dirs` is accepted and ignored).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{ArgGroup, Args};
+use fjord_client::Admin;
+use serde_json::{json, Value};
+
+use super::ConnectArgs;
+
+#[derive(Args, Debug)]
+#[command(group(ArgGroup::new("action").required(true).args(["execute", "verify", "cancel", "decommission"])))]
+pub(crate) struct ReassignArgs {
+    #[command(flatten)]
+    connect: ConnectArgs,
+    /// Start the reassignments of the plan.
+    #[arg(long, requires = "plan")]
+    execute: bool,
+    /// Say, per partition of the plan, whether its reassignment completed.
+    #[arg(long, requires = "plan")]
+    verify: bool,
+    /// Cancel the reassignments of the plan that are in progress.
+    #[arg(long, requires = "plan")]
+    cancel: bool,
+    /// The reassignment JSON file (Kafka's format).
+    #[arg(long, visible_alias = "reassignment-json-file", value_name = "FILE")]
+    plan: Option<PathBuf>,
+    /// Move every replica off this broker (each to the live broker with the fewest
+    /// replicas that does not hold the partition yet), so it can be retired; prints the plan.
+    #[arg(long, value_name = "BROKER")]
+    decommission: Option<i32>,
+}
+
+/// One partition of a plan: (topic, partition, target replicas).
+type Move = (String, i32, Vec<i32>);
+
+/// Reads Kafka's reassignment JSON.
+fn parse_plan(text: &str) -> anyhow::Result<Vec<Move>> {
+    let document: Value = serde_json::from_str(text).context("not JSON")?;
+    let partitions = document.get("partitions").and_then(Value::as_array).context("no \"partitions\" array")?;
+    partitions
+        .iter()
+        .map(|p| {
+            let topic = p.get("topic").and_then(Value::as_str).context("a partition without \"topic\"")?;
+            let partition = p.get("partition").and_then(Value::as_i64).context("a partition without \"partition\"")?;
+            let replicas = p
+                .get("replicas")
+                .and_then(Value::as_array)
+                .context("a partition without \"replicas\"")?
+                .iter()
+                .map(|r| r.as_i64().and_then(|r| i32::try_from(r).ok()).context("a replica that is not a broker id"))
+                .collect::<anyhow::Result<Vec<i32>>>()?;
+            Ok((topic.to_owned(), i32::try_from(partition).context("partition out of range")?, replicas))
+        })
+        .collect()
+}
+
+/// Kafka's reassignment JSON of `moves`.
+fn plan_json(moves: &[Move]) -> String {
+    let partitions: Vec<Value> = moves
+        .iter()
+        .map(|(topic, partition, replicas)| json!({"topic": topic, "partition": partition, "replicas": replicas}))
+        .collect();
+    json!({"version": 1, "partitions": partitions}).to_string()
+}
+
+/// The moves that take every replica off `broker`: each partition holding it gets, in its
+/// place, the live broker with the fewest replicas that does not hold the partition yet.
+fn decommission_plan(broker: i32, live: &[i32], current: &[Move]) -> anyhow::Result<Vec<Move>> {
+    let mut load: BTreeMap<i32, usize> = live.iter().filter(|&&b| b != broker).map(|&b| (b, 0)).collect();
+    for (_, _, replicas) in current {
+        for r in replicas {
+            if let Some(n) = load.get_mut(r) {
+                *n += 1;
+            }
+        }
+    }
+    let mut moves = Vec::new();
+    for (topic, partition, replicas) in current.iter().filter(|(_, _, r)| r.contains(&broker)) {
+        let Some((&to, _)) = load.iter().filter(|(b, _)| !replicas.contains(b)).min_by_key(|(b, n)| (**n, **b)) else {
+            bail!("no live broker can take {topic}-{partition} off broker {broker} (it is on {replicas:?})");
+        };
+        *load.entry(to).or_default() += 1;
+        let target = replicas.iter().map(|&r| if r == broker { to } else { r }).collect();
+        moves.push((topic.clone(), *partition, target));
+    }
+    Ok(moves)
+}
+
+pub(crate) async fn run(args: ReassignArgs) -> anyhow::Result<()> {
+    let admin = Admin::connect(args.connect.client()?).await?;
+    let metadata = admin.metadata().await?;
+    let mut current: Vec<Move> = metadata
+        .topics
+        .values()
+        .flat_map(|t| t.partitions.iter().map(|p| (t.name.clone(), p.partition, p.replicas.clone())))
+        .collect();
+    current.sort();
+    let moves = match (&args.plan, args.decommission) {
+        (_, Some(broker)) => {
+            let mut live: Vec<i32> = metadata.brokers.keys().copied().collect();
+            live.sort_unstable();
+            let moves = decommission_plan(broker, &live, &current)?;
+            println!("Proposed partition reassignment configuration\n{}", plan_json(&moves));
+            moves
+        }
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("--plan {}", path.display()))?;
+            parse_plan(&text).with_context(|| format!("--plan {}", path.display()))?
+        }
+        (None, None) => bail!("--plan FILE is required"),
+    };
+    let names = |moves: &[Move]| moves.iter().map(|(t, p, _)| format!("{t}-{p}")).collect::<Vec<_>>().join(",");
+    if args.verify {
+        let in_progress = admin.list_partition_reassignments().await?;
+        println!("Status of partition reassignment:");
+        let mut mismatched = 0;
+        for (topic, partition, target) in &moves {
+            let replicas = current.iter().find(|(t, p, _)| t == topic && p == partition).map(|(_, _, r)| r);
+            if in_progress.iter().any(|r| &r.topic == topic && r.partition == *partition) {
+                println!("Reassignment of partition {topic}-{partition} is still in progress.");
+            } else if replicas == Some(target) {
+                println!("Reassignment of partition {topic}-{partition} is completed.");
+            } else {
+                mismatched += 1;
+                println!(
+                    "There is no active reassignment of partition {topic}-{partition}, but replica set is {replicas:?} rather than {target:?}."
+                );
+            }
+        }
+        if mismatched > 0 {
+            bail!("{mismatched} partition(s) of the plan are not on their target replicas");
+        }
+        return Ok(());
+    }
+    if moves.is_empty() {
+        println!("Nothing to reassign.");
+        return Ok(());
+    }
+    let cancel = args.cancel;
+    if !cancel {
+        // Kafka prints what to roll back to.
+        let rollback: Vec<Move> =
+            current.iter().filter(|(t, p, _)| moves.iter().any(|(mt, mp, _)| mt == t && mp == p)).cloned().collect();
+        println!("Current partition replica assignment\n\n{}\n", plan_json(&rollback));
+        println!("Save this to use as the --plan FILE during rollback");
+    }
+    let asked: Vec<(String, i32, Option<Vec<i32>>)> =
+        moves.iter().map(|(t, p, r)| (t.clone(), *p, (!cancel).then(|| r.clone()))).collect();
+    let outcomes = admin.alter_partition_reassignments(&asked).await?;
+    let mut failed = 0;
+    for ((topic, partition), outcome) in &outcomes {
+        if let Err(e) = outcome {
+            failed += 1;
+            eprintln!("{topic}-{partition}: {e}");
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} partition reassignment(s) refused", outcomes.len());
+    }
+    match cancel {
+        true => println!("Successfully cancelled partition reassignments for: {}", names(&moves)),
+        false => println!("Successfully started partition reassignments for {}", names(&moves)),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kafkas_plan_format_round_trips() {
+        let text =
+            r#"{"version":1,"partitions":[{"topic":"t","partition":0,"replicas":[2,3,4],"log_dirs":["any","any","any"]}]}"#;
+        let moves = parse_plan(text).unwrap();
+        assert_eq!(moves, vec![("t".to_owned(), 0, vec![2, 3, 4])]);
+        assert_eq!(parse_plan(&plan_json(&moves)).unwrap(), moves);
+        assert!(parse_plan(r#"{"version":1}"#).is_err());
+        assert!(parse_plan(r#"{"partitions":[{"topic":"t","partition":0,"replicas":["a"]}]}"#).is_err());
+    }
+
+    #[test]
+    fn decommissioning_replaces_the_broker_with_the_least_loaded_one_not_holding_the_partition() {
+        let current =
+            vec![("a".to_owned(), 0, vec![1, 2, 3]), ("a".to_owned(), 1, vec![2, 3, 4]), ("b".to_owned(), 0, vec![1, 4])];
+        let moves = decommission_plan(1, &[1, 2, 3, 4], &current).unwrap();
+        // Loads without 1: 2 -> 2, 3 -> 2, 4 -> 2. a-0 takes 4 (the only one free); b-0 then
+        // takes 2 (2 and 3 tie at 2, 4 holds b-0): the lowest id wins a tie.
+        assert_eq!(moves, vec![("a".to_owned(), 0, vec![4, 2, 3]), ("b".to_owned(), 0, vec![2, 4])]);
+        assert!(decommission_plan(1, &[1, 2, 3], &current[..1]).is_err(), "nowhere to go");
+        assert!(decommission_plan(9, &[1, 2, 3, 4], &current).unwrap().is_empty());
+    }
+}
