@@ -341,3 +341,47 @@ async fn bad_reassignments_are_refused_and_change_nothing() {
     let state = cluster.partition_state(TOPIC, 0).await.unwrap().unwrap();
     assert_eq!((state.leader, state.leader_epoch), (state_before.leader, state_before.leader_epoch));
 }
+
+/// A controller that stops while a reassignment waits leaves it recorded in ZooKeeper: the
+/// next controller finishes it once the new replica can catch up (here: broker 3's
+/// partition directory, blocked by a file, is freed and broker 3 restarted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_controller_finishes_a_reassignment_its_predecessor_started() {
+    let _serial = serial().await;
+    common::init_tracing();
+    const TOPIC: &str = "handover";
+    let mut cluster = four_brokers().await;
+    create(&cluster, TOPIC, &[0, 1, 2]).await;
+    let blocker = cluster.data_dir(3).join(format!("{TOPIC}-0"));
+    std::fs::write(&blocker, b"not a directory").unwrap();
+    let controller = cluster.wait_for_controller(&[], REACT).await.unwrap();
+    let mut client = RawClient::connect(addr(&cluster, controller)).await.unwrap();
+    let response: AlterPartitionReassignmentsResponse =
+        client.call(ApiKey::AlterPartitionReassignments, 0, &alter(&[(TOPIC, 0, Some(&[1, 2, 3]))])).await.unwrap();
+    assert_eq!(outcome(&response), (0, vec![(TOPIC.to_owned(), 0, 0)]));
+    drop(client);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let waiting = cluster.assignment(TOPIC).await.unwrap().unwrap();
+    assert_eq!(waiting.adding_replicas["0"], [3], "still waiting for broker 3: {waiting:?}");
+
+    cluster.stop(controller).await.unwrap();
+    let successor = cluster.wait_for_controller(&[controller], REACT).await.unwrap();
+    tracing::info!(controller, successor, "the controller moved");
+    if controller != 3 {
+        cluster.start(controller).await.unwrap();
+        cluster.stop(3).await.unwrap();
+    }
+    if blocker.is_file() {
+        std::fs::remove_file(&blocker).unwrap();
+    }
+    cluster.start(3).await.unwrap();
+
+    wait_for_assignment(&cluster, TOPIC, &[1, 2, 3]).await;
+    let state = cluster.wait_for_isr(TOPIC, 0, &[1, 2, 3], REACT).await.unwrap();
+    assert!([1, 2, 3].contains(&state.leader), "{state:?}");
+    wait_until(REACT, "broker 0 drops its replica", || async {
+        Ok((!cluster.data_dir(0).join(format!("{TOPIC}-0")).exists()).then_some(()))
+    })
+    .await
+    .unwrap();
+}
