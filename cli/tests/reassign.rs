@@ -1,13 +1,16 @@
 //! `fjord reassign` (issue #22, Kafka's `kafka-reassign-partitions`) on three in-process
 //! brokers on ZooKeeper (fjord-testkit): a plan in Kafka's JSON format is executed and
 //! verified, a cancel of a finished reassignment is refused, and `--decommission`
-//! moves every replica off a broker.
+//! moves every replica off a broker, also on four brokers under an acks=all producer.
 
+use std::collections::BTreeSet;
 use std::process::{Command, Output};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use fjord_client::{Admin, NewTopic};
-use fjord_testkit::{wait_until, Cluster};
+use fjord_client::{Acks, Admin, ClientConfig, NewTopic, Producer, ProducerConfig, ProducerRecord};
+use fjord_testkit::{read_values, wait_until, Cluster};
 
 const REACT: Duration = Duration::from_secs(30);
 const TOPIC: &str = "plan";
@@ -37,8 +40,15 @@ async fn wait_for_replicas(cluster: &Cluster, want: &[i32]) {
     cluster.wait_for_isr(TOPIC, 0, want, REACT).await.unwrap();
 }
 
+/// The cluster tests run one at a time: each runs ZooKeeper and several brokers.
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_is_executed_verified_and_a_broker_decommissioned() {
+    let _serial = serial().await;
     let cluster = Cluster::builder().brokers(3).config("replica.fetch.wait.max.ms", 100).start().await.unwrap();
     let admin = Admin::connect(cluster.client_config()).await.unwrap();
     let mut topic = NewTopic::new(TOPIC, 1);
@@ -75,6 +85,131 @@ async fn a_plan_is_executed_verified_and_a_broker_decommissioned() {
     wait_for_replicas(&cluster, &[before[0], before[1]]).await;
     wait_until(REACT, "the decommissioned broker drops its copy", || async {
         Ok((!cluster.data_dir(spare).join(format!("{TOPIC}-0")).exists()).then_some(()))
+    })
+    .await
+    .unwrap();
+}
+
+/// Four brokers, a topic of four partitions with three replicas each (min.insync.replicas
+/// 2), an acks=all idempotent producer sending to every partition without pause; `fjord
+/// reassign --decommission` takes a broker that leads a partition out meanwhile. Every
+/// acknowledged record is read back, no partition names the broker in its replicas or
+/// its ISR (in ZooKeeper and in Metadata), and the broker holds no copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_is_decommissioned_under_acks_all_load_and_nothing_is_lost() {
+    let _serial = serial().await;
+    const TOPIC: &str = "retire";
+    const PARTITIONS: i32 = 4;
+    let cluster = Cluster::builder()
+        .brokers(4)
+        .config("auto.leader.rebalance.enable", false)
+        .config("replica.fetch.wait.max.ms", 100)
+        .start()
+        .await
+        .unwrap();
+    let client = ClientConfig::new(&cluster.bootstrap());
+    let admin = Admin::connect(client.clone()).await.unwrap();
+    let mut topic = NewTopic::new(TOPIC, PARTITIONS);
+    topic.replication_factor = 3;
+    topic.configs.insert("min.insync.replicas".into(), "2".into());
+    admin.create_topics(&[topic]).await.unwrap();
+    cluster.wait_fully_replicated(TOPIC, REACT).await.unwrap();
+    // A broker that leads partition 0: decommissioning it moves leadership too.
+    let retired = cluster.leader(TOPIC, 0).await.unwrap().expect("a leader");
+    let before = cluster.assignment(TOPIC).await.unwrap().unwrap();
+    let held = before.partitions.values().filter(|r| r.contains(&retired)).count();
+    assert!(held >= 2, "the broker holds several replicas: {:?}", before.partitions);
+
+    let config =
+        ProducerConfig { client: client.clone(), acks: Acks::All, enable_idempotence: Some(true), ..ProducerConfig::default() };
+    let producer = Arc::new(Producer::connect(config).await.unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sending = {
+        let (producer, stop) = (producer.clone(), stop.clone());
+        tokio::spawn(async move {
+            // (partition, value) of every acknowledged record.
+            let (mut acknowledged, mut failed, mut next) = (Vec::new(), 0usize, 0usize);
+            while !stop.load(Ordering::Relaxed) {
+                let mut acks = Vec::new();
+                for _ in 0..20 {
+                    let (partition, value) = ((next % PARTITIONS as usize) as i32, format!("v{next}"));
+                    next += 1;
+                    let ack = producer.send(ProducerRecord::new(TOPIC, value.clone()).partition(partition)).await.unwrap();
+                    acks.push((partition, value, ack));
+                }
+                for (partition, value, ack) in acks {
+                    match ack.await {
+                        Ok(_) => acknowledged.push((partition, value)),
+                        Err(_) => failed += 1,
+                    }
+                }
+            }
+            (acknowledged, failed)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let started = Instant::now();
+    let bootstrap = format!("--bootstrap={}", cluster.bootstrap());
+    let out = stdout(&fjord(&["reassign", "--decommission", &retired.to_string(), &bootstrap]).await);
+    assert!(out.contains("Successfully started partition reassignments"), "{out}");
+    for partition in 0..PARTITIONS {
+        let key = partition.to_string();
+        // The only broker without a replica takes the retired one's place.
+        let target: Vec<i32> = before.partitions[&key]
+            .iter()
+            .map(
+                |&r| if r == retired { *cluster.ids().iter().find(|b| !before.partitions[&key].contains(b)).unwrap() } else { r },
+            )
+            .collect();
+        wait_until(REACT, &format!("{TOPIC}-{partition} on {target:?}"), || async {
+            let assignment = cluster.assignment(TOPIC).await?.expect("the topic exists");
+            let done = assignment.partitions[&key] == target
+                && assignment.adding_replicas.is_empty()
+                && assignment.removing_replicas.is_empty();
+            Ok(done.then_some(()))
+        })
+        .await
+        .unwrap();
+        let state = cluster.wait_for_isr(TOPIC, partition, &target, REACT).await.unwrap();
+        assert_ne!(state.leader, retired);
+    }
+    let moved_in = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await; // the producer goes on with the new leaders
+    stop.store(true, Ordering::Relaxed);
+    let (acknowledged, failed) = sending.await.unwrap();
+    assert!(acknowledged.len() >= 100, "the producer kept going: {} acknowledged, {failed} failed", acknowledged.len());
+
+    let mut read = BTreeSet::new();
+    for partition in 0..PARTITIONS {
+        read.extend(read_values(&client, TOPIC, partition).await.unwrap().into_iter().map(|v| (partition, v)));
+    }
+    let lost: Vec<_> = acknowledged.iter().filter(|r| !read.contains(*r)).collect();
+    assert!(lost.is_empty(), "{} of {} acknowledged records lost: {lost:?}", lost.len(), acknowledged.len());
+    println!(
+        "decommissioned broker {retired} ({held} replicas) in {moved_in:?}: {} acknowledged, {failed} failed, {} read back",
+        acknowledged.len(),
+        read.len()
+    );
+
+    // Still out a while later: nothing puts the broker back (a late ISR expansion, a
+    // leader re-adding it).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let assignment = cluster.assignment(TOPIC).await.unwrap().unwrap();
+    let metadata = admin.metadata().await.unwrap();
+    for partition in 0..PARTITIONS {
+        let replicas = &assignment.partitions[&partition.to_string()];
+        let state = cluster.partition_state(TOPIC, partition).await.unwrap().unwrap();
+        assert!(!replicas.contains(&retired) && !state.isr.contains(&retired), "{TOPIC}-{partition}: {replicas:?} {state:?}");
+        let described = metadata.topics[TOPIC].partitions.iter().find(|p| p.partition == partition).unwrap();
+        assert!(
+            !described.replicas.contains(&retired) && !described.in_sync_replicas.contains(&retired),
+            "Metadata of {TOPIC}-{partition}: {described:?}"
+        );
+    }
+    wait_until(REACT, "the decommissioned broker drops every copy", || async {
+        let kept = (0..PARTITIONS).any(|p| cluster.data_dir(retired).join(format!("{TOPIC}-{p}")).exists());
+        Ok((!kept).then_some(()))
     })
     .await
     .unwrap();
