@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -123,9 +123,9 @@ async fn a_broker_is_decommissioned_under_acks_all_load_and_nothing_is_lost() {
     let config =
         ProducerConfig { client: client.clone(), acks: Acks::All, enable_idempotence: Some(true), ..ProducerConfig::default() };
     let producer = Arc::new(Producer::connect(config).await.unwrap());
-    let stop = Arc::new(AtomicBool::new(false));
+    let (stop, acked) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
     let sending = {
-        let (producer, stop) = (producer.clone(), stop.clone());
+        let (producer, stop, acked) = (producer.clone(), stop.clone(), acked.clone());
         tokio::spawn(async move {
             // (partition, value) of every acknowledged record.
             let (mut acknowledged, mut failed, mut next) = (Vec::new(), 0usize, 0usize);
@@ -139,7 +139,10 @@ async fn a_broker_is_decommissioned_under_acks_all_load_and_nothing_is_lost() {
                 }
                 for (partition, value, ack) in acks {
                     match ack.await {
-                        Ok(_) => acknowledged.push((partition, value)),
+                        Ok(_) => {
+                            acknowledged.push((partition, value));
+                            acked.fetch_add(1, Ordering::Relaxed);
+                        }
                         Err(_) => failed += 1,
                     }
                 }
@@ -147,7 +150,20 @@ async fn a_broker_is_decommissioned_under_acks_all_load_and_nothing_is_lost() {
             (acknowledged, failed)
         })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Load established before the move, and kept up after it: each a hundred more
+    // acknowledged records (rather than a fixed time, which a slow machine fills with
+    // a handful).
+    let acknowledged_over = |n: usize| {
+        let (acked, from) = (acked.clone(), acked.load(Ordering::Relaxed));
+        async move {
+            wait_until(REACT, &format!("{n} more records acknowledged"), || async {
+                Ok((acked.load(Ordering::Relaxed) >= from + n).then_some(()))
+            })
+            .await
+            .unwrap()
+        }
+    };
+    acknowledged_over(100).await;
 
     let started = Instant::now();
     let bootstrap = format!("--bootstrap={}", cluster.bootstrap());
@@ -175,10 +191,9 @@ async fn a_broker_is_decommissioned_under_acks_all_load_and_nothing_is_lost() {
         assert_ne!(state.leader, retired);
     }
     let moved_in = started.elapsed();
-    tokio::time::sleep(Duration::from_millis(500)).await; // the producer goes on with the new leaders
+    acknowledged_over(100).await; // the producer goes on with the new leaders
     stop.store(true, Ordering::Relaxed);
     let (acknowledged, failed) = sending.await.unwrap();
-    assert!(acknowledged.len() >= 100, "the producer kept going: {} acknowledged, {failed} failed", acknowledged.len());
 
     let mut read = BTreeSet::new();
     for partition in 0..PARTITIONS {
