@@ -282,7 +282,8 @@ impl ReplicaManager {
         }
         if role == Role::Leader {
             // Replicas no longer assigned leave the ISR at once, through the leader's own
-            // ISR write (retried by the expiry task while another write is in flight).
+            // ISR write (while another write is in flight, that write proposes again
+            // once it is done).
             if let Some(isr) = partition.shrunk_isr(me, self.config.lag_time_max, Instant::now()) {
                 self.propose_isr(partition, isr);
             }
@@ -300,6 +301,8 @@ impl ReplicaManager {
     /// version are taken and the next check proposes again. One write per partition
     /// at a time; while it is in flight the high watermark also waits for the proposed
     /// members ([`ReplicaState::maximal_isr`](crate::partition::ReplicaState::maximal_isr)).
+    /// When the ISR it adopts names replicas no longer assigned (an expansion written
+    /// while a reassignment removed the replica), it writes again without them at once.
     pub(crate) fn propose_isr(&self, partition: &Arc<Partition>, isr: Vec<i32>) {
         let (leader_epoch, expected_version, controller_epoch) = {
             let mut s = partition.state();
@@ -311,48 +314,67 @@ impl ReplicaManager {
         };
         let (store, partition, me, shutdown) = (self.store.clone(), partition.clone(), self.broker_id, self.shutdown.clone());
         self.tasks.spawn(async move {
-            let path = paths::partition_state(&partition.tp.topic, partition.tp.partition);
-            let proposed = to_json(&PartitionState { leader: me, leader_epoch, isr: isr.clone(), controller_epoch });
-            // A store that stopped answering must not hold up the broker's shutdown.
-            let written = tokio::select! {
-                written = store.set(&path, &proposed, Some(expected_version)) => written,
-                () = shutdown.cancelled() => return,
-            };
-            // After a conflict, or a failure that may still have been written (a lost
-            // connection), the store's own state says which ISR holds.
-            let adopted = match written {
-                Ok(stat) => Some((isr, stat.version)),
-                Err(e) => {
-                    if !matches!(e, fjord_coord::Error::BadVersion { .. }) {
-                        tracing::warn!(tp = %partition.tp, error = %e, "writing the ISR failed; reading back what the store holds");
-                    }
-                    match read_json::<PartitionState>(&*store, &path).await {
-                        Ok(Some((current, stat))) if current.leader == me && current.leader_epoch == leader_epoch => {
-                            tracing::info!(tp = %partition.tp, isr = ?current.isr, "re-read the partition state");
-                            Some((current.isr, stat.version))
+            let (mut isr, mut expected_version, mut controller_epoch) = (isr, expected_version, controller_epoch);
+            loop {
+                let path = paths::partition_state(&partition.tp.topic, partition.tp.partition);
+                let proposed = to_json(&PartitionState { leader: me, leader_epoch, isr: isr.clone(), controller_epoch });
+                // A store that stopped answering must not hold up the broker's shutdown.
+                let written = tokio::select! {
+                    written = store.set(&path, &proposed, Some(expected_version)) => written,
+                    () = shutdown.cancelled() => return,
+                };
+                // After a conflict, or a failure that may still have been written (a lost
+                // connection), the store's own state says which ISR holds.
+                let adopted = match written {
+                    Ok(stat) => Some((isr, stat.version)),
+                    Err(e) => {
+                        if !matches!(e, fjord_coord::Error::BadVersion { .. }) {
+                            tracing::warn!(tp = %partition.tp, error = %e, "writing the ISR failed; reading back what the store holds");
                         }
-                        Ok(_) => None, // a new leader or epoch: the next applied state says what we are
-                        Err(e) => {
-                            tracing::warn!(tp = %partition.tp, error = %e, "re-reading the partition state failed; retried at the next change");
-                            None
+                        match read_json::<PartitionState>(&*store, &path).await {
+                            Ok(Some((current, stat))) if current.leader == me && current.leader_epoch == leader_epoch => {
+                                tracing::info!(tp = %partition.tp, isr = ?current.isr, "re-read the partition state");
+                                Some((current.isr, stat.version))
+                            }
+                            Ok(_) => None, // a new leader or epoch: the next applied state says what we are
+                            Err(e) => {
+                                tracing::warn!(tp = %partition.tp, error = %e, "re-reading the partition state failed; retried at the next change");
+                                None
+                            }
                         }
                     }
-                }
-            };
-            {
-                let mut s = partition.state();
-                s.isr_in_flight = None;
-                if let Some((isr, version)) = adopted {
-                    if s.role == Role::Leader && s.leader_epoch == leader_epoch && version > s.state_version {
-                        tracing::info!(tp = %partition.tp, from = ?s.isr, to = ?isr, leader_epoch, "ISR changed");
-                        s.isr = isr;
-                        s.state_version = version;
+                };
+                let again = {
+                    let mut s = partition.state();
+                    s.isr_in_flight = None;
+                    let mut adopted_now = false;
+                    if let Some((isr, version)) = adopted {
+                        if s.role == Role::Leader && s.leader_epoch == leader_epoch && version > s.state_version {
+                            adopted_now = true;
+                            tracing::info!(tp = %partition.tp, from = ?s.isr, to = ?isr, leader_epoch, "ISR changed");
+                            s.isr = isr;
+                            s.state_version = version;
+                        }
                     }
+                    // Nothing else would write again before the expiry task's next
+                    // pass, replica.lag.time.max.ms / 2 away. Only after a write that
+                    // took: a failing store is left to that pass, not retried hot.
+                    let unassigned = leader::unassigned_isr_members(me, &s.isr, &s.replicas);
+                    let again = adopted_now && !unassigned.is_empty();
+                    again.then(|| {
+                        let next: Vec<i32> = s.isr.iter().copied().filter(|r| !unassigned.contains(r)).collect();
+                        s.isr_in_flight = Some(next.clone());
+                        (next, s.state_version, s.controller_epoch)
+                    })
+                };
+                // A smaller ISR may let the high watermark move; acks=all waits re-check the ISR.
+                if !partition.maybe_advance_high_watermark() {
+                    partition.notify_changed();
                 }
-            }
-            // A smaller ISR may let the high watermark move; acks=all waits re-check the ISR.
-            if !partition.maybe_advance_high_watermark() {
-                partition.notify_changed();
+                match again {
+                    Some(next) => (isr, expected_version, controller_epoch) = next,
+                    None => return,
+                }
             }
         });
     }
@@ -494,6 +516,43 @@ mod tests {
         assert_eq!(partition.state().isr_in_flight, Some(vec![1, 3]), "the shrink is being written");
         assert!(!partition.state().followers.contains_key(&2));
         assert_eq!(partition.record_follower_fetch(2, 1, Instant::now()), None, "2's fetches no longer count");
+        manager.shutdown().await;
+    }
+
+    /// An ISR expansion written while a reassignment removed the joining replica (the
+    /// issue #22 race: the controller's state write, then the leader re-adds the caught-up
+    /// old replica, then the assignment drops it) does not keep it in the ISR until the
+    /// expiry task's next pass (15 s by default): the write, once done, removes it.
+    #[tokio::test]
+    async fn an_expansion_that_lands_after_the_replica_was_unassigned_is_undone_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
+        let path = paths::partition_state("t", 0);
+        fjord_coord::create_all(&*store, &path, &to_json(&state(1, 0, &[1, 2])), fjord_coord::CreateMode::Persistent)
+            .await
+            .unwrap();
+        let manager = ReplicaManager::new(1, store.clone(), ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
+        let tp = TopicPartition::new("t", 0);
+        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
+        let partition = manager.add_partition(&tp, log.clone());
+        manager.apply(&tp, &[1, 2, 3], &state(1, 0, &[1, 2]), 0);
+        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        partition.record_follower_fetch(2, 1, Instant::now());
+        manager.follower_fetched(&partition, 3, 0);
+        manager.follower_fetched(&partition, 3, 1); // 3 caught up: [1, 2, 3] is being written
+        assert_eq!(partition.state().isr_in_flight, Some(vec![1, 2, 3]));
+        manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0); // 3 unassigned meanwhile
+
+        let isr = async {
+            loop {
+                let (current, _) = read_json::<PartitionState>(&*store, &path).await.unwrap().unwrap();
+                if current.isr == [1, 2] && partition.state().isr == [1, 2] && partition.state().isr_in_flight.is_none() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), isr).await.expect("3 leaves the ISR without waiting for the expiry");
         manager.shutdown().await;
     }
 
