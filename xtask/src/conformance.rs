@@ -14,13 +14,18 @@
 //! - Each test runs alone (`TESTS=NNNN`) with a timeout. The table shows test, result
 //!   (`pass`, `FAIL`, or `skip` when the runner itself skipped every variant, e.g. one
 //!   for the other scenario), time and the first failing assertion. Each run has its own
-//!   directory, `target/conformance/runs/{dev|cluster}-SCENARIO[-idempotent][-selected]/`
+//!   directory, `target/conformance/runs/{dev|cluster}-SCENARIO[-sasl_ssl][-idempotent][-selected]/`
 //!   (`-selected` for a `--tests` run), with the
 //!   table in `report.md`, each test's output in `logs/` and the brokers' logs, so runs
 //!   of different modes can go on side by side.
 //! - `xtask/conformance.txt` says what each test is expected to do: `pass`, or
 //!   `known-fail` with the issue or reason. The run fails when a `pass` test fails, and
 //!   when a `known-fail` test passes (so the file is updated and stays true).
+//! - `--security sasl_ssl` runs the tests that need the suite's security scenario (TLS
+//!   and SASL: 0097, 0135, 0142; marked `sasl_ssl` in the file) over a SASL_SSL
+//!   listener that each broker has beside its PLAINTEXT one, as a SCRAM user created
+//!   before the brokers start, with a CA and certificates made for the run
+//!   ([`TlsFixtures`]). `--all` runs them too, in a second run after the plaintext one.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -53,13 +58,16 @@ const BUILD_PACKAGES: &[(&str, &str)] = &[
     // The suite checks statistics JSON with RapidJSON; without it 0053, 0098, 0101 and
     // 0110 skip themselves.
     ("rapidjson-dev", "/usr/include/rapidjson/schema.h"),
+    // TLS for the `sasl_ssl` scenario's tests (0097, 0135, 0142).
+    ("libssl-dev", "/usr/include/openssl/ssl.h"),
 ];
-/// `./configure`'s flags. No TLS, SASL/GSSAPI or OIDC: the tests that need them are
-/// known-fail until security lands; lz4 is librdkafka's bundled copy.
-const CONFIGURE_FLAGS: &[&str] = &["--disable-ssl", "--disable-gssapi", "--disable-curl", "--disable-lz4-ext"];
+/// `./configure`'s flags. With OpenSSL (SSL listeners, SCRAM's hashes), without
+/// SASL/GSSAPI (Kerberos) or OIDC, which Fjord does not offer; lz4 is librdkafka's
+/// bundled copy.
+const CONFIGURE_FLAGS: &[&str] = &["--disable-gssapi", "--disable-curl", "--disable-lz4-ext"];
 /// Written into a finished build; a tree built from other packages or flags (one from
-/// before RapidJSON was added) is built again.
-const BUILD_KEY: &str = "configure --disable-ssl --disable-gssapi --disable-curl --disable-lz4-ext; with rapidjson-dev\n";
+/// before RapidJSON or OpenSSL was added) is built again.
+const BUILD_KEY: &str = "configure --disable-gssapi --disable-curl --disable-lz4-ext; with rapidjson-dev libssl-dev\n";
 
 /// What one test is expected to do, from `xtask/conformance.txt`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,20 +95,46 @@ impl Expected {
     }
 }
 
+/// How the tests' clients reach the brokers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Security {
+    /// PLAINTEXT, no authentication: every test but the security scenario's.
+    Plaintext,
+    /// The suite's security scenario: a SASL_SSL listener (TLS, SCRAM-SHA-256).
+    SaslSsl,
+}
+
+impl Security {
+    fn parse(name: &str) -> Option<Self> {
+        match name {
+            "plaintext" => Some(Self::Plaintext),
+            "sasl_ssl" => Some(Self::SaslSsl),
+            _ => None,
+        }
+    }
+}
+
 struct Options {
     tests: Option<Vec<String>>,
     all: bool,
     scenario: String,
     idempotent: bool,
     cluster: bool,
+    /// `--security`; without it, `--all` runs both (the plaintext run first).
+    security: Option<Security>,
 }
 
 impl Options {
+    fn security(&self) -> Security {
+        self.security.unwrap_or(Security::Plaintext)
+    }
+
     fn describe(&self) -> String {
         format!(
-            "{}, scenario {}{}",
+            "{}, scenario {}{}{}",
             if self.cluster { "3 fjord brokers on ZooKeeper" } else { "fjord dev" },
             self.scenario,
+            if self.security() == Security::SaslSsl { ", over SASL_SSL (SCRAM-SHA-256)" } else { "" },
             if self.idempotent { ", idempotent producer (-P)" } else { "" }
         )
     }
@@ -109,12 +143,24 @@ impl Options {
     /// its own, so it can go on beside a full run of the same mode.
     fn run_name(&self) -> String {
         format!(
-            "{}-{}{}{}",
+            "{}-{}{}{}{}",
             if self.cluster { "cluster" } else { "dev" },
             self.scenario,
+            if self.security() == Security::SaslSsl { "-sasl_ssl" } else { "" },
             if self.idempotent { "-idempotent" } else { "" },
             if self.tests.is_some() { "-selected" } else { "" }
         )
+    }
+
+    /// The runs this invocation makes: one, or with `--all` and no `--security` the
+    /// plaintext run and then the security scenario's (whose tests are all the default
+    /// scenario's: under `noautocreate` the runner would skip every one).
+    fn runs(self) -> Vec<Options> {
+        if !(self.all && self.security.is_none() && self.scenario == "default") {
+            return vec![self];
+        }
+        let with = |security| Options { security: Some(security), scenario: self.scenario.clone(), tests: None, ..self };
+        vec![with(Security::Plaintext), with(Security::SaslSsl)]
     }
 }
 
@@ -140,33 +186,65 @@ pub(crate) fn conformance(args: &[String]) -> Result<()> {
     let options = parse(args)?;
     let root = root();
     let expectations = read_expectations(&root.join("xtask/conformance.txt"))?;
-    let tests: Vec<String> = match (&options.tests, options.all) {
-        (Some(tests), _) => tests.clone(),
-        (None, true) => expectations.keys().cloned().collect(),
-        (None, false) => core(&expectations, options.cluster),
-    };
     let suite = build_suite(&root)?;
     run(cargo(&root).args(["build", "-p", "fjord"])).context("building fjord")?;
+    let mut surprises = Vec::new();
+    for options in options.runs() {
+        surprises.extend(run_tests(&root, &suite, &expectations, &options)?);
+    }
+    if !surprises.is_empty() {
+        bail!("{} test(s) did not do what xtask/conformance.txt expects:\n{}", surprises.len(), surprises.join("\n"));
+    }
+    Ok(())
+}
+
+/// The tests one run takes: those named, or all of the run's security, or its core set
+/// (the security scenario has no core set: all of its tests).
+fn selected(expectations: &BTreeMap<String, Expectation>, options: &Options) -> Vec<String> {
+    let security = options.security();
+    match &options.tests {
+        Some(tests) => tests.clone(),
+        None if options.all || security != Security::Plaintext => {
+            expectations.iter().filter(|(_, e)| e.security == security).map(|(t, _)| t.clone()).collect()
+        }
+        None => core(expectations, options.cluster),
+    }
+}
+
+/// One run: brokers for it, its tests, the table; the tests that surprised.
+fn run_tests(root: &Path, suite: &Path, expectations: &BTreeMap<String, Expectation>, options: &Options) -> Result<Vec<String>> {
+    let tests = selected(expectations, options);
     let work = root.join("target/conformance/runs").join(options.run_name());
     let logs = work.join("logs");
     if logs.exists() {
         fs::remove_dir_all(&logs)?;
     }
     fs::create_dir_all(&logs)?;
+    let security = match options.security() {
+        Security::Plaintext => None,
+        Security::SaslSsl => Some(TlsFixtures::make(&work.join("tls"))?),
+    };
     let brokers: Box<dyn Brokers> = if options.cluster {
-        Box::new(ClusterBrokers::start(&root, &work, &options.scenario)?)
+        Box::new(ClusterBrokers::start(root, &work, &options.scenario, security.as_ref())?)
     } else {
-        Box::new(DevBroker::start(&root, &work, &options.scenario)?)
+        Box::new(DevBroker::start(root, &work, &options.scenario, security.as_ref())?)
     };
     let bootstrap = brokers.bootstrap().to_owned();
     let conf = work.join("test.conf");
-    fs::write(&conf, format!("bootstrap.servers={bootstrap}\n"))?;
-    let kafka_path = kafka_shims(&root, &work)?;
+    let mut test_env = Vec::new();
+    match &security {
+        None => fs::write(&conf, format!("bootstrap.servers={bootstrap}\n"))?,
+        Some(tls) => {
+            fs::write(&conf, tls.client_conf(brokers.sasl_ssl_bootstrap()))?;
+            test_env = tls.test_env();
+        }
+    }
+    let kafka_path = kafka_shims(root, &work)?;
     let mut outcomes = Vec::new();
     for test in &tests {
-        let env = Env { conf: &conf, kafka_path: &kafka_path, bootstrap: &bootstrap };
+        let env = Env { conf: &conf, kafka_path: &kafka_path, bootstrap: &bootstrap, extra: &test_env };
         let timeout = expectations.get(test).map_or(TEST_TIMEOUT, |e| e.timeout);
-        let outcome = run_one(&suite, &env, test, timeout, &options, &logs)?;
+        let outcome = run_one(suite, &env, test, timeout, options, &logs)?;
         eprintln!(
             "conformance ({}): {} {} in {:.0} s {}",
             options.run_name(),
@@ -182,19 +260,17 @@ pub(crate) fn conformance(args: &[String]) -> Result<()> {
         outcomes.push(outcome);
     }
     drop(brokers);
-    let (mut table, surprises) = report(&outcomes, &expectations, options.cluster);
+    let (mut table, surprises) = report(&outcomes, expectations, options.cluster);
     table.insert_str(0, &format!("librdkafka {RDKAFKA_SYS} tests against {}\n\n", options.describe()));
     println!("{table}");
     fs::write(work.join("report.md"), &table)?;
     eprintln!("conformance: the table is in {}", work.join("report.md").display());
-    if !surprises.is_empty() {
-        bail!("{} test(s) did not do what xtask/conformance.txt expects:\n{}", surprises.len(), surprises.join("\n"));
-    }
-    Ok(())
+    Ok(surprises)
 }
 
 fn parse(args: &[String]) -> Result<Options> {
-    let mut options = Options { tests: None, all: false, scenario: "default".into(), idempotent: false, cluster: false };
+    let mut options =
+        Options { tests: None, all: false, scenario: "default".into(), idempotent: false, cluster: false, security: None };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -212,8 +288,13 @@ fn parse(args: &[String]) -> Result<Options> {
             }
             "--idempotent" => options.idempotent = true,
             "--cluster" => options.cluster = true,
+            "--security" => {
+                let name = args.next().context("--security needs plaintext or sasl_ssl")?;
+                options.security =
+                    Some(Security::parse(name).with_context(|| format!("--security is plaintext or sasl_ssl, not {name}"))?);
+            }
             other => bail!(
-                "unknown argument {other}\nusage: cargo xtask conformance [--tests 0001,0011,...] [--all] [--scenario default|noautocreate] [--idempotent] [--cluster]"
+                "unknown argument {other}\nusage: cargo xtask conformance [--tests 0001,0011,...] [--all] [--scenario default|noautocreate] [--security plaintext|sasl_ssl] [--idempotent] [--cluster]"
             ),
         }
     }
@@ -229,6 +310,9 @@ struct Expectation {
     /// How long the test may take: [`TEST_TIMEOUT`] unless the line says `timeout=SECONDS`
     /// (a test the suite itself runs for many minutes).
     timeout: Duration,
+    /// The run it belongs to: [`Security::SaslSsl`] when the line says `sasl_ssl` after
+    /// the test (the runner skips it without the security scenario).
+    security: Security,
 }
 
 /// Which core sets a test is in.
@@ -242,8 +326,9 @@ enum Core {
     Dev,
 }
 
-/// `xtask/conformance.txt`: `NNNN pass [core|core-dev] [timeout=SECONDS]`, `NNNN known-fail
-/// REASON`, `NNNN cluster-only REASON` or `NNNN skip REASON`, `#` comments.
+/// `xtask/conformance.txt`: `NNNN [sasl_ssl] pass [core|core-dev] [timeout=SECONDS]`,
+/// `NNNN [sasl_ssl] known-fail REASON`, `... cluster-only REASON` or `... skip REASON`,
+/// `#` comments.
 fn read_expectations(path: &Path) -> Result<BTreeMap<String, Expectation>> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = BTreeMap::new();
@@ -252,21 +337,25 @@ fn read_expectations(path: &Path) -> Result<BTreeMap<String, Expectation>> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let mut words = line.splitn(3, ' ');
-        let (Some(test), Some(verdict)) = (words.next(), words.next()) else {
-            bail!("{}:{}: expected `NNNN pass|known-fail ...`", path.display(), n + 1);
-        };
-        let rest = words.next().unwrap_or_default().trim();
         let wrong = || {
             anyhow::anyhow!(
-                "{}:{}: `pass [core|core-dev] [timeout=SECONDS]`, `known-fail REASON`, `cluster-only REASON` or `skip REASON`, not {line:?}",
+                "{}:{}: `NNNN [sasl_ssl] pass [core|core-dev] [timeout=SECONDS]`, `known-fail REASON`, `cluster-only REASON` or `skip REASON`, not {line:?}",
                 path.display(),
                 n + 1
             )
         };
+        let (test, rest) = line.split_once(' ').ok_or_else(wrong)?;
+        let (security, rest) = match rest.trim_start().split_once(' ') {
+            Some(("sasl_ssl", rest)) => (Security::SaslSsl, rest.trim_start()),
+            _ if rest.trim() == "sasl_ssl" => return Err(wrong()),
+            _ => (Security::Plaintext, rest.trim_start()),
+        };
+        let (verdict, rest) = rest.split_once(' ').unwrap_or((rest, ""));
+        let rest = rest.trim();
+        let with = |expected| Expectation { expected, core: Core::No, timeout: TEST_TIMEOUT, security };
         let entry = match verdict {
             "pass" => {
-                let mut entry = Expectation { expected: Expected::Pass, core: Core::No, timeout: TEST_TIMEOUT };
+                let mut entry = with(Expected::Pass);
                 for word in rest.split_whitespace() {
                     match word.strip_prefix("timeout=") {
                         None if word == "core" => entry.core = Core::Both,
@@ -275,17 +364,15 @@ fn read_expectations(path: &Path) -> Result<BTreeMap<String, Expectation>> {
                         None => return Err(wrong()),
                     }
                 }
+                if entry.core != Core::No && security != Security::Plaintext {
+                    // The core set is one plaintext run (CI's).
+                    return Err(wrong());
+                }
                 entry
             }
-            "known-fail" if !rest.is_empty() => {
-                Expectation { expected: Expected::KnownFail(rest.to_owned()), core: Core::No, timeout: TEST_TIMEOUT }
-            }
-            "skip" if !rest.is_empty() => {
-                Expectation { expected: Expected::Skip(rest.to_owned()), core: Core::No, timeout: TEST_TIMEOUT }
-            }
-            "cluster-only" if !rest.is_empty() => {
-                Expectation { expected: Expected::ClusterOnly(rest.to_owned()), core: Core::No, timeout: TEST_TIMEOUT }
-            }
+            "known-fail" if !rest.is_empty() => with(Expected::KnownFail(rest.to_owned())),
+            "skip" if !rest.is_empty() => with(Expected::Skip(rest.to_owned())),
+            "cluster-only" if !rest.is_empty() => with(Expected::ClusterOnly(rest.to_owned())),
             _ => return Err(wrong()),
         };
         out.insert(test.to_owned(), entry);
@@ -375,7 +462,11 @@ fn build_suite(root: &Path) -> Result<PathBuf> {
 
 /// What the tests run against, stopped when dropped.
 trait Brokers {
+    /// The PLAINTEXT listeners (the `kafka-topics.sh` stand-in's, and the tests' in a
+    /// plaintext run).
     fn bootstrap(&self) -> &str;
+    /// The SASL_SSL listeners, when the brokers were started with [`TlsFixtures`].
+    fn sasl_ssl_bootstrap(&self) -> &str;
 }
 
 /// A free port on loopback (bound and released; the broker binds it right after).
@@ -387,20 +478,33 @@ fn free_port() -> Result<u16> {
 struct DevBroker {
     child: Child,
     bootstrap: String,
+    sasl_ssl_bootstrap: String,
     _data: TempDir,
 }
 
 impl DevBroker {
-    fn start(root: &Path, work: &Path, scenario: &str) -> Result<Self> {
+    fn start(root: &Path, work: &Path, scenario: &str, security: Option<&TlsFixtures>) -> Result<Self> {
         let data = TempDir::new(work.join("data"))?;
         let port = free_port;
         let (broker, registry, http, grpc, metrics) = (port()?, port()?, port()?, port()?, port()?);
+        let plaintext = format!("127.0.0.1:{broker}");
+        let mut settings = vec![("listeners".to_owned(), format!("PLAINTEXT://{plaintext}"))];
+        let mut sasl_ssl_bootstrap = String::new();
+        if let Some(tls) = security {
+            // The user goes into the embedded store before the broker opens it.
+            add_scram_user(root, &["--data-dir".as_ref(), data.0.as_os_str()])?;
+            sasl_ssl_bootstrap = format!("127.0.0.1:{}", port()?);
+            settings = tls.broker_settings(&plaintext, &sasl_ssl_bootstrap);
+        }
         let log = fs::File::create(work.join("fjord-dev.log"))?;
-        let child = Command::new(root.join("target/debug/fjord"))
+        let mut command = Command::new(root.join("target/debug/fjord"));
+        for (key, value) in &settings {
+            command.env(format!("FJORD_{}", key.to_ascii_uppercase().replace('.', "_")), value);
+        }
+        let child = command
             .arg("dev")
             .arg("--data-dir")
             .arg(&data.0)
-            .env("FJORD_LISTENERS", format!("PLAINTEXT://127.0.0.1:{broker}"))
             .env("FJORD_DEV_REGISTRY", format!("127.0.0.1:{registry}"))
             .env("FJORD_DEV_HTTP", format!("127.0.0.1:{http}"))
             .env("FJORD_DEV_GRPC", format!("127.0.0.1:{grpc}"))
@@ -417,8 +521,7 @@ impl DevBroker {
             .stderr(log)
             .spawn()
             .context("starting fjord dev")?;
-        let bootstrap = format!("127.0.0.1:{broker}");
-        let mut dev = Self { child, bootstrap, _data: data };
+        let mut dev = Self { child, bootstrap: plaintext, sasl_ssl_bootstrap, _data: data };
         let deadline = Instant::now() + Duration::from_secs(60);
         while TcpStream::connect(&dev.bootstrap).is_err() {
             if let Some(status) = dev.child.try_wait()? {
@@ -436,6 +539,10 @@ impl DevBroker {
 impl Brokers for DevBroker {
     fn bootstrap(&self) -> &str {
         &self.bootstrap
+    }
+
+    fn sasl_ssl_bootstrap(&self) -> &str {
+        &self.sasl_ssl_bootstrap
     }
 }
 
@@ -471,11 +578,12 @@ struct ClusterBrokers {
     zookeeper: Child,
     brokers: Vec<Child>,
     bootstrap: String,
+    sasl_ssl_bootstrap: String,
     _data: TempDir,
 }
 
 impl ClusterBrokers {
-    fn start(root: &Path, work: &Path, scenario: &str) -> Result<Self> {
+    fn start(root: &Path, work: &Path, scenario: &str, security: Option<&TlsFixtures>) -> Result<Self> {
         if !Path::new("/usr/share/java/zookeeper.jar").exists() {
             bail!("ZooKeeper is not installed: `cargo xtask provision` installs Debian's zookeeper package");
         }
@@ -499,17 +607,33 @@ impl ClusterBrokers {
             .stderr(zk_log)
             .spawn()
             .context("starting ZooKeeper (java)")?;
-        let mut cluster = Self { zookeeper, brokers: Vec::new(), bootstrap: String::new(), _data: data };
+        let mut cluster =
+            Self { zookeeper, brokers: Vec::new(), bootstrap: String::new(), sasl_ssl_bootstrap: String::new(), _data: data };
         wait_zookeeper(zk_port, &mut cluster.zookeeper, &work.join("zookeeper.log"))?;
+        let zookeeper_connect = format!("127.0.0.1:{zk_port}/fjord");
+        if security.is_some() {
+            add_scram_user(root, &["--zookeeper".as_ref(), zookeeper_connect.as_ref()])?;
+        }
         let mut addresses = Vec::new();
+        let mut sasl_ssl_addresses = Vec::new();
         for id in 1..=CLUSTER_BROKERS {
             let addr = format!("127.0.0.1:{}", free_port()?);
+            let listeners = match security {
+                None => vec![("listeners".to_owned(), format!("PLAINTEXT://{addr}"))],
+                Some(tls) => {
+                    let sasl_ssl = format!("127.0.0.1:{}", free_port()?);
+                    let settings = tls.broker_settings(&addr, &sasl_ssl);
+                    sasl_ssl_addresses.push(sasl_ssl);
+                    settings
+                }
+            };
+            let listeners: String = listeners.iter().map(|(k, v)| format!("{k:?} = {v:?}\n")).collect();
             let config = cluster._data.0.join(format!("broker-{id}.toml"));
             fs::write(
                 &config,
                 format!(
-                    "\"broker.id\" = {id}\n\"listeners\" = \"PLAINTEXT://{addr}\"\n\
-                     \"zookeeper.connect\" = \"127.0.0.1:{zk_port}/fjord\"\n\
+                    "\"broker.id\" = {id}\n{listeners}\
+                     \"zookeeper.connect\" = \"{zookeeper_connect}\"\n\
                      \"num.partitions\" = 4\n\"default.replication.factor\" = 3\n\"min.insync.replicas\" = 1\n\
                      \"log.min.segment.bytes\" = {MIN_SEGMENT_BYTES}\n\
                      \"authorizer.enable\" = true\n\"allow.everyone.if.no.acl.found\" = true\n\
@@ -537,6 +661,7 @@ impl ClusterBrokers {
             wait_listening(addr, &mut cluster.brokers[i], &format!("broker {}", i + 1), log)?;
         }
         cluster.bootstrap = addresses.iter().map(|(a, _)| a.as_str()).collect::<Vec<_>>().join(",");
+        cluster.sasl_ssl_bootstrap = sasl_ssl_addresses.join(",");
         // A broker listens only once it has registered; wait until the first one's
         // metadata lists all three, so no test starts against a partial cluster.
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -555,6 +680,10 @@ impl ClusterBrokers {
 impl Brokers for ClusterBrokers {
     fn bootstrap(&self) -> &str {
         &self.bootstrap
+    }
+
+    fn sasl_ssl_bootstrap(&self) -> &str {
+        &self.sasl_ssl_bootstrap
     }
 }
 
@@ -650,11 +779,186 @@ impl Drop for TempDir {
     }
 }
 
+/// The security scenario's SCRAM user, created before the brokers start.
+const SCRAM_USER: &str = "conformance";
+const SCRAM_PASSWORD: &str = "conformance-secret";
+/// The password of the client's PKCS#12 keystore (`ssl.key.password`).
+const CLIENT_KEYSTORE_PASSWORD: &str = "conformance-keystore";
+
+/// `fjord users add` of [`SCRAM_USER`] (both SCRAM mechanisms; PLAIN checks the same
+/// credential), on the store `store_args` name (`--data-dir D` or `--zookeeper Z`).
+fn add_scram_user(root: &Path, store_args: &[&std::ffi::OsStr]) -> Result<()> {
+    use std::io::Write;
+    let mut child = Command::new(root.join("target/debug/fjord"))
+        .args(["users", "add", SCRAM_USER, "--mechanism", "SCRAM-SHA-256", "--mechanism", "SCRAM-SHA-512", "--password-stdin"])
+        .args(store_args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting fjord users add")?;
+    child.stdin.take().expect("piped").write_all(format!("{SCRAM_PASSWORD}\n").as_bytes())?;
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("fjord users add {SCRAM_USER} failed ({status})");
+    }
+    Ok(())
+}
+
+/// The files of the security scenario, made with `openssl` for one run in `dir`: a CA,
+/// the brokers' certificate for 127.0.0.1 signed by it, and a client key and certificate
+/// in the encodings 0097 loads them in (PEM, DER, PKCS#12 with the CA), where the suite's
+/// own cluster tool (trivup) puts them too. The listeners ask for no client certificate:
+/// on SASL_SSL, SASL says who the client is.
+struct TlsFixtures {
+    dir: PathBuf,
+}
+
+impl TlsFixtures {
+    fn make(dir: &Path) -> Result<Self> {
+        if dir.exists() {
+            fs::remove_dir_all(dir)?;
+        }
+        fs::create_dir_all(dir)?;
+        let openssl = |args: &[&str]| -> Result<()> {
+            let output =
+                Command::new("openssl").args(args).current_dir(dir).stdin(Stdio::null()).output().context("running openssl")?;
+            if !output.status.success() {
+                bail!("openssl {} failed: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim());
+            }
+            Ok(())
+        };
+        let ec_key = |name: &str| openssl(&["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", name]);
+        ec_key("ca.key")?;
+        openssl(&[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=fjord conformance CA",
+            "-days",
+            "30",
+            "-out",
+            "ca.pem",
+        ])?;
+        // Each certificate: a request, signed by the CA with the extensions in a file
+        // (a leaf, with the names librdkafka checks the broker's against).
+        let sign = |name: &str, subject: &str, extensions: &str| -> Result<()> {
+            ec_key(&format!("{name}.key"))?;
+            openssl(&["req", "-new", "-key", &format!("{name}.key"), "-subj", subject, "-out", &format!("{name}.csr")])?;
+            fs::write(dir.join(format!("{name}.ext")), extensions)?;
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "30",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
+                &format!("{name}.pem"),
+            ])
+        };
+        sign(
+            "server",
+            "/CN=localhost",
+            "basicConstraints=critical,CA:FALSE\nsubjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+        )?;
+        sign("client", &format!("/CN={SCRAM_USER}"), "basicConstraints=critical,CA:FALSE\nextendedKeyUsage=clientAuth\n")?;
+        // The broker's keystore: its key and certificate in one PEM file.
+        let keystore = [fs::read(dir.join("server.key"))?, fs::read(dir.join("server.pem"))?].concat();
+        fs::write(dir.join("server-keystore.pem"), keystore)?;
+        openssl(&["x509", "-in", "client.pem", "-outform", "DER", "-out", "client.der"])?;
+        openssl(&["pkey", "-in", "client.key", "-outform", "DER", "-out", "client.key.der"])?;
+        openssl(&["x509", "-in", "ca.pem", "-outform", "DER", "-out", "ca.der"])?;
+        let password = format!("pass:{CLIENT_KEYSTORE_PASSWORD}");
+        openssl(&[
+            "pkcs12",
+            "-export",
+            "-in",
+            "client.pem",
+            "-inkey",
+            "client.key",
+            "-certfile",
+            "ca.pem",
+            "-passout",
+            &password,
+            "-out",
+            "client.p12",
+        ])?;
+        Ok(Self { dir: dir.to_owned() })
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    /// A broker's keys for a PLAINTEXT listener at `plaintext` (the brokers' own
+    /// traffic, the topic tool stand-in's) and a SASL_SSL one at `sasl_ssl`.
+    fn broker_settings(&self, plaintext: &str, sasl_ssl: &str) -> Vec<(String, String)> {
+        [
+            ("listeners", format!("PLAINTEXT://{plaintext},SASL_SSL://{sasl_ssl}")),
+            ("inter.broker.listener.name", "PLAINTEXT".into()),
+            ("ssl.keystore.type", "PEM".into()),
+            ("ssl.keystore.location", self.path("server-keystore.pem")),
+            ("ssl.truststore.location", self.path("ca.pem")),
+            ("ssl.client.auth", "none".into()),
+            ("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
+    /// The tests' `test.conf`: every client of every test connects over SASL_SSL as
+    /// [`SCRAM_USER`], trusting the CA, with the client key and certificate set (0097
+    /// swaps them for other encodings and other keys).
+    fn client_conf(&self, bootstrap: &str) -> String {
+        format!(
+            "bootstrap.servers={bootstrap}\nsecurity.protocol=SASL_SSL\nsasl.mechanisms=SCRAM-SHA-256\n\
+             sasl.username={SCRAM_USER}\nsasl.password={SCRAM_PASSWORD}\nssl.ca.location={}\n\
+             ssl.certificate.location={}\nssl.key.location={}\nssl.key.password={CLIENT_KEYSTORE_PASSWORD}\n",
+            self.path("ca.pem"),
+            self.path("client.pem"),
+            self.path("client.key"),
+        )
+    }
+
+    /// The `SSL_*` variables 0097 reads (as trivup sets them): the client's keystore
+    /// and its password, its certificate, key and CA in each encoding, and the client
+    /// authentication the listeners ask for.
+    fn test_env(&self) -> Vec<(String, String)> {
+        [
+            ("SSL_pkcs", self.path("client.p12")),
+            ("SSL_password", CLIENT_KEYSTORE_PASSWORD.to_owned()),
+            ("SSL_pub_der", self.path("client.der")),
+            ("SSL_pub_pem", self.path("client.pem")),
+            ("SSL_priv_der", self.path("client.key.der")),
+            ("SSL_priv_pem", self.path("client.key")),
+            ("SSL_ca_der", self.path("ca.der")),
+            ("SSL_all_cas_pem", self.path("ca.pem")),
+            ("SSL_client_auth", "none".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+}
+
 /// What every test run is given.
 struct Env<'a> {
     conf: &'a Path,
     kafka_path: &'a Path,
     bootstrap: &'a str,
+    /// The security scenario's `SSL_*` variables ([`TlsFixtures::test_env`]).
+    extra: &'a [(String, String)],
 }
 
 /// Some tests call Kafka's `kafka-topics.sh` and `kafka-acls.sh` (found under
@@ -767,6 +1071,7 @@ fn run_one(suite: &Path, env: &Env<'_>, test: &str, timeout: Duration, options: 
         .env("RDKAFKA_TEST_CONF", env.conf)
         .env("KAFKA_PATH", env.kafka_path)
         .env("BROKERS", env.bootstrap)
+        .envs(env.extra.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -927,7 +1232,34 @@ mod tests {
     #[test]
     fn the_build_key_names_the_configure_flags_and_packages() {
         assert!(BUILD_KEY.contains(&CONFIGURE_FLAGS.join(" ")), "change BUILD_KEY with the flags, so old trees are rebuilt");
-        assert!(BUILD_PACKAGES.iter().any(|(p, _)| BUILD_KEY.contains(p) || !p.contains("rapidjson")));
+        // Packages added after the first build change what configure finds.
+        for package in ["rapidjson-dev", "libssl-dev"] {
+            assert!(BUILD_PACKAGES.iter().any(|(p, _)| *p == package));
+            assert!(BUILD_KEY.contains(package), "BUILD_KEY names {package}, so old trees are rebuilt");
+        }
+    }
+
+    #[test]
+    fn all_runs_the_security_scenario_after_the_plaintext_run() {
+        let options = |args: &[&str]| parse(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>()).unwrap();
+        let names = |args: &[&str]| options(args).runs().iter().map(Options::run_name).collect::<Vec<_>>();
+        assert_eq!(names(&["--all"]), ["dev-default", "dev-default-sasl_ssl"]);
+        assert_eq!(names(&["--all", "--cluster"]), ["cluster-default", "cluster-default-sasl_ssl"]);
+        assert_eq!(names(&["--all", "--security", "plaintext"]), ["dev-default"]);
+        assert_eq!(names(&["--all", "--scenario", "noautocreate"]), ["dev-noautocreate"], "the scenario's tests are default's");
+        assert_eq!(names(&["--security", "sasl_ssl", "--tests", "0097"]), ["dev-default-sasl_ssl-selected"]);
+        assert_eq!(names(&[]), ["dev-default"], "the core set is plaintext only");
+        assert!(parse(&["--security".to_string(), "ssl".to_string()]).is_err());
+
+        let line = |security| Expectation { expected: Expected::Pass, core: Core::No, timeout: TEST_TIMEOUT, security };
+        let mut expectations = BTreeMap::new();
+        expectations.insert("0001".to_string(), Expectation { core: Core::Both, ..line(Security::Plaintext) });
+        expectations.insert("0002".to_string(), line(Security::Plaintext));
+        expectations.insert("0135".to_string(), line(Security::SaslSsl));
+        let selected = |args: &[&str]| options(args).runs().iter().map(|o| selected(&expectations, o)).collect::<Vec<_>>();
+        assert_eq!(selected(&["--all"]), [vec!["0001", "0002"], vec!["0135"]]);
+        assert_eq!(selected(&[]), [vec!["0001"]]);
+        assert_eq!(selected(&["--security", "sasl_ssl"]), [vec!["0135"]]);
     }
 
     #[test]
@@ -955,14 +1287,24 @@ mod tests {
         )
             .unwrap();
         let read = read_expectations(&file).unwrap();
-        let pass = |core, secs| Expectation { expected: Expected::Pass, core, timeout: Duration::from_secs(secs) };
+        let pass = |core, secs| Expectation {
+            expected: Expected::Pass,
+            core,
+            timeout: Duration::from_secs(secs),
+            security: Security::Plaintext,
+        };
         assert_eq!(read["0001"], pass(Core::Both, 300));
         assert_eq!(read["0002"], pass(Core::No, 300));
         assert_eq!(read["0030"], pass(Core::Dev, 300));
         assert_eq!(read["0113"], pass(Core::No, 900));
         assert_eq!(
             read["0081"],
-            Expectation { expected: Expected::KnownFail("#22: CreatePartitions".into()), core: Core::No, timeout: TEST_TIMEOUT }
+            Expectation {
+                expected: Expected::KnownFail("#22: CreatePartitions".into()),
+                core: Core::No,
+                timeout: TEST_TIMEOUT,
+                security: Security::Plaintext,
+            }
         );
         assert_eq!(core(&read, false), vec!["0001".to_string(), "0030".to_string()]);
         assert_eq!(core(&read, true), vec!["0001".to_string()], "core-dev stays out of the three-broker run");
@@ -983,6 +1325,16 @@ mod tests {
         );
         fs::write(&file, "0003 pass timeout=long\n").unwrap();
         assert!(read_expectations(&file).is_err());
+        fs::write(&file, "0135 sasl_ssl pass\n0142 sasl_ssl skip no KIP-368\n0001 pass\n").unwrap();
+        let read = read_expectations(&file).unwrap();
+        assert_eq!(read["0135"].security, Security::SaslSsl);
+        assert_eq!(read["0135"].expected, Expected::Pass);
+        assert_eq!(read["0142"].expected, Expected::Skip("no KIP-368".into()));
+        assert_eq!(read["0001"].security, Security::Plaintext);
+        for bad in ["0135 sasl_ssl\n", "0135 sasl_ssl pass core\n", "0135 sasl_ssl known-fail\n"] {
+            fs::write(&file, bad).unwrap();
+            assert!(read_expectations(&file).is_err(), "{bad:?}");
+        }
         fs::write(&file, "0003 pass cor\n").unwrap();
         assert!(read_expectations(&file).is_err());
         fs::remove_dir_all(&dir).unwrap();
