@@ -10,7 +10,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -179,9 +179,9 @@ async fn a_partition_moves_under_acks_all_load_and_keeps_every_acknowledged_reco
     let config =
         ProducerConfig { client: client.clone(), acks: Acks::All, enable_idempotence: Some(true), ..ProducerConfig::default() };
     let producer = Arc::new(Producer::connect(config).await.unwrap());
-    let stop = Arc::new(AtomicBool::new(false));
+    let (stop, acked) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
     let sending = {
-        let (producer, stop) = (producer.clone(), stop.clone());
+        let (producer, stop, acked) = (producer.clone(), stop.clone(), acked.clone());
         tokio::spawn(async move {
             let (mut acknowledged, mut failed, mut next) = (Vec::new(), 0usize, 0usize);
             while !stop.load(Ordering::Relaxed) {
@@ -194,7 +194,10 @@ async fn a_partition_moves_under_acks_all_load_and_keeps_every_acknowledged_reco
                 }
                 for (value, ack) in acks {
                     match ack.await {
-                        Ok(_) => acknowledged.push(value),
+                        Ok(_) => {
+                            acknowledged.push(value);
+                            acked.fetch_add(1, Ordering::Relaxed);
+                        }
                         Err(_) => failed += 1,
                     }
                 }
@@ -202,14 +205,26 @@ async fn a_partition_moves_under_acks_all_load_and_keeps_every_acknowledged_reco
             (acknowledged, failed)
         })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Load established before the move, and kept up after it: each a hundred more
+    // acknowledged records (a fixed 500 ms gave 20 on a loaded machine).
+    let acknowledged_over = |n: usize| {
+        let (acked, from) = (acked.clone(), acked.load(Ordering::Relaxed));
+        async move {
+            wait_until(REACT, &format!("{n} more records acknowledged"), || async {
+                Ok((acked.load(Ordering::Relaxed) >= from + n).then_some(()))
+            })
+            .await
+            .unwrap()
+        }
+    };
+    acknowledged_over(100).await;
 
     run_python(MOVE_SCRIPT, &[&cluster.bootstrap(), TOPIC, "1,2,3"], Duration::from_secs(120)).await;
     wait_for_assignment(&cluster, TOPIC, &[1, 2, 3]).await;
     let after = cluster.wait_for_isr(TOPIC, 0, &[1, 2, 3], REACT).await.unwrap();
     assert_eq!(after.leader, 1, "leadership moved to the first target replica: {before:?} -> {after:?}");
     assert!(after.leader_epoch > before.leader_epoch);
-    tokio::time::sleep(Duration::from_millis(500)).await; // the producer goes on with the new leader
+    acknowledged_over(100).await; // the producer goes on with the new leader
     stop.store(true, Ordering::Relaxed);
     let (acknowledged, failed) = sending.await.unwrap();
     assert!(acknowledged.len() >= 100, "the producer kept going: {} acknowledged, {failed} failed", acknowledged.len());
