@@ -57,6 +57,11 @@ pub struct BrokerConfig {
     /// `connection.failed.authentication.delay.ms`: a failed authentication is answered
     /// this much later (then closed), to slow password guessing; default 100 ms.
     pub failed_authentication_delay: Duration,
+    /// `connections.max.reauth.ms` (KIP-368): a SASL session lasts this long after its
+    /// authentication; the client re-authenticates on the connection before then, or the
+    /// connection is closed at its next request. Zero (the default) means sessions do not
+    /// expire.
+    pub connections_max_reauth: Duration,
     /// `sasl.mechanism.inter.broker.protocol`: how replica fetchers authenticate on a SASL
     /// inter-broker listener; default SCRAM-SHA-256.
     pub sasl_inter_broker_mechanism: crate::sasl::Mechanism,
@@ -230,6 +235,7 @@ impl Default for BrokerConfig {
                 crate::sasl::Mechanism::Scram(fjord_auth::ScramMechanism::Sha512),
             ],
             failed_authentication_delay: Duration::from_millis(100),
+            connections_max_reauth: Duration::ZERO,
             sasl_inter_broker_mechanism: crate::sasl::Mechanism::Scram(fjord_auth::ScramMechanism::Sha256),
             inter_broker_sasl_username: None,
             inter_broker_sasl_password: None,
@@ -424,6 +430,7 @@ impl BrokerConfig {
                 self.sasl_enabled_mechanisms = crate::sasl::parse_mechanisms(value).map_err(|r| invalid(&r))?
             }
             "connection.failed.authentication.delay.ms" => self.failed_authentication_delay = millis()?,
+            "connections.max.reauth.ms" => self.connections_max_reauth = millis()?,
             "sasl.mechanism.inter.broker.protocol" => {
                 self.sasl_inter_broker_mechanism = crate::sasl::Mechanism::parse(value.trim())
                     .ok_or_else(|| invalid("expected SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN"))?

@@ -74,6 +74,9 @@ pub(crate) struct Session {
     pub(crate) mechanism: Option<Mechanism>,
     /// Set by a handler whose answer ends the connection (a failed authentication).
     pub(crate) close: bool,
+    /// When the SASL session ends (`connections.max.reauth.ms` after the last successful
+    /// authentication): after it, only a re-authentication is answered.
+    pub(crate) session_expiry: Option<Instant>,
 }
 
 impl Session {
@@ -88,6 +91,7 @@ impl Session {
             sasl: SaslState::default(),
             mechanism: None,
             close: false,
+            session_expiry: None,
         }
     }
 }
@@ -203,6 +207,7 @@ where
             broker.metrics.malformed();
             tracing::warn!(%peer, %listener, error = %e, "closing connection after bad request")
         }
+        Err(e @ Error::SessionExpired { .. }) => tracing::debug!(%peer, %listener, error = %e, "connection closed"),
         Err(e @ Error::ConnectionIdle { .. }) => {
             broker.metrics.connection_event(ConnectionEvent::Idle);
             tracing::debug!(%peer, %listener, error = %e, "connection closed")
@@ -218,6 +223,17 @@ where
 /// The APIs a client may use before it has authenticated.
 fn allowed_before_authentication(api_key: i16) -> bool {
     [ApiKey::ApiVersions, ApiKey::SaslHandshake, ApiKey::SaslAuthenticate].iter().any(|&k| k as i16 == api_key)
+}
+
+/// Whether a request may be answered once the SASL session has expired: only the
+/// re-authentication, as in Kafka (anything else closes the connection).
+fn allowed_after_expiry(api_key: i16) -> bool {
+    [ApiKey::SaslHandshake, ApiKey::SaslAuthenticate].iter().any(|&k| k as i16 == api_key)
+}
+
+/// Whether the session ending at `expiry` is over at `now`.
+fn session_expired(expiry: Option<Instant>, now: Instant) -> bool {
+    expiry.is_some_and(|expiry| now >= expiry)
 }
 
 async fn read_requests<R: AsyncRead + Unpin>(
@@ -262,6 +278,13 @@ async fn read_requests<R: AsyncRead + Unpin>(
             if !allowed_before_authentication(api_key) {
                 let api = ApiKey::try_from(api_key).map_or_else(|_| api_key.to_string(), |k| format!("{k:?}"));
                 return Err(Error::Unauthenticated { reason: format!("{api} request before authentication") });
+            }
+        }
+        if frame.len() >= 2 && session_expired(session.session_expiry, Instant::now()) {
+            let api_key = i16::from_be_bytes([frame[0], frame[1]]);
+            if !allowed_after_expiry(api_key) {
+                let api = ApiKey::try_from(api_key).map_or_else(|_| api_key.to_string(), |k| format!("{k:?}"));
+                return Err(Error::SessionExpired { api });
             }
         }
         let decoded = decode_request(frame).map_err(Error::Protocol)?;

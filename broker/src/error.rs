@@ -98,6 +98,13 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
+    /// A SASL session passed `connections.max.reauth.ms` without re-authenticating and
+    /// sent another request; its connection is closed (the client reconnects).
+    #[error("SASL session expired (connections.max.reauth.ms) before a {api} request")]
+    SessionExpired {
+        /// The request that found the session expired.
+        api: String,
+    },
     /// A connection sent no request for `connections.max.idle.ms`; it is closed.
     #[error("no request for {idle:?} (connections.max.idle.ms)")]
     ConnectionIdle {

@@ -288,7 +288,7 @@ impl Broker {
             }
             RequestKind::ListTransactions(req) => (ApiKey::ListTransactions, self.list_transactions(req, session).await),
             RequestKind::SaslHandshake(req) => (ApiKey::SaslHandshake, self.sasl_handshake(req, version, session)),
-            RequestKind::SaslAuthenticate(req) => (ApiKey::SaslAuthenticate, self.sasl_authenticate(req, session).await),
+            RequestKind::SaslAuthenticate(req) => (ApiKey::SaslAuthenticate, self.sasl_authenticate(req, version, session).await),
             RequestKind::ElectLeaders(req) => (ApiKey::ElectLeaders, self.elect_leaders(req, version).await),
             RequestKind::CreateAcls(req) => (ApiKey::CreateAcls, self.create_acls(req).await),
             RequestKind::DescribeAcls(req) => (ApiKey::DescribeAcls, self.describe_acls(req).await),

@@ -11,6 +11,8 @@
 //! (ILLEGAL_SASL_STATE) or asks for a mechanism that is not enabled
 //! (UNSUPPORTED_SASL_MECHANISM), as Kafka does.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use fjord_auth::plain::PlainMessage;
 use fjord_auth::{store, Principal, ScramMechanism, ScramServer};
@@ -147,7 +149,10 @@ impl Broker {
         let enabled = &self.config.sasl_enabled_mechanisms;
         let names = enabled.iter().map(|m| StrBytes::from_static_str(m.name())).collect();
         let response = SaslHandshakeResponse::default().with_mechanisms(names);
-        if !session.listener.protocol.sasl() || !matches!(session.sasl, SaslState::Handshake) {
+        // A v1+ handshake on an authenticated connection starts a re-authentication
+        // (KIP-368); bare v0 tokens cannot be told apart from requests once authenticated.
+        let reauthenticating = session.authenticated && version >= 1 && matches!(session.sasl, SaslState::Finished);
+        if !session.listener.protocol.sasl() || !(matches!(session.sasl, SaslState::Handshake) || reauthenticating) {
             session.close = true;
             tracing::warn!(peer = %session.peer, listener = %session.listener.name, "SaslHandshake out of place; closing");
             return ResponseKind::SaslHandshake(response.with_error_code(error_code::ILLEGAL_SASL_STATE));
@@ -159,6 +164,13 @@ impl Broker {
             tracing::warn!(peer = %session.peer, mechanism = requested, "SASL mechanism not enabled; closing");
             return ResponseKind::SaslHandshake(response.with_error_code(error_code::UNSUPPORTED_SASL_MECHANISM));
         };
+        if reauthenticating && session.mechanism != Some(mechanism) {
+            session.close = true;
+            self.metrics.connection_event(ConnectionEvent::AuthenticationFailed);
+            let first = session.mechanism.map_or("?", Mechanism::name);
+            tracing::warn!(peer = %session.peer, mechanism = requested, first, "re-authentication with another SASL mechanism; closing");
+            return ResponseKind::SaslHandshake(response.with_error_code(error_code::UNSUPPORTED_SASL_MECHANISM));
+        }
         let exchange = match mechanism {
             Mechanism::Scram(m) => Exchange::Scram { server: Box::new(ScramServer::new(m)), answered_first: false },
             Mechanism::Plain => Exchange::Plain,
@@ -169,7 +181,12 @@ impl Broker {
     }
 
     /// SaslAuthenticate: one token of the exchange the handshake started.
-    pub(crate) async fn sasl_authenticate(&self, request: SaslAuthenticateRequest, session: &mut Session) -> ResponseKind {
+    pub(crate) async fn sasl_authenticate(
+        &self,
+        request: SaslAuthenticateRequest,
+        version: i16,
+        session: &mut Session,
+    ) -> ResponseKind {
         let response = SaslAuthenticateResponse::default();
         if !matches!(session.sasl, SaslState::Authenticating { raw: false, .. }) {
             session.close = true;
@@ -181,7 +198,15 @@ impl Broker {
             );
         }
         match self.sasl_step(&request.auth_bytes, session).await {
-            Ok(token) => ResponseKind::SaslAuthenticate(response.with_auth_bytes(token)),
+            Ok(token) => {
+                let mut response = response.with_auth_bytes(token);
+                // The last token: tell the client how long its session lasts (v1+ has
+                // the field; a v0 client is closed at expiry without knowing).
+                if version >= 1 && matches!(session.sasl, SaslState::Finished) {
+                    response.session_lifetime_ms = session_lifetime_ms(self.config.connections_max_reauth);
+                }
+                ResponseKind::SaslAuthenticate(response)
+            }
             Err(message) => ResponseKind::SaslAuthenticate(
                 response.with_error_code(error_code::SASL_AUTHENTICATION_FAILED).with_error_message(Some(message)),
             ),
@@ -197,28 +222,43 @@ impl Broker {
     /// One token through the exchange; on failure, the client's error message after the
     /// failed-authentication delay, with the connection marked for closing.
     async fn sasl_step(&self, token: &[u8], session: &mut Session) -> Result<Bytes, StrBytes> {
-        match self.sasl_token(session, token).await {
-            Ok(Step::Continue(token)) => Ok(token),
+        let reauthenticating = session.authenticated;
+        let reason = match self.sasl_token(session, token).await {
+            Ok(Step::Continue(token)) => return Ok(token),
+            Ok(Step::Done(_, principal)) if reauthenticating && principal != session.principal => {
+                format!("cannot change principals during re-authentication from {}: {principal}", session.principal)
+            }
             Ok(Step::Done(token, principal)) => {
-                tracing::debug!(peer = %session.peer, %principal, "SASL authentication succeeded");
+                tracing::debug!(peer = %session.peer, %principal, reauthenticating, "SASL authentication succeeded");
                 session.principal = principal;
                 session.authenticated = true;
                 session.sasl = SaslState::Finished;
-                Ok(token)
+                session.session_expiry = session_expiry(tokio::time::Instant::now(), self.config.connections_max_reauth);
+                return Ok(token);
             }
-            Err(reason) => {
-                let mechanism = session.mechanism.map_or("?", Mechanism::name);
-                session.sasl = SaslState::Finished;
-                session.close = true;
-                self.metrics.connection_event(ConnectionEvent::AuthenticationFailed);
-                tracing::warn!(peer = %session.peer, listener = %session.listener.name, mechanism, reason, "SASL authentication failed; closing");
-                tokio::time::sleep(self.config.failed_authentication_delay).await;
-                Err(StrBytes::from_string(format!(
-                    "Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
-                )))
-            }
-        }
+            Err(reason) => reason,
+        };
+        let mechanism = session.mechanism.map_or("?", Mechanism::name);
+        session.sasl = SaslState::Finished;
+        session.close = true;
+        self.metrics.connection_event(ConnectionEvent::AuthenticationFailed);
+        tracing::warn!(peer = %session.peer, listener = %session.listener.name, mechanism, reauthenticating, reason, "SASL authentication failed; closing");
+        tokio::time::sleep(self.config.failed_authentication_delay).await;
+        Err(StrBytes::from_string(format!(
+            "Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
+        )))
     }
+}
+
+/// When a session authenticated at `now` ends: `connections.max.reauth.ms` later, or
+/// never when that is zero.
+fn session_expiry(now: tokio::time::Instant, max_reauth: Duration) -> Option<tokio::time::Instant> {
+    (!max_reauth.is_zero()).then(|| now + max_reauth)
+}
+
+/// SaslAuthenticate's `session_lifetime_ms`: zero when sessions do not expire.
+fn session_lifetime_ms(max_reauth: Duration) -> i64 {
+    i64::try_from(max_reauth.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
@@ -233,5 +273,14 @@ mod tests {
         for bad in ["GSSAPI", "", "scram-sha-256", "OAUTHBEARER,PLAIN"] {
             assert!(parse_mechanisms(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn sessions_expire_only_when_connections_max_reauth_ms_is_set() {
+        let now = tokio::time::Instant::now();
+        assert_eq!(session_expiry(now, Duration::ZERO), None);
+        assert_eq!(session_expiry(now, Duration::from_secs(3)), Some(now + Duration::from_secs(3)));
+        assert_eq!(session_lifetime_ms(Duration::ZERO), 0);
+        assert_eq!(session_lifetime_ms(Duration::from_secs(3)), 3000);
     }
 }

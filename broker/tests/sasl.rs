@@ -19,6 +19,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 
 const PASSWORD: &str = "alice-secret";
+const BOB_PASSWORD: &str = "bob-secret";
 const SASL_AUTHENTICATION_FAILED: i16 = 58;
 const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
 const ILLEGAL_SASL_STATE: i16 = 34;
@@ -32,6 +33,11 @@ struct SaslBroker {
 impl SaslBroker {
     /// A broker with SASL_SSL, SASL_PLAINTEXT and PLAINTEXT listeners and user `alice`.
     async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// As [`SaslBroker::start`], with more broker settings and user `bob` too.
+    async fn start_with(settings: &[(&str, &str)]) -> Self {
         common::init_tracing();
         let certs_dir = tempfile::tempdir().unwrap();
         let certs = Certs::create(certs_dir.path()).unwrap();
@@ -41,9 +47,8 @@ impl SaslBroker {
             .set("ssl.keystore.location", &certs.path("server-keystore.pem"))
             .set("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN")
             .user("alice", PASSWORD)
-            .start()
-            .await
-            .unwrap();
+            .user("bob", BOB_PASSWORD);
+        let broker = settings.iter().fold(broker, |builder, (key, value)| builder.set(key, value)).start().await.unwrap();
         Self { certs, broker, _certs_dir: certs_dir }
     }
 
@@ -313,5 +318,121 @@ async fn a_failed_authentication_is_answered_before_a_clean_close_even_to_a_late
     let end = tokio::time::timeout(Duration::from_secs(10), client.stream.read(&mut byte)).await.expect("never closed");
     assert!(matches!(end, Ok(0)), "closed with {end:?}, not a clean end of stream");
     assert!(started.elapsed() < Duration::from_secs(5), "lingered {:?}", started.elapsed());
+    broker.stop().await;
+}
+
+/// A PLAIN exchange on `client` (SaslHandshake v1, SaslAuthenticate v2).
+async fn plain(client: &mut RawClient, user: &str, password: &str) -> SaslAuthenticateResponse {
+    assert_eq!(handshake(client, "PLAIN").await.error_code, 0);
+    authenticate(client, format!("\0{user}\0{password}").as_bytes()).await.unwrap()
+}
+
+async fn metadata(client: &mut RawClient) -> anyhow::Result<kafka_protocol::messages::MetadataResponse> {
+    client.call(ApiKey::Metadata, 12, &MetadataRequest::default()).await
+}
+
+/// KIP-368 with `connections.max.reauth.ms`: the session's lifetime is announced, a
+/// re-authentication as the same user resets it while the connection goes on serving,
+/// another user or mechanism is refused and closes the connection, and an expired
+/// session is closed at its next request.
+#[tokio::test]
+async fn sessions_expire_unless_reauthenticated_as_the_same_user() {
+    const LIFETIME: Duration = Duration::from_millis(2000);
+    let broker = SaslBroker::start_with(&[("connections.max.reauth.ms", "2000")]).await;
+    let addr = broker.addr("SASL_PLAINTEXT");
+
+    let mut client = RawClient::connect(addr).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let answer = plain(&mut client, "alice", PASSWORD).await;
+    assert_eq!(answer.error_code, 0, "{:?}", answer.error_message);
+    assert_eq!(answer.session_lifetime_ms, 2000);
+    tokio::time::sleep(LIFETIME * 6 / 10).await;
+    // Re-authenticate, with a request served between the handshake and the token.
+    assert_eq!(handshake(&mut client, "PLAIN").await.error_code, 0);
+    assert!(!metadata(&mut client).await.unwrap().brokers.is_empty(), "served during re-authentication");
+    let answer = authenticate(&mut client, format!("\0alice\0{PASSWORD}").as_bytes()).await.unwrap();
+    assert_eq!(answer.error_code, 0, "{:?}", answer.error_message);
+    assert_eq!(answer.session_lifetime_ms, 2000);
+    let reauthenticated = tokio::time::Instant::now();
+    // Past the first session's end: the second one is in force.
+    tokio::time::sleep_until(started + LIFETIME * 13 / 10).await;
+    assert!(!metadata(&mut client).await.unwrap().brokers.is_empty(), "the re-authentication renewed the session");
+    // Past the second one's end: the next request closes the connection.
+    tokio::time::sleep_until(reauthenticated + LIFETIME + Duration::from_millis(200)).await;
+    assert!(metadata(&mut client).await.is_err(), "an expired session is not served");
+    assert!(closed_by_broker(&mut client).await);
+
+    // Another principal: refused after the failed-authentication delay, then closed.
+    let mut client = RawClient::connect(addr).await.unwrap();
+    assert_eq!(plain(&mut client, "alice", PASSWORD).await.error_code, 0);
+    let started = tokio::time::Instant::now();
+    let answer = plain(&mut client, "bob", BOB_PASSWORD).await;
+    assert_eq!(answer.error_code, SASL_AUTHENTICATION_FAILED);
+    assert!(started.elapsed() >= Duration::from_millis(100), "failures are answered after the delay");
+    assert!(closed_by_broker(&mut client).await);
+
+    // Bad credentials on re-authentication.
+    let mut client = RawClient::connect(addr).await.unwrap();
+    assert_eq!(plain(&mut client, "alice", PASSWORD).await.error_code, 0);
+    assert_eq!(plain(&mut client, "alice", "wrong").await.error_code, SASL_AUTHENTICATION_FAILED);
+    assert!(closed_by_broker(&mut client).await);
+
+    // Another mechanism than the first authentication's.
+    let mut client = RawClient::connect(addr).await.unwrap();
+    assert_eq!(plain(&mut client, "alice", PASSWORD).await.error_code, 0);
+    assert_eq!(handshake(&mut client, "SCRAM-SHA-256").await.error_code, UNSUPPORTED_SASL_MECHANISM);
+    assert!(closed_by_broker(&mut client).await);
+    broker.stop().await;
+}
+
+/// Without `connections.max.reauth.ms` sessions do not expire: the lifetime is 0.
+#[tokio::test]
+async fn sessions_do_not_expire_by_default() {
+    let broker = SaslBroker::start().await;
+    let mut client = RawClient::connect(broker.addr("SASL_PLAINTEXT")).await.unwrap();
+    let answer = plain(&mut client, "alice", PASSWORD).await;
+    assert_eq!((answer.error_code, answer.session_lifetime_ms), (0, 0));
+    broker.stop().await;
+}
+
+/// confluent-kafka (librdkafka) re-authenticates by itself when the broker announces a
+/// session lifetime: a producer through several 3 s sessions loses nothing, and its log
+/// shows the re-authentications.
+#[tokio::test]
+async fn confluent_kafka_reauthenticates_while_producing() {
+    let broker = SaslBroker::start_with(&[("connections.max.reauth.ms", "3000")]).await;
+    let script = r#"
+import sys, time, logging
+from confluent_kafka import Producer
+bootstrap, password = sys.argv[1], sys.argv[2]
+lines = []
+class Collect(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+log = logging.getLogger("rdkafka")
+log.setLevel(logging.DEBUG)
+log.addHandler(Collect())
+errors = []
+delivered = []
+def on_delivery(err, msg):
+    (errors if err else delivered).append(err or msg.value())
+p = Producer({"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+              "sasl.username": "alice", "sasl.password": password, "acks": "all", "enable.idempotence": True,
+              "debug": "security,broker", "error_cb": lambda e: errors.append(e)}, logger=log)
+sent = 0
+until = time.time() + 8
+while time.time() < until:
+    p.produce("reauth", value=b"v%d" % sent, on_delivery=on_delivery)
+    sent += 1
+    p.poll(0.01)
+assert p.flush(30) == 0
+assert not errors, errors
+assert sorted(delivered) == sorted(b"v%d" % i for i in range(sent)), (len(delivered), sent)
+reauths = [l for l in lines if "eauth" in l]
+assert len(reauths) >= 2, "no re-authentication in the client's log: %r" % [l for l in lines if "SASL" in l][-20:]
+print("sent", sent, "re-authentication lines", len(reauths))
+print("ok")
+"#;
+    common::run_python(script, &[&broker.addr("SASL_PLAINTEXT").to_string(), PASSWORD], Duration::from_secs(120)).await;
     broker.stop().await;
 }

@@ -252,6 +252,8 @@ pub(crate) fn broker_configs(c: &BrokerConfig, partitions_per_broker: usize) -> 
             ("max.partitions.per.broker", per_broker, TYPE_INT),
             ("socket.request.max.bytes", c.socket_request_max_bytes.to_string(), TYPE_INT),
             ("log.dirs", c.log_dir.display().to_string(), TYPE_STRING),
+            // Clients read it to learn whether sessions expire (librdkafka's test 0142).
+            ("connections.max.reauth.ms", c.connections_max_reauth.as_millis().to_string(), TYPE_LONG),
         ];
         // The topic defaults, under the broker's names for them.
         entries.extend(log_config_entries(&c.log).into_iter().map(|(topic_key, value, config_type)| {
