@@ -332,6 +332,19 @@ mod tests {
     }
 
     #[test]
+    fn brokers_report_connections_max_reauth_ms_with_its_source() {
+        let default = broker_configs(&BrokerConfig::default(), 1000);
+        let reauth = find(&default, "connections.max.reauth.ms");
+        assert_eq!((reauth.value(), reauth.source()), ("0", SOURCE_DEFAULT));
+        let mut broker = BrokerConfig::default();
+        broker.set("connections.max.reauth.ms", "10000").unwrap();
+        let described = broker_configs(&broker, 1000);
+        let reauth = find(&described, "connections.max.reauth.ms");
+        assert_eq!((reauth.value(), reauth.source()), ("10000", SOURCE_STATIC_BROKER));
+        assert!(BrokerConfig::default().set("connections.max.reauth.ms", "-1").is_err(), "negative is refused");
+    }
+
+    #[test]
     fn topic_keys_come_from_the_override_the_broker_file_or_the_default() {
         let mut broker = BrokerConfig::default();
         broker.set("log.retention.hours", "1").unwrap();
