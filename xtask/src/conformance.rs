@@ -911,6 +911,9 @@ impl TlsFixtures {
             ("ssl.truststore.location", self.path("ca.pem")),
             ("ssl.client.auth", "none".into()),
             ("sasl.enabled.mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN".into()),
+            // KIP-368 sessions, so that 0142 re-authenticates (it skips itself where a
+            // broker reports 0); other tests' clients re-authenticate every 10 s too.
+            ("connections.max.reauth.ms", "10000".into()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
