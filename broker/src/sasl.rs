@@ -10,6 +10,14 @@
 //! connection is closed; so is one that sends a SASL request out of order
 //! (ILLEGAL_SASL_STATE) or asks for a mechanism that is not enabled
 //! (UNSUPPORTED_SASL_MECHANISM), as Kafka does.
+//!
+//! Re-authentication (KIP-368): with `connections.max.reauth.ms` set, a session lasts
+//! that long (announced in the last SaslAuthenticate, v1+). A SaslHandshake v1+ on the
+//! authenticated connection starts a new exchange with the first mechanism while other
+//! requests are still served; it must end as the same principal, which renews the
+//! session, or fails and closes like a first authentication. The connection of a session
+//! that expired is closed at its next request other than SaslHandshake/SaslAuthenticate
+//! (see `connection::read_requests`).
 
 use std::time::Duration;
 
