@@ -14,10 +14,10 @@
 //!     a leader change or a restart) reads the partition into memory and resumes every
 //!     transaction it finds prepared, so what one coordinator prepared another completes.
 //!   - completion: a prepared transaction's markers go to each of its partitions' leaders
-//!     as WriteTxnMarkers over the inter-broker listener, with its security, as the
-//!     replica fetchers connect (this broker appends its own directly, as the request
-//!     would); its consumer groups get theirs as a marker on `__consumer_offsets` sent
-//!     to each group's coordinator. Only then is the transaction written complete.
+//!     as WriteTxnMarkers over the inter-broker listener (this broker included), with its
+//!     security, as the replica fetchers connect; its consumer groups get theirs as a
+//!     marker on `__consumer_offsets` sent to each group's coordinator. Only then is the
+//!     transaction written complete.
 //!   - the ticker: aborts transactions past their timeout (fencing their producer) and
 //!     forgets ids idle for `transactional.id.expiration.ms`.
 //! - `crate::handler::txn`: the APIs (InitProducerId with a transactional id,
@@ -35,9 +35,9 @@ use fjord_coord::registry::{read_json, BrokerRegistration};
 use fjord_record::{now_ms, BatchBuilder, TopicPartition};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
-use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest, WriteTxnMarkersResponse};
+use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest};
 use kafka_protocol::protocol::StrBytes;
-use tokio::sync::{mpsc, Mutex, Notify};
+use tokio::sync::{mpsc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -63,13 +63,6 @@ const MARKER_VERSION: i16 = 1;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause between rounds of markers that did not all land (no leader, a broker down).
 const MARKER_BACKOFF: Duration = Duration::from_millis(100);
-/// How long a request that finds its id's previous transaction still completing waits
-/// for the completion before answering CONCURRENT_TRANSACTIONS. On a healthy cluster the
-/// markers and the complete state take well under a millisecond, while the clients'
-/// retry after CONCURRENT_TRANSACTIONS (librdkafka and Kafka's own: 20 ms) would cost a
-/// producer that begins its next transaction at once far more; a completion held up by
-/// an unreachable leader still answers the client within this bound.
-pub(crate) const COMPLETION_WAIT: Duration = Duration::from_secs(1);
 /// How often the ticker looks for partitions to load and transactions to time out.
 const TICK: Duration = Duration::from_millis(200);
 
@@ -204,8 +197,6 @@ pub(crate) struct TxnCoordinator {
     peers: SyncMutex<HashMap<i32, Arc<Mutex<Option<Peer>>>>>,
     /// Ids whose completion (markers, then the complete state) is under way.
     completing: SyncMutex<HashSet<String>>,
-    /// Woken whenever a completion ends, for requests waiting on one ([`COMPLETION_WAIT`]).
-    completed: Notify,
     /// Prepared transactions to complete, read by the task [`spawn`] starts.
     wake: mpsc::UnboundedSender<(i32, String)>,
     woken: SyncMutex<Option<mpsc::UnboundedReceiver<(i32, String)>>>,
@@ -222,7 +213,6 @@ impl TxnCoordinator {
             loading: Mutex::new(()),
             peers: SyncMutex::new(HashMap::new()),
             completing: SyncMutex::new(HashSet::new()),
-            completed: Notify::new(),
             wake,
             woken: SyncMutex::new(Some(woken)),
         }
@@ -240,18 +230,6 @@ impl TxnCoordinator {
 
     fn done_completing(&self, transactional_id: &str) {
         self.completing.lock().expect("invariant: completing lock is never poisoned").remove(transactional_id);
-        self.completed.notify_waiters();
-    }
-
-    /// Whether the id's completion is under way (asked for and not yet ended).
-    pub(crate) fn is_completing(&self, transactional_id: &str) -> bool {
-        self.completing.lock().expect("invariant: completing lock is never poisoned").contains(transactional_id)
-    }
-
-    /// Resolves at the next end of any completion; enable it (or poll it) before looking
-    /// at [`TxnCoordinator::is_completing`], so an end in between is not missed.
-    pub(crate) fn completion_ended(&self) -> tokio::sync::futures::Notified<'_> {
-        self.completed.notified()
     }
 
     /// Every loaded partition.
@@ -504,11 +482,8 @@ impl Broker {
             for broker in brokers {
                 let partitions = by_broker.remove(&broker).unwrap_or_default();
                 let group_list = group_brokers.remove(&broker).unwrap_or_default();
-                let sent = self.send_markers_to(broker, txn, commit, loaded.leader_epoch, partitions, group_list);
-                let (failed, failed_groups) = tokio::select! {
-                    sent = sent => sent,
-                    () = stop.cancelled() => return false,
-                };
+                let (failed, failed_groups) =
+                    self.send_markers_to(broker, txn, commit, loaded.leader_epoch, partitions, group_list).await;
                 pending.extend(failed);
                 groups.extend(failed_groups);
             }
@@ -557,14 +532,28 @@ impl Broker {
                     .collect(),
             );
         let request = WriteTxnMarkersRequest::default().with_markers(vec![marker]);
-        let response = if broker == self.config.broker_id {
-            // Its own partitions: appended here, as the request would be (the coordinator
-            // is the inter-broker principal, which may), without a round trip to itself.
-            self.append_txn_markers(request, true).await
-        } else {
-            match self.send_markers_request(broker, &request).await {
-                Some(response) => response,
-                None => return (partitions, groups),
+        let connection = {
+            let mut peers = self.txns.peers.lock().expect("invariant: peers lock is never poisoned");
+            peers.entry(broker).or_default().clone()
+        };
+        let mut connection = connection.lock().await;
+        let timeout = self.config.replication.socket_timeout;
+        if connection.is_none() {
+            match self.connect_peer(broker, timeout).await {
+                Ok(peer) => *connection = Some(peer),
+                Err(e) => {
+                    tracing::debug!(broker, error = %e, "cannot reach a partition leader for transaction markers");
+                    return (partitions, groups);
+                }
+            }
+        }
+        let peer = connection.as_mut().expect("invariant: connected above");
+        let response = match peer.call(&request, MARKER_VERSION, timeout).await {
+            Ok(response) => response,
+            Err(e) => {
+                tracing::debug!(broker, error = %e, "transaction markers not delivered");
+                *connection = None;
+                return (partitions, groups);
             }
         };
         let mut failed = Vec::new();
@@ -600,35 +589,6 @@ impl Broker {
             }
         }
         (failed, if groups_failed { groups } else { Vec::new() })
-    }
-
-    /// One WriteTxnMarkers over the inter-broker listener to another broker; `None` when
-    /// it was not answered (the caller retries every partition and group of it).
-    async fn send_markers_request(&self, broker: i32, request: &WriteTxnMarkersRequest) -> Option<WriteTxnMarkersResponse> {
-        let connection = {
-            let mut peers = self.txns.peers.lock().expect("invariant: peers lock is never poisoned");
-            peers.entry(broker).or_default().clone()
-        };
-        let mut connection = connection.lock().await;
-        let timeout = self.config.replication.socket_timeout;
-        if connection.is_none() {
-            match self.connect_peer(broker, timeout).await {
-                Ok(peer) => *connection = Some(peer),
-                Err(e) => {
-                    tracing::debug!(broker, error = %e, "cannot reach a partition leader for transaction markers");
-                    return None;
-                }
-            }
-        }
-        let peer = connection.as_mut().expect("invariant: connected above");
-        match peer.call(request, MARKER_VERSION, timeout).await {
-            Ok(response) => Some(response),
-            Err(e) => {
-                tracing::debug!(broker, error = %e, "transaction markers not delivered");
-                *connection = None;
-                None
-            }
-        }
     }
 
     async fn connect_peer(&self, broker: i32, timeout: Duration) -> Result<Peer, String> {

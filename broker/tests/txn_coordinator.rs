@@ -583,24 +583,3 @@ async fn txn_offset_commit_needs_the_group_in_the_transaction_and_v4_batches_ver
     assert_eq!(stable_offset(&mut client, "vg").await, (0, 7));
     broker.stop().await.unwrap();
 }
-
-/// A producer begins its next transaction right after EndTxn (librdkafka and Kafka's own
-/// client do): its AddPartitionsToTxn is answered once the previous transaction's
-/// markers are written, not with CONCURRENT_TRANSACTIONS, whose client retry costs
-/// 20 ms a transaction.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_next_transaction_adds_its_partitions_while_the_last_one_completes() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = start(dir.path()).await;
-    let mut client = RawClient::connect(broker.addr).await.unwrap();
-    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
-    assert_eq!(find_coordinator(&mut client, 4, "back-to-back").await.coordinators[0].error_code, 0);
-    let r = init(&mut client, 4, "back-to-back", 60_000).await;
-    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
-    for round in 0..50 {
-        let added = add_partitions(&mut client, 3, "back-to-back", pid, epoch, &[("out", &[0, 1])]).await;
-        assert!(added.iter().all(|r| r.2 == 0), "transaction {round}: {added:?}");
-        assert_eq!(end_txn(&mut client, 3, "back-to-back", pid, epoch, round % 2 == 0).await, 0, "transaction {round}");
-    }
-    broker.stop().await.unwrap();
-}

@@ -362,8 +362,7 @@ impl Broker {
 
     /// EndTxn: answered once the commit or abort is prepared (written); the markers and
     /// the complete state follow in the background, and the producer's next request on
-    /// the id waits for them (in the broker for a while, see [`Broker::txn_change`], then
-    /// CONCURRENT_TRANSACTIONS).
+    /// the id waits for them (CONCURRENT_TRANSACTIONS).
     pub(crate) async fn end_txn(&self, request: EndTxnRequest, version: i16, session: &Session) -> ResponseKind {
         let id = request.transactional_id.as_str();
         let respond = |code: i16| ResponseKind::EndTxn(EndTxnResponse::default().with_error_code(code));
@@ -394,41 +393,18 @@ impl Broker {
     }
 
     /// Applies `change` to the id's state and writes the result (`None`: nothing to write).
-    /// A change refused with CONCURRENT_TRANSACTIONS because the previous transaction's
-    /// markers are still being written is retried once that completion ends, for up to
-    /// [`crate::txn::COMPLETION_WAIT`]: a producer that begins its next transaction right
-    /// after EndTxn is answered in the same request instead of backing off.
     pub(crate) async fn txn_change(
         &self,
         id: &str,
-        change: impl Fn(&TxnMetadata, i64) -> Result<Option<TxnMetadata>, ResponseError>,
+        change: impl FnOnce(&TxnMetadata, i64) -> Result<Option<TxnMetadata>, ResponseError>,
     ) -> Result<(), ResponseError> {
-        let deadline = tokio::time::Instant::now() + crate::txn::COMPLETION_WAIT;
-        loop {
-            let (loaded, slot) = self.txn_slot(id).await?;
-            // Registered before the state is read: a completion ending after the read wakes it.
-            let ended = self.txns.completion_ended();
-            tokio::pin!(ended);
-            ended.as_mut().enable();
-            let mut current = slot.lock().await;
-            let metadata = current.as_ref().ok_or(ResponseError::InvalidProducerIdMapping)?;
-            let target = match change(metadata, now_ms()) {
-                Err(ResponseError::ConcurrentTransactions) if self.txns.is_completing(id) => {
-                    tracing::debug!(transactional_id = id, "waiting for the previous transaction's completion");
-                    drop(current);
-                    if tokio::time::timeout_at(deadline, ended).await.is_err() {
-                        return Err(ResponseError::ConcurrentTransactions);
-                    }
-                    continue;
-                }
-                Err(e) => return Err(e),
-                Ok(None) => return Ok(()),
-                Ok(Some(target)) => target,
-            };
-            self.write_txn_state(&loaded, id, Some(&target)).await?;
-            *current = Some(target);
-            return Ok(());
-        }
+        let (loaded, slot) = self.txn_slot(id).await?;
+        let mut current = slot.lock().await;
+        let metadata = current.as_ref().ok_or(ResponseError::InvalidProducerIdMapping)?;
+        let Some(target) = change(metadata, now_ms())? else { return Ok(()) };
+        self.write_txn_state(&loaded, id, Some(&target)).await?;
+        *current = Some(target);
+        Ok(())
     }
 
     /// TxnOffsetCommit (to the group's coordinator): Write on the transactional id, Read on

@@ -41,12 +41,6 @@ const REPLICATION_TIMEOUT: Duration = Duration::from_secs(30);
 impl Broker {
     pub(crate) async fn write_txn_markers(&self, request: WriteTxnMarkersRequest, session: &Session) -> ResponseKind {
         let allowed = self.authorize(session, Operation::ClusterAction, Resource::cluster());
-        ResponseKind::WriteTxnMarkers(self.append_txn_markers(request, allowed).await)
-    }
-
-    /// The markers appended (`allowed`: the sender may, else refused) and the answer. The
-    /// transaction coordinator calls it directly for the partitions this broker leads.
-    pub(crate) async fn append_txn_markers(&self, request: WriteTxnMarkersRequest, allowed: bool) -> WriteTxnMarkersResponse {
         let mut markers = Vec::with_capacity(request.markers.len());
         // Every marker is appended before the first wait, so followers fetch them together.
         let mut awaiting = Vec::new();
@@ -132,6 +126,6 @@ impl Broker {
                 markers[m].topics[t].partitions[p].error_code = code;
             }
         }
-        WriteTxnMarkersResponse::default().with_markers(markers)
+        ResponseKind::WriteTxnMarkers(WriteTxnMarkersResponse::default().with_markers(markers))
     }
 }
