@@ -10,27 +10,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{topic_name, RawClient};
 use fjord_client::{Acks, Admin, ClientConfig, Producer, ProducerConfig, ProducerRecord};
-use fjord_testkit::{read_values, Cluster};
+use fjord_testkit::{read_values, segments, Cluster};
 use kafka_protocol::messages::{metadata_request, ApiKey, MetadataRequest, MetadataResponse};
 
 const REACT: Duration = Duration::from_secs(30);
 const TOPIC: &str = "unopenable";
-
-/// `.log` entries of a partition directory, oldest first.
-fn segments(dir: &Path) -> Vec<PathBuf> {
-    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    logs.sort();
-    logs
-}
 
 /// (leader, isr, offline replicas, error code) of partition 0 as broker `addr` answers.
 async fn partition_row(addr: &str) -> (i32, Vec<i32>, Vec<i32>, i16) {
@@ -73,7 +62,7 @@ async fn every_broker_lists_a_peers_unopenable_replica_offline_and_it_is_never_e
     // The follower's segment becomes unopenable while it is stopped: a directory where
     // the file was (the copy's only segment, so the log cannot open without it).
     cluster.stop(damaged).await.unwrap();
-    let logs = segments(&cluster.data_dir(damaged).join(format!("{TOPIC}-0")));
+    let logs = segments(&cluster.data_dir(damaged).join(format!("{TOPIC}-0"))).unwrap();
     assert_eq!(logs.len(), 1, "{logs:?}");
     let active = &logs[0];
     let aside = tempfile::tempdir().unwrap();

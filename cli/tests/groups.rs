@@ -1,7 +1,8 @@
 //! `fjord groups list|describe|reset-offsets` as a user runs them, against an
 //! in-process broker and a live fjord group member.
 
-use std::process::{Command, Output};
+mod common;
+
 use std::time::{Duration, Instant};
 
 use fjord_client::{
@@ -9,19 +10,10 @@ use fjord_client::{
 };
 use fjord_testkit::StandaloneBroker;
 
+use common::{fjord, stdout};
+
 async fn start_broker() -> StandaloneBroker {
     StandaloneBroker::start_for_groups().await.expect("broker starts")
-}
-
-/// Runs `fjord` off the runtime's threads (the broker keeps serving meanwhile).
-async fn fjord(args: &[&str]) -> Output {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(&args).output().unwrap()).await.unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    assert!(o.status.success(), "fjord failed: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

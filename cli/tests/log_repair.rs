@@ -76,17 +76,6 @@ fn metrics(port: u16) -> String {
     text
 }
 
-/// `.log` files of a partition directory, oldest first.
-fn segments(dir: &Path) -> Vec<PathBuf> {
-    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    logs.sort();
-    logs
-}
-
 fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_file()).collect();
     out.sort();
@@ -107,7 +96,7 @@ async fn a_damaged_segment_is_shown_offline_then_repaired_keeping_the_damaged_by
 
     // One flipped byte inside the second batch of a segment in the middle of the log.
     let partition_dir = data.join("damaged-0");
-    let logs = segments(&partition_dir);
+    let logs = fjord_testkit::segments(&partition_dir).unwrap();
     assert!(logs.len() >= 4, "{logs:?}");
     let segment = &logs[logs.len() / 2];
     let bytes = std::fs::read(segment).unwrap();

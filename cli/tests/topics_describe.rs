@@ -4,24 +4,16 @@
 //! replicated topic's partitions lack it in their ISR, the partition whose only replica
 //! it held has no leader; a healthy cluster lists nothing.
 
-use std::process::{Command, Output};
+mod common;
+
 use std::time::Duration;
 
 use fjord_client::{Admin, NewTopic};
 use fjord_testkit::{wait_until, Cluster};
 
+use common::{fjord, stdout};
+
 const REACT: Duration = Duration::from_secs(30);
-
-/// Runs `fjord` off the runtime's threads (the brokers keep serving meanwhile).
-async fn fjord(args: &[&str]) -> Output {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(&args).output().unwrap()).await.unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    assert!(o.status.success(), "fjord failed: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// The (topic, partition) pairs `fjord topics describe FLAG` lists, through `bootstrap`.
 async fn listed(bootstrap: &str, flag: &str) -> Vec<(String, i32)> {

@@ -1,16 +1,12 @@
 //! `fjord transactions list|describe` as a user runs them, against an in-process broker
 //! and a fjord-client transactional producer with a transaction open.
 
-use std::process::{Command, Output};
+mod common;
 
 use fjord_client::{ClientConfig, Producer, ProducerConfig, ProducerRecord};
 use fjord_testkit::StandaloneBroker;
 
-/// Runs `fjord` off the runtime's threads (the broker keeps serving meanwhile).
-async fn fjord(args: &[&str]) -> Output {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(&args).output().unwrap()).await.unwrap()
-}
+use common::fjord;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_and_describe_show_an_open_transaction() {

@@ -105,3 +105,16 @@ pub(crate) fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> (
     let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
     (status, body)
 }
+
+/// Runs the `fjord` binary with `args` off the runtime's threads, so a broker the test
+/// serves in-process keeps serving meanwhile.
+pub(crate) async fn fjord(args: &[&str]) -> std::process::Output {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(&args).output().unwrap()).await.unwrap()
+}
+
+/// What a `fjord` run printed; fails the test, with its stderr, if the run failed.
+pub(crate) fn stdout(output: &std::process::Output) -> String {
+    assert!(output.status.success(), "fjord failed: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
