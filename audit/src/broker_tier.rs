@@ -391,7 +391,24 @@ mod tests {
         let config = AuditConfig { window: Duration::from_secs(1), ..AuditConfig::default() };
         let tier = BrokerTier::new(&config).unwrap();
         assert!(tier.tally("events").is_none(), "no counter before the broker serves");
-        // Nothing listens there: the publisher only retries in the background.
+        serve_unreachable(&tier);
+        let mut b = BatchBuilder::new(0);
+        b.append(0, None, Some(b"a"), &[]);
+        let batch = b.build_vec();
+        for topic in ["_audit", "__consumer_offsets", "_schemas", "_mirror_gaps"] {
+            assert!(tier.tally(topic).is_none(), "{topic}");
+        }
+        append(&tier, "events", &batch);
+        let failed = tier.tally("events").unwrap();
+        drop(failed);
+        let counts: Vec<_> = tier.counter().unwrap().unpublished().into_iter().collect();
+        assert_eq!(counts, [(("events".to_string(), 0), 1)]);
+        tier.started.get().unwrap().stop.cancel();
+    }
+
+    /// Starts the tier's publisher towards an address where nothing listens: it only
+    /// retries in the background, and the counts stay unpublished for the test to read.
+    fn serve_unreachable(tier: &BrokerTier) {
         tier.serving(&Serving {
             broker_id: 1,
             host: "h".into(),
@@ -399,20 +416,6 @@ mod tests {
             bootstrap: "127.0.0.1:1".into(),
             client_properties: Default::default(),
         });
-        let mut b = BatchBuilder::new(0);
-        b.append(0, None, Some(b"a"), &[]);
-        let batch = b.build_vec();
-        for topic in ["_audit", "__consumer_offsets", "_schemas", "_mirror_gaps"] {
-            assert!(tier.tally(topic).is_none(), "{topic}");
-        }
-        let mut tally = tier.tally("events").unwrap();
-        BatchHeader::parse_walked(&batch, 1 << 20, |r| tally.record(&BatchHeader::parse_unchecked(&batch).unwrap(), r)).unwrap();
-        tally.appended("events");
-        let failed = tier.tally("events").unwrap();
-        drop(failed);
-        let counts: Vec<_> = tier.counter().unwrap().unpublished().into_iter().collect();
-        assert_eq!(counts, [(("events".to_string(), 0), 1)]);
-        tier.started.get().unwrap().stop.cancel();
     }
 
     /// The tier as the broker drives it: a tally per append, then maybe a marker.
@@ -436,13 +439,7 @@ mod tests {
     #[tokio::test]
     async fn transactional_records_count_at_their_commit_marker_and_never_when_aborted() {
         let tier = BrokerTier::new(&AuditConfig { window: Duration::from_secs(1), ..AuditConfig::default() }).unwrap();
-        tier.serving(&Serving {
-            broker_id: 1,
-            host: "h".into(),
-            port: 9092,
-            bootstrap: "127.0.0.1:1".into(),
-            client_properties: Default::default(),
-        });
+        serve_unreachable(&tier);
         let counted = || -> u64 { tier.counter().unwrap().unpublished().values().sum() };
         append(&tier, "events", &batch(None, 1));
         // Producer 7's transaction spans two topics (two partitions each); producer 8's is aborted.
