@@ -198,6 +198,7 @@ impl ClusterView {
 
     /// Replaces the topic's entry (same assignment, new config: AlterConfigs).
     pub(crate) fn replace_topic(&self, topic: Arc<Topic>) {
+        self.replicas.throttles().set_topic(&topic.name, Some(&topic.throttles));
         self.update(|v| {
             if let Some(entry) = v.topics.get_mut(&topic.name) {
                 *entry = topic;
@@ -488,6 +489,7 @@ impl ClusterView {
                             }
                         }
                     };
+                    self.replicas.throttles().set_topic(&name, Some(&topic.throttles));
                     self.update(|v| {
                         v.topics.insert(name.clone(), topic.clone());
                     });
@@ -550,6 +552,7 @@ impl ClusterView {
                 _ => {}
             }
         }
+        self.replicas.throttles().set_topic(name, None);
         self.update(|v| {
             v.topics.remove(name);
             v.partitions.retain(|tp, _| tp.topic != name);

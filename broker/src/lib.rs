@@ -66,6 +66,7 @@ mod codec;
 pub mod config;
 mod connection;
 mod controller;
+mod dynamic_config;
 mod error;
 mod fetch_response;
 mod group;

@@ -18,11 +18,13 @@
 //! reached the high watermark comes back.
 //!
 //! Modules: `leader` (high watermark and ISR rules), `truncation` (where a follower
-//! truncates), both pure; `fetcher` (the replica fetcher tasks), `peer` (their connection).
+//! truncates), `throttle` (the replication throttles' rate limiter and replica lists),
+//! all pure; `fetcher` (the replica fetcher tasks), `peer` (their connection).
 
 mod fetcher;
 pub(crate) mod leader;
 mod peer;
+pub(crate) mod throttle;
 pub(crate) mod truncation;
 
 use std::collections::HashMap;
@@ -42,6 +44,7 @@ use crate::periodic::Periodic;
 use crate::replication::fetcher::{FetchContext, Fetchers};
 use crate::replication::leader::FollowerProgress;
 pub(crate) use crate::replication::peer::{Peer, PeerConfig, PeerSasl};
+use crate::replication::throttle::ReplicationThrottles;
 
 /// A state applied to a partition, kept until its log is opened.
 #[derive(Debug, Clone)]
@@ -119,6 +122,8 @@ pub(crate) struct ReplicaManager {
     /// States applied before the partition's log was opened; applied when it is.
     pending: Mutex<HashMap<TopicPartition, Applied>>,
     fetchers: Fetchers,
+    /// The replication throttles: the leader's fetch serving and the fetchers ask them.
+    throttles: Arc<ReplicationThrottles>,
     /// Fetchers, ISR writes and the ISR expiry task; stopped by [`ReplicaManager::shutdown`].
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -131,8 +136,10 @@ impl ReplicaManager {
     pub(crate) fn new(broker_id: i32, store: Store, config: ReplicationConfig, peer: PeerConfig) -> Arc<Self> {
         let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
         let health_changed = Arc::new(Notify::new());
+        let throttles = Arc::new(ReplicationThrottles::new(broker_id));
         let context = FetchContext {
             broker_id,
+            throttles: throttles.clone(),
             store: store.clone(),
             config,
             peer,
@@ -147,6 +154,7 @@ impl ReplicaManager {
             partitions: RwLock::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             fetchers: Fetchers::new(Arc::new(context)),
+            throttles,
             tasks,
             shutdown,
             health_changed,
@@ -166,6 +174,11 @@ impl ReplicaManager {
     /// See the field: what the health publisher waits on besides its timer.
     pub(crate) fn health_changed(&self) -> Arc<Notify> {
         self.health_changed.clone()
+    }
+
+    /// The replication throttles of this broker.
+    pub(crate) fn throttles(&self) -> &Arc<ReplicationThrottles> {
+        &self.throttles
     }
 
     /// This broker's id.

@@ -311,6 +311,13 @@ pub async fn run_listeners(
     spawn_periodic_tasks(&tracker, &logs, &broker.config, &stop);
     spawn_cleaner(&tracker, &logs, &broker.config, &stop);
     crate::topic_config::spawn_watcher(&tracker, &broker, &stop);
+    crate::dynamic_config::spawn_watcher(
+        &tracker,
+        store.clone(),
+        broker.config.broker_id,
+        broker.replicas.throttles().clone(),
+        &stop,
+    );
     crate::txn::spawn(&tracker, &broker, &stop);
     if let Some(listener) = metrics_listener {
         tracing::info!(address = %listener.local_addr().map_err(Error::Network)?, "serving metrics at /metrics");

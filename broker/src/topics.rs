@@ -28,6 +28,7 @@ use uuid::Uuid;
 use crate::cluster::ClusterView;
 use crate::codec::error_code;
 use crate::limits::PartitionLimits;
+use crate::replication::throttle::{ThrottledReplicas, TopicThrottles, FOLLOWER_REPLICAS, LEADER_REPLICAS};
 use crate::replication::ReplicaManager;
 use crate::Error;
 
@@ -70,6 +71,8 @@ pub(crate) struct Topic {
     pub(crate) overrides: BTreeMap<String, String>,
     /// Effective `unclean.leader.election.enable`.
     pub(crate) unclean_leader_election: bool,
+    /// The `*.replication.throttled.replicas` lists.
+    pub(crate) throttles: TopicThrottles,
 }
 
 impl Topic {
@@ -91,7 +94,8 @@ impl Topic {
                 .ok_or_else(|| TopicError::InvalidReplicaAssignment(format!("topic id {text:?} is not 16 bytes of base64")))?,
         };
         let (config, unclean_leader_election) = effective_config(settings, &overrides, true)?;
-        Ok(Self { name: name.to_owned(), topic_id, replicas, config, overrides, unclean_leader_election })
+        let throttles = TopicThrottles::from_overrides(&overrides).map_err(TopicError::InvalidConfig)?;
+        Ok(Self { name: name.to_owned(), topic_id, replicas, config, overrides, unclean_leader_election, throttles })
     }
 
     pub(crate) fn new(
@@ -102,7 +106,8 @@ impl Topic {
         settings: &TopicSettings,
     ) -> Result<Self, TopicError> {
         let (config, unclean_leader_election) = effective_config(settings, &overrides, false)?;
-        Ok(Self { name: name.to_owned(), topic_id, replicas, config, overrides, unclean_leader_election })
+        let throttles = TopicThrottles::from_overrides(&overrides).map_err(TopicError::InvalidConfig)?;
+        Ok(Self { name: name.to_owned(), topic_id, replicas, config, overrides, unclean_leader_election, throttles })
     }
 
     /// Number of partitions.
@@ -131,7 +136,10 @@ fn effective_config(
     // settings included, is the log's: the cleaner and the produce path read them from
     // the log's config.
     for (key, value) in overrides {
-        if key == UNCLEAN_LEADER_ELECTION {
+        if key == LEADER_REPLICAS || key == FOLLOWER_REPLICAS {
+            // The replication throttles' lists: INVALID_CONFIG unless Kafka's syntax.
+            ThrottledReplicas::parse(value).map_err(|reason| TopicError::InvalidConfig(format!("{key}={value}: {reason}")))?;
+        } else if key == UNCLEAN_LEADER_ELECTION {
             unclean =
                 value.trim().parse().map_err(|_| TopicError::InvalidConfig(format!("{key}={value}: expected true or false")))?;
         } else {
@@ -867,7 +875,16 @@ mod tests {
         ]);
         let topic = Topic::new("t", Uuid::nil(), vec![vec![1, 2]], overrides, &settings).unwrap();
         assert_eq!((topic.config.min_insync_replicas, topic.unclean_leader_election), (2, true));
-        for (key, value) in [("min.insync.replicas", "0"), ("unclean.leader.election.enable", "maybe"), ("nope", "1")] {
+        let overrides = BTreeMap::from([(LEADER_REPLICAS.to_owned(), "0:1, 0:2".to_owned())]);
+        let topic = Topic::new("t", Uuid::nil(), vec![vec![1, 2]], overrides, &settings).unwrap();
+        assert!(topic.throttles.leader.covers(0, 2) && !topic.throttles.follower.covers(0, 2));
+        for (key, value) in [
+            ("min.insync.replicas", "0"),
+            ("unclean.leader.election.enable", "maybe"),
+            ("nope", "1"),
+            (LEADER_REPLICAS, "0-1"),
+            (FOLLOWER_REPLICAS, "*,0:1"),
+        ] {
             let overrides = BTreeMap::from([(key.to_owned(), value.to_owned())]);
             assert!(matches!(
                 Topic::new("t", Uuid::nil(), vec![vec![1]], overrides, &settings),

@@ -26,18 +26,18 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-async fn replicas(cluster: &Cluster) -> Vec<i32> {
-    cluster.assignment(TOPIC).await.unwrap().unwrap().partitions["0"].clone()
+async fn replicas_of(cluster: &Cluster, topic: &str) -> Vec<i32> {
+    cluster.assignment(topic).await.unwrap().unwrap().partitions["0"].clone()
 }
 
-async fn wait_for_replicas(cluster: &Cluster, want: &[i32]) {
-    wait_until(REACT, &format!("{TOPIC}-0 on {want:?}"), || async {
-        let assignment = cluster.assignment(TOPIC).await?.expect("the topic exists");
+async fn wait_for_replicas(cluster: &Cluster, topic: &str, want: &[i32]) {
+    wait_until(REACT, &format!("{topic}-0 on {want:?}"), || async {
+        let assignment = cluster.assignment(topic).await?.expect("the topic exists");
         Ok((assignment.partitions["0"] == want && assignment.adding_replicas.is_empty()).then_some(()))
     })
     .await
     .unwrap();
-    cluster.wait_for_isr(TOPIC, 0, want, REACT).await.unwrap();
+    cluster.wait_for_isr(topic, 0, want, REACT).await.unwrap();
 }
 
 /// The cluster tests run one at a time: each runs ZooKeeper and several brokers.
@@ -55,7 +55,7 @@ async fn a_plan_is_executed_verified_and_a_broker_decommissioned() {
     topic.replication_factor = 2;
     admin.create_topics(&[topic]).await.unwrap();
     cluster.wait_fully_replicated(TOPIC, REACT).await.unwrap();
-    let before = replicas(&cluster).await;
+    let before = replicas_of(&cluster, TOPIC).await;
     let spare = *cluster.ids().iter().find(|id| !before.contains(id)).unwrap();
     let target = vec![spare, before[1]];
 
@@ -71,7 +71,7 @@ async fn a_plan_is_executed_verified_and_a_broker_decommissioned() {
     let out = stdout(&fjord(&["reassign", "--execute", "--plan", plan, &bootstrap]).await);
     assert!(out.contains(&format!("Successfully started partition reassignments for {TOPIC}-0")), "{out}");
     assert!(out.contains(&format!("\"replicas\":{before:?}").replace(' ', "")), "the rollback plan: {out}");
-    wait_for_replicas(&cluster, &target).await;
+    wait_for_replicas(&cluster, TOPIC, &target).await;
     let out = stdout(&fjord(&["reassign", "--verify", "--reassignment-json-file", plan, &bootstrap]).await);
     assert!(out.contains(&format!("Reassignment of partition {TOPIC}-0 is completed.")), "{out}");
 
@@ -82,7 +82,7 @@ async fn a_plan_is_executed_verified_and_a_broker_decommissioned() {
     // The spare broker goes: its replica moves to the only broker without one.
     let out = stdout(&fjord(&["reassign", "--decommission", &spare.to_string(), &bootstrap]).await);
     assert!(out.contains("Proposed partition reassignment configuration"), "{out}");
-    wait_for_replicas(&cluster, &[before[0], before[1]]).await;
+    wait_for_replicas(&cluster, TOPIC, &[before[0], before[1]]).await;
     wait_until(REACT, "the decommissioned broker drops its copy", || async {
         Ok((!cluster.data_dir(spare).join(format!("{TOPIC}-0")).exists()).then_some(()))
     })
@@ -228,4 +228,116 @@ async fn a_broker_is_decommissioned_under_acks_all_load_and_nothing_is_lost() {
     })
     .await
     .unwrap();
+}
+
+/// Issue #22: `fjord reassign --execute --throttle` holds the catch-up of a new replica to
+/// the rate. A partition of ~9 MB on one broker gets a second replica under a 2 MB/s
+/// throttle: from the new replica's first byte until it is in the ISR, the bytes it
+/// copied over that time are at most 1.2x the limit (unthrottled, a local copy runs at
+/// several times that). `--verify` then removes the throttle, and every record is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_reassignment_catches_up_at_the_throttle_rate() {
+    let _serial = serial().await;
+    const TOPIC: &str = "throttled";
+    const LIMIT: f64 = 2_000_000.0;
+    const RECORDS: usize = 900;
+    let cluster = Cluster::builder().brokers(2).config("replica.fetch.wait.max.ms", 100).start().await.unwrap();
+    let client = ClientConfig::new(&cluster.bootstrap());
+    let admin = Admin::connect(client.clone()).await.unwrap();
+    admin.create_topics(&[NewTopic::new(TOPIC, 1)]).await.unwrap();
+    cluster.wait_fully_replicated(TOPIC, REACT).await.unwrap();
+    let source = replicas_of(&cluster, TOPIC).await;
+    let (from, to) = (source[0], *cluster.ids().iter().find(|id| !source.contains(id)).unwrap());
+
+    // ~10 KB records that do not compress: ~9 MB in all.
+    let producer =
+        Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, ..ProducerConfig::default() }).await.unwrap();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut sent = Vec::with_capacity(RECORDS);
+    for i in 0..RECORDS {
+        let body: String = (0..10_000)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                char::from(b'a' + (seed % 26) as u8)
+            })
+            .collect();
+        sent.push(format!("{i:06}-{body}"));
+    }
+    let mut acks = Vec::new();
+    for value in &sent {
+        acks.push(producer.send(ProducerRecord::new(TOPIC, value.clone())).await.unwrap());
+    }
+    for ack in acks {
+        ack.await.unwrap();
+    }
+    let size = cluster.log_bytes(from, TOPIC, 0).unwrap().len();
+    assert!(size > 8_000_000, "{size} bytes");
+
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    std::fs::write(
+        &plan,
+        format!(r#"{{"version":1,"partitions":[{{"topic":"{TOPIC}","partition":0,"replicas":[{from},{to}]}}]}}"#),
+    )
+    .unwrap();
+    let (plan, bootstrap) = (plan.to_str().unwrap(), format!("--bootstrap={}", cluster.bootstrap()));
+    let args: Vec<String> =
+        ["reassign", "--execute", "--plan", plan, "--throttle", "2000000", &bootstrap].iter().map(|s| s.to_string()).collect();
+    let execute = tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(&args).output().unwrap());
+
+    // From the new replica's first byte until it is in the ISR.
+    let copy = cluster.data_dir(to).join(format!("{TOPIC}-0"));
+    let copied = |copy: &std::path::Path| -> u64 {
+        std::fs::read_dir(copy)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+                    .map(|e| e.metadata().map_or(0, |m| m.len()))
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut first_byte = None;
+    loop {
+        assert!(Instant::now() < deadline, "the new replica did not catch up within 60 s");
+        if first_byte.is_none() && copied(&copy) > 0 {
+            first_byte = Some(Instant::now());
+        }
+        let state = cluster.partition_state(TOPIC, 0).await.unwrap().unwrap();
+        if state.isr.contains(&to) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let caught_up = first_byte.expect("the new replica got bytes").elapsed();
+    let out = stdout(&execute.await.unwrap());
+    assert!(out.contains("The inter-broker throttle limit was set to 2000000 B/s"), "{out}");
+    let rate = size as f64 / caught_up.as_secs_f64();
+    println!(
+        "throttled catch-up: {size} bytes in {caught_up:?} = {:.0} B/s against a limit of {LIMIT:.0} B/s ({:.2}x)",
+        rate,
+        rate / LIMIT
+    );
+    assert!(rate <= 1.2 * LIMIT, "catch-up at {rate:.0} B/s, above 1.2x the {LIMIT:.0} B/s throttle");
+
+    let throttle_keys = ["leader.replication.throttled.replicas", "follower.replication.throttled.replicas"];
+    let described = admin.describe_configs(TOPIC).await.unwrap();
+    let value = |entries: &[fjord_client::ConfigEntry], key: &str| {
+        entries.iter().find(|e| e.name == key).and_then(|e| e.value.clone()).unwrap_or_default()
+    };
+    assert_eq!(value(&described, throttle_keys[0]), format!("0:{from}"));
+    assert_eq!(value(&described, throttle_keys[1]), format!("0:{to}"));
+    wait_for_replicas(&cluster, TOPIC, &[from, to]).await;
+    let out = stdout(&fjord(&["reassign", "--verify", "--plan", plan, &bootstrap]).await);
+    assert!(out.contains("is completed.") && out.contains("Throttle was removed."), "{out}");
+    let described = admin.describe_configs(TOPIC).await.unwrap();
+    for key in throttle_keys {
+        assert_eq!(value(&described, key), "", "{key} removed");
+    }
+    assert_eq!(read_values(&client, TOPIC, 0).await.unwrap(), sent, "every record, in order");
+    assert_eq!(cluster.log_bytes(to, TOPIC, 0).unwrap().len(), size, "the new replica holds the whole log");
 }

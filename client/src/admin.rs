@@ -24,6 +24,16 @@ use crate::error::{Error, Result};
 
 /// ConfigResource type of a topic in DescribeConfigs/IncrementalAlterConfigs.
 const TOPIC_RESOURCE: i8 = 2;
+/// DescribeConfigs / AlterConfigs resource type BROKER.
+const BROKER_RESOURCE: i8 = 4;
+
+/// What a config change applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigResource {
+    Topic(String),
+    /// One broker's dynamic configs (sent to that broker, as Kafka's admin client does).
+    Broker(i32),
+}
 
 /// Which offset ListOffsets should find.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -367,6 +377,39 @@ impl Admin {
             if let Some(e) =
                 Error::kafka(r.error_code, format!("alter configs of {topic}"), r.error_message.map(|m| m.to_string()))
             {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets (`Some`) or deletes (`None`, back to the default) configs of a topic or a
+    /// broker (IncrementalAlterConfigs, operations SET and DELETE).
+    pub async fn incremental_alter_configs(&self, resource: &ConfigResource, changes: &[(String, Option<String>)]) -> Result<()> {
+        let (kind, name, conn) = match resource {
+            ConfigResource::Topic(topic) => (TOPIC_RESOURCE, topic.clone(), self.cluster.controller().await?),
+            ConfigResource::Broker(id) => (BROKER_RESOURCE, id.to_string(), self.cluster.broker(*id).await?),
+        };
+        let configs = changes
+            .iter()
+            .map(|(key, value)| {
+                AlterableConfig::default()
+                    .with_name(StrBytes::from_string(key.clone()))
+                    .with_config_operation(if value.is_some() { 0 } else { 1 })
+                    .with_value(value.clone().map(StrBytes::from_string))
+            })
+            .collect();
+        let request = IncrementalAlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
+            .with_resource_type(kind)
+            .with_resource_name(StrBytes::from_string(name.clone()))
+            .with_configs(configs)]);
+        let response = conn.request(&request, 1).await?;
+        for r in response.responses {
+            let context = match resource {
+                ConfigResource::Topic(topic) => format!("alter configs of {topic}"),
+                ConfigResource::Broker(id) => format!("alter configs of broker {id}"),
+            };
+            if let Some(e) = Error::kafka(r.error_code, context, r.error_message.map(|m| m.to_string())) {
                 return Err(e);
             }
         }

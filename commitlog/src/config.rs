@@ -299,14 +299,11 @@ impl LogConfig {
 
     /// Kafka topic keys that [`LogConfig::set`] accepts and ignores, with why: they
     /// have no effect in this broker, and refusing them would fail the tools that send
-    /// them (Kafka's reassignment tool sets the throttle lists; older tools and Terraform
-    /// providers send `message.format.version`). Each value is still checked as Kafka
-    /// checks its type.
+    /// them (older tools and Terraform providers send `message.format.version`). Each
+    /// value is still checked as Kafka checks its type.
     pub const IGNORED_KEYS: &'static [(&'static str, &'static str)] = &[
         ("message.format.version", "batches are always stored in the v2 format (Kafka 3.0 deprecated the key)"),
         ("message.downconversion.enable", "old fetch versions get the v2 batches as stored: nothing is down-converted"),
-        ("leader.replication.throttled.replicas", "replication is not throttled"),
-        ("follower.replication.throttled.replicas", "replication is not throttled"),
         ("segment.jitter.ms", "segments roll at segment.ms exactly; the jitter only spreads rolls in time"),
     ];
 
@@ -372,6 +369,8 @@ impl LogConfig {
             "segment.jitter.ms" => {
                 non_negative(int()?)?;
             }
+            // The throttled-replica lists are the broker's (its replication throttles read
+            // and validate them); the log has no use for them.
             "message.format.version" | "leader.replication.throttled.replicas" | "follower.replication.throttled.replicas" => {}
             _ => return Err(bad("unknown log config")),
         }

@@ -22,6 +22,7 @@ use super::broker_configs;
 use crate::codec::error_code;
 use crate::connection::Session;
 use crate::handler::Broker;
+use crate::replication::throttle::{FOLLOWER_REPLICAS, LEADER_REPLICAS};
 use crate::topic_config;
 use crate::topics::{validate_topic_name, TopicError, UNCLEAN_LEADER_ELECTION};
 use fjord_auth::Operation;
@@ -32,7 +33,7 @@ const OP_DELETE: i8 = 1;
 const OP_APPEND: i8 = 2;
 const OP_SUBTRACT: i8 = 3;
 /// The topic configs whose values are lists (APPEND and SUBTRACT apply to them only).
-const LIST_KEYS: &[&str] = &["cleanup.policy"];
+const LIST_KEYS: &[&str] = &["cleanup.policy", LEADER_REPLICAS, FOLLOWER_REPLICAS];
 /// Compare-and-set attempts before giving up on a config node that keeps changing.
 const CAS_ATTEMPTS: usize = 10;
 
@@ -48,7 +49,9 @@ fn invalid_request(message: impl Into<String>) -> Refusal {
 fn unknown_key(name: &str) -> Option<Refusal> {
     let known = LogConfig::KEYS.contains(&name)
         || LogConfig::IGNORED_KEYS.iter().any(|(key, _)| *key == name)
-        || name == UNCLEAN_LEADER_ELECTION;
+        || name == UNCLEAN_LEADER_ELECTION
+        || name == LEADER_REPLICAS
+        || name == FOLLOWER_REPLICAS;
     (!known).then(|| (error_code::INVALID_CONFIG, format!("unknown topic config {name}")))
 }
 

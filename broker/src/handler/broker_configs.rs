@@ -5,13 +5,15 @@
 //! `/config/brokers/<default>` (every broker), and so do we, with Kafka's checks: the
 //! resource names this broker or is empty (the cluster default), and a key that is not
 //! dynamically updatable is INVALID_REQUEST naming it. Fjord's own broker keys are all
-//! static (they are read once at start: change the config file and restart), so the
-//! only keys taken are the dynamic Kafka keys listed in [`ACCEPTED_AND_IGNORED`], for
-//! what Fjord does not have (Kerberos, Java thread pools). They are validated by type,
-//! stored, and shown by DescribeConfigs as dynamic configs, so tools that set them (and
-//! read them back) work; they change nothing here. A key neither Fjord nor that list
-//! knows is INVALID_CONFIG: Kafka would store it as a plugin's custom config, but Fjord
-//! has no plugins, and a typo should not be stored silently.
+//! static (they are read once at start: change the config file and restart). The keys
+//! taken are the replication throttle rates ([`DYNAMIC`], which every broker applies
+//! live from a watch on its node and the default's: [`crate::dynamic_config`]) and the
+//! dynamic Kafka keys listed in [`ACCEPTED_AND_IGNORED`], for what Fjord does not have
+//! (Kerberos, Java thread pools). Those are validated by type, stored, and shown by
+//! DescribeConfigs as dynamic configs, so tools that set them (and read them back)
+//! work; they change nothing here. A key neither Fjord nor those lists know is
+//! INVALID_CONFIG: Kafka would store it as a plugin's custom config, but Fjord has no
+//! plugins, and a typo should not be stored silently.
 
 use std::collections::BTreeMap;
 
@@ -20,11 +22,12 @@ use fjord_coord::{create_all, paths, CreateMode, MetadataStore};
 
 use super::alter_configs::Refusal;
 use crate::codec::error_code;
+use crate::replication::throttle::{FOLLOWER_RATE, LEADER_RATE};
 use crate::topics::TopicConfigDocument;
 use crate::BrokerConfig;
 
 /// The node of the cluster-wide default (`/config/brokers/<default>`, Kafka's name).
-pub(super) const DEFAULT_RESOURCE: &str = "<default>";
+pub(crate) const DEFAULT_RESOURCE: &str = "<default>";
 /// Compare-and-set attempts before giving up on a node that keeps changing.
 const CAS_ATTEMPTS: usize = 10;
 
@@ -33,7 +36,8 @@ const CAS_ATTEMPTS: usize = 10;
 pub(super) enum ValueType {
     /// An int of at least this.
     Int(i32),
-    Long,
+    /// A long of at least this.
+    Long(i64),
     Double,
     Str,
     List,
@@ -51,13 +55,21 @@ pub(super) const ACCEPTED_AND_IGNORED: &[(&str, ValueType, &str)] = &[
     ("sasl.kerberos.kinit.cmd", ValueType::Str, "Fjord has no GSSAPI (Kerberos) mechanism"),
     ("sasl.kerberos.ticket.renew.window.factor", ValueType::Double, "Fjord has no GSSAPI (Kerberos) mechanism"),
     ("sasl.kerberos.ticket.renew.jitter", ValueType::Double, "Fjord has no GSSAPI (Kerberos) mechanism"),
-    ("sasl.kerberos.min.time.before.relogin", ValueType::Long, "Fjord has no GSSAPI (Kerberos) mechanism"),
+    ("sasl.kerberos.min.time.before.relogin", ValueType::Long(i64::MIN), "Fjord has no GSSAPI (Kerberos) mechanism"),
     ("sasl.kerberos.principal.to.local.rules", ValueType::List, "Fjord has no GSSAPI (Kerberos) mechanism"),
 ];
 
+/// Kafka's dynamically updatable broker keys that Fjord applies live: the replication
+/// throttle rates, bytes per second (Long.MAX_VALUE, the default, is no throttle).
+pub(super) const DYNAMIC: &[(&str, ValueType)] = &[(LEADER_RATE, ValueType::Long(0)), (FOLLOWER_RATE, ValueType::Long(0))];
+
 /// The type of an accepted key, `None` for any other key.
 fn accepted(name: &str) -> Option<ValueType> {
-    ACCEPTED_AND_IGNORED.iter().find(|(key, ..)| *key == name).map(|(_, kind, _)| *kind)
+    DYNAMIC
+        .iter()
+        .find(|(key, _)| *key == name)
+        .map(|(_, kind)| *kind)
+        .or_else(|| ACCEPTED_AND_IGNORED.iter().find(|(key, ..)| *key == name).map(|(_, kind, _)| *kind))
 }
 
 /// The node name of a broker resource: this broker's id or the cluster default.
@@ -96,7 +108,11 @@ pub(super) fn check(name: &str, value: Option<&str>) -> Result<(), Refusal> {
             Ok(_) => bad(&format!("must be at least {min}")),
             Err(_) => bad("not an int"),
         },
-        ValueType::Long => value.trim().parse::<i64>().map(drop).or_else(|_| bad("not a long")),
+        ValueType::Long(min) => match value.trim().parse::<i64>() {
+            Ok(n) if n >= min => Ok(()),
+            Ok(_) => bad(&format!("must be at least {min}")),
+            Err(_) => bad("not a long"),
+        },
         ValueType::Double => match value.trim().parse::<f64>() {
             Ok(v) if v.is_finite() => Ok(()),
             _ => bad("not a number"),
@@ -110,7 +126,7 @@ pub(super) fn config_type(name: &str) -> i8 {
     use super::admin::{TYPE_DOUBLE, TYPE_INT, TYPE_LIST, TYPE_LONG, TYPE_STRING};
     match accepted(name) {
         Some(ValueType::Int(_)) => TYPE_INT,
-        Some(ValueType::Long) => TYPE_LONG,
+        Some(ValueType::Long(_)) => TYPE_LONG,
         Some(ValueType::Double) => TYPE_DOUBLE,
         Some(ValueType::List) => TYPE_LIST,
         Some(ValueType::Str) | None => TYPE_STRING,
@@ -123,7 +139,7 @@ pub(super) fn is_list(name: &str) -> bool {
 }
 
 /// The dynamic configs stored for `node` and the version of its node (`None`: no node).
-pub(super) async fn read(store: &dyn MetadataStore, node: &str) -> crate::Result<(BTreeMap<String, String>, Option<i32>)> {
+pub(crate) async fn read(store: &dyn MetadataStore, node: &str) -> crate::Result<(BTreeMap<String, String>, Option<i32>)> {
     let path = paths::broker_config(node);
     match store.get(&path).await? {
         None => Ok((BTreeMap::new(), None)),
@@ -164,7 +180,7 @@ pub(super) async fn alter(
         };
         match outcome {
             Ok(()) => {
-                tracing::info!(node, configs = ?next, "stored dynamic broker configs (accepted and ignored by Fjord)");
+                tracing::info!(node, configs = ?next, "stored dynamic broker configs");
                 return Ok(());
             }
             Err(
@@ -195,11 +211,18 @@ mod tests {
         assert_eq!(check("num.partitions", None).unwrap_err().0, error_code::INVALID_REQUEST);
         assert_eq!(check("no.such.key", Some("1")).unwrap_err().0, error_code::INVALID_CONFIG);
         assert!(is_list("sasl.kerberos.principal.to.local.rules") && !is_list("background.threads"));
+        // The replication throttle rates: non-negative longs.
+        assert_eq!(check(LEADER_RATE, Some("2000000")), Ok(()));
+        assert_eq!(check(FOLLOWER_RATE, Some(&i64::MAX.to_string())), Ok(()));
+        assert_eq!(check(FOLLOWER_RATE, None), Ok(()));
+        assert_eq!(check(LEADER_RATE, Some("-1")).unwrap_err().0, error_code::INVALID_CONFIG);
+        assert_eq!(check(LEADER_RATE, Some("fast")).unwrap_err().0, error_code::INVALID_CONFIG);
+        assert_eq!(config_type(LEADER_RATE), super::super::admin::TYPE_LONG);
     }
 
     #[test]
     fn no_accepted_key_is_one_of_fjords_own() {
-        for (key, ..) in ACCEPTED_AND_IGNORED {
+        for key in ACCEPTED_AND_IGNORED.iter().map(|(key, ..)| key).chain(DYNAMIC.iter().map(|(key, _)| key)) {
             let mut probe = BrokerConfig::default();
             assert!(
                 matches!(probe.set(key, ""), Err(crate::Error::UnknownConfig { .. })),

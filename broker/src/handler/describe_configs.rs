@@ -33,6 +33,7 @@ use crate::codec::error_code;
 use crate::config::broker_keys_of;
 use crate::connection::Session;
 use crate::handler::Broker;
+use crate::replication::throttle::{FOLLOWER_REPLICAS, LEADER_REPLICAS};
 use crate::BrokerConfig;
 
 /// DescribeConfigs config sources.
@@ -230,6 +231,15 @@ pub(crate) fn topic_configs(
             synonyms.push((Cow::Borrowed(default_name), default_value, SOURCE_DEFAULT));
             Described { name: Cow::Borrowed(name), config_type, synonyms }
         })
+        .chain([LEADER_REPLICAS, FOLLOWER_REPLICAS].map(|name| {
+            // The replication throttles' lists: topic keys only, empty by default.
+            let mut synonyms = Vec::new();
+            if let Some(value) = overrides.get(name) {
+                synonyms.push((Cow::Borrowed(name), value.clone(), SOURCE_DYNAMIC_TOPIC));
+            }
+            synonyms.push((Cow::Borrowed(name), String::new(), SOURCE_DEFAULT));
+            Described { name: Cow::Borrowed(name), config_type: TYPE_LIST, synonyms }
+        }))
         .collect()
 }
 
@@ -367,7 +377,13 @@ mod tests {
         assert_eq!(synonyms(retention)[1], ("log.retention.ms", "604800000", SOURCE_DEFAULT));
         let segment = find(&described, "segment.bytes");
         assert_eq!(segment.source(), SOURCE_DEFAULT);
-        assert_eq!(described.len(), log_config_entries(&config).len() + 1, "every key, not only the overrides");
+        assert_eq!(described.len(), log_config_entries(&config).len() + 3, "every key, not only the overrides");
+        let throttled = find(&described, LEADER_REPLICAS);
+        assert_eq!((throttled.value(), throttled.source(), throttled.config_type), ("", SOURCE_DEFAULT, TYPE_LIST));
+        let overrides = [(FOLLOWER_REPLICAS.to_owned(), "0:2".to_owned())].into_iter().collect();
+        let described = topic_configs(&config, false, &overrides, &broker);
+        let throttled = find(&described, FOLLOWER_REPLICAS);
+        assert_eq!((throttled.value(), throttled.source()), ("0:2", SOURCE_DYNAMIC_TOPIC));
 
         let broker_side = broker_configs(&broker, 1000);
         assert_eq!(find(&broker_side, "num.partitions").source(), SOURCE_STATIC_BROKER);

@@ -26,6 +26,11 @@
 //! TOPIC_AUTHORIZATION_FAILED, as Kafka answers a replica Fetch without ClusterAction,
 //! and moves no follower state: a client could otherwise keep a lagging replica in the
 //! ISR by fetching in its name.
+//!
+//! A follower outside the ISR fetching a partition this broker leads under a throttle
+//! (`leader.replication.throttled.*`, see [`crate::replication::throttle`]) gets no
+//! records for it while the leader's rate is exceeded (the fetch waits as a delayed
+//! fetch would); the bytes sent for throttled partitions are counted against the rate.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +45,7 @@ use crate::connection::Session;
 use crate::fetch_response::{FetchResponseData, FetchedRecords, PartitionData, TopicData};
 use crate::handler::{log_error_code, Broker};
 use crate::partition::Partition;
+use crate::replication::throttle::Side;
 use fjord_auth::{Operation, Resource};
 
 /// One requested partition, resolved once per fetch.
@@ -121,23 +127,36 @@ impl Broker {
         let min_bytes = usize::try_from(request.min_bytes).unwrap_or(0);
         let deadline = Instant::now() + Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0));
         let waiter = Arc::new(Notify::new());
-        loop {
+        let data = loop {
             for (_, _, partitions) in &wanted {
                 for partition in partitions.iter().filter_map(|w| w.partition.as_ref().ok()) {
                     partition.register_waiter(&waiter);
                 }
             }
-            let (data, has_error) = self.read_partitions(&wanted, max_bytes, replica.is_some(), read_committed, zero_copy);
+            let (data, has_error) = self.read_partitions(&wanted, max_bytes, replica, read_committed, zero_copy);
             if has_error || data.records_bytes() >= min_bytes || Instant::now() >= deadline {
-                return data;
+                break data;
             }
             tokio::select! {
                 () = waiter.notified() => {}
                 () = tokio::time::sleep_until(deadline) => {
-                    return self.read_partitions(&wanted, max_bytes, replica.is_some(), read_committed, zero_copy).0;
+                    break self.read_partitions(&wanted, max_bytes, replica, read_committed, zero_copy).0;
                 }
             }
+        };
+        if replica.is_some() {
+            // Kafka counts what it sends for every throttled partition, in the ISR or not.
+            let throttles = self.replicas.throttles();
+            let throttled: usize = data
+                .topics
+                .iter()
+                .flat_map(|t| t.partitions.iter().map(move |p| (&t.topic, p)))
+                .filter(|(topic, p)| throttles.is_throttled(Side::Leader, topic, p.partition_index))
+                .map(|(_, p)| p.records.len())
+                .sum();
+            throttles.record(Side::Leader, throttled as u64);
         }
+        data
     }
 
     /// One pass over the requested partitions; also says whether any partition has an
@@ -146,7 +165,7 @@ impl Broker {
         &self,
         wanted: &[(String, Uuid, Vec<Wanted>)],
         max_bytes: usize,
-        replica: bool,
+        replica: Option<i32>,
         read_committed: bool,
         zero_copy: bool,
     ) -> (FetchResponseData, bool) {
@@ -177,7 +196,7 @@ impl Broker {
         wanted: &Wanted,
         remaining: usize,
         first: bool,
-        replica: bool,
+        replica: Option<i32>,
         read_committed: bool,
         zero_copy: bool,
     ) -> PartitionData {
@@ -208,10 +227,17 @@ impl Broker {
         data.high_watermark = high_watermark;
         data.last_stable_offset = last_stable_offset;
         data.log_start_offset = log.log_start_offset();
+        if let Some(replica) = replica {
+            let in_sync = partition.state().isr.contains(&replica);
+            let tp = &partition.tp;
+            if self.replicas.throttles().must_wait(Side::Leader, &tp.topic, tp.partition, in_sync) {
+                return data;
+            }
+        }
         let limit = wanted.partition_max_bytes.min(remaining);
         // Consumers never see above the high watermark (read_committed ones above the last
         // stable offset); followers need everything.
-        let upper_bound = match (replica, read_committed) {
+        let upper_bound = match (replica.is_some(), read_committed) {
             (true, _) => None,
             (false, false) => Some(high_watermark),
             (false, true) => Some(last_stable_offset),

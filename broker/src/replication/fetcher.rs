@@ -10,10 +10,16 @@
 //! leader answers with an error waits alone (the others keep fetching, so one stale
 //! partition cannot push the rest out of the ISR); a leader that is unreachable or not
 //! registered is logged and retried. Nothing here stops the broker.
+//!
+//! A partition this broker follows under a throttle (`follower.replication.throttled.*`,
+//! see [`super::throttle`]) and that is not in the ISR is left out of a round while the
+//! follower's rate is exceeded; a round left with nothing to fetch sleeps until the rate
+//! is back under its limit (at most `replica.fetch.backoff.ms`, as Kafka's fetcher does
+//! with an empty fetch).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fjord_coord::registry::{read_json, BrokerRegistration};
 use fjord_coord::{paths, Store};
@@ -29,6 +35,7 @@ use tokio_util::task::TaskTracker;
 use crate::codec::error_code;
 use crate::partition::{FollowerStep, Partition};
 use crate::replication::peer::{Peer, PeerConfig, PeerError};
+use crate::replication::throttle::{ReplicationThrottles, Side};
 use crate::replication::ReplicationConfig;
 
 /// Fetch v12: the last version that names topics by name (as this broker serves).
@@ -49,6 +56,8 @@ pub(crate) struct FetchContext {
     /// Notified when a repair healed a log here, so that its unhealthy listing goes at
     /// once (`crate::replica_health::publish`).
     pub(crate) health_changed: Arc<Notify>,
+    /// The follower's replication throttle.
+    pub(crate) throttles: Arc<ReplicationThrottles>,
 }
 
 type PartitionSet = Arc<Mutex<HashMap<TopicPartition, Arc<Partition>>>>;
@@ -235,8 +244,19 @@ async fn round(
     if !truncating.is_empty() {
         failed.extend(truncate(context, leader, peer, &truncating).await?);
     }
+    // Throttled replicas outside the ISR wait while the follower's rate is exceeded.
+    let throttles = &context.throttles;
+    let wanted = fetching.len();
+    fetching.retain(|(partition, ..)| {
+        let in_sync = partition.state().isr.contains(&context.broker_id);
+        !throttles.must_wait(Side::Follower, &partition.tp.topic, partition.tp.partition, in_sync)
+    });
     if !fetching.is_empty() {
         failed.extend(fetch(context, leader, peer, &fetching).await?);
+    } else if wanted > 0 && truncating.is_empty() {
+        // Everything is throttled: wait for the rate to come down instead of spinning.
+        let pause = throttles.delay(Side::Follower).clamp(Duration::from_millis(1), context.config.fetch_backoff);
+        tokio::time::sleep(pause).await;
     }
     Ok(failed)
 }
@@ -380,6 +400,9 @@ async fn fetch(
             let result = match data.error_code {
                 error_code::NONE => {
                     let records = data.records.as_deref().unwrap_or_default();
+                    if context.throttles.is_throttled(Side::Follower, &tp.topic, tp.partition) {
+                        context.throttles.record(Side::Follower, records.len() as u64);
+                    }
                     partition.append_as_follower(leader, leader_epoch, fetch_offset, records, data.high_watermark).map(drop)
                 }
                 error_code::OFFSET_OUT_OF_RANGE => {

@@ -3,13 +3,20 @@
 //! ListPartitionReassignments, with its reassignment JSON
 //! (`{"version":1,"partitions":[{"topic":"t","partition":0,"replicas":[1,2,3]}]}`;
 //! `log_dirs` is accepted and ignored).
+//!
+//! `--execute --throttle BYTES_PER_SEC` throttles the catch-up of the moves as Kafka's
+//! tool does: each moving partition gets `leader.replication.throttled.replicas` on its
+//! current replicas and `follower.replication.throttled.replicas` on its new ones, and
+//! every broker involved gets the rate as `leader.replication.throttled.rate` and
+//! `follower.replication.throttled.rate`. `--verify` removes them once every move of the
+//! plan is complete.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{ArgGroup, Args};
-use fjord_client::Admin;
+use fjord_client::{Admin, ConfigResource};
 use serde_json::{json, Value};
 
 use super::ConnectArgs;
@@ -31,6 +38,10 @@ pub(crate) struct ReassignArgs {
     /// The reassignment JSON file (Kafka's format).
     #[arg(long, visible_alias = "reassignment-json-file", value_name = "FILE")]
     plan: Option<PathBuf>,
+    /// With --execute: throttle the replication of the moves to this many bytes per
+    /// second (on every broker involved); --verify removes the throttle once done.
+    #[arg(long, requires = "execute", value_name = "BYTES_PER_SEC", allow_hyphen_values = true)]
+    throttle: Option<String>,
     /// Move every replica off this broker (each to the live broker with the fewest
     /// replicas that does not hold the partition yet), so it can be retired; prints the plan.
     #[arg(long, value_name = "BROKER")]
@@ -70,6 +81,88 @@ fn plan_json(moves: &[Move]) -> String {
     json!({"version": 1, "partitions": partitions}).to_string()
 }
 
+/// The topic and broker keys of the replication throttles.
+const LEADER_REPLICAS: &str = "leader.replication.throttled.replicas";
+const FOLLOWER_REPLICAS: &str = "follower.replication.throttled.replicas";
+const LEADER_RATE: &str = "leader.replication.throttled.rate";
+const FOLLOWER_RATE: &str = "follower.replication.throttled.rate";
+
+/// `--throttle`: a non-negative whole number of bytes per second.
+fn parse_throttle(text: &str) -> anyhow::Result<u64> {
+    match text.trim().parse::<i64>() {
+        Ok(rate) if rate >= 0 => Ok(rate as u64),
+        Ok(_) => bail!("--throttle {text}: the rate must not be negative (bytes per second)"),
+        Err(_) => bail!("--throttle {text}: not a number of bytes per second"),
+    }
+}
+
+/// The throttles of `moves` (Kafka's rule): per topic, its
+/// `leader.replication.throttled.replicas` (every current replica of each moving
+/// partition: whichever leads it sends) and `follower.replication.throttled.replicas`
+/// (each new replica: it fetches), and the brokers involved, which get the rates.
+/// A partition whose replicas do not change is no move.
+fn throttles(moves: &[Move], current: &[Move]) -> (BTreeMap<String, (String, String)>, BTreeSet<i32>) {
+    let mut lists: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
+    let mut brokers = BTreeSet::new();
+    for (topic, partition, target) in moves {
+        let Some((_, _, now)) = current.iter().find(|(t, p, _)| t == topic && p == partition) else { continue };
+        if now == target {
+            continue;
+        }
+        let (leader, follower) = lists.entry(topic.clone()).or_default();
+        leader.extend(now.iter().map(|b| format!("{partition}:{b}")));
+        follower.extend(target.iter().filter(|b| !now.contains(b)).map(|b| format!("{partition}:{b}")));
+        brokers.extend(now.iter().chain(target));
+    }
+    let lists = lists.into_iter().map(|(topic, (leader, follower))| (topic, (leader.join(","), follower.join(",")))).collect();
+    (lists, brokers)
+}
+
+/// Refuses a plan naming a partition that does not exist or a broker that is not live,
+/// before anything is changed.
+fn check_plan(moves: &[Move], current: &[Move], live: &[i32]) -> anyhow::Result<()> {
+    for (topic, partition, replicas) in moves {
+        if !current.iter().any(|(t, p, _)| t == topic && p == partition) {
+            bail!("{topic}-{partition} does not exist");
+        }
+        if let Some(unknown) = replicas.iter().find(|b| !live.contains(b)) {
+            bail!("{topic}-{partition}: broker {unknown} is not a live broker (live: {live:?})");
+        }
+    }
+    Ok(())
+}
+
+/// Sets the throttles of `moves` to `rate` bytes per second.
+async fn set_throttles(admin: &Admin, moves: &[Move], current: &[Move], rate: u64) -> anyhow::Result<()> {
+    let (lists, brokers) = throttles(moves, current);
+    for (topic, (leader, follower)) in &lists {
+        let changes =
+            [(LEADER_REPLICAS.to_owned(), Some(leader.clone())), (FOLLOWER_REPLICAS.to_owned(), Some(follower.clone()))];
+        admin.incremental_alter_configs(&ConfigResource::Topic(topic.clone()), &changes).await?;
+    }
+    for &broker in &brokers {
+        let changes = [(LEADER_RATE.to_owned(), Some(rate.to_string())), (FOLLOWER_RATE.to_owned(), Some(rate.to_string()))];
+        admin.incremental_alter_configs(&ConfigResource::Broker(broker), &changes).await?;
+    }
+    println!("The inter-broker throttle limit was set to {rate} B/s on brokers {brokers:?}");
+    Ok(())
+}
+
+/// Removes the throttles of the plan's topics and the rates of every live broker.
+async fn clear_throttles(admin: &Admin, moves: &[Move], live: &[i32]) -> anyhow::Result<()> {
+    let topics: BTreeSet<&String> = moves.iter().map(|(t, _, _)| t).collect();
+    for topic in topics {
+        let changes = [(LEADER_REPLICAS.to_owned(), None), (FOLLOWER_REPLICAS.to_owned(), None)];
+        admin.incremental_alter_configs(&ConfigResource::Topic(topic.clone()), &changes).await?;
+    }
+    for &broker in live {
+        let changes = [(LEADER_RATE.to_owned(), None), (FOLLOWER_RATE.to_owned(), None)];
+        admin.incremental_alter_configs(&ConfigResource::Broker(broker), &changes).await?;
+    }
+    println!("Throttle was removed.");
+    Ok(())
+}
+
 /// The moves that take every replica off `broker`: each partition holding it gets, in its
 /// place, the live broker with the fewest replicas that does not hold the partition yet.
 fn decommission_plan(broker: i32, live: &[i32], current: &[Move]) -> anyhow::Result<Vec<Move>> {
@@ -94,6 +187,7 @@ fn decommission_plan(broker: i32, live: &[i32], current: &[Move]) -> anyhow::Res
 }
 
 pub(crate) async fn run(args: ReassignArgs) -> anyhow::Result<()> {
+    let throttle = args.throttle.as_deref().map(parse_throttle).transpose()?;
     let admin = Admin::connect(args.connect.client()?).await?;
     let metadata = admin.metadata().await?;
     let mut current: Vec<Move> = metadata
@@ -102,10 +196,10 @@ pub(crate) async fn run(args: ReassignArgs) -> anyhow::Result<()> {
         .flat_map(|t| t.partitions.iter().map(|p| (t.name.clone(), p.partition, p.replicas.clone())))
         .collect();
     current.sort();
+    let mut live: Vec<i32> = metadata.brokers.keys().copied().collect();
+    live.sort_unstable();
     let moves = match (&args.plan, args.decommission) {
         (_, Some(broker)) => {
-            let mut live: Vec<i32> = metadata.brokers.keys().copied().collect();
-            live.sort_unstable();
             let moves = decommission_plan(broker, &live, &current)?;
             println!("Proposed partition reassignment configuration\n{}", plan_json(&moves));
             moves
@@ -137,6 +231,10 @@ pub(crate) async fn run(args: ReassignArgs) -> anyhow::Result<()> {
         if mismatched > 0 {
             bail!("{mismatched} partition(s) of the plan are not on their target replicas");
         }
+        // Kafka's tool keeps the throttle while any move is still under way.
+        if !moves.iter().any(|(t, p, _)| in_progress.iter().any(|r| &r.topic == t && r.partition == *p)) {
+            clear_throttles(&admin, &moves, &live).await?;
+        }
         return Ok(());
     }
     if moves.is_empty() {
@@ -145,11 +243,17 @@ pub(crate) async fn run(args: ReassignArgs) -> anyhow::Result<()> {
     }
     let cancel = args.cancel;
     if !cancel {
+        check_plan(&moves, &current, &live)?;
+    }
+    if !cancel {
         // Kafka prints what to roll back to.
         let rollback: Vec<Move> =
             current.iter().filter(|(t, p, _)| moves.iter().any(|(mt, mp, _)| mt == t && mp == p)).cloned().collect();
         println!("Current partition replica assignment\n\n{}\n", plan_json(&rollback));
         println!("Save this to use as the --plan FILE during rollback");
+    }
+    if let Some(rate) = throttle {
+        set_throttles(&admin, &moves, &current, rate).await?;
     }
     let asked: Vec<(String, i32, Option<Vec<i32>>)> =
         moves.iter().map(|(t, p, r)| (t.clone(), *p, (!cancel).then(|| r.clone()))).collect();
@@ -184,6 +288,31 @@ mod tests {
         assert_eq!(parse_plan(&plan_json(&moves)).unwrap(), moves);
         assert!(parse_plan(r#"{"version":1}"#).is_err());
         assert!(parse_plan(r#"{"partitions":[{"topic":"t","partition":0,"replicas":["a"]}]}"#).is_err());
+    }
+
+    #[test]
+    fn throttles_go_on_the_current_replicas_as_leaders_and_the_new_ones_as_followers() {
+        let current = vec![("a".to_owned(), 0, vec![1, 2]), ("a".to_owned(), 1, vec![2, 3]), ("b".to_owned(), 0, vec![1])];
+        let moves = vec![("a".to_owned(), 0, vec![2, 4]), ("a".to_owned(), 1, vec![2, 3]), ("b".to_owned(), 0, vec![1, 3])];
+        let (lists, brokers) = throttles(&moves, &current);
+        // a-1 does not move: no entries for it.
+        assert_eq!(lists["a"], ("0:1,0:2".to_owned(), "0:4".to_owned()));
+        assert_eq!(lists["b"], ("0:1".to_owned(), "0:3".to_owned()));
+        assert_eq!(brokers, [1, 2, 3, 4].into());
+        assert!(throttles(&current, &current).0.is_empty(), "nothing moves: nothing throttled");
+    }
+
+    #[test]
+    fn bad_throttles_and_plans_are_refused_before_anything_changes() {
+        assert_eq!(parse_throttle("2000000").unwrap(), 2_000_000);
+        assert!(parse_throttle("-1").unwrap_err().to_string().contains("must not be negative"));
+        assert!(parse_throttle("2MB").unwrap_err().to_string().contains("not a number"));
+        let current = vec![("a".to_owned(), 0, vec![1, 2])];
+        assert!(check_plan(&[("a".to_owned(), 0, vec![2, 3])], &current, &[1, 2, 3]).is_ok());
+        let e = check_plan(&[("a".to_owned(), 0, vec![2, 9])], &current, &[1, 2, 3]).unwrap_err();
+        assert!(e.to_string().contains("broker 9 is not a live broker"), "{e}");
+        let e = check_plan(&[("a".to_owned(), 1, vec![2])], &current, &[1, 2, 3]).unwrap_err();
+        assert!(e.to_string().contains("a-1 does not exist"), "{e}");
     }
 
     #[test]
