@@ -341,3 +341,92 @@ async fn a_throttled_reassignment_catches_up_at_the_throttle_rate() {
     assert_eq!(read_values(&client, TOPIC, 0).await.unwrap(), sent, "every record, in order");
     assert_eq!(cluster.log_bytes(to, TOPIC, 0).unwrap().len(), size, "the new replica holds the whole log");
 }
+
+/// `fjord reassign --generate` (Kafka's `--generate`): the current assignment and a
+/// proposal over the given brokers, both in the plan format; the proposal executes as
+/// printed. Bad input (an unknown topic or broker, a negative or non-numeric throttle, a
+/// plan naming a dead broker) is refused with the reason and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generated_plan_executes_and_bad_input_changes_nothing() {
+    let _serial = serial().await;
+    let cluster = Cluster::builder().brokers(3).config("replica.fetch.wait.max.ms", 100).start().await.unwrap();
+    let admin = Admin::connect(cluster.client_config()).await.unwrap();
+    let mut one = NewTopic::new("gen-a", 3);
+    one.replication_factor = 2;
+    admin.create_topics(&[one, NewTopic::new("gen-b", 2)]).await.unwrap();
+    for topic in ["gen-a", "gen-b"] {
+        cluster.wait_fully_replicated(topic, REACT).await.unwrap();
+    }
+    let bootstrap = format!("--bootstrap={}", cluster.bootstrap());
+    let ids = cluster.ids();
+    let brokers = ids.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
+    let out = stdout(&fjord(&["reassign", "--generate", "--topics", "gen-a,gen-b", "--brokers", &brokers, &bootstrap]).await);
+    let (current, proposed) =
+        out.split_once("Proposed partition reassignment configuration\n").unwrap_or_else(|| panic!("no proposal: {out}"));
+    assert!(current.starts_with("Current partition replica assignment\n"), "{out}");
+    let plan: serde_json::Value = serde_json::from_str(proposed.trim()).unwrap();
+    let partitions = plan["partitions"].as_array().unwrap();
+    assert_eq!(partitions.len(), 5, "{plan}");
+    let mut leaders = BTreeSet::new();
+    for p in partitions {
+        let replicas: Vec<i32> = p["replicas"].as_array().unwrap().iter().map(|r| r.as_i64().unwrap() as i32).collect();
+        let factor = if p["topic"] == "gen-a" { 2 } else { 1 };
+        assert_eq!(replicas.len(), factor, "{p}");
+        assert!(replicas.iter().all(|r| ids.contains(r)), "{p}");
+        leaders.insert(replicas[0]);
+    }
+    assert_eq!(leaders.len(), ids.len(), "leaders spread over every broker: {plan}");
+    let current_plan: serde_json::Value =
+        serde_json::from_str(current.trim_start_matches("Current partition replica assignment\n").trim()).unwrap();
+    assert_eq!(current_plan["partitions"].as_array().unwrap().len(), 5, "{current}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("generated.json");
+    std::fs::write(&path, proposed.trim()).unwrap();
+    let path = path.to_str().unwrap();
+
+    // Bad input first: each refused, nothing changed.
+    let before = (cluster.assignment("gen-a").await.unwrap(), cluster.assignment("gen-b").await.unwrap());
+    let refused = |o: Output, reason: &str| {
+        assert!(!o.status.success(), "accepted: {o:?}");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(stderr.contains(reason), "{reason:?} not in {stderr}");
+    };
+    refused(
+        fjord(&["reassign", "--generate", "--topics", "gen-a", "--brokers", "1,2,99", &bootstrap]).await,
+        "broker 99 is not a live broker",
+    );
+    refused(
+        fjord(&["reassign", "--generate", "--topics", "nope", "--brokers", &brokers, &bootstrap]).await,
+        "topic nope does not exist",
+    );
+    refused(fjord(&["reassign", "--execute", "--plan", path, "--throttle", "-5", &bootstrap]).await, "must not be negative");
+    refused(fjord(&["reassign", "--execute", "--plan", path, "--throttle", "fast", &bootstrap]).await, "not a number");
+    let dead = dir.path().join("dead.json");
+    std::fs::write(&dead, r#"{"version":1,"partitions":[{"topic":"gen-a","partition":0,"replicas":[1,99]}]}"#).unwrap();
+    refused(
+        fjord(&["reassign", "--execute", "--plan", dead.to_str().unwrap(), "--throttle", "1000", &bootstrap]).await,
+        "broker 99 is not a live broker",
+    );
+    assert_eq!((cluster.assignment("gen-a").await.unwrap(), cluster.assignment("gen-b").await.unwrap()), before);
+    let configs = admin.describe_configs("gen-a").await.unwrap();
+    assert!(
+        configs.iter().filter(|e| e.name.contains("throttled")).all(|e| e.value.as_deref().unwrap_or_default().is_empty()),
+        "{configs:?}"
+    );
+
+    let out = stdout(&fjord(&["reassign", "--execute", "--plan", path, &bootstrap]).await);
+    assert!(out.contains("Successfully started partition reassignments"), "{out}");
+    for p in partitions {
+        let (topic, partition) = (p["topic"].as_str().unwrap(), p["partition"].as_i64().unwrap() as i32);
+        let want: Vec<i32> = p["replicas"].as_array().unwrap().iter().map(|r| r.as_i64().unwrap() as i32).collect();
+        wait_until(REACT, &format!("{topic}-{partition} on {want:?}"), || async {
+            let assignment = cluster.assignment(topic).await?.expect("the topic exists");
+            Ok((assignment.partitions[&partition.to_string()] == want && assignment.adding_replicas.is_empty()).then_some(()))
+        })
+        .await
+        .unwrap();
+    }
+    let out = stdout(&fjord(&["reassign", "--verify", "--plan", path, &bootstrap]).await);
+    assert_eq!(out.matches("is completed.").count(), 5, "{out}");
+}

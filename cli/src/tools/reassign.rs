@@ -1,4 +1,5 @@
-//! `fjord reassign --execute|--verify|--cancel --plan FILE | --decommission BROKER`:
+//! `fjord reassign --generate --topics T,.. --brokers B,.. | --execute|--verify|--cancel
+//! --plan FILE | --decommission BROKER`:
 //! Kafka's `kafka-reassign-partitions` over AlterPartitionReassignments and
 //! ListPartitionReassignments, with its reassignment JSON
 //! (`{"version":1,"partitions":[{"topic":"t","partition":0,"replicas":[1,2,3]}]}`;
@@ -10,6 +11,10 @@
 //! every broker involved gets the rate as `leader.replication.throttled.rate` and
 //! `follower.replication.throttled.rate`. `--verify` removes them once every move of the
 //! plan is complete.
+//!
+//! `--generate` only prints: the current assignment of the topics and a proposed one
+//! spreading their replicas over the given brokers ([`generate_plan`]), both in the plan
+//! format, to save and pass to `--execute --plan`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -22,10 +27,20 @@ use serde_json::{json, Value};
 use super::ConnectArgs;
 
 #[derive(Args, Debug)]
-#[command(group(ArgGroup::new("action").required(true).args(["execute", "verify", "cancel", "decommission"])))]
+#[command(group(ArgGroup::new("action").required(true).args(["generate", "execute", "verify", "cancel", "decommission"])))]
 pub(crate) struct ReassignArgs {
     #[command(flatten)]
     connect: ConnectArgs,
+    /// Print the current assignment of --topics and a proposed one over --brokers
+    /// (nothing is changed).
+    #[arg(long, requires_all = ["topics", "brokers"])]
+    generate: bool,
+    /// With --generate: the topics to move.
+    #[arg(long, value_delimiter = ',', value_name = "TOPIC,...")]
+    topics: Vec<String>,
+    /// With --generate: the brokers to spread their replicas over.
+    #[arg(long, value_delimiter = ',', value_name = "BROKER,...", allow_hyphen_values = true)]
+    brokers: Vec<i32>,
     /// Start the reassignments of the plan.
     #[arg(long, requires = "plan")]
     execute: bool,
@@ -79,6 +94,41 @@ fn plan_json(moves: &[Move]) -> String {
         .map(|(topic, partition, replicas)| json!({"topic": topic, "partition": partition, "replicas": replicas}))
         .collect();
     json!({"version": 1, "partitions": partitions}).to_string()
+}
+
+/// A new assignment of `topics` (each: its current replicas, by partition) over
+/// `brokers`, keeping each topic's replication factor: Kafka's rack-unaware placement,
+/// without its random start. Partition `p` is led by the broker after the previous
+/// partition's leader (the rotation goes on across topics, so leaders spread over all
+/// the brokers), and its followers come after the leader at a distance that grows by one
+/// every time the leaders went once round, so followers spread as well.
+fn generate_plan(topics: &[(String, Vec<Vec<i32>>)], brokers: &[i32]) -> anyhow::Result<Vec<Move>> {
+    let mut brokers = brokers.to_vec();
+    brokers.sort_unstable();
+    if let Some(twice) = brokers.windows(2).find(|w| w[0] == w[1]) {
+        bail!("--brokers names broker {} twice", twice[0]);
+    }
+    let n = brokers.len();
+    let mut moves = Vec::new();
+    let mut next_leader = 0usize;
+    for (topic, partitions) in topics {
+        let rf = partitions.first().map_or(0, Vec::len);
+        if rf > n {
+            bail!("{topic} has {rf} replicas per partition but --brokers names only {n} broker(s)");
+        }
+        for (p, _) in partitions.iter().enumerate() {
+            let first = next_leader % n;
+            let shift = next_leader / n;
+            next_leader += 1;
+            let mut replicas = vec![brokers[first]];
+            for j in 0..rf.saturating_sub(1) {
+                let distance = 1 + (shift + j) % (n - 1);
+                replicas.push(brokers[(first + distance) % n]);
+            }
+            moves.push((topic.clone(), p as i32, replicas));
+        }
+    }
+    Ok(moves)
 }
 
 /// The topic and broker keys of the replication throttles.
@@ -198,6 +248,24 @@ pub(crate) async fn run(args: ReassignArgs) -> anyhow::Result<()> {
     current.sort();
     let mut live: Vec<i32> = metadata.brokers.keys().copied().collect();
     live.sort_unstable();
+    if args.generate {
+        let mut topics = Vec::new();
+        for topic in &args.topics {
+            let Some(described) = metadata.topics.get(topic) else { bail!("--topics: topic {topic} does not exist") };
+            let mut partitions: Vec<(i32, Vec<i32>)> =
+                described.partitions.iter().map(|p| (p.partition, p.replicas.clone())).collect();
+            partitions.sort();
+            topics.push((topic.clone(), partitions.into_iter().map(|(_, r)| r).collect::<Vec<_>>()));
+        }
+        if let Some(unknown) = args.brokers.iter().find(|b| !live.contains(b)) {
+            bail!("--brokers: broker {unknown} is not a live broker (live: {live:?})");
+        }
+        let proposed = generate_plan(&topics, &args.brokers)?;
+        let named: Vec<Move> = current.iter().filter(|(t, _, _)| args.topics.contains(t)).cloned().collect();
+        println!("Current partition replica assignment\n{}\n", plan_json(&named));
+        println!("Proposed partition reassignment configuration\n{}", plan_json(&proposed));
+        return Ok(());
+    }
     let moves = match (&args.plan, args.decommission) {
         (_, Some(broker)) => {
             let moves = decommission_plan(broker, &live, &current)?;
@@ -313,6 +381,34 @@ mod tests {
         assert!(e.to_string().contains("broker 9 is not a live broker"), "{e}");
         let e = check_plan(&[("a".to_owned(), 1, vec![2])], &current, &[1, 2, 3]).unwrap_err();
         assert!(e.to_string().contains("a-1 does not exist"), "{e}");
+    }
+
+    #[test]
+    fn generated_plans_rotate_leaders_and_spread_followers_keeping_the_replication_factor() {
+        let topics = vec![("a".to_owned(), vec![vec![1, 2]; 4]), ("b".to_owned(), vec![vec![1]; 2])];
+        let moves = generate_plan(&topics, &[3, 1, 2]).unwrap();
+        let replicas: Vec<(&str, i32, &[i32])> = moves.iter().map(|(t, p, r)| (t.as_str(), *p, r.as_slice())).collect();
+        assert_eq!(
+            replicas,
+            vec![
+                ("a", 0, &[1, 2][..]),
+                ("a", 1, &[2, 3][..]),
+                ("a", 2, &[3, 1][..]),
+                // Round two: the followers move one further.
+                ("a", 3, &[1, 3][..]),
+                // The leader rotation goes on into the next topic; its factor is 1.
+                ("b", 0, &[2][..]),
+                ("b", 1, &[3][..]),
+            ]
+        );
+        // Three partitions of factor 3 on three brokers: each broker leads one and
+        // holds all three.
+        let full = generate_plan(&[("c".to_owned(), vec![vec![1, 2, 3]; 3])], &[1, 2, 3]).unwrap();
+        let leaders: BTreeSet<i32> = full.iter().map(|(_, _, r)| r[0]).collect();
+        assert_eq!(leaders, [1, 2, 3].into());
+        assert!(full.iter().all(|(_, _, r)| r.iter().collect::<BTreeSet<_>>().len() == 3));
+        assert!(generate_plan(&topics, &[1]).unwrap_err().to_string().contains("only 1 broker"));
+        assert!(generate_plan(&topics, &[1, 2, 2]).unwrap_err().to_string().contains("twice"));
     }
 
     #[test]
