@@ -115,3 +115,52 @@ async fn broker_resources_take_kafkas_dynamic_keys_and_refuse_static_and_unknown
     assert_eq!(broker_configs(&mut client, "0").await, before);
     broker.stop().await.unwrap();
 }
+
+/// The replication throttles (#22): the two rates are dynamic broker keys (non-negative
+/// longs, described at Long.MAX_VALUE until set), the two replica lists are topic keys in
+/// Kafka's syntax (`*` or `partition:broker,...`); anything else is INVALID_CONFIG and
+/// changes nothing.
+#[tokio::test]
+async fn replication_throttles_are_a_dynamic_broker_rate_and_topic_replica_lists() {
+    const TOPIC: i8 = 2;
+    const DEFAULT: i8 = 5;
+    const DYNAMIC_TOPIC: i8 = 1;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let (leader_rate, follower_rate) = ("leader.replication.throttled.rate", "follower.replication.throttled.rate");
+
+    let configs = broker_configs(&mut client, "0").await;
+    assert_eq!(configs[leader_rate], (i64::MAX.to_string(), DEFAULT));
+    assert_eq!(configs[follower_rate], (i64::MAX.to_string(), DEFAULT));
+    assert_eq!(alter_incrementally(&mut client, "0", &[(leader_rate, SET, Some("2000000"))], false).await.0, 0);
+    assert_eq!(alter_incrementally(&mut client, "", &[(follower_rate, SET, Some("1000"))], false).await.0, 0);
+    let configs = broker_configs(&mut client, "0").await;
+    assert_eq!(configs[leader_rate], ("2000000".to_owned(), DYNAMIC_BROKER));
+    assert_eq!(configs[follower_rate], ("1000".to_owned(), DYNAMIC_DEFAULT_BROKER));
+    for bad in ["-1", "2MB", ""] {
+        let (code, message) = alter_incrementally(&mut client, "0", &[(leader_rate, SET, Some(bad))], false).await;
+        assert_eq!(code, INVALID_CONFIG, "{bad:?}: {message}");
+        assert!(message.contains(leader_rate), "{message}");
+    }
+    assert_eq!(broker_configs(&mut client, "0").await[leader_rate].0, "2000000");
+
+    let admin = fjord_client::Admin::connect(fjord_client::ClientConfig::new(&broker.bootstrap())).await.unwrap();
+    admin.create_topics(&[fjord_client::NewTopic::new("moving", 2)]).await.unwrap();
+    let (leader_list, follower_list) = ("leader.replication.throttled.replicas", "follower.replication.throttled.replicas");
+    let topic = common::describe_configs(&mut client, TOPIC, "moving").await;
+    assert_eq!(topic[leader_list], (String::new(), DEFAULT));
+    let ops = [(leader_list, SET, Some("0:0,1:0")), (follower_list, SET, Some("*"))];
+    assert_eq!(common::alter_incrementally(&mut client, TOPIC, "moving", &ops, false).await.0, 0);
+    let topic = common::describe_configs(&mut client, TOPIC, "moving").await;
+    assert_eq!(topic[leader_list], ("0:0,1:0".to_owned(), DYNAMIC_TOPIC));
+    assert_eq!(topic[follower_list], ("*".to_owned(), DYNAMIC_TOPIC));
+    for bad in ["0", "0:x", "*,0:1", "0:1;1:1"] {
+        let (code, message) =
+            common::alter_incrementally(&mut client, TOPIC, "moving", &[(follower_list, SET, Some(bad))], false).await;
+        assert_eq!(code, INVALID_CONFIG, "{bad:?}: {message:?}");
+        assert!(message.unwrap_or_default().contains(follower_list));
+    }
+    assert_eq!(common::describe_configs(&mut client, TOPIC, "moving").await, topic);
+    broker.stop().await.unwrap();
+}

@@ -63,6 +63,16 @@ pub(super) const ACCEPTED_AND_IGNORED: &[(&str, ValueType, &str)] = &[
 /// throttle rates, bytes per second (Long.MAX_VALUE, the default, is no throttle).
 pub(super) const DYNAMIC: &[(&str, ValueType)] = &[(LEADER_RATE, ValueType::Long(0)), (FOLLOWER_RATE, ValueType::Long(0))];
 
+/// The keys of [`DYNAMIC`] at their defaults (Long.MAX_VALUE: no throttle), for
+/// DescribeConfigs of a broker that has not set them.
+pub(super) fn dynamic_defaults() -> impl Iterator<Item = super::describe_configs::Described> {
+    DYNAMIC.iter().map(|(key, _)| super::describe_configs::Described {
+        name: std::borrow::Cow::Borrowed(*key),
+        config_type: super::admin::TYPE_LONG,
+        synonyms: vec![(std::borrow::Cow::Borrowed(*key), i64::MAX.to_string(), super::describe_configs::SOURCE_DEFAULT)],
+    })
+}
+
 /// The type of an accepted key, `None` for any other key.
 fn accepted(name: &str) -> Option<ValueType> {
     DYNAMIC

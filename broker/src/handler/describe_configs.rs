@@ -41,7 +41,7 @@ const SOURCE_DYNAMIC_TOPIC: i8 = 1;
 const SOURCE_DYNAMIC_BROKER: i8 = 2;
 const SOURCE_DYNAMIC_DEFAULT_BROKER: i8 = 3;
 const SOURCE_STATIC_BROKER: i8 = 4;
-const SOURCE_DEFAULT: i8 = 5;
+pub(super) const SOURCE_DEFAULT: i8 = 5;
 /// DescribeConfigs config type BOOLEAN (the others are shared with AlterConfigs).
 const TYPE_BOOLEAN: i8 = 1;
 
@@ -121,6 +121,10 @@ impl Broker {
                                             .filter(|d| !own.contains_key(d.name.as_ref())),
                                     );
                                     entries.extend(broker_configs(&self.config, self.topics.limits().per_broker));
+                                    // The dynamic keys Fjord applies, at their default when unset.
+                                    entries.extend(broker_configs::dynamic_defaults().filter(|d| {
+                                        !own.contains_key(d.name.as_ref()) && !default.contains_key(d.name.as_ref())
+                                    }));
                                     entries
                                 }
                             }
