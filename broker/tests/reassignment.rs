@@ -10,14 +10,13 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{run_python, RawClient};
-use fjord_client::{Acks, ClientConfig, Producer, ProducerConfig, ProducerRecord};
+use fjord_client::{Acks, ClientConfig, Producer, ProducerConfig};
 use fjord_coord::registry::TopicAssignment;
-use fjord_testkit::{read_values, wait_until, Cluster};
+use fjord_testkit::{read_values, wait_until, Cluster, LoadProducer};
 use kafka_protocol::messages::alter_partition_reassignments_request::{ReassignablePartition, ReassignableTopic};
 use kafka_protocol::messages::create_topics_request::{CreatableReplicaAssignment, CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::list_partition_reassignments_request::ListPartitionReassignmentsTopics;
@@ -178,61 +177,24 @@ async fn a_partition_moves_under_acks_all_load_and_keeps_every_acknowledged_reco
     let client = ClientConfig::new(&cluster.bootstrap());
     let config =
         ProducerConfig { client: client.clone(), acks: Acks::All, enable_idempotence: Some(true), ..ProducerConfig::default() };
-    let producer = Arc::new(Producer::connect(config).await.unwrap());
-    let (stop, acked) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
-    let sending = {
-        let (producer, stop, acked) = (producer.clone(), stop.clone(), acked.clone());
-        tokio::spawn(async move {
-            let (mut acknowledged, mut failed, mut next) = (Vec::new(), 0usize, 0usize);
-            while !stop.load(Ordering::Relaxed) {
-                let mut acks = Vec::new();
-                for _ in 0..20 {
-                    let value = format!("v{next}");
-                    next += 1;
-                    let ack = producer.send(ProducerRecord::new(TOPIC, value.clone()).partition(0)).await.unwrap();
-                    acks.push((value, ack));
-                }
-                for (value, ack) in acks {
-                    match ack.await {
-                        Ok(_) => {
-                            acknowledged.push(value);
-                            acked.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(_) => failed += 1,
-                    }
-                }
-            }
-            (acknowledged, failed)
-        })
-    };
-    // Load established before the move, and kept up after it: each a hundred more
-    // acknowledged records (a fixed 500 ms gave 20 on a loaded machine).
-    let acknowledged_over = |n: usize| {
-        let (acked, from) = (acked.clone(), acked.load(Ordering::Relaxed));
-        async move {
-            wait_until(REACT, &format!("{n} more records acknowledged"), || async {
-                Ok((acked.load(Ordering::Relaxed) >= from + n).then_some(()))
-            })
-            .await
-            .unwrap()
-        }
-    };
-    acknowledged_over(100).await;
+    let load = LoadProducer::start(Arc::new(Producer::connect(config).await.unwrap()), TOPIC, 1);
+    // Load established before the move, and kept up after it.
+    load.acknowledged_over(100, REACT).await.unwrap();
 
     run_python(MOVE_SCRIPT, &[&cluster.bootstrap(), TOPIC, "1,2,3"], Duration::from_secs(120)).await;
     wait_for_assignment(&cluster, TOPIC, &[1, 2, 3]).await;
     let after = cluster.wait_for_isr(TOPIC, 0, &[1, 2, 3], REACT).await.unwrap();
     assert_eq!(after.leader, 1, "leadership moved to the first target replica: {before:?} -> {after:?}");
     assert!(after.leader_epoch > before.leader_epoch);
-    acknowledged_over(100).await; // the producer goes on with the new leader
-    stop.store(true, Ordering::Relaxed);
-    let (acknowledged, failed) = sending.await.unwrap();
-    assert!(acknowledged.len() >= 100, "the producer kept going: {} acknowledged, {failed} failed", acknowledged.len());
+    load.acknowledged_over(100, REACT).await.unwrap(); // the producer goes on with the new leader
+    let load = load.stop().await.unwrap();
+    let acknowledged = load.values_of(0);
+    assert!(acknowledged.len() >= 200, "the producer kept going: {} acknowledged, {} failed", acknowledged.len(), load.failed);
 
     let read: BTreeSet<String> = read_values(&client, TOPIC, 0).await.unwrap().into_iter().collect();
-    let lost: Vec<&String> = acknowledged.iter().filter(|v| !read.contains(*v)).collect();
+    let lost: Vec<&&str> = acknowledged.iter().filter(|v| !read.contains(**v)).collect();
     assert!(lost.is_empty(), "{} of {} acknowledged records lost: {lost:?}", lost.len(), acknowledged.len());
-    tracing::info!(acknowledged = acknowledged.len(), failed, "every acknowledged record read back");
+    tracing::info!(acknowledged = acknowledged.len(), failed = load.failed, "every acknowledged record read back");
 
     let hosted = |id: i32| cluster.data_dir(id).join(format!("{TOPIC}-0")).exists();
     wait_until(REACT, "broker 0 drops its replica", || async { Ok((!hosted(0)).then_some(())) }).await.unwrap();

@@ -7,12 +7,12 @@
 
 use std::collections::BTreeSet;
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fjord_client::{Acks, Admin, ClientConfig, NewTopic, Producer, ProducerConfig, ProducerRecord};
-use fjord_testkit::{read_values, wait_until, Cluster};
+use fjord_testkit::{read_values, wait_until, Cluster, Load, LoadProducer};
 
 const REACT: Duration = Duration::from_secs(30);
 const TOPIC: &str = "plan";
@@ -124,48 +124,9 @@ async fn a_broker_is_decommissioned_under_acks_all_load_and_nothing_is_lost() {
 
     let config =
         ProducerConfig { client: client.clone(), acks: Acks::All, enable_idempotence: Some(true), ..ProducerConfig::default() };
-    let producer = Arc::new(Producer::connect(config).await.unwrap());
-    let (stop, acked) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
-    let sending = {
-        let (producer, stop, acked) = (producer.clone(), stop.clone(), acked.clone());
-        tokio::spawn(async move {
-            // (partition, value) of every acknowledged record.
-            let (mut acknowledged, mut failed, mut next) = (Vec::new(), 0usize, 0usize);
-            while !stop.load(Ordering::Relaxed) {
-                let mut acks = Vec::new();
-                for _ in 0..20 {
-                    let (partition, value) = ((next % PARTITIONS as usize) as i32, format!("v{next}"));
-                    next += 1;
-                    let ack = producer.send(ProducerRecord::new(TOPIC, value.clone()).partition(partition)).await.unwrap();
-                    acks.push((partition, value, ack));
-                }
-                for (partition, value, ack) in acks {
-                    match ack.await {
-                        Ok(_) => {
-                            acknowledged.push((partition, value));
-                            acked.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(_) => failed += 1,
-                    }
-                }
-            }
-            (acknowledged, failed)
-        })
-    };
-    // Load established before the move, and kept up after it: each a hundred more
-    // acknowledged records (rather than a fixed time, which a slow machine fills with
-    // a handful).
-    let acknowledged_over = |n: usize| {
-        let (acked, from) = (acked.clone(), acked.load(Ordering::Relaxed));
-        async move {
-            wait_until(REACT, &format!("{n} more records acknowledged"), || async {
-                Ok((acked.load(Ordering::Relaxed) >= from + n).then_some(()))
-            })
-            .await
-            .unwrap()
-        }
-    };
-    acknowledged_over(100).await;
+    let load = LoadProducer::start(Arc::new(Producer::connect(config).await.unwrap()), TOPIC, PARTITIONS);
+    // Load established before the move, and kept up after it.
+    load.acknowledged_over(100, REACT).await.unwrap();
 
     let started = Instant::now();
     let bootstrap = format!("--bootstrap={}", cluster.bootstrap());
@@ -193,9 +154,8 @@ async fn a_broker_is_decommissioned_under_acks_all_load_and_nothing_is_lost() {
         assert_ne!(state.leader, retired);
     }
     let moved_in = started.elapsed();
-    acknowledged_over(100).await; // the producer goes on with the new leaders
-    stop.store(true, Ordering::Relaxed);
-    let (acknowledged, failed) = sending.await.unwrap();
+    load.acknowledged_over(100, REACT).await.unwrap(); // the producer goes on with the new leaders
+    let Load { acknowledged, failed } = load.stop().await.unwrap();
 
     let mut read = BTreeSet::new();
     for partition in 0..PARTITIONS {

@@ -22,6 +22,8 @@
 //! - `records` (through `fjord-client`): numbered records sent across a fault
 //!   ([`stream_across`]) or in rounds ([`produce_round`]), a partition read back
 //!   ([`read_values`]).
+//! - [`LoadProducer`] (`load`, through `fjord-client`): a producer writing without pause
+//!   while partitions move under it, keeping which records were acknowledged ([`Load`]).
 //!
 //! A test that needs one of these never skips: if it cannot start, it fails and says why.
 
@@ -37,6 +39,7 @@ mod certs;
 pub mod chaos;
 mod cluster;
 mod damage;
+mod load;
 mod python;
 mod records;
 mod standalone;
@@ -48,6 +51,7 @@ pub use cluster::{Cluster, ClusterBuilder, SecureCluster, SECURE_ADMIN};
 pub use damage::{
     acks_all_producer, damaged_aside, fill_segmented_topic, flip_in_place, produce_acked_rounds, scrubbing_cluster, segments,
 };
+pub use load::{Load, LoadProducer};
 pub use python::{python, run_python, PythonOutput, PythonScript};
 pub use records::{numbered, produce_round, read_values, round_value, stream_across};
 pub use standalone::StandaloneBroker;
