@@ -21,6 +21,7 @@ pub(crate) mod error_code {
     pub(crate) const LEADER_NOT_AVAILABLE: i16 = 5;
     pub(crate) const NOT_LEADER_OR_FOLLOWER: i16 = 6;
     pub(crate) const REQUEST_TIMED_OUT: i16 = 7;
+    pub(crate) const REPLICA_NOT_AVAILABLE: i16 = 9;
     pub(crate) const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
     pub(crate) const GROUP_AUTHORIZATION_FAILED: i16 = 30;
     pub(crate) const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
@@ -48,6 +49,7 @@ pub(crate) mod error_code {
     pub(crate) const INVALID_TXN_STATE: i16 = 48;
     pub(crate) const TRANSACTION_COORDINATOR_FENCED: i16 = 52;
     pub(crate) const KAFKA_STORAGE_ERROR: i16 = 56;
+    pub(crate) const LOG_DIR_NOT_FOUND: i16 = 57;
     pub(crate) const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
     pub(crate) const FENCED_LEADER_EPOCH: i16 = 74;
     pub(crate) const UNKNOWN_LEADER_EPOCH: i16 = 75;
@@ -123,6 +125,8 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     // v0 is gone from the codec crate (and from Kafka 4); v1 differs from it only in
     // throttling semantics.
     (ApiKey::DescribeLogDirs, 1, 4),
+    // v0 is gone from the codec crate, as for DescribeLogDirs; v2 is flexible.
+    (ApiKey::AlterReplicaLogDirs, 1, 2),
     // Only v1: the codec crate (like Kafka 4) no longer reads v0, which differs from v1
     // in its encoding only (v1 is flexible).
     (ApiKey::WriteTxnMarkers, 1, 1),

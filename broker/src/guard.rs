@@ -154,6 +154,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::OffsetDelete => false,
         ApiKey::DescribeProducers => true,
         ApiKey::DescribeLogDirs => v >= 2,
+        ApiKey::AlterReplicaLogDirs => v >= 2,
         ApiKey::InitProducerId => v >= 2,
         ApiKey::ElectLeaders => v >= 2,
         ApiKey::CreateAcls | ApiKey::DescribeAcls | ApiKey::DeleteAcls => v >= 2,
@@ -523,6 +524,17 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
             w.array(|w| {
                 w.string()?; // topic
                 w.array(Walker::int32)?; // partitions
+                w.tagged_fields()
+            })?;
+        }
+        ApiKey::AlterReplicaLogDirs => {
+            w.array(|w| {
+                w.string()?; // path
+                w.array(|w| {
+                    w.string()?; // topic
+                    w.array(Walker::int32)?; // partitions
+                    w.tagged_fields()
+                })?;
                 w.tagged_fields()
             })?;
         }

@@ -5,6 +5,7 @@
 pub(crate) mod acls;
 pub(crate) mod admin;
 pub(crate) mod alter_configs;
+pub(crate) mod alter_replica_log_dirs;
 pub(crate) mod authz;
 pub(crate) mod broker_configs;
 pub(crate) mod delete_records;
@@ -302,6 +303,7 @@ impl Broker {
             RequestKind::DeleteRecords(req) => (ApiKey::DeleteRecords, self.delete_records(req, session)),
             RequestKind::DescribeProducers(req) => (ApiKey::DescribeProducers, self.describe_producers(req, session)),
             RequestKind::DescribeLogDirs(req) => (ApiKey::DescribeLogDirs, self.describe_log_dirs(req, version, session)),
+            RequestKind::AlterReplicaLogDirs(req) => (ApiKey::AlterReplicaLogDirs, self.alter_replica_log_dirs(req, session)),
             RequestKind::WriteTxnMarkers(req) => (ApiKey::WriteTxnMarkers, self.write_txn_markers(req, session).await),
             RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req, session).await),
             RequestKind::AlterPartitionReassignments(req) => {

@@ -316,6 +316,7 @@ pub(crate) fn response_errors(body: &ResponseKind) -> Vec<i16> {
             std::iter::once(r.error_code).chain(r.responses.iter().flat_map(|t| &t.partitions).map(|p| p.error_code)).collect()
         }
         ResponseKind::ListPartitionReassignments(r) => vec![r.error_code],
+        ResponseKind::AlterReplicaLogDirs(r) => r.results.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).collect(),
         // APIs without an entry here count requests only.
         _ => Vec::new(),
     }

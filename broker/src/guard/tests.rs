@@ -274,6 +274,17 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
                 describe_log_dirs_request::DescribableLogDirTopic::default().with_topic(TopicName(s("b"))),
             ]))
             .encode(&mut buf, v),
+        ApiKey::AlterReplicaLogDirs => AlterReplicaLogDirsRequest::default()
+            .with_dirs(vec![
+                alter_replica_log_dirs_request::AlterReplicaLogDir::default().with_path(s("/data/a")).with_topics(vec![
+                    alter_replica_log_dirs_request::AlterReplicaLogDirTopic::default()
+                        .with_name(name())
+                        .with_partitions(vec![0, 2]),
+                    alter_replica_log_dirs_request::AlterReplicaLogDirTopic::default().with_name(TopicName(s("b"))),
+                ]),
+                alter_replica_log_dirs_request::AlterReplicaLogDir::default().with_path(s("/data/b")),
+            ])
+            .encode(&mut buf, v),
         ApiKey::OffsetDelete => OffsetDeleteRequest::default()
             .with_group_id(GroupId(s("g")))
             .with_topics(vec![offset_delete_request::OffsetDeleteRequestTopic::default()
