@@ -19,13 +19,10 @@
 //!   finalizes no features, which `describe_features` reports);
 //! - `list_config_resources` (ListConfigResources, Kafka 4.1's client-metrics resources).
 //!
-//! Left out because fjord has one log directory (issue #22's JBOD part is not built):
-//! `alter_replica_log_dirs` (AlterReplicaLogDirs moves a replica between directories).
-//!
 //! Neither client has client-quota calls (DescribeClientQuotas / AlterClientQuotas): not in
 //! kafka-python 3.0 nor confluent-kafka 2.16, so quotas are not part of this walk.
 //!
-//! kafka-python: 29 calls, confluent-kafka: 20 calls.
+//! kafka-python: 30 calls, confluent-kafka: 20 calls.
 
 mod common;
 
@@ -35,7 +32,7 @@ use common::{free_port, start_dev};
 
 /// How many calls each client makes (`ok` lines expected): a call dropped from the script
 /// by mistake fails the test rather than shrinking the walk.
-const KAFKA_PYTHON_CALLS: usize = 29;
+const KAFKA_PYTHON_CALLS: usize = 30;
 const CONFLUENT_KAFKA_CALLS: usize = 20;
 
 /// The walk: one line per call, `ok CLIENT.METHOD` or `FAIL CLIENT.METHOD: error`; a
@@ -44,7 +41,7 @@ const SCRIPT: &str = r#"import sys, time, traceback, warnings
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition as TP
 from kafka.admin import (KafkaAdminClient, NewTopic, NewPartitions, ConfigResource, ConfigResourceType,
                          OffsetSpec, MemberToRemove)
-from kafka.errors import NoError
+from kafka.errors import NoError, LogDirNotFoundError
 from kafka.structs import OffsetAndMetadata
 import confluent_kafka
 from confluent_kafka import Consumer, Producer, TopicCollection, TopicPartition as CTP, ConsumerGroupTopicPartitions, ElectionType
@@ -195,6 +192,15 @@ def describe_log_dirs():
     sizes = {(t['name'], p['partition_index']): p['partition_size'] for t in d['topics'] for p in t['partitions']}
     assert {(T, 0), (T, 1), (T, 2)} <= set(sizes) and sizes[(T, 0)] > 0 and sizes[(T, 1)] == 0, sizes
 K('describe_log_dirs', describe_log_dirs)
+
+def alter_replica_log_dirs():
+    # One log dir (JBOD is not built): a replica asked into it is there already; any other
+    # path is not a log dir of the broker.
+    [broker] = ka.describe_log_dirs()
+    [d] = broker['log_dirs']
+    answer = ka.alter_replica_log_dirs({(T, 0, 0): d['log_dir'], (T, 1, 0): d['log_dir'] + '-elsewhere'})
+    assert {(r.topic, r.partition): e for r, e in answer.items()} == {(T, 0): NoError, (T, 1): LogDirNotFoundError}, answer
+K('alter_replica_log_dirs', alter_replica_log_dirs)
 
 def describe_producers():
     [state] = ka.describe_producers([tp0]).values()
