@@ -19,6 +19,10 @@
 //!   finalizes no features, which `describe_features` reports);
 //! - `list_config_resources` (ListConfigResources, Kafka 4.1's client-metrics resources).
 //!
+//! Neither client describes topics by id (confluent-kafka 2.16's `TopicCollection` takes
+//! names only, kafka-python's `describe_topics` too), so the walk checks the ids instead:
+//! CreateTopics' id is Metadata's, and both clients read the same one.
+//!
 //! Neither client has client-quota calls (DescribeClientQuotas / AlterClientQuotas): not in
 //! kafka-python 3.0 nor confluent-kafka 2.16, so quotas are not part of this walk.
 //!
@@ -37,7 +41,7 @@ const CONFLUENT_KAFKA_CALLS: usize = 20;
 
 /// The walk: one line per call, `ok CLIENT.METHOD` or `FAIL CLIENT.METHOD: error`; a
 /// failed call does not stop the walk, so one run shows every gap.
-const SCRIPT: &str = r#"import sys, time, traceback, warnings
+const SCRIPT: &str = r#"import sys, time, traceback, uuid, warnings
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition as TP
 from kafka.admin import (KafkaAdminClient, NewTopic, NewPartitions, ConfigResource, ConfigResourceType,
                          OffsetSpec, MemberToRemove)
@@ -99,7 +103,7 @@ def describe_features():
     assert isinstance(features, dict), features
 K('describe_features', describe_features)
 
-cluster = {}
+cluster, topic_ids = {}, {}
 def describe_cluster():
     c = ka.describe_cluster()
     assert c['controller_id'] == 0 and [b['broker_id'] for b in c['brokers']] == [0], c
@@ -111,6 +115,7 @@ def create_topics():
     answer = ka.create_topics([NewTopic(T, 1, 1, topic_configs={'retention.ms': '3600000'})])
     [t] = answer['topics']
     assert t['error_code'] == 0 and t['num_partitions'] == 1, t
+    topic_ids[T] = t['topic_id']
 K('create_topics', create_topics)
 
 K('wait_for_topics', lambda: ka.wait_for_topics([T], timeout_ms=20000))
@@ -126,6 +131,9 @@ def partitions_of(topic):
 
 def describe_topics():
     assert partitions_of(T) == [0], partitions_of(T)
+    # The topic id (KIP-516) CreateTopics answered is the one Metadata reports.
+    [t] = ka.describe_topics([T])
+    assert t['topic_id'] == topic_ids[T] and t['topic_id'] != str(uuid.UUID(int=0)), (t, topic_ids)
 K('describe_topics', describe_topics)
 
 def create_partitions():
@@ -311,14 +319,19 @@ def list_topics():
     assert T in md.topics and len(md.topics[T].partitions) == 1 and md.brokers[0].id == 0, md.topics
 C('list_topics', list_topics)
 
-topic_ids = {}
 def describe():
     [d] = done(ca.describe_topics(TopicCollection([T]))).values()
     return d
 def describe_topics():
     d = describe()
     assert d.name == T and [p.id for p in d.partitions] == [0] and d.partitions[0].leader.id == 0, d
-    assert str(d.topic_id) not in ('', 'AAAAAAAAAAAAAAAAAAAAAA'), d.topic_id
+    # The same id through kafka-python (Metadata v10+) as through librdkafka.
+    msb, lsb = d.topic_id.get_most_significant_bits(), d.topic_id.get_least_significant_bits()
+    ours = str(uuid.UUID(int=((msb & (2**64 - 1)) << 64) | (lsb & (2**64 - 1))))
+    other = KafkaAdminClient(bootstrap_servers=bootstrap)
+    [t] = other.describe_topics([T])
+    other.close()
+    assert ours == t['topic_id'] and ours != str(uuid.UUID(int=0)), (ours, t['topic_id'])
 C('describe_topics', describe_topics)
 
 def create_partitions():
