@@ -398,7 +398,8 @@ fn report(outcomes: &[Outcome], expectations: &BTreeMap<String, Expectation>, cl
     let known = outcomes
         .iter()
         .filter(|o| {
-            o.result == Verdict::Fail && expectations.get(&o.test).is_some_and(|e| matches!(e.expected, Expected::KnownFail(_)))
+            o.result == Verdict::Fail
+                && expectations.get(&o.test).is_some_and(|e| matches!(e.expected.in_mode(cluster), Expected::KnownFail(_)))
         })
         .count();
     table.push_str(&format!(
@@ -447,6 +448,20 @@ mod tests {
         assert_eq!(selected(&["--all"]), [vec!["0001", "0002"], vec!["0135"]]);
         assert_eq!(selected(&[]), [vec!["0001"]]);
         assert_eq!(selected(&["--security", "sasl_ssl"]), [vec!["0135"]]);
+    }
+
+    #[test]
+    fn a_cluster_only_failure_on_one_broker_is_known_and_a_pass_failing_is_a_surprise() {
+        let line = |expected| Expectation { expected, core: Core::No, timeout: TEST_TIMEOUT, security: Security::Plaintext };
+        let mut expectations = BTreeMap::new();
+        expectations.insert("0001".to_string(), line(Expected::Pass));
+        expectations.insert("0103".to_string(), line(Expected::ClusterOnly("replication factor 3".into())));
+        let failed = |test: &str| Outcome { test: test.into(), result: Verdict::Fail, seconds: 1.0, first_failure: "x".into() };
+        let (table, surprises) = report(&[failed("0001"), failed("0103")], &expectations, false);
+        assert!(table.ends_with("2 tests: 0 passed, 2 failed (1 of them known-fail), 0 skipped by the runner\n"), "{table}");
+        assert_eq!(surprises, ["0001 failed: x"]);
+        let (_, surprises) = report(&[failed("0103")], &expectations, true);
+        assert_eq!(surprises, ["0103 failed: x"], "on three brokers a cluster-only test must pass");
     }
 
     #[test]
