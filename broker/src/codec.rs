@@ -130,6 +130,9 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     // Only v1: the codec crate (like Kafka 4) no longer reads v0, which differs from v1
     // in its encoding only (v1 is flexible).
     (ApiKey::WriteTxnMarkers, 1, 1),
+    // Client quotas (`crate::quota`); v1 is v0 made flexible.
+    (ApiKey::DescribeClientQuotas, 0, 1),
+    (ApiKey::AlterClientQuotas, 0, 1),
 ];
 
 /// Produce versions whose payloads are old message sets; answered by hand
@@ -152,6 +155,8 @@ pub(crate) enum Decoded {
         version: i16,
         /// The decoded body.
         request: Box<RequestKind>,
+        /// The frame's size in bytes (header and body): what a produce quota counts.
+        size: usize,
     },
     /// Produce v0-v2: the header plus the undecoded body.
     LegacyProduce {
@@ -179,6 +184,7 @@ pub(crate) fn decode_request(mut frame: Bytes) -> Result<Decoded, String> {
     if frame.len() < 8 {
         return Err(format!("request of {} bytes is shorter than a request header", frame.len()));
     }
+    let size = frame.len();
     let api_key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
@@ -196,7 +202,7 @@ pub(crate) fn decode_request(mut frame: Bytes) -> Result<Decoded, String> {
     crate::guard::check_body(key, version, &frame).map_err(|e| format!("bad {key:?} v{version} request body: {e}"))?;
     let request =
         RequestKind::decode(key, &mut frame, version).map_err(|e| format!("bad {key:?} v{version} request body: {e}"))?;
-    Ok(Decoded::Request { header, version, request: Box::new(request) })
+    Ok(Decoded::Request { header, version, request: Box::new(request), size })
 }
 
 /// Frames a typed response: length, response header (v0 or flexible v1), body.

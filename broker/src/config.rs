@@ -44,6 +44,9 @@ pub struct BrokerConfig {
     /// `max.connections.per.ip`: more connections from one address are closed as they
     /// come in; default unlimited (Kafka's `Int.MaxValue`).
     pub max_connections_per_ip: usize,
+    /// `quota.window.num` and `quota.window.size.seconds`: client quota rates are
+    /// measured over this many samples of this length; default Kafka's 11 × 1 s.
+    pub quota_window: crate::quota::QuotaWindow,
     /// `sasl.server.max.receive.size`: the largest frame read before a client has
     /// authenticated; default 512 KiB.
     pub sasl_server_max_receive_size: usize,
@@ -227,6 +230,7 @@ impl Default for BrokerConfig {
             inter_broker_listener_name: None,
             connections_max_idle: Duration::from_secs(600),
             max_connections_per_ip: usize::MAX,
+            quota_window: crate::quota::QuotaWindow::default(),
             sasl_server_max_receive_size: 512 * 1024,
             authentication_timeout: Duration::from_secs(10),
             ssl: crate::tls::SslConfig::default(),
@@ -422,6 +426,15 @@ impl BrokerConfig {
                 self.max_connections_per_ip = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
             }
             "connections.max.idle.ms" => self.connections_max_idle = millis()?,
+            "quota.window.num" => {
+                self.quota_window.samples =
+                    u32::try_from(int()?).ok().filter(|n| *n >= 2).ok_or_else(|| invalid("must be at least 2"))?
+            }
+            "quota.window.size.seconds" => {
+                self.quota_window.size = Duration::from_secs(
+                    u64::try_from(int()?).ok().filter(|n| *n >= 1).ok_or_else(|| invalid("must be at least 1"))?,
+                )
+            }
             "sasl.server.max.receive.size" => {
                 self.sasl_server_max_receive_size = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
             }

@@ -36,6 +36,7 @@ use crate::codec::decode_request;
 use crate::handler::Broker;
 use crate::listener::ListenerInfo;
 use crate::metrics::ConnectionEvent;
+use crate::quota::QuotaKind;
 use crate::response::{Chunk, Reply, Response};
 use crate::sasl::{Mechanism, SaslState};
 use crate::{Error, Result};
@@ -77,6 +78,14 @@ pub(crate) struct Session {
     /// When the SASL session ends (`connections.max.reauth.ms` after the last successful
     /// authentication): after it, only a re-authentication is answered.
     pub(crate) session_expiry: Option<Instant>,
+    /// The client id of the last request (quotas are per user and client id).
+    pub(crate) client_id: String,
+    /// Until when the next request is not read: a client over a quota is throttled by
+    /// muting its connection (KIP-219), after its answer went to the writer.
+    pub(crate) muted_until: Option<Instant>,
+    /// Time the last request spent waiting rather than being handled (a fetch's long
+    /// poll): not counted against a request quota.
+    pub(crate) waited: Duration,
 }
 
 impl Session {
@@ -92,6 +101,25 @@ impl Session {
             mechanism: None,
             close: false,
             session_expiry: None,
+            client_id: String::new(),
+            muted_until: None,
+            waited: Duration::ZERO,
+        }
+    }
+
+    /// Mutes the connection for `throttle` from now (or longer, if it already is).
+    pub(crate) fn throttle(&mut self, throttle: Duration) {
+        if !throttle.is_zero() {
+            let until = Instant::now() + throttle;
+            self.muted_until = Some(self.muted_until.map_or(until, |muted| muted.max(until)));
+        }
+    }
+
+    /// Remembers the request's client id, allocating only when it changes.
+    pub(crate) fn set_client_id(&mut self, client_id: Option<&str>) {
+        let client_id = client_id.unwrap_or_default();
+        if self.client_id != client_id {
+            self.client_id = client_id.to_owned();
         }
     }
 }
@@ -288,10 +316,24 @@ async fn read_requests<R: AsyncRead + Unpin>(
             }
         }
         let decoded = decode_request(frame).map_err(Error::Protocol)?;
+        let started = Instant::now();
+        session.waited = Duration::ZERO;
+        let metered = broker.request_quota_applies(&decoded, session);
         if let Some(response) = broker.handle(decoded, session).await {
             if responses.send(response).await.is_err() {
                 break; // the writer failed: the client is gone
             }
+        }
+        if metered {
+            // KIP-124: the time spent handling the request, as a percentage of a second.
+            let handled = started.elapsed().saturating_sub(session.waited);
+            let percent = handled.as_secs_f64() * 100.0;
+            let throttle = broker.quotas.record(QuotaKind::Request, session.principal.name(), &session.client_id, percent);
+            session.throttle(throttle);
+        }
+        if let Some(until) = session.muted_until.take() {
+            // KIP-219: the answer is on its way; the next request waits out the throttle.
+            tokio::time::sleep_until(until).await;
         }
         if session.close {
             // The answer (a SASL failure) is with the writer; the connection closes only

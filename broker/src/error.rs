@@ -121,6 +121,12 @@ pub enum Error {
     /// The ACLs could not be read at start (`authorizer.enable`).
     #[error("reading the ACLs: {0}")]
     Acls(#[from] fjord_auth::Error),
+    /// A metadata node kept changing under a compare-and-set write.
+    #[error("{path} kept changing under concurrent writes; retry")]
+    Contended {
+        /// Store path.
+        path: String,
+    },
     /// A background task panicked or was cancelled unexpectedly.
     #[error("background task failed: {0}")]
     Task(#[from] tokio::task::JoinError),

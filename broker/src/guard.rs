@@ -167,6 +167,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::AddPartitionsToTxn | ApiKey::AddOffsetsToTxn | ApiKey::EndTxn | ApiKey::TxnOffsetCommit => v >= 3,
         ApiKey::DescribeTransactions | ApiKey::ListTransactions => true,
         ApiKey::WriteTxnMarkers => v >= 1,
+        ApiKey::DescribeClientQuotas | ApiKey::AlterClientQuotas => v >= 1,
         _ => return Err("no schema for this api"),
     };
     let w = &mut Walker { buf: body, flexible };
@@ -723,6 +724,32 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
             if v >= 1 {
                 w.int64()?; // duration filter
             }
+        }
+        ApiKey::DescribeClientQuotas => {
+            w.array(|w| {
+                w.string()?; // entity type
+                w.int8()?; // match type
+                w.string()?; // match (nullable)
+                w.tagged_fields()
+            })?;
+            w.int8()?; // strict
+        }
+        ApiKey::AlterClientQuotas => {
+            w.array(|w| {
+                w.array(|w| {
+                    w.string()?; // entity type
+                    w.string()?; // entity name (nullable)
+                    w.tagged_fields()
+                })?;
+                w.array(|w| {
+                    w.string()?; // key
+                    w.int64()?; // value (float64)
+                    w.int8()?; // remove
+                    w.tagged_fields()
+                })?;
+                w.tagged_fields()
+            })?;
+            w.int8()?; // validate only
         }
         _ => unreachable!("flexible versions are listed for every api walked above"),
     }

@@ -8,6 +8,7 @@ pub(crate) mod alter_configs;
 pub(crate) mod alter_replica_log_dirs;
 pub(crate) mod authz;
 pub(crate) mod broker_configs;
+pub(crate) mod client_quotas;
 pub(crate) mod delete_records;
 pub(crate) mod describe_configs;
 pub(crate) mod describe_log_dirs;
@@ -39,6 +40,7 @@ use crate::group::GroupCoordinator;
 use crate::handler::producer_id::ProducerIdManager;
 use crate::metrics::{fetch_errors, response_errors, Metrics};
 use crate::partition::Partition;
+use crate::quota::QuotaKind;
 use crate::replication::ReplicaManager;
 use crate::response::Reply;
 use crate::topics::{Topic, Topics};
@@ -67,6 +69,8 @@ pub(crate) struct Broker {
     pub(crate) tls: Option<crate::tls::TlsServer>,
     /// The live ACL snapshot when `authorizer.enable`; `None` allows everything.
     pub(crate) acls: Option<Arc<fjord_auth::AclWatcher>>,
+    /// Client quotas and the clients' rates (`crate::quota`).
+    pub(crate) quotas: Arc<crate::quota::ClientQuotas>,
 }
 
 /// The replica a per-partition answer works on, or the code to answer instead:
@@ -156,10 +160,29 @@ impl Broker {
             || self.authorize(session, Operation::Create, Resource::topic(topic))
     }
 
+    /// Whether the handling time of `decoded` counts against a request quota: Kafka
+    /// exempts the brokers' own requests (replica fetches, transaction markers, the
+    /// inter-broker principal) and what a client needs before it can be throttled
+    /// (ApiVersions and SASL).
+    pub(crate) fn request_quota_applies(&self, decoded: &Decoded, session: &Session) -> bool {
+        let Decoded::Request { request, .. } = decoded else { return false };
+        let inter_broker = self.config.inter_broker_sasl_username.as_deref();
+        if !session.authenticated || inter_broker.is_some_and(|name| session.principal == Principal::user(name)) {
+            return false;
+        }
+        !matches!(
+            **request,
+            RequestKind::ApiVersions(_)
+                | RequestKind::SaslHandshake(_)
+                | RequestKind::SaslAuthenticate(_)
+                | RequestKind::WriteTxnMarkers(_)
+        ) && !matches!(&**request, RequestKind::Fetch(fetch) if fetch.replica_id.0 >= 0)
+    }
+
     /// Answers one request from the client of `session`: a response now, or (an acks=all
     /// produce, appended already) one that completes once the ISR has the batches.
     pub(crate) async fn handle(self: &Arc<Self>, decoded: Decoded, session: &mut Session) -> Option<Reply> {
-        let (header, version, request) = match decoded {
+        let (header, version, request, size) = match decoded {
             Decoded::Unsupported { correlation_id, api_key, version } => {
                 tracing::debug!(api_key, version, "unsupported api key or version");
                 self.metrics.request(api_key);
@@ -176,9 +199,10 @@ impl Broker {
                 self.metrics.request(header.request_api_key);
                 return produce::legacy(&header, version, body, &self.metrics).map(Reply::from);
             }
-            Decoded::Request { header, version, request } => (header, version, request),
+            Decoded::Request { header, version, request, size } => (header, version, request, size),
         };
         let correlation_id = header.correlation_id;
+        session.set_client_id(header.client_id.as_deref());
         self.metrics.request(header.request_api_key);
         // Requests denied as a whole are answered before they reach their handler.
         let refusal =
@@ -190,19 +214,54 @@ impl Broker {
         let (key, body) = match *request {
             RequestKind::ApiVersions(_) => (ApiKey::ApiVersions, api_versions(error_code::NONE)),
             RequestKind::Metadata(req) => (ApiKey::Metadata, self.metadata(req, version, session).await),
-            RequestKind::Produce(req) => match self.produce(req, version, session).await? {
-                produce::Produced::Answered(body) => (ApiKey::Produce, ResponseKind::Produce(body)),
-                produce::Produced::Replicating(replicated) => {
-                    let broker = self.clone();
-                    return Some(Reply::Later(Box::pin(async move {
-                        let body = ResponseKind::Produce(replicated.await);
-                        broker.metrics.errors(ApiKey::Produce as i16, response_errors(&body));
-                        Some(codec::encode_response(correlation_id, ApiKey::Produce, version, &body))
-                    })));
+            RequestKind::Produce(req) => {
+                // Kafka counts the whole request against the producer quota, and appends
+                // it either way: the throttle slows the next one.
+                let user = session.principal.name();
+                let throttle = self
+                    .quotas
+                    .record(QuotaKind::Produce, user, &session.client_id, size as f64)
+                    .max(self.quotas.throttle(QuotaKind::Request, user, &session.client_id));
+                session.throttle(throttle);
+                let throttle_time_ms = i32::try_from(throttle.as_millis()).unwrap_or(i32::MAX);
+                match self.produce(req, version, session).await? {
+                    produce::Produced::Answered(body) => {
+                        (ApiKey::Produce, ResponseKind::Produce(body.with_throttle_time_ms(throttle_time_ms)))
+                    }
+                    produce::Produced::Replicating(replicated) => {
+                        let broker = self.clone();
+                        return Some(Reply::Later(Box::pin(async move {
+                            let body = ResponseKind::Produce(replicated.await.with_throttle_time_ms(throttle_time_ms));
+                            broker.metrics.errors(ApiKey::Produce as i16, response_errors(&body));
+                            Some(codec::encode_response(correlation_id, ApiKey::Produce, version, &body))
+                        })));
+                    }
                 }
-            },
-            RequestKind::Fetch(req) => {
-                let data = self.fetch(req, version, session).await;
+            }
+            RequestKind::Fetch(mut req) => {
+                let consumer = req.replica_id.0 < 0;
+                let user = session.principal.name().to_owned();
+                if consumer {
+                    // Kafka caps a fetch under a consumer quota at what the quota allows
+                    // in one measurement window.
+                    if let Some(cap) = self.quotas.max_fetch_bytes(&user, &session.client_id) {
+                        req.max_bytes = req.max_bytes.min(i32::try_from(cap).unwrap_or(i32::MAX));
+                    }
+                }
+                let mut data = self.fetch(req, version, session).await;
+                if consumer {
+                    let bytes = data.records_bytes() as f64;
+                    let fetch_throttle = self.quotas.record(QuotaKind::Fetch, &user, &session.client_id, bytes);
+                    if !fetch_throttle.is_zero() {
+                        // Kafka answers a throttled fetch with no records, which then do
+                        // not count: the client fetches them again after the throttle.
+                        self.quotas.unrecord(QuotaKind::Fetch, &user, &session.client_id, bytes);
+                        data.topics.clear();
+                    }
+                    let throttle = fetch_throttle.max(self.quotas.throttle(QuotaKind::Request, &user, &session.client_id));
+                    session.throttle(throttle);
+                    data.throttle_time_ms = i32::try_from(throttle.as_millis()).unwrap_or(i32::MAX);
+                }
                 self.metrics.errors(ApiKey::Fetch as i16, fetch_errors(&data));
                 return Some(crate::fetch_response::encode(correlation_id, version, &data).into());
             }
@@ -313,6 +372,8 @@ impl Broker {
                 (ApiKey::ListPartitionReassignments, self.list_partition_reassignments(req).await)
             }
             RequestKind::DescribeCluster(req) => (ApiKey::DescribeCluster, self.describe_cluster(req, session)),
+            RequestKind::DescribeClientQuotas(req) => (ApiKey::DescribeClientQuotas, self.describe_client_quotas(req).await),
+            RequestKind::AlterClientQuotas(req) => (ApiKey::AlterClientQuotas, self.alter_client_quotas(req).await),
             other => {
                 // decode_request only decodes what SUPPORTED_APIS lists, and every entry is matched above.
                 tracing::error!(request = ?other, "decoded a request without a handler");

@@ -228,6 +228,9 @@ pub async fn run_listeners(
         },
         false => None,
     };
+    // Like the ACLs, the stored client quotas are in place before the first request.
+    let quotas = Arc::new(crate::quota::ClientQuotas::new(config.quota_window));
+    crate::quota::store::start_watcher(quotas.clone(), store.clone(), &tracker, stop.clone()).await;
     let endpoint = Endpoint { broker_id: config.broker_id, listeners: plan.clone() };
     let groups = GroupCoordinator::new(store.clone(), endpoint, config.group.clone());
     // On a cluster, leadership is handed over before this broker stops serving; alone
@@ -259,6 +262,7 @@ pub async fn run_listeners(
         connections: ConnectionLimits::default(),
         tls,
         acls,
+        quotas,
     });
     // The observer may talk to this broker like any client (the accept loop below serves
     // it): over a plaintext listener when there is one, else over the inter-broker

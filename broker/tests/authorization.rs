@@ -322,6 +322,23 @@ async fn an_allowed_anonymous_client_cannot_delete_a_topic_or_alter_its_config()
     let response: WriteTxnMarkersResponse = admin.call(ApiKey::WriteTxnMarkers, 1, &abort).await.unwrap();
     assert_eq!(response.markers[0].topics[0].partitions[0].error_code, 0);
     assert_eq!(admin.latest_offset("shared").await, (0, 2));
+    // Client quotas: AlterConfigs on the cluster to set one, DescribeConfigs to list them.
+    let quota = AlterClientQuotasRequest::default().with_entries(vec![alter_client_quotas_request::EntryData::default()
+        .with_entity(vec![alter_client_quotas_request::EntityData::default()
+            .with_entity_type(StrBytes::from_static_str("user"))
+            .with_entity_name(Some(StrBytes::from_static_str("ANONYMOUS")))])
+        .with_ops(vec![alter_client_quotas_request::OpData::default()
+            .with_key(StrBytes::from_static_str("producer_byte_rate"))
+            .with_value(1e9)])]);
+    let response: AlterClientQuotasResponse = anonymous.call(ApiKey::AlterClientQuotas, 1, &quota).await.unwrap();
+    assert_eq!(response.entries[0].error_code, CLUSTER_AUTHORIZATION_FAILED);
+    let list = DescribeClientQuotasRequest::default();
+    let response: DescribeClientQuotasResponse = anonymous.call(ApiKey::DescribeClientQuotas, 1, &list).await.unwrap();
+    assert_eq!(response.error_code, CLUSTER_AUTHORIZATION_FAILED);
+    let response: DescribeClientQuotasResponse = admin.call(ApiKey::DescribeClientQuotas, 1, &list).await.unwrap();
+    assert_eq!((response.error_code, response.entries.map(|e| e.len())), (0, Some(0)), "nothing stored");
+    let response: AlterClientQuotasResponse = admin.call(ApiKey::AlterClientQuotas, 1, &quota).await.unwrap();
+    assert_eq!(response.entries[0].error_code, 0);
     // Nor may it grant itself more.
     assert_eq!(
         allow(&mut anonymous, "User:ANONYMOUS", Operation::All, ResourceType::Cluster, "kafka-cluster").await,

@@ -17,8 +17,16 @@ pub const CONTROLLER_EPOCH: &str = "/controller_epoch";
 pub const CONSUMERS: &str = "/consumers";
 /// Persistent: the last block of producer ids handed to a broker (Kafka's path).
 pub const LATEST_PRODUCER_ID_BLOCK: &str = "/latest_producer_id_block";
-/// Parent of the per-user configs: SCRAM credentials, as Kafka's `/config/users`.
+/// Parent of the per-user configs: SCRAM credentials and client quotas, as Kafka's
+/// `/config/users` (`<user>/clients/<client-id>` below a user holds its per-client quotas).
 pub const USER_CONFIGS: &str = "/config/users";
+/// Parent of the per-client-id quotas, as Kafka's `/config/clients`.
+pub const CLIENT_CONFIGS: &str = "/config/clients";
+/// Parent of the config change notifications, persistent sequential
+/// `config_change_<seq>` nodes naming the entity that changed
+/// (`{"version":2,"entity_path":"users/alice/clients/app"}`, Kafka's); brokers watch it
+/// to pick up quota changes.
+pub const CONFIG_CHANGES: &str = "/config/changes";
 /// Parent of the ACLs: `/acls/<resource type>/<pattern type>/<name>` (fjord-auth).
 pub const ACLS: &str = "/acls";
 /// Parent of the ACL change notifications, persistent sequential `acl_change_<seq>`
@@ -71,10 +79,22 @@ pub fn broker_config(node: &str) -> String {
     format!("{BROKER_CONFIGS}/{node}")
 }
 
-/// `/config/users/<name>`: a user's SCRAM credentials (`name` already escaped as one
-/// path component).
+/// `/config/users/<name>`: a user's SCRAM credentials and quotas (`name` already
+/// escaped as one path component; `<default>` holds the default user quotas).
 pub fn user_config(name: &str) -> String {
     format!("{USER_CONFIGS}/{name}")
+}
+
+/// `/config/clients/<client-id>`: a client id's quotas (`name` already escaped as one
+/// path component; `<default>` for every client id).
+pub fn client_config(name: &str) -> String {
+    format!("{CLIENT_CONFIGS}/{name}")
+}
+
+/// `/config/users/<user>/clients/<client-id>`: the quotas of one client id of one user
+/// (both already escaped; either may be `<default>`).
+pub fn user_client_config(user: &str, client_id: &str) -> String {
+    format!("{USER_CONFIGS}/{user}/clients/{client_id}")
 }
 
 /// `/acls/<resource type>/<pattern type>/<name>`: the ACLs of one resource pattern

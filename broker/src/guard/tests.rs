@@ -384,6 +384,28 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
             .with_producer_id_filters(vec![ProducerId(1), ProducerId(2)])
             .with_duration_filter(if v >= 1 { 1000 } else { -1 })
             .encode(&mut buf, v),
+        ApiKey::DescribeClientQuotas => DescribeClientQuotasRequest::default()
+            .with_components(vec![
+                describe_client_quotas_request::ComponentData::default()
+                    .with_entity_type(s("user"))
+                    .with_match_type(0)
+                    .with_match(Some(s("alice"))),
+                describe_client_quotas_request::ComponentData::default().with_entity_type(s("client-id")).with_match_type(1),
+            ])
+            .with_strict(true)
+            .encode(&mut buf, v),
+        ApiKey::AlterClientQuotas => AlterClientQuotasRequest::default()
+            .with_entries(vec![alter_client_quotas_request::EntryData::default()
+                .with_entity(vec![
+                    alter_client_quotas_request::EntityData::default().with_entity_type(s("user")).with_entity_name(Some(s("a"))),
+                    alter_client_quotas_request::EntityData::default().with_entity_type(s("client-id")),
+                ])
+                .with_ops(vec![alter_client_quotas_request::OpData::default()
+                    .with_key(s("producer_byte_rate"))
+                    .with_value(1024.0)
+                    .with_remove(false)])])
+            .with_validate_only(true)
+            .encode(&mut buf, v),
         other => panic!("no sample for {other:?}"),
     };
     result.unwrap_or_else(|e| panic!("{key:?} v{v} does not encode: {e}"));

@@ -11,11 +11,11 @@ use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
 use kafka_protocol::messages::offset_fetch_response::OffsetFetchResponseGroup;
 use kafka_protocol::messages::{
-    delete_groups_response, describe_groups_response, AlterPartitionReassignmentsResponse, AlterUserScramCredentialsResponse,
-    BrokerId, CreateAclsResponse, DeleteAclsResponse, DescribeAclsResponse, DescribeUserScramCredentialsResponse,
-    ElectLeadersResponse, FindCoordinatorResponse, GroupId, HeartbeatResponse, InitProducerIdResponse, JoinGroupResponse,
-    LeaveGroupResponse, ListPartitionReassignmentsResponse, OffsetCommitRequest, OffsetFetchResponse, ProducerId, RequestKind,
-    ResponseKind, SyncGroupResponse,
+    delete_groups_response, describe_groups_response, AlterClientQuotasResponse, AlterPartitionReassignmentsResponse,
+    AlterUserScramCredentialsResponse, BrokerId, CreateAclsResponse, DeleteAclsResponse, DescribeAclsResponse,
+    DescribeClientQuotasResponse, DescribeUserScramCredentialsResponse, ElectLeadersResponse, FindCoordinatorResponse, GroupId,
+    HeartbeatResponse, InitProducerIdResponse, JoinGroupResponse, LeaveGroupResponse, ListPartitionReassignmentsResponse,
+    OffsetCommitRequest, OffsetFetchResponse, ProducerId, RequestKind, ResponseKind, SyncGroupResponse,
 };
 
 use crate::codec::error_code::{
@@ -157,6 +157,21 @@ impl Broker {
                 });
                 ResponseKind::ElectLeaders(
                     ElectLeadersResponse::default().with_error_code(code).with_replica_election_results(results.collect()),
+                )
+            }
+            // Kafka: DescribeConfigs / AlterConfigs on the cluster for client quotas.
+            RequestKind::DescribeClientQuotas(_) if !cluster(Operation::DescribeConfigs) => ResponseKind::DescribeClientQuotas(
+                DescribeClientQuotasResponse::default().with_error_code(code).with_error_message(Some(
+                    kafka_protocol::protocol::StrBytes::from_static_str("Cluster authorization failed."),
+                )),
+            ),
+            RequestKind::AlterClientQuotas(r) if !cluster(Operation::AlterConfigs) => {
+                let denied = |entry| {
+                    let outcome = Err((code, "Cluster authorization failed.".to_owned()));
+                    crate::handler::client_quotas::alter_result(entry, outcome)
+                };
+                ResponseKind::AlterClientQuotas(
+                    AlterClientQuotasResponse::default().with_entries(r.entries.iter().map(denied).collect()),
                 )
             }
             // Kafka: Alter on the cluster to reassign, Describe to list.

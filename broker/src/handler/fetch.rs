@@ -137,12 +137,15 @@ impl Broker {
             if has_error || data.records_bytes() >= min_bytes || Instant::now() >= deadline {
                 break data;
             }
+            // The long poll is waiting, not handling: a request quota does not count it.
+            let waiting = Instant::now();
             tokio::select! {
-                () = waiter.notified() => {}
-                () = tokio::time::sleep_until(deadline) => {
-                    break self.read_partitions(&wanted, max_bytes, replica, read_committed, zero_copy).0;
-                }
-            }
+                            () = waiter.notified() => session.waited += waiting.elapsed(),
+                            () = tokio::time::sleep_until(deadline) => {
+            session.waited += waiting.elapsed();
+                                break self.read_partitions(&wanted, max_bytes, replica, read_committed, zero_copy).0;
+                            }
+                        }
         };
         if replica.is_some() {
             // Kafka counts what it sends for every throttled partition, in the ISR or not.
