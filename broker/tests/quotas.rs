@@ -235,3 +235,75 @@ async fn a_producer_over_its_byte_rate_is_throttled_and_its_neighbour_is_not() {
     drop(client);
     broker.stop().await.unwrap();
 }
+
+/// Fills topic `quota-fetch` with 60 MB, then two confluent-kafka consumers read it from
+/// the start for `SECONDS` (or until they have it all): `throttled` and `free`. Prints
+/// each one's rate of received value bytes (MB/s) over the time it read, and the largest
+/// throttle time librdkafka reported.
+const CONSUMERS: &str = r#"
+import json, sys, threading, time
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+bootstrap, seconds = sys.argv[1], float(sys.argv[2])
+total = 60 * 1048576
+value = b'y' * 10000
+p = Producer({'bootstrap.servers': bootstrap, 'client.id': 'loader', 'linger.ms': 5})
+for _ in range(total // len(value)):
+    while True:
+        try:
+            p.produce('quota-fetch', value)
+            break
+        except BufferError:
+            p.poll(0.01)
+assert p.flush(60) == 0
+rates = {}
+
+def run(client_id):
+    throttle = [0]
+    def stats(j):
+        for b in json.loads(j)['brokers'].values():
+            throttle[0] = max(throttle[0], b['throttle']['max'])
+    c = Consumer({'bootstrap.servers': bootstrap, 'client.id': client_id, 'group.id': client_id,
+                  'enable.auto.commit': False, 'statistics.interval.ms': 1000, 'stats_cb': stats})
+    c.assign([TopicPartition('quota-fetch', 0, 0)])
+    received = 0
+    start = time.time()
+    while time.time() - start < seconds and received < total - len(value):
+        m = c.poll(0.1)
+        if m is not None and not m.error():
+            received += len(m.value())
+    elapsed = time.time() - start
+    time.sleep(1.5)  # one more statistics round
+    c.poll(0)
+    c.close()
+    rates[client_id] = {'mb_per_s': received / elapsed / 1048576, 'max_throttle_ms': throttle[0]}
+
+threads = [threading.Thread(target=run, args=(c,)) for c in ('throttled', 'free')]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps(rates))
+print('ok')
+"#;
+
+/// A consumer under a 2 MB/s consumer_byte_rate reads at most 2.2 MB/s (its fetches are
+/// capped and answered empty while it is over), while one beside it reads at full speed.
+#[tokio::test]
+async fn a_consumer_over_its_byte_rate_is_throttled_and_its_neighbour_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().to_path_buf(), |_| {}).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let set = alteration(&[("client-id", Some("throttled"))], &[("consumer_byte_rate", Some(2.0 * MB))]);
+    assert_eq!(alter(&mut client, vec![set], false).await, [(0, String::new())]);
+
+    // A fetch fails a consumer-quota check as a whole, so nothing goes over: two windows do.
+    let measured = rates(CONSUMERS, &broker.bootstrap(), 22).await;
+    eprintln!("consumer rates: {measured}");
+    let throttled = measured["throttled"]["mb_per_s"].as_f64().unwrap();
+    let free = measured["free"]["mb_per_s"].as_f64().unwrap();
+    assert!(throttled <= 2.2, "the throttled consumer read {throttled:.2} MB/s");
+    assert!(throttled >= 1.0, "the throttled consumer read only {throttled:.2} MB/s");
+    assert!(measured["throttled"]["max_throttle_ms"].as_i64().unwrap() > 0, "no throttle_time_ms reached the client");
+    assert!(free >= 10.0, "the unthrottled consumer read {free:.2} MB/s beside {throttled:.2} MB/s");
+    drop(client);
+    broker.stop().await.unwrap();
+}
