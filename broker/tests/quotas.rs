@@ -307,3 +307,55 @@ async fn a_consumer_over_its_byte_rate_is_throttled_and_its_neighbour_is_not() {
     drop(client);
     broker.stop().await.unwrap();
 }
+
+/// Produce requests of one small batch, one after the other for `run`, on a connection
+/// with `client_id`: how many were answered, and each answer's throttle_time_ms with the
+/// round trip of the request after it.
+async fn produce_for(addr: std::net::SocketAddr, client_id: &'static str, run: Duration) -> (usize, Vec<(i32, Duration)>) {
+    let mut client = RawClient::connect(addr).await.unwrap();
+    client.client_id = client_id;
+    let mut builder = fjord_record::BatchBuilder::new(1_700_000_000_000);
+    builder.append(1_700_000_000_000, Some(b"k"), Some(b"v"), &[]);
+    let request = common::produce_request("quota-requests", 0, 1, 5000, builder.build());
+    let (mut answered, mut throttles, mut last_throttle) = (0, Vec::new(), 0);
+    let started = std::time::Instant::now();
+    while started.elapsed() < run {
+        let sent = std::time::Instant::now();
+        let response: kafka_protocol::messages::ProduceResponse = client.call(ApiKey::Produce, 7, &request).await.unwrap();
+        assert_eq!(response.responses[0].partition_responses[0].error_code, 0);
+        if last_throttle > 0 {
+            throttles.push((last_throttle, sent.elapsed()));
+        }
+        last_throttle = response.throttle_time_ms;
+        answered += 1;
+    }
+    (answered, throttles)
+}
+
+/// A client over its request_percentage (KIP-124) is told to back off and its connection
+/// is muted for that long; a client beside it is not.
+#[tokio::test]
+async fn a_client_over_its_request_percentage_is_throttled() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().to_path_buf(), |_| {}).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    // 1% of one second: 10 ms of request handling per second.
+    let set = alteration(&[("client-id", Some("busy"))], &[("request_percentage", Some(1.0))]);
+    assert_eq!(alter(&mut client, vec![set], false).await, [(0, String::new())]);
+    assert_eq!(produce_for(broker.addr, "warm-up", Duration::from_millis(200)).await.1, []);
+
+    let run = Duration::from_secs(4);
+    let ((busy, throttled), (free, unthrottled)) =
+        tokio::join!(produce_for(broker.addr, "busy", run), produce_for(broker.addr, "free", run));
+    eprintln!("answered in {run:?}: busy {busy}, free {free}; busy throttles (ms, next round trip): {throttled:?}");
+    assert!(unthrottled.is_empty(), "the free client was throttled: {unthrottled:?}");
+    assert!(!throttled.is_empty(), "the busy client was never throttled");
+    assert!(throttled.iter().all(|(ms, _)| *ms <= 1000), "a request throttle is at most one window: {throttled:?}");
+    // Muted: the request after a throttled answer waited out (most of) the throttle.
+    for (ms, next) in &throttled {
+        assert!(next.as_millis() as i32 >= ms - 50, "a request {next:?} after a {ms} ms throttle");
+    }
+    assert!(busy * 3 < free, "busy answered {busy}, free {free}");
+    drop(client);
+    broker.stop().await.unwrap();
+}

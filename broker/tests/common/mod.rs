@@ -72,13 +72,15 @@ pub(crate) fn produce_request(topic: &str, partition: i32, acks: i16, timeout_ms
 pub(crate) struct RawClient {
     pub(crate) stream: TcpStream,
     correlation_id: i32,
+    /// The client id in every request header; `fjord-test` unless set.
+    pub(crate) client_id: &'static str,
 }
 
 impl RawClient {
     pub(crate) async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        Ok(Self { stream, correlation_id: 0 })
+        Ok(Self { stream, correlation_id: 0, client_id: "fjord-test" })
     }
 
     /// Connects from the local address `from` (e.g. 127.0.0.2, another loopback address).
@@ -87,7 +89,7 @@ impl RawClient {
         socket.bind(SocketAddr::new(from, 0))?;
         let stream = socket.connect(addr).await?;
         stream.set_nodelay(true)?;
-        Ok(Self { stream, correlation_id: 0 })
+        Ok(Self { stream, correlation_id: 0, client_id: "fjord-test" })
     }
 
     /// Encodes a request (header + body), without the length prefix.
@@ -98,7 +100,7 @@ impl RawClient {
             .with_request_api_key(key as i16)
             .with_request_api_version(version)
             .with_correlation_id(self.correlation_id)
-            .with_client_id(Some(StrBytes::from_static_str("fjord-test")))
+            .with_client_id(Some(StrBytes::from_static_str(self.client_id)))
             .encode(&mut buf, key.request_header_version(version))
             .unwrap();
         body.encode(&mut buf, version).unwrap();
