@@ -63,6 +63,8 @@ enum Command {
     Groups(tools::groups::GroupsArgs),
     /// List and describe transactional ids (state, producer, open partitions).
     Transactions(tools::transactions::TransactionsArgs),
+    /// Describe or alter client quotas (byte rates, request percentage) of users and client ids.
+    Quotas(tools::quotas::QuotasArgs),
     /// Move partitions between brokers (Kafka's reassignment JSON), or off a broker.
     Reassign(tools::reassign::ReassignArgs),
     /// Measure producer/consumer throughput and latency.
@@ -103,6 +105,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Consume(args) => tools::run_or_exit(tools::consume::run(args)).await,
         Command::Groups(args) => tools::run_or_exit(tools::groups::run(args)).await,
         Command::Transactions(args) => tools::run_or_exit(tools::transactions::run(args)).await,
+        Command::Quotas(args) => tools::run_or_exit(tools::quotas::run(args)).await,
         Command::Reassign(args) => tools::run_or_exit(tools::reassign::run(args)).await,
         Command::Bench(args) => tools::run_or_exit(tools::bench::run(args)).await,
         Command::Load(args) => tools::run_or_exit(load::load(args)).await,

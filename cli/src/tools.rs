@@ -7,6 +7,7 @@
 //! - `consume`: records → stdout, plain or JSON lines, from beginning/end/offset/time.
 //! - `groups`: list/describe consumer groups (lag per partition), reset committed offsets.
 //! - `transactions`: list/describe transactional ids at their coordinators.
+//! - `quotas`: describe/alter client quotas (users, client ids, their defaults).
 //! - `reassign`: start, verify or cancel partition reassignments (Kafka's JSON plan), or
 //!   move every replica off a broker.
 //! - `bench`: the paper's producer/consumer throughput experiment, with latency percentiles.
@@ -15,6 +16,7 @@ pub(crate) mod bench;
 pub(crate) mod consume;
 pub(crate) mod groups;
 pub(crate) mod produce;
+pub(crate) mod quotas;
 pub(crate) mod reassign;
 pub(crate) mod topics;
 pub(crate) mod transactions;

@@ -1,19 +1,22 @@
-//! Topic administration and offset lookups.
+//! Topic administration, client quotas and offset lookups.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
+use kafka_protocol::messages::alter_client_quotas_request::{EntityData, EntryData, OpData};
 use kafka_protocol::messages::alter_partition_reassignments_request::{ReassignablePartition, ReassignableTopic};
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+use kafka_protocol::messages::describe_client_quotas_request::ComponentData;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::{
-    AlterPartitionReassignmentsRequest, BrokerId, CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
-    DescribeConfigsRequest, IncrementalAlterConfigsRequest, ListOffsetsRequest, ListPartitionReassignmentsRequest, TopicName,
+    AlterClientQuotasRequest, AlterPartitionReassignmentsRequest, BrokerId, CreatePartitionsRequest, CreateTopicsRequest,
+    DeleteTopicsRequest, DescribeClientQuotasRequest, DescribeConfigsRequest, IncrementalAlterConfigsRequest, ListOffsetsRequest,
+    ListPartitionReassignmentsRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -118,6 +121,70 @@ fn config_source_name(code: i8) -> &'static str {
         8 => "GROUP_CONFIG",
         _ => "UNKNOWN",
     }
+}
+
+/// A user or client-id name in a client quota entity: one name, or the default
+/// (`<default>` in Kafka's tools, a null name on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum QuotaName {
+    /// The default for every user (or client id) without a quota of its own.
+    Default,
+    /// One user or client id.
+    Named(String),
+}
+
+impl QuotaName {
+    fn to_wire(&self) -> Option<StrBytes> {
+        match self {
+            QuotaName::Default => None,
+            QuotaName::Named(name) => Some(StrBytes::from_string(name.clone())),
+        }
+    }
+
+    fn from_wire(name: Option<&StrBytes>) -> Self {
+        name.map_or(QuotaName::Default, |n| QuotaName::Named(n.to_string()))
+    }
+}
+
+impl std::fmt::Display for QuotaName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QuotaName::Default => f.write_str("<default>"),
+            QuotaName::Named(name) => f.write_str(name),
+        }
+    }
+}
+
+/// What a client quota is set on (Kafka's entity): a user, a client id, or both.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QuotaEntity {
+    /// The `user` part.
+    pub user: Option<QuotaName>,
+    /// The `client-id` part.
+    pub client_id: Option<QuotaName>,
+}
+
+impl QuotaEntity {
+    fn parts(&self) -> impl Iterator<Item = (&'static str, &QuotaName)> {
+        [("user", self.user.as_ref()), ("client-id", self.client_id.as_ref())].into_iter().filter_map(|(t, n)| Some((t, n?)))
+    }
+}
+
+impl std::fmt::Display for QuotaEntity {
+    /// As kafka-configs names it: `user 'alice', client-id '<default>'`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.parts().map(|(t, n)| format!("{t} '{n}'")).collect();
+        f.write_str(&parts.join(", "))
+    }
+}
+
+/// The quotas of one entity (DescribeClientQuotas): key → value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientQuota {
+    /// Whom they apply to.
+    pub entity: QuotaEntity,
+    /// `producer_byte_rate`, `consumer_byte_rate`, `request_percentage` → value.
+    pub values: BTreeMap<String, f64>,
 }
 
 /// Administration client.
@@ -259,6 +326,86 @@ impl Admin {
                 })
             })
             .collect())
+    }
+
+    /// The client quotas whose entity has exactly the given parts (each a name or the
+    /// default), as `kafka-configs --describe` shows one entity; every stored quota when
+    /// neither part is given (DescribeClientQuotas).
+    pub async fn describe_client_quotas(&self, entity: &QuotaEntity) -> Result<Vec<ClientQuota>> {
+        let components = entity
+            .parts()
+            .map(|(entity_type, name)| {
+                let (match_type, name) = match name {
+                    QuotaName::Named(name) => (0, Some(StrBytes::from_string(name.clone()))),
+                    QuotaName::Default => (1, None),
+                };
+                ComponentData::default()
+                    .with_entity_type(StrBytes::from_static_str(entity_type))
+                    .with_match_type(match_type)
+                    .with_match(name)
+            })
+            .collect::<Vec<_>>();
+        let strict = !components.is_empty();
+        let request = DescribeClientQuotasRequest::default().with_components(components).with_strict(strict);
+        let conn = self.cluster.controller().await?;
+        let version = conn.version::<DescribeClientQuotasRequest>(1)?;
+        let response = conn.request_at(&request, version).await?;
+        if let Some(e) =
+            Error::kafka(response.error_code, "describe client quotas", response.error_message.map(|m| m.to_string()))
+        {
+            return Err(e);
+        }
+        let mut quotas: Vec<ClientQuota> = response
+            .entries
+            .unwrap_or_default()
+            .into_iter()
+            .map(|entry| {
+                let mut entity = QuotaEntity::default();
+                for part in &entry.entity {
+                    let name = QuotaName::from_wire(part.entity_name.as_ref());
+                    match part.entity_type.as_str() {
+                        "user" => entity.user = Some(name),
+                        "client-id" => entity.client_id = Some(name),
+                        _ => {}
+                    }
+                }
+                let values = entry.values.into_iter().map(|v| (v.key.to_string(), v.value)).collect();
+                ClientQuota { entity, values }
+            })
+            .collect();
+        quotas.sort_by(|a, b| a.entity.cmp(&b.entity));
+        Ok(quotas)
+    }
+
+    /// Sets the keys of `set` and removes those of `remove` on the quotas of `entity`
+    /// (AlterClientQuotas); with `validate_only` the broker only checks them.
+    pub async fn alter_client_quotas(
+        &self,
+        entity: &QuotaEntity,
+        set: &BTreeMap<String, f64>,
+        remove: &[String],
+        validate_only: bool,
+    ) -> Result<()> {
+        let parts = entity
+            .parts()
+            .map(|(t, n)| EntityData::default().with_entity_type(StrBytes::from_static_str(t)).with_entity_name(n.to_wire()));
+        let ops = set
+            .iter()
+            .map(|(key, value)| OpData::default().with_key(StrBytes::from_string(key.clone())).with_value(*value))
+            .chain(remove.iter().map(|key| OpData::default().with_key(StrBytes::from_string(key.clone())).with_remove(true)));
+        let request = AlterClientQuotasRequest::default()
+            .with_entries(vec![EntryData::default().with_entity(parts.collect()).with_ops(ops.collect())])
+            .with_validate_only(validate_only);
+        let conn = self.cluster.controller().await?;
+        let version = conn.version::<AlterClientQuotasRequest>(1)?;
+        let response = conn.request_at(&request, version).await?;
+        for entry in response.entries {
+            let context = format!("alter the client quotas of {entity}");
+            if let Some(e) = Error::kafka(entry.error_code, context, entry.error_message.map(|m| m.to_string())) {
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Deletes topics.

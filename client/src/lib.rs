@@ -43,7 +43,9 @@ pub mod producer;
 pub mod security;
 pub mod transaction;
 
-pub use admin::{Admin, ConfigEntry, ConfigResource, NewTopic, OffsetSpec, PartitionReassignment};
+pub use admin::{
+    Admin, ClientQuota, ConfigEntry, ConfigResource, NewTopic, OffsetSpec, PartitionReassignment, QuotaEntity, QuotaName,
+};
 pub use audit::AuditHook;
 pub use cluster::{ClientConfig, ConnectionProbe, Metadata, PartitionMetadata, TopicMetadata};
 pub use consumer::{Consumer, ConsumerConfig, ConsumerRecord, IsolationLevel, OffsetReset, SeekTo};
