@@ -197,6 +197,16 @@ print(json.dumps(rates))
 print('ok')
 "#;
 
+/// Keeps the disk use of the rate tests small: the producers write hundreds of MB (and,
+/// without a quota, several GB), kept 32 MB a partition.
+fn small_logs(config: &mut fjord_broker::BrokerConfig) {
+    for (key, value) in
+        [("log.segment.bytes", "8388608"), ("log.retention.bytes", "33554432"), ("log.retention.check.interval.ms", "1000")]
+    {
+        config.set(key, value).unwrap();
+    }
+}
+
 /// Runs `script` with the broker's address and the duration; its JSON line of rates.
 async fn rates(script: &str, bootstrap: &str, seconds: u64) -> serde_json::Value {
     let output =
@@ -215,7 +225,7 @@ const RUN_SECONDS: u64 = 33;
 #[tokio::test]
 async fn a_producer_over_its_byte_rate_is_throttled_and_its_neighbour_is_not() {
     let dir = tempfile::tempdir().unwrap();
-    let broker = TestBroker::start_in(dir.path().to_path_buf(), |_| {}).await.unwrap();
+    let broker = TestBroker::start_in(dir.path().to_path_buf(), small_logs).await.unwrap();
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     let quota = 5.0 * MB;
     let set = alteration(&[("client-id", Some("throttled"))], &[("producer_byte_rate", Some(quota))]);
