@@ -369,3 +369,46 @@ async fn a_client_over_its_request_percentage_is_throttled() {
     drop(client);
     broker.stop().await.unwrap();
 }
+
+/// Produce requests of 64 KB on the connection of `client` until one's throttle_time_ms
+/// says `throttled` or `deadline` passes: whether it did.
+async fn produce_until(client: &mut RawClient, topic: &str, throttled: bool, deadline: std::time::Instant) -> bool {
+    let mut builder = fjord_record::BatchBuilder::new(1_700_000_000_000);
+    builder.append(1_700_000_000_000, None, Some(&[7u8; 65536]), &[]);
+    let request = common::produce_request(topic, 0, 1, 5000, builder.build());
+    while std::time::Instant::now() < deadline {
+        let response: kafka_protocol::messages::ProduceResponse = client.call(ApiKey::Produce, 7, &request).await.unwrap();
+        assert_eq!(response.responses[0].partition_responses[0].error_code, 0);
+        if (response.throttle_time_ms > 0) == throttled {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// On a ZooKeeper cluster, a quota set through one broker is enforced by the other
+/// without a restart, and so is its removal (the /config/changes watch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_broker_picks_up_quota_changes_live() {
+    let cluster = fjord_testkit::Cluster::builder().brokers(2).start().await.unwrap();
+    cluster.create_topic("live", 1, &[], Duration::from_secs(20)).await.unwrap();
+    let leader = cluster.leader("live", 0).await.unwrap().unwrap();
+    let other = *cluster.ids().iter().find(|&&id| id != leader).unwrap();
+    let addr = |id: i32| cluster.addr(id).parse::<std::net::SocketAddr>().unwrap();
+    let mut producer = RawClient::connect(addr(leader)).await.unwrap();
+    producer.client_id = "live";
+    let soon = || std::time::Instant::now() + Duration::from_secs(10);
+    assert!(produce_until(&mut producer, "live", false, soon()).await, "throttled before any quota");
+
+    // 40 KB/s (a few 64 KB requests, then throttles of about a second), set through the
+    // broker that does not lead the partition.
+    let mut admin = RawClient::connect(addr(other)).await.unwrap();
+    let set = alteration(&[("client-id", Some("live"))], &[("producer_byte_rate", Some(40960.0))]);
+    assert_eq!(alter(&mut admin, vec![set], false).await, [(0, String::new())]);
+    assert!(produce_until(&mut producer, "live", true, soon()).await, "the leader never applied the quota");
+
+    let removed = alteration(&[("client-id", Some("live"))], &[("producer_byte_rate", None)]);
+    assert_eq!(alter(&mut admin, vec![removed], false).await, [(0, String::new())]);
+    assert!(produce_until(&mut producer, "live", false, soon()).await, "the leader never dropped the quota");
+}
