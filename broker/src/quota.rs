@@ -132,6 +132,10 @@ impl QuotaConfigs {
     /// `None` when no level sets it.
     pub(crate) fn resolve(&self, key: QuotaKey, user: &str, client_id: &str) -> Option<Resolved> {
         use EntityName::{Default, Named};
+        if self.entities.is_empty() {
+            // Every request asks; without quotas it allocates nothing.
+            return None;
+        }
         /// Who shares the rate of a level's quota.
         enum Share {
             UserAndClient,
