@@ -412,3 +412,29 @@ async fn every_broker_picks_up_quota_changes_live() {
     assert_eq!(alter(&mut admin, vec![removed], false).await, [(0, String::new())]);
     assert!(produce_until(&mut producer, "live", false, soon()).await, "the leader never dropped the quota");
 }
+
+/// Quotas on the connection's principal (`User:ANONYMOUS` on a PLAINTEXT listener) apply,
+/// and a more specific quota wins: a user-wide default for every client id throttles, the
+/// same user with one client id set high does not.
+#[tokio::test]
+async fn user_quotas_follow_kafkas_precedence() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().to_path_buf(), small_logs).await.unwrap();
+    let mut admin = RawClient::connect(broker.addr).await.unwrap();
+    let entries = vec![
+        alteration(&[("user", Some("ANONYMOUS")), ("client-id", None)], &[("producer_byte_rate", Some(40960.0))]),
+        alteration(&[("user", Some("ANONYMOUS")), ("client-id", Some("vip"))], &[("producer_byte_rate", Some(1e12))]),
+        // Less specific than both: never used for ANONYMOUS.
+        alteration(&[("client-id", Some("vip"))], &[("producer_byte_rate", Some(1.0))]),
+    ];
+    assert!(alter(&mut admin, entries, false).await.iter().all(|(code, _)| *code == 0));
+    let soon = || std::time::Instant::now() + Duration::from_secs(10);
+    let mut anyone = RawClient::connect(broker.addr).await.unwrap();
+    anyone.client_id = "anyone";
+    assert!(produce_until(&mut anyone, "precedence", true, soon()).await, "the user's default client quota never applied");
+    let mut vip = RawClient::connect(broker.addr).await.unwrap();
+    vip.client_id = "vip";
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    assert!(!produce_until(&mut vip, "precedence", true, deadline).await, "the user's quota for vip did not win");
+    broker.stop().await.unwrap();
+}

@@ -41,7 +41,8 @@ async fn quotas_are_set_described_and_removed() {
         ],
         "{all}"
     );
-    let alice = stdout(&fjord(&["quotas", &bootstrap, "describe", "--user", "alice"]).await);
+    // Kafka's flag spelling, after the action.
+    let alice = stdout(&fjord(&["quotas", "describe", "--user", "alice", "--bootstrap-server", &broker.addr]).await);
     assert_eq!(alice.trim(), "Quota configs for user 'alice' are producer_byte_rate=5242880, request_percentage=50.0");
 
     // Bad input: Kafka's error, a failing exit, nothing stored.
