@@ -520,3 +520,50 @@ async fn offset_delete_needs_delete_on_the_group_and_read_on_each_topic() {
     assert_eq!(left, [("secret".to_owned(), 5)], "only the permitted offset went");
     broker.stop().await;
 }
+
+/// Produce requests of 64 KB until one's throttle_time_ms is `throttled`, for at most
+/// `within`: whether it was.
+async fn throttled_within(client: &mut RawClient, topic: &str, throttled: bool, within: Duration) -> bool {
+    let mut builder = BatchBuilder::new(1_700_000_000_000);
+    builder.append(1_700_000_000_000, None, Some(&[7u8; 65536]), &[]);
+    let request = produce_request(topic, 0, 1, 5000, builder.build());
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let response: ProduceResponse = client.call(ApiKey::Produce, 7, &request).await.unwrap();
+        assert_eq!(response.responses[0].partition_responses[0].error_code, 0);
+        if (response.throttle_time_ms > 0) == throttled {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// A user quota applies to the SASL principal: bob over his 40 KB/s is throttled, the
+/// admin on the same listener is not.
+#[tokio::test]
+async fn a_user_quota_applies_to_the_authenticated_principal() {
+    let broker = SecuredBroker::start().await;
+    let mut admin = broker.admin().await;
+    assert_eq!(create_topic(&mut admin, "metered").await, 0);
+    assert_eq!(allow(&mut admin, "User:bob", Operation::Write, ResourceType::Topic, "metered").await, 0);
+    let quota = AlterClientQuotasRequest::default().with_entries(vec![alter_client_quotas_request::EntryData::default()
+        .with_entity(vec![alter_client_quotas_request::EntityData::default()
+            .with_entity_type(StrBytes::from_static_str("user"))
+            .with_entity_name(Some(StrBytes::from_static_str("bob")))])
+        .with_ops(vec![alter_client_quotas_request::OpData::default()
+            .with_key(StrBytes::from_static_str("producer_byte_rate"))
+            .with_value(40960.0)])]);
+    let response: AlterClientQuotasResponse = admin.call(ApiKey::AlterClientQuotas, 1, &quota).await.unwrap();
+    assert_eq!(response.entries[0].error_code, 0);
+    let mut bob = broker.login("bob", BOB_PASSWORD).await;
+    // The Write ACL reaches the authorizer within moments.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while produce(&mut bob, "metered").await != 0 {
+        assert!(Instant::now() < deadline, "the Write ACL never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(throttled_within(&mut bob, "metered", true, Duration::from_secs(10)).await, "bob was never throttled");
+    assert!(!throttled_within(&mut admin, "metered", true, Duration::from_secs(2)).await, "bob's quota throttled the admin");
+    broker.stop().await;
+}
