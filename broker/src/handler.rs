@@ -240,25 +240,25 @@ impl Broker {
             }
             RequestKind::Fetch(mut req) => {
                 let consumer = req.replica_id.0 < 0;
-                let user = session.principal.name().to_owned();
                 if consumer {
                     // Kafka caps a fetch under a consumer quota at what the quota allows
                     // in one measurement window.
-                    if let Some(cap) = self.quotas.max_fetch_bytes(&user, &session.client_id) {
+                    if let Some(cap) = self.quotas.max_fetch_bytes(session.principal.name(), &session.client_id) {
                         req.max_bytes = req.max_bytes.min(i32::try_from(cap).unwrap_or(i32::MAX));
                     }
                 }
                 let mut data = self.fetch(req, version, session).await;
                 if consumer {
+                    let user = session.principal.name();
                     let bytes = data.records_bytes() as f64;
-                    let fetch_throttle = self.quotas.record(QuotaKind::Fetch, &user, &session.client_id, bytes);
+                    let fetch_throttle = self.quotas.record(QuotaKind::Fetch, user, &session.client_id, bytes);
                     if !fetch_throttle.is_zero() {
                         // Kafka answers a throttled fetch with no records, which then do
                         // not count: the client fetches them again after the throttle.
-                        self.quotas.unrecord(QuotaKind::Fetch, &user, &session.client_id, bytes);
+                        self.quotas.unrecord(QuotaKind::Fetch, user, &session.client_id, bytes);
                         data.topics.clear();
                     }
-                    let throttle = fetch_throttle.max(self.quotas.throttle(QuotaKind::Request, &user, &session.client_id));
+                    let throttle = fetch_throttle.max(self.quotas.throttle(QuotaKind::Request, user, &session.client_id));
                     session.throttle(throttle);
                     data.throttle_time_ms = i32::try_from(throttle.as_millis()).unwrap_or(i32::MAX);
                 }
