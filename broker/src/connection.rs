@@ -329,6 +329,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
             let handled = started.elapsed().saturating_sub(session.waited);
             let percent = handled.as_secs_f64() * 100.0;
             let throttle = broker.quotas.record(QuotaKind::Request, session.principal.name(), &session.client_id, percent);
+            broker.metrics.throttled(QuotaKind::Request, throttle);
             session.throttle(throttle);
         }
         if let Some(until) = session.muted_until.take() {

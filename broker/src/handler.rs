@@ -218,10 +218,9 @@ impl Broker {
                 // Kafka counts the whole request against the producer quota, and appends
                 // it either way: the throttle slows the next one.
                 let user = session.principal.name();
-                let throttle = self
-                    .quotas
-                    .record(QuotaKind::Produce, user, &session.client_id, size as f64)
-                    .max(self.quotas.throttle(QuotaKind::Request, user, &session.client_id));
+                let byte_throttle = self.quotas.record(QuotaKind::Produce, user, &session.client_id, size as f64);
+                self.metrics.throttled(QuotaKind::Produce, byte_throttle);
+                let throttle = byte_throttle.max(self.quotas.throttle(QuotaKind::Request, user, &session.client_id));
                 session.throttle(throttle);
                 let throttle_time_ms = i32::try_from(throttle.as_millis()).unwrap_or(i32::MAX);
                 match self.produce(req, version, session).await? {
@@ -252,6 +251,7 @@ impl Broker {
                     let user = session.principal.name();
                     let bytes = data.records_bytes() as f64;
                     let fetch_throttle = self.quotas.record(QuotaKind::Fetch, user, &session.client_id, bytes);
+                    self.metrics.throttled(QuotaKind::Fetch, fetch_throttle);
                     if !fetch_throttle.is_zero() {
                         // Kafka answers a throttled fetch with no records, which then do
                         // not count: the client fetches them again after the throttle.

@@ -34,6 +34,7 @@ use kafka_protocol::ResponseError;
 
 use crate::fetch_response::FetchResponseData;
 use crate::handler::Broker;
+use crate::quota::QuotaKind;
 
 /// API keys counted one by one; larger (unknown) keys share one counter.
 const API_KEYS: usize = 128;
@@ -48,7 +49,14 @@ pub(crate) struct Metrics {
     malformed: AtomicU64,
     /// Connections refused or closed by the broker, by [`ConnectionEvent`].
     connection_events: [AtomicU64; ConnectionEvent::ALL.len()],
+    /// Client quota throttles (KIP-219 mutes): how many, and their total ms, by quota.
+    throttles: [AtomicU64; QUOTA_KINDS.len()],
+    throttle_ms: [AtomicU64; QUOTA_KINDS.len()],
 }
+
+/// The client quotas, as the throttle counters label them.
+const QUOTA_KINDS: [(QuotaKind, &str); 3] =
+    [(QuotaKind::Produce, "produce"), (QuotaKind::Fetch, "fetch"), (QuotaKind::Request, "request")];
 
 /// Why the broker refused or closed a connection (`fjord_broker_connection_events_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +95,8 @@ impl Default for Metrics {
             errors: Mutex::new(BTreeMap::new()),
             malformed: AtomicU64::new(0),
             connection_events: Default::default(),
+            throttles: Default::default(),
+            throttle_ms: Default::default(),
         }
     }
 }
@@ -118,6 +128,16 @@ impl Metrics {
     /// Counts a refused or closed connection.
     pub(crate) fn connection_event(&self, event: ConnectionEvent) {
         self.connection_events[event as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a client throttled (its connection muted) for `throttle` by a `kind` quota.
+    pub(crate) fn throttled(&self, kind: QuotaKind, throttle: std::time::Duration) {
+        if throttle.is_zero() {
+            return;
+        }
+        let slot = QUOTA_KINDS.iter().position(|(k, _)| *k == kind).expect("invariant: every quota kind is listed");
+        self.throttles[slot].fetch_add(1, Ordering::Relaxed);
+        self.throttle_ms[slot].fetch_add(throttle.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// The exposition text: these counters, then the logs' gauges.
@@ -158,6 +178,26 @@ impl Metrics {
         for event in ConnectionEvent::ALL {
             let n = self.connection_events[event as usize].load(Ordering::Relaxed);
             sample(&mut out, "fjord_broker_connection_events_total", &format!("event=\"{}\"", event.label()), n);
+        }
+        family(
+            &mut out,
+            "fjord_broker_quota_throttles_total",
+            Kind::Counter,
+            "Requests that put a client over a client quota; each muted its connection (KIP-219).",
+        );
+        for (slot, (_, label)) in QUOTA_KINDS.iter().enumerate() {
+            let n = self.throttles[slot].load(Ordering::Relaxed);
+            sample(&mut out, "fjord_broker_quota_throttles_total", &format!("quota=\"{label}\""), n);
+        }
+        family(
+            &mut out,
+            "fjord_broker_quota_throttle_seconds_total",
+            Kind::Counter,
+            "Time connections were muted for client quotas.",
+        );
+        for (slot, (_, label)) in QUOTA_KINDS.iter().enumerate() {
+            let seconds = self.throttle_ms[slot].load(Ordering::Relaxed) as f64 / 1000.0;
+            sample(&mut out, "fjord_broker_quota_throttle_seconds_total", &format!("quota=\"{label}\""), seconds);
         }
 
         let mut partitions: Vec<(String, Arc<Log>)> = logs
@@ -358,6 +398,8 @@ mod tests {
         metrics.request(999);
         metrics.errors(ApiKey::Produce as i16, [0, 10, 10]);
         metrics.malformed();
+        metrics.throttled(QuotaKind::Produce, std::time::Duration::from_millis(1500));
+        metrics.throttled(QuotaKind::Produce, std::time::Duration::ZERO);
         logs.get_or_create(&fjord_record::TopicPartition::new("t\"x", 0), fjord_log::LogConfig::default()).unwrap();
         let text = metrics.render(&logs);
         assert!(text.contains("fjord_broker_requests_total{api=\"Produce\"} 2\n"), "{text}");
@@ -367,6 +409,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("fjord_broker_malformed_requests_total 1\n"), "{text}");
+        assert!(text.contains("fjord_broker_quota_throttles_total{quota=\"produce\"} 1\n"), "{text}");
+        assert!(text.contains("fjord_broker_quota_throttle_seconds_total{quota=\"produce\"} 1.5\n"), "{text}");
+        assert!(text.contains("fjord_broker_quota_throttles_total{quota=\"request\"} 0\n"), "{text}");
         assert!(text.contains("fjord_broker_log_end_offset{topic=\"t\\\"x\",partition=\"0\"} 0\n"), "{text}");
         // Error codes come from every layer of a response.
         use kafka_protocol::messages::{offset_fetch_response as of, produce_response as pr};
