@@ -163,7 +163,12 @@ impl Broker {
     /// Whether the handling time of `decoded` counts against a request quota: Kafka
     /// exempts the brokers' own requests (replica fetches, transaction markers, the
     /// inter-broker principal) and what a client needs before it can be throttled
-    /// (ApiVersions and SASL).
+    /// (ApiVersions and SASL). Kafka counts only a request thread's time, never the time
+    /// a request waits in purgatory; Fjord measures a handler from start to answer, so the
+    /// requests whose handlers wait for other clients or for the cluster (a rebalance, a
+    /// topic's creation, followers, transaction markers) are not counted either: their
+    /// wait is not handling, and would throttle a consumer for joining its group. A
+    /// fetch's long poll is subtracted instead (`Session::waited`).
     pub(crate) fn request_quota_applies(&self, decoded: &Decoded, session: &Session) -> bool {
         let Decoded::Request { request, .. } = decoded else { return false };
         let inter_broker = self.config.inter_broker_sasl_username.as_deref();
@@ -176,6 +181,17 @@ impl Broker {
                 | RequestKind::SaslHandshake(_)
                 | RequestKind::SaslAuthenticate(_)
                 | RequestKind::WriteTxnMarkers(_)
+                | RequestKind::JoinGroup(_)
+                | RequestKind::SyncGroup(_)
+                | RequestKind::CreateTopics(_)
+                | RequestKind::DeleteTopics(_)
+                | RequestKind::CreatePartitions(_)
+                | RequestKind::DeleteRecords(_)
+                | RequestKind::ElectLeaders(_)
+                | RequestKind::AlterPartitionReassignments(_)
+                | RequestKind::InitProducerId(_)
+                | RequestKind::AddPartitionsToTxn(_)
+                | RequestKind::EndTxn(_)
         ) && !matches!(&**request, RequestKind::Fetch(fetch) if fetch.replica_id.0 >= 0)
     }
 
