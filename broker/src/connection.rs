@@ -80,9 +80,12 @@ pub(crate) struct Session {
     pub(crate) session_expiry: Option<Instant>,
     /// The client id of the last request (quotas are per user and client id).
     pub(crate) client_id: String,
-    /// Until when the next request is not read: a client over a quota is throttled by
-    /// muting its connection (KIP-219), after its answer went to the writer.
-    pub(crate) muted_until: Option<Instant>,
+    /// How long the next request is not read once the answer is on its way: a client
+    /// over a quota is throttled by muting its connection (KIP-219).
+    pub(crate) throttle: Duration,
+    /// For an answer that comes later (acks=all): fires when it is done, so that the
+    /// throttle starts after the answer, as in Kafka.
+    pub(crate) answered: Option<tokio::sync::oneshot::Receiver<()>>,
     /// Time the last request spent waiting rather than being handled (a fetch's long
     /// poll): not counted against a request quota.
     pub(crate) waited: Duration,
@@ -102,17 +105,16 @@ impl Session {
             close: false,
             session_expiry: None,
             client_id: String::new(),
-            muted_until: None,
+            throttle: Duration::ZERO,
+            answered: None,
             waited: Duration::ZERO,
         }
     }
 
-    /// Mutes the connection for `throttle` from now (or longer, if it already is).
+    /// Mutes the connection for `throttle` after this request's answer (or longer, if a
+    /// longer throttle is already due).
     pub(crate) fn throttle(&mut self, throttle: Duration) {
-        if !throttle.is_zero() {
-            let until = Instant::now() + throttle;
-            self.muted_until = Some(self.muted_until.map_or(until, |muted| muted.max(until)));
-        }
+        self.throttle = self.throttle.max(throttle);
     }
 
     /// Remembers the request's client id, allocating only when it changes.
@@ -332,10 +334,14 @@ async fn read_requests<R: AsyncRead + Unpin>(
             broker.metrics.throttled(QuotaKind::Request, throttle);
             session.throttle(throttle);
         }
-        if let Some(until) = session.muted_until.take() {
-            // KIP-219: the answer is on its way; the next request waits out the throttle.
-            tokio::time::sleep_until(until).await;
+        if !session.throttle.is_zero() {
+            // KIP-219: once the answer is on its way, the next request waits out the throttle.
+            if let Some(answered) = session.answered.take() {
+                let _ = answered.await; // an error: the answer was dropped with the connection
+            }
+            tokio::time::sleep(std::mem::take(&mut session.throttle)).await;
         }
+        session.answered = None;
         if session.close {
             // The answer (a SASL failure) is with the writer; the connection closes only
             // after the client has had it (see `linger`).

@@ -245,8 +245,13 @@ impl Broker {
                     }
                     produce::Produced::Replicating(replicated) => {
                         let broker = self.clone();
+                        let (answered, done) = tokio::sync::oneshot::channel();
+                        if !throttle.is_zero() {
+                            session.answered = Some(done);
+                        }
                         return Some(Reply::Later(Box::pin(async move {
                             let body = ResponseKind::Produce(replicated.await.with_throttle_time_ms(throttle_time_ms));
+                            let _ = answered.send(());
                             broker.metrics.errors(ApiKey::Produce as i16, response_errors(&body));
                             Some(codec::encode_response(correlation_id, ApiKey::Produce, version, &body))
                         })));

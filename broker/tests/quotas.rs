@@ -370,12 +370,12 @@ async fn a_client_over_its_request_percentage_is_throttled() {
     broker.stop().await.unwrap();
 }
 
-/// Produce requests of 64 KB on the connection of `client` until one's throttle_time_ms
-/// says `throttled` or `deadline` passes: whether it did.
-async fn produce_until(client: &mut RawClient, topic: &str, throttled: bool, deadline: std::time::Instant) -> bool {
+/// Produce requests of 64 KB with `acks` on the connection of `client` until one's
+/// throttle_time_ms says `throttled` or `deadline` passes: whether it did.
+async fn produce_until(client: &mut RawClient, topic: &str, acks: i16, throttled: bool, deadline: std::time::Instant) -> bool {
     let mut builder = fjord_record::BatchBuilder::new(1_700_000_000_000);
     builder.append(1_700_000_000_000, None, Some(&[7u8; 65536]), &[]);
-    let request = common::produce_request(topic, 0, 1, 5000, builder.build());
+    let request = common::produce_request(topic, 0, acks, 5000, builder.build());
     while std::time::Instant::now() < deadline {
         let response: kafka_protocol::messages::ProduceResponse = client.call(ApiKey::Produce, 7, &request).await.unwrap();
         assert_eq!(response.responses[0].partition_responses[0].error_code, 0);
@@ -388,7 +388,8 @@ async fn produce_until(client: &mut RawClient, topic: &str, throttled: bool, dea
 }
 
 /// On a ZooKeeper cluster, a quota set through one broker is enforced by the other
-/// without a restart, and so is its removal (the /config/changes watch).
+/// without a restart, and so is its removal (the /config/changes watch). The producer
+/// uses acks=all, whose answers wait for the follower (the throttle starts after them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_broker_picks_up_quota_changes_live() {
     let cluster = fjord_testkit::Cluster::builder().brokers(2).start().await.unwrap();
@@ -399,18 +400,18 @@ async fn every_broker_picks_up_quota_changes_live() {
     let mut producer = RawClient::connect(addr(leader)).await.unwrap();
     producer.client_id = "live";
     let soon = || std::time::Instant::now() + Duration::from_secs(10);
-    assert!(produce_until(&mut producer, "live", false, soon()).await, "throttled before any quota");
+    assert!(produce_until(&mut producer, "live", -1, false, soon()).await, "throttled before any quota");
 
     // 40 KB/s (a few 64 KB requests, then throttles of about a second), set through the
     // broker that does not lead the partition.
     let mut admin = RawClient::connect(addr(other)).await.unwrap();
     let set = alteration(&[("client-id", Some("live"))], &[("producer_byte_rate", Some(40960.0))]);
     assert_eq!(alter(&mut admin, vec![set], false).await, [(0, String::new())]);
-    assert!(produce_until(&mut producer, "live", true, soon()).await, "the leader never applied the quota");
+    assert!(produce_until(&mut producer, "live", -1, true, soon()).await, "the leader never applied the quota");
 
     let removed = alteration(&[("client-id", Some("live"))], &[("producer_byte_rate", None)]);
     assert_eq!(alter(&mut admin, vec![removed], false).await, [(0, String::new())]);
-    assert!(produce_until(&mut producer, "live", false, soon()).await, "the leader never dropped the quota");
+    assert!(produce_until(&mut producer, "live", -1, false, soon()).await, "the leader never dropped the quota");
 }
 
 /// Quotas on the connection's principal (`User:ANONYMOUS` on a PLAINTEXT listener) apply,
@@ -431,10 +432,10 @@ async fn user_quotas_follow_kafkas_precedence() {
     let soon = || std::time::Instant::now() + Duration::from_secs(10);
     let mut anyone = RawClient::connect(broker.addr).await.unwrap();
     anyone.client_id = "anyone";
-    assert!(produce_until(&mut anyone, "precedence", true, soon()).await, "the user's default client quota never applied");
+    assert!(produce_until(&mut anyone, "precedence", 1, true, soon()).await, "the user's default client quota never applied");
     let mut vip = RawClient::connect(broker.addr).await.unwrap();
     vip.client_id = "vip";
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    assert!(!produce_until(&mut vip, "precedence", true, deadline).await, "the user's quota for vip did not win");
+    assert!(!produce_until(&mut vip, "precedence", 1, true, deadline).await, "the user's quota for vip did not win");
     broker.stop().await.unwrap();
 }
