@@ -33,7 +33,7 @@ use std::time::Duration;
 use fjord_coord::registry::{read_json, BrokerRegistration, PartitionState, TopicAssignment};
 use fjord_coord::{paths, Store};
 use fjord_log::partition_metadata::{self, Decision};
-use fjord_log::LogManager;
+use fjord_log::LogDirs;
 use fjord_record::TopicPartition;
 use serde::Deserialize;
 use tokio::sync::watch;
@@ -79,7 +79,7 @@ pub(crate) struct ClusterView {
     store: Store,
     broker_id: i32,
     settings: TopicSettings,
-    logs: Arc<LogManager>,
+    logs: Arc<LogDirs>,
     replicas: Arc<ReplicaManager>,
     state: RwLock<ViewState>,
     /// Bumped after every change, so waiters ([`ClusterView::wait_for`]) need no polling.
@@ -93,7 +93,7 @@ impl std::fmt::Debug for ClusterView {
 }
 
 impl ClusterView {
-    pub(crate) fn new(store: Store, settings: TopicSettings, logs: Arc<LogManager>, replicas: Arc<ReplicaManager>) -> Arc<Self> {
+    pub(crate) fn new(store: Store, settings: TopicSettings, logs: Arc<LogDirs>, replicas: Arc<ReplicaManager>) -> Arc<Self> {
         Arc::new(Self {
             store,
             broker_id: replicas.broker_id(),
@@ -167,7 +167,7 @@ impl ClusterView {
     }
 
     /// The log manager holding this broker's replicas' logs.
-    pub(crate) fn logs(&self) -> &Arc<LogManager> {
+    pub(crate) fn logs(&self) -> &Arc<LogDirs> {
         &self.logs
     }
 

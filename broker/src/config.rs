@@ -77,8 +77,12 @@ pub struct BrokerConfig {
     pub inter_broker_sasl_password: Option<Secret>,
     /// TLS of SSL and SASL_SSL listeners (`ssl.*`).
     pub ssl: crate::tls::SslConfig,
-    /// `log.dirs`: the one log directory (partitions, checkpoints, meta.properties, metadata store).
+    /// `log.dirs`: the first log directory (partitions, checkpoints, meta.properties, and
+    /// the embedded metadata store); `--data-dir` sets it. See [`BrokerConfig::log_dirs`].
     pub log_dir: PathBuf,
+    /// The other directories of a comma-separated `log.dirs` (JBOD), in order; each holds
+    /// partitions, its own checkpoints and its own meta.properties. Empty by default.
+    pub other_log_dirs: Vec<PathBuf>,
     /// `zookeeper.connect`: empty means the embedded metadata store under `log.dirs`.
     pub zookeeper_connect: Option<String>,
     /// `zookeeper.session.timeout.ms`, default 18 s: how long ZooKeeper keeps a silent
@@ -244,6 +248,7 @@ impl Default for BrokerConfig {
             inter_broker_sasl_username: None,
             inter_broker_sasl_password: None,
             log_dir: PathBuf::from("./fjord-data"),
+            other_log_dirs: Vec::new(),
             zookeeper_connect: None,
             zookeeper_session_timeout: fjord_coord::zookeeper::DEFAULT_SESSION_TIMEOUT,
             auto_create_topics: true,
@@ -385,10 +390,13 @@ impl BrokerConfig {
         match key {
             "broker.id" => self.broker_id = i32::try_from(int()?).map_err(|_| invalid("out of range"))?,
             "log.dirs" | "log.dir" => {
-                if value.contains(',') {
-                    return Err(invalid("only one log directory is supported"));
+                let dirs: Vec<PathBuf> = value.split(',').map(str::trim).filter(|d| !d.is_empty()).map(PathBuf::from).collect();
+                let Some((first, others)) = dirs.split_first() else { return Err(invalid("no log directory")) };
+                if dirs.iter().enumerate().any(|(i, d)| dirs[..i].contains(d)) {
+                    return Err(invalid("a directory is listed twice"));
                 }
-                self.log_dir = PathBuf::from(value.trim());
+                self.log_dir = first.clone();
+                self.other_log_dirs = others.to_vec();
             }
             "zookeeper.connect" => self.zookeeper_connect = Some(value.trim().to_owned()).filter(|s| !s.is_empty()),
             "zookeeper.session.timeout.ms" => self.zookeeper_session_timeout = millis()?,
@@ -537,6 +545,11 @@ impl BrokerConfig {
         }
         self.static_keys.insert(if key == "log.dir" { "log.dirs".to_owned() } else { key.to_owned() });
         Ok(())
+    }
+
+    /// Every log directory of `log.dirs`, the first (`log_dir`) first.
+    pub fn log_dirs(&self) -> Vec<PathBuf> {
+        std::iter::once(self.log_dir.clone()).chain(self.other_log_dirs.iter().cloned()).collect()
     }
 
     /// Checks the combination of settings.
@@ -703,11 +716,25 @@ mod tests {
         assert_eq!(config.leader_imbalance_per_broker_percentage, 0);
         assert_eq!(config.listeners, "127.0.0.1:19092".parse::<SocketAddr>().unwrap().into());
         assert_eq!(config.log_dir, PathBuf::from("/tmp/x"));
+        assert!(config.other_log_dirs.is_empty());
         assert_eq!(config.num_partitions, 4);
         assert!(!config.auto_create_topics);
         assert_eq!(config.log.retention_ms, Some(Duration::from_secs(7200)));
         assert_eq!(config.log.segment_bytes, 1 << 20);
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn log_dirs_takes_several_comma_separated_directories() {
+        let mut config = BrokerConfig::default();
+        config.set("log.dirs", " /d/a, /d/b ,/d/c").unwrap();
+        assert_eq!(config.log_dir, PathBuf::from("/d/a"), "the first holds the metadata store");
+        assert_eq!(config.log_dirs(), ["/d/a", "/d/b", "/d/c"].map(PathBuf::from));
+        config.set("log.dir", "/d/one").unwrap();
+        assert_eq!(config.log_dirs(), [PathBuf::from("/d/one")]);
+        for bad in ["", " , ", "/d/a,/d/b,/d/a"] {
+            assert!(matches!(config.set("log.dirs", bad), Err(Error::InvalidConfig { .. })), "{bad:?}");
+        }
     }
 
     #[test]

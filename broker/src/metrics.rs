@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use fjord_log::{CleanStats, Log, LogManager};
+use fjord_log::{CleanStats, Log, LogDirs};
 use fjord_metrics::{escape, family, sample, Kind};
 use kafka_protocol::messages::{ApiKey, ResponseKind};
 use kafka_protocol::ResponseError;
@@ -141,7 +141,7 @@ impl Metrics {
     }
 
     /// The exposition text: these counters, then the logs' gauges.
-    fn render(&self, logs: &LogManager) -> String {
+    fn render(&self, logs: &LogDirs) -> String {
         let mut out = String::with_capacity(4096);
         family(&mut out, "fjord_broker_requests_total", Kind::Counter, "Requests received, by API.");
         for (key, counter) in self.requests.iter().enumerate() {
@@ -391,7 +391,7 @@ mod tests {
     #[test]
     fn counters_render_by_api_and_error() {
         let dir = tempfile::tempdir().unwrap();
-        let logs = LogManager::open(dir.path(), fjord_log::LogConfig::default()).unwrap();
+        let logs = LogDirs::open(vec![dir.path().to_path_buf()], fjord_log::LogConfig::default()).unwrap();
         let metrics = Metrics::default();
         metrics.request(ApiKey::Produce as i16);
         metrics.request(ApiKey::Produce as i16);

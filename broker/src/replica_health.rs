@@ -7,7 +7,7 @@
 //! replica. Fjord's brokers follow partition states from the metadata store rather than
 //! LeaderAndIsr requests, so each broker publishes its unhealthy replicas itself: the
 //! ephemeral `/brokers/offline_replicas/<id>` lists the partitions whose log here could
-//! not be opened or holds a damaged batch ([`fjord_log::LogManager::unhealthy`]), and is
+//! not be opened or holds a damaged batch ([`fjord_log::LogDirs::unhealthy`]), and is
 //! absent when there are none. The controller watches that directory and treats a listed
 //! replica as unusable for its partition ([`crate::controller::decide_avoiding`]), and
 //! every broker watches it too ([`crate::cluster::ClusterView`]) so that its Metadata
@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use fjord_coord::registry::{read_json, to_json};
 use fjord_coord::{create_all, paths, CreateMode, MetadataStore, Store};
-use fjord_log::{LogManager, TopicPartition, Unhealthy};
+use fjord_log::{LogDirs, TopicPartition, Unhealthy};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -100,13 +100,7 @@ fn round(published: Option<&OfflineReplicas>, current: &OfflineReplicas) -> Roun
 /// `changed` (a repair, a log that opens again) starts a round at once: a listing that
 /// outlived the repair would keep the healed copy out of the ISR and out of elections
 /// (`crate::controller::decide_avoiding`) for up to two more seconds.
-pub(crate) async fn publish(
-    store: Store,
-    broker_id: i32,
-    logs: Arc<LogManager>,
-    changed: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
+pub(crate) async fn publish(store: Store, broker_id: i32, logs: Arc<LogDirs>, changed: Arc<Notify>, shutdown: CancellationToken) {
     let path = paths::offline_replicas(broker_id);
     let mut published: Option<OfflineReplicas> = None;
     let mut periodic = Periodic::new(EVERY);

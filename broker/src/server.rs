@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fjord_coord::registry::{to_json, BrokerRegistration};
 use fjord_coord::{create_all, paths, CreateMode, MetadataStore, Store};
-use fjord_log::{Cleaner, LogManager};
+use fjord_log::{Cleaner, LogDirs};
 use fjord_record::now_ms;
 use std::net::SocketAddr;
 use tokio::net::TcpListener;
@@ -132,8 +132,34 @@ pub async fn run_listeners(
         })?),
         None => None,
     };
-    std::fs::create_dir_all(&config.log_dir).map_err(|source| Error::Io { path: config.log_dir.clone(), source })?;
-    let cluster_id = cluster_id(&*store, &config.log_dir, config.broker_id).await?;
+    // Every log dir carries meta.properties with the same broker and cluster id (Kafka):
+    // the first decides when the store has none yet, the others must agree. Of several,
+    // one that cannot be read or written is offline (its partitions are not served), as
+    // Kafka starts without a failed log dir; another cluster's or broker's is refused.
+    let mut cluster_id = None;
+    let mut failed_dirs = std::collections::BTreeMap::new();
+    let several = !config.other_log_dirs.is_empty();
+    for dir in config.log_dirs() {
+        let checked = match std::fs::create_dir_all(&dir) {
+            Ok(()) => self::cluster_id(&*store, &dir, config.broker_id).await,
+            Err(source) => Err(Error::Io { path: dir.clone(), source }),
+        };
+        match checked {
+            Ok(id) => cluster_id = Some(id),
+            Err(e @ Error::Io { .. }) if several => {
+                tracing::error!(log_dir = %dir.display(), error = %e, "cannot use this log dir's meta.properties: the log dir is offline");
+                failed_dirs.insert(dir, e.to_string());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let Some(cluster_id) = cluster_id else {
+        return Err(Error::InvalidConfig {
+            key: "log.dirs".into(),
+            value: config.log_dirs().iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(","),
+            reason: "every log dir is offline".into(),
+        });
+    };
     // Before the logs open: every replica holds descriptors, and the default partition
     // limit follows the open-file limit.
     let open_files = crate::limits::raise_open_file_limit();
@@ -146,8 +172,8 @@ pub async fn run_listeners(
     // Before the logs open: opening reads sealed segments through this cache.
     fjord_log::FileCache::global().set_capacity(config.segment_files_open_max);
     let logs = {
-        let (dir, defaults) = (config.log_dir.clone(), config.log);
-        Arc::new(tokio::task::spawn_blocking(move || LogManager::open(dir, defaults)).await??)
+        let (dirs, defaults) = (config.log_dirs(), config.log);
+        Arc::new(tokio::task::spawn_blocking(move || LogDirs::open_except(dirs, &failed_dirs, defaults)).await??)
     };
     let (host, port) = (inter_broker.host.clone(), i32::from(inter_broker.port));
     let registration = BrokerRegistration {
@@ -204,7 +230,7 @@ pub async fn run_listeners(
         listening = ?bound,
         endpoints = ?registration_endpoints(&plan),
         inter_broker_listener = %inter_broker.name,
-        log_dir = %config.log_dir.display(),
+        log_dirs = ?config.log_dirs(),
         %cluster_id,
         zookeeper = config.zookeeper_connect.as_deref().unwrap_or("embedded store"),
         rack = config.broker_rack.as_deref().unwrap_or("none"),
@@ -313,6 +339,7 @@ pub async fn run_listeners(
     }
 
     spawn_periodic_tasks(&tracker, &logs, &broker.config, &stop);
+    spawn_dir_failure_watch(&tracker, &logs, &broker.replicas, &stop);
     spawn_cleaner(&tracker, &logs, &broker.config, &stop);
     crate::topic_config::spawn_watcher(&tracker, &broker, &stop);
     crate::dynamic_config::spawn_watcher(
@@ -494,8 +521,8 @@ async fn register(store: &dyn MetadataStore, broker_id: i32, registration: &Brok
 
 /// Retention, `flush.ms` and the checkpoint files, each on its own interval, on the
 /// blocking pool (the log is synchronous).
-fn spawn_periodic_tasks(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &BrokerConfig, shutdown: &CancellationToken) {
-    type Job = fn(&LogManager) -> Result<(), fjord_log::Error>;
+fn spawn_periodic_tasks(tracker: &TaskTracker, logs: &Arc<LogDirs>, config: &BrokerConfig, shutdown: &CancellationToken) {
+    type Job = fn(&LogDirs) -> Result<(), fjord_log::Error>;
     let jobs: [(&str, Duration, Job); 3] = [
         ("retention", config.retention_check_interval, |logs| {
             let deleted = logs.apply_retention(now_ms())?;
@@ -505,7 +532,7 @@ fn spawn_periodic_tasks(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &
             Ok(())
         }),
         ("flush", config.flush_scheduler_interval, |logs| logs.flush_due(now_ms())),
-        ("checkpoint", config.checkpoint_interval, LogManager::checkpoint),
+        ("checkpoint", config.checkpoint_interval, LogDirs::checkpoint),
     ];
     spawn_scrubber(tracker, logs, config.scrub_bytes_per_second, shutdown);
     for (name, every, job) in jobs {
@@ -524,11 +551,39 @@ fn spawn_periodic_tasks(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &
     }
 }
 
+/// Stops serving the replicas of a log dir that failed (see [`LogDirs::fail`]; the
+/// periodic flush and checkpoint find it): every second, each replica whose directory
+/// went offline is dropped from the replica manager (it stops leading and following, and
+/// clients get KAFKA_STORAGE_ERROR for it), and the health publisher is woken so the
+/// controller moves its leadership to another in-sync replica.
+fn spawn_dir_failure_watch(
+    tracker: &TaskTracker,
+    logs: &Arc<LogDirs>,
+    replicas: &Arc<ReplicaManager>,
+    shutdown: &CancellationToken,
+) {
+    let (logs, replicas, shutdown) = (logs.clone(), replicas.clone(), shutdown.clone());
+    tracker.spawn(async move {
+        let mut periodic = Periodic::new(Duration::from_secs(1));
+        while periodic.tick_until(&shutdown).await {
+            let failed = logs.take_failed();
+            if failed.is_empty() {
+                continue;
+            }
+            for tp in &failed {
+                replicas.remove(tp);
+            }
+            tracing::error!(partitions = ?failed, "replicas of a failed log dir are no longer served");
+            replicas.health_changed().notify_one();
+        }
+    });
+}
+
 /// The scrubber: every second, CRC-checks that second's share of
-/// `log.scrub.bytes.per.second` (see [`LogManager::scrub`]; off at 0), then refreshes
+/// `log.scrub.bytes.per.second` (see [`LogDirs::scrub`]; off at 0), then refreshes
 /// the partitions' health that Metadata, the metrics and the replica fetchers read
 /// (damage found by reads as well).
-fn spawn_scrubber(tracker: &TaskTracker, logs: &Arc<LogManager>, bytes_per_second: u64, shutdown: &CancellationToken) {
+fn spawn_scrubber(tracker: &TaskTracker, logs: &Arc<LogDirs>, bytes_per_second: u64, shutdown: &CancellationToken) {
     let (logs, shutdown) = (logs.clone(), shutdown.clone());
     tracker.spawn(async move {
         let mut periodic = Periodic::new(Duration::from_secs(1));
@@ -552,7 +607,7 @@ fn spawn_scrubber(tracker: &TaskTracker, logs: &Arc<LogManager>, bytes_per_secon
 /// offset map is allocated once and its I/O throttle covers every log. A clean blocks
 /// (file I/O, throttling sleeps), so it runs on the blocking pool; the task awaits it
 /// outside the `select!`, so shutdown waits for a running clean to finish.
-fn spawn_cleaner(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &BrokerConfig, shutdown: &CancellationToken) {
+fn spawn_cleaner(tracker: &TaskTracker, logs: &Arc<LogDirs>, config: &BrokerConfig, shutdown: &CancellationToken) {
     let config = config.cleaner;
     let (logs, shutdown) = (logs.clone(), shutdown.clone());
     tracker.spawn(async move {
@@ -562,7 +617,12 @@ fn spawn_cleaner(tracker: &TaskTracker, logs: &Arc<LogManager>, config: &BrokerC
             let logs = logs.clone();
             let mut running = cleaner.take().unwrap_or_else(|| Cleaner::new(config));
             let job = tokio::task::spawn_blocking(move || {
-                let outcomes = running.clean_due(&logs, now_ms());
+                let outcomes: Vec<_> = logs
+                    .dirs()
+                    .into_iter()
+                    .filter_map(|dir| dir.state.ok())
+                    .flat_map(|logs| running.clean_due(&logs, now_ms()))
+                    .collect();
                 (running, outcomes)
             });
             match job.await {

@@ -337,7 +337,7 @@ impl Topics {
     }
 
     /// The log manager (metrics).
-    pub(crate) fn logs(&self) -> &Arc<fjord_log::LogManager> {
+    pub(crate) fn logs(&self) -> &Arc<fjord_log::LogDirs> {
         self.view.logs()
     }
 

@@ -53,7 +53,7 @@ pub(crate) struct BrokerArgs {
     /// Address clients are told to connect to (`advertised.listeners`).
     #[arg(long, value_name = "HOST:PORT")]
     advertise: Option<String>,
-    /// Log directory (`log.dirs`).
+    /// Log directory (`log.dirs`; comma-separated for several).
     #[arg(long, value_name = "DIR", required_unless_present = "config")]
     data_dir: Option<PathBuf>,
     /// ZooKeeper connect string (`zookeeper.connect`); without it, the embedded metadata store.

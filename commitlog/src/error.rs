@@ -212,6 +212,31 @@ pub enum Error {
         /// The log dir.
         path: PathBuf,
     },
+    /// The same partition has a directory in two log dirs (`log.dirs`): the broker does
+    /// not start, as nothing tells which copy is the one to serve. Nothing is changed.
+    #[error(
+        "partition {partition} is in two log dirs, {} and {}: the broker does not start; keep one copy \
+         (move the other out of every log dir) and start again",
+        first.display(),
+        second.display()
+    )]
+    PartitionInTwoDirs {
+        /// The partition.
+        partition: String,
+        /// Its directory in the first log dir listed.
+        first: PathBuf,
+        /// Its directory in the other.
+        second: PathBuf,
+    },
+    /// The partition is (or may be) in a log dir that failed: it is not served, and not
+    /// created anew elsewhere, as its data may still be in the failed directory.
+    #[error("partition {partition} is not served: {reason}")]
+    LogDirOffline {
+        /// The partition.
+        partition: String,
+        /// Which directory failed, and why.
+        reason: String,
+    },
     /// A segment swap stopped after its commit point; reopening the log finishes it.
     #[error("segment swap in {} interrupted: {source}", dir.display())]
     SwapInterrupted {

@@ -24,7 +24,7 @@
 //! Modules: [`config`] (LogConfig), [`cleaner`] (log compaction), [`files`] (the bounded
 //! cache of sealed segments' descriptors), `segment` (one segment and reads within it),
 //! `index` (offset and time index), `recovery` (opening a directory), `log` (the
-//! partition log), `manager` (the log dir), `checkpoint` and `epoch` (text files).
+//! partition log), `manager` (the log dir), `log_dirs` (several log dirs, JBOD), `checkpoint` and `epoch` (text files).
 //!
 //! # Invariants
 //! - Offsets only grow; the file name of a segment is the offset of its first
@@ -60,6 +60,7 @@ pub mod files;
 mod index;
 mod lock;
 mod log;
+mod log_dirs;
 mod log_start;
 mod manager;
 pub mod partition_metadata;
@@ -75,6 +76,7 @@ pub use error::{Error, Result};
 pub use files::FileCache;
 pub use fjord_record::{Offset, TopicPartition};
 pub use log::{AppendInfo, Log, ReadSlice, RecordVisitor};
+pub use log_dirs::{choose_dir, LogDirInfo, LogDirs};
 pub use manager::{
     delete_orphan, lock_log_dir, orphans, LogManager, Orphan, Unhealthy, LOCK_FILE, LOG_START_CHECKPOINT, ORPHAN_MARKER,
     RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT,

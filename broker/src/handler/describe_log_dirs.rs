@@ -1,9 +1,10 @@
-//! DescribeLogDirs (API 35, v1-v4): this broker's log directory, and in it each replica's
-//! size on disk, offset lag and whether it is a future replica, for every partition asked
-//! (all when the request's topic list is null). Needs Describe on the cluster (Kafka).
+//! DescribeLogDirs (API 35, v1-v4): this broker's log directories (`log.dirs`, one result
+//! each, in order), and in each its replicas' size on disk, offset lag and whether it is a
+//! future replica, for every partition asked (all when the request's topic list is null).
+//! Needs Describe on the cluster (Kafka). An offline log dir (it failed with an I/O
+//! error) is listed with KAFKA_STORAGE_ERROR and nothing in it, as Kafka lists it.
 //!
-//! A broker has one log directory (`log.dirs` with one entry), so the answer has one
-//! result. The offset lag is Kafka's for a current replica, `max(high watermark - log
+//! The offset lag is Kafka's for a current replica, `max(high watermark - log
 //! end offset, 0)`; replicas are never future ones (no AlterReplicaLogDirs moves). v4's
 //! total and usable bytes come from statvfs(2) of the directory, -1 when that fails.
 //! A partition asked for that this broker holds no replica of is left out, as Kafka does.
@@ -20,6 +21,7 @@ use crate::codec::error_code;
 use crate::connection::Session;
 use crate::handler::Broker;
 use fjord_auth::{Operation, Resource};
+use fjord_log::LogDirInfo;
 
 impl Broker {
     pub(crate) fn describe_log_dirs(&self, request: DescribeLogDirsRequest, version: i16, session: &Session) -> ResponseKind {
@@ -39,46 +41,60 @@ impl Broker {
             }
             wanted
         });
-        let logs = self.topics.logs();
-        let mut topics: BTreeMap<String, Vec<DescribeLogDirsPartition>> = BTreeMap::new();
-        let mut held = logs.partitions();
-        held.sort();
-        for tp in held {
-            if let Some(wanted) = &wanted {
-                if !wanted.get(&tp.topic).is_some_and(|p| p.contains(&tp.partition)) {
-                    continue;
-                }
-            }
-            // Deleted since listed: nothing to describe.
-            let Some(log) = logs.get(&tp) else { continue };
-            let lag = (log.high_watermark() - log.log_end_offset()).max(0);
-            topics.entry(tp.topic.clone()).or_default().push(
-                DescribeLogDirsPartition::default()
-                    .with_partition_index(tp.partition)
-                    .with_partition_size(i64::try_from(log.size_bytes()).unwrap_or(i64::MAX))
-                    .with_offset_lag(lag)
-                    .with_is_future_key(false),
-            );
-        }
-        let (total_bytes, usable_bytes) = disk_space(logs.dir()).unwrap_or((-1, -1));
-        let result = DescribeLogDirsResult::default()
-            .with_error_code(error_code::NONE)
-            .with_log_dir(StrBytes::from_string(logs.dir().display().to_string()))
-            .with_topics(
-                topics
-                    .into_iter()
-                    .map(|(name, partitions)| {
-                        DescribeLogDirsTopic::default()
-                            .with_name(TopicName(StrBytes::from_string(name)))
-                            .with_partitions(partitions)
-                    })
-                    .collect(),
-            )
-            // v4+; the codec leaves them out of older versions.
-            .with_total_bytes(total_bytes)
-            .with_usable_bytes(usable_bytes);
-        ResponseKind::DescribeLogDirs(DescribeLogDirsResponse::default().with_results(vec![result]))
+        let results = self.topics.logs().dirs().iter().map(|dir| describe_dir(dir, wanted.as_ref())).collect();
+        ResponseKind::DescribeLogDirs(DescribeLogDirsResponse::default().with_results(results))
     }
+}
+
+/// One log dir's result: its partitions (those `wanted`, all when `None`) with their sizes
+/// and offset lags, and the disk's total and usable bytes.
+fn describe_dir(dir: &LogDirInfo, wanted: Option<&BTreeMap<String, BTreeSet<i32>>>) -> DescribeLogDirsResult {
+    let logs = match &dir.state {
+        Ok(logs) => logs,
+        // An offline dir (Kafka): its path and KAFKA_STORAGE_ERROR, nothing else.
+        Err(_) => {
+            return DescribeLogDirsResult::default()
+                .with_error_code(error_code::KAFKA_STORAGE_ERROR)
+                .with_log_dir(StrBytes::from_string(dir.path.display().to_string()))
+                .with_total_bytes(-1)
+                .with_usable_bytes(-1)
+        }
+    };
+    let mut topics: BTreeMap<String, Vec<DescribeLogDirsPartition>> = BTreeMap::new();
+    let mut held = logs.partitions();
+    held.sort();
+    for tp in held {
+        if let Some(wanted) = wanted {
+            if !wanted.get(&tp.topic).is_some_and(|p| p.contains(&tp.partition)) {
+                continue;
+            }
+        }
+        // Deleted since listed: nothing to describe.
+        let Some(log) = logs.get(&tp) else { continue };
+        let lag = (log.high_watermark() - log.log_end_offset()).max(0);
+        topics.entry(tp.topic.clone()).or_default().push(
+            DescribeLogDirsPartition::default()
+                .with_partition_index(tp.partition)
+                .with_partition_size(i64::try_from(log.size_bytes()).unwrap_or(i64::MAX))
+                .with_offset_lag(lag)
+                .with_is_future_key(false),
+        );
+    }
+    let (total_bytes, usable_bytes) = disk_space(&dir.path).unwrap_or((-1, -1));
+    DescribeLogDirsResult::default()
+        .with_error_code(error_code::NONE)
+        .with_log_dir(StrBytes::from_string(dir.path.display().to_string()))
+        .with_topics(
+            topics
+                .into_iter()
+                .map(|(name, partitions)| {
+                    DescribeLogDirsTopic::default().with_name(TopicName(StrBytes::from_string(name))).with_partitions(partitions)
+                })
+                .collect(),
+        )
+        // v4+; the codec leaves them out of older versions.
+        .with_total_bytes(total_bytes)
+        .with_usable_bytes(usable_bytes)
 }
 
 /// (total, usable) bytes of the file system holding `dir`; usable is what an

@@ -2,7 +2,7 @@
 //! when allowed), each partition with its leader, leader epoch, replicas, ISR and
 //! offline replicas, as this broker's cluster view has them. This broker's own replica
 //! counts as offline when its log could not be opened or holds a damaged batch (see
-//! `LogManager::unhealthy`), and a partition it leads then answers KAFKA_STORAGE_ERROR
+//! `LogDirs::unhealthy`), and a partition it leads then answers KAFKA_STORAGE_ERROR
 //! (the leader is still named: what comes before the damage is served). DescribeCluster: the live
 //! brokers, the controller and the cluster id (the metadata store's, the same on every
 //! broker).
