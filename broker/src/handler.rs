@@ -434,7 +434,10 @@ pub(crate) fn log_error_code(error: &fjord_log::Error) -> i16 {
         E::OffsetOutOfRange { .. } => error_code::OFFSET_OUT_OF_RANGE,
         // Damaged data on disk: never served, never skipped (the log reports it once).
         E::CorruptSegment { .. } => error_code::CORRUPT_MESSAGE,
-        E::Io { .. } => error_code::KAFKA_STORAGE_ERROR,
+        E::Io { .. } | E::LogDirOffline { .. } => error_code::KAFKA_STORAGE_ERROR,
+        // The log was closed under the request (its replica moved to another log dir, or
+        // removed): retriable, the client refreshes its metadata and tries again.
+        E::Closed { .. } => error_code::NOT_LEADER_OR_FOLLOWER,
         _ => error_code::UNKNOWN_SERVER_ERROR,
     }
 }

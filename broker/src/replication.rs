@@ -223,6 +223,29 @@ impl ReplicaManager {
         }
     }
 
+    /// Serves the replica of `tp` from `log` from now on (its log moved to another log
+    /// dir): a new replica on `log` takes the old one's state (role, epoch, ISR), as if
+    /// that state had just been applied to it. No-op when `tp` has no replica here.
+    pub(crate) fn replace_log(&self, tp: &TopicPartition, log: Arc<Log>) {
+        let Some(old) = self.get(tp) else { return };
+        let (replicas, state, version) = {
+            let s = old.state();
+            let leader = match s.role {
+                Role::Leader => self.broker_id,
+                Role::Follower { leader } => leader,
+                Role::None => -1,
+            };
+            let state =
+                PartitionState { leader, leader_epoch: s.leader_epoch, isr: s.isr.clone(), controller_epoch: s.controller_epoch };
+            (s.replicas.clone(), state, s.state_version)
+        };
+        self.remove(tp);
+        let partition = self.add_partition(tp, log);
+        if version >= 0 {
+            self.apply_to(&partition, &replicas, &state, version);
+        }
+    }
+
     /// Forgets the replica of `tp` (unassigned or deleted): it stops leading and
     /// following. The log itself is the topic manager's to delete.
     pub(crate) fn remove(&self, tp: &TopicPartition) {

@@ -10,7 +10,10 @@
 //! - a directory that fails (its checkpoint cannot be written: an I/O error) takes only
 //!   its partitions offline: they answer KAFKA_STORAGE_ERROR, the others keep taking
 //!   writes, DescribeLogDirs lists it with KAFKA_STORAGE_ERROR; repaired and restarted,
-//!   every acknowledged record is there.
+//!   every acknowledged record is there;
+//! - AlterReplicaLogDirs moves a replica into another directory while an acks=all
+//!   producer writes to it: every acknowledged record is there after the move and after
+//!   a restart, and the partition stays in its new directory.
 
 mod common;
 
@@ -20,10 +23,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{produce_request, run_python, RawClient, TestBroker};
+use fjord_client::ProducerRecord;
 use fjord_client::{Acks, Admin, ClientConfig, NewTopic, Producer, ProducerConfig};
 use fjord_record::BatchBuilder;
 use fjord_testkit::{produce_round, read_values, round_value};
-use kafka_protocol::messages::{ApiKey, DescribeLogDirsRequest, DescribeLogDirsResponse};
+use kafka_protocol::messages::alter_replica_log_dirs_request::{AlterReplicaLogDir, AlterReplicaLogDirTopic};
+use kafka_protocol::messages::{
+    AlterReplicaLogDirsRequest, AlterReplicaLogDirsResponse, ApiKey, DescribeLogDirsRequest, DescribeLogDirsResponse, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
 
 /// Partition directories (`<topic>-<n>`) in `dir`, sorted: the test's topics' and any
 /// internal topic's (the audit's).
@@ -265,5 +273,118 @@ async fn kafka_python_describes_each_of_three_log_dirs() {
     let broker = start(&dirs).await.unwrap();
     let list = dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(",");
     run_python(SCRIPT, &[&broker.bootstrap(), &list], Duration::from_secs(90)).await;
+    broker.stop().await.unwrap();
+}
+
+/// The log dir DescribeLogDirs names for `topic`-`partition`, if any.
+async fn dir_of(client: &mut RawClient, topic: &str, partition: i32) -> Option<String> {
+    let response: DescribeLogDirsResponse =
+        client.call(ApiKey::DescribeLogDirs, 4, &DescribeLogDirsRequest::default().with_topics(None)).await.unwrap();
+    response.results.iter().find_map(|r| {
+        let held =
+            r.topics.iter().any(|t| t.name.0.as_str() == topic && t.partitions.iter().any(|p| p.partition_index == partition));
+        held.then(|| r.log_dir.to_string())
+    })
+}
+
+/// AlterReplicaLogDirs of one partition into `dir` (v2): its error code.
+async fn alter(client: &mut RawClient, dir: &str, topic: &str, partition: i32) -> i16 {
+    let request = AlterReplicaLogDirsRequest::default().with_dirs(vec![AlterReplicaLogDir::default()
+        .with_path(StrBytes::from_string(dir.to_owned()))
+        .with_topics(vec![AlterReplicaLogDirTopic::default()
+            .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+            .with_partitions(vec![partition])])]);
+    let response: AlterReplicaLogDirsResponse = client.call(ApiKey::AlterReplicaLogDirs, 2, &request).await.unwrap();
+    response.results[0].partitions[0].error_code
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_moves_to_another_dir_under_a_producer_and_keeps_every_acknowledged_record() {
+    let root = tempfile::tempdir().unwrap();
+    let dirs: Vec<PathBuf> = ["a", "b"].iter().map(|d| root.path().join(d)).collect();
+    let others = dirs[1..].to_vec();
+    let start = |dirs: Vec<PathBuf>, others: Vec<PathBuf>| {
+        TestBroker::start_in(dirs[0].clone(), move |config| {
+            config.other_log_dirs = others;
+            config.audit.enable = false;
+            // Small segments: the move copies sealed ones while the partition serves.
+            config.set("log.min.segment.bytes", "1024").unwrap();
+            config.set("log.segment.bytes", "16384").unwrap();
+        })
+    };
+    let broker = start(dirs.clone(), others.clone()).await.unwrap();
+    let client = ClientConfig::new(&broker.bootstrap());
+    Admin::connect(client.clone()).await.unwrap().create_topics(&[NewTopic::new("mv", 1)]).await.unwrap();
+    let mut raw = RawClient::connect(broker.bootstrap().parse().unwrap()).await.unwrap();
+    let producer =
+        Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, ..ProducerConfig::default() }).await.unwrap();
+    // Before the move: enough for several sealed segments.
+    let mut acked = Vec::new();
+    for i in 0..2000 {
+        let value = format!("before-{i:05}-{}", "x".repeat(50));
+        producer.send(ProducerRecord::new("mv", value.clone()).partition(0)).await.unwrap().await.unwrap();
+        acked.push(value);
+    }
+    let from = dir_of(&mut raw, "mv", 0).await.expect("the partition is listed");
+    let to = dirs.iter().map(|d| d.display().to_string()).find(|d| *d != from).unwrap();
+
+    // A producer keeps writing (one record in flight at a time) while the move runs.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writer = {
+        let (producer, stop) = (producer.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut i = 0;
+            while !stop.is_cancelled() {
+                let value = format!("during-{i:05}");
+                i += 1;
+                let sent = async {
+                    let delivery = producer.send(ProducerRecord::new("mv", value.clone()).partition(0)).await?;
+                    delivery.await
+                }
+                .await;
+                if sent.is_ok() {
+                    acked.push(value);
+                }
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(alter(&mut raw, &to, "mv", 0).await, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while dir_of(&mut raw, "mv", 0).await.as_deref() != Some(to.as_str()) {
+        assert!(std::time::Instant::now() < deadline, "the replica did not move");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.cancel();
+    let during = writer.await.unwrap();
+    assert!(during.len() > 10, "the producer kept writing: {} acknowledged", during.len());
+    acked.extend(during);
+    assert!(!Path::new(&from).join("mv-0").exists(), "the source directory is gone");
+    assert!(Path::new(&to).join("mv-0").is_dir());
+
+    let check = |values: Vec<String>, acked: &[String], when: &str| {
+        // Every acknowledged record, in order (a record whose acknowledgement was lost
+        // may be there too).
+        let mut rest = values.iter();
+        for value in acked {
+            assert!(rest.any(|v| v == value), "{when}: {value} is missing or out of order");
+        }
+    };
+    check(read_values(&client, "mv", 0).await.unwrap(), &acked, "after the move");
+    drop(producer);
+    broker.stop().await.unwrap();
+
+    let broker = start(dirs.clone(), others).await.unwrap();
+    let client = ClientConfig::new(&broker.bootstrap());
+    check(read_values(&client, "mv", 0).await.unwrap(), &acked, "after a restart");
+    let mut raw = RawClient::connect(broker.bootstrap().parse().unwrap()).await.unwrap();
+    assert_eq!(dir_of(&mut raw, "mv", 0).await.as_deref(), Some(to.as_str()), "it stays in its new dir");
+    // Bad input changes nothing: an unknown directory, a partition the cluster has not.
+    assert_eq!(alter(&mut raw, "/no/such/dir", "mv", 0).await, 57, "LOG_DIR_NOT_FOUND");
+    assert_eq!(alter(&mut raw, &from, "absent", 0).await, 3, "UNKNOWN_TOPIC_OR_PARTITION");
+    assert_eq!(dir_of(&mut raw, "mv", 0).await.as_deref(), Some(to.as_str()));
     broker.stop().await.unwrap();
 }

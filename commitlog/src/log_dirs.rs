@@ -12,7 +12,8 @@
 //! - a directory that fails with an I/O error (at start, or when writing its
 //!   checkpoints) goes offline with all its partitions ([`LogDirs::fail`]); the others
 //!   keep serving. While one is offline, a partition found in no online directory is not
-//!   created: its data may be in the failed one.
+//!   created: its data may be in the failed one;
+//! - a replica is moved to another directory only by [`LogDirs::move_replica`].
 //!
 //! With one directory this is exactly the single [`LogManager`] it wraps: same paths,
 //! same files.
@@ -23,6 +24,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use fjord_record::TopicPartition;
 
+use crate::error::IoContext;
 use crate::manager::Unhealthy;
 use crate::partition_metadata::TopicId;
 use crate::{lock, Error, Log, LogConfig, LogManager, Result};
@@ -40,6 +42,8 @@ pub struct LogDirs {
     missing: Mutex<BTreeMap<TopicPartition, String>>,
     /// Partitions of directories that failed since the last [`LogDirs::take_failed`].
     failed: Mutex<Vec<TopicPartition>>,
+    /// Held for the whole of a [`LogDirs::move_replica`]: moves run one at a time.
+    moving: Mutex<()>,
     default_config: LogConfig,
 }
 
@@ -121,6 +125,7 @@ impl LogDirs {
             placing: Mutex::new(()),
             missing: Mutex::new(BTreeMap::new()),
             failed: Mutex::new(Vec::new()),
+            moving: Mutex::new(()),
             default_config,
         };
         if logs.online().is_empty() {
@@ -430,6 +435,148 @@ impl LogDirs {
     }
 }
 
+/// The suffix of a partition directory being copied into another log dir by
+/// [`LogDirs::move_replica`] (`<topic>-<partition>-future`, never loaded as a partition).
+pub const FUTURE_SUFFIX: &str = "-future";
+
+/// (length, modification time) of each file copied, to find the ones changed since.
+type Copied = BTreeMap<std::ffi::OsString, (u64, Option<std::time::SystemTime>)>;
+
+impl LogDirs {
+    /// Moves the partition's replica into the log dir `to` (AlterReplicaLogDirs), blocking
+    /// until done. Returns the log now serving it (the moved one; on a failure after the
+    /// pause began, the original reopened where it was, and the error).
+    ///
+    /// The scheme (simpler than Kafka's future replica that catches up by fetching):
+    /// 1. while the partition serves, its sealed segments are copied into
+    ///    `<to>/<topic>-<partition>-future/` (never loaded as a partition);
+    /// 2. then the partition pauses: its log is detached and closed (appends in between
+    ///    fail, NOT_LEADER_OR_FOLLOWER for clients, who retry), the files that changed or
+    ///    appeared since the copy (the active segment, snapshots, checkpoints, a compacted
+    ///    segment) are copied, every file and the directory fsynced;
+    /// 3. the copy is renamed to `<to>/<topic>-<partition>` (the commit point) and opened
+    ///    with the log's place (recovery point, high watermark, log start);
+    /// 4. only then is the source directory deleted.
+    ///
+    /// A crash before 3 leaves the source as it was (the `-future` copy is ignored); a
+    /// crash between 3 and 4 leaves the partition in two log dirs, which stops the next
+    /// start ([`Error::PartitionInTwoDirs`], as Kafka does) rather than pick one.
+    pub fn move_replica(&self, tp: &TopicPartition, to: &Path) -> std::result::Result<Arc<Log>, (Error, Option<Arc<Log>>)> {
+        let _moving = lock::mutex(&self.moving);
+        let fail = |e: Error| (e, self.get(tp));
+        let source = self.owner(tp).ok_or_else(|| {
+            fail(Error::LogDirOffline { partition: tp.to_string(), reason: "no online log dir holds it".into() })
+        })?;
+        let dest = self.online().into_iter().find(|m| m.dir() == to).ok_or_else(|| {
+            fail(Error::LogDirOffline { partition: tp.to_string(), reason: format!("log dir {} is not online", to.display()) })
+        })?;
+        let log = source
+            .get(tp)
+            .ok_or_else(|| fail(Error::LogDirOffline { partition: tp.to_string(), reason: "its log is not open".into() }))?;
+        if Arc::ptr_eq(&source, &dest) {
+            return Ok(log);
+        }
+        let from = log.dir().to_path_buf();
+        let future = dest.dir().join(format!("{}{FUTURE_SUFFIX}", tp.dir_name()));
+        let target = dest.dir().join(tp.dir_name());
+        if target.exists() {
+            return Err(fail(Error::PartitionInTwoDirs { partition: tp.to_string(), first: from, second: target }));
+        }
+        // An earlier move's partial copy: the source is the one served.
+        if future.exists() {
+            std::fs::remove_dir_all(&future).at(&future).map_err(fail)?;
+        }
+        std::fs::create_dir_all(&future).at(&future).map_err(fail)?;
+        let mut copied = Copied::new();
+        if let Err(e) = copy_changed(&from, &future, &mut copied, true) {
+            let _ = std::fs::remove_dir_all(&future);
+            return Err(fail(e));
+        }
+        // The pause: from here the partition takes no appends until it opens again.
+        let config = log.config();
+        source.detach(tp);
+        let closed = log.close();
+        let place = (
+            log.recovery_point(),
+            Some(log.high_watermark()),
+            Some((log.log_start_offset(), crate::checkpoint::Format::Checksummed)),
+        );
+        let committed = closed
+            .and_then(|()| copy_changed(&from, &future, &mut copied, false))
+            .and_then(|()| crate::checkpoint::sync_dir(&future))
+            .and_then(|()| std::fs::rename(&future, &target).at(&target))
+            .and_then(|()| crate::checkpoint::sync_dir(dest.dir()));
+        if let Err(e) = committed {
+            tracing::error!(partition = %tp, to = %to.display(), error = %e, "moving the replica failed; it stays where it was");
+            let _ = std::fs::remove_dir_all(&future);
+            let reopened = source.open_moved(tp, config, place).ok();
+            return Err((e, reopened));
+        }
+        let moved = match dest.open_moved(tp, config, place) {
+            Ok(moved) => moved,
+            Err(e) => {
+                // The copy is in place (and, on disk, the source too: both are kept, and the
+                // next start refuses the duplicate rather than pick one).
+                tracing::error!(partition = %tp, to = %to.display(), error = %e, "the moved replica does not open; both copies are kept");
+                return Err((e, None));
+            }
+        };
+        if let Err(e) = std::fs::remove_dir_all(&from).at(&from).and_then(|()| crate::checkpoint::sync_dir(source.dir())) {
+            tracing::error!(partition = %tp, from = %from.display(), error = %e, "deleting the moved replica's old directory failed: remove it before the next start");
+        }
+        for manager in [&source, &dest] {
+            if let Err(e) = manager.checkpoint() {
+                tracing::warn!(log_dir = %manager.dir().display(), error = %e, "checkpoint after a replica move failed");
+            }
+        }
+        tracing::info!(partition = %tp, from = %from.display(), to = %target.display(), "replica moved to another log dir");
+        Ok(moved)
+    }
+}
+
+/// Copies the files of `from` into `to` that are not in `copied` or changed since (and
+/// deletes from `to` those no longer in `from`), each fsynced. With `sealed_only`, only
+/// the segments below the last one (the active segment is still written).
+fn copy_changed(from: &Path, to: &Path, copied: &mut Copied, sealed_only: bool) -> Result<()> {
+    let mut names: Vec<(std::ffi::OsString, std::fs::Metadata)> = Vec::new();
+    for entry in std::fs::read_dir(from).at(from)? {
+        let entry = entry.at(from)?;
+        let metadata = entry.metadata().at(entry.path())?;
+        if metadata.is_file() {
+            names.push((entry.file_name(), metadata));
+        }
+    }
+    let base = |name: &std::ffi::OsString| -> Option<u64> { name.to_str()?.split('.').next()?.parse().ok() };
+    let active = names.iter().filter(|(n, _)| n.to_str().is_some_and(|n| n.ends_with(".log"))).filter_map(|(n, _)| base(n)).max();
+    for (name, metadata) in &names {
+        if sealed_only {
+            let sealed =
+                name.to_str().is_some_and(|n| [".log", ".index", ".timeindex", ".txnindex"].iter().any(|ext| n.ends_with(ext)))
+                    && base(name).zip(active).is_some_and(|(b, a)| b < a);
+            if !sealed {
+                continue;
+            }
+        }
+        let stamp = (metadata.len(), metadata.modified().ok());
+        if copied.get(name) == Some(&stamp) {
+            continue;
+        }
+        let (src, dst) = (from.join(name), to.join(name));
+        std::fs::copy(&src, &dst).at(&src)?;
+        std::fs::File::open(&dst).and_then(|f| f.sync_all()).at(&dst)?;
+        copied.insert(name.clone(), stamp);
+    }
+    if !sealed_only {
+        let present: std::collections::BTreeSet<_> = names.iter().map(|(n, _)| n.clone()).collect();
+        for gone in copied.keys().filter(|n| !present.contains(*n)).cloned().collect::<Vec<_>>() {
+            let path = to.join(&gone);
+            std::fs::remove_file(&path).at(&path)?;
+            copied.remove(&gone);
+        }
+    }
+    Ok(())
+}
+
 /// Whether `error` means the directory failed (an I/O error that is not a full disk).
 fn dir_failure(error: &Error) -> bool {
     match error {
@@ -595,6 +742,53 @@ mod tests {
         logs.checkpoint().unwrap();
         logs.close().unwrap();
         assert!(dirs[1].join("t-1").join("00000000000000000000.log").is_file(), "nothing deleted");
+    }
+
+    #[test]
+    fn a_replica_moves_to_another_directory_with_every_record_and_its_place() {
+        let root = tempfile::tempdir().unwrap();
+        let dirs: Vec<PathBuf> = ["a", "b"].iter().map(|d| root.path().join(d)).collect();
+        let tp = TopicPartition::new("t", 0);
+        {
+            let logs = LogDirs::open(dirs.clone(), config()).unwrap();
+            let log = logs.get_or_create(&tp, config()).unwrap();
+            for _ in 0..20 {
+                log.append(&mut batch(3), 0).unwrap();
+            }
+            log.set_high_watermark(45);
+            log.delete_records_before(4).unwrap();
+            assert!(log.segment_count() > 3, "sealed segments are copied first");
+            assert_eq!(logs.dir_of(&tp), Some(dirs[0].clone()));
+            // A partial copy left by an interrupted move is replaced.
+            std::fs::create_dir_all(dirs[1].join("t-0-future")).unwrap();
+            std::fs::write(dirs[1].join("t-0-future").join("junk"), "x").unwrap();
+            let moved = logs.move_replica(&tp, &dirs[1]).map_err(|(e, _)| e).unwrap();
+            assert!(matches!(log.append(&mut batch(1), 0), Err(Error::Closed { .. })), "the old log takes no appends");
+            assert_eq!(logs.dir_of(&tp), Some(dirs[1].clone()));
+            assert!(!dirs[0].join("t-0").exists(), "the source is deleted once the copy is in place");
+            assert!(!dirs[1].join("t-0-future").exists());
+            assert!(!dirs[1].join("t-0").join("junk").exists());
+            assert_eq!((moved.log_start_offset(), moved.log_end_offset(), moved.high_watermark()), (4, 60, 45));
+            moved.append(&mut batch(2), 0).unwrap();
+            assert!(std::ptr::eq(logs.get(&tp).unwrap().as_ref(), moved.as_ref()));
+            // Moving to where it is changes nothing; to an unknown directory is refused.
+            assert!(Arc::ptr_eq(&logs.move_replica(&tp, &dirs[1]).map_err(|(e, _)| e).unwrap(), &moved));
+            assert!(logs.move_replica(&tp, &root.path().join("nope")).is_err());
+            drop(moved);
+            drop(logs); // a crash: no close
+        }
+        let logs = LogDirs::open(dirs.clone(), config()).unwrap();
+        let log = logs.get(&tp).unwrap();
+        assert_eq!(logs.dir_of(&tp), Some(dirs[1].clone()));
+        assert_eq!((log.log_start_offset(), log.log_end_offset()), (4, 62));
+        // Every batch reads back, from the log start to the end.
+        let mut at = 4;
+        while at < 62 {
+            let read = log.read(at, 1 << 20, None, true).unwrap();
+            assert!(read.len > 0 && read.next_offset > at, "{at}");
+            at = read.next_offset;
+        }
+        assert_eq!(at, 62);
     }
 
     #[test]

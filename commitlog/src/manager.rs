@@ -86,7 +86,7 @@ impl std::fmt::Display for Unhealthy {
 
 /// An unopened partition's checkpointed recovery point, high watermark and log start
 /// (with the format of the file it came from: see [`crate::log_start`]).
-type Place = (Offset, Option<Offset>, Option<(Offset, Format)>);
+pub(crate) type Place = (Offset, Option<Offset>, Option<(Offset, Format)>);
 type Checkpoints = (BTreeMap<TopicPartition, Offset>, BTreeMap<TopicPartition, Offset>, BTreeMap<TopicPartition, Offset>);
 
 impl LogManager {
@@ -136,6 +136,12 @@ impl LogManager {
             }
             if orphan_name(&name).is_some() {
                 orphans += 1;
+                continue;
+            }
+            if name.ends_with(crate::log_dirs::FUTURE_SUFFIX) {
+                // A replica move that stopped before its copy was complete: the partition is
+                // served from where it was; the copy is replaced by the next move.
+                tracing::warn!(path = %path.display(), "an interrupted replica move left this partial copy; it is not loaded (the partition is served from its source); delete it or move the replica again");
                 continue;
             }
             if crate::repair::is_side_dir(&name) {
@@ -312,6 +318,22 @@ impl LogManager {
         }
         lock::mutex(&self.offline).insert(tp.clone(), reason);
         self.refresh_health();
+    }
+
+    /// Stops holding the partition's open log without closing it or touching its files
+    /// (a replica move: [`crate::LogDirs::move_replica`] closes it and copies its files).
+    pub(crate) fn detach(&self, tp: &TopicPartition) -> Option<Arc<Log>> {
+        lock::write(&self.logs).remove(tp)
+    }
+
+    /// Opens a partition directory just moved into this log dir, with the place its log
+    /// had where it was (recovery point, high watermark, log start).
+    pub(crate) fn open_moved(&self, tp: &TopicPartition, config: LogConfig, place: Place) -> Result<Arc<Log>> {
+        lock::mutex(&self.unopened).insert(tp.clone(), place);
+        let opened = self.get_or_create(tp, config);
+        lock::mutex(&self.unopened).remove(tp);
+        lock::mutex(&self.offline).remove(tp);
+        opened
     }
 
     /// Whether the partition's log could not be opened here (the last attempt failed).

@@ -5,7 +5,9 @@
 //! error) is listed with KAFKA_STORAGE_ERROR and nothing in it, as Kafka lists it.
 //!
 //! The offset lag is Kafka's for a current replica, `max(high watermark - log
-//! end offset, 0)`; replicas are never future ones (no AlterReplicaLogDirs moves). v4's
+//! end offset, 0)`; replicas are never future ones (an AlterReplicaLogDirs
+//! move copies into a `-future` directory that is not listed, and the partition shows in
+//! its new directory once the move is done). v4's
 //! total and usable bytes come from statvfs(2) of the directory, -1 when that fails.
 //! A partition asked for that this broker holds no replica of is left out, as Kafka does.
 
