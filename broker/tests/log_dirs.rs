@@ -11,6 +11,9 @@
 //!   its partitions offline: they answer KAFKA_STORAGE_ERROR, the others keep taking
 //!   writes, DescribeLogDirs lists it with KAFKA_STORAGE_ERROR; repaired and restarted,
 //!   every acknowledged record is there;
+//! - in a cluster (two brokers on ZooKeeper, two log dirs each), a failed directory takes
+//!   only its replicas offline: leadership of its partition moves to the other broker,
+//!   the broker keeps leading or following its other partition, nothing acknowledged is lost;
 //! - AlterReplicaLogDirs moves a replica into another directory while an acks=all
 //!   producer writes to it: every acknowledged record is there after the move and after
 //!   a restart, and the partition stays in its new directory.
@@ -387,4 +390,87 @@ async fn a_replica_moves_to_another_dir_under_a_producer_and_keeps_every_acknowl
     assert_eq!(alter(&mut raw, &from, "absent", 0).await, 3, "UNKNOWN_TOPIC_OR_PARTITION");
     assert_eq!(dir_of(&mut raw, "mv", 0).await.as_deref(), Some(to.as_str()));
     broker.stop().await.unwrap();
+}
+
+/// Sends `values` to `topic`-`partition` one at a time (acks=all), each retried until
+/// acknowledged; returns them.
+async fn produce_all(producer: &Producer, topic: &str, partition: i32, values: Vec<String>) -> Vec<String> {
+    for value in &values {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let sent = async {
+                let delivery = producer.send(ProducerRecord::new(topic, value.clone()).partition(partition)).await?;
+                delivery.await
+            }
+            .await;
+            match sent {
+                Ok(_) => break,
+                Err(e) => assert!(std::time::Instant::now() < deadline, "{topic}-{partition} {value}: {e}"),
+            }
+        }
+    }
+    values
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_a_cluster_a_failed_dir_moves_leadership_of_its_partitions_only() {
+    const REACT: Duration = Duration::from_secs(30);
+    common::init_tracing();
+    let cluster = fjord_testkit::Cluster::builder()
+        .brokers(2)
+        .log_dirs_per_broker(2)
+        .config("replica.fetch.wait.max.ms", 100)
+        .config("replica.lag.time.max.ms", 2_000)
+        .start()
+        .await
+        .unwrap();
+    cluster.create_topic("jb", 2, &[], REACT).await.unwrap();
+    // One partition per directory on each broker.
+    for id in cluster.ids() {
+        let held: Vec<Vec<String>> = cluster.log_dirs(id).iter().map(|d| partition_dirs(d)).collect();
+        assert!(held.iter().all(|h| h.len() == 1), "broker {id}: {held:?}");
+    }
+    let client = cluster.client_config();
+    let producer =
+        Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, ..ProducerConfig::default() }).await.unwrap();
+    let mut acked: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+    for p in 0..2 {
+        let values = (0..50).map(|i| format!("before-{p}-{i}")).collect();
+        acked.entry(p).or_default().extend(produce_all(&producer, "jb", p, values).await);
+    }
+    let leader = cluster.leader("jb", 0).await.unwrap().unwrap();
+    let failing = cluster.log_dirs(leader).into_iter().find(|d| d.join("jb-0").is_dir()).unwrap();
+    let kept = cluster.log_dirs(leader).into_iter().find(|d| *d != failing).unwrap();
+    assert!(kept.join("jb-1").is_dir());
+    let checkpoint = failing.join("recovery-point-offset-checkpoint");
+    std::fs::remove_file(&checkpoint).ok();
+    std::fs::create_dir(&checkpoint).unwrap();
+    std::fs::write(checkpoint.join("blocker"), "x").unwrap();
+
+    // Writes to partition 0 go on: the leader's next checkpoint fails, its directory goes
+    // offline, and the other broker takes partition 0 over.
+    let values = (0..50).map(|i| format!("during-0-{i}")).collect();
+    acked.entry(0).or_default().extend(produce_all(&producer, "jb", 0, values).await);
+    let deadline = std::time::Instant::now() + REACT;
+    while cluster.leader("jb", 0).await.unwrap() == Some(leader) {
+        assert!(std::time::Instant::now() < deadline, "leadership of jb-0 stayed on broker {leader}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let values = (0..50).map(|i| format!("after-0-{i}")).collect();
+    acked.entry(0).or_default().extend(produce_all(&producer, "jb", 0, values).await);
+    // Partition 1, in the broker's healthy directory, keeps both replicas in sync.
+    let values = (0..50).map(|i| format!("after-1-{i}")).collect();
+    acked.entry(1).or_default().extend(produce_all(&producer, "jb", 1, values).await);
+    cluster.wait_for_isr("jb", 1, &[0, 1], REACT).await.unwrap();
+    let state = cluster.partition_state("jb", 0).await.unwrap().unwrap();
+    assert!(!state.isr.contains(&leader), "the failed replica left the ISR: {state:?}");
+
+    for p in 0..2 {
+        let values = read_values(&client, "jb", p).await.unwrap();
+        let mut rest = values.iter();
+        for value in &acked[&p] {
+            assert!(rest.any(|v| v == value), "jb-{p}: {value} is missing or out of order");
+        }
+    }
+    assert!(failing.join("jb-0").join("00000000000000000000.log").is_file(), "the failed dir's data is kept");
 }

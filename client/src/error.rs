@@ -200,6 +200,9 @@ impl Error {
                     | ResponseError::LeaderNotAvailable
                     | ResponseError::FencedLeaderEpoch
                     | ResponseError::UnknownLeaderEpoch
+                    // The replica's log dir failed (Kafka's KafkaStorageException is an
+                    // InvalidMetadataException): leadership moves to another broker.
+                    | ResponseError::KafkaStorageError
             ),
             _ => false,
         }
@@ -216,3 +219,17 @@ impl Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_storage_error_is_retried_after_a_metadata_refresh() {
+        // The leader's log dir failed: another broker becomes leader, which only fresh
+        // metadata tells (before, the producer retried the failed broker until its timeout).
+        let e = Error::kafka(56, "produce", None).unwrap();
+        assert!(e.is_retriable() && e.needs_metadata_refresh());
+        assert!(!Error::kafka(10, "produce", None).unwrap().needs_metadata_refresh(), "MESSAGE_TOO_LARGE");
+    }
+}

@@ -67,6 +67,8 @@ pub struct ClusterBuilder {
     client_security: SecurityConfig,
     /// [`ClusterBuilder::sasl_ssl`] was asked for: certificates and keys made at start.
     sasl_ssl: bool,
+    /// Log dirs per broker (`log.dirs`, JBOD); default 1.
+    log_dirs: usize,
 }
 
 impl ClusterBuilder {
@@ -80,6 +82,13 @@ impl ClusterBuilder {
     /// passes `env!("CARGO_BIN_EXE_fjord")`), so they can be killed with SIGKILL and paused.
     pub fn processes(mut self, fjord_binary: impl Into<PathBuf>) -> Self {
         self.mode = Mode::Process(fjord_binary.into());
+        self
+    }
+
+    /// Gives every broker `n` log dirs (`log.dirs`, JBOD) instead of one: its data dir
+    /// first, then `broker-<id>-dir<i>` beside it (see [`Cluster::log_dirs`]).
+    pub fn log_dirs_per_broker(mut self, n: usize) -> Self {
+        self.log_dirs = n.max(1);
         self
     }
 
@@ -194,8 +203,10 @@ impl ClusterBuilder {
         for id in 0..self.brokers as i32 {
             let data_dir = cluster.dir.path().join(format!("broker-{id}"));
             std::fs::create_dir_all(&data_dir)?;
+            let other_log_dirs = (1..self.log_dirs).map(|i| cluster.dir.path().join(format!("broker-{id}-dir{i}"))).collect();
             let ports = (0..cluster.listeners.len().max(1)).map(|_| free_port()).collect::<Result<_>>()?;
-            let node = Node { ports, log_file: cluster.dir.path().join(format!("broker-{id}.log")), data_dir, running: None };
+            let log_file = cluster.dir.path().join(format!("broker-{id}.log"));
+            let node = Node { ports, log_file, data_dir, other_log_dirs, running: None };
             cluster.brokers.insert(id, node);
         }
         // Start them all, then wait for them all: their start-ups overlap.
@@ -288,6 +299,8 @@ impl SecureCluster {
 struct Node {
     ports: Vec<u16>,
     data_dir: PathBuf,
+    /// The log dirs after `data_dir` ([`ClusterBuilder::log_dirs_per_broker`]).
+    other_log_dirs: Vec<PathBuf>,
     log_file: PathBuf,
     running: Option<Running>,
 }
@@ -327,6 +340,7 @@ impl Cluster {
             users: Vec::new(),
             client_security: SecurityConfig::default(),
             sasl_ssl: false,
+            log_dirs: 1,
         }
     }
 
@@ -378,9 +392,15 @@ impl Cluster {
         &self.store
     }
 
-    /// Broker `id`'s log dir (`log.dirs`).
+    /// Broker `id`'s log dir (`log.dirs`; the first, with several).
     pub fn data_dir(&self, id: i32) -> &Path {
         &self.node(id).data_dir
+    }
+
+    /// Every log dir of broker `id`, the data dir first.
+    pub fn log_dirs(&self, id: i32) -> Vec<PathBuf> {
+        let node = self.node(id);
+        std::iter::once(node.data_dir.clone()).chain(node.other_log_dirs.iter().cloned()).collect()
     }
 
     /// Whether broker `id` was started and not stopped or killed since (a paused broker
@@ -673,11 +693,13 @@ impl Cluster {
                 std::fs::write(&config_file, toml)?;
                 let mut log = std::fs::OpenOptions::new().create(true).append(true).open(&node.log_file)?;
                 writeln!(log, "---- fjord broker {id} starting ----")?;
+                let log_dirs: Vec<String> =
+                    std::iter::once(&node.data_dir).chain(&node.other_log_dirs).map(|d| d.display().to_string()).collect();
                 let child = Command::new(binary)
                     .args(["broker", "--config"])
                     .arg(&config_file)
                     .args(["--id", &id.to_string(), "--listen", &listen, "--zookeeper", &self.connect, "--data-dir"])
-                    .arg(&node.data_dir)
+                    .arg(log_dirs.join(","))
                     .env("RUST_LOG", std::env::var("FJORD_TEST_BROKER_LOG").unwrap_or_else(|_| "info".into()))
                     // The log is a file that tests print: no terminal colour codes.
                     .env("NO_COLOR", "1")
@@ -696,6 +718,7 @@ impl Cluster {
                 config.broker_id = id;
                 config.listeners = listen.parse()?;
                 config.log_dir = node.data_dir.clone();
+                config.other_log_dirs = node.other_log_dirs.clone();
                 config.zookeeper_connect = Some(self.connect.clone());
                 fjord_audit::BrokerTier::install(&mut config)?;
                 // The first listener is bound here; `run` binds the others from `listeners`.
