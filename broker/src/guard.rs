@@ -539,17 +539,6 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                 w.tagged_fields()
             })?;
         }
-        ApiKey::AlterReplicaLogDirs => {
-            w.array(|w| {
-                w.string()?; // path
-                w.array(|w| {
-                    w.string()?; // topic
-                    w.array(Walker::int32)?; // partitions
-                    w.tagged_fields()
-                })?;
-                w.tagged_fields()
-            })?;
-        }
         ApiKey::OffsetDelete => {
             w.string()?; // group id
             w.array(|w| {

@@ -268,13 +268,6 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
                 .with_name(name())
                 .with_partition_indexes(vec![0, 2])])
             .encode(&mut buf, v),
-        ApiKey::AlterReplicaLogDirs => AlterReplicaLogDirsRequest::default()
-            .with_dirs(vec![alter_replica_log_dirs_request::AlterReplicaLogDir::default().with_path(s("/data/b")).with_topics(
-                vec![alter_replica_log_dirs_request::AlterReplicaLogDirTopic::default()
-                    .with_name(name())
-                    .with_partitions(vec![0, 2])],
-            )])
-            .encode(&mut buf, v),
         ApiKey::DescribeLogDirs => DescribeLogDirsRequest::default()
             .with_topics(Some(vec![
                 describe_log_dirs_request::DescribableLogDirTopic::default().with_topic(name()).with_partitions(vec![0, 2]),
