@@ -5,7 +5,7 @@
 //! partitions answers only those, and a partition the broker does not hold is left out.
 //! AlterReplicaLogDirs (API 34) through kafka-python's `alter_replica_log_dirs`: with one
 //! log dir, a replica asked into it is already there (no error), another path is
-//! LOG_DIR_NOT_FOUND, a partition the broker does not hold REPLICA_NOT_AVAILABLE, and
+//! LOG_DIR_NOT_FOUND, a partition the cluster does not have UNKNOWN_TOPIC_OR_PARTITION, and
 //! nothing moves.
 
 mod common;
@@ -61,7 +61,7 @@ async fn kafka_python_describes_the_log_dir_and_each_replicas_size() {
 const ALTER_SCRIPT: &str = r#"
 import sys
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import NoError, LogDirNotFoundError, ReplicaNotAvailableError
+from kafka.errors import NoError, LogDirNotFoundError, UnknownTopicOrPartitionError
 from confluent_kafka import Producer
 
 bootstrap, log_dir = sys.argv[1], sys.argv[2]
@@ -87,7 +87,7 @@ answer = ka.alter_replica_log_dirs({
 })
 assert {(r.topic, r.partition): e for r, e in answer.items()} == {
     ('moved', 0): NoError, ('moved', 1): NoError,
-    ('moved', 7): ReplicaNotAvailableError, ('absent', 0): ReplicaNotAvailableError}, answer
+    ('moved', 7): UnknownTopicOrPartitionError, ('absent', 0): UnknownTopicOrPartitionError}, answer
 answer = ka.alter_replica_log_dirs({('moved', 0, 0): log_dir + '-other', ('absent', 0, 0): '/nowhere'})
 assert {(r.topic, r.partition): e for r, e in answer.items()} == {
     ('moved', 0): LogDirNotFoundError, ('absent', 0): LogDirNotFoundError}, answer
