@@ -127,6 +127,8 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeLogDirs, 1, 4),
     // v0 is gone from the codec crate, as for DescribeLogDirs; v2 is flexible.
     (ApiKey::AlterReplicaLogDirs, 1, 2),
+    // Kafka's admin client (3.8+) describes topics with it, paged; v0 is the only version.
+    (ApiKey::DescribeTopicPartitions, 0, 0),
     // Only v1: the codec crate (like Kafka 4) no longer reads v0, which differs from v1
     // in its encoding only (v1 is flexible).
     (ApiKey::WriteTxnMarkers, 1, 1),

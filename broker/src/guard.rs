@@ -155,6 +155,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::DescribeProducers => true,
         ApiKey::DescribeLogDirs => v >= 2,
         ApiKey::AlterReplicaLogDirs => v >= 2,
+        ApiKey::DescribeTopicPartitions => true,
         ApiKey::InitProducerId => v >= 2,
         ApiKey::ElectLeaders => v >= 2,
         ApiKey::CreateAcls | ApiKey::DescribeAcls | ApiKey::DeleteAcls => v >= 2,
@@ -538,6 +539,19 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                 w.array(Walker::int32)?; // partitions
                 w.tagged_fields()
             })?;
+        }
+        ApiKey::DescribeTopicPartitions => {
+            w.array(|w| {
+                w.string()?; // topic
+                w.tagged_fields()
+            })?;
+            w.int32()?; // response partition limit
+            let [cursor] = w.take::<1>()?; // a nullable struct: 1 when present
+            if cursor == 1 {
+                w.string()?; // topic
+                w.int32()?; // partition
+                w.tagged_fields()?;
+            }
         }
         ApiKey::OffsetDelete => {
             w.string()?; // group id

@@ -13,6 +13,7 @@ pub(crate) mod delete_records;
 pub(crate) mod describe_configs;
 pub(crate) mod describe_log_dirs;
 pub(crate) mod describe_producers;
+pub(crate) mod describe_topic_partitions;
 pub(crate) mod elect;
 pub(crate) mod fetch;
 pub(crate) mod leader_epoch;
@@ -384,6 +385,9 @@ impl Broker {
             RequestKind::DescribeProducers(req) => (ApiKey::DescribeProducers, self.describe_producers(req, session)),
             RequestKind::DescribeLogDirs(req) => (ApiKey::DescribeLogDirs, self.describe_log_dirs(req, version, session)),
             RequestKind::AlterReplicaLogDirs(req) => (ApiKey::AlterReplicaLogDirs, self.alter_replica_log_dirs(req, session)),
+            RequestKind::DescribeTopicPartitions(req) => {
+                (ApiKey::DescribeTopicPartitions, self.describe_topic_partitions(req, session))
+            }
             RequestKind::WriteTxnMarkers(req) => (ApiKey::WriteTxnMarkers, self.write_txn_markers(req, session).await),
             RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req, session).await),
             RequestKind::AlterPartitionReassignments(req) => {

@@ -240,7 +240,7 @@ print("ok")
 }
 
 #[tokio::test]
-async fn metadata_hides_topics_the_principal_may_not_describe() {
+async fn metadata_and_describe_topic_partitions_hide_topics_the_principal_may_not_describe() {
     let broker = SecuredBroker::start().await;
     let mut admin = broker.admin().await;
     for topic in ["visible", "hidden"] {
@@ -261,7 +261,30 @@ async fn metadata_hides_topics_the_principal_may_not_describe() {
     let mut all: Vec<String> = metadata(&mut admin, None).await.into_iter().map(|(name, _)| name).collect();
     all.sort();
     assert_eq!(all, ["hidden", "visible"]);
+    // DescribeTopicPartitions answers as Metadata: every topic means the describable ones,
+    // a named hidden topic is TOPIC_AUTHORIZATION_FAILED without its id.
+    assert_eq!(describe_topic_partitions(&mut bob, &[]).await, vec![("visible".to_owned(), 0, true)]);
+    assert_eq!(
+        describe_topic_partitions(&mut bob, &["hidden", "visible"]).await,
+        vec![("visible".to_owned(), 0, true), ("hidden".to_owned(), TOPIC_AUTHORIZATION_FAILED, false)]
+    );
+    assert_eq!(describe_topic_partitions(&mut admin, &[]).await.len(), 2);
     broker.stop().await;
+}
+
+/// DescribeTopicPartitions of every topic (`[]`) or of `names`: (name, error code, has an
+/// id) per topic.
+async fn describe_topic_partitions(client: &mut RawClient, names: &[&str]) -> Vec<(String, i16, bool)> {
+    use kafka_protocol::messages::describe_topic_partitions_request::TopicRequest;
+    let request = DescribeTopicPartitionsRequest::default()
+        .with_topics(names.iter().map(|n| TopicRequest::default().with_name(topic_name(n))).collect())
+        .with_response_partition_limit(100);
+    let response: DescribeTopicPartitionsResponse = client.call(ApiKey::DescribeTopicPartitions, 0, &request).await.unwrap();
+    response
+        .topics
+        .iter()
+        .map(|t| (t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default(), t.error_code, !t.topic_id.is_nil()))
+        .collect()
 }
 
 #[tokio::test]

@@ -14,10 +14,13 @@
 //! Left out because `fjord dev` is a ZooKeeper-style broker, and Kafka in that mode does not
 //! answer them either (kafka-python refuses them itself from ApiVersions):
 //! - `describe_metadata_quorum` (DescribeQuorum: KRaft's controller quorum);
-//! - `describe_topic_partitions` (DescribeTopicPartitions, KIP-966: KRaft brokers only);
 //! - `update_features` (UpdateFeatures: the KRaft `metadata.version` and friends; fjord
 //!   finalizes no features, which `describe_features` reports);
 //! - `list_config_resources` (ListConfigResources, Kafka 4.1's client-metrics resources).
+//!
+//! kafka-python's `describe_topic_partitions` (DescribeTopicPartitions, KIP-966) is walked,
+//! paged by its cursor, although Kafka serves it on KRaft brokers only; confluent-kafka
+//! 2.16's `describe_topics` asks Metadata, not DescribeTopicPartitions.
 //!
 //! Neither client describes topics by id (confluent-kafka 2.16's `TopicCollection` takes
 //! names only, kafka-python's `describe_topics` too), so the walk checks the ids instead:
@@ -26,7 +29,7 @@
 //! Neither client has client-quota calls (DescribeClientQuotas / AlterClientQuotas): not in
 //! kafka-python 3.0 nor confluent-kafka 2.16, so quotas are not part of this walk.
 //!
-//! kafka-python: 30 calls, confluent-kafka: 20 calls.
+//! kafka-python: 31 calls, confluent-kafka: 20 calls.
 
 mod common;
 
@@ -36,7 +39,7 @@ use common::{free_port, start_dev};
 
 /// How many calls each client makes (`ok` lines expected): a call dropped from the script
 /// by mistake fails the test rather than shrinking the walk.
-const KAFKA_PYTHON_CALLS: usize = 30;
+const KAFKA_PYTHON_CALLS: usize = 31;
 const CONFLUENT_KAFKA_CALLS: usize = 20;
 
 /// The walk: one line per call, `ok CLIENT.METHOD` or `FAIL CLIENT.METHOD: error`; a
@@ -140,6 +143,25 @@ def create_partitions():
     ka.create_partitions({T: NewPartitions(3)})
     until(lambda: partitions_of(T) == [0, 1, 2], 'partitions after create_partitions: %s' % partitions_of(T))
 K('create_partitions', create_partitions)
+
+def describe_topic_partitions():
+    # KIP-966's paged describe: 2 partitions a page over 3 partitions takes the cursor once.
+    pages, cursor, seen = 0, None, []
+    while True:
+        page = ka.describe_topic_partitions([T], response_partition_limit=2, cursor=cursor)
+        pages += 1
+        [t] = page['topics']
+        assert t['error_code'] == 0 and t['name'] == T and str(t['topic_id']) == str(topic_ids[T]), (t, topic_ids)
+        assert not t['is_internal'] and len(t['partitions']) <= 2, t
+        for p in t['partitions']:
+            assert (p['error_code'], p['leader_id'], p['replica_nodes'], p['isr_nodes']) == (0, 0, [0], [0]), p
+            seen.append(p['partition_index'])
+        cursor = page['next_cursor']
+        if cursor is None:
+            break
+        assert cursor == {'topic_name': T, 'partition_index': 2}, cursor
+    assert (pages, seen) == (2, [0, 1, 2]), (pages, seen)
+K('describe_topic_partitions', describe_topic_partitions)
 
 topic_res = lambda **configs: ConfigResource(ConfigResourceType.TOPIC, T, configs=configs or None)
 broker_res = lambda **configs: ConfigResource(ConfigResourceType.BROKER, '0', configs=configs or None)

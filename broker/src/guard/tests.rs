@@ -285,6 +285,16 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
                 alter_replica_log_dirs_request::AlterReplicaLogDir::default().with_path(s("/data/b")),
             ])
             .encode(&mut buf, v),
+        ApiKey::DescribeTopicPartitions => DescribeTopicPartitionsRequest::default()
+            .with_topics(vec![
+                describe_topic_partitions_request::TopicRequest::default().with_name(name()),
+                describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("b"))),
+            ])
+            .with_response_partition_limit(2)
+            .with_cursor(Some(
+                describe_topic_partitions_request::Cursor::default().with_topic_name(name()).with_partition_index(3),
+            ))
+            .encode(&mut buf, v),
         ApiKey::OffsetDelete => OffsetDeleteRequest::default()
             .with_group_id(GroupId(s("g")))
             .with_topics(vec![offset_delete_request::OffsetDeleteRequestTopic::default()

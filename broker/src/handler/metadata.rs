@@ -191,7 +191,15 @@ impl Broker {
         brokers
     }
 
-    fn topic_metadata(&self, topic: &Topic, live: &BTreeSet<i32>) -> MetadataResponseTopic {
+    /// The ids of the live brokers with an address on `listener`, as Metadata counts
+    /// replicas offline by them.
+    pub(super) fn live_broker_ids(&self, listener: &str) -> BTreeSet<i32> {
+        self.live_brokers(listener).into_iter().map(|b| b.0).collect()
+    }
+
+    /// One topic's Metadata answer: its id and each partition's leader, leader epoch,
+    /// replicas, ISR, offline replicas and error (`live`: the live brokers' ids).
+    pub(super) fn topic_metadata(&self, topic: &Topic, live: &BTreeSet<i32>) -> MetadataResponseTopic {
         let view = self.topics.view();
         let unhealthy = self.topics.logs().unhealthy();
         let me = self.config.broker_id;
