@@ -129,6 +129,8 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::AlterReplicaLogDirs, 1, 2),
     // Kafka's admin client (3.8+) describes topics with it, paged; v0 is the only version.
     (ApiKey::DescribeTopicPartitions, 0, 0),
+    // v0 is KIP-714's ListClientMetricsResources; v1 (KIP-1142) takes resource types.
+    (ApiKey::ListConfigResources, 0, 1),
     // Only v1: the codec crate (like Kafka 4) no longer reads v0, which differs from v1
     // in its encoding only (v1 is flexible).
     (ApiKey::WriteTxnMarkers, 1, 1),

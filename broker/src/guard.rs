@@ -156,6 +156,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::DescribeLogDirs => v >= 2,
         ApiKey::AlterReplicaLogDirs => v >= 2,
         ApiKey::DescribeTopicPartitions => true,
+        ApiKey::ListConfigResources => true,
         ApiKey::InitProducerId => v >= 2,
         ApiKey::ElectLeaders => v >= 2,
         ApiKey::CreateAcls | ApiKey::DescribeAcls | ApiKey::DeleteAcls => v >= 2,
@@ -551,6 +552,11 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
                 w.string()?; // topic
                 w.int32()?; // partition
                 w.tagged_fields()?;
+            }
+        }
+        ApiKey::ListConfigResources => {
+            if v >= 1 {
+                w.array(Walker::int8)?; // resource types
             }
         }
         ApiKey::OffsetDelete => {

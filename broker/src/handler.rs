@@ -17,6 +17,7 @@ pub(crate) mod describe_topic_partitions;
 pub(crate) mod elect;
 pub(crate) mod fetch;
 pub(crate) mod leader_epoch;
+pub(crate) mod list_config_resources;
 pub(crate) mod metadata;
 pub(crate) mod offset_delete;
 pub(crate) mod offsets;
@@ -387,6 +388,9 @@ impl Broker {
             RequestKind::AlterReplicaLogDirs(req) => (ApiKey::AlterReplicaLogDirs, self.alter_replica_log_dirs(req, session)),
             RequestKind::DescribeTopicPartitions(req) => {
                 (ApiKey::DescribeTopicPartitions, self.describe_topic_partitions(req, session))
+            }
+            RequestKind::ListConfigResources(req) => {
+                (ApiKey::ListConfigResources, self.list_config_resources(req, version, session))
             }
             RequestKind::WriteTxnMarkers(req) => (ApiKey::WriteTxnMarkers, self.write_txn_markers(req, session).await),
             RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req, session).await),

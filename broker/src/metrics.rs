@@ -359,6 +359,7 @@ pub(crate) fn response_errors(body: &ResponseKind) -> Vec<i16> {
         ResponseKind::DescribeTopicPartitions(r) => {
             r.topics.iter().flat_map(|t| std::iter::once(t.error_code).chain(t.partitions.iter().map(|p| p.error_code))).collect()
         }
+        ResponseKind::ListConfigResources(r) => vec![r.error_code],
         ResponseKind::AlterReplicaLogDirs(r) => r.results.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).collect(),
         // APIs without an entry here count requests only.
         _ => Vec::new(),

@@ -590,3 +590,21 @@ async fn a_user_quota_applies_to_the_authenticated_principal() {
     assert!(!throttled_within(&mut admin, "metered", true, Duration::from_secs(2)).await, "bob's quota throttled the admin");
     broker.stop().await;
 }
+
+#[tokio::test]
+async fn list_config_resources_needs_describe_configs_on_the_cluster() {
+    let broker = SecuredBroker::start().await;
+    let mut admin = broker.admin().await;
+    assert_eq!(create_topic(&mut admin, "configured").await, 0);
+    assert_eq!(list_topic_config_resources(&mut admin).await, (0, vec!["configured".to_owned()]));
+    let mut bob = broker.login("bob", BOB_PASSWORD).await;
+    assert_eq!(list_topic_config_resources(&mut bob).await, (CLUSTER_AUTHORIZATION_FAILED, Vec::new()));
+    broker.stop().await;
+}
+
+/// ListConfigResources v1 of the topics: (error code, names).
+async fn list_topic_config_resources(client: &mut RawClient) -> (i16, Vec<String>) {
+    let request = ListConfigResourcesRequest::default().with_resource_types(vec![2]);
+    let response: ListConfigResourcesResponse = client.call(ApiKey::ListConfigResources, 1, &request).await.unwrap();
+    (response.error_code, response.config_resources.iter().map(|r| r.resource_name.to_string()).collect())
+}

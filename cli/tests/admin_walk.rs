@@ -16,11 +16,12 @@
 //! - `describe_metadata_quorum` (DescribeQuorum: KRaft's controller quorum);
 //! - `update_features` (UpdateFeatures: the KRaft `metadata.version` and friends; fjord
 //!   finalizes no features, which `describe_features` reports);
-//! - `list_config_resources` (ListConfigResources, Kafka 4.1's client-metrics resources).
 //!
 //! kafka-python's `describe_topic_partitions` (DescribeTopicPartitions, KIP-966) is walked,
 //! paged by its cursor, although Kafka serves it on KRaft brokers only; confluent-kafka
 //! 2.16's `describe_topics` asks Metadata, not DescribeTopicPartitions.
+//! kafka-python's `list_config_resources` (ListConfigResources v1, KIP-1142, Kafka 4.1) is
+//! walked too: it lists the topics and brokers, the config resources fjord has.
 //!
 //! Neither client describes topics by id (confluent-kafka 2.16's `TopicCollection` takes
 //! names only, kafka-python's `describe_topics` too), so the walk checks the ids instead:
@@ -29,7 +30,7 @@
 //! Neither client has client-quota calls (DescribeClientQuotas / AlterClientQuotas): not in
 //! kafka-python 3.0 nor confluent-kafka 2.16, so quotas are not part of this walk.
 //!
-//! kafka-python: 31 calls, confluent-kafka: 20 calls.
+//! kafka-python: 32 calls, confluent-kafka: 20 calls.
 
 mod common;
 
@@ -39,7 +40,7 @@ use common::{free_port, start_dev};
 
 /// How many calls each client makes (`ok` lines expected): a call dropped from the script
 /// by mistake fails the test rather than shrinking the walk.
-const KAFKA_PYTHON_CALLS: usize = 31;
+const KAFKA_PYTHON_CALLS: usize = 32;
 const CONFLUENT_KAFKA_CALLS: usize = 20;
 
 /// The walk: one line per call, `ok CLIENT.METHOD` or `FAIL CLIENT.METHOD: error`; a
@@ -200,6 +201,14 @@ def reset_configs():
     b = broker_configs()
     assert b['leader.replication.throttled.rate'] == str(2**63 - 1), b
 K('reset_configs', reset_configs)
+
+def list_config_resources():
+    # KIP-1142: every topic and broker; fjord has no broker-logger, client-metrics or group configs.
+    every = ka.list_config_resources()
+    assert T in every['topic'] and every['broker'] == ['0'] and set(every) == {'topic', 'broker'}, every
+    assert ka.list_config_resources(['BROKER']) == {'broker': ['0']}, ka.list_config_resources(['BROKER'])
+    assert ka.list_config_resources(['GROUP', 'CLIENT_METRICS']) == {}
+K('list_config_resources', list_config_resources)
 
 produce(T, 10)
 

@@ -295,6 +295,9 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
                 describe_topic_partitions_request::Cursor::default().with_topic_name(name()).with_partition_index(3),
             ))
             .encode(&mut buf, v),
+        ApiKey::ListConfigResources => ListConfigResourcesRequest::default()
+            .with_resource_types(if v >= 1 { vec![2, 4] } else { Vec::new() })
+            .encode(&mut buf, v),
         ApiKey::OffsetDelete => OffsetDeleteRequest::default()
             .with_group_id(GroupId(s("g")))
             .with_topics(vec![offset_delete_request::OffsetDeleteRequestTopic::default()
