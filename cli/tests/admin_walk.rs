@@ -11,17 +11,26 @@
 //! - transaction calls (kafka-python): `abort_transaction`, `describe_transactions`,
 //!   `list_transactions`, `find_hanging_transactions`.
 //!
-//! Left out because `fjord dev` is a ZooKeeper-style broker, and Kafka in that mode does not
-//! answer them either (kafka-python refuses them itself from ApiVersions):
-//! - `describe_metadata_quorum` (DescribeQuorum: KRaft's controller quorum);
-//! - `update_features` (UpdateFeatures: the KRaft `metadata.version` and friends; fjord
-//!   finalizes no features, which `describe_features` reports);
+//! Left out, the two KRaft-era calls fjord does not serve (kafka-python refuses them itself,
+//! IncompatibleBrokerVersion, since fjord's ApiVersions does not list them):
+//! - `describe_metadata_quorum` (DescribeQuorum, API 55, KIP-595): describes the KRaft
+//!   controller quorum's Raft state. fjord is a ZooKeeper-style cluster with no Raft quorum,
+//!   and a ZooKeeper-mode Kafka broker never serves it either: from Kafka 3.0 to 3.9 (the
+//!   last with ZooKeeper) its schema lists only the `broker` (KRaft) and `controller`
+//!   listeners, not `zkBroker`.
+//! - `update_features` (UpdateFeatures, API 57, KIP-584): finalizes feature levels.
+//!   Unlike DescribeQuorum, a ZooKeeper-mode Kafka 2.7-3.9 does serve it (its schema lists
+//!   `zkBroker`; the ZooKeeper controller stores the levels in the `/feature` znode when
+//!   `inter.broker.protocol.version` is 2.7 or later). fjord supports and finalizes no
+//!   features (`describe_features` is walked and answers none), so there is no feature a
+//!   client could set; serving UpdateFeatures waits for a feature fjord versions.
 //!
 //! kafka-python's `describe_topic_partitions` (DescribeTopicPartitions, KIP-966) is walked,
 //! paged by its cursor, although Kafka serves it on KRaft brokers only; confluent-kafka
 //! 2.16's `describe_topics` asks Metadata, not DescribeTopicPartitions.
-//! kafka-python's `list_config_resources` (ListConfigResources v1, KIP-1142, Kafka 4.1) is
-//! walked too: it lists the topics and brokers, the config resources fjord has.
+//! kafka-python's `list_config_resources` (ListConfigResources v1, KIP-1142, Kafka 4.1; v0
+//! was 3.7's ListClientMetricsResources, KRaft brokers only as well) is walked too: it
+//! lists the topics and brokers, the config resources fjord has.
 //!
 //! Neither client describes topics by id (confluent-kafka 2.16's `TopicCollection` takes
 //! names only, kafka-python's `describe_topics` too), so the walk checks the ids instead:
