@@ -223,6 +223,13 @@ impl From<fjord_coord::Error> for TopicError {
     }
 }
 
+/// Whether Kafka marks `topic` internal (Metadata's and DescribeTopicPartitions'
+/// `is_internal`): the group and transaction coordinators' logs. Admin clients leave
+/// internal topics out of their listings unless asked for them.
+pub(crate) fn is_internal(topic: &str) -> bool {
+    topic == "__consumer_offsets" || topic == crate::txn::TOPIC
+}
+
 /// Checks Kafka's topic name rules: 1-249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
 pub(crate) fn validate_topic_name(name: &str) -> Result<(), TopicError> {
     if name.is_empty() {

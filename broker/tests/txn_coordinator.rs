@@ -134,6 +134,7 @@ async fn coordinator_lookup_creates_the_state_topic_and_names_the_partition_lead
         .unwrap();
     assert_eq!(metadata.topics[0].error_code, 0);
     assert_eq!(metadata.topics[0].partitions.len(), 4);
+    assert!(metadata.topics[0].is_internal, "Kafka marks the transaction state topic internal");
     broker.stop().await.unwrap();
 }
 

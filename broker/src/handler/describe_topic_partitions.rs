@@ -27,17 +27,12 @@ use kafka_protocol::protocol::StrBytes;
 use crate::codec::error_code;
 use crate::connection::Session;
 use crate::handler::Broker;
-use crate::topics::validate_topic_name;
+use crate::topics::{is_internal, validate_topic_name};
 use fjord_auth::{Operation, Resource};
 
 /// Kafka's `max.request.partition.size.limit` default: the most partitions one response
 /// holds, whatever the request asks for.
 const MAX_PARTITIONS_PER_RESPONSE: i32 = 2000;
-
-/// Topics Kafka marks internal.
-fn is_internal(topic: &str) -> bool {
-    topic == "__consumer_offsets" || topic == "__transaction_state"
-}
 
 impl Broker {
     pub(crate) fn describe_topic_partitions(&self, request: DescribeTopicPartitionsRequest, session: &Session) -> ResponseKind {

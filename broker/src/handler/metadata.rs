@@ -245,6 +245,7 @@ impl Broker {
         MetadataResponseTopic::default()
             .with_name(Some(TopicName(StrBytes::from_string(topic.name.clone()))))
             .with_topic_id(topic.topic_id)
+            .with_is_internal(crate::topics::is_internal(&topic.name))
             .with_partitions(partitions)
     }
 }
