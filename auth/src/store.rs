@@ -200,7 +200,14 @@ async fn update_user(
         let written = match (version, document.config.is_empty()) {
             (None, true) => return Ok(true),
             (None, false) => create_all(store, &path, &encode(&path, &document)?, CreateMode::Persistent).await.map(|_| ()),
-            (Some(v), true) => store.delete(&path, Some(v)).await,
+            (Some(v), true) => match store.delete(&path, Some(v)).await {
+                // The user's per-client quotas live below its node
+                // (`/config/users/<user>/clients/<client-id>`): it stays, empty, while they do.
+                Err(fjord_coord::Error::NotEmpty { .. }) => {
+                    store.set(&path, &encode(&path, &document)?, Some(v)).await.map(|_| ())
+                }
+                other => other,
+            },
             (Some(v), false) => store.set(&path, &encode(&path, &document)?, Some(v)).await.map(|_| ()),
         };
         match written {
@@ -531,6 +538,15 @@ mod tests {
         // A user with nothing else left has no node at all.
         assert!(delete_user(&store, "b/ob").await.unwrap());
         assert_eq!(store.get("/config/users/b%2Fob").await.unwrap(), None);
+        // One with per-client quotas below its node keeps the node, empty, for them.
+        set_credential(&store, "carol", ScramMechanism::Sha256, &c256).await.unwrap();
+        let quota = br#"{"version":1,"config":{"producer_byte_rate":"1024"}}"#;
+        fjord_coord::create_all(&store, "/config/users/carol/clients/app", quota, CreateMode::Persistent).await.unwrap();
+        assert!(delete_user(&store, "carol").await.unwrap());
+        let (raw, _) = store.get("/config/users/carol").await.unwrap().unwrap();
+        assert_eq!(String::from_utf8(raw).unwrap(), r#"{"version":1,"config":{}}"#);
+        assert_eq!(store.get("/config/users/carol/clients/app").await.unwrap().unwrap().0, quota);
+        assert!(!list_users(&store).await.unwrap().contains_key("carol"));
         assert!(matches!(set_credential(&store, "", ScramMechanism::Sha256, &c256).await, Err(Error::InvalidUserName(_))));
     }
 
