@@ -68,6 +68,8 @@ mod producer_state;
 mod recovery;
 mod repair;
 mod segment;
+#[cfg(test)]
+mod testing;
 mod txn_index;
 
 pub use cleaner::{CleanStats, Cleaner, CleanerConfig};

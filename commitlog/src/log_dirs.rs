@@ -599,19 +599,7 @@ pub fn choose_dir(partitions: &[usize]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    fn batch(n: usize) -> Vec<u8> {
-        let mut b = fjord_record::BatchBuilder::new(1_000);
-        for i in 0..n {
-            b.append(1_000 + i as i64, None, Some(b"value"), &[]);
-        }
-        b.build_vec()
-    }
-
-    fn config() -> LogConfig {
-        LogConfig { segment_bytes: 300, min_segment_bytes: 300, file_delete_delay: Duration::ZERO, ..LogConfig::default() }
-    }
+    use crate::testing::{batch, config};
 
     #[test]
     fn the_directory_with_the_fewest_partitions_is_chosen_the_first_on_a_tie() {

@@ -647,19 +647,8 @@ fn parse_partition_dir(name: &str) -> Option<TopicPartition> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{batch, config};
     use std::time::Duration;
-
-    fn batch(n: usize) -> Vec<u8> {
-        let mut b = fjord_record::BatchBuilder::new(1_000);
-        for i in 0..n {
-            b.append(1_000 + i as i64, None, Some(b"value"), &[]);
-        }
-        b.build_vec()
-    }
-
-    fn config() -> LogConfig {
-        LogConfig { segment_bytes: 300, min_segment_bytes: 300, file_delete_delay: Duration::ZERO, ..LogConfig::default() }
-    }
 
     #[test]
     fn a_partition_that_cannot_be_opened_stays_offline_and_keeps_its_place_while_the_others_open() {
