@@ -131,6 +131,9 @@ pub(crate) const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeTopicPartitions, 0, 0),
     // v0 is KIP-714's ListClientMetricsResources; v1 (KIP-1142) takes resource types.
     (ApiKey::ListConfigResources, 0, 1),
+    // KIP-584; Kafka 2.7-3.9 serve v0-v1 (v1 adds upgrade types and validate_only); v2
+    // (Kafka 4, results left out on success) is not served.
+    (ApiKey::UpdateFeatures, 0, 1),
     // Only v1: the codec crate (like Kafka 4) no longer reads v0, which differs from v1
     // in its encoding only (v1 is flexible).
     (ApiKey::WriteTxnMarkers, 1, 1),

@@ -157,6 +157,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::AlterReplicaLogDirs => v >= 2,
         ApiKey::DescribeTopicPartitions => true,
         ApiKey::ListConfigResources => true,
+        ApiKey::UpdateFeatures => true,
         ApiKey::InitProducerId => v >= 2,
         ApiKey::ElectLeaders => v >= 2,
         ApiKey::CreateAcls | ApiKey::DescribeAcls | ApiKey::DeleteAcls => v >= 2,
@@ -557,6 +558,18 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk {
         ApiKey::ListConfigResources => {
             if v >= 1 {
                 w.array(Walker::int8)?; // resource types
+            }
+        }
+        ApiKey::UpdateFeatures => {
+            w.int32()?; // timeout
+            w.array(|w| {
+                w.string()?; // feature
+                w.int16()?; // max version level
+                w.int8()?; // v0: allow downgrade (boolean); v1+: upgrade type
+                w.tagged_fields()
+            })?;
+            if v >= 1 {
+                w.int8()?; // validate only
             }
         }
         ApiKey::OffsetDelete => {

@@ -26,6 +26,7 @@ pub(crate) mod produce;
 pub(crate) mod producer_id;
 pub(crate) mod reassign;
 pub(crate) mod txn;
+pub(crate) mod update_features;
 pub(crate) mod write_txn_markers;
 
 use kafka_protocol::messages::api_versions_response::ApiVersion;
@@ -392,6 +393,7 @@ impl Broker {
             RequestKind::ListConfigResources(req) => {
                 (ApiKey::ListConfigResources, self.list_config_resources(req, version, session))
             }
+            RequestKind::UpdateFeatures(req) => (ApiKey::UpdateFeatures, self.update_features(req, version, session)),
             RequestKind::WriteTxnMarkers(req) => (ApiKey::WriteTxnMarkers, self.write_txn_markers(req, session).await),
             RequestKind::CreatePartitions(req) => (ApiKey::CreatePartitions, self.create_partitions(req, session).await),
             RequestKind::AlterPartitionReassignments(req) => {

@@ -360,6 +360,7 @@ pub(crate) fn response_errors(body: &ResponseKind) -> Vec<i16> {
             r.topics.iter().flat_map(|t| std::iter::once(t.error_code).chain(t.partitions.iter().map(|p| p.error_code))).collect()
         }
         ResponseKind::ListConfigResources(r) => vec![r.error_code],
+        ResponseKind::UpdateFeatures(r) => std::iter::once(r.error_code).chain(r.results.iter().map(|f| f.error_code)).collect(),
         ResponseKind::AlterReplicaLogDirs(r) => r.results.iter().flat_map(|t| &t.partitions).map(|p| p.error_code).collect(),
         // APIs without an entry here count requests only.
         _ => Vec::new(),

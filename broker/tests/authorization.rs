@@ -608,3 +608,32 @@ async fn list_topic_config_resources(client: &mut RawClient) -> (i16, Vec<String
     let response: ListConfigResourcesResponse = client.call(ApiKey::ListConfigResources, 1, &request).await.unwrap();
     (response.error_code, response.config_resources.iter().map(|r| r.resource_name.to_string()).collect())
 }
+
+#[tokio::test]
+async fn update_features_needs_alter_on_the_cluster() {
+    let broker = SecuredBroker::start().await;
+    let mut admin = broker.admin().await;
+    let mut bob = broker.login("bob", BOB_PASSWORD).await;
+    assert_eq!(update_features(&mut bob).await, (CLUSTER_AUTHORIZATION_FAILED, Vec::new()));
+    // The admin gets past the check to the per-feature answer (no feature is supported),
+    // once the broker is the controller (NOT_CONTROLLER, 41, before).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut answer = update_features(&mut admin).await;
+    while answer.0 == 41 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        answer = update_features(&mut admin).await;
+    }
+    assert_eq!(answer, (0, vec![42]));
+    broker.stop().await;
+}
+
+/// UpdateFeatures v1 upgrading `metadata.version`: (top-level error, per-feature errors).
+async fn update_features(client: &mut RawClient) -> (i16, Vec<i16>) {
+    use kafka_protocol::messages::update_features_request::FeatureUpdateKey;
+    let request = UpdateFeaturesRequest::default().with_feature_updates(vec![FeatureUpdateKey::default()
+        .with_feature(StrBytes::from_static_str("metadata.version"))
+        .with_max_version_level(20)
+        .with_upgrade_type(1)]);
+    let response: UpdateFeaturesResponse = client.call(ApiKey::UpdateFeatures, 1, &request).await.unwrap();
+    (response.error_code, response.results.iter().map(|r| r.error_code).collect())
+}

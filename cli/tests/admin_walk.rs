@@ -11,19 +11,20 @@
 //! - transaction calls (kafka-python): `abort_transaction`, `describe_transactions`,
 //!   `list_transactions`, `find_hanging_transactions`.
 //!
-//! Left out, the two KRaft-era calls fjord does not serve (kafka-python refuses them itself,
-//! IncompatibleBrokerVersion, since fjord's ApiVersions does not list them):
+//! Left out, the one KRaft-era call fjord does not serve (kafka-python refuses it itself,
+//! IncompatibleBrokerVersion, since fjord's ApiVersions does not list it):
 //! - `describe_metadata_quorum` (DescribeQuorum, API 55, KIP-595): describes the KRaft
 //!   controller quorum's Raft state. fjord is a ZooKeeper-style cluster with no Raft quorum,
 //!   and a ZooKeeper-mode Kafka broker never serves it either: from Kafka 3.0 to 3.9 (the
 //!   last with ZooKeeper) its schema lists only the `broker` (KRaft) and `controller`
 //!   listeners, not `zkBroker`.
-//! - `update_features` (UpdateFeatures, API 57, KIP-584): finalizes feature levels.
-//!   Unlike DescribeQuorum, a ZooKeeper-mode Kafka 2.7-3.9 does serve it (its schema lists
-//!   `zkBroker`; the ZooKeeper controller stores the levels in the `/feature` znode when
-//!   `inter.broker.protocol.version` is 2.7 or later). fjord supports and finalizes no
-//!   features (`describe_features` is walked and answers none), so there is no feature a
-//!   client could set; serving UpdateFeatures waits for a feature fjord versions.
+//!
+//! kafka-python's `update_features` (UpdateFeatures, API 57, KIP-584) is walked, served as
+//! a ZooKeeper-mode Kafka 2.7-3.9 controller serves it. fjord supports and finalizes no
+//! features (`describe_features` answers none), so each update comes back refused per
+//! feature with INVALID_REQUEST and Kafka's message: an upgrade of an unsupported feature,
+//! a deletion of a feature that is not finalized, with validate_only or not; the walk
+//! checks those messages and that nothing got finalized.
 //!
 //! kafka-python's `describe_topic_partitions` (DescribeTopicPartitions, KIP-966) is walked,
 //! paged by its cursor, although Kafka serves it on KRaft brokers only; confluent-kafka
@@ -39,7 +40,7 @@
 //! Neither client has client-quota calls (DescribeClientQuotas / AlterClientQuotas): not in
 //! kafka-python 3.0 nor confluent-kafka 2.16, so quotas are not part of this walk.
 //!
-//! kafka-python: 32 calls, confluent-kafka: 20 calls.
+//! kafka-python: 33 calls, confluent-kafka: 20 calls.
 
 mod common;
 
@@ -49,7 +50,7 @@ use common::{free_port, start_dev};
 
 /// How many calls each client makes (`ok` lines expected): a call dropped from the script
 /// by mistake fails the test rather than shrinking the walk.
-const KAFKA_PYTHON_CALLS: usize = 32;
+const KAFKA_PYTHON_CALLS: usize = 33;
 const CONFLUENT_KAFKA_CALLS: usize = 20;
 
 /// The walk: one line per call, `ok CLIENT.METHOD` or `FAIL CLIENT.METHOD: error`; a
@@ -115,6 +116,17 @@ def describe_features():
     features = ka.describe_features()
     assert isinstance(features, dict), features
 K('describe_features', describe_features)
+
+def update_features():
+    # KIP-584 as a ZooKeeper-mode Kafka answers it: no feature is supported, none finalized.
+    unsupported = '[Error 42] InvalidRequestError: Could not apply finalized feature update because the provided feature is not supported.'
+    not_finalized = '[Error 42] InvalidRequestError: Can not delete non-existing finalized feature.'
+    answer = ka.update_features({'metadata.version': 20, 'group.version': ('SAFE_DOWNGRADE', 0)})
+    assert answer == {'metadata.version': unsupported, 'group.version': not_finalized}, answer
+    checked = ka.update_features({'transaction.version': ('UPGRADE', 2)}, validate_only=True)
+    assert checked == {'transaction.version': unsupported}, checked
+    assert ka.describe_features() == {}, ka.describe_features()  # nothing finalized
+K('update_features', update_features)
 
 cluster, topic_ids = {}, {}
 def describe_cluster():

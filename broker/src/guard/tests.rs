@@ -298,6 +298,17 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
         ApiKey::ListConfigResources => ListConfigResourcesRequest::default()
             .with_resource_types(if v >= 1 { vec![2, 4] } else { Vec::new() })
             .encode(&mut buf, v),
+        ApiKey::UpdateFeatures => UpdateFeaturesRequest::default()
+            .with_timeout_ms(1000)
+            .with_feature_updates(vec![
+                update_features_request::FeatureUpdateKey::default().with_feature(s("f")).with_max_version_level(2),
+                update_features_request::FeatureUpdateKey::default()
+                    .with_feature(s("g"))
+                    .with_allow_downgrade(v == 0)
+                    .with_upgrade_type(if v >= 1 { 2 } else { 1 }),
+            ])
+            .with_validate_only(v >= 1)
+            .encode(&mut buf, v),
         ApiKey::OffsetDelete => OffsetDeleteRequest::default()
             .with_group_id(GroupId(s("g")))
             .with_topics(vec![offset_delete_request::OffsetDeleteRequestTopic::default()
