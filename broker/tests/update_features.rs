@@ -4,11 +4,13 @@
 //! (an upgrade of a feature the broker does not support, a deletion of a feature that is
 //! not finalized), validate_only answers the same, a feature named twice gets one result,
 //! and nothing is finalized afterwards (ApiVersions v3 lists no finalized features).
+//! Only the controller takes it: another broker of a cluster answers NOT_CONTROLLER.
 //! Without Alter on the cluster: tests/authorization.
 
 mod common;
 
 use common::{RawClient, TestBroker};
+use fjord_testkit::Cluster;
 use kafka_protocol::messages::update_features_request::FeatureUpdateKey;
 use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, ApiVersionsResponse, UpdateFeaturesRequest, UpdateFeaturesResponse};
 use kafka_protocol::protocol::StrBytes;
@@ -95,4 +97,20 @@ async fn every_update_is_refused_per_feature_and_nothing_is_finalized() {
     let update_features = versions.api_keys.iter().find(|k| k.api_key == ApiKey::UpdateFeatures as i16).expect("advertised");
     assert_eq!((update_features.min_version, update_features.max_version), (0, 1));
     broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_controller_takes_feature_updates() {
+    let cluster = Cluster::builder().brokers(2).start().await.unwrap();
+    let controller = cluster.wait_for_controller(&[], std::time::Duration::from_secs(20)).await.unwrap();
+    let follower = *cluster.ids().iter().find(|&&id| id != controller).unwrap();
+    let addr = |id: i32| cluster.addr(id).parse::<std::net::SocketAddr>().unwrap();
+    let upgrade = || vec![update("metadata.version", 20, 1)];
+
+    let mut elsewhere = RawClient::connect(addr(follower)).await.unwrap();
+    for version in 0..=1 {
+        assert_eq!(send(&mut elsewhere, version, upgrade(), false).await, (NOT_CONTROLLER, Vec::new()), "v{version}");
+    }
+    let mut client = RawClient::connect(addr(controller)).await.unwrap();
+    assert_eq!(send(&mut client, 1, upgrade(), false).await, refused(&[("metadata.version", UNSUPPORTED)]));
 }
