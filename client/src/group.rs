@@ -12,7 +12,11 @@
 //!
 //! A background task heartbeats every `heartbeat.interval.ms`; when the coordinator
 //! answers REBALANCE_IN_PROGRESS (or that the generation is gone) the next
-//! [`GroupConsumer::poll`] rejoins. Eager protocols give up every partition before
+//! [`GroupConsumer::poll`] rejoins. The leader's heartbeat task also watches the partition
+//! counts it assigned from (metadata refreshed at least every `metadata.max.age.ms`): when
+//! a subscribed topic gains partitions (CreatePartitions), is created or is deleted, the
+//! leader rejoins, so the new assignment covers the new partitions (as Kafka's leader does;
+//! other members do not watch, so one change causes one rebalance, not one per member). Eager protocols give up every partition before
 //! rejoining (committing first); `cooperative-sticky` gives up only the partitions that
 //! move and rejoins once more so their new owners get them.
 //!
@@ -32,6 +36,7 @@ mod join;
 mod member;
 mod protocol;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -132,6 +137,27 @@ struct Member {
     rejoin: AtomicBool,
     /// A join is under way: no heartbeats (the coordinator answers them with errors).
     joining: AtomicBool,
+    /// Set while this member leads the generation: the partition counts its assignment
+    /// was computed from, which the heartbeat task compares with fresh metadata.
+    assigned_from: Mutex<Option<AssignmentSnapshot>>,
+}
+
+/// The partition counts a leader's assignment was computed from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AssignmentSnapshot {
+    /// Every topic some member subscribes to.
+    topics: BTreeSet<String>,
+    /// Partition count per subscribed topic; a topic that did not exist is absent.
+    counts: BTreeMap<String, i32>,
+}
+
+impl AssignmentSnapshot {
+    /// Whether `now` (partition counts from fresher metadata; absent: the topic does not
+    /// exist) differs for a subscribed topic, so the assignment misses partitions or hands
+    /// out ones that are gone, and the group must rebalance.
+    fn outdated_by(&self, now: &BTreeMap<String, i32>) -> bool {
+        self.topics.iter().any(|t| self.counts.get(t) != now.get(t))
+    }
 }
 
 /// The parts the coordinator requests need; `Sync`, so futures borrowing it stay `Send`
@@ -188,5 +214,25 @@ mod tests {
         c.heartbeat_interval = c.session_timeout;
         assert!(matches!(c.validate(), Err(Error::InvalidConfig(_))));
         assert!(matches!(GroupConfig::new("h:1", "").validate(), Err(Error::InvalidConfig(_))));
+    }
+
+    fn counts(pairs: &[(&str, i32)]) -> BTreeMap<String, i32> {
+        pairs.iter().map(|(t, n)| (t.to_string(), *n)).collect()
+    }
+
+    #[test]
+    fn an_assignment_is_outdated_when_a_subscribed_topic_changes_its_partition_count() {
+        let snapshot = AssignmentSnapshot {
+            topics: ["a", "b", "later"].iter().map(|t| t.to_string()).collect(),
+            counts: counts(&[("a", 2), ("b", 3)]),
+        };
+        // Same counts; topics nobody subscribes to do not matter.
+        assert!(!snapshot.outdated_by(&counts(&[("a", 2), ("b", 3), ("other", 9)])));
+        // CreatePartitions raised a's count.
+        assert!(snapshot.outdated_by(&counts(&[("a", 4), ("b", 3)])));
+        // A subscribed topic that did not exist was created.
+        assert!(snapshot.outdated_by(&counts(&[("a", 2), ("b", 3), ("later", 1)])));
+        // A subscribed topic was deleted.
+        assert!(snapshot.outdated_by(&counts(&[("a", 2)])));
     }
 }

@@ -366,3 +366,128 @@ async fn auto_commit_and_resume_after_committed_offsets() {
     assert!(offsets.iter().all(|o| *o == 11), "re-read committed records: {offsets:?}");
     c.close().await.unwrap();
 }
+
+/// CreatePartitions while a keyed producer and a two-member group run (issue #22): the
+/// topic grows from 2 to 4 partitions. Both clients refresh metadata every second; within
+/// a few seconds the producer's keys spread over all 4 partitions and the group leader
+/// notices the new count and rebalances, so the group's assignment covers all 4. Every
+/// acknowledged record is consumed (at least once: the eager rebalance commits before it
+/// revokes, so duplicates can only be records a member fetched but had not committed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn added_partitions_reach_a_keyed_producer_and_a_running_group() {
+    let broker = start_broker().await;
+    let topic = "grow";
+    let client = ClientConfig {
+        metadata_max_age: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(5),
+        ..ClientConfig::new(&broker.addr)
+    };
+    let admin = Admin::connect(client.clone()).await.unwrap();
+    admin.create_topics(&[NewTopic::new(topic, 2)]).await.unwrap();
+    let producer = Producer::connect(ProducerConfig { client: client.clone(), ..ProducerConfig::default() }).await.unwrap();
+
+    let stop_producing = Arc::new(AtomicBool::new(false));
+    let acked: Arc<Mutex<Vec<(i32, i64)>>> = Arc::default();
+    let sending = {
+        let (stop, acked) = (stop_producing.clone(), acked.clone());
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                let record = ProducerRecord::new(topic, format!("v{i}")).key(format!("key-{}", i % 64));
+                let md = producer.send(record).await.unwrap().await.unwrap();
+                acked.lock().unwrap().push((md.partition, md.offset));
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            producer.close().await;
+        })
+    };
+
+    let stop_consuming = Arc::new(AtomicBool::new(false));
+    let consumed: Arc<Mutex<HashMap<(i32, i64), usize>>> = Arc::default();
+    let assignments: Arc<Mutex<Vec<BTreeSet<i32>>>> = Arc::new(Mutex::new(vec![BTreeSet::new(); 2]));
+    let mut members = Vec::new();
+    for idx in 0..2usize {
+        let mut config = group_config(&broker.addr, "grow-group");
+        config.consumer.client.metadata_max_age = Duration::from_secs(1);
+        config.enable_auto_commit = true;
+        config.auto_commit_interval = Duration::from_millis(200);
+        let (stop, consumed, assignments) = (stop_consuming.clone(), consumed.clone(), assignments.clone());
+        members.push(tokio::spawn(async move {
+            let mut c = GroupConsumer::subscribe(config, &[topic]).await.unwrap();
+            while !stop.load(Ordering::Acquire) {
+                let records = c.poll(Duration::from_millis(200)).await.unwrap();
+                let mut seen = consumed.lock().unwrap();
+                for r in records {
+                    *seen.entry((r.partition, r.offset)).or_default() += 1;
+                }
+                drop(seen);
+                assignments.lock().unwrap()[idx] = c.assignment().iter().map(|tp| tp.partition).collect();
+            }
+            c.close().await.unwrap();
+        }));
+    }
+    let covered = |want: &BTreeSet<i32>| {
+        let a = assignments.lock().unwrap();
+        !a.iter().any(BTreeSet::is_empty) && a.iter().flatten().copied().collect::<BTreeSet<i32>>() == *want
+    };
+
+    // Both members own a share of the 2 partitions and records flow.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !covered(&(0..2).collect()) || consumed.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the group never settled on 2 partitions: {:?}", assignments.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    admin.create_partitions(topic, 4).await.unwrap();
+    let grown = Instant::now();
+    let all: BTreeSet<i32> = (0..4).collect();
+    let on_new = || acked.lock().unwrap().iter().map(|(p, _)| *p).filter(|p| *p >= 2).collect::<BTreeSet<i32>>();
+    // When each side first covered the new partitions.
+    let (mut group_took, mut producer_took) = (None, None);
+    while group_took.is_none() || producer_took.is_none() {
+        if group_took.is_none() && covered(&all) {
+            group_took = Some(grown.elapsed());
+        }
+        if producer_took.is_none() && on_new() == (2..4).collect() {
+            producer_took = Some(grown.elapsed());
+        }
+        assert!(
+            grown.elapsed() < Duration::from_secs(10),
+            "10 s after CreatePartitions the group owns only {:?} and the producer wrote to new partitions {:?}",
+            assignments.lock().unwrap(),
+            on_new()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (group_took, producer_took) = (group_took.unwrap(), producer_took.unwrap());
+    // Keep producing a little on the grown topic, then let the group drain.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop_producing.store(true, Ordering::Release);
+    sending.await.unwrap();
+
+    let acked = acked.lock().unwrap().clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let missing = acked.iter().filter(|k| !consumed.lock().unwrap().contains_key(k)).count();
+        if missing == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{missing} of {} acknowledged records were never consumed", acked.len());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop_consuming.store(true, Ordering::Release);
+    for m in members {
+        m.await.unwrap();
+    }
+    let duplicates: usize = consumed.lock().unwrap().values().map(|n| n - 1).sum();
+    let per_partition = acked.iter().fold(BTreeMap::<i32, usize>::new(), |mut m, (p, _)| {
+        *m.entry(*p).or_default() += 1;
+        m
+    });
+    eprintln!(
+        "grew 2 -> 4: group assignment covered 4 partitions after {group_took:?}, producer wrote to 2 and 3 after \
+         {producer_took:?}; {} records acknowledged {per_partition:?}, all consumed, {duplicates} duplicates",
+        acked.len()
+    );
+}

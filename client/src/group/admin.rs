@@ -60,6 +60,7 @@ impl GroupAdmin {
             coordinator: Mutex::new(None),
             rejoin: AtomicBool::new(false),
             joining: AtomicBool::new(false),
+            assigned_from: Mutex::new(None),
         });
         Coordinator { cluster: self.cluster.clone(), member, group_id: group.to_string() }
     }

@@ -12,7 +12,7 @@ use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
 use kafka_protocol::messages::{GroupId, JoinGroupRequest, OffsetFetchRequest, SyncGroupRequest};
 
 use super::protocol::{decode_assignment, decode_subscription, encode_assignment, encode_subscription};
-use super::{lock, s, topic_name, Coordinator, GroupConsumer, Rebalance};
+use super::{lock, s, topic_name, AssignmentSnapshot, Coordinator, GroupConsumer, Rebalance};
 use crate::assignor::{self, Subscription};
 use crate::consumer::SeekTo;
 use crate::error::{Error, ResponseError, Result};
@@ -123,6 +123,8 @@ impl GroupConsumer {
             *lock(&self.member.member_id) = member_id.clone();
             *lock(&self.member.generation) = response.generation_id;
             let protocol = response.protocol_name.as_ref().map(|p| p.to_string()).unwrap_or_default();
+            // Only the leader watches for partition count changes; it sets this again below.
+            *lock(&self.member.assigned_from) = None;
             let assignments = if response.leader.as_str() == member_id {
                 self.coord.assign_as_leader(&protocol, &response.members).await?
             } else {
@@ -241,6 +243,8 @@ impl Coordinator {
             }
         }
         let plan = assignor.assign(&subscriptions, &counts);
+        let topics = subscriptions.iter().flat_map(|s| s.topics.iter().cloned()).collect();
+        *lock(&self.member.assigned_from) = Some(AssignmentSnapshot { topics, counts });
         plan.into_iter()
             .map(|(member, partitions)| {
                 Ok(SyncGroupRequestAssignment::default()

@@ -53,6 +53,7 @@ impl GroupConsumer {
             coordinator: Mutex::new(None),
             rejoin: AtomicBool::new(true),
             joining: AtomicBool::new(false),
+            assigned_from: Mutex::new(None),
         });
         let coord = Coordinator { cluster, member: member.clone(), group_id: config.group_id.clone() };
         let heartbeat_coord =
@@ -295,11 +296,20 @@ impl Drop for GroupConsumer {
 /// may be idle (no commits, nothing to fetch) and the heartbeat is then its only
 /// request to the coordinator, the one that learns (UNKNOWN_MEMBER_ID from the new
 /// coordinator) that it must rejoin.
+///
+/// While this member leads the generation, each beat also compares the partition counts
+/// the assignment was computed from with the metadata (refreshed when older than
+/// `metadata.max.age.ms`), and asks for a rejoin when a subscribed topic changed.
 async fn heartbeat_loop(coord: Coordinator, instance: Option<String>, interval: Duration) {
     let (member, group) = (&coord.member, &coord.group_id);
     loop {
         tokio::time::sleep(interval).await;
         if member.joining.load(Ordering::Acquire) || member.rejoin.load(Ordering::Acquire) {
+            continue;
+        }
+        if assignment_outdated(&coord).await {
+            tracing::info!(group = %group, "a subscribed topic's partition count changed: rejoining");
+            member.rejoin.store(true, Ordering::Release);
             continue;
         }
         let conn = match coord.coordinator().await {
@@ -331,4 +341,27 @@ async fn heartbeat_loop(coord: Coordinator, instance: Option<String>, interval: 
             }
         }
     }
+}
+
+/// Whether this member leads the generation and the metadata (refreshed when older than
+/// `metadata.max.age.ms`) shows a subscribed topic with another partition count than the
+/// assignment was computed from. A failed metadata refresh answers no: the next beat asks again.
+async fn assignment_outdated(coord: &Coordinator) -> bool {
+    let Some(snapshot) = lock(&coord.member.assigned_from).clone() else {
+        return false;
+    };
+    let mut now = BTreeMap::new();
+    for topic in &snapshot.topics {
+        match coord.cluster.topic(topic).await {
+            Ok(t) => {
+                now.insert(topic.clone(), t.partitions.len() as i32);
+            }
+            Err(Error::UnknownTopic(_)) => {}
+            Err(e) => {
+                tracing::debug!(group = %coord.group_id, "metadata refresh for the assignment check failed: {e}");
+                return false;
+            }
+        }
+    }
+    snapshot.outdated_by(&now)
 }
