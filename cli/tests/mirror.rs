@@ -536,6 +536,51 @@ async fn a_target_topic_with_fewer_partitions_is_refused_unless_repartitioning_b
     assert_eq!(offsets(&target.addr, "t", OffsetSpec::Latest).await.iter().sum::<i64>(), 100);
 }
 
+/// Issue #22: a source topic grown 2 -> 4 with CreatePartitions while the mirror copies.
+/// The mirror grows the target to 4 (as MirrorMaker 2 does) and copies the new
+/// partitions' records to the same partitions; nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_topic_grown_while_mirrored_grows_the_target_and_loses_nothing() {
+    let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+    create(&source.addr, "grown", 2, &[]).await;
+    let mut produced = produce(&source.addr, "grown", "a", 0..2_000).await;
+    let mut config = fjord_mirror::MirrorConfig::new(
+        vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", source.addr)).unwrap()],
+        target.addr.clone(),
+        "grown",
+    );
+    config.group = "g".into();
+    config.topic_refresh = Duration::from_millis(500);
+    let shutdown = CancellationToken::new();
+    let mirror = tokio::spawn(fjord_mirror::run(config, None, shutdown.clone()));
+    wait_for("the first records committed", Duration::from_secs(30), || all_committed(&source.addr, "g", "grown")).await;
+    // Records flow while the topic grows; those after the growth land on all 4 partitions.
+    let more = tokio::spawn({
+        let addr = source.addr.clone();
+        async move { produce(&addr, "grown", "b", 0..2_000).await }
+    });
+    admin(&source.addr).await.create_partitions("grown", 4).await.unwrap();
+    produced.extend(more.await.unwrap());
+    wait_for("leaders of the new partitions", Duration::from_secs(10), || async {
+        admin(&source.addr).await.describe_topic("grown").await.is_ok_and(|t| t.partitions.iter().all(|p| p.leader >= 0))
+    })
+    .await;
+    produced.extend(produce(&source.addr, "grown", "c", 0..4_000).await);
+    assert!(produced.values().any(|(p, _)| *p >= 2), "no record on a new source partition");
+    wait_for("everything committed", Duration::from_secs(60), || all_committed(&source.addr, "g", "grown")).await;
+    assert_eq!(admin(&target.addr).await.describe_topic("grown").await.unwrap().partitions.len(), 4);
+    let mut copied = 0;
+    for (partition, records) in read_all(&target.addr, "grown").await {
+        for r in records {
+            assert_eq!(produced[&value(&r)].0, partition, "{} copied to another partition", value(&r));
+            copied += 1;
+        }
+    }
+    assert_eq!(copied, produced.len(), "every source record copied exactly once");
+    shutdown.cancel();
+    mirror.await.unwrap().unwrap();
+}
+
 async fn http_post_ndjson(addr: &str, path: &str, body: &str) -> String {
     let (addr, path, body) = (addr.to_string(), path.to_string(), body.to_string());
     tokio::task::spawn_blocking(move || {

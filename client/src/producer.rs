@@ -158,6 +158,12 @@ impl Producer {
     pub async fn partition_count(&self, topic: &str) -> Result<i32> {
         self.inner.partition_count(topic).await
     }
+
+    /// Fetches `topic`'s metadata now rather than at its next expiry: after its partition
+    /// count was raised, records may name the new partitions right away.
+    pub async fn refresh_metadata(&self, topic: &str) -> Result<()> {
+        self.inner.cluster.refresh(Some(&[topic.to_string()])).await.map(|_| ())
+    }
 }
 
 impl Inner {

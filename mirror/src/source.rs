@@ -105,6 +105,27 @@ impl Target {
 }
 
 impl Target {
+    /// Raises `name` to `partitions` partitions if it has fewer (CreatePartitions, as
+    /// MirrorMaker 2 does when a source topic grew); returns its count afterwards.
+    async fn grow(&self, name: &str, partitions: i32) -> Result<i32> {
+        let mut known = self.partitions.lock().await;
+        let current = self.admin.describe_topic(name).await?.partitions.len() as i32;
+        let n = if current < partitions {
+            match self.admin.create_partitions(name, partitions).await {
+                Ok(()) => tracing::info!(topic = name, from = current, to = partitions, "grew target topic"),
+                // Another mirror grew it first: its count is read below.
+                Err(e) if e.code() == Some(ResponseError::InvalidPartitions) => {}
+                Err(e) => return Err(e.into()),
+            }
+            self.wait_for_leaders(name).await?;
+            self.admin.describe_topic(name).await?.partitions.len() as i32
+        } else {
+            current
+        };
+        known.insert(name.to_string(), n);
+        Ok(n)
+    }
+
     /// A new topic's partitions get their leaders a moment after CreateTopics answered:
     /// copying starts once they have them, not with a burst of failed sends.
     async fn wait_for_leaders(&self, name: &str) -> Result<()> {
@@ -336,6 +357,9 @@ impl<'a> Session<'a> {
         group.group_instance_id = config.instance_id.clone();
         group.session_timeout = config.session_timeout;
         group.heartbeat_interval = config.session_timeout / 3;
+        // The group follows a source topic's new partitions once its metadata shows them:
+        // as soon as the mirror would notice a new topic.
+        group.consumer.client.metadata_max_age = group.consumer.client.metadata_max_age.min(config.topic_refresh);
         let mut consumer = GroupConsumer::subscribe(group, topics).await?;
         let events = self.rebalances.clone();
         events.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -398,9 +422,16 @@ impl<'a> Session<'a> {
             if t.is_internal || t.name.starts_with("__") || !(audit_feed || self.shared.topics.is_match(&t.name)) {
                 continue;
             }
-            if !self.routes.contains_key(&t.name) {
-                let route = self.route(&t).await?;
-                self.routes.insert(t.name.clone(), route);
+            let partitions = t.partitions.len() as i32;
+            match self.routes.get(&t.name).map(|r| r.source_partitions) {
+                None => {
+                    let route = self.route(&t).await?;
+                    self.routes.insert(t.name.clone(), route);
+                }
+                // Grown (CreatePartitions): the target follows before the first record of
+                // the new partitions arrives.
+                Some(known) if partitions > known => self.follow_growth(&t.name, partitions - 1).await?,
+                Some(_) => {}
             }
             out.insert(t.name.clone());
         }
@@ -499,6 +530,9 @@ impl<'a> Session<'a> {
             }
         }
         self.next.insert(tp.clone(), r.offset + 1);
+        if self.routes.get(&*r.topic).is_some_and(|route| r.partition >= route.source_partitions) {
+            self.follow_growth(&r.topic, r.partition).await?;
+        }
         let Some(route) = self.routes.get(&*r.topic) else {
             return Err(Error::InvalidConfig(format!("a record of {} arrived, which is not subscribed", r.topic)));
         };
@@ -526,6 +560,24 @@ impl<'a> Session<'a> {
         self.sent.push((target, delivery));
         self.sent_next.insert(tp, r.offset + 1);
         *self.sent_counts.entry(r.topic.to_string()).or_default() += 1;
+        Ok(())
+    }
+
+    /// A record came from a partition the route was not built with: the source topic grew
+    /// (CreatePartitions). A target that took each record to its source's partition grows
+    /// to match, so that keeps holding for the new partitions; one spreading by key hash
+    /// (fewer partitions, `--repartition-by-key`) keeps its count, so keys stay put.
+    async fn follow_growth(&mut self, topic: &str, seen_partition: i32) -> Result<()> {
+        let described = self.admin.describe_topic(topic).await?.partitions.len() as i32;
+        // Metadata a moment behind the fetch still counts the partition the record came from.
+        let source_partitions = described.max(seen_partition + 1);
+        let Some(route) = self.routes.get_mut(topic) else { return Ok(()) };
+        if route.target_partitions >= route.source_partitions {
+            route.target_partitions = self.shared.target.grow(&route.target, source_partitions).await?;
+            self.producer.refresh_metadata(&route.target).await?;
+        }
+        tracing::info!(alias = self.alias, topic, from = route.source_partitions, to = source_partitions, "source topic grew");
+        route.source_partitions = source_partitions;
         Ok(())
     }
 
