@@ -95,16 +95,7 @@ fn cargo(root: &Path) -> Command {
 }
 
 fn provision() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES.iter().filter(|(_, probe)| !Path::new(probe).exists()).map(|(pkg, _)| *pkg).collect();
-    if !missing.is_empty() {
-        eprintln!("xtask: installing {}", missing.join(" "));
-        run(Command::new("apt-get").arg("update").arg("-qq"))?;
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))
-        .context("apt-get install failed: the integration tests need these packages (run as root)")?;
-    }
+    install_missing(APT_PACKAGES, "the integration tests need these packages")?;
     let venv = root().join("target/venv");
     let python = venv.join("bin/python");
     if !python.exists() {
@@ -117,6 +108,22 @@ fn provision() -> Result<()> {
             .context("pip install of the Python Kafka clients failed")?;
     }
     Ok(())
+}
+
+/// Installs with apt-get those of `packages` (package, a file it installs) whose file is
+/// missing; `why` goes into the error when the install fails.
+fn install_missing(packages: &[(&str, &str)], why: &str) -> Result<()> {
+    let missing: Vec<&str> = packages.iter().filter(|(_, probe)| !Path::new(probe).exists()).map(|(pkg, _)| *pkg).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing {}", missing.join(" "));
+    run(Command::new("apt-get").arg("update").arg("-qq"))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .with_context(|| format!("apt-get install failed: {why} (run as root)"))
 }
 
 fn run(cmd: &mut Command) -> Result<()> {

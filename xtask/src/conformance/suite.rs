@@ -8,7 +8,7 @@ use std::process::Command;
 use anyhow::{Context, Result};
 
 use super::RDKAFKA_SYS;
-use crate::{cargo, run};
+use crate::{cargo, install_missing, run};
 
 /// Debian packages the build needs (package, a file it installs).
 pub(super) const BUILD_PACKAGES: &[(&str, &str)] = &[
@@ -73,16 +73,7 @@ pub(super) fn build_suite(root: &Path) -> Result<PathBuf> {
     if tests.join("test-runner").exists() && fs::read_to_string(stamp(&tree)).is_ok_and(|key| key == BUILD_KEY) {
         return Ok(tests);
     }
-    let missing: Vec<&str> = BUILD_PACKAGES.iter().filter(|(_, probe)| !Path::new(probe).exists()).map(|(p, _)| *p).collect();
-    if !missing.is_empty() {
-        eprintln!("xtask: installing {}", missing.join(" "));
-        run(Command::new("apt-get").arg("update").arg("-qq"))?;
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))
-        .context("apt-get install of the librdkafka build packages failed (run as root)")?;
-    }
+    install_missing(BUILD_PACKAGES, "librdkafka's build needs these packages")?;
     let source = registry_source(root)?;
     let building = root.join(format!("target/conformance/librdkafka-{RDKAFKA_SYS}.building"));
     if building.exists() {
