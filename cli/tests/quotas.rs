@@ -1,20 +1,11 @@
 //! `fjord quotas describe|alter` as a user runs them (kafka-configs style), against an
 //! in-process broker: the quota it sets is the one the broker stores and describes.
 
-use std::process::{Command, Output};
+mod common;
 
 use fjord_testkit::StandaloneBroker;
 
-/// Runs `fjord` off the runtime's threads (the broker keeps serving meanwhile).
-async fn fjord(args: &[&str]) -> Output {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(&args).output().unwrap()).await.unwrap()
-}
-
-fn stdout(output: &Output) -> String {
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
+use common::{fjord, stdout};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quotas_are_set_described_and_removed() {

@@ -5,8 +5,10 @@
 //! `--throttle` holds the catch-up of new replicas to its rate (alone, and while an
 //! acks=all producer writes); `--generate` proposes a plan that executes.
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,18 +16,24 @@ use std::time::{Duration, Instant};
 use fjord_client::{Acks, Admin, ClientConfig, NewTopic, Producer, ProducerConfig, ProducerRecord};
 use fjord_testkit::{read_values, wait_until, Cluster, Load, LoadProducer};
 
+use common::{fjord, stdout};
+
 const REACT: Duration = Duration::from_secs(30);
 const TOPIC: &str = "plan";
 
-/// Runs `fjord` off the runtime's threads (the brokers keep serving meanwhile).
-async fn fjord(args: &[&str]) -> Output {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(&args).output().unwrap()).await.unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    assert!(o.status.success(), "fjord failed: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
+/// Four brokers that keep their leaders where the test moves them (no preferred-leader
+/// rebalancing midway) and fetch every 100 ms; a client and an admin on them.
+async fn four_brokers() -> (Cluster, ClientConfig, Admin) {
+    let cluster = Cluster::builder()
+        .brokers(4)
+        .config("auto.leader.rebalance.enable", false)
+        .config("replica.fetch.wait.max.ms", 100)
+        .start()
+        .await
+        .unwrap();
+    let client = ClientConfig::new(&cluster.bootstrap());
+    let admin = Admin::connect(client.clone()).await.unwrap();
+    (cluster, client, admin)
 }
 
 async fn replicas_of(cluster: &Cluster, topic: &str) -> Vec<i32> {
@@ -102,15 +110,7 @@ async fn a_broker_is_decommissioned_under_acks_all_load_and_nothing_is_lost() {
     let _serial = serial().await;
     const TOPIC: &str = "retire";
     const PARTITIONS: i32 = 4;
-    let cluster = Cluster::builder()
-        .brokers(4)
-        .config("auto.leader.rebalance.enable", false)
-        .config("replica.fetch.wait.max.ms", 100)
-        .start()
-        .await
-        .unwrap();
-    let client = ClientConfig::new(&cluster.bootstrap());
-    let admin = Admin::connect(client.clone()).await.unwrap();
+    let (cluster, client, admin) = four_brokers().await;
     let mut topic = NewTopic::new(TOPIC, PARTITIONS);
     topic.replication_factor = 3;
     topic.configs.insert("min.insync.replicas".into(), "2".into());
@@ -275,7 +275,7 @@ async fn a_throttled_reassignment_catches_up_at_the_throttle_rate() {
     let (plan, bootstrap) = (plan.to_str().unwrap(), format!("--bootstrap={}", cluster.bootstrap()));
     let args: Vec<String> =
         ["reassign", "--execute", "--plan", plan, "--throttle", "2000000", &bootstrap].iter().map(|s| s.to_string()).collect();
-    let execute = tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(&args).output().unwrap());
+    let execute = tokio::spawn(async move { fjord(&args.iter().map(String::as_str).collect::<Vec<_>>()).await });
 
     // From the new replica's first bytes ([`watch_first_bytes`]) until it is in the ISR
     // (read from ZooKeeper: a late look there only makes the time longer).
@@ -427,15 +427,7 @@ async fn a_throttled_move_under_acks_all_load_holds_the_rate_and_loses_nothing()
     let _serial = serial().await;
     const TOPIC: &str = "throttled-load";
     const LIMIT: f64 = 2_000_000.0;
-    let cluster = Cluster::builder()
-        .brokers(4)
-        .config("auto.leader.rebalance.enable", false)
-        .config("replica.fetch.wait.max.ms", 100)
-        .start()
-        .await
-        .unwrap();
-    let client = ClientConfig::new(&cluster.bootstrap());
-    let admin = Admin::connect(client.clone()).await.unwrap();
+    let (cluster, client, admin) = four_brokers().await;
     let mut topic = NewTopic::new(TOPIC, 1);
     topic.replication_factor = 3;
     topic.configs.insert("min.insync.replicas".into(), "2".into());
