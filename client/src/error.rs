@@ -111,6 +111,22 @@ pub enum Error {
         /// The requested partition.
         partition: i32,
     },
+    /// A record named a partition its topic's metadata still did not show after
+    /// `max.block.ms` of refreshing it (a partition just added with CreatePartitions
+    /// shows up within that time; one that does not exist never does).
+    #[error(
+        "topic {topic} has no partition {partition}: its metadata showed {partitions} partitions for {waited:?} (max.block.ms)"
+    )]
+    PartitionNotInMetadata {
+        /// Topic name.
+        topic: String,
+        /// The requested partition.
+        partition: i32,
+        /// The topic's partition count in the last metadata fetched.
+        partitions: i32,
+        /// How long send waited for the partition to appear.
+        waited: Duration,
+    },
     /// The partition has no leader right now (election in progress, or all replicas down).
     #[error("no leader for {0}")]
     LeaderNotAvailable(String),

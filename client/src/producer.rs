@@ -60,6 +60,7 @@ mod sender;
 mod transaction;
 
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::{Notify, Semaphore};
 
@@ -158,12 +159,6 @@ impl Producer {
     pub async fn partition_count(&self, topic: &str) -> Result<i32> {
         self.inner.partition_count(topic).await
     }
-
-    /// Fetches `topic`'s metadata now rather than at its next expiry: after its partition
-    /// count was raised, records may name the new partitions right away.
-    pub async fn refresh_metadata(&self, topic: &str) -> Result<()> {
-        self.inner.cluster.refresh(Some(&[topic.to_string()])).await.map(|_| ())
-    }
 }
 
 impl Inner {
@@ -173,5 +168,31 @@ impl Inner {
             0 => Err(Error::UnknownTopic(topic.to_string())),
             n => Ok(n as i32),
         }
+    }
+
+    /// Partitions of `topic` once its metadata shows `partition`. A partition added by
+    /// CreatePartitions is missing from metadata fetched before, so, as Kafka's
+    /// producer does, the metadata is fetched again (every `retry.backoff.ms`) for up to
+    /// `max.block.ms` before the record fails. A negative partition fails at once.
+    async fn partition_count_with(&self, topic: &str, partition: i32) -> Result<i32> {
+        let started = Instant::now();
+        let mut partitions = self.partition_count(topic).await?;
+        if partition < 0 {
+            return Err(Error::UnknownPartition { topic: topic.to_string(), partition });
+        }
+        let mut refreshed = false;
+        while partition >= partitions {
+            let waited = started.elapsed();
+            if refreshed && waited >= self.config.max_block {
+                return Err(Error::PartitionNotInMetadata { topic: topic.to_string(), partition, partitions, waited });
+            }
+            if refreshed {
+                tokio::time::sleep(self.config.client.retry_backoff.min(self.config.max_block - waited)).await;
+            }
+            let md = self.cluster.refresh(Some(&[topic.to_string()])).await?;
+            refreshed = true;
+            partitions = md.topics.get(topic).map_or(0, |t| t.partitions.len() as i32);
+        }
+        Ok(partitions)
     }
 }

@@ -524,3 +524,36 @@ async fn send_many_delivers_like_a_loop_of_send() {
     let end = admin.list_offsets(&[("many".to_string(), 0, OffsetSpec::Latest)]).await.unwrap();
     assert_eq!(end[0], before.offset + 2, "the record before the oversize one is in the log, the one after is not");
 }
+
+/// CreatePartitions through another client (issue #22): a producer whose metadata
+/// predates it (cached for metadata.max.age, 5 minutes) sends a record to a new partition
+/// right away. As Kafka's producer does, it fetches the metadata again rather than
+/// failing, and the record lands in that partition. A partition that never appears fails
+/// after max.block.ms, naming the partition and the count the metadata showed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_added_by_another_client_takes_records_at_once_and_a_missing_one_fails_after_max_block() {
+    let broker = start_broker().await;
+    create_topic(&broker.addr, "grown", 2, &[]).await;
+    let max_block = Duration::from_secs(1);
+    let p = producer(&broker.addr, |c| c.max_block = max_block).await;
+    p.send(ProducerRecord::new("grown", "before").partition(1)).await.unwrap().await.unwrap();
+    assert_eq!(p.partition_count("grown").await.unwrap(), 2);
+
+    Admin::connect(client(&broker.addr)).await.unwrap().create_partitions("grown", 4).await.unwrap();
+    let delivered = p.send(ProducerRecord::new("grown", "after").partition(3)).await.unwrap().await.unwrap();
+    assert_eq!((delivered.partition, delivered.offset), (3, 0));
+    let mut c = consumer(&broker.addr).await;
+    c.assign([TopicPartition::new("grown", 3)]).await.unwrap();
+    let read = consume_n(&mut c, 1).await;
+    assert_eq!(read[0].value.as_deref(), Some(&b"after"[..]));
+
+    let started = Instant::now();
+    let err = p.send(ProducerRecord::new("grown", "nowhere").partition(7)).await.unwrap_err();
+    let waited = started.elapsed();
+    assert!(matches!(err, Error::PartitionNotInMetadata { partition: 7, partitions: 4, .. }), "{err}");
+    assert!(err.to_string().contains("no partition 7"), "{err}");
+    assert!(waited >= max_block && waited < max_block + Duration::from_secs(5), "failed after {waited:?}");
+    // The failed send leaves the producer working.
+    let delivered = p.send(ProducerRecord::new("grown", "later").partition(2)).await.unwrap().await.unwrap();
+    assert_eq!(delivered.partition, 2);
+}

@@ -573,8 +573,9 @@ impl<'a> Session<'a> {
         let source_partitions = described.max(seen_partition + 1);
         let Some(route) = self.routes.get_mut(topic) else { return Ok(()) };
         if route.target_partitions >= route.source_partitions {
+            // The producer's metadata predates the growth: a send to a new partition
+            // fetches it again (up to max.block.ms), as Kafka's producer does.
             route.target_partitions = self.shared.target.grow(&route.target, source_partitions).await?;
-            self.producer.refresh_metadata(&route.target).await?;
         }
         tracing::info!(alias = self.alias, topic, from = route.source_partitions, to = source_partitions, "source topic grew");
         route.source_partitions = source_partitions;

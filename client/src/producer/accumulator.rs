@@ -139,8 +139,10 @@ pub(crate) struct ReadyBatch {
 }
 
 impl Producer {
-    /// Queues `record` for sending. Waits only for metadata of a new topic and for buffer
-    /// space; the returned future resolves when the broker acknowledged the record.
+    /// Queues `record` for sending. Waits only for metadata (of a new topic, or of an
+    /// explicit partition beyond the partitions known, which may just have been added:
+    /// up to `max.block.ms`) and for buffer space; the returned future resolves when the
+    /// broker acknowledged the record.
     pub async fn send(&self, record: ProducerRecord) -> Result<DeliveryFuture> {
         // Boxed, as below: only a transactional producer pays for the partition's
         // enlisting in the transaction.
@@ -269,23 +271,27 @@ impl Producer {
     /// Appends a record whose `size` bytes of buffer memory are reserved.
     async fn append(&self, record: ProducerRecord, size: usize) -> Result<DeliveryFuture> {
         let timestamp = record.timestamp.unwrap_or_else(now_ms);
-        let version = self.inner.cluster.metadata_version();
         let mut record = record;
         let mut known = None;
         loop {
+            let version = self.inner.cluster.metadata_version();
             match self.append_locked(record, size, timestamp, version, known)? {
                 Ok(future) => return Ok(future),
                 Err(back) => {
-                    known = Some(self.inner.partition_count(&back.topic).await?);
+                    known = Some(match back.partition {
+                        Some(p) => self.inner.partition_count_with(&back.topic, p).await?,
+                        None => self.inner.partition_count(&back.topic).await?,
+                    });
                     record = back;
                 }
             }
         }
     }
 
-    /// The append itself, under one lock. The partition count comes from the topic's
-    /// cache, valid while the metadata stays at `version`, else from `known`; with
-    /// neither, the record comes back (`Err`) for the caller to fetch the metadata. One
+    /// The append itself, under one lock. The partition count comes from `known`
+    /// (fetched for this record), else from the topic's cache, valid while the metadata
+    /// stays at `version`; with neither, or with an explicit partition beyond the cached
+    /// count, the record comes back (`Err`) for the caller to fetch the metadata. One
     /// lock per send: the sender thread takes it too, and a second one showed in profiles.
     fn append_locked(
         &self,
@@ -321,11 +327,17 @@ impl Producer {
     ) -> Result<std::result::Result<DeliveryFuture, ProducerRecord>> {
         let inner = &self.inner;
         let cached = state.topics.get(record.topic.as_str()).filter(|t| t.metadata_version == version).map(|t| t.partition_count);
-        let Some(partitions) = cached.or(known) else {
+        // `known` was fetched for this record, so it is at least as new as the cache.
+        let Some(partitions) = known.or(cached) else {
             return Ok(Err(record));
         };
         if let Some(p) = record.partition {
             if !(0..partitions).contains(&p) {
+                // The partition may have been added since the metadata was fetched: the
+                // caller fetches it again (up to max.block.ms) before giving up.
+                if known.is_none() {
+                    return Ok(Err(record));
+                }
                 return Err(Error::UnknownPartition { topic: record.topic, partition: p });
             }
         }

@@ -67,7 +67,8 @@ pub struct ProducerConfig {
     pub delivery_timeout: Duration,
     /// `buffer.memory`: bytes of records waiting to be sent or acknowledged.
     pub buffer_memory: usize,
-    /// `max.block.ms`: how long `send` may wait for buffer space; zero fails at once.
+    /// `max.block.ms`: how long `send` may wait for buffer space (zero fails at once),
+    /// and for metadata showing a record's explicit partition (fetched at least once).
     pub max_block: Duration,
     /// `max.request.size`: largest produce request, and so largest record.
     pub max_request_size: usize,

@@ -59,7 +59,10 @@ impl Inner {
     /// open transaction if it is not in it yet. Refused outside a transaction.
     pub(super) async fn enlist(&self, mut record: ProducerRecord) -> Result<ProducerRecord> {
         let Some(txn) = self.transactional_id() else { return Ok(record) };
-        let partitions = self.partition_count(&record.topic).await?;
+        let partitions = match record.partition {
+            Some(p) => self.partition_count_with(&record.topic, p).await?,
+            None => self.partition_count(&record.topic).await?,
+        };
         let partition = {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             if !state.transaction.open {
