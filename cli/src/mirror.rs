@@ -43,7 +43,8 @@ pub(crate) struct MirrorArgs {
     /// Target topic names, e.g. '{alias}.{topic}'; by default names are kept.
     #[arg(long, value_name = "TEMPLATE")]
     rename: Option<String>,
-    /// Accept target topics with fewer partitions than the source: place records by key hash.
+    /// Keep target topics with fewer partitions than the source (by default they grow
+    /// to match) and place records by key hash.
     #[arg(long)]
     repartition_by_key: bool,
     /// Serve /metrics (Prometheus) and /status on this address, e.g. 127.0.0.1:9400.

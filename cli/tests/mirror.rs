@@ -505,35 +505,103 @@ async fn retention_past_the_committed_offset_is_reported_as_a_gap_with_exact_off
     assert_eq!(copied, expected);
 }
 
+/// A target topic with fewer partitions than its source takes records by key hash with
+/// --repartition-by-key. A later run without it is refused: growing the target (as the
+/// mirror does for a target that holds each record in its source's partition) would move
+/// the keys already spread over it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_target_topic_with_fewer_partitions_is_refused_unless_repartitioning_by_key() {
+async fn a_target_spread_by_key_is_not_grown_and_a_run_without_repartitioning_by_key_is_refused() {
     let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
     create(&source.addr, "t", 4, &[]).await;
     create(&target.addr, "t", 2, &[]).await;
     produce(&source.addr, "t", "a", 0..100).await;
     let src = format!("dc1={}", source.addr);
-    let args: Vec<String> = ["mirror", "--source", &src, "--target", &target.addr, "--topics", "t"].map(String::from).to_vec();
-    let out = tokio::task::spawn_blocking(move || Command::new(env!("CARGO_BIN_EXE_fjord")).args(args).output().unwrap())
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("target topic \"t\" has 2 partitions, fewer than the 4") && stderr.contains("--repartition-by-key"),
-        "{stderr}"
-    );
-    assert_eq!(offsets(&target.addr, "t", OffsetSpec::Latest).await.iter().sum::<i64>(), 0, "nothing copied");
 
     let dir = tempfile::tempdir().unwrap();
     let args = ["--source", &src, "--target", &target.addr, "--topics", "t", "--group", "g", "--repartition-by-key"];
-    let _mirror = MirrorProcess::start(&args, dir.path().join("mirror.log"));
+    let mut mirror = MirrorProcess::start(&args, dir.path().join("mirror.log"));
     wait_for("everything committed", Duration::from_secs(30), || all_committed(&source.addr, "g", "t")).await;
+    mirror.kill9();
     for (partition, records) in read_all(&target.addr, "t").await {
         for r in records {
             assert_eq!(fjord_client::partitioner::partition_for_key(r.key.as_deref().unwrap(), 2), partition);
         }
     }
     assert_eq!(offsets(&target.addr, "t", OffsetSpec::Latest).await.iter().sum::<i64>(), 100);
+
+    produce(&source.addr, "t", "b", 0..100).await;
+    let args = ["--source", &src, "--target", &target.addr, "--topics", "t", "--group", "g"];
+    let mut mirror = MirrorProcess::start(&args, dir.path().join("refused.log"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = mirror.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the mirror was not refused: {}", mirror.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(1));
+    let stderr = mirror.log();
+    assert!(
+        stderr.contains("target topic \"t\" has 2 partitions, fewer than the 4") && stderr.contains("--repartition-by-key"),
+        "{stderr}"
+    );
+    assert_eq!(admin(&target.addr).await.describe_topic("t").await.unwrap().partitions.len(), 2, "target not grown");
+    assert_eq!(offsets(&target.addr, "t", OffsetSpec::Latest).await.iter().sum::<i64>(), 100, "nothing more copied");
+}
+
+/// Issue #22: the source topic grown 2 -> 4 with CreatePartitions while the mirror was
+/// stopped. The restarted mirror finds the target with fewer partitions than the source
+/// and, nothing having been spread over it by key, grows it to 4 (as MirrorMaker 2 does)
+/// and copies on: every record exactly once, in its source partition's number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_topic_grown_while_the_mirror_was_stopped_grows_the_target_at_restart() {
+    let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+    create(&source.addr, "grown", 2, &[]).await;
+    let mut produced = produce(&source.addr, "grown", "a", 0..2_000).await;
+    let config = || {
+        let mut config = fjord_mirror::MirrorConfig::new(
+            vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", source.addr)).unwrap()],
+            target.addr.clone(),
+            "grown",
+        );
+        config.group = "g".into();
+        config
+    };
+    let shutdown = CancellationToken::new();
+    let mirror = tokio::spawn(fjord_mirror::run(config(), None, shutdown.clone()));
+    wait_for("the first records committed", Duration::from_secs(30), || all_committed(&source.addr, "g", "grown")).await;
+    shutdown.cancel();
+    mirror.await.unwrap().unwrap();
+    assert_eq!(admin(&target.addr).await.describe_topic("grown").await.unwrap().partitions.len(), 2);
+
+    admin(&source.addr).await.create_partitions("grown", 4).await.unwrap();
+    wait_for("leaders of the new partitions", Duration::from_secs(10), || async {
+        admin(&source.addr).await.describe_topic("grown").await.is_ok_and(|t| t.partitions.iter().all(|p| p.leader >= 0))
+    })
+    .await;
+    let more = produce(&source.addr, "grown", "b", 0..4_000).await;
+    assert_eq!(more.values().map(|(p, _)| *p).collect::<std::collections::BTreeSet<i32>>(), (0..4).collect());
+    produced.extend(more);
+
+    let shutdown = CancellationToken::new();
+    let mirror = tokio::spawn(fjord_mirror::run(config(), None, shutdown.clone()));
+    wait_for("everything committed", Duration::from_secs(60), || async {
+        assert!(!mirror.is_finished(), "the restarted mirror stopped");
+        all_committed(&source.addr, "g", "grown").await
+    })
+    .await;
+    assert_eq!(admin(&target.addr).await.describe_topic("grown").await.unwrap().partitions.len(), 4);
+    let mut copied = 0;
+    for (partition, records) in read_all(&target.addr, "grown").await {
+        for r in records {
+            assert_eq!(produced[&value(&r)].0, partition, "{} copied to another partition", value(&r));
+            copied += 1;
+        }
+    }
+    assert_eq!(copied, produced.len(), "every source record copied exactly once");
+    shutdown.cancel();
+    mirror.await.unwrap().unwrap();
 }
 
 /// Issue #22: a source topic grown 2 -> 4 with CreatePartitions while the mirror copies.

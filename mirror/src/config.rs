@@ -70,8 +70,9 @@ pub struct MirrorConfig {
     /// Target topic name template with `{alias}` and `{topic}`; `None` keeps the name
     /// (the analytics cluster aggregates every datacenter under one name).
     pub rename: Option<String>,
-    /// Accept a target topic with fewer partitions than its source and place records by
-    /// key hash (records without a key: source partition modulo the target's count).
+    /// Keep a target topic with fewer partitions than its source as it is and place
+    /// records by key hash (records without a key: source partition modulo the target's
+    /// count). Without it such a target grows to the source's count.
     pub repartition_by_key: bool,
     /// Flush the target and commit the source offsets at least this often; the window
     /// of possible duplicates after a crash.

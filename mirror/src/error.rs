@@ -26,12 +26,15 @@ pub enum Error {
         /// The client's error (its message is part of this one's).
         error: fjord_client::Error,
     },
-    /// The target topic has fewer partitions than the source topic, so keeping a key's
-    /// partition is impossible; refused unless repartitioning by key was asked for.
+    /// The target topic has fewer partitions than the source topic and the mirror's group
+    /// copied from source partitions it lacks, so an earlier run spread records over it
+    /// by key hash: growing it now would move keys. Refused unless repartitioning by key
+    /// goes on.
     #[error(
         "target topic {target_topic:?} has {target_partitions} partitions, fewer than the {source_partitions} of \
-         {source_topic:?} on source {alias}: records cannot keep their partition; create the target topic with at least \
-         {source_partitions} partitions, or pass --repartition-by-key to spread them by key hash (per-key order is kept)"
+         {source_topic:?} on source {alias}, and the mirror's group has copied from source partitions the target lacks \
+         (an earlier run spread records by key hash): growing the target would move keys; pass --repartition-by-key to \
+         go on spreading them by key hash (per-key order is kept), or mirror into a new target topic"
     )]
     FewerTargetPartitions {
         /// Source alias.

@@ -28,7 +28,10 @@
 //! and non-default configs. A record keeps key, value, headers and timestamp, gains the
 //! [`ORIGIN_HEADER`] (the source alias), and goes to the same partition number, so a key
 //! stays on one partition and per-key order holds. A target topic with fewer partitions
-//! is refused unless [`MirrorConfig::repartition_by_key`].
+//! than its source (the source grew, while the mirror ran or while it was stopped) grows
+//! to the source's count, as MirrorMaker 2 does, unless
+//! [`MirrorConfig::repartition_by_key`] spreads records over it by key hash instead; a
+//! target spread so by an earlier run is refused without it, as growing it would move keys.
 
 pub mod config;
 mod error;

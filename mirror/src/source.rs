@@ -450,16 +450,34 @@ impl<'a> Session<'a> {
             .filter(|c| !c.is_default)
             .filter_map(|c| c.value.map(|v| (c.name, v)))
             .collect();
-        let target_partitions = self.shared.target.ensure(&target, source_partitions, configs).await?;
+        let mut target_partitions = self.shared.target.ensure(&target, source_partitions, configs).await?;
         // Audit records need no order: `_audit` of any size takes them by key.
         if target_partitions < source_partitions && !self.shared.config.repartition_by_key && !audit_feed {
-            return Err(Error::FewerTargetPartitions {
-                alias: self.alias.to_string(),
-                source_topic: t.name.clone(),
+            // Typically the source grew (CreatePartitions) while the mirror was stopped.
+            // The target grows to match, as it does while running and as MirrorMaker 2
+            // does: each source partition keeps its number, old keys stay where they are.
+            // Unsafe only when records were spread over the target by key hash before
+            // (an earlier run with --repartition-by-key, seen as committed positions on
+            // source partitions the target lacks): growing it would move those keys.
+            let committed = self.groups.committed_offsets(&self.shared.config.group).await?;
+            if committed.keys().any(|tp| tp.topic == t.name && tp.partition >= target_partitions) {
+                return Err(Error::FewerTargetPartitions {
+                    alias: self.alias.to_string(),
+                    source_topic: t.name.clone(),
+                    source_partitions,
+                    target_topic: target,
+                    target_partitions,
+                });
+            }
+            tracing::info!(
+                alias = self.alias,
+                source_topic = t.name,
                 source_partitions,
-                target_topic: target,
+                target_topic = target,
                 target_partitions,
-            });
+                "target topic has fewer partitions than its source: growing it"
+            );
+            target_partitions = self.shared.target.grow(&target, source_partitions).await?;
         }
         Ok(Route { target, source_partitions, target_partitions })
     }
