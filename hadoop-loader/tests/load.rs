@@ -679,3 +679,42 @@ async fn a_committed_run_publishes_the_loader_tier_to_the_audit_topic() {
     }
     assert_eq!(counted, 500, "the loader tier counts every committed record once");
 }
+
+/// Issue #22: a topic grown with CreatePartitions between two runs. Each run lists the
+/// topic's partitions when it starts, so the next run loads the new partition from
+/// offset 0 and commits its offset beside the others; nothing of the first run is loaded
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_added_between_runs_is_loaded_from_its_start_by_the_next_run() {
+    let c = start().await;
+    create_topics(&c, &[("raw", 2)]).await;
+    let step = 360;
+    produce_raw(&c, "raw", 2, 0..1_000, step).await;
+    let dest = tempfile::tempdir().unwrap();
+    let cfg = config(&c, dest.path(), "raw");
+    let summary = run_once(&cfg, &()).await.unwrap();
+    assert_eq!((summary.records, summary.committed_seq), (1_000, Some(1)));
+
+    Admin::connect(client(&c.bootstrap)).await.unwrap().create_partitions("raw", 3).await.unwrap();
+    // 300 more records over all 3 partitions: 100 of them (seq % 3 == 2) in the new one.
+    produce_raw(&c, "raw", 3, 1_000..1_300, step).await;
+    let summary = run_once(&cfg, &()).await.unwrap();
+    assert_eq!((summary.records, summary.committed_seq), (300, Some(2)));
+
+    // Every record once, each in its partition's files at its offset.
+    let mut seen = BTreeMap::new();
+    for f in read_back_with_apache_avro(dest.path()) {
+        for r in f["records"].as_array().unwrap() {
+            let seq: u64 = r[3].as_str().unwrap().strip_prefix("raw-").unwrap().parse().unwrap();
+            let at = (r[0].as_i64().unwrap(), r[1].as_i64().unwrap());
+            assert!(seen.insert(seq, at).is_none(), "record {seq} loaded twice");
+        }
+    }
+    assert_eq!(seen.keys().copied().collect::<Vec<u64>>(), (0..1_300).collect::<Vec<u64>>(), "records lost");
+    let new_partition: Vec<(u64, i64)> = seen.iter().filter(|(_, (p, _))| *p == 2).map(|(s, (_, o))| (*s, *o)).collect();
+    let expected: Vec<(u64, i64)> = (1_000..1_300u64).filter(|s| s % 3 == 2).zip(0..).collect();
+    assert_eq!(new_partition, expected, "the new partition's records, from offset 0");
+    let dest_fs = fjord_hadoop_loader::fs::open(&cfg.dest, Duration::from_secs(5)).unwrap();
+    let state = load_state(&dest_fs, "nightly").await.unwrap();
+    assert_eq!(state.offsets["raw"], [(0, 600), (1, 600), (2, 100)].into_iter().collect());
+}
