@@ -70,7 +70,9 @@ for build in "${builds[@]}"; do
     "$repo/deploy/cluster/start.sh" "$work/$build" >"$work/$build.start.log"
   bootstrap[$build]="127.0.0.1:$p1,127.0.0.1:$p2,127.0.0.1:$p3"
   pids[$build]="$(cat "$work/$build/broker-1.pid"),$(cat "$work/$build/broker-2.pid"),$(cat "$work/$build/broker-3.pid")"
-  "$bench_bin" topics --bootstrap "${bootstrap[$build]}" create --topic rf1 --partitions "$partitions" --replication-factor 1 >/dev/null
+  # deploy/cluster's brokers default to min.insync.replicas=2, which a single copy can never meet.
+  "$bench_bin" topics --bootstrap "${bootstrap[$build]}" create --topic rf1 --partitions "$partitions" --replication-factor 1 \
+    --config min.insync.replicas=1 >/dev/null
   "$bench_bin" topics --bootstrap "${bootstrap[$build]}" create --topic rf3 --partitions "$partitions" --replication-factor 3 \
     --config min.insync.replicas=2 >/dev/null
   # Warm up: leaders elected, followers in the ISR, connections open.
