@@ -591,15 +591,7 @@ async fn a_source_topic_grown_while_the_mirror_was_stopped_grows_the_target_at_r
         all_committed(&source.addr, "g", "grown").await
     })
     .await;
-    assert_eq!(admin(&target.addr).await.describe_topic("grown").await.unwrap().partitions.len(), 4);
-    let mut copied = 0;
-    for (partition, records) in read_all(&target.addr, "grown").await {
-        for r in records {
-            assert_eq!(produced[&value(&r)].0, partition, "{} copied to another partition", value(&r));
-            copied += 1;
-        }
-    }
-    assert_eq!(copied, produced.len(), "every source record copied exactly once");
+    assert_copied_to_four_partitions(&target.addr, &produced).await;
     shutdown.cancel();
     mirror.await.unwrap().unwrap();
 }
@@ -636,17 +628,23 @@ async fn a_source_topic_grown_while_mirrored_grows_the_target_and_loses_nothing(
     produced.extend(produce(&source.addr, "grown", "c", 0..4_000).await);
     assert!(produced.values().any(|(p, _)| *p >= 2), "no record on a new source partition");
     wait_for("everything committed", Duration::from_secs(60), || all_committed(&source.addr, "g", "grown")).await;
-    assert_eq!(admin(&target.addr).await.describe_topic("grown").await.unwrap().partitions.len(), 4);
+    assert_copied_to_four_partitions(&target.addr, &produced).await;
+    shutdown.cancel();
+    mirror.await.unwrap().unwrap();
+}
+
+/// The grown tests' end state: the target "grown" has 4 partitions and holds every
+/// produced record exactly once, in the partition it had at the source.
+async fn assert_copied_to_four_partitions(target: &str, produced: &HashMap<String, (i32, i64)>) {
+    assert_eq!(admin(target).await.describe_topic("grown").await.unwrap().partitions.len(), 4);
     let mut copied = 0;
-    for (partition, records) in read_all(&target.addr, "grown").await {
+    for (partition, records) in read_all(target, "grown").await {
         for r in records {
             assert_eq!(produced[&value(&r)].0, partition, "{} copied to another partition", value(&r));
             copied += 1;
         }
     }
     assert_eq!(copied, produced.len(), "every source record copied exactly once");
-    shutdown.cancel();
-    mirror.await.unwrap().unwrap();
 }
 
 async fn http_post_ndjson(addr: &str, path: &str, body: &str) -> String {
