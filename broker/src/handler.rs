@@ -74,6 +74,11 @@ pub(crate) struct Broker {
     pub(crate) acls: Option<Arc<fjord_auth::AclWatcher>>,
     /// Client quotas and the clients' rates (`crate::quota`).
     pub(crate) quotas: Arc<crate::quota::ClientQuotas>,
+    /// The broker's background tasks: the shutdown waits for those a handler starts (a
+    /// replica move between log dirs) before the logs close.
+    pub(crate) tasks: tokio_util::task::TaskTracker,
+    /// Fired when the broker stops serving; such a task then ends soon.
+    pub(crate) stop: tokio_util::sync::CancellationToken,
 }
 
 /// The replica a per-partition answer works on, or the code to answer instead:

@@ -289,6 +289,8 @@ pub async fn run_listeners(
         tls,
         acls,
         quotas,
+        tasks: tracker.clone(),
+        stop: stop.clone(),
     });
     // The observer may talk to this broker like any client (the accept loop below serves
     // it): over a plaintext listener when there is one, else over the inter-broker

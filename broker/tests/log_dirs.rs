@@ -16,7 +16,10 @@
 //!   the broker keeps leading or following its other partition, nothing acknowledged is lost;
 //! - AlterReplicaLogDirs moves a replica into another directory while an acks=all
 //!   producer writes to it: every acknowledged record is there after the move and after
-//!   a restart, and the partition stays in its new directory.
+//!   a restart, and the partition stays in its new directory;
+//! - while a move copies, DescribeLogDirs lists the copy as the partition's future
+//!   replica in the new dir; a broker stopped meanwhile cancels the move: the copy is
+//!   deleted, and the partition comes back from its old dir with every record.
 
 mod common;
 
@@ -389,6 +392,78 @@ async fn a_replica_moves_to_another_dir_under_a_producer_and_keeps_every_acknowl
     assert_eq!(alter(&mut raw, "/no/such/dir", "mv", 0).await, 57, "LOG_DIR_NOT_FOUND");
     assert_eq!(alter(&mut raw, &from, "absent", 0).await, 3, "UNKNOWN_TOPIC_OR_PARTITION");
     assert_eq!(dir_of(&mut raw, "mv", 0).await.as_deref(), Some(to.as_str()));
+    broker.stop().await.unwrap();
+}
+
+/// A move of a partition of many small segments (each file copied is fsynced, so the
+/// copy takes a while): DescribeLogDirs asked right after AlterReplicaLogDirs lists the
+/// copy in the new dir as a future replica, the partition still current in its old dir;
+/// the broker stopped then cancels the move (shutdown waits for it), leaving no copy, and
+/// after a restart the partition is served from its old dir with every record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_move_in_progress_is_a_future_replica_and_a_stop_cancels_it() {
+    let root = tempfile::tempdir().unwrap();
+    let dirs: Vec<PathBuf> = ["a", "b"].iter().map(|d| root.path().join(d)).collect();
+    let start = |dirs: Vec<PathBuf>| {
+        TestBroker::start_in(dirs[0].clone(), move |config| {
+            config.other_log_dirs = dirs[1..].to_vec();
+            config.audit.enable = false;
+            // One record per segment.
+            config.set("log.min.segment.bytes", "1024").unwrap();
+            config.set("log.segment.bytes", "1024").unwrap();
+        })
+    };
+    let broker = start(dirs.clone()).await.unwrap();
+    let client = ClientConfig::new(&broker.bootstrap());
+    Admin::connect(client.clone()).await.unwrap().create_topics(&[NewTopic::new("slow", 1)]).await.unwrap();
+    let producer =
+        Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, ..ProducerConfig::default() }).await.unwrap();
+    let values: Vec<String> = (0..600).map(|i| format!("{i:05}-{}", "x".repeat(1000))).collect();
+    for value in &values {
+        producer.send(ProducerRecord::new("slow", value.clone()).partition(0)).await.unwrap().await.unwrap();
+    }
+    drop(producer);
+    let mut raw = RawClient::connect(broker.bootstrap().parse().unwrap()).await.unwrap();
+    let from = dir_of(&mut raw, "slow", 0).await.expect("the partition is listed");
+    let to = dirs.iter().map(|d| d.display().to_string()).find(|d| *d != from).unwrap();
+
+    assert_eq!(alter(&mut raw, &to, "slow", 0).await, 0);
+    // (dir, is future) of each listing of slow-0, sorted; asked until the copy shows (the
+    // move starts in the background, and copying hundreds of fsynced files takes seconds).
+    let mut want = vec![(from.clone(), false), (to.clone(), true)];
+    want.sort();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let response: DescribeLogDirsResponse =
+            raw.call(ApiKey::DescribeLogDirs, 4, &DescribeLogDirsRequest::default().with_topics(None)).await.unwrap();
+        let mut listed: Vec<(String, bool)> = response
+            .results
+            .iter()
+            .flat_map(|r| {
+                r.topics.iter().filter(|t| t.name.0.as_str() == "slow").flat_map(move |t| {
+                    t.partitions.iter().filter(|p| p.partition_index == 0).map(move |p| (r.log_dir.to_string(), p.is_future_key))
+                })
+            })
+            .collect();
+        listed.sort();
+        if listed == want {
+            break;
+        }
+        assert_eq!(listed, vec![(from.clone(), false)], "while the move copies, the copy is the future replica in {to}");
+        assert!(std::time::Instant::now() < deadline, "no future replica listed in {to}: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    broker.stop().await.unwrap();
+    assert!(!Path::new(&to).join("slow-0-future").exists(), "the cancelled move's copy is deleted");
+    assert!(!Path::new(&to).join("slow-0").exists());
+    assert!(Path::new(&from).join("slow-0").is_dir(), "the source stays");
+
+    let broker = start(dirs.clone()).await.unwrap();
+    let client = ClientConfig::new(&broker.bootstrap());
+    let mut raw = RawClient::connect(broker.bootstrap().parse().unwrap()).await.unwrap();
+    assert_eq!(dir_of(&mut raw, "slow", 0).await.as_deref(), Some(from.as_str()));
+    assert_eq!(read_values(&client, "slow", 0).await.unwrap(), values);
     broker.stop().await.unwrap();
 }
 

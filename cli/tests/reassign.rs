@@ -3,11 +3,13 @@
 //! verified, a cancel of a finished reassignment is refused, and `--decommission`
 //! moves every replica off a broker, also on four brokers under an acks=all producer;
 //! `--throttle` holds the catch-up of new replicas to its rate (alone, and while an
-//! acks=all producer writes); `--generate` proposes a plan that executes.
+//! acks=all producer writes); `--generate` proposes a plan that executes; a plan's
+//! `log_dirs` puts replicas (a new one and a moved one) in the dirs it names.
 
 mod common;
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -511,4 +513,104 @@ async fn a_throttled_move_under_acks_all_load_holds_the_rate_and_loses_nothing()
     let lost: Vec<&String> = acknowledged.iter().filter(|v| !read.contains(*v)).collect();
     assert!(lost.is_empty(), "{} of {} acknowledged records lost: {lost:?}", lost.len(), acknowledged.len());
     println!("{} acknowledged, {failed} failed, {} read back", acknowledged.len(), read.len());
+}
+
+/// The one of `dirs` holding `<topic>-0`, if any.
+fn holding(dirs: &[PathBuf], topic: &str) -> Option<PathBuf> {
+    dirs.iter().find(|d| d.join(format!("{topic}-0")).is_dir()).cloned()
+}
+
+/// Three brokers with two log dirs each; a partition on two of them moves to the spare
+/// broker and one of its old ones with a plan whose `log_dirs` names the spare's second
+/// dir and the other dir of the replica that stays on its broker. `--execute` and
+/// `--verify` put both replicas there (the files are there and nowhere else on their
+/// brokers), every record reads back; a plan whose `log_dirs` does not match its
+/// replicas, or names a dir the broker lacks, is refused before anything is submitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plans_log_dirs_put_each_replica_in_its_dir() {
+    let _serial = serial().await;
+    const TOPIC: &str = "placed";
+    let cluster =
+        Cluster::builder().brokers(3).log_dirs_per_broker(2).config("replica.fetch.wait.max.ms", 100).start().await.unwrap();
+    let client = cluster.client_config();
+    let admin = Admin::connect(client.clone()).await.unwrap();
+    let mut topic = NewTopic::new(TOPIC, 1);
+    topic.replication_factor = 2;
+    admin.create_topics(&[topic]).await.unwrap();
+    cluster.wait_fully_replicated(TOPIC, REACT).await.unwrap();
+    let producer =
+        Producer::connect(ProducerConfig { client: client.clone(), acks: Acks::All, ..ProducerConfig::default() }).await.unwrap();
+    let values: Vec<String> = (0..200).map(|i| format!("record-{i:03}")).collect();
+    for v in &values {
+        producer.send(ProducerRecord::new(TOPIC, v.clone()).partition(0)).await.unwrap().await.unwrap();
+    }
+
+    let before = replicas_of(&cluster, TOPIC).await;
+    let spare = *cluster.ids().iter().find(|id| !before.contains(id)).unwrap();
+    let stays = before[1];
+    let stays_dirs = cluster.log_dirs(stays);
+    let stays_from = holding(&stays_dirs, TOPIC).expect("the replica is in one of its dirs");
+    let stays_to = stays_dirs.iter().find(|d| **d != stays_from).unwrap().clone();
+    let spare_to = cluster.log_dirs(spare)[1].clone();
+    let target = [spare, stays];
+    let plan_with = |dirs: &[&Path]| {
+        let dirs: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        serde_json::json!({"version": 1, "partitions": [{"topic": TOPIC, "partition": 0, "replicas": target, "log_dirs": dirs}]})
+            .to_string()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let bootstrap = format!("--bootstrap={}", cluster.bootstrap());
+
+    // Bad plans first: refused, nothing submitted.
+    let refused = |o: Output, reason: &str| {
+        assert!(!o.status.success(), "accepted: {o:?}");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(stderr.contains(reason), "{reason:?} not in {stderr}");
+    };
+    let short = write("short.json", plan_with(&[&spare_to]));
+    refused(
+        fjord(&["reassign", "--execute", "--plan", &short, &bootstrap]).await,
+        "\"log_dirs\" has 1 entries but \"replicas\" has 2",
+    );
+    let nowhere = write("nowhere.json", plan_with(&[Path::new("/no/such/dir"), &stays_to]));
+    refused(
+        fjord(&["reassign", "--execute", "--plan", &nowhere, &bootstrap]).await,
+        &format!("broker {spare} has no log dir /no/such/dir"),
+    );
+    assert!(admin.list_partition_reassignments().await.unwrap().is_empty());
+    assert_eq!(replicas_of(&cluster, TOPIC).await, before);
+
+    let plan = write("plan.json", plan_with(&[&spare_to, &stays_to]));
+    let out = stdout(&fjord(&["reassign", "--execute", "--plan", &plan, &bootstrap]).await);
+    assert!(out.contains(&format!("Successfully started partition reassignments for {TOPIC}-0")), "{out}");
+    for (broker, to) in [(spare, &spare_to), (stays, &stays_to)] {
+        let line = format!("Moving the replica of {TOPIC}-0 on broker {broker} to log dir {}", to.display());
+        assert!(out.contains(&line), "{line:?} not in {out}");
+    }
+    wait_for_replicas(&cluster, TOPIC, &target).await;
+    let deadline = Instant::now() + REACT;
+    let last = loop {
+        let out = stdout(&fjord(&["reassign", "--verify", "--plan", &plan, &bootstrap]).await);
+        if out.matches(": completed.").count() == 2 {
+            break out;
+        }
+        assert!(Instant::now() < deadline, "--verify never said that every replica is in its dir: {out}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(last.contains(&format!("Reassignment of partition {TOPIC}-0 is completed.")), "{last}");
+    for (broker, to) in [(spare, &spare_to), (stays, &stays_to)] {
+        let line = format!("The replica of {TOPIC}-0 on broker {broker} is in log dir {}: completed.", to.display());
+        assert!(last.contains(&line), "{line:?} not in {last}");
+        assert!(to.join(format!("{TOPIC}-0")).is_dir(), "broker {broker}'s replica is in {}", to.display());
+        let others: Vec<PathBuf> = cluster.log_dirs(broker).into_iter().filter(|d| d != to).collect();
+        wait_until(REACT, "the source of the move is deleted", || async { Ok(holding(&others, TOPIC).is_none().then_some(())) })
+            .await
+            .unwrap();
+    }
+    assert_eq!(read_values(&client, TOPIC, 0).await.unwrap(), values, "every record reads back");
 }

@@ -6,17 +6,19 @@ use std::time::Instant;
 
 use kafka_protocol::messages::alter_client_quotas_request::{EntityData, EntryData, OpData};
 use kafka_protocol::messages::alter_partition_reassignments_request::{ReassignablePartition, ReassignableTopic};
+use kafka_protocol::messages::alter_replica_log_dirs_request::{AlterReplicaLogDir, AlterReplicaLogDirTopic};
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::describe_client_quotas_request::ComponentData;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::describe_log_dirs_request::DescribableLogDirTopic;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::{
-    AlterClientQuotasRequest, AlterPartitionReassignmentsRequest, BrokerId, CreatePartitionsRequest, CreateTopicsRequest,
-    DeleteTopicsRequest, DescribeClientQuotasRequest, DescribeConfigsRequest, IncrementalAlterConfigsRequest, ListOffsetsRequest,
-    ListPartitionReassignmentsRequest, TopicName,
+    AlterClientQuotasRequest, AlterPartitionReassignmentsRequest, AlterReplicaLogDirsRequest, BrokerId, CreatePartitionsRequest,
+    CreateTopicsRequest, DeleteTopicsRequest, DescribeClientQuotasRequest, DescribeConfigsRequest, DescribeLogDirsRequest,
+    IncrementalAlterConfigsRequest, ListOffsetsRequest, ListPartitionReassignmentsRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -72,6 +74,31 @@ pub struct PartitionReassignment {
     pub adding: Vec<i32>,
     /// Replicas being removed.
     pub removing: Vec<i32>,
+}
+
+/// One log dir of a broker, as DescribeLogDirs lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogDirDescription {
+    /// Its path (one of the broker's `log.dirs`, as the broker names it).
+    pub path: String,
+    /// Whether the dir is offline (failed with an I/O error); it then lists no replicas.
+    pub offline: bool,
+    /// The replicas in it (of the partitions asked for).
+    pub replicas: Vec<ReplicaLogDir>,
+}
+
+/// One replica in a log dir.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaLogDir {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Bytes on disk.
+    pub size: i64,
+    /// Whether this is the copy an AlterReplicaLogDirs move is writing into this dir (the
+    /// replica still serves from its current dir until the move completes).
+    pub is_future: bool,
 }
 
 /// What to create.
@@ -297,6 +324,94 @@ impl Admin {
                     };
                     ((topic.clone(), p.partition_index), outcome)
                 })
+            })
+            .collect())
+    }
+
+    /// Asks broker `broker` to move its replicas of each `(topic, partition)` into the
+    /// log dir named beside it (AlterReplicaLogDirs). The broker answers at once and moves
+    /// in the background: [`Admin::describe_log_dirs`] shows the replica in its new dir
+    /// once done. Returns each partition's outcome (REPLICA_NOT_AVAILABLE while the broker
+    /// holds no replica of it yet, e.g. early in a reassignment that adds it).
+    pub async fn alter_replica_log_dirs(
+        &self,
+        broker: i32,
+        replicas: &[(String, i32, String)],
+    ) -> Result<Vec<((String, i32), Result<()>)>> {
+        let mut dirs: Vec<AlterReplicaLogDir> = Vec::new();
+        for (topic, partition, dir) in replicas {
+            let entry = match dirs.iter_mut().position(|d| d.path.as_str() == dir) {
+                Some(i) => &mut dirs[i],
+                None => {
+                    dirs.push(AlterReplicaLogDir::default().with_path(StrBytes::from_string(dir.clone())));
+                    dirs.last_mut().expect("just pushed")
+                }
+            };
+            match entry.topics.iter_mut().find(|t| t.name.0.as_str() == topic) {
+                Some(t) => t.partitions.push(*partition),
+                None => entry
+                    .topics
+                    .push(AlterReplicaLogDirTopic::default().with_name(topic_name(topic)).with_partitions(vec![*partition])),
+            }
+        }
+        let request = AlterReplicaLogDirsRequest::default().with_dirs(dirs);
+        let response = self.cluster.broker(broker).await?.request(&request, 2).await?;
+        Ok(response
+            .results
+            .into_iter()
+            .flat_map(|t| {
+                let topic = t.topic_name.0.to_string();
+                t.partitions.into_iter().map(move |p| {
+                    let context =
+                        format!("move the replica of {topic}-{} on broker {broker} to another log dir", p.partition_index);
+                    let outcome = match Error::kafka(p.error_code, context, None) {
+                        Some(e) => Err(e),
+                        None => Ok(()),
+                    };
+                    ((topic.clone(), p.partition_index), outcome)
+                })
+            })
+            .collect())
+    }
+
+    /// Broker `broker`'s log dirs, each with its replicas of `partitions`, or of every
+    /// partition with an empty list (DescribeLogDirs).
+    pub async fn describe_log_dirs(&self, broker: i32, partitions: &[(String, i32)]) -> Result<Vec<LogDirDescription>> {
+        let topics = (!partitions.is_empty()).then(|| {
+            let mut topics: Vec<DescribableLogDirTopic> = Vec::new();
+            for (topic, partition) in partitions {
+                match topics.iter_mut().find(|t| t.topic.0.as_str() == topic) {
+                    Some(t) => t.partitions.push(*partition),
+                    None => topics
+                        .push(DescribableLogDirTopic::default().with_topic(topic_name(topic)).with_partitions(vec![*partition])),
+                }
+            }
+            topics
+        });
+        let request = DescribeLogDirsRequest::default().with_topics(topics);
+        let response = self.cluster.broker(broker).await?.request(&request, 4).await?;
+        if let Some(e) = Error::kafka(response.error_code, format!("describe the log dirs of broker {broker}"), None) {
+            return Err(e);
+        }
+        Ok(response
+            .results
+            .into_iter()
+            .map(|dir| LogDirDescription {
+                path: dir.log_dir.to_string(),
+                offline: dir.error_code != 0,
+                replicas: dir
+                    .topics
+                    .into_iter()
+                    .flat_map(|t| {
+                        let topic = t.name.0.to_string();
+                        t.partitions.into_iter().map(move |p| ReplicaLogDir {
+                            topic: topic.clone(),
+                            partition: p.partition_index,
+                            size: p.partition_size,
+                            is_future: p.is_future_key,
+                        })
+                    })
+                    .collect(),
             })
             .collect())
     }

@@ -44,7 +44,8 @@ pub mod security;
 pub mod transaction;
 
 pub use admin::{
-    Admin, ClientQuota, ConfigEntry, ConfigResource, NewTopic, OffsetSpec, PartitionReassignment, QuotaEntity, QuotaName,
+    Admin, ClientQuota, ConfigEntry, ConfigResource, LogDirDescription, NewTopic, OffsetSpec, PartitionReassignment, QuotaEntity,
+    QuotaName, ReplicaLogDir,
 };
 pub use audit::AuditHook;
 pub use cluster::{ClientConfig, ConnectionProbe, Metadata, PartitionMetadata, TopicMetadata};

@@ -159,6 +159,18 @@ impl Producer {
     pub async fn partition_count(&self, topic: &str) -> Result<i32> {
         self.inner.partition_count(topic).await
     }
+
+    /// Partitions of `topic` in metadata fetched now, not the cached count: one metadata
+    /// round trip, for a caller that must tell at once whether a partition exists (a
+    /// partition just added with CreatePartitions is missing from the cache until
+    /// `metadata.max.age.ms`). Later sends use the fresh count too.
+    pub async fn fresh_partition_count(&self, topic: &str) -> Result<i32> {
+        let md = self.inner.cluster.refresh(Some(&[topic.to_string()])).await?;
+        match md.topics.get(topic).map_or(0, |t| t.partitions.len()) {
+            0 => Err(Error::UnknownTopic(topic.to_string())),
+            n => Ok(n as i32),
+        }
+    }
 }
 
 impl Inner {

@@ -237,6 +237,13 @@ pub enum Error {
         /// Which directory failed, and why.
         reason: String,
     },
+    /// A replica move to another log dir was cancelled (the broker stops) before its
+    /// pause: the copy is deleted, and the partition stays and serves where it was.
+    #[error("moving partition {partition} to another log dir was cancelled; it stays where it was")]
+    MoveCancelled {
+        /// The partition.
+        partition: String,
+    },
     /// A segment swap stopped after its commit point; reopening the log finishes it.
     #[error("segment swap in {} interrupted: {source}", dir.display())]
     SwapInterrupted {

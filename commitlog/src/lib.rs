@@ -78,7 +78,7 @@ pub use error::{Error, Result};
 pub use files::FileCache;
 pub use fjord_record::{Offset, TopicPartition};
 pub use log::{AppendInfo, Log, ReadSlice, RecordVisitor};
-pub use log_dirs::{choose_dir, LogDirInfo, LogDirs, FUTURE_SUFFIX};
+pub use log_dirs::{choose_dir, FutureReplica, LogDirInfo, LogDirs, FUTURE_SUFFIX};
 pub use manager::{
     delete_orphan, lock_log_dir, orphans, LogManager, Orphan, Unhealthy, LOCK_FILE, LOG_START_CHECKPOINT, ORPHAN_MARKER,
     RECOVERY_POINT_CHECKPOINT, REPLICATION_CHECKPOINT,

@@ -44,6 +44,8 @@ pub struct LogDirs {
     failed: Mutex<Vec<TopicPartition>>,
     /// Held for the whole of a [`LogDirs::move_replica`]: moves run one at a time.
     moving: Mutex<()>,
+    /// The move copying now, if any: its partition and `-future` directory.
+    copying: Mutex<Option<(TopicPartition, PathBuf)>>,
     default_config: LogConfig,
 }
 
@@ -126,6 +128,7 @@ impl LogDirs {
             missing: Mutex::new(BTreeMap::new()),
             failed: Mutex::new(Vec::new()),
             moving: Mutex::new(()),
+            copying: Mutex::new(None),
             default_config,
         };
         if logs.online().is_empty() {
@@ -442,10 +445,45 @@ pub const FUTURE_SUFFIX: &str = "-future";
 /// (length, modification time) of each file copied, to find the ones changed since.
 type Copied = BTreeMap<std::ffi::OsString, (u64, Option<std::time::SystemTime>)>;
 
+/// The copy a replica move is writing (DescribeLogDirs lists it as a future replica).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FutureReplica {
+    /// The partition moving.
+    pub partition: TopicPartition,
+    /// The log dir it moves into, as configured.
+    pub log_dir: PathBuf,
+    /// Bytes copied so far.
+    pub size_bytes: u64,
+}
+
+/// Unregisters the move copying now when a [`LogDirs::move_replica`] returns.
+struct Copying<'a>(&'a Mutex<Option<(TopicPartition, PathBuf)>>);
+
+impl Drop for Copying<'_> {
+    fn drop(&mut self) {
+        *lock::mutex(self.0) = None;
+    }
+}
+
 impl LogDirs {
+    /// The copy the replica move in progress is writing, until its rename into place.
+    pub fn future_replica(&self) -> Option<FutureReplica> {
+        let (partition, future) = lock::mutex(&self.copying).clone()?;
+        let log_dir = self.dirs.iter().find(|d| Some(d.path.as_path()) == future.parent())?.path.clone();
+        // Gone once renamed into place: no longer a future replica.
+        let entries = std::fs::read_dir(&future).ok()?;
+        let size_bytes = entries.filter_map(|e| e.ok()?.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum();
+        Some(FutureReplica { partition, log_dir, size_bytes })
+    }
+
     /// Moves the partition's replica into the log dir `to` (AlterReplicaLogDirs), blocking
     /// until done. Returns the log now serving it (the moved one; on a failure after the
     /// pause began, the original reopened where it was, and the error).
+    ///
+    /// `cancelled` is asked before each file of the copy made while the partition serves:
+    /// once it says yes (the broker stops), the copy is deleted and the move ends with
+    /// [`Error::MoveCancelled`], the source untouched and serving. Past that copy the
+    /// move completes (the pause is short).
     ///
     /// The scheme (simpler than Kafka's future replica that catches up by fetching):
     /// 1. while the partition serves, its sealed segments are copied into
@@ -461,9 +499,17 @@ impl LogDirs {
     /// A crash before 3 leaves the source as it was (the `-future` copy is ignored); a
     /// crash between 3 and 4 leaves the partition in two log dirs, which stops the next
     /// start ([`Error::PartitionInTwoDirs`], as Kafka does) rather than pick one.
-    pub fn move_replica(&self, tp: &TopicPartition, to: &Path) -> std::result::Result<Arc<Log>, (Error, Option<Arc<Log>>)> {
+    pub fn move_replica(
+        &self,
+        tp: &TopicPartition,
+        to: &Path,
+        cancelled: &dyn Fn() -> bool,
+    ) -> std::result::Result<Arc<Log>, (Error, Option<Arc<Log>>)> {
         let _moving = lock::mutex(&self.moving);
         let fail = |e: Error| (e, self.get(tp));
+        if cancelled() {
+            return Err(fail(Error::MoveCancelled { partition: tp.to_string() }));
+        }
         let source = self.owner(tp).ok_or_else(|| {
             fail(Error::LogDirOffline { partition: tp.to_string(), reason: "no online log dir holds it".into() })
         })?;
@@ -487,8 +533,13 @@ impl LogDirs {
             std::fs::remove_dir_all(&future).at(&future).map_err(fail)?;
         }
         std::fs::create_dir_all(&future).at(&future).map_err(fail)?;
+        *lock::mutex(&self.copying) = Some((tp.clone(), future.clone()));
+        let _copying = Copying(&self.copying);
         let mut copied = Copied::new();
-        if let Err(e) = copy_changed(&from, &future, &mut copied, true) {
+        let sealed = copy_changed(&from, &future, &mut copied, true, &|| {
+            cancelled().then(|| Error::MoveCancelled { partition: tp.to_string() })
+        });
+        if let Err(e) = sealed {
             let _ = std::fs::remove_dir_all(&future);
             return Err(fail(e));
         }
@@ -502,7 +553,7 @@ impl LogDirs {
             Some((log.log_start_offset(), crate::checkpoint::Format::Checksummed)),
         );
         let committed = closed
-            .and_then(|()| copy_changed(&from, &future, &mut copied, false))
+            .and_then(|()| copy_changed(&from, &future, &mut copied, false, &|| None))
             .and_then(|()| crate::checkpoint::sync_dir(&future))
             .and_then(|()| std::fs::rename(&future, &target).at(&target))
             .and_then(|()| crate::checkpoint::sync_dir(dest.dir()));
@@ -536,8 +587,9 @@ impl LogDirs {
 
 /// Copies the files of `from` into `to` that are not in `copied` or changed since (and
 /// deletes from `to` those no longer in `from`), each fsynced. With `sealed_only`, only
-/// the segments below the last one (the active segment is still written).
-fn copy_changed(from: &Path, to: &Path, copied: &mut Copied, sealed_only: bool) -> Result<()> {
+/// the segments below the last one (the active segment is still written). Before each
+/// file, `stop` may end the copy with its error.
+fn copy_changed(from: &Path, to: &Path, copied: &mut Copied, sealed_only: bool, stop: &dyn Fn() -> Option<Error>) -> Result<()> {
     let mut names: Vec<(std::ffi::OsString, std::fs::Metadata)> = Vec::new();
     for entry in std::fs::read_dir(from).at(from)? {
         let entry = entry.at(from)?;
@@ -560,6 +612,9 @@ fn copy_changed(from: &Path, to: &Path, copied: &mut Copied, sealed_only: bool) 
         let stamp = (metadata.len(), metadata.modified().ok());
         if copied.get(name) == Some(&stamp) {
             continue;
+        }
+        if let Some(e) = stop() {
+            return Err(e);
         }
         let (src, dst) = (from.join(name), to.join(name));
         std::fs::copy(&src, &dst).at(&src)?;
@@ -750,7 +805,7 @@ mod tests {
             // A partial copy left by an interrupted move is replaced.
             std::fs::create_dir_all(dirs[1].join("t-0-future")).unwrap();
             std::fs::write(dirs[1].join("t-0-future").join("junk"), "x").unwrap();
-            let moved = logs.move_replica(&tp, &dirs[1]).map_err(|(e, _)| e).unwrap();
+            let moved = logs.move_replica(&tp, &dirs[1], &|| false).map_err(|(e, _)| e).unwrap();
             assert!(matches!(log.append(&mut batch(1), 0), Err(Error::Closed { .. })), "the old log takes no appends");
             assert_eq!(logs.dir_of(&tp), Some(dirs[1].clone()));
             assert!(!dirs[0].join("t-0").exists(), "the source is deleted once the copy is in place");
@@ -760,8 +815,8 @@ mod tests {
             moved.append(&mut batch(2), 0).unwrap();
             assert!(std::ptr::eq(logs.get(&tp).unwrap().as_ref(), moved.as_ref()));
             // Moving to where it is changes nothing; to an unknown directory is refused.
-            assert!(Arc::ptr_eq(&logs.move_replica(&tp, &dirs[1]).map_err(|(e, _)| e).unwrap(), &moved));
-            assert!(logs.move_replica(&tp, &root.path().join("nope")).is_err());
+            assert!(Arc::ptr_eq(&logs.move_replica(&tp, &dirs[1], &|| false).map_err(|(e, _)| e).unwrap(), &moved));
+            assert!(logs.move_replica(&tp, &root.path().join("nope"), &|| false).is_err());
             drop(moved);
             drop(logs); // a crash: no close
         }
@@ -777,6 +832,46 @@ mod tests {
             at = read.next_offset;
         }
         assert_eq!(at, 62);
+    }
+
+    #[test]
+    fn a_cancelled_move_deletes_its_copy_and_leaves_the_source_serving() {
+        let root = tempfile::tempdir().unwrap();
+        let dirs: Vec<PathBuf> = ["a", "b"].iter().map(|d| root.path().join(d)).collect();
+        let tp = TopicPartition::new("t", 0);
+        let logs = LogDirs::open(dirs.clone(), config()).unwrap();
+        let log = logs.get_or_create(&tp, config()).unwrap();
+        for _ in 0..20 {
+            log.append(&mut batch(3), 0).unwrap();
+        }
+        assert!(log.segment_count() > 3, "several sealed segments: the copy takes several files");
+        assert_eq!(logs.future_replica(), None, "no move, no future replica");
+        // The broker stops once the copy has begun: asked before each file, the third time.
+        let asked = std::cell::Cell::new(0);
+        let seen = std::cell::RefCell::new(None);
+        let cancelled = || {
+            asked.set(asked.get() + 1);
+            if asked.get() == 3 {
+                *seen.borrow_mut() = logs.future_replica();
+            }
+            asked.get() >= 3
+        };
+        let (err, serving) = logs.move_replica(&tp, &dirs[1], &cancelled).unwrap_err();
+        assert!(matches!(err, Error::MoveCancelled { .. }), "{err}");
+        // While it copied, the copy was the partition's future replica in b.
+        let future = seen.into_inner().expect("a future replica while copying");
+        assert_eq!((&future.partition, &future.log_dir), (&tp, &dirs[1]));
+        assert!(future.size_bytes > 0, "{future:?}");
+        // The source is untouched and still the one served; the copy is gone.
+        assert!(Arc::ptr_eq(&serving.unwrap(), &log));
+        assert_eq!(logs.dir_of(&tp), Some(dirs[0].clone()));
+        assert!(!dirs[1].join("t-0-future").exists() && !dirs[1].join("t-0").exists());
+        assert_eq!(logs.future_replica(), None);
+        log.append(&mut batch(1), 0).unwrap();
+        assert_eq!(log.log_end_offset(), 61);
+        // A move asked to stop before it starts copies nothing.
+        assert!(matches!(logs.move_replica(&tp, &dirs[1], &|| true), Err((Error::MoveCancelled { .. }, Some(_)))));
+        assert!(!dirs[1].join("t-0-future").exists());
     }
 
     #[test]

@@ -244,9 +244,19 @@ pub(crate) async fn bounded<T>(
 
 /// Checks the topic (auto-creating it where the broker does) and every explicit
 /// partition before the first send, so a bad request produces nothing.
+///
+/// A partition beyond the cached count may just have been added with CreatePartitions,
+/// so the metadata is fetched once more before the request is refused: a partition that
+/// exists is accepted at once, one that does not is refused after one round trip (not
+/// after the producer's `max.block.ms` of waiting for it to appear).
 pub(crate) async fn check_partitions(limit: Duration, producer: &Producer, topic: &str, events: &[Event]) -> Result<()> {
-    let partitions = bounded(limit, "fetching metadata", producer.partition_count(topic)).await?;
-    match events.iter().filter_map(|e| e.partition).find(|p| !(0..partitions).contains(p)) {
+    let beyond = |partitions: i32| events.iter().filter_map(|e| e.partition).find(|p| !(0..partitions).contains(p));
+    let cached = bounded(limit, "fetching metadata", producer.partition_count(topic)).await?;
+    if beyond(cached).is_none() {
+        return Ok(());
+    }
+    let fresh = bounded(limit, "fetching metadata", producer.fresh_partition_count(topic)).await?;
+    match beyond(fresh) {
         Some(partition) => Err(Error::UnknownPartition { topic: topic.to_string(), partition }),
         None => Ok(()),
     }

@@ -269,6 +269,35 @@ async fn bad_input_is_refused_whole_with_nothing_produced() {
     assert!(kcat_consume(&sys.broker, "bad").is_empty());
 }
 
+/// A partition added with CreatePartitions is accepted by the very next request (the
+/// gateway's producer still has the old count cached; metadata.max.age is minutes), and
+/// a partition that does not exist is still refused at once, not after max.block.ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_just_added_is_accepted_at_once_and_a_missing_one_refused_quickly() {
+    let sys = System::start().await;
+    sys.create_topic("grow", 2).await;
+    let url = |p: i32| format!("{}/topics/grow/partitions/{p}", sys.http);
+    let one = || json!({"records":[{"value":"v"}]}).to_string();
+    // The gateway's producer now caches 2 partitions.
+    let (status, doc) = post(&url(1), JSON_CT, one()).await;
+    assert_eq!(status, 200, "{doc}");
+
+    let admin = fjord_client::Admin::connect(fjord_client::ClientConfig::new(&sys.broker)).await.unwrap();
+    admin.create_partitions("grow", 4).await.unwrap();
+    let (status, doc) = post(&url(3), JSON_CT, one()).await;
+    assert_eq!(status, 200, "a partition just added is accepted: {doc}");
+    assert_eq!(doc["offsets"][0]["partition"], 3, "{doc}");
+    assert_eq!(sys.end_offsets("grow", 4).await, vec![0, 1, 0, 1], "the record landed in partition 3");
+
+    // Well under the gateway's broker timeout (10 s), the producer's max.block.ms.
+    let started = Instant::now();
+    let (status, doc) = post(&url(9), JSON_CT, one()).await;
+    assert_eq!((status, doc["error_code"].as_u64()), (404, Some(40402)), "{doc}");
+    assert!(doc["message"].as_str().unwrap().contains("partition 9"), "{doc}");
+    assert!(started.elapsed() < Duration::from_secs(3), "refused after {:?}", started.elapsed());
+    assert_eq!(sys.end_offsets("grow", 4).await, vec![0, 1, 0, 1], "nothing of the refused request was produced");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_topic_is_404_when_the_broker_does_not_auto_create() {
     let sys = System::start_with(|b| b.auto_create_topics = false, |_| {}).await;

@@ -6,7 +6,11 @@
 //! [`fjord_log::LogDirs::move_replica`]: the sealed segments are copied while the
 //! partition serves, then the partition pauses for the rest (appends in that moment
 //! answer NOT_LEADER_OR_FOLLOWER, and clients retry), the copy is renamed into place and
-//! opened, and only then is the source deleted. Moves run one at a time.
+//! opened, and only then is the source deleted. Moves run one at a time, as tasks of the
+//! broker's tracker: a broker that stops cancels a move still copying (the copy is
+//! deleted, the partition stays where it was) and waits for one in its pause to finish
+//! before it closes the logs. While a move copies, DescribeLogDirs lists the copy as the
+//! partition's future replica in its new dir.
 //!
 //! Error codes, per partition: CLUSTER_AUTHORIZATION_FAILED without Alter on the cluster;
 //! LOG_DIR_NOT_FOUND for a path that is not one of `log.dirs`; KAFKA_STORAGE_ERROR when
@@ -82,12 +86,17 @@ impl Broker {
         if logs.dir_of(tp).as_deref() == Some(to) {
             return error_code::NONE;
         }
-        let (replicas, tp, to) = (self.replicas.clone(), tp.clone(), to.to_path_buf());
-        tokio::spawn(async move {
+        let (replicas, tp, to, stop) = (self.replicas.clone(), tp.clone(), to.to_path_buf(), self.stop.clone());
+        self.tasks.spawn(async move {
             let moving = (logs.clone(), tp.clone());
-            let outcome = tokio::task::spawn_blocking(move || moving.0.move_replica(&moving.1, &to)).await;
+            let outcome =
+                tokio::task::spawn_blocking(move || moving.0.move_replica(&moving.1, &to, &|| stop.is_cancelled())).await;
             let serving = match outcome {
                 Ok(Ok(log)) => Some(log),
+                Ok(Err((e @ fjord_log::Error::MoveCancelled { .. }, log))) => {
+                    tracing::info!(partition = %tp, reason = %e, "replica move cancelled: the broker stops");
+                    log
+                }
                 Ok(Err((e, log))) => {
                     tracing::error!(partition = %tp, error = %e, "moving a replica to another log dir failed");
                     log

@@ -5,9 +5,10 @@
 //! error) is listed with KAFKA_STORAGE_ERROR and nothing in it, as Kafka lists it.
 //!
 //! The offset lag is Kafka's for a current replica, `max(high watermark - log
-//! end offset, 0)`; replicas are never future ones (an AlterReplicaLogDirs
-//! move copies into a `-future` directory that is not listed, and the partition shows in
-//! its new directory once the move is done). v4's
+//! end offset, 0)`. While an AlterReplicaLogDirs move copies a replica, its copy (the
+//! `-future` directory) is listed in its new dir with `is_future_key` and the bytes copied
+//! so far, its offset lag -1 (not known: the copy is files, not a log yet); the partition
+//! shows there as a current replica once the move is done. v4's
 //! total and usable bytes come from statvfs(2) of the directory, -1 when that fails.
 //! A partition asked for that this broker holds no replica of is left out, as Kafka does.
 
@@ -23,7 +24,7 @@ use crate::codec::error_code;
 use crate::connection::Session;
 use crate::handler::Broker;
 use fjord_auth::{Operation, Resource};
-use fjord_log::LogDirInfo;
+use fjord_log::{FutureReplica, LogDirInfo};
 
 impl Broker {
     pub(crate) fn describe_log_dirs(&self, request: DescribeLogDirsRequest, version: i16, session: &Session) -> ResponseKind {
@@ -43,14 +44,21 @@ impl Broker {
             }
             wanted
         });
-        let results = self.topics.logs().dirs().iter().map(|dir| describe_dir(dir, wanted.as_ref())).collect();
+        let logs = self.topics.logs();
+        let future = logs.future_replica();
+        let results = logs.dirs().iter().map(|dir| describe_dir(dir, wanted.as_ref(), future.as_ref())).collect();
         ResponseKind::DescribeLogDirs(DescribeLogDirsResponse::default().with_results(results))
     }
 }
 
 /// One log dir's result: its partitions (those `wanted`, all when `None`) with their sizes
-/// and offset lags, and the disk's total and usable bytes.
-fn describe_dir(dir: &LogDirInfo, wanted: Option<&BTreeMap<String, BTreeSet<i32>>>) -> DescribeLogDirsResult {
+/// and offset lags, the copy of a move into it (`future`, when it is this dir's), and the
+/// disk's total and usable bytes.
+fn describe_dir(
+    dir: &LogDirInfo,
+    wanted: Option<&BTreeMap<String, BTreeSet<i32>>>,
+    future: Option<&FutureReplica>,
+) -> DescribeLogDirsResult {
     let logs = match &dir.state {
         Ok(logs) => logs,
         // An offline dir (Kafka): its path and KAFKA_STORAGE_ERROR, nothing else.
@@ -65,11 +73,11 @@ fn describe_dir(dir: &LogDirInfo, wanted: Option<&BTreeMap<String, BTreeSet<i32>
     let mut topics: BTreeMap<String, Vec<DescribeLogDirsPartition>> = BTreeMap::new();
     let mut held = logs.partitions();
     held.sort();
+    let is_wanted =
+        |tp: &fjord_log::TopicPartition| wanted.is_none_or(|w| w.get(&tp.topic).is_some_and(|p| p.contains(&tp.partition)));
     for tp in held {
-        if let Some(wanted) = wanted {
-            if !wanted.get(&tp.topic).is_some_and(|p| p.contains(&tp.partition)) {
-                continue;
-            }
+        if !is_wanted(&tp) {
+            continue;
         }
         // Deleted since listed: nothing to describe.
         let Some(log) = logs.get(&tp) else { continue };
@@ -80,6 +88,15 @@ fn describe_dir(dir: &LogDirInfo, wanted: Option<&BTreeMap<String, BTreeSet<i32>
                 .with_partition_size(i64::try_from(log.size_bytes()).unwrap_or(i64::MAX))
                 .with_offset_lag(lag)
                 .with_is_future_key(false),
+        );
+    }
+    if let Some(f) = future.filter(|f| f.log_dir == dir.path && is_wanted(&f.partition)) {
+        topics.entry(f.partition.topic.clone()).or_default().push(
+            DescribeLogDirsPartition::default()
+                .with_partition_index(f.partition.partition)
+                .with_partition_size(i64::try_from(f.size_bytes).unwrap_or(i64::MAX))
+                .with_offset_lag(-1)
+                .with_is_future_key(true),
         );
     }
     let (total_bytes, usable_bytes) = disk_space(&dir.path).unwrap_or((-1, -1));

@@ -2,8 +2,13 @@
 //! --plan FILE | --decommission BROKER`:
 //! Kafka's `kafka-reassign-partitions` over AlterPartitionReassignments and
 //! ListPartitionReassignments, with its reassignment JSON
-//! (`{"version":1,"partitions":[{"topic":"t","partition":0,"replicas":[1,2,3]}]}`;
-//! `log_dirs` is accepted and ignored).
+//! (`{"version":1,"partitions":[{"topic":"t","partition":0,"replicas":[1,2,3]}]}`).
+//!
+//! A partition's optional `log_dirs` (one per replica, in the order of `replicas`:
+//! `"any"` or a path among that broker's `log.dirs`) places replicas in log dirs, as
+//! Kafka's tool does: after the reassignment is submitted, `--execute` sends
+//! AlterReplicaLogDirs to each broker concerned, retrying while a new replica does not
+//! exist yet (up to `--timeout`); `--verify` says per replica whether it is in its dir.
 //!
 //! `--execute --throttle BYTES_PER_SEC` throttles the catch-up of the moves as Kafka's
 //! tool does: each moving partition gets `leader.replication.throttled.replicas` on its
@@ -18,10 +23,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{ArgGroup, Args};
-use fjord_client::{Admin, ConfigResource};
+use fjord_client::{Admin, ConfigResource, LogDirDescription, ResponseError};
 use serde_json::{json, Value};
 
 use super::ConnectArgs;
@@ -57,6 +63,11 @@ pub(crate) struct ReassignArgs {
     /// second (on every broker involved); --verify removes the throttle once done.
     #[arg(long, requires = "execute", value_name = "BYTES_PER_SEC", allow_hyphen_values = true)]
     throttle: Option<String>,
+    /// With --execute: how long to wait, in ms, for each replica the plan puts in a log
+    /// dir to exist on its broker (a replica the reassignment adds is created once it
+    /// starts) before giving up on moving it there.
+    #[arg(long, requires = "execute", value_name = "MS", default_value_t = 10_000)]
+    timeout: u64,
     /// Move every replica off this broker (each to the live broker with the fewest
     /// replicas that does not hold the partition yet), so it can be retired; prints the plan.
     #[arg(long, value_name = "BROKER")]
@@ -66,25 +77,53 @@ pub(crate) struct ReassignArgs {
 /// One partition of a plan: (topic, partition, target replicas).
 type Move = (String, i32, Vec<i32>);
 
-/// Reads Kafka's reassignment JSON.
-fn parse_plan(text: &str) -> anyhow::Result<Vec<Move>> {
+/// A replica a plan puts in a given log dir: (topic, partition, broker, log dir).
+type ReplicaDir = (String, i32, i32, String);
+
+/// A plan's `log_dirs` entry that leaves the replica's dir to the broker.
+const ANY_LOG_DIR: &str = "any";
+
+/// Reads Kafka's reassignment JSON: the moves, and the replicas whose `log_dirs` entry
+/// names a dir (not `"any"`).
+fn parse_plan(text: &str) -> anyhow::Result<(Vec<Move>, Vec<ReplicaDir>)> {
     let document: Value = serde_json::from_str(text).context("not JSON")?;
     let partitions = document.get("partitions").and_then(Value::as_array).context("no \"partitions\" array")?;
-    partitions
-        .iter()
-        .map(|p| {
-            let topic = p.get("topic").and_then(Value::as_str).context("a partition without \"topic\"")?;
-            let partition = p.get("partition").and_then(Value::as_i64).context("a partition without \"partition\"")?;
-            let replicas = p
-                .get("replicas")
-                .and_then(Value::as_array)
-                .context("a partition without \"replicas\"")?
+    let mut moves = Vec::new();
+    let mut dirs = Vec::new();
+    for p in partitions {
+        let topic = p.get("topic").and_then(Value::as_str).context("a partition without \"topic\"")?;
+        let partition = p.get("partition").and_then(Value::as_i64).context("a partition without \"partition\"")?;
+        let partition = i32::try_from(partition).context("partition out of range")?;
+        let replicas = p
+            .get("replicas")
+            .and_then(Value::as_array)
+            .context("a partition without \"replicas\"")?
+            .iter()
+            .map(|r| r.as_i64().and_then(|r| i32::try_from(r).ok()).context("a replica that is not a broker id"))
+            .collect::<anyhow::Result<Vec<i32>>>()?;
+        if let Some(log_dirs) = p.get("log_dirs") {
+            let log_dirs = log_dirs
+                .as_array()
+                .with_context(|| format!("{topic}-{partition}: \"log_dirs\" is not an array"))?
                 .iter()
-                .map(|r| r.as_i64().and_then(|r| i32::try_from(r).ok()).context("a replica that is not a broker id"))
-                .collect::<anyhow::Result<Vec<i32>>>()?;
-            Ok((topic.to_owned(), i32::try_from(partition).context("partition out of range")?, replicas))
-        })
-        .collect()
+                .map(|d| d.as_str().with_context(|| format!("{topic}-{partition}: a log dir that is not a string: {d}")))
+                .collect::<anyhow::Result<Vec<&str>>>()?;
+            if log_dirs.len() != replicas.len() {
+                bail!(
+                    "{topic}-{partition}: \"log_dirs\" has {} entries but \"replicas\" has {}: one log dir (or \"any\") per replica",
+                    log_dirs.len(),
+                    replicas.len()
+                );
+            }
+            for (&broker, &dir) in replicas.iter().zip(&log_dirs) {
+                if dir != ANY_LOG_DIR {
+                    dirs.push((topic.to_owned(), partition, broker, dir.to_owned()));
+                }
+            }
+        }
+        moves.push((topic.to_owned(), partition, replicas));
+    }
+    Ok((moves, dirs))
 }
 
 /// Kafka's reassignment JSON of `moves`.
@@ -182,6 +221,109 @@ fn check_plan(moves: &[Move], current: &[Move], live: &[i32]) -> anyhow::Result<
     Ok(())
 }
 
+/// A log dir path as compared with the broker's: without trailing slashes.
+fn dir_key(path: &str) -> &str {
+    match path.trim_end_matches('/') {
+        "" => "/",
+        trimmed => trimmed,
+    }
+}
+
+/// Refuses replica dirs naming a replica that is not in the plan's replicas of its
+/// partition (the plan format rules this out; a decommission has none) or a dir that is
+/// not one of its broker's log dirs (`broker_dirs`), before anything is changed.
+fn check_dirs(dirs: &[ReplicaDir], broker_dirs: &BTreeMap<i32, Vec<LogDirDescription>>) -> anyhow::Result<()> {
+    for (topic, partition, broker, dir) in dirs {
+        let known = broker_dirs.get(broker).map(Vec::as_slice).unwrap_or_default();
+        if !known.iter().any(|d| dir_key(&d.path) == dir_key(dir)) {
+            let paths: Vec<&str> = known.iter().map(|d| d.path.as_str()).collect();
+            bail!("{topic}-{partition}: broker {broker} has no log dir {dir} (its log dirs: {paths:?})");
+        }
+    }
+    Ok(())
+}
+
+/// The log dirs of every broker `dirs` names, each with its replicas of their partitions.
+async fn describe_dirs(admin: &Admin, dirs: &[ReplicaDir]) -> anyhow::Result<BTreeMap<i32, Vec<LogDirDescription>>> {
+    let mut partitions: BTreeMap<i32, Vec<(String, i32)>> = BTreeMap::new();
+    for (topic, partition, broker, _) in dirs {
+        partitions.entry(*broker).or_default().push((topic.clone(), *partition));
+    }
+    let mut described = BTreeMap::new();
+    for (broker, partitions) in partitions {
+        let dirs = admin.describe_log_dirs(broker, &partitions).await.with_context(|| format!("broker {broker}"))?;
+        described.insert(broker, dirs);
+    }
+    Ok(described)
+}
+
+/// How often `--execute` asks again to move a replica its broker does not hold yet.
+const REPLICA_WAIT_BACKOFF: Duration = Duration::from_millis(200);
+
+/// Asks each broker of `dirs` to move its replicas into their dirs (AlterReplicaLogDirs),
+/// again every [`REPLICA_WAIT_BACKOFF`] for a replica the broker does not hold yet (one
+/// the reassignment adds), for up to `timeout`, as Kafka's tool does.
+async fn place_replicas(admin: &Admin, dirs: &[ReplicaDir], timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut pending = dirs.to_vec();
+    loop {
+        let mut by_broker: BTreeMap<i32, Vec<(String, i32, String)>> = BTreeMap::new();
+        for (topic, partition, broker, dir) in &pending {
+            by_broker.entry(*broker).or_default().push((topic.clone(), *partition, dir.clone()));
+        }
+        let mut waiting = Vec::new();
+        for (broker, asked) in by_broker {
+            for ((topic, partition), outcome) in admin.alter_replica_log_dirs(broker, &asked).await? {
+                let dir = asked.iter().find(|(t, p, _)| *t == topic && *p == partition).map(|(_, _, d)| d.clone());
+                let dir = dir.context("the broker answered for a partition not asked")?;
+                match outcome {
+                    Ok(()) => println!("Moving the replica of {topic}-{partition} on broker {broker} to log dir {dir}"),
+                    Err(e) if e.code() == Some(ResponseError::ReplicaNotAvailable) => {
+                        waiting.push((topic, partition, broker, dir))
+                    }
+                    Err(e) => return Err(e).context("moving a replica to its log dir"),
+                }
+            }
+        }
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            let names: Vec<String> = waiting.iter().map(|(t, p, b, _)| format!("{t}-{p} on broker {b}")).collect();
+            bail!(
+                "the replicas of {} did not exist within {timeout:?} (--timeout), so they were not moved to their log dirs; \
+                 run --execute again once the reassignment has created them",
+                names.join(", ")
+            );
+        }
+        tokio::time::sleep(REPLICA_WAIT_BACKOFF).await;
+        pending = waiting;
+    }
+}
+
+/// Where a replica of a plan's `log_dirs` is, against where the plan wants it.
+#[derive(Debug, PartialEq, Eq)]
+enum DirState {
+    /// In the dir asked for.
+    Done,
+    /// Elsewhere (`current`, `None` while the broker holds no replica yet), with a copy
+    /// being written into the dir asked for, or not (`copying`).
+    Pending { current: Option<String>, copying: bool },
+}
+
+/// Where `topic`-`partition` is among a broker's `dirs`, against `wanted`.
+fn dir_state(dirs: &[LogDirDescription], topic: &str, partition: i32, wanted: &str) -> DirState {
+    let holds = |d: &&LogDirDescription, future: bool| {
+        d.replicas.iter().any(|r| r.topic == topic && r.partition == partition && r.is_future == future)
+    };
+    let current = dirs.iter().find(|d| holds(d, false)).map(|d| d.path.clone());
+    if current.as_deref().is_some_and(|c| dir_key(c) == dir_key(wanted)) {
+        return DirState::Done;
+    }
+    let copying = dirs.iter().any(|d| holds(&d, true) && dir_key(&d.path) == dir_key(wanted));
+    DirState::Pending { current, copying }
+}
+
 /// Sets the throttles of `moves` to `rate` bytes per second.
 async fn set_throttles(admin: &Admin, moves: &[Move], current: &[Move], rate: u64) -> anyhow::Result<()> {
     let (lists, brokers) = throttles(moves, current);
@@ -266,11 +408,11 @@ pub(crate) async fn run(args: ReassignArgs) -> anyhow::Result<()> {
         println!("Proposed partition reassignment configuration\n{}", plan_json(&proposed));
         return Ok(());
     }
-    let moves = match (&args.plan, args.decommission) {
+    let (moves, dirs) = match (&args.plan, args.decommission) {
         (_, Some(broker)) => {
             let moves = decommission_plan(broker, &live, &current)?;
             println!("Proposed partition reassignment configuration\n{}", plan_json(&moves));
-            moves
+            (moves, Vec::new())
         }
         (Some(path), None) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("--plan {}", path.display()))?;
@@ -296,11 +438,32 @@ pub(crate) async fn run(args: ReassignArgs) -> anyhow::Result<()> {
                 );
             }
         }
+        let mut dirs_pending = false;
+        if !dirs.is_empty() {
+            println!("Status of replica log dir movement:");
+            let described = describe_dirs(&admin, &dirs).await?;
+            for (topic, partition, broker, dir) in &dirs {
+                let broker_dirs = described.get(broker).map(Vec::as_slice).unwrap_or_default();
+                let replica = format!("{topic}-{partition} on broker {broker}");
+                match dir_state(broker_dirs, topic, *partition, dir) {
+                    DirState::Done => println!("The replica of {replica} is in log dir {dir}: completed."),
+                    DirState::Pending { current, copying } => {
+                        dirs_pending = true;
+                        let now = match (current, copying) {
+                            (None, _) => "the broker holds no replica yet".to_owned(),
+                            (Some(c), true) => format!("it is in {c}, its copy in {dir} is being written"),
+                            (Some(c), false) => format!("it is in {c}"),
+                        };
+                        println!("The move of the replica of {replica} to log dir {dir} is still in progress ({now}).");
+                    }
+                }
+            }
+        }
         if mismatched > 0 {
             bail!("{mismatched} partition(s) of the plan are not on their target replicas");
         }
         // Kafka's tool keeps the throttle while any move is still under way.
-        if !moves.iter().any(|(t, p, _)| in_progress.iter().any(|r| &r.topic == t && r.partition == *p)) {
+        if !dirs_pending && !moves.iter().any(|(t, p, _)| in_progress.iter().any(|r| &r.topic == t && r.partition == *p)) {
             clear_throttles(&admin, &moves, &live).await?;
         }
         return Ok(());
@@ -312,6 +475,7 @@ pub(crate) async fn run(args: ReassignArgs) -> anyhow::Result<()> {
     let cancel = args.cancel;
     if !cancel {
         check_plan(&moves, &current, &live)?;
+        check_dirs(&dirs, &describe_dirs(&admin, &dirs).await?)?;
     }
     if !cancel {
         // Kafka prints what to roll back to.
@@ -340,6 +504,9 @@ pub(crate) async fn run(args: ReassignArgs) -> anyhow::Result<()> {
         true => println!("Successfully cancelled partition reassignments for: {}", names(&moves)),
         false => println!("Successfully started partition reassignments for {}", names(&moves)),
     }
+    if !cancel && !dirs.is_empty() {
+        place_replicas(&admin, &dirs, Duration::from_millis(args.timeout)).await?;
+    }
     Ok(())
 }
 
@@ -351,11 +518,59 @@ mod tests {
     fn kafkas_plan_format_round_trips() {
         let text =
             r#"{"version":1,"partitions":[{"topic":"t","partition":0,"replicas":[2,3,4],"log_dirs":["any","any","any"]}]}"#;
-        let moves = parse_plan(text).unwrap();
+        let (moves, dirs) = parse_plan(text).unwrap();
         assert_eq!(moves, vec![("t".to_owned(), 0, vec![2, 3, 4])]);
-        assert_eq!(parse_plan(&plan_json(&moves)).unwrap(), moves);
+        assert!(dirs.is_empty(), "\"any\" leaves the dir to the broker");
+        assert_eq!(parse_plan(&plan_json(&moves)).unwrap(), (moves, Vec::new()));
         assert!(parse_plan(r#"{"version":1}"#).is_err());
         assert!(parse_plan(r#"{"partitions":[{"topic":"t","partition":0,"replicas":["a"]}]}"#).is_err());
+    }
+
+    #[test]
+    fn log_dirs_name_the_dir_of_each_replica_in_the_order_of_the_replicas() {
+        let text = r#"{"version":1,"partitions":[
+            {"topic":"t","partition":0,"replicas":[2,3],"log_dirs":["any","/d/b"]},
+            {"topic":"t","partition":1,"replicas":[3,1]}]}"#;
+        let (moves, dirs) = parse_plan(text).unwrap();
+        assert_eq!(moves.len(), 2);
+        assert_eq!(dirs, vec![("t".to_owned(), 0, 3, "/d/b".to_owned())]);
+        // One entry per replica, or the plan is refused before anything is submitted.
+        let short = r#"{"partitions":[{"topic":"t","partition":0,"replicas":[2,3],"log_dirs":["/d/b"]}]}"#;
+        let e = parse_plan(short).unwrap_err().to_string();
+        assert!(e.contains("t-0: \"log_dirs\" has 1 entries but \"replicas\" has 2"), "{e}");
+        let not_text = r#"{"partitions":[{"topic":"t","partition":0,"replicas":[2],"log_dirs":[7]}]}"#;
+        assert!(parse_plan(not_text).unwrap_err().to_string().contains("not a string"));
+    }
+
+    fn log_dir(path: &str, replicas: &[(&str, i32, bool)]) -> LogDirDescription {
+        LogDirDescription {
+            path: path.to_owned(),
+            offline: false,
+            replicas: replicas
+                .iter()
+                .map(|&(topic, partition, is_future)| fjord_client::ReplicaLogDir {
+                    topic: topic.to_owned(),
+                    partition,
+                    size: 0,
+                    is_future,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_replica_is_done_only_once_it_serves_from_its_dir() {
+        let moving = [log_dir("/a", &[("t", 0, false)]), log_dir("/b/", &[("t", 0, true)])];
+        assert_eq!(dir_state(&moving, "t", 0, "/b"), DirState::Pending { current: Some("/a".into()), copying: true });
+        let moved = [log_dir("/a", &[]), log_dir("/b/", &[("t", 0, false)])];
+        assert_eq!(dir_state(&moved, "t", 0, "/b"), DirState::Done, "a trailing slash names the same dir");
+        assert_eq!(dir_state(&moved, "t", 1, "/b"), DirState::Pending { current: None, copying: false });
+        assert_eq!(dir_state(&moved, "t", 0, "/a"), DirState::Pending { current: Some("/b/".into()), copying: false });
+
+        let dirs = vec![("t".to_owned(), 0, 1, "/b".to_owned())];
+        assert!(check_dirs(&dirs, &BTreeMap::from([(1, moved.to_vec())])).is_ok());
+        let e = check_dirs(&dirs, &BTreeMap::from([(1, vec![log_dir("/a", &[])])])).unwrap_err().to_string();
+        assert!(e.contains("broker 1 has no log dir /b"), "{e}");
     }
 
     #[test]
