@@ -46,6 +46,9 @@ function setupLiveLag() {
       row.querySelector(".end").textContent = p.end >= 0 ? p.end : "?";
       row.querySelector(".lag").textContent = p.lag;
     }
+    // The chart is the server's SVG (every name in it escaped there).
+    const chart = document.getElementById("lag-chart");
+    if (chart && doc.chart) chart.innerHTML = doc.chart;
     status.textContent = "live · updated " + new Date().toLocaleTimeString();
   });
   source.addEventListener("failure", (event) => {
@@ -53,8 +56,23 @@ function setupLiveLag() {
   });
 }
 
+// Live produce/consume rates on the overview over Server-Sent Events.
+function setupLiveRates() {
+  const summary = document.querySelector("#rates[data-stream]");
+  if (!summary || !window.EventSource) return;
+  const source = new EventSource(summary.dataset.stream);
+  source.addEventListener("rates", (event) => {
+    const doc = JSON.parse(event.data);
+    document.getElementById("produce-rate").textContent = doc.produce.toFixed(1);
+    document.getElementById("consume-rate").textContent = doc.consume.toFixed(1);
+    const chart = document.getElementById("rates-chart");
+    if (chart && doc.chart) chart.innerHTML = doc.chart;
+  });
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   setupFilters();
   setupConfirms();
   setupLiveLag();
+  setupLiveRates();
 });

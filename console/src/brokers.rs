@@ -214,6 +214,26 @@ impl Brokers {
             .collect())
     }
 
+    /// Log end offsets of every partition of `topics` that has a leader, in one
+    /// ListOffsets round (the rates sampler's).
+    pub(crate) async fn with_offsets_latest(&self, topics: &[Arc<TopicMetadata>]) -> Result<Vec<(TopicPartition, i64)>> {
+        let admin = self.admin().await?;
+        let asked: Vec<(String, i32, OffsetSpec)> = topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .filter(|p| p.leader >= 0 && p.error_code == 0)
+                    .map(|p| (t.name.clone(), p.partition, OffsetSpec::Latest))
+            })
+            .collect();
+        if asked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ends = bounded(self.timeout, "list log end offsets", admin.list_offsets(&asked)).await?;
+        Ok(asked.into_iter().zip(ends).map(|((t, p, _), e)| (TopicPartition::new(t, p), e)).collect())
+    }
+
     /// One topic's metadata (refreshed).
     pub(crate) async fn topic(&self, name: &str) -> Result<Arc<TopicMetadata>> {
         let admin = self.admin().await?;

@@ -42,6 +42,14 @@ pub enum Error {
     /// The audit report could not be computed.
     #[error("the audit report could not be read: {0}")]
     Audit(#[from] fjord_audit::Error),
+    /// A loader destination could not be read.
+    #[error("the loader destination {dest} could not be read: {reason}")]
+    Loader {
+        /// Its URL.
+        dest: String,
+        /// What went wrong (with its causes).
+        reason: String,
+    },
     /// A form field or query parameter is not valid.
     #[error("{field}: {reason}")]
     BadInput {
@@ -97,7 +105,7 @@ impl Error {
     pub fn status(&self) -> StatusCode {
         match self {
             Error::Broker { source: fjord_client::Error::UnknownTopic(_), .. } | Error::NotFound { .. } => StatusCode::NOT_FOUND,
-            Error::Broker { .. } | Error::Registry { .. } | Error::Audit(_) => StatusCode::BAD_GATEWAY,
+            Error::Broker { .. } | Error::Registry { .. } | Error::Audit(_) | Error::Loader { .. } => StatusCode::BAD_GATEWAY,
             Error::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Error::NoRegistry | Error::AuthUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::BadInput { .. } => StatusCode::BAD_REQUEST,

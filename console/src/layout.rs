@@ -20,15 +20,19 @@ pub(crate) enum Nav {
     Groups,
     Schemas,
     Audit,
+    Mirror,
+    Loads,
     None,
 }
 
-const NAV: [(Nav, &str, &str); 5] = [
+const NAV: [(Nav, &str, &str); 7] = [
     (Nav::Overview, "/", "Overview"),
     (Nav::Topics, "/topics", "Topics"),
     (Nav::Groups, "/groups", "Groups"),
     (Nav::Schemas, "/schemas", "Schemas"),
     (Nav::Audit, "/audit", "Audit"),
+    (Nav::Mirror, "/mirror", "Mirror"),
+    (Nav::Loads, "/loads", "Loads"),
 ];
 
 /// A whole page.
@@ -45,6 +49,8 @@ pub(crate) fn page(title: &str, active: Nav, body: Markup) -> Markup {
                 script src={ (BASE) "/assets/console.js" } defer {}
             }
             body {
+                // The first tab stop: past the navigation to the page's content.
+                a.skip href="#main" { "Skip to content" }
                 header.top {
                     a.brand href={ (BASE) "/" } { "Fjord" }
                     nav aria-label="Sections" {
@@ -53,7 +59,7 @@ pub(crate) fn page(title: &str, active: Nav, body: Markup) -> Markup {
                         }
                     }
                 }
-                main { (body) }
+                main #main tabindex="-1" { (body) }
             }
         }
     }
@@ -102,6 +108,29 @@ pub(crate) fn time(ms: i64) -> String {
     }
     let s = fjord_audit::time::format_utc(ms);
     format!("{}.{:03}Z", s.trim_end_matches('Z'), ms.rem_euclid(1000))
+}
+
+/// A line chart of `series` over time, drawn by the audit's SVG renderer (one line per
+/// series, x labelled with the time of day): `points` are (time in ms, one value per series).
+/// The renderer escapes every name it draws; the result is embedded as is.
+pub(crate) fn series_chart(label: &str, series: &[&str], points: &[(i64, Vec<u64>)]) -> String {
+    let rows: Vec<fjord_audit::WindowRow> = points
+        .iter()
+        .map(|(at, values)| fjord_audit::WindowRow {
+            topic: label.to_string(),
+            window_start: *at,
+            window_start_utc: fjord_audit::time::format_utc(*at),
+            counts: series.iter().zip(values).map(|(s, v)| (s.to_string(), *v)).collect(),
+            produced: 0,
+            dead_lettered: 0,
+            differences: Default::default(),
+            verdict: fjord_audit::Verdict::Complete,
+            problems: Vec::new(),
+        })
+        .collect();
+    let rows: Vec<&fjord_audit::WindowRow> = rows.iter().collect();
+    let series: Vec<String> = series.iter().map(|s| s.to_string()).collect();
+    fjord_audit::render::chart(label, &series, &rows)
 }
 
 /// Broker ids as `1, 2, 3`.

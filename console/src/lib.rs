@@ -10,7 +10,10 @@
 //!   consumer), each call bounded by [`ConsoleConfig::timeout`].
 //! - `decode`: Avro (through the registry), JSON, text or hex, bounded in size.
 //! - `layout`: the page shell, the embedded `assets/`, formatting helpers.
-//! - `pages/`: one module per section: `overview`, `topics`, `groups`, `schemas`, `audit`.
+//! - `history`: produce/consume rates and each group's lag over the last minutes, sampled
+//!   while the console is in use.
+//! - `pages/`: one module per section: `overview`, `topics`, `groups`, `schemas`, `audit`,
+//!   `mirror`, `loads`.
 //! - `error`: the crate's [`Error`] and the error page.
 //!
 //! # Invariants
@@ -29,6 +32,7 @@
 mod brokers;
 mod decode;
 mod error;
+mod history;
 mod layout;
 mod pages;
 
@@ -59,6 +63,17 @@ pub struct ConsoleConfig {
     pub timeout: Duration,
     /// The audit's window length (as every tier's).
     pub audit_window: Duration,
+    /// The mirror's metrics address (`HOST:PORT` or a URL; its `/status`), for the sources'
+    /// state on `/ui/mirror`; without it the page shows what the brokers hold (the mirror's
+    /// groups and `_mirror_gaps`).
+    pub mirror_url: Option<String>,
+    /// Consumer groups of mirrors besides the default `fjord-mirror` (`fjord mirror
+    /// --group`); groups whose members are mirrors are found without it.
+    pub mirror_groups: Vec<String>,
+    /// Destinations of `fjord load` jobs (`file:///dir`, `hdfs://host:port/dir`), whose
+    /// committed states and files `/ui/loads` shows: the loader keeps its offsets beside its
+    /// data, not in the brokers.
+    pub loads: Vec<String>,
 }
 
 impl ConsoleConfig {
@@ -69,6 +84,9 @@ impl ConsoleConfig {
             registry_url: None,
             timeout: Duration::from_secs(10),
             audit_window: Duration::from_millis(fjord_audit::DEFAULT_WINDOW_MS as u64),
+            mirror_url: None,
+            mirror_groups: Vec::new(),
+            loads: Vec::new(),
         }
     }
 }
@@ -82,6 +100,8 @@ pub struct Console {
     registry: Option<RegistryClient>,
     /// For the registry pages, which pass the caller's credentials on.
     http: reqwest::Client,
+    /// Rates and lag over the last minutes.
+    history: history::History,
 }
 
 impl std::fmt::Debug for Console {
@@ -103,7 +123,14 @@ impl Console {
             }
         });
         let http = reqwest::Client::builder().timeout(config.timeout).build().unwrap_or_default();
-        Arc::new(Self { brokers: brokers::Brokers::new(config.client.clone(), config.timeout), config, security, registry, http })
+        Arc::new(Self {
+            brokers: brokers::Brokers::new(config.client.clone(), config.timeout),
+            config,
+            security,
+            registry,
+            http,
+            history: Default::default(),
+        })
     }
 }
 
@@ -156,7 +183,10 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/ui/schemas", get(pages::schemas::list))
         .route("/ui/schemas/{subject}", get(pages::schemas::subject))
         .route("/ui/schemas/{subject}/check", post(pages::schemas::check))
+        .route("/ui/rates", get(pages::overview::rates_stream))
         .route("/ui/audit", get(pages::audit::report))
+        .route("/ui/mirror", get(pages::mirror::page))
+        .route("/ui/loads", get(pages::loads::page))
         .route("/ui/assets/console.css", get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], layout::CSS) }))
         .route(
             "/ui/assets/console.js",
@@ -188,6 +218,8 @@ async fn guard(State(c): State<Arc<Console>>, mut request: Request, next: Next) 
         }
     }
     request.extensions_mut().insert(Caller { principal, host: peer.host(), authorization });
+    // The rates and lag history is sampled while someone uses the console.
+    history::touch(&c);
     let mut response = next.run(request).await;
     let h = response.headers_mut();
     h.insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));

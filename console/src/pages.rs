@@ -3,6 +3,8 @@
 
 pub(crate) mod audit;
 pub(crate) mod groups;
+pub(crate) mod loads;
+pub(crate) mod mirror;
 pub(crate) mod overview;
 pub(crate) mod schemas;
 pub(crate) mod topics;

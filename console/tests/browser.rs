@@ -3,7 +3,9 @@
 //! independent client: a kcat topic is listed; its records are on its page, an Avro record
 //! decoded through the registry; a kcat group's lag shows, rises and falls live (Server-
 //! Sent Events) as records arrive and the group consumes them; a topic created with the
-//! page's form is listed by kcat -L; an audit loss is highlighted; no page has a
+//! page's form is listed by kcat -L; an audit loss is highlighted; the mirror and loads
+//! pages render (a real loader job's files listed); at phone width no page is wider than
+//! the screen; the keyboard reaches the navigation and the forms; no page has a
 //! JavaScript error. Each page's screenshot is kept in `target/console-screenshots/`.
 
 mod support;
@@ -55,7 +57,9 @@ fn group_consume(broker: &str, group: &str, topic: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chromium_browses_the_console_pages() {
-    let sys = System::start().await;
+    let loads = tempfile::tempdir().unwrap();
+    let loads_url = format!("file://{}", loads.path().display());
+    let sys = System::start_with(|g| g.set("console.loads", &loads_url).unwrap()).await;
     kcat_produce(
         &sys.broker,
         "orders",
@@ -148,6 +152,78 @@ async fn chromium_browses_the_console_pages() {
         "rgb(248, 201, 201)"
     );
     b.screenshot(&shots.join("audit.png")).await.unwrap();
+
+    // The mirror page (no mirror here: a message) and a real loader job's commit.
+    b.goto(&format!("{ui}/mirror")).await.unwrap();
+    assert_eq!(b.eval("!!document.getElementById('no-mirror')").await.unwrap(), true);
+    b.screenshot(&shots.join("mirror.png")).await.unwrap();
+    let loader = fjord_hadoop_loader::LoaderConfig {
+        bootstrap: sys.broker.clone(),
+        topics: "orders".into(),
+        dest: loads_url.clone(),
+        job: "orders-hourly".into(),
+        idle_timeout: std::time::Duration::from_secs(20),
+        ..fjord_hadoop_loader::LoaderConfig::default()
+    };
+    fjord_hadoop_loader::run_once(&loader, &()).await.unwrap();
+    b.goto(&format!("{ui}/loads")).await.unwrap();
+    let files = b.eval("document.querySelector('table.commits ul.files').innerText").await.unwrap();
+    assert!(files.as_str().unwrap().contains("orders+0+0+6.avro"), "{files}");
+    b.screenshot(&shots.join("loads.png")).await.unwrap();
+
+    // The overview's rates chart, once the console has sampled twice.
+    b.goto(&format!("{ui}/")).await.unwrap();
+    b.wait_for("!!document.querySelector('#rates-chart svg')", 30).await.unwrap();
+    b.screenshot(&shots.join("overview-rates.png")).await.unwrap();
+
+    // The keyboard: the first Tab is the skip link; Tab reaches the create form.
+    b.goto(&format!("{ui}/topics")).await.unwrap();
+    let tab = async |b: &mut Browser| {
+        for kind in ["keyDown", "keyUp"] {
+            b.call(
+                "Input.dispatchKeyEvent",
+                serde_json::json!({"type": kind, "key": "Tab", "code": "Tab", "windowsVirtualKeyCode": 9}),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    tab(&mut b).await;
+    assert_eq!(b.eval("document.activeElement.className").await.unwrap(), "skip");
+    assert_ne!(b.eval("getComputedStyle(document.activeElement).left").await.unwrap(), "-9999px", "visible when focused");
+    let mut reached = false;
+    for _ in 0..80 {
+        tab(&mut b).await;
+        if b.eval("document.activeElement.matches('form.create input[name=name]')").await.unwrap() == true {
+            reached = true;
+            break;
+        }
+    }
+    assert!(reached, "the create form is reachable with Tab");
+    assert_ne!(b.eval("getComputedStyle(document.activeElement).outlineStyle").await.unwrap(), "none", "focus is visible");
+
+    // Phone width: no page is wider than the screen (tables scroll inside themselves).
+    b.call(
+        "Emulation.setDeviceMetricsOverride",
+        serde_json::json!({"width": 375, "height": 740, "deviceScaleFactor": 1, "mobile": true}),
+    )
+    .await
+    .unwrap();
+    for (path, shot) in [
+        ("/", "phone-overview"),
+        ("/topics", "phone-topics"),
+        ("/topics/orders", "phone-topic"),
+        ("/groups/shop", "phone-group"),
+        ("/audit", "phone-audit"),
+        ("/loads", "phone-loads"),
+        ("/mirror", "phone-mirror"),
+    ] {
+        b.goto(&format!("{ui}{path}")).await.unwrap();
+        let (page, screen) =
+            (b.eval("document.documentElement.scrollWidth").await.unwrap(), b.eval("window.innerWidth").await.unwrap());
+        assert!(page.as_i64().unwrap() <= screen.as_i64().unwrap(), "{path}: {page} px wide on a {screen} px screen");
+        b.screenshot(&shots.join(format!("{shot}.png"))).await.unwrap();
+    }
 
     assert!(b.errors.is_empty(), "JavaScript or console errors: {:#?}", b.errors);
 }

@@ -3,7 +3,9 @@
 //! through the registry), hostile keys, values, headers and group ids are escaped, a
 //! kcat group's lag shows, topics are created and deleted through the forms (and kcat sees
 //! it), a cross-site form post is refused, offsets are reset, and a broker or registry
-//! that cannot be reached is a message on the page.
+//! that cannot be reached is a message on the page. A real mirror's group, lag, status
+//! and recorded gaps are on `/ui/mirror`; a real loader's jobs, offsets and files on
+//! `/ui/loads`; the overview's rates and a group's lag chart follow real traffic.
 
 mod support;
 
@@ -185,7 +187,7 @@ async fn unreachable_brokers_and_registry_are_messages_on_the_page() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
-    for path in ["/ui/", "/ui/topics", "/ui/topics/t", "/ui/groups", "/ui/groups/g", "/ui/schemas", "/ui/audit"] {
+    for path in ["/ui/", "/ui/topics", "/ui/topics/t", "/ui/groups", "/ui/groups/g", "/ui/schemas", "/ui/audit", "/ui/mirror"] {
         let r = reqwest::get(format!("{url}{path}")).await.unwrap();
         let status = r.status().as_u16();
         let page = r.text().await.unwrap();
@@ -279,4 +281,160 @@ async fn basic_authentication_and_acls_apply_to_the_console() {
     let page = get("/ui/topics", Some(("admin", "admin-pw"))).await.unwrap().text().await.unwrap();
     assert!(page.contains(">visible</a>") && page.contains(">secret</a>"), "{page}");
     shutdown.cancel();
+}
+
+/// A mirror copying `orders` within the cluster (to `dc1.orders`): its group `fjord-mirror`
+/// with the position and lag of each source partition, its own status through its
+/// metrics address, and the gaps recorded in `_mirror_gaps`, escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mirror_page_shows_its_group_lag_status_and_gaps() {
+    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = metrics.local_addr().unwrap().to_string();
+    let sys = System::start_with(|g| g.set("console.mirror.url", &metrics_addr).unwrap()).await;
+    let (status, page) = sys.get("/ui/mirror").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("id=\"no-mirror\"") && page.contains("No gaps recorded."), "{page}");
+    assert!(
+        page.contains("the mirror&#39;s status could not be read") || page.contains("the mirror's status could not be read"),
+        "a mirror that is not running is a message: {page}"
+    );
+
+    kcat_produce(&sys.broker, "orders", "k1\tv1\nk2\tv2\nk3\tv3\n", None);
+    let mut config = fjord_mirror::MirrorConfig::new(
+        vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", sys.broker)).unwrap()],
+        sys.broker.clone(),
+        "orders",
+    );
+    config.rename = Some("{alias}.{topic}".into());
+    config.commit_interval = Duration::from_millis(200);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mirror = tokio::spawn(fjord_mirror::run(config, Some(metrics), shutdown.clone()));
+    until(60, "the mirror's group at the end of orders/0", async || {
+        let (_, page) = sys.get("/ui/mirror").await;
+        page.contains("/ui/groups/fjord-mirror\">fjord-mirror</a>")
+            && page.contains("<tr data-tp=\"orders/0\"><td>orders</td><td class=\"num\">0</td><td class=\"num\">3</td><td class=\"num\">3</td><td class=\"num lag\">0</td>")
+    })
+    .await;
+    // More records: the lag shows until the mirror copies them, and its status is there.
+    kcat_produce(&sys.broker, "orders", "k4\tv4\n", None);
+    until(60, "the position past the new record", async || {
+        let (_, page) = sys.get("/ui/mirror").await;
+        page.contains("<td class=\"num\">4</td><td class=\"num\">4</td><td class=\"num lag\">0</td>")
+    })
+    .await;
+    let (_, page) = sys.get("/ui/mirror").await;
+    assert!(page.contains("id=\"source-list\""), "{page}");
+    assert!(page.contains("<td>dc1</td>") && page.contains("<td>up</td>"), "{page}");
+    assert!(page.contains("<td>dc1.orders</td>"), "the target topic: {page}");
+
+    // A gap as the mirror records it (JSON keyed source/topic-partition), with a hostile alias.
+    let gap = fjord_audit::GapRecord {
+        source: "<b>dc9</b>".into(),
+        topic: "orders".into(),
+        partition: 1,
+        first_offset: 200,
+        last_offset: 303,
+        records: 104,
+        detected_ms: 1_796_010_000_123,
+    };
+    let line = format!("<b>dc9</b>/orders-1\t{}\n", serde_json::to_string(&gap).unwrap());
+    let (ok, _, err) = kcat(&["-b", &sys.broker, "-P", "-t", fjord_audit::GAPS_TOPIC, "-K", "\t"], Some(line.as_bytes()));
+    assert!(ok, "{err}");
+    let (status, page) = sys.get("/ui/mirror").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(!page.contains("<b>dc9"), "unescaped alias");
+    assert!(
+        page.contains("<tr class=\"loss\"><td>2026-11-30T03:40:00.123Z</td><td>&lt;b&gt;dc9&lt;/b&gt;</td><td>orders</td><td class=\"num\">1</td><td class=\"num\">200</td><td class=\"num\">303</td><td class=\"num\">104</td></tr>"),
+        "{page}"
+    );
+    shutdown.cancel();
+    mirror.await.unwrap().unwrap();
+}
+
+/// Two runs of a real loader job into a local directory: `/ui/loads` shows the job's
+/// committed offsets and each commit with the files it wrote (and only those); a
+/// destination with no jobs and a bad URL are messages on the page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loads_page_shows_jobs_offsets_and_files() {
+    let dest = tempfile::tempdir().unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    let loads = format!("file://{},file://{},ftp://nowhere/x", dest.path().display(), empty.path().display());
+    let sys = System::start_with(|g| g.set("console.loads", &loads).unwrap()).await;
+    kcat_produce(&sys.broker, "clicks", "a\t1\nb\t2\nc\t3\n", None);
+    let config = fjord_hadoop_loader::LoaderConfig {
+        bootstrap: sys.broker.clone(),
+        topics: "clicks".into(),
+        dest: format!("file://{}", dest.path().display()),
+        job: "hourly-clicks".into(),
+        idle_timeout: Duration::from_secs(20),
+        ..fjord_hadoop_loader::LoaderConfig::default()
+    };
+    let first = fjord_hadoop_loader::run_once(&config, &()).await.unwrap();
+    assert_eq!(first.committed_seq, Some(1));
+    kcat_produce(&sys.broker, "clicks", "d\t4\ne\t5\n", None);
+    let second = fjord_hadoop_loader::run_once(&config, &()).await.unwrap();
+    assert_eq!(second.committed_seq, Some(2));
+
+    let (status, page) = sys.get("/ui/loads").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Job <span class=\"name\">hourly-clicks</span>"), "{page}");
+    assert!(page.contains("Committed state <strong>2</strong>"), "{page}");
+    assert!(page.contains("<td>clicks</td><td class=\"num\">0</td><td class=\"num offset\">5</td>"), "{page}");
+    // Commit 2 wrote offsets 3-4 of partition 0, commit 1 offsets 0-2: each row lists its own file.
+    let commits = &page[page.find("class=\"commits\"").expect("the commits table")..];
+    let row2 = &commits[commits.find("<td class=\"num\">2</td>").unwrap()..commits.find("<td class=\"num\">1</td>").unwrap()];
+    assert!(row2.contains("clicks+0+3+4.avro") && !row2.contains("clicks+0+0+2.avro"), "{row2}");
+    assert!(row2.contains("<td class=\"num\">2</td>"), "2 records: {row2}");
+    let row1 = &commits[commits.find("<td class=\"num\">1</td>").unwrap()..];
+    assert!(row1.contains("clicks+0+0+2.avro") && !row1.contains("clicks+0+3+4.avro"), "{row1}");
+    assert!(page.contains("No jobs have committed here yet."), "the empty destination: {page}");
+    assert!(page.contains("the loader destination ftp://nowhere/x could not be read"), "{page}");
+
+    // Without destinations the page says how to configure them.
+    let plain = System::start().await;
+    let (status, page) = plain.get("/ui/loads").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("id=\"no-loads\"") && page.contains("console.loads="), "{page}");
+}
+
+/// The overview's produce and consume rates follow real traffic between two samples, and
+/// a group's page draws its lag over time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rates_and_the_lag_chart_follow_traffic() {
+    let sys = System::start().await;
+    let consume = || {
+        let (ok, _, err) =
+            kcat(&["-b", &sys.broker, "-G", "readers", "-X", "auto.offset.reset=earliest", "-e", "-q", "events"], None);
+        assert!(ok, "{err}");
+    };
+    // The group exists before the first sample: a group new since the last sample is not
+    // counted (its first commit is no rate).
+    kcat_produce(&sys.broker, "events", "k\tv\n", None);
+    consume();
+    let (_, page) = sys.get("/ui/").await;
+    assert!(page.contains("The first rates appear after two samples."), "{page}");
+    // After the first sample (started by that view): 50 records, read and committed.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let lines: String = (0..50).map(|i| format!("k{i}\tv{i}\n")).collect();
+    kcat_produce(&sys.broker, "events", &lines, None);
+    consume();
+    let rate = |page: &str, id: &str| -> f64 {
+        let at = page.find(&format!("id=\"{id}\">")).map(|i| i + id.len() + 6).unwrap_or(0);
+        page[at..].split('<').next().unwrap_or("").parse().unwrap_or(0.0)
+    };
+    // The production and the commit may fall into different samples.
+    let (mut produced, mut consumed) = (false, false);
+    until(40, "produce and consume rates above 0", async || {
+        let (_, page) = sys.get("/ui/").await;
+        produced |= rate(&page, "produce-rate") > 0.0;
+        consumed |= rate(&page, "consume-rate") > 0.0;
+        produced && consumed && page.contains("<svg class=\"chart\"")
+    })
+    .await;
+    // The group's page: two reads of its lag make a chart.
+    sys.get("/ui/groups/readers").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (_, page) = sys.get("/ui/groups/readers").await;
+    let chart = &page[page.find("id=\"lag-chart\"").unwrap()..];
+    assert!(chart.starts_with("id=\"lag-chart\"><svg class=\"chart\""), "{chart}");
 }

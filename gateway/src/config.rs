@@ -45,6 +45,14 @@ pub struct GatewayConfig {
     pub audit_window: Duration,
     /// Datacenter / cluster name written into the gateway's audit records.
     pub audit_cluster: String,
+    /// The web console's `/ui/mirror`: the mirror's metrics address, for its sources'
+    /// state (`console.mirror.url`).
+    pub console_mirror_url: Option<String>,
+    /// Mirror groups besides `fjord-mirror` (`console.mirror.groups`, comma-separated).
+    pub console_mirror_groups: Vec<String>,
+    /// The web console's `/ui/loads`: destinations of `fjord load` jobs (`console.loads`,
+    /// comma-separated `file:///dir` or `hdfs://host:port/dir`).
+    pub console_loads: Vec<String>,
     /// Where `?on_invalid=dead_letter` puts invalid events; `None` = `<topic>.dlq`.
     pub dead_letter_topic: Option<String>,
     /// Which browser origins may call the HTTP front (CORS), and to which topics.
@@ -219,6 +227,9 @@ impl Default for GatewayConfig {
             audit_interval: None,
             audit_window: Duration::from_millis(fjord_audit::DEFAULT_WINDOW_MS as u64),
             audit_cluster: "default".into(),
+            console_mirror_url: None,
+            console_mirror_groups: Vec::new(),
+            console_loads: Vec::new(),
             dead_letter_topic: None,
             cors: CorsConfig::default(),
             idempotency_window: Duration::from_secs(24 * 60 * 60),
@@ -246,11 +257,13 @@ impl GatewayConfig {
     /// (`client.` + a Kafka client security key), the registry's
     /// (`schema.registry.ssl.ca.location`, `schema.registry.basic.auth.user.info`); and the gateway's own
     /// `idempotency.window.ms`, `transactional.id`, `limits.requests.per.sec`, `limits.bytes.per.sec`,
-    /// `limits.burst.ms` and `limits.max.clients`. An unknown key is an error.
+    /// `limits.burst.ms` and `limits.max.clients`; the web console's `console.mirror.url`,
+    /// `console.mirror.groups` and `console.loads`. An unknown key is an error.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         let bad = |reason: String| Error::Config(format!("{key}: {reason}"));
         let number = || value.trim().parse::<u64>().map_err(|_| bad(format!("{value:?} is not a whole number")));
         let too_large = |_| bad("too large".into());
+        let list = |v: &str| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect::<Vec<_>>();
         match key {
             "idempotency.window.ms" => self.idempotency_window = Duration::from_millis(number()?),
             "transactional.id" => self.transactional_id = Some(value.trim().to_string()),
@@ -258,6 +271,9 @@ impl GatewayConfig {
             "limits.bytes.per.sec" => self.client_limits.bytes_per_sec = number()?,
             "limits.burst.ms" => self.client_limits.burst = Duration::from_millis(number()?),
             "limits.max.clients" => self.client_limits.max_clients = usize::try_from(number()?).map_err(too_large)?,
+            "console.mirror.url" => self.console_mirror_url = Some(value.trim().to_string()).filter(|v| !v.is_empty()),
+            "console.mirror.groups" => self.console_mirror_groups = list(value),
+            "console.loads" => self.console_loads = list(value),
             _ => {
                 if let Some(registry_key) = key.strip_prefix("schema.registry.") {
                     return match self.registry_security.set(registry_key, value) {
@@ -301,6 +317,9 @@ impl GatewayConfig {
             registry_url: self.registry_url.clone(),
             timeout: self.broker_timeout,
             audit_window: self.audit_window,
+            mirror_url: self.console_mirror_url.clone(),
+            mirror_groups: self.console_mirror_groups.clone(),
+            loads: self.console_loads.clone(),
         }
     }
 

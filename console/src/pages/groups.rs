@@ -14,10 +14,12 @@ use axum::{Extension, Form};
 use fjord_auth::{Operation, Resource};
 use fjord_client::{OffsetSpec, TopicPartition};
 use futures::Stream;
-use maud::{html, Markup};
+use maud::{html, Markup, PreEscaped};
 use serde::Deserialize;
 
 use crate::brokers::{lag, GroupLag};
+use crate::history::LagSample;
+use crate::layout;
 use crate::layout::{count, enc, error_box, notice, page, Nav, BASE};
 use crate::{Caller, Console, Error, Result};
 
@@ -90,7 +92,29 @@ async fn one(c: &Console, caller: &Caller, id: &str) -> Result<GroupLag> {
     caller.check(c, Operation::Describe, Resource::group(id))?;
     let lag = c.brokers.groups_lag(&[id.to_string()], true).await?.pop().map(|(_, r)| r);
     let lag = lag.unwrap_or_else(|| Err(Error::NotFound { kind: "group", name: id.to_string() }))?;
+    // Every topic's lag is remembered; each page sums the ones its caller may see.
+    let mut topics: BTreeMap<String, i64> = BTreeMap::new();
+    for (tp, committed, end) in &lag.partitions {
+        *topics.entry(tp.topic.clone()).or_default() += crate::brokers::lag(*committed, *end);
+    }
+    c.history.record_lag(id, LagSample { at_ms: fjord_record::now_ms(), topics });
     Ok(visible(c, caller, lag))
+}
+
+/// The group's total lag over the last minutes (over the topics the caller may see), as
+/// an SVG chart; `None` before there are two points.
+fn lag_chart(c: &Console, caller: &Caller, id: &str) -> Option<String> {
+    let points: Vec<(i64, Vec<u64>)> = c
+        .history
+        .lag(id)
+        .iter()
+        .map(|s| {
+            let total: i64 =
+                s.topics.iter().filter(|(t, _)| caller.may(c, Operation::Describe, Resource::topic(t))).map(|(_, l)| *l).sum();
+            (s.at_ms, vec![total.max(0) as u64])
+        })
+        .collect();
+    (points.len() >= 2).then(|| layout::series_chart(id, &["lag"], &points))
 }
 
 async fn group_page(c: &Console, caller: &Caller, id: &str, done: Option<String>, failure: Option<&Error>) -> Result<Markup> {
@@ -111,6 +135,13 @@ async fn group_page(c: &Console, caller: &Caller, id: &str, done: Option<String>
             ", total lag " strong #total-lag { (count(g.total_lag())) }
         }
         h2 { "Lag" }
+        div.chart #lag-chart {
+            @match lag_chart(c, caller, id) {
+                // The audit's renderer escapes the group id it draws.
+                Some(svg) => (PreEscaped(svg)),
+                None => p.hint { "The lag over time appears as it is sampled (every few seconds while the console is open)." },
+            }
+        }
         table #lag data-stream={ (BASE) "/groups/" (enc(id)) "/lag" } {
             thead { tr { th { "topic" } th.num { "partition" } th.num { "committed" } th.num { "log end" } th.num { "lag" } th { "member" } } }
             tbody {
@@ -257,7 +288,8 @@ pub(crate) async fn reset(
 }
 
 /// The live lag: an event `lag` every [`LAG_INTERVAL`] with the group's partitions as
-/// JSON (`{"total":N,"state":S,"partitions":[{"tp":"topic/0","committed":..,"end":..,"lag":..}]}`),
+/// JSON (`{"total":N,"state":S,"partitions":[{"tp":"topic/0","committed":..,"end":..,"lag":..}],"chart":SVG}`,
+/// the chart null before it has two points),
 /// or an event `failure` with the error's text when a round failed.
 pub(crate) async fn lag_stream(
     State(c): State<Arc<Console>>,
@@ -287,7 +319,9 @@ pub(crate) async fn lag_stream(
                         })
                     })
                     .collect();
-                let doc = serde_json::json!({ "total": g.total_lag(), "state": g.state, "partitions": partitions });
+                let chart = lag_chart(&c, &caller, &id);
+                let doc =
+                    serde_json::json!({ "total": g.total_lag(), "state": g.state, "partitions": partitions, "chart": chart });
                 Event::default().event("lag").data(doc.to_string())
             }
             Err(e) => Event::default().event("failure").data(e.to_string()),
