@@ -4,7 +4,11 @@
 //! alternate plain, gzip-compressed (`Content-Encoding: gzip`, compressed by the client
 //! before timing starts) and plain with an `Idempotency-Key` per request (the key's cost:
 //! a claim and an answer appended to the key topic per request), and prints events/s and
-//! bytes on the wire (request bodies) for each round, then the median of each kind.
+//! bytes on the wire (request bodies) for each round, then the median of each kind. Each
+//! round also prints the process's CPU time per event (`cpu_us_per_event`): the broker,
+//! the gateway and the clients run in this one process, so it tells a kind that costs CPU
+//! from one that only waits longer. `FJORD_BENCH_KINDS=plain+key` runs only the named
+//! kinds (comma-separated), e.g. to profile one alone under `perf record`.
 //!
 //! ```text
 //! cargo run --release -p fjord-gateway --example compression_bench -- 200000 500 4 3
@@ -35,6 +39,19 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     e.write_all(data).expect("in-memory write");
     e.finish().expect("in-memory write")
+}
+
+/// CPU time this process has used (user + system), from /proc/self/stat; `None` off Linux.
+/// Per round it shows whether a kind costs CPU or only waiting: the broker, the gateway
+/// and the clients all run in this process.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // USER_HZ is 100 on every Linux this runs on.
+    Some(ticks / 100.0)
 }
 
 async fn round(
@@ -82,6 +99,9 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().context("numeric arguments")).collect::<Result<_, _>>()?;
     let arg = |i: usize, default: usize| args.get(i).copied().unwrap_or(default);
     let (events, per_request, concurrency, repeats) = (arg(0, 200_000), arg(1, 500), arg(2, 4), arg(3, 3).max(1));
+    // Profiling one kind alone: FJORD_BENCH_KINDS=plain+key (comma-separated names).
+    let only = std::env::var("FJORD_BENCH_KINDS").ok();
+    let wanted = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|k| k == name));
     let dir = tempfile::tempdir()?;
     let shutdown = CancellationToken::new();
     let broker_listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -111,10 +131,18 @@ async fn main() -> anyhow::Result<()> {
     let mut results: Vec<(&str, Vec<f64>, usize)> = kinds.iter().map(|(name, _, _)| (*name, Vec::new(), 0)).collect();
     for repeat in 0..repeats {
         for (i, (name, bodies, gz)) in kinds.iter().enumerate() {
+            if !wanted(name) {
+                continue;
+            }
             let key = (*name == "plain+key").then(|| format!("r{repeat}"));
+            let cpu_before = cpu_seconds();
             let (eps, wire) = round(&url, (*bodies).clone(), *gz, key.as_deref(), concurrency, per_request).await?;
+            let cpu_us_per_event = match (cpu_before, cpu_seconds()) {
+                (Some(b), Some(a)) => format!("{:.2}", (a - b) * 1e6 / events as f64),
+                _ => "null".into(),
+            };
             println!(
-                "{{\"body\":\"{name}\",\"round\":{repeat},\"events\":{events},\"batch\":{per_request},\"concurrency\":{concurrency},\"events_per_s\":{eps:.0},\"wire_bytes\":{wire},\"bytes_per_event\":{:.1}}}",
+                "{{\"body\":\"{name}\",\"round\":{repeat},\"events\":{events},\"batch\":{per_request},\"concurrency\":{concurrency},\"events_per_s\":{eps:.0},\"cpu_us_per_event\":{cpu_us_per_event},\"wire_bytes\":{wire},\"bytes_per_event\":{:.1}}}",
                 wire as f64 / events as f64
             );
             results[i].1.push(eps);
@@ -126,13 +154,14 @@ async fn main() -> anyhow::Result<()> {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let plain_median = median(&results[0].1);
-    for (name, eps, wire) in &results {
+    // Without plain rounds (FJORD_BENCH_KINDS) there is nothing to compare with: null.
+    let plain_median = (!results[0].1.is_empty()).then(|| median(&results[0].1));
+    for (name, eps, wire) in results.iter().filter(|(_, eps, _)| !eps.is_empty()) {
         let m = median(eps);
+        let vs_plain = plain_median.map_or_else(|| "null".to_string(), |p| format!("{:.3}", m / p));
         println!(
-            "{{\"median\":\"{name}\",\"rounds\":{},\"events_per_s\":{m:.0},\"vs_plain\":{:.3},\"wire_bytes\":{wire},\"bytes_per_event\":{:.1}}}",
+            "{{\"median\":\"{name}\",\"rounds\":{},\"events_per_s\":{m:.0},\"vs_plain\":{vs_plain},\"wire_bytes\":{wire},\"bytes_per_event\":{:.1}}}",
             eps.len(),
-            m / plain_median,
             *wire as f64 / events as f64
         );
     }
