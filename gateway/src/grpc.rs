@@ -124,8 +124,9 @@ async fn publish(g: &Gateway, api: &'static str, caller: &Caller, mut request: P
         let run = keys.run(&scope, &request.idempotency_key, &hash, |gate| async {
             gate.open().await?;
             let delivered = publish(events).await?;
-            let answer = delivered.iter().map(|d| serde_json::json!([d.partition, d.offset])).collect();
-            Ok((serde_json::Value::Array(answer), delivered))
+            let pairs: Vec<(i32, i64)> = delivered.iter().map(|d| (d.partition, d.offset)).collect();
+            let answer = serde_json::value::to_raw_value(&pairs).expect("invariant: pairs of numbers are JSON");
+            Ok((answer, delivered))
         });
         match run.await? {
             Outcome::Fresh(delivered) => Ok((delivered, bytes)),
@@ -164,16 +165,10 @@ fn request_hash(topic: &str, acks: i32, atomic: bool, events: &[Event]) -> Strin
 }
 
 /// The offsets of a stored answer (`[[partition, offset], ...]`).
-fn stored_offsets(answer: &serde_json::Value) -> Result<Vec<Delivered>> {
-    let bad = || Error::Unavailable("the stored answer of this Idempotency-Key is unreadable".into());
-    let list = answer.as_array().ok_or_else(bad)?;
-    list.iter()
-        .map(|pair| {
-            let partition = pair.get(0).and_then(|p| p.as_i64()).and_then(|p| i32::try_from(p).ok()).ok_or_else(bad)?;
-            let offset = pair.get(1).and_then(|o| o.as_i64()).ok_or_else(bad)?;
-            Ok(Delivered { partition, offset })
-        })
-        .collect()
+fn stored_offsets(answer: &serde_json::value::RawValue) -> Result<Vec<Delivered>> {
+    let pairs: Vec<(i32, i64)> = serde_json::from_str(answer.get())
+        .map_err(|_| Error::Unavailable("the stored answer of this Idempotency-Key is unreadable".into()))?;
+    Ok(pairs.into_iter().map(|(partition, offset)| Delivered { partition, offset }).collect())
 }
 
 fn offsets(delivered: Vec<Delivered>) -> Vec<EventOffset> {

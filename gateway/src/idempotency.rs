@@ -25,7 +25,7 @@ use fjord_client::{
 };
 use fjord_record::now_ms;
 use serde::{Deserialize, Serialize};
-use serde_json::Value as Json;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
@@ -78,10 +78,10 @@ impl RequestHash {
 }
 
 /// What a keyed request gets: its own fresh result, or the answer stored by an earlier
-/// run of the same request.
+/// run of the same request (JSON text, parsed only by a repeat).
 pub(crate) enum Outcome<R> {
     Fresh(R),
-    Stored(Json),
+    Stored(Box<RawValue>),
 }
 
 /// One record of the key topic.
@@ -96,8 +96,17 @@ struct KeyRecord {
     at_ms: i64,
     /// After this the key is free again.
     expires_ms: i64,
+    /// The answer of a `done` record, kept as the JSON text it was written as: an answer
+    /// lists an offset per event, and as a parsed tree it cost thousands of allocations
+    /// per keyed request (cloned, written, parsed back by every follower) and several
+    /// times the memory for the window's keys held; only a repeat reads it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    answer: Option<Json>,
+    answer: Option<Box<RawValue>>,
+}
+
+/// The answer of a `done` record written without one.
+fn null() -> Box<RawValue> {
+    RawValue::from_string("null".into()).expect("invariant: null is JSON")
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,7 +125,7 @@ struct Entry {
     hash: String,
     since_ms: i64,
     expires_ms: i64,
-    answer: Option<Json>,
+    answer: Option<Box<RawValue>>,
 }
 
 struct Keys {
@@ -194,7 +203,7 @@ impl Keys {
             }
             State::Done => {
                 if let Some(e) = self.map.get_mut(&key).filter(|e| e.claim == r.claim) {
-                    e.answer = Some(r.answer.unwrap_or(Json::Null));
+                    e.answer = Some(r.answer.unwrap_or_else(null));
                     e.expires_ms = r.expires_ms;
                 }
             }
@@ -235,7 +244,7 @@ impl Drop for KeyStore {
 enum Lookup {
     Free,
     InFlight,
-    Done(Json),
+    Done(Box<RawValue>),
 }
 
 impl KeyStore {
@@ -365,7 +374,7 @@ impl KeyStore {
         }
     }
 
-    fn record(&self, state: State, claim: &str, hash: &str, answer: Option<Json>) -> KeyRecord {
+    fn record(&self, state: State, claim: &str, hash: &str, answer: Option<Box<RawValue>>) -> KeyRecord {
         let at_ms = now_ms();
         KeyRecord {
             state,
@@ -379,7 +388,7 @@ impl KeyStore {
     }
 
     /// Runs `f` at most once for (`principal`, `key`) within the window. `f` returns the
-    /// answer to store (JSON) and its own result. A repeat gets the stored answer; a
+    /// answer to store (JSON text) and its own result. A repeat gets the stored answer; a
     /// repeat of a different request (`hash`) is refused with 422.
     ///
     /// `f` starts while the key is being claimed, so its preparation (parsing, checking,
@@ -389,7 +398,7 @@ impl KeyStore {
     pub(crate) async fn run<R, F, Fut>(&self, principal: &str, key: &str, hash: &str, f: F) -> Result<Outcome<R>>
     where
         F: FnOnce(Gate) -> Fut,
-        Fut: std::future::Future<Output = Result<(Json, R)>>,
+        Fut: std::future::Future<Output = Result<(Box<RawValue>, R)>>,
     {
         let mut stored = Vec::with_capacity(principal.len() + 1 + key.len());
         stored.extend_from_slice(principal.as_bytes());
@@ -479,7 +488,7 @@ impl KeyStore {
 /// How a claim ended: this run owns the key, or an earlier run's answer is stored.
 enum Claimed {
     Won(String),
-    Stored(Json),
+    Stored(Box<RawValue>),
 }
 
 /// Handed to the work of a keyed request: opens once the key is claimed for it. The
@@ -565,7 +574,7 @@ mod tests {
             gateway: "g".into(),
             at_ms,
             expires_ms: at_ms + 1000,
-            answer: (state == State::Done).then(|| Json::from(claim)),
+            answer: (state == State::Done).then(|| serde_json::value::to_raw_value(claim).unwrap()),
         }
     }
 
@@ -582,7 +591,7 @@ mod tests {
         assert_eq!(keys.map[&k].claim, "c", "past the lease a pending claim is taken over");
         keys.apply(k.clone(), rec(State::Done, "c", 160), 100);
         keys.apply(k.clone(), rec(State::Pending, "d", 500), 100);
-        assert_eq!(keys.map[&k].answer, Some(Json::from("c")), "a done key holds for the window");
+        assert_eq!(keys.map[&k].answer.as_ref().map(|a| a.get()), Some("\"c\""), "a done key holds for the window");
         keys.apply(k.clone(), rec(State::Pending, "e", 2000), 100);
         assert_eq!(keys.map[&k].claim, "e", "past the window the key is free");
         keys.apply(k.clone(), rec(State::Released, "x", 2001), 100);

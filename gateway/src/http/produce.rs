@@ -486,15 +486,34 @@ where
     let hash = hash.finish();
     let run = g.key_store().await?.run(&scope, key, &hash, |gate| async {
         let answer = f(body, gate).await?;
-        Ok((json!({ "content_type": answer.content_type, "body": answer.body.clone() }), answer))
+        // Written straight from the answer, without a copy of its tree.
+        let stored = StoredAnswerRef { content_type: answer.content_type, body: &answer.body };
+        let stored = serde_json::value::to_raw_value(&stored).expect("invariant: an answer is JSON with string keys");
+        Ok((stored, answer))
     });
     match run.await? {
         Outcome::Fresh(answer) => Ok(answer),
         Outcome::Stored(stored) => {
-            let content_type = if stored["content_type"] == V2_CONTENT_TYPE { V2_CONTENT_TYPE } else { "application/json" };
-            Ok(Answer { body: stored["body"].clone(), content_type, events: 0, bytes: 0 })
+            let stored: StoredAnswer = serde_json::from_str(stored.get())
+                .map_err(|_| Error::Unavailable("the stored answer of this Idempotency-Key is unreadable".into()))?;
+            let content_type = if stored.content_type == V2_CONTENT_TYPE { V2_CONTENT_TYPE } else { "application/json" };
+            Ok(Answer { body: stored.body, content_type, events: 0, bytes: 0 })
         }
     }
+}
+
+/// A keyed request's answer as its `done` record stores it.
+#[derive(serde::Serialize)]
+struct StoredAnswerRef<'a> {
+    content_type: &'a str,
+    body: &'a Json,
+}
+
+/// [`StoredAnswerRef`] read back by a repeat.
+#[derive(serde::Deserialize)]
+struct StoredAnswer {
+    content_type: String,
+    body: Json,
 }
 
 async fn bulk(
