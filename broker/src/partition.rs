@@ -437,6 +437,26 @@ impl Partition {
         Ok(repair)
     }
 
+    /// Follower: moves the log start up to the leader's (from its fetch response), as
+    /// Kafka's follower does, so that records the leader deleted (DeleteRecords,
+    /// retention) are gone here too and a new leader does not serve them again. Never
+    /// past this log's end (the rest arrives with later fetches) and never backwards.
+    /// Returns whether the start moved (then the caller checkpoints it).
+    pub(crate) fn follow_log_start(&self, leader: i32, leader_log_start: Offset) -> Result<bool, fjord_log::Error> {
+        let state = self.state();
+        if state.role != (Role::Follower { leader }) {
+            return Ok(false);
+        }
+        let target = leader_log_start.min(self.log.log_end_offset());
+        if target <= self.log.log_start_offset() {
+            return Ok(false);
+        }
+        self.log.delete_records_before(target)?;
+        drop(state);
+        tracing::debug!(tp = %self.tp, leader, log_start = target, "follower moved its log start up to the leader's");
+        Ok(true)
+    }
+
     /// Follower: the leader no longer has our fetch offset. Below its log start, the
     /// log restarts there (retention went past us); otherwise our log is ahead of the
     /// leader's and is truncated against its epochs again.

@@ -130,12 +130,16 @@ pub(crate) struct ReplicaManager {
     /// Notified when a log here became healthy (a follower's repair, a log that opens
     /// again): `crate::replica_health::publish` then clears its listing at once.
     health_changed: Arc<Notify>,
+    /// Notified when a follower moved its log start up to its leader's; the broker
+    /// then writes the log start checkpoint.
+    log_start_moved: Arc<Notify>,
 }
 
 impl ReplicaManager {
     pub(crate) fn new(broker_id: i32, store: Store, config: ReplicationConfig, peer: PeerConfig) -> Arc<Self> {
         let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
         let health_changed = Arc::new(Notify::new());
+        let log_start_moved = Arc::new(Notify::new());
         let throttles = Arc::new(ReplicationThrottles::new(broker_id));
         let context = FetchContext {
             broker_id,
@@ -146,6 +150,7 @@ impl ReplicaManager {
             tasks: tasks.clone(),
             shutdown: shutdown.clone(),
             health_changed: health_changed.clone(),
+            log_start_moved: log_start_moved.clone(),
         };
         let manager = Arc::new(Self {
             broker_id,
@@ -158,6 +163,7 @@ impl ReplicaManager {
             tasks,
             shutdown,
             health_changed,
+            log_start_moved,
         });
         manager.spawn_isr_expiry();
         manager
@@ -174,6 +180,11 @@ impl ReplicaManager {
     /// See the field: what the health publisher waits on besides its timer.
     pub(crate) fn health_changed(&self) -> Arc<Notify> {
         self.health_changed.clone()
+    }
+
+    /// See the field: what the follower log start checkpoint task waits on.
+    pub(crate) fn log_start_moved(&self) -> Arc<Notify> {
+        self.log_start_moved.clone()
     }
 
     /// The replication throttles of this broker.

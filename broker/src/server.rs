@@ -342,6 +342,7 @@ pub async fn run_listeners(
 
     spawn_periodic_tasks(&tracker, &logs, &broker.config, &stop);
     spawn_dir_failure_watch(&tracker, &logs, &broker.replicas, &stop);
+    spawn_follower_log_start_checkpoint(&tracker, &logs, &broker.replicas, &stop);
     spawn_cleaner(&tracker, &logs, &broker.config, &stop);
     crate::topic_config::spawn_watcher(&tracker, &broker, &stop);
     crate::dynamic_config::spawn_watcher(
@@ -551,6 +552,33 @@ fn spawn_periodic_tasks(tracker: &TaskTracker, logs: &Arc<LogDirs>, config: &Bro
             }
         });
     }
+}
+
+/// Writes the checkpoints when a follower moved its log start up to its leader's (a
+/// DeleteRecords on the leader): the start must survive a restart, or the follower,
+/// once leader, would serve the deleted records again. Moves close together share one
+/// write (a notification coalesces).
+fn spawn_follower_log_start_checkpoint(
+    tracker: &TaskTracker,
+    logs: &Arc<LogDirs>,
+    replicas: &Arc<ReplicaManager>,
+    shutdown: &CancellationToken,
+) {
+    let (logs, moved, shutdown) = (logs.clone(), replicas.log_start_moved(), shutdown.clone());
+    tracker.spawn(async move {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = moved.notified() => {}
+            }
+            let logs = logs.clone();
+            match tokio::task::spawn_blocking(move || logs.checkpoint()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(error = %e, "writing the log start offset checkpoint failed"),
+                Err(e) => tracing::error!(error = %e, "writing the log start offset checkpoint panicked"),
+            }
+        }
+    });
 }
 
 /// Stops serving the replicas of a log dir that failed (see [`LogDirs::fail`]; the

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{produce_request, topic_name, RawClient, TestBroker};
+use common::{produce_request, topic_name, RawClient, TestBroker, EARLIEST};
 use fjord_coord::registry::{read_json, to_json, BrokerRegistration, PartitionState, TopicAssignment};
 use fjord_coord::{create_all, paths, CreateMode, Store};
 use fjord_record::BatchBuilder;
@@ -411,4 +411,57 @@ async fn three_replicas_with_min_isr_two_survive_one_loss_and_refuse_two() {
     for broker in [one, two, leader] {
         broker.stop().await.unwrap();
     }
+}
+
+/// Whether broker `data_dir`'s `log-start-offset-checkpoint` records `offset` as the start
+/// of `topic` partition 0.
+fn checkpointed_log_start(data_dir: &Path, topic: &str, offset: i64) -> bool {
+    std::fs::read_to_string(data_dir.join("log-start-offset-checkpoint"))
+        .is_ok_and(|checkpoint| checkpoint.lines().any(|line| line == format!("{topic} 0 {offset}")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_follow_the_leaders_log_start_after_delete_records_and_a_new_leader_keeps_it() {
+    use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
+    let cluster = Cluster::new().await;
+    let store = &cluster.store;
+    create_topic(store, "d", &[0, 1, 2], 1).await;
+    let lag = Duration::from_secs(60);
+    let leader = cluster.start(0, lag).await;
+    let one = cluster.start(1, lag).await;
+    let two = cluster.start(2, lag).await;
+    let mut client = RawClient::connect(leader.addr).await.unwrap();
+    for i in 0..10 {
+        assert_eq!(produce(&mut client, "d", -1, 10_000, batch(&format!("b{i}"), 10)).await, (0, i * 10));
+    }
+    let request = DeleteRecordsRequest::default().with_timeout_ms(30_000).with_topics(vec![DeleteRecordsTopic::default()
+        .with_name(topic_name("d"))
+        .with_partitions(vec![DeleteRecordsPartition::default().with_partition_index(0).with_offset(60)])]);
+    let response: DeleteRecordsResponse = client.call(ApiKey::DeleteRecords, 2, &request).await.unwrap();
+    let p = &response.topics[0].partitions[0];
+    assert_eq!((p.error_code, p.low_watermark), (0, 60));
+
+    // Each follower moves its start to the leader's and checkpoints it while running.
+    fjord_testkit::wait_until(Duration::from_secs(20), "both followers to checkpoint log start 60", || async {
+        Ok([&one, &two].iter().all(|b| checkpointed_log_start(&b.data_dir, "d", 60)).then_some(()))
+    })
+    .await
+    .unwrap();
+
+    // The leader goes; broker 1 leads (epoch 1) after a restart, broker 2 follows it.
+    for broker in [leader, one, two] {
+        broker.stop().await.unwrap();
+    }
+    let (_, version) = state(store, "d").await;
+    let moved = PartitionState { leader: 1, leader_epoch: 1, isr: vec![1, 2], controller_epoch: 0 };
+    store.set(&paths::partition_state("d", 0), &to_json(&moved), Some(version)).await.unwrap();
+    let one = cluster.start(1, lag).await;
+    let two = cluster.start(2, lag).await;
+    let mut client = RawClient::connect(one.addr).await.unwrap();
+    assert_eq!(client.list_offset("d", 0, EARLIEST).await, (0, 60), "the new leader starts where the old one did");
+    assert_eq!(fetch(&mut client, "d", -1, 0, 1).await.0, OFFSET_OUT_OF_RANGE, "the deleted records are gone");
+    assert_eq!(fetch(&mut client, "d", -1, 60, 1).await.0, 0);
+    assert!(checkpointed_log_start(&two.data_dir, "d", 60), "the restarted follower keeps its start");
+    one.stop().await.unwrap();
+    two.stop().await.unwrap();
 }

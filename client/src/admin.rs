@@ -9,6 +9,7 @@ use kafka_protocol::messages::alter_partition_reassignments_request::{Reassignab
 use kafka_protocol::messages::alter_replica_log_dirs_request::{AlterReplicaLogDir, AlterReplicaLogDirTopic};
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::describe_client_quotas_request::ComponentData;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
@@ -17,8 +18,8 @@ use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsRe
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::{
     AlterClientQuotasRequest, AlterPartitionReassignmentsRequest, AlterReplicaLogDirsRequest, BrokerId, CreatePartitionsRequest,
-    CreateTopicsRequest, DeleteTopicsRequest, DescribeClientQuotasRequest, DescribeConfigsRequest, DescribeLogDirsRequest,
-    IncrementalAlterConfigsRequest, ListOffsetsRequest, ListPartitionReassignmentsRequest, TopicName,
+    CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest, DescribeClientQuotasRequest, DescribeConfigsRequest,
+    DescribeLogDirsRequest, IncrementalAlterConfigsRequest, ListOffsetsRequest, ListPartitionReassignmentsRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -676,6 +677,69 @@ impl Admin {
             }
         }
         Ok(())
+    }
+
+    /// Deletes the records below an offset of each `(topic, partition, offset)`
+    /// (DeleteRecords v2, asked of each partition's leader): the partition's log start
+    /// moves up to `offset`, or to the high watermark when `offset` is -1, as Kafka's
+    /// `deleteRecords`. One result per partition, in the order given: its new log start
+    /// (low watermark), or the error its leader answered (OFFSET_OUT_OF_RANGE for an
+    /// offset beyond the high watermark) or that finding its leader gave.
+    pub async fn delete_records(&self, partitions: &[(String, i32, i64)]) -> Vec<Result<i64>> {
+        let mut out: Vec<Option<Result<i64>>> = partitions.iter().map(|_| None).collect();
+        let mut by_leader: HashMap<i32, Vec<usize>> = HashMap::new();
+        for (i, (topic, partition, _)) in partitions.iter().enumerate() {
+            match self.cluster.leader(topic, *partition).await {
+                Ok(leader) => by_leader.entry(leader).or_default().push(i),
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        let timeout_ms = i32::try_from(self.cluster.config().request_timeout.as_millis()).unwrap_or(i32::MAX);
+        for (leader, indexes) in by_leader {
+            let mut topics: Vec<DeleteRecordsTopic> = Vec::new();
+            for &i in &indexes {
+                let (topic, partition, offset) = &partitions[i];
+                let p = DeleteRecordsPartition::default().with_partition_index(*partition).with_offset(*offset);
+                match topics.iter_mut().find(|t| *t.name.0 == **topic) {
+                    Some(t) => t.partitions.push(p),
+                    None => topics.push(DeleteRecordsTopic::default().with_name(topic_name(topic)).with_partitions(vec![p])),
+                }
+            }
+            let request = DeleteRecordsRequest::default().with_timeout_ms(timeout_ms).with_topics(topics);
+            let response = match self.cluster.broker(leader).await {
+                Ok(broker) => broker.request(&request, 2).await,
+                Err(e) => Err(e),
+            };
+            let response = match response {
+                Ok(response) => response,
+                Err(e) => {
+                    // The leader could not be asked: each of its partitions gets the error.
+                    for &i in &indexes {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                    continue;
+                }
+            };
+            for &i in &indexes {
+                let (topic, partition, _) = &partitions[i];
+                let result = response
+                    .topics
+                    .iter()
+                    .filter(|t| *t.name.0 == **topic)
+                    .flat_map(|t| &t.partitions)
+                    .find(|p| p.partition_index == *partition)
+                    .ok_or_else(|| Error::Protocol {
+                        broker: format!("broker {leader}"),
+                        detail: format!("no DeleteRecords result for {topic}-{partition}"),
+                    })
+                    .and_then(|p| match Error::kafka(p.error_code, format!("delete records of {topic}-{partition}"), None) {
+                        Some(e) => Err(e),
+                        None => Ok(p.low_watermark),
+                    });
+                out[i] = Some(result);
+            }
+        }
+        out.into_iter().map(|r| r.expect("invariant: every partition was answered")).collect()
     }
 
     /// Offsets of partitions per `spec`, in the order asked.

@@ -58,6 +58,9 @@ pub(crate) struct FetchContext {
     pub(crate) health_changed: Arc<Notify>,
     /// The follower's replication throttle.
     pub(crate) throttles: Arc<ReplicationThrottles>,
+    /// Notified when a follower moved its log start up to its leader's: the broker then
+    /// writes the log start checkpoint, so the new start survives a restart.
+    pub(crate) log_start_moved: Arc<Notify>,
 }
 
 type PartitionSet = Arc<Mutex<HashMap<TopicPartition, Arc<Partition>>>>;
@@ -419,6 +422,16 @@ async fn fetch(
             if let Err(e) = result {
                 tracing::error!(%tp, leader, error = %e, "appending replicated records failed");
                 failed.push(tp);
+                continue;
+            }
+            if data.error_code != error_code::NONE {
+                continue;
+            }
+            // After the append, so the start can follow the leader's up to the new log end.
+            match partition.follow_log_start(leader, data.log_start_offset) {
+                Ok(true) => context.log_start_moved.notify_one(),
+                Ok(false) => {}
+                Err(e) => tracing::error!(%tp, leader, error = %e, "moving the log start up to the leader's failed"),
             }
         }
     }

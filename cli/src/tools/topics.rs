@@ -1,4 +1,4 @@
-//! `fjord topics create|list|describe|delete|alter`.
+//! `fjord topics create|list|describe|delete|alter|truncate`.
 
 use std::collections::BTreeMap;
 
@@ -66,6 +66,31 @@ enum Action {
         #[arg(long)]
         partitions: Option<i32>,
     },
+    /// Delete the records below an offset (Kafka's DeleteRecords, kafka-delete-records):
+    /// the partitions' log start moves up to it; consumers from the beginning start there.
+    Truncate {
+        /// Topic name.
+        topic: String,
+        /// The new first offset; -1 for the high watermark (everything committed goes).
+        #[arg(long, allow_negative_numbers = true)]
+        before: i64,
+        /// Only this partition (every partition of the topic when absent).
+        #[arg(long)]
+        partition: Option<i32>,
+    },
+}
+
+/// Kafka's name of an error code, as its tools print it: `OFFSET_OUT_OF_RANGE` for
+/// kafka-protocol's `OffsetOutOfRange`.
+fn kafka_error_name(code: fjord_client::ResponseError) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
 }
 
 /// Kafka's KAFKA_STORAGE_ERROR.
@@ -159,6 +184,29 @@ pub(crate) async fn run(args: TopicsArgs) -> anyhow::Result<()> {
         Action::Delete { topic } => {
             admin.delete_topics(std::slice::from_ref(&topic)).await.with_context(|| format!("cannot delete topic {topic}"))?;
             println!("deleted topic {topic}");
+        }
+        Action::Truncate { topic, before, partition } => {
+            let partitions: Vec<i32> = match partition {
+                Some(p) => vec![p],
+                None => admin.describe_topic(&topic).await?.partitions.iter().map(|p| p.partition).collect(),
+            };
+            let asks: Vec<(String, i32, i64)> = partitions.iter().map(|&p| (topic.clone(), p, before)).collect();
+            let mut failed = 0;
+            for (p, result) in partitions.iter().zip(admin.delete_records(&asks).await) {
+                match result {
+                    Ok(low_watermark) => println!("{topic}-{p}  low watermark {low_watermark}"),
+                    Err(e) => {
+                        failed += 1;
+                        match e.code() {
+                            Some(code) => eprintln!("{topic}-{p}  error {}: {code}", kafka_error_name(code)),
+                            None => eprintln!("{topic}-{p}  error: {e}"),
+                        }
+                    }
+                }
+            }
+            if failed > 0 {
+                anyhow::bail!("{failed} of {} partitions of {topic} were not truncated", partitions.len());
+            }
         }
         Action::Alter { topic, configs, partitions } => {
             if let Some(count) = partitions {
