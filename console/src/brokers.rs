@@ -11,13 +11,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fjord_client::{
-    Admin, ClientConfig, ConfigEntry, Consumer, ConsumerConfig, GroupAdmin, GroupDescription, Metadata, OffsetReset, OffsetSpec,
-    SeekTo, TopicMetadata, TopicPartition,
+    Admin, ClientConfig, ConfigEntry, Consumer, ConsumerConfig, GroupAdmin, GroupDescription, LogDirDescription, Metadata,
+    OffsetReset, OffsetSpec, SeekTo, TopicMetadata, TopicPartition,
 };
 use futures::StreamExt;
 use tokio::sync::OnceCell;
 
 use crate::{Error, Result};
+
+/// The longest a page waits for a broker's log dir sizes: sizes are extra, so a slow broker
+/// costs the page at most this before its partitions show "—".
+const SIZES_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Topic configs the topic list shows.
 pub(crate) const LIST_CONFIGS: [&str; 3] = ["retention.ms", "retention.bytes", "cleanup.policy"];
@@ -85,6 +89,46 @@ impl TopicRow {
     pub(crate) fn records(&self) -> i64 {
         self.partitions.iter().filter_map(|p| p.offsets).map(|(s, e)| (e - s).max(0)).sum()
     }
+}
+
+/// Bytes on disk of each partition's leader copy, from every live broker's DescribeLogDirs.
+#[derive(Debug, Default)]
+pub(crate) struct Sizes {
+    /// (topic, partition) → bytes of the leader's copy, for the leaders that answered.
+    pub(crate) leader_bytes: HashMap<(String, i32), i64>,
+    /// Brokers that did not answer in time, with why.
+    pub(crate) failed: Vec<(i32, Error)>,
+}
+
+impl Sizes {
+    /// Bytes of one partition's leader copy; `None` when its leader did not answer.
+    pub(crate) fn partition(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.leader_bytes.get(&(topic.to_string(), partition)).copied()
+    }
+
+    /// Bytes of a topic's leader copies; `None` unless every partition's leader answered
+    /// (a partial sum would look like a smaller topic).
+    pub(crate) fn topic(&self, topic: &TopicRow) -> Option<i64> {
+        topic.partitions.iter().map(|p| self.partition(&topic.name, p.partition)).sum()
+    }
+}
+
+/// The size of each partition's leader copy in `answers` (broker → its log dirs): the
+/// replica on the partition's leader, not a future copy a log dir move is writing.
+pub(crate) fn leader_sizes(
+    leaders: &HashMap<(String, i32), i32>,
+    answers: &[(i32, Vec<LogDirDescription>)],
+) -> HashMap<(String, i32), i64> {
+    let mut out = HashMap::new();
+    for (broker, dirs) in answers {
+        for r in dirs.iter().flat_map(|d| &d.replicas).filter(|r| !r.is_future) {
+            let key = (r.topic.clone(), r.partition);
+            if leaders.get(&key) == Some(broker) {
+                out.insert(key, r.size);
+            }
+        }
+    }
+    out
 }
 
 /// A group with its committed offsets and lag.
@@ -433,8 +477,100 @@ impl Brokers {
         bounded(self.timeout, "list offsets", admin.topic_offsets(topic, spec)).await
     }
 
+    /// Sizes of the leader copies of `topics`' partitions: every live broker asked once,
+    /// concurrently, each within [`SIZES_TIMEOUT`]. `only` asks for just these topics'
+    /// partitions (a topic page); otherwise each broker lists all of its replicas.
+    pub(crate) async fn sizes(&self, metadata: &Metadata, topics: &[TopicRow], only: bool) -> Sizes {
+        let admin = match self.admin().await {
+            Ok(a) => a,
+            Err(e) => return Sizes { failed: vec![(-1, e)], ..Sizes::default() },
+        };
+        let mut leaders: HashMap<(String, i32), i32> = HashMap::new();
+        for t in topics {
+            for p in t.partitions.iter().filter(|p| p.leader >= 0) {
+                leaders.insert((t.name.clone(), p.partition), p.leader);
+            }
+        }
+        let asked: Vec<(String, i32)> = if only { leaders.keys().cloned().collect() } else { Vec::new() };
+        if only && asked.is_empty() {
+            return Sizes::default();
+        }
+        let limit = SIZES_TIMEOUT.min(self.timeout);
+        let mut brokers: Vec<i32> = metadata.brokers.keys().copied().collect();
+        brokers.sort_unstable();
+        let answers = futures::future::join_all(brokers.into_iter().map(|b| {
+            let asked = &asked;
+            async move { (b, bounded(limit, "describe log dirs", admin.describe_log_dirs(b, asked)).await) }
+        }))
+        .await;
+        let mut sizes = Sizes::default();
+        let mut described = Vec::with_capacity(answers.len());
+        for (broker, answer) in answers {
+            match answer {
+                Ok(dirs) => described.push((broker, dirs)),
+                Err(e) => sizes.failed.push((broker, e)),
+            }
+        }
+        sizes.leader_bytes = leader_sizes(&leaders, &described);
+        sizes
+    }
+
     pub(crate) async fn reset_offsets(&self, group: &str, offsets: &[(TopicPartition, i64)]) -> Result<()> {
         let admin = self.group_admin().await?;
         bounded(self.timeout, "reset the group's offsets", admin.reset_offsets(group, offsets)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fjord_client::ReplicaLogDir;
+
+    use super::*;
+
+    fn dir(replicas: &[(&str, i32, i64, bool)]) -> LogDirDescription {
+        LogDirDescription {
+            path: "/d".into(),
+            offline: false,
+            replicas: replicas
+                .iter()
+                .map(|(t, p, size, is_future)| ReplicaLogDir {
+                    topic: t.to_string(),
+                    partition: *p,
+                    size: *size,
+                    is_future: *is_future,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn sizes_are_the_leaders_copies_not_followers_or_moves() {
+        let leaders = HashMap::from([(("a".to_string(), 0), 1), (("a".to_string(), 1), 2), (("b".to_string(), 0), 3)]);
+        let answers = vec![
+            // Broker 1 leads a-0 (its copy is moving: the future copy is not the size) and follows a-1.
+            (1, vec![dir(&[("a", 0, 100, false), ("a", 1, 999, false)]), dir(&[("a", 0, 40, true)])]),
+            (2, vec![dir(&[("a", 1, 200, false), ("a", 0, 999, false)])]),
+            // Broker 3 (b-0's leader) did not answer.
+        ];
+        let sizes = Sizes { leader_bytes: leader_sizes(&leaders, &answers), failed: Vec::new() };
+        assert_eq!(sizes.partition("a", 0), Some(100));
+        assert_eq!(sizes.partition("a", 1), Some(200));
+        assert_eq!(sizes.partition("b", 0), None);
+        let row = |name: &str, n: i32| TopicRow {
+            name: name.into(),
+            partitions: (0..n)
+                .map(|p| PartitionRow {
+                    partition: p,
+                    leader: 1,
+                    replicas: vec![],
+                    isr: vec![],
+                    offline_replicas: vec![],
+                    error_code: 0,
+                    offsets: None,
+                })
+                .collect(),
+        };
+        assert_eq!(sizes.topic(&row("a", 2)), Some(300));
+        assert_eq!(sizes.topic(&row("b", 1)), None);
     }
 }

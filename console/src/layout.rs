@@ -183,12 +183,39 @@ pub(crate) fn bytes(value: &str) -> String {
     format!("{n}B")
 }
 
+/// Bytes on disk in the largest binary unit they reach (`512 B`, `1.5 KiB`, `3.0 GiB`).
+pub(crate) fn human_bytes(n: i64) -> String {
+    for (unit, len) in [("GiB", 1i64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if n >= len {
+            return format!("{:.1} {unit}", n as f64 / len as f64);
+        }
+    }
+    format!("{n} B")
+}
+
+/// A size cell's content: human-readable, with the exact bytes on hover; "—" when unknown.
+pub(crate) fn size(bytes: Option<i64>) -> Markup {
+    html! {
+        @match bytes {
+            Some(n) => span title={ (count(n)) " bytes" } data-bytes=(n) { (human_bytes(n)) },
+            None => span title="not known: the leader's broker did not answer" { "—" },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn helpers() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(5 << 20), "5.0 MiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+        assert_eq!(size(Some(2048)).into_string(), "<span title=\"2,048 bytes\" data-bytes=\"2048\">2.0 KiB</span>");
+        assert!(size(None).into_string().contains("—"));
         assert_eq!(enc("a b/c?\"<"), "a%20b%2Fc%3F%22%3C");
         assert_eq!(enc("orders.v1-x_y~"), "orders.v1-x_y~");
         assert_eq!(count(1234567), "1,234,567");

@@ -413,6 +413,9 @@ async fn rates_and_the_lag_chart_follow_traffic() {
     consume();
     let (_, page) = sys.get("/ui/").await;
     assert!(page.contains("The first rates appear after two samples."), "{page}");
+    // The topic list has no messages/s before two samples either.
+    let (_, page) = sys.get("/ui/topics").await;
+    assert_eq!(cell(&page, "events", "rate"), "—", "{page}");
     // After the first sample (started by that view): 50 records, read and committed.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let lines: String = (0..50).map(|i| format!("k{i}\tv{i}\n")).collect();
@@ -431,10 +434,65 @@ async fn rates_and_the_lag_chart_follow_traffic() {
         produced && consumed && page.contains("<svg class=\"chart\"")
     })
     .await;
+    // Now the topic list shows the topic's latest rate, a number.
+    let (_, page) = sys.get("/ui/topics").await;
+    let shown = cell(&page, "events", "rate");
+    assert!(shown.parse::<f64>().is_ok_and(|r| r >= 0.0), "messages/s {shown:?}: {page}");
     // The group's page: two reads of its lag make a chart.
     sys.get("/ui/groups/readers").await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let (_, page) = sys.get("/ui/groups/readers").await;
     let chart = &page[page.find("id=\"lag-chart\"").unwrap()..];
     assert!(chart.starts_with("id=\"lag-chart\"><svg class=\"chart\""), "{chart}");
+}
+
+/// The text of `topic`'s cell of class `class` on the topic list.
+fn cell(page: &str, topic: &str, class: &str) -> String {
+    let row = &page[page.find(&format!("<tr data-name=\"{topic}\">")).expect("the topic's row")..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    let at = row.find(&format!("class=\"num {class}\">")).expect("the cell") + class.len() + 13;
+    let text = &row[at..row[at..].find("</td>").unwrap() + at];
+    // Strip the span a size is in.
+    text.rsplit_once("\">").map_or(text, |(_, t)| t).trim_end_matches("</span>").to_string()
+}
+
+/// The exact bytes (`data-bytes`) of the first size at or after `from` in `page`.
+fn bytes_after(page: &str, from: &str) -> i64 {
+    let rest = &page[page.find(from).unwrap_or_else(|| panic!("{from} in {page}"))..];
+    let at = rest.find("data-bytes=\"").expect("a size") + 12;
+    rest[at..].split('"').next().unwrap().parse().unwrap()
+}
+
+/// A topic with records shows its size on the list (the sum over its partitions) and each
+/// partition's on its page: the bytes of the leader's copy that DescribeLogDirs reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_and_partition_sizes_are_the_leader_copies_on_disk() {
+    let sys = System::start().await;
+    let admin = fjord_client::Admin::connect(fjord_client::ClientConfig::new(&sys.broker)).await.unwrap();
+    admin.create_topics(&[fjord_client::NewTopic::new("sized", 2)]).await.unwrap();
+    let lines: String = (0..200).map(|i| format!("key{i}\tvalue number {i}\n")).collect();
+    kcat_produce(&sys.broker, "sized", &lines, None);
+    let metadata = admin.describe_topic("sized").await.unwrap();
+    let mut expected = std::collections::BTreeMap::new();
+    for p in &metadata.partitions {
+        let dirs = admin.describe_log_dirs(p.leader, &[("sized".to_string(), p.partition)]).await.unwrap();
+        let size: i64 = dirs.iter().flat_map(|d| &d.replicas).filter(|r| !r.is_future).map(|r| r.size).sum();
+        expected.insert(p.partition, size);
+    }
+    let total: i64 = expected.values().sum();
+    assert!(total > 200 * 10, "{expected:?}");
+
+    let (status, page) = sys.get("/ui/topics").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("size (leader copies)"), "{page}");
+    assert_eq!(bytes_after(&page, "<tr data-name=\"sized\">"), total, "{page}");
+    assert!(cell(&page, "sized", "size").ends_with("KiB"), "{page}");
+
+    let (status, page) = sys.get("/ui/topics/sized").await;
+    assert_eq!(status, 200);
+    let table = &page[page.find("id=\"partitions\"").unwrap()..];
+    let rows: Vec<&str> = table.split("<tr").skip(2).take(2).collect();
+    for (p, row) in rows.iter().enumerate() {
+        assert_eq!(bytes_after(row, "data-bytes"), expected[&(p as i32)], "partition {p}: {row}");
+    }
 }

@@ -12,8 +12,9 @@ use fjord_auth::{Operation, Resource};
 use maud::{html, Markup};
 use serde::Deserialize;
 
-use crate::brokers::{Browse, PartitionRow, Record, Start, TopicRow, LIST_CONFIGS};
+use crate::brokers::{Browse, PartitionRow, Record, Sizes, Start, TopicRow, LIST_CONFIGS};
 use crate::decode::{self, Shown};
+use crate::history::RateSample;
 use crate::layout::{self, count, enc, error_box, notice, page, Nav, BASE};
 use crate::{Caller, Console, Error, Result};
 
@@ -81,7 +82,10 @@ async fn list_page(
     let hidden = metadata.topics.values().filter(|t| is_internal(&t.name, t.is_internal)).count();
     let rows = c.brokers.with_offsets(&visible).await?;
     let names: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
-    let configs: HashMap<String, BTreeMap<String, String>> = match c.brokers.configs(&names, Some(&LIST_CONFIGS)).await {
+    // Configs and sizes at once: each is bounded, and neither needs the other.
+    let (configs, sizes) = tokio::join!(c.brokers.configs(&names, Some(&LIST_CONFIGS)), c.brokers.sizes(&metadata, &rows, false));
+    let rates = c.history.rates().pop();
+    let configs: HashMap<String, BTreeMap<String, String>> = match configs {
         Ok(all) => all
             .into_iter()
             .filter_map(|(t, r)| r.ok().map(|e| (t, e.into_iter().filter_map(|e| Some((e.name, e.value?))).collect())))
@@ -103,9 +107,11 @@ async fn list_page(
                 a href={ (BASE) "/topics?internal=1" } { "Show " (hidden) " internal topics" }
             }
         }
+        (sizes_failed(&sizes))
         table #topics {
             thead { tr {
                 th { "topic" } th.num { "partitions" } th.num { "replication" } th.num { "records" }
+                th.num { "size (leader copies)" } th.num { "messages/s" }
                 th { "retention" } th { "cleanup" } th { "status" } th { span.sr { "actions" } }
             } }
             tbody {
@@ -118,6 +124,8 @@ async fn list_page(
                         td.num { (t.partitions.len()) }
                         td.num { (t.replication()) }
                         td.num { (count(t.records())) }
+                        td.num.size { (layout::size(sizes.topic(t))) }
+                        td.num.rate { (messages_per_second(rates.as_ref(), &t.name)) }
                         td { (retention(cfg)) }
                         td { (cfg.and_then(|c| c.get("cleanup.policy")).map(String::as_str).unwrap_or("")) }
                         td {
@@ -156,6 +164,29 @@ async fn list_page(
         }
     };
     Ok(page("Topics", Nav::Topics, body))
+}
+
+/// Records/s produced to `topic` in the latest rate sample; "—" until the sampler has
+/// two samples (or when the topic is newer than the previous one).
+fn messages_per_second(latest: Option<&RateSample>, topic: &str) -> String {
+    match latest.and_then(|s| s.topics.get(topic)) {
+        Some(r) if r.produce >= 10.0 => format!("{:.0}", r.produce),
+        Some(r) => format!("{:.1}", r.produce),
+        None => "—".into(),
+    }
+}
+
+/// Which brokers' sizes are missing and why, above the table that shows "—" for them.
+fn sizes_failed(sizes: &Sizes) -> Markup {
+    html! {
+        @for (broker, e) in &sizes.failed {
+            @if *broker >= 0 {
+                (error_box(&format!("Sizes of the partitions led by broker {broker} are not shown: {e}")))
+            } @else {
+                (error_box(&format!("Sizes are not shown: {e}")))
+            }
+        }
+    }
 }
 
 /// Internal topics: flagged by the broker, or Fjord's own (`_audit`, `_gateway_idempotency`).
@@ -311,6 +342,7 @@ pub(crate) async fn topic(
     let metadata = c.brokers.topic(&name).await?;
     let row =
         c.brokers.with_offsets(&[metadata]).await?.pop().ok_or_else(|| Error::NotFound { kind: "topic", name: name.clone() })?;
+    let sizes = c.brokers.sizes(&*c.brokers.metadata().await?, std::slice::from_ref(&row), true).await;
     let browse = Browse {
         partition: parse_opt::<i32>("partition", &q.partition)?,
         start: start(&q)?,
@@ -349,7 +381,8 @@ pub(crate) async fn topic(
             (row.partitions.len()) " partitions, replication " (row.replication()) ", " (count(row.records())) " records"
         }
         h2 { "Partitions" }
-        (partitions_table(&row.partitions))
+        (sizes_failed(&sizes))
+        (partitions_table(&row, &sizes))
         h2 #messages { "Messages" }
         (browser_form(&row, &browse, &q))
         @match &records {
@@ -394,12 +427,13 @@ pub(crate) async fn topic(
     Ok((status, page(&format!("Topic {name}"), Nav::Topics, body)).into_response())
 }
 
-fn partitions_table(partitions: &[PartitionRow]) -> Markup {
+fn partitions_table(topic: &TopicRow, sizes: &Sizes) -> Markup {
+    let partitions: &[PartitionRow] = &topic.partitions;
     html! {
         table #partitions {
             thead { tr {
                 th.num { "partition" } th.num { "leader" } th { "replicas" } th { "in sync" }
-                th.num { "log start" } th.num { "log end" } th.num { "records" } th { "status" }
+                th.num { "log start" } th.num { "log end" } th.num { "records" } th.num { "size (leader copy)" } th { "status" }
             } }
             tbody {
                 @for p in partitions {
@@ -412,6 +446,7 @@ fn partitions_table(partitions: &[PartitionRow]) -> Markup {
                             Some((s, e)) => { td.num { (s) } td.num { (e) } td.num { (count(e - s)) } }
                             None => { td.num { "-" } td.num { "-" } td.num { "-" } }
                         }
+                        td.num.size { (layout::size(sizes.partition(&topic.name, p.partition))) }
                         td {
                             @if p.offline() {
                                 "offline"
