@@ -111,6 +111,16 @@ async fn only_the_controller_takes_feature_updates() {
     for version in 0..=1 {
         assert_eq!(send(&mut elsewhere, version, upgrade(), false).await, (NOT_CONTROLLER, Vec::new()), "v{version}");
     }
+    // `/controller` names the winner a moment before that broker has loaded the cluster
+    // state and starts acting as controller; until then it answers NOT_CONTROLLER too.
     let mut client = RawClient::connect(addr(controller)).await.unwrap();
-    assert_eq!(send(&mut client, 1, upgrade(), false).await, refused(&[("metadata.version", UNSUPPORTED)]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let answer = loop {
+        let answer = send(&mut client, 1, upgrade(), false).await;
+        if answer.0 != NOT_CONTROLLER || std::time::Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(answer, refused(&[("metadata.version", UNSUPPORTED)]));
 }
