@@ -475,6 +475,10 @@ impl KeyStore {
                     if self.claim_won(store_key, &claim, offset, record.at_ms).await? {
                         return Ok(Claimed::Won(claim));
                     }
+                    // Lost to an earlier claim, perhaps known only from our own records:
+                    // look again once the follower has applied ours, so the map shows the
+                    // winner (rather than claiming again and again while it catches up).
+                    let _ = tokio::time::timeout_at(deadline, rx.wait_for(|next| *next > offset)).await;
                     if Instant::now() >= deadline {
                         tracing::debug!(key, "lost the claim of an Idempotency-Key and its first run is still in flight");
                         return Err(Error::Unavailable("a request with this Idempotency-Key is still in flight".into()));

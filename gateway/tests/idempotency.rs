@@ -114,3 +114,30 @@ async fn two_gateways_alternating_or_racing_write_once() {
     }
     assert_eq!(events_in_topic(&sys).await, 60);
 }
+
+/// Many repeats at once on one gateway: one run writes, the others wait for its answer,
+/// and each claims the key at most once (a loser looks again once the follower has read
+/// its claim, instead of claiming again while the follower catches up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_repeats_on_one_gateway_write_once_and_claim_at_most_once_each() {
+    const REPEATS: usize = 8;
+    let sys = System::start().await;
+    sys.create_topic(TOPIC, 3).await;
+    let body = ndjson(10, "burst");
+    // The key topic exists once the first keyed request has opened the key store.
+    let (s, _) = post(&sys.http, Some("warm-up"), &ndjson(1, "warm")).await;
+    assert_eq!(s, 200);
+    let key_records_before = sys.end_offsets("_gateway_idempotency", 1).await[0];
+
+    let answers = futures::future::join_all((0..REPEATS).map(|_| post(&sys.http, Some("burst-1"), &body))).await;
+    for answer in &answers {
+        assert_eq!(answer, &answers[0], "every repeat gets the first run's answer");
+    }
+    assert_eq!(answers[0].0, 200, "{}", answers[0].1);
+    assert_eq!(events_in_topic(&sys).await, 1 + 10, "the burst's events are written once");
+    let key_records = sys.end_offsets("_gateway_idempotency", 1).await[0] - key_records_before;
+    assert!(
+        key_records <= REPEATS as i64 + 1,
+        "{key_records} key records for {REPEATS} requests: a claim each and one answer at most"
+    );
+}

@@ -259,6 +259,12 @@ fn heavy_appends() -> Arc<Semaphore> {
         .clone()
 }
 
+/// Most bytes of uncompressed records whose keys a compacted log checks on the async
+/// worker: a few records take microseconds to scan, less than the two thread switches of
+/// the blocking pool, and small appends are what compacted topics mostly take (an
+/// idempotency key's claim and answer, a schema, a changelog row).
+const INLINE_KEY_SCAN_BYTES: usize = 16 * 1024;
+
 /// Looks at the batch headers only (no CRC, no records; the log checks those): refuses a
 /// control batch, and says whether any batch is compressed.
 fn scan_headers(mut records: &[u8]) -> Result<bool, String> {
@@ -281,7 +287,8 @@ fn scan_headers(mut records: &[u8]) -> Result<bool, String> {
 /// and the log start offset, with `tally` counting the records when given.
 ///
 /// Without a `flush.messages` policy an append of uncompressed batches to a log that
-/// does not compact is a write into the page cache, which does not block for long: it
+/// does not compact (or of a few records to one that does, see [`INLINE_KEY_SCAN_BYTES`])
+/// is a write into the page cache, which does not block for long: it
 /// runs right here, because handing it to the blocking pool costs two thread switches
 /// per request, which measured as most of the CPU of an unbatched producer. Appends
 /// that may fsync go to the blocking pool; appends that decompress or scan keys go
@@ -310,7 +317,9 @@ async fn append(
     }
     let compressed = scan_headers(&records).map_err(AppendError::ControlBatch)?;
     let config = partition.log.config();
-    let heavy = compressed || config.cleanup_policy.compacts() || crate::topic_config::append::rewrites(&config);
+    let heavy = compressed
+        || crate::topic_config::append::rewrites(&config)
+        || (config.cleanup_policy.compacts() && records.len() > INLINE_KEY_SCAN_BYTES);
     if !heavy && config.flush_messages.is_none() {
         return run(partition, &records, acks_all, min_isr, tally);
     }
