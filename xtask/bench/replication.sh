@@ -16,6 +16,7 @@
 #                    (default 10; 0 skips them)
 #   AUDIT            0 turns the brokers' audit tier off (default: on, as deploy/cluster ships)
 #   KEEP             1 keeps the data dirs (default: removed)
+#   MIN_FREE_GB      free space wanted under TMPDIR before starting (default 20 a build)
 #
 # Each run prints one JSON line (`fjord bench --json`, with broker_cpu_us_per_msg from
 # /proc: the figure that stays meaningful on a shared machine) tagged with build, case and
@@ -39,6 +40,17 @@ open_seconds=${OPEN_SECONDS:-10}
 for bin in "$after_bin" "$bench_bin" ${before_bin:+"$before_bin"}; do
   [ -x "$bin" ] || { echo "replication.sh: no executable $bin (cargo build --release -p fjord)" >&2; exit 1; }
 done
+
+# A run writes every message once per replica and keeps it: the peaks, and the open loops
+# at a third of a peak of ~2M msg/s, came to ~16 GB per build at the defaults. A disk that
+# fills mid-run makes the brokers refuse appends (KAFKA_STORAGE_ERROR), which reads as a
+# stall in the figures, so refuse to start without room (MIN_FREE_GB, default 20 a build).
+min_free_gb=${MIN_FREE_GB:-$((20 * (${#before_bin} > 0 ? 2 : 1)))}
+free_gb=$(($(df -Pk "${TMPDIR:-/tmp}" | awk 'NR == 2 {print $4}') / 1024 / 1024))
+if [ "$free_gb" -lt "$min_free_gb" ]; then
+  echo "replication.sh: ${free_gb} GB free under ${TMPDIR:-/tmp}, want ${min_free_gb} (MIN_FREE_GB, or fewer MESSAGES/OPEN_SECONDS)" >&2
+  exit 1
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/fjord-bench.XXXXXX")
 results=$work/results.jsonl
