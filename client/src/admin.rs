@@ -256,11 +256,11 @@ impl Admin {
         );
         let response = self.cluster.controller().await?.request(&request, 7).await?;
         for t in response.topics {
-            if let Some(e) =
-                Error::kafka(t.error_code, format!("create topic {}", t.name.0.as_str()), t.error_message.map(|m| m.to_string()))
-            {
-                return Err(e);
-            }
+            Error::check_kafka(
+                t.error_code,
+                format!("create topic {}", t.name.0.as_str()),
+                t.error_message.map(|m| m.to_string()),
+            )?;
         }
         self.cluster.refresh(None).await?;
         Ok(())
@@ -279,11 +279,7 @@ impl Admin {
                 .with_assignments(None)]);
         let response = conn.request_at(&request, version).await?;
         for r in response.results {
-            if let Some(e) =
-                Error::kafka(r.error_code, format!("add partitions to {topic}"), r.error_message.map(|m| m.to_string()))
-            {
-                return Err(e);
-            }
+            Error::check_kafka(r.error_code, format!("add partitions to {topic}"), r.error_message.map(|m| m.to_string()))?;
         }
         self.cluster.refresh(Some(&[topic.to_string()])).await?;
         Ok(())
@@ -310,11 +306,7 @@ impl Admin {
         let timeout = self.cluster.config().request_timeout.as_millis() as i32;
         let request = AlterPartitionReassignmentsRequest::default().with_timeout_ms(timeout).with_topics(topics);
         let response = self.cluster.controller().await?.request(&request, 0).await?;
-        if let Some(e) =
-            Error::kafka(response.error_code, "alter partition reassignments", response.error_message.map(|m| m.to_string()))
-        {
-            return Err(e);
-        }
+        Error::check_kafka(response.error_code, "alter partition reassignments", response.error_message.map(|m| m.to_string()))?;
         Ok(response
             .responses
             .into_iter()
@@ -322,10 +314,7 @@ impl Admin {
                 let topic = t.name.0.to_string();
                 t.partitions.into_iter().map(move |p| {
                     let context = format!("reassign {topic}-{}", p.partition_index);
-                    let outcome = match Error::kafka(p.error_code, context, p.error_message.map(|m| m.to_string())) {
-                        Some(e) => Err(e),
-                        None => Ok(()),
-                    };
+                    let outcome = Error::check_kafka(p.error_code, context, p.error_message.map(|m| m.to_string()));
                     ((topic.clone(), p.partition_index), outcome)
                 })
             })
@@ -394,9 +383,7 @@ impl Admin {
         });
         let request = DescribeLogDirsRequest::default().with_topics(topics);
         let response = self.cluster.broker(broker).await?.request(&request, 4).await?;
-        if let Some(e) = Error::kafka(response.error_code, format!("describe the log dirs of broker {broker}"), None) {
-            return Err(e);
-        }
+        Error::check_kafka(response.error_code, format!("describe the log dirs of broker {broker}"), None)?;
         Ok(response
             .results
             .into_iter()
@@ -425,11 +412,7 @@ impl Admin {
         let timeout = self.cluster.config().request_timeout.as_millis() as i32;
         let request = ListPartitionReassignmentsRequest::default().with_timeout_ms(timeout).with_topics(None);
         let response = self.cluster.controller().await?.request(&request, 0).await?;
-        if let Some(e) =
-            Error::kafka(response.error_code, "list partition reassignments", response.error_message.map(|m| m.to_string()))
-        {
-            return Err(e);
-        }
+        Error::check_kafka(response.error_code, "list partition reassignments", response.error_message.map(|m| m.to_string()))?;
         let ids = |v: Vec<BrokerId>| v.into_iter().map(|b| b.0).collect();
         Ok(response
             .topics
@@ -469,11 +452,7 @@ impl Admin {
         let conn = self.cluster.controller().await?;
         let version = conn.version::<DescribeClientQuotasRequest>(1)?;
         let response = conn.request_at(&request, version).await?;
-        if let Some(e) =
-            Error::kafka(response.error_code, "describe client quotas", response.error_message.map(|m| m.to_string()))
-        {
-            return Err(e);
-        }
+        Error::check_kafka(response.error_code, "describe client quotas", response.error_message.map(|m| m.to_string()))?;
         let mut quotas: Vec<ClientQuota> = response
             .entries
             .unwrap_or_default()
@@ -520,9 +499,7 @@ impl Admin {
         let response = conn.request_at(&request, version).await?;
         for entry in response.entries {
             let context = format!("alter the client quotas of {entity}");
-            if let Some(e) = Error::kafka(entry.error_code, context, entry.error_message.map(|m| m.to_string())) {
-                return Err(e);
-            }
+            Error::check_kafka(entry.error_code, context, entry.error_message.map(|m| m.to_string()))?;
         }
         Ok(())
     }
@@ -542,9 +519,7 @@ impl Admin {
         let response = conn.request_at(&request, version).await?;
         for r in response.responses {
             let name = r.name.map(|n| n.0.to_string()).unwrap_or_default();
-            if let Some(e) = Error::kafka(r.error_code, format!("delete topic {name}"), r.error_message.map(|m| m.to_string())) {
-                return Err(e);
-            }
+            Error::check_kafka(r.error_code, format!("delete topic {name}"), r.error_message.map(|m| m.to_string()))?;
         }
         self.cluster.refresh(None).await?;
         Ok(())
@@ -640,11 +615,7 @@ impl Admin {
             )]);
         let response = self.cluster.controller().await?.request(&request, 1).await?;
         for r in response.responses {
-            if let Some(e) =
-                Error::kafka(r.error_code, format!("alter configs of {topic}"), r.error_message.map(|m| m.to_string()))
-            {
-                return Err(e);
-            }
+            Error::check_kafka(r.error_code, format!("alter configs of {topic}"), r.error_message.map(|m| m.to_string()))?;
         }
         Ok(())
     }
@@ -675,9 +646,7 @@ impl Admin {
                 ConfigResource::Topic(topic) => format!("alter configs of {topic}"),
                 ConfigResource::Broker(id) => format!("alter configs of broker {id}"),
             };
-            if let Some(e) = Error::kafka(r.error_code, context, r.error_message.map(|m| m.to_string())) {
-                return Err(e);
-            }
+            Error::check_kafka(r.error_code, context, r.error_message.map(|m| m.to_string()))?;
         }
         Ok(())
     }
@@ -929,10 +898,8 @@ async fn ask_each_leader<'a, R: Request, T: Clone>(
                     broker: format!("broker {leader}"),
                     detail: format!("no {answer} for {topic}-{partition}"),
                 }),
-                Some(found) => match Error::kafka(found.error_code, format!("{action} of {topic}-{partition}"), None) {
-                    Some(e) => Err(e),
-                    None => Ok(found.value.clone()),
-                },
+                Some(found) => Error::check_kafka(found.error_code, format!("{action} of {topic}-{partition}"), None)
+                    .map(|()| found.value.clone()),
             };
             out.push((i, result));
         }
