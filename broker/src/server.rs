@@ -543,14 +543,24 @@ fn spawn_periodic_tasks(tracker: &TaskTracker, logs: &Arc<LogDirs>, config: &Bro
         tracker.spawn(async move {
             let mut periodic = Periodic::new(every);
             while periodic.tick_until(&shutdown).await {
-                let logs = logs.clone();
-                match tokio::task::spawn_blocking(move || job(&logs)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::error!(task = name, error = %e, "periodic log task failed"),
-                    Err(e) => tracing::error!(task = name, error = %e, "periodic log task panicked"),
-                }
+                run_log_task(name, &logs, job).await;
             }
         });
+    }
+}
+
+/// Runs one round of a background log task on the blocking pool (the log is synchronous)
+/// and logs how it failed: the loop that runs it carries on, and the next round tries again.
+async fn run_log_task(
+    task: &'static str,
+    logs: &Arc<LogDirs>,
+    job: impl FnOnce(&LogDirs) -> Result<(), fjord_log::Error> + Send + 'static,
+) {
+    let logs = logs.clone();
+    match tokio::task::spawn_blocking(move || job(&logs)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(task, error = %e, "background log task failed"),
+        Err(e) => tracing::error!(task, error = %e, "background log task panicked"),
     }
 }
 
@@ -571,12 +581,7 @@ fn spawn_follower_log_start_checkpoint(
                 () = shutdown.cancelled() => return,
                 () = moved.notified() => {}
             }
-            let logs = logs.clone();
-            match tokio::task::spawn_blocking(move || logs.checkpoint()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!(error = %e, "writing the log start offset checkpoint failed"),
-                Err(e) => tracing::error!(error = %e, "writing the log start offset checkpoint panicked"),
-            }
+            run_log_task("log start offset checkpoint", &logs, LogDirs::checkpoint).await;
         }
     });
 }
@@ -618,16 +623,14 @@ fn spawn_scrubber(tracker: &TaskTracker, logs: &Arc<LogDirs>, bytes_per_second: 
     tracker.spawn(async move {
         let mut periodic = Periodic::new(Duration::from_secs(1));
         while periodic.tick_until(&shutdown).await {
-            let logs = logs.clone();
-            let scrub = move || {
+            let scrub = move |logs: &LogDirs| {
                 if bytes_per_second > 0 {
                     logs.scrub(bytes_per_second);
                 }
                 logs.refresh_health();
+                Ok(())
             };
-            if let Err(e) = tokio::task::spawn_blocking(scrub).await {
-                tracing::error!(task = "scrub", error = %e, "periodic log task panicked");
-            }
+            run_log_task("scrub", &logs, scrub).await;
         }
     });
 }

@@ -189,7 +189,11 @@ def run(client_id):
     # Only what was acknowledged within the run counts.
     rates[client_id] = {'mb_per_s': acked[0] / elapsed / 1048576, 'max_throttle_ms': throttle[0]}
     p.flush(60)
+"#;
 
+/// The end of [`PRODUCERS`] and [`CONSUMERS`]: runs their `run` for both clients at once
+/// and prints the `rates` they filled in as one JSON line.
+const SIDE_BY_SIDE: &str = r#"
 threads = [threading.Thread(target=run, args=(c,)) for c in ('throttled', 'free')]
 for t in threads: t.start()
 for t in threads: t.join()
@@ -207,13 +211,34 @@ fn small_logs(config: &mut fjord_broker::BrokerConfig) {
     }
 }
 
-/// Runs `script` with the broker's address and the duration; its JSON line of rates.
-async fn rates(script: &str, bootstrap: &str, seconds: u64) -> serde_json::Value {
+/// Runs `script` ([`PRODUCERS`] or [`CONSUMERS`], ended by [`SIDE_BY_SIDE`]) with the
+/// broker's address and `seconds`, and checks what both rate tests rely on: the client
+/// `throttled` measured between `at_least` and `at_most` MB/s (held to its quota, yet not
+/// idle: it got most of it) and was sent a throttle time, while `free` beside it kept at
+/// least 10 MB/s. `clients` ("producers", "consumers") names them in the messages. Returns
+/// the script's JSON line of rates, for checks of one test only.
+async fn measure_side_by_side(
+    script: &str,
+    bootstrap: &str,
+    seconds: u64,
+    clients: &str,
+    at_least: f64,
+    at_most: f64,
+) -> serde_json::Value {
+    let script = format!("{script}{SIDE_BY_SIDE}");
     let output =
-        fjord_testkit::run_python(script, &[bootstrap, &seconds.to_string()], Duration::from_secs(seconds + 120)).await.unwrap();
+        fjord_testkit::run_python(&script, &[bootstrap, &seconds.to_string()], Duration::from_secs(seconds + 120)).await.unwrap();
     assert!(output.said_ok(), "the Python script failed {}", output.transcript());
     let line = output.lines.iter().find(|l| l.starts_with('{')).expect("a JSON line");
-    serde_json::from_str(line).unwrap()
+    let measured: serde_json::Value = serde_json::from_str(line).unwrap();
+    eprintln!("{clients}' rates over {seconds} s: {measured}");
+    let throttled = measured["throttled"]["mb_per_s"].as_f64().unwrap();
+    let free = measured["free"]["mb_per_s"].as_f64().unwrap();
+    assert!(throttled <= at_most, "of the {clients}, the throttled one measured {throttled:.2} MB/s");
+    assert!(throttled >= at_least, "of the {clients}, the throttled one measured only {throttled:.2} MB/s");
+    assert!(measured["throttled"]["max_throttle_ms"].as_i64().unwrap() > 0, "no throttle_time_ms reached the client");
+    assert!(free >= 10.0, "of the {clients}, the unthrottled one measured {free:.2} MB/s beside {throttled:.2} MB/s");
+    measured
 }
 
 /// Three quota windows: Kafka's rate lets a greedy client take a window's worth at the
@@ -231,17 +256,10 @@ async fn a_producer_over_its_byte_rate_is_throttled_and_its_neighbour_is_not() {
     let set = alteration(&[("client-id", Some("throttled"))], &[("producer_byte_rate", Some(quota))]);
     assert_eq!(alter(&mut client, vec![set], false).await, [(0, String::new())]);
 
-    let measured = rates(PRODUCERS, &broker.bootstrap(), RUN_SECONDS).await;
-    eprintln!("producer rates over {RUN_SECONDS} s: {measured}");
-    let throttled = measured["throttled"]["mb_per_s"].as_f64().unwrap();
-    let free = measured["free"]["mb_per_s"].as_f64().unwrap();
-    assert!(throttled <= 5.5, "the throttled producer ran at {throttled:.2} MB/s");
-    // It was throttled, not idle: it got most of its quota.
-    assert!(throttled >= 3.0, "the throttled producer ran at only {throttled:.2} MB/s");
-    assert!(measured["throttled"]["max_throttle_ms"].as_i64().unwrap() > 0, "no throttle_time_ms reached the client");
+    // At most 5.5 MB/s, and at least 3: throttled, not idle. The free producer, paced at
+    // 15 MB/s, keeps most of it (the 10 MB/s the helper checks) and is never throttled.
+    let measured = measure_side_by_side(PRODUCERS, &broker.bootstrap(), RUN_SECONDS, "producers", 3.0, 5.5).await;
     assert_eq!(measured["free"]["max_throttle_ms"].as_i64(), Some(0));
-    // The other one is not held to it: it keeps (most of) its 15 MB/s.
-    assert!(free >= 10.0, "the unthrottled producer ran at {free:.2} MB/s beside {throttled:.2} MB/s");
     drop(client);
     broker.stop().await.unwrap();
 }
@@ -287,12 +305,6 @@ def run(client_id):
     c.poll(0)
     c.close()
     rates[client_id] = {'mb_per_s': received / elapsed / 1048576, 'max_throttle_ms': throttle[0]}
-
-threads = [threading.Thread(target=run, args=(c,)) for c in ('throttled', 'free')]
-for t in threads: t.start()
-for t in threads: t.join()
-print(json.dumps(rates))
-print('ok')
 "#;
 
 /// A consumer under a 2 MB/s consumer_byte_rate reads at most 2.2 MB/s (its fetches are
@@ -306,14 +318,7 @@ async fn a_consumer_over_its_byte_rate_is_throttled_and_its_neighbour_is_not() {
     assert_eq!(alter(&mut client, vec![set], false).await, [(0, String::new())]);
 
     // A fetch fails a consumer-quota check as a whole, so nothing goes over: two windows do.
-    let measured = rates(CONSUMERS, &broker.bootstrap(), 22).await;
-    eprintln!("consumer rates: {measured}");
-    let throttled = measured["throttled"]["mb_per_s"].as_f64().unwrap();
-    let free = measured["free"]["mb_per_s"].as_f64().unwrap();
-    assert!(throttled <= 2.2, "the throttled consumer read {throttled:.2} MB/s");
-    assert!(throttled >= 1.0, "the throttled consumer read only {throttled:.2} MB/s");
-    assert!(measured["throttled"]["max_throttle_ms"].as_i64().unwrap() > 0, "no throttle_time_ms reached the client");
-    assert!(free >= 10.0, "the unthrottled consumer read {free:.2} MB/s beside {throttled:.2} MB/s");
+    measure_side_by_side(CONSUMERS, &broker.bootstrap(), 22, "consumers", 1.0, 2.2).await;
     drop(client);
     broker.stop().await.unwrap();
 }

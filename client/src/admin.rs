@@ -10,18 +10,21 @@ use kafka_protocol::messages::alter_replica_log_dirs_request::{AlterReplicaLogDi
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
+use kafka_protocol::messages::delete_records_response::DeleteRecordsPartitionResult;
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::describe_client_quotas_request::ComponentData;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::describe_log_dirs_request::DescribableLogDirTopic;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::list_offsets_response::ListOffsetsPartitionResponse;
 use kafka_protocol::messages::{
     AlterClientQuotasRequest, AlterPartitionReassignmentsRequest, AlterReplicaLogDirsRequest, BrokerId, CreatePartitionsRequest,
-    CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest, DescribeClientQuotasRequest, DescribeConfigsRequest,
-    DescribeLogDirsRequest, IncrementalAlterConfigsRequest, ListOffsetsRequest, ListPartitionReassignmentsRequest, TopicName,
+    CreateTopicsRequest, DeleteRecordsRequest, DeleteRecordsResponse, DeleteTopicsRequest, DescribeClientQuotasRequest,
+    DescribeConfigsRequest, DescribeLogDirsRequest, IncrementalAlterConfigsRequest, ListOffsetsRequest, ListOffsetsResponse,
+    ListPartitionReassignmentsRequest, TopicName,
 };
-use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::protocol::{Request, StrBytes};
 
 use crate::consumer::IsolationLevel;
 
@@ -253,11 +256,11 @@ impl Admin {
         );
         let response = self.cluster.controller().await?.request(&request, 7).await?;
         for t in response.topics {
-            if let Some(e) =
-                Error::kafka(t.error_code, format!("create topic {}", t.name.0.as_str()), t.error_message.map(|m| m.to_string()))
-            {
-                return Err(e);
-            }
+            Error::check_kafka(
+                t.error_code,
+                format!("create topic {}", t.name.0.as_str()),
+                t.error_message.map(|m| m.to_string()),
+            )?;
         }
         self.cluster.refresh(None).await?;
         Ok(())
@@ -276,11 +279,7 @@ impl Admin {
                 .with_assignments(None)]);
         let response = conn.request_at(&request, version).await?;
         for r in response.results {
-            if let Some(e) =
-                Error::kafka(r.error_code, format!("add partitions to {topic}"), r.error_message.map(|m| m.to_string()))
-            {
-                return Err(e);
-            }
+            Error::check_kafka(r.error_code, format!("add partitions to {topic}"), r.error_message.map(|m| m.to_string()))?;
         }
         self.cluster.refresh(Some(&[topic.to_string()])).await?;
         Ok(())
@@ -307,11 +306,7 @@ impl Admin {
         let timeout = self.cluster.config().request_timeout.as_millis() as i32;
         let request = AlterPartitionReassignmentsRequest::default().with_timeout_ms(timeout).with_topics(topics);
         let response = self.cluster.controller().await?.request(&request, 0).await?;
-        if let Some(e) =
-            Error::kafka(response.error_code, "alter partition reassignments", response.error_message.map(|m| m.to_string()))
-        {
-            return Err(e);
-        }
+        Error::check_kafka(response.error_code, "alter partition reassignments", response.error_message.map(|m| m.to_string()))?;
         Ok(response
             .responses
             .into_iter()
@@ -319,10 +314,7 @@ impl Admin {
                 let topic = t.name.0.to_string();
                 t.partitions.into_iter().map(move |p| {
                     let context = format!("reassign {topic}-{}", p.partition_index);
-                    let outcome = match Error::kafka(p.error_code, context, p.error_message.map(|m| m.to_string())) {
-                        Some(e) => Err(e),
-                        None => Ok(()),
-                    };
+                    let outcome = Error::check_kafka(p.error_code, context, p.error_message.map(|m| m.to_string()));
                     ((topic.clone(), p.partition_index), outcome)
                 })
             })
@@ -391,9 +383,7 @@ impl Admin {
         });
         let request = DescribeLogDirsRequest::default().with_topics(topics);
         let response = self.cluster.broker(broker).await?.request(&request, 4).await?;
-        if let Some(e) = Error::kafka(response.error_code, format!("describe the log dirs of broker {broker}"), None) {
-            return Err(e);
-        }
+        Error::check_kafka(response.error_code, format!("describe the log dirs of broker {broker}"), None)?;
         Ok(response
             .results
             .into_iter()
@@ -422,11 +412,7 @@ impl Admin {
         let timeout = self.cluster.config().request_timeout.as_millis() as i32;
         let request = ListPartitionReassignmentsRequest::default().with_timeout_ms(timeout).with_topics(None);
         let response = self.cluster.controller().await?.request(&request, 0).await?;
-        if let Some(e) =
-            Error::kafka(response.error_code, "list partition reassignments", response.error_message.map(|m| m.to_string()))
-        {
-            return Err(e);
-        }
+        Error::check_kafka(response.error_code, "list partition reassignments", response.error_message.map(|m| m.to_string()))?;
         let ids = |v: Vec<BrokerId>| v.into_iter().map(|b| b.0).collect();
         Ok(response
             .topics
@@ -466,11 +452,7 @@ impl Admin {
         let conn = self.cluster.controller().await?;
         let version = conn.version::<DescribeClientQuotasRequest>(1)?;
         let response = conn.request_at(&request, version).await?;
-        if let Some(e) =
-            Error::kafka(response.error_code, "describe client quotas", response.error_message.map(|m| m.to_string()))
-        {
-            return Err(e);
-        }
+        Error::check_kafka(response.error_code, "describe client quotas", response.error_message.map(|m| m.to_string()))?;
         let mut quotas: Vec<ClientQuota> = response
             .entries
             .unwrap_or_default()
@@ -517,9 +499,7 @@ impl Admin {
         let response = conn.request_at(&request, version).await?;
         for entry in response.entries {
             let context = format!("alter the client quotas of {entity}");
-            if let Some(e) = Error::kafka(entry.error_code, context, entry.error_message.map(|m| m.to_string())) {
-                return Err(e);
-            }
+            Error::check_kafka(entry.error_code, context, entry.error_message.map(|m| m.to_string()))?;
         }
         Ok(())
     }
@@ -539,9 +519,7 @@ impl Admin {
         let response = conn.request_at(&request, version).await?;
         for r in response.responses {
             let name = r.name.map(|n| n.0.to_string()).unwrap_or_default();
-            if let Some(e) = Error::kafka(r.error_code, format!("delete topic {name}"), r.error_message.map(|m| m.to_string())) {
-                return Err(e);
-            }
+            Error::check_kafka(r.error_code, format!("delete topic {name}"), r.error_message.map(|m| m.to_string()))?;
         }
         self.cluster.refresh(None).await?;
         Ok(())
@@ -637,11 +615,7 @@ impl Admin {
             )]);
         let response = self.cluster.controller().await?.request(&request, 1).await?;
         for r in response.responses {
-            if let Some(e) =
-                Error::kafka(r.error_code, format!("alter configs of {topic}"), r.error_message.map(|m| m.to_string()))
-            {
-                return Err(e);
-            }
+            Error::check_kafka(r.error_code, format!("alter configs of {topic}"), r.error_message.map(|m| m.to_string()))?;
         }
         Ok(())
     }
@@ -672,9 +646,7 @@ impl Admin {
                 ConfigResource::Topic(topic) => format!("alter configs of {topic}"),
                 ConfigResource::Broker(id) => format!("alter configs of broker {id}"),
             };
-            if let Some(e) = Error::kafka(r.error_code, context, r.error_message.map(|m| m.to_string())) {
-                return Err(e);
-            }
+            Error::check_kafka(r.error_code, context, r.error_message.map(|m| m.to_string()))?;
         }
         Ok(())
     }
@@ -686,58 +658,29 @@ impl Admin {
     /// (low watermark), or the error its leader answered (OFFSET_OUT_OF_RANGE for an
     /// offset beyond the high watermark) or that finding its leader gave.
     pub async fn delete_records(&self, partitions: &[(String, i32, i64)]) -> Vec<Result<i64>> {
-        let mut out: Vec<Option<Result<i64>>> = partitions.iter().map(|_| None).collect();
-        let mut by_leader: HashMap<i32, Vec<usize>> = HashMap::new();
-        for (i, (topic, partition, _)) in partitions.iter().enumerate() {
-            match self.cluster.leader(topic, *partition).await {
-                Ok(leader) => by_leader.entry(leader).or_default().push(i),
-                Err(e) => out[i] = Some(Err(e)),
-            }
-        }
         let timeout_ms = i32::try_from(self.cluster.config().request_timeout.as_millis()).unwrap_or(i32::MAX);
-        for (leader, indexes) in by_leader {
-            let mut topics: Vec<DeleteRecordsTopic> = Vec::new();
-            for &i in &indexes {
-                let (topic, partition, offset) = &partitions[i];
-                let p = DeleteRecordsPartition::default().with_partition_index(*partition).with_offset(*offset);
-                match topics.iter_mut().find(|t| *t.name.0 == **topic) {
-                    Some(t) => t.partitions.push(p),
-                    None => topics.push(DeleteRecordsTopic::default().with_name(topic_name(topic)).with_partitions(vec![p])),
-                }
-            }
-            let request = DeleteRecordsRequest::default().with_timeout_ms(timeout_ms).with_topics(topics);
-            let response = match self.cluster.broker(leader).await {
-                Ok(broker) => broker.request(&request, 2).await,
-                Err(e) => Err(e),
+        let request_for = |topics: Vec<(&str, Vec<usize>)>| {
+            let topic_of = |(topic, indexes): (&str, Vec<usize>)| {
+                let partition_of = |i: usize| {
+                    let (_, partition, offset) = &partitions[i];
+                    DeleteRecordsPartition::default().with_partition_index(*partition).with_offset(*offset)
+                };
+                DeleteRecordsTopic::default()
+                    .with_name(topic_name(topic))
+                    .with_partitions(indexes.into_iter().map(partition_of).collect())
             };
-            let response = match response {
-                Ok(response) => response,
-                Err(e) => {
-                    // The leader could not be asked: each of its partitions gets the error.
-                    for &i in &indexes {
-                        out[i] = Some(Err(e.clone()));
-                    }
-                    continue;
-                }
-            };
-            for &i in &indexes {
-                let (topic, partition, _) = &partitions[i];
-                let result = response
-                    .topics
-                    .iter()
-                    .filter(|t| *t.name.0 == **topic)
-                    .flat_map(|t| &t.partitions)
-                    .find(|p| p.partition_index == *partition)
-                    .ok_or_else(|| Error::Protocol {
-                        broker: format!("broker {leader}"),
-                        detail: format!("no DeleteRecords result for {topic}-{partition}"),
-                    })
-                    .and_then(|p| match Error::kafka(p.error_code, format!("delete records of {topic}-{partition}"), None) {
-                        Some(e) => Err(e),
-                        None => Ok(p.low_watermark),
-                    });
-                out[i] = Some(result);
-            }
+            DeleteRecordsRequest::default().with_timeout_ms(timeout_ms).with_topics(topics.into_iter().map(topic_of).collect())
+        };
+        let answers_in = |response: &DeleteRecordsResponse| {
+            let answer_of = |p: &DeleteRecordsPartitionResult| (p.partition_index, p.error_code, p.low_watermark);
+            PartitionAnswer::all_in(&response.topics, |t| (&t.name, t.partitions.as_slice()), answer_of)
+        };
+        let asked = partitions.iter().enumerate().map(|(i, (topic, partition, _))| (i, topic.as_str(), *partition)).collect();
+        let answered =
+            ask_each_leader(&self.cluster, asked, 2, request_for, answers_in, "delete records", "DeleteRecords result").await;
+        let mut out: Vec<Option<Result<i64>>> = partitions.iter().map(|_| None).collect();
+        for (i, result) in answered {
+            out[i] = Some(result);
         }
         out.into_iter().map(|r| r.expect("invariant: every partition was answered")).collect()
     }
@@ -821,17 +764,40 @@ async fn ask_leaders(
     isolation: IsolationLevel,
     out: &mut [Option<i64>],
 ) -> Result<()> {
+    let request_for = |topics: Vec<(&str, Vec<usize>)>| {
+        let topic_of = |(topic, indexes): (&str, Vec<usize>)| {
+            let partition_of = |i: usize| {
+                let (_, partition, spec) = &partitions[i];
+                ListOffsetsPartition::default()
+                    .with_partition_index(*partition)
+                    .with_timestamp(spec.wire())
+                    .with_current_leader_epoch(-1)
+            };
+            ListOffsetsTopic::default()
+                .with_name(topic_name(topic))
+                .with_partitions(indexes.into_iter().map(partition_of).collect())
+        };
+        ListOffsetsRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_isolation_level(isolation as i8)
+            .with_topics(topics.into_iter().map(topic_of).collect())
+    };
+    let answers_in = |response: &ListOffsetsResponse| {
+        let answer_of = |p: &ListOffsetsPartitionResponse| (p.partition_index, p.error_code, p.offset);
+        PartitionAnswer::all_in(&response.topics, |t| (&t.name, t.partitions.as_slice()), answer_of)
+    };
+    let asked = partitions
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| out[*i].is_none())
+        .map(|(i, (topic, partition, _))| (i, topic.as_str(), *partition))
+        .collect();
     let mut error = None;
-    let mut by_leader: HashMap<i32, Vec<usize>> = HashMap::new();
-    for (i, (topic, partition, _)) in partitions.iter().enumerate().filter(|(i, _)| out[*i].is_none()) {
-        match cluster.leader(topic, *partition).await {
-            Ok(leader) => by_leader.entry(leader).or_default().push(i),
+    for (i, result) in ask_each_leader(cluster, asked, 7, request_for, answers_in, "list offsets", "offset").await {
+        match result {
+            Ok(offset) => out[i] = Some(offset),
+            // A partition that got an error keeps `None`, to be asked again.
             Err(e) => keep_worst(&mut error, e),
-        }
-    }
-    for (leader, indexes) in by_leader {
-        if let Err(e) = ask_leader(cluster, leader, partitions, isolation, &indexes, out).await {
-            keep_worst(&mut error, e);
         }
     }
     error.map_or(Ok(()), Err)
@@ -845,48 +811,98 @@ fn keep_worst(kept: &mut Option<Error>, e: Error) {
     }
 }
 
-/// ListOffsets of the partitions at `indexes`, all led by `leader`, into `out`; a
-/// partition that got an error code keeps `None`, and an error is returned per [`keep_worst`].
-async fn ask_leader(
+/// One partition's answer in a response that answers per topic and partition (DeleteRecords,
+/// ListOffsets), for [`ask_each_leader`] to pick out.
+struct PartitionAnswer<T> {
+    topic: TopicName,
+    partition: i32,
+    error_code: i16,
+    /// What the partition answered; meaningful only when `error_code` is 0.
+    value: T,
+}
+
+impl<T> PartitionAnswer<T> {
+    /// Every partition's answer in a response's `topics`: `open` gives a topic's name and
+    /// partitions, `answer_of` a partition's (index, error code, value).
+    fn all_in<Topic, Partition>(
+        topics: &[Topic],
+        open: impl Fn(&Topic) -> (&TopicName, &[Partition]),
+        answer_of: impl Fn(&Partition) -> (i32, i16, T),
+    ) -> Vec<Self> {
+        let mut all = Vec::new();
+        for topic in topics {
+            let (name, partitions) = open(topic);
+            for p in partitions {
+                let (partition, error_code, value) = answer_of(p);
+                all.push(PartitionAnswer { topic: name.clone(), partition, error_code, value });
+            }
+        }
+        all
+    }
+}
+
+/// Asks each leader once for all of its partitions in `asked` (`(index, topic, partition)`),
+/// as Kafka's admin client does for requests that only a partition's leader can answer.
+///
+/// `request_for` builds one leader's request from its partitions grouped by topic (topics
+/// in the order first asked, each with the indexes of its partitions); `answers_in` lists a
+/// response's per-partition answers. `action` and `answer` name the request in errors
+/// ("{action} of t-p" for an error code, "no {answer} for t-p" when the response leaves a
+/// partition out).
+///
+/// One result per index: the partition's value, or the error its leader answered for it,
+/// or the error that finding or asking its leader gave (each of a leader's partitions gets
+/// a copy). Partitions whose leader could not be found come first, then each leader's in
+/// the order asked.
+async fn ask_each_leader<'a, R: Request, T: Clone>(
     cluster: &Cluster,
-    leader: i32,
-    partitions: &[(String, i32, OffsetSpec)],
-    isolation: IsolationLevel,
-    indexes: &[usize],
-    out: &mut [Option<i64>],
-) -> Result<()> {
-    let mut topics: Vec<ListOffsetsTopic> = Vec::new();
-    for &i in indexes {
-        let (topic, partition, spec) = &partitions[i];
-        let p = ListOffsetsPartition::default()
-            .with_partition_index(*partition)
-            .with_timestamp(spec.wire())
-            .with_current_leader_epoch(-1);
-        match topics.iter_mut().find(|t| *t.name.0 == **topic) {
-            Some(t) => t.partitions.push(p),
-            None => topics.push(ListOffsetsTopic::default().with_name(topic_name(topic)).with_partitions(vec![p])),
+    asked: Vec<(usize, &'a str, i32)>,
+    version: i16,
+    request_for: impl Fn(Vec<(&'a str, Vec<usize>)>) -> R,
+    answers_in: impl Fn(&R::Response) -> Vec<PartitionAnswer<T>>,
+    action: &str,
+    answer: &str,
+) -> Vec<(usize, Result<T>)> {
+    let mut out = Vec::with_capacity(asked.len());
+    let mut by_leader: HashMap<i32, Vec<(usize, &'a str, i32)>> = HashMap::new();
+    for (i, topic, partition) in asked {
+        match cluster.leader(topic, partition).await {
+            Ok(leader) => by_leader.entry(leader).or_default().push((i, topic, partition)),
+            Err(e) => out.push((i, Err(e))),
         }
     }
-    let request =
-        ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_isolation_level(isolation as i8).with_topics(topics);
-    let response = cluster.broker(leader).await?.request(&request, 7).await?;
-    let mut error = None;
-    for &i in indexes {
-        let (topic, partition, _) = &partitions[i];
-        let r = response
-            .topics
-            .iter()
-            .filter(|t| *t.name.0 == **topic)
-            .flat_map(|t| &t.partitions)
-            .find(|p| p.partition_index == *partition)
-            .ok_or_else(|| Error::Protocol {
-                broker: format!("broker {leader}"),
-                detail: format!("no offset for {topic}-{partition}"),
-            })?;
-        match Error::kafka(r.error_code, format!("list offsets of {topic}-{partition}"), None) {
-            Some(e) => keep_worst(&mut error, e),
-            None => out[i] = Some(r.offset),
+    for (leader, led) in by_leader {
+        let mut topics: Vec<(&str, Vec<usize>)> = Vec::new();
+        for &(i, topic, _) in &led {
+            match topics.iter_mut().find(|(t, _)| *t == topic) {
+                Some((_, indexes)) => indexes.push(i),
+                None => topics.push((topic, vec![i])),
+            }
+        }
+        let request = request_for(topics);
+        let response = match cluster.broker(leader).await {
+            Ok(broker) => broker.request(&request, version).await,
+            Err(e) => Err(e),
+        };
+        let answers = match response {
+            Ok(response) => answers_in(&response),
+            Err(e) => {
+                // The leader could not be asked: each of its partitions gets the error.
+                out.extend(led.iter().map(|&(i, _, _)| (i, Err(e.clone()))));
+                continue;
+            }
+        };
+        for (i, topic, partition) in led {
+            let result = match answers.iter().find(|a| *a.topic.0 == *topic && a.partition == partition) {
+                None => Err(Error::Protocol {
+                    broker: format!("broker {leader}"),
+                    detail: format!("no {answer} for {topic}-{partition}"),
+                }),
+                Some(found) => Error::check_kafka(found.error_code, format!("{action} of {topic}-{partition}"), None)
+                    .map(|()| found.value.clone()),
+            };
+            out.push((i, result));
         }
     }
-    error.map_or(Ok(()), Err)
+    out
 }

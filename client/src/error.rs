@@ -228,6 +228,12 @@ impl Error {
         ResponseError::try_from_code(code).map(|code| Error::Kafka { code, context: context.into(), message })
     }
 
+    /// [`Error::kafka`] as a `Result`, so that a call which fails on any error code in a
+    /// response can use `?`.
+    pub(crate) fn check_kafka(code: i16, context: impl Into<String>, message: Option<String>) -> Result<()> {
+        Error::kafka(code, context, message).map_or(Ok(()), Err)
+    }
+
     pub(crate) fn io(broker: &str, source: std::io::Error) -> Self {
         Error::Io { broker: broker.to_string(), source: Arc::new(source) }
     }
