@@ -288,8 +288,13 @@ async fn basic_authentication_and_acls_apply_to_the_console() {
 /// metrics address, and the gaps recorded in `_mirror_gaps`, escaped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mirror_page_shows_its_group_lag_status_and_gaps() {
-    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics_addr = metrics.local_addr().unwrap().to_string();
+    // The mirror's metrics address, closed until the mirror starts on it: a listener kept
+    // bound but never accepting would be a mirror that hangs, not one that is not running
+    // (its page waits out the 10 s timeout instead).
+    let metrics_addr = {
+        let probe = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        probe.local_addr().unwrap().to_string()
+    };
     let sys = System::start_with(|g| g.set("console.mirror.url", &metrics_addr).unwrap()).await;
     let (status, page) = sys.get("/ui/mirror").await;
     assert_eq!(status, 200, "{page}");
@@ -308,6 +313,7 @@ async fn the_mirror_page_shows_its_group_lag_status_and_gaps() {
     config.rename = Some("{alias}.{topic}".into());
     config.commit_interval = Duration::from_millis(200);
     let shutdown = tokio_util::sync::CancellationToken::new();
+    let metrics = tokio::net::TcpListener::bind(&metrics_addr).await.unwrap();
     let mirror = tokio::spawn(fjord_mirror::run(config, Some(metrics), shutdown.clone()));
     until(60, "the mirror's group at the end of orders/0", async || {
         let (_, page) = sys.get("/ui/mirror").await;
