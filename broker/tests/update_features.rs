@@ -47,6 +47,17 @@ async fn send(
     (response.error_code, results)
 }
 
+/// Waits until the broker behind `client` acts as the controller: until then it answers
+/// NOT_CONTROLLER, which clients retry on (a broker elected through `/controller` answers
+/// so too until it has loaded the cluster state). An empty update changes nothing.
+async fn wait_until_controller(client: &mut RawClient) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while send(client, 1, Vec::new(), false).await.0 == NOT_CONTROLLER {
+        assert!(std::time::Instant::now() < deadline, "the broker never became the controller");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 fn refused(expected: &[(&str, &str)]) -> (i16, Vec<(String, i16, String)>) {
     (0, expected.iter().map(|(f, m)| (f.to_string(), INVALID_REQUEST, m.to_string())).collect())
 }
@@ -56,13 +67,7 @@ async fn every_update_is_refused_per_feature_and_nothing_is_finalized() {
     let dir = tempfile::tempdir().unwrap();
     let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    // Only the controller answers (NOT_CONTROLLER until the broker has become it, which
-    // clients retry on).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while send(&mut client, 1, Vec::new(), false).await.0 == NOT_CONTROLLER {
-        assert!(std::time::Instant::now() < deadline, "the broker never became the controller");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    wait_until_controller(&mut client).await;
 
     let upgrade_and_deletions =
         || vec![update("metadata.version", 20, 1), update("group.version", 0, 2), update("kraft.version", 0, 3)];
@@ -111,16 +116,7 @@ async fn only_the_controller_takes_feature_updates() {
     for version in 0..=1 {
         assert_eq!(send(&mut elsewhere, version, upgrade(), false).await, (NOT_CONTROLLER, Vec::new()), "v{version}");
     }
-    // `/controller` names the winner a moment before that broker has loaded the cluster
-    // state and starts acting as controller; until then it answers NOT_CONTROLLER too.
     let mut client = RawClient::connect(addr(controller)).await.unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let answer = loop {
-        let answer = send(&mut client, 1, upgrade(), false).await;
-        if answer.0 != NOT_CONTROLLER || std::time::Instant::now() > deadline {
-            break answer;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
-    assert_eq!(answer, refused(&[("metadata.version", UNSUPPORTED)]));
+    wait_until_controller(&mut client).await;
+    assert_eq!(send(&mut client, 1, upgrade(), false).await, refused(&[("metadata.version", UNSUPPORTED)]));
 }

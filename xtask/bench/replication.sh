@@ -45,7 +45,9 @@ done
 # at a third of a peak of ~2M msg/s, came to ~16 GB per build at the defaults. A disk that
 # fills mid-run makes the brokers refuse appends (KAFKA_STORAGE_ERROR), which reads as a
 # stall in the figures, so refuse to start without room (MIN_FREE_GB, default 20 a build).
-min_free_gb=${MIN_FREE_GB:-$((20 * (${#before_bin} > 0 ? 2 : 1)))}
+builds=(after)
+[ -n "$before_bin" ] && builds=(before after)
+min_free_gb=${MIN_FREE_GB:-$((20 * ${#builds[@]}))}
 free_gb=$(($(df -Pk "${TMPDIR:-/tmp}" | awk 'NR == 2 {print $4}') / 1024 / 1024))
 if [ "$free_gb" -lt "$min_free_gb" ]; then
   echo "replication.sh: ${free_gb} GB free under ${TMPDIR:-/tmp}, want ${min_free_gb} (MIN_FREE_GB, or fewer MESSAGES/OPEN_SECONDS)" >&2
@@ -54,8 +56,6 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/fjord-bench.XXXXXX")
 results=$work/results.jsonl
-builds=(after)
-[ -n "$before_bin" ] && builds=(before after)
 
 free_port() {
   local port
