@@ -172,13 +172,24 @@ fn run_tests(root: &Path, suite: &Path, expectations: &BTreeMap<String, Expectat
     let bootstrap = brokers.bootstrap().to_owned();
     let conf = work.join("test.conf");
     let mut test_env = Vec::new();
-    match &security {
-        None => fs::write(&conf, format!("bootstrap.servers={bootstrap}\n"))?,
+    let mut client_conf = match &security {
+        None => format!("bootstrap.servers={bootstrap}\n"),
         Some(tls) => {
-            fs::write(&conf, tls.client_conf(brokers.sasl_ssl_bootstrap()))?;
             test_env = tls.test_env();
+            tls.client_conf(brokers.sasl_ssl_bootstrap())
         }
+    };
+    // librdkafka's file offset store (0014 runs with `offset.store.method=file`) writes
+    // `<topic>-<partition>.offset` into its working directory, the suite's, shared by every
+    // run of this checkout: a later run whose random topic name repeats an earlier one then
+    // starts from the old file's offset. Each run gets an empty directory of its own.
+    let offsets = work.join("offsets");
+    if offsets.exists() {
+        fs::remove_dir_all(&offsets)?;
     }
+    fs::create_dir_all(&offsets)?;
+    client_conf.push_str(&format!("topic.offset.store.path={}\n", offsets.display()));
+    fs::write(&conf, client_conf)?;
     let kafka_path = kafka_shims(root, &work)?;
     let mut outcomes = Vec::new();
     for test in &tests {
