@@ -151,15 +151,21 @@ fn selected(expectations: &BTreeMap<String, Expectation>, options: &Options) -> 
     }
 }
 
+/// Makes `dir` an empty directory, removing what an earlier run of this checkout left.
+fn fresh_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        fs::remove_dir_all(dir)?;
+    }
+    fs::create_dir_all(dir)?;
+    Ok(())
+}
+
 /// One run: brokers for it, its tests, the table; the tests that surprised.
 fn run_tests(root: &Path, suite: &Path, expectations: &BTreeMap<String, Expectation>, options: &Options) -> Result<Vec<String>> {
     let tests = selected(expectations, options);
     let work = root.join("target/conformance/runs").join(options.run_name());
     let logs = work.join("logs");
-    if logs.exists() {
-        fs::remove_dir_all(&logs)?;
-    }
-    fs::create_dir_all(&logs)?;
+    fresh_dir(&logs)?;
     let security = match options.security() {
         Security::Plaintext => None,
         Security::SaslSsl => Some(TlsFixtures::make(&work.join("tls"))?),
@@ -184,10 +190,7 @@ fn run_tests(root: &Path, suite: &Path, expectations: &BTreeMap<String, Expectat
     // run of this checkout: a later run whose random topic name repeats an earlier one then
     // starts from the old file's offset. Each run gets an empty directory of its own.
     let offsets = work.join("offsets");
-    if offsets.exists() {
-        fs::remove_dir_all(&offsets)?;
-    }
-    fs::create_dir_all(&offsets)?;
+    fresh_dir(&offsets)?;
     client_conf.push_str(&format!("topic.offset.store.path={}\n", offsets.display()));
     fs::write(&conf, client_conf)?;
     let kafka_path = kafka_shims(root, &work)?;

@@ -322,10 +322,7 @@ pub(super) struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(path: PathBuf) -> Result<Self> {
-        if path.exists() {
-            fs::remove_dir_all(&path)?;
-        }
-        fs::create_dir_all(&path)?;
+        super::fresh_dir(&path)?;
         Ok(Self(path))
     }
 }

@@ -43,10 +43,7 @@ pub(super) struct TlsFixtures {
 
 impl TlsFixtures {
     pub(super) fn make(dir: &Path) -> Result<Self> {
-        if dir.exists() {
-            fs::remove_dir_all(dir)?;
-        }
-        fs::create_dir_all(dir)?;
+        super::fresh_dir(dir)?;
         let openssl = |args: &[&str]| -> Result<()> {
             let output =
                 Command::new("openssl").args(args).current_dir(dir).stdin(Stdio::null()).output().context("running openssl")?;
