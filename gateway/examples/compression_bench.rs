@@ -9,6 +9,8 @@
 //! the gateway and the clients run in this one process, so it tells a kind that costs CPU
 //! from one that only waits longer. `FJORD_BENCH_KINDS=plain+key` runs only the named
 //! kinds (comma-separated), e.g. to profile one alone under `perf record`.
+//! `FJORD_BENCH_BROKER=host:port` uses a running broker instead of one in this process
+//! (give it 3 partitions a topic, as the in-process one has).
 //!
 //! ```text
 //! cargo run --release -p fjord-gateway --example compression_bench -- 200000 500 4 3
@@ -104,20 +106,31 @@ async fn main() -> anyhow::Result<()> {
     let wanted = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|k| k == name));
     let dir = tempfile::tempdir()?;
     let shutdown = CancellationToken::new();
-    let broker_listener = TcpListener::bind("127.0.0.1:0").await?;
-    let broker = broker_listener.local_addr()?;
-    let config = fjord_broker::BrokerConfig {
-        log_dir: dir.path().join("broker"),
-        listeners: broker.into(),
-        num_partitions: 3,
-        ..fjord_broker::BrokerConfig::default()
+    // FJORD_BENCH_BROKER=host:port uses a broker of its own process (as deployed, e.g. a
+    // release `fjord broker --num-partitions 3`) instead of one in this process, so the
+    // broker's work does not share this process's runtime with the gateway and clients.
+    let broker = match std::env::var("FJORD_BENCH_BROKER") {
+        Ok(external) => external,
+        Err(_) => {
+            let broker_listener = TcpListener::bind("127.0.0.1:0").await?;
+            let broker = broker_listener.local_addr()?;
+            let config = fjord_broker::BrokerConfig {
+                log_dir: dir.path().join("broker"),
+                listeners: broker.into(),
+                num_partitions: 3,
+                ..fjord_broker::BrokerConfig::default()
+            };
+            tokio::spawn(fjord_broker::run(config, broker_listener, shutdown.clone()));
+            broker.to_string()
+        }
     };
-    tokio::spawn(fjord_broker::run(config, broker_listener, shutdown.clone()));
     let http = TcpListener::bind("127.0.0.1:0").await?;
     let grpc = TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/v1/events/bench?key=user", http.local_addr()?);
-    tokio::spawn(fjord_gateway::run(fjord_gateway::GatewayConfig::new(broker.to_string()), http, grpc, shutdown.clone()));
+    tokio::spawn(fjord_gateway::run(fjord_gateway::GatewayConfig::new(broker), http, grpc, shutdown.clone()));
 
+    let run =
+        format!("{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis());
     let plain: Vec<Vec<u8>> = (0..events / per_request)
         .map(|r| (0..per_request).flat_map(|e| event(r * per_request + e).into_bytes()).collect())
         .collect();
@@ -134,7 +147,9 @@ async fn main() -> anyhow::Result<()> {
             if !wanted(name) {
                 continue;
             }
-            let key = (*name == "plain+key").then(|| format!("r{repeat}"));
+            // Keys unique to this run: an external broker keeps the key topic between runs,
+            // and a repeated key would be answered from it without writing.
+            let key = (*name == "plain+key").then(|| format!("{run}-r{repeat}"));
             let cpu_before = cpu_seconds();
             let (eps, wire) = round(&url, (*bodies).clone(), *gz, key.as_deref(), concurrency, per_request).await?;
             let cpu_us_per_event = match (cpu_before, cpu_seconds()) {
