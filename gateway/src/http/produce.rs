@@ -22,7 +22,7 @@ use serde_json::{json, Value as Json};
 use super::auth::Caller;
 use super::{read_body, respond, Answer, V2_CONTENT_TYPE};
 use crate::backend::{Delivered, Event};
-use crate::idempotency::{self, Gate, Outcome, RequestHash};
+use crate::idempotency::{self, Outcome, RequestHash};
 use crate::service::{check_topic_name, parse_acks, Gateway};
 use crate::{avro, Error, Result};
 
@@ -53,9 +53,8 @@ pub(crate) async fn v2_topic(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let fut = keyed(&g, scope(&caller), "v2", &topic, None, &q, &headers, body, |body, gate| {
-        v2(&g, topic.clone(), None, &q, &headers, body, gate)
-    });
+    let fut =
+        keyed(&g, scope(&caller), "v2", &topic, None, &q, &headers, body, |body| v2(&g, topic.clone(), None, &q, &headers, body));
     respond(&g, "http_v2", fut).await
 }
 
@@ -69,10 +68,7 @@ pub(crate) async fn v2_partition(
 ) -> Response {
     let fut = async {
         let p = Some(parse_partition(&topic, &partition)?);
-        keyed(&g, scope(&caller), "v2", &topic, p, &q, &headers, body, |body, gate| {
-            v2(&g, topic.clone(), p, &q, &headers, body, gate)
-        })
-        .await
+        keyed(&g, scope(&caller), "v2", &topic, p, &q, &headers, body, |body| v2(&g, topic.clone(), p, &q, &headers, body)).await
     };
     respond(&g, "http_v2", fut).await
 }
@@ -134,7 +130,6 @@ async fn v2(
     q: &HashMap<String, String>,
     headers: &HeaderMap,
     body: Bytes,
-    gate: Gate,
 ) -> Result<Answer> {
     let format = embedded_format(headers)?;
     let acks = parse_acks(q.get("acks").map(String::as_str))?;
@@ -221,7 +216,6 @@ async fn v2(
     }
     let bytes = events.iter().map(Event::encoded_size).sum();
     let count = events.len();
-    gate.open().await?;
     let results = publish_events(g, &topic, events, acks, atomic).await?;
     let offsets: Vec<Json> = results
         .iter()
@@ -251,9 +245,8 @@ pub(crate) async fn ndjson(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let fut = keyed(&g, scope(&caller), "ndjson", &topic, None, &q, &headers, body, |body, gate| {
-        bulk(&g, topic.clone(), &q, &headers, body, gate)
-    });
+    let fut =
+        keyed(&g, scope(&caller), "ndjson", &topic, None, &q, &headers, body, |body| bulk(&g, topic.clone(), &q, &headers, body));
     respond(&g, "http_ndjson", fut).await
 }
 
@@ -269,9 +262,8 @@ pub(crate) async fn beacon(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let fut = keyed(&g, scope(&caller), "beacon", &topic, None, &q, &headers, body, |body, gate| {
-        bulk(&g, topic.clone(), &q, &headers, body, gate)
-    });
+    let fut =
+        keyed(&g, scope(&caller), "beacon", &topic, None, &q, &headers, body, |body| bulk(&g, topic.clone(), &q, &headers, body));
     let r = respond(&g, "http_beacon", fut).await;
     if r.status().is_success() {
         // Keep CORS headers the middleware adds later; drop only the JSON.
@@ -455,7 +447,7 @@ async fn keyed<F, Fut>(
     f: F,
 ) -> Result<Answer>
 where
-    F: FnOnce(Bytes, Gate) -> Fut,
+    F: FnOnce(Bytes) -> Fut,
     Fut: std::future::Future<Output = Result<Answer>>,
 {
     // A bad key is refused before the body is read.
@@ -471,7 +463,7 @@ where
     };
     let body = read_body(g, headers, body).await?;
     let Some(key) = key else {
-        return f(body, Gate::open_now()).await;
+        return f(body).await;
     };
     // The request as the gateway understood it: the decoded body, so a gzip repeat of a
     // plain post is the same request.
@@ -484,8 +476,8 @@ where
     }
     hash.part(headers.get(header::CONTENT_TYPE).map_or(&b""[..], |v| v.as_bytes())).part(&body);
     let hash = hash.finish();
-    let run = g.key_store().await?.run(&scope, key, &hash, |gate| async {
-        let answer = f(body, gate).await?;
+    let run = g.key_store().await?.run(&scope, key, &hash, || async {
+        let answer = f(body).await?;
         // Written straight from the answer, without a copy of its tree.
         let stored = StoredAnswerRef { content_type: answer.content_type, body: &answer.body };
         let stored = serde_json::value::to_raw_value(&stored).expect("invariant: an answer is JSON with string keys");
@@ -516,14 +508,7 @@ struct StoredAnswer {
     body: Json,
 }
 
-async fn bulk(
-    g: &Gateway,
-    topic: String,
-    q: &HashMap<String, String>,
-    headers: &HeaderMap,
-    body: Bytes,
-    gate: Gate,
-) -> Result<Answer> {
+async fn bulk(g: &Gateway, topic: String, q: &HashMap<String, String>, headers: &HeaderMap, body: Bytes) -> Result<Answer> {
     let acks = parse_acks(q.get("acks").map(String::as_str))?;
     let atomic = parse_atomic(q, acks)?;
     let partition = q.get("partition").map(|p| parse_partition(&topic, p)).transpose()?;
@@ -560,7 +545,6 @@ async fn bulk(
         let events = parse_ndjson(&body, key_field, schema, partition)?;
         let bytes = events.iter().map(Event::encoded_size).sum();
         let count = events.len();
-        gate.open().await?;
         let delivered = all_delivered(publish_events(g, &topic, events, acks, atomic).await?)?;
         let body = json!({ "count": count, "partitions": summarize(&delivered), "value_schema_id": schema_id });
         return Ok(Answer { body, content_type: "application/json", events: count, bytes });
@@ -580,7 +564,6 @@ async fn bulk(
         return Err(Error::BadRequest { index: None, reason: "the body holds no events".into() });
     }
     let dead_count = dead.len();
-    gate.open().await?;
     // Dead letters first: if they cannot be written the request fails before any valid
     // event is produced, and a retry loses nothing (at worst a dead letter twice).
     if !dead.is_empty() {
