@@ -107,8 +107,9 @@ async fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let shutdown = CancellationToken::new();
     // FJORD_BENCH_BROKER=host:port uses a broker of its own process (as deployed, e.g. a
-    // release `fjord broker --num-partitions 3`) instead of one in this process, so the
-    // broker's work does not share this process's runtime with the gateway and clients.
+    // release `fjord broker --config FILE` with `"num.partitions" = 3` in FILE) instead of
+    // one in this process, so the broker's work does not share this process's runtime with
+    // the gateway and clients.
     let broker = match std::env::var("FJORD_BENCH_BROKER") {
         Ok(external) => external,
         Err(_) => {
