@@ -384,6 +384,36 @@ async fn produce_spread(addr: &str, topic: &str, partitions: i32, n: usize) {
     p.flush().await;
 }
 
+/// Records without a key stick to one partition until its batch is full, then move to
+/// another (KIP-480's sticky partitioner). With a long linger only full batches close, so
+/// every move is the partitioner's; before the fix a batch size the records never filled
+/// exactly (the usual case) kept all of them on the first partition chosen.
+#[tokio::test]
+async fn keyless_records_move_to_another_partition_when_their_batch_is_full() {
+    let broker = start_broker().await;
+    create_topic(&broker.addr, "sticky", 6, &[]).await;
+    let p = producer(&broker.addr, |c| {
+        c.batch_size = 2_000; // about 15 records of 100 bytes, never filled exactly
+        c.linger = Duration::from_secs(60);
+    })
+    .await;
+    const N: usize = 3_000;
+    let mut futures = Vec::with_capacity(N);
+    for _ in 0..N {
+        futures.push(p.send(ProducerRecord::new("sticky", vec![b'x'; 100])).await.unwrap());
+    }
+    p.flush().await;
+    let mut per_partition: BTreeMap<i32, usize> = BTreeMap::new();
+    for f in futures {
+        *per_partition.entry(f.await.unwrap().partition).or_default() += 1;
+    }
+    // About 200 batches over 6 partitions, each move to one of the other 5: a partition
+    // left out, or one holding most of the records, would be a partitioner that sticks.
+    assert_eq!(per_partition.len(), 6, "records per partition: {per_partition:?}");
+    assert!(per_partition.values().all(|&n| n < N / 3), "records per partition: {per_partition:?}");
+    assert_eq!(per_partition.values().sum::<usize>(), N);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polls_with_tiny_timeouts_get_every_record_exactly_once() {
     // The broker advertises a proxy: the consumer's first fetch has to open a new

@@ -9,7 +9,8 @@
 #   FJORD_BIN        the broker build measured (default target/release/fjord)
 #   FJORD_BIN_BEFORE a second broker build: a second cluster runs it on other ports and
 #                    every run alternates between the two (labels "before" / "after")
-#   BENCH_BIN        the `fjord bench` client (default FJORD_BIN)
+#   BENCH_BIN        the `fjord bench` client of every run (default: each build's own
+#                    binary, so a client-side change is measured on both sides too)
 #   MESSAGES SIZE BATCH PARTITIONS   per run (default 2000000 200 50 6)
 #   CASES            which of rf1-acks1 rf3-acksall rf3-acks1 (default all three)
 #   OPEN_SECONDS     length of each open-loop run at a third of the case's median peak
@@ -29,7 +30,7 @@ repo=$(cd "$here/../.." && pwd)
 rounds=${1:-3}
 after_bin=${FJORD_BIN:-$repo/target/release/fjord}
 before_bin=${FJORD_BIN_BEFORE:-}
-bench_bin=${BENCH_BIN:-$after_bin}
+bench_override=${BENCH_BIN:-}
 messages=${MESSAGES:-2000000}
 size=${SIZE:-200}
 batch=${BATCH:-50}
@@ -37,7 +38,7 @@ partitions=${PARTITIONS:-6}
 cases=${CASES:-rf1-acks1 rf3-acksall rf3-acks1}
 open_seconds=${OPEN_SECONDS:-10}
 
-for bin in "$after_bin" "$bench_bin" ${before_bin:+"$before_bin"}; do
+for bin in "$after_bin" ${bench_override:+"$bench_override"} ${before_bin:+"$before_bin"}; do
   [ -x "$bin" ] || { echo "replication.sh: no executable $bin (cargo build --release -p fjord)" >&2; exit 1; }
 done
 
@@ -65,7 +66,7 @@ free_port() {
   done
 }
 
-declare -A bootstrap pids
+declare -A bootstrap pids bench
 cleanup() {
   for build in "${builds[@]}"; do
     [ -d "$work/$build" ] && "$repo/deploy/cluster/stop.sh" "$work/$build" >/dev/null 2>&1 || true
@@ -81,6 +82,8 @@ for build in "${builds[@]}"; do
   RUST_LOG=warn FJORD_AUDIT_ENABLE=$([ "${AUDIT:-1}" = 0 ] && echo false || echo true) FJORD_BIN=$bin ZK_PORT=$zk FJORD_PORTS="$p1 $p2 $p3" \
     "$repo/deploy/cluster/start.sh" "$work/$build" >"$work/$build.start.log"
   bootstrap[$build]="127.0.0.1:$p1,127.0.0.1:$p2,127.0.0.1:$p3"
+  bench[$build]=${bench_override:-$bin}
+  bench_bin=${bench[$build]}
   pids[$build]="$(cat "$work/$build/broker-1.pid"),$(cat "$work/$build/broker-2.pid"),$(cat "$work/$build/broker-3.pid")"
   # deploy/cluster's brokers default to min.insync.replicas=2, which a single copy can never meet.
   "$bench_bin" topics --bootstrap "${bootstrap[$build]}" create --topic rf1 --partitions "$partitions" --replication-factor 1 \
@@ -108,7 +111,7 @@ run() {
   shift 3
   local line
   # shellcheck disable=SC2046
-  line=$("$bench_bin" bench produce --bootstrap "${bootstrap[$build]}" $(case_args "$case") --size "$size" --batch "$batch" \
+  line=$("${bench[$build]}" bench produce --bootstrap "${bootstrap[$build]}" $(case_args "$case") --size "$size" --batch "$batch" \
     --broker-pid "${pids[$build]}" --json "$@")
   local load
   load=$(cut -d' ' -f1 /proc/loadavg)

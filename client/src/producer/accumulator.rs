@@ -348,18 +348,39 @@ impl Producer {
         let topic = topics.entry_ref(&record.topic, partitions);
         topic.partition_count = partitions;
         topic.metadata_version = version;
-        let partition = match (record.partition, &record.key) {
-            (Some(p), _) => p,
-            (None, Some(key)) => partition_for_key(key, partitions),
-            (None, None) => *topic.sticky.get_or_insert_with(|| random.as_mut().map_or(0, |r| r.partition(partitions, None))),
-        };
         let name = topic.name.clone();
-        let queue = &mut topic.partitions[partition as usize];
         // Wake the sender only when it could send something: not while the leader has
         // max.in.flight requests out, nor for a new open batch that its partition's
         // batches in flight hold back (an answer wakes it then). At full speed, a wake-up
         // per batch was a futex wake and a context switch per batch, mostly for nothing.
-        let leader_free = queue.leader.is_none_or(|l| in_flight.get(&l).is_none_or(|&n| n < inner.config.max_in_flight));
+        let leader_free = |queue: &PartitionQueue| {
+            queue.leader.is_none_or(|l| in_flight.get(&l).is_none_or(|&n| n < inner.config.max_in_flight))
+        };
+        let partition = match (record.partition, &record.key) {
+            (Some(p), _) => p,
+            (None, Some(key)) => partition_for_key(key, partitions),
+            (None, None) => {
+                let sticky = *topic.sticky.get_or_insert_with(|| random.as_mut().map_or(0, |r| r.partition(partitions, None)));
+                let queue = &mut topic.partitions[sticky as usize];
+                match queue.open.take_if(|open| open.builder.size() + size > inner.config.batch_size) {
+                    // The record does not fit in the sticky partition's batch: that batch
+                    // is full, and the record goes to the next sticky partition, not to a
+                    // new batch here (KIP-480). Otherwise a batch size that records never
+                    // fill exactly (the usual case) kept every keyless record on one
+                    // partition for as long as the sender had no idle moment.
+                    Some(full) => {
+                        queue.ready.push_back(full.close(&name, sticky, inner.config.compression)?);
+                        *woke |= leader_free(queue);
+                        let next = random.as_mut().map_or(0, |r| r.partition(partitions, Some(sticky)));
+                        topic.sticky = Some(next);
+                        next
+                    }
+                    None => sticky,
+                }
+            }
+        };
+        let queue = &mut topic.partitions[partition as usize];
+        let leader_free = leader_free(queue);
         if let Some(open) = &queue.open {
             if open.builder.size() + size > inner.config.batch_size {
                 let open = queue.open.take().expect("checked above");
