@@ -17,7 +17,7 @@
 #                    (default 10; 0 skips them)
 #   AUDIT            0 turns the brokers' audit tier off (default: on, as deploy/cluster ships)
 #   KEEP             1 keeps the data dirs (default: removed)
-#   MIN_FREE_GB      free space wanted under TMPDIR before starting (default 20 a build)
+#   MIN_FREE_GB      free space wanted under TMPDIR before starting (default 5 a build)
 #
 # Each run prints one JSON line (`fjord bench --json`, with broker_cpu_us_per_msg from
 # /proc: the figure that stays meaningful on a shared machine) tagged with build, case and
@@ -42,13 +42,14 @@ for bin in "$after_bin" ${bench_override:+"$bench_override"} ${before_bin:+"$bef
   [ -x "$bin" ] || { echo "replication.sh: no executable $bin (cargo build --release -p fjord)" >&2; exit 1; }
 done
 
-# A run writes every message once per replica and keeps it: the peaks, and the open loops
-# at a third of a peak of ~2M msg/s, came to ~16 GB per build at the defaults. A disk that
-# fills mid-run makes the brokers refuse appends (KAFKA_STORAGE_ERROR), which reads as a
-# stall in the figures, so refuse to start without room (MIN_FREE_GB, default 20 a build).
+# A run writes every message once per replica (RF 3 at the defaults: 1.2 GB, an open loop
+# at a third of a 2M msg/s peak for 10 s: 2.7 GB); its topic is deleted after it. A disk
+# that fills mid-run makes the brokers refuse appends (KAFKA_STORAGE_ERROR), which reads
+# as a stall in the figures, so refuse to start without room (MIN_FREE_GB, default 5 a
+# build: the audit topic and ZooKeeper keep theirs).
 builds=(after)
 [ -n "$before_bin" ] && builds=(before after)
-min_free_gb=${MIN_FREE_GB:-$((20 * ${#builds[@]}))}
+min_free_gb=${MIN_FREE_GB:-$((5 * ${#builds[@]}))}
 free_gb=$(($(df -Pk "${TMPDIR:-/tmp}" | awk 'NR == 2 {print $4}') / 1024 / 1024))
 if [ "$free_gb" -lt "$min_free_gb" ]; then
   echo "replication.sh: ${free_gb} GB free under ${TMPDIR:-/tmp}, want ${min_free_gb} (MIN_FREE_GB, or fewer MESSAGES/OPEN_SECONDS)" >&2
@@ -83,38 +84,37 @@ for build in "${builds[@]}"; do
     "$repo/deploy/cluster/start.sh" "$work/$build" >"$work/$build.start.log"
   bootstrap[$build]="127.0.0.1:$p1,127.0.0.1:$p2,127.0.0.1:$p3"
   bench[$build]=${bench_override:-$bin}
-  bench_bin=${bench[$build]}
   pids[$build]="$(cat "$work/$build/broker-1.pid"),$(cat "$work/$build/broker-2.pid"),$(cat "$work/$build/broker-3.pid")"
-  # deploy/cluster's brokers default to min.insync.replicas=2, which a single copy can never meet.
-  "$bench_bin" topics --bootstrap "${bootstrap[$build]}" create --topic rf1 --partitions "$partitions" --replication-factor 1 \
-    --config min.insync.replicas=1 >/dev/null
-  "$bench_bin" topics --bootstrap "${bootstrap[$build]}" create --topic rf3 --partitions "$partitions" --replication-factor 3 \
-    --config min.insync.replicas=2 >/dev/null
-  # Warm up: leaders elected, followers in the ISR, connections open.
-  for topic in rf1 rf3; do
-    "$bench_bin" bench produce --bootstrap "${bootstrap[$build]}" --topic $topic --messages 200000 --acks all --json >/dev/null
-  done
 done
 
-case_args() {
-  case $1 in
-    rf1-acks1) echo "--topic rf1 --acks 1" ;;
-    rf3-acksall) echo "--topic rf3 --acks all" ;;
-    rf3-acks1) echo "--topic rf3 --acks 1" ;;
-    *) echo "unknown case $1" >&2; exit 1 ;;
-  esac
-}
+# Each run writes to a topic of its own, created for it and deleted after it. A run adds
+# every message to the page cache once per replica, and once the cache had filled the
+# brokers reclaimed pages on every append: the same RF 1 run cost 0.38 then 0.91 µs/msg
+# of broker CPU on one cluster, the later runs charged for the earlier runs' data (RF 3
+# three times as much). Deleting the topic frees its pages, so every run starts alike.
+replication_factor() { case $1 in rf1-*) echo 1 ;; rf3-*) echo 3 ;; *) echo "unknown case $1" >&2; exit 1 ;; esac; }
+acks() { case $1 in *-acks1) echo 1 ;; *-acksall) echo all ;; *) echo "unknown case $1" >&2; exit 1 ;; esac; }
+topic_seq=0
 
 # run BUILD CASE KIND [extra bench args...]
 run() {
   local build=$1 case=$2 kind=$3
   shift 3
-  local line
+  local rf topic line
+  rf=$(replication_factor "$case")
+  topic_seq=$((topic_seq + 1))
+  topic="$case-$topic_seq"
+  # deploy/cluster's brokers default to min.insync.replicas=2, which a single copy can never meet.
+  "${bench[$build]}" topics --bootstrap "${bootstrap[$build]}" create --topic "$topic" --partitions "$partitions" \
+    --replication-factor "$rf" --config min.insync.replicas=$((rf == 1 ? 1 : 2)) >/dev/null
+  # Warm up: leaders elected and known, followers fetching, connections open.
+  "${bench[$build]}" bench produce --bootstrap "${bootstrap[$build]}" --topic "$topic" --messages 20000 --acks all --json >/dev/null
   # shellcheck disable=SC2046
-  line=$("${bench[$build]}" bench produce --bootstrap "${bootstrap[$build]}" $(case_args "$case") --size "$size" --batch "$batch" \
-    --broker-pid "${pids[$build]}" --json "$@")
+  line=$("${bench[$build]}" bench produce --bootstrap "${bootstrap[$build]}" --topic "$topic" --acks "$(acks "$case")" \
+    --size "$size" --batch "$batch" --broker-pid "${pids[$build]}" --json "$@")
   local load
   load=$(cut -d' ' -f1 /proc/loadavg)
+  "${bench[$build]}" topics --bootstrap "${bootstrap[$build]}" delete "$topic" >/dev/null
   echo "{\"build\":\"$build\",\"case\":\"$case\",\"kind\":\"$kind\",\"load1\":$load,\"report\":$line}" | tee -a "$results"
 }
 
