@@ -393,7 +393,7 @@ async fn keyless_records_move_to_another_partition_when_their_batch_is_full() {
     let broker = start_broker().await;
     create_topic(&broker.addr, "sticky", 6, &[]).await;
     let p = producer(&broker.addr, |c| {
-        c.batch_size = 2_000; // about 15 records of 100 bytes, never filled exactly
+        c.batch_size = 2_000; // under 20 records of 100 bytes; the size check closes it first
         c.linger = Duration::from_secs(60);
     })
     .await;

@@ -109,7 +109,6 @@ run() {
     --replication-factor "$rf" --config min.insync.replicas=$((rf == 1 ? 1 : 2)) >/dev/null
   # Warm up: leaders elected and known, followers fetching, connections open.
   "${bench[$build]}" bench produce --bootstrap "${bootstrap[$build]}" --topic "$topic" --messages 20000 --acks all --json >/dev/null
-  # shellcheck disable=SC2046
   line=$("${bench[$build]}" bench produce --bootstrap "${bootstrap[$build]}" --topic "$topic" --acks "$(acks "$case")" \
     --size "$size" --batch "$batch" --broker-pid "${pids[$build]}" --json "$@")
   local load
