@@ -109,6 +109,25 @@ impl PartitionQueue {
     pub(super) fn open_sendable(&self) -> bool {
         self.sending < OPEN_BATCH_HOLD
     }
+
+    /// Closes the open batch into `ready` when a record of `size` bytes would take it
+    /// past `batch_size`; says whether it did.
+    fn close_if_no_room(
+        &mut self,
+        size: usize,
+        batch_size: usize,
+        topic: &Arc<str>,
+        partition: i32,
+        codec: Compression,
+    ) -> Result<bool> {
+        match self.open.take_if(|open| open.builder.size() + size > batch_size) {
+            Some(full) => {
+                self.ready.push_back(full.close(topic, partition, codec)?);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
 }
 
 pub(super) struct OpenBatch {
@@ -362,31 +381,25 @@ impl Producer {
             (None, None) => {
                 let sticky = *topic.sticky.get_or_insert_with(|| random.as_mut().map_or(0, |r| r.partition(partitions, None)));
                 let queue = &mut topic.partitions[sticky as usize];
-                match queue.open.take_if(|open| open.builder.size() + size > inner.config.batch_size) {
-                    // The record does not fit in the sticky partition's batch: that batch
-                    // is full, and the record goes to the next sticky partition, not to a
-                    // new batch here (KIP-480). Otherwise a batch size that records never
-                    // fill exactly (the usual case) kept every keyless record on one
-                    // partition for as long as the sender had no idle moment.
-                    Some(full) => {
-                        queue.ready.push_back(full.close(&name, sticky, inner.config.compression)?);
-                        *woke |= leader_free(queue);
-                        let next = random.as_mut().map_or(0, |r| r.partition(partitions, Some(sticky)));
-                        topic.sticky = Some(next);
-                        next
-                    }
-                    None => sticky,
+                // The record does not fit in the sticky partition's batch: that batch is
+                // full, and the record goes to the next sticky partition, not to a new
+                // batch here (KIP-480). Otherwise a batch size that records never fill
+                // exactly (the usual case) kept every keyless record on one partition for
+                // as long as the sender had no idle moment.
+                if queue.close_if_no_room(size, inner.config.batch_size, &name, sticky, inner.config.compression)? {
+                    *woke |= leader_free(queue);
+                    let next = random.as_mut().map_or(0, |r| r.partition(partitions, Some(sticky)));
+                    topic.sticky = Some(next);
+                    next
+                } else {
+                    sticky
                 }
             }
         };
         let queue = &mut topic.partitions[partition as usize];
         let leader_free = leader_free(queue);
-        if let Some(open) = &queue.open {
-            if open.builder.size() + size > inner.config.batch_size {
-                let open = queue.open.take().expect("checked above");
-                queue.ready.push_back(open.close(&name, partition, inner.config.compression)?);
-                *woke |= leader_free;
-            }
+        if queue.close_if_no_room(size, inner.config.batch_size, &name, partition, inner.config.compression)? {
+            *woke |= leader_free;
         }
         let open_sendable = queue.open_sendable();
         let open = queue.open.get_or_insert_with(|| {
