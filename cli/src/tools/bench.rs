@@ -49,8 +49,8 @@ const IDLE_LIMIT: Duration = Duration::from_secs(10);
 const COLLECTOR_QUEUE: usize = 1 << 16;
 /// The open-loop sender's shortest sleep: messages due meanwhile go out together at its
 /// end, at most this much (plus the OS timer's slack) late. Sleeping until each next
-/// message instead woke the sender every ~55 µs at 533,000 msg/s, and its CPU (1.7 against
-/// 1.0 µs/msg for the whole client) came out of the brokers' share of the machine.
+/// message instead woke the sender every ~55 µs at 533,000 msg/s, and its CPU (1.4-1.7
+/// against ~1.0 µs/msg for the whole client) came out of the brokers' share of the machine.
 const SEND_TICK: Duration = Duration::from_micros(200);
 
 #[derive(Args, Debug)]
