@@ -414,6 +414,51 @@ async fn keyless_records_move_to_another_partition_when_their_batch_is_full() {
     assert_eq!(per_partition.values().sum::<usize>(), N);
 }
 
+/// A transaction's keyless records go to the sticky partition, moving on only when its
+/// batch is full, as without a transaction: each partition a transaction touches costs
+/// an AddPartitionsToTxn round trip and a marker. (They were spread one by one over
+/// every partition of the topic.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyless_records_of_a_transaction_stick_to_a_partition_per_batch() {
+    let broker = StandaloneBroker::start_with(|c| {
+        c.set("transaction.state.log.num.partitions", "1").unwrap();
+    })
+    .await
+    .expect("broker starts");
+    create_topic(&broker.addr, "txn-sticky", 6, &[]).await;
+    let p = producer(&broker.addr, |c| {
+        c.transactional_id = Some("sticky".into());
+        c.batch_size = 2_000; // under 20 records of 100 bytes
+        c.linger = Duration::from_secs(60);
+    })
+    .await;
+    let partitions_of = |n: usize| {
+        let p = &p;
+        async move {
+            p.begin_transaction().unwrap();
+            let mut futures = Vec::with_capacity(n);
+            for _ in 0..n {
+                futures.push(p.send(ProducerRecord::new("txn-sticky", vec![b'x'; 100])).await.unwrap());
+            }
+            p.commit_transaction().await.unwrap();
+            let mut partitions = Vec::with_capacity(n);
+            for f in futures {
+                partitions.push(f.await.unwrap().partition);
+            }
+            partitions
+        }
+    };
+    let small = partitions_of(10).await;
+    assert!(small.iter().all(|&p| p == small[0]), "one batch's worth, one partition: {small:?}");
+    // 300 records: about 16 batches, each in one run on one partition, the next batch on
+    // another partition.
+    let large = partitions_of(300).await;
+    let runs: Vec<usize> = large.chunk_by(|a, b| a == b).map(<[i32]>::len).collect();
+    assert!(runs.len() > 1, "the sticky partition moves on: {runs:?}");
+    let (last, full) = runs.split_last().unwrap();
+    assert!(full.iter().all(|&n| (10..20).contains(&n)) && *last <= 20, "runs of a batch each: {runs:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polls_with_tiny_timeouts_get_every_record_exactly_once() {
     // The broker advertises a proxy: the consumer's first fetch has to open a new

@@ -12,7 +12,7 @@ use fjord_record::{now_ms, BatchBuilder, Compression, BATCH_OVERHEAD};
 
 use super::batch::{Completion, DeliveryFuture};
 use super::idempotence::{ProducerIdentity, Stamp};
-use super::{Inner, Producer, ProducerRecord};
+use super::{Inner, Producer, ProducerConfig, ProducerRecord};
 use crate::error::{Error, Result};
 use crate::partitioner::{partition_for_key, Random};
 
@@ -80,6 +80,32 @@ pub(super) struct TopicState {
     pub(super) metadata_version: u64,
     pub(super) partitions: Vec<PartitionQueue>,
     pub(super) sticky: Option<i32>,
+}
+
+impl TopicState {
+    /// The partition of a keyless record of `size` bytes sent without a partition: the
+    /// sticky partition, unless the record does not fit in its open batch. That batch is
+    /// then full: it is closed, and the record goes to the next sticky partition, not to
+    /// a new batch here (KIP-480). Otherwise a batch size that records never fill exactly
+    /// (the usual case) kept every keyless record on one partition for as long as the
+    /// sender had no idle moment. Returns the partition, and the one whose batch this
+    /// closed.
+    pub(super) fn sticky_partition(
+        &mut self,
+        random: &mut Option<Random>,
+        partitions: i32,
+        size: usize,
+        config: &ProducerConfig,
+    ) -> Result<(i32, Option<i32>)> {
+        let sticky = *self.sticky.get_or_insert_with(|| random.as_mut().map_or(0, |r| r.partition(partitions, None)));
+        let queue = &mut self.partitions[sticky as usize];
+        if !queue.close_if_no_room(size, config.batch_size, &self.name, sticky, config.compression)? {
+            return Ok((sticky, None));
+        }
+        let next = random.as_mut().map_or(0, |r| r.partition(partitions, Some(sticky)));
+        self.sticky = Some(next);
+        Ok((next, Some(sticky)))
+    }
 }
 
 #[derive(Default)]
@@ -379,21 +405,11 @@ impl Producer {
             (Some(p), _) => p,
             (None, Some(key)) => partition_for_key(key, partitions),
             (None, None) => {
-                let sticky = *topic.sticky.get_or_insert_with(|| random.as_mut().map_or(0, |r| r.partition(partitions, None)));
-                let queue = &mut topic.partitions[sticky as usize];
-                // The record does not fit in the sticky partition's batch: that batch is
-                // full, and the record goes to the next sticky partition, not to a new
-                // batch here (KIP-480). Otherwise a batch size that records never fill
-                // exactly (the usual case) kept every keyless record on one partition for
-                // as long as the sender had no idle moment.
-                if queue.close_if_no_room(size, inner.config.batch_size, &name, sticky, inner.config.compression)? {
-                    *woke |= leader_free(queue);
-                    let next = random.as_mut().map_or(0, |r| r.partition(partitions, Some(sticky)));
-                    topic.sticky = Some(next);
-                    next
-                } else {
-                    sticky
+                let (partition, closed) = topic.sticky_partition(random, partitions, size, &inner.config)?;
+                if let Some(full) = closed {
+                    *woke |= leader_free(&topic.partitions[full as usize]);
                 }
+                partition
             }
         };
         let queue = &mut topic.partitions[partition as usize];
@@ -426,8 +442,10 @@ impl Producer {
         if open.builder.size() >= inner.config.batch_size {
             let open = queue.open.take().expect("just appended");
             queue.ready.push_back(open.close(&name, partition, inner.config.compression)?);
-            if record.key.is_none() && record.partition.is_none() {
-                // The sticky partition's batch is full: stick to another one next.
+            if record.key.is_none() && topic.sticky == Some(partition) {
+                // The sticky partition's batch is full: stick to another one next. (Keyless
+                // records of a transaction come with the partition their enlisting took
+                // from the sticky one.)
                 let next = random.as_mut().map_or(0, |r| r.partition(partitions, Some(partition)));
                 topic.sticky = Some(next);
             }

@@ -15,6 +15,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use super::accumulator::{State, TopicsExt};
 use super::{Inner, Producer, ProducerRecord};
 use crate::error::{Error, Result};
 use crate::partitioner::partition_for_key;
@@ -63,7 +64,8 @@ impl Inner {
             Some(p) => self.partition_count_with(&record.topic, p).await?,
             None => self.partition_count(&record.topic).await?,
         };
-        let partition = {
+        let mut wake = false;
+        let enlisted = {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             if !state.transaction.open {
                 return Err(Error::TransactionState("send outside a transaction: call begin_transaction first".into()));
@@ -71,20 +73,32 @@ impl Inner {
             let partition = match (record.partition, &record.key) {
                 (Some(p), _) => p,
                 (None, Some(key)) => partition_for_key(key, partitions),
-                (None, None) => state.random.as_mut().map_or(0, |r| r.partition(partitions, None)),
+                // The sticky partition, as without a transaction: a transaction's keyless
+                // records then join one partition per full batch, each one more
+                // AddPartitionsToTxn and one more marker, not every partition of the topic.
+                (None, None) => {
+                    let State { topics, random, .. } = &mut *state;
+                    let topic = topics.entry_ref(&record.topic, partitions);
+                    let (partition, closed) = topic.sticky_partition(random, partitions, record.encoded_size(), &self.config)?;
+                    // A full batch to send (after the lock).
+                    wake |= closed.is_some();
+                    partition
+                }
             };
             if !(0..partitions).contains(&partition) {
                 return Err(Error::UnknownPartition { topic: record.topic, partition });
             }
             record.partition = Some(partition);
             let tp = TopicPartition::new(record.topic.clone(), partition);
-            if state.transaction.added.contains(&tp) {
-                return Ok(record);
-            }
-            tp
+            (!state.transaction.added.contains(&tp)).then_some(tp)
         };
-        txn.add_partitions(&self.cluster, self.producer()?, std::slice::from_ref(&partition), self.deadline()).await?;
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).transaction.added.insert(partition);
+        if wake {
+            self.wake_sender.notify_one();
+        }
+        if let Some(partition) = enlisted {
+            txn.add_partitions(&self.cluster, self.producer()?, std::slice::from_ref(&partition), self.deadline()).await?;
+            self.state.lock().unwrap_or_else(|e| e.into_inner()).transaction.added.insert(partition);
+        }
         Ok(record)
     }
 }
