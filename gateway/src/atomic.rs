@@ -119,6 +119,11 @@ pub(crate) async fn publish(
 /// first failure names its event.
 async fn send_all(config: &GatewayConfig, producer: &Producer, topic: &str, events: Vec<Event>) -> Result<Vec<Delivered>> {
     let futures = producer.send_many(events.into_iter().map(|e| record(topic, e))).await.map_err(|e| cause(config, e))?;
+    // The request's events are all queued, and no other request's can join their batches
+    // (atomic publishes take turns on this producer): send them now instead of after
+    // `linger`, which made every atomic publish ~5 ms slower (7-8 ms against 1.2-1.8 ms for
+    // one event with linger 0, curl against `fjord gateway`).
+    producer.flush().await;
     let mut delivered = Vec::with_capacity(futures.len());
     for (i, f) in futures.into_iter().enumerate() {
         match f.await {

@@ -160,6 +160,21 @@ async fn atomic_publishes_commit_across_partitions_and_fence_what_a_previous_gat
     assert_eq!(sys.end_offsets(TOPIC, 3).await, before, "none of the refused requests wrote anything");
 }
 
+/// An atomic publish sends its events as soon as they are queued: no other request can
+/// add to its batches, so waiting `linger` for them would only delay it. With a linger
+/// longer than the broker timeout, the request still commits, well before the linger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_atomic_publish_does_not_wait_for_the_linger() {
+    let sys = System::start_with(|_| {}, |g| g.linger = Duration::from_secs(60)).await;
+    sys.create_topic(TOPIC, 3).await;
+    let started = Instant::now();
+    let (status, answer) = post_v2(&sys.http, "?atomic=true", records(&[("l0", 0), ("l1", 1), ("l2", 2)])).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    let committed = read(ClientConfig::new(&sys.broker), &[0, 1, 2], true, 3, Duration::from_secs(15)).await;
+    assert_eq!(committed, sorted(&["l0", "l1", "l2"]));
+}
+
 /// Three brokers, the topic's partitions on one broker each: a partition leader (not the
 /// transaction coordinator) is down when an atomic request writes to it after writing to
 /// the live ones. The request fails whole (503), what it wrote to the live partitions is
