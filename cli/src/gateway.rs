@@ -28,7 +28,8 @@ pub(crate) struct GatewayArgs {
     /// Bytes of events accepted but not yet acknowledged (beyond: 429 with Retry-After).
     #[arg(long, env = "FJORD_GATEWAY_BUFFER_BYTES")]
     buffer_bytes: Option<usize>,
-    /// How long the shared producer waits for more events before sending a batch (ms).
+    /// How long the shared producer waits for more events before sending a batch (ms;
+    /// default 0: a batch then waits only while two of its partition's are in flight).
     #[arg(long, env = "FJORD_GATEWAY_LINGER_MS")]
     linger_ms: Option<u64>,
     /// Bound on waiting for the brokers before answering 503 (ms).
