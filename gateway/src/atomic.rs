@@ -120,9 +120,8 @@ pub(crate) async fn publish(
 async fn send_all(config: &GatewayConfig, producer: &Producer, topic: &str, events: Vec<Event>) -> Result<Vec<Delivered>> {
     let futures = producer.send_many(events.into_iter().map(|e| record(topic, e))).await.map_err(|e| cause(config, e))?;
     // The request's events are all queued, and no other request's can join their batches
-    // (atomic publishes take turns on this producer): send them now instead of after
-    // `linger`, which made every atomic publish ~5 ms slower (7-8 ms against 1.2-1.8 ms for
-    // one event with linger 0, curl against `fjord gateway`).
+    // (atomic publishes take turns on this producer): send them now, not after `linger`.
+    // With 5 ms, an atomic publish of 100 events took 7.2-7.7 ms, and 0.5-0.8 ms with this.
     producer.flush().await;
     let mut delivered = Vec::with_capacity(futures.len());
     for (i, f) in futures.into_iter().enumerate() {
