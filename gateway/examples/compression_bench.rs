@@ -12,7 +12,7 @@
 //! `FJORD_BENCH_BROKER=host:port` uses a running broker instead of one in this process
 //! (give it 3 partitions a topic, as the in-process one has). `FJORD_BENCH_LINGER_MS=N`
 //! sets the gateway's linger (default: the gateway's, 0): keyed by user, a request's events
-//! fill no batch, so each request waits the whole linger (5 ms gave 254k-258k plain
+//! fill no batch, so each request waits the whole linger (5 ms gave 243k-258k plain
 //! events/s where 0 gave 746k-861k).
 //!
 //! ```text
