@@ -102,9 +102,15 @@ impl TopicState {
         if !queue.close_if_no_room(size, config.batch_size, &self.name, sticky, config.compression)? {
             return Ok((sticky, None));
         }
-        let next = random.as_mut().map_or(0, |r| r.partition(partitions, Some(sticky)));
+        Ok((self.move_sticky(random, partitions, sticky), Some(sticky)))
+    }
+
+    /// Makes a partition other than `full` (whose batch just filled) the sticky one, and
+    /// returns it.
+    pub(super) fn move_sticky(&mut self, random: &mut Option<Random>, partitions: i32, full: i32) -> i32 {
+        let next = random.as_mut().map_or(0, |r| r.partition(partitions, Some(full)));
         self.sticky = Some(next);
-        Ok((next, Some(sticky)))
+        next
     }
 }
 
@@ -446,8 +452,7 @@ impl Producer {
                 // The sticky partition's batch is full: stick to another one next. (Keyless
                 // records of a transaction come with the partition their enlisting took
                 // from the sticky one.)
-                let next = random.as_mut().map_or(0, |r| r.partition(partitions, Some(partition)));
-                topic.sticky = Some(next);
+                topic.move_sticky(random, partitions, partition);
             }
             *woke |= leader_free;
         }
