@@ -28,7 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::{free_port, wait_until, Certs, ZooKeeper};
+use crate::{wait_until, Certs, ZooKeeper};
 
 /// How long a broker may take to start serving (a restart after `kill -9` waits for the
 /// old ZooKeeper session to expire before it can register again).
@@ -204,9 +204,12 @@ impl ClusterBuilder {
             let data_dir = cluster.dir.path().join(format!("broker-{id}"));
             std::fs::create_dir_all(&data_dir)?;
             let other_log_dirs = (1..self.log_dirs).map(|i| cluster.dir.path().join(format!("broker-{id}-dir{i}"))).collect();
-            let ports = (0..cluster.listeners.len().max(1)).map(|_| free_port()).collect::<Result<_>>()?;
+            let reserved = (0..cluster.listeners.len().max(1))
+                .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+                .collect::<std::io::Result<Vec<_>>>()?;
+            let ports = reserved.iter().map(|l| Ok(l.local_addr()?.port())).collect::<Result<_>>()?;
             let log_file = cluster.dir.path().join(format!("broker-{id}.log"));
-            let node = Node { ports, log_file, data_dir, other_log_dirs, running: None };
+            let node = Node { ports, reserved, log_file, data_dir, other_log_dirs, running: None };
             cluster.brokers.insert(id, node);
         }
         // Start them all, then wait for them all: their start-ups overlap.
@@ -298,6 +301,10 @@ impl SecureCluster {
 /// if any.
 struct Node {
     ports: Vec<u16>,
+    /// The ports, held bound while the broker does not run: a port picked and then let go
+    /// can be handed to any other socket on the machine (an outgoing connection's local
+    /// port, another test's port 0) before the broker binds it.
+    reserved: Vec<std::net::TcpListener>,
     data_dir: PathBuf,
     /// The log dirs after `data_dir` ([`ClusterBuilder::log_dirs_per_broker`]).
     other_log_dirs: Vec<PathBuf>,
@@ -428,6 +435,7 @@ impl Cluster {
         };
         child.kill().with_context(|| format!("SIGKILL broker {id}"))?;
         tokio::task::spawn_blocking(move || child.wait()).await??;
+        self.reserve_ports(id);
         Ok(())
     }
 
@@ -466,7 +474,17 @@ impl Cluster {
                     .with_context(|| format!("broker {id} failed"))?;
             }
         }
+        self.reserve_ports(id);
         Ok(())
+    }
+
+    /// Holds a stopped broker's ports again until it starts (see [`Node::reserved`]). All
+    /// or none: if another socket took one meanwhile, the start binds and reports it.
+    fn reserve_ports(&mut self, id: i32) {
+        let node = self.node_mut(id);
+        let held: std::io::Result<Vec<_>> =
+            node.ports.iter().map(|port| std::net::TcpListener::bind(("127.0.0.1", *port))).collect();
+        node.reserved = held.unwrap_or_default();
     }
 
     /// SIGSTOP: the broker keeps its sockets and its session (until ZooKeeper expires it)
@@ -674,6 +692,10 @@ impl Cluster {
 
     /// Starts broker `id` without waiting for it to serve.
     async fn launch(&mut self, id: i32) -> Result<()> {
+        // Let go of the ports only now; in process, the first is handed over bound.
+        let mut reserved = std::mem::take(&mut self.node_mut(id).reserved).into_iter();
+        let first_reserved = reserved.next();
+        drop(reserved);
         let node = self.node(id);
         let listen = match self.listeners.is_empty() {
             true => format!("127.0.0.1:{}", node.ports[0]),
@@ -695,6 +717,7 @@ impl Cluster {
                 writeln!(log, "---- fjord broker {id} starting ----")?;
                 let log_dirs: Vec<String> =
                     std::iter::once(&node.data_dir).chain(&node.other_log_dirs).map(|d| d.display().to_string()).collect();
+                drop(first_reserved);
                 let child = Command::new(binary)
                     .args(["broker", "--config"])
                     .arg(&config_file)
@@ -721,9 +744,16 @@ impl Cluster {
                 config.other_log_dirs = node.other_log_dirs.clone();
                 config.zookeeper_connect = Some(self.connect.clone());
                 fjord_audit::BrokerTier::install(&mut config)?;
-                // The first listener is bound here; `run` binds the others from `listeners`.
+                // The first listener is bound here (or still is); `run` binds the others
+                // from `listeners`.
                 let first = format!("127.0.0.1:{}", node.ports[0]);
-                let listener = TcpListener::bind(&first).await.with_context(|| format!("binding {first} for broker {id}"))?;
+                let listener = match first_reserved {
+                    Some(held) => {
+                        held.set_nonblocking(true)?;
+                        TcpListener::from_std(held)?
+                    }
+                    None => TcpListener::bind(&first).await.with_context(|| format!("binding {first} for broker {id}"))?,
+                };
                 let shutdown = CancellationToken::new();
                 let task = tokio::spawn(fjord_broker::run(config, listener, shutdown.clone()));
                 Running::InProcess { shutdown, task }

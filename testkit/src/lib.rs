@@ -75,6 +75,22 @@ impl ZooKeeper {
         if !Path::new("/usr/share/java/zookeeper.jar").exists() {
             bail!("ZooKeeper is not installed (/usr/share/java/zookeeper.jar missing): run `cargo xtask test`, which installs Debian's zookeeper package");
         }
+        // The port is free when picked but bound only once the JVM is up, a second later;
+        // another socket on the machine may take it meanwhile. A server that exits before
+        // serving (its bind failed) is tried again on another port.
+        let mut attempts = 1;
+        loop {
+            match Self::start_once() {
+                Err(e) if attempts < 3 => {
+                    eprintln!("ZooKeeper did not start (attempt {attempts}), trying another port: {e:#}");
+                    attempts += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    fn start_once() -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let port = free_port()?;
         let config = dir.path().join("zoo.cfg");
