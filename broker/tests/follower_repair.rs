@@ -95,7 +95,10 @@ async fn a_follower_with_a_damaged_segment_truncates_below_it_and_refetches_from
 async fn isr_history(store: fjord_coord::Store, topic: &str, stop: tokio_util::sync::CancellationToken) -> Vec<(i32, Vec<i32>)> {
     let path = fjord_coord::paths::partition_state(topic, 0);
     let mut seen: Vec<(i32, Vec<i32>)> = Vec::new();
-    while !stop.is_cancelled() {
+    loop {
+        // One more read after the stop: the state the caller waited for before stopping
+        // may have come after the last read (CI once missed the ISR's growing back).
+        let stopping = stop.is_cancelled();
         if let Ok(Some((state, stat))) =
             fjord_coord::registry::read_json::<fjord_coord::registry::PartitionState>(&*store, &path).await
         {
@@ -103,9 +106,11 @@ async fn isr_history(store: fjord_coord::Store, topic: &str, stop: tokio_util::s
                 seen.push((stat.version, state.isr));
             }
         }
+        if stopping {
+            return seen;
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    seen
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

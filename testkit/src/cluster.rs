@@ -24,7 +24,7 @@ use fjord_coord::{paths, Store, ZooKeeperStore};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -204,9 +204,7 @@ impl ClusterBuilder {
             let data_dir = cluster.dir.path().join(format!("broker-{id}"));
             std::fs::create_dir_all(&data_dir)?;
             let other_log_dirs = (1..self.log_dirs).map(|i| cluster.dir.path().join(format!("broker-{id}-dir{i}"))).collect();
-            let reserved = (0..cluster.listeners.len().max(1))
-                .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-                .collect::<std::io::Result<Vec<_>>>()?;
+            let reserved = (0..cluster.listeners.len().max(1)).map(|_| reserve_port(0)).collect::<std::io::Result<Vec<_>>>()?;
             let ports = reserved.iter().map(|l| Ok(l.local_addr()?.port())).collect::<Result<_>>()?;
             let log_file = cluster.dir.path().join(format!("broker-{id}.log"));
             let node = Node { ports, reserved, log_file, data_dir, other_log_dirs, running: None };
@@ -303,8 +301,9 @@ struct Node {
     ports: Vec<u16>,
     /// The ports, held bound while the broker does not run: a port picked and then let go
     /// can be handed to any other socket on the machine (an outgoing connection's local
-    /// port, another test's port 0) before the broker binds it.
-    reserved: Vec<std::net::TcpListener>,
+    /// port, another test's port 0) before the broker binds it. Bound, not listening: a
+    /// client connecting to a stopped broker is refused at once, as with no socket.
+    reserved: Vec<TcpSocket>,
     data_dir: PathBuf,
     /// The log dirs after `data_dir` ([`ClusterBuilder::log_dirs_per_broker`]).
     other_log_dirs: Vec<PathBuf>,
@@ -482,8 +481,7 @@ impl Cluster {
     /// or none: if another socket took one meanwhile, the start binds and reports it.
     fn reserve_ports(&mut self, id: i32) {
         let node = self.node_mut(id);
-        let held: std::io::Result<Vec<_>> =
-            node.ports.iter().map(|port| std::net::TcpListener::bind(("127.0.0.1", *port))).collect();
+        let held: std::io::Result<Vec<_>> = node.ports.iter().map(|port| reserve_port(*port)).collect();
         node.reserved = held.unwrap_or_default();
     }
 
@@ -748,10 +746,7 @@ impl Cluster {
                 // from `listeners`.
                 let first = format!("127.0.0.1:{}", node.ports[0]);
                 let listener = match first_reserved {
-                    Some(held) => {
-                        held.set_nonblocking(true)?;
-                        TcpListener::from_std(held)?
-                    }
+                    Some(held) => held.listen(1024)?,
                     None => TcpListener::bind(&first).await.with_context(|| format!("binding {first} for broker {id}"))?,
                 };
                 let shutdown = CancellationToken::new();
@@ -850,6 +845,16 @@ impl Drop for Cluster {
             }
         }
     }
+}
+
+/// A loopback TCP socket bound to `port` (0: any free one) but not listening.
+/// SO_REUSEADDR lets the broker bind the port while it is held, and Linux picks no port
+/// with a bound socket for port 0 or an outgoing connection.
+fn reserve_port(port: u16) -> std::io::Result<TcpSocket> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(std::net::SocketAddr::from(([127, 0, 0, 1], port)))?;
+    Ok(socket)
 }
 
 fn signal(child: &Child, signal: Signal) -> Result<()> {
