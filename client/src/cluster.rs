@@ -146,6 +146,9 @@ pub struct Metadata {
     fetched_at: Instant,
 }
 
+/// Most coordinators a client remembers (see `Cluster::remember_coordinator`).
+const MAX_KNOWN_COORDINATORS: usize = 1024;
+
 /// Shared cluster state: metadata cache and connections.
 pub(crate) struct Cluster {
     config: ClientConfig,
@@ -157,6 +160,10 @@ pub(crate) struct Cluster {
     connections: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
     /// One refresh at a time; callers that waited on it reuse its result.
     refreshing: tokio::sync::Mutex<()>,
+    /// Coordinators found with FindCoordinator, by key type and key, kept until a request
+    /// to one fails (`transaction::with_coordinator`): a transactional producer asks its
+    /// coordinator two or three times per transaction.
+    coordinators: std::sync::Mutex<HashMap<(i8, String), i32>>,
 }
 
 /// Opens connections as a client would, one at a time per call, and closes them again:
@@ -199,6 +206,7 @@ impl Cluster {
             version: AtomicU64::new(0),
             connections: tokio::sync::Mutex::new(HashMap::new()),
             refreshing: tokio::sync::Mutex::new(()),
+            coordinators: std::sync::Mutex::new(HashMap::new()),
             config,
         });
         cluster.refresh(None).await.map_err(|e| match e {
@@ -317,6 +325,25 @@ impl Cluster {
                 self.connection_to(&addr).await
             }
         }
+    }
+
+    /// The broker last found coordinating `key` (of FindCoordinator's `key_type`).
+    pub(crate) fn known_coordinator(&self, key_type: i8, key: &str) -> Option<i32> {
+        self.coordinators.lock().unwrap_or_else(|e| e.into_inner()).get(&(key_type, key.to_owned())).copied()
+    }
+
+    pub(crate) fn remember_coordinator(&self, key_type: i8, key: &str, broker: i32) {
+        let mut known = self.coordinators.lock().unwrap_or_else(|e| e.into_inner());
+        // A client uses a few keys (its transactional id, its groups); a tool that walks
+        // many starts over rather than grow without bound.
+        if known.len() >= MAX_KNOWN_COORDINATORS {
+            known.clear();
+        }
+        known.insert((key_type, key.to_owned()), broker);
+    }
+
+    pub(crate) fn forget_coordinator(&self, key_type: i8, key: &str) {
+        self.coordinators.lock().unwrap_or_else(|e| e.into_inner()).remove(&(key_type, key.to_owned()));
     }
 
     /// A connection to any live broker (for admin requests that any broker answers).

@@ -459,6 +459,47 @@ async fn keyless_records_of_a_transaction_stick_to_a_partition_per_batch() {
     assert!(full.iter().all(|&n| (10..20).contains(&n)) && *last <= 20, "runs of a batch each: {runs:?}");
 }
 
+/// A transactional producer finds its coordinator once, not before each of its
+/// AddPartitionsToTxn and EndTxn: two FindCoordinator round trips a transaction had
+/// doubled the time of a small one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transactional_producer_finds_its_coordinator_once() {
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let broker = StandaloneBroker::start_with(|c| {
+        c.set("transaction.state.log.num.partitions", "1").unwrap();
+        c.metrics_listen = Some(metrics);
+    })
+    .await
+    .expect("broker starts");
+    create_topic(&broker.addr, "txn-coordinator", 2, &[]).await;
+    let p = producer(&broker.addr, |c| c.transactional_id = Some("finds-once".into())).await;
+    for t in 0..20 {
+        p.begin_transaction().unwrap();
+        for i in 0..10 {
+            drop(p.send(record("txn-coordinator", t * 10 + i)).await.unwrap());
+        }
+        p.commit_transaction().await.unwrap();
+    }
+    let text = metrics_page(metrics).await;
+    let count = |api: &str| -> f64 {
+        let prefix = format!("fjord_broker_requests_total{{api=\"{api}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.parse().unwrap())
+    };
+    assert_eq!(count("EndTxn"), 20.0, "{text}");
+    // The first lookup may meet the state topic still loading and ask again.
+    assert!((1.0..=3.0).contains(&count("FindCoordinator")), "{} FindCoordinator for 20 transactions", count("FindCoordinator"));
+}
+
+/// The broker's metrics page (`metrics.listen`), fetched with a bare HTTP/1.0 GET.
+async fn metrics_page(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut response)).await.unwrap().unwrap();
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polls_with_tiny_timeouts_get_every_record_exactly_once() {
     // The broker advertises a proxy: the consumer's first fetch has to open a new
