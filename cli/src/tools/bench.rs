@@ -3,7 +3,10 @@
 //!
 //! - produce: `--messages` records of `--size` bytes, `--batch` records per batch (one
 //!   batch per partition per request, so `--batch 1` sends one message per request, as the
-//!   paper's unbatched run did); latency is send → acknowledgement.
+//!   paper's unbatched run did); latency is send → acknowledgement. With
+//!   `--transaction-records N` the records go out in transactions of N, each committed
+//!   before the next begins (one producer's transactions are sequential), and latency is
+//!   send → commit.
 //! - consume: reads `--messages` records from the beginning; latency is the wait of each
 //!   poll (one fetch response's worth of records).
 //! - e2e: produces and consumes at once; latency is send → consumed, per record.
@@ -41,6 +44,9 @@ use self::cpu::CpuMeter;
 use self::schedule::{Latencies, Schedule};
 use super::{parse_acks, parse_compression, ConnectArgs};
 
+/// Largest `--batch` x `--size`: far above any broker's largest message (1 MiB by
+/// default), and the bench builds one such batch to size them.
+const MAX_BATCH_BYTES: usize = 256 << 20;
 /// Runs shorter than this get no progress bar.
 const PROGRESS_MIN_MESSAGES: u64 = 200_000;
 /// A consume bench gives up when no record arrives for this long.
@@ -83,6 +89,16 @@ pub(crate) struct BenchArgs {
     /// the producer sends as fast as it can.
     #[arg(long, value_name = "MSG_PER_S", value_parser = clap::value_parser!(u64).range(1..))]
     rate: Option<u64>,
+    /// produce: a transactional producer commits every this many records (the last
+    /// transaction may be shorter); latency is send → commit. Needs `--acks all`, as any
+    /// transactional producer; `--acks all` alone is its idempotent reference.
+    #[arg(long, value_name = "RECORDS", value_parser = clap::value_parser!(u64).range(1..))]
+    transaction_records: Option<u64>,
+    /// produce, closed loop: this many producers at once, each with its own connections
+    /// (and transactional id), the messages shared between them. One producer's
+    /// transactions follow each other; several show what the brokers sustain.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    producers: u64,
     /// Broker process ids (repeat the flag or separate with commas): the report adds
     /// their CPU time per message, from /proc (Linux).
     #[arg(long = "broker-pid", value_name = "PID", value_delimiter = ',')]
@@ -126,6 +142,17 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.rate.is_some() && args.mode == Mode::Consume {
         bail!("--rate applies to produce and e2e: a consumer reads as fast as it can");
     }
+    if args.producers > 1 && (args.mode != Mode::Produce || args.rate.is_some()) {
+        bail!("--producers applies to produce without --rate");
+    }
+    if args.transaction_records.is_some() {
+        if args.mode != Mode::Produce || args.rate.is_some() {
+            bail!("--transaction-records applies to produce without --rate");
+        }
+        if args.acks != Acks::All {
+            bail!("--transaction-records needs --acks all: a transactional producer is idempotent");
+        }
+    }
     let brokers = (!args.broker_pids.is_empty()).then(|| CpuMeter::start(&args.broker_pids)).transpose()?;
     let client = CpuMeter::start(&[std::process::id()])?;
     let report = match args.mode {
@@ -154,19 +181,31 @@ fn progress(messages: u64) -> ProgressBar {
     pb
 }
 
-fn producer_config(args: &BenchArgs) -> anyhow::Result<ProducerConfig> {
-    // `--batch N` records fill a batch: N-1 records at their real encoded size plus room
-    // for the producer's (upper-bound) estimate of the Nth, so the N+1th never fits.
-    let mut probe = fjord_record::BatchBuilder::new(0);
-    probe.append(0, None, Some(&vec![0u8; args.size]), &[]);
-    let per_record = probe.size() - fjord_record::BATCH_OVERHEAD;
-    let estimate = ProducerRecord { value: Some(Bytes::from(vec![0u8; args.size])), ..ProducerRecord::default() }.encoded_size();
+/// The configuration of producer `index` of the run.
+fn producer_config(args: &BenchArgs, index: u64) -> anyhow::Result<ProducerConfig> {
+    // `--batch N` records fill a batch: N-1 records at their real encoded size, built here
+    // (from the 64th on, a record's offset delta takes a second byte: sizing all by the
+    // first made `--batch 100` batches of 99), plus room for the producer's (upper-bound)
+    // estimate of the Nth, so the N+1th never fits.
+    if (args.batch as usize).saturating_mul(args.size) > MAX_BATCH_BYTES {
+        bail!("--batch {} of --size {} is over {MAX_BATCH_BYTES} bytes a batch", args.batch, args.size);
+    }
+    let value = vec![0u8; args.size];
+    let mut probe = fjord_record::BatchBuilder::with_capacity(0, (args.batch as usize) * (args.size + 8));
+    for _ in 1..args.batch {
+        probe.append(0, None, Some(&value), &[]);
+    }
+    let estimate = ProducerRecord { value: Some(Bytes::from(value)), ..ProducerRecord::default() }.encoded_size();
     Ok(ProducerConfig {
         client: args.connect.client()?,
         acks: args.acks,
         compression: args.compression,
-        batch_size: fjord_record::BATCH_OVERHEAD + per_record * (args.batch as usize - 1) + estimate,
+        batch_size: probe.size() + estimate,
         linger: Duration::ZERO,
+        // Unique per run: a second bench with the same id would fence this one.
+        transactional_id: args
+            .transaction_records
+            .map(|_| format!("fjord-bench-{}-{}-{index}", std::process::id(), fjord_record::now_ms())),
         ..ProducerConfig::default()
     })
 }
@@ -176,7 +215,12 @@ fn producer_config(args: &BenchArgs) -> anyhow::Result<ProducerConfig> {
 /// due (open loop), for end-to-end latency; the producer's own latencies are then not
 /// kept.
 async fn produce(args: &BenchArgs, stamp: Option<Instant>) -> anyhow::Result<Report> {
-    let producer = Producer::connect(producer_config(args)?).await?;
+    // All connected (and, transactional, given their producer ids) before the clock starts.
+    let mut producers = Vec::new();
+    for index in 0..args.producers {
+        producers.push(Producer::connect(producer_config(args, index)?).await?);
+    }
+    let producer = producers[0].clone();
     producer.partition_count(&args.topic).await.with_context(|| format!("topic {}", args.topic))?;
     let payload: Bytes = (0..args.size).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>().into();
     let (topic, size) = (args.topic.clone(), args.size);
@@ -196,31 +240,19 @@ async fn produce(args: &BenchArgs, stamp: Option<Instant>) -> anyhow::Result<Rep
     let started = Instant::now();
     let latencies = match args.rate {
         None => {
-            let mut latencies = Latencies::new();
-            let mut pending: VecDeque<(Instant, DeliveryFuture)> = VecDeque::new();
-            for i in 0..args.messages {
-                let sent = Instant::now();
-                let delivery = producer.send(record(sent)).await?;
-                if stamp.is_none() {
-                    pending.push_back((sent, delivery));
-                    // One clock read for all the records found acknowledged in this pass
-                    // (they were, at the latest, by now): clock reads were ~10% of the
-                    // sending thread.
-                    let mut acknowledged = None;
-                    while let Some(result) = pending.front().and_then(|(_, f)| f.try_result()) {
-                        result?;
-                        let (sent, _) = pending.pop_front().expect("front exists");
-                        latencies.record_since(sent, *acknowledged.get_or_insert_with(Instant::now));
-                    }
-                }
-                if i % 65_536 == 65_535 {
-                    pb.inc(65_536);
-                }
+            let mut runs = tokio::task::JoinSet::new();
+            for (index, producer) in (0..).zip(&producers) {
+                // The first producers take one more each when the messages do not divide.
+                let messages = args.messages / args.producers + u64::from(index < args.messages % args.producers);
+                let (producer, record, pb) = (producer.clone(), record.clone(), pb.clone());
+                match args.transaction_records {
+                    Some(per_transaction) => runs.spawn(transactions(producer, record, messages, per_transaction, pb)),
+                    None => runs.spawn(closed_loop(producer, record, messages, stamp.is_none(), pb)),
+                };
             }
-            producer.flush().await;
-            for (sent, f) in pending {
-                f.await?;
-                latencies.record_since(sent, Instant::now());
+            let mut latencies = Latencies::new();
+            while let Some(run) = runs.join_next().await {
+                latencies.merge(&run.context("producer task")??);
             }
             latencies
         }
@@ -267,8 +299,80 @@ async fn produce(args: &BenchArgs, stamp: Option<Instant>) -> anyhow::Result<Rep
     };
     let seconds = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
-    producer.close().await;
+    for producer in producers {
+        producer.close().await;
+    }
     Ok(Report { mode: Mode::Produce, messages: args.messages, bytes: args.messages * args.size as u64, seconds, latencies })
+}
+
+/// One producer's share of a closed-loop run: sends as fast as the producer takes
+/// records; with `keep_latencies`, each send → acknowledgement.
+async fn closed_loop(
+    producer: Producer,
+    record: impl Fn(Instant) -> ProducerRecord,
+    messages: u64,
+    keep_latencies: bool,
+    pb: ProgressBar,
+) -> anyhow::Result<Latencies> {
+    let mut latencies = Latencies::new();
+    let mut pending: VecDeque<(Instant, DeliveryFuture)> = VecDeque::new();
+    for i in 0..messages {
+        let sent = Instant::now();
+        let delivery = producer.send(record(sent)).await?;
+        if keep_latencies {
+            pending.push_back((sent, delivery));
+            // One clock read for all the records found acknowledged in this pass (they
+            // were, at the latest, by now): clock reads were ~10% of the sending thread.
+            let mut acknowledged = None;
+            while let Some(result) = pending.front().and_then(|(_, f)| f.try_result()) {
+                result?;
+                let (sent, _) = pending.pop_front().expect("front exists");
+                latencies.record_since(sent, *acknowledged.get_or_insert_with(Instant::now));
+            }
+        }
+        if i % 65_536 == 65_535 {
+            pb.inc(65_536);
+        }
+    }
+    producer.flush().await;
+    for (sent, f) in pending {
+        f.await?;
+        latencies.record_since(sent, Instant::now());
+    }
+    Ok(latencies)
+}
+
+/// One producer's share of a transactional run: transactions of `per_transaction`
+/// records, each committed before the next begins; latency is send → commit.
+async fn transactions(
+    producer: Producer,
+    record: impl Fn(Instant) -> ProducerRecord,
+    messages: u64,
+    per_transaction: u64,
+    pb: ProgressBar,
+) -> anyhow::Result<Latencies> {
+    let mut latencies = Latencies::new();
+    let mut sent = Vec::with_capacity(per_transaction as usize);
+    let mut i = 0;
+    while i < messages {
+        producer.begin_transaction()?;
+        let end = (i + per_transaction).min(messages);
+        for _ in i..end {
+            let at = Instant::now();
+            // The commit below flushes these records and fails if any failed: their own
+            // acknowledgements are not needed.
+            drop(producer.send(record(at)).await?);
+            sent.push(at);
+        }
+        producer.commit_transaction().await?;
+        let committed = Instant::now();
+        for at in sent.drain(..) {
+            latencies.record_since(at, committed);
+        }
+        pb.inc(end - i);
+        i = end;
+    }
+    Ok(latencies)
 }
 
 /// Records sent together in an open-loop run, each with its scheduled time.

@@ -70,6 +70,12 @@ impl Latencies {
         self.record(done.saturating_duration_since(due));
     }
 
+    /// Adds every latency of `other` (another producer's, in the same run).
+    pub(crate) fn merge(&mut self, other: &Latencies) {
+        // Same bounds on both sides, so nothing can be out of range.
+        self.histogram.add(&other.histogram).expect("invariant: histograms with the same bounds");
+    }
+
     pub(crate) fn count(&self) -> u64 {
         self.histogram.len()
     }
