@@ -213,6 +213,65 @@ async fn bench_reports_json_for_produce_consume_and_e2e() {
     }
 }
 
+/// `--transaction-records` with `--producers`: every message is measured (send → commit)
+/// and committed, as a read_committed consumer (kcat) sees; without `--acks all` or with
+/// `--rate` it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_produces_in_transactions_from_several_producers() {
+    let b = start_broker().await;
+    fjord(&["topics", "--bootstrap", &b.addr, "create", "--topic", "tx", "--partitions", "2"], "").await;
+    let args = [
+        "bench",
+        "produce",
+        "--bootstrap",
+        &b.addr,
+        "--topic",
+        "tx",
+        "--messages",
+        "1001",
+        "--size",
+        "100",
+        "--acks",
+        "all",
+        "--transaction-records",
+        "100",
+        "--producers",
+        "3",
+        "--json",
+    ];
+    let report: serde_json::Value = serde_json::from_str(fjord(&args, "").await.trim()).unwrap();
+    assert_eq!((report["messages"].as_u64(), report["latency_samples"].as_u64()), (Some(1001), Some(1001)), "{report}");
+    let committed = kcat(
+        &[
+            "-C",
+            "-b",
+            &b.addr,
+            "-t",
+            "tx",
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+            "-X",
+            "isolation.level=read_committed",
+            "-f",
+            "%p %o\n",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(committed.lines().count(), 1001, "{committed}");
+    for (refused, why) in
+        [(&["--acks", "1"][..], "needs --acks all"), (&["--acks", "all", "--rate", "100"][..], "without --rate")]
+    {
+        let mut args =
+            vec!["bench", "produce", "--bootstrap", &b.addr, "--topic", "tx", "--messages", "10", "--transaction-records", "5"];
+        args.extend_from_slice(refused);
+        let out = run(env!("CARGO_BIN_EXE_fjord"), &args, "").await;
+        assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains(why), "{args:?}: {out:?}");
+    }
+}
+
 /// `--rate`: the sends follow the schedule (1000 messages at 4000/s cannot finish before
 /// the last one is due, 250 ms in), every message is measured, and `--broker-pid` (the
 /// broker runs in this test's process) adds the broker's CPU per message.
