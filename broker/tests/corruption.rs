@@ -14,7 +14,6 @@ use fjord_record::BatchBuilder;
 use fjord_testkit::segments;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOPIC: &str = "damaged";
 const CORRUPT_MESSAGE: i16 = 2;
@@ -36,14 +35,6 @@ async fn fetch(client: &mut RawClient, offset: i64) -> fetch_response::Partition
             .with_partition_max_bytes(700)])]);
     let response: FetchResponse = client.call(ApiKey::Fetch, 11, &request).await.unwrap();
     response.responses[0].partitions[0].clone()
-}
-
-async fn metrics(addr: SocketAddr) -> String {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").await.unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut response)).await.unwrap().unwrap();
-    response
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,7 +93,7 @@ async fn a_fetch_over_a_corrupt_sealed_batch_answers_corrupt_message() {
     // The same answer again, and for an offset inside the damaged batch.
     assert_eq!(fetch(&mut client, offset).await.error_code, CORRUPT_MESSAGE);
     assert_eq!(fetch(&mut client, offset + 2).await.error_code, CORRUPT_MESSAGE);
-    let text = metrics(metrics_addr).await;
+    let text = common::scrape_metrics(metrics_addr).await;
     assert!(
         text.contains(&format!("fjord_broker_log_corrupt_batches{{topic=\"{TOPIC}\",partition=\"0\"}} 1")),
         "corrupt batch counted once: {text}"
@@ -178,7 +169,7 @@ async fn a_partition_whose_log_cannot_be_opened_is_reported_offline_and_the_othe
     let response: FetchResponse = client.call(ApiKey::Fetch, 11, &request).await.unwrap();
     assert_eq!(response.responses[0].partitions[0].error_code, STORAGE_ERROR);
 
-    let text = metrics(metrics_addr).await;
+    let text = common::scrape_metrics(metrics_addr).await;
     assert!(text.contains("fjord_broker_unhealthy_partitions 1\n"), "{text}");
     assert!(
         text.contains("fjord_broker_partition_unhealthy{topic=\"unreadable\",partition=\"0\",state=\"offline\"} 1\n"),

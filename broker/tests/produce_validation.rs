@@ -381,16 +381,6 @@ fn damaged_compressed_batches_are_refused_unless_every_record_reads_back() {
     });
 }
 
-/// The `/metrics` text of the broker's endpoint at `addr`.
-async fn scrape(addr: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").await.unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut response)).await.unwrap().unwrap();
-    response
-}
-
 /// The count of Produce answers with error `code` in the metrics text, 0 when absent.
 fn produce_errors(metrics: &str, code: i16) -> u64 {
     metrics
@@ -429,7 +419,7 @@ async fn every_refused_produce_is_counted_by_error_code_with_or_without_an_answe
     client.send_frame(&legacy).await.unwrap();
     client.read_frame().await.unwrap();
     assert_eq!(client.latest_offset("counted").await, (0, 0));
-    let text = scrape(metrics).await;
+    let text = common::scrape_metrics(metrics).await;
     assert_eq!(produce_errors(&text, INVALID_RECORD), 2, "{text}");
     assert_eq!(produce_errors(&text, CORRUPT_MESSAGE), 2, "{text}");
     assert_eq!(produce_errors(&text, UNSUPPORTED_FOR_MESSAGE_FORMAT), 1, "{text}");
