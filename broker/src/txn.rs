@@ -14,10 +14,11 @@
 //!     a leader change or a restart) reads the partition into memory and resumes every
 //!     transaction it finds prepared, so what one coordinator prepared another completes.
 //!   - completion: a prepared transaction's markers go to each of its partitions' leaders
-//!     as WriteTxnMarkers over the inter-broker listener (this broker included), with its
-//!     security, as the replica fetchers connect; its consumer groups get theirs as a
-//!     marker on `__consumer_offsets` sent to each group's coordinator. Only then is the
-//!     transaction written complete.
+//!     as WriteTxnMarkers over the inter-broker listener, with its security, as the
+//!     replica fetchers connect; for the partitions this broker leads, the same handler is
+//!     called directly (acks=all included) instead of over a connection to itself. Its
+//!     consumer groups get theirs as a marker on `__consumer_offsets` sent to each group's
+//!     coordinator. Only then is the transaction written complete.
 //!   - the ticker: aborts transactions past their timeout (fencing their producer) and
 //!     forgets ids idle for `transactional.id.expiration.ms`.
 //! - `crate::handler::txn`: the APIs (InitProducerId with a transactional id,
@@ -35,7 +36,7 @@ use fjord_coord::registry::{read_json, BrokerRegistration};
 use fjord_record::{now_ms, BatchBuilder, TopicPartition};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
-use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest};
+use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest, WriteTxnMarkersResponse};
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::{mpsc, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -532,28 +533,14 @@ impl Broker {
                     .collect(),
             );
         let request = WriteTxnMarkersRequest::default().with_markers(vec![marker]);
-        let connection = {
-            let mut peers = self.txns.peers.lock().expect("invariant: peers lock is never poisoned");
-            peers.entry(broker).or_default().clone()
-        };
-        let mut connection = connection.lock().await;
-        let timeout = self.config.replication.socket_timeout;
-        if connection.is_none() {
-            match self.connect_peer(broker, timeout).await {
-                Ok(peer) => *connection = Some(peer),
-                Err(e) => {
-                    tracing::debug!(broker, error = %e, "cannot reach a partition leader for transaction markers");
-                    return (partitions, groups);
-                }
-            }
-        }
-        let peer = connection.as_mut().expect("invariant: connected above");
-        let response = match peer.call(&request, MARKER_VERSION, timeout).await {
-            Ok(response) => response,
-            Err(e) => {
-                tracing::debug!(broker, error = %e, "transaction markers not delivered");
-                *connection = None;
-                return (partitions, groups);
+        let response = if broker == self.config.broker_id {
+            // This broker's own partitions and groups: the handler the request would reach,
+            // as the inter-broker principal (which may), awaited to its end as an answer is.
+            self.append_txn_markers(request, true).await
+        } else {
+            match self.send_markers_request(broker, &request).await {
+                Some(response) => response,
+                None => return (partitions, groups),
             }
         };
         let mut failed = Vec::new();
@@ -589,6 +576,35 @@ impl Broker {
             }
         }
         (failed, if groups_failed { groups } else { Vec::new() })
+    }
+
+    /// One WriteTxnMarkers over the inter-broker listener to another broker; `None` when
+    /// it was not answered (the caller retries every partition and group of it).
+    async fn send_markers_request(&self, broker: i32, request: &WriteTxnMarkersRequest) -> Option<WriteTxnMarkersResponse> {
+        let connection = {
+            let mut peers = self.txns.peers.lock().expect("invariant: peers lock is never poisoned");
+            peers.entry(broker).or_default().clone()
+        };
+        let mut connection = connection.lock().await;
+        let timeout = self.config.replication.socket_timeout;
+        if connection.is_none() {
+            match self.connect_peer(broker, timeout).await {
+                Ok(peer) => *connection = Some(peer),
+                Err(e) => {
+                    tracing::debug!(broker, error = %e, "cannot reach a partition leader for transaction markers");
+                    return None;
+                }
+            }
+        }
+        let peer = connection.as_mut().expect("invariant: connected above");
+        match peer.call(request, MARKER_VERSION, timeout).await {
+            Ok(response) => Some(response),
+            Err(e) => {
+                tracing::debug!(broker, error = %e, "transaction markers not delivered");
+                *connection = None;
+                None
+            }
+        }
     }
 
     async fn connect_peer(&self, broker: i32, timeout: Duration) -> Result<Peer, String> {

@@ -287,3 +287,66 @@ async fn fjord_client_transactions_commit_abort_offsets_and_read_committed() {
     second.commit_transaction().await.unwrap();
     broker.stop().await.unwrap();
 }
+
+/// The coordinator appends the markers of the partitions its own broker leads through the
+/// WriteTxnMarkers handler directly, not in a request to itself: a transaction costs no
+/// WriteTxnMarkers request on a single broker, and read_committed still sees exactly the
+/// committed records, the position past every marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_marks_its_own_partitions_without_a_request_to_itself() {
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().join("data"), |c| {
+        c.set("transaction.state.log.num.partitions", "1").unwrap();
+        c.set("num.partitions", "1").unwrap();
+        c.metrics_listen = Some(metrics);
+    })
+    .await
+    .unwrap();
+    let bootstrap = broker.bootstrap();
+    let producer = Producer::connect(ProducerConfig {
+        client: ClientConfig::new(&bootstrap),
+        transactional_id: Some("own-markers".into()),
+        ..ProducerConfig::default()
+    })
+    .await
+    .unwrap();
+    // Offsets 0-1 committed (marker 2), 3-4 aborted (marker 5), 6 committed (marker 7).
+    for (values, commit) in [(&["a", "b"][..], true), (&["x", "y"][..], false), (&["c"][..], true)] {
+        producer.begin_transaction().unwrap();
+        for v in values {
+            drop(producer.send(ProducerRecord::new("own", *v)).await.unwrap());
+        }
+        match commit {
+            true => producer.commit_transaction().await.unwrap(),
+            false => producer.abort_transaction().await.unwrap(),
+        }
+    }
+    let mut consumer = Consumer::connect(ConsumerConfig {
+        client: ClientConfig::new(&bootstrap),
+        auto_offset_reset: OffsetReset::Earliest,
+        isolation_level: IsolationLevel::ReadCommitted,
+        fetch_max_wait: Duration::from_millis(50),
+        ..ConsumerConfig::default()
+    })
+    .await
+    .unwrap();
+    let tp = TopicPartition::new("own", 0);
+    consumer.assign([tp.clone()]).await.unwrap();
+    let mut values = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while consumer.position(&tp).await.unwrap() < 8 {
+        assert!(tokio::time::Instant::now() < deadline, "position stuck, read {values:?}");
+        for r in consumer.poll(Duration::from_millis(200)).await.unwrap() {
+            values.push(String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned());
+        }
+    }
+    assert_eq!(values, ["a", "b", "c"]);
+    let text = common::scrape_metrics(metrics).await;
+    let requests = |api: &str| {
+        let prefix = format!("fjord_broker_requests_total{{api=\"{api}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.parse::<f64>().unwrap())
+    };
+    assert_eq!(requests("EndTxn"), 3.0, "{text}");
+    assert_eq!(requests("WriteTxnMarkers"), 0.0, "{text}");
+}

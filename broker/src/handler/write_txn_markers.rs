@@ -41,6 +41,14 @@ const REPLICATION_TIMEOUT: Duration = Duration::from_secs(30);
 impl Broker {
     pub(crate) async fn write_txn_markers(&self, request: WriteTxnMarkersRequest, session: &Session) -> ResponseKind {
         let allowed = self.authorize(session, Operation::ClusterAction, Resource::cluster());
+        ResponseKind::WriteTxnMarkers(self.append_txn_markers(request, allowed).await)
+    }
+
+    /// Appends the request's markers (`allowed`: the sender may, else every partition is
+    /// refused) and answers as WriteTxnMarkers does. The transaction coordinator calls it
+    /// directly for the partitions this broker leads, the same work without a connection
+    /// to itself.
+    pub(crate) async fn append_txn_markers(&self, request: WriteTxnMarkersRequest, allowed: bool) -> WriteTxnMarkersResponse {
         let mut markers = Vec::with_capacity(request.markers.len());
         // Every marker is appended before the first wait, so followers fetch them together.
         let mut awaiting = Vec::new();
@@ -126,6 +134,6 @@ impl Broker {
                 markers[m].topics[t].partitions[p].error_code = code;
             }
         }
-        ResponseKind::WriteTxnMarkers(WriteTxnMarkersResponse::default().with_markers(markers))
+        WriteTxnMarkersResponse::default().with_markers(markers)
     }
 }
