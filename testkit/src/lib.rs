@@ -76,8 +76,9 @@ impl ZooKeeper {
             bail!("ZooKeeper is not installed (/usr/share/java/zookeeper.jar missing): run `cargo xtask test`, which installs Debian's zookeeper package");
         }
         // The port is free when picked but bound only once the JVM is up, a second later;
-        // another socket on the machine may take it meanwhile. A server that exits before
-        // serving (its bind failed) is tried again on another port.
+        // another socket on the machine may take it meanwhile. A server that does not come
+        // up (exited, its bind failed most likely, or silent past the wait) is replaced by
+        // one on another port, three tries in all.
         let mut attempts = 1;
         loop {
             match Self::start_once() {
