@@ -28,7 +28,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::{wait_until, Certs, ZooKeeper};
+use crate::{reserve_port, wait_until, Certs, ZooKeeper};
 
 /// How long a broker may take to start serving (a restart after `kill -9` waits for the
 /// old ZooKeeper session to expire before it can register again).
@@ -845,16 +845,6 @@ impl Drop for Cluster {
             }
         }
     }
-}
-
-/// A loopback TCP socket bound to `port` (0: any free one) but not listening.
-/// SO_REUSEADDR lets the broker bind the port while it is held, and Linux picks no port
-/// with a bound socket for port 0 or an outgoing connection.
-fn reserve_port(port: u16) -> std::io::Result<TcpSocket> {
-    let socket = TcpSocket::new_v4()?;
-    socket.set_reuseaddr(true)?;
-    socket.bind(std::net::SocketAddr::from(([127, 0, 0, 1], port)))?;
-    Ok(socket)
 }
 
 fn signal(child: &Child, signal: Signal) -> Result<()> {

@@ -28,7 +28,7 @@
 //! A test that needs one of these never skips: if it cannot start, it fails and says why.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -75,10 +75,9 @@ impl ZooKeeper {
         if !Path::new("/usr/share/java/zookeeper.jar").exists() {
             bail!("ZooKeeper is not installed (/usr/share/java/zookeeper.jar missing): run `cargo xtask test`, which installs Debian's zookeeper package");
         }
-        // The port is free when picked but bound only once the JVM is up, a second later;
-        // another socket on the machine may take it meanwhile. A server that does not come
-        // up (exited, its bind failed most likely, or silent past the wait) is replaced by
-        // one on another port, three tries in all.
+        // A server that does not come up (exited or silent past the wait) is replaced by
+        // one on another port, three tries in all: the JVM binds its port a second after
+        // the pick, and before ports were held (`free_port`) another socket could take it.
         let mut attempts = 1;
         loop {
             match Self::start_once() {
@@ -179,7 +178,27 @@ impl Drop for ZooKeeper {
     }
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port for a server the test starts, held for the rest of this process by a
+/// socket bound to it but not listening ([`reserve_port`]). Picked and let go at once, a
+/// port can be handed to any other socket on the machine before its server binds it
+/// (CI saw a broker's port taken so); held, Linux gives it to no port-0 bind and no
+/// outgoing connection, while servers still bind it (tokio's, std's and Java NIO's
+/// listeners set SO_REUSEADDR: the brokers, gateways, registries and ZooKeeper tests
+/// start). A connection to it while nothing listens is refused, as to a free port.
 pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static HELD: std::sync::Mutex<Vec<tokio::net::TcpSocket>> = std::sync::Mutex::new(Vec::new());
+    let socket = reserve_port(0)?;
+    let port = socket.local_addr()?.port();
+    HELD.lock().unwrap_or_else(|e| e.into_inner()).push(socket);
+    Ok(port)
+}
+
+/// A loopback TCP socket bound to `port` (0: any free one) but not listening, with
+/// SO_REUSEADDR, which lets a server bind the port while it is held; Linux picks no port
+/// with such a socket for a port-0 bind or an outgoing connection.
+pub(crate) fn reserve_port(port: u16) -> std::io::Result<tokio::net::TcpSocket> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(std::net::SocketAddr::from(([127, 0, 0, 1], port)))?;
+    Ok(socket)
 }
