@@ -93,7 +93,7 @@ async fn a_fetch_over_a_corrupt_sealed_batch_answers_corrupt_message() {
     // The same answer again, and for an offset inside the damaged batch.
     assert_eq!(fetch(&mut client, offset).await.error_code, CORRUPT_MESSAGE);
     assert_eq!(fetch(&mut client, offset + 2).await.error_code, CORRUPT_MESSAGE);
-    let text = common::scrape_metrics(metrics_addr).await;
+    let text = fjord_testkit::scrape_metrics(metrics_addr).await.unwrap();
     assert!(
         text.contains(&format!("fjord_broker_log_corrupt_batches{{topic=\"{TOPIC}\",partition=\"0\"}} 1")),
         "corrupt batch counted once: {text}"
@@ -169,7 +169,7 @@ async fn a_partition_whose_log_cannot_be_opened_is_reported_offline_and_the_othe
     let response: FetchResponse = client.call(ApiKey::Fetch, 11, &request).await.unwrap();
     assert_eq!(response.responses[0].partitions[0].error_code, STORAGE_ERROR);
 
-    let text = common::scrape_metrics(metrics_addr).await;
+    let text = fjord_testkit::scrape_metrics(metrics_addr).await.unwrap();
     assert!(text.contains("fjord_broker_unhealthy_partitions 1\n"), "{text}");
     assert!(
         text.contains("fjord_broker_partition_unhealthy{topic=\"unreadable\",partition=\"0\",state=\"offline\"} 1\n"),

@@ -419,7 +419,7 @@ async fn every_refused_produce_is_counted_by_error_code_with_or_without_an_answe
     client.send_frame(&legacy).await.unwrap();
     client.read_frame().await.unwrap();
     assert_eq!(client.latest_offset("counted").await, (0, 0));
-    let text = common::scrape_metrics(metrics).await;
+    let text = fjord_testkit::scrape_metrics(metrics).await.unwrap();
     assert_eq!(produce_errors(&text, INVALID_RECORD), 2, "{text}");
     assert_eq!(produce_errors(&text, CORRUPT_MESSAGE), 2, "{text}");
     assert_eq!(produce_errors(&text, UNSUPPORTED_FOR_MESSAGE_FORMAT), 1, "{text}");

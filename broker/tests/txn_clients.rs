@@ -342,7 +342,7 @@ async fn a_coordinator_marks_its_own_partitions_without_a_request_to_itself() {
         }
     }
     assert_eq!(values, ["a", "b", "c"]);
-    let text = common::scrape_metrics(metrics).await;
+    let text = fjord_testkit::scrape_metrics(metrics).await.unwrap();
     let requests = |api: &str| {
         let prefix = format!("fjord_broker_requests_total{{api=\"{api}\"}} ");
         text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.parse::<f64>().unwrap())

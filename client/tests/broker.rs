@@ -480,7 +480,7 @@ async fn a_transactional_producer_finds_its_coordinator_once() {
         }
         p.commit_transaction().await.unwrap();
     }
-    let text = metrics_page(metrics).await;
+    let text = fjord_testkit::scrape_metrics(metrics).await.unwrap();
     let count = |api: &str| -> f64 {
         let prefix = format!("fjord_broker_requests_total{{api=\"{api}\"}} ");
         text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.parse().unwrap())
@@ -488,16 +488,6 @@ async fn a_transactional_producer_finds_its_coordinator_once() {
     assert_eq!(count("EndTxn"), 20.0, "{text}");
     // The first lookup may meet the state topic still loading and ask again.
     assert!((1.0..=3.0).contains(&count("FindCoordinator")), "{} FindCoordinator for 20 transactions", count("FindCoordinator"));
-}
-
-/// The broker's metrics page (`metrics.listen`), fetched with a bare HTTP/1.0 GET.
-async fn metrics_page(addr: SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut response)).await.unwrap().unwrap();
-    response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,7 +54,7 @@ pub use damage::{
 pub use load::{Load, LoadProducer};
 pub use python::{python, run_python, PythonOutput, PythonScript};
 pub use records::{numbered, produce_round, read_values, round_value, stream_across};
-pub use standalone::StandaloneBroker;
+pub use standalone::{scrape_metrics, StandaloneBroker};
 pub use tmpfs::Tmpfs;
 pub use wait::wait_until;
 

@@ -239,3 +239,14 @@ impl StandaloneBroker {
         }
     }
 }
+
+/// The whole HTTP answer (status line, headers, body) of `GET /metrics` from a broker's
+/// metrics endpoint at `addr` (`metrics.listen`), for tests that count its samples.
+pub async fn scrape_metrics(addr: SocketAddr) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").await?;
+    let mut response = String::new();
+    tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_to_string(&mut response)).await??;
+    Ok(response)
+}

@@ -307,13 +307,3 @@ pub(crate) async fn kcat(args: &[&str], stdin: Option<&[u8]>) -> anyhow::Result<
 
 #[allow(unused_imports)] // only the TLS tests use it
 pub(crate) use fjord_testkit::Certs;
-
-/// The whole HTTP answer (status line, headers, body) of `GET /metrics` from the broker's
-/// metrics endpoint at `addr` (`metrics.listen`).
-pub(crate) async fn scrape_metrics(addr: SocketAddr) -> String {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").await.unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut response)).await.unwrap().unwrap();
-    response
-}
