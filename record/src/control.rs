@@ -61,9 +61,9 @@ pub fn parse_marker(header: &BatchHeader, batch: &[u8]) -> Result<Control> {
     if header.compression() != Compression::None {
         return Err(bad("a control batch is never compressed"));
     }
-    let body = batch.get(BATCH_OVERHEAD..header.size()).ok_or(bad("control batch shorter than its header says"))?;
-    let record = Records::new(body, BATCH_OVERHEAD).next().ok_or(bad("control batch without a record"))??;
-    let key = record.key.ok_or(bad("control record without a key"))?;
+    let body = batch.get(BATCH_OVERHEAD..header.size()).ok_or_else(|| bad("control batch shorter than its header says"))?;
+    let record = Records::new(body, BATCH_OVERHEAD).next().ok_or_else(|| bad("control batch without a record"))??;
+    let key = record.key.ok_or_else(|| bad("control record without a key"))?;
     let [kv0, kv1, kt0, kt1, ..] = *key else {
         return Err(bad("control record key shorter than 4 bytes"));
     };

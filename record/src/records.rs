@@ -55,24 +55,24 @@ impl<'a> Records<'a> {
     fn read_record(&mut self) -> Result<Record<'a>> {
         let position = self.base_position + self.at;
         let bad = |detail| Error::MalformedRecord { position, detail };
-        let (length, n) = get_varint(&self.body[self.at..]).ok_or(bad("unreadable length"))?;
+        let (length, n) = get_varint(&self.body[self.at..]).ok_or_else(|| bad("unreadable length"))?;
         let start = self.at + n;
         let end = usize::try_from(length)
             .ok()
             .and_then(|len| start.checked_add(len))
             .filter(|&end| end <= self.body.len())
-            .ok_or(bad("length runs past the batch"))?;
+            .ok_or_else(|| bad("length runs past the batch"))?;
         let mut cursor = Cursor { buf: &self.body[start..end], at: 0 };
-        let _attributes = cursor.byte().ok_or(bad("missing attributes"))?;
-        let timestamp_delta = cursor.varlong().ok_or(bad("bad timestamp delta"))?;
-        let offset_delta = cursor.varint().ok_or(bad("bad offset delta"))?;
-        let key = cursor.nullable_bytes().ok_or(bad("bad key"))?;
-        let value = cursor.nullable_bytes().ok_or(bad("bad value"))?;
-        let header_count = cursor.varint().filter(|&c| c >= 0).ok_or(bad("bad header count"))?;
+        let _attributes = cursor.byte().ok_or_else(|| bad("missing attributes"))?;
+        let timestamp_delta = cursor.varlong().ok_or_else(|| bad("bad timestamp delta"))?;
+        let offset_delta = cursor.varint().ok_or_else(|| bad("bad offset delta"))?;
+        let key = cursor.nullable_bytes().ok_or_else(|| bad("bad key"))?;
+        let value = cursor.nullable_bytes().ok_or_else(|| bad("bad value"))?;
+        let header_count = cursor.varint().filter(|&c| c >= 0).ok_or_else(|| bad("bad header count"))?;
         let mut headers = Vec::with_capacity((header_count as usize).min(64));
         for _ in 0..header_count {
-            let key = cursor.nullable_bytes().flatten().ok_or(bad("bad header key"))?;
-            let value = cursor.nullable_bytes().ok_or(bad("bad header value"))?;
+            let key = cursor.nullable_bytes().flatten().ok_or_else(|| bad("bad header key"))?;
+            let value = cursor.nullable_bytes().ok_or_else(|| bad("bad header value"))?;
             headers.push(Header { key, value });
         }
         if cursor.at != cursor.buf.len() {
@@ -186,26 +186,26 @@ impl FramingWalk {
         while at < until {
             let position = self.base_position + at;
             let bad = |detail| Error::MalformedRecord { position, detail };
-            let length = varint_at(body, &mut at).ok_or(bad("unreadable length"))?;
+            let length = varint_at(body, &mut at).ok_or_else(|| bad("unreadable length"))?;
             let end = usize::try_from(length)
                 .ok()
                 .and_then(|len| at.checked_add(len))
                 .filter(|&end| end <= body.len())
-                .ok_or(bad("length runs past the batch"))?;
+                .ok_or_else(|| bad("length runs past the batch"))?;
             let record = &body[..end];
             if at == end {
                 return Err(bad("missing attributes"));
             }
             at += 1;
-            let timestamp_delta = varlong_at(record, &mut at).ok_or(bad("bad timestamp delta"))?;
-            let offset_delta = varint_at(record, &mut at).ok_or(bad("bad offset delta"))?;
-            let key_null = skip_nullable(record, &mut at).ok_or(bad("bad key"))?;
-            skip_nullable(record, &mut at).ok_or(bad("bad value"))?;
-            let header_count = varint_at(record, &mut at).filter(|&c| c >= 0).ok_or(bad("bad header count"))?;
+            let timestamp_delta = varlong_at(record, &mut at).ok_or_else(|| bad("bad timestamp delta"))?;
+            let offset_delta = varint_at(record, &mut at).ok_or_else(|| bad("bad offset delta"))?;
+            let key_null = skip_nullable(record, &mut at).ok_or_else(|| bad("bad key"))?;
+            skip_nullable(record, &mut at).ok_or_else(|| bad("bad value"))?;
+            let header_count = varint_at(record, &mut at).filter(|&c| c >= 0).ok_or_else(|| bad("bad header count"))?;
             let headers_start = at;
             for _ in 0..header_count {
-                skip_nullable(record, &mut at).filter(|&null| !null).ok_or(bad("bad header key"))?;
-                skip_nullable(record, &mut at).ok_or(bad("bad header value"))?;
+                skip_nullable(record, &mut at).filter(|&null| !null).ok_or_else(|| bad("bad header key"))?;
+                skip_nullable(record, &mut at).ok_or_else(|| bad("bad header value"))?;
             }
             if at != end {
                 return Err(bad("trailing bytes after the headers"));
