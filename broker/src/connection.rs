@@ -16,7 +16,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +24,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use fjord_auth::Principal;
 use kafka_protocol::messages::ApiKey;
+use nix::sys::socket::MsgFlags;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, WriteHalf};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
@@ -420,11 +421,19 @@ async fn write_responses<W: ResponseSink>(mut write: W, mut queue: mpsc::Receive
                         flush(&mut write, &mut out).await?;
                         write.write_all(&bytes).await.map_err(Error::Network)?;
                     }
+                    // Nothing to send, and a MSG_MORE with no region after it would
+                    // hold the bytes before it until the next answer.
+                    Chunk::File { len: 0, .. } => {}
                     Chunk::File { file, position, len } => {
-                        flush(&mut write, &mut out).await?;
                         match write.socket() {
-                            Some(socket) => send_file(socket, &file, position, len).await,
-                            None => copy_file(&mut write, &file, position, len).await,
+                            Some(socket) => {
+                                send_more(socket, &mut out).await.map_err(Error::Network)?;
+                                send_file(socket, &file, position, len).await
+                            }
+                            None => {
+                                flush(&mut write, &mut out).await?;
+                                copy_file(&mut write, &file, position, len).await
+                            }
                         }
                         .map_err(Error::Network)?;
                     }
@@ -450,6 +459,29 @@ async fn flush<W: AsyncWrite + Unpin>(write: &mut W, out: &mut Vec<u8>) -> Resul
         write.write_all(out).await.map_err(Error::Network)?;
         out.clear();
     }
+    Ok(())
+}
+
+/// Sends what `out` gathered (the response's bytes up to a file region) with MSG_MORE,
+/// so the kernel holds them for the region's first bytes instead of sending them in a
+/// segment of their own: each region of a fetch response then costs one segment
+/// fewer, on the sender and on the receiver (the region's sendfile ends by pushing).
+async fn send_more(stream: &TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
+    // nix has no name for MSG_MORE (Linux's "more data follows").
+    let more = MsgFlags::from_bits_retain(nix::libc::MSG_MORE);
+    let mut sent = 0;
+    while sent < out.len() {
+        stream.writable().await?;
+        let result = stream.try_io(Interest::WRITABLE, || {
+            nix::sys::socket::send(stream.as_fd().as_raw_fd(), &out[sent..], more).map_err(io::Error::from)
+        });
+        match result {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    out.clear();
     Ok(())
 }
 
@@ -492,4 +524,73 @@ async fn copy_file<W: AsyncWrite + Unpin>(write: &mut W, file: &std::fs::File, p
         at += read as u64;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::response::{Chunk, Response};
+
+    /// A connected pair on loopback: the writer's half and the reading client.
+    async fn pair() -> (OwnedWriteHalf, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        server.set_nodelay(true).unwrap();
+        let (_, write) = server.into_split();
+        (write, client)
+    }
+
+    fn segment(bytes: &[u8]) -> Arc<std::fs::File> {
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(bytes).unwrap();
+        Arc::new(file)
+    }
+
+    async fn read_exactly(client: &mut TcpStream, n: usize) -> Vec<u8> {
+        let mut got = vec![0; n];
+        tokio::time::timeout(Duration::from_secs(5), client.read_exact(&mut got))
+            .await
+            .expect("the response arrives without waiting for another")
+            .unwrap();
+        got
+    }
+
+    #[tokio::test]
+    async fn bytes_and_file_regions_arrive_whole_and_in_order() {
+        let (write, mut client) = pair().await;
+        let (queue, replies) = mpsc::channel(4);
+        let writer = tokio::spawn(write_responses(write, replies));
+        let file = segment(b"0123456789");
+        let chunks = vec![
+            Chunk::Bytes(Bytes::from_static(b"head:")),
+            Chunk::File { file: file.clone(), position: 2, len: 5 },
+            Chunk::Bytes(Bytes::from_static(b":mid:")),
+            Chunk::File { file, position: 0, len: 3 },
+            Chunk::Bytes(Bytes::from_static(b":tail")),
+        ];
+        queue.send(Reply::Now(Response { chunks })).await.unwrap();
+        assert_eq!(read_exactly(&mut client, 23).await, b"head:23456:mid:012:tail");
+        drop(queue);
+        writer.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn bytes_before_an_empty_region_are_not_held_back() {
+        // The bytes before a region go out with MSG_MORE; an empty region has no
+        // sendfile to push them, and Linux would hold them for its 200 ms cork timeout.
+        let (write, mut client) = pair().await;
+        let (queue, replies) = mpsc::channel(4);
+        let _writer = tokio::spawn(write_responses(write, replies));
+        let chunks = vec![Chunk::Bytes(Bytes::from_static(b"head")), Chunk::File { file: segment(b"x"), position: 0, len: 0 }];
+        let sent = std::time::Instant::now();
+        queue.send(Reply::Now(Response { chunks })).await.unwrap();
+        assert_eq!(read_exactly(&mut client, 4).await, b"head");
+        let waited = sent.elapsed();
+        assert!(waited < Duration::from_millis(150), "the answer was held back for {waited:?}");
+    }
 }
