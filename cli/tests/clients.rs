@@ -215,7 +215,7 @@ async fn bench_reports_json_for_produce_consume_and_e2e() {
 
 /// `--transaction-records` with `--producers`: every message is measured (send → commit)
 /// and committed, as a read_committed consumer (kcat) sees; without `--acks all` or with
-/// `--rate` it is refused.
+/// `--rate` it is refused, as are `--producers` with `--rate` and a batch over 256 MiB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_produces_in_transactions_from_several_producers() {
     let b = start_broker().await;
@@ -266,6 +266,17 @@ async fn bench_produces_in_transactions_from_several_producers() {
     {
         let mut args =
             vec!["bench", "produce", "--bootstrap", &b.addr, "--topic", "tx", "--messages", "10", "--transaction-records", "5"];
+        args.extend_from_slice(refused);
+        let out = run(env!("CARGO_BIN_EXE_fjord"), &args, "").await;
+        assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains(why), "{args:?}: {out:?}");
+    }
+    // Several producers have no open loop; a batch over 256 MiB is refused before a
+    // buffer that size is built.
+    for (refused, why) in [
+        (&["--producers", "2", "--rate", "100"][..], "--producers applies to produce without --rate"),
+        (&["--batch", "2000000", "--size", "200"][..], "bytes a batch"),
+    ] {
+        let mut args = vec!["bench", "produce", "--bootstrap", &b.addr, "--topic", "tx", "--messages", "10"];
         args.extend_from_slice(refused);
         let out = run(env!("CARGO_BIN_EXE_fjord"), &args, "").await;
         assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains(why), "{args:?}: {out:?}");
