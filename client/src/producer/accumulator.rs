@@ -71,6 +71,9 @@ pub(super) struct State {
     pub(super) reset_pending: bool,
     /// A transactional producer's open transaction.
     pub(super) transaction: super::transaction::Transaction,
+    /// Transactions begun so far: the open one's number, which a partition's
+    /// [`PartitionQueue::enlisted`] matches once the partition joined it.
+    pub(super) transactions: u64,
 }
 
 pub(super) struct TopicState {
@@ -114,6 +117,15 @@ impl TopicState {
     }
 }
 
+/// What a record that could not be appended at once waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wait {
+    /// Its topic's partition count (a new topic, or a partition beyond the cached count).
+    Metadata,
+    /// Its partition's joining the open transaction (AddPartitionsToTxn).
+    Enlisting(i32),
+}
+
 #[derive(Default)]
 pub(super) struct PartitionQueue {
     pub(super) open: Option<OpenBatch>,
@@ -132,6 +144,10 @@ pub(super) struct PartitionQueue {
     pub(super) sending: usize,
     /// The partition's leader when the sender last looked (`None` before it did).
     pub(super) leader: Option<i32>,
+    /// Transactional: the number of the last transaction the partition was added to
+    /// (0: none). Records append without a look at the coordinator while it is the open
+    /// transaction's.
+    pub(super) enlisted: u64,
 }
 
 impl PartitionQueue {
@@ -195,12 +211,6 @@ impl Producer {
     /// up to `max.block.ms`) and for buffer space; the returned future resolves when the
     /// broker acknowledged the record.
     pub async fn send(&self, record: ProducerRecord) -> Result<DeliveryFuture> {
-        // Boxed, as below: only a transactional producer pays for the partition's
-        // enlisting in the transaction.
-        let record = match self.inner.config.transactional_id {
-            None => record,
-            Some(_) => Box::pin(self.inner.enlist(record)).await?,
-        };
         match self.try_append(record)? {
             Ok(future) => Ok(future),
             // Boxed: the waiting path holds a metadata fetch, kilobytes of future state,
@@ -224,7 +234,7 @@ impl Producer {
         let timestamp = record.timestamp.unwrap_or_else(now_ms);
         match self.append_locked(record, size, timestamp, inner.cluster.metadata_version(), None) {
             Ok(Ok(future)) => Ok(Ok(future)),
-            Ok(Err(record)) => Ok(Err((record, size, true))),
+            Ok(Err((record, _))) => Ok(Err((record, size, true))),
             Err(e) => {
                 inner.memory.add_permits(size);
                 Err(e)
@@ -258,13 +268,6 @@ impl Producer {
     pub async fn send_many(&self, records: impl IntoIterator<Item = ProducerRecord>) -> Result<Vec<DeliveryFuture>> {
         let mut records = records.into_iter();
         let mut futures = Vec::with_capacity(records.size_hint().0);
-        if self.inner.config.transactional_id.is_some() {
-            // Each record's partition joins the transaction before it is appended.
-            for record in records {
-                futures.push(self.send(record).await?);
-            }
-            return Ok(futures);
-        }
         loop {
             let (record, size, reserved) = match self.append_run(&mut records, &mut futures)? {
                 None => return Ok(futures),
@@ -301,7 +304,7 @@ impl Producer {
             let timestamp = record.timestamp.unwrap_or(now);
             match self.append_to(&mut state, record, size, timestamp, version, None, &mut woke) {
                 Ok(Ok(future)) => futures.push(future),
-                Ok(Err(back)) => {
+                Ok(Err((back, _))) => {
                     outcome = Ok(Some((back, size, true)));
                     break;
                 }
@@ -319,7 +322,8 @@ impl Producer {
         outcome
     }
 
-    /// Appends a record whose `size` bytes of buffer memory are reserved.
+    /// Appends a record whose `size` bytes of buffer memory are reserved, after what it
+    /// waits for: its topic's metadata, or its partition's joining the transaction.
     async fn append(&self, record: ProducerRecord, size: usize) -> Result<DeliveryFuture> {
         let timestamp = record.timestamp.unwrap_or_else(now_ms);
         let mut record = record;
@@ -328,11 +332,15 @@ impl Producer {
             let version = self.inner.cluster.metadata_version();
             match self.append_locked(record, size, timestamp, version, known)? {
                 Ok(future) => return Ok(future),
-                Err(back) => {
+                Err((back, Wait::Metadata)) => {
                     known = Some(match back.partition {
                         Some(p) => self.inner.partition_count_with(&back.topic, p).await?,
                         None => self.inner.partition_count(&back.topic).await?,
                     });
+                    record = back;
+                }
+                Err((back, Wait::Enlisting(partition))) => {
+                    self.inner.enlist(&back.topic, partition).await?;
                     record = back;
                 }
             }
@@ -342,7 +350,8 @@ impl Producer {
     /// The append itself, under one lock. The partition count comes from `known`
     /// (fetched for this record), else from the topic's cache, valid while the metadata
     /// stays at `version`; with neither, or with an explicit partition beyond the cached
-    /// count, the record comes back (`Err`) for the caller to fetch the metadata. One
+    /// count, the record comes back (`Err`) for the caller to fetch the metadata; so does
+    /// a transaction's first record of a partition, to add the partition first. One
     /// lock per send: the sender thread takes it too, and a second one showed in profiles.
     fn append_locked(
         &self,
@@ -351,7 +360,7 @@ impl Producer {
         timestamp: i64,
         version: u64,
         known: Option<i32>,
-    ) -> Result<std::result::Result<DeliveryFuture, ProducerRecord>> {
+    ) -> Result<std::result::Result<DeliveryFuture, (ProducerRecord, Wait)>> {
         let mut woke = false;
         let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
         let appended = self.append_to(&mut state, record, size, timestamp, version, known, &mut woke);
@@ -369,25 +378,25 @@ impl Producer {
     fn append_to(
         &self,
         state: &mut State,
-        record: ProducerRecord,
+        mut record: ProducerRecord,
         size: usize,
         timestamp: i64,
         version: u64,
         known: Option<i32>,
         woke: &mut bool,
-    ) -> Result<std::result::Result<DeliveryFuture, ProducerRecord>> {
+    ) -> Result<std::result::Result<DeliveryFuture, (ProducerRecord, Wait)>> {
         let inner = &self.inner;
         let cached = state.topics.get(record.topic.as_str()).filter(|t| t.metadata_version == version).map(|t| t.partition_count);
         // `known` was fetched for this record, so it is at least as new as the cache.
         let Some(partitions) = known.or(cached) else {
-            return Ok(Err(record));
+            return Ok(Err((record, Wait::Metadata)));
         };
         if let Some(p) = record.partition {
             if !(0..partitions).contains(&p) {
                 // The partition may have been added since the metadata was fetched: the
                 // caller fetches it again (up to max.block.ms) before giving up.
                 if known.is_none() {
-                    return Ok(Err(record));
+                    return Ok(Err((record, Wait::Metadata)));
                 }
                 return Err(Error::UnknownPartition { topic: record.topic, partition: p });
             }
@@ -395,7 +404,11 @@ impl Producer {
         if state.closing {
             return Err(Error::ProducerClosed);
         }
-        let State { topics, random, incomplete, in_flight, .. } = state;
+        let transactional = inner.config.transactional_id.is_some();
+        if transactional && !state.transaction.open {
+            return Err(Error::TransactionState("send outside a transaction: call begin_transaction first".into()));
+        }
+        let State { topics, random, incomplete, in_flight, transactions, .. } = state;
         let topic = topics.entry_ref(&record.topic, partitions);
         topic.partition_count = partitions;
         topic.metadata_version = version;
@@ -419,6 +432,13 @@ impl Producer {
             }
         };
         let queue = &mut topic.partitions[partition as usize];
+        if transactional && queue.enlisted != *transactions {
+            // The transaction's first record of the partition: the partition joins the
+            // transaction before anything of it is written. The record keeps the
+            // partition picked now (for a keyless one, the sticky partition).
+            record.partition = Some(partition);
+            return Ok(Err((record, Wait::Enlisting(partition))));
+        }
         let leader_free = leader_free(queue);
         if queue.close_if_no_room(size, inner.config.batch_size, &name, partition, inner.config.compression)? {
             *woke |= leader_free;
@@ -450,8 +470,8 @@ impl Producer {
             queue.ready.push_back(open.close(&name, partition, inner.config.compression)?);
             if record.key.is_none() && topic.sticky == Some(partition) {
                 // The sticky partition's batch is full: stick to another one next. (Keyless
-                // records of a transaction come with the partition their enlisting took
-                // from the sticky one.)
+                // records of a transaction that waited for their partition to join it
+                // come back with the sticky one set.)
                 topic.move_sticky(random, partitions, partition);
             }
             *woke |= leader_free;

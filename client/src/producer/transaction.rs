@@ -8,17 +8,16 @@
 //! the transactional id), which fences every older producer of the id and aborts what it
 //! left open. Before the first record of a partition in a transaction is appended, the
 //! partition is added to the transaction (AddPartitionsToTxn, one round trip per new
-//! partition), so the coordinator knows where to write the markers. Batches carry the
+//! partition), so the coordinator knows where to write the markers; the partition's
+//! queue remembers it, so the transaction's later records of the partition append as a
+//! non-transactional producer's do, with no lookup of their own. Batches carry the
 //! transactional bit. Commit flushes, then ends the transaction (EndTxn); a record that
 //! failed for good makes the commit fail, and the transaction can only be aborted.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use super::accumulator::{State, TopicsExt};
-use super::{Inner, Producer, ProducerRecord};
+use super::{Inner, Producer};
 use crate::error::{Error, Result};
-use crate::partitioner::partition_for_key;
 use crate::transaction::TransactionalId;
 use crate::TopicPartition;
 
@@ -27,8 +26,9 @@ use crate::TopicPartition;
 pub(super) struct Transaction {
     /// Between begin and commit/abort.
     pub(super) open: bool,
-    /// Partitions added to the open transaction.
-    pub(super) added: HashSet<TopicPartition>,
+    /// Partitions added to the open transaction (each marked in its queue,
+    /// [`super::accumulator::PartitionQueue::enlisted`]).
+    pub(super) partitions: usize,
     /// Consumer offsets were added to the open transaction.
     pub(super) offsets: bool,
     /// A record of the open transaction failed for good, and the coordinator aborted it
@@ -56,50 +56,26 @@ impl Inner {
         Instant::now() + self.config.delivery_timeout.min(Duration::from_secs(60))
     }
 
-    /// For a transactional producer: picks the record's partition now and adds it to the
-    /// open transaction if it is not in it yet. Refused outside a transaction.
-    pub(super) async fn enlist(&self, mut record: ProducerRecord) -> Result<ProducerRecord> {
-        let Some(txn) = self.transactional_id() else { return Ok(record) };
-        let partitions = match record.partition {
-            Some(p) => self.partition_count_with(&record.topic, p).await?,
-            None => self.partition_count(&record.topic).await?,
-        };
-        let mut wake = false;
-        let enlisted = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if !state.transaction.open {
-                return Err(Error::TransactionState("send outside a transaction: call begin_transaction first".into()));
+    /// Adds `topic`'s `partition` to the open transaction (AddPartitionsToTxn) and marks
+    /// it, so that the transaction's next records of it append at once. Called by the
+    /// append path for a transaction's first record of a partition.
+    pub(super) async fn enlist(&self, topic: &str, partition: i32) -> Result<()> {
+        let txn =
+            self.transactional_id().ok_or_else(|| Error::TransactionState("the producer has no transactional.id".into()))?;
+        let number = self.state.lock().unwrap_or_else(|e| e.into_inner()).transactions;
+        let tp = TopicPartition::new(topic.to_owned(), partition);
+        txn.add_partitions(&self.cluster, self.producer()?, std::slice::from_ref(&tp), self.deadline()).await?;
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Marked only in the transaction it was added to: one ended meanwhile leaves the
+        // partition for the next transaction to add again.
+        if state.transaction.open && state.transactions == number {
+            let queue = state.topics.get_mut(topic).and_then(|t| t.partitions.get_mut(partition as usize));
+            if let Some(queue) = queue.filter(|q| q.enlisted != number) {
+                queue.enlisted = number;
+                state.transaction.partitions += 1;
             }
-            let partition = match (record.partition, &record.key) {
-                (Some(p), _) => p,
-                (None, Some(key)) => partition_for_key(key, partitions),
-                // The sticky partition, as without a transaction: a transaction's keyless
-                // records then join one partition per full batch, each one more
-                // AddPartitionsToTxn and one more marker, not every partition of the topic.
-                (None, None) => {
-                    let State { topics, random, .. } = &mut *state;
-                    let topic = topics.entry_ref(&record.topic, partitions);
-                    let (partition, closed) = topic.sticky_partition(random, partitions, record.encoded_size(), &self.config)?;
-                    // A full batch to send (after the lock).
-                    wake |= closed.is_some();
-                    partition
-                }
-            };
-            if !(0..partitions).contains(&partition) {
-                return Err(Error::UnknownPartition { topic: record.topic, partition });
-            }
-            record.partition = Some(partition);
-            let tp = TopicPartition::new(record.topic.clone(), partition);
-            (!state.transaction.added.contains(&tp)).then_some(tp)
-        };
-        if wake {
-            self.wake_sender.notify_one();
         }
-        if let Some(partition) = enlisted {
-            txn.add_partitions(&self.cluster, self.producer()?, std::slice::from_ref(&partition), self.deadline()).await?;
-            self.state.lock().unwrap_or_else(|e| e.into_inner()).transaction.added.insert(partition);
-        }
-        Ok(record)
+        Ok(())
     }
 }
 
@@ -116,6 +92,7 @@ impl Producer {
             return Err(Error::TransactionState("a transaction is already open".into()));
         }
         state.transaction = Transaction { open: true, ..Default::default() };
+        state.transactions += 1;
         Ok(())
     }
 
@@ -152,7 +129,7 @@ impl Producer {
         let (failed, begun) = {
             let state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
             let t = &state.transaction;
-            (t.failed || state.reset_pending, !t.added.is_empty() || t.offsets)
+            (t.failed || state.reset_pending, t.partitions > 0 || t.offsets)
         };
         if commit && failed {
             return Err(Error::TransactionState("a record of the transaction failed: abort it".into()));
