@@ -461,9 +461,11 @@ async fn keyless_records_of_a_transaction_stick_to_a_partition_per_batch() {
 
 /// A transactional producer finds its coordinator once, not before each of its
 /// AddPartitionsToTxn and EndTxn: two FindCoordinator round trips a transaction had
-/// doubled the time of a small one.
+/// doubled the time of a small one. And it adds each partition to each transaction
+/// once: without the add, the partition gets no marker and read_committed consumers stall
+/// at it; with one a record, the coordinator pays a round trip a record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_transactional_producer_finds_its_coordinator_once() {
+async fn a_transactional_producer_finds_its_coordinator_once_and_adds_a_partition_once_a_transaction() {
     let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let broker = StandaloneBroker::start_with(|c| {
         c.set("transaction.state.log.num.partitions", "1").unwrap();
@@ -486,6 +488,11 @@ async fn a_transactional_producer_finds_its_coordinator_once() {
         text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.parse().unwrap())
     };
     assert_eq!(count("EndTxn"), 20.0, "{text}");
+    // Each transaction's records (keys 0-9) go to both partitions: each partition joins
+    // each transaction, once (its later records append without asking), so 40 and the
+    // odd retry while the previous transaction is still being completed, not one a record.
+    let added = count("AddPartitionsToTxn");
+    assert!((40.0..200.0).contains(&added), "{added} AddPartitionsToTxn for 20 transactions of 10 records on 2 partitions");
     // The first lookup may meet the state topic still loading and ask again.
     assert!((1.0..=3.0).contains(&count("FindCoordinator")), "{} FindCoordinator for 20 transactions", count("FindCoordinator"));
 }
