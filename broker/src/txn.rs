@@ -196,8 +196,10 @@ pub(crate) struct TxnCoordinator {
     loading: Mutex<()>,
     /// One connection per broker markers go to, each used by one sender at a time.
     peers: SyncMutex<HashMap<i32, Arc<Mutex<Option<Peer>>>>>,
-    /// Ids whose completion (markers, then the complete state) is under way.
-    completing: SyncMutex<HashSet<String>>,
+    /// Ids whose completion (markers, then the complete state) is under way, each with
+    /// the requests for it so far: a request while one is under way is not a second
+    /// task, but makes the one under way look at the id again when it is done.
+    completing: SyncMutex<HashMap<String, u64>>,
     /// Prepared transactions to complete, read by the task [`spawn`] starts.
     wake: mpsc::UnboundedSender<(i32, String)>,
     woken: SyncMutex<Option<mpsc::UnboundedReceiver<(i32, String)>>>,
@@ -213,24 +215,43 @@ impl TxnCoordinator {
             loaded: SyncMutex::new(HashMap::new()),
             loading: Mutex::new(()),
             peers: SyncMutex::new(HashMap::new()),
-            completing: SyncMutex::new(HashSet::new()),
+            completing: SyncMutex::new(HashMap::new()),
             wake,
             woken: SyncMutex::new(Some(woken)),
         }
     }
 
-    /// Asks the completion task to finish the id's prepared transaction (once: a second
-    /// request while one is under way is dropped).
+    /// Asks the completion task to finish the id's prepared transaction: a new task, or,
+    /// while one is under way for the id, one more look by it when it is done.
     pub(crate) fn complete_later(&self, partition: i32, transactional_id: &str) {
         let mut completing = self.completing.lock().expect("invariant: completing lock is never poisoned");
-        if completing.insert(transactional_id.to_owned()) && self.wake.send((partition, transactional_id.to_owned())).is_err() {
-            // The broker is stopping; the next coordinator completes it.
-            completing.remove(transactional_id);
+        if let Some(requests) = completing.get_mut(transactional_id) {
+            *requests += 1;
+        } else if self.wake.send((partition, transactional_id.to_owned())).is_ok() {
+            completing.insert(transactional_id.to_owned(), 1);
         }
+        // Otherwise the broker is stopping; the next coordinator completes it.
     }
 
-    fn done_completing(&self, transactional_id: &str) {
-        self.completing.lock().expect("invariant: completing lock is never poisoned").remove(transactional_id);
+    /// The completion requests for the id so far (0 when none is under way).
+    fn completion_requests(&self, transactional_id: &str) -> u64 {
+        self.completing.lock().expect("invariant: completing lock is never poisoned").get(transactional_id).copied().unwrap_or(0)
+    }
+
+    /// Ends a completion task's claim on the id, which it took after `seen` requests;
+    /// `Some(requests)` when more came meanwhile, and the task must look again. A task
+    /// that stopped claiming at its own last look could miss the next transaction: its
+    /// producer can begin, write and prepare it between that look and the release, and
+    /// its request, seeing the claim, would start nothing.
+    fn done_completing(&self, transactional_id: &str, seen: u64) -> Option<u64> {
+        let mut completing = self.completing.lock().expect("invariant: completing lock is never poisoned");
+        match completing.get(transactional_id).copied() {
+            Some(requests) if requests != seen => Some(requests),
+            _ => {
+                completing.remove(transactional_id);
+                None
+            }
+        }
     }
 
     /// Every loaded partition.
@@ -722,8 +743,14 @@ pub(crate) fn spawn(tracker: &TaskTracker, broker: &Arc<Broker>, shutdown: &Canc
                 };
                 let (broker, shutdown) = (broker.clone(), shutdown.clone());
                 tasks.spawn(async move {
-                    broker.complete_txn(partition, &id, &shutdown).await;
-                    broker.txns.done_completing(&id);
+                    let mut seen = broker.txns.completion_requests(&id);
+                    loop {
+                        broker.complete_txn(partition, &id, &shutdown).await;
+                        match broker.txns.done_completing(&id, seen) {
+                            Some(requests) if !shutdown.is_cancelled() => seen = requests,
+                            _ => break,
+                        }
+                    }
                 });
             }
         });
@@ -766,6 +793,33 @@ mod tests {
         assert_eq!(partition_for("", 50), 0);
         // Outside the BMP, Java hashes the two UTF-16 units.
         assert_eq!(partition_for("\u{1F600}", 1000), ((0xD83Di32 * 31 + 0xDE00) % 1000));
+    }
+
+    /// A transaction prepared while the completion of the id's previous one is under way
+    /// gets no task of its own; the one under way must see it when it is done. Before,
+    /// the second request was dropped, and a producer that prepared its next
+    /// transaction in that window waited on CONCURRENT_TRANSACTIONS until it gave up,
+    /// with its partitions' last stable offset held back.
+    #[test]
+    fn a_completion_requested_while_one_is_under_way_makes_it_look_again() {
+        let peer = PeerConfig { listener: "PLAINTEXT".into(), tls: None, sasl: None };
+        let txns = TxnCoordinator::new(TxnConfig::default(), peer, 0);
+        let mut woken = txns.woken.lock().unwrap().take().unwrap();
+        txns.complete_later(3, "a");
+        assert_eq!(woken.try_recv().ok(), Some((3, "a".to_owned())));
+        let seen = txns.completion_requests("a");
+        // The next transaction of "a" is prepared while the first is being completed.
+        txns.complete_later(3, "a");
+        assert!(woken.try_recv().is_err(), "one task an id at a time");
+        let again = txns.done_completing("a", seen);
+        assert!(again.is_some(), "the task under way must look at the id again");
+        // Nothing more came: the claim ends, and the next request starts a task again.
+        assert_eq!(txns.done_completing("a", again.unwrap()), None);
+        txns.complete_later(3, "a");
+        assert_eq!(woken.try_recv().ok(), Some((3, "a".to_owned())));
+        // Other ids are not held up by "a".
+        txns.complete_later(4, "b");
+        assert_eq!(woken.try_recv().ok(), Some((4, "b".to_owned())));
     }
 
     #[test]
