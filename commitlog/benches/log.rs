@@ -11,7 +11,8 @@
 //! given twice: by wall time, and by this thread's CPU time (user + system, from
 //! the thread CPU-time clock), which on a shared, busy machine is much steadier
 //! because it leaves out the time spent waiting for a core. Then the same operations as
-//! short criterion benchmarks. `FJORD_BENCH_DIR=/some/dir` measures another file
+//! short criterion benchmarks, and the commit of a one-record transaction on a partition
+//! that knows no other producer and one that knows 10,000. `FJORD_BENCH_DIR=/some/dir` measures another file
 //! system (e.g. a tmpfs, to see the software overhead without disk writeback).
 
 use std::fs::File;
@@ -45,6 +46,16 @@ fn build_batch(records: usize) -> (Vec<u8>, usize) {
         n += 1;
     }
     (b.build_vec(), n)
+}
+
+/// A batch of one 200-byte record from producer `pid` at sequence `seq`.
+fn producer_batch(pid: i64, seq: i32, transactional: bool) -> Vec<u8> {
+    let mut b = BatchBuilder::new(1_700_000_000_000).producer(pid, 0, seq);
+    if transactional {
+        b = b.transactional();
+    }
+    b.append(1_700_000_000_000, None, Some(&[b'x'; VALUE]), &[]);
+    b.build_vec()
 }
 
 fn bench_config() -> LogConfig {
@@ -311,6 +322,27 @@ fn criterion_benches(c: &mut Criterion, dir: &Path) {
                 if n.is_multiple_of(4096) {
                     log.apply_retention(0).unwrap();
                 }
+            })
+        });
+        log.delete().unwrap();
+    }
+    group.finish();
+
+    // A one-record transaction committed (its batch, then the marker) on a partition
+    // that knows `known` other producers: the marker's cost must not grow with them.
+    let mut group = c.benchmark_group("transaction");
+    for known in [0, 10_000] {
+        let log = Log::open(dir.join(format!("criterion-txn-{known}")), bench_config()).unwrap();
+        for pid in 0..known {
+            log.append(&mut producer_batch(pid, 0, false), 0).unwrap();
+        }
+        let (pid, mut seq) = (known + 1, 0);
+        group.throughput(Throughput::Elements(1));
+        group.bench_function(format!("commit, {known} producers known"), |b| {
+            b.iter(|| {
+                log.append(&mut producer_batch(pid, seq, true), 0).unwrap();
+                log.append_marker(pid, 0, 0, true, 0).unwrap();
+                seq += 1;
             })
         });
         log.delete().unwrap();

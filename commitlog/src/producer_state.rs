@@ -271,6 +271,23 @@ impl ProducerState {
         events
     }
 
+    /// A copy of what applying batches of `producer_ids` reads and changes: their
+    /// entries and the open transactions, not every producer the partition knows (a
+    /// partition of a busy topic may know tens of thousands, and every marker would
+    /// copy them all). Applied, it goes back with [`ProducerState::merge`].
+    pub(crate) fn scoped(&self, producer_ids: impl IntoIterator<Item = i64>) -> ProducerState {
+        let producers =
+            producer_ids.into_iter().filter_map(|id| Some((id, self.producers.get(&id)?.clone()))).collect::<HashMap<_, _>>();
+        ProducerState { dir: self.dir.clone(), producers, open: self.open.clone() }
+    }
+
+    /// Takes the entries and open transactions of `scoped`, made from this state by
+    /// [`ProducerState::scoped`] (for every producer whose batches were applied to it).
+    pub(crate) fn merge(&mut self, scoped: ProducerState) {
+        self.producers.extend(scoped.producers);
+        self.open = scoped.open;
+    }
+
     /// Leader check of a marker for `producer_id` at `producer_epoch` from a coordinator
     /// at `coordinator_epoch`, before it is appended: an older producer epoch is fenced
     /// ([`Error::InvalidProducerEpoch`], Kafka's answer since 2.7), an older coordinator

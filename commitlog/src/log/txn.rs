@@ -116,8 +116,8 @@ impl Log {
     }
 
     /// Before an append's bytes are written to `segment`: for an append with control
-    /// batches, the producer state after it (on a copy) and the ABORT entries written to
-    /// the segment's `.txnindex` (see the module docs).
+    /// batches, the producer state after it (on a copy of its producers' part) and the
+    /// ABORT entries written to the segment's `.txnindex` (see the module docs).
     pub(super) fn prepare_producers(
         &self,
         w: &Writer,
@@ -128,7 +128,7 @@ impl Log {
         if !headers.iter().any(|(_, h)| h.is_control()) {
             return Ok(ProducerUpdate::Data);
         }
-        let mut state = Box::new(w.producers.clone());
+        let mut state = Box::new(w.producers.scoped(headers.iter().map(|(_, h)| h.producer_id)));
         let (mut started, mut completed) = (Vec::new(), Vec::new());
         for (at, h) in headers {
             if !h.is_control() {
@@ -164,7 +164,7 @@ impl Log {
         let (started, completed) = match update {
             ProducerUpdate::Data => (w.producers.apply(headers), Vec::new()),
             ProducerUpdate::Control { state, started, completed, .. } => {
-                w.producers = *state;
+                w.producers.merge(*state);
                 (started, completed)
             }
         };
