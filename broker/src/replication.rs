@@ -477,6 +477,17 @@ mod tests {
         PartitionState { leader, leader_epoch, isr: isr.to_vec(), controller_epoch: 0 }
     }
 
+    /// Broker 1's replica manager (its store embedded in `dir`) with partition t-0 added,
+    /// its log in `dir` too; no leader or ISR applied yet.
+    fn replica_of_t0(dir: &std::path::Path) -> (Arc<ReplicaManager>, TopicPartition, Arc<Log>, Arc<Partition>) {
+        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.join("meta")).unwrap());
+        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
+        let tp = TopicPartition::new("t", 0);
+        let log = Arc::new(Log::open(dir.join("t-0"), LogConfig::default()).unwrap());
+        let partition = manager.add_partition(&tp, log.clone());
+        (manager, tp, log, partition)
+    }
+
     /// While the ISR expansion that adds follower 2 is being written, the high watermark
     /// waits for 2: once the store holds it, 2 may be elected, so nothing 2 lacks may
     /// count as committed. (A chaos run, seed 8, saw a read record vanish when the leader
@@ -484,11 +495,7 @@ mod tests {
     #[tokio::test]
     async fn the_high_watermark_waits_for_a_follower_whose_isr_expansion_is_in_flight() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
-        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
-        let tp = TopicPartition::new("t", 0);
-        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
-        let partition = manager.add_partition(&tp, log.clone());
+        let (manager, tp, log, partition) = replica_of_t0(dir.path());
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1]), 0);
         partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
         assert_eq!(log.high_watermark(), 1, "the leader alone is the ISR");
@@ -515,11 +522,7 @@ mod tests {
     #[tokio::test]
     async fn an_in_sync_follower_fetching_below_the_high_watermark_leaves_the_isr_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
-        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
-        let tp = TopicPartition::new("t", 0);
-        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
-        let partition = manager.add_partition(&tp, log.clone());
+        let (manager, tp, log, partition) = replica_of_t0(dir.path());
         manager.apply(&tp, &[1, 2, 3], &state(1, 0, &[1, 2, 3]), 0);
         for _ in 0..3 {
             partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
@@ -542,11 +545,7 @@ mod tests {
     #[tokio::test]
     async fn a_replica_added_within_the_term_joins_the_isr_and_a_removed_one_leaves_it() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
-        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
-        let tp = TopicPartition::new("t", 0);
-        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
-        let partition = manager.add_partition(&tp, log.clone());
+        let (manager, tp, log, partition) = replica_of_t0(dir.path());
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
         partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
         assert_eq!(partition.record_follower_fetch(2, 1, Instant::now()), None);
@@ -609,11 +608,7 @@ mod tests {
     #[tokio::test]
     async fn acks_all_waits_for_the_isr_without_polling() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
-        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
-        let tp = TopicPartition::new("t", 0);
-        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
-        let partition = manager.add_partition(&tp, log.clone());
+        let (manager, tp, log, partition) = replica_of_t0(dir.path());
         assert_eq!(partition.append_as_leader(&batch(), false, 1, None).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
 
@@ -676,11 +671,7 @@ mod tests {
     #[tokio::test]
     async fn markers_are_the_leaders_and_the_lso_waits_for_them_to_replicate() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
-        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
-        let tp = TopicPartition::new("t", 0);
-        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
-        let partition = manager.add_partition(&tp, log.clone());
+        let (manager, tp, log, partition) = replica_of_t0(dir.path());
         assert_eq!(partition.append_marker_as_leader(9, 0, 0, true, 1).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
         let mut txn = fjord_record::BatchBuilder::new(1_000).producer(9, 0, 0).transactional();
@@ -709,11 +700,7 @@ mod tests {
     #[tokio::test]
     async fn the_latest_offset_is_not_available_while_a_new_leaders_high_watermark_lags() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Store = Arc::new(fjord_coord::EmbeddedStore::open(&dir.path().join("meta")).unwrap());
-        let manager = ReplicaManager::new(1, store, ReplicationConfig::default(), PeerConfig::plaintext("PLAINTEXT"));
-        let tp = TopicPartition::new("t", 0);
-        let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
-        let partition = manager.add_partition(&tp, log.clone());
+        let (manager, tp, log, partition) = replica_of_t0(dir.path());
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
         partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
         partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
