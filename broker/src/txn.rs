@@ -18,7 +18,11 @@
 //!     replica fetchers connect; for the partitions this broker leads, the same handler is
 //!     called directly (acks=all included) instead of over a connection to itself. Its
 //!     consumer groups get theirs as a marker on `__consumer_offsets` sent to each group's
-//!     coordinator. Only then is the transaction written complete.
+//!     coordinator. Only then is the transaction written complete. EndTxn answers once
+//!     that is done (or after [`COMPLETION_WAIT`]), not as soon as the transaction is
+//!     prepared as Kafka does: a producer that begins its next transaction at once would
+//!     otherwise be refused (CONCURRENT_TRANSACTIONS) until the markers land, and
+//!     librdkafka then waits its `retry.backoff.ms` (100 ms) before asking again.
 //!   - the ticker: aborts transactions past their timeout (fencing their producer) and
 //!     forgets ids idle for `transactional.id.expiration.ms`.
 //! - `crate::handler::txn`: the APIs (InitProducerId with a transactional id,
@@ -38,7 +42,7 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
 use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest, WriteTxnMarkersResponse};
 use kafka_protocol::protocol::StrBytes;
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::{mpsc, Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -66,6 +70,10 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const MARKER_BACKOFF: Duration = Duration::from_millis(100);
 /// How often the ticker looks for partitions to load and transactions to time out.
 const TICK: Duration = Duration::from_millis(200);
+/// How long EndTxn waits for the transaction it prepared to complete before answering
+/// anyway (the prepared state is written: the outcome is decided). Markers take
+/// milliseconds; longer means a partition without a leader, whose markers wait for one.
+pub(crate) const COMPLETION_WAIT: Duration = Duration::from_secs(1);
 
 /// Transaction coordinator settings, under Kafka's names and with its defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,6 +193,12 @@ impl Loaded {
     }
 }
 
+/// A completion task's claim on a transactional id (see [`TxnCoordinator::complete_later`]).
+struct Claim {
+    requests: u64,
+    looked: Arc<Notify>,
+}
+
 /// The coordinator's own state; the rest (topics, replicas, producer ids) is the broker's.
 pub(crate) struct TxnCoordinator {
     pub(crate) config: TxnConfig,
@@ -197,9 +211,10 @@ pub(crate) struct TxnCoordinator {
     /// One connection per broker markers go to, each used by one sender at a time.
     peers: SyncMutex<HashMap<i32, Arc<Mutex<Option<Peer>>>>>,
     /// Ids whose completion (markers, then the complete state) is under way, each with
-    /// the requests for it so far: a request while one is under way is not a second
-    /// task, but makes the one under way look at the id again when it is done.
-    completing: SyncMutex<HashMap<String, u64>>,
+    /// the requests for it so far (a request while one is under way is not a second
+    /// task, but makes the one under way look at the id again when it is done) and a
+    /// signal of each of its looks ending.
+    completing: SyncMutex<HashMap<String, Claim>>,
     /// Prepared transactions to complete, read by the task [`spawn`] starts.
     wake: mpsc::UnboundedSender<(i32, String)>,
     woken: SyncMutex<Option<mpsc::UnboundedReceiver<(i32, String)>>>,
@@ -222,36 +237,44 @@ impl TxnCoordinator {
     }
 
     /// Asks the completion task to finish the id's prepared transaction: a new task, or,
-    /// while one is under way for the id, one more look by it when it is done.
-    pub(crate) fn complete_later(&self, partition: i32, transactional_id: &str) {
+    /// while one is under way for the id, one more look by it when it is done. Returns
+    /// the signal of the task's looks ending.
+    pub(crate) fn complete_later(&self, partition: i32, transactional_id: &str) -> Arc<Notify> {
         let mut completing = self.completing.lock().expect("invariant: completing lock is never poisoned");
-        if let Some(requests) = completing.get_mut(transactional_id) {
-            *requests += 1;
-        } else if self.wake.send((partition, transactional_id.to_owned())).is_ok() {
-            completing.insert(transactional_id.to_owned(), 1);
+        if let Some(claim) = completing.get_mut(transactional_id) {
+            claim.requests += 1;
+            return claim.looked.clone();
+        }
+        let claim = Claim { requests: 1, looked: Arc::default() };
+        let looked = claim.looked.clone();
+        if self.wake.send((partition, transactional_id.to_owned())).is_ok() {
+            completing.insert(transactional_id.to_owned(), claim);
         }
         // Otherwise the broker is stopping; the next coordinator completes it.
+        looked
     }
 
     /// The completion requests for the id so far (0 when none is under way).
     fn completion_requests(&self, transactional_id: &str) -> u64 {
-        self.completing.lock().expect("invariant: completing lock is never poisoned").get(transactional_id).copied().unwrap_or(0)
+        let completing = self.completing.lock().expect("invariant: completing lock is never poisoned");
+        completing.get(transactional_id).map_or(0, |c| c.requests)
     }
 
-    /// Ends a completion task's claim on the id, which it took after `seen` requests;
-    /// `Some(requests)` when more came meanwhile, and the task must look again. A task
-    /// that stopped claiming at its own last look could miss the next transaction: its
+    /// Ends a completion task's look at the id, which it began after `seen` requests:
+    /// signals those waiting for it, and ends the task's claim on the id, unless more
+    /// requests came meanwhile (`Some(requests)`: the task must look again). A task that
+    /// stopped claiming at its own last look could miss the next transaction: its
     /// producer can begin, write and prepare it between that look and the release, and
     /// its request, seeing the claim, would start nothing.
     fn done_completing(&self, transactional_id: &str, seen: u64) -> Option<u64> {
         let mut completing = self.completing.lock().expect("invariant: completing lock is never poisoned");
-        match completing.get(transactional_id).copied() {
-            Some(requests) if requests != seen => Some(requests),
-            _ => {
-                completing.remove(transactional_id);
-                None
-            }
+        let claim = completing.get(transactional_id)?;
+        claim.looked.notify_waiters();
+        if claim.requests != seen {
+            return Some(claim.requests);
         }
+        completing.remove(transactional_id);
+        None
     }
 
     /// Every loaded partition.
@@ -688,6 +711,25 @@ impl Broker {
     }
 }
 
+/// Waits, up to [`COMPLETION_WAIT`], until the transaction prepared in `slot` is no longer
+/// prepared, looking again each time its completion task signals `looked`.
+pub(crate) async fn completed(slot: &Slot, looked: &Notify) {
+    let wait = async {
+        loop {
+            // Listening before looking: a signal between the two is not missed.
+            let signal = looked.notified();
+            tokio::pin!(signal);
+            signal.as_mut().enable();
+            if !slot.lock().await.as_ref().is_some_and(|m| m.state.is_prepared()) {
+                return;
+            }
+            signal.await;
+        }
+    };
+    // Past the wait the answer goes anyway: the prepared state decided the outcome.
+    let _ = tokio::time::timeout(COMPLETION_WAIT, wait).await;
+}
+
 /// Reads every transactional id's last state from a partition of `__transaction_state`.
 fn read_states(log: &fjord_log::Log) -> fjord_log::Result<HashMap<String, TxnMetadata>> {
     const CHUNK: usize = 1 << 20;
@@ -808,11 +850,16 @@ mod tests {
         txns.complete_later(3, "a");
         assert_eq!(woken.try_recv().ok(), Some((3, "a".to_owned())));
         let seen = txns.completion_requests("a");
-        // The next transaction of "a" is prepared while the first is being completed.
-        txns.complete_later(3, "a");
+        // The next transaction of "a" is prepared while the first is being completed;
+        // its EndTxn waits for the task's look to end.
+        let looked = txns.complete_later(3, "a");
         assert!(woken.try_recv().is_err(), "one task an id at a time");
+        let signal = looked.notified();
+        futures::pin_mut!(signal);
+        signal.as_mut().enable();
         let again = txns.done_completing("a", seen);
         assert!(again.is_some(), "the task under way must look at the id again");
+        assert!(futures::FutureExt::now_or_never(signal).is_some(), "the end of a look is signalled");
         // Nothing more came: the claim ends, and the next request starts a task again.
         assert_eq!(txns.done_completing("a", again.unwrap()), None);
         txns.complete_later(3, "a");

@@ -222,6 +222,7 @@ async fn transactions_refuse_bad_requests_with_kafkas_errors() {
         .with_group_id(GroupId(s("g")));
     let r: AddOffsetsToTxnResponse = client.call(ApiKey::AddOffsetsToTxn, 3, &request).await.unwrap();
     assert_eq!(r.error_code, 0);
+    let request_offsets = request.clone();
     let stale = request.clone().with_producer_epoch(epoch + 1);
     let r: AddOffsetsToTxnResponse = client.call(ApiKey::AddOffsetsToTxn, 3, &stale).await.unwrap();
     assert_eq!(r.error_code, PRODUCER_FENCED);
@@ -257,15 +258,19 @@ async fn transactions_refuse_bad_requests_with_kafkas_errors() {
         .unwrap();
     assert_eq!(listed.transaction_states.iter().map(|t| t.transactional_id.to_string()).collect::<Vec<_>>(), vec!["tx"]);
     assert_eq!(listed.unknown_state_filters, vec![s("Bogus")]);
-    // Commit: prepared, then the other outcome is refused and the same one is "in progress or done".
+    // Commit: answered once complete (its markers and its complete state written), so
+    // the same outcome again is done, the other one refused, and the producer's next
+    // transaction begins at once, not after CONCURRENT_TRANSACTIONS and a client's backoff.
     assert_eq!(end_txn(&mut client, 3, "tx", pid, epoch + 1, true).await, PRODUCER_FENCED);
     assert_eq!(end_txn(&mut client, 1, "tx", pid, epoch + 1, true).await, INVALID_PRODUCER_EPOCH);
     assert_eq!(end_txn(&mut client, 3, "tx", pid, epoch, true).await, 0);
+    assert_eq!(describe(&mut client, &["tx"]).await[0].transaction_state.as_str(), "CompleteCommit");
     assert_eq!(end_txn(&mut client, 3, "tx", pid, epoch, false).await, INVALID_TXN_STATE);
-    let again = end_txn(&mut client, 3, "tx", pid, epoch, true).await;
-    assert!(again == CONCURRENT_TRANSACTIONS || again == 0, "{again}");
-    let state = describe(&mut client, &["tx"]).await[0].transaction_state.to_string();
-    assert!(state == "PrepareCommit" || state == "CompleteCommit", "{state}");
+    assert_eq!(end_txn(&mut client, 3, "tx", pid, epoch, true).await, 0);
+    let next = add_partitions(&mut client, 3, "tx", pid, epoch, &[("out", &[0])]).await;
+    assert_eq!(next, vec![("out".into(), 0, 0)], "the next transaction");
+    let r: AddOffsetsToTxnResponse = client.call(ApiKey::AddOffsetsToTxn, 3, &request_offsets).await.unwrap();
+    assert_eq!(r.error_code, 0);
     broker.stop().await.unwrap();
 }
 

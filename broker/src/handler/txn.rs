@@ -360,9 +360,10 @@ impl Broker {
         ResponseKind::AddOffsetsToTxn(AddOffsetsToTxnResponse::default().with_error_code(code))
     }
 
-    /// EndTxn: answered once the commit or abort is prepared (written); the markers and
-    /// the complete state follow in the background, and the producer's next request on
-    /// the id waits for them (CONCURRENT_TRANSACTIONS).
+    /// EndTxn: the commit or abort is prepared (written), then its markers and complete
+    /// state are written in the background; answered once they are (or after
+    /// [`crate::txn::COMPLETION_WAIT`]: the producer's next request on the id then waits
+    /// for them, CONCURRENT_TRANSACTIONS).
     pub(crate) async fn end_txn(&self, request: EndTxnRequest, version: i16, session: &Session) -> ResponseKind {
         let id = request.transactional_id.as_str();
         let respond = |code: i16| ResponseKind::EndTxn(EndTxnResponse::default().with_error_code(code));
@@ -386,7 +387,9 @@ impl Broker {
                     return respond(e.code());
                 }
                 *current = Some(target);
-                self.txns.complete_later(loaded.partition, id);
+                let looked = self.txns.complete_later(loaded.partition, id);
+                drop(current);
+                crate::txn::completed(&slot, &looked).await;
                 respond(0)
             }
         }
