@@ -514,9 +514,10 @@ async fn back_to_back_transactions_of_many_producers_all_complete() {
 /// A transactional producer finds its coordinator once, not before each of its
 /// AddPartitionsToTxn and EndTxn: two FindCoordinator round trips a transaction had
 /// doubled the time of a small one. And it adds each partition to each transaction
-/// once: without the add, the partition gets no marker and read_committed consumers stall
-/// at it; with one a record, the coordinator pays a round trip a record; with retries,
-/// the next transaction began before the broker had completed the last.
+/// once, with the others waiting then: without the add, the partition gets no marker and
+/// read_committed consumers stall at it; with one a record, the coordinator pays a round
+/// trip a record; with one a partition, a transaction over 6 partitions pays 6; with
+/// retries, the next transaction began before the broker had completed the last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transactional_producer_finds_its_coordinator_once_and_adds_a_partition_once_a_transaction() {
     let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
@@ -528,6 +529,10 @@ async fn a_transactional_producer_finds_its_coordinator_once_and_adds_a_partitio
     .expect("broker starts");
     create_topic(&broker.addr, "txn-coordinator", 2, &[]).await;
     let p = producer(&broker.addr, |c| c.transactional_id = Some("finds-once".into())).await;
+    let count = |text: &str, api: &str| -> f64 {
+        let prefix = format!("fjord_broker_requests_total{{api=\"{api}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.parse().unwrap())
+    };
     for t in 0..20 {
         p.begin_transaction().unwrap();
         for i in 0..10 {
@@ -536,19 +541,68 @@ async fn a_transactional_producer_finds_its_coordinator_once_and_adds_a_partitio
         p.commit_transaction().await.unwrap();
     }
     let text = fjord_testkit::scrape_metrics(metrics).await.unwrap();
-    let count = |api: &str| -> f64 {
-        let prefix = format!("fjord_broker_requests_total{{api=\"{api}\"}} ");
-        text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0.0, |v| v.parse().unwrap())
-    };
-    assert_eq!(count("EndTxn"), 20.0, "{text}");
+    assert_eq!(count(&text, "EndTxn"), 20.0, "{text}");
     // Each transaction's records (keys 0-9) go to both partitions: each partition joins
-    // each transaction, once (its later records append without asking), and at once (EndTxn
-    // answered once the previous transaction was complete, so no CONCURRENT_TRANSACTIONS
-    // retry): 40, and a retry or two should the state topic still be loading.
-    let added = count("AddPartitionsToTxn");
-    assert!((40.0..=42.0).contains(&added), "{added} AddPartitionsToTxn for 20 transactions of 10 records on 2 partitions");
+    // each transaction once (its later records wait or go without asking), and at once
+    // (EndTxn answered once the previous transaction was complete, so no
+    // CONCURRENT_TRANSACTIONS retry). One request adds both when the second partition's
+    // first record comes before the sender asks for the first: 20 to 40, and a retry or
+    // two should the state topic still be loading.
+    let added = count(&text, "AddPartitionsToTxn");
+    assert!((20.0..=42.0).contains(&added), "{added} AddPartitionsToTxn for 20 transactions of 10 records on 2 partitions");
     // The first lookup may meet the state topic still loading and ask again.
-    assert!((1.0..=3.0).contains(&count("FindCoordinator")), "{} FindCoordinator for 20 transactions", count("FindCoordinator"));
+    let found = count(&text, "FindCoordinator");
+    assert!((1.0..=3.0).contains(&found), "{found} FindCoordinator for 20 transactions");
+
+    // Records appended together (send_many holds the producer's lock for all of them)
+    // reach both partitions before the sender looks: one AddPartitionsToTxn a transaction.
+    for t in 0..20 {
+        p.begin_transaction().unwrap();
+        drop(p.send_many((0..10).map(|i| record("txn-coordinator", 1_000 + t * 10 + i))).await.unwrap());
+        p.commit_transaction().await.unwrap();
+    }
+    let text = fjord_testkit::scrape_metrics(metrics).await.unwrap();
+    assert_eq!(count(&text, "EndTxn"), 40.0, "{text}");
+    let batched = count(&text, "AddPartitionsToTxn") - added;
+    assert_eq!(batched, 20.0, "AddPartitionsToTxn for 20 transactions of 10 records on 2 partitions, appended at once");
+}
+
+/// A producer fenced by a newer one of its transactional id: its records of a new
+/// transaction fail with the coordinator's answer to their partition's joining it, the
+/// commit fails, and none of them reach a read_committed reader, while the newer
+/// producer's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_a_fenced_producer_fail_and_its_commit_fails() {
+    let broker = StandaloneBroker::start_with(|c| c.set("transaction.state.log.num.partitions", "1").unwrap())
+        .await
+        .expect("broker starts");
+    create_topic(&broker.addr, "txn-fenced", 2, &[]).await;
+    let zombie = producer(&broker.addr, |c| c.transactional_id = Some("fenced".into())).await;
+    let fresh = producer(&broker.addr, |c| c.transactional_id = Some("fenced".into())).await;
+    zombie.begin_transaction().unwrap();
+    let lost = zombie.send(record("txn-fenced", 1)).await.unwrap();
+    let e = lost.await.unwrap_err();
+    assert!(e.to_string().contains("ProducerFenced") || e.to_string().contains("InvalidProducerEpoch"), "{e}");
+    let e = zombie.commit_transaction().await.unwrap_err();
+    assert!(e.to_string().contains("could not join the transaction"), "{e}");
+    fresh.begin_transaction().unwrap();
+    let kept = fresh.send(record("txn-fenced", 2)).await.unwrap();
+    fresh.commit_transaction().await.unwrap();
+    kept.await.unwrap();
+    let config = ConsumerConfig {
+        client: client(&broker.addr),
+        auto_offset_reset: OffsetReset::Earliest,
+        isolation_level: IsolationLevel::ReadCommitted,
+        fetch_max_wait: Duration::from_millis(100),
+        ..ConsumerConfig::default()
+    };
+    let mut c = Consumer::connect(config).await.unwrap();
+    c.assign((0..2).map(|p| TopicPartition::new("txn-fenced", p))).await.unwrap();
+    let got = consume_n(&mut c, 1).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].value.as_deref(), record("txn-fenced", 2).value.as_deref());
+    // Nothing else comes: the zombie's record was never written.
+    assert!(c.poll(Duration::from_millis(500)).await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

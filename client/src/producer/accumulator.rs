@@ -117,15 +117,6 @@ impl TopicState {
     }
 }
 
-/// What a record that could not be appended at once waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Wait {
-    /// Its topic's partition count (a new topic, or a partition beyond the cached count).
-    Metadata,
-    /// Its partition's joining the open transaction (AddPartitionsToTxn).
-    Enlisting(i32),
-}
-
 #[derive(Default)]
 pub(super) struct PartitionQueue {
     pub(super) open: Option<OpenBatch>,
@@ -145,8 +136,8 @@ pub(super) struct PartitionQueue {
     /// The partition's leader when the sender last looked (`None` before it did).
     pub(super) leader: Option<i32>,
     /// Transactional: the number of the last transaction the partition was added to
-    /// (0: none). Records append without a look at the coordinator while it is the open
-    /// transaction's.
+    /// (0: none). Until it is the open transaction's, the partition's batches wait: the
+    /// sender adds it (AddPartitionsToTxn, see `super::transaction`) before it sends them.
     pub(super) enlisted: u64,
 }
 
@@ -234,7 +225,7 @@ impl Producer {
         let timestamp = record.timestamp.unwrap_or_else(now_ms);
         match self.append_locked(record, size, timestamp, inner.cluster.metadata_version(), None) {
             Ok(Ok(future)) => Ok(Ok(future)),
-            Ok(Err((record, _))) => Ok(Err((record, size, true))),
+            Ok(Err(record)) => Ok(Err((record, size, true))),
             Err(e) => {
                 inner.memory.add_permits(size);
                 Err(e)
@@ -304,7 +295,7 @@ impl Producer {
             let timestamp = record.timestamp.unwrap_or(now);
             match self.append_to(&mut state, record, size, timestamp, version, None, &mut woke) {
                 Ok(Ok(future)) => futures.push(future),
-                Ok(Err((back, _))) => {
+                Ok(Err(back)) => {
                     outcome = Ok(Some((back, size, true)));
                     break;
                 }
@@ -322,8 +313,8 @@ impl Producer {
         outcome
     }
 
-    /// Appends a record whose `size` bytes of buffer memory are reserved, after what it
-    /// waits for: its topic's metadata, or its partition's joining the transaction.
+    /// Appends a record whose `size` bytes of buffer memory are reserved, after its
+    /// topic's metadata when it has to wait for it.
     async fn append(&self, record: ProducerRecord, size: usize) -> Result<DeliveryFuture> {
         let timestamp = record.timestamp.unwrap_or_else(now_ms);
         let mut record = record;
@@ -332,15 +323,11 @@ impl Producer {
             let version = self.inner.cluster.metadata_version();
             match self.append_locked(record, size, timestamp, version, known)? {
                 Ok(future) => return Ok(future),
-                Err((back, Wait::Metadata)) => {
+                Err(back) => {
                     known = Some(match back.partition {
                         Some(p) => self.inner.partition_count_with(&back.topic, p).await?,
                         None => self.inner.partition_count(&back.topic).await?,
                     });
-                    record = back;
-                }
-                Err((back, Wait::Enlisting(partition))) => {
-                    self.inner.enlist(&back.topic, partition).await?;
                     record = back;
                 }
             }
@@ -350,8 +337,7 @@ impl Producer {
     /// The append itself, under one lock. The partition count comes from `known`
     /// (fetched for this record), else from the topic's cache, valid while the metadata
     /// stays at `version`; with neither, or with an explicit partition beyond the cached
-    /// count, the record comes back (`Err`) for the caller to fetch the metadata; so does
-    /// a transaction's first record of a partition, to add the partition first. One
+    /// count, the record comes back (`Err`) for the caller to fetch the metadata. One
     /// lock per send: the sender thread takes it too, and a second one showed in profiles.
     fn append_locked(
         &self,
@@ -360,7 +346,7 @@ impl Producer {
         timestamp: i64,
         version: u64,
         known: Option<i32>,
-    ) -> Result<std::result::Result<DeliveryFuture, (ProducerRecord, Wait)>> {
+    ) -> Result<std::result::Result<DeliveryFuture, ProducerRecord>> {
         let mut woke = false;
         let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
         let appended = self.append_to(&mut state, record, size, timestamp, version, known, &mut woke);
@@ -378,25 +364,25 @@ impl Producer {
     fn append_to(
         &self,
         state: &mut State,
-        mut record: ProducerRecord,
+        record: ProducerRecord,
         size: usize,
         timestamp: i64,
         version: u64,
         known: Option<i32>,
         woke: &mut bool,
-    ) -> Result<std::result::Result<DeliveryFuture, (ProducerRecord, Wait)>> {
+    ) -> Result<std::result::Result<DeliveryFuture, ProducerRecord>> {
         let inner = &self.inner;
         let cached = state.topics.get(record.topic.as_str()).filter(|t| t.metadata_version == version).map(|t| t.partition_count);
         // `known` was fetched for this record, so it is at least as new as the cache.
         let Some(partitions) = known.or(cached) else {
-            return Ok(Err((record, Wait::Metadata)));
+            return Ok(Err(record));
         };
         if let Some(p) = record.partition {
             if !(0..partitions).contains(&p) {
                 // The partition may have been added since the metadata was fetched: the
                 // caller fetches it again (up to max.block.ms) before giving up.
                 if known.is_none() {
-                    return Ok(Err((record, Wait::Metadata)));
+                    return Ok(Err(record));
                 }
                 return Err(Error::UnknownPartition { topic: record.topic, partition: p });
             }
@@ -408,7 +394,12 @@ impl Producer {
         if transactional && !state.transaction.open {
             return Err(Error::TransactionState("send outside a transaction: call begin_transaction first".into()));
         }
-        let State { topics, random, incomplete, in_flight, transactions, .. } = state;
+        if transactional && state.transaction.failed {
+            // The coordinator aborted it: a record sent now would join a transaction of
+            // the new epoch that nobody ends.
+            return Err(Error::TransactionState("the transaction was aborted: a record of it failed: abort it".into()));
+        }
+        let State { topics, random, incomplete, in_flight, .. } = state;
         let topic = topics.entry_ref(&record.topic, partitions);
         topic.partition_count = partitions;
         topic.metadata_version = version;
@@ -432,13 +423,6 @@ impl Producer {
             }
         };
         let queue = &mut topic.partitions[partition as usize];
-        if transactional && queue.enlisted != *transactions {
-            // The transaction's first record of the partition: the partition joins the
-            // transaction before anything of it is written. The record keeps the
-            // partition picked now (for a keyless one, the sticky partition).
-            record.partition = Some(partition);
-            return Ok(Err((record, Wait::Enlisting(partition))));
-        }
         let leader_free = leader_free(queue);
         if queue.close_if_no_room(size, inner.config.batch_size, &name, partition, inner.config.compression)? {
             *woke |= leader_free;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use kafka_protocol::messages::{InitProducerIdRequest, ProducerId};
 
 use super::accumulator::{ReadyBatch, State};
+use super::batch::Outcome;
 use super::Inner;
 use crate::cluster::Cluster;
 use crate::error::{Error, Result};
@@ -144,12 +145,27 @@ pub(super) async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
     let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
     state.identity = Some(identity);
     state.reset_pending = false;
+    let transactional = inner.config.transactional_id.is_some();
+    let mut aborted = Vec::new();
     for topic in state.topics.values_mut() {
-        for queue in &mut topic.partitions {
+        for (p, queue) in topic.partitions.iter_mut().enumerate() {
             queue.next_sequence = 0;
             queue.acked_sequence = 0;
             queue.window.clear();
+            if transactional {
+                // The coordinator aborted the open transaction: what is left of it must
+                // not go out in the new epoch, where the next transaction's commit marker
+                // would commit it. Its partitions join that transaction anew.
+                aborted.extend(queue.ready.drain(..));
+                aborted.extend(queue.open.take().and_then(|o| o.close(&topic.name, p as i32, inner.config.compression).ok()));
+                queue.enlisted = 0;
+            }
         }
+    }
+    drop(state);
+    let error = Error::TransactionState("the transaction was aborted: a record of it failed".into());
+    for batch in &aborted {
+        inner.complete(batch, Outcome::Failed(error.clone()));
     }
     Some(Ok(()))
 }

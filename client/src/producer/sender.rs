@@ -23,7 +23,7 @@ impl Inner {
     /// Completes a batch: wakes its record futures and gives back its memory. A stamped
     /// batch that succeeded moves its partition's acknowledged sequence; one that failed
     /// leaves a hole in the sequence, which a new producer epoch closes.
-    fn complete(&self, batch: &ReadyBatch, outcome: Outcome) {
+    pub(super) fn complete(&self, batch: &ReadyBatch, outcome: Outcome) {
         let succeeded = !matches!(outcome, Outcome::Failed(_));
         let outcome_kind = if matches!(outcome, Outcome::PerRecord(_)) { OutcomeKind::Split } else { OutcomeKind::Whole };
         if let Some(audit) = self.config.audit.as_ref().filter(|_| !batch.audit.is_empty()) {
@@ -132,12 +132,16 @@ pub(super) async fn sender_loop(inner: Arc<Inner>) {
             continue;
         }
         let metadata = inner.cluster.fresh_metadata().await;
-        let Drained { requests, expired, next_deadline, finished } = {
+        let Drained { requests, expired, next_deadline, finished, enlist } = {
             let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
             drain(&inner.config, &mut state, &metadata, &mut refresh_due)
         };
         for batch in expired {
             inner.complete(&batch, Outcome::Failed(Error::DeliveryTimeout(inner.config.delivery_timeout)));
+        }
+        if let Some((number, partitions)) = enlist {
+            // Its end wakes this loop to send what it let through.
+            tokio::spawn(inner.clone().enlist(number, partitions));
         }
         let sent_any = !requests.is_empty();
         for (broker, batches) in requests {
@@ -174,10 +178,15 @@ struct Drained {
     next_deadline: Option<Instant>,
     /// Closed, with nothing left.
     finished: bool,
+    /// Partitions holding records of open transaction `.0` that have not joined it, to
+    /// add now (with [`super::transaction::Transaction::enlisting`] set by `drain`).
+    enlist: Option<(u64, Vec<crate::TopicPartition>)>,
 }
 
 /// Takes every batch that may be sent now, grouped by leader, respecting the in-flight
-/// limit and one batch per partition per request.
+/// limit and one batch per partition per request. A transactional producer's batches of
+/// a partition that has not joined the open transaction stay; the partition is listed to
+/// join it, unless an AddPartitionsToTxn is under way (its end makes another pass).
 fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::Metadata, refresh_due: &mut bool) -> Drained {
     let now = Instant::now();
     let mut expired = Vec::new();
@@ -185,9 +194,11 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
     let mut next_deadline: Option<Instant> = None;
     let mut per_broker: HashMap<i32, Vec<Vec<ReadyBatch>>> = HashMap::new();
     let mut request_sizes: HashMap<i32, usize> = HashMap::new();
-    let State { topics, in_flight, identity, reset_pending, .. } = state;
+    let State { topics, in_flight, identity, reset_pending, transaction, transactions, .. } = state;
     // A hole in a sequence: nothing goes out until the producer has a new id.
     let stalled = *reset_pending;
+    let transactional = config.transactional_id.is_some();
+    let mut to_enlist = Vec::new();
     for topic in topics.values_mut() {
         let leaders = metadata.topics.get(&*topic.name);
         for (p, queue) in topic.partitions.iter_mut().enumerate() {
@@ -196,6 +207,12 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
             }
             if queue.open.as_ref().is_some_and(|o| o.created.elapsed() >= config.delivery_timeout) {
                 expired.extend(queue.open.take().and_then(|o| o.close(&topic.name, p as i32, config.compression).ok()));
+            }
+            if transactional && queue.enlisted != *transactions {
+                if !transaction.enlisting && (queue.open.is_some() || !queue.ready.is_empty()) {
+                    to_enlist.push(crate::TopicPartition::new(topic.name.to_string(), p as i32));
+                }
+                continue;
             }
             let linger_over = |o: &OpenBatch| force || o.created + config.linger <= now;
             let open_sendable = force || queue.open_sendable();
@@ -279,8 +296,12 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
             out.push((broker, batches));
         }
     }
+    let enlist = (!to_enlist.is_empty()).then(|| {
+        state.transaction.enlisting = true;
+        (state.transactions, to_enlist)
+    });
     let finished = state.closing && state.incomplete == 0;
-    Drained { requests: out, expired, next_deadline, finished }
+    Drained { requests: out, expired, next_deadline, finished, enlist }
 }
 
 async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>) {

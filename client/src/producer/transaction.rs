@@ -6,16 +6,19 @@
 //!
 //! `connect` gets the producer id from the transaction coordinator (InitProducerId with
 //! the transactional id), which fences every older producer of the id and aborts what it
-//! left open. Before the first record of a partition in a transaction is appended, the
-//! partition is added to the transaction (AddPartitionsToTxn, one round trip per new
-//! partition), so the coordinator knows where to write the markers; the partition's
-//! queue remembers it, so the transaction's later records of the partition append as a
-//! non-transactional producer's do, with no lookup of their own. Batches carry the
-//! transactional bit. Commit flushes, then ends the transaction (EndTxn); a record that
-//! failed for good makes the commit fail, and the transaction can only be aborted.
+//! left open. Records append at once, as a non-transactional producer's do; a partition's
+//! batches wait until the partition has joined the transaction (so the coordinator knows
+//! where to write the markers). The sender adds every partition that holds records and
+//! has not joined in one AddPartitionsToTxn, as Kafka's producer does: the records sent
+//! while it is under way, which often reach other partitions, join with the next one,
+//! and sending goes on meanwhile. Batches carry the transactional bit. Commit flushes,
+//! then ends the transaction (EndTxn); a record that failed for good, or a partition that
+//! could not join, makes the commit fail, and the transaction can only be aborted.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::batch::Outcome;
 use super::{Inner, Producer};
 use crate::error::{Error, Result};
 use crate::transaction::TransactionalId;
@@ -34,6 +37,11 @@ pub(super) struct Transaction {
     /// A record of the open transaction failed for good, and the coordinator aborted it
     /// when the producer took a new epoch: it can only be aborted.
     pub(super) failed: bool,
+    /// An AddPartitionsToTxn is under way (one at a time).
+    pub(super) enlisting: bool,
+    /// Partitions could not join the open transaction (their records failed with this):
+    /// it can only be aborted, which the coordinator still has to hear of.
+    pub(super) refused: Option<Error>,
     /// Acknowledged records of the open transaction for the audit hook, by topic: handed
     /// over at commit, dropped at abort.
     pub(super) audit: Vec<(String, Vec<i64>)>,
@@ -56,26 +64,46 @@ impl Inner {
         Instant::now() + self.config.delivery_timeout.min(Duration::from_secs(60))
     }
 
-    /// Adds `topic`'s `partition` to the open transaction (AddPartitionsToTxn) and marks
-    /// it, so that the transaction's next records of it append at once. Called by the
-    /// append path for a transaction's first record of a partition.
-    pub(super) async fn enlist(&self, topic: &str, partition: i32) -> Result<()> {
-        let txn =
-            self.transactional_id().ok_or_else(|| Error::TransactionState("the producer has no transactional.id".into()))?;
-        let number = self.state.lock().unwrap_or_else(|e| e.into_inner()).transactions;
-        let tp = TopicPartition::new(topic.to_owned(), partition);
-        txn.add_partitions(&self.cluster, self.producer()?, std::slice::from_ref(&tp), self.deadline()).await?;
+    /// Adds `partitions`, which hold records of open transaction `number` and have not
+    /// joined it, to it (AddPartitionsToTxn), then wakes the sender to send their
+    /// batches. Run by the sender as a task of its own, with
+    /// [`Transaction::enlisting`] set. When they cannot join, their records fail with
+    /// the coordinator's answer, and so does the commit.
+    pub(super) async fn enlist(self: Arc<Self>, number: u64, partitions: Vec<TopicPartition>) {
+        let added = match (self.transactional_id(), self.producer()) {
+            (Some(txn), Ok(producer)) => txn.add_partitions(&self.cluster, producer, &partitions, self.deadline()).await,
+            (None, _) => Err(Error::TransactionState("the producer has no transactional.id".into())),
+            (_, Err(e)) => Err(e),
+        };
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        // Marked only in the transaction it was added to: one ended meanwhile leaves the
-        // partition for the next transaction to add again.
-        if state.transaction.open && state.transactions == number {
-            let queue = state.topics.get_mut(topic).and_then(|t| t.partitions.get_mut(partition as usize));
-            if let Some(queue) = queue.filter(|q| q.enlisted != number) {
-                queue.enlisted = number;
-                state.transaction.partitions += 1;
+        let mut failed = Vec::new();
+        if state.transactions == number {
+            state.transaction.enlisting = false;
+            let codec = self.config.compression;
+            for tp in &partitions {
+                let Some(queue) = state.queue(&tp.topic, tp.partition) else { continue };
+                match &added {
+                    Ok(()) => queue.enlisted = number,
+                    Err(_) => {
+                        failed.extend(queue.ready.drain(..));
+                        let topic: Arc<str> = Arc::from(tp.topic.as_str());
+                        failed.extend(queue.open.take().and_then(|o| o.close(&topic, tp.partition, codec).ok()));
+                    }
+                }
+            }
+            match &added {
+                Ok(()) => state.transaction.partitions += partitions.len(),
+                Err(e) => state.transaction.refused = Some(e.clone()),
             }
         }
-        Ok(())
+        drop(state);
+        if let Err(e) = added {
+            tracing::warn!(%e, ?partitions, "partitions could not join the transaction");
+            for batch in &failed {
+                self.complete(batch, Outcome::Failed(e.clone()));
+            }
+        }
+        self.wake_sender.notify_one();
     }
 }
 
@@ -126,13 +154,16 @@ impl Producer {
             return Err(Error::TransactionState("no transaction is open".into()));
         }
         self.flush().await;
-        let (failed, begun) = {
+        let (failed, refused, begun) = {
             let state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
             let t = &state.transaction;
-            (t.failed || state.reset_pending, t.partitions > 0 || t.offsets)
+            (t.failed || state.reset_pending, t.refused.clone(), t.partitions > 0 || t.offsets)
         };
         if commit && failed {
             return Err(Error::TransactionState("a record of the transaction failed: abort it".into()));
+        }
+        if let (true, Some(e)) = (commit, refused) {
+            return Err(Error::TransactionState(format!("a partition could not join the transaction ({e}): abort it")));
         }
         // Nothing to end at the coordinator: the transaction never began there (nothing
         // was written), or it was aborted there when the producer took a new epoch.
