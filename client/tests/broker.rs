@@ -41,13 +41,23 @@ async fn producer(addr: &str, f: impl FnOnce(&mut ProducerConfig)) -> Producer {
     Producer::connect(config).await.unwrap()
 }
 
-async fn consumer(addr: &str) -> Consumer {
-    let config = ConsumerConfig {
+/// A consumer from the earliest offset that does not wait long for more.
+fn consumer_config(addr: &str) -> ConsumerConfig {
+    ConsumerConfig {
         client: client(addr),
         auto_offset_reset: OffsetReset::Earliest,
         fetch_max_wait: Duration::from_millis(100),
         ..ConsumerConfig::default()
-    };
+    }
+}
+
+async fn consumer(addr: &str) -> Consumer {
+    Consumer::connect(consumer_config(addr)).await.unwrap()
+}
+
+/// [`consumer`], reading committed records only.
+async fn read_committed_consumer(addr: &str) -> Consumer {
+    let config = ConsumerConfig { isolation_level: IsolationLevel::ReadCommitted, ..consumer_config(addr) };
     Consumer::connect(config).await.unwrap()
 }
 
@@ -499,14 +509,7 @@ async fn back_to_back_transactions_of_many_producers_all_complete() {
         run.unwrap().unwrap();
     }
     // Every transaction is complete: a read_committed consumer gets every record.
-    let config = ConsumerConfig {
-        client: client(&broker.addr),
-        auto_offset_reset: OffsetReset::Earliest,
-        isolation_level: IsolationLevel::ReadCommitted,
-        fetch_max_wait: Duration::from_millis(100),
-        ..ConsumerConfig::default()
-    };
-    let mut c = Consumer::connect(config).await.unwrap();
+    let mut c = read_committed_consumer(&broker.addr).await;
     c.assign((0..4).map(|p| TopicPartition::new("back-to-back", p))).await.unwrap();
     assert_eq!(consume_n(&mut c, PRODUCERS * TRANSACTIONS * 5).await.len(), PRODUCERS * TRANSACTIONS * 5);
 }
@@ -589,14 +592,7 @@ async fn records_of_a_fenced_producer_fail_and_its_commit_fails() {
     let kept = fresh.send(record("txn-fenced", 2)).await.unwrap();
     fresh.commit_transaction().await.unwrap();
     kept.await.unwrap();
-    let config = ConsumerConfig {
-        client: client(&broker.addr),
-        auto_offset_reset: OffsetReset::Earliest,
-        isolation_level: IsolationLevel::ReadCommitted,
-        fetch_max_wait: Duration::from_millis(100),
-        ..ConsumerConfig::default()
-    };
-    let mut c = Consumer::connect(config).await.unwrap();
+    let mut c = read_committed_consumer(&broker.addr).await;
     c.assign((0..2).map(|p| TopicPartition::new("txn-fenced", p))).await.unwrap();
     let got = consume_n(&mut c, 1).await;
     assert_eq!(got.len(), 1);
