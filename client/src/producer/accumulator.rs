@@ -149,6 +149,14 @@ impl PartitionQueue {
         self.sending < OPEN_BATCH_HOLD
     }
 
+    /// Every batch of the partition not sent yet, the open one closed: for the caller to
+    /// fail when none of them may go out.
+    pub(super) fn take_unsent(&mut self, topic: &Arc<str>, partition: i32, codec: Compression) -> Vec<ReadyBatch> {
+        let mut unsent: Vec<ReadyBatch> = self.ready.drain(..).collect();
+        unsent.extend(self.open.take().and_then(|o| o.close(topic, partition, codec).ok()));
+        unsent
+    }
+
     /// Closes the open batch into `ready` when a record of `size` bytes would take it
     /// past `batch_size`; says whether it did.
     fn close_if_no_room(

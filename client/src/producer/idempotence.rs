@@ -156,8 +156,7 @@ pub(super) async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
                 // The coordinator aborted the open transaction: what is left of it must
                 // not go out in the new epoch, where the next transaction's commit marker
                 // would commit it. Its partitions join that transaction anew.
-                aborted.extend(queue.ready.drain(..));
-                aborted.extend(queue.open.take().and_then(|o| o.close(&topic.name, p as i32, inner.config.compression).ok()));
+                aborted.extend(queue.take_unsent(&topic.name, p as i32, inner.config.compression));
                 queue.enlisted = 0;
             }
         }

@@ -81,14 +81,11 @@ impl Inner {
             state.transaction.enlisting = false;
             let codec = self.config.compression;
             for tp in &partitions {
-                let Some(queue) = state.queue(&tp.topic, tp.partition) else { continue };
+                let Some(topic) = state.topics.get_mut(tp.topic.as_str()) else { continue };
+                let Some(queue) = topic.partitions.get_mut(tp.partition as usize) else { continue };
                 match &added {
                     Ok(()) => queue.enlisted = number,
-                    Err(_) => {
-                        failed.extend(queue.ready.drain(..));
-                        let topic: Arc<str> = Arc::from(tp.topic.as_str());
-                        failed.extend(queue.open.take().and_then(|o| o.close(&topic, tp.partition, codec).ok()));
-                    }
+                    Err(_) => failed.extend(queue.take_unsent(&topic.name, tp.partition, codec)),
                 }
             }
             match &added {
