@@ -2,8 +2,9 @@
 //! the paper; it fetches by (offset, max bytes) and can rewind at any time.
 //!
 //! One fetch per leader broker is in flight at a time, and the next one is sent as soon as
-//! a response arrives, before its records are handed out: that is the prefetch buffer,
-//! bounded to one decoded response plus one in flight per broker. At the end of the log
+//! a response arrives, before its records are decoded (the fetch offsets come from the
+//! batch headers): that is the prefetch buffer, bounded to one decoded response plus one
+//! in flight per broker, and the broker sends the next response while this one decodes. At the end of the log
 //! the broker holds the fetch for `fetch.max.wait.ms` (long poll), so [`Consumer::recv`]
 //! waits for new records instead of ending or spinning.
 //!
@@ -173,6 +174,18 @@ struct FetchDone {
     result: Result<FetchResponse>,
 }
 
+/// One partition's records from a fetch response, not decoded yet.
+struct Fetched {
+    key: (Arc<str>, i32),
+    /// The partition's epoch when the response arrived.
+    epoch: u64,
+    /// The fetch offset the records were asked from.
+    from: i64,
+    records: Bytes,
+    /// (producer id, first offset) of the aborted transactions in range (read_committed).
+    aborted: Vec<(i64, i64)>,
+}
+
 /// The ListOffsets task resolving pending seeks: (partition, epoch) in the order asked.
 struct Resolving {
     task: JoinHandle<Result<Vec<i64>>>,
@@ -322,8 +335,9 @@ impl Consumer {
         loop {
             if !self.buffer.is_empty() {
                 let records: Vec<ConsumerRecord> = self.buffer.drain(..).collect();
-                for r in &records {
-                    self.advance(r);
+                // The buffer holds runs of one partition's records: one position a run.
+                for run in records.chunk_by(|a, b| a.partition == b.partition && a.topic == b.topic) {
+                    self.advance(run.last().expect("runs are not empty"));
                 }
                 if let Some(audit) = &self.config.audit {
                     audit.consumed(&records);
@@ -388,10 +402,38 @@ impl Consumer {
             }
         };
         self.busy_brokers.remove(&done.broker);
-        let result = self.handle_fetch(done);
-        // Prefetch: the next fetch goes out before the application sees these records.
+        let fetched = self.handle_fetch(done);
+        // Prefetch: the next fetch goes out before these records are even decoded, so
+        // the broker sends (and the kernel receives) it while this thread decodes.
         self.send_fetches();
-        result
+        let mut first_error = None;
+        for f in fetched? {
+            if let Err(e) = self.decode(f) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Decodes a partition's fetched records into the buffer. A batch that does not
+    /// decode (a damaged one slipped past the broker) ends it: the records before it are
+    /// buffered, and the partition fetches that batch again (its fetch in flight, which
+    /// asked past it, is dropped with a new epoch), so the error comes back at the same
+    /// offset until the application seeks past it.
+    fn decode(&mut self, f: Fetched) -> Result<()> {
+        let Some(state) = self.partitions.get_mut(&f.key).filter(|s| s.epoch == f.epoch) else {
+            return Ok(()); // a seek since the response arrived dropped it
+        };
+        let decoded = decode_records(&f.key.0, f.key.1, f.from, f.records, &f.aborted, &mut self.buffer);
+        match decoded.error {
+            None => Ok(()),
+            Some(e) => {
+                self.epochs += 1;
+                state.epoch = self.epochs;
+                state.fetch_offset = decoded.next;
+                Err(e)
+            }
+        }
     }
 
     /// Starts a metadata refresh in the background unless one is running.
@@ -524,25 +566,28 @@ impl Consumer {
             .with_topics(topics)
     }
 
-    /// Takes a fetch response: records into the buffer, errors into backoffs, resets or
-    /// the returned error. Synchronous, so a response is never half handled.
-    fn handle_fetch(&mut self, done: FetchDone) -> Result<()> {
+    /// Takes a fetch response: errors into backoffs, resets or the returned error, and
+    /// each partition's records, still encoded, with its fetch offset moved past their
+    /// last whole batch (so the next fetch can go out before they are decoded).
+    /// Synchronous, so a response is never half handled.
+    fn handle_fetch(&mut self, done: FetchDone) -> Result<Vec<Fetched>> {
         let response = match done.result {
             Ok(r) => r,
             Err(e) if e.is_retriable() => {
                 self.back_off(&done.sent);
                 self.refresh_in_background();
-                return Ok(());
+                return Ok(Vec::new());
             }
             Err(e) => return Err(e),
         };
         if let Some(e) = Error::kafka(response.error_code, "fetch", None) {
             if e.is_retriable() {
                 self.back_off(&done.sent);
-                return Ok(());
+                return Ok(Vec::new());
             }
             return Err(e);
         }
+        let mut fetched = Vec::new();
         let mut refresh = false;
         for topic in response.responses {
             let name: Arc<str> = Arc::from(topic.topic.0.as_str());
@@ -587,15 +632,16 @@ impl Consumer {
                 if let Some(records) = p.records {
                     let aborted: Vec<(i64, i64)> =
                         p.aborted_transactions.iter().flatten().map(|a| (a.producer_id.0, a.first_offset)).collect();
-                    state.fetch_offset =
-                        decode_records(&name, p.partition_index, state.fetch_offset, records, &aborted, &mut self.buffer)?;
+                    let from = state.fetch_offset;
+                    state.fetch_offset = whole_batches_end(&records, from);
+                    fetched.push(Fetched { key, epoch: state.epoch, from, records, aborted });
                 }
             }
         }
         if refresh {
             self.refresh_in_background();
         }
-        Ok(())
+        Ok(fetched)
     }
 
     fn back_off(&mut self, sent: &[(Arc<str>, i32, u64)]) {
@@ -608,10 +654,39 @@ impl Consumer {
     }
 }
 
+/// What [`decode_records`] got through.
+pub(crate) struct Decoded {
+    /// The next offset to fetch: past the last whole batch, or, after an error, the
+    /// offset of the batch that failed.
+    pub(crate) next: i64,
+    /// Why decoding stopped before the end, if it did.
+    pub(crate) error: Option<Error>,
+}
+
+/// Where the whole batches of a fetched partition end: the offset after the last one
+/// (`fetch_offset` when there is none). Reads batch headers only, so the next fetch can
+/// go out before the records are checked and decoded; [`decode_records`] agrees unless a
+/// batch fails to decode, and then says where it stopped.
+fn whole_batches_end(records: &[u8], fetch_offset: i64) -> i64 {
+    let mut next = fetch_offset;
+    let mut rest = records;
+    while rest.len() >= BATCH_OVERHEAD {
+        let Ok(header) = BatchHeader::parse_unchecked(rest) else { break };
+        let size = header.size();
+        if size > rest.len() {
+            break;
+        }
+        next = next.max(header.next_offset());
+        rest = &rest[size..];
+    }
+    next
+}
+
 /// Decodes the complete batches in `records` into `out`, skipping records before
 /// `fetch_offset` (a fetch may start inside a batch), control batches and the batches of
-/// aborted transactions. Returns the next fetch offset. A partial batch at the end (the
-/// broker cut at max bytes) is left for the next fetch.
+/// aborted transactions. A partial batch at the end (the broker cut at max bytes) is left
+/// for the next fetch. A batch that fails (CRC, compression, a malformed record) stops
+/// the decoding: `out` keeps the records of the batches before it, none of its own.
 ///
 /// `aborted` is the read_committed answer's aborted transactions, (producer id, first
 /// offset): from its first offset on, a producer's transactional batches are skipped
@@ -623,7 +698,7 @@ pub(crate) fn decode_records(
     records: Bytes,
     aborted: &[(i64, i64)],
     out: &mut VecDeque<ConsumerRecord>,
-) -> Result<i64> {
+) -> Decoded {
     let mut pending_aborts: Vec<(i64, i64)> = aborted.to_vec();
     pending_aborts.sort_by_key(|a| std::cmp::Reverse(a.1));
     let mut aborting: std::collections::HashSet<i64> = std::collections::HashSet::new();
@@ -631,11 +706,17 @@ pub(crate) fn decode_records(
     let mut at = 0;
     while records.len() - at >= BATCH_OVERHEAD {
         let rest = &records[at..];
-        let size = BatchHeader::parse_unchecked(rest)?.size();
+        let size = match BatchHeader::parse_unchecked(rest) {
+            Ok(header) => header.size(),
+            Err(e) => return Decoded { next, error: Some(e.into()) },
+        };
         if size > rest.len() {
             break;
         }
-        let header = BatchHeader::parse(rest)?;
+        let header = match BatchHeader::parse(rest) {
+            Ok(header) => header,
+            Err(e) => return Decoded { next, error: Some(e.into()) },
+        };
         let batch = records.slice(at..at + size);
         at += size;
         if header.next_offset() <= next {
@@ -652,36 +733,53 @@ pub(crate) fn decode_records(
                 aborting.remove(&header.producer_id);
             }
         } else if !skipped {
-            let body = match records_body(&header, &batch, crate::MAX_DECOMPRESSED_BATCH)? {
-                std::borrow::Cow::Borrowed(_) => batch.slice(BATCH_OVERHEAD..),
-                std::borrow::Cow::Owned(v) => Bytes::from(v),
-            };
-            let log_append = header.timestamp_type() == TimestampType::LogAppendTime;
-            for record in Records::new(&body, BATCH_OVERHEAD) {
-                let r = record?;
-                let offset = header.base_offset + r.offset_delta as i64;
-                if offset < next {
-                    continue;
-                }
-                out.push_back(ConsumerRecord {
-                    topic: topic.clone(),
-                    partition,
-                    offset,
-                    timestamp: if log_append { header.max_timestamp } else { header.base_timestamp + r.timestamp_delta },
-                    timestamp_type: header.timestamp_type(),
-                    key: r.key.map(|k| body.slice_ref(k)),
-                    value: r.value.map(|v| body.slice_ref(v)),
-                    headers: r
-                        .headers
-                        .iter()
-                        .map(|h| (String::from_utf8_lossy(h.key).into_owned(), h.value.map(|v| body.slice_ref(v))))
-                        .collect(),
-                });
+            let before = out.len();
+            if let Err(e) = decode_batch(topic, partition, next, &header, &batch, out) {
+                out.truncate(before);
+                return Decoded { next, error: Some(e) };
             }
         }
         next = header.next_offset();
     }
-    Ok(next)
+    Decoded { next, error: None }
+}
+
+/// Appends a checked data batch's records from offset `from` on to `out`.
+fn decode_batch(
+    topic: &Arc<str>,
+    partition: i32,
+    from: i64,
+    header: &BatchHeader,
+    batch: &Bytes,
+    out: &mut VecDeque<ConsumerRecord>,
+) -> Result<()> {
+    let body = match records_body(header, batch, crate::MAX_DECOMPRESSED_BATCH)? {
+        std::borrow::Cow::Borrowed(_) => batch.slice(BATCH_OVERHEAD..),
+        std::borrow::Cow::Owned(v) => Bytes::from(v),
+    };
+    let log_append = header.timestamp_type() == TimestampType::LogAppendTime;
+    for record in Records::new(&body, BATCH_OVERHEAD) {
+        let r = record?;
+        let offset = header.base_offset + r.offset_delta as i64;
+        if offset < from {
+            continue;
+        }
+        out.push_back(ConsumerRecord {
+            topic: topic.clone(),
+            partition,
+            offset,
+            timestamp: if log_append { header.max_timestamp } else { header.base_timestamp + r.timestamp_delta },
+            timestamp_type: header.timestamp_type(),
+            key: r.key.map(|k| body.slice_ref(k)),
+            value: r.value.map(|v| body.slice_ref(v)),
+            headers: r
+                .headers
+                .iter()
+                .map(|h| (String::from_utf8_lossy(h.key).into_owned(), h.value.map(|v| body.slice_ref(v))))
+                .collect(),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -710,8 +808,10 @@ mod tests {
             data.extend_from_slice(&partial[..partial.len() - 3]);
             let topic: Arc<str> = "t".into();
             let mut out = VecDeque::new();
-            let next = decode_records(&topic, 0, 12, Bytes::from(data), &[], &mut out).unwrap();
-            assert_eq!(next, 20);
+            assert_eq!(whole_batches_end(&data, 12), 20);
+            let decoded = decode_records(&topic, 0, 12, Bytes::from(data), &[], &mut out);
+            assert!(decoded.error.is_none());
+            assert_eq!(decoded.next, 20);
             let offsets: Vec<i64> = out.iter().map(|r| r.offset).collect();
             assert_eq!(offsets, (12..20).collect::<Vec<_>>());
             assert_eq!(out[0].value.as_deref(), Some(&b"v12"[..]));
@@ -752,8 +852,10 @@ mod tests {
         let data = Bytes::from(data);
         let offsets = |aborted: &[(i64, i64)], from: i64| {
             let mut out = VecDeque::new();
-            let next = decode_records(&"t".into(), 0, from, data.clone(), aborted, &mut out).unwrap();
-            assert_eq!(next, 9);
+            let decoded = decode_records(&"t".into(), 0, from, data.clone(), aborted, &mut out);
+            assert!(decoded.error.is_none());
+            assert_eq!(decoded.next, 9);
+            assert_eq!(whole_batches_end(&data, from), 9);
             out.iter().map(|r| r.offset).collect::<Vec<_>>()
         };
         assert_eq!(offsets(&[(2, 2)], 0), vec![0, 1, 4, 7], "read_committed");
@@ -762,12 +864,45 @@ mod tests {
         assert_eq!(offsets(&[(2, 2)], 3), vec![4, 7]);
     }
 
+    /// A damaged batch after good ones: the good ones' records come out once, and the
+    /// decoding stops at the damaged batch's offset with a typed error, so the consumer
+    /// fetches that batch again instead of handing out the ones before it twice.
     #[test]
-    fn corrupt_batches_are_a_typed_error() {
+    fn a_corrupt_batch_stops_the_decoding_at_its_offset() {
         let mut data = batch(0, 3, Compression::None);
-        let last = data.len() - 1;
-        data[last] ^= 0xff;
-        let err = decode_records(&"t".into(), 0, 0, Bytes::from(data), &[], &mut VecDeque::new()).unwrap_err();
-        assert!(matches!(err, Error::Record(fjord_record::Error::CrcMismatch { .. })), "{err}");
+        let mut damaged = batch(3, 3, Compression::None);
+        let last = damaged.len() - 1;
+        damaged[last] ^= 0xff;
+        data.extend(damaged);
+        data.extend(batch(6, 3, Compression::None));
+        // The header walk cannot see the damage: it reads past it, and the decoding says
+        // where it really stopped.
+        assert_eq!(whole_batches_end(&data, 0), 9);
+        let mut out = VecDeque::new();
+        let decoded = decode_records(&"t".into(), 0, 1, Bytes::from(data), &[], &mut out);
+        assert!(matches!(decoded.error, Some(Error::Record(fjord_record::Error::CrcMismatch { .. }))));
+        assert_eq!(decoded.next, 3);
+        assert_eq!(out.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![1, 2]);
+    }
+
+    /// A batch whose CRC holds but whose records do not parse leaves none of its records.
+    #[test]
+    fn a_batch_with_a_malformed_record_leaves_none_of_its_records() {
+        let mut data = batch(0, 2, Compression::None);
+        let mut bad = batch(2, 3, Compression::None);
+        // The last record's last header value claims 8 bytes where none follow; the CRC
+        // is made to match, so only the record parser can tell.
+        let len = bad.len();
+        bad[len - 1] = 0x10;
+        let crc = fjord_record::batch::crc32c(&bad[21..]);
+        bad[17..21].copy_from_slice(&crc.to_be_bytes());
+        data.extend(bad);
+        let mut out = VecDeque::new();
+        let decoded = decode_records(&"t".into(), 0, 0, Bytes::from(data), &[], &mut out);
+        let parse_error =
+            matches!(&decoded.error, Some(Error::Record(e)) if !matches!(e, fjord_record::Error::CrcMismatch { .. }));
+        assert!(parse_error, "{:?}", decoded.error);
+        assert_eq!(decoded.next, 2);
+        assert_eq!(out.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![0, 1]);
     }
 }

@@ -140,12 +140,12 @@ impl Broker {
             // The long poll is waiting, not handling: a request quota does not count it.
             let waiting = Instant::now();
             tokio::select! {
-                            () = waiter.notified() => session.waited += waiting.elapsed(),
-                            () = tokio::time::sleep_until(deadline) => {
-            session.waited += waiting.elapsed();
-                                break self.read_partitions(&wanted, max_bytes, replica, read_committed, zero_copy).0;
-                            }
-                        }
+                () = waiter.notified() => session.waited += waiting.elapsed(),
+                () = tokio::time::sleep_until(deadline) => {
+                    session.waited += waiting.elapsed();
+                    break self.read_partitions(&wanted, max_bytes, replica, read_committed, zero_copy).0;
+                }
+            }
         };
         if replica.is_some() {
             // Kafka counts what it sends for every throttled partition, in the ISR or not.
