@@ -201,9 +201,16 @@ impl Peer {
         if len > MAX_FRAME {
             return Err(protocol(format!("response frame of {len} bytes")));
         }
-        let mut frame = vec![0; len];
-        self.stream.read_exact(&mut frame).await.map_err(io)?;
-        let mut frame = Bytes::from(frame);
+        // Read into spare capacity: zeroing a buffer the read overwrites cost the
+        // followers 2% of their CPU (a fetch response is megabytes).
+        let mut frame = BytesMut::with_capacity(len);
+        while frame.len() < len {
+            let want = (len - frame.len()) as u64;
+            if (&mut self.stream).take(want).read_buf(&mut frame).await.map_err(io)? == 0 {
+                return Err(io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+        }
+        let mut frame = frame.freeze();
         let header = ResponseHeader::decode(&mut frame, R::Response::header_version(version))
             .map_err(|e| protocol(format!("bad response header: {e}")))?;
         if header.correlation_id != self.correlation_id {
