@@ -253,14 +253,15 @@ impl BatchHeader {
         self.batch_length as usize + LOG_OVERHEAD
     }
 
-    /// Offset of the last record.
+    /// Offset of the last record. Saturating: a batch from a peer may carry any base
+    /// offset, and a consumer or follower must not overflow on one.
     pub fn last_offset(&self) -> Offset {
-        self.base_offset + self.last_offset_delta as i64
+        self.base_offset.saturating_add(i64::from(self.last_offset_delta))
     }
 
-    /// Offset after the last record.
+    /// Offset after the last record (saturating, as [`BatchHeader::last_offset`]).
     pub fn next_offset(&self) -> Offset {
-        self.last_offset() + 1
+        self.last_offset().saturating_add(1)
     }
 
     /// Compression codec.
@@ -406,6 +407,16 @@ mod tests {
             b.append(1_000 + i as i64, Some(format!("k{i}").as_bytes()), Some(b"value"), &[]);
         }
         b.build().to_vec()
+    }
+
+    /// A batch whose base offset is near the top of the range (a hostile or broken peer
+    /// sent it) gives offsets that stop at i64::MAX instead of overflowing.
+    #[test]
+    fn offsets_of_a_batch_at_the_end_of_the_range_saturate() {
+        let mut buf = sample(3);
+        set_base_offset(&mut buf, i64::MAX - 1);
+        let header = BatchHeader::parse(&buf).unwrap();
+        assert_eq!((header.last_offset(), header.next_offset()), (i64::MAX, i64::MAX));
     }
 
     /// The one-pass validation gives the verdict of the two calls it replaces, for
