@@ -4,9 +4,9 @@
 //! One fetch per leader broker is in flight at a time, and the next one is sent as soon as
 //! a response arrives, before its records are decoded (the fetch offsets come from the
 //! batch headers): that is the prefetch buffer, bounded to one decoded response plus one
-//! in flight per broker, and the broker sends the next response while this one decodes. At the end of the log
-//! the broker holds the fetch for `fetch.max.wait.ms` (long poll), so [`Consumer::recv`]
-//! waits for new records instead of ending or spinning.
+//! in flight per broker, and the broker sends the next response while this one decodes.
+//! At the end of the log the broker holds the fetch for `fetch.max.wait.ms` (long poll),
+//! so [`Consumer::recv`] waits for new records instead of ending or spinning.
 //!
 //! Cancel safety: [`Consumer::poll`] gives up at its timeout, and a caller may drop a
 //! `recv` in a `select!`. So the network round trips run as tasks of their own (each fetch,
@@ -402,12 +402,14 @@ impl Consumer {
             }
         };
         self.busy_brokers.remove(&done.broker);
-        let fetched = self.handle_fetch(done);
+        let mut fetched = Vec::new();
+        let handled = self.handle_fetch(done, &mut fetched);
         // Prefetch: the next fetch goes out before these records are even decoded, so
         // the broker sends (and the kernel receives) it while this thread decodes.
         self.send_fetches();
-        let mut first_error = None;
-        for f in fetched? {
+        // Records taken before an error are decoded too: their fetch offsets have moved.
+        let mut first_error = handled.err();
+        for f in fetched {
             if let Err(e) = self.decode(f) {
                 first_error.get_or_insert(e);
             }
@@ -567,27 +569,28 @@ impl Consumer {
     }
 
     /// Takes a fetch response: errors into backoffs, resets or the returned error, and
-    /// each partition's records, still encoded, with its fetch offset moved past their
-    /// last whole batch (so the next fetch can go out before they are decoded).
-    /// Synchronous, so a response is never half handled.
-    fn handle_fetch(&mut self, done: FetchDone) -> Result<Vec<Fetched>> {
+    /// each partition's records, still encoded, into `fetched`, with its fetch offset
+    /// moved past their last whole batch (so the next fetch can go out before they are
+    /// decoded). On an error, `fetched` holds the partitions taken before it, which the
+    /// caller must still decode; the partitions after it are fetched again. Synchronous,
+    /// so a response is never half handled.
+    fn handle_fetch(&mut self, done: FetchDone, fetched: &mut Vec<Fetched>) -> Result<()> {
         let response = match done.result {
             Ok(r) => r,
             Err(e) if e.is_retriable() => {
                 self.back_off(&done.sent);
                 self.refresh_in_background();
-                return Ok(Vec::new());
+                return Ok(());
             }
             Err(e) => return Err(e),
         };
         if let Some(e) = Error::kafka(response.error_code, "fetch", None) {
             if e.is_retriable() {
                 self.back_off(&done.sent);
-                return Ok(Vec::new());
+                return Ok(());
             }
             return Err(e);
         }
-        let mut fetched = Vec::new();
         let mut refresh = false;
         for topic in response.responses {
             let name: Arc<str> = Arc::from(topic.topic.0.as_str());
@@ -641,7 +644,7 @@ impl Consumer {
         if refresh {
             self.refresh_in_background();
         }
-        Ok(fetched)
+        Ok(())
     }
 
     fn back_off(&mut self, sent: &[(Arc<str>, i32, u64)]) {

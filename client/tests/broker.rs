@@ -774,3 +774,44 @@ async fn a_partition_added_by_another_client_takes_records_at_once_and_a_missing
     let delivered = p.send(ProducerRecord::new("grown", "later").partition(2)).await.unwrap().await.unwrap();
     assert_eq!(delivered.partition, 2);
 }
+
+/// A fetch answers one partition with records and another with an error the consumer
+/// returns (OFFSET_OUT_OF_RANGE under auto.offset.reset=none): the poll fails, and the
+/// first partition's records still come out, each once, at the next polls. Its fetch
+/// offset had moved past them when the response was taken, so dropping them with the
+/// error would skip them for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_beside_a_partition_error_in_the_same_response_are_not_lost() {
+    let broker = start_broker().await;
+    create_topic(&broker.addr, "beside", 2, &[]).await;
+    let p = producer(&broker.addr, |_| {}).await;
+    for i in 0..100 {
+        for partition in 0..2 {
+            let record = ProducerRecord::new("beside", format!("p{partition}-{i}")).partition(partition);
+            drop(p.send(record).await.unwrap());
+        }
+    }
+    p.flush().await;
+    let config = ConsumerConfig { auto_offset_reset: OffsetReset::None, ..consumer_config(&broker.addr) };
+    let mut c = Consumer::connect(config).await.unwrap();
+    let (good, bad) = (TopicPartition::new("beside", 0), TopicPartition::new("beside", 1));
+    c.assign([good.clone(), bad.clone()]).await.unwrap();
+    c.seek(&good, SeekTo::Offset(0)).unwrap();
+    c.seek(&bad, SeekTo::Offset(1_000)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut values, mut errors) = (Vec::new(), 0);
+    while values.len() < 100 {
+        assert!(Instant::now() < deadline, "only {} of 100 records of partition 0 arrived", values.len());
+        match c.poll(Duration::from_millis(500)).await {
+            Ok(records) => values.extend(records.into_iter().map(|r| (r.partition, r.value.unwrap()))),
+            Err(Error::OffsetOutOfRange { partition, offset }) => {
+                assert_eq!((partition.as_str(), offset), ("beside-1", 1_000));
+                errors += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(errors > 0, "the out-of-range partition was never reported: the test did not test anything");
+    let expected: Vec<(i32, Bytes)> = (0..100).map(|i| (0, Bytes::from(format!("p0-{i}")))).collect();
+    assert_eq!(values, expected, "partition 0's records, each once and in order");
+}
