@@ -888,7 +888,10 @@ async fn exactly_once_mirror_killed_with_kill_9_leaves_no_duplicates_and_no_loss
     };
     // The kill must land inside a transaction that already wrote copies: the mirror is
     // stopped (SIGSTOP; the requests it sent still land) and killed if the target shows an
-    // open transaction, else (stopped between two transactions) it runs on a moment.
+    // open transaction, else (stopped between two transactions) it runs on a moment. That
+    // moment varies: after each 300 ms stop the mirror's commit interval has passed, so it
+    // commits first, and on a loaded machine a fixed 20 ms was all spent committing, 50
+    // times in a row in one CI run, before a new transaction could write anything.
     let mut stops = 0;
     loop {
         first.signal("-STOP");
@@ -899,7 +902,7 @@ async fn exactly_once_mirror_killed_with_kill_9_leaves_no_duplicates_and_no_loss
         stops += 1;
         assert!(stops < 50, "never stopped the mirror inside a transaction\n{}", first.log());
         first.signal("-CONT");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20 + (stops * 37) % 230)).await;
     }
     first.kill9();
     let committed_at_kill = target_positions().await;
