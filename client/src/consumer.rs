@@ -763,7 +763,8 @@ fn decode_batch(
     let log_append = header.timestamp_type() == TimestampType::LogAppendTime;
     for record in Records::new(&body, BATCH_OVERHEAD) {
         let r = record?;
-        let offset = header.base_offset + r.offset_delta as i64;
+        // Saturating, as the header's offsets: the base offset is the broker's word.
+        let offset = header.base_offset.saturating_add(i64::from(r.offset_delta));
         if offset < from {
             continue;
         }
@@ -886,6 +887,20 @@ mod tests {
         assert!(matches!(decoded.error, Some(Error::Record(fjord_record::Error::CrcMismatch { .. }))));
         assert_eq!(decoded.next, 3);
         assert_eq!(out.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![1, 2]);
+    }
+
+    /// A batch whose base offset is at the top of the range (a hostile or broken broker)
+    /// decodes without overflowing: its offsets stop at i64::MAX.
+    #[test]
+    fn a_batch_at_the_end_of_the_offset_range_does_not_overflow() {
+        let mut data = batch(0, 3, Compression::None);
+        set_base_offset(&mut data, i64::MAX - 1);
+        let data = Bytes::from(data);
+        let mut out = VecDeque::new();
+        let decoded = decode_records(&"t".into(), 0, i64::MAX - 1, data, &[], &mut out);
+        assert!(decoded.error.is_none());
+        assert_eq!(decoded.next, i64::MAX);
+        assert_eq!(out.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![i64::MAX - 1, i64::MAX, i64::MAX]);
     }
 
     /// A batch whose CRC holds but whose records do not parse leaves none of its records.

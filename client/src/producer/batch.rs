@@ -53,7 +53,8 @@ impl Completion {
     fn result(&self, index: i32) -> Option<Result<i64>> {
         Some(match self.outcome.get()? {
             Outcome::Sent { base_offset: -1 } => Ok(-1),
-            Outcome::Sent { base_offset } => Ok(base_offset + index as i64),
+            // Saturating: the base offset is the broker's word.
+            Outcome::Sent { base_offset } => Ok(base_offset.saturating_add(i64::from(index))),
             Outcome::Failed(e) => Err(e.clone()),
             Outcome::PerRecord(results) => results.get(index as usize).cloned().unwrap_or(Err(Error::ProducerClosed)),
         })
