@@ -26,6 +26,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=ports.sh
+. "$here/ports.sh"
 repo=$(cd "$here/../.." && pwd)
 rounds=${1:-3}
 after_bin=${FJORD_BIN:-$repo/target/release/fjord}
@@ -58,14 +60,6 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/fjord-bench.XXXXXX")
 results=$work/results.jsonl
-
-free_port() {
-  local port
-  while :; do
-    port=$((20000 + RANDOM % 40000))
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return; }
-  done
-}
 
 declare -A bootstrap pids bench
 cleanup() {

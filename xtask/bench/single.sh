@@ -18,6 +18,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=ports.sh
+. "$here/ports.sh"
 repo=$(cd "$here/../.." && pwd)
 rounds=${1:-5}
 after_bin=${FJORD_BIN:-$repo/target/release/fjord}
@@ -42,14 +44,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  local port
-  while :; do
-    port=$((20000 + RANDOM % 40000))
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return; }
-  done
-}
-
 # run BUILD: one fresh broker, produce then consume.
 run() {
   local build=$1 bin=$after_bin port data mode line
@@ -58,7 +52,7 @@ run() {
   data=$(mktemp -d "$work/data.XXXXXX")
   RUST_LOG=warn "$bin" broker --id 0 --listen "127.0.0.1:$port" --data-dir "$data" >"$data.log" 2>&1 &
   broker_pid=$!
-  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+  for _ in $(seq 100); do listening "$port" && break; sleep 0.1; done
   "$bin" topics create --bootstrap "127.0.0.1:$port" --topic bench --partitions "$partitions" >/dev/null
   for mode in produce consume; do
     local extra=()
