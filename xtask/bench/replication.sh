@@ -26,12 +26,10 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=ports.sh
-. "$here/ports.sh"
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 repo=$(cd "$here/../.." && pwd)
 rounds=${1:-3}
-after_bin=${FJORD_BIN:-$repo/target/release/fjord}
-before_bin=${FJORD_BIN_BEFORE:-}
 bench_override=${BENCH_BIN:-}
 messages=${MESSAGES:-2000000}
 size=${SIZE:-200}
@@ -40,17 +38,13 @@ partitions=${PARTITIONS:-6}
 cases=${CASES:-rf1-acks1 rf3-acksall rf3-acks1}
 open_seconds=${OPEN_SECONDS:-10}
 
-for bin in "$after_bin" ${bench_override:+"$bench_override"} ${before_bin:+"$before_bin"}; do
-  [ -x "$bin" ] || { echo "replication.sh: no executable $bin (cargo build --release -p fjord)" >&2; exit 1; }
-done
+bench_builds replication.sh ${bench_override:+"$bench_override"}
 
 # A run writes every message once per replica (RF 3 at the defaults: 1.2 GB, an open loop
 # at a third of a 2M msg/s peak for 10 s: 2.7 GB); its topic is deleted after it. A disk
 # that fills mid-run makes the brokers refuse appends (KAFKA_STORAGE_ERROR), which reads
 # as a stall in the figures, so refuse to start without room (MIN_FREE_GB, default 5 a
 # build: the audit topic and ZooKeeper keep theirs).
-builds=(after)
-[ -n "$before_bin" ] && builds=(before after)
 min_free_gb=${MIN_FREE_GB:-$((5 * ${#builds[@]}))}
 free_gb=$(($(df -Pk "${TMPDIR:-/tmp}" | awk 'NR == 2 {print $4}') / 1024 / 1024))
 if [ "$free_gb" -lt "$min_free_gb" ]; then

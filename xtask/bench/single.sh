@@ -18,53 +18,38 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=ports.sh
-. "$here/ports.sh"
-repo=$(cd "$here/../.." && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 rounds=${1:-5}
-after_bin=${FJORD_BIN:-$repo/target/release/fjord}
-before_bin=${FJORD_BIN_BEFORE:-}
 messages=${MESSAGES:-5000000}
 size=${SIZE:-200}
 batch=${BATCH:-50}
 partitions=${PARTITIONS:-6}
 
-for bin in "$after_bin" ${before_bin:+"$before_bin"}; do
-  [ -x "$bin" ] || { echo "single.sh: no executable $bin (cargo build --release -p fjord)" >&2; exit 1; }
-done
-builds=(after)
-[ -n "$before_bin" ] && builds=(before after)
+bench_builds single.sh
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/fjord-single.XXXXXX")
 results=$work/results.jsonl
-broker_pid=""
 cleanup() {
-  [ -n "$broker_pid" ] && kill "$broker_pid" 2>/dev/null && wait "$broker_pid" 2>/dev/null
+  stop_broker
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 # run BUILD: one fresh broker, produce then consume.
 run() {
-  local build=$1 bin=$after_bin port data mode line
+  local build=$1 bin=$after_bin mode line
   [ "$build" = before ] && bin=$before_bin
-  port=$(free_port)
-  data=$(mktemp -d "$work/data.XXXXXX")
-  RUST_LOG=warn "$bin" broker --id 0 --listen "127.0.0.1:$port" --data-dir "$data" >"$data.log" 2>&1 &
-  broker_pid=$!
-  for _ in $(seq 100); do listening "$port" && break; sleep 0.1; done
-  "$bin" topics create --bootstrap "127.0.0.1:$port" --topic bench --partitions "$partitions" >/dev/null
+  start_broker "$bin" "$work"
+  "$bin" topics create --bootstrap "127.0.0.1:$broker_port" --topic bench --partitions "$partitions" >/dev/null
   for mode in produce consume; do
     local extra=()
     [ "$mode" = produce ] && extra=(--batch "$batch")
-    line=$("$bin" bench "$mode" --bootstrap "127.0.0.1:$port" --topic bench --messages "$messages" --size "$size" \
+    line=$("$bin" bench "$mode" --bootstrap "127.0.0.1:$broker_port" --topic bench --messages "$messages" --size "$size" \
       "${extra[@]}" --broker-pid "$broker_pid" --json)
     echo "{\"build\":\"$build\",\"mode\":\"$mode\",\"load1\":$(cut -d' ' -f1 /proc/loadavg),\"report\":$line}" | tee -a "$results"
   done
-  kill "$broker_pid"
-  wait "$broker_pid" 2>/dev/null || true
-  broker_pid=""
-  rm -rf "$data" "$data.log"
+  stop_broker
 }
 
 for _ in $(seq 1 "$rounds"); do

@@ -21,12 +21,9 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=ports.sh
-. "$here/ports.sh"
-repo=$(cd "$here/../.." && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 rounds=${1:-5}
-after_bin=${FJORD_BIN:-$repo/target/release/fjord}
-before_bin=${FJORD_BIN_BEFORE:-}
 messages=${MESSAGES:-2000000}
 size=${SIZE:-200}
 batch=${BATCH:-50}
@@ -34,41 +31,29 @@ partitions=${PARTITIONS:-6}
 producers=${PRODUCERS:-8}
 per_transaction=${PER_TRANSACTION:-100}
 
-for bin in "$after_bin" ${before_bin:+"$before_bin"}; do
-  [ -x "$bin" ] || { echo "transactions.sh: no executable $bin (cargo build --release -p fjord)" >&2; exit 1; }
-done
-builds=(after)
-[ -n "$before_bin" ] && builds=(before after)
+bench_builds transactions.sh
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/fjord-transactions.XXXXXX")
 results=$work/results.jsonl
-broker_pid=""
 cleanup() {
-  [ -n "$broker_pid" ] && kill "$broker_pid" 2>/dev/null && wait "$broker_pid" 2>/dev/null
+  stop_broker
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 # run ROUND BUILD MODE: one fresh broker, one produce run.
 run() {
-  local round=$1 build=$2 mode=$3 bin=$after_bin port data line
+  local round=$1 build=$2 mode=$3 bin=$after_bin line
   [ "$build" = before ] && bin=$before_bin
   local extra=()
   [ "$mode" = transactional ] && extra=(--transaction-records "$per_transaction")
-  port=$(free_port)
-  data=$(mktemp -d "$work/data.XXXXXX")
-  RUST_LOG=warn "$bin" broker --id 0 --listen "127.0.0.1:$port" --data-dir "$data" >"$data.log" 2>&1 &
-  broker_pid=$!
-  for _ in $(seq 100); do listening "$port" && break; sleep 0.1; done
-  "$bin" topics create --bootstrap "127.0.0.1:$port" --topic bench --partitions "$partitions" >/dev/null
-  line=$("$bin" bench produce --bootstrap "127.0.0.1:$port" --topic bench --messages "$messages" --size "$size" \
+  start_broker "$bin" "$work"
+  "$bin" topics create --bootstrap "127.0.0.1:$broker_port" --topic bench --partitions "$partitions" >/dev/null
+  line=$("$bin" bench produce --bootstrap "127.0.0.1:$broker_port" --topic bench --messages "$messages" --size "$size" \
     --batch "$batch" --acks all --producers "$producers" "${extra[@]}" --broker-pid "$broker_pid" --json)
   echo "{\"round\":$round,\"build\":\"$build\",\"mode\":\"$mode\",\"load1\":$(cut -d' ' -f1 /proc/loadavg),\"report\":$line}" |
     tee -a "$results"
-  kill "$broker_pid"
-  wait "$broker_pid" 2>/dev/null || true
-  broker_pid=""
-  rm -rf "$data" "$data.log"
+  stop_broker
 }
 
 for round in $(seq 1 "$rounds"); do
