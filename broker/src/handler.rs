@@ -139,7 +139,9 @@ impl Broker {
             return Ok(topic);
         }
         let c = &self.config;
-        if !(requested && c.auto_create_topics) {
+        // The coordinators create their own logs, with their own layout and config
+        // (`crate::txn`); one a client made first would have the defaults.
+        if !(requested && c.auto_create_topics) || crate::topics::is_internal(name) {
             return Err(crate::topics::TopicError::Unknown);
         }
         // Checked only for a missing topic: the ACL lookups stay off the produce path.

@@ -306,6 +306,88 @@ async fn a_new_producer_fences_an_open_transaction_and_a_restart_keeps_it_prepar
     broker.stop().await.unwrap();
 }
 
+/// A state record as the coordinator writes it (key: the id; value: its JSON), here
+/// claiming that `id`'s transaction is prepared to abort under a higher epoch: what a
+/// client would plant to fence or abort another producer at the coordinator's next load.
+fn forged_state(id: &str, pid: i64, epoch: i16) -> bytes::Bytes {
+    let value = format!(
+        r#"{{"transactional_id":"{id}","producer_id":{pid},"last_producer_id":-1,"producer_epoch":{},"last_producer_epoch":{epoch},"timeout_ms":60000,"state":"PrepareAbort","partitions":[["out",0]],"groups":[],"start_ms":0,"last_update_ms":0}}"#,
+        epoch + 1
+    );
+    let mut b = BatchBuilder::new(1_700_000_000_000);
+    b.append(1_700_000_000_000, Some(id.as_bytes()), Some(value.as_bytes()), &[]);
+    b.build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_can_neither_write_nor_trim_the_coordinators_logs() {
+    const INVALID_TOPIC_EXCEPTION: i16 = 17;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(dir.path()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
+    assert_eq!(find_coordinator(&mut client, 4, "victim").await.coordinators[0].error_code, 0);
+    let r = init(&mut client, 4, "victim", 60_000).await;
+    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    assert!(add_partitions(&mut client, 3, "victim", pid, epoch, &[("out", &[0])]).await.iter().all(|r| r.2 == 0));
+    let mut ends = Vec::new();
+    for p in 0..4 {
+        ends.push(client.list_offset("__transaction_state", p, common::LATEST).await);
+    }
+
+    // A forged state for the victim, into every partition of the state topic: refused
+    // with Kafka's code and message, nothing appended.
+    for p in 0..4 {
+        let request = produce_request("__transaction_state", p, -1, 5000, forged_state("victim", pid, epoch));
+        let response: ProduceResponse = client.call(ApiKey::Produce, 9, &request).await.unwrap();
+        let answer = &response.responses[0].partition_responses[0];
+        assert_eq!(answer.error_code, INVALID_TOPIC_EXCEPTION, "partition {p}");
+        assert_eq!(
+            answer.error_message.as_ref().map(|m| m.to_string()).as_deref(),
+            Some("Cannot append to internal topic __transaction_state")
+        );
+        assert_eq!(client.list_offset("__transaction_state", p, common::LATEST).await, ends[p as usize], "partition {p}");
+    }
+    // Nor trimmed: DeleteRecords would make the coordinator forget ids at its next load.
+    for p in 0..4 {
+        let request = DeleteRecordsRequest::default().with_timeout_ms(5000).with_topics(vec![
+            delete_records_request::DeleteRecordsTopic::default().with_name(TopicName(s("__transaction_state"))).with_partitions(
+                vec![delete_records_request::DeleteRecordsPartition::default().with_partition_index(p).with_offset(-1)],
+            ),
+        ]);
+        let response: DeleteRecordsResponse = client.call(ApiKey::DeleteRecords, 2, &request).await.unwrap();
+        assert_eq!(response.topics[0].partitions[0].error_code, INVALID_TOPIC_EXCEPTION, "partition {p}");
+        assert_eq!(client.list_offset("__transaction_state", p, common::EARLIEST).await, (0, 0), "partition {p}");
+    }
+    // Kafka's other internal name is refused too, and neither a Produce nor a Metadata
+    // request creates it with a plain topic's defaults.
+    let (code, _) = client.produce(9, &produce_request("__consumer_offsets", 0, -1, 5000, batch(-1, -1, -1, "x"))).await;
+    assert_eq!(code, INVALID_TOPIC_EXCEPTION);
+    let metadata: MetadataResponse = client
+        .call(
+            ApiKey::Metadata,
+            9,
+            &MetadataRequest::default().with_allow_auto_topic_creation(true).with_topics(Some(vec![
+                metadata_request::MetadataRequestTopic::default().with_name(Some(TopicName(s("__consumer_offsets")))),
+            ])),
+        )
+        .await
+        .unwrap();
+    assert_eq!(metadata.topics[0].error_code, UNKNOWN_TOPIC_OR_PARTITION);
+    broker.stop().await.unwrap();
+
+    // What the coordinator loads after a restart is its own record: the victim's
+    // transaction still open under its epoch, and the victim can commit it.
+    let broker = start(dir.path()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let state = &describe(&mut client, &["victim"]).await[0];
+    assert_eq!(state.error_code, 0);
+    assert_eq!(state.transaction_state.as_str(), "Ongoing");
+    assert_eq!((state.producer_id.0, state.producer_epoch), (pid, epoch));
+    assert_eq!(end_txn(&mut client, 3, "victim", pid, epoch, true).await, 0);
+    broker.stop().await.unwrap();
+}
+
 /// OffsetFetch of one partition of `out` for group `sg`: (error code, committed offset)
 /// of the partition, from the top-level fields before v8 and the group's after.
 async fn fetch_offset(client: &mut RawClient, version: i16, require_stable: bool, partition: i32) -> (i16, i64) {

@@ -88,11 +88,16 @@ impl Broker {
             let name = topic_data.name.0.to_string();
             // Kafka: Write on the topic, checked before the topic is looked up or created.
             let allowed = self.authorize(session, Operation::Write, Resource::topic(&name));
+            // Kafka: the coordinators' logs take no client writes (a state record
+            // written by a client would be loaded as the coordinator's own at its next
+            // load): INVALID_TOPIC_EXCEPTION after authorization, as Kafka's append
+            // answers, and never created by a Produce.
+            let internal = crate::topics::is_internal(&name);
             // Kafka never creates a topic on Produce (only Metadata does). We still do, so
             // that an unsecured dev setup takes a first publish, but under the same rule
             // as Metadata: Write alone never creates a topic, Create is needed too; a
             // missing topic is then UNKNOWN_TOPIC_OR_PARTITION, as in Kafka's Produce.
-            let topic = if valid_acks && allowed {
+            let topic = if valid_acks && allowed && !internal {
                 match self.topic_or_auto_create(session, &name, true).await {
                     Err(crate::topics::TopicError::Unauthorized) => Err(crate::topics::TopicError::Unknown),
                     topic => topic,
@@ -106,10 +111,16 @@ impl Broker {
                 let partition = match &topic {
                     _ if !valid_acks => Err(error_code::INVALID_REQUIRED_ACKS),
                     _ if !allowed => Err(error_code::TOPIC_AUTHORIZATION_FAILED),
+                    _ if internal => Err(error_code::INVALID_TOPIC_EXCEPTION),
                     Err(e) => Err(e.code()),
                     Ok(topic) => self.replica(topic, data.index),
                 };
                 let outcome = match (partition, data.records) {
+                    (Err(code @ error_code::INVALID_TOPIC_EXCEPTION), _) if internal => Err(Refusal {
+                        code,
+                        message: Some(format!("Cannot append to internal topic {name}")),
+                        record_errors: Vec::new(),
+                    }),
                     (Err(code), _) => Err(Refusal::from(code)),
                     (Ok(_), None) => Err(Refusal::from(error_code::CORRUPT_MESSAGE)),
                     (Ok(partition), Some(records)) => {
