@@ -188,6 +188,11 @@ pub(crate) enum TopicError {
     PartitionsNotIncreased { current: i32, requested: i32 },
     #[error("{requested} partitions to add; at most {limit} in one request (max.partitions.per.request)")]
     TooManyNewPartitions { requested: usize, limit: i32 },
+    /// Deleting a coordinator's topic ([`is_internal`]), or adding partitions to it: its
+    /// records are the coordinator's state, and its partition count maps keys (a
+    /// transactional id) to the partition holding their state.
+    #[error("{0} is an internal topic and is not allowed to be {1}")]
+    InternalTopic(String, &'static str),
     #[error("{0}")]
     InvalidReplicationFactor(String),
     #[error("invalid replica assignment: {0}")]
@@ -205,7 +210,7 @@ impl TopicError {
             TopicError::Unknown => error_code::UNKNOWN_TOPIC_OR_PARTITION,
             TopicError::UnknownId => error_code::UNKNOWN_TOPIC_ID,
             TopicError::Unauthorized => error_code::TOPIC_AUTHORIZATION_FAILED,
-            TopicError::InvalidName(_) => error_code::INVALID_TOPIC_EXCEPTION,
+            TopicError::InvalidName(_) | TopicError::InternalTopic(..) => error_code::INVALID_TOPIC_EXCEPTION,
             TopicError::InvalidPartitions(_) | TopicError::TooManyPartitions { .. } => error_code::INVALID_PARTITIONS,
             TopicError::PartitionsNotIncreased { .. } => error_code::INVALID_PARTITIONS,
             TopicError::BrokerPartitionLimit { .. } | TopicError::TooManyNewPartitions { .. } => error_code::POLICY_VIOLATION,
@@ -554,6 +559,9 @@ impl Topics {
         let Some((mut assignment, stat)) = read_json::<TopicAssignment>(store, &path).await? else {
             return Err(TopicError::Unknown);
         };
+        if is_internal(name) {
+            return Err(TopicError::InternalTopic(name.to_owned(), "given partitions"));
+        }
         let current = Topic::from_assignment(name, &assignment, BTreeMap::new(), &self.settings)?;
         let old = current.partition_count();
         if count <= old {
@@ -634,6 +642,9 @@ impl Topics {
         }
         if self.get(name).is_none() && stored.is_none() {
             return Err(TopicError::Unknown);
+        }
+        if is_internal(name) {
+            return Err(TopicError::InternalTopic(name.to_owned(), "deleted"));
         }
         delete_all(&*self.store, &paths::topic(name)).await?;
         delete_all(&*self.store, &paths::topic_config(name)).await?;

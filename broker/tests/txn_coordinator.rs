@@ -320,7 +320,7 @@ fn forged_state(id: &str, pid: i64, epoch: i16) -> bytes::Bytes {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_can_neither_write_nor_trim_the_coordinators_logs() {
+async fn clients_can_neither_write_trim_delete_nor_repartition_the_coordinators_logs() {
     const INVALID_TOPIC_EXCEPTION: i16 = 17;
     let dir = tempfile::tempdir().unwrap();
     let broker = start(dir.path()).await;
@@ -359,6 +359,33 @@ async fn clients_can_neither_write_nor_trim_the_coordinators_logs() {
         assert_eq!(response.topics[0].partitions[0].error_code, INVALID_TOPIC_EXCEPTION, "partition {p}");
         assert_eq!(client.list_offset("__transaction_state", p, common::EARLIEST).await, (0, 0), "partition {p}");
     }
+    // Nor deleted, nor given partitions (ids would move to partitions without their state).
+    let request =
+        DeleteTopicsRequest::default().with_timeout_ms(5000).with_topics(vec![delete_topics_request::DeleteTopicState::default(
+        )
+        .with_name(Some(TopicName(s("__transaction_state"))))]);
+    let response: DeleteTopicsResponse = client.call(ApiKey::DeleteTopics, 6, &request).await.unwrap();
+    assert_eq!(response.responses[0].error_code, INVALID_TOPIC_EXCEPTION);
+    assert_eq!(
+        response.responses[0].error_message.as_ref().map(|m| m.to_string()).as_deref(),
+        Some("__transaction_state is an internal topic and is not allowed to be deleted")
+    );
+    let request = CreatePartitionsRequest::default().with_timeout_ms(5000).with_topics(vec![
+        create_partitions_request::CreatePartitionsTopic::default().with_name(TopicName(s("__transaction_state"))).with_count(8),
+    ]);
+    let response: CreatePartitionsResponse = client.call(ApiKey::CreatePartitions, 3, &request).await.unwrap();
+    assert_eq!(response.results[0].error_code, INVALID_TOPIC_EXCEPTION);
+    let metadata: MetadataResponse = client
+        .call(
+            ApiKey::Metadata,
+            9,
+            &MetadataRequest::default().with_topics(Some(vec![
+                metadata_request::MetadataRequestTopic::default().with_name(Some(TopicName(s("__transaction_state"))))
+            ])),
+        )
+        .await
+        .unwrap();
+    assert_eq!((metadata.topics[0].error_code, metadata.topics[0].partitions.len()), (0, 4));
     // Kafka's other internal name is refused too, and neither a Produce nor a Metadata
     // request creates it with a plain topic's defaults.
     let (code, _) = client.produce(9, &produce_request("__consumer_offsets", 0, -1, 5000, batch(-1, -1, -1, "x"))).await;
