@@ -100,6 +100,15 @@ async fn describe(client: &mut RawClient, ids: &[&str]) -> Vec<describe_transact
     r.transaction_states
 }
 
+/// Metadata (v9, auto-creation allowed) of one topic.
+async fn topic_metadata(client: &mut RawClient, topic: &str) -> metadata_response::MetadataResponseTopic {
+    let request = MetadataRequest::default()
+        .with_allow_auto_topic_creation(true)
+        .with_topics(Some(vec![metadata_request::MetadataRequestTopic::default().with_name(Some(TopicName(s(topic))))]));
+    let mut response: MetadataResponse = client.call(ApiKey::Metadata, 9, &request).await.unwrap();
+    response.topics.remove(0)
+}
+
 fn batch(pid: i64, epoch: i16, seq: i32, value: &str) -> bytes::Bytes {
     let mut b = BatchBuilder::new(1_700_000_000_000).producer(pid, epoch, seq);
     b.append(1_700_000_000_000, None, Some(value.as_bytes()), &[]);
@@ -122,19 +131,10 @@ async fn coordinator_lookup_creates_the_state_topic_and_names_the_partition_lead
     let codes: Vec<(String, i16)> = r.coordinators.iter().map(|c| (c.key.to_string(), c.error_code)).collect();
     assert_eq!(codes, vec![("tx-a".into(), 0), ("".into(), INVALID_REQUEST), ("tx-b".into(), 0)]);
     // The state topic exists with the configured partitions.
-    let metadata: MetadataResponse = client
-        .call(
-            ApiKey::Metadata,
-            9,
-            &MetadataRequest::default().with_topics(Some(vec![
-                metadata_request::MetadataRequestTopic::default().with_name(Some(TopicName(s("__transaction_state"))))
-            ])),
-        )
-        .await
-        .unwrap();
-    assert_eq!(metadata.topics[0].error_code, 0);
-    assert_eq!(metadata.topics[0].partitions.len(), 4);
-    assert!(metadata.topics[0].is_internal, "Kafka marks the transaction state topic internal");
+    let metadata = topic_metadata(&mut client, "__transaction_state").await;
+    assert_eq!(metadata.error_code, 0);
+    assert_eq!(metadata.partitions.len(), 4);
+    assert!(metadata.is_internal, "Kafka marks the transaction state topic internal");
     broker.stop().await.unwrap();
 }
 
@@ -375,32 +375,14 @@ async fn clients_can_neither_write_trim_delete_nor_repartition_the_coordinators_
     ]);
     let response: CreatePartitionsResponse = client.call(ApiKey::CreatePartitions, 3, &request).await.unwrap();
     assert_eq!(response.results[0].error_code, INVALID_TOPIC_EXCEPTION);
-    let metadata: MetadataResponse = client
-        .call(
-            ApiKey::Metadata,
-            9,
-            &MetadataRequest::default().with_topics(Some(vec![
-                metadata_request::MetadataRequestTopic::default().with_name(Some(TopicName(s("__transaction_state"))))
-            ])),
-        )
-        .await
-        .unwrap();
-    assert_eq!((metadata.topics[0].error_code, metadata.topics[0].partitions.len()), (0, 4));
+    let metadata = topic_metadata(&mut client, "__transaction_state").await;
+    assert_eq!((metadata.error_code, metadata.partitions.len()), (0, 4));
     // Kafka's other internal name is refused too, and neither a Produce nor a Metadata
     // request creates it with a plain topic's defaults.
     let (code, _) = client.produce(9, &produce_request("__consumer_offsets", 0, -1, 5000, batch(-1, -1, -1, "x"))).await;
     assert_eq!(code, INVALID_TOPIC_EXCEPTION);
-    let metadata: MetadataResponse = client
-        .call(
-            ApiKey::Metadata,
-            9,
-            &MetadataRequest::default().with_allow_auto_topic_creation(true).with_topics(Some(vec![
-                metadata_request::MetadataRequestTopic::default().with_name(Some(TopicName(s("__consumer_offsets")))),
-            ])),
-        )
-        .await
-        .unwrap();
-    assert_eq!(metadata.topics[0].error_code, UNKNOWN_TOPIC_OR_PARTITION);
+    let metadata = topic_metadata(&mut client, "__consumer_offsets").await;
+    assert_eq!(metadata.error_code, UNKNOWN_TOPIC_OR_PARTITION);
     broker.stop().await.unwrap();
 
     // What the coordinator loads after a restart is its own record: the victim's

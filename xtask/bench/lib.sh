@@ -28,6 +28,14 @@ bench_builds() {
   done
 }
 
+# bench_workdir NAME: a scratch dir for a one-broker script ($work, its JSON lines in
+# $results), removed on exit with the broker start_broker started, if any, stopped.
+bench_workdir() {
+  work=$(mktemp -d "${TMPDIR:-/tmp}/fjord-$1.XXXXXX")
+  results=$work/results.jsonl
+  trap 'stop_broker; rm -rf "$work"' EXIT
+}
+
 # start_broker BIN DIR: a fresh single broker of build BIN on a free port, its data dir
 # under DIR, ready for connections; sets broker_pid, broker_port and broker_data.
 start_broker() {

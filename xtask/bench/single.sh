@@ -28,13 +28,7 @@ partitions=${PARTITIONS:-6}
 
 bench_builds single.sh
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/fjord-single.XXXXXX")
-results=$work/results.jsonl
-cleanup() {
-  stop_broker
-  rm -rf "$work"
-}
-trap cleanup EXIT
+bench_workdir single
 
 # run BUILD: one fresh broker, produce then consume.
 run() {

@@ -33,13 +33,7 @@ per_transaction=${PER_TRANSACTION:-100}
 
 bench_builds transactions.sh
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/fjord-transactions.XXXXXX")
-results=$work/results.jsonl
-cleanup() {
-  stop_broker
-  rm -rf "$work"
-}
-trap cleanup EXIT
+bench_workdir transactions
 
 # run ROUND BUILD MODE: one fresh broker, one produce run.
 run() {

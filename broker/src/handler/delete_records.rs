@@ -54,19 +54,19 @@ pub(crate) fn delete_records(
         .into_iter()
         .map(|t| {
             let allowed = may_delete(&t.name.0);
+            // Kafka: the coordinators' logs lose nothing to a client (an id whose state
+            // went would be forgotten, its producers no longer fenced).
+            let internal = crate::topics::is_internal(&t.name.0);
             let partitions = t
                 .partitions
                 .into_iter()
                 .map(|p| {
                     let result =
                         DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index).with_low_watermark(-1);
-                    let partition = authorized_replica(allowed, || replica(&t.name.0, p.partition_index));
-                    // Kafka: the coordinators' logs lose nothing to a client (an id whose
-                    // state went would be forgotten, its producers no longer fenced).
-                    let partition = partition.and_then(|partition| match crate::topics::is_internal(&t.name.0) {
-                        true => Err(error_code::INVALID_TOPIC_EXCEPTION),
-                        false => Ok(partition),
-                    });
+                    let partition = match authorized_replica(allowed, || replica(&t.name.0, p.partition_index)) {
+                        Ok(_) if internal => Err(error_code::INVALID_TOPIC_EXCEPTION),
+                        found => found,
+                    };
                     let partition = match partition.and_then(|partition| partition.check_leader(-1).map(|_| partition)) {
                         Ok(partition) => partition,
                         Err(code) => return result.with_error_code(code),
