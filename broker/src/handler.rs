@@ -446,7 +446,7 @@ pub(crate) fn log_error_code(error: &fjord_log::Error) -> i16 {
         E::OutOfOrderSequence { .. } => error_code::OUT_OF_ORDER_SEQUENCE_NUMBER,
         E::InvalidProducerEpoch { .. } => error_code::INVALID_PRODUCER_EPOCH,
         // Transactions: a plain batch inside an open transaction, a fenced coordinator's marker.
-        E::InvalidTxnState { .. } => error_code::INVALID_TXN_STATE,
+        E::InvalidTxnState { .. } | E::TransactionNotVerified { .. } => error_code::INVALID_TXN_STATE,
         E::TransactionCoordinatorFenced { .. } => error_code::TRANSACTION_COORDINATOR_FENCED,
         E::OffsetOutOfRange { .. } => error_code::OFFSET_OUT_OF_RANGE,
         // Damaged data on disk: never served, never skipped (the log reports it once).

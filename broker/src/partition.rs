@@ -177,13 +177,15 @@ impl Partition {
     /// Leader append of a produce request; also returns the leader epoch it was
     /// appended in. With acks=all, refuses with NOT_ENOUGH_REPLICAS (nothing appended)
     /// when the ISR is smaller than `min_isr`. `visit` sees every record as the log's
-    /// validation walks it (see [`fjord_log::Log::append_visiting`]).
+    /// validation walks it (see [`fjord_log::Log::append_visiting`]); `verification` says
+    /// how a transactional batch that opens its producer's transaction is taken.
     pub(crate) fn append_as_leader(
         &self,
         records: &[u8],
         acks_all: bool,
         min_isr: usize,
         visit: Option<fjord_log::RecordVisitor<'_>>,
+        verification: fjord_log::TxnVerification,
     ) -> Result<Result<(AppendInfo, i32), fjord_log::Error>, Refusal> {
         let appended = {
             let state = self.state();
@@ -197,7 +199,7 @@ impl Partition {
             // leader only: followers copy the leader's bytes.
             let mut batches =
                 crate::topic_config::append::apply(records, &self.log.config(), fjord_record::now_ms()).into_owned();
-            self.log.append_visiting(&mut batches, state.leader_epoch, visit).map(|info| (info, state.leader_epoch))
+            self.log.append_visiting(&mut batches, state.leader_epoch, visit, verification).map(|info| (info, state.leader_epoch))
         };
         if appended.is_ok() {
             // A sole in-sync replica commits at once; otherwise followers will fetch it.

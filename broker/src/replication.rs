@@ -497,13 +497,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (manager, tp, log, partition) = replica_of_t0(dir.path());
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1]), 0);
-        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        partition.append_as_leader(&batch(), false, 1, None, fjord_log::TxnVerification::Off).unwrap().unwrap();
         assert_eq!(log.high_watermark(), 1, "the leader alone is the ISR");
 
         let proposed = partition.record_follower_fetch(2, 1, Instant::now()).expect("2 caught up");
         assert_eq!(proposed, vec![1, 2]);
         partition.state().isr_in_flight = Some(proposed); // what propose_isr sets before writing
-        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        partition.append_as_leader(&batch(), false, 1, None, fjord_log::TxnVerification::Off).unwrap().unwrap();
         assert_eq!(log.high_watermark(), 1, "2 has not fetched offset 1 yet");
         partition.record_follower_fetch(2, 2, Instant::now());
         assert_eq!(log.high_watermark(), 2);
@@ -511,7 +511,7 @@ mod tests {
         // A shrink in flight counts only once written: the leaving member still holds it back.
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 1);
         partition.state().isr_in_flight = Some(vec![1]);
-        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        partition.append_as_leader(&batch(), false, 1, None, fjord_log::TxnVerification::Off).unwrap().unwrap();
         assert_eq!(log.high_watermark(), 2);
         manager.shutdown().await;
     }
@@ -525,7 +525,7 @@ mod tests {
         let (manager, tp, log, partition) = replica_of_t0(dir.path());
         manager.apply(&tp, &[1, 2, 3], &state(1, 0, &[1, 2, 3]), 0);
         for _ in 0..3 {
-            partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+            partition.append_as_leader(&batch(), false, 1, None, fjord_log::TxnVerification::Off).unwrap().unwrap();
         }
         let now = Instant::now();
         assert_eq!(partition.record_follower_fetch(2, 3, now), None);
@@ -547,7 +547,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (manager, tp, log, partition) = replica_of_t0(dir.path());
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
-        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        partition.append_as_leader(&batch(), false, 1, None, fjord_log::TxnVerification::Off).unwrap().unwrap();
         assert_eq!(partition.record_follower_fetch(2, 1, Instant::now()), None);
         assert_eq!(log.high_watermark(), 1);
 
@@ -582,7 +582,7 @@ mod tests {
         let log = Arc::new(Log::open(dir.path().join("t-0"), LogConfig::default()).unwrap());
         let partition = manager.add_partition(&tp, log.clone());
         manager.apply(&tp, &[1, 2, 3], &state(1, 0, &[1, 2]), 0);
-        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        partition.append_as_leader(&batch(), false, 1, None, fjord_log::TxnVerification::Off).unwrap().unwrap();
         partition.record_follower_fetch(2, 1, Instant::now());
         manager.follower_fetched(&partition, 3, 0);
         manager.follower_fetched(&partition, 3, 1); // 3 caught up: [1, 2, 3] is being written
@@ -609,12 +609,19 @@ mod tests {
     async fn acks_all_waits_for_the_isr_without_polling() {
         let dir = tempfile::tempdir().unwrap();
         let (manager, tp, log, partition) = replica_of_t0(dir.path());
-        assert_eq!(partition.append_as_leader(&batch(), false, 1, None).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
+        assert_eq!(
+            partition.append_as_leader(&batch(), false, 1, None, fjord_log::TxnVerification::Off).unwrap_err(),
+            error_code::NOT_LEADER_OR_FOLLOWER
+        );
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
 
-        assert_eq!(partition.append_as_leader(&batch(), true, 3, None).unwrap_err(), error_code::NOT_ENOUGH_REPLICAS);
+        assert_eq!(
+            partition.append_as_leader(&batch(), true, 3, None, fjord_log::TxnVerification::Off).unwrap_err(),
+            error_code::NOT_ENOUGH_REPLICAS
+        );
         assert_eq!(log.log_end_offset(), 0, "nothing appended");
-        let (info, epoch) = partition.append_as_leader(&batch(), true, 2, None).unwrap().unwrap();
+        let (info, epoch) =
+            partition.append_as_leader(&batch(), true, 2, None, fjord_log::TxnVerification::Off).unwrap().unwrap();
         assert_eq!(epoch, 0);
         assert_eq!((info.last_offset, log.high_watermark()), (0, 0), "the follower has not fetched it yet");
         let waiting = {
@@ -626,7 +633,7 @@ mod tests {
         assert_eq!(log.high_watermark(), 1);
         assert_eq!(waiting.await.unwrap(), Ok(()));
 
-        partition.append_as_leader(&batch(), true, 2, None).unwrap().unwrap();
+        partition.append_as_leader(&batch(), true, 2, None, fjord_log::TxnVerification::Off).unwrap().unwrap();
         let timed_out = partition.wait_for_replication(0, 1, 2, Duration::from_millis(20)).await;
         assert_eq!(timed_out, Err(error_code::REQUEST_TIMED_OUT));
 
@@ -644,7 +651,7 @@ mod tests {
         // An older state is ignored; a new epoch led by 2 makes this broker a follower.
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
         assert_eq!(partition.state().isr, vec![1]);
-        partition.append_as_leader(&batch(), true, 1, None).unwrap().unwrap();
+        partition.append_as_leader(&batch(), true, 1, None, fjord_log::TxnVerification::Off).unwrap().unwrap();
         let waiting = {
             let partition = partition.clone();
             tokio::spawn(async move { partition.wait_for_replication(0, 10, 1, Duration::from_secs(30)).await })
@@ -661,7 +668,10 @@ mod tests {
         );
         assert_eq!(partition.wait_for_replication(2, 2, 1, Duration::from_secs(30)).await, Ok(()));
         manager.apply(&tp, &[1, 2], &state(2, 3, &[2]), 4);
-        assert_eq!(partition.append_as_leader(&batch(), false, 1, None).unwrap_err(), error_code::NOT_LEADER_OR_FOLLOWER);
+        assert_eq!(
+            partition.append_as_leader(&batch(), false, 1, None, fjord_log::TxnVerification::Off).unwrap_err(),
+            error_code::NOT_LEADER_OR_FOLLOWER
+        );
         manager.shutdown().await;
     }
 
@@ -676,7 +686,7 @@ mod tests {
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
         let mut txn = fjord_record::BatchBuilder::new(1_000).producer(9, 0, 0).transactional();
         txn.append(1_000, None, Some(b"v"), &[]);
-        partition.append_as_leader(&txn.build_vec(), false, 1, None).unwrap().unwrap();
+        partition.append_as_leader(&txn.build_vec(), false, 1, None, fjord_log::TxnVerification::Off).unwrap().unwrap();
         manager.follower_fetched(&partition, 2, 1);
         assert_eq!((log.high_watermark(), log.last_stable_offset()), (1, 0));
         assert_eq!(partition.latest_offset(true), Ok(0));
@@ -702,8 +712,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (manager, tp, log, partition) = replica_of_t0(dir.path());
         manager.apply(&tp, &[1, 2], &state(1, 0, &[1, 2]), 0);
-        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
-        partition.append_as_leader(&batch(), false, 1, None).unwrap().unwrap();
+        partition.append_as_leader(&batch(), false, 1, None, fjord_log::TxnVerification::Off).unwrap().unwrap();
+        partition.append_as_leader(&batch(), false, 1, None, fjord_log::TxnVerification::Off).unwrap().unwrap();
         assert_eq!(partition.latest_offset(false), Ok(0), "this epoch began at 0: the high watermark is current");
 
         // A new epoch begins at the log end, 2, above the high watermark.

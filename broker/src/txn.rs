@@ -95,6 +95,11 @@ pub struct TxnConfig {
     pub abort_timed_out_interval_ms: u64,
     /// `transaction.remove.expired.transaction.cleanup.interval.ms`.
     pub remove_expired_interval_ms: u64,
+    /// `transaction.partition.verification.enable` (KIP-890): a partition leader takes a
+    /// transactional batch that opens its producer's transaction there only once the
+    /// coordinator confirmed the partition is in the transaction; without it a stray
+    /// batch holds the partition's last stable offset back for good.
+    pub partition_verification: bool,
 }
 
 impl Default for TxnConfig {
@@ -108,6 +113,7 @@ impl Default for TxnConfig {
             log_segment_bytes: 100 * 1024 * 1024,
             abort_timed_out_interval_ms: 10_000,
             remove_expired_interval_ms: 3_600_000,
+            partition_verification: true,
         }
     }
 }
@@ -123,6 +129,7 @@ impl TxnConfig {
         "transaction.state.log.segment.bytes",
         "transaction.abort.timed.out.transaction.cleanup.interval.ms",
         "transaction.remove.expired.transaction.cleanup.interval.ms",
+        "transaction.partition.verification.enable",
     ];
 
     /// Sets one of [`TxnConfig::KEYS`].
@@ -148,6 +155,13 @@ impl TxnConfig {
                 self.abort_timed_out_interval_ms = positive()? as u64
             }
             "transaction.remove.expired.transaction.cleanup.interval.ms" => self.remove_expired_interval_ms = positive()? as u64,
+            "transaction.partition.verification.enable" => {
+                self.partition_verification = match value.trim() {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err("not true or false"),
+                }
+            }
             _ => return Err("not a transaction coordinator key"),
         }
         Ok(())
@@ -186,6 +200,21 @@ impl Loaded {
     pub(crate) fn slots(&self) -> Vec<(String, Slot)> {
         let ids = self.ids.lock().expect("invariant: ids lock is never poisoned");
         ids.iter().map(|(id, slot)| (id.clone(), slot.clone())).collect()
+    }
+
+    /// The id's slot when it has one: a question about an id (a verification) does not
+    /// make one, so asking about made-up ids costs no memory.
+    pub(crate) fn existing(&self, transactional_id: &str) -> Option<Slot> {
+        self.ids.lock().expect("invariant: ids lock is never poisoned").get(transactional_id).cloned()
+    }
+
+    /// Drops the slots of ids that never got a producer (a request named an id that had
+    /// none, then failed) and that no request holds: they would pile up otherwise.
+    fn drop_unused(&self) {
+        let mut ids = self.ids.lock().expect("invariant: ids lock is never poisoned");
+        // Under the map's lock nobody can take a slot out of it: a slot only the map
+        // holds, and empty, is unused.
+        ids.retain(|_, slot| Arc::strong_count(slot) > 1 || slot.try_lock().map_or(true, |m| m.is_some()));
     }
 
     fn forget(&self, transactional_id: &str) {
@@ -346,12 +375,17 @@ impl Broker {
     /// when this broker does not lead the partition, COORDINATOR_LOAD_IN_PROGRESS when it
     /// could not be read yet.
     pub(crate) async fn txn_slot(&self, transactional_id: &str) -> Result<(Arc<Loaded>, Slot), ResponseError> {
+        let loaded = self.txn_loaded_for(transactional_id).await?;
+        let slot = loaded.slot(transactional_id);
+        Ok((loaded, slot))
+    }
+
+    /// The loaded partition holding `transactional_id`, with [`Broker::txn_slot`]'s errors.
+    pub(crate) async fn txn_loaded_for(&self, transactional_id: &str) -> Result<Arc<Loaded>, ResponseError> {
         if self.topics.get(TOPIC).is_none() {
             return Err(ResponseError::NotCoordinator);
         }
-        let loaded = self.txn_loaded(partition_for(transactional_id, self.txn_partitions())).await?;
-        let slot = loaded.slot(transactional_id);
-        Ok((loaded, slot))
+        self.txn_loaded(partition_for(transactional_id, self.txn_partitions())).await
     }
 
     /// The partition as loaded in the current leader epoch, reading it if need be.
@@ -430,7 +464,7 @@ impl Broker {
             if replica.state().leader_epoch != loaded.leader_epoch {
                 return Err(ResponseError::NotCoordinator);
             }
-            replica.append_as_leader(&batch, true, min_isr, None)
+            replica.append_as_leader(&batch, true, min_isr, None, fjord_log::TxnVerification::Off)
         };
         let (info, epoch) = match appended {
             Ok(Ok(appended)) => appended,
@@ -665,7 +699,7 @@ impl Broker {
 
     /// One pass of the ticker: loads partitions this broker leads, drops those it no
     /// longer leads, aborts timed-out transactions (when `abort` is due) and forgets
-    /// expired ids (when `expire` is due).
+    /// expired ids (when `expire` is due), and drops unused slots with either.
     async fn txn_tick(&self, abort: bool, expire: bool) {
         if self.topics.get(TOPIC).is_none() {
             return;
@@ -683,6 +717,7 @@ impl Broker {
             if !abort && !expire {
                 continue;
             }
+            loaded.drop_unused();
             for (id, slot) in loaded.slots() {
                 let mut current = slot.lock().await;
                 let Some(metadata) = current.as_ref() else { continue };
@@ -823,6 +858,27 @@ pub(crate) fn spawn(tracker: &TaskTracker, broker: &Arc<Broker>, shutdown: &Canc
 mod tests {
     use super::*;
 
+    /// Requests naming ids that never got a producer (AddPartitionsToTxn, EndTxn or
+    /// DescribeTransactions with made-up ids) left an empty slot each, for good: memory
+    /// any client could grow without bound. The ticker drops those no request holds.
+    #[tokio::test]
+    async fn empty_slots_no_request_holds_are_dropped() {
+        let loaded = Loaded { partition: 0, leader_epoch: 0, ids: SyncMutex::new(HashMap::new()) };
+        for id in ["made-up-1", "made-up-2", "in-use", "held"] {
+            loaded.slot(id);
+        }
+        *loaded.slot("in-use").lock().await = Some(TxnMetadata::with_new_producer_id("in-use", 7, 60_000, 1_000, None));
+        let held = loaded.slot("held");
+        assert!(loaded.existing("made-up-3").is_none(), "a look makes no slot");
+        loaded.drop_unused();
+        let mut left: Vec<String> = loaded.slots().into_iter().map(|(id, _)| id).collect();
+        left.sort();
+        assert_eq!(left, ["held", "in-use"]);
+        drop(held);
+        loaded.drop_unused();
+        assert_eq!(loaded.slots().into_iter().map(|(id, _)| id).collect::<Vec<_>>(), ["in-use"]);
+    }
+
     #[test]
     fn partitions_follow_javas_string_hash() {
         // Java: "hello".hashCode() == 99162322; "polygenelubricants".hashCode() == Integer.MIN_VALUE.
@@ -881,6 +937,9 @@ mod tests {
         assert_eq!(c.set("transaction.state.log.num.partitions", "0"), Err("must be at least 1"));
         assert_eq!(c.set("transaction.max.timeout.ms", "x"), Err("not a number"));
         assert!(c.set("group.min.session.timeout.ms", "1").is_err());
-        assert!(TxnConfig::KEYS.iter().all(|k| TxnConfig::default().set(k, "1").is_ok()));
+        assert_eq!(c.set("transaction.partition.verification.enable", "false"), Ok(()));
+        assert!(!c.partition_verification);
+        assert_eq!(c.set("transaction.partition.verification.enable", "1"), Err("not true or false"));
+        assert!(TxnConfig::KEYS.iter().all(|k| TxnConfig::default().set(k, "1").is_ok() || k.ends_with(".enable")));
     }
 }

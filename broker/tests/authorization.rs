@@ -637,3 +637,43 @@ async fn update_features(client: &mut RawClient) -> (i16, Vec<i16>) {
     let response: UpdateFeaturesResponse = client.call(ApiKey::UpdateFeatures, 1, &request).await.unwrap();
     (response.error_code, response.results.iter().map(|r| r.error_code).collect())
 }
+
+/// Kafka: a Produce holding transactional batches needs Write on the transactional id
+/// it names, beside Write on the topic; else the whole request is refused.
+#[tokio::test]
+async fn transactional_batches_need_write_on_their_transactional_id() {
+    const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
+    const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
+    let broker = SecuredBroker::start().await;
+    let mut admin = broker.admin().await;
+    assert_eq!(create_topic(&mut admin, "t").await, 0);
+    assert_eq!(allow(&mut admin, "User:bob", Operation::Write, ResourceType::Topic, "t").await, 0);
+    // The coordinators' topic exists once an id was looked up (before, a verification
+    // has no coordinator to ask and answers NOT_ENOUGH_REPLICAS, a retry).
+    let lookup = FindCoordinatorRequest::default().with_key_type(1).with_coordinator_keys(vec![StrBytes::from_static_str("app")]);
+    let found: FindCoordinatorResponse = admin.call(ApiKey::FindCoordinator, 4, &lookup).await.unwrap();
+    assert_eq!(found.coordinators[0].error_code, 0);
+    let mut bob = broker.login("bob", BOB_PASSWORD).await;
+    let mut transactional = BatchBuilder::new(1_700_000_000_000).producer(4_000, 0, 0).transactional();
+    transactional.append(1_700_000_000_000, None, Some(b"v"), &[]);
+    let request = produce_request("t", 0, -1, 5000, transactional.build())
+        .with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("app"))));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while produce(&mut bob, "t").await != 0 {
+        assert!(Instant::now() < deadline, "the topic ACL never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(bob.produce(7, &request).await.0, TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+    assert_eq!(allow(&mut admin, "User:bob", Operation::Write, ResourceType::TransactionalId, "app").await, 0);
+    // Allowed, the batch goes on to the coordinator's check: no producer has that id.
+    let code = loop {
+        let code = bob.produce(7, &request).await.0;
+        if code != TRANSACTIONAL_ID_AUTHORIZATION_FAILED || Instant::now() > deadline + Duration::from_secs(5) {
+            break code;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(code, INVALID_PRODUCER_ID_MAPPING);
+    assert_eq!(admin.latest_offset("t").await, (0, 1), "only bob's plain record was written");
+    broker.stop().await;
+}

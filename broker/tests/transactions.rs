@@ -2,7 +2,10 @@
 //! (attributes bit 0x10) produced into two partitions, WriteTxnMarkers committing one and
 //! aborting the other, read_committed vs read_uncommitted Fetch (the last stable offset
 //! and the aborted transactions), ListOffsets with isolation_level=1, Kafka's error codes
-//! for bad markers, and all of it across a restart.
+//! for bad markers, and all of it across a restart. The test plays the transaction
+//! coordinator itself, so the broker runs without asking one
+//! (`transaction.partition.verification.enable=false`); the requests still name a
+//! transactional id, which a broker takes transactional batches only with.
 
 mod common;
 
@@ -16,6 +19,7 @@ use kafka_protocol::messages::{
     ApiKey, BrokerId, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse, ProducerId, WriteTxnMarkersRequest,
     WriteTxnMarkersResponse,
 };
+use kafka_protocol::protocol::StrBytes;
 
 const TOPIC: &str = "txn";
 const INVALID_PRODUCER_EPOCH: i16 = 47;
@@ -34,6 +38,22 @@ fn batch(pid: i64, seq: i32, n: usize, transactional: bool, tag: &str) -> Bytes 
         b.append(1_700_000_000_000, None, Some(format!("{tag}{i}").as_bytes()), &[]);
     }
     b.build()
+}
+
+/// A Produce of `records` to `partition` naming a transactional id.
+fn txn_produce(partition: i32, records: Bytes) -> kafka_protocol::messages::ProduceRequest {
+    produce_request(TOPIC, partition, -1, 5000, records)
+        .with_transactional_id(Some(kafka_protocol::messages::TransactionalId(StrBytes::from_static_str("stand-in"))))
+}
+
+/// The broker of these tests: `partitions` partitions a topic, no coordinator asked.
+async fn start(data: std::path::PathBuf, partitions: i32) -> TestBroker {
+    TestBroker::start_in(data, |c| {
+        c.num_partitions = partitions;
+        c.transaction.partition_verification = false;
+    })
+    .await
+    .unwrap()
 }
 
 /// One WriteTxnMarkers of one marker: the error code per partition.
@@ -174,18 +194,18 @@ async fn check_decided(client: &mut RawClient) {
 async fn markers_end_transactions_and_read_committed_sees_only_committed_data_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let broker = TestBroker::start_in(data.clone(), |c| c.num_partitions = 2).await.unwrap();
+    let broker = start(data.clone(), 2).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     // Partition 0: plain "a", producer 10's transaction (2 batches), plain "b".
     // Partition 1: producer 10's transaction, producer 11's transaction after it.
-    assert_eq!(client.produce(7, &produce_request(TOPIC, 0, -1, 5000, batch(-1, -1, 1, false, "a"))).await, (0, 0));
-    assert_eq!(client.produce(7, &produce_request(TOPIC, 0, -1, 5000, batch(10, 0, 2, true, "t10-"))).await, (0, 1));
-    assert_eq!(client.produce(7, &produce_request(TOPIC, 0, -1, 5000, batch(10, 2, 1, true, "t10-x"))).await, (0, 3));
-    assert_eq!(client.produce(7, &produce_request(TOPIC, 0, -1, 5000, batch(-1, -1, 1, false, "b"))).await, (0, 4));
-    assert_eq!(client.produce(7, &produce_request(TOPIC, 1, -1, 5000, batch(10, 0, 2, true, "u10-"))).await, (0, 0));
-    assert_eq!(client.produce(7, &produce_request(TOPIC, 1, -1, 5000, batch(11, 0, 1, true, "u11-"))).await, (0, 2));
+    assert_eq!(client.produce(7, &txn_produce(0, batch(-1, -1, 1, false, "a"))).await, (0, 0));
+    assert_eq!(client.produce(7, &txn_produce(0, batch(10, 0, 2, true, "t10-"))).await, (0, 1));
+    assert_eq!(client.produce(7, &txn_produce(0, batch(10, 2, 1, true, "t10-x"))).await, (0, 3));
+    assert_eq!(client.produce(7, &txn_produce(0, batch(-1, -1, 1, false, "b"))).await, (0, 4));
+    assert_eq!(client.produce(7, &txn_produce(1, batch(10, 0, 2, true, "u10-"))).await, (0, 0));
+    assert_eq!(client.produce(7, &txn_produce(1, batch(11, 0, 1, true, "u11-"))).await, (0, 2));
     // Inside its transaction producer 10 may not write a plain batch.
-    assert_eq!(client.produce(7, &produce_request(TOPIC, 1, -1, 5000, batch(10, 2, 1, false, "x"))).await.0, INVALID_TXN_STATE);
+    assert_eq!(client.produce(7, &txn_produce(1, batch(10, 2, 1, false, "x"))).await.0, INVALID_TXN_STATE);
 
     // Undecided: read_committed stops at the first open transaction.
     let f = fetch(&mut client, 0, 1).await;
@@ -212,13 +232,13 @@ async fn markers_end_transactions_and_read_committed_sees_only_committed_data_ac
     assert_eq!(client.latest_offset(TOPIC).await, (0, 6));
     // A client's own control batch is still refused.
     let forged = Bytes::from(fjord_record::control::end_txn_marker(10, 0, 3, false, 0));
-    assert_eq!(client.produce(7, &produce_request(TOPIC, 0, -1, 5000, forged)).await.0, INVALID_RECORD);
+    assert_eq!(client.produce(7, &txn_produce(0, forged)).await.0, INVALID_RECORD);
     check_decided(&mut client).await;
 
     // A transaction left open survives the restart with the LSO at its first offset.
-    assert_eq!(client.produce(7, &produce_request(TOPIC, 0, -1, 5000, batch(12, 0, 1, true, "open"))).await, (0, 6));
+    assert_eq!(client.produce(7, &txn_produce(0, batch(12, 0, 1, true, "open"))).await, (0, 6));
     broker.stop().await.unwrap();
-    let broker = TestBroker::start_in(data.clone(), |c| c.num_partitions = 2).await.unwrap();
+    let broker = start(data.clone(), 2).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     assert_eq!(latest(&mut client, 0, 1).await, (0, 6));
     let f = fetch(&mut client, 0, 1).await;

@@ -680,3 +680,83 @@ async fn txn_offset_commit_needs_the_group_in_the_transaction_and_v4_batches_ver
     assert_eq!(stable_offset(&mut client, "vg").await, (0, 7));
     broker.stop().await.unwrap();
 }
+
+fn txn_batch(pid: i64, epoch: i16, seq: i32, value: &str) -> bytes::Bytes {
+    let mut b = BatchBuilder::new(1_700_000_000_000).producer(pid, epoch, seq).transactional();
+    b.append(1_700_000_000_000, None, Some(value.as_bytes()), &[]);
+    b.build()
+}
+
+/// ListOffsets (v5) latest of `out`'s `partition`: read_committed (the LSO) with
+/// `isolation_level` 1.
+async fn out_latest(client: &mut RawClient, partition: i32, isolation_level: i8) -> i64 {
+    use list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    let request =
+        ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_isolation_level(isolation_level).with_topics(vec![
+            ListOffsetsTopic::default()
+                .with_name(TopicName(s("out")))
+                .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(partition).with_timestamp(-1)]),
+        ]);
+    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
+    let p = &response.topics[0].partitions[0];
+    assert_eq!(p.error_code, 0);
+    p.offset
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transactional_batch_opens_a_transaction_only_where_its_coordinator_added_the_partition() {
+    const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(dir.path()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
+    assert_eq!(find_coordinator(&mut client, 4, "app").await.coordinators[0].error_code, 0);
+    let r = init(&mut client, 4, "app", 60_000).await;
+    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    let named = |id: &str, partition: i32, records: bytes::Bytes| {
+        produce_request("out", partition, -1, 5000, records).with_transactional_id(Some(tid(id)))
+    };
+    // Each of these would have opened a transaction no coordinator knows of, so no
+    // marker would ever end it: read_committed consumers of the partition stopped at it
+    // for good. A request without a transactional id is refused whole, as Kafka does.
+    let no_id = produce_request("out", 0, -1, 5000, txn_batch(pid, epoch, 0, "a"));
+    assert_eq!(client.produce(9, &no_id).await.0, TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+    // The coordinator has no such producer for the id, or no such id at all.
+    assert_eq!(client.produce(9, &named("app", 0, txn_batch(pid + 1000, 0, 0, "b"))).await.0, INVALID_PRODUCER_ID_MAPPING);
+    assert_eq!(client.produce(9, &named("nobody", 0, txn_batch(pid, epoch, 0, "c"))).await.0, INVALID_PRODUCER_ID_MAPPING);
+    // The id's producer, but under another epoch, or before adding the partition.
+    assert_eq!(client.produce(9, &named("app", 0, txn_batch(pid, epoch + 1, 0, "d"))).await.0, INVALID_PRODUCER_EPOCH);
+    assert_eq!(client.produce(9, &named("app", 0, txn_batch(pid, epoch, 0, "e"))).await.0, INVALID_TXN_STATE);
+    // Two producers' transactional batches in one request.
+    let mut two = named("app", 0, txn_batch(pid, epoch, 0, "f"));
+    two.topic_data[0]
+        .partition_data
+        .push(produce_request::PartitionProduceData::default().with_index(1).with_records(Some(txn_batch(pid + 1, 0, 0, "g"))));
+    let response: ProduceResponse = client.call(ApiKey::Produce, 9, &two).await.unwrap();
+    let codes: Vec<i16> = response.responses[0].partition_responses.iter().map(|p| p.error_code).collect();
+    assert_eq!(codes, vec![INVALID_PRODUCER_ID_MAPPING; 2]);
+    for partition in [0, 1] {
+        assert_eq!(out_latest(&mut client, partition, 1).await, out_latest(&mut client, partition, 0).await);
+    }
+    assert_eq!(client.latest_offset("out").await, (0, 1), "nothing of it was written");
+
+    // Partition 0 added: its batch opens the transaction there; partition 1's is refused
+    // (and its message says why, v8+).
+    assert!(add_partitions(&mut client, 3, "app", pid, epoch, &[("out", &[0])]).await.iter().all(|r| r.2 == 0));
+    assert_eq!(client.produce(9, &named("app", 0, txn_batch(pid, epoch, 0, "h"))).await, (0, 1));
+    assert_eq!(client.produce(9, &named("app", 0, txn_batch(pid, epoch, 1, "i"))).await, (0, 2));
+    let response: ProduceResponse =
+        client.call(ApiKey::Produce, 9, &named("app", 1, txn_batch(pid, epoch, 0, "j"))).await.unwrap();
+    let p = &response.responses[0].partition_responses[0];
+    assert_eq!(p.error_code, INVALID_TXN_STATE);
+    assert_eq!(p.error_message.as_deref(), Some("Partition was not added to the transaction"));
+    assert_eq!(out_latest(&mut client, 0, 1).await, 1, "the open transaction holds the LSO");
+    assert_eq!(out_latest(&mut client, 1, 1).await, out_latest(&mut client, 1, 0).await);
+
+    // Committed: the LSO passes it, and the ended transaction does not reopen without a
+    // new AddPartitionsToTxn.
+    assert_eq!(end_txn(&mut client, 3, "app", pid, epoch, true).await, 0);
+    assert_eq!(client.produce(9, &named("app", 0, txn_batch(pid, epoch, 2, "k"))).await.0, INVALID_TXN_STATE);
+    assert_eq!(out_latest(&mut client, 0, 1).await, out_latest(&mut client, 0, 0).await);
+    broker.stop().await.unwrap();
+}

@@ -172,6 +172,15 @@ pub enum Error {
         /// First offset of its open transaction.
         first_offset: Offset,
     },
+    /// A transactional batch that would open its producer's transaction in this log
+    /// without the transaction coordinator having confirmed the partition is in that
+    /// transaction (KIP-890; Kafka's INVALID_TXN_STATE): no marker would ever end it, and
+    /// the last stable offset would stay behind it for good. Nothing was written.
+    #[error("producer {producer_id}: the batch is not part of an ongoing transaction (the transaction coordinator did not confirm this partition is in it)")]
+    TransactionNotVerified {
+        /// The producer id.
+        producer_id: i64,
+    },
     /// A transaction marker from a coordinator older than the one that last wrote a
     /// marker for this producer (Kafka's TRANSACTION_COORDINATOR_FENCED). Nothing was written.
     #[error("producer {producer_id}: marker from coordinator epoch {coordinator_epoch}, older than {current}")]

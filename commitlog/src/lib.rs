@@ -77,7 +77,7 @@ pub use config::{CleanupPolicy, CompressionType, LogConfig, MessageTimestampType
 pub use error::{Error, Result};
 pub use files::FileCache;
 pub use fjord_record::{Offset, TopicPartition};
-pub use log::{AppendInfo, Log, ReadSlice, RecordVisitor};
+pub use log::{AppendInfo, Log, ReadSlice, RecordVisitor, TxnVerification, VerificationGuard};
 pub use log_dirs::{choose_dir, FutureReplica, LogDirInfo, LogDirs, FUTURE_SUFFIX};
 pub use manager::{
     delete_orphan, lock_log_dir, orphans, LogManager, Orphan, Unhealthy, LOCK_FILE, LOG_START_CHECKPOINT, ORPHAN_MARKER,

@@ -44,6 +44,7 @@ mod validate;
 
 pub use append::AppendInfo;
 pub use read::ReadSlice;
+pub use txn::{TxnVerification, VerificationGuard};
 pub use validate::RecordVisitor;
 
 type SegmentMap = BTreeMap<Offset, Arc<Segment>>;
@@ -85,6 +86,8 @@ struct Writer {
     epochs: EpochCache,
     /// Idempotent producers: changed only together with the segments, under this lock.
     producers: ProducerState,
+    /// Transactions being verified with their coordinator (see `txn`).
+    verifications: txn::Verifications,
     unflushed_messages: u64,
     /// Segments sealed since the last flush: their files still need an fsync.
     unsynced: Vec<Arc<Segment>>,
@@ -143,6 +146,7 @@ impl Log {
                 active: loaded.active,
                 epochs,
                 producers,
+                verifications: txn::Verifications::default(),
                 unflushed_messages: 0,
                 unsynced: Vec::new(),
                 dir_dirty: true,

@@ -333,6 +333,11 @@ impl ProducerState {
         })
     }
 
+    /// Whether `producer_id` has a transaction open in this partition.
+    pub(crate) fn in_transaction(&self, producer_id: i64) -> bool {
+        self.producers.get(&producer_id).is_some_and(|e| e.txn_first_offset.is_some())
+    }
+
     /// First offsets of the open transactions, with their producer ids, in offset order.
     pub(crate) fn open_transactions(&self) -> impl Iterator<Item = (Offset, i64)> + '_ {
         self.open.iter().map(|(&offset, &pid)| (offset, pid))

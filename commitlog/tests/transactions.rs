@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fjord_log::{AbortedTxn, Error, Log, LogConfig, Offset};
+use fjord_log::{AbortedTxn, Error, Log, LogConfig, Offset, TxnVerification};
 use fjord_record::BatchBuilder;
 
 /// A batch of `n` records from producer `pid`, transactional or not.
@@ -111,6 +111,59 @@ fn fenced_markers_and_stray_batches_leave_the_log_untouched() {
     // A marker for a producer the log never saw is written (it records the epoch).
     log.append_marker(99, 0, 5, true, 0).unwrap();
     assert!(matches!(log.append(&mut batch(99, -1, 0, 1, true), 0), Err(Error::InvalidProducerEpoch { .. })));
+}
+
+/// Appends `bytes` as a leader checking transactions with `verification`.
+fn verified_append(log: &Log, mut bytes: Vec<u8>, verification: TxnVerification) -> Result<Offset, Error> {
+    log.append_visiting(&mut bytes, 0, None, verification).map(|info| info.base_offset)
+}
+
+#[test]
+fn a_transaction_opens_only_under_its_producers_current_verification_guard() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), LogConfig::default()).unwrap();
+    let unverified = |log: &Log, pid, seq| verified_append(log, batch(pid, 0, seq, 1, true), TxnVerification::Required(None));
+    // Without a verification a transactional batch opens nothing, and nothing is written.
+    assert!(matches!(unverified(&log, 7, 0), Err(Error::TransactionNotVerified { producer_id: 7 })));
+    assert_eq!((log.log_end_offset(), log.open_transactions()), (0, vec![]));
+    // Under the guard it opens the transaction; the next batches need none.
+    let guard = log.start_txn_verification(7).unwrap().expect("no transaction open yet");
+    assert_eq!(log.start_txn_verification(7).unwrap(), Some(guard), "a second request of the transaction shares it");
+    assert_eq!(verified_append(&log, batch(7, 0, 0, 1, true), TxnVerification::Required(Some(guard))).unwrap(), 0);
+    assert_eq!(log.start_txn_verification(7).unwrap(), None);
+    assert_eq!(unverified(&log, 7, 1).unwrap(), 1);
+    // The guard was spent by the first batch: after the marker it opens nothing.
+    log.append_marker(7, 0, 0, true, 0).unwrap();
+    assert!(matches!(
+        verified_append(&log, batch(7, 0, 2, 1, true), TxnVerification::Required(Some(guard))),
+        Err(Error::TransactionNotVerified { .. })
+    ));
+    // A marker appended while a verification is under way (an abort at the timeout)
+    // makes its answer stale: the guard no longer opens the transaction.
+    let stale = log.start_txn_verification(7).unwrap().unwrap();
+    log.append_marker(7, 0, 0, false, 0).unwrap();
+    let end = log.log_end_offset();
+    assert!(matches!(
+        verified_append(&log, batch(7, 0, 2, 1, true), TxnVerification::Required(Some(stale))),
+        Err(Error::TransactionNotVerified { .. })
+    ));
+    assert_eq!(log.log_end_offset(), end);
+    let fresh = log.start_txn_verification(7).unwrap().unwrap();
+    assert_ne!(fresh, stale);
+    // One producer's guard opens nothing for another, and a cancelled one nothing at all.
+    assert!(matches!(
+        verified_append(&log, batch(8, 0, 0, 1, true), TxnVerification::Required(Some(fresh))),
+        Err(Error::TransactionNotVerified { producer_id: 8 })
+    ));
+    log.cancel_txn_verification(7, fresh);
+    assert!(matches!(
+        verified_append(&log, batch(7, 0, 2, 1, true), TxnVerification::Required(Some(fresh))),
+        Err(Error::TransactionNotVerified { .. })
+    ));
+    // Plain and idempotent batches never need one; with verification off nothing does.
+    verified_append(&log, batch(9, 0, 0, 1, false), TxnVerification::Required(None)).unwrap();
+    verified_append(&log, batch(8, 0, 0, 1, true), TxnVerification::Off).unwrap();
+    assert_eq!(log.open_transactions().len(), 1);
 }
 
 /// Ten transactions over many small segments, every other one aborted, with a plain

@@ -14,6 +14,16 @@
 //! on a compacted topic the records without a key are named one by one (KIP-467).
 //! Decompression and key scans run on a bounded set of blocking threads, never on the
 //! network workers, so a client sending compressed bombs delays only itself.
+//!
+//! Transactional batches, as Kafka takes them: the request must name its transactional
+//! id, with Write on it (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED for the whole
+//! request), and hold one producer's batches only (else INVALID_PRODUCER_ID_MAPPING). A
+//! batch that would open its producer's transaction in a partition is appended only once
+//! the transaction coordinator confirmed the partition is in that transaction (KIP-890,
+//! `crate::txn::verify`, under the log's verification guard); else INVALID_TXN_STATE, or
+//! NOT_ENOUGH_REPLICAS, which every client retries, while the coordinator cannot answer.
+//! Without that check any client could write a batch no marker would ever end, and every
+//! read_committed consumer of the partition would stop at it for good.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,8 +31,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use fjord_log::AppendInfo;
+use fjord_log::{AppendInfo, TxnVerification};
 use fjord_record::{BatchHeader, Compression};
+use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::produce_response::{BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseKind};
 use kafka_protocol::protocol::StrBytes;
@@ -59,6 +70,13 @@ struct Refusal {
     record_errors: Vec<(i32, &'static str)>,
 }
 
+/// The producer of a request's transactional batches, under the request's transactional id.
+struct TxnProducer {
+    transactional_id: String,
+    producer_id: i64,
+    epoch: i16,
+}
+
 impl From<i16> for Refusal {
     fn from(code: i16) -> Self {
         Self { code, message: None, record_errors: Vec::new() }
@@ -82,6 +100,11 @@ impl Broker {
         let acks = request.acks;
         let valid_acks = matches!(acks, -1..=1);
         let acks_all = acks == -1;
+        let txn = match self.transactional_producer(&request, session) {
+            Ok(txn) => txn,
+            Err(code) => return self.refuse_produce(request, code),
+        };
+        let verify = txn.as_ref().filter(|_| self.txns.config.partition_verification);
         let mut responses = Vec::with_capacity(request.topic_data.len());
         let mut awaiting = Vec::new();
         for topic_data in request.topic_data {
@@ -125,40 +148,20 @@ impl Broker {
                     (Ok(_), None) => Err(Refusal::from(error_code::CORRUPT_MESSAGE)),
                     (Ok(partition), Some(records)) => {
                         let min_isr = partition.log.config().min_insync_replicas as usize;
-                        let tally = self.config.observer.as_ref().and_then(|observer| observer.tally(&name));
-                        match append(&partition, records, acks_all, min_isr, tally).await {
-                            Ok(appended) => {
-                                let info = appended.info;
-                                if let Some(tally) = appended.tally.filter(|_| !info.duplicate) {
-                                    tally.appended(&name);
-                                }
-                                if acks_all {
-                                    awaiting.push(AwaitingReplication {
-                                        topic: responses.len(),
-                                        partition: partition_responses.len(),
-                                        replica: partition.clone(),
-                                        leader_epoch: appended.leader_epoch,
-                                        last_offset: info.last_offset,
-                                        min_isr,
-                                    });
-                                }
-                                Ok((info, appended.log_start))
+                        let appended = self.append_to(&name, data.index, &partition, records, acks_all, min_isr, verify).await;
+                        appended.map(|appended| {
+                            if acks_all {
+                                awaiting.push(AwaitingReplication {
+                                    topic: responses.len(),
+                                    partition: partition_responses.len(),
+                                    replica: partition.clone(),
+                                    leader_epoch: appended.leader_epoch,
+                                    last_offset: appended.info.last_offset,
+                                    min_isr,
+                                });
                             }
-                            Err(AppendError::Refused(code)) => Err(Refusal::from(code)),
-                            Err(AppendError::ControlBatch(message)) => {
-                                tracing::debug!(topic = %name, partition = data.index, %message, "produce refused");
-                                Err(Refusal {
-                                    code: error_code::INVALID_RECORD,
-                                    message: Some(message),
-                                    record_errors: Vec::new(),
-                                })
-                            }
-                            Err(AppendError::Log(e)) => Err(log_refusal(&name, data.index, &e)),
-                            Err(AppendError::Task(e)) => {
-                                tracing::error!(topic = %name, partition = data.index, error = %e, "append task failed");
-                                Err(Refusal::from(error_code::UNKNOWN_SERVER_ERROR))
-                            }
-                        }
+                            (appended.info, appended.log_start)
+                        })
                     }
                 };
                 response = match outcome {
@@ -219,6 +222,147 @@ impl Broker {
         }
         Some(Produced::Answered(response))
     }
+}
+
+impl Broker {
+    /// The producer of the request's transactional batches (`None` without any): the
+    /// request must name a transactional id this session may Write
+    /// (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka) and carry one producer's
+    /// transactional batches only (INVALID_PRODUCER_ID_MAPPING).
+    fn transactional_producer(&self, request: &ProduceRequest, session: &Session) -> Result<Option<TxnProducer>, i16> {
+        let mut producers = request
+            .topic_data
+            .iter()
+            .flat_map(|t| t.partition_data.iter())
+            .filter_map(|p| transactional_batch(p.records.as_deref()?));
+        let Some((producer_id, epoch)) = producers.next() else { return Ok(None) };
+        let id = request.transactional_id.as_ref().map(|id| id.to_string());
+        let Some(transactional_id) = id.filter(|id| self.authorize(session, Operation::Write, Resource::transactional_id(id)))
+        else {
+            return Err(error_code::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+        };
+        if producers.any(|other| other != (producer_id, epoch)) {
+            return Err(ResponseError::InvalidProducerIdMapping.code());
+        }
+        Ok(Some(TxnProducer { transactional_id, producer_id, epoch }))
+    }
+
+    /// Every partition of the request refused with `code`, nothing appended.
+    fn refuse_produce(&self, request: ProduceRequest, code: i16) -> Option<Produced> {
+        let responses = request
+            .topic_data
+            .into_iter()
+            .map(|t| {
+                let partitions = t
+                    .partition_data
+                    .iter()
+                    .map(|p| PartitionProduceResponse::default().with_index(p.index).with_base_offset(-1).with_error_code(code))
+                    .collect();
+                TopicProduceResponse::default().with_name(t.name).with_partition_responses(partitions)
+            })
+            .collect();
+        let response = ProduceResponse::default().with_responses(responses);
+        if request.acks == 0 {
+            self.metrics.errors(ApiKey::Produce as i16, response_errors(&ResponseKind::Produce(response)));
+            return None;
+        }
+        Some(Produced::Answered(response))
+    }
+
+    /// One partition's records appended as its leader (verified first when they are
+    /// `verify`'s transactional batches), or why not, as the response says it.
+    #[allow(clippy::too_many_arguments)]
+    async fn append_to(
+        &self,
+        topic: &str,
+        index: i32,
+        partition: &Arc<Partition>,
+        records: Bytes,
+        acks_all: bool,
+        min_isr: usize,
+        verify: Option<&TxnProducer>,
+    ) -> Result<Appended, Refusal> {
+        let verification = match verify.filter(|_| transactional_batch(&records).is_some()) {
+            Some(producer) => self.verify_append(producer, topic, index, partition).await?,
+            None => TxnVerification::Off,
+        };
+        let tally = self.config.observer.as_ref().and_then(|observer| observer.tally(topic));
+        match append(partition, records, acks_all, min_isr, tally, verification).await {
+            Ok(mut appended) => {
+                if let Some(tally) = appended.tally.take().filter(|_| !appended.info.duplicate) {
+                    tally.appended(topic);
+                }
+                Ok(appended)
+            }
+            Err(AppendError::Refused(code)) => Err(Refusal::from(code)),
+            Err(AppendError::ControlBatch(message)) => {
+                tracing::debug!(topic, partition = index, %message, "produce refused");
+                Err(Refusal { code: error_code::INVALID_RECORD, message: Some(message), record_errors: Vec::new() })
+            }
+            Err(AppendError::Log(e)) => Err(log_refusal(topic, index, &e)),
+            Err(AppendError::Task(e)) => {
+                tracing::error!(topic, partition = index, error = %e, "append task failed");
+                Err(Refusal::from(error_code::UNKNOWN_SERVER_ERROR))
+            }
+        }
+    }
+
+    /// How `replica`'s log is to take `producer`'s transactional batches: under a guard
+    /// the transaction coordinator's confirmation earned, when they would open the
+    /// producer's transaction there; else the verification's refusal, as Kafka words it.
+    async fn verify_append(
+        &self,
+        producer: &TxnProducer,
+        topic: &str,
+        partition: i32,
+        replica: &Partition,
+    ) -> Result<TxnVerification, Refusal> {
+        let guard = match replica.log.start_txn_verification(producer.producer_id) {
+            // The transaction is open here already: its marker is the coordinator's to write.
+            Ok(None) => return Ok(TxnVerification::Required(None)),
+            Ok(Some(guard)) => guard,
+            Err(e) => return Err(log_refusal(topic, partition, &e)),
+        };
+        let verified =
+            self.verify_txn_partition(&producer.transactional_id, producer.producer_id, producer.epoch, topic, partition).await;
+        let Err(e) = verified else { return Ok(TxnVerification::Required(Some(guard))) };
+        replica.log.cancel_txn_verification(producer.producer_id, guard);
+        tracing::debug!(topic, partition, transactional_id = %producer.transactional_id, error = ?e, "transaction not verified");
+        Err(match e {
+            ResponseError::InvalidTxnState => Refusal {
+                code: e.code(),
+                message: Some("Partition was not added to the transaction".to_owned()),
+                record_errors: Vec::new(),
+            },
+            // Kafka: a retriable answer that older clients may not retry becomes one every
+            // client retries without refreshing its metadata.
+            ResponseError::ConcurrentTransactions
+            | ResponseError::NetworkException
+            | ResponseError::CoordinatorLoadInProgress
+            | ResponseError::CoordinatorNotAvailable
+            | ResponseError::NotCoordinator => Refusal {
+                code: error_code::NOT_ENOUGH_REPLICAS,
+                message: Some(format!(
+                    "Unable to verify the partition has been added to the transaction. Underlying error: {e:?}"
+                )),
+                record_errors: Vec::new(),
+            },
+            // Producers expect a fenced epoch as INVALID_PRODUCER_EPOCH here, as Kafka answers.
+            ResponseError::ProducerFenced => Refusal::from(error_code::INVALID_PRODUCER_EPOCH),
+            e => Refusal::from(e.code()),
+        })
+    }
+}
+
+/// The producer id and epoch of the first transactional data batch in `records`.
+fn transactional_batch(mut records: &[u8]) -> Option<(i64, i16)> {
+    while let Ok(header) = BatchHeader::parse_unchecked(records) {
+        if header.is_transactional() && !header.is_control() {
+            return Some((header.producer_id, header.producer_epoch));
+        }
+        records = records.get(header.size()..).unwrap_or_default();
+    }
+    None
 }
 
 /// The refusal for a log error, logged at the level it deserves: a storage failure is
@@ -310,6 +454,7 @@ async fn append(
     acks_all: bool,
     min_isr: usize,
     tally: Option<Box<dyn AppendTally>>,
+    verification: TxnVerification,
 ) -> Result<Appended, AppendError> {
     fn run(
         partition: &Partition,
@@ -317,11 +462,12 @@ async fn append(
         acks_all: bool,
         min_isr: usize,
         mut tally: Option<Box<dyn AppendTally>>,
+        verification: TxnVerification,
     ) -> Result<Appended, AppendError> {
         let mut count = tally.as_mut().map(|t| move |h: &BatchHeader, r: &fjord_record::RecordFrame<'_>| t.record(h, r));
         let visit = count.as_mut().map(|c| c as fjord_log::RecordVisitor<'_>);
         let (info, leader_epoch) = partition
-            .append_as_leader(records, acks_all, min_isr, visit)
+            .append_as_leader(records, acks_all, min_isr, visit, verification)
             .map_err(AppendError::Refused)?
             .map_err(AppendError::Log)?;
         Ok(Appended { info, leader_epoch, log_start: partition.log.log_start_offset(), tally })
@@ -332,14 +478,14 @@ async fn append(
         || crate::topic_config::append::rewrites(&config)
         || (config.cleanup_policy.compacts() && records.len() > INLINE_KEY_SCAN_BYTES);
     if !heavy && config.flush_messages.is_none() {
-        return run(partition, &records, acks_all, min_isr, tally);
+        return run(partition, &records, acks_all, min_isr, tally, verification);
     }
     // The semaphore is never closed. The permit goes with the work: a request dropped
     // meanwhile (its client gone) still holds it until the blocking thread is done.
     let permit = if heavy { heavy_appends().acquire_owned().await.ok() } else { None };
     let partition = partition.clone();
     tokio::task::spawn_blocking(move || {
-        let appended = run(&partition, &records, acks_all, min_isr, tally);
+        let appended = run(&partition, &records, acks_all, min_isr, tally, verification);
         drop(permit);
         appended
     })

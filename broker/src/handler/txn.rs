@@ -309,8 +309,10 @@ impl Broker {
     ) -> Vec<Result<(), ResponseError>> {
         use crate::txn::state::Held;
         let all = |e: ResponseError| vec![Err(e); partitions.len()];
-        let (_, slot) = match self.txn_slot(id).await {
-            Ok(found) => found,
+        // A question about an id makes it no slot (see `Loaded::existing`).
+        let slot = match self.txn_loaded_for(id).await.map(|loaded| loaded.existing(id)) {
+            Ok(Some(slot)) => slot,
+            Ok(None) => return all(ResponseError::InvalidProducerIdMapping),
             Err(e) => return all(e),
         };
         let current = slot.lock().await;

@@ -1,13 +1,22 @@
-//! The group coordinator's check of a TxnOffsetCommit (KIP-890): the offsets must belong
-//! to a transaction that added the group with AddOffsetsToTxn. Offsets committed
-//! without it would sit pending with no marker ever coming for them (the coordinator
-//! writes markers only to what the transaction holds), or be applied by the marker of an
-//! unrelated transaction of the same producer.
+//! Brokers asking a transaction coordinator whether an open transaction holds something
+//! (KIP-890), before they act on a producer's word for it:
+//! - the group coordinator, before it takes a TxnOffsetCommit: the offsets must belong to
+//!   a transaction that added the group with AddOffsetsToTxn. Offsets committed without
+//!   it would sit pending with no marker ever coming for them (the coordinator writes
+//!   markers only to what the transaction holds), or be applied by the marker of an
+//!   unrelated transaction of the same producer;
+//! - a partition leader, before a transactional batch opens its producer's transaction
+//!   in the partition (`handler/produce.rs`, with the log's verification guard): a batch
+//!   of a partition the transaction does not hold would never get a marker, and would
+//!   hold the partition's last stable offset back for good, so every read_committed
+//!   consumer of it would stop there.
 //!
 //! The transaction coordinator of the id answers: this broker's own state when it is the
 //! coordinator, else an AddPartitionsToTxn v4 with `verify_only` to the coordinator,
-//! naming the group by its partition of Kafka's offsets topic as Kafka's brokers do (so
-//! any group of that partition passes there, as in Kafka).
+//! naming a group by its partition of Kafka's offsets topic as Kafka's brokers do (so
+//! any group of that partition passes there, as in Kafka). A question about an id the
+//! coordinator has no producer for is INVALID_PRODUCER_ID_MAPPING and leaves nothing
+//! behind.
 
 use std::time::Duration;
 
@@ -17,7 +26,7 @@ use kafka_protocol::messages::{AddPartitionsToTxnRequest, ProducerId, TopicName,
 use kafka_protocol::protocol::StrBytes;
 
 use super::state::Held;
-use super::{partition_for, GROUP_MARKER_TOPIC};
+use super::{partition_for, Loaded, GROUP_MARKER_TOPIC};
 use crate::handler::Broker;
 
 /// Partitions of Kafka's offsets topic (`offsets.topic.num.partitions`' default), by
@@ -45,42 +54,58 @@ impl Broker {
         epoch: i16,
         group: &str,
     ) -> Result<(), ResponseError> {
-        match self.txn_slot(transactional_id).await {
-            Ok((_, slot)) => {
-                let current = slot.lock().await;
-                let m = current.as_ref().ok_or(ResponseError::InvalidProducerIdMapping)?;
-                m.verify(producer_id, epoch)?;
-                match m.holds(Held::Group(group)) {
-                    true => Ok(()),
-                    false => Err(ResponseError::InvalidTxnState),
-                }
+        match self.txn_loaded_for(transactional_id).await {
+            Ok(loaded) => holds(&loaded, transactional_id, producer_id, epoch, Held::Group(group)).await,
+            Err(ResponseError::NotCoordinator) => {
+                let partition = partition_for(group, OFFSETS_PARTITIONS);
+                self.verify_remotely(transactional_id, producer_id, epoch, GROUP_MARKER_TOPIC, partition).await
             }
-            Err(ResponseError::NotCoordinator) => self.verify_remotely(transactional_id, producer_id, epoch, group).await,
             Err(e) => Err(e),
         }
     }
 
-    /// The same question to the coordinator on another broker.
+    /// Whether producer `(producer_id, epoch)` of `transactional_id` has an open
+    /// transaction that added `partition` of `topic`, with [`Broker::verify_txn_group`]'s
+    /// codes.
+    pub(crate) async fn verify_txn_partition(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        epoch: i16,
+        topic: &str,
+        partition: i32,
+    ) -> Result<(), ResponseError> {
+        match self.txn_loaded_for(transactional_id).await {
+            Ok(loaded) => holds(&loaded, transactional_id, producer_id, epoch, Held::Partition(topic, partition)).await,
+            Err(ResponseError::NotCoordinator) => {
+                self.verify_remotely(transactional_id, producer_id, epoch, topic, partition).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The same question to the coordinator on another broker, about `partition` of
+    /// `topic` (of Kafka's offsets topic for a group).
     async fn verify_remotely(
         &self,
         transactional_id: &str,
         producer_id: i64,
         epoch: i16,
-        group: &str,
+        topic: &str,
+        partition: i32,
     ) -> Result<(), ResponseError> {
         let (broker, _, _) = self.locate_txn_coordinator(transactional_id, &self.txns.peer.listener)?;
         if broker == self.config.broker_id {
             // Leadership moved here between the two looks: the client asks again.
             return Err(ResponseError::CoordinatorLoadInProgress);
         }
-        let partition = partition_for(group, OFFSETS_PARTITIONS);
         let request = AddPartitionsToTxnRequest::default().with_transactions(vec![AddPartitionsToTxnTransaction::default()
             .with_transactional_id(TransactionalId(StrBytes::from_string(transactional_id.to_owned())))
             .with_producer_id(ProducerId(producer_id))
             .with_producer_epoch(epoch)
             .with_verify_only(true)
             .with_topics(vec![AddPartitionsToTxnTopic::default()
-                .with_name(TopicName(StrBytes::from_static_str(GROUP_MARKER_TOPIC)))
+                .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
                 .with_partitions(vec![partition])])]);
         // The connection markers to that broker use, one request at a time.
         let connection = {
@@ -90,7 +115,7 @@ impl Broker {
         let mut connection = connection.lock().await;
         if connection.is_none() {
             let peer = self.connect_peer(broker, VERIFY_TIMEOUT).await.map_err(|e| {
-                tracing::debug!(broker, error = %e, "cannot reach the transaction coordinator to verify offsets");
+                tracing::debug!(broker, error = %e, "cannot reach the transaction coordinator to verify a transaction");
                 ResponseError::CoordinatorLoadInProgress
             })?;
             *connection = Some(peer);
@@ -125,5 +150,23 @@ impl Broker {
             }
             Some(e) => Err(e),
         }
+    }
+}
+
+/// The coordinator's own answer, from the id's state as `loaded` holds it.
+async fn holds(
+    loaded: &Loaded,
+    transactional_id: &str,
+    producer_id: i64,
+    epoch: i16,
+    what: Held<'_>,
+) -> Result<(), ResponseError> {
+    let slot = loaded.existing(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
+    let current = slot.lock().await;
+    let m = current.as_ref().ok_or(ResponseError::InvalidProducerIdMapping)?;
+    m.verify(producer_id, epoch)?;
+    match m.holds(what) {
+        true => Ok(()),
+        false => Err(ResponseError::InvalidTxnState),
     }
 }

@@ -15,23 +15,37 @@ const VERSIONS: std::ops::RangeInclusive<i16> = 3..=12;
 /// One topic's batches: (partition, record batch bytes), in request order.
 pub(crate) type TopicBatches<'a> = (&'a str, Vec<(i32, &'a Bytes)>);
 
-/// The body of a Produce request at `version` (3 to 12), without a transactional id.
-pub(crate) fn produce_body(version: i16, acks: i16, timeout_ms: i32, topics: &[TopicBatches<'_>]) -> BodyParts {
+/// The body of a Produce request at `version` (3 to 12).
+pub(crate) fn produce_body(
+    version: i16,
+    transactional_id: Option<&str>,
+    acks: i16,
+    timeout_ms: i32,
+    topics: &[TopicBatches<'_>],
+) -> BodyParts {
     debug_assert!(VERSIONS.contains(&version), "Produce v{version}");
     let flexible = version >= FIRST_FLEXIBLE;
     let partitions: usize = topics.iter().map(|(_, p)| p.len()).sum();
     let names: usize = topics.iter().map(|(name, _)| name.len()).sum();
     // Everything but the batches: one allocation that the slices between them share.
-    let mut head = BytesMut::with_capacity(16 + topics.len() * 8 + names + partitions * 12);
+    let id_len = transactional_id.map_or(0, str::len);
+    let mut head = BytesMut::with_capacity(16 + id_len + topics.len() * 8 + names + partitions * 12);
     let mut parts = Vec::with_capacity(2 * partitions + 1);
     let put_length = |buf: &mut BytesMut, n: usize| match flexible {
         true => put_uvarint(buf, n as u64 + 1),
         false => buf.put_i32(n as i32),
     };
-    // The transactional id: null.
-    match flexible {
-        true => put_uvarint(&mut head, 0),
-        false => head.put_i16(-1),
+    match (transactional_id, flexible) {
+        (None, true) => put_uvarint(&mut head, 0),
+        (None, false) => head.put_i16(-1),
+        (Some(id), true) => {
+            put_uvarint(&mut head, id.len() as u64 + 1);
+            head.put_slice(id.as_bytes());
+        }
+        (Some(id), false) => {
+            head.put_i16(id.len() as i16);
+            head.put_slice(id.as_bytes());
+        }
     }
     head.put_i16(acks);
     head.put_i32(timeout_ms);
@@ -74,7 +88,7 @@ fn put_uvarint(buf: &mut BytesMut, mut n: u64) {
 #[cfg(test)]
 mod tests {
     use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-    use kafka_protocol::messages::{ProduceRequest, TopicName};
+    use kafka_protocol::messages::{ProduceRequest, TopicName, TransactionalId};
     use kafka_protocol::protocol::{Encodable, StrBytes};
 
     use super::*;
@@ -100,13 +114,16 @@ mod tests {
                 })
                 .collect(),
         );
+        let named = request.clone().with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("orders-txn"))));
         for version in VERSIONS {
-            let mut expected = BytesMut::new();
-            request.encode(&mut expected, version).unwrap();
-            let parts = produce_body(version, -1, 30_000, &topics).0;
-            let body: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
-            assert_eq!(body, expected[..], "v{version}");
-            assert!(parts.iter().any(|p| p.as_ptr() == big.as_ptr()), "v{version}: the batch is not copied");
+            for (request, id) in [(&request, None), (&named, Some("orders-txn"))] {
+                let mut expected = BytesMut::new();
+                request.encode(&mut expected, version).unwrap();
+                let parts = produce_body(version, id, -1, 30_000, &topics).0;
+                let body: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+                assert_eq!(body, expected[..], "v{version}, transactional id {id:?}");
+                assert!(parts.iter().any(|p| p.as_ptr() == big.as_ptr()), "v{version}: the batch is not copied");
+            }
         }
     }
 }

@@ -344,7 +344,8 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
             return;
         }
     };
-    let body = produce_body(inner.config.acks, inner.config.client.request_timeout, version, &batches);
+    let transactional_id = inner.config.transactional_id.as_deref();
+    let body = produce_body(inner.config.acks, inner.config.client.request_timeout, version, transactional_id, &batches);
     if inner.config.acks == Acks::None {
         let written = conn.send_parts_oneway::<ProduceRequest>(body, version).await;
         let inner = inner.clone();
@@ -387,8 +388,16 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
     conn.send_parts_then::<ProduceRequest>(body, version, then).await;
 }
 
-/// A Produce request's body for `batches`, grouped by topic in order of appearance.
-fn produce_body(acks: Acks, timeout: Duration, version: i16, batches: &[ReadyBatch]) -> BodyParts {
+/// A Produce request's body for `batches`, grouped by topic in order of appearance,
+/// naming the producer's transactional id (a broker takes transactional batches only
+/// with it).
+fn produce_body(
+    acks: Acks,
+    timeout: Duration,
+    version: i16,
+    transactional_id: Option<&str>,
+    batches: &[ReadyBatch],
+) -> BodyParts {
     let mut topics: Vec<request::TopicBatches<'_>> = Vec::new();
     for b in batches {
         match topics.iter_mut().find(|(name, _)| **name == *b.topic) {
@@ -396,7 +405,7 @@ fn produce_body(acks: Acks, timeout: Duration, version: i16, batches: &[ReadyBat
             None => topics.push((&b.topic, vec![(b.partition, &b.bytes)])),
         }
     }
-    request::produce_body(version, acks.wire(), timeout.as_millis() as i32, &topics)
+    request::produce_body(version, transactional_id, acks.wire(), timeout.as_millis() as i32, &topics)
 }
 
 fn handle_response(inner: &Arc<Inner>, broker: &str, batches: Vec<ReadyBatch>, response: ProduceResponse) {

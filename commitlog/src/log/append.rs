@@ -58,14 +58,22 @@ impl Log {
     /// [`AppendInfo::duplicate`] set; a sequence gap is [`Error::OutOfOrderSequence`],
     /// an older producer epoch [`Error::InvalidProducerEpoch`].
     pub fn append(&self, batches: &mut [u8], leader_epoch: i32) -> Result<AppendInfo> {
-        self.append_visiting(batches, leader_epoch, None)
+        self.append_visiting(batches, leader_epoch, None, super::TxnVerification::Off)
     }
 
     /// [`Log::append`], showing `visit` every record of every batch as the validation
     /// walks it (control batches too, with their header), so a caller counts records
     /// without walking or decompressing them a second time. The validation's verdict
     /// comes after the visits: what the caller gathered holds only if this returns `Ok`.
-    pub fn append_visiting(&self, batches: &mut [u8], leader_epoch: i32, visit: Option<RecordVisitor<'_>>) -> Result<AppendInfo> {
+    /// A producer's batches are taken as `verification` says (see [`super::TxnVerification`]);
+    /// a retry of a batch already in the log is answered before that check, as in Kafka.
+    pub fn append_visiting(
+        &self,
+        batches: &mut [u8],
+        leader_epoch: i32,
+        visit: Option<RecordVisitor<'_>>,
+        verification: super::TxnVerification,
+    ) -> Result<AppendInfo> {
         let config = self.config();
         let mut headers = validate_leader(batches, &config, visit)?;
         let mut w = self.lock_writer()?;
@@ -80,6 +88,7 @@ impl Log {
                 duplicate: true,
             });
         }
+        Self::check_verified(&w, &headers, verification)?;
         let mut next = self.log_end_offset();
         for (position, h) in &mut headers {
             let batch = &mut batches[*position..];

@@ -9,13 +9,24 @@
 //! compute the LSO from `Log::unstable` (first offset -> marker offset once decided)
 //! without the writer lock; the writer keeps it in step with the producer state.
 //!
+//! A partition leader takes a transactional batch that would open its producer's
+//! transaction here only once the transaction coordinator confirmed the partition is in
+//! that transaction (KIP-890's verification, done by the broker): the leader first takes
+//! a [`VerificationGuard`] for the producer, asks the coordinator, and appends under the
+//! guard. Any transactional batch or marker of that producer appended meanwhile (an
+//! abort at the transaction's timeout, say) drops the guard, so an answer that came
+//! back stale cannot open a transaction the coordinator no longer knows of, whose
+//! marker would never come.
+//!
 //! An append holding control batches works out its effect on the producer state on a
 //! copy first, so the ABORT entries of the `.txnindex` are written before the log bytes
 //! and taken back if those fail: the state, the index and the log change together or
 //! not at all.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fjord_record::batch::{self, BatchHeader};
 use fjord_record::{control, Offset};
@@ -28,6 +39,61 @@ use crate::{lock, Error, Result};
 
 /// Undecided transactions: first offset -> the marker's offset once one is appended.
 pub(super) type Unstable = BTreeMap<Offset, Option<Offset>>;
+
+/// A leader's claim that it asked the transaction coordinator about a producer's
+/// transaction in this partition (see the module docs); unique over the process, so
+/// an answer to an earlier question never passes for a later one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerificationGuard(u64);
+
+/// How a leader append takes a transactional batch whose producer has no transaction
+/// open in this log yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnVerification {
+    /// As it is: verification is off (`transaction.partition.verification.enable`).
+    Off,
+    /// Only under this guard, if it is still the producer's (`None`: the request was
+    /// not verified, so only batches continuing an open transaction pass).
+    Required(Option<VerificationGuard>),
+}
+
+/// Verifications under way, by producer id, with when each started.
+#[derive(Debug, Default)]
+pub(super) struct Verifications(HashMap<i64, (VerificationGuard, Instant)>);
+
+/// Past this many verifications under way, those older than [`VERIFICATION_TTL`] go.
+/// Each is a request waiting for the coordinator, or one it answered whose append
+/// failed; a failed verification removes its own.
+const VERIFICATIONS_SWEPT_AT: usize = 1024;
+/// Longer than any request waits for a coordinator's answer.
+const VERIFICATION_TTL: Duration = Duration::from_secs(120);
+
+impl Verifications {
+    /// The producer's guard: the one under way (a retry, or a second request of the
+    /// same transaction), else a new one.
+    fn start(&mut self, producer_id: i64) -> VerificationGuard {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        if self.0.len() >= VERIFICATIONS_SWEPT_AT {
+            self.0.retain(|_, (_, started)| started.elapsed() < VERIFICATION_TTL);
+        }
+        self.0.entry(producer_id).or_insert_with(|| (VerificationGuard(NEXT.fetch_add(1, Ordering::Relaxed)), Instant::now())).0
+    }
+
+    fn holds(&self, producer_id: i64, guard: Option<VerificationGuard>) -> bool {
+        guard.is_some_and(|g| self.0.get(&producer_id).is_some_and(|(held, _)| *held == g))
+    }
+
+    fn cancel(&mut self, producer_id: i64, guard: VerificationGuard) {
+        if self.holds(producer_id, Some(guard)) {
+            self.0.remove(&producer_id);
+        }
+    }
+
+    /// The producer's transaction here started or ended: its verification is spent.
+    fn clear(&mut self, producer_id: i64) {
+        self.0.remove(&producer_id);
+    }
+}
 
 /// What an append does to the producer state, worked out before its bytes are written.
 pub(super) enum ProducerUpdate {
@@ -74,6 +140,39 @@ impl Log {
         batch::set_partition_leader_epoch(&mut bytes, leader_epoch);
         let header = BatchHeader::parse(&bytes).map_err(|source| Error::InvalidBatch { position: 0, source })?;
         self.append_validated(&mut w, &config, &bytes, &[(0, header)])
+    }
+
+    /// Starts the verification of `producer_id`'s next transactional batch: `None` when
+    /// the producer has a transaction open here already (its batches need none), else
+    /// the guard to append under once the coordinator confirmed the partition.
+    pub fn start_txn_verification(&self, producer_id: i64) -> Result<Option<VerificationGuard>> {
+        let mut w = self.lock_writer()?;
+        if w.producers.in_transaction(producer_id) {
+            return Ok(None);
+        }
+        Ok(Some(w.verifications.start(producer_id)))
+    }
+
+    /// Drops `guard` after its verification failed, unless a later one replaced it.
+    pub fn cancel_txn_verification(&self, producer_id: i64, guard: VerificationGuard) {
+        lock::mutex(&self.writer).verifications.cancel(producer_id, guard);
+    }
+
+    /// The leader's check of an append's batches before anything is written (see
+    /// [`TxnVerification`]): [`Error::TransactionNotVerified`] for a transactional batch
+    /// that would open a transaction without its producer's current guard.
+    pub(super) fn check_verified(w: &Writer, headers: &[(usize, BatchHeader)], verification: TxnVerification) -> Result<()> {
+        let TxnVerification::Required(guard) = verification else { return Ok(()) };
+        for (_, h) in headers {
+            if h.is_transactional()
+                && !h.is_control()
+                && !w.producers.in_transaction(h.producer_id)
+                && !w.verifications.holds(h.producer_id, guard)
+            {
+                return Err(Error::TransactionNotVerified { producer_id: h.producer_id });
+            }
+        }
+        Ok(())
     }
 
     /// The last stable offset: where a read_committed consumer's data ends (see the
@@ -161,6 +260,9 @@ impl Log {
     /// After the append's bytes are written: the producer state and the undecided
     /// transactions follow.
     pub(super) fn apply_producers(&self, w: &mut Writer, headers: &[(usize, BatchHeader)], update: ProducerUpdate) {
+        for (_, h) in headers.iter().filter(|(_, h)| h.is_transactional()) {
+            w.verifications.clear(h.producer_id);
+        }
         let (started, completed) = match update {
             ProducerUpdate::Data => (w.producers.apply(headers), Vec::new()),
             ProducerUpdate::Control { state, started, completed, .. } => {
