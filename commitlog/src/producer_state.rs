@@ -76,7 +76,8 @@ pub(crate) struct BatchMetadata {
 struct ProducerEntry {
     epoch: i16,
     batches: VecDeque<BatchMetadata>,
-    /// Largest batch timestamp seen: expiry counts inactivity from it (as Kafka).
+    /// Largest batch timestamp seen, at most the time it was seen (`seen_at`): expiry
+    /// counts inactivity from it (as Kafka).
     last_timestamp: i64,
     /// Coordinator epoch of the last marker for this producer (-1: none yet).
     coordinator_epoch: i32,
@@ -148,6 +149,14 @@ fn meta_of(h: &BatchHeader) -> BatchMetadata {
     }
 }
 
+/// When a producer was last active, from a batch of it: its max timestamp, as Kafka
+/// counts expiry, but never later than now. A timestamp is the client's to set, and one
+/// in the far future kept the producer from ever expiring: any client could then pin a
+/// producer entry a request in every partition's memory for good.
+fn seen_at(h: &BatchHeader) -> i64 {
+    h.max_timestamp.min(fjord_record::now_ms())
+}
+
 /// Whether a batch takes part in idempotence (a data batch with a producer id; control
 /// batches carry no sequence).
 fn is_idempotent(h: &BatchHeader) -> bool {
@@ -174,7 +183,7 @@ impl ProducerEntry {
             self.batches.pop_front();
         }
         self.batches.push_back(meta_of(h));
-        self.last_timestamp = self.last_timestamp.max(h.max_timestamp);
+        self.last_timestamp = self.last_timestamp.max(seen_at(h));
         if h.is_transactional() && self.txn_first_offset.is_none() {
             self.txn_first_offset = Some(h.base_offset);
             return self.txn_first_offset;
@@ -320,7 +329,7 @@ impl ProducerState {
         let entry = self.producers.entry(h.producer_id).or_insert_with(|| ProducerEntry::new(h.producer_epoch, i64::MIN));
         entry.set_epoch(h.producer_epoch);
         entry.coordinator_epoch = coordinator_epoch;
-        entry.last_timestamp = entry.last_timestamp.max(h.max_timestamp);
+        entry.last_timestamp = entry.last_timestamp.max(seen_at(h));
         let first_offset = entry.txn_first_offset.take()?;
         self.open.remove(&first_offset);
         let last_stable_offset = self.open.keys().next().copied().unwrap_or(h.base_offset + 1);
@@ -737,6 +746,19 @@ mod tests {
         assert_eq!((old[&5].epoch, old[&5].coordinator_epoch, old[&5].txn_first_offset), (1, -1, None));
         checkpoint::write_lines(&snapshot_path(dir.path(), 21), &["5 1 1000 0 0 3".to_owned()]).unwrap();
         assert!(read_snapshot(&snapshot_path(dir.path(), 21)).is_err());
+    }
+
+    #[test]
+    fn a_batch_stamped_in_the_future_does_not_keep_its_producer_from_expiring() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = ProducerState::new(dir.path());
+        let mut b = fjord_record::BatchBuilder::new(i64::MAX / 2).producer(1, 0, 0);
+        b.append(i64::MAX / 2, None, Some(b"v"), &[]);
+        let bytes = b.build_vec();
+        s.apply(&[(0, BatchHeader::parse(&bytes).unwrap())]);
+        let now = fjord_record::now_ms();
+        assert_eq!(s.remove_expired(now + 60_000, 3_600_000), 0);
+        assert_eq!(s.remove_expired(now + 3_600_000 + 60_000, 3_600_000), 1);
     }
 
     #[test]
