@@ -677,3 +677,36 @@ async fn transactional_batches_need_write_on_their_transactional_id() {
     assert_eq!(admin.latest_offset("t").await, (0, 1), "only bob's plain record was written");
     broker.stop().await;
 }
+
+/// Kafka: WriteTxnMarkers from Alter on the cluster (an admin aborting a hanging
+/// transaction, `fjord transactions abort`) or ClusterAction; else refused, nothing written.
+#[tokio::test]
+async fn write_txn_markers_needs_alter_on_the_cluster() {
+    use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
+    let broker = SecuredBroker::start().await;
+    let mut admin = broker.admin().await;
+    assert_eq!(create_topic(&mut admin, "t").await, 0);
+    let mut bob = broker.login("bob", BOB_PASSWORD).await;
+    let abort = WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default()
+        .with_producer_id(ProducerId(4_000))
+        .with_producer_epoch(0)
+        .with_transaction_result(false)
+        .with_coordinator_epoch(-1)
+        .with_topics(vec![WritableTxnMarkerTopic::default().with_name(topic_name("t")).with_partition_indexes(vec![0])])]);
+    let code = |r: WriteTxnMarkersResponse| r.markers[0].topics[0].partitions[0].error_code;
+    let refused: WriteTxnMarkersResponse = bob.call(ApiKey::WriteTxnMarkers, 1, &abort).await.unwrap();
+    assert_eq!(code(refused), CLUSTER_AUTHORIZATION_FAILED);
+    assert_eq!(admin.latest_offset("t").await, (0, 0));
+    assert_eq!(allow(&mut admin, "User:bob", Operation::Alter, ResourceType::Cluster, "kafka-cluster").await, 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r: WriteTxnMarkersResponse = bob.call(ApiKey::WriteTxnMarkers, 1, &abort).await.unwrap();
+        match code(r) {
+            0 => break,
+            c => assert!(c == CLUSTER_AUTHORIZATION_FAILED && Instant::now() < deadline, "{c}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(admin.latest_offset("t").await, (0, 1), "the marker");
+    broker.stop().await;
+}

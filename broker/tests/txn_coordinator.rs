@@ -760,3 +760,56 @@ async fn a_transactional_batch_opens_a_transaction_only_where_its_coordinator_ad
     assert_eq!(out_latest(&mut client, 0, 1).await, out_latest(&mut client, 0, 0).await);
     broker.stop().await.unwrap();
 }
+
+/// A transaction opened before brokers verified with the coordinator (here: with the
+/// verification off, as a broker before this release took any transactional batch) hangs
+/// its partition for read_committed consumers; `TransactionAdmin` finds it and aborts it
+/// (`fjord transactions find-hanging` / `abort`), and leaves a coordinator's own open
+/// transaction alone, however old its records' timestamps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_transaction_is_found_and_aborted_and_a_live_one_is_not() {
+    use fjord_client::{ClientConfig, TopicPartition, TransactionAdmin};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().join("data"), |c| {
+        c.set("transaction.state.log.num.partitions", "4").unwrap();
+        c.set("num.partitions", "2").unwrap();
+        c.set("transaction.partition.verification.enable", "false").unwrap();
+    })
+    .await
+    .unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
+    // A live transaction in partition 0, its records stamped long ago.
+    assert_eq!(find_coordinator(&mut client, 4, "live").await.coordinators[0].error_code, 0);
+    let r = init(&mut client, 4, "live", 60_000).await;
+    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    assert!(add_partitions(&mut client, 3, "live", pid, epoch, &[("out", &[0])]).await.iter().all(|r| r.2 == 0));
+    let named = |id: &str, partition: i32, records: bytes::Bytes| {
+        produce_request("out", partition, -1, 5000, records).with_transactional_id(Some(tid(id)))
+    };
+    assert_eq!(client.produce(9, &named("live", 0, txn_batch(pid, epoch, 0, "l"))).await, (0, 1));
+    // A stray one in partition 1 that no coordinator knows of.
+    assert_eq!(client.produce(9, &named("gone", 1, txn_batch(5_000, 0, 0, "s"))).await, (0, 0));
+    assert_eq!(client.produce(9, &named("gone", 1, batch(-1, -1, -1, "after"))).await, (0, 1));
+    assert_eq!((out_latest(&mut client, 1, 1).await, out_latest(&mut client, 1, 0).await), (0, 2), "it hangs");
+
+    let admin = TransactionAdmin::connect(ClientConfig::new(&broker.addr.to_string())).await.unwrap();
+    let hanging = admin.find_hanging(&[], std::time::Duration::from_secs(900)).await.unwrap();
+    let found: Vec<(String, i32, i64, i64)> = hanging
+        .iter()
+        .map(|h| (h.partition.topic.clone(), h.partition.partition, h.producer.producer_id, h.producer.current_txn_start_offset))
+        .collect();
+    assert_eq!(found, [("out".to_owned(), 1, 5_000, 0)]);
+    let stray = &hanging[0].producer;
+    admin
+        .abort_transaction(&TopicPartition::new("out", 1), 5_000, stray.producer_epoch as i16, stray.coordinator_epoch)
+        .await
+        .unwrap();
+    assert_eq!(out_latest(&mut client, 1, 1).await, out_latest(&mut client, 1, 0).await, "read_committed moves on");
+    assert!(admin.find_hanging(&[], std::time::Duration::from_secs(900)).await.unwrap().is_empty());
+    // The live transaction was left to its coordinator: it commits.
+    assert_eq!(out_latest(&mut client, 0, 1).await, 1);
+    assert_eq!(end_txn(&mut client, 3, "live", pid, epoch, true).await, 0);
+    assert_eq!(out_latest(&mut client, 0, 1).await, out_latest(&mut client, 0, 0).await);
+    broker.stop().await.unwrap();
+}

@@ -55,7 +55,7 @@ pub use fjord_record::{Compression, TopicPartition};
 pub use group::{GroupAdmin, GroupConfig, GroupConsumer, GroupDescription, MemberDescription, Rebalance, RebalanceListener};
 pub use producer::{Acks, DeliveryFuture, Producer, ProducerConfig, ProducerRecord, RecordMetadata};
 pub use security::{parse_properties, SaslMechanism, SecurityConfig, SecurityProtocol};
-pub use transaction::{TransactionAdmin, TransactionDescription, TransactionListing};
+pub use transaction::{HangingTransaction, ProducerDescription, TransactionAdmin, TransactionDescription, TransactionListing};
 
 /// Largest records section a compressed batch may expand to (a guard against
 /// decompression bombs; far above any batch a real producer writes).

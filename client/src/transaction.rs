@@ -272,6 +272,35 @@ pub struct TransactionDescription {
     pub partitions: Vec<TopicPartition>,
 }
 
+/// One producer of a partition as its leader reports it (DescribeProducers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerDescription {
+    /// The producer id.
+    pub producer_id: i64,
+    /// Its epoch in this partition.
+    pub producer_epoch: i32,
+    /// The last sequence it appended.
+    pub last_sequence: i32,
+    /// Its last batch's timestamp (ms since the epoch).
+    pub last_timestamp: i64,
+    /// The epoch of the coordinator that last wrote a marker for it here (-1: none).
+    pub coordinator_epoch: i32,
+    /// Where its open transaction starts here, -1 when none is open.
+    pub current_txn_start_offset: i64,
+}
+
+/// A transaction open in a partition that no coordinator holds the partition in: no
+/// marker will ever end it, and read_committed consumers of the partition wait at it.
+/// Brokers refuse to open one since they verify with the coordinator (KIP-890), but
+/// one opened before stays until it is aborted ([`TransactionAdmin::abort_transaction`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HangingTransaction {
+    /// The partition.
+    pub partition: TopicPartition,
+    /// Its producer there.
+    pub producer: ProducerDescription,
+}
+
 /// Lists and describes transactional ids (`fjord transactions`).
 pub struct TransactionAdmin {
     cluster: Arc<Cluster>,
@@ -301,6 +330,134 @@ impl TransactionAdmin {
         }
         out.sort_by(|a, b| a.transactional_id.cmp(&b.transactional_id));
         Ok(out)
+    }
+
+    /// The producers of `partition` as its leader knows them.
+    pub async fn describe_producers(&self, partition: &TopicPartition) -> Result<Vec<ProducerDescription>> {
+        let leader = self.leader(partition, false).await?;
+        let request = DescribeProducersRequest::default().with_topics(vec![describe_producers_request::TopicRequest::default()
+            .with_name(TopicName(s(&partition.topic)))
+            .with_partition_indexes(vec![partition.partition])]);
+        let response = self.cluster.broker(leader).await?.request(&request, 0).await?;
+        let p = response.topics.into_iter().flat_map(|t| t.partitions).next().ok_or_else(|| Error::Protocol {
+            broker: leader.to_string(),
+            detail: "DescribeProducers answered no partition".into(),
+        })?;
+        if let Some(e) = Error::kafka(p.error_code, format!("describe producers of {partition}"), None) {
+            return Err(e);
+        }
+        Ok(p.active_producers
+            .into_iter()
+            .map(|a| ProducerDescription {
+                producer_id: a.producer_id.0,
+                producer_epoch: a.producer_epoch,
+                last_sequence: a.last_sequence,
+                last_timestamp: a.last_timestamp,
+                coordinator_epoch: a.coordinator_epoch,
+                current_txn_start_offset: a.current_txn_start_offset,
+            })
+            .collect())
+    }
+
+    /// The transactions open in the partitions of `topics` (every topic when empty)
+    /// whose producer has been idle longer than `max_transaction_timeout` (a coordinator
+    /// aborts its own transactions by then) and that no coordinator holds the partition
+    /// in: Kafka's `kafka-transactions.sh find-hanging` (KIP-664).
+    pub async fn find_hanging(&self, topics: &[String], max_transaction_timeout: Duration) -> Result<Vec<HangingTransaction>> {
+        let md = self.cluster.refresh(None).await?;
+        let mut names: Vec<&String> = md.topics.keys().filter(|t| topics.is_empty() || topics.contains(t)).collect();
+        names.sort();
+        let now = fjord_record::now_ms();
+        let idle_since = now.saturating_sub(max_transaction_timeout.as_millis() as i64);
+        let mut candidates = Vec::new();
+        for name in names {
+            for p in &md.topics[name].partitions {
+                let partition = TopicPartition::new(name.clone(), p.partition);
+                for producer in self.describe_producers(&partition).await? {
+                    if producer.current_txn_start_offset >= 0 && producer.last_timestamp <= idle_since {
+                        candidates.push(HangingTransaction { partition: partition.clone(), producer });
+                    }
+                }
+            }
+        }
+        if candidates.is_empty() {
+            return Ok(candidates);
+        }
+        // What the coordinators hold, by producer id: a candidate their open transaction
+        // holds is theirs to end.
+        let listings = self.list_transactions().await?;
+        let mut hanging = Vec::new();
+        for c in candidates {
+            let mut held = false;
+            for l in listings.iter().filter(|l| l.producer_id == c.producer.producer_id) {
+                let d = self.describe_transaction(&l.transactional_id).await?;
+                held |= d.producer_id == c.producer.producer_id
+                    && !matches!(d.state.as_str(), "Empty" | "CompleteCommit" | "CompleteAbort" | "Dead")
+                    && d.partitions.contains(&c.partition);
+            }
+            if !held {
+                hanging.push(c);
+            }
+        }
+        Ok(hanging)
+    }
+
+    /// Writes an ABORT marker for `producer_id`'s open transaction in `partition`
+    /// (WriteTxnMarkers to its leader, as Kafka's admin `abortTransaction`; needs Alter on
+    /// the cluster). `coordinator_epoch` must be at least the one of the producer's last
+    /// marker there ([`ProducerDescription::coordinator_epoch`]).
+    pub async fn abort_transaction(
+        &self,
+        partition: &TopicPartition,
+        producer_id: i64,
+        producer_epoch: i16,
+        coordinator_epoch: i32,
+    ) -> Result<()> {
+        let leader = self.leader(partition, true).await?;
+        let request =
+            WriteTxnMarkersRequest::default().with_markers(vec![write_txn_markers_request::WritableTxnMarker::default()
+                .with_producer_id(ProducerId(producer_id))
+                .with_producer_epoch(producer_epoch)
+                .with_transaction_result(false)
+                .with_coordinator_epoch(coordinator_epoch)
+                .with_topics(vec![write_txn_markers_request::WritableTxnMarkerTopic::default()
+                    .with_name(TopicName(s(&partition.topic)))
+                    .with_partition_indexes(vec![partition.partition])])]);
+        let response = self.cluster.broker(leader).await?.request(&request, 1).await?;
+        let code = response
+            .markers
+            .iter()
+            .flat_map(|m| m.topics.iter())
+            .flat_map(|t| t.partitions.iter())
+            .map(|p| p.error_code)
+            .next()
+            .unwrap_or(ResponseError::UnknownServerError.code());
+        match Error::kafka(code, format!("abort the transaction of producer {producer_id} in {partition}"), None) {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// The broker leading `partition`, from the metadata at hand unless `fresh` (or the
+    /// partition is not in it).
+    async fn leader(&self, partition: &TopicPartition, fresh: bool) -> Result<i32> {
+        let lookup = |md: &crate::Metadata| {
+            let p = md.topics.get(&partition.topic).and_then(|t| t.partitions.get(partition.partition as usize));
+            p.map(|p| p.leader).filter(|&leader| leader >= 0)
+        };
+        let known = if fresh { None } else { lookup(&self.cluster.metadata()) };
+        let leader = match known {
+            Some(leader) => Some(leader),
+            None => lookup(&*self.cluster.refresh(Some(std::slice::from_ref(&partition.topic))).await?),
+        };
+        match leader {
+            Some(leader) => Ok(leader),
+            None => Err(Error::Kafka {
+                code: ResponseError::UnknownTopicOrPartition,
+                context: format!("find the leader of {partition}"),
+                message: None,
+            }),
+        }
     }
 
     /// The state of `transactional_id` at its coordinator.

@@ -3,8 +3,9 @@
 //! marker (a control batch, see [`fjord_record::control`]) for the producer.
 //!
 //! As Kafka answers it:
-//! - with `authorizer.enable`, only a principal with ClusterAction on the cluster (the
-//!   inter-broker principal always has it) may send one; anyone else gets
+//! - with `authorizer.enable`, only a principal with Alter (an admin aborting a hanging
+//!   transaction, `TransactionAdmin::abort_transaction`) or ClusterAction (the
+//!   inter-broker principal always has it) on the cluster may send one; anyone else gets
 //!   CLUSTER_AUTHORIZATION_FAILED for every partition, nothing written;
 //! - an unknown topic or partition is UNKNOWN_TOPIC_OR_PARTITION, a replica that is not
 //!   the leader NOT_LEADER_OR_FOLLOWER (the coordinator retries at the new leader);
@@ -40,7 +41,10 @@ const REPLICATION_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Broker {
     pub(crate) async fn write_txn_markers(&self, request: WriteTxnMarkersRequest, session: &Session) -> ResponseKind {
-        let allowed = self.authorize(session, Operation::ClusterAction, Resource::cluster());
+        // Kafka: Alter on the cluster (an admin aborting a hanging transaction, KIP-664),
+        // else ClusterAction (a coordinator on another broker).
+        let allowed = self.authorize(session, Operation::Alter, Resource::cluster())
+            || self.authorize(session, Operation::ClusterAction, Resource::cluster());
         ResponseKind::WriteTxnMarkers(self.append_txn_markers(request, allowed).await)
     }
 
