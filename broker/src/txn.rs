@@ -239,6 +239,10 @@ pub(crate) struct TxnCoordinator {
     loading: Mutex<()>,
     /// One connection per broker markers go to, each used by one sender at a time.
     peers: SyncMutex<HashMap<i32, Arc<Mutex<Option<Peer>>>>>,
+    /// One connection per coordinator this broker asks to verify a transaction
+    /// (`txn::verify`), apart from the markers': a marker's answer waits for its ISR (up
+    /// to seconds), and produce requests must not wait behind it.
+    verify_peers: SyncMutex<HashMap<i32, Arc<Mutex<Option<Peer>>>>>,
     /// Ids whose completion (markers, then the complete state) is under way, each with
     /// the requests for it so far (a request while one is under way is not a second
     /// task, but makes the one under way look at the id again when it is done) and a
@@ -259,6 +263,7 @@ impl TxnCoordinator {
             loaded: SyncMutex::new(HashMap::new()),
             loading: Mutex::new(()),
             peers: SyncMutex::new(HashMap::new()),
+            verify_peers: SyncMutex::new(HashMap::new()),
             completing: SyncMutex::new(HashMap::new()),
             wake,
             woken: SyncMutex::new(Some(woken)),

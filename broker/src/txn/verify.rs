@@ -107,9 +107,9 @@ impl Broker {
             .with_topics(vec![AddPartitionsToTxnTopic::default()
                 .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
                 .with_partitions(vec![partition])])]);
-        // The connection markers to that broker use, one request at a time.
+        // This broker's verification connection to that coordinator, one request at a time.
         let connection = {
-            let mut peers = self.txns.peers.lock().expect("invariant: peers lock is never poisoned");
+            let mut peers = self.txns.verify_peers.lock().expect("invariant: peers lock is never poisoned");
             peers.entry(broker).or_default().clone()
         };
         let mut connection = connection.lock().await;
