@@ -155,6 +155,11 @@ fn a_transaction_opens_only_under_its_producers_current_verification_guard() {
         verified_append(&log, batch(8, 0, 0, 1, true), TxnVerification::Required(Some(fresh))),
         Err(Error::TransactionNotVerified { producer_id: 8 })
     ));
+    // A request whose verification failed leaves the guard to another that took it too.
+    assert_eq!(log.start_txn_verification(7).unwrap(), Some(fresh));
+    log.cancel_txn_verification(7, fresh);
+    assert_eq!(log.start_txn_verification(7).unwrap(), Some(fresh));
+    log.cancel_txn_verification(7, fresh);
     log.cancel_txn_verification(7, fresh);
     assert!(matches!(
         verified_append(&log, batch(7, 0, 2, 1, true), TxnVerification::Required(Some(fresh))),

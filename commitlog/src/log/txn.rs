@@ -57,9 +57,19 @@ pub enum TxnVerification {
     Required(Option<VerificationGuard>),
 }
 
-/// Verifications under way, by producer id, with when each started.
+/// Verifications under way, by producer id.
 #[derive(Debug, Default)]
-pub(super) struct Verifications(HashMap<i64, (VerificationGuard, Instant)>);
+pub(super) struct Verifications(HashMap<i64, Verification>);
+
+/// One producer's verification under way.
+#[derive(Debug)]
+struct Verification {
+    guard: VerificationGuard,
+    started: Instant,
+    /// Requests that took the guard and have not failed: a failed one drops the guard
+    /// only when it was the last, so a request verified meanwhile still appends.
+    users: u32,
+}
 
 /// Past this many verifications under way, those older than [`VERIFICATION_TTL`] go.
 /// Each is a request waiting for the coordinator, or one it answered whose append
@@ -74,18 +84,28 @@ impl Verifications {
     fn start(&mut self, producer_id: i64) -> VerificationGuard {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         if self.0.len() >= VERIFICATIONS_SWEPT_AT {
-            self.0.retain(|_, (_, started)| started.elapsed() < VERIFICATION_TTL);
+            self.0.retain(|_, v| v.started.elapsed() < VERIFICATION_TTL);
         }
-        self.0.entry(producer_id).or_insert_with(|| (VerificationGuard(NEXT.fetch_add(1, Ordering::Relaxed)), Instant::now())).0
+        let v = self.0.entry(producer_id).or_insert_with(|| Verification {
+            guard: VerificationGuard(NEXT.fetch_add(1, Ordering::Relaxed)),
+            started: Instant::now(),
+            users: 0,
+        });
+        v.users += 1;
+        v.guard
     }
 
     fn holds(&self, producer_id: i64, guard: Option<VerificationGuard>) -> bool {
-        guard.is_some_and(|g| self.0.get(&producer_id).is_some_and(|(held, _)| *held == g))
+        guard.is_some_and(|g| self.0.get(&producer_id).is_some_and(|v| v.guard == g))
     }
 
+    /// A request's verification of `guard` failed.
     fn cancel(&mut self, producer_id: i64, guard: VerificationGuard) {
-        if self.holds(producer_id, Some(guard)) {
-            self.0.remove(&producer_id);
+        if let Some(v) = self.0.get_mut(&producer_id).filter(|v| v.guard == guard) {
+            v.users = v.users.saturating_sub(1);
+            if v.users == 0 {
+                self.0.remove(&producer_id);
+            }
         }
     }
 
@@ -153,7 +173,8 @@ impl Log {
         Ok(Some(w.verifications.start(producer_id)))
     }
 
-    /// Drops `guard` after its verification failed, unless a later one replaced it.
+    /// A request's verification under `guard` failed: the guard goes unless another
+    /// request took it meanwhile (or a later one replaced it).
     pub fn cancel_txn_verification(&self, producer_id: i64, guard: VerificationGuard) {
         lock::mutex(&self.writer).verifications.cancel(producer_id, guard);
     }
