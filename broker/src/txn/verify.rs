@@ -54,14 +54,8 @@ impl Broker {
         epoch: i16,
         group: &str,
     ) -> Result<(), ResponseError> {
-        match self.txn_loaded_for(transactional_id).await {
-            Ok(loaded) => holds(&loaded, transactional_id, producer_id, epoch, Held::Group(group)).await,
-            Err(ResponseError::NotCoordinator) => {
-                let partition = partition_for(group, OFFSETS_PARTITIONS);
-                self.verify_remotely(transactional_id, producer_id, epoch, GROUP_MARKER_TOPIC, partition).await
-            }
-            Err(e) => Err(e),
-        }
+        let asked = (GROUP_MARKER_TOPIC, partition_for(group, OFFSETS_PARTITIONS));
+        self.verify_txn(transactional_id, (producer_id, epoch), Held::Group(group), asked).await
     }
 
     /// Whether producer `(producer_id, epoch)` of `transactional_id` has an open
@@ -75,8 +69,20 @@ impl Broker {
         topic: &str,
         partition: i32,
     ) -> Result<(), ResponseError> {
+        self.verify_txn(transactional_id, (producer_id, epoch), Held::Partition(topic, partition), (topic, partition)).await
+    }
+
+    /// The question answered here when this broker coordinates the id (`what`), else
+    /// asked of its coordinator (about partition `asked`).
+    async fn verify_txn(
+        &self,
+        transactional_id: &str,
+        (producer_id, epoch): (i64, i16),
+        what: Held<'_>,
+        (topic, partition): (&str, i32),
+    ) -> Result<(), ResponseError> {
         match self.txn_loaded_for(transactional_id).await {
-            Ok(loaded) => holds(&loaded, transactional_id, producer_id, epoch, Held::Partition(topic, partition)).await,
+            Ok(loaded) => holds(&loaded, transactional_id, producer_id, epoch, what).await,
             Err(ResponseError::NotCoordinator) => {
                 self.verify_remotely(transactional_id, producer_id, epoch, topic, partition).await
             }
