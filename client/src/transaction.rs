@@ -334,29 +334,65 @@ impl TransactionAdmin {
 
     /// The producers of `partition` as its leader knows them.
     pub async fn describe_producers(&self, partition: &TopicPartition) -> Result<Vec<ProducerDescription>> {
-        let leader = self.leader(partition, false).await?;
-        let request = DescribeProducersRequest::default().with_topics(vec![describe_producers_request::TopicRequest::default()
-            .with_name(TopicName(s(&partition.topic)))
-            .with_partition_indexes(vec![partition.partition])]);
-        let response = self.cluster.broker(leader).await?.request(&request, 0).await?;
-        let p = response.topics.into_iter().flat_map(|t| t.partitions).next().ok_or_else(|| Error::Protocol {
-            broker: leader.to_string(),
-            detail: "DescribeProducers answered no partition".into(),
-        })?;
-        if let Some(e) = Error::kafka(p.error_code, format!("describe producers of {partition}"), None) {
-            return Err(e);
+        let mut described = self.describe_producers_of(std::slice::from_ref(partition)).await?;
+        Ok(described.pop().map(|(_, producers)| producers).unwrap_or_default())
+    }
+
+    /// The producers of each of `partitions`, in their order, asked of their leaders in
+    /// one DescribeProducers a leader.
+    pub async fn describe_producers_of(
+        &self,
+        partitions: &[TopicPartition],
+    ) -> Result<Vec<(TopicPartition, Vec<ProducerDescription>)>> {
+        let mut by_leader: BTreeMap<i32, Vec<&TopicPartition>> = BTreeMap::new();
+        for partition in partitions {
+            by_leader.entry(self.leader(partition, false).await?).or_default().push(partition);
         }
-        Ok(p.active_producers
-            .into_iter()
-            .map(|a| ProducerDescription {
-                producer_id: a.producer_id.0,
-                producer_epoch: a.producer_epoch,
-                last_sequence: a.last_sequence,
-                last_timestamp: a.last_timestamp,
-                coordinator_epoch: a.coordinator_epoch,
-                current_txn_start_offset: a.current_txn_start_offset,
+        let mut described: std::collections::HashMap<TopicPartition, Vec<ProducerDescription>> = std::collections::HashMap::new();
+        for (leader, asked) in by_leader {
+            let mut topics: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+            for p in &asked {
+                topics.entry(&p.topic).or_default().push(p.partition);
+            }
+            let request = DescribeProducersRequest::default().with_topics(
+                topics
+                    .into_iter()
+                    .map(|(topic, indexes)| {
+                        describe_producers_request::TopicRequest::default()
+                            .with_name(TopicName(s(topic)))
+                            .with_partition_indexes(indexes)
+                    })
+                    .collect(),
+            );
+            let response = self.cluster.broker(leader).await?.request(&request, 0).await?;
+            for topic in response.topics {
+                for p in topic.partitions {
+                    let partition = TopicPartition::new(topic.name.to_string(), p.partition_index);
+                    if let Some(e) = Error::kafka(p.error_code, format!("describe producers of {partition}"), None) {
+                        return Err(e);
+                    }
+                    let producers = p.active_producers.into_iter().map(|a| ProducerDescription {
+                        producer_id: a.producer_id.0,
+                        producer_epoch: a.producer_epoch,
+                        last_sequence: a.last_sequence,
+                        last_timestamp: a.last_timestamp,
+                        coordinator_epoch: a.coordinator_epoch,
+                        current_txn_start_offset: a.current_txn_start_offset,
+                    });
+                    described.insert(partition, producers.collect());
+                }
+            }
+        }
+        partitions
+            .iter()
+            .map(|p| match described.remove(p) {
+                Some(producers) => Ok((p.clone(), producers)),
+                None => Err(Error::Protocol {
+                    broker: format!("the leader of {p}"),
+                    detail: "DescribeProducers did not answer for the partition".into(),
+                }),
             })
-            .collect())
+            .collect()
     }
 
     /// The transactions open in the partitions of `topics` (every topic when empty)
@@ -369,14 +405,15 @@ impl TransactionAdmin {
         names.sort();
         let now = fjord_record::now_ms();
         let idle_since = now.saturating_sub(max_transaction_timeout.as_millis() as i64);
+        let partitions: Vec<TopicPartition> = names
+            .into_iter()
+            .flat_map(|name| md.topics[name].partitions.iter().map(|p| TopicPartition::new(name.clone(), p.partition)))
+            .collect();
         let mut candidates = Vec::new();
-        for name in names {
-            for p in &md.topics[name].partitions {
-                let partition = TopicPartition::new(name.clone(), p.partition);
-                for producer in self.describe_producers(&partition).await? {
-                    if producer.current_txn_start_offset >= 0 && producer.last_timestamp <= idle_since {
-                        candidates.push(HangingTransaction { partition: partition.clone(), producer });
-                    }
+        for (partition, producers) in self.describe_producers_of(&partitions).await? {
+            for producer in producers {
+                if producer.current_txn_start_offset >= 0 && producer.last_timestamp <= idle_since {
+                    candidates.push(HangingTransaction { partition: partition.clone(), producer });
                 }
             }
         }
