@@ -105,6 +105,10 @@ impl Broker {
             Err(code) => return self.refuse_produce(request, code),
         };
         let verify = txn.as_ref().filter(|_| self.txns.config.partition_verification);
+        let mut verified = match verify {
+            Some(producer) => self.verify_appends(producer, &request).await,
+            None => Verified::new(),
+        };
         let mut responses = Vec::with_capacity(request.topic_data.len());
         let mut awaiting = Vec::new();
         for topic_data in request.topic_data {
@@ -148,7 +152,10 @@ impl Broker {
                     (Ok(_), None) => Err(Refusal::from(error_code::CORRUPT_MESSAGE)),
                     (Ok(partition), Some(records)) => {
                         let min_isr = partition.log.config().min_insync_replicas as usize;
-                        let appended = self.append_to(&name, data.index, &partition, records, acks_all, min_isr, verify).await;
+                        let verification = verified.remove(&(name.clone(), data.index));
+                        let appended = self
+                            .append_to(&name, data.index, &partition, records, (acks_all, min_isr), verify, verification)
+                            .await;
                         appended.map(|appended| {
                             if acks_all {
                                 awaiting.push(AwaitingReplication {
@@ -269,8 +276,9 @@ impl Broker {
         Some(Produced::Answered(response))
     }
 
-    /// One partition's records appended as its leader (verified first when they are
-    /// `verify`'s transactional batches), or why not, as the response says it.
+    /// One partition's records appended as its leader, or why not, as the response says
+    /// it. When they are `verify`'s transactional batches they go as `verified` says (the
+    /// request's verification of the partition), or as the coordinator answers now.
     #[allow(clippy::too_many_arguments)]
     async fn append_to(
         &self,
@@ -278,13 +286,18 @@ impl Broker {
         index: i32,
         partition: &Arc<Partition>,
         records: Bytes,
-        acks_all: bool,
-        min_isr: usize,
+        (acks_all, min_isr): (bool, usize),
         verify: Option<&TxnProducer>,
+        verified: Option<Result<TxnVerification, Refusal>>,
     ) -> Result<Appended, Refusal> {
-        let verification = match verify.filter(|_| transactional_batch(&records).is_some()) {
-            Some(producer) => self.verify_append(producer, topic, index, partition).await?,
-            None => TxnVerification::Off,
+        let verification = match (verify.filter(|_| transactional_batch(&records).is_some()), verified) {
+            (None, _) => TxnVerification::Off,
+            (Some(_), Some(verified)) => verified?,
+            (Some(producer), None) => {
+                let parts = [(topic.to_owned(), index, partition.clone())];
+                let mut answers = self.verify_for(producer, &parts).await;
+                answers.pop().unwrap_or_else(|| Err(Refusal::from(error_code::UNKNOWN_SERVER_ERROR)))?
+            }
         };
         let tally = self.config.observer.as_ref().and_then(|observer| observer.tally(topic));
         match append(partition, records, acks_all, min_isr, tally, verification).await {
@@ -307,50 +320,95 @@ impl Broker {
         }
     }
 
-    /// How `replica`'s log is to take `producer`'s transactional batches: under a guard
-    /// the transaction coordinator's confirmation earned, when they would open the
-    /// producer's transaction there; else the verification's refusal, as Kafka words it.
-    async fn verify_append(
+    /// How each partition of the request whose records hold `producer`'s transactional
+    /// batches is to take them, by (topic, partition), all asked of the coordinator at
+    /// once (one look, or one request to it). A partition this does not know yet (its
+    /// topic made by this request) is asked on its own when its turn comes.
+    async fn verify_appends(&self, producer: &TxnProducer, request: &ProduceRequest) -> Verified {
+        let mut parts = Vec::new();
+        for t in &request.topic_data {
+            let Some(topic) = self.topics.get(t.name.as_str()) else { continue };
+            for p in &t.partition_data {
+                if p.records.as_deref().and_then(transactional_batch).is_none() {
+                    continue;
+                }
+                if let Ok(replica) = self.replica(&topic, p.index) {
+                    parts.push((t.name.to_string(), p.index, replica));
+                }
+            }
+        }
+        let keys: Vec<(String, i32)> = parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
+        keys.into_iter().zip(self.verify_for(producer, &parts).await).collect()
+    }
+
+    /// How each of `parts` (topic, partition, its replica here) is to take `producer`'s
+    /// transactional batches: under a guard the transaction coordinator's confirmation
+    /// earned, when they would open the producer's transaction there; else the
+    /// verification's refusal, as Kafka words it.
+    async fn verify_for(
         &self,
         producer: &TxnProducer,
-        topic: &str,
-        partition: i32,
-        replica: &Partition,
-    ) -> Result<TxnVerification, Refusal> {
-        let guard = match replica.log.start_txn_verification(producer.producer_id) {
-            // The transaction is open here already: its marker is the coordinator's to write.
-            Ok(None) => return Ok(TxnVerification::Required(None)),
-            Ok(Some(guard)) => guard,
-            Err(e) => return Err(log_refusal(topic, partition, &e)),
-        };
-        let verified =
-            self.verify_txn_partition(&producer.transactional_id, producer.producer_id, producer.epoch, topic, partition).await;
-        let Err(e) = verified else { return Ok(TxnVerification::Required(Some(guard))) };
-        replica.log.cancel_txn_verification(producer.producer_id, guard);
-        tracing::debug!(topic, partition, transactional_id = %producer.transactional_id, error = ?e, "transaction not verified");
-        Err(match e {
-            ResponseError::InvalidTxnState => Refusal {
-                code: e.code(),
-                message: Some("Partition was not added to the transaction".to_owned()),
-                record_errors: Vec::new(),
-            },
-            // Kafka: a retriable answer that older clients may not retry becomes one every
-            // client retries without refreshing its metadata.
-            ResponseError::ConcurrentTransactions
-            | ResponseError::NetworkException
-            | ResponseError::CoordinatorLoadInProgress
-            | ResponseError::CoordinatorNotAvailable
-            | ResponseError::NotCoordinator => Refusal {
-                code: error_code::NOT_ENOUGH_REPLICAS,
-                message: Some(format!(
-                    "Unable to verify the partition has been added to the transaction. Underlying error: {e:?}"
-                )),
-                record_errors: Vec::new(),
-            },
-            // Producers expect a fenced epoch as INVALID_PRODUCER_EPOCH here, as Kafka answers.
-            ResponseError::ProducerFenced => Refusal::from(error_code::INVALID_PRODUCER_EPOCH),
-            e => Refusal::from(e.code()),
-        })
+        parts: &[(String, i32, Arc<Partition>)],
+    ) -> Vec<Result<TxnVerification, Refusal>> {
+        let mut out: Vec<Option<Result<TxnVerification, Refusal>>> = Vec::with_capacity(parts.len());
+        let mut asked = Vec::new();
+        for (i, (topic, partition, replica)) in parts.iter().enumerate() {
+            match replica.log.start_txn_verification(producer.producer_id) {
+                // The transaction is open here already: its marker is the coordinator's to write.
+                Ok(None) => out.push(Some(Ok(TxnVerification::Required(None)))),
+                Ok(Some(guard)) => {
+                    out.push(None);
+                    asked.push((i, guard));
+                }
+                Err(e) => out.push(Some(Err(log_refusal(topic, *partition, &e)))),
+            }
+        }
+        if !asked.is_empty() {
+            let partitions: Vec<(&str, i32)> = asked.iter().map(|&(i, _)| (parts[i].0.as_str(), parts[i].1)).collect();
+            let answers =
+                self.verify_txn_partitions(&producer.transactional_id, producer.producer_id, producer.epoch, &partitions).await;
+            for ((i, guard), answer) in asked.into_iter().zip(answers) {
+                let (topic, partition, replica) = &parts[i];
+                out[i] = Some(match answer {
+                    Ok(()) => Ok(TxnVerification::Required(Some(guard))),
+                    Err(e) => {
+                        replica.log.cancel_txn_verification(producer.producer_id, guard);
+                        tracing::debug!(topic, partition, transactional_id = %producer.transactional_id, error = ?e, "transaction not verified");
+                        Err(verification_refusal(e))
+                    }
+                });
+            }
+        }
+        // Every slot is filled: by the look at the log, or by its answer.
+        out.into_iter().map(|o| o.unwrap_or_else(|| Err(Refusal::from(error_code::UNKNOWN_SERVER_ERROR)))).collect()
+    }
+}
+
+/// Verifications of a request's partitions, by (topic, partition).
+type Verified = std::collections::HashMap<(String, i32), Result<TxnVerification, Refusal>>;
+
+/// A failed verification as the Produce response says it, in Kafka's words.
+fn verification_refusal(e: ResponseError) -> Refusal {
+    match e {
+        ResponseError::InvalidTxnState => Refusal {
+            code: e.code(),
+            message: Some("Partition was not added to the transaction".to_owned()),
+            record_errors: Vec::new(),
+        },
+        // Kafka: a retriable answer that older clients may not retry becomes one every
+        // client retries without refreshing its metadata.
+        ResponseError::ConcurrentTransactions
+        | ResponseError::NetworkException
+        | ResponseError::CoordinatorLoadInProgress
+        | ResponseError::CoordinatorNotAvailable
+        | ResponseError::NotCoordinator => Refusal {
+            code: error_code::NOT_ENOUGH_REPLICAS,
+            message: Some(format!("Unable to verify the partition has been added to the transaction. Underlying error: {e:?}")),
+            record_errors: Vec::new(),
+        },
+        // Producers expect a fenced epoch as INVALID_PRODUCER_EPOCH here, as Kafka answers.
+        ResponseError::ProducerFenced => Refusal::from(error_code::INVALID_PRODUCER_EPOCH),
+        e => Refusal::from(e.code()),
     }
 }
 

@@ -54,52 +54,54 @@ impl Broker {
         epoch: i16,
         group: &str,
     ) -> Result<(), ResponseError> {
-        let asked = (GROUP_MARKER_TOPIC, partition_for(group, OFFSETS_PARTITIONS));
-        self.verify_txn(transactional_id, (producer_id, epoch), Held::Group(group), asked).await
+        let asked = [(GROUP_MARKER_TOPIC, partition_for(group, OFFSETS_PARTITIONS))];
+        let mut answers = self.verify_txn(transactional_id, (producer_id, epoch), &[Held::Group(group)], &asked).await;
+        answers.pop().unwrap_or(Err(ResponseError::InvalidTxnState))
     }
 
-    /// Whether producer `(producer_id, epoch)` of `transactional_id` has an open
-    /// transaction that added `partition` of `topic`, with [`Broker::verify_txn_group`]'s
-    /// codes.
-    pub(crate) async fn verify_txn_partition(
+    /// For each of `partitions` (topic, index), whether producer `(producer_id, epoch)`
+    /// of `transactional_id` has an open transaction that added it, with
+    /// [`Broker::verify_txn_group`]'s codes: one look, or one question to the coordinator.
+    pub(crate) async fn verify_txn_partitions(
         &self,
         transactional_id: &str,
         producer_id: i64,
         epoch: i16,
-        topic: &str,
-        partition: i32,
-    ) -> Result<(), ResponseError> {
-        self.verify_txn(transactional_id, (producer_id, epoch), Held::Partition(topic, partition), (topic, partition)).await
+        partitions: &[(&str, i32)],
+    ) -> Vec<Result<(), ResponseError>> {
+        let held: Vec<Held<'_>> = partitions.iter().map(|&(topic, p)| Held::Partition(topic, p)).collect();
+        self.verify_txn(transactional_id, (producer_id, epoch), &held, partitions).await
     }
 
-    /// The question answered here when this broker coordinates the id (`what`), else
-    /// asked of its coordinator (about partition `asked`).
+    /// The questions answered here when this broker coordinates the id (`what`), else
+    /// asked of its coordinator (about the partitions `asked`, one for each of `what`).
     async fn verify_txn(
         &self,
         transactional_id: &str,
         (producer_id, epoch): (i64, i16),
-        what: Held<'_>,
-        (topic, partition): (&str, i32),
-    ) -> Result<(), ResponseError> {
+        what: &[Held<'_>],
+        asked: &[(&str, i32)],
+    ) -> Vec<Result<(), ResponseError>> {
         match self.txn_loaded_for(transactional_id).await {
             Ok(loaded) => holds(&loaded, transactional_id, producer_id, epoch, what).await,
-            Err(ResponseError::NotCoordinator) => {
-                self.verify_remotely(transactional_id, producer_id, epoch, topic, partition).await
-            }
-            Err(e) => Err(e),
+            Err(ResponseError::NotCoordinator) => match self.verify_remotely(transactional_id, producer_id, epoch, asked).await {
+                Ok(answers) => answers,
+                Err(e) => vec![Err(e); asked.len()],
+            },
+            Err(e) => vec![Err(e); asked.len()],
         }
     }
 
-    /// The same question to the coordinator on another broker, about `partition` of
-    /// `topic` (of Kafka's offsets topic for a group).
+    /// The same question to the coordinator on another broker, about `partitions` (a
+    /// group by its partition of Kafka's offsets topic), in one request: the answer for
+    /// each, or the error of the whole question.
     async fn verify_remotely(
         &self,
         transactional_id: &str,
         producer_id: i64,
         epoch: i16,
-        topic: &str,
-        partition: i32,
-    ) -> Result<(), ResponseError> {
+        partitions: &[(&str, i32)],
+    ) -> Result<Vec<Result<(), ResponseError>>, ResponseError> {
         let (broker, _, _) = self.locate_txn_coordinator(transactional_id, &self.txns.peer.listener)?;
         if broker == self.config.broker_id {
             // Leadership moved here between the two looks: the client asks again.
@@ -110,9 +112,16 @@ impl Broker {
             .with_producer_id(ProducerId(producer_id))
             .with_producer_epoch(epoch)
             .with_verify_only(true)
-            .with_topics(vec![AddPartitionsToTxnTopic::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
-                .with_partitions(vec![partition])])]);
+            .with_topics(
+                partitions
+                    .iter()
+                    .map(|&(topic, p)| {
+                        AddPartitionsToTxnTopic::default()
+                            .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+                            .with_partitions(vec![p])
+                    })
+                    .collect(),
+            )]);
         // This broker's verification connection to that coordinator, one request at a time.
         let connection = {
             let mut peers = self.txns.verify_peers.lock().expect("invariant: peers lock is never poisoned");
@@ -139,40 +148,51 @@ impl Broker {
         if let Some(e) = ResponseError::try_from_code(response.error_code) {
             return Err(e);
         }
-        let code = response
+        let answered: Vec<(&str, i32, i16)> = response
             .results_by_transaction
             .iter()
             .flat_map(|t| t.topic_results.iter())
-            .flat_map(|t| t.results_by_partition.iter())
-            .map(|p| p.partition_error_code)
-            .next()
-            // An answer without our partition: treat as not verified.
-            .unwrap_or(ResponseError::InvalidTxnState.code());
-        match ResponseError::try_from_code(code) {
-            None => Ok(()),
-            // The coordinator moved: the client finds it again and retries.
-            Some(ResponseError::NotCoordinator | ResponseError::CoordinatorNotAvailable) => {
-                Err(ResponseError::CoordinatorLoadInProgress)
-            }
-            Some(e) => Err(e),
-        }
+            .flat_map(|t| {
+                t.results_by_partition.iter().map(move |p| (t.name.as_str(), p.partition_index, p.partition_error_code))
+            })
+            .collect();
+        Ok(partitions
+            .iter()
+            .map(|&(topic, p)| {
+                // A partition the answer leaves out: not verified.
+                let code = answered
+                    .iter()
+                    .find(|(t, q, _)| *t == topic && *q == p)
+                    .map_or(ResponseError::InvalidTxnState.code(), |a| a.2);
+                match ResponseError::try_from_code(code) {
+                    None => Ok(()),
+                    // The coordinator moved: the client finds it again and retries.
+                    Some(ResponseError::NotCoordinator | ResponseError::CoordinatorNotAvailable) => {
+                        Err(ResponseError::CoordinatorLoadInProgress)
+                    }
+                    Some(e) => Err(e),
+                }
+            })
+            .collect())
     }
 }
 
-/// The coordinator's own answer, from the id's state as `loaded` holds it.
+/// The coordinator's own answers, from the id's state as `loaded` holds it.
 async fn holds(
     loaded: &Loaded,
     transactional_id: &str,
     producer_id: i64,
     epoch: i16,
-    what: Held<'_>,
-) -> Result<(), ResponseError> {
-    let slot = loaded.existing(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
+    what: &[Held<'_>],
+) -> Vec<Result<(), ResponseError>> {
+    let Some(slot) = loaded.existing(transactional_id) else {
+        return vec![Err(ResponseError::InvalidProducerIdMapping); what.len()];
+    };
     let current = slot.lock().await;
-    let m = current.as_ref().ok_or(ResponseError::InvalidProducerIdMapping)?;
-    m.verify(producer_id, epoch)?;
-    match m.holds(what) {
-        true => Ok(()),
-        false => Err(ResponseError::InvalidTxnState),
+    let checked =
+        current.as_ref().ok_or(ResponseError::InvalidProducerIdMapping).and_then(|m| m.verify(producer_id, epoch).map(|_| m));
+    match checked {
+        Ok(m) => what.iter().map(|&w| if m.holds(w) { Ok(()) } else { Err(ResponseError::InvalidTxnState) }).collect(),
+        Err(e) => vec![Err(e); what.len()],
     }
 }
