@@ -106,7 +106,8 @@ impl Broker {
         };
         let verify = txn.as_ref().filter(|_| self.txns.config.partition_verification);
         let mut verified = match verify {
-            Some(producer) => self.verify_appends(producer, &request).await,
+            Some(producer) if valid_acks => self.verify_appends(producer, &request, session).await,
+            Some(_) => Verified::new(),
             None => Verified::new(),
         };
         let mut responses = Vec::with_capacity(request.topic_data.len());
@@ -322,12 +323,17 @@ impl Broker {
 
     /// How each partition of the request whose records hold `producer`'s transactional
     /// batches is to take them, by (topic, partition), all asked of the coordinator at
-    /// once (one look, or one request to it). A partition this does not know yet (its
-    /// topic made by this request) is asked on its own when its turn comes.
-    async fn verify_appends(&self, producer: &TxnProducer, request: &ProduceRequest) -> Verified {
+    /// once (one look, or one request to it). Topics the request will refuse (no Write,
+    /// internal) are not asked about; a partition this does not know yet (its topic made
+    /// by this request) is asked on its own when its turn comes.
+    async fn verify_appends(&self, producer: &TxnProducer, request: &ProduceRequest, session: &Session) -> Verified {
         let mut parts = Vec::new();
         for t in &request.topic_data {
-            let Some(topic) = self.topics.get(t.name.as_str()) else { continue };
+            let name = t.name.as_str();
+            if crate::topics::is_internal(name) || !self.authorize(session, Operation::Write, Resource::topic(name)) {
+                continue;
+            }
+            let Some(topic) = self.topics.get(name) else { continue };
             for p in &t.partition_data {
                 if p.records.as_deref().and_then(transactional_batch).is_none() {
                     continue;
