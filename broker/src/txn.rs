@@ -179,6 +179,10 @@ pub(crate) fn partition_for(transactional_id: &str, partitions: i32) -> i32 {
     abs % partitions.max(1)
 }
 
+/// Connections to other brokers by id, each used by one request at a time (see
+/// [`Broker::call_peer`]).
+pub(crate) type Peers = SyncMutex<HashMap<i32, Arc<Mutex<Option<Peer>>>>>;
+
 /// One transactional id's slot: `None` once forgotten (or before its first InitProducerId).
 pub(crate) type Slot = Arc<Mutex<Option<TxnMetadata>>>;
 
@@ -238,11 +242,11 @@ pub(crate) struct TxnCoordinator {
     /// Serialises loading, so a partition is read once per leader epoch.
     loading: Mutex<()>,
     /// One connection per broker markers go to, each used by one sender at a time.
-    peers: SyncMutex<HashMap<i32, Arc<Mutex<Option<Peer>>>>>,
+    peers: Peers,
     /// One connection per coordinator this broker asks to verify a transaction
     /// (`txn::verify`), apart from the markers': a marker's answer waits for its ISR (up
     /// to seconds), and produce requests must not wait behind it.
-    verify_peers: SyncMutex<HashMap<i32, Arc<Mutex<Option<Peer>>>>>,
+    verify_peers: Peers,
     /// Ids whose completion (markers, then the complete state) is under way, each with
     /// the requests for it so far (a request while one is under way is not a second
     /// task, but makes the one under way look at the id again when it is done) and a
@@ -664,30 +668,39 @@ impl Broker {
     /// One WriteTxnMarkers over the inter-broker listener to another broker; `None` when
     /// it was not answered (the caller retries every partition and group of it).
     async fn send_markers_request(&self, broker: i32, request: &WriteTxnMarkersRequest) -> Option<WriteTxnMarkersResponse> {
-        let connection = {
-            let mut peers = self.txns.peers.lock().expect("invariant: peers lock is never poisoned");
-            peers.entry(broker).or_default().clone()
-        };
-        let mut connection = connection.lock().await;
         let timeout = self.config.replication.socket_timeout;
-        if connection.is_none() {
-            match self.connect_peer(broker, timeout).await {
-                Ok(peer) => *connection = Some(peer),
-                Err(e) => {
-                    tracing::debug!(broker, error = %e, "cannot reach a partition leader for transaction markers");
-                    return None;
-                }
-            }
-        }
-        let peer = connection.as_mut().expect("invariant: connected above");
-        match peer.call(request, MARKER_VERSION, timeout).await {
+        match self.call_peer(&self.txns.peers, broker, request, MARKER_VERSION, timeout).await {
             Ok(response) => Some(response),
             Err(e) => {
                 tracing::debug!(broker, error = %e, "transaction markers not delivered");
-                *connection = None;
                 None
             }
         }
+    }
+
+    /// `request` at `version` to `broker` over the inter-broker listener, on its
+    /// connection in `peers`: made when missing, used by one request at a time, dropped
+    /// after a failure (its stream position is unknown). The error says why there is no
+    /// answer.
+    pub(crate) async fn call_peer<R: kafka_protocol::protocol::Request>(
+        &self,
+        peers: &Peers,
+        broker: i32,
+        request: &R,
+        version: i16,
+        timeout: Duration,
+    ) -> Result<R::Response, String> {
+        let connection = peers.lock().expect("invariant: peers lock is never poisoned").entry(broker).or_default().clone();
+        let mut connection = connection.lock().await;
+        let peer = match connection.as_mut() {
+            Some(peer) => peer,
+            None => connection.insert(self.connect_peer(broker, timeout).await?),
+        };
+        let answer = peer.call(request, version, timeout).await.map_err(|e| e.to_string());
+        if answer.is_err() {
+            *connection = None;
+        }
+        answer
     }
 
     async fn connect_peer(&self, broker: i32, timeout: Duration) -> Result<Peer, String> {

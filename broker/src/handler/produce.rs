@@ -107,8 +107,7 @@ impl Broker {
         let verify = txn.as_ref().filter(|_| self.txns.config.partition_verification);
         let mut verified = match verify {
             Some(producer) if valid_acks => self.verify_appends(producer, &request, session).await,
-            Some(_) => Verified::new(),
-            None => Verified::new(),
+            _ => Verified::new(),
         };
         let mut responses = Vec::with_capacity(request.topic_data.len());
         let mut awaiting = Vec::new();
@@ -291,14 +290,16 @@ impl Broker {
         verify: Option<&TxnProducer>,
         verified: Option<Result<TxnVerification, Refusal>>,
     ) -> Result<Appended, Refusal> {
-        let verification = match (verify.filter(|_| transactional_batch(&records).is_some()), verified) {
-            (None, _) => TxnVerification::Off,
-            (Some(_), Some(verified)) => verified?,
-            (Some(producer), None) => {
+        // The request's verification found the partition's transactional batches; only a
+        // partition it could not look at yet needs its records walked here.
+        let verification = match (verified, verify) {
+            (Some(verified), _) => verified?,
+            (None, Some(producer)) if transactional_batch(&records).is_some() => {
                 let parts = [(topic.to_owned(), index, partition.clone())];
                 let mut answers = self.verify_for(producer, &parts).await;
                 answers.pop().unwrap_or_else(|| Err(Refusal::from(error_code::UNKNOWN_SERVER_ERROR)))?
             }
+            (None, _) => TxnVerification::Off,
         };
         let tally = self.config.observer.as_ref().and_then(|observer| observer.tally(topic));
         match append(partition, records, acks_all, min_isr, tally, verification).await {

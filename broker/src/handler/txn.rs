@@ -308,31 +308,24 @@ impl Broker {
         version: i16,
     ) -> Vec<Result<(), ResponseError>> {
         use crate::txn::state::Held;
-        let all = |e: ResponseError| vec![Err(e); partitions.len()];
-        // A question about an id makes it no slot (see `Loaded::existing`).
-        let slot = match self.txn_loaded_for(id).await.map(|loaded| loaded.existing(id)) {
-            Ok(Some(slot)) => slot,
-            Ok(None) => return all(ResponseError::InvalidProducerIdMapping),
-            Err(e) => return all(e),
+        let loaded = match self.txn_loaded_for(id).await {
+            Ok(loaded) => loaded,
+            Err(e) => return vec![Err(e); partitions.len()],
         };
-        let current = slot.lock().await;
-        let Some(m) = current.as_ref() else { return all(ResponseError::InvalidProducerIdMapping) };
-        if let Err(e) = m.verify(producer_id, epoch) {
-            return all(e);
-        }
-        let missing = if version >= 5 { ResponseError::TransactionAbortable } else { ResponseError::InvalidTxnState };
-        partitions
+        let held: Vec<Held<'_>> = partitions
             .iter()
-            .map(|(topic, p)| {
-                let held = match topic.as_str() {
-                    crate::txn::GROUP_MARKER_TOPIC => Held::OffsetsPartition(*p, crate::txn::verify::OFFSETS_PARTITIONS),
-                    topic => Held::Partition(topic, *p),
-                };
-                if m.holds(held) {
-                    Ok(())
-                } else {
-                    Err(missing)
-                }
+            .map(|(topic, p)| match topic.as_str() {
+                crate::txn::GROUP_MARKER_TOPIC => Held::OffsetsPartition(*p, crate::txn::verify::OFFSETS_PARTITIONS),
+                topic => Held::Partition(topic, *p),
+            })
+            .collect();
+        // v5 names a partition the transaction does not hold TRANSACTION_ABORTABLE.
+        let answers = crate::txn::verify::holds(&loaded, id, producer_id, epoch, &held).await;
+        answers
+            .into_iter()
+            .map(|answer| match answer {
+                Err(ResponseError::InvalidTxnState) if version >= 5 => Err(ResponseError::TransactionAbortable),
+                answer => answer,
             })
             .collect()
     }

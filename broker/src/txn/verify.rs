@@ -122,29 +122,12 @@ impl Broker {
                     })
                     .collect(),
             )]);
-        // This broker's verification connection to that coordinator, one request at a time.
-        let connection = {
-            let mut peers = self.txns.verify_peers.lock().expect("invariant: peers lock is never poisoned");
-            peers.entry(broker).or_default().clone()
-        };
-        let mut connection = connection.lock().await;
-        if connection.is_none() {
-            let peer = self.connect_peer(broker, VERIFY_TIMEOUT).await.map_err(|e| {
-                tracing::debug!(broker, error = %e, "cannot reach the transaction coordinator to verify a transaction");
+        // This broker's verification connection to that coordinator, not the markers'.
+        let response =
+            self.call_peer(&self.txns.verify_peers, broker, &request, VERIFY_VERSION, VERIFY_TIMEOUT).await.map_err(|e| {
+                tracing::debug!(broker, error = %e, "transaction verification not answered");
                 ResponseError::CoordinatorLoadInProgress
             })?;
-            *connection = Some(peer);
-        }
-        let peer = connection.as_mut().expect("invariant: connected above");
-        let response = match peer.call(&request, VERIFY_VERSION, VERIFY_TIMEOUT).await {
-            Ok(response) => response,
-            Err(e) => {
-                tracing::debug!(broker, error = %e, "transaction verification not answered");
-                *connection = None;
-                return Err(ResponseError::CoordinatorLoadInProgress);
-            }
-        };
-        drop(connection);
         if let Some(e) = ResponseError::try_from_code(response.error_code) {
             return Err(e);
         }
@@ -178,7 +161,7 @@ impl Broker {
 }
 
 /// The coordinator's own answers, from the id's state as `loaded` holds it.
-async fn holds(
+pub(crate) async fn holds(
     loaded: &Loaded,
     transactional_id: &str,
     producer_id: i64,
