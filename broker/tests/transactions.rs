@@ -13,11 +13,9 @@ use bytes::Bytes;
 use common::{produce_request, topic_name, RawClient, TestBroker, LATEST};
 use fjord_record::BatchBuilder;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse, ProducerId, WriteTxnMarkersRequest,
-    WriteTxnMarkersResponse,
+    ApiKey, BrokerId, FetchRequest, FetchResponse, ProducerId, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -162,15 +160,7 @@ fn committed(f: &Fetched) -> Vec<String> {
 
 /// ListOffsets (v5) latest at an isolation level: (error, offset).
 async fn latest(client: &mut RawClient, partition: i32, isolation_level: i8) -> (i16, i64) {
-    let request =
-        ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_isolation_level(isolation_level).with_topics(vec![
-            ListOffsetsTopic::default()
-                .with_name(topic_name(TOPIC))
-                .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(partition).with_timestamp(LATEST)]),
-        ]);
-    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
-    let p = &response.topics[0].partitions[0];
-    (p.error_code, p.offset)
+    client.list_offset_in(TOPIC, partition, LATEST, isolation_level).await
 }
 
 fn expect(f: &Fetched, values: &[&str], aborted: &[(i64, i64)], lso: i64) {

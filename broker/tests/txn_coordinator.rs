@@ -33,12 +33,33 @@ fn tid(v: &str) -> TransactionalId {
 }
 
 async fn start(dir: &std::path::Path) -> TestBroker {
+    start_with(dir, |_| {}).await
+}
+
+/// A broker with 4 partitions of `__transaction_state` and 2 a topic, then `configure`d.
+async fn start_with(dir: &std::path::Path, configure: impl FnOnce(&mut fjord_broker::BrokerConfig)) -> TestBroker {
     TestBroker::start_in(dir.join("data"), |c| {
         c.set("transaction.state.log.num.partitions", "4").unwrap();
         c.set("num.partitions", "2").unwrap();
+        configure(c);
     })
     .await
     .unwrap()
+}
+
+/// Topic `out` made by a plain record, then `id`'s coordinator found and its producer
+/// id and epoch (InitProducerId).
+async fn out_and_producer(client: &mut RawClient, id: &str) -> (i64, i16) {
+    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
+    assert_eq!(find_coordinator(client, 4, id).await.coordinators[0].error_code, 0);
+    let r = init(client, 4, id, 60_000).await;
+    assert_eq!(r.error_code, 0);
+    (r.producer_id.0, r.producer_epoch)
+}
+
+/// A Produce of `records` to `partition` of `out` naming transactional id `id`.
+fn named(id: &str, partition: i32, records: bytes::Bytes) -> ProduceRequest {
+    produce_request("out", partition, -1, 5000, records).with_transactional_id(Some(tid(id)))
 }
 
 async fn find_coordinator(client: &mut RawClient, version: i16, id: &str) -> FindCoordinatorResponse {
@@ -185,10 +206,7 @@ async fn transactions_refuse_bad_requests_with_kafkas_errors() {
     let broker = start(dir.path()).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
     // The topic first (auto-created by a produce).
-    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
-    assert_eq!(find_coordinator(&mut client, 4, "tx").await.coordinators[0].error_code, 0);
-    let r = init(&mut client, 4, "tx", 60_000).await;
-    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    let (pid, epoch) = out_and_producer(&mut client, "tx").await;
     // Nothing begun: EndTxn makes no sense.
     assert_eq!(end_txn(&mut client, 3, "tx", pid, epoch, true).await, INVALID_TXN_STATE);
     assert_eq!(end_txn(&mut client, 3, "tx", pid, epoch, false).await, INVALID_TXN_STATE);
@@ -279,10 +297,7 @@ async fn a_new_producer_fences_an_open_transaction_and_a_restart_keeps_it_prepar
     let dir = tempfile::tempdir().unwrap();
     let broker = start(dir.path()).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
-    assert_eq!(find_coordinator(&mut client, 4, "zombie").await.coordinators[0].error_code, 0);
-    let r = init(&mut client, 4, "zombie", 60_000).await;
-    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    let (pid, epoch) = out_and_producer(&mut client, "zombie").await;
     assert!(add_partitions(&mut client, 3, "zombie", pid, epoch, &[("out", &[0])]).await.iter().all(|r| r.2 == 0));
     // A second producer with the same id: the open transaction is aborted under a bumped
     // epoch and the caller is told to retry.
@@ -325,10 +340,7 @@ async fn clients_can_neither_write_trim_delete_nor_repartition_the_coordinators_
     let dir = tempfile::tempdir().unwrap();
     let broker = start(dir.path()).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
-    assert_eq!(find_coordinator(&mut client, 4, "victim").await.coordinators[0].error_code, 0);
-    let r = init(&mut client, 4, "victim", 60_000).await;
-    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    let (pid, epoch) = out_and_producer(&mut client, "victim").await;
     assert!(add_partitions(&mut client, 3, "victim", pid, epoch, &[("out", &[0])]).await.iter().all(|r| r.2 == 0));
     let mut ends = Vec::new();
     for p in 0..4 {
@@ -457,10 +469,7 @@ async fn offset_fetch_require_stable_is_unstable_while_transactional_offsets_are
     let dir = tempfile::tempdir().unwrap();
     let broker = start(dir.path()).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
-    assert_eq!(find_coordinator(&mut client, 4, "stable").await.coordinators[0].error_code, 0);
-    let r = init(&mut client, 4, "stable", 60_000).await;
-    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    let (pid, epoch) = out_and_producer(&mut client, "stable").await;
     // Partition 1 has an offset committed outside the transaction.
     let commit = OffsetCommitRequest::default().with_group_id(GroupId(s("sg"))).with_topics(vec![
         offset_commit_request::OffsetCommitRequestTopic::default().with_name(TopicName(s("out"))).with_partitions(vec![
@@ -605,10 +614,7 @@ async fn txn_offset_commit_needs_the_group_in_the_transaction_and_v4_batches_ver
     let dir = tempfile::tempdir().unwrap();
     let broker = start(dir.path()).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
-    assert_eq!(find_coordinator(&mut client, 4, "tx-v").await.coordinators[0].error_code, 0);
-    let r = init(&mut client, 4, "tx-v", 60_000).await;
-    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    let (pid, epoch) = out_and_producer(&mut client, "tx-v").await;
     assert!(add_partitions(&mut client, 3, "tx-v", pid, epoch, &[("out", &[0])]).await.iter().all(|r| r.2 == 0));
 
     // The group was never added: refused, for every version, and nothing is pending.
@@ -690,17 +696,9 @@ fn txn_batch(pid: i64, epoch: i16, seq: i32, value: &str) -> bytes::Bytes {
 /// ListOffsets (v5) latest of `out`'s `partition`: read_committed (the LSO) with
 /// `isolation_level` 1.
 async fn out_latest(client: &mut RawClient, partition: i32, isolation_level: i8) -> i64 {
-    use list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-    let request =
-        ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_isolation_level(isolation_level).with_topics(vec![
-            ListOffsetsTopic::default()
-                .with_name(TopicName(s("out")))
-                .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(partition).with_timestamp(-1)]),
-        ]);
-    let response: ListOffsetsResponse = client.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
-    let p = &response.topics[0].partitions[0];
-    assert_eq!(p.error_code, 0);
-    p.offset
+    let (code, offset) = client.list_offset_in("out", partition, common::LATEST, isolation_level).await;
+    assert_eq!(code, 0);
+    offset
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -709,13 +707,7 @@ async fn a_transactional_batch_opens_a_transaction_only_where_its_coordinator_ad
     let dir = tempfile::tempdir().unwrap();
     let broker = start(dir.path()).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
-    assert_eq!(find_coordinator(&mut client, 4, "app").await.coordinators[0].error_code, 0);
-    let r = init(&mut client, 4, "app", 60_000).await;
-    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
-    let named = |id: &str, partition: i32, records: bytes::Bytes| {
-        produce_request("out", partition, -1, 5000, records).with_transactional_id(Some(tid(id)))
-    };
+    let (pid, epoch) = out_and_producer(&mut client, "app").await;
     // Each of these would have opened a transaction no coordinator knows of, so no
     // marker would ever end it: read_committed consumers of the partition stopped at it
     // for good. A request without a transactional id is refused whole, as Kafka does.
@@ -770,23 +762,11 @@ async fn a_transactional_batch_opens_a_transaction_only_where_its_coordinator_ad
 async fn a_hanging_transaction_is_found_and_aborted_and_a_live_one_is_not() {
     use fjord_client::{ClientConfig, TopicPartition, TransactionAdmin};
     let dir = tempfile::tempdir().unwrap();
-    let broker = TestBroker::start_in(dir.path().join("data"), |c| {
-        c.set("transaction.state.log.num.partitions", "4").unwrap();
-        c.set("num.partitions", "2").unwrap();
-        c.set("transaction.partition.verification.enable", "false").unwrap();
-    })
-    .await
-    .unwrap();
+    let broker = start_with(dir.path(), |c| c.set("transaction.partition.verification.enable", "false").unwrap()).await;
     let mut client = RawClient::connect(broker.addr).await.unwrap();
-    assert_eq!(client.produce(9, &produce_request("out", 0, -1, 5000, batch(-1, -1, -1, "x"))).await.0, 0);
     // A live transaction in partition 0, its records stamped long ago.
-    assert_eq!(find_coordinator(&mut client, 4, "live").await.coordinators[0].error_code, 0);
-    let r = init(&mut client, 4, "live", 60_000).await;
-    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    let (pid, epoch) = out_and_producer(&mut client, "live").await;
     assert!(add_partitions(&mut client, 3, "live", pid, epoch, &[("out", &[0])]).await.iter().all(|r| r.2 == 0));
-    let named = |id: &str, partition: i32, records: bytes::Bytes| {
-        produce_request("out", partition, -1, 5000, records).with_transactional_id(Some(tid(id)))
-    };
     assert_eq!(client.produce(9, &named("live", 0, txn_batch(pid, epoch, 0, "l"))).await, (0, 1));
     // A stray one in partition 1 that no coordinator knows of.
     assert_eq!(client.produce(9, &named("gone", 1, txn_batch(5_000, 0, 0, "s"))).await, (0, 0));

@@ -169,9 +169,24 @@ impl RawClient {
     /// ListOffsets (v5) of one partition at `timestamp` ([`LATEST`], [`EARLIEST`] or ms):
     /// (error code, offset).
     pub(crate) async fn list_offset(&mut self, topic: &str, partition: i32, timestamp: i64) -> (i16, i64) {
-        let request = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
-            .with_name(topic_name(topic))
-            .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(partition).with_timestamp(timestamp)])]);
+        self.list_offset_in(topic, partition, timestamp, 0).await
+    }
+
+    /// [`RawClient::list_offset`] at `isolation_level` (1: read_committed, whose latest
+    /// is the last stable offset).
+    pub(crate) async fn list_offset_in(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        timestamp: i64,
+        isolation_level: i8,
+    ) -> (i16, i64) {
+        let request = ListOffsetsRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_isolation_level(isolation_level)
+            .with_topics(vec![ListOffsetsTopic::default().with_name(topic_name(topic)).with_partitions(vec![
+                ListOffsetsPartition::default().with_partition_index(partition).with_timestamp(timestamp),
+            ])]);
         let response: ListOffsetsResponse = self.call(ApiKey::ListOffsets, 5, &request).await.unwrap();
         let p = &response.topics[0].partitions[0];
         (p.error_code, p.offset)
