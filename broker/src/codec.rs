@@ -25,6 +25,7 @@ pub(crate) mod error_code {
     pub(crate) const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
     pub(crate) const GROUP_AUTHORIZATION_FAILED: i16 = 30;
     pub(crate) const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
+    pub(crate) const INVALID_TIMESTAMP: i16 = 32;
     pub(crate) const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
     pub(crate) const ILLEGAL_SASL_STATE: i16 = 34;
     pub(crate) const SASL_AUTHENTICATION_FAILED: i16 = 58;

@@ -322,6 +322,8 @@ const LOG_KEYS: &[(&str, &str)] = &[
     ("log.preallocate", "preallocate"),
     ("compression.type", "compression.type"),
     ("log.message.timestamp.type", "message.timestamp.type"),
+    ("log.message.timestamp.before.max.ms", "message.timestamp.before.max.ms"),
+    ("log.message.timestamp.after.max.ms", "message.timestamp.after.max.ms"),
     ("log.cleaner.max.compaction.lag.ms", "max.compaction.lag.ms"),
 ];
 

@@ -442,6 +442,8 @@ pub(crate) fn log_error_code(error: &fjord_log::Error) -> i16 {
         E::MessageTooLarge { .. } | E::DecompressedTooLarge { .. } => error_code::MESSAGE_TOO_LARGE,
         // A keyless record on a compacted topic: the cleaner could never deduplicate it.
         E::MissingKey { .. } => error_code::INVALID_RECORD,
+        // A producer's clock (or a forged batch) too far from the leader's.
+        E::TimestampOutOfRange { .. } => error_code::INVALID_TIMESTAMP,
         // Idempotent producers: a gap in the sequence, or a fenced (older) epoch.
         E::OutOfOrderSequence { .. } => error_code::OUT_OF_ORDER_SEQUENCE_NUMBER,
         E::InvalidProducerEpoch { .. } => error_code::INVALID_PRODUCER_EPOCH,

@@ -7,6 +7,9 @@
 //!   another client's ApiVersions latency measured while they are refused;
 //! - keyless records on a compacted topic, named one by one (KIP-467 `record_errors`),
 //!   which librdkafka reads to fail only those records;
+//! - timestamps beyond `message.timestamp.after.max.ms` / `.before.max.ms` (KIP-937,
+//!   INVALID_TIMESTAMP), named the same way, and confluent-kafka seeing the limit in
+//!   DescribeConfigs and producing past it once it is raised;
 //! - random damage to compressed batches: whatever is accepted reads back whole;
 //! - every refusal counted in the metrics by error code, acks=0 and Produce v0-v2 too;
 //! - a bomb-and-flood mix (500 connections, 115 MB of large produces, bombs) under a fixed
@@ -30,6 +33,7 @@ use kafka_protocol::protocol::StrBytes;
 const CORRUPT_MESSAGE: i16 = 2;
 const MESSAGE_TOO_LARGE: i16 = 10;
 const INVALID_RECORD: i16 = 87;
+const INVALID_TIMESTAMP: i16 = 32;
 const CODECS: [Compression; 4] = [Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd];
 /// Produce v9: flexible, with `error_message` and `record_errors` in the response.
 const PRODUCE_VERSION: i16 = 9;
@@ -311,6 +315,97 @@ async fn keyless_records_on_a_compacted_topic_are_named_in_record_errors() {
         .unwrap();
     let p = &response.responses[0].partition_responses[0];
     assert_eq!((p.error_code, p.base_offset, p.error_message.as_ref(), p.record_errors.len()), (0, 0, None, 0));
+    broker.stop().await.unwrap();
+}
+
+/// A batch of one record for each of `timestamps`, compressed with `codec`.
+fn stamped(codec: Compression, timestamps: &[i64]) -> Bytes {
+    let mut builder = BatchBuilder::new(timestamps[0]);
+    for &ts in timestamps {
+        builder.append(ts, Some(b"k"), Some(b"v"), &[]);
+    }
+    builder.build_compressed(codec).unwrap()
+}
+
+/// KIP-937: a producer's timestamp too far from the leader's clock is refused, so a
+/// wrong clock (or a forged batch) cannot pin a topic's segments past time retention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timestamps_beyond_the_topics_limits_are_refused_with_invalid_timestamp() {
+    let _serial = SERIAL.lock().await;
+    let (broker, _dir) = start(|_| {}).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let (now, day) = (fjord_record::now_ms(), 86_400_000);
+    create_topic(&mut client, "stamps", &[]).await;
+    for codec in [Compression::None, Compression::Zstd] {
+        // Records 1 and 3 a day ahead: beyond the default hour.
+        let (code, base_offset, message, record_errors) =
+            produce(&mut client, "stamps", stamped(codec, &[now, now + day, now, now + day])).await;
+        assert_eq!((code, base_offset, record_errors), (INVALID_TIMESTAMP, -1, vec![1, 3]), "{codec:?}");
+        assert!(message.as_deref().is_some_and(|m| m.contains("message.timestamp.after.max.ms")), "{message:?}");
+        assert_eq!(client.latest_offset("stamps").await, (0, 0), "{codec:?}: nothing of the batch appended");
+    }
+    // Before v8 the response has no room for the records: the code alone.
+    let response: ProduceResponse = client
+        .call(ApiKey::Produce, 7, &produce_request("stamps", 0, 1, 5000, stamped(Compression::None, &[now + day])))
+        .await
+        .unwrap();
+    assert_eq!(response.responses[0].partition_responses[0].error_code, INVALID_TIMESTAMP);
+    // Now, an old timestamp (no before-limit by default, as in Kafka) and Kafka's "none".
+    let (code, base_offset, _, _) = produce(&mut client, "stamps", stamped(Compression::None, &[now, 1_000, -1])).await;
+    assert_eq!((code, base_offset), (0, 0));
+
+    // The topic's own limits: a day behind refuses 1970; raised, a day ahead goes in;
+    // LogAppendTime takes anything, the leader's clock replacing it.
+    create_topic(&mut client, "stamps-behind", &[("message.timestamp.before.max.ms", "86400000")]).await;
+    let (code, _, _, record_errors) = produce(&mut client, "stamps-behind", stamped(Compression::Lz4, &[now, 1_000])).await;
+    assert_eq!((code, record_errors), (INVALID_TIMESTAMP, vec![1]));
+    create_topic(&mut client, "stamps-ahead", &[("message.timestamp.after.max.ms", "172800000")]).await;
+    assert_eq!(produce(&mut client, "stamps-ahead", stamped(Compression::None, &[now + day])).await.0, 0);
+    create_topic(&mut client, "stamps-appended", &[("message.timestamp.type", "LogAppendTime")]).await;
+    assert_eq!(produce(&mut client, "stamps-appended", stamped(Compression::None, &[now + 3650 * day])).await.0, 0);
+    broker.stop().await.unwrap();
+}
+
+const TIMESTAMP_SCRIPT: &str = r#"
+import sys, time
+from confluent_kafka import Producer, KafkaError
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigEntry, AlterConfigOpType
+
+bootstrap, topic = sys.argv[1], sys.argv[2]
+admin = AdminClient({'bootstrap.servers': bootstrap})
+resource = ConfigResource('topic', topic)
+def limit():
+    return admin.describe_configs([resource])[resource].result()['message.timestamp.after.max.ms'].value
+assert limit() == '3600000', limit()
+p = Producer({'bootstrap.servers': bootstrap, 'enable.idempotence': True})
+results = {}
+def report(err, msg):
+    results[msg.value()] = err.code() if err else None
+now = int(time.time() * 1000)
+p.produce(topic, value=b'now', timestamp=now, on_delivery=report)
+assert p.flush(30) == 0, "undelivered"
+p.produce(topic, value=b'two hours ahead', timestamp=now + 7200000, on_delivery=report)
+assert p.flush(30) == 0, "undelivered"
+assert results == {b'now': None, b'two hours ahead': KafkaError.INVALID_TIMESTAMP}, results
+# Raised to a day, the same record goes in.
+op = ConfigEntry('message.timestamp.after.max.ms', '86400000', incremental_operation=AlterConfigOpType.SET)
+admin.incremental_alter_configs([ConfigResource('topic', topic, incremental_configs=[op])])[resource].result()
+assert limit() == '86400000', limit()
+p.produce(topic, value=b'two hours ahead, again', timestamp=now + 7200000, on_delivery=report)
+assert p.flush(30) == 0, "undelivered"
+assert results[b'two hours ahead, again'] is None, results
+print("ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confluent_kafka_sees_the_timestamp_limit_and_produces_past_it_once_raised() {
+    let _serial = SERIAL.lock().await;
+    let (broker, _dir) = start(|_| {}).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    create_topic(&mut client, "stamps-rdkafka", &[]).await;
+    common::run_python(TIMESTAMP_SCRIPT, &[&broker.bootstrap(), "stamps-rdkafka"], Duration::from_secs(90)).await;
+    // What librdkafka had refused is not in the log: two records, the first and the last.
+    assert_eq!(client.latest_offset("stamps-rdkafka").await, (0, 2));
     broker.stop().await.unwrap();
 }
 

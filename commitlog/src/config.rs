@@ -77,6 +77,17 @@ pub struct LogConfig {
     /// timestamps; `LogAppendTime` makes the leader stamp each batch with the time it
     /// appends it (max timestamp and the timestamp-type attribute, as Kafka does).
     pub message_timestamp_type: MessageTimestampType,
+    /// `message.timestamp.before.max.ms` (KIP-937): with `CreateTime`, how far behind
+    /// the leader's clock a producer's timestamp may be; an older record is refused
+    /// (INVALID_TIMESTAMP). Default `None`, Kafka's Long.MAX_VALUE: no limit.
+    pub message_timestamp_before_max: Option<Duration>,
+    /// `message.timestamp.after.max.ms` (KIP-937): with `CreateTime`, how far ahead of
+    /// the leader's clock a producer's timestamp may be. Default one hour, Kafka 4.0's
+    /// (KIP-1030). Why a limit: time retention deletes a segment once its largest
+    /// timestamp is older than `retention.ms`, so one batch stamped years ahead, by a
+    /// wrong clock or on purpose, kept its segment and every later one on disk for
+    /// those years.
+    pub message_timestamp_after_max: Option<Duration>,
     /// `max.compaction.lag.ms`: on a compacted log, the longest a record may stay
     /// uncompacted: its segment rolls by then and is cleaned whatever the dirty ratio.
     /// Default `None` (Kafka's Long.MAX_VALUE): only the dirty ratio triggers cleaning.
@@ -249,6 +260,8 @@ impl Default for LogConfig {
             preallocate: true,
             compression_type: CompressionType::Producer,
             message_timestamp_type: MessageTimestampType::CreateTime,
+            message_timestamp_before_max: None,
+            message_timestamp_after_max: Some(Duration::from_secs(3600)),
             max_compaction_lag: None,
             min_segment_bytes: DEFAULT_MIN_SEGMENT_BYTES,
         }
@@ -294,6 +307,8 @@ impl LogConfig {
         "preallocate",
         "compression.type",
         "message.timestamp.type",
+        "message.timestamp.before.max.ms",
+        "message.timestamp.after.max.ms",
         "max.compaction.lag.ms",
     ];
 
@@ -322,6 +337,13 @@ impl LogConfig {
             }
         };
         let non_negative = |v: i64| u64::try_from(v).map_err(|_| bad("must be >= 0"));
+        // Kafka's Long.MAX_VALUE is "no limit"; there is no -1 here.
+        let limit = |v: i64| -> Result<Option<Duration>> {
+            match v {
+                i64::MAX => Ok(None),
+                v => Ok(Some(Duration::from_millis(non_negative(v)?))),
+            }
+        };
         let u32_value = |v: i64| u32::try_from(v).map_err(|_| bad("must be between 0 and 4294967295"));
         let mut next = *self;
         match key {
@@ -356,6 +378,8 @@ impl LogConfig {
                     _ => return Err(bad("must be CreateTime or LogAppendTime")),
                 }
             }
+            "message.timestamp.before.max.ms" => next.message_timestamp_before_max = limit(int()?)?,
+            "message.timestamp.after.max.ms" => next.message_timestamp_after_max = limit(int()?)?,
             "max.compaction.lag.ms" => {
                 next.max_compaction_lag = match int()? {
                     i64::MAX => None,
@@ -384,6 +408,7 @@ impl LogConfig {
     pub fn entries(&self) -> Vec<(&'static str, String)> {
         let ms = |d: Option<Duration>| d.map_or("-1".to_owned(), |d| d.as_millis().to_string());
         let opt = |v: Option<u64>| v.map_or("-1".to_owned(), |v| v.to_string());
+        let limit = |d: Option<Duration>| d.map_or(i64::MAX as u128, |d| d.as_millis()).to_string();
         vec![
             ("segment.bytes", self.segment_bytes.to_string()),
             ("segment.ms", ms(self.segment_ms)),
@@ -403,8 +428,28 @@ impl LogConfig {
             ("preallocate", self.preallocate.to_string()),
             ("compression.type", self.compression_type.as_str().to_owned()),
             ("message.timestamp.type", self.message_timestamp_type.as_str().to_owned()),
+            ("message.timestamp.before.max.ms", limit(self.message_timestamp_before_max)),
+            ("message.timestamp.after.max.ms", limit(self.message_timestamp_after_max)),
             ("max.compaction.lag.ms", self.max_compaction_lag.map_or(i64::MAX as u128, |d| d.as_millis()).to_string()),
         ]
+    }
+
+    /// The timestamps a leader takes from producers when its clock reads `now_ms`
+    /// (inclusive), by `message.timestamp.before.max.ms` and `.after.max.ms`; `None`
+    /// when it takes any: with `LogAppendTime` (the leader's clock replaces them) or
+    /// neither limit set.
+    pub fn accepted_timestamps(&self, now_ms: i64) -> Option<std::ops::RangeInclusive<i64>> {
+        if self.message_timestamp_type == MessageTimestampType::LogAppendTime {
+            return None;
+        }
+        let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        match (self.message_timestamp_before_max, self.message_timestamp_after_max) {
+            (None, None) => None,
+            (before, after) => Some(
+                before.map_or(i64::MIN, |d| now_ms.saturating_sub(millis(d)))
+                    ..=after.map_or(i64::MAX, |d| now_ms.saturating_add(millis(d))),
+            ),
+        }
     }
 
     /// How old the active segment's first batch may get before the segment rolls:
@@ -504,6 +549,28 @@ mod tests {
             let mut d = LogConfig::default();
             d.set(key, &value).unwrap();
         }
+    }
+
+    #[test]
+    fn timestamp_limits_are_kafkas_and_long_max_means_none() {
+        let mut c = LogConfig::default();
+        let now = 1_700_000_000_000;
+        // Kafka 4.0's defaults: an hour ahead, any time behind.
+        assert_eq!(c.accepted_timestamps(now), Some(i64::MIN..=now + 3_600_000));
+        c.set("message.timestamp.before.max.ms", "86400000").unwrap();
+        c.set("message.timestamp.after.max.ms", "0").unwrap();
+        assert_eq!(c.accepted_timestamps(now), Some(now - 86_400_000..=now));
+        assert!(c.set("message.timestamp.after.max.ms", "-1").is_err());
+        assert_eq!(c.message_timestamp_after_max, Some(Duration::ZERO), "a refused value changes nothing");
+        c.set("message.timestamp.before.max.ms", "9223372036854775807").unwrap();
+        c.set("message.timestamp.after.max.ms", "9223372036854775807").unwrap();
+        assert_eq!(c.accepted_timestamps(now), None);
+        let entries = c.entries();
+        assert!(entries.contains(&("message.timestamp.after.max.ms", i64::MAX.to_string())), "{entries:?}");
+        // The leader's clock replaces producers' timestamps: nothing to check.
+        c.set("message.timestamp.after.max.ms", "1000").unwrap();
+        c.set("message.timestamp.type", "LogAppendTime").unwrap();
+        assert_eq!(c.accepted_timestamps(now), None);
     }
 
     #[test]

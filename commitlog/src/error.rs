@@ -122,6 +122,29 @@ pub enum Error {
         /// `record_errors` (KIP-467), so a client fails only those records.
         record_indexes: Vec<i32>,
     },
+    /// A producer's record, or a batch's max timestamp, lies further from the leader's
+    /// clock than `message.timestamp.before.max.ms` / `.after.max.ms` allow (Kafka's
+    /// INVALID_TIMESTAMP). Nothing was written.
+    #[error(
+        "record batch at byte {position} of the append has timestamp {timestamp}, outside [{min}, {max}]: \
+         message.timestamp.before.max.ms and message.timestamp.after.max.ms around the broker's clock \
+         ({} record(s) out of range)",
+        record_indexes.len()
+    )]
+    TimestampOutOfRange {
+        /// Byte position of the first batch holding one inside the appended buffer.
+        position: usize,
+        /// The first timestamp out of range.
+        timestamp: i64,
+        /// The earliest timestamp accepted.
+        min: i64,
+        /// The latest timestamp accepted.
+        max: i64,
+        /// Index of each record out of range among the append's records (counted across
+        /// its batches, from 0), as for [`Error::MissingKey`]; empty when only a batch's
+        /// max timestamp was.
+        record_indexes: Vec<i32>,
+    },
     /// The compressed batches of a leader's append expand beyond
     /// [`crate::LogConfig::max_decompressed_bytes`] (a decompression bomb, or records
     /// compressed far better than the limit allows). Decompression stopped at the

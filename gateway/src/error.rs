@@ -155,6 +155,15 @@ impl From<fjord_client::Error> for Error {
             C::Kafka { code: ResponseError::TopicAuthorizationFailed, context, .. } => Error::Forbidden(format!(
                 "{context}: the brokers refused the gateway (a missing topic is created only with Create on it)"
             )),
+            // The brokers refused the records themselves (a timestamp beyond the topic's
+            // message.timestamp.after.max.ms, a keyless record on a compacted topic):
+            // the caller's to fix, not the gateway's failure.
+            C::Kafka { code: code @ (ResponseError::InvalidTimestamp | ResponseError::InvalidRecord), context, message } => {
+                Error::Unprocessable {
+                    index: None,
+                    reason: format!("{context}: {}", message.unwrap_or_else(|| format!("{code:?}"))),
+                }
+            }
             C::BufferFull { buffer_memory, .. } => {
                 Error::BufferFull { used: buffer_memory, capacity: buffer_memory, retry_after: Duration::from_secs(1) }
             }
@@ -337,6 +346,14 @@ mod tests {
         }
         .into();
         assert_eq!(e.http_status(), 403);
+        let e: Error = fjord_client::Error::Kafka {
+            code: ResponseError::InvalidTimestamp,
+            context: "produce to t-0".into(),
+            message: Some("timestamp outside message.timestamp.after.max.ms".into()),
+        }
+        .into();
+        assert_eq!((e.http_status(), e.error_code()), (422, 42202), "{e}");
+        assert!(e.to_string().contains("message.timestamp.after.max.ms"), "{e}");
     }
 
     #[test]

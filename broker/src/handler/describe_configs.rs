@@ -329,6 +329,8 @@ fn log_config_entries(c: &LogConfig) -> Vec<(&'static str, String, i8)> {
         ("min.insync.replicas", c.min_insync_replicas.to_string(), TYPE_INT),
         ("compression.type", c.compression_type.as_str().to_owned(), TYPE_STRING),
         ("message.timestamp.type", c.message_timestamp_type.as_str().to_owned(), TYPE_STRING),
+        ("message.timestamp.before.max.ms", ms(c.message_timestamp_before_max, i64::MAX), TYPE_LONG),
+        ("message.timestamp.after.max.ms", ms(c.message_timestamp_after_max, i64::MAX), TYPE_LONG),
         ("max.compaction.lag.ms", ms(c.max_compaction_lag, i64::MAX), TYPE_LONG),
     ]
 }

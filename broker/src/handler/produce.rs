@@ -443,6 +443,10 @@ fn log_refusal(topic: &str, partition: i32, e: &fjord_log::Error) -> Refusal {
         fjord_log::Error::MissingKey { record_indexes, .. } => {
             record_indexes.iter().map(|&i| (i, "a compacted topic refuses a record without a key")).collect()
         }
+        fjord_log::Error::TimestampOutOfRange { record_indexes, .. } => record_indexes
+            .iter()
+            .map(|&i| (i, "timestamp outside message.timestamp.before.max.ms / message.timestamp.after.max.ms"))
+            .collect(),
         _ => Vec::new(),
     };
     Refusal { code, message: Some(e.to_string()), record_errors }

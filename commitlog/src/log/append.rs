@@ -75,7 +75,7 @@ impl Log {
         verification: super::TxnVerification,
     ) -> Result<AppendInfo> {
         let config = self.config();
-        let mut headers = validate_leader(batches, &config, visit)?;
+        let mut headers = validate_leader(batches, &config, super::now_ms(), visit)?;
         let mut w = self.lock_writer()?;
         if let Some(original) = w.producers.check(&headers)? {
             return Ok(AppendInfo {

@@ -350,6 +350,67 @@ fn malformed_appends_are_typed_errors_and_change_no_byte() {
     assert_eq!(log.append(&mut batch(1, 10, 0), 0).unwrap().base_offset, 3);
 }
 
+/// KIP-937's limits on producers' timestamps. One batch stamped years ahead would keep
+/// its segment, and every later one, from time retention for those years.
+#[test]
+fn timestamps_beyond_the_limits_are_refused_naming_each_record_and_change_no_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), small(1 << 20)).unwrap();
+    let (now, hour, day) = (now_ms(), 3_600_000, 86_400_000);
+    // The defaults (Kafka 4.0's): up to an hour ahead, any time behind, and Kafka's
+    // "no timestamp".
+    log.append(&mut batch(2, 10, now), 0).unwrap();
+    log.append(&mut batch(1, 10, now + hour - 60_000), 0).unwrap();
+    log.append(&mut batch(1, 10, 5), 0).unwrap();
+    log.append(&mut batch(1, 10, -1), 0).unwrap();
+    log.flush().unwrap();
+    let before = snapshot(dir.path());
+
+    // Two batches; the second's last two records are a day ahead: the append's records
+    // 3 and 4.
+    let first = batch(2, 10, now);
+    let mut ahead = BatchBuilder::new(now);
+    for ts in [now, now + day, now + day + 1] {
+        ahead.append(ts, Some(b"key"), Some(b"value"), &[]);
+    }
+    let mut bytes = [first.clone(), ahead.build_vec()].concat();
+    match log.append(&mut bytes, 0) {
+        Err(Error::TimestampOutOfRange { position, timestamp, min, max, record_indexes }) => {
+            assert_eq!((position, timestamp, min, record_indexes), (first.len(), now + day, i64::MIN, vec![3, 4]));
+            assert!((now + hour..now + hour + 60_000).contains(&max), "{max}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(snapshot(dir.path()), before, "a refused append changed the log");
+
+    // Records in range under a header whose max timestamp, what time retention and the
+    // time index go by, is ten years ahead: refused too, no record named.
+    let mut forged = batch(1, 10, now);
+    forged[35..43].copy_from_slice(&(now + 3650 * day).to_be_bytes());
+    let crc = crc32c_of(&forged[21..]);
+    forged[17..21].copy_from_slice(&crc.to_be_bytes());
+    match log.append(&mut forged, 0) {
+        Err(Error::TimestampOutOfRange { position: 0, timestamp, record_indexes, .. }) => {
+            assert_eq!((timestamp, record_indexes), (now + 3650 * day, vec![]));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(snapshot(dir.path()), before, "a refused append changed the log");
+
+    // `message.timestamp.before.max.ms` set: a record older than it is refused; the
+    // limits lifted, the day-ahead batch goes in.
+    let mut config = log.config();
+    config.set("message.timestamp.before.max.ms", "86400000").unwrap();
+    log.update_config(config).unwrap();
+    assert!(matches!(log.append(&mut batch(1, 10, 5), 0), Err(Error::TimestampOutOfRange { .. })));
+    config.set("message.timestamp.before.max.ms", "9223372036854775807").unwrap();
+    config.set("message.timestamp.after.max.ms", "9223372036854775807").unwrap();
+    log.update_config(config).unwrap();
+    assert_eq!(log.append(&mut bytes, 0).unwrap().base_offset, 5);
+    // Followers take what their leader took.
+    assert_eq!(log.log_end_offset(), 10);
+}
+
 /// CRC-32C (Castagnoli), bitwise: keeps the test independent of the crc32c crate.
 fn crc32c_of(bytes: &[u8]) -> u32 {
     let mut crc = !0u32;

@@ -1,9 +1,13 @@
 //! What an append is checked for before anything is written: framing, CRC, sizes,
-//! record counts, and for a leader's append the records inside compressed batches
-//! and the keys of a compacted log. Pure functions over the bytes.
+//! record counts, and for a leader's append the records inside compressed batches,
+//! the keys of a compacted log and the producers' timestamps. Pure functions over the
+//! bytes (and the leader's clock, passed in).
 
 use fjord_record::batch::BatchHeader;
 use fjord_record::{Compression, RecordFrame, BATCH_OVERHEAD};
+
+/// Kafka's RecordBatch.NO_TIMESTAMP: a producer that sets none; never out of range.
+const NO_TIMESTAMP: i64 = -1;
 
 use crate::{Error, LogConfig, Result};
 
@@ -49,17 +53,23 @@ pub type RecordVisitor<'a> = &'a mut dyn FnMut(&BatchHeader, &RecordFrame<'_>);
 
 /// [`validate`] for a leader's append, where the bytes come from a client: the records
 /// of compressed batches are decompressed (all batches together into at most
-/// [`LogConfig::max_decompressed_bytes`]) and walked like an uncompressed batch's, and
-/// in a compacted log every record needs a key (control batches aside: the cleaner
-/// could never tell which value is the latest). One walk per batch serves the framing
-/// check, the key check and `visit`.
+/// [`LogConfig::max_decompressed_bytes`]) and walked like an uncompressed batch's; in a
+/// compacted log every record needs a key (control batches aside: the cleaner could
+/// never tell which value is the latest); and every record's timestamp, and each
+/// batch's max timestamp, which time retention and the time index go by, must be in
+/// [`LogConfig::accepted_timestamps`] at `now_ms` (Kafka's check, which also passes
+/// the "no timestamp" -1). One walk per batch serves the framing check, the key and
+/// timestamp checks and `visit`.
 pub(super) fn validate_leader(
     buf: &[u8],
     config: &LogConfig,
+    now_ms: i64,
     mut visit: Option<RecordVisitor<'_>>,
 ) -> Result<Vec<(usize, BatchHeader)>> {
     let compacts = config.cleanup_policy.compacts();
-    if visit.is_none() && !compacts && batch_headers(buf).all(|h| h.compression() == Compression::None) {
+    let accepted = config.accepted_timestamps(now_ms);
+    let in_range = |timestamp: i64| timestamp == NO_TIMESTAMP || accepted.as_ref().is_none_or(|a| a.contains(&timestamp));
+    if visit.is_none() && !compacts && accepted.is_none() && batch_headers(buf).all(|h| h.compression() == Compression::None) {
         // The common case needs nothing but the framing walk that CRC checking interleaves.
         return validate(buf, config.max_message_bytes);
     }
@@ -70,6 +80,9 @@ pub(super) fn validate_leader(
     // first batch holding one.
     let mut keyless: Vec<i32> = Vec::new();
     let mut first_keyless = None;
+    // The same for timestamps out of range, with the first one seen.
+    let mut out_of_range: Vec<i32> = Vec::new();
+    let mut first_out_of_range: Option<(usize, i64)> = None;
     let mut records_before = 0i32;
     let mut out = Vec::new();
     let mut position = 0;
@@ -81,10 +94,19 @@ pub(super) fn validate_leader(
             return Err(Error::MessageTooLarge { size: unchecked.size(), max: config.max_message_bytes as usize });
         }
         let check_keys = compacts && !unchecked.is_control();
+        // Control batches from clients are refused after validation anyway.
+        let check_timestamps = accepted.is_some() && !unchecked.is_control();
         let keyless_before = keyless.len();
         let walked = BatchHeader::parse_walked(rest, budget, |record| {
             if check_keys && !record.has_key {
                 keyless.push(records_before.saturating_add(record.index));
+            }
+            if check_timestamps {
+                let timestamp = unchecked.base_timestamp.saturating_add(record.timestamp_delta);
+                if !in_range(timestamp) {
+                    out_of_range.push(records_before.saturating_add(record.index));
+                    first_out_of_range.get_or_insert((position, timestamp));
+                }
             }
             if let Some(visit) = visit.as_mut() {
                 visit(&unchecked, record);
@@ -104,12 +126,19 @@ pub(super) fn validate_leader(
         if keyless.len() > keyless_before && first_keyless.is_none() {
             first_keyless = Some(position);
         }
+        if check_timestamps && !in_range(header.max_timestamp) {
+            first_out_of_range.get_or_insert((position, header.max_timestamp));
+        }
         records_before = records_before.saturating_add(header.record_count);
         out.push((position, header));
         position += header.size();
     }
     if let Some(position) = first_keyless {
         return Err(Error::MissingKey { position, record_indexes: keyless });
+    }
+    if let (Some((position, timestamp)), Some(accepted)) = (first_out_of_range, accepted) {
+        let (min, max) = accepted.into_inner();
+        return Err(Error::TimestampOutOfRange { position, timestamp, min, max, record_indexes: out_of_range });
     }
     Ok(out)
 }
