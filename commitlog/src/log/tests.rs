@@ -403,6 +403,15 @@ fn timestamps_beyond_the_limits_are_refused_naming_each_record_and_change_no_byt
     config.set("message.timestamp.before.max.ms", "86400000").unwrap();
     log.update_config(config).unwrap();
     assert!(matches!(log.append(&mut batch(1, 10, 5), 0), Err(Error::TimestampOutOfRange { .. })));
+    // Kafka's "no timestamp" passes, and does not hide an old record beside it.
+    let mut old = BatchBuilder::new(-1);
+    for ts in [-1, 5, now] {
+        old.append(ts, Some(b"key"), Some(b"value"), &[]);
+    }
+    match log.append(&mut old.build_vec(), 0) {
+        Err(Error::TimestampOutOfRange { timestamp: 5, record_indexes, .. }) => assert_eq!(record_indexes, vec![1]),
+        other => panic!("{other:?}"),
+    }
     config.set("message.timestamp.before.max.ms", "9223372036854775807").unwrap();
     config.set("message.timestamp.after.max.ms", "9223372036854775807").unwrap();
     log.update_config(config).unwrap();
