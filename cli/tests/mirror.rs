@@ -596,6 +596,53 @@ async fn a_source_topic_grown_while_the_mirror_was_stopped_grows_the_target_at_r
     mirror.await.unwrap().unwrap();
 }
 
+/// A record stamped a day ahead, which the source took (its topic allowed it then, as
+/// any Kafka before 4.0 does), is copied with its timestamp: the topic the mirror
+/// creates does not refuse it with the target's one-hour default, which would stop the
+/// copying of that source for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_stamped_ahead_that_the_source_took_is_copied_with_its_timestamp() {
+    let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+    create(&source.addr, "stamped", 1, &[("message.timestamp.after.max.ms", "172800000")]).await;
+    let ahead = fjord_record::now_ms() + 86_400_000;
+    let producer =
+        Producer::connect(ProducerConfig { client: ClientConfig::new(&source.addr), ..Default::default() }).await.unwrap();
+    for (value, timestamp) in [("before", None), ("ahead", Some(ahead)), ("after", None)] {
+        let mut record = ProducerRecord::new("stamped", value);
+        record.timestamp = timestamp;
+        producer.send(record).await.unwrap().await.unwrap();
+    }
+    producer.close().await;
+    // Back to the default: the source topic reports no limit of its own.
+    admin(&source.addr)
+        .await
+        .incremental_alter_configs(
+            &fjord_client::ConfigResource::Topic("stamped".into()),
+            &[("message.timestamp.after.max.ms".into(), None)],
+        )
+        .await
+        .unwrap();
+
+    let mut config = fjord_mirror::MirrorConfig::new(
+        vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", source.addr)).unwrap()],
+        target.addr.clone(),
+        "stamped",
+    );
+    config.group = "g".into();
+    let shutdown = CancellationToken::new();
+    let mirror = tokio::spawn(fjord_mirror::run(config, None, shutdown.clone()));
+    wait_for("the three records committed", Duration::from_secs(30), || all_committed(&source.addr, "g", "stamped")).await;
+    shutdown.cancel();
+    mirror.await.unwrap().unwrap();
+    let copied: Vec<(String, i64)> =
+        read_all(&target.addr, "stamped").await.remove(&0).unwrap().iter().map(|r| (value(r), r.timestamp)).collect();
+    assert_eq!(copied.iter().map(|(v, _)| v.as_str()).collect::<Vec<_>>(), ["before", "ahead", "after"]);
+    assert_eq!(copied[1].1, ahead);
+    let limit = admin(&target.addr).await.describe_configs("stamped").await.unwrap();
+    let limit = limit.iter().find(|c| c.name == "message.timestamp.after.max.ms").unwrap();
+    assert_eq!(limit.value.as_deref(), Some("9223372036854775807"));
+}
+
 /// Issue #22: a source topic grown 2 -> 4 with CreatePartitions while the mirror copies.
 /// The mirror grows the target to 4 (as MirrorMaker 2 does) and copies the new
 /// partitions' records to the same partitions; nothing is lost.

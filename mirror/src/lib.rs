@@ -25,7 +25,9 @@
 //!
 //! # What the target gets
 //! Each target topic is created (when missing) with its source topic's partition count
-//! and non-default configs. A record keeps key, value, headers and timestamp, gains the
+//! and non-default configs, and without limits on timestamps unless the source topic
+//! sets them (`message.timestamp.after.max.ms` / `.before.max.ms`): the source checked
+//! them when it took the records, and one refused copy would stop its source for good. A record keeps key, value, headers and timestamp, gains the
 //! [`ORIGIN_HEADER`] (the source alias), and goes to the same partition number, so a key
 //! stays on one partition and per-key order holds. A target topic with fewer partitions
 //! than its source (the source grew, while the mirror ran or while it was stopped) grows

@@ -44,6 +44,10 @@ use crate::config::{MirrorConfig, SourceConfig};
 use crate::stats::{Gap, Stats};
 use crate::{Error, Result, GAPS_TOPIC, ORIGIN_HEADER};
 
+/// The target's limits on how far a record's timestamp may be from its clock (KIP-937),
+/// lifted on the topics the mirror creates.
+const TIMESTAMP_LIMITS: [&str; 2] = ["message.timestamp.after.max.ms", "message.timestamp.before.max.ms"];
+
 /// First pause after a source failed; doubled per failure up to `retry_backoff_max`.
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// How long one poll may wait for records before the loop looks at commits and topics.
@@ -442,7 +446,7 @@ impl<'a> Session<'a> {
         let audit_feed = self.shared.audit.is_some() && t.name == AUDIT_TOPIC;
         let target = if audit_feed { AUDIT_TOPIC.to_string() } else { self.shared.config.target_topic(self.alias, &t.name) };
         let source_partitions = t.partitions.len() as i32;
-        let configs: BTreeMap<String, String> = self
+        let mut configs: BTreeMap<String, String> = self
             .admin
             .describe_configs(&t.name)
             .await?
@@ -450,7 +454,21 @@ impl<'a> Session<'a> {
             .filter(|c| !c.is_default)
             .filter_map(|c| c.value.map(|v| (c.name, v)))
             .collect();
-        let mut target_partitions = self.shared.target.ensure(&target, source_partitions, configs).await?;
+        // Copies keep their timestamps, which the source checked when it took them: a
+        // target refusing one (its default allows an hour ahead; a Kafka source before
+        // 4.0 allowed any) would stop this source's copying for good, retried forever.
+        // So the target topic takes any, unless the source topic sets a limit itself.
+        let lifted: Vec<&str> = TIMESTAMP_LIMITS.into_iter().filter(|key| !configs.contains_key(*key)).collect();
+        configs.extend(lifted.iter().map(|key| (key.to_string(), i64::MAX.to_string())));
+        let mut target_partitions = match self.shared.target.ensure(&target, source_partitions, configs.clone()).await {
+            // A target before KIP-937 (Kafka 3.5 and older) knows no such keys, nor limits.
+            Err(Error::Client(e)) if e.code() == Some(ResponseError::InvalidConfig) && !lifted.is_empty() => {
+                tracing::debug!(topic = target, error = %e, "target refused the timestamp limits; creating it without");
+                configs.retain(|key, _| !lifted.contains(&key.as_str()));
+                self.shared.target.ensure(&target, source_partitions, configs).await?
+            }
+            ensured => ensured?,
+        };
         // Audit records need no order: `_audit` of any size takes them by key.
         if target_partitions < source_partitions && !self.shared.config.repartition_by_key && !audit_feed {
             // Typically the source grew (CreatePartitions) while the mirror was stopped.
