@@ -135,6 +135,26 @@ async fn tonic_unary_stream_fetch_and_subscribe() {
 
 /// An independent client: Python grpcio with stubs generated from proto/fjord/v1 by
 /// grpcio-tools.
+/// A caller's timestamp beyond the topic's `message.timestamp.after.max.ms` (an hour by
+/// default) is the caller's error, INVALID_ARGUMENT naming the limit, not INTERNAL; the
+/// event is not written, and the next request goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stamped_beyond_the_topics_limit_is_an_invalid_argument() {
+    let sys = System::start().await;
+    sys.create_topic("stamped", 1).await;
+    let mut publisher = PublisherClient::connect(sys.grpc.clone()).await.unwrap();
+    let mut ahead = event("a day ahead");
+    ahead.timestamp_ms = Some(fjord_record::now_ms() + 86_400_000);
+    let request = |events| PublishRequest { topic: "stamped".into(), events, acks: Acks::All as i32, ..Default::default() };
+    let status = publisher.publish(request(vec![ahead])).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("message.timestamp.after.max.ms"), "{status:?}");
+    let answer = publisher.publish(request(vec![event("now")])).await.unwrap().into_inner();
+    assert_eq!(answer.offsets.len(), 1);
+    let read: Vec<_> = kcat_consume(&sys.broker, "stamped").into_iter().map(|m| m.payload.unwrap()).collect();
+    assert_eq!(read, ["now"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_grpcio_publishes_and_fetches() {
     let python = support::python();
