@@ -408,6 +408,7 @@ impl LogConfig {
     pub fn entries(&self) -> Vec<(&'static str, String)> {
         let ms = |d: Option<Duration>| d.map_or("-1".to_owned(), |d| d.as_millis().to_string());
         let opt = |v: Option<u64>| v.map_or("-1".to_owned(), |v| v.to_string());
+        // Kafka's Long.MAX_VALUE for "no limit".
         let limit = |d: Option<Duration>| d.map_or(i64::MAX as u128, |d| d.as_millis()).to_string();
         vec![
             ("segment.bytes", self.segment_bytes.to_string()),
@@ -430,7 +431,7 @@ impl LogConfig {
             ("message.timestamp.type", self.message_timestamp_type.as_str().to_owned()),
             ("message.timestamp.before.max.ms", limit(self.message_timestamp_before_max)),
             ("message.timestamp.after.max.ms", limit(self.message_timestamp_after_max)),
-            ("max.compaction.lag.ms", self.max_compaction_lag.map_or(i64::MAX as u128, |d| d.as_millis()).to_string()),
+            ("max.compaction.lag.ms", limit(self.max_compaction_lag)),
         ]
     }
 

@@ -6,10 +6,10 @@
 use fjord_record::batch::BatchHeader;
 use fjord_record::{Compression, RecordFrame, BATCH_OVERHEAD};
 
+use crate::{Error, LogConfig, Result};
+
 /// Kafka's RecordBatch.NO_TIMESTAMP: a producer that sets none; never out of range.
 const NO_TIMESTAMP: i64 = -1;
-
-use crate::{Error, LogConfig, Result};
 
 /// An append holds at least one batch header and fits the `i32` positions of the index.
 fn check_append_size(buf: &[u8]) -> Result<()> {
@@ -172,9 +172,9 @@ pub(super) fn validate_leader(
     if let Some(position) = first_keyless {
         return Err(Error::MissingKey { position, record_indexes: keyless });
     }
-    if let (Some((position, timestamp)), Some(accepted)) = (first_out_of_range, accepted) {
-        let (min, max) = accepted.into_inner();
-        return Err(Error::TimestampOutOfRange { position, timestamp, min, max, record_indexes: out_of_range });
+    // Set only where timestamps were checked, which needs limits (`accepted`).
+    if let Some((position, timestamp)) = first_out_of_range {
+        return Err(Error::TimestampOutOfRange { position, timestamp, min: earliest, max: latest, record_indexes: out_of_range });
     }
     Ok(out)
 }
