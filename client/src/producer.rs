@@ -17,7 +17,8 @@
 //! Failures: retriable errors (leadership moved, timeouts, broken connections) refresh
 //! metadata and retry the batch after `retry.backoff.ms`, until `delivery.timeout.ms`.
 //! MESSAGE_TOO_LARGE on a multi-record batch splits it into single-record batches, so only
-//! the record that is really too large fails.
+//! the record that is really too large fails; so does INVALID_RECORD or INVALID_TIMESTAMP
+//! naming some of a batch's records, so only those fail and the others are stored.
 //!
 //! Idempotence (`enable.idempotence`, on by default as in the Java client): `connect`
 //! asks for a producer id (InitProducerId); every batch gets the id, the epoch and its

@@ -207,6 +207,42 @@ async fn an_oversize_record_fails_alone() {
     assert!(matches!(err, Error::RecordTooLarge { max: 100_000, .. }), "{err}");
 }
 
+/// One batch holding records the broker refuses for themselves (a keyless record in a
+/// compacted topic, a timestamp two days ahead) among good ones: each refused record
+/// fails with its own error, and every other one is stored, in send order.
+#[tokio::test]
+async fn records_refused_in_a_batch_fail_alone_and_the_rest_are_stored_in_order() {
+    let broker = start_broker().await;
+    create_topic(&broker.addr, "accounts", 1, &[("cleanup.policy", "compact")]).await;
+    let p = producer(&broker.addr, |c| c.linger = Duration::from_millis(200)).await; // one batch
+    let ahead = fjord_record::now_ms() + 2 * 24 * 3600 * 1000;
+    let records = [
+        ProducerRecord::new("accounts", "1").key("a"),
+        ProducerRecord::new("accounts", "keyless"),
+        ProducerRecord::new("accounts", "2").key("b"),
+        ProducerRecord::new("accounts", "ahead").key("c").timestamp(ahead),
+        ProducerRecord::new("accounts", "3").key("d"),
+    ];
+    let mut deliveries = Vec::new();
+    for r in records {
+        deliveries.push(p.send(r).await.unwrap());
+    }
+    let mut results = Vec::new();
+    for d in deliveries {
+        results.push(d.await);
+    }
+    let codes: Vec<Option<ResponseError>> = results.iter().map(|r| r.as_ref().err().and_then(Error::code)).collect();
+    assert_eq!(
+        codes,
+        [None, Some(ResponseError::InvalidRecord), None, Some(ResponseError::InvalidTimestamp), None],
+        "{results:?}"
+    );
+    let mut c = consumer(&broker.addr).await;
+    c.assign([TopicPartition::new("accounts", 0)]).await.unwrap();
+    let stored: Vec<Bytes> = consume_n(&mut c, 3).await.into_iter().filter_map(|r| r.value).collect();
+    assert_eq!(stored, ["1", "2", "3"].map(Bytes::from));
+}
+
 /// A TCP proxy that can stop forwarding client → broker bytes: a broker that has stopped
 /// reading, as far as the producer can tell.
 async fn pausable_proxy(upstream: SocketAddr, listener: TcpListener, paused: Arc<AtomicBool>) {

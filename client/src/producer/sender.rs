@@ -1,12 +1,13 @@
 //! The sender: one task per producer that drains the accumulator into produce requests
 //! (one per leader, at most one batch per partition, up to `max.in.flight` pipelined),
 //! and the handling of their answers: completing batches, retrying them in sequence
-//! order, splitting one the broker found too large.
+//! order, splitting one the broker found too large or whose records it refused in part.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kafka_protocol::messages::produce_response::BatchIndexAndErrorMessage;
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 
 use super::accumulator::{OpenBatch, ReadyBatch, State, TopicsExt};
@@ -436,6 +437,13 @@ fn handle_response(inner: &Arc<Inner>, broker: &str, batches: Vec<ReadyBatch>, r
             Some(e) if e.code() == Some(ResponseError::MessageTooLarge) && batch.records > 1 => {
                 split_and_resend(inner, batch);
             }
+            // The broker named the records it refused (KIP-467) and they are not all of
+            // the batch: sent one per batch, only those fail, and the rest are stored in
+            // order. (Kafka's producer fails the whole batch, leaving the caller to tell
+            // the innocent records from the refused ones and send them again.)
+            Some(e) if refused_some_records(&e, &result.record_errors, batch.records) => {
+                split_and_resend(inner, batch);
+            }
             Some(e) => {
                 refresh |= e.needs_metadata_refresh();
                 inner.retry_or_fail(batch, e);
@@ -447,6 +455,13 @@ fn handle_response(inner: &Arc<Inner>, broker: &str, batches: Vec<ReadyBatch>, r
     } else {
         inner.wake_sender.notify_one();
     }
+}
+
+/// Whether a batch of `records` refused with `error` holds records the broker did not
+/// refuse: it named (in `record_errors`) some of them, not all, as invalid on their own.
+fn refused_some_records(error: &Error, record_errors: &[BatchIndexAndErrorMessage], records: usize) -> bool {
+    let own_fault = matches!(error.code(), Some(ResponseError::InvalidRecord | ResponseError::InvalidTimestamp));
+    own_fault && !record_errors.is_empty() && record_errors.len() < records
 }
 
 /// Refreshes the metadata off the sender task, then wakes the sender to retry on it.
