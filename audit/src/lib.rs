@@ -43,8 +43,8 @@ pub use broker_tier::BrokerTier;
 pub use counter::{ensure_audit_topic, AuditCounter, PendingCounts};
 pub use error::{Error, Result};
 pub use record::{
-    AuditRecord, GapRecord, AUDIT_TOPIC, BROKER_TIER, CREATED_HEADER, DEAD_LETTER_TIER, DEFAULT_WINDOW_MS, GAPS_TOPIC,
-    READ_COMMITTED_SUFFIX,
+    AuditRecord, GapRecord, AUDIT_TOPIC, BROKER_TIER, CREATED_HEADER, DEAD_LETTER_REASON_HEADER, DEAD_LETTER_TIER,
+    DEAD_LETTER_TOPIC_HEADER, DEFAULT_WINDOW_MS, GAPS_TOPIC, READ_COMMITTED_SUFFIX,
 };
 pub use render::{render, Format};
 pub use report::{collect, compare, Collected, Report, ReportConfig, Verdict, WindowRow};

@@ -29,6 +29,14 @@ pub const DEFAULT_WINDOW_MS: i64 = 10 * 60 * 1000;
 /// by the gateway, which re-exports this constant as `fjord_gateway::CREATED_HEADER`).
 pub const CREATED_HEADER: &str = "fjord.created_ms";
 
+/// Header of a dead letter (a record a tier set aside in a dead-letter topic: the
+/// gateway's invalid lines, the mirror's records the target refused) saying why.
+pub const DEAD_LETTER_REASON_HEADER: &str = "fjord.dlq.reason";
+
+/// Header of a dead letter naming the topic the record was meant for (the gateway's) or
+/// came from (the mirror's source topic).
+pub const DEAD_LETTER_TOPIC_HEADER: &str = "fjord.dlq.topic";
+
 /// Topic where tiers record data they know is lost (today: the mirror's retention gaps),
 /// one [`GapRecord`] per JSON value; the report lists them next to the counts.
 pub const GAPS_TOPIC: &str = "_mirror_gaps";

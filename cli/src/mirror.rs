@@ -74,6 +74,13 @@ pub(crate) struct MirrorArgs {
     /// crash. Mirrors sharing a group need distinct --instance-id values (or hosts).
     #[arg(long)]
     exactly_once: bool,
+    /// A topic on the target for the records it refuses (too large for the target topic,
+    /// invalid for it, stamped outside its timestamp limits), as MirrorMaker 2's
+    /// errors.tolerance=all with a dead-letter queue: each goes there with headers saying
+    /// where it came from and why (fjord.dlq.*), and copying goes on. Without it such a
+    /// record stops its source's copying (retried, shown in `mirror status`).
+    #[arg(long, value_name = "TOPIC")]
+    dead_letter_topic: Option<String>,
     /// Publish the mirror tier's audit counts to the target's `_audit` under this cluster name.
     #[arg(long, value_name = "NAME")]
     audit_cluster: Option<String>,
@@ -123,6 +130,7 @@ pub(crate) async fn run(args: MirrorArgs) -> anyhow::Result<()> {
     config.topic_refresh = args.topic_refresh;
     config.instance_id = args.instance_id;
     config.exactly_once = args.exactly_once;
+    config.dead_letter_topic = args.dead_letter_topic;
     config.audit =
         args.audit_cluster.map(|cluster| AuditConfig { cluster, interval: args.audit_interval, window: args.audit_window });
     if let Some(path) = &args.metrics_config {
@@ -200,8 +208,16 @@ fn render(status: &Status) -> String {
             SourceState::Retrying => format!("RETRYING: {}", s.last_error.as_deref().unwrap_or("?")),
         };
         out += &format!(
-            "source {} ({}): {state}; {} records mirrored, {} commits, {} failures\n",
-            s.alias, s.bootstrap, s.records, s.commits, s.failures
+            "source {} ({}): {state}; {} records mirrored, {} commits, {} failures{}\n",
+            s.alias,
+            s.bootstrap,
+            s.records,
+            s.commits,
+            s.failures,
+            match s.dead_letters {
+                0 => String::new(),
+                n => format!(", {n} refused by the target and dead-lettered"),
+            }
         );
         out += &format!("  {:<30} {:>5} {:<30} {:>12} {:>12} {:>10}\n", "TOPIC", "PART", "TARGET", "MIRRORED", "LOG-END", "LAG");
         for p in &s.partitions {

@@ -643,6 +643,190 @@ async fn a_record_stamped_ahead_that_the_source_took_is_copied_with_its_timestam
     assert_eq!(limit.value.as_deref(), Some("9223372036854775807"));
 }
 
+/// A source topic holding records its target topic refuses for themselves, between good
+/// ones: two too large for the target topic (5 kB and 1.5 MB, where it takes 2 kB; the
+/// latter also past the 1 MiB request size of a producer by default) and one stamped a day ahead (the
+/// target topic keeps the one-hour default). The target topic is made first, so the
+/// mirror does not make it in the source's image. Returns the source and target brokers.
+async fn refusing_target() -> (StandaloneBroker, StandaloneBroker) {
+    let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
+    create(&source.addr, "orders", 1, &[("max.message.bytes", "4000000"), ("message.timestamp.after.max.ms", "172800000")]).await;
+    create(&target.addr, "orders", 1, &[("max.message.bytes", "2000")]).await;
+    let producer = Producer::connect(ProducerConfig {
+        client: ClientConfig::new(&source.addr),
+        max_request_size: 4_000_000,
+        buffer_memory: 16_000_000,
+        linger: Duration::ZERO,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let ahead = fjord_record::now_ms() + 86_400_000;
+    let records = [
+        ProducerRecord::new("orders", "a").key("1"),
+        ProducerRecord::new("orders", vec![b'x'; 5_000]).key("2"),
+        ProducerRecord::new("orders", "b").key("3"),
+        ProducerRecord::new("orders", "c").key("4").timestamp(ahead),
+        ProducerRecord::new("orders", vec![b'y'; 1_500_000]).key("5"),
+        ProducerRecord::new("orders", "d").key("6"),
+    ];
+    for r in records {
+        producer.send(r).await.unwrap().await.unwrap();
+    }
+    producer.close().await;
+    (source, target)
+}
+
+/// The last error of a running mirror's first source, from its `/status`.
+async fn last_error(metrics: &str) -> String {
+    let status = fjord_mirror::fetch_status(metrics).await.unwrap();
+    status.sources[0].last_error.clone().unwrap_or_default()
+}
+
+/// With `--dead-letter-topic`, the three refused records go there (each once, named by
+/// source position and reason; the two too large without their value), the others reach
+/// the target topic once each in source order, and the mirror goes on past them: at
+/// least once (refusals found at the checkpoint) and exactly once (the transaction
+/// aborted, and the next one sets them aside), read with read_committed.
+async fn refused_records_are_set_aside(exactly_once: bool) {
+    let (source, target) = refusing_target().await;
+    let mut config = fjord_mirror::MirrorConfig::new(
+        vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", source.addr)).unwrap()],
+        target.addr.clone(),
+        "orders",
+    );
+    config.group = "g".into();
+    config.exactly_once = exactly_once;
+    config.dead_letter_topic = Some("mirror.dead".into());
+    let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = metrics.local_addr().unwrap().to_string();
+    let shutdown = CancellationToken::new();
+    let mirror = tokio::spawn(fjord_mirror::run(config, Some(metrics), shutdown.clone()));
+    // Exactly once, the positions are the target group's.
+    let (cluster, group) = if exactly_once { (&target.addr, "g.dc1") } else { (&source.addr, "g") };
+    wait_for("every source position committed", Duration::from_secs(60), || async {
+        committed(cluster, group).await.get(&TopicPartition::new("orders", 0)) == Some(&6)
+    })
+    .await;
+    let status = fjord_mirror::fetch_status(&metrics_addr).await.unwrap();
+    let metrics = http_get(&metrics_addr, "/metrics").await;
+    shutdown.cancel();
+    mirror.await.unwrap().unwrap();
+
+    let copied: Vec<String> =
+        read_at(&target.addr, "orders", IsolationLevel::ReadCommitted).await.remove(&0).unwrap().iter().map(value).collect();
+    assert_eq!(copied, ["a", "b", "d"]);
+    let dead = read_at(&target.addr, "mirror.dead", IsolationLevel::ReadCommitted).await.remove(&0).unwrap();
+    let text = |r: &ConsumerRecord, name: &str| {
+        String::from_utf8(header(r, name).unwrap_or_else(|| panic!("no {name}")).to_vec()).unwrap()
+    };
+    let letters: Vec<(String, String, Option<usize>, Option<String>)> = dead
+        .iter()
+        .map(|r| {
+            assert_eq!((text(r, "fjord.dlq.topic"), text(r, "fjord.dlq.partition")), ("orders".into(), "0".into()));
+            assert_eq!((text(r, "fjord.dlq.target"), text(r, "fjord.origin")), ("orders".into(), "dc1".into()));
+            let value_bytes = header(r, "fjord.dlq.value_bytes").map(|v| std::str::from_utf8(v).unwrap().parse().unwrap());
+            (
+                text(r, "fjord.dlq.offset"),
+                String::from_utf8(r.key.as_deref().unwrap().to_vec()).unwrap(),
+                value_bytes,
+                r.value.as_ref().map(|v| String::from_utf8(v.to_vec()).unwrap()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        letters,
+        [
+            ("1".into(), "2".into(), Some(5_000), None),
+            ("3".into(), "4".into(), None, Some("c".into())),
+            ("4".into(), "5".into(), Some(1_500_000), None),
+        ]
+    );
+    let reasons: Vec<String> = dead.iter().map(|r| text(r, "fjord.dlq.reason")).collect();
+    assert!(reasons[0].contains("MessageTooLarge"), "{reasons:?}");
+    assert!(reasons[1].contains("InvalidTimestamp"), "{reasons:?}");
+    assert!(reasons[2].contains("MessageTooLarge"), "{reasons:?}");
+    let ahead: i64 = text(&dead[1], "fjord.dlq.timestamp").parse().unwrap();
+    assert!(ahead > fjord_record::now_ms() + 80_000_000, "the record's own timestamp is kept in a header");
+    assert_eq!((status.sources[0].records, status.sources[0].dead_letters), (3, 3), "{status:?}");
+    assert!(metrics.contains("fjord_mirror_dead_letters_total{source=\"dc1\",topic=\"orders\"} 3"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_the_target_refuses_go_to_the_dead_letter_topic_and_copying_goes_on() {
+    refused_records_are_set_aside(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_records_the_target_refuses_go_to_the_dead_letter_topic_once() {
+    refused_records_are_set_aside(true).await;
+}
+
+/// Without a dead-letter topic, a record the target refuses stops its source there, the
+/// status naming it, and nothing past it is committed; once the target takes it (its
+/// topic's limit raised), the copying goes on with it, and nothing is lost or repeated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_dead_letter_topic_a_refused_record_stops_its_source_until_the_target_takes_it() {
+    let (source, target) = refusing_target().await;
+    let mut config = fjord_mirror::MirrorConfig::new(
+        vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", source.addr)).unwrap()],
+        target.addr.clone(),
+        "orders",
+    );
+    config.group = "g".into();
+    config.retry_backoff_max = Duration::from_millis(500);
+    let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = metrics.local_addr().unwrap().to_string();
+    let shutdown = CancellationToken::new();
+    let mirror = tokio::spawn(fjord_mirror::run(config, Some(metrics), shutdown.clone()));
+    wait_for("the status naming the refused record", Duration::from_secs(30), || async {
+        let e = last_error(&metrics_addr).await;
+        e.contains("offset 1 of orders-0") && e.contains("--dead-letter-topic")
+    })
+    .await;
+    let stopped_at = last_error(&metrics_addr).await;
+    assert_eq!(
+        committed(&source.addr, "g").await.get(&TopicPartition::new("orders", 0)).copied().unwrap_or(0),
+        1,
+        "{stopped_at}"
+    );
+    // The target now takes every record but the one stamped ahead, then that one too.
+    let alter = |key: &str, value: &str| {
+        let (addr, key, value) = (target.addr.clone(), key.to_string(), value.to_string());
+        async move {
+            admin(&addr)
+                .await
+                .incremental_alter_configs(&fjord_client::ConfigResource::Topic("orders".into()), &[(key, Some(value))])
+                .await
+                .unwrap()
+        }
+    };
+    alter("max.message.bytes", "4000000").await;
+    wait_for("the status naming the record stamped ahead", Duration::from_secs(30), || async {
+        last_error(&metrics_addr).await.contains("offset 3 of orders-0")
+    })
+    .await;
+    alter("message.timestamp.after.max.ms", "172800000").await;
+    wait_for("every source position committed", Duration::from_secs(60), || async {
+        committed(&source.addr, "g").await.get(&TopicPartition::new("orders", 0)) == Some(&6)
+    })
+    .await;
+    shutdown.cancel();
+    mirror.await.unwrap().unwrap();
+    // Each retry copied again what followed the refused record (the producer stored it
+    // before the refusal was known; at least once), never what preceded it.
+    let copied: Vec<String> = read_all(&target.addr, "orders")
+        .await
+        .remove(&0)
+        .unwrap()
+        .iter()
+        .map(|r| String::from_utf8(r.key.as_deref().unwrap().to_vec()).unwrap())
+        .collect();
+    assert_eq!(copied.iter().filter(|k| *k == "1").count(), 1, "{copied:?}");
+    let distinct: std::collections::BTreeSet<&str> = copied.iter().map(String::as_str).collect();
+    assert_eq!(distinct.into_iter().collect::<Vec<_>>(), ["1", "2", "3", "4", "5", "6"], "{copied:?}");
+}
+
 /// Issue #22: a source topic grown 2 -> 4 with CreatePartitions while the mirror copies.
 /// The mirror grows the target to 4 (as MirrorMaker 2 does) and copies the new
 /// partitions' records to the same partitions; nothing is lost.

@@ -99,6 +99,14 @@ pub struct MirrorConfig {
     /// of the target. The transactional id is [`MirrorConfig::transactional_id`]: mirror
     /// processes sharing a group need distinct `instance_id`s (or hosts).
     pub exactly_once: bool,
+    /// Where records the target refuses for themselves go, a topic on the target (MirrorMaker
+    /// 2's `errors.tolerance=all` with a dead-letter queue): a record too large for the
+    /// target topic, one it finds invalid (a record without a key for a compacted topic),
+    /// or one stamped outside its timestamp limits is written there instead, with headers
+    /// saying where it came from and why, and copying goes on. `None` (the default, as
+    /// `errors.tolerance=none`): such a record stops its source's copying, retried with
+    /// backoff and shown in `/status`, until the target takes it.
+    pub dead_letter_topic: Option<String>,
     /// The metrics endpoint's security, the broker's `metrics.*` keys (see
     /// [`MirrorConfig::set`]): TLS with `metrics.ssl.keystore.location`, HTTP Basic with
     /// `metrics.authentication.method=BASIC` (users read from the metadata store given to
@@ -126,6 +134,7 @@ impl MirrorConfig {
             audit: None,
             host: None,
             exactly_once: false,
+            dead_letter_topic: None,
             metrics_security: fjord_auth::http::HttpSecurityConfig::default(),
         }
     }
@@ -197,6 +206,16 @@ impl MirrorConfig {
             // Copying a cluster into itself under the same names would copy the copies forever.
             if self.rename.is_none() && same_cluster(&s.bootstrap, &self.target) {
                 return bad(format!("source {} is the target cluster and topics keep their names: the mirror would copy its own output; pass --rename", s.alias));
+            }
+        }
+        if let Some(topic) = &self.dead_letter_topic {
+            if !is_legal_topic(topic) || !fjord_audit::record::audited_topic(topic) {
+                return bad(format!(
+                    "dead-letter topic {topic:?} is not a name the mirror can write to (legal: ASCII letters, digits, '.', '_', '-'; \
+                     not internal (__*), nor {}, {} or _schemas)",
+                    fjord_audit::AUDIT_TOPIC,
+                    fjord_audit::GAPS_TOPIC
+                ));
             }
         }
         self.metrics_security.validate().map_err(|e| Error::InvalidConfig(format!("metrics endpoint: {e}")))?;
@@ -327,5 +346,14 @@ mod tests {
         c.sources = vec![SourceConfig::parse("h:1").unwrap()];
         c.rename = Some("{alias}.{topic}".into());
         assert!(c.validate().unwrap_err().to_string().contains("short alias"));
+        for topic in ["", "a/b", "__dead", "_audit", "_mirror_gaps", &"x".repeat(250)] {
+            let mut c = config();
+            c.dead_letter_topic = Some(topic.to_string());
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("dead-letter topic"), "{topic}: {e}");
+        }
+        let mut c = config();
+        c.dead_letter_topic = Some("mirror.dead-letters".into());
+        c.validate().unwrap();
     }
 }

@@ -56,6 +56,38 @@ pub enum Error {
         /// The producer's error (its message is part of this one's).
         error: fjord_client::Error,
     },
+    /// The target refused a copied record for what it holds (too large for the target
+    /// topic, invalid for it, stamped outside its timestamp limits): sending it again
+    /// cannot succeed, so this source's copying stops at it until the target takes it, or
+    /// a dead-letter topic sets such records aside.
+    #[error(
+        "target topic {target:?} refused the record at offset {offset} of {topic}-{partition} from source {alias}: {error}; \
+         this source's copying stops there (retried) until the target takes it, or --dead-letter-topic sets such records aside"
+    )]
+    Refused {
+        /// Source alias.
+        alias: String,
+        /// Source topic.
+        topic: String,
+        /// Source partition.
+        partition: i32,
+        /// Source offset.
+        offset: i64,
+        /// The target topic that refused it.
+        target: String,
+        /// The producer's error (boxed: the variant would be the largest by far).
+        error: Box<fjord_client::Error>,
+    },
+    /// With exactly once and a dead-letter topic: the target refused records of the open
+    /// transaction, which was aborted; the next session, started at once from the
+    /// committed positions, writes them to the dead-letter topic.
+    #[error("the target refused {records} record(s) of source {alias}'s transaction, aborted; starting again from the committed positions to set them aside in the dead-letter topic")]
+    SetAside {
+        /// Source alias.
+        alias: String,
+        /// How many records were refused.
+        records: usize,
+    },
     /// Starting the metrics endpoint failed (its TLS files, or Basic without a store).
     #[error("metrics endpoint: {0}")]
     Metrics(#[source] fjord_auth::Error),

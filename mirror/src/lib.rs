@@ -34,6 +34,9 @@
 //! to the source's count, as MirrorMaker 2 does, unless
 //! [`MirrorConfig::repartition_by_key`] spreads records over it by key hash instead; a
 //! target spread so by an earlier run is refused without it, as growing it would move keys.
+//! A record the target refuses for what it holds stops its source, or with
+//! [`MirrorConfig::dead_letter_topic`] goes to that topic on the target instead (see
+//! `source`).
 
 pub mod config;
 mod error;
@@ -117,7 +120,7 @@ pub async fn run_with_store(
         None => (None, None),
     };
     let host = config.host.clone().unwrap_or_else(host_name);
-    let shared = Arc::new(Shared { config: config.clone(), topics, stats, target, audit, host });
+    let shared = Arc::new(Shared { config: config.clone(), topics, stats, target, audit, host, refused: Default::default() });
     let mut tasks = JoinSet::new();
     for source in config.sources {
         tasks.spawn(run_source(shared.clone(), source, stop.clone()));

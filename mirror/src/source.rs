@@ -25,12 +25,24 @@
 //!
 //! Failures of the source (unreachable, topic listing fails, ...) end the session; the
 //! caller retries with exponential backoff while the other sources go on.
+//!
+//! Refused records: a record the target refuses for what it holds (too large for the
+//! target topic, invalid for it, stamped outside its timestamp limits) would be refused
+//! again at every retry, so it stops its source, after a commit of what precedes it on
+//! its partition (so a retry does not copy that again). With a dead-letter topic
+//! ([`MirrorConfig::dead_letter_topic`]) it is written there instead and the copying goes
+//! on. At least once, that happens at the checkpoint that finds the refusal, before the
+//! positions past it are committed (the producer stores the rest of its batch in order).
+//! Exactly once, the refusal spoils the open transaction: it is aborted, the refused
+//! positions are kept in [`Shared`], and the session that starts again from the
+//! committed positions writes those records to the dead-letter topic, in its transaction.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use fjord_audit::record::created_ms;
 use fjord_audit::{AuditCounter, PendingCounts, AUDIT_TOPIC};
 use fjord_client::{
     Acks, Admin, ClientConfig, ConsumerRecord, DeliveryFuture, GroupAdmin, GroupConfig, GroupConsumer, IsolationLevel, NewTopic,
@@ -64,6 +76,100 @@ pub(crate) struct Shared {
     pub(crate) audit: Option<Arc<AuditCounter>>,
     /// This machine's name (or the configured one): part of the transactional ids.
     pub(crate) host: String,
+    /// With exactly once and a dead-letter topic: records the target refused in a
+    /// transaction that was aborted for it, by source alias and position, with why; the
+    /// next session writes them to the dead-letter topic.
+    pub(crate) refused: Mutex<HashMap<(String, TopicPartition, i64), Refusal>>,
+}
+
+impl Shared {
+    /// The refusal of the record at `offset` of `tp` from source `alias`, if one is kept.
+    fn refusal(&self, alias: &str, tp: &TopicPartition, offset: i64) -> Option<Refusal> {
+        let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        if refused.is_empty() {
+            return None;
+        }
+        refused.get(&(alias.to_string(), tp.clone(), offset)).cloned()
+    }
+}
+
+/// Whether the target refused the record for what it holds, so that sending it again
+/// cannot succeed: too large (for the topic, or for the producer's request size), invalid
+/// for the topic, or stamped outside its timestamp limits.
+fn refused_for_itself(error: &fjord_client::Error) -> bool {
+    matches!(error, fjord_client::Error::RecordTooLarge { .. })
+        || matches!(
+            error.code(),
+            Some(ResponseError::MessageTooLarge | ResponseError::InvalidRecord | ResponseError::InvalidTimestamp)
+        )
+}
+
+/// Why the target refused a record, as its dead letter says.
+#[derive(Debug, Clone)]
+pub(crate) struct Refusal {
+    reason: String,
+    /// Refused for its size: the dead letter goes without the value, which the target
+    /// would refuse again.
+    too_large: bool,
+}
+
+impl From<&fjord_client::Error> for Refusal {
+    fn from(error: &fjord_client::Error) -> Self {
+        let too_large =
+            matches!(error, fjord_client::Error::RecordTooLarge { .. }) || error.code() == Some(ResponseError::MessageTooLarge);
+        Self { reason: error.to_string(), too_large }
+    }
+}
+
+/// Headers of a mirror's dead letter, besides the audit crate's reason and source topic
+/// (the gateway's names for the same things) and the origin header the copy carries.
+const DLQ_PARTITION: &str = "fjord.dlq.partition";
+const DLQ_OFFSET: &str = "fjord.dlq.offset";
+/// The record's own timestamp: the dead letter is stamped when it was set aside.
+const DLQ_TIMESTAMP: &str = "fjord.dlq.timestamp";
+/// The target topic that refused it.
+const DLQ_TARGET: &str = "fjord.dlq.target";
+/// The size of the value left out of a record refused for its size.
+const DLQ_VALUE_BYTES: &str = "fjord.dlq.value_bytes";
+
+/// The dead letter of `copy`, the record from `source` at `offset` that the target
+/// refused: its key, headers and (unless it was refused for its size) value, with
+/// headers saying where it came from, where it was going and why.
+fn dead_letter(topic: &str, copy: ProducerRecord, source: &TopicPartition, offset: i64, refusal: &Refusal) -> ProducerRecord {
+    let mut headers = copy.headers;
+    let mut add = |name: &str, value: String| headers.push((name.to_string(), Some(Bytes::from(value))));
+    add(fjord_audit::DEAD_LETTER_REASON_HEADER, refusal.reason.clone());
+    add(fjord_audit::DEAD_LETTER_TOPIC_HEADER, source.topic.clone());
+    add(DLQ_PARTITION, source.partition.to_string());
+    add(DLQ_OFFSET, offset.to_string());
+    add(DLQ_TARGET, copy.topic);
+    if let Some(ts) = copy.timestamp {
+        add(DLQ_TIMESTAMP, ts.to_string());
+    }
+    let value = match (refusal.too_large, copy.value) {
+        (true, Some(value)) => {
+            add(DLQ_VALUE_BYTES, value.len().to_string());
+            None
+        }
+        (_, value) => value,
+    };
+    ProducerRecord { topic: topic.to_string(), partition: None, key: copy.key, value, headers, timestamp: None }
+}
+
+/// A record sent to the target (or to the dead-letter topic) since the last checkpoint.
+struct Copy {
+    /// Where it was sent.
+    topic: String,
+    /// The source position it came from.
+    source: TopicPartition,
+    offset: i64,
+    /// Its creation time, as the audit counts it.
+    created: i64,
+    /// A dead letter, not a copy.
+    dead_letter: bool,
+    /// With a dead-letter topic, the copy itself, to set aside if the target refuses it;
+    /// `None` for a dead letter (whose refusal stops the source).
+    record: Option<ProducerRecord>,
 }
 
 /// The target cluster: its admin client and the partition counts of its topics, created
@@ -161,6 +267,8 @@ pub(crate) async fn run_source(shared: Arc<Shared>, source: SourceConfig, shutdo
         match result {
             Ok(()) => return Ok(()),
             Err(e @ Error::FewerTargetPartitions { .. }) => return Err(e),
+            // Nothing is wrong with the source: the next session sets the records aside.
+            Err(e @ Error::SetAside { .. }) => tracing::info!(source = %source.alias, "{e}"),
             Err(e) => {
                 // A session that ran healthily for a while starts the backoff over.
                 if started.elapsed() > shared.config.retry_backoff_max {
@@ -210,8 +318,8 @@ struct Session<'a> {
     routes: BTreeMap<String, Route>,
     /// Next source offset expected per owned partition (absent until known).
     next: HashMap<TopicPartition, i64>,
-    /// Deliveries since the last commit.
-    sent: Vec<(String, DeliveryFuture)>,
+    /// Copies sent since the last commit, with their deliveries.
+    sent: Vec<(Copy, DeliveryFuture)>,
     /// Next source offset per partition after the records sent since the last commit.
     sent_next: HashMap<TopicPartition, i64>,
     /// Next source offset per owned partition up to which the target acknowledged
@@ -220,6 +328,8 @@ struct Session<'a> {
     /// The last commit failed: the next checkpoint commits even with nothing new sent.
     commit_failed: bool,
     sent_counts: BTreeMap<String, u64>,
+    /// Records set aside in the dead-letter topic since the last commit, per source topic.
+    dead_counts: BTreeMap<String, u64>,
     audit_pending: Option<PendingCounts>,
     rebalances: Arc<Mutex<Vec<Rebalance>>>,
     last_commit: Instant,
@@ -253,6 +363,10 @@ impl<'a> Session<'a> {
             max_in_flight: 1,
             batch_size: 256 * 1024,
             linger: Duration::from_millis(10),
+            // Whatever the source took, up to the whole buffer: what the target takes is
+            // its topic's max.message.bytes to decide (MirrorMaker's 1 MiB default of
+            // max.request.size stops a source on a record its topic allowed).
+            max_request_size: ProducerConfig::default().buffer_memory,
             ..ProducerConfig::default()
         })
         .await?;
@@ -260,6 +374,10 @@ impl<'a> Session<'a> {
             true => Some(GroupAdmin::connect(shared.target.client.clone()).await?),
             false => None,
         };
+        if let Some(topic) = &shared.config.dead_letter_topic {
+            // Made before any refusal, so a target that cannot have it says so at once.
+            shared.target.ensure(topic, 1, BTreeMap::new()).await?;
+        }
         let mut session = Session {
             shared,
             alias: &source.alias,
@@ -274,6 +392,7 @@ impl<'a> Session<'a> {
             acked: HashMap::new(),
             commit_failed: false,
             sent_counts: BTreeMap::new(),
+            dead_counts: BTreeMap::new(),
             audit_pending: shared.audit.as_ref().map(|a| a.pending()),
             rebalances: Arc::default(),
             last_commit: Instant::now(),
@@ -304,7 +423,9 @@ impl<'a> Session<'a> {
             let result = self.copy(&mut consumer, &topics, shutdown).await;
             // Flush and commit what was copied (bounded: the source may be the problem),
             // then leave the group so the partitions move at once.
-            match tokio::time::timeout(CLOSE_TIMEOUT, self.finish(consumer, result.is_ok())).await {
+            // A record the target refused stops the source after what precedes it is committed.
+            let checkpoint = matches!(result, Ok(_) | Err(Error::Refused { .. }));
+            match tokio::time::timeout(CLOSE_TIMEOUT, self.finish(consumer, checkpoint)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     tracing::warn!(source = %self.alias, error = %e, "the last flush and commit failed; the records since the previous commit will be copied again")
@@ -336,6 +457,7 @@ impl<'a> Session<'a> {
         self.sent.clear();
         self.sent_next.clear();
         self.sent_counts.clear();
+        self.dead_counts.clear();
         if let (Some(audit), Some(pending)) = (&self.shared.audit, self.audit_pending.as_mut()) {
             // Counts of records that were never acknowledged do not reach the audit.
             *pending = audit.pending();
@@ -572,9 +694,11 @@ impl<'a> Session<'a> {
         let Some(route) = self.routes.get(&*r.topic) else {
             return Err(Error::InvalidConfig(format!("a record of {} arrived, which is not subscribed", r.topic)));
         };
-        if let Some(pending) = self.audit_pending.as_mut().filter(|_| *r.topic != *AUDIT_TOPIC) {
-            pending.record_consumed(&r);
-        }
+        // The audit counts it by creation time once the target acknowledged it.
+        let created = match self.audit_pending {
+            Some(_) => created_ms(r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())), r.timestamp),
+            None => r.timestamp,
+        };
         let partition = route.partition(r.partition, r.key.as_deref());
         let mut headers = r.headers;
         // The first mirror stamps the origin; a mirror of a mirror keeps it.
@@ -589,14 +713,93 @@ impl<'a> Session<'a> {
             headers,
             timestamp: Some(r.timestamp),
         };
-        let target = route.target.clone();
         self.begin()?;
-        let delivery =
-            self.producer.send(record).await.map_err(|error| Error::NotAcknowledged { topic: target.clone(), error })?;
-        self.sent.push((target, delivery));
+        // Refused in an exactly-once transaction aborted for it: set aside this time.
+        if let Some(refusal) = self.shared.refusal(self.alias, &tp, r.offset) {
+            self.set_aside(record, &tp, r.offset, &refusal).await?;
+        } else {
+            let kept = self.shared.config.dead_letter_topic.is_some().then(|| record.clone());
+            let target = record.topic.clone();
+            match self.producer.send(record).await {
+                Ok(delivery) => {
+                    let copy =
+                        Copy { topic: target, source: tp.clone(), offset: r.offset, created, dead_letter: false, record: kept };
+                    self.sent.push((copy, delivery));
+                }
+                // Refused before it was sent (larger than a request may be): the
+                // transaction, if any, is unharmed.
+                Err(error) if kept.is_some() && refused_for_itself(&error) => {
+                    self.set_aside(kept.expect("checked"), &tp, r.offset, &Refusal::from(&error)).await?;
+                }
+                Err(error) => return Err(self.refusal_error(&tp, r.offset, target, error)),
+            }
+        }
         self.sent_next.insert(tp, r.offset + 1);
-        *self.sent_counts.entry(r.topic.to_string()).or_default() += 1;
         Ok(())
+    }
+
+    /// Sends the dead letter of `copy`, which the target refused.
+    async fn set_aside(&mut self, copy: ProducerRecord, source: &TopicPartition, offset: i64, refusal: &Refusal) -> Result<()> {
+        let topic = self.shared.config.dead_letter_topic.clone().expect("set aside only with a dead-letter topic");
+        tracing::error!(
+            source = %self.alias, topic = %source.topic, partition = source.partition, offset, target = %copy.topic, reason = %refusal.reason,
+            "the target refused a record; writing it to the dead-letter topic {topic}"
+        );
+        let letter = dead_letter(&topic, copy, source, offset, refusal);
+        let delivery =
+            self.producer.send(letter).await.map_err(|error| Error::NotAcknowledged { topic: topic.clone(), error })?;
+        let copy = Copy { topic, source: source.clone(), offset, created: 0, dead_letter: true, record: None };
+        self.sent.push((copy, delivery));
+        Ok(())
+    }
+
+    /// Waits for the target's answer to every copy sent since the last checkpoint: the
+    /// copies it stored, and those it did not, with why.
+    async fn settle(&mut self) -> (Vec<Copy>, Vec<(Copy, fjord_client::Error)>) {
+        self.producer.flush().await;
+        let (mut stored, mut failed) = (Vec::with_capacity(self.sent.len()), Vec::new());
+        for (copy, delivery) in std::mem::take(&mut self.sent) {
+            match delivery.await {
+                Ok(_) => stored.push(copy),
+                Err(error) => failed.push((copy, error)),
+            }
+        }
+        (stored, failed)
+    }
+
+    /// Counts the copies the target stored, for the stats and the audit, leaving out
+    /// those at or past `stop_at` of their partition (to be copied again).
+    fn count(&mut self, stored: &[Copy], stop_at: &HashMap<TopicPartition, i64>) {
+        for copy in stored {
+            if stop_at.get(&copy.source).is_some_and(|stop| copy.offset >= *stop) {
+                continue;
+            }
+            if copy.dead_letter {
+                *self.dead_counts.entry(copy.source.topic.clone()).or_default() += 1;
+                continue;
+            }
+            *self.sent_counts.entry(copy.source.topic.clone()).or_default() += 1;
+            if let Some(pending) = self.audit_pending.as_mut().filter(|_| copy.source.topic != AUDIT_TOPIC) {
+                pending.record(&copy.source.topic, copy.created);
+            }
+        }
+    }
+
+    /// The error that stops this source for a copy the target did not take: a refusal of
+    /// the record itself names it, since only the target (or a dead-letter topic) can
+    /// get the source going again.
+    fn refusal_error(&self, source: &TopicPartition, offset: i64, topic: String, error: fjord_client::Error) -> Error {
+        if !refused_for_itself(&error) {
+            return Error::NotAcknowledged { topic, error };
+        }
+        Error::Refused {
+            alias: self.alias.to_string(),
+            topic: source.topic.clone(),
+            partition: source.partition,
+            offset,
+            target: topic,
+            error: Box::new(error),
+        }
     }
 
     /// A record came from a partition the route was not built with: the source topic grew
@@ -637,13 +840,48 @@ impl<'a> Session<'a> {
         if self.sent.is_empty() && !self.commit_failed {
             return Ok(());
         }
-        self.producer.flush().await;
-        for (topic, delivery) in self.sent.drain(..) {
-            delivery.await.map_err(|error| Error::NotAcknowledged { topic, error })?;
+        let (mut stored, failed) = self.settle().await;
+        // The producer stored the rest of a refused record's batch in order: with a
+        // dead-letter topic the refused ones go there before the positions past them
+        // are committed.
+        let mut failures = Vec::new();
+        let mut set_aside = false;
+        for (mut copy, error) in failed {
+            match copy.record.take() {
+                Some(record) if refused_for_itself(&error) => {
+                    self.set_aside(record, &copy.source, copy.offset, &Refusal::from(&error)).await?;
+                    set_aside = true;
+                }
+                _ => failures.push((copy, error)),
+            }
         }
+        if set_aside {
+            let (letters, failed) = self.settle().await;
+            stored.extend(letters);
+            failures.extend(failed);
+        }
+        // Any other failure stops the source, after a commit of what precedes it on its
+        // partition (all acknowledged), so that a retry does not copy that again.
+        let mut stop_at: HashMap<TopicPartition, i64> = HashMap::new();
+        for (copy, _) in &failures {
+            let stop = stop_at.entry(copy.source.clone()).or_insert(copy.offset);
+            *stop = (*stop).min(copy.offset);
+        }
+        for (tp, stop) in &stop_at {
+            if let Some(next) = self.sent_next.get_mut(tp) {
+                *next = (*next).min(*stop);
+            }
+        }
+        self.count(&stored, &stop_at);
         self.record_acknowledged(consumer);
         // Exactly what the target acknowledged, which may be less than what was polled.
         let offsets: Vec<(TopicPartition, i64)> = self.acked.iter().map(|(tp, o)| (tp.clone(), *o)).collect();
+        if let Some((copy, error)) = failures.into_iter().min_by_key(|(copy, _)| copy.offset) {
+            if let Err(e) = consumer.commit_offsets_sync(&offsets).await {
+                tracing::warn!(source = %self.alias, error = %e, "offset commit before stopping failed");
+            }
+            return Err(self.refusal_error(&copy.source, copy.offset, copy.topic, error));
+        }
         match consumer.commit_offsets_sync(&offsets).await {
             Ok(()) => {
                 self.commit_failed = false;
@@ -673,6 +911,7 @@ impl<'a> Session<'a> {
             }
         }
         self.shared.stats.acknowledged(self.alias, &std::mem::take(&mut self.sent_counts));
+        self.shared.stats.dead_lettered(self.alias, &std::mem::take(&mut self.dead_counts));
         if let (Some(audit), Some(pending)) = (&self.shared.audit, self.audit_pending.as_mut()) {
             audit.commit(std::mem::replace(pending, audit.pending()));
         }
@@ -706,16 +945,39 @@ impl<'a> Session<'a> {
     }
 
     async fn try_commit_transaction(&mut self) -> Result<()> {
-        self.producer.flush().await;
-        for (topic, delivery) in self.sent.drain(..) {
-            delivery.await.map_err(|error| Error::NotAcknowledged { topic, error })?;
+        let (stored, failed) = self.settle().await;
+        let mut failure = None;
+        let mut refused = 0;
+        for (copy, error) in failed {
+            if copy.record.is_some() && refused_for_itself(&error) {
+                // Set aside by the next session, in the transaction that commits.
+                let key = (self.alias.to_string(), copy.source.clone(), copy.offset);
+                self.shared.refused.lock().unwrap_or_else(|e| e.into_inner()).insert(key, Refusal::from(&error));
+                refused += 1;
+            } else if failure.is_none() {
+                failure = Some(self.refusal_error(&copy.source, copy.offset, copy.topic, error));
+            }
         }
+        // The records after a refused one failed with it (the transaction could only
+        // abort): the next session, started at once, copies them.
+        if refused > 0 {
+            return Err(Error::SetAside { alias: self.alias.to_string(), records: refused });
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        self.count(&stored, &HashMap::new());
         let offsets: Vec<(TopicPartition, i64)> = self.sent_next.iter().map(|(tp, o)| (tp.clone(), *o)).collect();
         if !offsets.is_empty() {
             let group = self.shared.config.target_group(self.alias);
             self.producer.send_offsets_to_transaction(&offsets, &group).await?;
         }
         self.producer.commit_transaction().await?;
+        // Their dead letters are committed: the positions are past them for good.
+        let mut marks = self.shared.refused.lock().unwrap_or_else(|e| e.into_inner());
+        for letter in stored.iter().filter(|copy| copy.dead_letter) {
+            marks.remove(&(self.alias.to_string(), letter.source.clone(), letter.offset));
+        }
         Ok(())
     }
 

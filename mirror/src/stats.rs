@@ -61,6 +61,9 @@ pub struct SourceStatus {
     pub failures: u64,
     /// Records the target acknowledged.
     pub records: u64,
+    /// Records the target refused that went to the dead-letter topic instead.
+    #[serde(default)]
+    pub dead_letters: u64,
     /// Offset commits in the source group.
     pub commits: u64,
     /// Owned partitions.
@@ -88,6 +91,8 @@ struct SourceEntry {
     last_error: Option<String>,
     failures: u64,
     records: BTreeMap<String, u64>,
+    /// Per source topic.
+    dead_letters: BTreeMap<String, u64>,
     commits: u64,
     partitions: BTreeMap<TopicPartition, PartitionEntry>,
 }
@@ -115,6 +120,7 @@ impl Stats {
                     last_error: None,
                     failures: 0,
                     records: BTreeMap::new(),
+                    dead_letters: BTreeMap::new(),
                     commits: 0,
                     partitions: BTreeMap::new(),
                 };
@@ -180,6 +186,14 @@ impl Stats {
         });
     }
 
+    pub(crate) fn dead_lettered(&self, alias: &str, counts: &BTreeMap<String, u64>) {
+        self.with(alias, |s| {
+            for (topic, n) in counts {
+                *s.dead_letters.entry(topic.clone()).or_default() += n;
+            }
+        });
+    }
+
     pub(crate) fn committed(&self, alias: &str) {
         self.with(alias, |s| s.commits += 1);
     }
@@ -215,6 +229,7 @@ impl Stats {
                 last_error: s.last_error.clone(),
                 failures: s.failures,
                 records: s.records.values().sum(),
+                dead_letters: s.dead_letters.values().sum(),
                 commits: s.commits,
                 partitions: s
                     .partitions
@@ -263,6 +278,16 @@ impl Stats {
             s.records.iter().map(move |(t, n)| (format!("source=\"{}\",topic=\"{}\"", escape(alias), escape(t)), *n as i64))
         });
         samples(&mut out, "fjord_mirror_records_total", Kind::Counter, "Records copied and acknowledged by the target.", records);
+        let dead = inner.sources.iter().flat_map(|(alias, s)| {
+            s.dead_letters.iter().map(move |(t, n)| (format!("source=\"{}\",topic=\"{}\"", escape(alias), escape(t)), *n as i64))
+        });
+        samples(
+            &mut out,
+            "fjord_mirror_dead_letters_total",
+            Kind::Counter,
+            "Records the target refused, written to the dead-letter topic instead (per source topic).",
+            dead,
+        );
         let partitions: Vec<(String, &PartitionStatus)> = status
             .sources
             .iter()

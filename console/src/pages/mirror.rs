@@ -188,7 +188,7 @@ async fn status_section(c: &Console, caller: &Caller, url: &str) -> Markup {
         h2 #sources { "Sources" }
         p.hint { "As the mirror at " code { (url) } " reports them." }
         table #source-list {
-            thead { tr { th { "source" } th { "bootstrap" } th { "state" } th.num { "records copied" } th.num { "commits" } th.num { "failures" } th { "last error" } } }
+            thead { tr { th { "source" } th { "bootstrap" } th { "state" } th.num { "records copied" } th.num { "dead letters" } th.num { "commits" } th.num { "failures" } th { "last error" } } }
             tbody {
                 @for s in &status.sources {
                     @let state = serde_json::to_value(s.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
@@ -197,6 +197,7 @@ async fn status_section(c: &Console, caller: &Caller, url: &str) -> Markup {
                         td { (s.bootstrap) }
                         td { (state) }
                         td.num { (count(s.records as i64)) }
+                        @if s.dead_letters > 0 { td.num.warn { (count(s.dead_letters as i64)) } } @else { td.num { "0" } }
                         td.num { (count(s.commits as i64)) }
                         td.num { (s.failures) }
                         td { (s.last_error.as_deref().unwrap_or("")) }

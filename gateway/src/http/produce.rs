@@ -588,10 +588,10 @@ async fn bulk(g: &Gateway, topic: String, q: &HashMap<String, String>, headers: 
 }
 
 /// Header names of a dead-letter record (its value is the line's raw bytes).
-pub(crate) const DLQ_REASON: &str = "fjord.dlq.reason";
+pub(crate) const DLQ_REASON: &str = fjord_audit::DEAD_LETTER_REASON_HEADER;
 pub(crate) const DLQ_LINE: &str = "fjord.dlq.line";
 pub(crate) const DLQ_REQUEST_ID: &str = "fjord.dlq.request_id";
-pub(crate) const DLQ_TOPIC: &str = "fjord.dlq.topic";
+pub(crate) const DLQ_TOPIC: &str = fjord_audit::DEAD_LETTER_TOPIC_HEADER;
 
 /// The dead-letter record of line `index` (0-based; the header holds the 1-based line
 /// number, as editors count): the raw bytes as value, the rest as headers, so the line is
