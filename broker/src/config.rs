@@ -514,6 +514,11 @@ impl BrokerConfig {
             }
             // Checked with retention, every log.retention.check.interval.ms.
             "producer.id.expiration.ms" => self.log.producer_id_expiration = millis()?,
+            // Read when a partition's log opens.
+            "producer.id.max.per.partition" => {
+                self.log.max_producers =
+                    usize::try_from(int()?).ok().filter(|n| *n >= 1).ok_or_else(|| invalid("must be at least 1"))?
+            }
             "log.retention.check.interval.ms" => self.retention_check_interval = millis()?,
             "log.flush.scheduler.interval.ms" => self.flush_scheduler_interval = millis()?,
             "log.flush.offset.checkpoint.interval.ms" => self.checkpoint_interval = millis()?,
@@ -764,6 +769,14 @@ mod tests {
                 "a refused value changes nothing"
             );
         }
+        for value in ["0", "-1", "many", "1e3"] {
+            let mut config = BrokerConfig::default();
+            let refused = config.set("producer.id.max.per.partition", value);
+            assert!(matches!(refused, Err(Error::InvalidConfig { .. })), "producer.id.max.per.partition={value}");
+            assert_eq!(config.log.max_producers, 10_000, "a refused value changes nothing");
+        }
+        let config = BrokerConfig::from_toml("producer.id.max.per.partition = 100000").unwrap();
+        assert_eq!(config.log.max_producers, 100_000);
         let mut config = BrokerConfig { num_partitions: 0, ..BrokerConfig::default() };
         assert!(config.validate().is_err());
         config.num_partitions = 1;

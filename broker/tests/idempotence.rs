@@ -94,3 +94,46 @@ async fn retries_gaps_and_fenced_epochs_before_and_after_a_restart() {
     assert_eq!(client.latest_offset("idem").await.1, 5);
     broker.stop().await.unwrap();
 }
+
+/// How many producers the broker remembers for partition 0 of `topic` (DescribeProducers).
+async fn remembered_producers(client: &mut RawClient, topic: &str) -> usize {
+    let request = DescribeProducersRequest::default().with_topics(vec![describe_producers_request::TopicRequest::default()
+        .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+        .with_partition_indexes(vec![0])]);
+    let response: DescribeProducersResponse = client.call(ApiKey::DescribeProducers, 0, &request).await.unwrap();
+    let partition = &response.topics[0].partitions[0];
+    assert_eq!(partition.error_code, 0);
+    partition.active_producers.len()
+}
+
+/// A client making up producer ids (any id's first batch at sequence 0 is accepted, as
+/// in Kafka) cannot grow a partition's producer state past `producer.id.max.per.partition`,
+/// before or after a restart, and a producer active after the flood keeps its
+/// retries recognized.
+#[tokio::test]
+async fn made_up_producer_ids_cannot_grow_the_producer_state_past_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let limited = |c: &mut fjord_broker::BrokerConfig| c.set("producer.id.max.per.partition", "50").unwrap();
+    let broker = TestBroker::start_in(data.clone(), limited).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let pid = init_producer_id(&mut client, 4, None).await.producer_id.0;
+    assert_eq!(produce(&mut client, batch(pid, 0, 0, &["a"])).await, (0, 0));
+    for made_up in 0..2_000 {
+        let (code, offset) = produce(&mut client, batch(1_000_000_000 + made_up, 0, 0, &["flood"])).await;
+        assert_eq!((code, offset), (0, made_up + 1));
+    }
+    assert!(remembered_producers(&mut client, "idem").await <= 50);
+    assert_eq!(produce(&mut client, batch(pid, 0, 1, &["b"])).await, (0, 2_001));
+    // A retry of the latest batch: recognized, nothing appended.
+    assert_eq!(produce(&mut client, batch(pid, 0, 1, &["b"])).await, (0, 2_001));
+    assert_eq!(client.latest_offset("idem").await.1, 2_002);
+    broker.stop().await.unwrap();
+
+    let broker = TestBroker::start_in(data, limited).await.unwrap();
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    assert!(remembered_producers(&mut client, "idem").await <= 50);
+    assert_eq!(produce(&mut client, batch(pid, 0, 1, &["b"])).await, (0, 2_001));
+    assert_eq!(client.latest_offset("idem").await.1, 2_002);
+    broker.stop().await.unwrap();
+}

@@ -57,6 +57,16 @@ pub struct LogConfig {
     /// without a batch (by batch timestamp, as Kafka). A broker key, not a topic key,
     /// so [`LogConfig::set`] does not take it; the broker copies it in. Default 1 day.
     pub producer_id_expiration: Duration,
+    /// `producer.id.max.per.partition` (Fjord's): how many producer ids one partition
+    /// remembers. Past it, the longest idle ones without an open transaction are
+    /// forgotten (down to nine tenths of it), as expiry would forget them later. Kafka
+    /// bounds them by time alone, and any client can make up producer ids: a batch with
+    /// a new one is accepted at sequence 0, so at a few thousand batches a second one
+    /// client filled a day's worth of entries, a few hundred bytes each, in every
+    /// partition it wrote to. A producer forgotten this way only loses the recognition of
+    /// retries of its last batches; its next batch starts its entry again. A broker key,
+    /// copied in like `producer.id.expiration.ms`. Default 10 000.
+    pub max_producers: usize,
     /// `preallocate`: reserve the active segment's disk blocks ahead of its writes, a
     /// few MiB at a time (`fallocate` with `FALLOC_FL_KEEP_SIZE`, so the file's length
     /// stays the length of its data and recovery and readers see no difference).
@@ -257,6 +267,7 @@ impl Default for LogConfig {
             min_compaction_lag: Duration::ZERO,
             min_insync_replicas: 1,
             producer_id_expiration: DAY,
+            max_producers: 10_000,
             preallocate: true,
             compression_type: CompressionType::Producer,
             message_timestamp_type: MessageTimestampType::CreateTime,

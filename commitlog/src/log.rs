@@ -129,7 +129,7 @@ impl Log {
                 break;
             }
         }
-        let mut producers = ProducerState::new(&dir);
+        let mut producers = ProducerState::new(&dir).limit(config.max_producers);
         let replayed = producers.reload(loaded.segments.values(), log_start, loaded.log_end_offset, replay_from)?;
         txn::rebuild_indexes(loaded.segments.values(), &replayed)?;
         let unstable = producers.open_transactions().map(|(first, _)| (first, None)).collect();

@@ -133,6 +133,12 @@ pub(crate) struct ProducerState {
     producers: HashMap<i64, ProducerEntry>,
     /// First offset of each open transaction -> its producer id (kept with `producers`).
     open: BTreeMap<Offset, i64>,
+    /// `producer.id.max.per.partition` (see [`ProducerState::limit`]).
+    max_producers: usize,
+    /// Producers forgotten for the limit since the last warning, and when that was: it
+    /// is logged at most once a minute, as a flood of made-up ids would repeat it.
+    forgotten_unlogged: usize,
+    last_warning_ms: i64,
 }
 
 /// `first + delta` in Kafka's sequence space, which wraps from `i32::MAX` to 0.
@@ -228,7 +234,51 @@ impl ProducerEntry {
 
 impl ProducerState {
     pub(crate) fn new(dir: &Path) -> Self {
-        Self { dir: dir.to_path_buf(), producers: HashMap::new(), open: BTreeMap::new() }
+        Self {
+            dir: dir.to_path_buf(),
+            producers: HashMap::new(),
+            open: BTreeMap::new(),
+            max_producers: usize::MAX,
+            forgotten_unlogged: 0,
+            last_warning_ms: i64::MIN,
+        }
+    }
+
+    /// Remembers at most `max_producers` producers: past it, the longest idle ones
+    /// without an open transaction are forgotten, down to nine tenths of it (so the
+    /// search for them runs once per tenth of the limit of new producers, not per batch).
+    pub(crate) fn limit(mut self, max_producers: usize) -> Self {
+        self.max_producers = max_producers.max(1);
+        self
+    }
+
+    /// Applies the limit (see [`ProducerState::limit`]).
+    fn forget_beyond_limit(&mut self) {
+        if self.producers.len() <= self.max_producers {
+            return;
+        }
+        let keep = self.max_producers - self.max_producers / 10;
+        let mut idle: Vec<(i64, i64)> =
+            self.producers.iter().filter(|(_, e)| e.txn_first_offset.is_none()).map(|(&id, e)| (e.last_timestamp, id)).collect();
+        let excess = (self.producers.len() - keep).min(idle.len());
+        if excess == 0 {
+            return;
+        }
+        idle.select_nth_unstable(excess - 1);
+        for (_, id) in &idle[..excess] {
+            self.producers.remove(id);
+        }
+        self.forgotten_unlogged += excess;
+        let now = fjord_record::now_ms();
+        if now.saturating_sub(self.last_warning_ms) >= 60_000 {
+            tracing::warn!(
+                dir = %self.dir.display(),
+                forgotten = self.forgotten_unlogged,
+                limit = self.max_producers,
+                "more producer ids than producer.id.max.per.partition: forgot the longest idle (logged at most once a minute)"
+            );
+            (self.forgotten_unlogged, self.last_warning_ms) = (0, now);
+        }
     }
 
     /// Leader checks of an append's batches, in order, as if the earlier ones were
@@ -277,6 +327,7 @@ impl ProducerState {
                 events.push(TxnStarted { producer_id: h.producer_id, first_offset });
             }
         }
+        self.forget_beyond_limit();
         events
     }
 
@@ -287,7 +338,7 @@ impl ProducerState {
     pub(crate) fn scoped(&self, producer_ids: impl IntoIterator<Item = i64>) -> ProducerState {
         let producers =
             producer_ids.into_iter().filter_map(|id| Some((id, self.producers.get(&id)?.clone()))).collect::<HashMap<_, _>>();
-        ProducerState { dir: self.dir.clone(), producers, open: self.open.clone() }
+        ProducerState { producers, open: self.open.clone(), ..ProducerState::new(&self.dir) }
     }
 
     /// Takes the entries and open transactions of `scoped`, made from this state by
@@ -295,6 +346,7 @@ impl ProducerState {
     pub(crate) fn merge(&mut self, scoped: ProducerState) {
         self.producers.extend(scoped.producers);
         self.open = scoped.open;
+        self.forget_beyond_limit();
     }
 
     /// Leader check of a marker for `producer_id` at `producer_epoch` from a coordinator
@@ -464,6 +516,8 @@ impl ProducerState {
             }
         }
         self.producers.retain(|_, e| still_in_log(e, log_start));
+        // A snapshot written under a higher limit (or before there was one).
+        self.forget_beyond_limit();
         self.reindex_open();
         let mut aborted = Vec::new();
         for seg in segments {
@@ -641,6 +695,52 @@ mod tests {
         assert_eq!(s.check(&[header(7, 3, 0, 1, 4)]).unwrap(), None);
         // Other producers and non-idempotent batches are independent.
         assert_eq!(s.check(&[header(8, 0, 0, 1, 4), header(-1, -1, -1, 1, 5)]).unwrap(), None);
+    }
+
+    /// A batch of producer `pid` at sequence 0 stamped `timestamp`.
+    fn header_at(pid: i64, timestamp: i64, offset: Offset) -> (usize, BatchHeader) {
+        let mut b = fjord_record::BatchBuilder::new(timestamp).producer(pid, 0, 0);
+        b.append(timestamp, None, Some(b"v"), &[]);
+        let mut bytes = b.build_vec();
+        fjord_record::batch::set_base_offset(&mut bytes, offset);
+        (0, BatchHeader::parse(&bytes).unwrap())
+    }
+
+    #[test]
+    fn past_the_limit_the_longest_idle_producers_are_forgotten_never_one_in_a_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = ProducerState::new(dir.path()).limit(100);
+        // The oldest of all, but in a transaction.
+        s.apply(&[txn_header(1, 0, 0, 1, 0)]);
+        for pid in 2..=1_000 {
+            s.apply(&[header_at(pid, 10_000 + pid, pid)]);
+            assert!(s.producers.len() <= 100, "{} producers after {pid}", s.producers.len());
+        }
+        assert!(s.in_transaction(1));
+        assert_eq!(s.open_transactions().collect::<Vec<_>>(), [(0, 1)]);
+        // The most recently active are all remembered: a retry of each is recognized.
+        for pid in 950..=1_000 {
+            assert!(s.check(&[header_at(pid, 10_000 + pid, 5_000)]).unwrap().is_some(), "producer {pid} forgotten");
+        }
+        // The longest idle were forgotten, and start again at any sequence.
+        assert!(!s.producers.contains_key(&2));
+        assert_eq!(s.check(&[header(2, 0, 17, 1, 5_000)]).unwrap(), None);
+        // A snapshot taken under a higher limit is cut to the limit when loaded.
+        s.snapshot(1_001).unwrap();
+        let mut lower = ProducerState::new(dir.path()).limit(10);
+        lower.reload(std::iter::empty(), 0, 1_001, 1_001).unwrap();
+        assert!(lower.producers.len() <= 10 && lower.in_transaction(1), "{}", lower.producers.len());
+    }
+
+    #[test]
+    fn a_flood_of_made_up_producer_ids_stays_within_the_default_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let limit = crate::LogConfig::default().max_producers;
+        let mut s = ProducerState::new(dir.path()).limit(limit);
+        for pid in 0..20 * limit as i64 {
+            s.apply(&[header_at(pid, 1_000, pid)]);
+        }
+        assert!(s.producers.len() <= limit && s.producers.len() >= limit * 9 / 10, "{}", s.producers.len());
     }
 
     #[test]
