@@ -647,8 +647,9 @@ async fn a_record_stamped_ahead_that_the_source_took_is_copied_with_its_timestam
 /// ones: two too large for the target topic (5 kB and 1.5 MB, where it takes 2 kB; the
 /// latter also past the 1 MiB request size of a producer by default) and one stamped a day ahead (the
 /// target topic keeps the one-hour default). The target topic is made first, so the
-/// mirror does not make it in the source's image. Returns the source and target brokers.
-async fn refusing_target() -> (StandaloneBroker, StandaloneBroker) {
+/// mirror does not make it in the source's image. Returns the source and target brokers
+/// and the mirror's config (group `g`, source alias `dc1`).
+async fn refusing_target() -> (StandaloneBroker, StandaloneBroker, fjord_mirror::MirrorConfig) {
     let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
     create(&source.addr, "orders", 1, &[("max.message.bytes", "4000000"), ("message.timestamp.after.max.ms", "172800000")]).await;
     create(&target.addr, "orders", 1, &[("max.message.bytes", "2000")]).await;
@@ -674,7 +675,25 @@ async fn refusing_target() -> (StandaloneBroker, StandaloneBroker) {
         producer.send(r).await.unwrap().await.unwrap();
     }
     producer.close().await;
-    (source, target)
+    let mut config = fjord_mirror::MirrorConfig::new(
+        vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", source.addr)).unwrap()],
+        target.addr.clone(),
+        "orders",
+    );
+    config.group = "g".into();
+    (source, target, config)
+}
+
+/// Runs the mirror with `config` and a metrics endpoint; returns the endpoint's address,
+/// the mirror's shutdown token and its task.
+async fn run_mirror(
+    config: fjord_mirror::MirrorConfig,
+) -> (String, CancellationToken, tokio::task::JoinHandle<fjord_mirror::Result<()>>) {
+    let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = metrics.local_addr().unwrap().to_string();
+    let shutdown = CancellationToken::new();
+    let mirror = tokio::spawn(fjord_mirror::run(config, Some(metrics), shutdown.clone()));
+    (metrics_addr, shutdown, mirror)
 }
 
 /// The last error of a running mirror's first source, from its `/status`.
@@ -689,19 +708,10 @@ async fn last_error(metrics: &str) -> String {
 /// least once (refusals found at the checkpoint) and exactly once (the transaction
 /// aborted, and the next one sets them aside), read with read_committed.
 async fn refused_records_are_set_aside(exactly_once: bool) {
-    let (source, target) = refusing_target().await;
-    let mut config = fjord_mirror::MirrorConfig::new(
-        vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", source.addr)).unwrap()],
-        target.addr.clone(),
-        "orders",
-    );
-    config.group = "g".into();
+    let (source, target, mut config) = refusing_target().await;
     config.exactly_once = exactly_once;
     config.dead_letter_topic = Some("mirror.dead".into());
-    let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics_addr = metrics.local_addr().unwrap().to_string();
-    let shutdown = CancellationToken::new();
-    let mirror = tokio::spawn(fjord_mirror::run(config, Some(metrics), shutdown.clone()));
+    let (metrics_addr, shutdown, mirror) = run_mirror(config).await;
     // Exactly once, the positions are the target group's.
     let (cluster, group) = if exactly_once { (&target.addr, "g.dc1") } else { (&source.addr, "g") };
     wait_for("every source position committed", Duration::from_secs(60), || async {
@@ -764,21 +774,13 @@ async fn exactly_once_records_the_target_refuses_go_to_the_dead_letter_topic_onc
 
 /// Without a dead-letter topic, a record the target refuses stops its source there, the
 /// status naming it, and nothing past it is committed; once the target takes it (its
-/// topic's limit raised), the copying goes on with it, and nothing is lost or repeated.
+/// topic's limit raised), the copying goes on with it: nothing is lost, and nothing
+/// before it is copied twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_dead_letter_topic_a_refused_record_stops_its_source_until_the_target_takes_it() {
-    let (source, target) = refusing_target().await;
-    let mut config = fjord_mirror::MirrorConfig::new(
-        vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", source.addr)).unwrap()],
-        target.addr.clone(),
-        "orders",
-    );
-    config.group = "g".into();
+    let (source, target, mut config) = refusing_target().await;
     config.retry_backoff_max = Duration::from_millis(500);
-    let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics_addr = metrics.local_addr().unwrap().to_string();
-    let shutdown = CancellationToken::new();
-    let mirror = tokio::spawn(fjord_mirror::run(config, Some(metrics), shutdown.clone()));
+    let (metrics_addr, shutdown, mirror) = run_mirror(config).await;
     wait_for("the status naming the refused record", Duration::from_secs(30), || async {
         let e = last_error(&metrics_addr).await;
         e.contains("offset 1 of orders-0") && e.contains("--dead-letter-topic")

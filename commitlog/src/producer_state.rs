@@ -663,9 +663,13 @@ mod tests {
     use super::*;
 
     fn header(pid: i64, epoch: i16, seq: i32, records: i32, offset: Offset) -> (usize, BatchHeader) {
-        let mut b = fjord_record::BatchBuilder::new(1_000).producer(pid, epoch, seq);
+        stamped_header(pid, epoch, seq, records, offset, 1_000)
+    }
+
+    fn stamped_header(pid: i64, epoch: i16, seq: i32, records: i32, offset: Offset, timestamp: i64) -> (usize, BatchHeader) {
+        let mut b = fjord_record::BatchBuilder::new(timestamp).producer(pid, epoch, seq);
         for _ in 0..records {
-            b.append(1_000, None, Some(b"v"), &[]);
+            b.append(timestamp, None, Some(b"v"), &[]);
         }
         let mut bytes = b.build_vec();
         fjord_record::batch::set_base_offset(&mut bytes, offset);
@@ -699,11 +703,7 @@ mod tests {
 
     /// A batch of producer `pid` at sequence 0 stamped `timestamp`.
     fn header_at(pid: i64, timestamp: i64, offset: Offset) -> (usize, BatchHeader) {
-        let mut b = fjord_record::BatchBuilder::new(timestamp).producer(pid, 0, 0);
-        b.append(timestamp, None, Some(b"v"), &[]);
-        let mut bytes = b.build_vec();
-        fjord_record::batch::set_base_offset(&mut bytes, offset);
-        (0, BatchHeader::parse(&bytes).unwrap())
+        stamped_header(pid, 0, 0, 1, offset, timestamp)
     }
 
     #[test]
