@@ -146,13 +146,18 @@ async fn an_event_stamped_beyond_the_topics_limit_is_an_invalid_argument() {
     let mut ahead = event("a day ahead");
     ahead.timestamp_ms = Some(fjord_record::now_ms() + 86_400_000);
     let request = |events| PublishRequest { topic: "stamped".into(), events, acks: Acks::All as i32, ..Default::default() };
-    let status = publisher.publish(request(vec![ahead])).await.unwrap_err();
+    let status = publisher.publish(request(vec![ahead.clone()])).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("message.timestamp.after.max.ms"), "{status:?}");
     let answer = publisher.publish(request(vec![event("now")])).await.unwrap().into_inner();
     assert_eq!(answer.offsets.len(), 1);
+    // Among others (one batch of one partition): only that event is refused, and the
+    // answer says which were not stored, so the caller resends just those.
+    let status = publisher.publish(request(vec![event("before"), ahead.clone(), event("after")])).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("2 of the 3 events were stored; not stored: events 1"), "{status:?}");
     let read: Vec<_> = kcat_consume(&sys.broker, "stamped").into_iter().map(|m| m.payload.unwrap()).collect();
-    assert_eq!(read, ["now"]);
+    assert_eq!(read, ["now", "before", "after"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -405,25 +405,39 @@ pub(crate) fn summarize(delivered: &[Delivered]) -> Vec<Json> {
         .collect()
 }
 
-/// All-or-error view of per-event results: the first failure names its event.
+/// All-or-error view of per-event results: the first failure names its event, and when
+/// the broker refused some events and stored others (each event stands alone outside an
+/// atomic request), the error says which were not stored, so a caller resends only those.
 pub(crate) fn all_delivered(results: Vec<Result<Delivered>>) -> Result<Vec<Delivered>> {
     let total = results.len();
+    let failed: Vec<usize> = results.iter().enumerate().filter(|(_, r)| r.is_err()).map(|(i, _)| i).collect();
     let mut out = Vec::with_capacity(total);
+    let mut first_error = None;
     for (i, r) in results.into_iter().enumerate() {
         match r {
             Ok(d) => out.push(d),
             Err(e) => {
-                let failed = total - out.len();
-                return Err(match e {
-                    Error::Unavailable(m) => {
-                        Error::Unavailable(format!("event {i} (and up to {} after it) not acknowledged: {m}", failed - 1))
-                    }
-                    e => Error::Unprocessable { index: Some(i), reason: format!("not produced: {e}") },
-                });
+                first_error.get_or_insert((i, e));
             }
         }
     }
-    Ok(out)
+    let Some((i, e)) = first_error else { return Ok(out) };
+    Err(match e {
+        Error::Unavailable(m) => {
+            Error::Unavailable(format!("event {i} (and up to {} after it) not acknowledged: {m}", failed.len() - 1))
+        }
+        e if out.is_empty() => Error::Unprocessable { index: Some(i), reason: format!("not produced: {e}") },
+        e => {
+            const NAMED: usize = 20;
+            let mut list = failed.iter().take(NAMED).map(usize::to_string).collect::<Vec<_>>().join(", ");
+            if failed.len() > NAMED {
+                list.push_str(&format!(" and {} more", failed.len() - NAMED));
+            }
+            let reason =
+                format!("not produced: {e} ({} of the {total} events were stored; not stored: events {list})", out.len());
+            Error::Unprocessable { index: Some(i), reason }
+        }
+    })
 }
 
 /// The scope of the caller's idempotency keys (see [`Caller::key_scope`]); a router
@@ -672,6 +686,18 @@ mod tests {
         let e = all_delivered(vec![Ok(d(0, 1)), Err(Error::Unavailable("x".into())), Err(Error::Unavailable("x".into()))])
             .unwrap_err();
         assert!(e.to_string().contains("event 1 (and up to 1 after it)"), "{e}");
+        // Refused events among stored ones: the error names every one not stored.
+        let refused = || Err(Error::Unprocessable { index: None, reason: "refused".into() });
+        let e = all_delivered(vec![Ok(d(0, 1)), refused(), Ok(d(0, 2)), refused()]).unwrap_err();
+        assert!(matches!(e, Error::Unprocessable { index: Some(1), .. }), "{e:?}");
+        assert!(e.to_string().contains("2 of the 4 events were stored; not stored: events 1, 3"), "{e}");
+        let e = all_delivered(vec![refused(), refused()]).unwrap_err();
+        assert!(!e.to_string().contains("stored"), "nothing stored, nothing to say: {e}");
+        let many: Vec<_> = (0..30).map(|i| if i == 0 { Ok(d(0, 0)) } else { refused() }).collect();
+        assert!(all_delivered(many)
+            .unwrap_err()
+            .to_string()
+            .contains("events 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20 and 9 more"));
     }
 
     #[tokio::test]
