@@ -162,6 +162,8 @@ struct PartitionState {
     high_watermark: i64,
     /// When a retriable error last hit this partition (fetches pause for a backoff).
     backoff_until: Option<Instant>,
+    /// Not fetched until resumed ([`Consumer::pause`]).
+    paused: bool,
 }
 
 /// (topic, partition, seek epoch, fetch offset) of one partition in a fetch.
@@ -259,6 +261,7 @@ impl Consumer {
                     epoch,
                     high_watermark: -1,
                     backoff_until: None,
+                    paused: false,
                 },
             );
         }
@@ -301,6 +304,36 @@ impl Consumer {
             }
         }
         self.buffer.retain(|r| !(*r.topic == *tp.topic && r.partition == tp.partition));
+        Ok(())
+    }
+
+    /// Stops fetching an assigned partition until [`Consumer::resume`], as Kafka's
+    /// `pause`: its position stays; records of it fetched but not handed out yet are
+    /// dropped and fetched again once it is resumed. A new assignment resumes it.
+    pub fn pause(&mut self, tp: &TopicPartition) -> Result<()> {
+        let key = (Arc::from(tp.topic.as_str()), tp.partition);
+        let epoch = self.next_epoch();
+        let state = self.partitions.get_mut(&key).ok_or_else(|| Error::NotAssigned(tp.to_string()))?;
+        if state.paused {
+            return Ok(());
+        }
+        state.paused = true;
+        // Responses to fetches in flight are dropped on arrival.
+        state.epoch = epoch;
+        if let Some(position) = state.position {
+            state.fetch_offset = position;
+        }
+        self.buffer.retain(|r| !(*r.topic == *tp.topic && r.partition == tp.partition));
+        Ok(())
+    }
+
+    /// Fetches a partition stopped by [`Consumer::pause`] again, from its position.
+    pub fn resume(&mut self, tp: &TopicPartition) -> Result<()> {
+        let state = self
+            .partitions
+            .get_mut(&(Arc::from(tp.topic.as_str()), tp.partition))
+            .ok_or_else(|| Error::NotAssigned(tp.to_string()))?;
+        state.paused = false;
         Ok(())
     }
 
@@ -507,7 +540,7 @@ impl Consumer {
         let mut refresh = self.cluster.metadata_is_stale();
         let mut per_broker: HashMap<i32, Vec<FetchTarget>> = HashMap::new();
         for ((topic, partition), s) in &self.partitions {
-            if s.pending.is_some() || s.backoff_until.is_some_and(|t| t > now) {
+            if s.paused || s.pending.is_some() || s.backoff_until.is_some_and(|t| t > now) {
                 continue;
             }
             let leader =

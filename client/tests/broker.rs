@@ -863,3 +863,43 @@ async fn records_beside_a_partition_error_in_the_same_response_are_not_lost() {
     let expected: Vec<(i32, Bytes)> = (0..100).map(|i| (0, Bytes::from(format!("p0-{i}")))).collect();
     assert_eq!(values, expected, "partition 0's records, each once and in order");
 }
+
+/// A paused partition is not fetched and keeps its position, records of it already
+/// fetched included; the others go on; resumed, it continues from its position with
+/// nothing lost or repeated. Pausing or resuming a partition not assigned is an error.
+#[tokio::test]
+async fn a_paused_partition_waits_at_its_position_while_the_others_go_on() {
+    let broker = start_broker().await;
+    create_topic(&broker.addr, "paused", 2, &[]).await;
+    produce_spread(&broker.addr, "paused", 2, 200).await;
+    let mut c = consumer(&broker.addr).await;
+    let (p0, p1) = (TopicPartition::new("paused", 0), TopicPartition::new("paused", 1));
+    c.assign([p0.clone(), p1.clone()]).await.unwrap();
+    let mut seen: Vec<(i32, i64)> = Vec::new();
+    while !seen.iter().any(|(p, _)| *p == 0) {
+        seen.extend(c.poll(Duration::from_millis(500)).await.unwrap().iter().map(|r| (r.partition, r.offset)));
+    }
+    let p0_position = seen.iter().filter(|(p, _)| *p == 0).count() as i64;
+    c.pause(&p0).unwrap();
+    c.pause(&p0).unwrap(); // twice is once
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen.iter().filter(|(p, _)| *p == 1).count() < 100 {
+        assert!(Instant::now() < deadline, "partition 1 did not go on while 0 was paused");
+        let records = c.poll(Duration::from_millis(200)).await.unwrap();
+        assert!(records.iter().all(|r| r.partition == 1), "a record of the paused partition came");
+        seen.extend(records.iter().map(|r| (r.partition, r.offset)));
+    }
+    assert_eq!(c.position(&p0).await.unwrap(), p0_position);
+    c.resume(&p0).unwrap();
+    while seen.len() < 200 {
+        assert!(Instant::now() < deadline, "only {} of 200 records", seen.len());
+        seen.extend(c.poll(Duration::from_millis(200)).await.unwrap().iter().map(|r| (r.partition, r.offset)));
+    }
+    for p in 0..2 {
+        let offsets: Vec<i64> = seen.iter().filter(|(q, _)| *q == p).map(|(_, o)| *o).collect();
+        assert_eq!(offsets, (0..100).collect::<Vec<_>>(), "partition {p}");
+    }
+    let other = TopicPartition::new("paused", 7);
+    assert!(matches!(c.pause(&other), Err(Error::NotAssigned(_))));
+    assert!(matches!(c.resume(&other), Err(Error::NotAssigned(_))));
+}

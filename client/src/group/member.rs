@@ -199,6 +199,23 @@ impl GroupConsumer {
         Ok(())
     }
 
+    /// Stops fetching an owned partition until [`GroupConsumer::resume`] (or until the
+    /// next rebalance assigns it again); its position stays (see [`Consumer::pause`]).
+    pub fn pause(&mut self, tp: &TopicPartition) -> Result<()> {
+        if !self.owned.contains(tp) {
+            return Err(Error::NotAssigned(tp.to_string()));
+        }
+        self.consumer.pause(tp)
+    }
+
+    /// Fetches a paused partition again, from its position.
+    pub fn resume(&mut self, tp: &TopicPartition) -> Result<()> {
+        if !self.owned.contains(tp) {
+            return Err(Error::NotAssigned(tp.to_string()));
+        }
+        self.consumer.resume(tp)
+    }
+
     /// Stops without committing or leaving, as a crashed process would: the coordinator
     /// notices after `session.timeout.ms`.
     pub fn abort(self) {
