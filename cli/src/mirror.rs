@@ -78,7 +78,8 @@ pub(crate) struct MirrorArgs {
     /// invalid for it, stamped outside its timestamp limits), as MirrorMaker 2's
     /// errors.tolerance=all with a dead-letter queue: each goes there with headers saying
     /// where it came from and why (fjord.dlq.*), and copying goes on. Without it such a
-    /// record stops its source's copying (retried, shown in `mirror status`).
+    /// record holds its partition, retried alone, shown in `mirror status`, while the
+    /// other partitions go on (with --exactly-once it stops the source, retried).
     #[arg(long, value_name = "TOPIC")]
     dead_letter_topic: Option<String>,
     /// Publish the mirror tier's audit counts to the target's `_audit` under this cluster name.
@@ -226,6 +227,9 @@ fn render(status: &Status) -> String {
                 "  {:<30} {:>5} {:<30} {:>12} {:>12} {:>10}\n",
                 p.topic, p.partition, p.target_topic, p.mirrored, p.log_end, lag
             );
+            if let Some(refused) = &p.refused {
+                out += &format!("    HELD: {refused}; retried now and then (--dead-letter-topic sets such records aside)\n");
+            }
         }
     }
     if status.gaps.is_empty() {

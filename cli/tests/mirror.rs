@@ -647,12 +647,13 @@ async fn a_record_stamped_ahead_that_the_source_took_is_copied_with_its_timestam
 /// ones: two too large for the target topic (5 kB and 1.5 MB, where it takes 2 kB; the
 /// latter also past the 1 MiB request size of a producer by default) and one stamped a day ahead (the
 /// target topic keeps the one-hour default). The target topic is made first, so the
-/// mirror does not make it in the source's image. Returns the source and target brokers
+/// mirror does not make it in the source's image; all in partition 0 of two. Returns the
+/// source and target brokers
 /// and the mirror's config (group `g`, source alias `dc1`).
 async fn refusing_target() -> (StandaloneBroker, StandaloneBroker, fjord_mirror::MirrorConfig) {
     let (source, target) = (start_broker(Duration::from_secs(300)).await, start_broker(Duration::from_secs(300)).await);
-    create(&source.addr, "orders", 1, &[("max.message.bytes", "4000000"), ("message.timestamp.after.max.ms", "172800000")]).await;
-    create(&target.addr, "orders", 1, &[("max.message.bytes", "2000")]).await;
+    create(&source.addr, "orders", 2, &[("max.message.bytes", "4000000"), ("message.timestamp.after.max.ms", "172800000")]).await;
+    create(&target.addr, "orders", 2, &[("max.message.bytes", "2000")]).await;
     let producer = Producer::connect(ProducerConfig {
         client: ClientConfig::new(&source.addr),
         max_request_size: 4_000_000,
@@ -672,7 +673,7 @@ async fn refusing_target() -> (StandaloneBroker, StandaloneBroker, fjord_mirror:
         ProducerRecord::new("orders", "d").key("6"),
     ];
     for r in records {
-        producer.send(r).await.unwrap().await.unwrap();
+        producer.send(r.partition(0)).await.unwrap().await.unwrap();
     }
     producer.close().await;
     let mut config = fjord_mirror::MirrorConfig::new(
@@ -694,12 +695,6 @@ async fn run_mirror(
     let shutdown = CancellationToken::new();
     let mirror = tokio::spawn(fjord_mirror::run(config, Some(metrics), shutdown.clone()));
     (metrics_addr, shutdown, mirror)
-}
-
-/// The last error of a running mirror's first source, from its `/status`.
-async fn last_error(metrics: &str) -> String {
-    let status = fjord_mirror::fetch_status(metrics).await.unwrap();
-    status.sources[0].last_error.clone().unwrap_or_default()
 }
 
 /// With `--dead-letter-topic`, the three refused records go there (each once, named by
@@ -772,26 +767,45 @@ async fn exactly_once_records_the_target_refuses_go_to_the_dead_letter_topic_onc
     refused_records_are_set_aside(true).await;
 }
 
-/// Without a dead-letter topic, a record the target refuses stops its source there, the
-/// status naming it, and nothing past it is committed; once the target takes it (its
-/// topic's limit raised), the copying goes on with it: nothing is lost, and nothing
-/// before it is copied twice.
+/// The state of partition `partition` of `orders` in a running mirror's `/status`:
+/// (mirrored position, why it is held).
+async fn orders_partition(metrics: &str, partition: i32) -> (i64, Option<String>) {
+    let status = fjord_mirror::fetch_status(metrics).await.unwrap();
+    let p = status.sources[0].partitions.iter().find(|p| p.topic == "orders" && p.partition == partition);
+    p.map_or((-1, None), |p| (p.mirrored, p.refused.clone()))
+}
+
+/// Without a dead-letter topic, a record the target refuses holds its partition there:
+/// what precedes it is committed, the status names it, the source's other partitions go
+/// on, and once the target takes it (its topic's limits raised) the partition goes on
+/// with it: nothing is lost, nothing before it is copied twice, and the last copies are
+/// in source order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_dead_letter_topic_a_refused_record_stops_its_source_until_the_target_takes_it() {
+async fn without_a_dead_letter_topic_a_refused_record_holds_its_partition_until_the_target_takes_it() {
     let (source, target, mut config) = refusing_target().await;
     config.retry_backoff_max = Duration::from_millis(500);
     let (metrics_addr, shutdown, mirror) = run_mirror(config).await;
+    let orders = |p| TopicPartition::new("orders", p);
     wait_for("the status naming the refused record", Duration::from_secs(30), || async {
-        let e = last_error(&metrics_addr).await;
-        e.contains("offset 1 of orders-0") && e.contains("--dead-letter-topic")
+        let (mirrored, refused) = orders_partition(&metrics_addr, 0).await;
+        mirrored == 1 && refused.is_some_and(|r| r.contains("offset 1") && r.contains("MessageTooLarge"))
     })
     .await;
-    let stopped_at = last_error(&metrics_addr).await;
-    assert_eq!(
-        committed(&source.addr, "g").await.get(&TopicPartition::new("orders", 0)).copied().unwrap_or(0),
-        1,
-        "{stopped_at}"
-    );
+    assert_eq!(committed(&source.addr, "g").await.get(&orders(0)), Some(&1));
+    // The other partition goes on meanwhile.
+    let producer =
+        Producer::connect(ProducerConfig { client: ClientConfig::new(&source.addr), ..Default::default() }).await.unwrap();
+    for value in ["p1-a", "p1-b"] {
+        producer.send(ProducerRecord::new("orders", value).partition(1)).await.unwrap().await.unwrap();
+    }
+    producer.close().await;
+    wait_for("partition 1 copied", Duration::from_secs(30), || async {
+        committed(&source.addr, "g").await.get(&orders(1)) == Some(&2)
+    })
+    .await;
+    assert!(orders_partition(&metrics_addr, 0).await.1.is_some(), "partition 0 is still held");
+    let metrics = http_get(&metrics_addr, "/metrics").await;
+    assert!(metrics.contains("fjord_mirror_partition_held{source=\"dc1\",topic=\"orders\",partition=\"0\"} 1"), "{metrics}");
     // The target now takes every record but the one stamped ahead, then that one too.
     let alter = |key: &str, value: &str| {
         let (addr, key, value) = (target.addr.clone(), key.to_string(), value.to_string());
@@ -805,18 +819,18 @@ async fn without_a_dead_letter_topic_a_refused_record_stops_its_source_until_the
     };
     alter("max.message.bytes", "4000000").await;
     wait_for("the status naming the record stamped ahead", Duration::from_secs(30), || async {
-        last_error(&metrics_addr).await.contains("offset 3 of orders-0")
+        let (mirrored, refused) = orders_partition(&metrics_addr, 0).await;
+        mirrored == 3 && refused.is_some_and(|r| r.contains("offset 3") && r.contains("InvalidTimestamp"))
     })
     .await;
     alter("message.timestamp.after.max.ms", "172800000").await;
     wait_for("every source position committed", Duration::from_secs(60), || async {
-        committed(&source.addr, "g").await.get(&TopicPartition::new("orders", 0)) == Some(&6)
+        committed(&source.addr, "g").await.get(&orders(0)) == Some(&6)
     })
     .await;
+    assert_eq!(orders_partition(&metrics_addr, 0).await.1, None, "no longer held");
     shutdown.cancel();
     mirror.await.unwrap().unwrap();
-    // Each retry copied again what followed the refused record (the producer stored it
-    // before the refusal was known; at least once), never what preceded it.
     let copied: Vec<String> = read_all(&target.addr, "orders")
         .await
         .remove(&0)
@@ -825,8 +839,15 @@ async fn without_a_dead_letter_topic_a_refused_record_stops_its_source_until_the
         .map(|r| String::from_utf8(r.key.as_deref().unwrap().to_vec()).unwrap())
         .collect();
     assert_eq!(copied.iter().filter(|k| *k == "1").count(), 1, "{copied:?}");
-    let distinct: std::collections::BTreeSet<&str> = copied.iter().map(String::as_str).collect();
-    assert_eq!(distinct.into_iter().collect::<Vec<_>>(), ["1", "2", "3", "4", "5", "6"], "{copied:?}");
+    // Each refusal copies again what was sent after the refused record before the
+    // refusal was known, after it: the last copies of the records are in source order.
+    let mut last_copies: Vec<&str> = Vec::new();
+    for key in copied.iter().rev() {
+        if !last_copies.contains(&key.as_str()) {
+            last_copies.insert(0, key);
+        }
+    }
+    assert_eq!(last_copies, ["1", "2", "3", "4", "5", "6"], "{copied:?}");
 }
 
 /// Issue #22: a source topic grown 2 -> 4 with CreatePartitions while the mirror copies.

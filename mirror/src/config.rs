@@ -103,9 +103,10 @@ pub struct MirrorConfig {
     /// 2's `errors.tolerance=all` with a dead-letter queue): a record too large for the
     /// target topic, one it finds invalid (a record without a key for a compacted topic),
     /// or one stamped outside its timestamp limits is written there instead, with headers
-    /// saying where it came from and why, and copying goes on. `None` (the default, as
-    /// `errors.tolerance=none`): such a record stops its source's copying, retried with
-    /// backoff and shown in `/status`, until the target takes it.
+    /// saying where it came from and why, and copying goes on. `None` (the default): such
+    /// a record holds its partition, retried alone with backoff and shown in `/status`,
+    /// until the target takes it, while the other partitions go on (exactly once: it
+    /// stops the source, retried with backoff).
     pub dead_letter_topic: Option<String>,
     /// The metrics endpoint's security, the broker's `metrics.*` keys (see
     /// [`MirrorConfig::set`]): TLS with `metrics.ssl.keystore.location`, HTTP Basic with

@@ -57,9 +57,11 @@ pub enum Error {
         error: fjord_client::Error,
     },
     /// The target refused a copied record for what it holds (too large for the target
-    /// topic, invalid for it, stamped outside its timestamp limits): sending it again
-    /// cannot succeed, so this source's copying stops at it until the target takes it, or
-    /// a dead-letter topic sets such records aside.
+    /// topic, invalid for it, stamped outside its timestamp limits) where the mirror
+    /// cannot hold just its partition (exactly once, whose transaction it spoiled; or a
+    /// record larger than the producer sends): sending it again cannot succeed, so this
+    /// source's copying stops at it until the target takes it, or a dead-letter topic
+    /// sets such records aside.
     #[error(
         "target topic {target:?} refused the record at offset {offset} of {topic}-{partition} from source {alias}: {error}; \
          this source's copying stops there (retried) until the target takes it, or --dead-letter-topic sets such records aside"

@@ -28,8 +28,9 @@
 //!
 //! Refused records: a record the target refuses for what it holds (too large for the
 //! target topic, invalid for it, stamped outside its timestamp limits) would be refused
-//! again at every retry, so it stops its source, after a commit of what precedes it on
-//! its partition (so a retry does not copy that again). With a dead-letter topic
+//! again at every retry. At least once, what precedes it on its partition is committed
+//! (so a retry does not copy that again) and the partition is held at it while the
+//! others go on ([`Session::hold`]); exactly once, it stops the source. With a dead-letter topic
 //! ([`MirrorConfig::dead_letter_topic`]) it is written there instead and the copying goes
 //! on. At least once, that happens at the checkpoint that finds the refusal, before the
 //! positions past it are committed (the producer stores the rest of its batch in order).
@@ -340,6 +341,22 @@ struct Session<'a> {
     /// Partitions moved to the target's position since the last poll: the records of
     /// them that poll returned came from elsewhere and are fetched again.
     moved: HashSet<TopicPartition>,
+    /// At least once without a dead-letter topic: partitions waiting at a record the
+    /// target refuses (paused), which is sent again alone now and then.
+    held: HashMap<TopicPartition, Held>,
+}
+
+/// A partition waiting at a record the target refuses (see [`Session::hold`]).
+struct Held {
+    /// The refused record's offset.
+    offset: i64,
+    /// When it is sent again, and the pause before the attempt after that.
+    retry_at: Instant,
+    backoff: Duration,
+    /// Resumed to send the record again: the first record of it polled is that one.
+    probing: bool,
+    /// Sent again; the next checkpoint tells whether the target took it.
+    probe_sent: bool,
 }
 
 impl<'a> Session<'a> {
@@ -399,6 +416,7 @@ impl<'a> Session<'a> {
             target_groups,
             txn_open: false,
             moved: HashSet::new(),
+            held: HashMap::new(),
         };
         let lag = tokio::spawn(lag_loop(
             shared.stats.clone(),
@@ -524,9 +542,22 @@ impl<'a> Session<'a> {
             };
             self.handle_rebalances(consumer).await?;
             let moved = std::mem::take(&mut self.moved);
+            let mut probed = false;
             for r in records {
-                if moved.contains(&TopicPartition::new(&*r.topic, r.partition)) {
+                let tp = TopicPartition::new(&*r.topic, r.partition);
+                if moved.contains(&tp) {
                     continue;
+                }
+                match self.held.get_mut(&tp) {
+                    None => {}
+                    // The refused record, sent again alone: the partition waits for the
+                    // checkpoint's answer past it.
+                    Some(held) if held.probing && !held.probe_sent => {
+                        (held.offset, held.probe_sent, probed) = (r.offset, true, true);
+                        consumer.seek(&tp, r.offset + 1)?;
+                        consumer.pause(&tp)?;
+                    }
+                    Some(_) => continue,
                 }
                 self.forward(r).await?;
                 // One poll can hand out megabytes: commits go on within it, so the
@@ -535,7 +566,47 @@ impl<'a> Session<'a> {
                     self.checkpoint(consumer).await?;
                 }
             }
+            if probed {
+                self.checkpoint(consumer).await?;
+            }
+            self.retry_held(consumer)?;
         }
+    }
+
+    /// Holds `tp` at `offset`, whose record the target refuses for `error`: what precedes
+    /// it is committed, the partition is paused there, and the record is sent again alone
+    /// after a pause that doubles with each refusal (up to `retry_backoff_max`), while
+    /// the source's other partitions go on. A record sent after it before the refusal
+    /// was known is copied again once the target takes it (at least once).
+    fn hold(&mut self, consumer: &mut GroupConsumer, tp: TopicPartition, offset: i64, error: &fjord_client::Error) -> Result<()> {
+        consumer.seek(&tp, offset)?;
+        consumer.pause(&tp)?;
+        self.next.insert(tp.clone(), offset);
+        let backoff = match self.held.get(&tp) {
+            Some(held) => (held.backoff * 2).min(self.shared.config.retry_backoff_max),
+            None => FIRST_BACKOFF,
+        };
+        let reason = format!("the target refuses the record at offset {offset}: {error}");
+        tracing::error!(
+            source = %self.alias, topic = %tp.topic, partition = tp.partition, offset, %error, retry_in = ?backoff,
+            "the target refuses a record: its partition waits at it, retried alone, while the others go on (--dead-letter-topic sets such records aside)"
+        );
+        self.shared.stats.held(self.alias, &tp, Some(reason));
+        let held = Held { offset, retry_at: Instant::now() + backoff, backoff, probing: false, probe_sent: false };
+        self.held.insert(tp, held);
+        Ok(())
+    }
+
+    /// Resumes the held partitions whose pause is over, to send their record again.
+    fn retry_held(&mut self, consumer: &mut GroupConsumer) -> Result<()> {
+        let now = Instant::now();
+        for (tp, held) in &mut self.held {
+            if !held.probing && held.retry_at <= now {
+                held.probing = true;
+                consumer.resume(tp)?;
+            }
+        }
+        Ok(())
     }
 
     /// The source topics to mirror now, each with its target topic ready.
@@ -630,6 +701,7 @@ impl<'a> Session<'a> {
             match event {
                 Rebalance::Revoked(partitions) => {
                     for tp in partitions {
+                        self.held.remove(&tp);
                         self.next.remove(&tp);
                         self.acked.remove(&tp);
                         self.shared.stats.revoked(self.alias, &tp);
@@ -860,8 +932,9 @@ impl<'a> Session<'a> {
             stored.extend(letters);
             failures.extend(failed);
         }
-        // Any other failure stops the source, after a commit of what precedes it on its
-        // partition (all acknowledged), so that a retry does not copy that again.
+        // What precedes a failure on its partition (all acknowledged) is committed, so
+        // that a retry does not copy it again. A refused record (without a dead-letter
+        // topic) then holds its partition; any other failure stops the source.
         let mut stop_at: HashMap<TopicPartition, i64> = HashMap::new();
         for (copy, _) in &failures {
             let stop = stop_at.entry(copy.source.clone()).or_insert(copy.offset);
@@ -876,11 +949,36 @@ impl<'a> Session<'a> {
         self.record_acknowledged(consumer);
         // Exactly what the target acknowledged, which may be less than what was polled.
         let offsets: Vec<(TopicPartition, i64)> = self.acked.iter().map(|(tp, o)| (tp.clone(), *o)).collect();
-        if let Some((copy, error)) = failures.into_iter().min_by_key(|(copy, _)| copy.offset) {
+        let stops = self.shared.config.dead_letter_topic.is_some() || failures.iter().any(|(_, e)| !refused_for_itself(e));
+        if stops && !failures.is_empty() {
+            let (copy, error) = failures.into_iter().min_by_key(|(copy, _)| copy.offset).expect("not empty");
             if let Err(e) = consumer.commit_offsets_sync(&offsets).await {
                 tracing::warn!(source = %self.alias, error = %e, "offset commit before stopping failed");
             }
             return Err(self.refusal_error(&copy.source, copy.offset, copy.topic, error));
+        }
+        // Each held partition's first refused record.
+        let mut refused: HashMap<TopicPartition, (i64, fjord_client::Error)> = HashMap::new();
+        for (copy, error) in failures {
+            if refused.get(&copy.source).is_none_or(|(offset, _)| copy.offset < *offset) {
+                refused.insert(copy.source, (copy.offset, error));
+            }
+        }
+        // A record sent again alone that the target took: its partition goes on.
+        let taken: Vec<TopicPartition> = self
+            .held
+            .iter()
+            .filter(|(tp, held)| held.probe_sent && !refused.contains_key(*tp))
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        for tp in taken {
+            self.held.remove(&tp);
+            consumer.resume(&tp)?;
+            self.shared.stats.held(self.alias, &tp, None);
+            tracing::info!(source = %self.alias, topic = %tp.topic, partition = tp.partition, "the target took the refused record: its partition goes on");
+        }
+        for (tp, (offset, error)) in refused {
+            self.hold(consumer, tp, offset, &error)?;
         }
         match consumer.commit_offsets_sync(&offsets).await {
             Ok(()) => {

@@ -44,6 +44,11 @@ pub struct PartitionStatus {
     pub log_end: i64,
     /// `log_end - mirrored` when both are known.
     pub lag: Option<i64>,
+    /// Why the partition waits at `mirrored`: the target refuses that record (too large,
+    /// invalid, stamped outside its limits). It is sent again now and then while the
+    /// source's other partitions go on; `--dead-letter-topic` would set it aside.
+    #[serde(default)]
+    pub refused: Option<String>,
 }
 
 /// One source cluster.
@@ -83,6 +88,7 @@ struct PartitionEntry {
     target_topic: String,
     mirrored: i64,
     log_end: i64,
+    refused: Option<String>,
 }
 
 struct SourceEntry {
@@ -155,7 +161,7 @@ impl Stats {
 
     pub(crate) fn assigned(&self, alias: &str, tp: &TopicPartition, target_topic: &str, mirrored: i64) {
         self.with(alias, |s| {
-            let entry = PartitionEntry { target_topic: target_topic.to_string(), mirrored, log_end: -1 };
+            let entry = PartitionEntry { target_topic: target_topic.to_string(), mirrored, log_end: -1, refused: None };
             s.partitions.insert(tp.clone(), entry);
         });
     }
@@ -167,6 +173,15 @@ impl Stats {
     /// Everything of the source is given up (its session ended).
     pub(crate) fn revoke_all(&self, alias: &str) {
         self.with(alias, |s| s.partitions.clear());
+    }
+
+    /// `tp` waits at a record the target refuses (why), or goes on (`None`).
+    pub(crate) fn held(&self, alias: &str, tp: &TopicPartition, refused: Option<String>) {
+        self.with(alias, |s| {
+            if let Some(p) = s.partitions.get_mut(tp) {
+                p.refused = refused;
+            }
+        });
     }
 
     /// The target acknowledged everything before `next` of `tp`.
@@ -241,6 +256,7 @@ impl Stats {
                         mirrored: p.mirrored,
                         log_end: p.log_end,
                         lag: (p.mirrored >= 0 && p.log_end >= 0).then(|| (p.log_end - p.mirrored).max(0)),
+                        refused: p.refused.clone(),
                     })
                     .collect(),
             })
@@ -310,6 +326,13 @@ impl Stats {
             Kind::Gauge,
             "Next source offset to copy (everything before it is in the target).",
             partitions.iter().filter(|(_, p)| p.mirrored >= 0).map(|(l, p)| (l.clone(), p.mirrored)),
+        );
+        samples(
+            &mut out,
+            "fjord_mirror_partition_held",
+            Kind::Gauge,
+            "1 while the partition waits at a record the target refuses (see /status).",
+            partitions.iter().filter(|(_, p)| p.refused.is_some()).map(|(l, _)| (l.clone(), 1)),
         );
         samples(
             &mut out,
