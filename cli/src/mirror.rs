@@ -79,7 +79,7 @@ pub(crate) struct MirrorArgs {
     /// errors.tolerance=all with a dead-letter queue: each goes there with headers saying
     /// where it came from and why (fjord.dlq.*), and copying goes on. Without it such a
     /// record holds its partition, retried alone, shown in `mirror status`, while the
-    /// other partitions go on (with --exactly-once it stops the source, retried).
+    /// other partitions go on.
     #[arg(long, value_name = "TOPIC")]
     dead_letter_topic: Option<String>,
     /// Publish the mirror tier's audit counts to the target's `_audit` under this cluster name.

@@ -779,19 +779,21 @@ async fn orders_partition(metrics: &str, partition: i32) -> (i64, Option<String>
 /// what precedes it is committed, the status names it, the source's other partitions go
 /// on, and once the target takes it (its topic's limits raised) the partition goes on
 /// with it: nothing is lost, nothing before it is copied twice, and the last copies are
-/// in source order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_dead_letter_topic_a_refused_record_holds_its_partition_until_the_target_takes_it() {
+/// in source order; exactly once (read_committed), every record is there once, in order.
+async fn a_refused_record_holds_its_partition(exactly_once: bool) {
     let (source, target, mut config) = refusing_target().await;
     config.retry_backoff_max = Duration::from_millis(500);
+    config.exactly_once = exactly_once;
     let (metrics_addr, shutdown, mirror) = run_mirror(config).await;
     let orders = |p| TopicPartition::new("orders", p);
+    // Exactly once, the positions are the target group's.
+    let (cluster, group) = if exactly_once { (&target.addr, "g.dc1") } else { (&source.addr, "g") };
     wait_for("the status naming the refused record", Duration::from_secs(30), || async {
         let (mirrored, refused) = orders_partition(&metrics_addr, 0).await;
         mirrored == 1 && refused.is_some_and(|r| r.contains("offset 1") && r.contains("MessageTooLarge"))
     })
     .await;
-    assert_eq!(committed(&source.addr, "g").await.get(&orders(0)), Some(&1));
+    assert_eq!(committed(cluster, group).await.get(&orders(0)), Some(&1));
     // The other partition goes on meanwhile.
     let producer =
         Producer::connect(ProducerConfig { client: ClientConfig::new(&source.addr), ..Default::default() }).await.unwrap();
@@ -800,7 +802,7 @@ async fn without_a_dead_letter_topic_a_refused_record_holds_its_partition_until_
     }
     producer.close().await;
     wait_for("partition 1 copied", Duration::from_secs(30), || async {
-        committed(&source.addr, "g").await.get(&orders(1)) == Some(&2)
+        committed(cluster, group).await.get(&orders(1)) == Some(&2)
     })
     .await;
     assert!(orders_partition(&metrics_addr, 0).await.1.is_some(), "partition 0 is still held");
@@ -825,19 +827,22 @@ async fn without_a_dead_letter_topic_a_refused_record_holds_its_partition_until_
     .await;
     alter("message.timestamp.after.max.ms", "172800000").await;
     wait_for("every source position committed", Duration::from_secs(60), || async {
-        committed(&source.addr, "g").await.get(&orders(0)) == Some(&6)
+        committed(cluster, group).await.get(&orders(0)) == Some(&6)
     })
     .await;
     assert_eq!(orders_partition(&metrics_addr, 0).await.1, None, "no longer held");
     shutdown.cancel();
     mirror.await.unwrap().unwrap();
-    let copied: Vec<String> = read_all(&target.addr, "orders")
+    let copied: Vec<String> = read_at(&target.addr, "orders", IsolationLevel::ReadCommitted)
         .await
         .remove(&0)
         .unwrap()
         .iter()
         .map(|r| String::from_utf8(r.key.as_deref().unwrap().to_vec()).unwrap())
         .collect();
+    if exactly_once {
+        assert_eq!(copied, ["1", "2", "3", "4", "5", "6"]);
+    }
     assert_eq!(copied.iter().filter(|k| *k == "1").count(), 1, "{copied:?}");
     // Each refusal copies again what was sent after the refused record before the
     // refusal was known, after it: the last copies of the records are in source order.
@@ -848,6 +853,16 @@ async fn without_a_dead_letter_topic_a_refused_record_holds_its_partition_until_
         }
     }
     assert_eq!(last_copies, ["1", "2", "3", "4", "5", "6"], "{copied:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_dead_letter_topic_a_refused_record_holds_its_partition_until_the_target_takes_it() {
+    a_refused_record_holds_its_partition(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_without_a_dead_letter_topic_a_refused_record_holds_its_partition() {
+    a_refused_record_holds_its_partition(true).await;
 }
 
 /// Issue #22: a source topic grown 2 -> 4 with CreatePartitions while the mirror copies.

@@ -105,8 +105,7 @@ pub struct MirrorConfig {
     /// or one stamped outside its timestamp limits is written there instead, with headers
     /// saying where it came from and why, and copying goes on. `None` (the default): such
     /// a record holds its partition, retried alone with backoff and shown in `/status`,
-    /// until the target takes it, while the other partitions go on (exactly once: it
-    /// stops the source, retried with backoff).
+    /// until the target takes it, while the other partitions go on.
     pub dead_letter_topic: Option<String>,
     /// The metrics endpoint's security, the broker's `metrics.*` keys (see
     /// [`MirrorConfig::set`]): TLS with `metrics.ssl.keystore.location`, HTTP Basic with

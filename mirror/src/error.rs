@@ -58,8 +58,8 @@ pub enum Error {
     },
     /// The target refused a copied record for what it holds (too large for the target
     /// topic, invalid for it, stamped outside its timestamp limits) where the mirror
-    /// cannot hold just its partition (exactly once, whose transaction it spoiled; or a
-    /// record larger than the producer sends): sending it again cannot succeed, so this
+    /// cannot hold just its partition (a record larger than the producer sends, found
+    /// before it was sent; or a dead letter the target refused): sending it again cannot succeed, so this
     /// source's copying stops at it until the target takes it, or a dead-letter topic
     /// sets such records aside.
     #[error(
@@ -80,11 +80,14 @@ pub enum Error {
         /// The producer's error (boxed: the variant would be the largest by far).
         error: Box<fjord_client::Error>,
     },
-    /// With exactly once and a dead-letter topic: the target refused records of the open
-    /// transaction, which was aborted; the next session, started at once from the
-    /// committed positions, writes them to the dead-letter topic.
-    #[error("the target refused {records} record(s) of source {alias}'s transaction, aborted; starting again from the committed positions to set them aside in the dead-letter topic")]
-    SetAside {
+    /// With exactly once: the target refused records of the open transaction, which was
+    /// aborted; the next session, started at once from the committed positions, writes
+    /// them to the dead-letter topic, or without one holds their partitions at them.
+    #[error(
+        "the target refused {records} record(s) of source {alias}'s transaction, aborted; starting again from the committed \
+         positions, where each such record is set aside in the dead-letter topic or, without one, holds its partition"
+    )]
+    RefusedInTransaction {
         /// Source alias.
         alias: String,
         /// How many records were refused.

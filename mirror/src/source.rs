@@ -28,15 +28,16 @@
 //!
 //! Refused records: a record the target refuses for what it holds (too large for the
 //! target topic, invalid for it, stamped outside its timestamp limits) would be refused
-//! again at every retry. At least once, what precedes it on its partition is committed
-//! (so a retry does not copy that again) and the partition is held at it while the
-//! others go on ([`Session::hold`]); exactly once, it stops the source. With a dead-letter topic
+//! again at every retry. Its partition is held at it while the others go on
+//! ([`Session::hold`]): paused there, with what precedes it committed, and the record
+//! sent again alone now and then (exactly once, in a transaction of its own). With a dead-letter topic
 //! ([`MirrorConfig::dead_letter_topic`]) it is written there instead and the copying goes
 //! on. At least once, that happens at the checkpoint that finds the refusal, before the
 //! positions past it are committed (the producer stores the rest of its batch in order).
 //! Exactly once, the refusal spoils the open transaction: it is aborted, the refused
 //! positions are kept in [`Shared`], and the session that starts again from the
-//! committed positions writes those records to the dead-letter topic, in its transaction.
+//! committed positions writes those records to the dead-letter topic, in its transaction
+//! (or, without one, holds their partitions).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -268,8 +269,9 @@ pub(crate) async fn run_source(shared: Arc<Shared>, source: SourceConfig, shutdo
         match result {
             Ok(()) => return Ok(()),
             Err(e @ Error::FewerTargetPartitions { .. }) => return Err(e),
-            // Nothing is wrong with the source: the next session sets the records aside.
-            Err(e @ Error::SetAside { .. }) => tracing::info!(source = %source.alias, "{e}"),
+            // Nothing is wrong with the source: the next session, at once, sets the
+            // records aside or holds their partitions.
+            Err(e @ Error::RefusedInTransaction { .. }) => tracing::info!(source = %source.alias, "{e}"),
             Err(e) => {
                 // A session that ran healthily for a while starts the backoff over.
                 if started.elapsed() > shared.config.retry_backoff_max {
@@ -542,22 +544,27 @@ impl<'a> Session<'a> {
             };
             self.handle_rebalances(consumer).await?;
             let moved = std::mem::take(&mut self.moved);
-            let mut probed = false;
             for r in records {
                 let tp = TopicPartition::new(&*r.topic, r.partition);
                 if moved.contains(&tp) {
                     continue;
                 }
-                match self.held.get_mut(&tp) {
-                    None => {}
-                    // The refused record, sent again alone: the partition waits for the
-                    // checkpoint's answer past it.
-                    Some(held) if held.probing && !held.probe_sent => {
-                        (held.offset, held.probe_sent, probed) = (r.offset, true, true);
-                        consumer.seek(&tp, r.offset + 1)?;
-                        consumer.pause(&tp)?;
-                    }
+                let probe = match self.held.get(&tp) {
+                    None => false,
+                    Some(held) if held.probing && !held.probe_sent => true,
                     Some(_) => continue,
+                };
+                if probe {
+                    self.probe(consumer, r).await?;
+                    continue;
+                }
+                // Refused in an exactly-once transaction aborted for it: without a
+                // dead-letter topic its partition waits at it.
+                if self.shared.config.dead_letter_topic.is_none() {
+                    if let Some(refusal) = self.shared.refusal(self.alias, &tp, r.offset) {
+                        self.hold(consumer, tp, r.offset, &refusal.reason)?;
+                        continue;
+                    }
                 }
                 self.forward(r).await?;
                 // One poll can hand out megabytes: commits go on within it, so the
@@ -566,19 +573,35 @@ impl<'a> Session<'a> {
                     self.checkpoint(consumer).await?;
                 }
             }
-            if probed {
-                self.checkpoint(consumer).await?;
-            }
             self.retry_held(consumer)?;
         }
     }
 
-    /// Holds `tp` at `offset`, whose record the target refuses for `error`: what precedes
-    /// it is committed, the partition is paused there, and the record is sent again alone
-    /// after a pause that doubles with each refusal (up to `retry_backoff_max`), while
-    /// the source's other partitions go on. A record sent after it before the refusal
-    /// was known is copied again once the target takes it (at least once).
-    fn hold(&mut self, consumer: &mut GroupConsumer, tp: TopicPartition, offset: i64, error: &fjord_client::Error) -> Result<()> {
+    /// Sends `r`, the record its held partition waits at, again alone: what was sent
+    /// before it is checkpointed first, and it right after (exactly once, in a
+    /// transaction of its own, so that a refusal aborts nothing else). The partition is
+    /// paused past it meanwhile; the checkpoint releases or holds it again.
+    async fn probe(&mut self, consumer: &mut GroupConsumer, r: ConsumerRecord) -> Result<()> {
+        let tp = TopicPartition::new(&*r.topic, r.partition);
+        if self.target_groups.is_some() {
+            self.checkpoint(consumer).await?;
+        }
+        if let Some(held) = self.held.get_mut(&tp) {
+            (held.offset, held.probe_sent) = (r.offset, true);
+        }
+        consumer.seek(&tp, r.offset + 1)?;
+        consumer.pause(&tp)?;
+        self.forward(r).await?;
+        self.checkpoint(consumer).await
+    }
+
+    /// Holds `tp` at `offset`, whose record the target refuses (`error` says why): what
+    /// precedes it is committed, the partition is paused there, and the record is sent
+    /// again alone after a pause that doubles with each refusal (up to
+    /// `retry_backoff_max`), while the source's other partitions go on. A record sent
+    /// after it before the refusal was known is copied again once the target takes it
+    /// (at least once).
+    fn hold(&mut self, consumer: &mut GroupConsumer, tp: TopicPartition, offset: i64, error: &str) -> Result<()> {
         consumer.seek(&tp, offset)?;
         consumer.pause(&tp)?;
         self.next.insert(tp.clone(), offset);
@@ -594,6 +617,23 @@ impl<'a> Session<'a> {
         self.shared.stats.held(self.alias, &tp, Some(reason));
         let held = Held { offset, retry_at: Instant::now() + backoff, backoff, probing: false, probe_sent: false };
         self.held.insert(tp, held);
+        Ok(())
+    }
+
+    /// Releases the held partitions whose record, sent again, the target took (those in
+    /// `refused` it refused again): they go on from past it.
+    fn release_taken(&mut self, consumer: &mut GroupConsumer, refused: &HashSet<TopicPartition>) -> Result<()> {
+        let taken: Vec<TopicPartition> =
+            self.held.iter().filter(|(tp, held)| held.probe_sent && !refused.contains(*tp)).map(|(tp, _)| tp.clone()).collect();
+        for tp in taken {
+            if let Some(held) = self.held.remove(&tp) {
+                let mark = (self.alias.to_string(), tp.clone(), held.offset);
+                self.shared.refused.lock().unwrap_or_else(|e| e.into_inner()).remove(&mark);
+            }
+            consumer.resume(&tp)?;
+            self.shared.stats.held(self.alias, &tp, None);
+            tracing::info!(source = %self.alias, topic = %tp.topic, partition = tp.partition, "the target took the refused record: its partition goes on");
+        }
         Ok(())
     }
 
@@ -786,8 +826,10 @@ impl<'a> Session<'a> {
             timestamp: Some(r.timestamp),
         };
         self.begin()?;
-        // Refused in an exactly-once transaction aborted for it: set aside this time.
-        if let Some(refusal) = self.shared.refusal(self.alias, &tp, r.offset) {
+        // Refused in an exactly-once transaction aborted for it: set aside this time
+        // (without a dead-letter topic, sent again: the caller held its partition).
+        let refusal = self.shared.config.dead_letter_topic.as_ref().and_then(|_| self.shared.refusal(self.alias, &tp, r.offset));
+        if let Some(refusal) = refusal {
             self.set_aside(record, &tp, r.offset, &refusal).await?;
         } else {
             let kept = self.shared.config.dead_letter_topic.is_some().then(|| record.clone());
@@ -965,20 +1007,9 @@ impl<'a> Session<'a> {
             }
         }
         // A record sent again alone that the target took: its partition goes on.
-        let taken: Vec<TopicPartition> = self
-            .held
-            .iter()
-            .filter(|(tp, held)| held.probe_sent && !refused.contains_key(*tp))
-            .map(|(tp, _)| tp.clone())
-            .collect();
-        for tp in taken {
-            self.held.remove(&tp);
-            consumer.resume(&tp)?;
-            self.shared.stats.held(self.alias, &tp, None);
-            tracing::info!(source = %self.alias, topic = %tp.topic, partition = tp.partition, "the target took the refused record: its partition goes on");
-        }
+        self.release_taken(consumer, &refused.keys().cloned().collect())?;
         for (tp, (offset, error)) in refused {
-            self.hold(consumer, tp, offset, &error)?;
+            self.hold(consumer, tp, offset, &error.to_string())?;
         }
         match consumer.commit_offsets_sync(&offsets).await {
             Ok(()) => {
@@ -1024,13 +1055,27 @@ impl<'a> Session<'a> {
         }
         let committed = self.try_commit_transaction().await;
         self.txn_open = false;
-        if let Err(e) = committed {
-            if let Err(abort) = self.producer.abort_transaction().await {
-                // The restarted session's InitProducerId aborts it, or its timeout does.
-                tracing::warn!(source = %self.alias, error = %abort, "aborting the mirror's transaction failed");
+        let refused = match committed {
+            Ok(refused) => refused,
+            Err(e) => {
+                if let Err(abort) = self.producer.abort_transaction().await {
+                    // The restarted session's InitProducerId aborts it, or its timeout does.
+                    tracing::warn!(source = %self.alias, error = %abort, "aborting the mirror's transaction failed");
+                }
+                return Err(e);
             }
-            return Err(e);
+        };
+        if !refused.is_empty() {
+            // The transaction held only records sent again alone, refused again: aborted,
+            // it changes nothing, and their partitions wait on.
+            self.producer.abort_transaction().await?;
+            self.sent_next.clear();
+            for (tp, offset, reason) in refused {
+                self.hold(consumer, tp, offset, &reason)?;
+            }
+            return Ok(());
         }
+        self.release_taken(consumer, &HashSet::new())?;
         self.record_acknowledged(consumer);
         self.shared.stats.committed(self.alias);
         // The source group gets the same positions afterwards, only so that its lag reads
@@ -1042,24 +1087,33 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    async fn try_commit_transaction(&mut self) -> Result<()> {
+    /// Commits the open transaction, or says which records it held that the target
+    /// refused when it held nothing else (records sent again alone): the caller aborts
+    /// it and holds their partitions.
+    async fn try_commit_transaction(&mut self) -> Result<Vec<(TopicPartition, i64, String)>> {
         let (stored, failed) = self.settle().await;
         let mut failure = None;
-        let mut refused = 0;
+        let mut refused = Vec::new();
         for (copy, error) in failed {
-            if copy.record.is_some() && refused_for_itself(&error) {
-                // Set aside by the next session, in the transaction that commits.
+            // Without a dead-letter topic, every copy (not a dead letter) is kept for it.
+            let keepable = copy.record.is_some() || (self.shared.config.dead_letter_topic.is_none() && !copy.dead_letter);
+            if keepable && refused_for_itself(&error) {
+                // Set aside or held by the next session, in the transaction that commits.
                 let key = (self.alias.to_string(), copy.source.clone(), copy.offset);
-                self.shared.refused.lock().unwrap_or_else(|e| e.into_inner()).insert(key, Refusal::from(&error));
-                refused += 1;
+                let refusal = Refusal::from(&error);
+                refused.push((copy.source, copy.offset, refusal.reason.clone()));
+                self.shared.refused.lock().unwrap_or_else(|e| e.into_inner()).insert(key, refusal);
             } else if failure.is_none() {
                 failure = Some(self.refusal_error(&copy.source, copy.offset, copy.topic, error));
             }
         }
+        if !refused.is_empty() && failure.is_none() && stored.is_empty() && self.shared.config.dead_letter_topic.is_none() {
+            return Ok(refused);
+        }
         // The records after a refused one failed with it (the transaction could only
         // abort): the next session, started at once, copies them.
-        if refused > 0 {
-            return Err(Error::SetAside { alias: self.alias.to_string(), records: refused });
+        if !refused.is_empty() {
+            return Err(Error::RefusedInTransaction { alias: self.alias.to_string(), records: refused.len() });
         }
         if let Some(e) = failure {
             return Err(e);
@@ -1076,7 +1130,7 @@ impl<'a> Session<'a> {
         for letter in stored.iter().filter(|copy| copy.dead_letter) {
             marks.remove(&(self.alias.to_string(), letter.source.clone(), letter.offset));
         }
-        Ok(())
+        Ok(Vec::new())
     }
 
     async fn report_gap(&mut self, tp: &TopicPartition, first: i64, last: i64) {
