@@ -87,6 +87,10 @@ pub(crate) struct Shared {
 impl Shared {
     /// The refusal of the record at `offset` of `tp` from source `alias`, if one is kept.
     fn refusal(&self, alias: &str, tp: &TopicPartition, offset: i64) -> Option<Refusal> {
+        // Only exactly-once transactions keep refusals: no lock per record otherwise.
+        if !self.config.exactly_once {
+            return None;
+        }
         let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
         if refused.is_empty() {
             return None;
