@@ -138,6 +138,10 @@ async fn without_idempotence_lost_acknowledgements_duplicate_records() {
     assert!(stored > n, "retries after lost acknowledgements stored {stored} records for {n} sent: expected duplicates");
 }
 
+/// The longest a phase of a failover test may take (the producer's delivery timeout
+/// is 120 s).
+const PHASE_LIMIT: Duration = Duration::from_secs(180);
+
 /// The leader of an idempotent stream stops while records are in flight; broker 1 takes
 /// over (the partition state is written as the controller would, and brokers 1 and 2
 /// restart to load it). Every record is acknowledged in the end, and the new leader's log
@@ -184,33 +188,40 @@ async fn a_leader_change_in_the_middle_of_an_idempotent_stream_loses_and_duplica
     assert!(config.idempotent());
     let producer = Producer::connect(config).await.unwrap();
     let n = 20_000;
-    // While records are in flight, the leader goes.
-    stream_across(&producer, topic, n, async {
-        cluster.stop(leader).await.unwrap();
-        let next = if leader == 1 { 2 } else { 1 };
-        loop {
-            let (current, stat) = read_json::<PartitionState>(&*store, &state_path).await.unwrap().unwrap();
-            if current.leader != leader {
-                break; // a controller moved it already
+    // While records are in flight, the leader goes. Bounded, so that a hang (seen once
+    // in CI, ci55 of 2026-12-05, not reproduced in 44 runs since) fails here, naming the
+    // phase, instead of stalling the run.
+    let streamed = tokio::time::timeout(
+        PHASE_LIMIT,
+        stream_across(&producer, topic, n, async {
+            cluster.stop(leader).await.unwrap();
+            let next = if leader == 1 { 2 } else { 1 };
+            loop {
+                let (current, stat) = read_json::<PartitionState>(&*store, &state_path).await.unwrap().unwrap();
+                if current.leader != leader {
+                    break; // a controller moved it already
+                }
+                let moved = PartitionState {
+                    leader: next,
+                    leader_epoch: current.leader_epoch + 1,
+                    isr: current.isr.iter().copied().filter(|&b| b != leader).collect(),
+                    controller_epoch: current.controller_epoch,
+                };
+                if store.set(&state_path, &to_json(&moved), Some(stat.version)).await.is_ok() {
+                    break;
+                }
             }
-            let moved = PartitionState {
-                leader: next,
-                leader_epoch: current.leader_epoch + 1,
-                isr: current.isr.iter().copied().filter(|&b| b != leader).collect(),
-                controller_epoch: current.controller_epoch,
-            };
-            if store.set(&state_path, &to_json(&moved), Some(stat.version)).await.is_ok() {
-                break;
+            for id in cluster.ids().into_iter().filter(|&id| id != leader) {
+                cluster.stop(id).await.unwrap();
+                cluster.start(id).await.unwrap();
             }
-        }
-        for id in cluster.ids().into_iter().filter(|&id| id != leader) {
-            cluster.stop(id).await.unwrap();
-            cluster.start(id).await.unwrap();
-        }
-    })
-    .await
-    .expect("every record is acknowledged by the new leader");
-    producer.close().await;
+        }),
+    )
+    .await;
+    streamed
+        .expect("the stream across the leader change did not end within PHASE_LIMIT")
+        .expect("every record is acknowledged by the new leader");
+    tokio::time::timeout(PHASE_LIMIT, producer.close()).await.expect("the producer did not close within PHASE_LIMIT");
     let new_leader = cluster.leader(topic, 0).await.unwrap().unwrap();
     assert_ne!(new_leader, leader);
     let values = read_values(&client(&cluster.addr(new_leader)), topic, 0).await.unwrap();
