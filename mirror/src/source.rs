@@ -163,9 +163,8 @@ fn dead_letter(topic: &str, copy: ProducerRecord, source: &TopicPartition, offse
 }
 
 /// A record sent to the target (or to the dead-letter topic) since the last checkpoint.
+/// Small: a checkpoint holds one a record copied within a commit interval.
 struct Copy {
-    /// Where it was sent.
-    topic: String,
     /// The source position it came from.
     source: TopicPartition,
     offset: i64,
@@ -175,7 +174,7 @@ struct Copy {
     dead_letter: bool,
     /// With a dead-letter topic, the copy itself, to set aside if the target refuses it;
     /// `None` for a dead letter (whose refusal stops the source).
-    record: Option<ProducerRecord>,
+    record: Option<Box<ProducerRecord>>,
 }
 
 /// The target cluster: its admin client and the partition counts of its topics, created
@@ -327,6 +326,9 @@ struct Session<'a> {
     next: HashMap<TopicPartition, i64>,
     /// Copies sent since the last commit, with their deliveries.
     sent: Vec<(Copy, DeliveryFuture)>,
+    /// Those the target stored, from the checkpoint under way (both kept for their
+    /// capacity: a commit interval holds a few hundred thousand).
+    stored: Vec<Copy>,
     /// Next source offset per partition after the records sent since the last commit.
     sent_next: HashMap<TopicPartition, i64>,
     /// Next source offset per owned partition up to which the target acknowledged
@@ -411,6 +413,7 @@ impl<'a> Session<'a> {
             routes: BTreeMap::new(),
             next: HashMap::new(),
             sent: Vec::new(),
+            stored: Vec::new(),
             sent_next: HashMap::new(),
             acked: HashMap::new(),
             commit_failed: false,
@@ -479,6 +482,7 @@ impl<'a> Session<'a> {
             }
         }
         self.sent.clear();
+        self.stored.clear();
         self.sent_next.clear();
         self.sent_counts.clear();
         self.dead_counts.clear();
@@ -548,24 +552,26 @@ impl<'a> Session<'a> {
             };
             self.handle_rebalances(consumer).await?;
             let moved = std::mem::take(&mut self.moved);
+            // Exactly once, records refused in a transaction aborted for them: without a
+            // dead-letter topic their partitions wait at them.
+            let holds_refused = self.shared.config.dead_letter_topic.is_none() && self.shared.config.exactly_once;
             for r in records {
-                let tp = TopicPartition::new(&*r.topic, r.partition);
-                if moved.contains(&tp) {
-                    continue;
-                }
-                let probe = match self.held.get(&tp) {
-                    None => false,
-                    Some(held) if held.probing && !held.probe_sent => true,
-                    Some(_) => continue,
-                };
-                if probe {
-                    self.probe(consumer, r).await?;
-                    continue;
-                }
-                // Refused in an exactly-once transaction aborted for it: without a
-                // dead-letter topic its partition waits at it.
-                if self.shared.config.dead_letter_topic.is_none() {
-                    if let Some(refusal) = self.shared.refusal(self.alias, &tp, r.offset) {
+                // The common case, nothing moved or held: no lookup per record.
+                if !moved.is_empty() || !self.held.is_empty() || holds_refused {
+                    let tp = TopicPartition::new(&*r.topic, r.partition);
+                    if moved.contains(&tp) {
+                        continue;
+                    }
+                    let probe = match self.held.get(&tp) {
+                        None => false,
+                        Some(held) if held.probing && !held.probe_sent => true,
+                        Some(_) => continue,
+                    };
+                    if probe {
+                        self.probe(consumer, r).await?;
+                        continue;
+                    }
+                    if let Some(refusal) = self.shared.refusal(self.alias, &tp, r.offset).filter(|_| holds_refused) {
                         self.hold(consumer, tp, r.offset, &refusal.reason)?;
                         continue;
                     }
@@ -803,7 +809,10 @@ impl<'a> Session<'a> {
                 }
             }
         }
-        self.next.insert(tp.clone(), r.offset + 1);
+        match self.next.get_mut(&tp) {
+            Some(next) => *next = r.offset + 1,
+            None => drop(self.next.insert(tp.clone(), r.offset + 1)),
+        }
         if self.routes.get(&*r.topic).is_some_and(|route| r.partition >= route.source_partitions) {
             self.follow_growth(&r.topic, r.partition).await?;
         }
@@ -833,88 +842,106 @@ impl<'a> Session<'a> {
         // Refused in an exactly-once transaction aborted for it: set aside this time
         // (without a dead-letter topic, sent again: the caller held its partition).
         let refusal = self.shared.config.dead_letter_topic.as_ref().and_then(|_| self.shared.refusal(self.alias, &tp, r.offset));
+        match self.sent_next.get_mut(&tp) {
+            Some(next) => *next = r.offset + 1,
+            None => drop(self.sent_next.insert(tp.clone(), r.offset + 1)),
+        }
         if let Some(refusal) = refusal {
-            self.set_aside(record, &tp, r.offset, &refusal).await?;
-        } else {
-            let kept = self.shared.config.dead_letter_topic.is_some().then(|| record.clone());
-            let target = record.topic.clone();
-            match self.producer.send(record).await {
-                Ok(delivery) => {
-                    let copy =
-                        Copy { topic: target, source: tp.clone(), offset: r.offset, created, dead_letter: false, record: kept };
-                    self.sent.push((copy, delivery));
-                }
-                // Refused before it was sent (larger than a request may be): the
-                // transaction, if any, is unharmed.
-                Err(error) if kept.is_some() && refused_for_itself(&error) => {
-                    self.set_aside(kept.expect("checked"), &tp, r.offset, &Refusal::from(&error)).await?;
-                }
-                Err(error) => return Err(self.refusal_error(&tp, r.offset, target, error)),
+            return self.set_aside(record, tp, r.offset, &refusal).await;
+        }
+        let kept = self.shared.config.dead_letter_topic.is_some().then(|| Box::new(record.clone()));
+        match self.producer.send(record).await {
+            Ok(delivery) => {
+                let copy = Copy { source: tp, offset: r.offset, created, dead_letter: false, record: kept };
+                self.sent.push((copy, delivery));
+            }
+            // Refused before it was sent (larger than a request may be): the
+            // transaction, if any, is unharmed.
+            Err(error) if kept.is_some() && refused_for_itself(&error) => {
+                self.set_aside(*kept.expect("checked"), tp, r.offset, &Refusal::from(&error)).await?;
+            }
+            Err(error) => {
+                // Not sent: the position stays before it.
+                self.sent_next.insert(tp.clone(), r.offset);
+                let copy = Copy { source: tp, offset: r.offset, created, dead_letter: false, record: None };
+                return Err(self.refusal_error(&copy, error));
             }
         }
-        self.sent_next.insert(tp, r.offset + 1);
         Ok(())
     }
 
     /// Sends the dead letter of `copy`, which the target refused.
-    async fn set_aside(&mut self, copy: ProducerRecord, source: &TopicPartition, offset: i64, refusal: &Refusal) -> Result<()> {
+    async fn set_aside(&mut self, copy: ProducerRecord, source: TopicPartition, offset: i64, refusal: &Refusal) -> Result<()> {
         let topic = self.shared.config.dead_letter_topic.clone().expect("set aside only with a dead-letter topic");
         tracing::error!(
             source = %self.alias, topic = %source.topic, partition = source.partition, offset, target = %copy.topic, reason = %refusal.reason,
             "the target refused a record; writing it to the dead-letter topic {topic}"
         );
-        let letter = dead_letter(&topic, copy, source, offset, refusal);
-        let delivery =
-            self.producer.send(letter).await.map_err(|error| Error::NotAcknowledged { topic: topic.clone(), error })?;
-        let copy = Copy { topic, source: source.clone(), offset, created: 0, dead_letter: true, record: None };
-        self.sent.push((copy, delivery));
+        let letter = dead_letter(&topic, copy, &source, offset, refusal);
+        let delivery = self.producer.send(letter).await.map_err(|error| Error::NotAcknowledged { topic, error })?;
+        self.sent.push((Copy { source, offset, created: 0, dead_letter: true, record: None }, delivery));
         Ok(())
     }
 
-    /// Waits for the target's answer to every copy sent since the last checkpoint: the
-    /// copies it stored, and those it did not, with why.
-    async fn settle(&mut self) -> (Vec<Copy>, Vec<(Copy, fjord_client::Error)>) {
+    /// Waits for the target's answer to every copy sent since the last checkpoint: those
+    /// it stored go to `stored`; those it did not come back, with why.
+    async fn settle(&mut self) -> Vec<(Copy, fjord_client::Error)> {
         self.producer.flush().await;
-        let (mut stored, mut failed) = (Vec::with_capacity(self.sent.len()), Vec::new());
-        for (copy, delivery) in std::mem::take(&mut self.sent) {
+        let mut failed = Vec::new();
+        for (copy, delivery) in self.sent.drain(..) {
             match delivery.await {
-                Ok(_) => stored.push(copy),
+                Ok(_) => self.stored.push(copy),
                 Err(error) => failed.push((copy, error)),
             }
         }
-        (stored, failed)
+        failed
     }
 
-    /// Counts the copies the target stored, for the stats and the audit, leaving out
-    /// those at or past `stop_at` of their partition (to be copied again).
-    fn count(&mut self, stored: &[Copy], stop_at: &HashMap<TopicPartition, i64>) {
-        for copy in stored {
-            if stop_at.get(&copy.source).is_some_and(|stop| copy.offset >= *stop) {
+    /// Counts the copies the target stored (and empties `stored`), for the stats and the
+    /// audit, leaving out those at or past `stop_at` of their partition (to be copied again).
+    fn count(&mut self, stop_at: &HashMap<TopicPartition, i64>) {
+        // Per record: no allocation once a topic is counted.
+        fn add(counts: &mut BTreeMap<String, u64>, topic: &str) {
+            match counts.get_mut(topic) {
+                Some(n) => *n += 1,
+                None => drop(counts.insert(topic.to_string(), 1)),
+            }
+        }
+        let mut stored = std::mem::take(&mut self.stored);
+        for copy in &stored {
+            if !stop_at.is_empty() && stop_at.get(&copy.source).is_some_and(|stop| copy.offset >= *stop) {
                 continue;
             }
             if copy.dead_letter {
-                *self.dead_counts.entry(copy.source.topic.clone()).or_default() += 1;
+                add(&mut self.dead_counts, &copy.source.topic);
                 continue;
             }
-            *self.sent_counts.entry(copy.source.topic.clone()).or_default() += 1;
+            add(&mut self.sent_counts, &copy.source.topic);
             if let Some(pending) = self.audit_pending.as_mut().filter(|_| copy.source.topic != AUDIT_TOPIC) {
                 pending.record(&copy.source.topic, copy.created);
             }
         }
+        stored.clear();
+        self.stored = stored;
     }
 
     /// The error that stops this source for a copy the target did not take: a refusal of
     /// the record itself names it, since only the target (or a dead-letter topic) can
     /// get the source going again.
-    fn refusal_error(&self, source: &TopicPartition, offset: i64, topic: String, error: fjord_client::Error) -> Error {
+    fn refusal_error(&self, copy: &Copy, error: fjord_client::Error) -> Error {
+        // Where it was sent: the dead-letter topic, or its source topic's target.
+        let topic = match copy.dead_letter {
+            true => self.shared.config.dead_letter_topic.clone().unwrap_or_default(),
+            false => self.routes.get(&copy.source.topic).map_or_else(String::new, |r| r.target.clone()),
+        };
         if !refused_for_itself(&error) {
             return Error::NotAcknowledged { topic, error };
         }
         Error::Refused {
             alias: self.alias.to_string(),
-            topic: source.topic.clone(),
-            partition: source.partition,
-            offset,
+            topic: copy.source.topic.clone(),
+            partition: copy.source.partition,
+            offset: copy.offset,
             target: topic,
             error: Box::new(error),
         }
@@ -958,7 +985,7 @@ impl<'a> Session<'a> {
         if self.sent.is_empty() && !self.commit_failed {
             return Ok(());
         }
-        let (mut stored, failed) = self.settle().await;
+        let failed = self.settle().await;
         // The producer stored the rest of a refused record's batch in order: with a
         // dead-letter topic the refused ones go there before the positions past them
         // are committed.
@@ -967,16 +994,14 @@ impl<'a> Session<'a> {
         for (mut copy, error) in failed {
             match copy.record.take() {
                 Some(record) if refused_for_itself(&error) => {
-                    self.set_aside(record, &copy.source, copy.offset, &Refusal::from(&error)).await?;
+                    self.set_aside(*record, copy.source, copy.offset, &Refusal::from(&error)).await?;
                     set_aside = true;
                 }
                 _ => failures.push((copy, error)),
             }
         }
         if set_aside {
-            let (letters, failed) = self.settle().await;
-            stored.extend(letters);
-            failures.extend(failed);
+            failures.extend(self.settle().await);
         }
         // What precedes a failure on its partition (all acknowledged) is committed, so
         // that a retry does not copy it again. A refused record (without a dead-letter
@@ -991,7 +1016,7 @@ impl<'a> Session<'a> {
                 *next = (*next).min(*stop);
             }
         }
-        self.count(&stored, &stop_at);
+        self.count(&stop_at);
         self.record_acknowledged(consumer);
         // Exactly what the target acknowledged, which may be less than what was polled.
         let offsets: Vec<(TopicPartition, i64)> = self.acked.iter().map(|(tp, o)| (tp.clone(), *o)).collect();
@@ -1001,7 +1026,7 @@ impl<'a> Session<'a> {
             if let Err(e) = consumer.commit_offsets_sync(&offsets).await {
                 tracing::warn!(source = %self.alias, error = %e, "offset commit before stopping failed");
             }
-            return Err(self.refusal_error(&copy.source, copy.offset, copy.topic, error));
+            return Err(self.refusal_error(&copy, error));
         }
         // Each held partition's first refused record.
         let mut refused: HashMap<TopicPartition, (i64, fjord_client::Error)> = HashMap::new();
@@ -1095,7 +1120,7 @@ impl<'a> Session<'a> {
     /// refused when it held nothing else (records sent again alone): the caller aborts
     /// it and holds their partitions.
     async fn try_commit_transaction(&mut self) -> Result<Vec<(TopicPartition, i64, String)>> {
-        let (stored, failed) = self.settle().await;
+        let failed = self.settle().await;
         let mut failure = None;
         let mut refused = Vec::new();
         for (copy, error) in failed {
@@ -1108,10 +1133,10 @@ impl<'a> Session<'a> {
                 refused.push((copy.source, copy.offset, refusal.reason.clone()));
                 self.shared.refused.lock().unwrap_or_else(|e| e.into_inner()).insert(key, refusal);
             } else if failure.is_none() {
-                failure = Some(self.refusal_error(&copy.source, copy.offset, copy.topic, error));
+                failure = Some(self.refusal_error(&copy, error));
             }
         }
-        if !refused.is_empty() && failure.is_none() && stored.is_empty() && self.shared.config.dead_letter_topic.is_none() {
+        if !refused.is_empty() && failure.is_none() && self.stored.is_empty() && self.shared.config.dead_letter_topic.is_none() {
             return Ok(refused);
         }
         // The records after a refused one failed with it (the transaction could only
@@ -1122,7 +1147,9 @@ impl<'a> Session<'a> {
         if let Some(e) = failure {
             return Err(e);
         }
-        self.count(&stored, &HashMap::new());
+        let letters: Vec<(TopicPartition, i64)> =
+            self.stored.iter().filter(|copy| copy.dead_letter).map(|copy| (copy.source.clone(), copy.offset)).collect();
+        self.count(&HashMap::new());
         let offsets: Vec<(TopicPartition, i64)> = self.sent_next.iter().map(|(tp, o)| (tp.clone(), *o)).collect();
         if !offsets.is_empty() {
             let group = self.shared.config.target_group(self.alias);
@@ -1131,8 +1158,8 @@ impl<'a> Session<'a> {
         self.producer.commit_transaction().await?;
         // Their dead letters are committed: the positions are past them for good.
         let mut marks = self.shared.refused.lock().unwrap_or_else(|e| e.into_inner());
-        for letter in stored.iter().filter(|copy| copy.dead_letter) {
-            marks.remove(&(self.alias.to_string(), letter.source.clone(), letter.offset));
+        for (source, offset) in letters {
+            marks.remove(&(self.alias.to_string(), source, offset));
         }
         Ok(Vec::new())
     }
