@@ -82,6 +82,10 @@ pub(crate) struct MirrorArgs {
     /// other partitions go on.
     #[arg(long, value_name = "TOPIC")]
     dead_letter_topic: Option<String>,
+    /// The target producer's max.request.size: the largest record copied (a larger one is
+    /// held, or set aside with --dead-letter-topic), and how much one request holds.
+    #[arg(long, value_name = "BYTES", default_value_t = 1024 * 1024)]
+    max_request_size: usize,
     /// Publish the mirror tier's audit counts to the target's `_audit` under this cluster name.
     #[arg(long, value_name = "NAME")]
     audit_cluster: Option<String>,
@@ -132,6 +136,7 @@ pub(crate) async fn run(args: MirrorArgs) -> anyhow::Result<()> {
     config.instance_id = args.instance_id;
     config.exactly_once = args.exactly_once;
     config.dead_letter_topic = args.dead_letter_topic;
+    config.max_request_size = args.max_request_size;
     config.audit =
         args.audit_cluster.map(|cluster| AuditConfig { cluster, interval: args.audit_interval, window: args.audit_window });
     if let Some(path) = &args.metrics_config {

@@ -682,6 +682,8 @@ async fn refusing_target() -> (StandaloneBroker, StandaloneBroker, fjord_mirror:
         "orders",
     );
     config.group = "g".into();
+    // The 1.5 MB record is the target's to take or refuse, not the producer's.
+    config.max_request_size = 4_000_000;
     (source, target, config)
 }
 
@@ -706,6 +708,9 @@ async fn refused_records_are_set_aside(exactly_once: bool) {
     let (source, target, mut config) = refusing_target().await;
     config.exactly_once = exactly_once;
     config.dead_letter_topic = Some("mirror.dead".into());
+    if exactly_once {
+        config.max_request_size = fjord_mirror::MirrorConfig::new(Vec::new(), "", "").max_request_size;
+    }
     let (metrics_addr, shutdown, mirror) = run_mirror(config).await;
     // Exactly once, the positions are the target group's.
     let (cluster, group) = if exactly_once { (&target.addr, "g.dc1") } else { (&source.addr, "g") };
@@ -750,7 +755,10 @@ async fn refused_records_are_set_aside(exactly_once: bool) {
     let reasons: Vec<String> = dead.iter().map(|r| text(r, "fjord.dlq.reason")).collect();
     assert!(reasons[0].contains("MessageTooLarge"), "{reasons:?}");
     assert!(reasons[1].contains("InvalidTimestamp"), "{reasons:?}");
-    assert!(reasons[2].contains("MessageTooLarge"), "{reasons:?}");
+    // Exactly once the producer keeps its default request size: the 1.5 MB record is
+    // refused before it is sent.
+    let too_large = if exactly_once { "larger than the limit of 1048576 bytes" } else { "MessageTooLarge" };
+    assert!(reasons[2].contains(too_large), "{reasons:?}");
     let ahead: i64 = text(&dead[1], "fjord.dlq.timestamp").parse().unwrap();
     assert!(ahead > fjord_record::now_ms() + 80_000_000, "the record's own timestamp is kept in a header");
     assert_eq!((status.sources[0].records, status.sources[0].dead_letters), (3, 3), "{status:?}");
@@ -784,7 +792,13 @@ async fn a_refused_record_holds_its_partition(exactly_once: bool) {
     let (source, target, mut config) = refusing_target().await;
     config.retry_backoff_max = Duration::from_millis(500);
     config.exactly_once = exactly_once;
-    let (metrics_addr, shutdown, mirror) = run_mirror(config).await;
+    // At least once, the producer starts with its default request size, so the 1.5 MB
+    // record is also held before it is sent, until the mirror restarts with a larger one.
+    let large_requests = config.max_request_size;
+    if !exactly_once {
+        config.max_request_size = fjord_mirror::MirrorConfig::new(Vec::new(), "", "").max_request_size;
+    }
+    let (metrics_addr, mut shutdown, mut mirror) = run_mirror(config.clone()).await;
     let orders = |p| TopicPartition::new("orders", p);
     // Exactly once, the positions are the target group's.
     let (cluster, group) = if exactly_once { (&target.addr, "g.dc1") } else { (&source.addr, "g") };
@@ -826,6 +840,18 @@ async fn a_refused_record_holds_its_partition(exactly_once: bool) {
     })
     .await;
     alter("message.timestamp.after.max.ms", "172800000").await;
+    let mut metrics_addr = metrics_addr;
+    if !exactly_once {
+        wait_for("the status naming the record larger than a request", Duration::from_secs(30), || async {
+            let (mirrored, refused) = orders_partition(&metrics_addr, 0).await;
+            mirrored == 4 && refused.is_some_and(|r| r.contains("offset 4") && r.contains("larger than the limit of 1048576"))
+        })
+        .await;
+        shutdown.cancel();
+        mirror.await.unwrap().unwrap();
+        config.max_request_size = large_requests;
+        (metrics_addr, shutdown, mirror) = run_mirror(config).await;
+    }
     wait_for("every source position committed", Duration::from_secs(60), || async {
         committed(cluster, group).await.get(&orders(0)) == Some(&6)
     })

@@ -388,10 +388,8 @@ impl<'a> Session<'a> {
             max_in_flight: 1,
             batch_size: 256 * 1024,
             linger: Duration::from_millis(10),
-            // Whatever the source took, up to the whole buffer: what the target takes is
-            // its topic's max.message.bytes to decide (MirrorMaker's 1 MiB default of
-            // max.request.size stops a source on a record its topic allowed).
-            max_request_size: ProducerConfig::default().buffer_memory,
+            max_request_size: shared.config.max_request_size,
+            buffer_memory: ProducerConfig::default().buffer_memory.max(shared.config.max_request_size),
             ..ProducerConfig::default()
         })
         .await?;
@@ -576,7 +574,7 @@ impl<'a> Session<'a> {
                         continue;
                     }
                 }
-                self.forward(r).await?;
+                self.forward_or_hold(consumer, r).await?;
                 // One poll can hand out megabytes: commits go on within it, so the
                 // duplicate window after a crash stays about one commit interval.
                 if self.last_commit.elapsed() >= self.shared.config.commit_interval {
@@ -601,8 +599,21 @@ impl<'a> Session<'a> {
         }
         consumer.seek(&tp, r.offset + 1)?;
         consumer.pause(&tp)?;
-        self.forward(r).await?;
+        self.forward_or_hold(consumer, r).await?;
         self.checkpoint(consumer).await
+    }
+
+    /// [`Session::forward`], holding the record's partition when the producer refuses
+    /// the record before sending it (larger than `max_request_size`): nothing else is
+    /// harmed, and the record is retried like one the target refused.
+    async fn forward_or_hold(&mut self, consumer: &mut GroupConsumer, r: ConsumerRecord) -> Result<()> {
+        let (topic, partition, offset) = (r.topic.clone(), r.partition, r.offset);
+        match self.forward(r).await {
+            Err(Error::Refused { error, .. }) => {
+                self.hold(consumer, TopicPartition::new(&*topic, partition), offset, &error.to_string())
+            }
+            other => other,
+        }
     }
 
     /// Holds `tp` at `offset`, whose record the target refuses (`error` says why): what
