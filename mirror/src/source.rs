@@ -165,8 +165,10 @@ fn dead_letter(topic: &str, copy: ProducerRecord, source: &TopicPartition, offse
 /// A record sent to the target (or to the dead-letter topic) since the last checkpoint.
 /// Small: a checkpoint holds one a record copied within a commit interval.
 struct Copy {
-    /// The source position it came from.
-    source: TopicPartition,
+    /// The source partition and offset it came from (the topic's name shared with the
+    /// consumer's records: no allocation per copy).
+    topic: Arc<str>,
+    partition: i32,
     offset: i64,
     /// Its creation time, as the audit counts it.
     created: i64,
@@ -175,6 +177,12 @@ struct Copy {
     /// With a dead-letter topic, the copy itself, to set aside if the target refuses it;
     /// `None` for a dead letter (whose refusal stops the source).
     record: Option<Box<ProducerRecord>>,
+}
+
+impl Copy {
+    fn source(&self) -> TopicPartition {
+        TopicPartition::new(&*self.topic, self.partition)
+    }
 }
 
 /// The target cluster: its admin client and the partition counts of its topics, created
@@ -863,7 +871,8 @@ impl<'a> Session<'a> {
         let kept = self.shared.config.dead_letter_topic.is_some().then(|| Box::new(record.clone()));
         match self.producer.send(record).await {
             Ok(delivery) => {
-                let copy = Copy { source: tp, offset: r.offset, created, dead_letter: false, record: kept };
+                let (topic, partition) = (r.topic.clone(), r.partition);
+                let copy = Copy { topic, partition, offset: r.offset, created, dead_letter: false, record: kept };
                 self.sent.push((copy, delivery));
             }
             // Refused before it was sent (larger than a request may be): the
@@ -874,7 +883,8 @@ impl<'a> Session<'a> {
             Err(error) => {
                 // Not sent: the position stays before it.
                 self.sent_next.insert(tp.clone(), r.offset);
-                let copy = Copy { source: tp, offset: r.offset, created, dead_letter: false, record: None };
+                let (topic, partition) = (r.topic.clone(), r.partition);
+                let copy = Copy { topic, partition, offset: r.offset, created, dead_letter: false, record: None };
                 return Err(self.refusal_error(&copy, error));
             }
         }
@@ -890,7 +900,8 @@ impl<'a> Session<'a> {
         );
         let letter = dead_letter(&topic, copy, &source, offset, refusal);
         let delivery = self.producer.send(letter).await.map_err(|error| Error::NotAcknowledged { topic, error })?;
-        self.sent.push((Copy { source, offset, created: 0, dead_letter: true, record: None }, delivery));
+        let (topic, partition) = (Arc::from(source.topic.as_str()), source.partition);
+        self.sent.push((Copy { topic, partition, offset, created: 0, dead_letter: true, record: None }, delivery));
         Ok(())
     }
 
@@ -920,16 +931,16 @@ impl<'a> Session<'a> {
         }
         let mut stored = std::mem::take(&mut self.stored);
         for copy in &stored {
-            if !stop_at.is_empty() && stop_at.get(&copy.source).is_some_and(|stop| copy.offset >= *stop) {
+            if !stop_at.is_empty() && stop_at.get(&copy.source()).is_some_and(|stop| copy.offset >= *stop) {
                 continue;
             }
             if copy.dead_letter {
-                add(&mut self.dead_counts, &copy.source.topic);
+                add(&mut self.dead_counts, &copy.topic);
                 continue;
             }
-            add(&mut self.sent_counts, &copy.source.topic);
-            if let Some(pending) = self.audit_pending.as_mut().filter(|_| copy.source.topic != AUDIT_TOPIC) {
-                pending.record(&copy.source.topic, copy.created);
+            add(&mut self.sent_counts, &copy.topic);
+            if let Some(pending) = self.audit_pending.as_mut().filter(|_| &*copy.topic != AUDIT_TOPIC) {
+                pending.record(&copy.topic, copy.created);
             }
         }
         stored.clear();
@@ -943,15 +954,15 @@ impl<'a> Session<'a> {
         // Where it was sent: the dead-letter topic, or its source topic's target.
         let topic = match copy.dead_letter {
             true => self.shared.config.dead_letter_topic.clone().unwrap_or_default(),
-            false => self.routes.get(&copy.source.topic).map_or_else(String::new, |r| r.target.clone()),
+            false => self.routes.get(&*copy.topic).map_or_else(String::new, |r| r.target.clone()),
         };
         if !refused_for_itself(&error) {
             return Error::NotAcknowledged { topic, error };
         }
         Error::Refused {
             alias: self.alias.to_string(),
-            topic: copy.source.topic.clone(),
-            partition: copy.source.partition,
+            topic: copy.topic.to_string(),
+            partition: copy.partition,
             offset: copy.offset,
             target: topic,
             error: Box::new(error),
@@ -1005,7 +1016,7 @@ impl<'a> Session<'a> {
         for (mut copy, error) in failed {
             match copy.record.take() {
                 Some(record) if refused_for_itself(&error) => {
-                    self.set_aside(*record, copy.source, copy.offset, &Refusal::from(&error)).await?;
+                    self.set_aside(*record, copy.source(), copy.offset, &Refusal::from(&error)).await?;
                     set_aside = true;
                 }
                 _ => failures.push((copy, error)),
@@ -1019,7 +1030,7 @@ impl<'a> Session<'a> {
         // topic) then holds its partition; any other failure stops the source.
         let mut stop_at: HashMap<TopicPartition, i64> = HashMap::new();
         for (copy, _) in &failures {
-            let stop = stop_at.entry(copy.source.clone()).or_insert(copy.offset);
+            let stop = stop_at.entry(copy.source()).or_insert(copy.offset);
             *stop = (*stop).min(copy.offset);
         }
         for (tp, stop) in &stop_at {
@@ -1042,8 +1053,8 @@ impl<'a> Session<'a> {
         // Each held partition's first refused record.
         let mut refused: HashMap<TopicPartition, (i64, fjord_client::Error)> = HashMap::new();
         for (copy, error) in failures {
-            if refused.get(&copy.source).is_none_or(|(offset, _)| copy.offset < *offset) {
-                refused.insert(copy.source, (copy.offset, error));
+            if refused.get(&copy.source()).is_none_or(|(offset, _)| copy.offset < *offset) {
+                refused.insert(copy.source(), (copy.offset, error));
             }
         }
         // A record sent again alone that the target took: its partition goes on.
@@ -1139,9 +1150,9 @@ impl<'a> Session<'a> {
             let keepable = copy.record.is_some() || (self.shared.config.dead_letter_topic.is_none() && !copy.dead_letter);
             if keepable && refused_for_itself(&error) {
                 // Set aside or held by the next session, in the transaction that commits.
-                let key = (self.alias.to_string(), copy.source.clone(), copy.offset);
+                let key = (self.alias.to_string(), copy.source(), copy.offset);
                 let refusal = Refusal::from(&error);
-                refused.push((copy.source, copy.offset, refusal.reason.clone()));
+                refused.push((copy.source(), copy.offset, refusal.reason.clone()));
                 self.shared.refused.lock().unwrap_or_else(|e| e.into_inner()).insert(key, refusal);
             } else if failure.is_none() {
                 failure = Some(self.refusal_error(&copy, error));
@@ -1159,7 +1170,7 @@ impl<'a> Session<'a> {
             return Err(e);
         }
         let letters: Vec<(TopicPartition, i64)> =
-            self.stored.iter().filter(|copy| copy.dead_letter).map(|copy| (copy.source.clone(), copy.offset)).collect();
+            self.stored.iter().filter(|copy| copy.dead_letter).map(|copy| (copy.source(), copy.offset)).collect();
         self.count(&HashMap::new());
         let offsets: Vec<(TopicPartition, i64)> = self.sent_next.iter().map(|(tp, o)| (tp.clone(), *o)).collect();
         if !offsets.is_empty() {
