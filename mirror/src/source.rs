@@ -30,9 +30,9 @@
 //! target topic, invalid for it, stamped outside its timestamp limits) would be refused
 //! again at every retry. Its partition is held at it while the others go on
 //! ([`Session::hold`]): paused there, with what precedes it committed, and the record
-//! sent again alone now and then (exactly once, in a transaction of its own). With a dead-letter topic
-//! ([`MirrorConfig::dead_letter_topic`]) it is written there instead and the copying goes
-//! on. At least once, that happens at the checkpoint that finds the refusal, before the
+//! sent again alone now and then (exactly once, in a transaction of its own). With a
+//! dead-letter topic ([`MirrorConfig::dead_letter_topic`]) it is written there instead
+//! and the copying goes on. At least once, that happens at the checkpoint that finds the refusal, before the
 //! positions past it are committed (the producer stores the rest of its batch in order).
 //! Exactly once, the refusal spoils the open transaction: it is aborted, the refused
 //! positions are kept in [`Shared`], and the session that starts again from the
@@ -78,9 +78,9 @@ pub(crate) struct Shared {
     pub(crate) audit: Option<Arc<AuditCounter>>,
     /// This machine's name (or the configured one): part of the transactional ids.
     pub(crate) host: String,
-    /// With exactly once and a dead-letter topic: records the target refused in a
-    /// transaction that was aborted for it, by source alias and position, with why; the
-    /// next session writes them to the dead-letter topic.
+    /// With exactly once: records the target refused in a transaction that was aborted
+    /// for it, by source alias and position, with why; the next session writes them to
+    /// the dead-letter topic, or without one holds their partitions at them.
     pub(crate) refused: Mutex<HashMap<(String, TopicPartition, i64), Refusal>>,
 }
 
@@ -97,17 +97,26 @@ impl Shared {
         }
         refused.get(&(alias.to_string(), tp.clone(), offset)).cloned()
     }
+
+    /// Forgets the refusals of records now committed past (set aside, or taken by the target).
+    fn forget_refusals(&self, alias: &str, positions: impl IntoIterator<Item = (TopicPartition, i64)>) {
+        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        for (tp, offset) in positions {
+            refused.remove(&(alias.to_string(), tp, offset));
+        }
+    }
 }
 
 /// Whether the target refused the record for what it holds, so that sending it again
 /// cannot succeed: too large (for the topic, or for the producer's request size), invalid
 /// for the topic, or stamped outside its timestamp limits.
 fn refused_for_itself(error: &fjord_client::Error) -> bool {
-    matches!(error, fjord_client::Error::RecordTooLarge { .. })
-        || matches!(
-            error.code(),
-            Some(ResponseError::MessageTooLarge | ResponseError::InvalidRecord | ResponseError::InvalidTimestamp)
-        )
+    refused_for_size(error) || matches!(error.code(), Some(ResponseError::InvalidRecord | ResponseError::InvalidTimestamp))
+}
+
+/// Whether the record was refused for its size, by the producer or by the target topic.
+fn refused_for_size(error: &fjord_client::Error) -> bool {
+    matches!(error, fjord_client::Error::RecordTooLarge { .. }) || error.code() == Some(ResponseError::MessageTooLarge)
 }
 
 /// Why the target refused a record, as its dead letter says.
@@ -121,9 +130,7 @@ pub(crate) struct Refusal {
 
 impl From<&fjord_client::Error> for Refusal {
     fn from(error: &fjord_client::Error) -> Self {
-        let too_large =
-            matches!(error, fjord_client::Error::RecordTooLarge { .. }) || error.code() == Some(ResponseError::MessageTooLarge);
-        Self { reason: error.to_string(), too_large }
+        Self { reason: error.to_string(), too_large: refused_for_size(error) }
     }
 }
 
@@ -163,7 +170,7 @@ fn dead_letter(topic: &str, copy: ProducerRecord, source: &TopicPartition, offse
 }
 
 /// A record sent to the target (or to the dead-letter topic) since the last checkpoint.
-/// Small: a checkpoint holds one a record copied within a commit interval.
+/// Small: a checkpoint holds one per record copied within a commit interval.
 struct Copy {
     /// The source partition and offset it came from (the topic's name shared with the
     /// consumer's records: no allocation per copy).
@@ -357,8 +364,8 @@ struct Session<'a> {
     /// Partitions moved to the target's position since the last poll: the records of
     /// them that poll returned came from elsewhere and are fetched again.
     moved: HashSet<TopicPartition>,
-    /// At least once without a dead-letter topic: partitions waiting at a record the
-    /// target refuses (paused), which is sent again alone now and then.
+    /// Without a dead-letter topic: partitions waiting at a record the target refuses
+    /// (paused), which is sent again alone now and then.
     held: HashMap<TopicPartition, Held>,
 }
 
@@ -456,9 +463,7 @@ impl<'a> Session<'a> {
             let result = self.copy(&mut consumer, &topics, shutdown).await;
             // Flush and commit what was copied (bounded: the source may be the problem),
             // then leave the group so the partitions move at once.
-            // A record the target refused stops the source after what precedes it is committed.
-            let checkpoint = matches!(result, Ok(_) | Err(Error::Refused { .. }));
-            match tokio::time::timeout(CLOSE_TIMEOUT, self.finish(consumer, checkpoint)).await {
+            match tokio::time::timeout(CLOSE_TIMEOUT, self.finish(consumer, result.is_ok())).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     tracing::warn!(source = %self.alias, error = %e, "the last flush and commit failed; the records since the previous commit will be copied again")
@@ -656,8 +661,7 @@ impl<'a> Session<'a> {
             self.held.iter().filter(|(tp, held)| held.probe_sent && !refused.contains(*tp)).map(|(tp, _)| tp.clone()).collect();
         for tp in taken {
             if let Some(held) = self.held.remove(&tp) {
-                let mark = (self.alias.to_string(), tp.clone(), held.offset);
-                self.shared.refused.lock().unwrap_or_else(|e| e.into_inner()).remove(&mark);
+                self.shared.forget_refusals(self.alias, [(tp.clone(), held.offset)]);
             }
             consumer.resume(&tp)?;
             self.shared.stats.held(self.alias, &tp, None);
@@ -1179,10 +1183,7 @@ impl<'a> Session<'a> {
         }
         self.producer.commit_transaction().await?;
         // Their dead letters are committed: the positions are past them for good.
-        let mut marks = self.shared.refused.lock().unwrap_or_else(|e| e.into_inner());
-        for (source, offset) in letters {
-            marks.remove(&(self.alias.to_string(), source, offset));
-        }
+        self.shared.forget_refusals(self.alias, letters);
         Ok(Vec::new())
     }
 
