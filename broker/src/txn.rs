@@ -64,6 +64,9 @@ pub(crate) const GROUP_MARKER_TOPIC: &str = "__consumer_offsets";
 pub(crate) const KEY_TYPE_TRANSACTION: i8 = 1;
 /// WriteTxnMarkers version the coordinator sends (the first flexible one).
 const MARKER_VERSION: i16 = 1;
+/// The most bytes of ids in one append of tombstones when the coordinator forgets ids
+/// for its limit (an id may be up to 32 KiB; the append stays well under a batch's limit).
+const TOMBSTONES_BYTES: usize = 256 * 1024;
 /// How long a coordinator waits for a state record to reach the in-sync replicas.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause between rounds of markers that did not all land (no leader, a broker down).
@@ -100,6 +103,13 @@ pub struct TxnConfig {
     /// coordinator confirmed the partition is in the transaction; without it a stray
     /// batch holds the partition's last stable offset back for good.
     pub partition_verification: bool,
+    /// `transactional.id.max.per.partition` (Fjord's): how many transactional ids one
+    /// partition of `__transaction_state` keeps. Past it a new id makes the coordinator
+    /// forget the longest idle ids, down to nine tenths (see
+    /// [`Broker::make_room_for_txn_id`]), so a client making up ids (or one taking a
+    /// fresh id per run) cannot grow the coordinator's memory for the week of
+    /// `transactional.id.expiration.ms`.
+    pub max_ids_per_partition: usize,
 }
 
 impl Default for TxnConfig {
@@ -114,6 +124,7 @@ impl Default for TxnConfig {
             abort_timed_out_interval_ms: 10_000,
             remove_expired_interval_ms: 3_600_000,
             partition_verification: true,
+            max_ids_per_partition: 10_000,
         }
     }
 }
@@ -130,6 +141,7 @@ impl TxnConfig {
         "transaction.abort.timed.out.transaction.cleanup.interval.ms",
         "transaction.remove.expired.transaction.cleanup.interval.ms",
         "transaction.partition.verification.enable",
+        "transactional.id.max.per.partition",
     ];
 
     /// Sets one of [`TxnConfig::KEYS`].
@@ -162,6 +174,9 @@ impl TxnConfig {
                     _ => return Err("not true or false"),
                 }
             }
+            "transactional.id.max.per.partition" => {
+                self.max_ids_per_partition = usize::try_from(positive()?).map_err(|_| "too large")?
+            }
             _ => return Err("not a transaction coordinator key"),
         }
         Ok(())
@@ -191,9 +206,21 @@ pub(crate) struct Loaded {
     pub(crate) partition: i32,
     pub(crate) leader_epoch: i32,
     ids: SyncMutex<HashMap<String, Slot>>,
+    /// Ids forgotten for the limit since the last warning about it, and when that was:
+    /// a flood of new ids would repeat the warning at every round.
+    forgotten_unlogged: SyncMutex<(usize, i64)>,
 }
 
 impl Loaded {
+    fn new(partition: i32, leader_epoch: i32, ids: HashMap<String, Slot>) -> Self {
+        Self { partition, leader_epoch, ids: SyncMutex::new(ids), forgotten_unlogged: SyncMutex::new((0, 0)) }
+    }
+
+    /// How many ids have a slot: those with a state, and a few a request just made.
+    fn len(&self) -> usize {
+        self.ids.lock().expect("invariant: ids lock is never poisoned").len()
+    }
+
     /// The id's slot, created empty when the id is new.
     pub(crate) fn slot(&self, transactional_id: &str) -> Slot {
         let mut ids = self.ids.lock().expect("invariant: ids lock is never poisoned");
@@ -432,7 +459,7 @@ impl Broker {
         let prepared: Vec<String> =
             states.values().filter(|m| m.state.is_prepared()).map(|m| m.transactional_id.clone()).collect();
         let ids = states.into_iter().map(|(id, m)| (id, Arc::new(Mutex::new(Some(m))))).collect();
-        let loaded = Arc::new(Loaded { partition, leader_epoch: epoch, ids: SyncMutex::new(ids) });
+        let loaded = Arc::new(Loaded::new(partition, epoch, ids));
         self.txns.loaded.lock().expect("invariant: loaded lock is never poisoned").insert(partition, loaded.clone());
         tracing::info!(partition, leader_epoch = epoch, prepared = prepared.len(), "loaded {TOPIC} partition");
         for id in prepared {
@@ -466,14 +493,30 @@ impl Broker {
         };
         let mut builder = BatchBuilder::new(now_ms());
         builder.append(now_ms(), Some(transactional_id.as_bytes()), value.as_deref(), &[]);
-        let batch = builder.build_vec();
+        self.write_txn_batch(loaded, transactional_id, &builder.build_vec()).await
+    }
+
+    /// Forgets `ids` in one append (a tombstone each), as [`Broker::write_txn_state`]
+    /// with `None` does for one.
+    async fn write_txn_tombstones(&self, loaded: &Loaded, ids: &[&str]) -> Result<(), ResponseError> {
+        let now = now_ms();
+        let mut builder = BatchBuilder::new(now);
+        for id in ids {
+            builder.append(now, Some(id.as_bytes()), None, &[]);
+        }
+        self.write_txn_batch(loaded, ids.first().copied().unwrap_or_default(), &builder.build_vec()).await
+    }
+
+    /// Appends `batch` of state records to `loaded`'s partition and waits for its ISR
+    /// (`transactional_id` names the first record's id in the logs).
+    async fn write_txn_batch(&self, loaded: &Loaded, transactional_id: &str, batch: &[u8]) -> Result<(), ResponseError> {
         let replica = self.replicas.get(&TopicPartition::new(TOPIC, loaded.partition)).ok_or(ResponseError::NotCoordinator)?;
         let min_isr = replica.log.config().min_insync_replicas as usize;
         let appended = {
             if replica.state().leader_epoch != loaded.leader_epoch {
                 return Err(ResponseError::NotCoordinator);
             }
-            replica.append_as_leader(&batch, true, min_isr, None, fjord_log::TxnVerification::Off)
+            replica.append_as_leader(batch, true, min_isr, None, fjord_log::TxnVerification::Off)
         };
         let (info, epoch) = match appended {
             Ok(Ok(appended)) => appended,
@@ -498,6 +541,113 @@ impl Broker {
                 Err(ResponseError::CoordinatorNotAvailable)
             }
         }
+    }
+
+    /// Makes room for the state of `new_id`, an id `loaded` has no state for, under
+    /// `transactional.id.max.per.partition`: past it the longest idle ids (no transaction
+    /// open or being completed) are forgotten, down to nine tenths of the limit, as
+    /// `transactional.id.expiration.ms` would forget them later. A forgotten id's
+    /// producer is then treated as after its expiry: its next request is
+    /// INVALID_PRODUCER_ID_MAPPING, and an InitProducerId gives the id a new producer id.
+    /// An id with a transaction under way is never forgotten: when they alone fill the
+    /// limit, the new id is refused with THROTTLING_QUOTA_EXCEEDED until some end (each
+    /// within its timeout).
+    pub(crate) async fn make_room_for_txn_id(&self, loaded: &Loaded, new_id: &str) -> Result<(), ResponseError> {
+        let limit = self.txns.config.max_ids_per_partition;
+        // The slots count ids a request made and left without a state too: only when they
+        // reach the limit are the states looked at.
+        if loaded.len() <= limit {
+            return Ok(());
+        }
+        let mut idle = Vec::new();
+        let mut busy = 0;
+        for (id, slot) in loaded.slots() {
+            if id == new_id {
+                continue;
+            }
+            // A slot a request holds is busy with it.
+            match slot.try_lock().map(|m| m.as_ref().map(|m| (m.idle(), m.last_update_ms))) {
+                Ok(None) => {}
+                Ok(Some((true, last_update_ms))) => idle.push((last_update_ms, id, slot)),
+                Ok(Some((false, _))) | Err(_) => busy += 1,
+            }
+        }
+        let held = idle.len() + busy;
+        if held < limit {
+            return Ok(());
+        }
+        let keep = (limit - limit / 10).min(limit - 1);
+        let excess = (held - keep).min(idle.len());
+        if excess > 0 {
+            idle.select_nth_unstable_by_key(excess - 1, |(last_update_ms, _, _)| *last_update_ms);
+            idle.truncate(excess);
+            let forgotten = self.forget_txn_ids(loaded, idle).await?;
+            let mut unlogged = loaded.forgotten_unlogged.lock().expect("invariant: warning lock is never poisoned");
+            unlogged.0 += forgotten;
+            let now = now_ms();
+            if now.saturating_sub(unlogged.1) >= 60_000 {
+                tracing::warn!(
+                    partition = loaded.partition,
+                    forgotten = unlogged.0,
+                    limit,
+                    "more transactional ids than transactional.id.max.per.partition: forgot the longest idle (logged at most once a minute)"
+                );
+                *unlogged = (0, now);
+            }
+        }
+        if held - excess >= limit {
+            tracing::warn!(
+                transactional_id = new_id,
+                partition = loaded.partition,
+                limit,
+                "a new transactional id refused: every id of its partition has a transaction under way"
+            );
+            return Err(ResponseError::ThrottlingQuotaExceeded);
+        }
+        Ok(())
+    }
+
+    /// Forgets the `idle` ids (last update, id, slot) that are still idle, with one
+    /// tombstone each, written in appends of at most [`TOMBSTONES_BYTES`] of ids.
+    /// Returns how many were forgotten.
+    async fn forget_txn_ids(&self, loaded: &Loaded, idle: Vec<(i64, String, Slot)>) -> Result<usize, ResponseError> {
+        let mut forgotten = 0;
+        let mut rest = idle.as_slice();
+        while !rest.is_empty() {
+            let mut bytes = 0;
+            let chunk = rest
+                .iter()
+                .take_while(|(_, id, _)| {
+                    bytes += id.len();
+                    bytes <= TOMBSTONES_BYTES
+                })
+                .count()
+                .max(1);
+            let (now, later) = rest.split_at(chunk);
+            rest = later;
+            // Each slot locked for the write, and only while still idle as it was seen: a
+            // request that came meanwhile keeps its id.
+            let mut guards = Vec::with_capacity(now.len());
+            for (last_update_ms, id, slot) in now {
+                if let Ok(guard) = slot.try_lock() {
+                    if guard.as_ref().is_some_and(|m| m.idle() && m.last_update_ms == *last_update_ms) {
+                        guards.push((id.as_str(), guard));
+                    }
+                }
+            }
+            if guards.is_empty() {
+                continue;
+            }
+            let ids: Vec<&str> = guards.iter().map(|(id, _)| *id).collect();
+            self.write_txn_tombstones(loaded, &ids).await?;
+            for (id, mut guard) in guards {
+                *guard = None;
+                drop(guard);
+                loaded.forget(id);
+                forgotten += 1;
+            }
+        }
+        Ok(forgotten)
     }
 
     /// Finishes the id's prepared transaction: markers to every partition and group,
@@ -881,7 +1031,7 @@ mod tests {
     /// any client could grow without bound. The ticker drops those no request holds.
     #[tokio::test]
     async fn empty_slots_no_request_holds_are_dropped() {
-        let loaded = Loaded { partition: 0, leader_epoch: 0, ids: SyncMutex::new(HashMap::new()) };
+        let loaded = Loaded::new(0, 0, HashMap::new());
         for id in ["made-up-1", "made-up-2", "in-use", "held"] {
             loaded.slot(id);
         }
@@ -958,6 +1108,10 @@ mod tests {
         assert_eq!(c.set("transaction.partition.verification.enable", "false"), Ok(()));
         assert!(!c.partition_verification);
         assert_eq!(c.set("transaction.partition.verification.enable", "1"), Err("not true or false"));
+        assert_eq!(c.set("transactional.id.max.per.partition", "500"), Ok(()));
+        assert_eq!(c.max_ids_per_partition, 500);
+        assert_eq!(c.set("transactional.id.max.per.partition", "0"), Err("must be at least 1"));
+        assert_eq!(c.set("transactional.id.max.per.partition", "-3"), Err("must be at least 1"));
         assert!(TxnConfig::KEYS.iter().all(|k| TxnConfig::default().set(k, "1").is_ok() || k.ends_with(".enable")));
     }
 }

@@ -23,6 +23,7 @@ const OPERATION_NOT_ATTEMPTED: i16 = 55;
 const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
 const PRODUCER_FENCED: i16 = 90;
 const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
+const THROTTLING_QUOTA_EXCEEDED: i16 = 89;
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_owned())
@@ -524,10 +525,16 @@ async fn offset_fetch_require_stable_is_unstable_while_transactional_offsets_are
 
 const TRANSACTION_ABORTABLE: i16 = 120;
 
-/// Kafka's `Utils.abs(group.hashCode()) % 50`: the group's partition of the offsets topic.
+/// Kafka's `Utils.abs(key.hashCode()) % partitions`: the partition of an internal topic
+/// (offsets, transaction state) holding a group or transactional id.
+fn java_partition(key: &str, partitions: i32) -> i32 {
+    let hash = key.encode_utf16().fold(0i32, |h, unit| h.wrapping_mul(31).wrapping_add(i32::from(unit)));
+    (if hash == i32::MIN { 0 } else { hash.abs() }) % partitions
+}
+
+/// The group's partition of the offsets topic.
 fn offsets_partition(group: &str) -> i32 {
-    let hash = group.encode_utf16().fold(0i32, |h, unit| h.wrapping_mul(31).wrapping_add(i32::from(unit)));
-    (if hash == i32::MIN { 0 } else { hash.abs() }) % 50
+    java_partition(group, 50)
 }
 
 async fn txn_commit(client: &mut RawClient, version: i16, id: &str, group: &str, pid: i64, epoch: i16, offset: i64) -> i16 {
@@ -791,5 +798,88 @@ async fn a_hanging_transaction_is_found_and_aborted_and_a_live_one_is_not() {
     assert_eq!(out_latest(&mut client, 0, 1).await, 1);
     assert_eq!(end_txn(&mut client, 3, "live", pid, epoch, true).await, 0);
     assert_eq!(out_latest(&mut client, 0, 1).await, out_latest(&mut client, 0, 0).await);
+    broker.stop().await.unwrap();
+}
+
+/// Every transactional id the broker coordinates, with its state.
+async fn listed(client: &mut RawClient) -> Vec<(String, String)> {
+    let r: ListTransactionsResponse =
+        client.call(ApiKey::ListTransactions, 0, &ListTransactionsRequest::default()).await.unwrap();
+    assert_eq!(r.error_code, 0);
+    r.transaction_states.iter().map(|t| (t.transactional_id.to_string(), t.transaction_state.to_string())).collect()
+}
+
+/// A client taking a new transactional id for every producer (made up, or a fresh one
+/// per run) cannot grow the coordinator's ids past `transactional.id.max.per.partition`,
+/// before or after a restart: the longest idle ids are forgotten, an open transaction
+/// never is, and it still commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_transactional_ids_cannot_grow_the_coordinator_past_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let limited = |c: &mut fjord_broker::BrokerConfig| c.set("transactional.id.max.per.partition", "20").unwrap();
+    let broker = start_with(dir.path(), limited).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let (pid, epoch) = out_and_producer(&mut client, "open").await;
+    assert!(add_partitions(&mut client, 3, "open", pid, epoch, &[("out", &[0])]).await.iter().all(|r| r.2 == 0));
+    for n in 0..400 {
+        let r = init(&mut client, 4, &format!("flood-{n}"), 60_000).await;
+        assert_eq!(r.error_code, 0, "flood-{n}");
+    }
+    let ids = listed(&mut client).await;
+    // 4 partitions of the state topic, at most 20 ids each.
+    assert!(ids.len() <= 80, "{} ids kept", ids.len());
+    assert!(ids.contains(&("open".to_string(), "Ongoing".to_string())), "{ids:?}");
+    // The latest ids are the ones kept: the longest idle went first.
+    assert!(ids.iter().any(|(id, _)| id == "flood-399"), "{ids:?}");
+    assert!(!ids.iter().any(|(id, _)| id == "flood-0"), "{ids:?}");
+    // A forgotten id's producer is fenced as after its expiry.
+    let forgotten = init(&mut client, 4, "flood-0", 60_000).await;
+    assert_eq!(forgotten.error_code, 0);
+    broker.stop().await.unwrap();
+
+    let broker = start_with(dir.path(), limited).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    let ids = listed(&mut client).await;
+    assert!(ids.len() <= 80, "{} ids kept after a restart", ids.len());
+    assert!(ids.contains(&("open".to_string(), "Ongoing".to_string())), "{ids:?}");
+    assert_eq!(end_txn(&mut client, 3, "open", pid, epoch, true).await, 0);
+    assert_eq!(&describe(&mut client, &["open"]).await[0].transaction_state.to_string(), "CompleteCommit");
+    broker.stop().await.unwrap();
+}
+
+/// When every id of a partition of the state topic has a transaction under way, a new id
+/// there is refused (THROTTLING_QUOTA_EXCEEDED) and the open transactions are untouched;
+/// once one ends, its id may be forgotten to make room, and its producer is then unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_transactional_id_waits_while_open_transactions_fill_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start_with(dir.path(), |c| c.set("transactional.id.max.per.partition", "3").unwrap()).await;
+    let mut client = RawClient::connect(broker.addr).await.unwrap();
+    // Four ids of one partition of the state topic (4 partitions here).
+    let ids: Vec<String> = (0..).map(|n| format!("busy-{n}")).filter(|id| java_partition(id, 4) == 0).take(4).collect();
+    let (pid, epoch) = out_and_producer(&mut client, &ids[0]).await;
+    let mut producers = vec![(pid, epoch)];
+    for id in &ids[1..3] {
+        let r = init(&mut client, 4, id, 60_000).await;
+        assert_eq!(r.error_code, 0);
+        producers.push((r.producer_id.0, r.producer_epoch));
+    }
+    for (id, &(pid, epoch)) in ids.iter().zip(&producers) {
+        assert!(add_partitions(&mut client, 3, id, pid, epoch, &[("out", &[0])]).await.iter().all(|r| r.2 == 0));
+    }
+    assert_eq!(init(&mut client, 4, &ids[3], 60_000).await.error_code, THROTTLING_QUOTA_EXCEEDED);
+    let states = describe(&mut client, &[&ids[0], &ids[1], &ids[2]]).await;
+    assert!(states.iter().all(|s| s.transaction_state.as_str() == "Ongoing"), "{states:?}");
+
+    let (pid, epoch) = producers[1];
+    assert_eq!(end_txn(&mut client, 3, &ids[1], pid, epoch, true).await, 0);
+    assert_eq!(init(&mut client, 4, &ids[3], 60_000).await.error_code, 0);
+    // The committed id was the idle one: forgotten, its producer unknown.
+    assert_eq!(describe(&mut client, &[&ids[1]]).await[0].error_code, TRANSACTIONAL_ID_NOT_FOUND);
+    assert_eq!(add_partitions(&mut client, 3, &ids[1], pid, epoch, &[("out", &[1])]).await[0].2, INVALID_PRODUCER_ID_MAPPING);
+    for i in [0, 2] {
+        let (pid, epoch) = producers[i];
+        assert_eq!(end_txn(&mut client, 3, &ids[i], pid, epoch, true).await, 0, "{}", ids[i]);
+    }
     broker.stop().await.unwrap();
 }

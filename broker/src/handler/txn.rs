@@ -135,6 +135,12 @@ impl Broker {
         };
         let expected = (version >= 3 && request.producer_id.0 >= 0).then_some((request.producer_id.0, request.producer_epoch));
         let mut current = slot.lock().await;
+        if current.is_none() {
+            // A new id: under the coordinator's limit on ids.
+            if let Err(e) = self.make_room_for_txn_id(&loaded, id).await {
+                return respond(Err(e));
+            }
+        }
         let now = now_ms();
         let plan = match current.as_ref() {
             None => Ok(InitPlan::NewProducerId),
@@ -512,6 +518,19 @@ impl Broker {
         ];
         let unknown: Vec<StrBytes> =
             request.state_filters.iter().filter(|f| !STATES.iter().any(|s| s.name() == f.as_str())).cloned().collect();
+        // Every partition of the state topic this broker leads is loaded first: listing
+        // only those loaded so far answered an empty list right after a restart. One that
+        // cannot load is COORDINATOR_LOAD_IN_PROGRESS, as Kafka answers while loading.
+        if self.topics.get(crate::txn::TOPIC).is_some() {
+            for partition in 0..self.txn_partitions() {
+                match self.txn_loaded(partition).await {
+                    Ok(_) | Err(ResponseError::NotCoordinator) => {}
+                    Err(e) => {
+                        return ResponseKind::ListTransactions(ListTransactionsResponse::default().with_error_code(e.code()))
+                    }
+                }
+            }
+        }
         let now = now_ms();
         let mut listed = Vec::new();
         for loaded in self.txns.loaded() {

@@ -365,8 +365,13 @@ impl TxnMetadata {
     /// Whether the id may be forgotten at `now_ms`: no transaction open or being completed
     /// for `expiration_ms` (`transactional.id.expiration.ms`).
     pub(crate) fn expired(&self, now_ms: i64, expiration_ms: i64) -> bool {
+        self.idle() && now_ms.saturating_sub(self.last_update_ms) > expiration_ms
+    }
+
+    /// No transaction open or being completed: the id may be forgotten without leaving
+    /// anything unfinished (at its expiry, or for the coordinator's limit on ids).
+    pub(crate) fn idle(&self) -> bool {
         matches!(self.state, TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort)
-            && now_ms.saturating_sub(self.last_update_ms) > expiration_ms
     }
 }
 
