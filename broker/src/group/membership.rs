@@ -70,6 +70,7 @@ impl GroupCoordinator {
             let mut entry = entry.lock().await;
             let (outcome, replies) = entry.group.join(join, Instant::now(), initial_delay);
             replies.into_iter().for_each(Reply::deliver);
+            self.inner.tick_group(&entry);
             // Answered at once without an error: a static member took its old place in a
             // Stable group, so the ownership registry names a member id that changed.
             let group = &entry.group;

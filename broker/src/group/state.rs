@@ -628,6 +628,12 @@ impl Group {
         replies
     }
 
+    /// Whether the ticker has anything to do for the group: sessions to expire, a
+    /// rebalance to complete, handed-out member ids to drop.
+    pub(crate) fn needs_ticks(&self) -> bool {
+        !self.members.is_empty() || self.state != GroupState::Empty || !self.pending_member_ids.is_empty()
+    }
+
     /// Each member's id and assignment, once Stable (for the ownership registry).
     pub(crate) fn assignments(&self) -> Vec<(String, Bytes)> {
         self.members.values().map(|m| (m.member_id.clone(), m.assignment.clone())).collect()
