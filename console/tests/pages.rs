@@ -305,6 +305,11 @@ async fn the_mirror_page_shows_its_group_lag_status_and_gaps() {
     );
 
     kcat_produce(&sys.broker, "orders", "k1\tv1\nk2\tv2\nk3\tv3\n", None);
+    // The target topic takes records up to 2000 bytes: a larger one is held (below).
+    let admin = fjord_client::Admin::connect(fjord_client::ClientConfig::new(&sys.broker)).await.unwrap();
+    let mut target = fjord_client::NewTopic::new("dc1.orders", 1);
+    target.configs.insert("max.message.bytes".into(), "2000".into());
+    admin.create_topics(&[target]).await.unwrap();
     let mut config = fjord_mirror::MirrorConfig::new(
         vec![fjord_mirror::SourceConfig::parse(&format!("dc1={}", sys.broker)).unwrap()],
         sys.broker.clone(),
@@ -332,6 +337,17 @@ async fn the_mirror_page_shows_its_group_lag_status_and_gaps() {
     assert!(page.contains("id=\"source-list\""), "{page}");
     assert!(page.contains("<td>dc1</td>") && page.contains("<td>up</td>"), "{page}");
     assert!(page.contains("<td>dc1.orders</td>"), "the target topic: {page}");
+    assert!(!page.contains("id=\"held-partitions\""), "nothing is held yet: {page}");
+
+    // A record the target refuses: its partition is held, and the page says so and why.
+    kcat_produce(&sys.broker, "orders", &format!("k5\t{}\n", "x".repeat(5000)), None);
+    until(60, "the partition held at the refused record", async || {
+        let (_, page) = sys.get("/ui/mirror").await;
+        page.contains("id=\"held-partitions\"")
+            && page.contains("<tr class=\"warn held\">")
+            && page.contains("<td class=\"refused\">the target refuses the record at offset ")
+    })
+    .await;
 
     // A gap as the mirror records it (JSON keyed source/topic-partition), with a hostile alias.
     let gap = fjord_audit::GapRecord {

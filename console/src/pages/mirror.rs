@@ -8,7 +8,8 @@
 //! - the gaps it recorded in `_mirror_gaps`: source offsets retention deleted before
 //!   they were copied;
 //! - with the mirror's metrics address configured (`mirror_url`), its own status: each
-//!   source's state, last error and counts, and the lag as the mirror sees it.
+//!   source's state, last error and counts, the lag as the mirror sees it, and the
+//!   partitions it holds because the target refuses the record at their position.
 
 use std::sync::Arc;
 
@@ -184,6 +185,7 @@ async fn status_section(c: &Console, caller: &Caller, url: &str) -> Markup {
         }
     };
     let partitions = status.sources.iter().map(|s| s.partitions.len()).sum::<usize>();
+    let held = status.sources.iter().flat_map(|s| &s.partitions).filter(|p| p.refused.is_some()).count();
     html! {
         h2 #sources { "Sources" }
         p.hint { "As the mirror at " code { (url) } " reports them." }
@@ -205,15 +207,23 @@ async fn status_section(c: &Console, caller: &Caller, url: &str) -> Markup {
                 }
             }
         }
+        @if held > 0 {
+            p #held-partitions .warn {
+                strong { (held) " held" } ": the target refuses the record at their position (too large, invalid, stamped outside its limits). "
+                "Each waits there and is sent again now and then while the other partitions go on; "
+                code { "--dead-letter-topic" } " would set such records aside."
+            }
+        }
         @if partitions > 0 {
             table #source-partitions {
-                thead { tr { th { "source" } th { "topic" } th.num { "partition" } th { "target topic" } th.num { "mirrored" } th.num { "source log end" } th.num { "lag" } } }
+                thead { tr { th { "source" } th { "topic" } th.num { "partition" } th { "target topic" } th.num { "mirrored" } th.num { "source log end" } th.num { "lag" } th { "held" } } }
                 tbody {
                     @for s in &status.sources {
                         @for p in &s.partitions {
-                            tr {
+                            tr.(if p.refused.is_some() { "warn held" } else { "" }) {
                                 td { (s.alias) } td { (p.topic) } td.num { (p.partition) } td { (p.target_topic) }
                                 td.num { (p.mirrored) } td.num { (p.log_end) } td.num { @if let Some(l) = p.lag { (l) } @else { "?" } }
+                                td.refused { (p.refused.as_deref().unwrap_or("")) }
                             }
                         }
                     }
