@@ -97,6 +97,11 @@ struct GroupEntry {
 }
 
 impl GroupEntry {
+    /// A group nobody joined, with no offsets.
+    fn new(group_id: &str) -> Self {
+        Self { group: Group::new(group_id), offsets: BTreeMap::new(), pending_txn: Default::default() }
+    }
+
     /// Whether the group exists as Kafka sees it: it has members or committed offsets.
     /// An entry without either (a FindCoordinator or a describe of a group nobody
     /// joined) is a group that never existed: ListGroups leaves it out, DescribeGroups
@@ -176,9 +181,10 @@ impl GroupCoordinator {
 
     /// The group's entry if the group exists, without creating it: a group exists while
     /// it has members or committed offsets (Kafka drops a group that has neither). A
-    /// group no broker coordinates yet is claimed here, as FindCoordinator does; its
-    /// entry is kept only if the registry holds offsets for it. `Err` carries the error
-    /// code to answer with (NOT_COORDINATOR when another broker coordinates it).
+    /// group no broker coordinates yet is claimed here only if the registry holds
+    /// offsets for it, so asking about made-up groups (DescribeGroups, OffsetFetch,
+    /// Heartbeat, ...) writes nothing. `Err` carries the error code to answer with
+    /// (NOT_COORDINATOR when another broker coordinates it).
     async fn lookup(&self, group_id: &str) -> Result<Option<Arc<Mutex<GroupEntry>>>, ResponseError> {
         if group_id.is_empty() {
             return Err(ResponseError::InvalidGroupId);
@@ -188,12 +194,17 @@ impl GroupCoordinator {
             let exists = entry.lock().await.exists();
             return Ok(exists.then_some(entry));
         }
-        if self.inner.claim(group_id).await? != self.inner.endpoint.broker_id {
+        let me = self.inner.endpoint.broker_id;
+        let holder = self.inner.holder(group_id).await?;
+        if holder.is_some_and(|h| h != me) {
             return Err(ResponseError::NotCoordinator);
         }
         let (offsets, pending_txn) = self.inner.load_group_offsets(group_id).await?;
         if offsets.is_empty() && pending_txn.is_empty() {
             return Ok(None);
+        }
+        if holder.is_none() && self.inner.claim(group_id).await? != me {
+            return Err(ResponseError::NotCoordinator);
         }
         Ok(Some(self.inner.hold(group_id, offsets, pending_txn)))
     }
@@ -215,10 +226,10 @@ impl GroupCoordinator {
         Err(ResponseError::NotCoordinator)
     }
 
-    /// A group this broker already coordinates; requests other than JoinGroup and
-    /// the offset APIs never create one.
+    /// A group this broker already coordinates, with members; requests other than
+    /// JoinGroup and the offset APIs never create one (nor claim it).
     async fn existing(&self, group_id: &str) -> Result<Arc<Mutex<GroupEntry>>, ResponseError> {
-        let entry = self.entry(group_id).await?;
+        let entry = self.lookup(group_id).await?.ok_or(ResponseError::UnknownMemberId)?;
         if entry.lock().await.group.state == GroupState::Empty {
             return Err(ResponseError::UnknownMemberId);
         }

@@ -73,3 +73,52 @@ async fn a_broker_whose_group_was_claimed_by_another_answers_not_coordinator() {
     assert_eq!(r.topics[0].partitions[0].error_code, 0);
     assert_eq!(committed(&mut new).await, (0, Some(12)));
 }
+
+/// Asking about groups that do not exist (FindCoordinator, DescribeGroups, OffsetFetch,
+/// Heartbeat, SyncGroup, LeaveGroup) answers as Kafka does and writes nothing in the
+/// registry: each such question took the group's coordinator node before, leaving a
+/// node in ZooKeeper for good per made-up group id. A group that commits is claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn questions_about_made_up_groups_leave_nothing_in_the_registry() {
+    const UNKNOWN_MEMBER_ID: i16 = 25;
+    let cluster = Cluster::builder().brokers(1).start().await.unwrap();
+    cluster.create_topic("t", 1, &[], Duration::from_secs(30)).await.unwrap();
+    let mut client = RawClient::connect(cluster.addr(0).parse::<SocketAddr>().unwrap()).await.unwrap();
+    for n in 0..20 {
+        let g = GroupId(s(&format!("made-up-{n}")));
+        let found: FindCoordinatorResponse =
+            client.call(ApiKey::FindCoordinator, 3, &FindCoordinatorRequest::default().with_key(g.0.clone())).await.unwrap();
+        assert_eq!((found.error_code, found.node_id.0), (0, 0));
+        let described: DescribeGroupsResponse =
+            client.call(ApiKey::DescribeGroups, 5, &DescribeGroupsRequest::default().with_groups(vec![g.clone()])).await.unwrap();
+        assert_eq!((described.groups[0].error_code, described.groups[0].group_state.as_str()), (0, "Dead"));
+        let fetch = OffsetFetchRequest::default().with_group_id(g.clone()).with_topics(Some(vec![
+            offset_fetch_request::OffsetFetchRequestTopic::default().with_name(TopicName(s("t"))).with_partition_indexes(vec![0]),
+        ]));
+        let fetched: OffsetFetchResponse = client.call(ApiKey::OffsetFetch, 7, &fetch).await.unwrap();
+        assert_eq!((fetched.error_code, fetched.topics[0].partitions[0].committed_offset), (0, -1));
+        let beat = HeartbeatRequest::default().with_group_id(g.clone()).with_member_id(s("m")).with_generation_id(1);
+        let beat: HeartbeatResponse = client.call(ApiKey::Heartbeat, 3, &beat).await.unwrap();
+        assert_eq!(beat.error_code, UNKNOWN_MEMBER_ID);
+        let sync = SyncGroupRequest::default().with_group_id(g.clone()).with_member_id(s("m")).with_generation_id(1);
+        let sync: SyncGroupResponse = client.call(ApiKey::SyncGroup, 3, &sync).await.unwrap();
+        assert_eq!(sync.error_code, UNKNOWN_MEMBER_ID);
+        let leave: LeaveGroupResponse = client
+            .call(ApiKey::LeaveGroup, 0, &LeaveGroupRequest::default().with_group_id(g).with_member_id(s("m")))
+            .await
+            .unwrap();
+        assert_eq!(leave.error_code, UNKNOWN_MEMBER_ID);
+    }
+    let groups = match cluster.store().children(paths::CONSUMERS).await {
+        Ok(children) => children,
+        Err(fjord_coord::Error::NoNode { .. }) => Vec::new(),
+        Err(e) => panic!("{e}"),
+    };
+    assert!(groups.is_empty(), "registry nodes of made-up groups: {groups:?}");
+
+    // A group that commits is claimed and keeps its offsets.
+    let r: OffsetCommitResponse = client.call(ApiKey::OffsetCommit, 7, &commit(3)).await.unwrap();
+    assert_eq!(r.topics[0].partitions[0].error_code, 0);
+    assert_eq!(committed(&mut client).await, (0, Some(3)));
+    assert!(cluster.store().get(&paths::group_coordinator(GROUP)).await.unwrap().is_some());
+}

@@ -3,15 +3,17 @@
 //! group's lock, deliver the replies after releasing it, update the ownership
 //! registry).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
+use tokio::sync::Mutex;
 
 use super::state::{self, GroupState, JoinOutcome, JoinRequest, Reply, SyncOutcome};
-use super::GroupCoordinator;
+use super::{GroupCoordinator, GroupEntry};
 
 impl GroupCoordinator {
     pub(crate) async fn join_group(
@@ -163,8 +165,11 @@ impl GroupCoordinator {
         } else {
             vec![(request.member_id.to_string(), None)]
         };
-        let entry = match self.entry(&request.group_id).await {
-            Ok(entry) => entry,
+        // A group that does not exist is not made for the answer: its members are as
+        // unknown as they would be in a new group (UNKNOWN_MEMBER_ID).
+        let (entry, known) = match self.lookup(&request.group_id).await {
+            Ok(Some(entry)) => (entry, true),
+            Ok(None) => (Arc::new(Mutex::new(GroupEntry::new(&request.group_id))), false),
             Err(e) => return ResponseKind::LeaveGroup(LeaveGroupResponse::default().with_error_code(e.code())),
         };
         let mut members = Vec::new();
@@ -189,7 +194,7 @@ impl GroupCoordinator {
                         .with_error_code(code),
                 );
             }
-            (entry.group.state == GroupState::Empty).then_some(entry.group.generation_id)
+            (known && entry.group.state == GroupState::Empty).then_some(entry.group.generation_id)
         };
         if let Some(generation) = became_empty {
             self.inner.write_owners(&request.group_id, generation, None, &[]).await;

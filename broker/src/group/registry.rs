@@ -14,23 +14,35 @@ use serde::{Deserialize, Serialize};
 use super::offsets::CommittedOffset;
 use super::Inner;
 
+#[derive(Serialize, Deserialize)]
+struct Holder {
+    broker_id: i32,
+}
+
+fn unavailable(group_id: &str) -> impl Fn(fjord_coord::Error) -> ResponseError + '_ {
+    move |e| {
+        tracing::warn!(group = group_id, error = %e, "coordinator registry unavailable");
+        ResponseError::CoordinatorNotAvailable
+    }
+}
+
 impl Inner {
+    /// The broker holding `/consumers/<group>/coordinator`, if any; writes nothing.
+    pub(super) async fn holder(&self, group_id: &str) -> Result<Option<i32>, ResponseError> {
+        let path = paths::group_coordinator(&group_node(group_id));
+        let held = registry::read_json::<Holder>(&*self.store, &path).await.map_err(unavailable(group_id))?;
+        Ok(held.map(|(holder, _)| holder.broker_id))
+    }
+
     /// Makes sure `/consumers/<group>/coordinator` names a broker, taking it for this
     /// broker if nobody holds it. Returns the holder's broker id.
     pub(super) async fn claim(&self, group_id: &str) -> Result<i32, ResponseError> {
-        #[derive(Serialize, Deserialize)]
-        struct Holder {
-            broker_id: i32,
-        }
         let path = paths::group_coordinator(&group_node(group_id));
         let store: &dyn MetadataStore = &*self.store;
-        let unavailable = |e: fjord_coord::Error| {
-            tracing::warn!(group = group_id, error = %e, "coordinator registry unavailable");
-            ResponseError::CoordinatorNotAvailable
-        };
+        let unavailable = unavailable(group_id);
         loop {
-            if let Some((holder, _)) = registry::read_json::<Holder>(store, &path).await.map_err(unavailable)? {
-                return Ok(holder.broker_id);
+            if let Some(holder) = self.holder(group_id).await? {
+                return Ok(holder);
             }
             let me = registry::to_json(&Holder { broker_id: self.endpoint.broker_id });
             match fjord_coord::create_all(store, &path, &me, CreateMode::Ephemeral).await {
