@@ -328,7 +328,9 @@ async fn ticker(inner: Weak<Inner>) {
         inner.tick().await;
         ticks = ticks.wrapping_add(1);
         if ticks.is_multiple_of(EVICTION_TICKS) {
-            inner.evict_idle(Instant::now());
+            for group_id in inner.evict_idle(Instant::now()) {
+                inner.release(&group_id).await;
+            }
         }
     }
 }
@@ -337,18 +339,29 @@ impl Inner {
     /// Drops from memory the groups with nothing to tick, no pending transactional
     /// offsets and no request for [`IDLE_EVICTION`]; a group some request holds is kept.
     /// Their committed offsets are in the registry, and their coordinator node stays
-    /// this broker's, so the next request loads them again, as after a restart.
-    fn evict_idle(&self, now: Instant) {
+    /// this broker's, so the next request loads them again, as after a restart. Returns
+    /// the groups dropped that do not exist (no offsets either), for
+    /// [`Inner::release`].
+    fn evict_idle(&self, now: Instant) -> Vec<String> {
         let mut groups = self.groups.lock().expect("groups lock");
         let before = groups.len();
-        groups.retain(|_, held| {
-            now.duration_since(held.used) < IDLE_EVICTION
-                || held.entry.try_lock().map_or(true, |e| e.group.needs_ticks() || !e.pending_txn.is_empty())
+        let mut gone = Vec::new();
+        groups.retain(|id, held| {
+            if now.duration_since(held.used) < IDLE_EVICTION {
+                return true;
+            }
+            let Ok(entry) = held.entry.try_lock() else { return true };
+            let keep = entry.group.needs_ticks() || !entry.pending_txn.is_empty();
+            if !keep && !entry.exists() {
+                gone.push(id.clone());
+            }
+            keep
         });
         let evicted = before - groups.len();
         if evicted > 0 {
-            tracing::debug!(evicted, kept = groups.len(), "idle groups left memory");
+            tracing::debug!(evicted, gone = gone.len(), kept = groups.len(), "idle groups left memory");
         }
+        gone
     }
 }
 
@@ -435,13 +448,25 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
 
-        // Used just now: kept. Idle past IDLE_EVICTION: gone, offsets still there.
+        // Used just now: kept. Idle past IDLE_EVICTION: gone, offsets still there; the
+        // group that came and went without offsets leaves nothing in the registry.
         assert_eq!(in_memory(&groups), 101);
-        groups.inner.evict_idle(Instant::now());
+        assert!(groups.inner.evict_idle(Instant::now()).is_empty());
         assert_eq!(in_memory(&groups), 101);
-        groups.inner.evict_idle(Instant::now() + IDLE_EVICTION + Duration::from_secs(1));
+        let live = fjord_coord::paths::group_coordinator("live");
+        assert!(groups.inner.store.get(&live).await.unwrap().is_some());
+        let gone = groups.inner.evict_idle(Instant::now() + IDLE_EVICTION + Duration::from_secs(1));
+        assert_eq!(gone, vec!["live".to_string()]);
         assert_eq!(in_memory(&groups), 0);
+        groups.inner.release("live").await;
+        let mut left = groups.inner.store.children(fjord_coord::paths::CONSUMERS).await.unwrap();
+        left.sort();
+        assert_eq!(left.len(), 100, "{left:?}");
+        assert!(!left.contains(&"live".to_string()), "{left:?}");
         assert_eq!(committed(&groups, "g7").await, 7);
         assert_eq!(in_memory(&groups), 1);
+        // Releasing a group that has offsets leaves them, even when asked to.
+        groups.inner.release("g8").await;
+        assert_eq!(committed(&groups, "g8").await, 8);
     }
 }

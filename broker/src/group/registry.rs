@@ -53,6 +53,42 @@ impl Inner {
         }
     }
 
+    /// Gives up the coordinator node of a group that left memory without existing (no
+    /// members, no offsets) and removes its registry nodes that are then empty, so a
+    /// group that came and went leaves nothing behind, as Kafka drops such a group. The
+    /// node is left to another broker holding it; nodes with children (offsets a commit
+    /// wrote meanwhile) stay. Errors are logged: what stays is only untidy.
+    pub(super) async fn release(&self, group_id: &str) {
+        if self.groups.lock().expect("groups lock").contains_key(group_id) {
+            return;
+        }
+        let store: &dyn MetadataStore = &*self.store;
+        let root = group_root(group_id);
+        let node = paths::group_coordinator(&group_node(group_id));
+        let gone = |r: fjord_coord::Result<()>| match r {
+            Ok(()) | Err(fjord_coord::Error::NoNode { .. }) => true,
+            Err(fjord_coord::Error::NotEmpty { .. } | fjord_coord::Error::BadVersion { .. }) => false,
+            Err(e) => {
+                tracing::debug!(group = group_id, error = %e, "could not remove a gone group's registry nodes");
+                false
+            }
+        };
+        match registry::read_json::<Holder>(store, &node).await {
+            Ok(Some((holder, stat))) if holder.broker_id == self.endpoint.broker_id => {
+                if !gone(store.delete(&node, Some(stat.version)).await) {
+                    return;
+                }
+            }
+            Ok(None) => {}
+            Ok(Some(_)) | Err(_) => return,
+        }
+        for path in [format!("{root}/owners"), format!("{root}/offsets"), root.clone()] {
+            if !gone(store.delete(&path, None).await) {
+                return;
+            }
+        }
+    }
+
     pub(super) async fn load_offsets(&self, group_id: &str) -> fjord_coord::Result<BTreeMap<(String, i32), CommittedOffset>> {
         let store: &dyn MetadataStore = &*self.store;
         let root = format!("{}/offsets", group_root(group_id));
