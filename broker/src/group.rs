@@ -126,6 +126,10 @@ struct Inner {
     /// the entry's lock, and dropped by the ticker, under it too, once the group has
     /// nothing left to expire. Lock order: `groups`, then `ticking`.
     ticking: std::sync::Mutex<HashSet<String>>,
+    /// Groups FindCoordinator took for this broker, with when: given up after
+    /// [`FOUND_RELEASE`] unless a request brought them into memory (see
+    /// [`Inner::release_found`]).
+    found: std::sync::Mutex<HashMap<String, Instant>>,
     /// Serialises ownership-registry rewrites; the value is the last generation
     /// written per group, so a slow older rewrite never overwrites a newer one.
     owners_written: Mutex<HashMap<String, i32>>,
@@ -145,6 +149,9 @@ const TICK: Duration = Duration::from_millis(100);
 const IDLE_EVICTION: Duration = Duration::from_secs(600);
 /// Ticks between two looks for idle groups to evict (a minute).
 const EVICTION_TICKS: u32 = 600;
+/// How long a group FindCoordinator took waits for the JoinGroup or commit that brings
+/// it into memory before its node is given up: clients send those right after.
+const FOUND_RELEASE: Duration = Duration::from_secs(60);
 
 impl GroupCoordinator {
     /// Creates the coordinator and starts its session-expiry ticker, which stops by
@@ -156,6 +163,7 @@ impl GroupCoordinator {
             config,
             groups: std::sync::Mutex::new(HashMap::new()),
             ticking: std::sync::Mutex::new(HashSet::new()),
+            found: std::sync::Mutex::new(HashMap::new()),
             owners_written: Mutex::new(HashMap::new()),
         });
         tokio::spawn(ticker(Arc::downgrade(&inner)));
@@ -331,11 +339,29 @@ async fn ticker(inner: Weak<Inner>) {
             for group_id in inner.evict_idle(Instant::now()) {
                 inner.release(&group_id).await;
             }
+            inner.release_found(Instant::now()).await;
         }
     }
 }
 
 impl Inner {
+    /// Gives up the groups FindCoordinator took at least [`FOUND_RELEASE`] before `now`
+    /// that no request brought into memory since (made-up ids, or a client that went
+    /// away): each claim left a node in the registry for good before. A group with
+    /// offsets keeps them, and the next request claims it again.
+    async fn release_found(&self, now: Instant) {
+        let due: Vec<String> = {
+            let mut found = self.found.lock().expect("found lock");
+            let due =
+                found.iter().filter(|(_, at)| now.duration_since(**at) >= FOUND_RELEASE).map(|(id, _)| id.clone()).collect();
+            found.retain(|_, at| now.duration_since(*at) < FOUND_RELEASE);
+            due
+        };
+        for group_id in due {
+            self.release(&group_id).await;
+        }
+    }
+
     /// Drops from memory the groups with nothing to tick, no pending transactional
     /// offsets and no request for [`IDLE_EVICTION`]; a group some request holds is kept.
     /// Their committed offsets are in the registry, and their coordinator node stays
@@ -468,5 +494,21 @@ mod tests {
         // Releasing a group that has offsets leaves them, even when asked to.
         groups.inner.release("g8").await;
         assert_eq!(committed(&groups, "g8").await, 8);
+
+        // FindCoordinator takes a group nobody holds; given up a while later unless a
+        // request brought it into memory.
+        for key in ["asked", "g9"] {
+            let find = FindCoordinatorRequest::default().with_key(StrBytes::from_static_str(key));
+            groups.find_coordinator(find, 3, "PLAINTEXT").await;
+        }
+        let asked = fjord_coord::paths::group_coordinator("asked");
+        assert!(groups.inner.store.get(&asked).await.unwrap().is_some());
+        groups.inner.release_found(Instant::now()).await;
+        assert!(groups.inner.store.get(&asked).await.unwrap().is_some(), "given up at once");
+        assert_eq!(committed(&groups, "g9").await, 9);
+        groups.inner.release_found(Instant::now() + FOUND_RELEASE + Duration::from_secs(1)).await;
+        assert!(groups.inner.store.get(&asked).await.unwrap().is_none());
+        assert!(groups.inner.store.children(fjord_coord::paths::CONSUMERS).await.unwrap().iter().all(|g| g != "asked"));
+        assert!(groups.inner.store.get(&fjord_coord::paths::group_coordinator("g9")).await.unwrap().is_some());
     }
 }

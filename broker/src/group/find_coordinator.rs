@@ -1,5 +1,5 @@
-//! FindCoordinator: where a group's coordinator is; this broker when no broker holds it
-//! (transactional ids, key type 1, are `crate::handler::txn`'s).
+//! FindCoordinator: where a group's coordinator is, claiming it for this broker when
+//! no broker holds it (transactional ids, key type 1, are `crate::handler::txn`'s).
 
 use fjord_coord::{paths, registry};
 use kafka_protocol::error::ResponseError;
@@ -48,15 +48,25 @@ impl GroupCoordinator {
         ResponseKind::FindCoordinator(coordinators_response(version, coordinators))
     }
 
-    /// Where the group's coordinator is, on `listener`: the registered broker that holds
-    /// the coordinator node (one without that listener is as good as unreachable), or
-    /// this broker when nobody does. The node is not taken here but by the request that
-    /// follows (JoinGroup, OffsetCommit), so asking about made-up groups writes nothing
-    /// in the registry; had it been taken here, each left a node behind for good. When
-    /// another broker takes the group first, that request gets NOT_COORDINATOR and the
-    /// client asks again, as after any coordinator move.
+    /// Where the group's coordinator is, on `listener`: this broker if it holds (or can
+    /// take) the coordinator node, otherwise the registered broker that holds it (one
+    /// without that listener is as good as unreachable). The node is taken here, so that
+    /// every client of the group is sent to the same broker (answering "this broker"
+    /// without taking it sent clients asking different brokers to different places, and
+    /// librdkafka's `committed()` gives up on the NOT_COORDINATOR that follows); a node
+    /// taken for a group no request then brings into memory is given up after
+    /// [`super::FOUND_RELEASE`], so made-up group ids leave nothing behind.
     async fn locate(&self, group_id: &str, listener: &str) -> Result<(i32, String, u16), ResponseError> {
-        let owner = self.inner.holder(group_id).await?.unwrap_or(self.inner.endpoint.broker_id);
+        let owner = match self.inner.holder(group_id).await? {
+            Some(holder) => holder,
+            None => {
+                let owner = self.inner.claim(group_id).await?;
+                if owner == self.inner.endpoint.broker_id {
+                    self.inner.found.lock().expect("found lock").insert(group_id.to_owned(), std::time::Instant::now());
+                }
+                owner
+            }
+        };
         if owner == self.inner.endpoint.broker_id {
             let own = self.inner.endpoint.listeners.iter().find(|l| l.name == listener);
             return own.map(|l| (owner, l.host.clone(), l.port)).ok_or(ResponseError::CoordinatorNotAvailable);
