@@ -11,12 +11,16 @@
 //! Every transition that answers waiting members hands the answers back as
 //! [`Reply`] values; the caller delivers them after releasing the group's lock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use tokio::sync::oneshot;
+
+/// How long a member id handed out with MEMBER_ID_REQUIRED stays valid for the JoinGroup
+/// that uses it (Kafka keeps it for the session timeout; five minutes here).
+const PENDING_MEMBER_ID_LIFETIME: Duration = Duration::from_secs(300);
 
 /// Answer to a JoinGroup request that had to wait for the rebalance.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -153,8 +157,13 @@ pub(crate) struct Group {
     pub(crate) protocol_name: Option<String>,
     pub(crate) leader: Option<String>,
     pub(crate) members: BTreeMap<String, Member>,
-    /// Member ids handed out with MEMBER_ID_REQUIRED and not yet used.
+    /// Member ids handed out with MEMBER_ID_REQUIRED and not yet used, and the same in
+    /// the order they were handed out, so those past [`PENDING_MEMBER_ID_LIFETIME`] are
+    /// dropped from the front when the group is next used ([`Group::drop_stale_pending`])
+    /// rather than by the ticker: a group holding only such ids (a client that never
+    /// came back, or made-up group ids) then costs the ticker nothing.
     pending_member_ids: HashMap<String, Instant>,
+    pending_order: VecDeque<(Instant, String)>,
     /// When the current rebalance gives up on members that have not rejoined.
     pub(crate) rebalance_deadline: Option<Instant>,
     /// Until then a rebalance of an empty group waits for more members to arrive
@@ -174,6 +183,7 @@ impl Group {
             leader: None,
             members: BTreeMap::new(),
             pending_member_ids: HashMap::new(),
+            pending_order: VecDeque::new(),
             rebalance_deadline: None,
             initial_delay_until: None,
             next_member: 0,
@@ -203,6 +213,7 @@ impl Group {
                 return reject(ResponseError::InconsistentGroupProtocol);
             }
         }
+        self.drop_stale_pending(now);
         let mut member_id = req.member_id.clone();
         if member_id.is_empty() {
             member_id = self.new_member_id(&req.client_id);
@@ -217,6 +228,7 @@ impl Group {
                 }
             } else if req.requires_known_member_id {
                 self.pending_member_ids.insert(member_id.clone(), now);
+                self.pending_order.push_back((now, member_id.clone()));
                 return (JoinOutcome::Now(JoinResult::error(ResponseError::MemberIdRequired, &member_id)), Vec::new());
             }
             return self.add_and_rebalance(member_id, req, now, initial_delay);
@@ -624,14 +636,29 @@ impl Group {
             let deadline_passed = self.rebalance_deadline.is_some_and(|d| d <= now);
             replies.extend(self.try_complete_join(now, deadline_passed));
         }
-        self.pending_member_ids.retain(|_, created| now.duration_since(*created) < Duration::from_secs(300));
+        self.drop_stale_pending(now);
         replies
     }
 
+    /// Forgets the pending member ids handed out [`PENDING_MEMBER_ID_LIFETIME`] or more
+    /// before `now`: amortised O(1), from the front of the hand-out order.
+    fn drop_stale_pending(&mut self, now: Instant) {
+        while let Some((created, _)) = self.pending_order.front() {
+            if now.duration_since(*created) < PENDING_MEMBER_ID_LIFETIME {
+                break;
+            }
+            let (created, id) = self.pending_order.pop_front().expect("front exists");
+            // Used since (and removed), or handed out again later: not this entry's to drop.
+            if self.pending_member_ids.get(&id) == Some(&created) {
+                self.pending_member_ids.remove(&id);
+            }
+        }
+    }
+
     /// Whether the ticker has anything to do for the group: sessions to expire, a
-    /// rebalance to complete, handed-out member ids to drop.
+    /// rebalance to complete. Pending member ids expire when the group is next used.
     pub(crate) fn needs_ticks(&self) -> bool {
-        !self.members.is_empty() || self.state != GroupState::Empty || !self.pending_member_ids.is_empty()
+        !self.members.is_empty() || self.state != GroupState::Empty
     }
 
     /// Each member's id and assignment, once Stable (for the ownership registry).
@@ -945,5 +972,29 @@ mod tests {
         assert!(rx.try_recv().is_err(), "waits for the initial delay");
         deliver(group.tick(now + delay));
         assert_eq!(rx.try_recv().unwrap().generation_id, 1);
+    }
+
+    /// A member id handed out with MEMBER_ID_REQUIRED is good for five minutes without
+    /// the ticker: the group does not need ticks for it, and a JoinGroup after that
+    /// finds it forgotten.
+    #[test]
+    fn pending_member_ids_expire_without_ticks() {
+        let now = Instant::now();
+        let mut group = Group::new("g");
+        let (outcome, _) = group.join(request(""), now, Duration::ZERO);
+        let JoinOutcome::Now(first) = outcome else { panic!() };
+        assert_eq!(first.error, ResponseError::MemberIdRequired.code());
+        assert!(!group.needs_ticks());
+        let later = now + PENDING_MEMBER_ID_LIFETIME + Duration::from_secs(1);
+        let (outcome, _) = group.join(request(&first.member_id), later, Duration::ZERO);
+        let JoinOutcome::Now(refused) = outcome else { panic!("a stale pending id was taken") };
+        assert_eq!(refused.error, ResponseError::UnknownMemberId.code());
+        assert!(group.pending_member_ids.is_empty() && group.pending_order.is_empty());
+        // Within the lifetime it is taken.
+        let (outcome, _) = group.join(request(""), later, Duration::ZERO);
+        let JoinOutcome::Now(second) = outcome else { panic!() };
+        let (outcome, _) = group.join(request(&second.member_id), later + Duration::from_secs(299), Duration::ZERO);
+        assert!(matches!(outcome, JoinOutcome::Wait(_)), "a fresh pending id was refused");
+        assert!(group.needs_ticks());
     }
 }
