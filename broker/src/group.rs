@@ -130,6 +130,11 @@ struct Inner {
     /// [`FOUND_RELEASE`] unless a request brought them into memory (see
     /// [`Inner::release_found`]).
     found: std::sync::Mutex<HashMap<String, Instant>>,
+    /// Gone groups whose registry nodes are to be given up ([`Inner::release`]), by the
+    /// one release task at a time ([`Inner::releasing`]): each node is a store round
+    /// trip, and thousands of them must not hold up the ticker (sessions, rebalances).
+    to_release: std::sync::Mutex<Vec<String>>,
+    releasing: std::sync::atomic::AtomicBool,
     /// Serialises ownership-registry rewrites; the value is the last generation
     /// written per group, so a slow older rewrite never overwrites a newer one.
     owners_written: Mutex<HashMap<String, i32>>,
@@ -164,6 +169,8 @@ impl GroupCoordinator {
             groups: std::sync::Mutex::new(HashMap::new()),
             ticking: std::sync::Mutex::new(HashSet::new()),
             found: std::sync::Mutex::new(HashMap::new()),
+            to_release: std::sync::Mutex::new(Vec::new()),
+            releasing: std::sync::atomic::AtomicBool::new(false),
             owners_written: Mutex::new(HashMap::new()),
         });
         tokio::spawn(ticker(Arc::downgrade(&inner)));
@@ -336,29 +343,48 @@ async fn ticker(inner: Weak<Inner>) {
         inner.tick().await;
         ticks = ticks.wrapping_add(1);
         if ticks.is_multiple_of(EVICTION_TICKS) {
-            for group_id in inner.evict_idle(Instant::now()) {
-                inner.release(&group_id).await;
+            let now = Instant::now();
+            let gone = inner.evict_idle(now);
+            let due = inner.found_due(now);
+            inner.to_release.lock().expect("release lock").extend(gone.into_iter().chain(due));
+            if !inner.releasing.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                tokio::spawn(inner.clone().release_all());
             }
-            inner.release_found(Instant::now()).await;
         }
     }
 }
 
 impl Inner {
-    /// Gives up the groups FindCoordinator took at least [`FOUND_RELEASE`] before `now`
-    /// that no request brought into memory since (made-up ids, or a client that went
-    /// away): each claim left a node in the registry for good before. A group with
-    /// offsets keeps them, and the next request claims it again.
-    async fn release_found(&self, now: Instant) {
-        let due: Vec<String> = {
-            let mut found = self.found.lock().expect("found lock");
-            let due =
-                found.iter().filter(|(_, at)| now.duration_since(**at) >= FOUND_RELEASE).map(|(id, _)| id.clone()).collect();
-            found.retain(|_, at| now.duration_since(*at) < FOUND_RELEASE);
-            due
-        };
-        for group_id in due {
-            self.release(&group_id).await;
+    /// Takes the groups FindCoordinator took at least [`FOUND_RELEASE`] before `now`: those
+    /// no request brought into memory since (made-up ids, or a client that went away)
+    /// are to be given up, since each claim left a node in the registry for good before.
+    /// [`Inner::release`] leaves a group in memory alone, and a group with offsets keeps
+    /// them (the next request claims it again).
+    fn found_due(&self, now: Instant) -> Vec<String> {
+        let mut found = self.found.lock().expect("found lock");
+        let due = found.iter().filter(|(_, at)| now.duration_since(**at) >= FOUND_RELEASE).map(|(id, _)| id.clone()).collect();
+        found.retain(|_, at| now.duration_since(*at) < FOUND_RELEASE);
+        due
+    }
+
+    /// The release task: gives up every group in `to_release`, including those added
+    /// while it runs, then ends.
+    async fn release_all(self: Arc<Self>) {
+        loop {
+            let batch = std::mem::take(&mut *self.to_release.lock().expect("release lock"));
+            for group_id in &batch {
+                self.release(group_id).await;
+            }
+            if batch.is_empty() {
+                self.releasing.store(false, std::sync::atomic::Ordering::Release);
+                // One added between the take and the store would wait for the next sweep
+                // otherwise: go on if this task can take the role back.
+                if self.to_release.lock().expect("release lock").is_empty()
+                    || self.releasing.swap(true, std::sync::atomic::Ordering::AcqRel)
+                {
+                    return;
+                }
+            }
         }
     }
 
@@ -503,10 +529,15 @@ mod tests {
         }
         let asked = fjord_coord::paths::group_coordinator("asked");
         assert!(groups.inner.store.get(&asked).await.unwrap().is_some());
-        groups.inner.release_found(Instant::now()).await;
-        assert!(groups.inner.store.get(&asked).await.unwrap().is_some(), "given up at once");
+        assert!(groups.inner.found_due(Instant::now()).is_empty(), "given up at once");
         assert_eq!(committed(&groups, "g9").await, 9);
-        groups.inner.release_found(Instant::now() + FOUND_RELEASE + Duration::from_secs(1)).await;
+        // g9 was held already (its commit took it): not FindCoordinator's to give up.
+        let due = groups.inner.found_due(Instant::now() + FOUND_RELEASE + Duration::from_secs(1));
+        assert_eq!(due, ["asked"]);
+        groups.inner.to_release.lock().unwrap().extend(due);
+        groups.inner.releasing.store(true, std::sync::atomic::Ordering::Release);
+        groups.inner.clone().release_all().await;
+        assert!(!groups.inner.releasing.load(std::sync::atomic::Ordering::Acquire));
         assert!(groups.inner.store.get(&asked).await.unwrap().is_none());
         assert!(groups.inner.store.children(fjord_coord::paths::CONSUMERS).await.unwrap().iter().all(|g| g != "asked"));
         assert!(groups.inner.store.get(&fjord_coord::paths::group_coordinator("g9")).await.unwrap().is_some());
