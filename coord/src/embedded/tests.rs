@@ -258,6 +258,51 @@ async fn compaction_keeps_the_tree_and_versions() {
     assert_eq!(s.get("/c").await.unwrap(), None);
 }
 
+/// The change whose record makes the journal due for a rewrite survives a reopen, for
+/// each kind of change: the rewrite ran between the record and the change's application
+/// to the tree, so it wrote the tree without that change and dropped the record with the
+/// old journal (a deleted node came back, a set was undone, a created node was gone).
+#[tokio::test]
+async fn the_change_that_triggers_a_rewrite_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    // Puts the journal past due for a rewrite (as after a create following a failed one),
+    // so the next change of any kind triggers it.
+    let make_due = |s: &EmbeddedStore| {
+        let mut state = s.lock();
+        state.journal_records = state.nodes.len() + COMPACT_SLACK + 1;
+    };
+    let rewritten = |s: &EmbeddedStore| s.lock().journal_records < COMPACT_SLACK;
+    {
+        let s = store(dir.path());
+        s.create("/set", b"old", CreateMode::Persistent).await.unwrap();
+        s.create("/gone", b"", CreateMode::Persistent).await.unwrap();
+    }
+    // Each change is checked after a reopen of its own: a later rewrite would write the
+    // tree again, with the earlier change in it.
+    let s = store(dir.path());
+    make_due(&s);
+    s.set("/set", b"new", None).await.unwrap();
+    assert!(rewritten(&s), "the set triggered a rewrite");
+    drop(s);
+    let s = store(dir.path());
+    let (data, stat) = s.get("/set").await.unwrap().unwrap();
+    assert_eq!((data.as_slice(), stat.version), (&b"new"[..], 1), "the set that triggered the rewrite");
+
+    make_due(&s);
+    s.create("/made", b"x", CreateMode::Persistent).await.unwrap();
+    assert!(rewritten(&s), "the create triggered a rewrite");
+    drop(s);
+    let s = store(dir.path());
+    assert!(s.get("/made").await.unwrap().is_some(), "the create that triggered the rewrite");
+
+    make_due(&s);
+    s.delete("/gone", None).await.unwrap();
+    assert!(rewritten(&s), "the delete triggered a rewrite");
+    drop(s);
+    let s = store(dir.path());
+    assert_eq!(s.get("/gone").await.unwrap(), None, "the delete that triggered the rewrite");
+}
+
 #[tokio::test]
 async fn ephemerals_cannot_have_children() {
     let dir = tempfile::tempdir().unwrap();
