@@ -151,7 +151,7 @@ pub struct BrokerConfig {
     /// The log cleaner (`log.cleaner.dedupe.buffer.size`, `log.cleaner.io.max.bytes.per.second`,
     /// `log.cleaner.backoff.ms`: how often compacted logs are checked, default 15 s).
     pub cleaner: CleanerConfig,
-    /// Group coordinator settings (`group.*`, `offset.metadata.max.bytes`).
+    /// Group coordinator settings (`group.*`, `offset.metadata.max.bytes`, `offsets.retention.*`).
     pub group: GroupConfig,
     /// Transaction coordinator settings (`transaction.*`, `transactional.id.expiration.ms`).
     pub transaction: crate::txn::TxnConfig,
@@ -509,6 +509,13 @@ impl BrokerConfig {
             "group.min.session.timeout.ms" => self.group.min_session_timeout_ms = millis()?.as_millis() as u64,
             "group.max.session.timeout.ms" => self.group.max_session_timeout_ms = millis()?.as_millis() as u64,
             "group.initial.rebalance.delay.ms" => self.group.initial_rebalance_delay_ms = millis()?.as_millis() as u64,
+            "offsets.retention.minutes" => {
+                let minutes = u64::try_from(int()?).ok().filter(|m| *m >= 1).ok_or_else(|| invalid("must be at least 1"))?;
+                self.group.offsets_retention = Duration::from_secs(minutes.saturating_mul(60));
+            }
+            "offsets.retention.check.interval.ms" => {
+                self.group.offsets_retention_check_interval = millis()?.max(Duration::from_millis(1));
+            }
             "offset.metadata.max.bytes" => {
                 self.group.offset_metadata_max_bytes = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
             }
@@ -729,6 +736,20 @@ mod tests {
         assert_eq!(config.log.retention_ms, Some(Duration::from_secs(7200)));
         assert_eq!(config.log.segment_bytes, 1 << 20);
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn offsets_retention_is_set_in_minutes_and_checked_in_milliseconds() {
+        let mut config = BrokerConfig::default();
+        assert_eq!(config.group.offsets_retention, Duration::from_secs(7 * 24 * 3600), "Kafka's week");
+        config.set("offsets.retention.minutes", "90").unwrap();
+        config.set("offsets.retention.check.interval.ms", "1500").unwrap();
+        assert_eq!(config.group.offsets_retention, Duration::from_secs(90 * 60));
+        assert_eq!(config.group.offsets_retention_check_interval, Duration::from_millis(1500));
+        for bad in ["0", "-1", "x"] {
+            assert!(matches!(config.set("offsets.retention.minutes", bad), Err(Error::InvalidConfig { .. })), "{bad:?}");
+        }
+        assert!(matches!(config.set("offsets.retention.check.interval.ms", "-5"), Err(Error::InvalidConfig { .. })));
     }
 
     #[test]

@@ -11,9 +11,12 @@
 //!   [`state`];
 //! - `offsets`: OffsetCommit and OffsetFetch;
 //! - `offset_delete`: OffsetDelete;
+//! - `retention`: committed offsets expire (`offsets.retention.minutes`);
 //! - `admin`: ListGroups, DescribeGroups, DeleteGroups;
 //! - `registry`: the registries in the metadata store (docs/architecture.md) and the
 //!   group-id-to-node-name encoding:
+//!   - `/consumers/<group>` (persistent): its data says whether the group has members
+//!     and since when (`retention`);
 //!   - `/consumers/<group>/coordinator` (ephemeral): which broker coordinates it;
 //!   - `/consumers/<group>/offsets/<topic>/<p>` (persistent): committed offsets, so
 //!     they survive any broker and are visible to operators;
@@ -22,8 +25,9 @@
 //!
 //! Committed offsets are cached in memory per group, loaded from the store the first
 //! time this broker touches the group, and written through on every commit. They
-//! never expire while the group's registry exists; a group without members that no
-//! request touched for [`IDLE_EVICTION`] leaves memory, and loads again on its next use.
+//! expire as Kafka's do (`offsets.retention.minutes`, see `retention`); a group without
+//! members that no request touched for [`IDLE_EVICTION`] leaves memory, and loads again
+//! on its next use.
 //! The ticker visits only the groups with members, a rebalance or handed-out member ids,
 //! so thousands of groups that only commit offsets cost it nothing.
 
@@ -37,6 +41,7 @@ mod membership;
 mod offset_delete;
 mod offsets;
 mod registry;
+mod retention;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Weak};
@@ -64,6 +69,11 @@ pub struct GroupConfig {
     pub initial_rebalance_delay_ms: u64,
     /// `offset.metadata.max.bytes`: largest metadata string stored with an offset.
     pub offset_metadata_max_bytes: usize,
+    /// `offsets.retention.minutes`: how long a group without members keeps its committed
+    /// offsets, and an offset no member may be reading stays after its commit.
+    pub offsets_retention: Duration,
+    /// `offsets.retention.check.interval.ms`: how often offsets are checked for expiry.
+    pub offsets_retention_check_interval: Duration,
 }
 
 impl Default for GroupConfig {
@@ -73,6 +83,8 @@ impl Default for GroupConfig {
             max_session_timeout_ms: 1_800_000,
             initial_rebalance_delay_ms: 3_000,
             offset_metadata_max_bytes: 4096,
+            offsets_retention: Duration::from_secs(7 * 24 * 3600),
+            offsets_retention_check_interval: Duration::from_secs(600),
         }
     }
 }
@@ -135,6 +147,8 @@ struct Inner {
     /// trip, and thousands of them must not hold up the ticker (sessions, rebalances).
     to_release: std::sync::Mutex<Vec<String>>,
     releasing: std::sync::atomic::AtomicBool,
+    /// Whether an offset-expiry sweep is running ([`Inner::expire_offsets`]).
+    expiring: std::sync::atomic::AtomicBool,
     /// Serialises ownership-registry rewrites; the value is the last generation
     /// written per group, so a slow older rewrite never overwrites a newer one.
     owners_written: Mutex<HashMap<String, i32>>,
@@ -171,6 +185,7 @@ impl GroupCoordinator {
             found: std::sync::Mutex::new(HashMap::new()),
             to_release: std::sync::Mutex::new(Vec::new()),
             releasing: std::sync::atomic::AtomicBool::new(false),
+            expiring: std::sync::atomic::AtomicBool::new(false),
             owners_written: Mutex::new(HashMap::new()),
         });
         tokio::spawn(ticker(Arc::downgrade(&inner)));
@@ -319,11 +334,14 @@ impl Inner {
             };
             let emptied = {
                 let mut entry = entry.lock().await;
-                let before = entry.group.state;
+                let (before, had_members) = (entry.group.state, !entry.group.members.is_empty());
                 let replies = entry.group.tick(Instant::now());
                 replies.into_iter().for_each(Reply::deliver);
                 if !entry.group.needs_ticks() {
                     self.ticking.lock().expect("ticking lock").remove(&group_id);
+                }
+                if had_members && entry.group.members.is_empty() {
+                    self.write_membership(&group_id, false).await;
                 }
                 (before != GroupState::Empty && entry.group.state == GroupState::Empty).then_some(entry.group.generation_id)
             };
@@ -337,10 +355,17 @@ impl Inner {
 async fn ticker(inner: Weak<Inner>) {
     let mut periodic = Periodic::new(TICK);
     let mut ticks = 0u32;
+    let mut last_expiry = Instant::now();
     loop {
         periodic.tick().await;
         let Some(inner) = inner.upgrade() else { return };
         inner.tick().await;
+        if last_expiry.elapsed() >= inner.config.offsets_retention_check_interval {
+            last_expiry = Instant::now();
+            if !inner.expiring.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                tokio::spawn(inner.clone().expire_offsets_task());
+            }
+        }
         ticks = ticks.wrapping_add(1);
         if ticks.is_multiple_of(EVICTION_TICKS) {
             let now = Instant::now();

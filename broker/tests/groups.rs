@@ -583,3 +583,66 @@ async fn a_static_member_that_comes_back_keeps_its_partitions_and_nobody_rebalan
     run_python(STATIC_SCRIPT, &[&bootstrap, "statics"], PYTHON_TIMEOUT).await;
     broker.stop().await.unwrap();
 }
+
+/// Committed offsets expire (`offsets.retention.minutes`), over real ZooKeeper, from
+/// registry state as other coordinators leave it: a group nobody holds whose offset is a
+/// retention old loses it; one whose record says it emptied two days ago loses a
+/// three-day-old offset, one emptied an hour ago keeps it; one whose record says it had
+/// members (its coordinator died with them) keeps everything and is recorded empty from
+/// now; another broker's group is left to that broker; a fresh commit stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_offsets_expire_a_retention_after_their_commit_or_their_group_emptied() {
+    use common::RawClient;
+    use fjord_coord::{create_all, CreateMode};
+    let cluster = fjord_testkit::Cluster::builder()
+        .brokers(1)
+        .config("offsets.retention.minutes", 1440)
+        .config("offsets.retention.check.interval.ms", 200)
+        .start()
+        .await
+        .unwrap();
+    cluster.create_topic("t", 1, &[], Duration::from_secs(30)).await.unwrap();
+    let store = cluster.store();
+    let now = fjord_record::now_ms();
+    let days = |n: i64| now - n * 86_400_000;
+    let offset = |at: i64| format!(r#"{{"offset":7,"leader_epoch":-1,"metadata":"","commit_timestamp_ms":{at}}}"#);
+    let membership = |members: bool, since: i64| format!(r#"{{"members":{members},"since_ms":{since}}}"#);
+    let groups: [(&str, Option<String>, i64, Option<&str>); 6] = [
+        ("old", None, days(2), None),
+        ("emptied", Some(membership(false, days(2))), days(3), None),
+        ("just-emptied", Some(membership(false, now - 3_600_000)), days(3), None),
+        ("moved", Some(membership(true, days(30))), days(30), None),
+        ("elsewhere", None, days(30), Some(r#"{"broker_id":7}"#)),
+        ("young", None, now - 3_600_000, None),
+    ];
+    for (group, record, committed_at, holder) in &groups {
+        let path = format!("/consumers/{group}/offsets/t/0");
+        create_all(&**store, &path, offset(*committed_at).as_bytes(), CreateMode::Persistent).await.unwrap();
+        if let Some(record) = record {
+            store.set(&format!("/consumers/{group}"), record.as_bytes(), None).await.unwrap();
+        }
+        if let Some(holder) = holder {
+            // Ephemeral of the test's own session: another broker holding the group.
+            store.create(&format!("/consumers/{group}/coordinator"), holder.as_bytes(), CreateMode::Ephemeral).await.unwrap();
+        }
+    }
+    let mut client = RawClient::connect(cluster.addr(cluster.ids()[0]).parse().unwrap()).await.unwrap();
+    assert_eq!(raw::commit(&mut client, "fresh", "", -1, &[("t", 0, 3)]).await, vec![0]);
+
+    let present =
+        |group: &'static str| async move { store.get(&format!("/consumers/{group}/offsets/t/0")).await.unwrap().is_some() };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while present("old").await || present("emptied").await {
+        assert!(std::time::Instant::now() < deadline, "the due offsets never expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for group in ["just-emptied", "moved", "elsewhere", "young"] {
+        assert!(present(group).await, "{group} lost an offset not due");
+    }
+    let (record, _) = store.get("/consumers/moved").await.unwrap().unwrap();
+    let record: serde_json::Value = serde_json::from_slice(&record).unwrap();
+    assert_eq!(record["members"], false, "{record}");
+    assert!(record["since_ms"].as_i64().unwrap() >= now, "{record}");
+    assert_eq!(raw::committed(&mut client, "fresh").await, (0, vec![("t".to_string(), 0, 3)]));
+    assert_eq!(raw::committed(&mut client, "old").await, (0, vec![]));
+}

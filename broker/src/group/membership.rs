@@ -70,9 +70,13 @@ impl GroupCoordinator {
         let initial_delay = Duration::from_millis(self.inner.config.initial_rebalance_delay_ms);
         let (outcome, replaced) = {
             let mut entry = entry.lock().await;
+            let had_members = !entry.group.members.is_empty();
             let (outcome, replies) = entry.group.join(join, Instant::now(), initial_delay);
             replies.into_iter().for_each(Reply::deliver);
             self.inner.tick_group(&entry);
+            if !had_members && !entry.group.members.is_empty() {
+                self.inner.write_membership(&request.group_id, true).await;
+            }
             // Answered at once without an error: a static member took its old place in a
             // Stable group, so the ownership registry names a member id that changed.
             let group = &entry.group;
@@ -176,6 +180,7 @@ impl GroupCoordinator {
         let mut first_error = 0;
         let became_empty = {
             let mut entry = entry.lock().await;
+            let had_members = !entry.group.members.is_empty();
             for (member_id, instance) in leaving {
                 let code = match entry.group.leave(&member_id, instance.as_deref(), Instant::now()) {
                     Ok(replies) => {
@@ -193,6 +198,9 @@ impl GroupCoordinator {
                         .with_group_instance_id(instance.map(StrBytes::from_string))
                         .with_error_code(code),
                 );
+            }
+            if known && had_members && entry.group.members.is_empty() {
+                self.inner.write_membership(&request.group_id, false).await;
             }
             (known && entry.group.state == GroupState::Empty).then_some(entry.group.generation_id)
         };

@@ -15,7 +15,7 @@ use kafka_protocol::error::ResponseError;
 
 use super::registry::{group_node, group_root};
 use super::state::GroupState;
-use super::GroupCoordinator;
+use super::{GroupCoordinator, GroupEntry, Inner};
 
 impl GroupCoordinator {
     /// Deletes the committed offsets of `partitions` (topic, partition) of `group_id`.
@@ -33,14 +33,33 @@ impl GroupCoordinator {
             }
             _ => return Err(ResponseError::NonEmptyGroup),
         };
-        let store: &dyn MetadataStore = &*self.inner.store;
+        let allowed: Vec<(String, i32)> =
+            partitions.iter().zip(&eligible).filter(|(_, e)| **e).map(|(tp, _)| tp.clone()).collect();
+        let mut removed = self.inner.remove_offsets(&mut entry, group_id, &allowed).await.into_iter();
+        let codes = eligible
+            .iter()
+            .map(|&e| {
+                if e {
+                    removed.next().expect("one code per allowed partition")
+                } else {
+                    ResponseError::GroupSubscribedToTopic.code()
+                }
+            })
+            .collect();
+        Ok(codes)
+    }
+}
+
+impl Inner {
+    /// Removes the committed offsets of `partitions` from the registry and then from
+    /// `entry` (with any transactional offset of theirs still pending), and the offsets
+    /// node of a topic left without any. One error code per partition, in order (NONE
+    /// also for a partition with nothing committed).
+    pub(super) async fn remove_offsets(&self, entry: &mut GroupEntry, group_id: &str, partitions: &[(String, i32)]) -> Vec<i16> {
+        let store: &dyn MetadataStore = &*self.store;
         let node = group_node(group_id);
         let mut codes = Vec::with_capacity(partitions.len());
-        for ((topic, partition), eligible) in partitions.iter().zip(eligible) {
-            if !eligible {
-                codes.push(ResponseError::GroupSubscribedToTopic.code());
-                continue;
-            }
+        for (topic, partition) in partitions {
             if let Err(e) = entry.drop_pending_offset(store, group_id, topic, *partition).await {
                 tracing::warn!(group = group_id, topic, partition, error = %e, "pending transactional offset not dropped");
                 codes.push(ResponseError::CoordinatorNotAvailable.code());
@@ -73,7 +92,7 @@ impl GroupCoordinator {
                 Err(e) => tracing::debug!(group = group_id, topic, error = %e, "empty offsets node left in place"),
             }
         }
-        Ok(codes)
+        codes
     }
 }
 

@@ -102,7 +102,12 @@ impl Inner {
             for partition in store.children(&format!("{root}/{topic}")).await? {
                 let Ok(p) = partition.parse::<i32>() else { continue };
                 let path = paths::group_offset(&group_node(group_id), &topic, p);
-                if let Some((committed, _)) = registry::read_json::<CommittedOffset>(store, &path).await? {
+                if let Some((mut committed, stat)) = registry::read_json::<CommittedOffset>(store, &path).await? {
+                    // Written before offsets carried their commit time: the node's own
+                    // modification time is when it was committed.
+                    if committed.commit_timestamp_ms == 0 {
+                        committed.commit_timestamp_ms = stat.mtime_ms;
+                    }
                     offsets.insert((topic.clone(), p), committed);
                 }
             }
