@@ -243,6 +243,44 @@ async fn records_refused_in_a_batch_fail_alone_and_the_rest_are_stored_in_order(
     assert_eq!(stored, ["1", "2", "3"].map(Bytes::from));
 }
 
+/// A record sent right behind one the broker refuses for good is stored: its batch is
+/// refused as out of sequence only because of the hole the refused record left, and goes
+/// again in the producer's next epoch. A hundred producers at once, because the race this
+/// guards against needs the sender task to run in a gap of a few instructions: the epoch
+/// bump came between that out-of-sequence answer and its handling, which then judged it
+/// against the new epoch and failed the record (3 runs in 100 of one producer, under load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_sent_behind_one_refused_for_good_is_stored() {
+    let broker = start_broker().await;
+    create_topic(&broker.addr, "limited", 1, &[("max.message.bytes", "1024")]).await;
+    let mut runs = tokio::task::JoinSet::new();
+    for i in 0..100u64 {
+        let addr = broker.addr.clone();
+        runs.spawn(async move {
+            // Lingers of 0-2 ms: the three records in one, two or three batches.
+            let p = producer(&addr, |c| c.linger = Duration::from_millis(i % 3)).await;
+            let mut deliveries = Vec::new();
+            for size in [10, 2048, 10] {
+                deliveries.push(p.send(ProducerRecord::new("limited", Bytes::from("y".repeat(size)))).await.unwrap());
+            }
+            let mut results = Vec::new();
+            for d in deliveries {
+                results.push(d.await.map(drop));
+            }
+            p.close().await;
+            results
+        });
+    }
+    while let Some(run) = runs.join_next().await {
+        let results = run.unwrap();
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        assert_eq!(results[1].as_ref().err().and_then(Error::code), Some(ResponseError::MessageTooLarge), "{results:?}");
+    }
+    let mut c = consumer(&broker.addr).await;
+    c.assign([TopicPartition::new("limited", 0)]).await.unwrap();
+    assert_eq!(consume_n(&mut c, 200).await.len(), 200);
+}
+
 /// A TCP proxy that can stop forwarding client → broker bytes: a broker that has stopped
 /// reading, as far as the producer can tell.
 async fn pausable_proxy(upstream: SocketAddr, listener: TcpListener, paused: Arc<AtomicBool>) {

@@ -306,13 +306,15 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
 }
 
 async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>) {
-    let release = move |inner: &Inner, batches: &[ReadyBatch]| {
+    // Ends the request's count in flight, for the broker and for each of its batches'
+    // partitions (named, since the batches themselves may be gone by then).
+    let release = move |inner: &Inner, partitions: &[(Arc<str>, i32)]| {
         let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = state.in_flight.get_mut(&broker) {
             *n = n.saturating_sub(1);
         }
-        for b in batches {
-            if let Some(queue) = state.queue(&b.topic, b.partition) {
+        for (topic, partition) in partitions {
+            if let Some(queue) = state.queue(topic, *partition) {
                 queue.sending = queue.sending.saturating_sub(1);
             }
         }
@@ -322,7 +324,7 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
     let conn = match inner.cluster.broker(broker).await {
         Ok(c) => c,
         Err(e) => {
-            release(inner, &batches);
+            release(inner, &partitions(&batches));
             // A leader that refuses connections has usually died: until the metadata
             // names its successor, every retry would go to it again.
             let refresh = e.needs_metadata_refresh();
@@ -338,7 +340,7 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
     let version = match conn.version::<ProduceRequest>(PRODUCE_VERSION) {
         Ok(v) => v,
         Err(e) => {
-            release(inner, &batches);
+            release(inner, &partitions(&batches));
             for b in batches {
                 inner.complete(&b, Outcome::Failed(e.clone()));
             }
@@ -355,7 +357,7 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
                 Ok(w) => w.await,
                 Err(e) => Err(e),
             };
-            release(&inner, &batches);
+            release(&inner, &partitions(&batches));
             for b in batches {
                 match &result {
                     Ok(()) => inner.complete(&b, Outcome::Sent { base_offset: -1 }),
@@ -371,7 +373,13 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
         let inner = inner.clone();
         let addr = conn.shared_addr();
         move |result: Result<ProduceResponse>| {
-            release(&inner, &batches);
+            // The request counts as in flight until its answer is handled: the epoch
+            // bump after a failed batch waits for nothing to be in flight, and must not
+            // come between this answer and its handling. It did: an OUT_OF_ORDER_SEQUENCE
+            // answer to a batch sent behind the failed one (refused only because of the
+            // hole) was then judged against the new epoch, found not retriable, and
+            // failed a record the broker never refused.
+            let counted = partitions(&batches);
             match result {
                 Ok(response) => handle_response(&inner, &addr, batches, response),
                 Err(e) => {
@@ -384,9 +392,15 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
                     }
                 }
             }
+            release(&inner, &counted);
         }
     };
     conn.send_parts_then::<ProduceRequest>(body, version, then).await;
+}
+
+/// The partition of each batch, in order.
+fn partitions(batches: &[ReadyBatch]) -> Vec<(Arc<str>, i32)> {
+    batches.iter().map(|b| (b.topic.clone(), b.partition)).collect()
 }
 
 /// A Produce request's body for `batches`, grouped by topic in order of appearance,
