@@ -540,6 +540,11 @@ mod tests {
         left.sort();
         assert_eq!(left.len(), 100, "{left:?}");
         assert!(!left.contains(&"live".to_string()), "{left:?}");
+        // ListGroups names them from the registry without bringing them back into memory.
+        let ResponseKind::ListGroups(listed) = groups.list_groups(ListGroupsRequest::default()).await else { panic!() };
+        assert_eq!(listed.groups.len(), 100);
+        assert!(listed.groups.iter().all(|g| g.group_state.as_str() == "Empty" && g.protocol_type.as_str() == "consumer"));
+        assert_eq!(in_memory(&groups), 0, "listing loaded the groups");
         assert_eq!(committed(&groups, "g7").await, 7);
         assert_eq!(in_memory(&groups), 1);
         // Releasing a group that has offsets leaves them, even when asked to.

@@ -16,11 +16,14 @@ impl GroupCoordinator {
     /// ListGroups: the groups this broker coordinates, as Kafka lists only the groups
     /// of the offsets partitions a broker leads, so that a client asking every broker
     /// (librdkafka's list_groups, DescribeGroups after it) finds each group exactly once,
-    /// at its coordinator. Groups known only from the registry (with offsets, but not
-    /// touched since this broker started) are listed as Empty by the broker that holds
-    /// or takes their coordinator node, as FindCoordinator would make it.
+    /// at its coordinator. Groups known only from the registry (with offsets, but not in
+    /// memory here) are listed as Empty by the broker that holds or takes their
+    /// coordinator node, as FindCoordinator would make it, without being loaded: lag
+    /// exporters list groups every few seconds, and each listing loaded every group of
+    /// the registry (all its offsets) and kept it in memory for ten minutes.
     pub(crate) async fn list_groups(&self, request: ListGroupsRequest) -> ResponseKind {
-        let mut names: BTreeSet<String> = self.inner.groups.lock().expect("groups lock").keys().cloned().collect();
+        let in_memory: BTreeSet<String> = self.inner.groups.lock().expect("groups lock").keys().cloned().collect();
+        let mut names = in_memory.clone();
         match self.inner.store.children(paths::CONSUMERS).await {
             Ok(nodes) => names.extend(nodes.iter().map(|node| group_id_of(node))),
             Err(fjord_coord::Error::NoNode { .. }) => {}
@@ -28,7 +31,13 @@ impl GroupCoordinator {
         }
         let mut listed: Vec<(String, String, &'static str)> = Vec::new();
         for name in names {
-            // NOT_COORDINATOR (another broker's group) and store errors leave it out here.
+            if !in_memory.contains(&name) {
+                // NOT_COORDINATOR (another broker's group) and store errors leave it out.
+                if let Ok(true) = self.inner.registry_group_is_listed_here(&name).await {
+                    listed.push((name, "consumer".to_string(), GroupState::Empty.name()));
+                }
+                continue;
+            }
             let Ok(Some(entry)) = self.lookup(&name).await else { continue };
             let entry = entry.lock().await;
             let protocol_type = entry.group.protocol_type.clone().unwrap_or_else(|| "consumer".to_string());

@@ -89,6 +89,45 @@ impl Inner {
         }
     }
 
+    /// Whether a group this broker does not have in memory exists in the registry
+    /// (committed or pending transactional offsets) and is this broker's to list: it
+    /// holds the group's coordinator node, or takes it now that nobody does. Reads the
+    /// registry's node lists only, not the offsets themselves.
+    pub(super) async fn registry_group_is_listed_here(&self, group_id: &str) -> Result<bool, ResponseError> {
+        let me = self.endpoint.broker_id;
+        let holder = self.holder(group_id).await?;
+        if holder.is_some_and(|h| h != me) {
+            return Ok(false);
+        }
+        let store: &dyn MetadataStore = &*self.store;
+        let unavailable = unavailable(group_id);
+        let root = format!("{}/offsets", group_root(group_id));
+        let mut exists = false;
+        match store.children(&root).await {
+            Ok(topics) => {
+                for topic in topics {
+                    match store.children(&format!("{root}/{topic}")).await {
+                        Ok(partitions) if !partitions.is_empty() => {
+                            exists = true;
+                            break;
+                        }
+                        Ok(_) | Err(fjord_coord::Error::NoNode { .. }) => {}
+                        Err(e) => return Err(unavailable(e)),
+                    }
+                }
+            }
+            Err(fjord_coord::Error::NoNode { .. }) => {}
+            Err(e) => return Err(unavailable(e)),
+        }
+        if !exists {
+            exists = !self.load_pending_txn(group_id).await.map_err(&unavailable)?.is_empty();
+        }
+        if !exists {
+            return Ok(false);
+        }
+        Ok(holder.is_some() || self.claim(group_id).await? == me)
+    }
+
     pub(super) async fn load_offsets(&self, group_id: &str) -> fjord_coord::Result<BTreeMap<(String, i32), CommittedOffset>> {
         let store: &dyn MetadataStore = &*self.store;
         let root = format!("{}/offsets", group_root(group_id));

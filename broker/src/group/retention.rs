@@ -154,7 +154,10 @@ impl Inner {
                 if holder.is_some_and(|h| h != me) {
                     return Ok(0);
                 }
-                let (offsets, pending_txn) = self.load_group_offsets(group_id).await?;
+                let offsets = self.load_offsets(group_id).await.map_err(|e| {
+                    tracing::debug!(group = group_id, error = %e, "could not read committed offsets");
+                    ResponseError::CoordinatorNotAvailable
+                })?;
                 let membership = self.read_membership(group_id).await?;
                 let stale = membership.is_some_and(|m| m.members);
                 if offsets.is_empty()
@@ -165,6 +168,9 @@ impl Inner {
                 if holder.is_none() && self.claim(group_id).await? != me {
                     return Ok(0);
                 }
+                // Read again now that this broker holds it, with any pending transactional
+                // offsets: what goes is decided under the group's lock below.
+                let (offsets, pending_txn) = self.load_group_offsets(group_id).await?;
                 self.hold_for_sweep(group_id, offsets, pending_txn)
             }
         };
