@@ -310,3 +310,111 @@ async fn ephemerals_cannot_have_children() {
     s.create("/e", b"", CreateMode::Ephemeral).await.unwrap();
     assert!(matches!(s.create("/e/x", b"", CreateMode::Persistent).await, Err(Error::NoChildrenForEphemerals { .. })));
 }
+
+mod model {
+    //! The store against a plain map of what every acknowledged change left, over random
+    //! changes, journal rewrites and reopens: whatever was acknowledged is there after
+    //! every reopen, exactly (data and version), and nothing else is.
+
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The paths the changes pick from: parents and children, so creates and deletes
+    /// fail as often as they succeed.
+    const PATHS: [&str; 6] = ["/a", "/a/x", "/a/y", "/b", "/b/z", "/b/z/deep"];
+
+    #[derive(Debug, Clone)]
+    enum Change {
+        Create(usize, u8),
+        Set(usize, u8),
+        Delete(usize),
+        /// The journal is past due, so the next change triggers a rewrite.
+        RewriteDue,
+        Reopen,
+    }
+
+    fn change() -> impl Strategy<Value = Change> {
+        let path = 0..PATHS.len();
+        prop_oneof![
+            4 => (path.clone(), any::<u8>()).prop_map(|(p, d)| Change::Create(p, d)),
+            4 => (path.clone(), any::<u8>()).prop_map(|(p, d)| Change::Set(p, d)),
+            3 => path.prop_map(Change::Delete),
+            1 => Just(Change::RewriteDue),
+            1 => Just(Change::Reopen),
+        ]
+    }
+
+    /// (data, version) of every persistent node but the root.
+    fn tree(s: &EmbeddedStore) -> BTreeMap<String, (Vec<u8>, i32)> {
+        let state = s.lock();
+        state
+            .nodes
+            .iter()
+            .filter(|(p, _)| p.as_str() != "/")
+            .map(|(p, n)| (p.clone(), (n.data.clone(), n.stat.version)))
+            .collect()
+    }
+
+    fn parent(path: &str) -> &str {
+        split(path).0
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        #[test]
+        fn acknowledged_changes_survive_rewrites_and_reopens(changes in prop::collection::vec(change(), 1..120)) {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let mut s = store(dir.path());
+            let mut model: BTreeMap<String, (Vec<u8>, i32)> = BTreeMap::new();
+            for change in changes {
+                match change {
+                    Change::Create(p, d) => {
+                        let path = PATHS[p];
+                        let parent_there = parent(path) == "/" || model.contains_key(parent(path));
+                        let result = runtime.block_on(s.create(path, &[d], CreateMode::Persistent));
+                        prop_assert_eq!(result.is_ok(), parent_there && !model.contains_key(path), "create {} {:?}", path, result);
+                        if result.is_ok() {
+                            model.insert(path.to_string(), (vec![d], 0));
+                        }
+                    }
+                    Change::Set(p, d) => {
+                        let path = PATHS[p];
+                        let result = runtime.block_on(s.set(path, &[d], None));
+                        prop_assert_eq!(result.is_ok(), model.contains_key(path), "set {} {:?}", path, result);
+                        if let Some((data, version)) = model.get_mut(path) {
+                            *data = vec![d];
+                            *version += 1;
+                        }
+                    }
+                    Change::Delete(p) => {
+                        let path = PATHS[p];
+                        let has_children = model.keys().any(|k| parent(k) == path);
+                        let result = runtime.block_on(s.delete(path, None));
+                        prop_assert_eq!(result.is_ok(), model.contains_key(path) && !has_children, "delete {} {:?}", path, result);
+                        if result.is_ok() {
+                            model.remove(path);
+                        }
+                    }
+                    Change::RewriteDue => {
+                        let mut state = s.lock();
+                        state.journal_records = state.nodes.len() + COMPACT_SLACK + 1;
+                    }
+                    Change::Reopen => {
+                        drop(s);
+                        s = store(dir.path());
+                        prop_assert_eq!(&tree(&s), &model);
+                    }
+                }
+                prop_assert_eq!(&tree(&s), &model, "in memory");
+            }
+            drop(s);
+            let s = store(dir.path());
+            prop_assert_eq!(&tree(&s), &model, "after the last reopen");
+        }
+    }
+}
