@@ -509,6 +509,10 @@ impl BrokerConfig {
             "group.min.session.timeout.ms" => self.group.min_session_timeout_ms = millis()?.as_millis() as u64,
             "group.max.session.timeout.ms" => self.group.max_session_timeout_ms = millis()?.as_millis() as u64,
             "group.initial.rebalance.delay.ms" => self.group.initial_rebalance_delay_ms = millis()?.as_millis() as u64,
+            "group.max.size" => {
+                self.group.max_size =
+                    usize::try_from(int()?).ok().filter(|n| *n >= 1).ok_or_else(|| invalid("must be at least 1"))?
+            }
             "offsets.retention.minutes" => {
                 let minutes = u64::try_from(int()?).ok().filter(|m| *m >= 1).ok_or_else(|| invalid("must be at least 1"))?;
                 self.group.offsets_retention = Duration::from_secs(minutes.saturating_mul(60));
@@ -739,9 +743,13 @@ mod tests {
     }
 
     #[test]
-    fn offsets_retention_is_set_in_minutes_and_checked_in_milliseconds() {
+    fn group_size_and_offsets_retention_keys() {
         let mut config = BrokerConfig::default();
         assert_eq!(config.group.offsets_retention, Duration::from_secs(7 * 24 * 3600), "Kafka's week");
+        assert_eq!(config.group.max_size, 1000);
+        config.set("group.max.size", "5").unwrap();
+        assert_eq!(config.group.max_size, 5);
+        assert!(matches!(config.set("group.max.size", "0"), Err(Error::InvalidConfig { .. })));
         config.set("offsets.retention.minutes", "90").unwrap();
         config.set("offsets.retention.check.interval.ms", "1500").unwrap();
         assert_eq!(config.group.offsets_retention, Duration::from_secs(90 * 60));

@@ -69,6 +69,12 @@ pub struct GroupConfig {
     pub initial_rebalance_delay_ms: u64,
     /// `offset.metadata.max.bytes`: largest metadata string stored with an offset.
     pub offset_metadata_max_bytes: usize,
+    /// `group.max.size`: the most members (with member ids handed out and not used yet) a
+    /// group takes; a new one past it is refused with GROUP_MAX_SIZE_REACHED. Kafka's
+    /// default is unlimited; Fjord's is 1000, so one group's members cannot take the
+    /// coordinator's memory (a group with more members than its topics have partitions
+    /// leaves the rest idle anyway).
+    pub max_size: usize,
     /// `offsets.retention.minutes`: how long a group without members keeps its committed
     /// offsets, and an offset no member may be reading stays after its commit.
     pub offsets_retention: Duration,
@@ -83,6 +89,7 @@ impl Default for GroupConfig {
             max_session_timeout_ms: 1_800_000,
             initial_rebalance_delay_ms: 3_000,
             offset_metadata_max_bytes: 4096,
+            max_size: 1000,
             offsets_retention: Duration::from_secs(7 * 24 * 3600),
             offsets_retention_check_interval: Duration::from_secs(600),
         }
@@ -285,9 +292,10 @@ impl Inner {
         pending_txn: txn_offsets::PendingPartitions,
     ) -> Arc<Mutex<GroupEntry>> {
         let mut groups = self.groups.lock().expect("groups lock");
-        let held = groups.entry(group_id.to_string()).or_insert_with(|| Held {
-            entry: Arc::new(Mutex::new(GroupEntry { group: Group::new(group_id), offsets, pending_txn })),
-            used: Instant::now(),
+        let held = groups.entry(group_id.to_string()).or_insert_with(|| {
+            let mut group = Group::new(group_id);
+            group.max_size = self.config.max_size;
+            Held { entry: Arc::new(Mutex::new(GroupEntry { group, offsets, pending_txn })), used: Instant::now() }
         });
         held.used = Instant::now();
         held.entry.clone()

@@ -646,3 +646,57 @@ async fn committed_offsets_expire_a_retention_after_their_commit_or_their_group_
     assert_eq!(raw::committed(&mut client, "fresh").await, (0, vec![("t".to_string(), 0, 3)]));
     assert_eq!(raw::committed(&mut client, "old").await, (0, vec![]));
 }
+
+/// `group.max.size` through librdkafka: with room for one member, a second consumer of
+/// the group gets GROUP_MAX_SIZE_REACHED (KIP-389) and the first keeps every partition.
+const MAX_SIZE_SCRIPT: &str = r#"
+import sys, time
+from confluent_kafka import Consumer, KafkaError
+
+bootstrap, topic = sys.argv[1], sys.argv[2]
+errors = []
+conf = {'bootstrap.servers': bootstrap, 'group.id': 'capped', 'session.timeout.ms': 6000,
+        'auto.offset.reset': 'earliest', 'error_cb': lambda e: errors.append(e)}
+first = Consumer(conf)
+first.subscribe([topic])
+deadline = time.time() + 30
+while not first.assignment() and time.time() < deadline:
+    first.poll(0.2)
+assert len(first.assignment()) == 3, first.assignment()
+
+second = Consumer(conf)
+second.subscribe([topic])
+refused = None
+deadline = time.time() + 30
+while refused is None and time.time() < deadline:
+    m = second.poll(0.2)
+    first.poll(0)
+    if m is not None and m.error() and m.error().code() == KafkaError.GROUP_MAX_SIZE_REACHED:
+        refused = m.error()
+    for e in errors:
+        if e.code() == KafkaError.GROUP_MAX_SIZE_REACHED:
+            refused = e
+assert refused is not None, ("no GROUP_MAX_SIZE_REACHED", [str(e) for e in errors])
+assert not second.assignment(), second.assignment()
+for _ in range(10):
+    first.poll(0.1)
+assert len(first.assignment()) == 3, first.assignment()
+second.close()
+first.close()
+print("ok")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_at_its_max_size_refuses_another_librdkafka_consumer() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start_in(dir.path().join("data"), |c| {
+        c.num_partitions = 3;
+        c.group.initial_rebalance_delay_ms = 0;
+        c.group.max_size = 1;
+    })
+    .await
+    .unwrap();
+    let bootstrap = broker.bootstrap();
+    kcat(&["-b", &bootstrap, "-P", "-t", "capped", "-K:"], Some(&lines("x", 30))).await.unwrap();
+    run_python(MAX_SIZE_SCRIPT, &[&bootstrap, "capped"], PYTHON_TIMEOUT).await;
+}

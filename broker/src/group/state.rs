@@ -170,6 +170,9 @@ pub(crate) struct Group {
     /// (group.initial.rebalance.delay.ms), so a group starting up rebalances once.
     initial_delay_until: Option<Instant>,
     next_member: u64,
+    /// `group.max.size`: members and handed-out member ids past which a new member is
+    /// refused with GROUP_MAX_SIZE_REACHED (KIP-389).
+    pub(crate) max_size: usize,
 }
 
 impl Group {
@@ -187,6 +190,7 @@ impl Group {
             rebalance_deadline: None,
             initial_delay_until: None,
             next_member: 0,
+            max_size: usize::MAX,
         }
     }
 
@@ -216,14 +220,17 @@ impl Group {
         self.drop_stale_pending(now);
         let mut member_id = req.member_id.clone();
         if member_id.is_empty() {
+            let replaced = req.group_instance_id.as_deref().and_then(|instance| {
+                self.members.values().find(|m| m.group_instance_id.as_deref() == Some(instance)).map(|m| m.member_id.clone())
+            });
+            // A new member or member id; a static member taking its own place is not one.
+            // Handed-out ids count too: each is a member to come, and memory here.
+            if replaced.is_none() && self.members.len() + self.pending_member_ids.len() >= self.max_size {
+                return reject(ResponseError::GroupMaxSizeReached);
+            }
             member_id = self.new_member_id(&req.client_id);
-            if let Some(instance) = req.group_instance_id.clone() {
-                let old = self
-                    .members
-                    .values()
-                    .find(|m| m.group_instance_id.as_deref() == Some(&instance))
-                    .map(|m| m.member_id.clone());
-                if let Some(old) = old {
+            if req.group_instance_id.is_some() {
+                if let Some(old) = replaced {
                     return self.replace_static_member(&old, member_id, req, now, initial_delay);
                 }
             } else if req.requires_known_member_id {
@@ -996,5 +1003,41 @@ mod tests {
         let (outcome, _) = group.join(request(&second.member_id), later + Duration::from_secs(299), Duration::ZERO);
         assert!(matches!(outcome, JoinOutcome::Wait(_)), "a fresh pending id was refused");
         assert!(group.needs_ticks());
+    }
+
+    /// group.max.size counts members and handed-out member ids: past it a new one is
+    /// GROUP_MAX_SIZE_REACHED, while a handed-out id is still taken, a member rejoins,
+    /// and a static member takes its own place. A slot frees when a member leaves.
+    #[test]
+    fn a_full_group_refuses_new_members_only() {
+        let now = Instant::now();
+        let mut group = Group::new("g");
+        group.max_size = 3;
+        let (a, _rx_a) = join(&mut group, now);
+        let mut static_member = request("");
+        static_member.group_instance_id = Some("i-1".into());
+        let (outcome, _) = group.join(static_member.clone(), now, Duration::ZERO);
+        assert!(matches!(outcome, JoinOutcome::Wait(_)), "the static member joins");
+        let (outcome, _) = group.join(request(""), now, Duration::ZERO);
+        let JoinOutcome::Now(handed) = outcome else { panic!() };
+        assert_eq!(handed.error, ResponseError::MemberIdRequired.code(), "the third slot: an id handed out");
+
+        let refused = |outcome: JoinOutcome| match outcome {
+            JoinOutcome::Now(r) => r.error == ResponseError::GroupMaxSizeReached.code(),
+            JoinOutcome::Wait(_) => false,
+        };
+        assert!(refused(group.join(request(""), now, Duration::ZERO).0), "a fourth id");
+        let mut another_static = request("");
+        another_static.group_instance_id = Some("i-2".into());
+        assert!(refused(group.join(another_static, now, Duration::ZERO).0), "a new static member");
+        assert!(!refused(group.join(static_member, now, Duration::ZERO).0), "the static member takes its own place");
+        assert!(!refused(group.join(request(&handed.member_id), now, Duration::ZERO).0), "the handed-out id is taken");
+        assert!(!refused(group.join(request(&a), now, Duration::ZERO).0), "a member rejoins");
+        assert_eq!(group.members.len(), 3);
+
+        deliver(group.leave(&a, None, now).unwrap());
+        let (outcome, _) = group.join(request(""), now, Duration::ZERO);
+        let JoinOutcome::Now(freed) = outcome else { panic!() };
+        assert_eq!(freed.error, ResponseError::MemberIdRequired.code(), "a member left: room for one");
     }
 }
