@@ -156,9 +156,22 @@ struct Inner {
     releasing: std::sync::atomic::AtomicBool,
     /// Whether an offset-expiry sweep is running ([`Inner::expire_offsets`]).
     expiring: std::sync::atomic::AtomicBool,
+    /// Committed offsets expired since the broker started (`/metrics`).
+    offsets_expired: std::sync::atomic::AtomicU64,
     /// Serialises ownership-registry rewrites; the value is the last generation
     /// written per group, so a slow older rewrite never overwrites a newer one.
     owners_written: Mutex<HashMap<String, i32>>,
+}
+
+/// The coordinator's figures for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct GroupStats {
+    /// Groups in memory (used within the idle period, or with members).
+    pub(crate) in_memory: usize,
+    /// Groups with members, a rebalance or handed-out member ids (the ticker's list).
+    pub(crate) ticked: usize,
+    /// Committed offsets expired (`offsets.retention.minutes`) since the broker started.
+    pub(crate) offsets_expired: u64,
 }
 
 /// Owns every group this broker coordinates.
@@ -193,6 +206,7 @@ impl GroupCoordinator {
             to_release: std::sync::Mutex::new(Vec::new()),
             releasing: std::sync::atomic::AtomicBool::new(false),
             expiring: std::sync::atomic::AtomicBool::new(false),
+            offsets_expired: std::sync::atomic::AtomicU64::new(0),
             owners_written: Mutex::new(HashMap::new()),
         });
         tokio::spawn(ticker(Arc::downgrade(&inner)));
@@ -261,6 +275,15 @@ impl GroupCoordinator {
         tracing::warn!(group = group_id, "another broker coordinates the group now; dropping its state here");
         self.inner.groups.lock().expect("groups lock").remove(group_id);
         Err(ResponseError::NotCoordinator)
+    }
+
+    /// What `/metrics` shows of the groups.
+    pub(crate) fn stats(&self) -> GroupStats {
+        GroupStats {
+            in_memory: self.inner.groups.lock().expect("groups lock").len(),
+            ticked: self.inner.ticking.lock().expect("ticking lock").len(),
+            offsets_expired: self.inner.offsets_expired.load(std::sync::atomic::Ordering::Relaxed),
+        }
     }
 
     /// A group this broker already coordinates, with members; requests other than

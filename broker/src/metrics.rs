@@ -33,6 +33,7 @@ use kafka_protocol::messages::{ApiKey, ResponseKind};
 use kafka_protocol::ResponseError;
 
 use crate::fetch_response::FetchResponseData;
+use crate::group::GroupStats;
 use crate::handler::Broker;
 use crate::quota::QuotaKind;
 
@@ -140,9 +141,26 @@ impl Metrics {
         self.throttle_ms[slot].fetch_add(throttle.as_millis() as u64, Ordering::Relaxed);
     }
 
-    /// The exposition text: these counters, then the logs' gauges.
-    fn render(&self, logs: &LogDirs) -> String {
+    /// The exposition text: these counters, the group coordinator's figures, then the
+    /// logs' gauges.
+    fn render(&self, logs: &LogDirs, groups: GroupStats) -> String {
         let mut out = String::with_capacity(4096);
+        family(&mut out, "fjord_broker_groups_in_memory", Kind::Gauge, "Consumer groups this broker coordinates held in memory.");
+        sample(&mut out, "fjord_broker_groups_in_memory", "", groups.in_memory);
+        family(
+            &mut out,
+            "fjord_broker_groups_active",
+            Kind::Gauge,
+            "Consumer groups with members, a rebalance or member ids handed out.",
+        );
+        sample(&mut out, "fjord_broker_groups_active", "", groups.ticked);
+        family(
+            &mut out,
+            "fjord_broker_group_offsets_expired_total",
+            Kind::Counter,
+            "Committed offsets expired (offsets.retention.minutes).",
+        );
+        sample(&mut out, "fjord_broker_group_offsets_expired_total", "", groups.offsets_expired);
         family(&mut out, "fjord_broker_requests_total", Kind::Counter, "Requests received, by API.");
         for (key, counter) in self.requests.iter().enumerate() {
             let n = counter.load(Ordering::Relaxed);
@@ -384,7 +402,7 @@ impl fjord_metrics::endpoint::Pages for BrokerPages {
     fn page(&self, path: &str) -> Option<fjord_metrics::endpoint::Page> {
         (path == "/metrics").then(|| fjord_metrics::endpoint::Page {
             content_type: fjord_metrics::endpoint::PROMETHEUS,
-            body: self.0.metrics.render(self.0.topics.logs()),
+            body: self.0.metrics.render(self.0.topics.logs(), self.0.groups.stats()),
         })
     }
 }
@@ -406,7 +424,7 @@ mod tests {
         metrics.throttled(QuotaKind::Produce, std::time::Duration::from_millis(1500));
         metrics.throttled(QuotaKind::Produce, std::time::Duration::ZERO);
         logs.get_or_create(&fjord_record::TopicPartition::new("t\"x", 0), fjord_log::LogConfig::default()).unwrap();
-        let text = metrics.render(&logs);
+        let text = metrics.render(&logs, GroupStats { in_memory: 7, ticked: 2, offsets_expired: 11 });
         assert!(text.contains("fjord_broker_requests_total{api=\"Produce\"} 2\n"), "{text}");
         assert!(text.contains("fjord_broker_requests_total{api=\"unknown\"} 1\n"), "{text}");
         assert!(
@@ -414,6 +432,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("fjord_broker_malformed_requests_total 1\n"), "{text}");
+        assert!(text.contains("fjord_broker_groups_in_memory 7\n"), "{text}");
+        assert!(text.contains("fjord_broker_groups_active 2\n"), "{text}");
+        assert!(text.contains("fjord_broker_group_offsets_expired_total 11\n"), "{text}");
         assert!(text.contains("fjord_broker_quota_throttles_total{quota=\"produce\"} 1\n"), "{text}");
         assert!(text.contains("fjord_broker_quota_throttle_seconds_total{quota=\"produce\"} 1.5\n"), "{text}");
         assert!(text.contains("fjord_broker_quota_throttles_total{quota=\"request\"} 0\n"), "{text}");

@@ -129,6 +129,7 @@ impl Inner {
             }
         }
         if expired > 0 {
+            self.offsets_expired.fetch_add(expired as u64, std::sync::atomic::Ordering::Relaxed);
             tracing::info!(expired, "committed offsets expired (offsets.retention.minutes)");
         }
         expired
@@ -380,6 +381,7 @@ mod tests {
 
             after_retention().await;
             assert_eq!(groups.inner.expire_offsets().await, 2);
+            assert_eq!(groups.stats().offsets_expired, 2, "counted for /metrics");
             assert_eq!(committed(&groups, "solo", "a").await, -1);
             assert_eq!(committed(&groups, "live", "a").await, 10, "subscribed by a live member");
             assert_eq!(committed(&groups, "live", "b").await, -1, "no member subscribes to it");
