@@ -147,7 +147,7 @@ struct Inner {
     ticking: std::sync::Mutex<HashSet<String>>,
     /// Groups FindCoordinator took for this broker, with when: given up after
     /// [`FOUND_RELEASE`] unless a request brought them into memory (see
-    /// [`Inner::release_found`]).
+    /// [`Inner::found_due`]).
     found: std::sync::Mutex<HashMap<String, Instant>>,
     /// Gone groups whose registry nodes are to be given up ([`Inner::release`]), by the
     /// one release task at a time ([`Inner::releasing`]): each node is a store round

@@ -98,27 +98,16 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-    use bytes::{BufMut, Bytes, BytesMut};
-    use kafka_protocol::messages::consumer_protocol_subscription::ConsumerProtocolSubscription;
+    use bytes::Bytes;
     use kafka_protocol::messages::*;
-    use kafka_protocol::protocol::{Encodable, StrBytes};
+    use kafka_protocol::protocol::StrBytes;
 
     use super::*;
+    use crate::group::state::subscription;
     use crate::group::{Endpoint, GroupConfig};
 
     fn group(name: &'static str) -> GroupId {
         GroupId(StrBytes::from_static_str(name))
-    }
-
-    /// A consumer-protocol subscription (version 1) to `topics`, as a client sends it.
-    fn subscription(topics: &[&'static str]) -> Bytes {
-        let mut buf = BytesMut::new();
-        buf.put_i16(1);
-        ConsumerProtocolSubscription::default()
-            .with_topics(topics.iter().map(|t| StrBytes::from_static_str(t)).collect())
-            .encode(&mut buf, 1)
-            .unwrap();
-        buf.freeze()
     }
 
     async fn coordinator(dir: &std::path::Path) -> GroupCoordinator {

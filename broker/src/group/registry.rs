@@ -161,18 +161,8 @@ impl Inner {
         partition: i32,
         committed: &CommittedOffset,
     ) -> fjord_coord::Result<()> {
-        let store: &dyn MetadataStore = &*self.store;
         let path = paths::group_offset(&group_node(group_id), topic, partition);
-        let data = registry::to_json(committed);
-        match store.set(&path, &data, None).await {
-            Err(fjord_coord::Error::NoNode { .. }) => {
-                match fjord_coord::create_all(store, &path, &data, CreateMode::Persistent).await {
-                    Err(fjord_coord::Error::NodeExists { .. }) => store.set(&path, &data, None).await.map(drop),
-                    other => other.map(drop),
-                }
-            }
-            other => other.map(drop),
-        }
+        set_or_create(&*self.store, &path, &registry::to_json(committed)).await
     }
 
     /// Rewrites `/consumers/<group>/owners` to show who owns each partition in
@@ -216,6 +206,20 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+/// Writes `data` to the persistent node at `path`, creating it (and its parents) if it
+/// is not there; a create that loses a race to another writer sets it after all.
+pub(super) async fn set_or_create(store: &dyn MetadataStore, path: &str, data: &[u8]) -> fjord_coord::Result<()> {
+    match store.set(path, data, None).await {
+        Err(fjord_coord::Error::NoNode { .. }) => {
+            match fjord_coord::create_all(store, path, data, CreateMode::Persistent).await {
+                Err(fjord_coord::Error::NodeExists { .. }) => store.set(path, data, None).await.map(drop),
+                other => other.map(drop),
+            }
+        }
+        other => other.map(drop),
     }
 }
 

@@ -22,13 +22,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fjord_coord::{paths, CreateMode, MetadataStore};
+use fjord_coord::paths;
 use fjord_record::now_ms;
 use kafka_protocol::error::ResponseError;
 use serde::{Deserialize, Serialize};
 
 use super::offsets::CommittedOffset;
-use super::registry::{group_id_of, group_root};
+use super::registry::{group_id_of, group_root, set_or_create};
 use super::state::Group;
 use super::{Held, Inner, IDLE_EVICTION};
 
@@ -93,19 +93,8 @@ impl Inner {
     /// moves the group's expiry (a record saying it has members makes the next sweep
     /// count it empty from then on).
     pub(super) async fn write_membership(&self, group_id: &str, members: bool) {
-        let store: &dyn MetadataStore = &*self.store;
-        let path = group_root(group_id);
         let data = fjord_coord::registry::to_json(&Membership { members, since_ms: now_ms() });
-        let written = match store.set(&path, &data, None).await {
-            Err(fjord_coord::Error::NoNode { .. }) => {
-                match fjord_coord::create_all(store, &path, &data, CreateMode::Persistent).await {
-                    Err(fjord_coord::Error::NodeExists { .. }) => store.set(&path, &data, None).await.map(drop),
-                    other => other.map(drop),
-                }
-            }
-            other => other.map(drop),
-        };
-        if let Err(e) = written {
+        if let Err(e) = set_or_create(&*self.store, &group_root(group_id), &data).await {
             tracing::warn!(group = group_id, members, error = %e, "could not record a group's membership");
         }
     }
@@ -266,10 +255,10 @@ mod tests {
     }
 
     mod with_a_store {
-        use bytes::{BufMut, BytesMut};
-        use kafka_protocol::messages::consumer_protocol_subscription::ConsumerProtocolSubscription;
         use kafka_protocol::messages::*;
-        use kafka_protocol::protocol::{Encodable, StrBytes};
+        use kafka_protocol::protocol::StrBytes;
+
+        use crate::group::state::subscription;
 
         use crate::group::{Endpoint, GroupConfig, GroupCoordinator, IDLE_EVICTION};
         use std::time::{Duration, Instant};
@@ -318,19 +307,13 @@ mod tests {
 
         /// A consumer joining `group_id` subscribed to `topics`; returns its member id.
         async fn join(groups: &GroupCoordinator, group_id: &str, topics: &[&'static str]) -> StrBytes {
-            let mut metadata = BytesMut::new();
-            metadata.put_i16(1);
-            ConsumerProtocolSubscription::default()
-                .with_topics(topics.iter().map(|t| StrBytes::from_static_str(t)).collect())
-                .encode(&mut metadata, 1)
-                .unwrap();
             let join = JoinGroupRequest::default()
                 .with_group_id(group(group_id))
                 .with_session_timeout_ms(30_000)
                 .with_protocol_type(StrBytes::from_static_str("consumer"))
                 .with_protocols(vec![join_group_request::JoinGroupRequestProtocol::default()
                     .with_name(StrBytes::from_static_str("range"))
-                    .with_metadata(metadata.freeze())]);
+                    .with_metadata(subscription(topics))]);
             let joined = tokio::time::timeout(Duration::from_secs(10), groups.join_group(join, 0, "c", "h")).await.unwrap();
             let ResponseKind::JoinGroup(joined) = joined else { panic!() };
             assert_eq!(joined.error_code, 0);

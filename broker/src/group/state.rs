@@ -229,11 +229,10 @@ impl Group {
                 return reject(ResponseError::GroupMaxSizeReached);
             }
             member_id = self.new_member_id(&req.client_id);
-            if req.group_instance_id.is_some() {
-                if let Some(old) = replaced {
-                    return self.replace_static_member(&old, member_id, req, now, initial_delay);
-                }
-            } else if req.requires_known_member_id {
+            if let Some(old) = replaced {
+                return self.replace_static_member(&old, member_id, req, now, initial_delay);
+            }
+            if req.group_instance_id.is_none() && req.requires_known_member_id {
                 self.pending_member_ids.insert(member_id.clone(), now);
                 self.pending_order.push_back((now, member_id.clone()));
                 return (JoinOutcome::Now(JoinResult::error(ResponseError::MemberIdRequired, &member_id)), Vec::new());
@@ -714,6 +713,21 @@ fn subscription_topics(metadata: &Bytes) -> Option<Vec<String>> {
     let _version = bytes::Buf::get_i16(&mut buf);
     let subscription = ConsumerProtocolSubscription::decode(&mut buf, 0).ok()?;
     Some(subscription.topics.iter().map(|t| t.to_string()).collect())
+}
+
+/// A consumer-protocol subscription (version 1) to `topics`, as a client sends it: what
+/// [`subscription_topics`] reads.
+#[cfg(test)]
+pub(crate) fn subscription(topics: &[&str]) -> Bytes {
+    use kafka_protocol::messages::consumer_protocol_subscription::ConsumerProtocolSubscription;
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+    let mut buf = bytes::BytesMut::new();
+    bytes::BufMut::put_i16(&mut buf, 1);
+    ConsumerProtocolSubscription::default()
+        .with_topics(topics.iter().map(|t| StrBytes::from_string(t.to_string())).collect())
+        .encode(&mut buf, 1)
+        .expect("a subscription encodes");
+    buf.freeze()
 }
 
 #[cfg(test)]

@@ -306,8 +306,10 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
 }
 
 async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>) {
-    // Ends the request's count in flight, for the broker and for each of its batches'
-    // partitions (named, since the batches themselves may be gone by then).
+    // The batches' partitions, named apart from the batches: they may be gone (completed,
+    // split, retried) by the time the request stops counting as in flight.
+    let counted: Vec<(Arc<str>, i32)> = batches.iter().map(|b| (b.topic.clone(), b.partition)).collect();
+    // Ends the request's count in flight, for the broker and for each of those partitions.
     let release = move |inner: &Inner, partitions: &[(Arc<str>, i32)]| {
         let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = state.in_flight.get_mut(&broker) {
@@ -324,7 +326,7 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
     let conn = match inner.cluster.broker(broker).await {
         Ok(c) => c,
         Err(e) => {
-            release(inner, &partitions(&batches));
+            release(inner, &counted);
             // A leader that refuses connections has usually died: until the metadata
             // names its successor, every retry would go to it again.
             let refresh = e.needs_metadata_refresh();
@@ -340,7 +342,7 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
     let version = match conn.version::<ProduceRequest>(PRODUCE_VERSION) {
         Ok(v) => v,
         Err(e) => {
-            release(inner, &partitions(&batches));
+            release(inner, &counted);
             for b in batches {
                 inner.complete(&b, Outcome::Failed(e.clone()));
             }
@@ -357,7 +359,7 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
                 Ok(w) => w.await,
                 Err(e) => Err(e),
             };
-            release(&inner, &partitions(&batches));
+            release(&inner, &counted);
             for b in batches {
                 match &result {
                     Ok(()) => inner.complete(&b, Outcome::Sent { base_offset: -1 }),
@@ -379,7 +381,6 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
             // answer to a batch sent behind the failed one (refused only because of the
             // hole) was then judged against the new epoch, found not retriable, and
             // failed a record the broker never refused.
-            let counted = partitions(&batches);
             match result {
                 Ok(response) => handle_response(&inner, &addr, batches, response),
                 Err(e) => {
@@ -396,11 +397,6 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
         }
     };
     conn.send_parts_then::<ProduceRequest>(body, version, then).await;
-}
-
-/// The partition of each batch, in order.
-fn partitions(batches: &[ReadyBatch]) -> Vec<(Arc<str>, i32)> {
-    batches.iter().map(|b| (b.topic.clone(), b.partition)).collect()
 }
 
 /// A Produce request's body for `batches`, grouped by topic in order of appearance,
