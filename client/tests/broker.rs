@@ -313,6 +313,89 @@ async fn pausable_proxy(upstream: SocketAddr, listener: TcpListener, paused: Arc
     }
 }
 
+/// A TCP proxy that, once `armed`, swallows the next bytes the broker sends and closes
+/// the connection: a request the broker handled whose answer never arrives, as when a
+/// connection breaks between the two.
+async fn answer_losing_proxy(upstream: SocketAddr, listener: TcpListener, armed: Arc<AtomicBool>) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else { return };
+        let armed = armed.clone();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let Ok(server) = TcpStream::connect(upstream).await else { return };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            let forward = tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+            });
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match sr.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if armed.swap(false, Ordering::SeqCst) || cw.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            // Both ways closed: the client sees its connection end with the request open.
+            forward.abort();
+            let _ = cw.shutdown().await;
+        });
+    }
+}
+
+/// An idempotent producer moves to a new epoch when a batch fails for good (KIP-360),
+/// and restarts its sequences there. A batch whose answer was lost (the broker may have
+/// stored it) must not be sent again in the new epoch, where the broker cannot tell it
+/// from a new one: it is resolved in the epoch it was sent in, as Kafka's producer
+/// keeps a partition on its old epoch until its batches in flight are done.
+#[tokio::test]
+async fn a_batch_whose_answer_was_lost_is_stored_once_across_an_epoch_bump() {
+    let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_addr = proxy.local_addr().unwrap().to_string();
+    let broker = start_broker_advertising(Some(proxy_addr.clone())).await;
+    let armed = Arc::new(AtomicBool::new(false));
+    tokio::spawn(answer_losing_proxy(broker.addr.parse().unwrap(), proxy, armed.clone()));
+    create_topic(&proxy_addr, "kept", 1, &[]).await;
+    create_topic(&proxy_addr, "limited", 1, &[("max.message.bytes", "1024")]).await;
+    // The retry of the lost batch waits a second: the other batch fails meanwhile, and
+    // the epoch is bumped before the retry goes out.
+    let p = producer(&proxy_addr, |c| {
+        c.linger = Duration::ZERO;
+        c.client.retry_backoff = Duration::from_secs(1);
+    })
+    .await;
+    let send = |topic: &'static str, value: &str| p.send(ProducerRecord::new(topic, Bytes::from(value.to_owned())).partition(0));
+    send("kept", "before").await.unwrap().await.unwrap();
+
+    armed.store(true, Ordering::SeqCst);
+    let lost = send("kept", "lost-answer").await.unwrap();
+    // Until the proxy dropped the answer, which makes the batch wait for its retry.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while armed.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the broker never answered the produce");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let refused = send("limited", &"x".repeat(2048)).await.unwrap().await.unwrap_err();
+    assert_eq!(refused.code(), Some(ResponseError::MessageTooLarge), "{refused}");
+    lost.await.expect("the batch whose answer was lost is acknowledged");
+    send("kept", "after").await.unwrap().await.unwrap();
+    p.close().await;
+
+    let mut c = consumer(&broker.addr).await;
+    c.assign([TopicPartition::new("kept", 0)]).await.unwrap();
+    let mut values = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !values.iter().any(|v| v == "after") {
+        assert!(Instant::now() < deadline, "only {values:?} arrived");
+        for r in c.poll(Duration::from_millis(200)).await.unwrap() {
+            values.push(String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned());
+        }
+    }
+    assert_eq!(values, ["before", "lost-answer", "after"], "every record once, in send order");
+}
+
 #[tokio::test]
 async fn back_pressure_bounds_buffer_memory() {
     let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();

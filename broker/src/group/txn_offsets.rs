@@ -20,14 +20,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use fjord_coord::{registry, CreateMode, MetadataStore};
+use fjord_coord::{registry, MetadataStore};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::txn_offset_commit_response::{TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic};
 use kafka_protocol::messages::{ResponseKind, TxnOffsetCommitRequest, TxnOffsetCommitResponse};
 use serde::{Deserialize, Serialize};
 
 use super::offsets::CommittedOffset;
-use super::registry::{group_id_of, group_node};
+use super::registry::{group_id_of, group_node, set_or_create};
 use super::{now_ms, GroupCoordinator, GroupEntry, Inner};
 
 /// Root of the pending transactional offsets in the metadata store.
@@ -232,13 +232,7 @@ impl GroupCoordinator {
         }
         if codes.values().any(|&c| c == 0) {
             let data = registry::to_json(&pending);
-            let written = match store.set(&path, &data, None).await {
-                Err(fjord_coord::Error::NoNode { .. }) => {
-                    fjord_coord::create_all(store, &path, &data, CreateMode::Persistent).await.map(drop)
-                }
-                other => other.map(drop),
-            };
-            if let Err(e) = written {
+            if let Err(e) = set_or_create(store, &path, &data).await {
                 tracing::warn!(group = %request.group_id.as_str(), error = %e, "pending offsets not written");
                 return respond(&|_, _| ResponseError::CoordinatorNotAvailable.code());
             }

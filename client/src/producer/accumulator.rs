@@ -121,6 +121,11 @@ impl TopicState {
 pub(super) struct PartitionQueue {
     pub(super) open: Option<OpenBatch>,
     pub(super) ready: VecDeque<ReadyBatch>,
+    /// Idempotence: the producer id and epoch the partition's sequence numbers below
+    /// belong to (`None` until its first batch is numbered). After an epoch bump it
+    /// stays on the old epoch while a batch numbered in it may be stored (see
+    /// [`PartitionQueue::holds_unresolved`]).
+    pub(super) identity: Option<ProducerIdentity>,
     /// Idempotence: the sequence number of the next batch sent for the first time.
     pub(super) next_sequence: i32,
     /// Idempotence: the sequence after the last acknowledged batch.
@@ -142,6 +147,22 @@ pub(super) struct PartitionQueue {
 }
 
 impl PartitionQueue {
+    /// Whether a batch waiting for a retry was numbered in the partition's epoch and may
+    /// be stored already (its answer was lost): sent again in another epoch, the broker
+    /// could not tell it from a new batch and would store it twice.
+    pub(super) fn holds_unresolved(&self) -> bool {
+        self.ready.iter().any(|b| b.maybe_stored && b.stamp.is_some_and(|s| Some(s.identity) == self.identity))
+    }
+
+    /// Restarts the partition's sequence numbers at 0 in the epoch of `identity`;
+    /// batches numbered before are numbered again when sent.
+    pub(super) fn restart_sequences(&mut self, identity: ProducerIdentity) {
+        self.identity = Some(identity);
+        self.next_sequence = 0;
+        self.acked_sequence = 0;
+        self.window.clear();
+    }
+
     /// Whether the sender may take the open (not full) batch of this partition now,
     /// linger aside: not while [`OPEN_BATCH_HOLD`] of the partition's batches are in
     /// flight. It fills up meanwhile, and the answer to one of them wakes the sender.
@@ -199,6 +220,9 @@ pub(crate) struct ReadyBatch {
     pub(super) retry_at: Option<Instant>,
     /// Idempotence: id, epoch and sequence, from the first time it was sent.
     pub(super) stamp: Option<Stamp>,
+    /// An attempt ended without an answer saying what became of the batch (the
+    /// connection broke, the request timed out): the broker may have stored it.
+    pub(super) maybe_stored: bool,
     /// With an audit hook, each record's creation time (empty for the parts of a split
     /// batch: the original batch reports its records when the parts are done).
     pub(super) audit: Vec<i64>,
@@ -514,6 +538,7 @@ impl OpenBatch {
             attempts: 0,
             retry_at: None,
             stamp: None,
+            maybe_stored: false,
             audit: self.audit,
         })
     }

@@ -65,14 +65,19 @@ impl ReadyBatch {
 }
 
 impl State {
-    /// Whether the broker may have refused `batch` as out of order only because an
-    /// earlier batch of its partition is still unresolved (then it is worth a retry).
-    pub(super) fn earlier_batch_pending(&mut self, batch: &ReadyBatch) -> bool {
+    /// Whether a batch the broker refused as out of order is worth another attempt:
+    /// when an earlier batch of its partition is still unresolved (the refusal may be
+    /// for that one's hole only), or when its partition is on an older epoch, which it
+    /// leaves once nothing numbered there may be stored (the batch is then numbered
+    /// again in the current one).
+    pub(super) fn out_of_order_is_retriable(&mut self, batch: &ReadyBatch) -> bool {
         let Some(stamp) = batch.stamp else {
             return false;
         };
-        Some(stamp.identity) == self.identity
-            && self.queue(&batch.topic, batch.partition).is_some_and(|q| q.acked_sequence != stamp.sequence)
+        let current = self.identity;
+        self.queue(&batch.topic, batch.partition).is_some_and(|q| {
+            q.identity == Some(stamp.identity) && (Some(stamp.identity) != current || q.acked_sequence != stamp.sequence)
+        })
     }
 }
 
@@ -109,7 +114,8 @@ pub(super) async fn init_producer_id(cluster: &Cluster, timeout: Duration) -> Re
 
 /// After a stamped batch failed for good: once nothing is in flight, bumps the epoch of
 /// the producer id and restarts every partition's sequence (batches already stamped are
-/// stamped again when sent); a broker takes a newer epoch that starts at sequence 0, so
+/// stamped again when sent), except in partitions holding a batch that may be stored
+/// already, which move to the new epoch later; a broker takes a newer epoch that starts at sequence 0, so
 /// no InitProducerId round trip is needed (KIP-360, as the Java client does for an
 /// idempotent producer). Only when the epoch would overflow is a new producer id taken.
 /// `None` when no reset is due now.
@@ -149,9 +155,13 @@ pub(super) async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
     let mut aborted = Vec::new();
     for topic in state.topics.values_mut() {
         for (p, queue) in topic.partitions.iter_mut().enumerate() {
-            queue.next_sequence = 0;
-            queue.acked_sequence = 0;
-            queue.window.clear();
+            if !transactional && queue.holds_unresolved() {
+                // Its batches go out in the old epoch until none may be stored (as
+                // Kafka's producer keeps a partition with batches in flight on its
+                // epoch); then the sender restarts it in this one.
+                continue;
+            }
+            queue.restart_sequences(identity);
             if transactional {
                 // The coordinator aborted the open transaction: what is left of it must
                 // not go out in the new epoch, where the next transaction's commit marker

@@ -48,26 +48,30 @@ impl Inner {
         self.memory.add_permits(batch.memory);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.incomplete -= 1;
-        if let Some(stamp) = batch.stamp.filter(|s| Some(s.identity) == state.identity) {
+        if let Some(stamp) = batch.stamp {
+            let current = state.identity;
             // A split batch completes after its parts, which hold its sequence numbers now.
             let split = matches!(outcome_kind, OutcomeKind::Split);
-            if let Some(queue) = state.queue(&batch.topic, batch.partition).filter(|_| !split) {
-                if let Some(entry) = queue.window.iter_mut().find(|(sequence, _)| *sequence == stamp.sequence) {
-                    entry.1 = true;
+            if let Some(queue) = state.queue(&batch.topic, batch.partition).filter(|q| q.identity == Some(stamp.identity)) {
+                if !split {
+                    if let Some(entry) = queue.window.iter_mut().find(|(sequence, _)| *sequence == stamp.sequence) {
+                        entry.1 = true;
+                    }
+                    while queue.window.front().is_some_and(|(_, done)| *done) {
+                        queue.window.pop_front();
+                    }
                 }
-                while queue.window.front().is_some_and(|(_, done)| *done) {
-                    queue.window.pop_front();
-                }
-            }
-            if succeeded {
-                if let Some(queue) = state.queue(&batch.topic, batch.partition) {
+                if succeeded {
                     // Answers of different requests may be handled out of order: only move forward.
                     let acked = add_sequence(stamp.sequence, batch.records);
                     if sequence_ahead(acked, queue.acked_sequence) {
                         queue.acked_sequence = acked;
                     }
                 }
-            } else {
+            }
+            // A hole in an older epoch's numbers needs no bump: the partition leaves
+            // that epoch anyway once nothing of it may be stored.
+            if !succeeded && Some(stamp.identity) == current {
                 state.reset_pending = true;
                 self.wake_sender.notify_one();
             }
@@ -232,10 +236,16 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
                 continue;
             }
             // Idempotence: a new batch waits while 5 numbered ones are unresolved (see
-            // `PartitionQueue::outstanding`); retries go first anyway, in sequence order.
-            if let Some(id) = *identity {
+            // `PartitionQueue::window`), and while the partition is still on an older
+            // epoch (see `PartitionQueue::holds_unresolved`); retries go first anyway,
+            // in sequence order.
+            if let Some(current) = *identity {
+                if queue.identity.is_some_and(|id| id != current) && queue.sending == 0 && !queue.holds_unresolved() {
+                    queue.restart_sequences(current);
+                }
+                let id = *queue.identity.get_or_insert(current);
                 let front_is_new = queue.ready.front().is_none_or(|b| b.stamp.is_none_or(|s| s.identity != id));
-                if front_is_new && queue.window.len() >= MAX_IN_FLIGHT_IDEMPOTENT {
+                if front_is_new && (id != current || queue.window.len() >= MAX_IN_FLIGHT_IDEMPOTENT) {
                     continue;
                 }
             }
@@ -272,7 +282,7 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
                     None => continue,
                 },
             };
-            if let Some(identity) = *identity {
+            if let Some(identity) = queue.identity {
                 if batch.stamp.is_none_or(|s| s.identity != identity) {
                     let sequence = queue.next_sequence;
                     queue.next_sequence = add_sequence(sequence, batch.records);
@@ -385,7 +395,9 @@ async fn send_request(inner: &Arc<Inner>, broker: i32, batches: Vec<ReadyBatch>)
                 Ok(response) => handle_response(&inner, &addr, batches, response),
                 Err(e) => {
                     let refresh = e.needs_metadata_refresh();
-                    for b in batches {
+                    for mut b in batches {
+                        // The request went out and no answer came back.
+                        b.maybe_stored = true;
                         inner.retry_or_fail(b, e.clone());
                     }
                     if refresh {
@@ -421,7 +433,7 @@ fn produce_body(
 
 fn handle_response(inner: &Arc<Inner>, broker: &str, batches: Vec<ReadyBatch>, response: ProduceResponse) {
     let mut refresh = false;
-    for batch in batches {
+    for mut batch in batches {
         let result = response
             .responses
             .iter()
@@ -441,7 +453,10 @@ fn handle_response(inner: &Arc<Inner>, broker: &str, batches: Vec<ReadyBatch>, r
                 inner.complete(&batch, Outcome::Sent { base_offset: result.base_offset })
             }
             Some(e) if e.code() == Some(ResponseError::OutOfOrderSequenceNumber) => {
-                let retriable = inner.state.lock().unwrap_or_else(|e| e.into_inner()).earlier_batch_pending(&batch);
+                // Whatever an earlier attempt came to, the batch is not stored: had it
+                // been, the broker would have recognised it as a duplicate.
+                batch.maybe_stored = false;
+                let retriable = inner.state.lock().unwrap_or_else(|e| e.into_inner()).out_of_order_is_retriable(&batch);
                 inner.retry_or_fail_as(batch, e, retriable);
             }
             Some(e) if e.code() == Some(ResponseError::MessageTooLarge) && batch.records > 1 => {
@@ -456,6 +471,9 @@ fn handle_response(inner: &Arc<Inner>, broker: &str, batches: Vec<ReadyBatch>, r
             }
             Some(e) => {
                 refresh |= e.needs_metadata_refresh();
+                // Appended by the leader, not yet by enough replicas: stored, perhaps.
+                let maybe = [ResponseError::RequestTimedOut, ResponseError::NotEnoughReplicasAfterAppend];
+                batch.maybe_stored |= e.code().is_some_and(|c| maybe.contains(&c));
                 inner.retry_or_fail(batch, e);
             }
         }
@@ -520,6 +538,7 @@ fn split_and_resend(inner: &Arc<Inner>, batch: ReadyBatch) {
                 attempts: batch.attempts,
                 retry_at: None,
                 stamp: None,
+                maybe_stored: false,
                 audit: Vec::new(),
             };
             // The parts take the original batch's sequence numbers, one each.
