@@ -122,12 +122,29 @@ struct Outcome {
     first_failure: String,
 }
 
-pub(crate) fn conformance(args: &[String]) -> Result<()> {
+/// How the `fjord` binary the brokers run is built.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FjordBuild {
+    /// `cargo build -p fjord`: `cargo xtask conformance` on its own.
+    Alone,
+    /// With the workspace's tests (`cargo test --workspace --no-run`), after `cargo xtask
+    /// test` built them: nothing to do then. `cargo build -p fjord` would build a dozen
+    /// crates again (~1 minute in CI), their features being those of fjord alone, not
+    /// those of the whole workspace and its dev-dependencies.
+    WithTests,
+}
+
+pub(crate) fn conformance(args: &[String], build: FjordBuild) -> Result<()> {
     let options = parse(args)?;
     let root = root();
     let expectations = read_expectations(&root.join("xtask/conformance.txt"))?;
     let suite = build_suite(&root)?;
-    run(cargo(&root).args(["build", "-p", "fjord"])).context("building fjord")?;
+    let mut cargo = cargo(&root);
+    match build {
+        FjordBuild::Alone => cargo.args(["build", "-p", "fjord"]),
+        FjordBuild::WithTests => cargo.args(["test", "--workspace", "--no-run"]),
+    };
+    run(&mut cargo).context("building fjord")?;
     let mut surprises = Vec::new();
     for options in options.runs() {
         surprises.extend(run_tests(&root, &suite, &expectations, &options)?);

@@ -1,5 +1,6 @@
 //! `cargo xtask test`: install what the tests need on a fresh Debian machine, check the
-//! formatting, run every test of the workspace, then clippy with warnings as errors, then
+//! formatting, run every test of the workspace (several test binaries at a time, see
+//! [`testrun`]), then clippy with warnings as errors, then
 //! the core set of librdkafka's own integration tests on `fjord dev` and on three brokers
 //! (`cargo xtask conformance [--cluster]`, see [`conformance`]; `FJORD_SKIP_CONFORMANCE=1`
 //! leaves it out). The short chaos run (fjord-testkit's `tests/chaos_short.rs`, see
@@ -17,6 +18,7 @@ use anyhow::{bail, Context, Result};
 
 mod chaos;
 mod conformance;
+mod testrun;
 
 /// Debian packages the integration tests run: a real ZooKeeper server, kcat
 /// (librdkafka) as an independent Kafka client, nc for health checks, the Python venv
@@ -46,7 +48,7 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("provision") => provision(),
-        Some("conformance") => conformance::conformance(&args[1..]),
+        Some("conformance") => conformance::conformance(&args[1..], conformance::FjordBuild::Alone),
         Some("chaos") => chaos::chaos(&args[1..]),
         _ => {
             eprintln!(
@@ -69,19 +71,21 @@ fn test(extra: &[String]) -> Result<()> {
         // Seconds, so it goes first: a formatting slip fails before the long test run.
         run(cargo(&root).args(["fmt", "--all", "--check"])).context("code is not formatted: run `cargo fmt --all`")?;
     }
-    let venv = root.join("target/venv");
-    let mut cmd = cargo(&root);
-    cmd.args(["test", "--workspace", "--no-fail-fast"]).args(extra);
     // Tests find the independent Python clients here.
-    cmd.env("FJORD_TEST_PYTHON", venv.join("bin/python"));
-    run(&mut cmd)?;
+    let python = root.join("target/venv/bin/python");
+    if whole_run {
+        testrun::run_workspace_tests(&root, &[("FJORD_TEST_PYTHON", &python)])?;
+    } else {
+        run(cargo(&root).args(["test", "--workspace", "--no-fail-fast"]).args(extra).env("FJORD_TEST_PYTHON", &python))?;
+    }
     if whole_run {
         run(cargo(&root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
             .context("clippy found warnings")?;
         if std::env::var_os("FJORD_SKIP_CONFORMANCE").is_none() {
             // The core set on one broker and on three (about 3 and 4 minutes).
-            conformance::conformance(&[]).context("librdkafka's integration tests (core set, fjord dev)")?;
-            conformance::conformance(&["--cluster".to_owned()])
+            let built = conformance::FjordBuild::WithTests;
+            conformance::conformance(&[], built).context("librdkafka's integration tests (core set, fjord dev)")?;
+            conformance::conformance(&["--cluster".to_owned()], built)
                 .context("librdkafka's integration tests (core set, 3 brokers on ZooKeeper)")?;
         }
     }

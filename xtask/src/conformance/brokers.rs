@@ -3,12 +3,13 @@
 
 use std::fs;
 use std::io::Read;
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use socket2::{Domain, Socket, Type};
 
 use super::security::{add_scram_user, TlsFixtures};
 
@@ -26,9 +27,22 @@ pub(super) trait Brokers {
     fn sasl_ssl_bootstrap(&self) -> &str;
 }
 
-/// A free port on loopback (bound and released; the broker binds it right after).
+/// A loopback port for a server this run starts, held until xtask exits by a socket
+/// bound to it but not listening (as fjord-testkit's `free_port`). Picked and let go at
+/// once, the port could go to any other socket before its server bound it: `fjord dev`
+/// itself failed so ("binding the gateway gRPC ...: Address already in use"), its own
+/// connections to its broker, made before the gateway started, having been given the
+/// gateway's port as their local one. Held with SO_REUSEADDR, Linux gives the port to
+/// no port-0 bind and no outgoing connection, while the servers (which set
+/// SO_REUSEADDR) still bind it.
 pub(super) fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static HELD: std::sync::Mutex<Vec<Socket>> = std::sync::Mutex::new(Vec::new());
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())?;
+    let port = socket.local_addr()?.as_socket().context("a loopback socket has an IP address")?.port();
+    HELD.lock().unwrap_or_else(|e| e.into_inner()).push(socket);
+    Ok(port)
 }
 
 /// `fjord dev` on free ports, stopped when dropped.
