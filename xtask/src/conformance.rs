@@ -122,35 +122,57 @@ struct Outcome {
     first_failure: String,
 }
 
-/// How the `fjord` binary the brokers run is built.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FjordBuild {
-    /// `cargo build -p fjord`: `cargo xtask conformance` on its own.
-    Alone,
-    /// With the workspace's tests (`cargo test --workspace --no-run`), after `cargo xtask
-    /// test` built them: nothing to do then. `cargo build -p fjord` would build a dozen
-    /// crates again (~1 minute in CI), their features being those of fjord alone, not
-    /// those of the whole workspace and its dev-dependencies.
-    WithTests,
-}
-
-pub(crate) fn conformance(args: &[String], build: FjordBuild) -> Result<()> {
+pub(crate) fn conformance(args: &[String]) -> Result<()> {
     let options = parse(args)?;
     let root = root();
     let expectations = read_expectations(&root.join("xtask/conformance.txt"))?;
     let suite = build_suite(&root)?;
-    let mut cargo = cargo(&root);
-    match build {
-        FjordBuild::Alone => cargo.args(["build", "-p", "fjord"]),
-        FjordBuild::WithTests => cargo.args(["test", "--workspace", "--no-run"]),
-    };
-    run(&mut cargo).context("building fjord")?;
+    run(cargo(&root).args(["build", "-p", "fjord"])).context("building fjord")?;
     let mut surprises = Vec::new();
     for options in options.runs() {
         surprises.extend(run_tests(&root, &suite, &expectations, &options)?);
     }
     if !surprises.is_empty() {
         bail!("{} test(s) did not do what xtask/conformance.txt expects:\n{}", surprises.len(), surprises.join("\n"));
+    }
+    Ok(())
+}
+
+/// `cargo xtask test`'s part: the core set on `fjord dev` and on three brokers on
+/// ZooKeeper, side by side. Each run has its own brokers, ports and directory, and
+/// spends most of its time waiting on its clients' timeouts: one after the other they
+/// took ~6 minutes of CI. The `fjord` binary is the one the tests were built with
+/// (`cargo test --workspace --no-run`, nothing to do after them): `cargo build -p
+/// fjord` would build a dozen crates again (~1 minute), their features then being
+/// fjord's alone, not the whole workspace's with its dev-dependencies.
+pub(crate) fn core_sets() -> Result<()> {
+    let root = root();
+    let expectations = read_expectations(&root.join("xtask/conformance.txt"))?;
+    let suite = build_suite(&root)?;
+    run(cargo(&root).args(["test", "--workspace", "--no-run"])).context("building fjord")?;
+    let runs = [parse(&[])?, parse(&["--cluster".to_owned()])?];
+    let results: Vec<(String, Result<Vec<String>>)> = std::thread::scope(|scope| {
+        let started: Vec<_> = runs
+            .iter()
+            .map(|options| (options.describe(), scope.spawn(|| run_tests(&root, &suite, &expectations, options))))
+            .collect();
+        started
+            .into_iter()
+            .map(|(name, run)| (name, run.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the run panicked")))))
+            .collect()
+    });
+    let mut failures = Vec::new();
+    for (name, result) in results {
+        match result {
+            Ok(surprises) => failures.extend(surprises.into_iter().map(|s| format!("{name}: {s}"))),
+            Err(e) => failures.push(format!("{name}: {e:#}")),
+        }
+    }
+    if !failures.is_empty() {
+        bail!(
+            "librdkafka's integration tests (core set) did not do what xtask/conformance.txt expects:\n{}",
+            failures.join("\n")
+        );
     }
     Ok(())
 }

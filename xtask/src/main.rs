@@ -1,9 +1,9 @@
 //! `cargo xtask test`: install what the tests need on a fresh Debian machine, check the
 //! formatting, run every test of the workspace (several test binaries at a time, see
-//! [`testrun`]), then clippy with warnings as errors, then
-//! the core set of librdkafka's own integration tests on `fjord dev` and on three brokers
-//! (`cargo xtask conformance [--cluster]`, see [`conformance`]; `FJORD_SKIP_CONFORMANCE=1`
-//! leaves it out). The short chaos run (fjord-testkit's `tests/chaos_short.rs`, see
+//! [`testrun`]), then clippy with warnings as errors, then the core set of librdkafka's
+//! own integration tests on `fjord dev` and on three brokers, side by side (`cargo xtask
+//! conformance [--cluster]` runs one, see [`conformance`]; `FJORD_SKIP_CONFORMANCE=1`
+//! leaves them out). The short chaos run (fjord-testkit's `tests/chaos_short.rs`, see
 //! [`chaos`]) is one of the workspace's tests.
 //! `.ci/run` calls exactly this. With extra arguments (`cargo xtask test -- NAME`) only
 //! the selected tests run, without the format and lint checks.
@@ -48,7 +48,7 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("provision") => provision(),
-        Some("conformance") => conformance::conformance(&args[1..], conformance::FjordBuild::Alone),
+        Some("conformance") => conformance::conformance(&args[1..]),
         Some("chaos") => chaos::chaos(&args[1..]),
         _ => {
             eprintln!(
@@ -82,11 +82,8 @@ fn test(extra: &[String]) -> Result<()> {
         run(cargo(&root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
             .context("clippy found warnings")?;
         if std::env::var_os("FJORD_SKIP_CONFORMANCE").is_none() {
-            // The core set on one broker and on three (about 3 and 4 minutes).
-            let built = conformance::FjordBuild::WithTests;
-            conformance::conformance(&[], built).context("librdkafka's integration tests (core set, fjord dev)")?;
-            conformance::conformance(&["--cluster".to_owned()], built)
-                .context("librdkafka's integration tests (core set, 3 brokers on ZooKeeper)")?;
+            // The core set on one broker and on three, side by side (about 3 minutes).
+            conformance::core_sets()?;
         }
     }
     Ok(())

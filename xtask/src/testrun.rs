@@ -2,10 +2,11 @@
 //!
 //! `cargo test` runs one test binary after another. Most of ours spend their time
 //! waiting (for brokers to start and elect, ZooKeeper sessions, client retries, fault
-//! timeouts), not on the CPU: the whole run used about a third of the two cores CI has
-//! while taking ~11 of its ~27 minutes. So the binaries are built the way `cargo test`
-//! builds them, then run [`jobs`] at a time, each as `cargo test` runs it (from its
-//! package's directory, with cargo's variables), its output kept in
+//! timeouts), not on the CPU: in a timing run of CI here they took 665 s, 11 of its 25
+//! minutes, with the two cores ~75% idle; three at a time, 249 s at ~60% busy, each
+//! binary within a few percent of its time alone. So the binaries are built the way
+//! `cargo test` builds them, then run [`jobs`] at a time, each as `cargo test` runs it
+//! (from its package's directory, with cargo's variables), its output kept in
 //! `target/xtask/tests/` and printed whole when it ends, then a summary. Tests are
 //! written to run side by side (ephemeral ports, their own temp dirs, network
 //! namespaces named after their process), as they do within one binary already.
@@ -25,11 +26,23 @@ use crate::cargo;
 /// How many test binaries run at once unless `FJORD_TEST_JOBS` says otherwise.
 const DEFAULT_JOBS: usize = 3;
 
-/// Binaries that take a minute or more in CI, started first so that none of them is
-/// left to run alone at the end (the order of the rest does not matter much). A name
-/// missing here only costs time, never a test.
-const LONGEST_FIRST: &[&str] =
-    &["chaos_short", "txn_cluster", "kafka_python_security", "quotas", "cluster", "mirror", "open_files"];
+/// Binaries that took 15 s or more in CI (package, target), longest first: started
+/// first, so that none of them is left to run alone at the end (the order of the rest
+/// matters little). One missing here only costs time, never a test.
+const LONGEST_FIRST: &[(&str, &str)] = &[
+    ("fjord-testkit", "chaos_short"),
+    ("fjord", "txn_cluster"),
+    ("fjord-broker", "kafka_python_security"),
+    ("fjord-broker", "quotas"),
+    ("fjord-log", "open_files"),
+    ("fjord", "cluster"),
+    ("fjord", "mirror"),
+    ("fjord-broker", "sasl"),
+    ("fjord", "reassign"),
+    ("fjord-broker", "log_dirs"),
+    ("fjord-console", "browser"),
+    ("fjord-console", "pages"),
+];
 
 /// One test binary, as `cargo test --no-run` reported it.
 struct TestBinary {
@@ -160,7 +173,9 @@ fn package_and_version(id: &str, dir: &Path) -> Option<(String, String)> {
 
 /// [`LONGEST_FIRST`] in its order, then the rest in cargo's.
 fn order(mut binaries: Vec<TestBinary>) -> Vec<TestBinary> {
-    let rank = |b: &TestBinary| LONGEST_FIRST.iter().position(|n| *n == b.name).unwrap_or(LONGEST_FIRST.len());
+    let rank = |b: &TestBinary| {
+        LONGEST_FIRST.iter().position(|&(package, name)| package == b.package && name == b.name).unwrap_or(LONGEST_FIRST.len())
+    };
     binaries.sort_by_key(rank); // stable: cargo's order among the rest
     binaries
 }
@@ -279,16 +294,22 @@ mod tests {
 
     #[test]
     fn the_longest_binaries_go_first_and_the_rest_keep_cargos_order() {
-        let binary = |name: &str| TestBinary {
+        let binary = |(package, name): (&str, &str)| TestBinary {
             label: name.to_owned(),
             name: name.to_owned(),
-            package: String::new(),
+            package: package.to_owned(),
             version: String::new(),
             executable: PathBuf::new(),
             dir: PathBuf::new(),
         };
-        let ordered = order(["b", "mirror", "a", "chaos_short"].into_iter().map(binary).collect());
-        let names: Vec<&str> = ordered.iter().map(|b| b.name.as_str()).collect();
-        assert_eq!(names, ["chaos_short", "mirror", "b", "a"]);
+        let binaries =
+            [("x", "b"), ("fjord", "mirror"), ("fjord-broker", "mirror"), ("x", "a"), ("fjord-testkit", "chaos_short")];
+        let ordered = order(binaries.into_iter().map(binary).collect());
+        let names: Vec<(&str, &str)> = ordered.iter().map(|b| (b.package.as_str(), b.name.as_str())).collect();
+        assert_eq!(
+            names,
+            [("fjord-testkit", "chaos_short"), ("fjord", "mirror"), ("x", "b"), ("fjord-broker", "mirror"), ("x", "a")],
+            "a name counts with its package only"
+        );
     }
 }
