@@ -472,7 +472,13 @@ fn handle_response(inner: &Arc<Inner>, broker: &str, batches: Vec<ReadyBatch>, r
             Some(e) => {
                 refresh |= e.needs_metadata_refresh();
                 // Appended by the leader, not yet by enough replicas: stored, perhaps.
-                let maybe = [ResponseError::RequestTimedOut, ResponseError::NotEnoughReplicasAfterAppend];
+                // NOT_LEADER_OR_FOLLOWER too: a leader that lost its place while the
+                // batch waited for its replicas answers so, and a replica may keep it.
+                let maybe = [
+                    ResponseError::RequestTimedOut,
+                    ResponseError::NotEnoughReplicasAfterAppend,
+                    ResponseError::NotLeaderOrFollower,
+                ];
                 batch.maybe_stored |= e.code().is_some_and(|c| maybe.contains(&c));
                 inner.retry_or_fail(batch, e);
             }
