@@ -237,8 +237,13 @@ fn summarize(results: &[Finished], took: Duration) -> Result<()> {
         (passed, failed, ignored) = (passed + p, failed + f, ignored + i);
     }
     let failures: Vec<&str> = results.iter().filter(|r| !r.success).map(|r| r.label.as_str()).collect();
+    // For keeping LONGEST_FIRST true.
+    let mut slowest: Vec<&Finished> = results.iter().collect();
+    slowest.sort_by_key(|r| std::cmp::Reverse(r.took));
+    let slowest: Vec<String> = slowest.iter().take(8).map(|r| format!("{} {:.0} s", r.label, r.took.as_secs_f64())).collect();
+    println!("\nslowest: {}", slowest.join(", "));
     println!(
-        "\n{passed} tests passed, {failed} failed, {ignored} ignored, in {} test jobs ({:.0} s)",
+        "{passed} tests passed, {failed} failed, {ignored} ignored, in {} test jobs ({:.0} s)",
         results.len(),
         took.as_secs_f64()
     );
