@@ -26,6 +26,13 @@ use crate::cargo;
 /// How many test binaries run at once unless `FJORD_TEST_JOBS` says otherwise.
 const DEFAULT_JOBS: usize = 3;
 
+/// A test binary still running after this is killed and counted as failed, its output
+/// so far shown: a hang fails the run with its name instead of holding CI to its own
+/// limit. The longest binary takes under two minutes; the tests' own phase limits are
+/// two minutes each. (What the killed binary started itself, a broker or ZooKeeper
+/// process, is left to end with the run.)
+const JOB_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
 /// Binaries that took 15 s or more in CI (package, target), longest first: started
 /// first, so that none of them is left to run alone at the end (the order of the rest
 /// matters little). One missing here only costs time, never a test.
@@ -87,7 +94,7 @@ pub(crate) fn run_workspace_tests(root: &Path, env: &[(&str, &Path)]) -> Result<
             let (root, logs, env) = (root.to_path_buf(), logs.clone(), owned(env));
             let done = done.clone();
             std::thread::spawn(move || {
-                let _ = done.send(job.run(&root, &logs, &env));
+                let _ = done.send(job.run(&root, &logs, &env, JOB_TIMEOUT));
             });
             running += 1;
         }
@@ -186,7 +193,8 @@ enum Job {
 }
 
 impl Job {
-    fn run(self, root: &Path, logs: &Path, env: &[(String, PathBuf)]) -> Result<Finished> {
+    /// Runs the job, its output into `logs`; killed (and failed) after `limit`.
+    fn run(self, root: &Path, logs: &Path, env: &[(String, PathBuf)], limit: Duration) -> Result<Finished> {
         let (label, log_name, mut cmd) = match &self {
             Job::Binary(b) => {
                 let mut cmd = Command::new(&b.executable);
@@ -210,9 +218,23 @@ impl Job {
         let log = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
         cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
         let started = Instant::now();
-        let status = cmd.status().with_context(|| format!("could not start {label}"))?;
-        let output = fs::read(&path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
-        Ok(Finished { label, success: status.success(), took: started.elapsed(), output })
+        let mut child = cmd.spawn().with_context(|| format!("could not start {label}"))?;
+        let success = loop {
+            if let Some(status) = child.try_wait()? {
+                break Some(status.success());
+            }
+            if started.elapsed() >= limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let mut output = fs::read(&path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+        if success.is_none() {
+            output.push_str(&format!("\nxtask: killed after {} s, the limit of one test job\n", limit.as_secs()));
+        }
+        Ok(Finished { label, success: success == Some(true), took: started.elapsed(), output })
     }
 }
 
@@ -259,6 +281,31 @@ fn summarize(results: &[Finished], took: Duration) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_binary_past_its_limit_is_killed_and_fails_with_its_output() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("xtask-testrun-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("hangs");
+        fs::write(&script, "#!/bin/sh\necho started\nexec sleep 60\n").unwrap();
+        fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+        let binary = TestBinary {
+            label: "tests/hangs.rs".into(),
+            name: "hangs".into(),
+            package: "p".into(),
+            version: "0.1.0".into(),
+            executable: script,
+            dir: dir.clone(),
+        };
+        let started = Instant::now();
+        let finished = Job::Binary(binary).run(&dir, &dir, &[], Duration::from_secs(1)).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(30), "not killed at its limit");
+        assert!(!finished.success);
+        assert!(finished.output.starts_with("started\n"), "{}", finished.output);
+        assert!(finished.output.contains("killed after 1 s"), "{}", finished.output);
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn counts_add_up_every_test_result_line() {
