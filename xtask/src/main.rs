@@ -73,18 +73,15 @@ fn test(extra: &[String]) -> Result<()> {
     }
     // Tests find the independent Python clients here.
     let python = root.join("target/venv/bin/python");
-    if whole_run {
-        testrun::run_workspace_tests(&root, &[("FJORD_TEST_PYTHON", &python)])?;
-    } else {
-        run(cargo(&root).args(["test", "--workspace", "--no-fail-fast"]).args(extra).env("FJORD_TEST_PYTHON", &python))?;
+    if !whole_run {
+        return run(cargo(&root).args(["test", "--workspace", "--no-fail-fast"]).args(extra).env("FJORD_TEST_PYTHON", &python));
     }
-    if whole_run {
-        run(cargo(&root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
-            .context("clippy found warnings")?;
-        if std::env::var_os("FJORD_SKIP_CONFORMANCE").is_none() {
-            // The core set on one broker and on three, side by side (about 3 minutes).
-            conformance::core_sets()?;
-        }
+    testrun::run_workspace_tests(&root, &[("FJORD_TEST_PYTHON", &python)])?;
+    run(cargo(&root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
+        .context("clippy found warnings")?;
+    if std::env::var_os("FJORD_SKIP_CONFORMANCE").is_none() {
+        // The core set on one broker and on three, side by side (about 3 minutes).
+        conformance::core_sets()?;
     }
     Ok(())
 }

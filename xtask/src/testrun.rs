@@ -282,6 +282,18 @@ fn summarize(results: &[Finished], took: Duration) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// Test binary `name` of `package`, nowhere on disk.
+    fn binary((package, name): (&str, &str)) -> TestBinary {
+        TestBinary {
+            label: format!("tests/{name}.rs"),
+            name: name.to_owned(),
+            package: package.to_owned(),
+            version: "0.1.0".to_owned(),
+            executable: PathBuf::new(),
+            dir: PathBuf::new(),
+        }
+    }
+
     #[test]
     fn a_binary_past_its_limit_is_killed_and_fails_with_its_output() {
         use std::os::unix::fs::PermissionsExt;
@@ -290,14 +302,7 @@ mod tests {
         let script = dir.join("hangs");
         fs::write(&script, "#!/bin/sh\necho started\nexec sleep 60\n").unwrap();
         fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
-        let binary = TestBinary {
-            label: "tests/hangs.rs".into(),
-            name: "hangs".into(),
-            package: "p".into(),
-            version: "0.1.0".into(),
-            executable: script,
-            dir: dir.clone(),
-        };
+        let binary = TestBinary { executable: script, dir: dir.clone(), ..binary(("p", "hangs")) };
         let started = Instant::now();
         let finished = Job::Binary(binary).run(&dir, &dir, &[], Duration::from_secs(1)).unwrap();
         assert!(started.elapsed() < Duration::from_secs(30), "not killed at its limit");
@@ -346,14 +351,6 @@ mod tests {
 
     #[test]
     fn the_longest_binaries_go_first_and_the_rest_keep_cargos_order() {
-        let binary = |(package, name): (&str, &str)| TestBinary {
-            label: name.to_owned(),
-            name: name.to_owned(),
-            package: package.to_owned(),
-            version: String::new(),
-            executable: PathBuf::new(),
-            dir: PathBuf::new(),
-        };
         let binaries =
             [("x", "b"), ("fjord", "mirror"), ("fjord-broker", "mirror"), ("x", "a"), ("fjord-testkit", "chaos_short")];
         let ordered = order(binaries.into_iter().map(binary).collect());

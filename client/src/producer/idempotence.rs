@@ -115,9 +115,10 @@ pub(super) async fn init_producer_id(cluster: &Cluster, timeout: Duration) -> Re
 /// After a stamped batch failed for good: once nothing is in flight, bumps the epoch of
 /// the producer id and restarts every partition's sequence (batches already stamped are
 /// stamped again when sent), except in partitions holding a batch that may be stored
-/// already, which move to the new epoch later; a broker takes a newer epoch that starts at sequence 0, so
-/// no InitProducerId round trip is needed (KIP-360, as the Java client does for an
-/// idempotent producer). Only when the epoch would overflow is a new producer id taken.
+/// already, which move to the new epoch later; a broker takes a newer epoch that starts
+/// at sequence 0, so no InitProducerId round trip is needed (KIP-360, as the Java client
+/// does for an idempotent producer). Only when the epoch would overflow is a new
+/// producer id taken.
 /// `None` when no reset is due now.
 pub(super) async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
     let current = {

@@ -20,6 +20,12 @@ use crate::error::{Error, ResponseError, Result};
 /// Highest Produce version used: v9 is the first flexible one; v13 switches to topic ids.
 const PRODUCE_VERSION: i16 = 9;
 
+/// Refusals that may come after the leader appended the batch (it waited for its
+/// replicas in vain, or lost its place meanwhile, and a replica may keep it): the batch
+/// is perhaps stored (`ReadyBatch::maybe_stored`).
+const MAYBE_STORED: [ResponseError; 3] =
+    [ResponseError::RequestTimedOut, ResponseError::NotEnoughReplicasAfterAppend, ResponseError::NotLeaderOrFollower];
+
 impl Inner {
     /// Completes a batch: wakes its record futures and gives back its memory. A stamped
     /// batch that succeeded moves its partition's acknowledged sequence; one that failed
@@ -471,15 +477,7 @@ fn handle_response(inner: &Arc<Inner>, broker: &str, batches: Vec<ReadyBatch>, r
             }
             Some(e) => {
                 refresh |= e.needs_metadata_refresh();
-                // Appended by the leader, not yet by enough replicas: stored, perhaps.
-                // NOT_LEADER_OR_FOLLOWER too: a leader that lost its place while the
-                // batch waited for its replicas answers so, and a replica may keep it.
-                let maybe = [
-                    ResponseError::RequestTimedOut,
-                    ResponseError::NotEnoughReplicasAfterAppend,
-                    ResponseError::NotLeaderOrFollower,
-                ];
-                batch.maybe_stored |= e.code().is_some_and(|c| maybe.contains(&c));
+                batch.maybe_stored |= e.code().is_some_and(|c| MAYBE_STORED.contains(&c));
                 inner.retry_or_fail(batch, e);
             }
         }
