@@ -18,7 +18,7 @@ mod common;
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 
-use fjord_testkit::PythonScript;
+use fjord_testkit::ClientScript;
 use std::time::Duration;
 
 /// Produces 100,000 records with `enable.idempotence=True`, says `restart` once a quarter
@@ -80,7 +80,7 @@ async fn confluent_kafka_idempotent_producer_survives_kill_9_exactly_once() {
     let data = dir.path().join("data");
     let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let mut broker = start_broker(addr, &data);
-    let mut script = PythonScript::spawn(IDEMPOTENT_SCRIPT, &[&addr.to_string()]).unwrap();
+    let mut script = ClientScript::python(IDEMPOTENT_SCRIPT, &[&addr.to_string()]).unwrap();
     let mut restarted = false;
     while let Some(line) = script.next_line().await.unwrap() {
         if line == "restart" {
@@ -145,7 +145,7 @@ async fn confluent_kafka_idempotent_producer_survives_kill_9_of_its_leader_on_th
     let mut cluster = fjord_testkit::Cluster::builder().brokers(3).processes(env!("CARGO_BIN_EXE_fjord")).start().await.unwrap();
     cluster.create_topic("idempotent", 1, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
     let leader = cluster.wait_for_leader("idempotent", 0, Duration::from_secs(30)).await.unwrap();
-    let mut script = PythonScript::spawn(IDEMPOTENT_SCRIPT, &[&cluster.bootstrap()]).unwrap();
+    let mut script = ClientScript::python(IDEMPOTENT_SCRIPT, &[&cluster.bootstrap()]).unwrap();
     let mut restarted = false;
     let run = async {
         while let Some(line) = script.next_line().await.unwrap() {
@@ -159,4 +159,61 @@ async fn confluent_kafka_idempotent_producer_survives_kill_9_of_its_leader_on_th
     let output = tokio::time::timeout(Duration::from_secs(240), run).await.expect("the script finished");
     assert!(restarted && output.ok(), "idempotent confluent-kafka run failed {}", output.transcript());
     assert_ne!(cluster.wait_for_leader("idempotent", 0, Duration::from_secs(30)).await.unwrap(), leader);
+}
+
+/// KafkaJS's idempotent producer (the protocol written again in JavaScript) streams
+/// 20,000 records in sends of 100, one in flight, and says `restart` a quarter of the
+/// way; then it reads the partition back: every record once, in send order.
+const KAFKAJS_SCRIPT: &str = r#"
+const assert = require('assert');
+const { Kafka, logLevel } = require('kafkajs');
+const [bootstrap] = process.argv.slice(1);
+const kafka = new Kafka({ clientId: 'fjord-kafkajs-failover', brokers: bootstrap.split(','), logLevel: logLevel.NOTHING,
+                          retry: { retries: 30, initialRetryTime: 100, maxRetryTime: 2000 } });
+const n = 20000, per = 100;
+(async () => {
+    const producer = kafka.producer({ idempotent: true, maxInFlightRequests: 1 });
+    await producer.connect();
+    for (let i = 0; i < n; i += per) {
+        if (i === n / 4) console.log('restart');
+        const messages = Array.from({ length: per }, (_, j) => ({ value: `m${i + j}` }));
+        const answers = await producer.send({ topic: 'kafkajs', acks: -1, messages });
+        assert(answers.every(a => a.errorCode === 0), JSON.stringify(answers));
+    }
+    await producer.disconnect();
+    const consumer = kafka.consumer({ groupId: 'kafkajs-reader', maxWaitTimeInMs: 200 });
+    await consumer.connect();
+    await consumer.subscribe({ topic: 'kafkajs', fromBeginning: true });
+    const values = [];
+    await consumer.run({ eachMessage: async ({ message }) => { values.push(message.value.toString()); } });
+    const deadline = Date.now() + 60000;
+    while (values.length < n && Date.now() < deadline) await new Promise(r => setTimeout(r, 100));
+    await new Promise(r => setTimeout(r, 1000)); // a duplicate would come after the last
+    await consumer.disconnect();
+    assert.strictEqual(values.length, n, `${values.length} records stored for ${n} sent`);
+    values.forEach((v, i) => assert.strictEqual(v, `m${i}`, `record ${i} is ${v}: missing, duplicated or out of order`));
+})().then(() => { console.log('ok'); process.exit(0); }, e => { console.error('FAILED', e); process.exit(1); });
+"#;
+
+/// The three-broker failover above with KafkaJS: the leader is killed (SIGKILL) when the
+/// script says `restart`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafkajs_idempotent_producer_survives_kill_9_of_its_leader_on_three_brokers() {
+    let mut cluster = fjord_testkit::Cluster::builder().brokers(3).processes(env!("CARGO_BIN_EXE_fjord")).start().await.unwrap();
+    cluster.create_topic("kafkajs", 1, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
+    let leader = cluster.wait_for_leader("kafkajs", 0, Duration::from_secs(30)).await.unwrap();
+    let mut script = ClientScript::node(KAFKAJS_SCRIPT, &[&cluster.bootstrap()]).unwrap();
+    let mut restarted = false;
+    let run = async {
+        while let Some(line) = script.next_line().await.unwrap() {
+            if line == "restart" {
+                cluster.kill(leader).await.unwrap();
+                restarted = true;
+            }
+        }
+        script.finish().await.unwrap()
+    };
+    let output = tokio::time::timeout(Duration::from_secs(240), run).await.expect("the script finished");
+    assert!(restarted && output.ok(), "idempotent KafkaJS run failed {}", output.transcript());
+    assert_ne!(cluster.wait_for_leader("kafkajs", 0, Duration::from_secs(30)).await.unwrap(), leader);
 }

@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use fjord_testkit::{Cluster, PythonScript};
+use fjord_testkit::{ClientScript, Cluster};
 
 /// Partitions of `__transaction_state` in these clusters (a transactional id's coordinator
 /// is the leader of partition `javaHash(id) % 3`).
@@ -109,12 +109,12 @@ def on_thread(call, limit):
 "#;
 
 /// A confluent-kafka script, after `PRELUDE`, run with the cluster's bootstrap as its argument.
-fn spawn(script: &str, bootstrap: &str) -> PythonScript {
-    PythonScript::spawn(&format!("{PRELUDE}{script}"), &[bootstrap]).unwrap()
+fn spawn(script: &str, bootstrap: &str) -> ClientScript {
+    ClientScript::python(&format!("{PRELUDE}{script}"), &[bootstrap]).unwrap()
 }
 
 /// Waits for the script to exit; it must have printed `ok` last.
-async fn finish(script: &mut PythonScript) {
+async fn finish(script: &mut ClientScript) {
     let output = script.finish().await.unwrap();
     assert!(output.ok(), "confluent-kafka run failed {}", output.transcript());
     // What the run went through (transactions committed and aborted), for --nocapture.

@@ -16,7 +16,7 @@ mod common;
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 
-use fjord_testkit::PythonScript;
+use fjord_testkit::ClientScript;
 
 const SCRIPT: &str = r#"
 import os, sys, time
@@ -130,7 +130,7 @@ async fn consume_transform_produce_survives_kill_9_exactly_once() {
     let data = dir.path().join("data");
     let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let mut broker = start_broker(addr, &data);
-    let mut script = PythonScript::spawn(SCRIPT, &[&addr.to_string()]).unwrap();
+    let mut script = ClientScript::python(SCRIPT, &[&addr.to_string()]).unwrap();
     let mut restarted = false;
     while let Some(line) = script.next_line().await.unwrap() {
         if line == "restart" {

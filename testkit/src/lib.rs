@@ -12,9 +12,9 @@
 //! - [`Tmpfs`] (`tmpfs`): a small tmpfs mounted for one test (root), a disk that fills up.
 //! - [`Certs`] (`certs`): a test CA, server key store and client certificate (openssl).
 //! - [`wait_until`] (`wait`): poll a condition with a deadline instead of sleeping.
-//! - [`python`] (`python`): the interpreter of the tests that drive the Python clients,
-//!   and [`PythonScript`] / [`run_python`], one such script run with its output read as it
-//!   comes.
+//! - [`python`] and [`node_modules`] (`script`): where the tests find the Python clients
+//!   and KafkaJS, and [`ClientScript`] / [`run_python`] / [`run_node`], one script of
+//!   them run with its output read as it comes.
 //! - `damage` (through `fjord-client`): a log of many small segments on three scrubbing
 //!   brokers ([`scrubbing_cluster`], [`fill_segmented_topic`]), one byte of it flipped
 //!   ([`flip_in_place`]), its segments ([`segments`]) and the side directories the damaged
@@ -40,8 +40,8 @@ pub mod chaos;
 mod cluster;
 mod damage;
 mod load;
-mod python;
 mod records;
+mod script;
 mod standalone;
 mod tmpfs;
 mod wait;
@@ -52,8 +52,8 @@ pub use damage::{
     acks_all_producer, damaged_aside, fill_segmented_topic, flip_in_place, produce_acked_rounds, scrubbing_cluster, segments,
 };
 pub use load::{Load, LoadProducer};
-pub use python::{python, run_python, PythonOutput, PythonScript};
 pub use records::{numbered, produce_round, read_values, round_value, stream_across};
+pub use script::{node_modules, python, run_node, run_python, ClientScript, ScriptOutput};
 pub use standalone::{scrape_metrics, StandaloneBroker};
 pub use tmpfs::Tmpfs;
 pub use wait::wait_until;

@@ -22,12 +22,15 @@ mod testrun;
 
 /// Debian packages the integration tests run: a real ZooKeeper server, kcat
 /// (librdkafka) as an independent Kafka client, nc for health checks, the Python venv
-/// module, and Chromium. Each is `(package, a file it installs)`.
+/// module, Node.js with npm (KafkaJS), and Chromium. Each is `(package, a file it
+/// installs)`.
 const APT_PACKAGES: &[(&str, &str)] = &[
     ("kcat", "/usr/bin/kcat"),
     ("zookeeper", "/usr/share/java/zookeeper.jar"),
     ("netcat-openbsd", "/bin/nc.openbsd"),
     ("python3-venv", "/usr/share/doc/python3-venv"),
+    ("nodejs", "/usr/bin/node"),
+    ("npm", "/usr/bin/npm"),
     // Headless browser that opens the audit's HTML report in its test.
     ("chromium", "/usr/bin/chromium"),
     // Network namespaces, veth pairs and the fault rules of the chaos run.
@@ -42,6 +45,11 @@ const APT_PACKAGES: &[(&str, &str)] = &[
 const PYTHON_PACKAGES: &[&str] = &["confluent-kafka[avro,schemaregistry]==2.*", "kafka-python>=2.0", "grpcio", "grpcio-tools"];
 /// What the tests import; a venv missing any of them is topped up with pip.
 const PYTHON_IMPORTS: &str = "import confluent_kafka, confluent_kafka.schema_registry.avro, fastavro, kafka, grpc, grpc_tools";
+
+/// KafkaJS, the independent JavaScript client of the tests (it has no dependencies of
+/// its own), and where it is installed (`npm install --prefix`) below the workspace root.
+const KAFKAJS_VERSION: &str = "2.2.4";
+const NODE_PREFIX: &str = "target/node";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -71,12 +79,14 @@ fn test(extra: &[String]) -> Result<()> {
         // Seconds, so it goes first: a formatting slip fails before the long test run.
         run(cargo(&root).args(["fmt", "--all", "--check"])).context("code is not formatted: run `cargo fmt --all`")?;
     }
-    // Tests find the independent Python clients here.
+    // Tests find the independent Python clients and KafkaJS here.
     let python = root.join("target/venv/bin/python");
+    let node_modules = root.join(NODE_PREFIX).join("node_modules");
+    let clients = [("FJORD_TEST_PYTHON", python.as_path()), ("FJORD_TEST_NODE_MODULES", node_modules.as_path())];
     if !whole_run {
-        return run(cargo(&root).args(["test", "--workspace", "--no-fail-fast"]).args(extra).env("FJORD_TEST_PYTHON", &python));
+        return run(cargo(&root).args(["test", "--workspace", "--no-fail-fast"]).args(extra).envs(clients));
     }
-    testrun::run_workspace_tests(&root, &[("FJORD_TEST_PYTHON", &python)])?;
+    testrun::run_workspace_tests(&root, &clients)?;
     run(cargo(&root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
         .context("clippy found warnings")?;
     if std::env::var_os("FJORD_SKIP_CONFORMANCE").is_none() {
@@ -105,7 +115,24 @@ fn provision() -> Result<()> {
         run(Command::new(&python).args(["-m", "pip", "install", "--quiet"]).args(PYTHON_PACKAGES))
             .context("pip install of the Python Kafka clients failed")?;
     }
-    Ok(())
+    provision_kafkajs(&root().join(NODE_PREFIX))
+}
+
+/// KafkaJS into `prefix`, unless that version is there.
+fn provision_kafkajs(prefix: &Path) -> Result<()> {
+    let version = KAFKAJS_VERSION;
+    let manifest = prefix.join("node_modules/kafkajs/package.json");
+    let installed = std::fs::read_to_string(&manifest).unwrap_or_default();
+    if installed.contains(&format!("\"version\": \"{version}\"")) {
+        return Ok(());
+    }
+    eprintln!("xtask: installing KafkaJS {version} in {}", prefix.display());
+    std::fs::create_dir_all(prefix)?;
+    run(Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--no-save", "--loglevel=error", "--prefix"])
+        .arg(prefix)
+        .arg(format!("kafkajs@{version}")))
+    .context("npm install of KafkaJS failed")
 }
 
 /// Installs with apt-get those of `packages` (package, a file it installs) whose file is

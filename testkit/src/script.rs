@@ -1,8 +1,10 @@
-//! The Python clients (confluent-kafka, kafka-python, fastavro, grpcio) as the tests drive
-//! them: a script given inline (`python -c SCRIPT ARGS...`), its output read line by line
-//! while it runs (a test acts on a line such as `restart`: kills a broker, answers on the
-//! script's stdin), its stderr drained meanwhile (a chatty librdkafka must not block the
-//! script on a full pipe), and what it said kept for the failure message.
+//! The independent clients that come as scripts, as the tests drive them: the Python ones
+//! (confluent-kafka, kafka-python, fastavro, grpcio) with `python -c SCRIPT ARGS...`, and
+//! KafkaJS (a pure JavaScript implementation of the protocol) with `node -e SCRIPT
+//! ARGS...`. A script is given inline, its output read line by line while it runs (a test
+//! acts on a line such as `restart`: kills a broker, answers on the script's stdin), its
+//! stderr drained meanwhile (a chatty librdkafka must not block the script on a full
+//! pipe), and what it said kept for the failure message.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -30,9 +32,26 @@ pub fn python() -> Result<PathBuf> {
     Ok(path)
 }
 
-/// A running `python -c SCRIPT ARGS...`, killed when dropped.
+/// The `node_modules` directory holding KafkaJS: `$FJORD_TEST_NODE_MODULES` (set by `cargo
+/// xtask test`), else the workspace's `target/node/node_modules` that `cargo xtask`
+/// provisions. Missing is an error, never a skip.
+pub fn node_modules() -> Result<PathBuf> {
+    let path = match std::env::var_os("FJORD_TEST_NODE_MODULES") {
+        Some(path) => PathBuf::from(path),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/node/node_modules"),
+    };
+    if !path.join("kafkajs/package.json").exists() {
+        bail!(
+            "no KafkaJS in {} (run `cargo xtask test`, which provisions target/node, or set FJORD_TEST_NODE_MODULES)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A running client script, killed when dropped.
 #[derive(Debug)]
-pub struct PythonScript {
+pub struct ClientScript {
     child: Child,
     stdin: Option<ChildStdin>,
     lines: Lines<BufReader<ChildStdout>>,
@@ -44,7 +63,7 @@ pub struct PythonScript {
 
 /// How a script ended: its exit status, every line it printed, and its stderr.
 #[derive(Debug)]
-pub struct PythonOutput {
+pub struct ScriptOutput {
     /// The exit status.
     pub status: ExitStatus,
     /// Every line of its stdout, in order.
@@ -53,7 +72,7 @@ pub struct PythonOutput {
     pub stderr: String,
 }
 
-impl PythonOutput {
+impl ScriptOutput {
     /// Exited 0 with `ok` as its last line: how the tests' scripts say they passed.
     pub fn ok(&self) -> bool {
         self.status.success() && self.lines.last().is_some_and(|l| l == "ok")
@@ -70,20 +89,39 @@ impl PythonOutput {
     }
 }
 
-impl PythonScript {
-    /// Starts `script` with the tests' Python ([`python`]) and `args`; its stdin stays
-    /// open for [`PythonScript::answer`].
-    pub fn spawn(script: &str, args: &[&str]) -> Result<Self> {
-        let mut child = tokio::process::Command::new(python()?)
-            .arg("-c")
+impl ClientScript {
+    /// Starts `script` with the tests' Python ([`python`]) and `args` (`sys.argv[1:]`); its
+    /// stdin stays open for [`ClientScript::answer`].
+    pub fn python(script: &str, args: &[&str]) -> Result<Self> {
+        let mut command = tokio::process::Command::new(python()?);
+        command.arg("-c").arg(script).args(args);
+        Self::spawn(command)
+    }
+
+    /// Starts `script` with Node.js, KafkaJS on its module path ([`node_modules`]), and
+    /// `args` (`process.argv.slice(1)`: `node -e` puts no script name before them); its
+    /// stdin stays open for [`ClientScript::answer`].
+    pub fn node(script: &str, args: &[&str]) -> Result<Self> {
+        let mut command = tokio::process::Command::new("node");
+        command
+            .arg("-e")
             .arg(script)
             .args(args)
+            .env("NODE_PATH", node_modules()?)
+            // KafkaJS 2 warns on every producer that its default partitioner changed in 2.0.
+            .env("KAFKAJS_NO_PARTITIONER_WARNING", "1");
+        Self::spawn(command)
+    }
+
+    fn spawn(mut command: tokio::process::Command) -> Result<Self> {
+        let program = command.as_std().get_program().to_string_lossy().into_owned();
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .context("starting the Python script")?;
+            .with_context(|| format!("starting a {program} script"))?;
         let stdin = child.stdin.take();
         let lines = BufReader::new(child.stdout.take().context("the script's stdout")?).lines();
         let mut pipe = child.stderr.take().context("the script's stderr")?;
@@ -134,7 +172,7 @@ impl PythonScript {
         Ok(())
     }
 
-    /// Kills the script (SIGKILL) and waits for it; [`PythonScript::finish`] then says
+    /// Kills the script (SIGKILL) and waits for it; [`ClientScript::finish`] then says
     /// what it printed.
     pub async fn kill(&mut self) -> Result<()> {
         self.child.kill().await?;
@@ -143,8 +181,8 @@ impl PythonScript {
 
     /// Reads the rest of its output and waits for it to exit. Borrowed, not consumed, so
     /// that a test whose deadline cut this short can still say what the script printed
-    /// ([`PythonScript::stdout`]).
-    pub async fn finish(&mut self) -> Result<PythonOutput> {
+    /// ([`ClientScript::stdout`]).
+    pub async fn finish(&mut self) -> Result<ScriptOutput> {
         while self.next_line().await?.is_some() {}
         drop(self.stdin.take());
         let status = self.child.wait().await?;
@@ -152,17 +190,26 @@ impl PythonScript {
             // Ends at the script's exit (its stderr closes); a panic lost nothing kept so far.
             let _ = drain.await;
         }
-        Ok(PythonOutput { status, lines: self.stdout.clone(), stderr: self.stderr() })
+        Ok(ScriptOutput { status, lines: self.stdout.clone(), stderr: self.stderr() })
     }
 }
 
-/// Runs `script` with `args` and nothing on its stdin to its end, within `timeout`: how
-/// it ended, or an error if it could not start or outlived `timeout` (then it is killed).
-pub async fn run_python(script: &str, args: &[&str], timeout: Duration) -> Result<PythonOutput> {
-    let mut script = PythonScript::spawn(script, args)?;
+/// Runs the Python `script` with `args` and nothing on its stdin to its end, within
+/// `timeout`: how it ended, or an error if it could not start or outlived `timeout` (then
+/// it is killed).
+pub async fn run_python(script: &str, args: &[&str], timeout: Duration) -> Result<ScriptOutput> {
+    run_to_end(ClientScript::python(script, args)?, timeout).await
+}
+
+/// Runs the KafkaJS `script` as [`run_python`] runs a Python one.
+pub async fn run_node(script: &str, args: &[&str], timeout: Duration) -> Result<ScriptOutput> {
+    run_to_end(ClientScript::node(script, args)?, timeout).await
+}
+
+async fn run_to_end(mut script: ClientScript, timeout: Duration) -> Result<ScriptOutput> {
     script.close_stdin();
     match tokio::time::timeout(timeout, script.finish()).await {
         Ok(output) => output,
-        Err(_) => bail!("the Python script did not finish within {timeout:?}"),
+        Err(_) => bail!("the script did not finish within {timeout:?}"),
     }
 }
