@@ -1,7 +1,8 @@
 //! The group consumer against 3 `fjord broker` processes on a real ZooKeeper
 //! (fjord-testkit): the group's coordinator broker is killed (SIGKILL), another broker takes the
 //! `/consumers/<group>/coordinator` node, and the members rejoin and resume from the
-//! committed offsets: nothing skipped, re-reads only of what was not committed.
+//! committed offsets: nothing skipped, re-reads only of what was not committed. The
+//! same move with a group of KafkaJS members.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +20,12 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// The broker named by the group's coordinator node, if any.
 async fn coordinator(cluster: &Cluster) -> anyhow::Result<Option<i32>> {
-    let Some((data, _)) = cluster.store().get(&paths::group_coordinator(GROUP)).await? else { return Ok(None) };
+    coordinator_of(cluster, GROUP).await
+}
+
+/// The broker named by `group`'s coordinator node, if any.
+async fn coordinator_of(cluster: &Cluster, group: &str) -> anyhow::Result<Option<i32>> {
+    let Some((data, _)) = cluster.store().get(&paths::group_coordinator(group)).await? else { return Ok(None) };
     let holder: serde_json::Value = serde_json::from_slice(&data)?;
     Ok(holder["broker_id"].as_i64().map(|id| id as i32))
 }
@@ -194,4 +200,97 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
         assert_eq!(n, 2, "{p}:{o} consumed {n} times");
         assert!(o >= committed[&p], "{p}:{o} was committed before the coordinator was killed, then read again");
     }
+}
+
+/// Two KafkaJS members of `kjs` (auto-commit after each batch); each time the set of
+/// (partition, offset) it consumed grows, at most every 100 ms, prints `seen N`. A
+/// line on stdin ends it: the members leave and it prints `ok`.
+const KAFKAJS_GROUP_SCRIPT: &str = r#"
+const { Kafka, logLevel } = require('kafkajs');
+const [bootstrap, topic] = process.argv.slice(1);
+const kafka = new Kafka({ clientId: 'fjord-kafkajs-group', brokers: bootstrap.split(','), logLevel: logLevel.ERROR,
+                          retry: { retries: 30, initialRetryTime: 100, maxRetryTime: 2000 } });
+const seen = new Set();
+let said = 0;
+setInterval(() => { if (seen.size !== said) { said = seen.size; console.log(`seen ${said}`); } }, 100);
+(async () => {
+    const members = [];
+    for (let i = 0; i < 2; i++) {
+        const consumer = kafka.consumer({ groupId: 'kjs', sessionTimeout: 6000, heartbeatInterval: 300, maxWaitTimeInMs: 100 });
+        await consumer.connect();
+        await consumer.subscribe({ topic, fromBeginning: true });
+        await consumer.run({ eachMessage: async ({ partition, message }) => { seen.add(`${partition}/${message.offset}`); } });
+        members.push(consumer);
+    }
+    await new Promise(resolve => process.stdin.once('data', resolve));
+    for (const m of members) await m.disconnect();
+})().then(() => { console.log('ok'); process.exit(0); }, e => { console.error('FAILED', e); process.exit(1); });
+"#;
+
+/// KafkaJS's group (its own JoinGroup/SyncGroup/Heartbeat/OffsetCommit code) across a
+/// kill -9 of the group's coordinator: it finds the new coordinator, consumes what comes
+/// after, and commits to the end of every partition on the new coordinator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafkajs_group_moves_to_a_new_coordinator_and_commits_there() {
+    const GROUP: &str = "kjs";
+    let mut cluster = Cluster::builder()
+        .brokers(3)
+        .processes(env!("CARGO_BIN_EXE_fjord"))
+        .config("group.initial.rebalance.delay.ms", 100)
+        .config("group.min.session.timeout.ms", 1000)
+        .start()
+        .await
+        .unwrap();
+    let client = ClientConfig { connect_timeout: Duration::from_secs(2), ..ClientConfig::new(&cluster.bootstrap()) };
+    cluster.create_topic(TOPIC, PARTITIONS, &[], WAIT).await.unwrap();
+    let producer = Producer::connect(ProducerConfig {
+        client: client.clone(),
+        acks: Acks::All,
+        delivery_timeout: Duration::from_secs(20),
+        ..ProducerConfig::default()
+    })
+    .await
+    .unwrap();
+    let admin = fjord_client::GroupAdmin::connect(client.clone()).await.unwrap();
+    let committed_to = |end: i64| {
+        let admin = &admin;
+        move || async move {
+            let c = admin.committed_offsets(GROUP).await?;
+            Ok((c.len() == PARTITIONS as usize && c.values().all(|&o| o == end)).then_some(()))
+        }
+    };
+    let mut script = fjord_testkit::ClientScript::node(KAFKAJS_GROUP_SCRIPT, &[&cluster.bootstrap(), TOPIC]).unwrap();
+    let mut seen_at_least = async |n: usize, what: &str| {
+        let read = async {
+            while let Some(line) = script.next_line().await.unwrap() {
+                if line.strip_prefix("seen ").and_then(|s| s.parse::<usize>().ok()).is_some_and(|seen| seen >= n) {
+                    return;
+                }
+            }
+            panic!("the KafkaJS script ended before {what}: {}", script.transcript());
+        };
+        if tokio::time::timeout(Duration::from_secs(60), read).await.is_err() {
+            panic!("KafkaJS did not consume {what} within 60 s: {}", script.transcript());
+        }
+    };
+
+    produce_round(&producer, TOPIC, PARTITIONS, 20, 0).await.unwrap();
+    seen_at_least(20 * PARTITIONS as usize, "the first round").await;
+    wait_until(WAIT, "the first round committed", committed_to(20)).await.unwrap();
+    let old = wait_until(WAIT, "a coordinator node", || coordinator_of(&cluster, GROUP)).await.unwrap();
+
+    cluster.kill(old).await.unwrap();
+    let new = wait_until(WAIT, "another broker's coordinator node", || async {
+        Ok(coordinator_of(&cluster, GROUP).await?.filter(|&id| id != old))
+    })
+    .await
+    .unwrap();
+    eprintln!("coordinator moved from broker {old} to broker {new}");
+    produce_round(&producer, TOPIC, PARTITIONS, 10, 1).await.unwrap();
+    seen_at_least(30 * PARTITIONS as usize, "the round after the move").await;
+    wait_until(WAIT, "commits at the log end on the new coordinator", committed_to(30)).await.unwrap();
+
+    script.answer("done").await.unwrap();
+    let output = tokio::time::timeout(WAIT, script.finish()).await.expect("the KafkaJS members left").unwrap();
+    assert!(output.ok(), "the KafkaJS group failed {}", output.transcript());
 }
