@@ -12,7 +12,9 @@
 //!   exactly once, in order per partition, no record of an aborted transaction, and the
 //!   group's committed offset is the whole input;
 //! - `send_offsets_to_transaction` after the group's coordinator was killed and left the
-//!   Metadata: librdkafka's call hangs (its bug, see the test), a new producer commits.
+//!   Metadata: librdkafka's call hangs (its bug, see the test), a new producer commits;
+//! - the consume-transform-produce run with KafkaJS's transactional producer across a
+//!   SIGKILL of the transaction coordinator.
 //!
 //! The interpreter is `$FJORD_TEST_PYTHON` (set by `cargo xtask test`), else the
 //! workspace's `target/venv/bin/python`.
@@ -116,7 +118,7 @@ fn spawn(script: &str, bootstrap: &str) -> ClientScript {
 /// Waits for the script to exit; it must have printed `ok` last.
 async fn finish(script: &mut ClientScript) {
     let output = script.finish().await.unwrap();
-    assert!(output.ok(), "confluent-kafka run failed {}", output.transcript());
+    assert!(output.ok(), "the client script failed {}", output.transcript());
     // What the run went through (transactions committed and aborted), for --nocapture.
     eprintln!("{}", output.lines.join("\n"));
 }
@@ -297,29 +299,37 @@ enum Victim {
 }
 
 async fn consume_transform_produce_across_kill_9(victim: Victim) {
-    let mut cluster = cluster().await;
-    for (topic, partitions) in [("ctp-in", 1), ("ctp-out", 3)] {
-        cluster.create_topic(topic, partitions, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
+    let cluster = cluster().await;
+    let script = spawn(CTP, &cluster.bootstrap());
+    across_kill_9(cluster, script, ("ctp", "ctp-tx"), victim).await;
+}
+
+/// Drives a consume-transform-produce `script` (from `{prefix}-in` to `{prefix}-out`,
+/// transactional id `txn_id`): at `ready` picks the victim and answers, at `kill` kills
+/// it (SIGKILL), at `restart` starts it again; the script must end with `ok`.
+async fn across_kill_9(mut cluster: Cluster, mut script: ClientScript, (prefix, txn_id): (&str, &str), victim: Victim) {
+    let output = format!("{prefix}-out");
+    for (topic, partitions) in [(format!("{prefix}-in"), 1), (output.clone(), 3)] {
+        cluster.create_topic(&topic, partitions, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
     }
-    let mut script = spawn(CTP, &cluster.bootstrap());
     let run = async {
         let mut killed = None;
         while let Some(line) = script.next_line().await.unwrap() {
             match line.as_str() {
                 "ready" => {
                     let wait = Duration::from_secs(30);
-                    let coordinator = cluster.wait_for_txn_coordinator("ctp-tx", TXN_PARTITIONS, wait).await.unwrap();
+                    let coordinator = cluster.wait_for_txn_coordinator(txn_id, TXN_PARTITIONS, wait).await.unwrap();
                     let target = match victim {
                         Victim::TxnCoordinator => coordinator,
                         Victim::PartitionLeader => {
                             let mut leaders = Vec::new();
                             for p in 0..3 {
-                                leaders.push(cluster.wait_for_leader("ctp-out", p, wait).await.unwrap());
+                                leaders.push(cluster.wait_for_leader(&output, p, wait).await.unwrap());
                             }
                             *leaders
                                 .iter()
                                 .find(|&&l| l != coordinator)
-                                .unwrap_or_else(|| panic!("every ctp-out leader {leaders:?} is the coordinator"))
+                                .unwrap_or_else(|| panic!("every {output} leader {leaders:?} is the coordinator"))
                         }
                     };
                     killed = Some(target);
@@ -348,6 +358,160 @@ async fn consume_transform_produce_is_exactly_once_across_kill_9_of_the_transact
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_transform_produce_is_exactly_once_across_kill_9_of_a_partition_leader() {
     consume_transform_produce_across_kill_9(Victim::PartitionLeader).await;
+}
+
+/// Consume-transform-produce with KafkaJS's transactional producer (its own
+/// FindCoordinator, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit and EndTxn
+/// handling): input record i of `kjs-in` becomes `i:attempt` in partition i % 3 of
+/// `kjs-out`, 50 records a transaction with the input offset sent to it. The input is
+/// read as the application's consumer would resume it, from the group's committed
+/// offset (KafkaJS has no poll loop to rewind). A transaction that fails is aborted; when
+/// the abort fails too its outcome is unknown, and a new producer with the same id
+/// (which completes or aborts it first) takes over. Says `ready`, `kill` and `restart`
+/// as CTP does; then checks the output read_committed: each input once, in order per
+/// partition, nothing of an aborted transaction, and the committed offset at the end.
+const KAFKAJS_CTP: &str = r#"
+const assert = require('assert');
+const { Kafka, logLevel } = require('kafkajs');
+const [bootstrap] = process.argv.slice(1);
+const kafka = () => new Kafka({ clientId: 'fjord-kafkajs-ctp', brokers: bootstrap.split(','), logLevel: logLevel.NOTHING,
+                                retry: { retries: 10, initialRetryTime: 100, maxRetryTime: 1000 } });
+const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
+const n = 1500, per = 50, deadline = Date.now() + 240000;
+const range = (from, to) => Array.from({ length: to - from }, (_, k) => from + k);
+const checkTime = where => assert(Date.now() < deadline, `stuck in ${where}`);
+(async () => {
+    const admin = kafka().admin();
+    await admin.connect();
+    const seed = kafka().producer({ idempotent: true });
+    await seed.connect();
+    await seed.send({ topic: 'kjs-in', acks: -1, messages: range(0, n).map(i => ({ partition: 0, value: String(i) })) });
+    await seed.disconnect();
+    // A connected producer whose transactional id is initialised (KafkaJS sends
+    // InitProducerId at the first transaction; an empty one ends without a request).
+    const newProducer = async () => {
+        for (;;) {
+            const p = kafka().producer({ transactionalId: 'kjs-ctp-tx', idempotent: true, maxInFlightRequests: 1,
+                                         transactionTimeout: 60000 });
+            try {
+                await p.connect();
+                await (await p.transaction()).abort();
+                return p;
+            } catch (e) {
+                await p.disconnect().catch(() => {});
+                checkTime(`a new producer: ${e.message}`);
+                await sleep(200);
+            }
+        }
+    };
+    const committed = async () => {
+        for (;;) {
+            try {
+                const [{ partitions }] = await admin.fetchOffsets({ groupId: 'kjs-ctp', topics: ['kjs-in'] });
+                return Math.max(Number(partitions[0].offset), 0);
+            } catch (e) {
+                checkTime(`the committed offset: ${e.message}`);
+                await sleep(200);
+            }
+        }
+    };
+    let producer = await newProducer();
+    console.log('ready');
+    await new Promise(resolve => process.stdin.once('data', resolve));
+    let done = await committed(), attempt = 0, progressAt = Date.now() + 10000;
+    const said = new Set(), aborted = new Set(), unknown = [];
+    while (done < n) {
+        checkTime(`processing at ${done}`);
+        for (const [at, word] of [[n / 4, 'kill'], [3 * n / 4, 'restart']]) {
+            if (done >= at && !said.has(word)) { said.add(word); console.log(word); }
+        }
+        if (Date.now() > progressAt) {
+            progressAt = Date.now() + 10000;
+            console.log(`progress ${done} transactions ${attempt} aborted ${aborted.size} unknown ${unknown.length}`);
+        }
+        attempt += 1;
+        const end = Math.min(done + per, n);
+        let txn;
+        try {
+            txn = await producer.transaction();
+            // One send a partition: a send to several leaders, one of which fails, is
+            // retried by KafkaJS 2.2.4 only to leaders that gave no answer the first
+            // time, so the records of a partition that moved to a leader that did answer
+            // are never sent, and the send succeeds without them (kafkajs issue 1303, pull
+            // request 1798; this test found it as a committed transaction missing one
+            // partition's records and marker). A send to one leader has no such sibling.
+            for (const p of [0, 1, 2]) {
+                const messages = range(done, end).filter(i => i % 3 === p).map(i => ({ partition: p, value: `${i}:${attempt}` }));
+                await txn.send({ topic: 'kjs-out', acks: -1, messages });
+            }
+            await txn.sendOffsets({ consumerGroupId: 'kjs-ctp', topics: [{ topic: 'kjs-in', partitions: [{ partition: 0, offset: String(end) }] }] });
+            await txn.commit();
+            done = end;
+        } catch (e) {
+            let abortedIt = false;
+            if (txn) {
+                try { await txn.abort(); abortedIt = true; aborted.add(attempt); } catch (_) {}
+            }
+            if (!abortedIt) {
+                unknown.push(`${attempt}: ${e.message}`);
+                await producer.disconnect().catch(() => {});
+                producer = await newProducer();
+            }
+            done = await committed();
+        }
+    }
+    await producer.disconnect();
+    assert.strictEqual(await committed(), n);
+    const check = kafka().consumer({ groupId: 'kjs-check', readUncommitted: false, maxWaitTimeInMs: 200 });
+    await check.connect();
+    await check.subscribe({ topic: 'kjs-out', fromBeginning: true });
+    const byPartition = [[], [], []];
+    let total = 0;
+    await check.run({ eachMessage: async ({ partition, message }) => {
+        const [i, a] = message.value.toString().split(':').map(Number);
+        byPartition[partition].push([i, a]);
+        total += 1;
+    } });
+    const readBy = Date.now() + 60000;
+    while (total < n && Date.now() < readBy) await sleep(100);
+    await sleep(2000); // a duplicate would come after the last
+    await check.disconnect();
+    if (total < n) {
+        // What is missing, and whether it is in the logs at all (read_uncommitted).
+        const have = new Set(byPartition.flat().map(([i]) => i));
+        const missing = range(0, n).filter(i => !have.has(i));
+        const raw = kafka().consumer({ groupId: 'kjs-raw', readUncommitted: true, maxWaitTimeInMs: 200 });
+        await raw.connect();
+        await raw.subscribe({ topic: 'kjs-out', fromBeginning: true });
+        const stored = [];
+        await raw.run({ eachMessage: async ({ partition, message }) => {
+            const [i, a] = message.value.toString().split(':').map(Number);
+            if (missing.includes(i)) stored.push(`${i}:${a}@${partition}/${message.offset}`);
+        } });
+        await sleep(5000);
+        await raw.disconnect();
+        const ends = await admin.fetchTopicOffsets('kjs-out');
+        throw new Error(`read_committed saw ${total} of ${n}; missing ${JSON.stringify(missing)}; ` +
+                        `in the logs (read_uncommitted): ${JSON.stringify(stored)}; ends ${JSON.stringify(ends)}; ` +
+                        `aborted attempts ${JSON.stringify([...aborted])}; unknown ${JSON.stringify(unknown)}`);
+    }
+    const indexes = byPartition.flat().map(([i]) => i).sort((x, y) => x - y);
+    assert.deepStrictEqual(indexes, range(0, n), `${indexes.length} records, ${new Set(indexes).size} distinct`);
+    byPartition.forEach((records, p) => {
+        assert(records.every(([i], k) => i % 3 === p && (k === 0 || records[k - 1][0] < i)), `partition ${p} out of order`);
+    });
+    const visible = byPartition.flat().filter(([, a]) => aborted.has(a));
+    assert.deepStrictEqual(visible, [], 'records of aborted transactions visible');
+    console.log(`transactions ${attempt} aborted ${aborted.size} unknown ${JSON.stringify(unknown)}`);
+    await admin.disconnect();
+})().then(() => { console.log('ok'); process.exit(0); }, e => { console.error('FAILED', e); process.exit(1); });
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafkajs_consume_transform_produce_is_exactly_once_across_kill_9_of_the_transaction_coordinator() {
+    let cluster = cluster().await;
+    let script = ClientScript::node(KAFKAJS_CTP, &[&cluster.bootstrap()]).unwrap();
+    across_kill_9(cluster, script, ("kjs", "kjs-ctp-tx"), Victim::TxnCoordinator).await;
 }
 
 /// `send_offsets_to_transaction` by a producer whose group coordinator was killed and has
