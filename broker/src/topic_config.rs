@@ -130,6 +130,8 @@ async fn arm_children(broker: &Broker, armed: &mut FuturesUnordered<BoxFuture<'s
                     Ok(_) | Err(fjord_coord::Error::NodeExists { .. }) => {}
                     Err(e) => tracing::warn!(error = %e, "cannot create {}", paths::TOPIC_CONFIGS),
                 }
+            } else if e.is_store_unreachable() {
+                tracing::debug!(error = %e, "cannot watch topic configs; retrying");
             } else {
                 tracing::warn!(error = %e, "cannot watch topic configs; retrying");
             }
@@ -154,7 +156,12 @@ async fn arm_topic(broker: &Broker, name: &str, armed: &mut FuturesUnordered<Box
             true
         }
         Err(e) => {
-            tracing::warn!(topic = name, error = %e, "cannot watch the topic config; retrying");
+            // One watcher a topic: an outage of the whole store is the store's to report.
+            if e.is_store_unreachable() {
+                tracing::debug!(topic = name, error = %e, "cannot watch the topic config; retrying");
+            } else {
+                tracing::warn!(topic = name, error = %e, "cannot watch the topic config; retrying");
+            }
             armed.push(tokio::time::sleep(RETRY).map(move |()| (topic, WatchEvent::SessionLost)).boxed());
             true
         }

@@ -324,6 +324,15 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The store as a whole cannot be reached (connection or session lost): one outage
+    /// for every caller, which the store itself reports; a caller that retries need not
+    /// log each attempt.
+    pub fn is_store_unreachable(&self) -> bool {
+        matches!(self, Error::ConnectionLoss | Error::SessionExpired)
+    }
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -5,8 +5,16 @@
 //! resolves to [`WatchEvent::SessionLost`], and the next operation opens a new
 //! session: callers re-register their ephemerals and re-read what they watched, so
 //! nothing acts on a view from the dead session.
+//!
+//! While the ensemble cannot be reached, opening a session is tried at most once per
+//! [`Reconnect`] pause (doubling from 250 ms to 4 s); operations in between fail at once
+//! with [`Error::ConnectionLoss`]. A broker has a retrying reader per partition and
+//! topic: each opening its own session, a 400-partition broker without its ZooKeeper
+//! made ~1,000 connection attempts and logged ~2,000 lines a second. The outage is
+//! logged here, once when it begins, every minute while it lasts and once when it ends.
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use tokio::sync::RwLock;
 use zookeeper_client as zk;
@@ -23,6 +31,54 @@ pub struct ZooKeeperStore {
     chroot: String,
     session_timeout: Duration,
     client: RwLock<zk::Client>,
+    reconnect: Mutex<Reconnect>,
+}
+
+/// The first pause after a failed attempt to open a session, and the longest.
+const RECONNECT_FIRST: Duration = Duration::from_millis(250);
+const RECONNECT_MAX: Duration = Duration::from_secs(4);
+/// How often an outage that goes on is logged again.
+const OUTAGE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// The attempts to open a new session while the ensemble cannot be reached.
+#[derive(Debug, Default)]
+struct Reconnect {
+    /// Since when no session could be opened (`None`: none failed since the last one).
+    outage_since: Option<Instant>,
+    failed_attempts: u32,
+    /// No attempt before this.
+    next_attempt: Option<Instant>,
+    last_logged: Option<Instant>,
+}
+
+impl Reconnect {
+    /// Whether an attempt may be made at `now`.
+    fn may_try(&self, now: Instant) -> bool {
+        self.next_attempt.is_none_or(|at| now >= at)
+    }
+
+    /// An attempt failed at `now`: the next one waits twice as long as the last pause
+    /// (up to [`RECONNECT_MAX`]). Returns whether to log it: the first failure of an
+    /// outage, then once every [`OUTAGE_LOG_EVERY`].
+    fn failed(&mut self, now: Instant) -> bool {
+        let since = *self.outage_since.get_or_insert(now);
+        let pause = RECONNECT_FIRST.saturating_mul(1 << self.failed_attempts.min(8)).min(RECONNECT_MAX);
+        self.failed_attempts += 1;
+        self.next_attempt = Some(now + pause);
+        let log = self.last_logged.is_none_or(|at| now.duration_since(at) >= OUTAGE_LOG_EVERY) || now == since;
+        if log {
+            self.last_logged = Some(now);
+        }
+        log
+    }
+
+    /// A session was opened: how long the outage lasted and how many attempts failed,
+    /// if there was one.
+    fn succeeded(&mut self, now: Instant) -> Option<(Duration, u32)> {
+        let outage = self.outage_since.take().map(|since| (now.duration_since(since), self.failed_attempts));
+        *self = Reconnect::default();
+        outage
+    }
 }
 
 impl ZooKeeperStore {
@@ -43,6 +99,7 @@ impl ZooKeeperStore {
             chroot: chroot.to_string(),
             session_timeout,
             client: RwLock::new(Self::new_session(hosts, chroot, session_timeout).await?),
+            reconnect: Mutex::default(),
         };
         Ok(store)
     }
@@ -60,18 +117,53 @@ impl ZooKeeperStore {
         connector().connect(&format!("{hosts}{}", if chroot == "/" { "" } else { chroot })).await.map_err(|e| map_error(e, hosts))
     }
 
-    /// The current client, replacing it first if its session has ended.
+    /// The current client, replacing it first if its session has ended; while no new
+    /// session can be opened, [`Error::ConnectionLoss`] at once between the attempts
+    /// (see [`Reconnect`]).
     async fn client(&self) -> Result<zk::Client> {
         let client = self.client.read().await.clone();
         if !client.state().is_terminated() {
             return Ok(client);
         }
         let mut slot = self.client.write().await;
-        if slot.state().is_terminated() {
-            tracing::warn!(session = slot.session_id().0, "ZooKeeper session ended; opening a new one");
-            *slot = Self::new_session(&self.hosts, &self.chroot, self.session_timeout).await?;
+        if !slot.state().is_terminated() {
+            return Ok(slot.clone());
         }
-        Ok(slot.clone())
+        let now = Instant::now();
+        let first = {
+            let reconnect = self.reconnect.lock().unwrap_or_else(|e| e.into_inner());
+            if !reconnect.may_try(now) {
+                return Err(Error::ConnectionLoss);
+            }
+            reconnect.outage_since.is_none()
+        };
+        if first {
+            tracing::warn!(session = slot.session_id().0, "ZooKeeper session ended; opening a new one");
+        }
+        match Self::new_session(&self.hosts, &self.chroot, self.session_timeout).await {
+            Ok(client) => {
+                *slot = client;
+                let outage = self.reconnect.lock().unwrap_or_else(|e| e.into_inner()).succeeded(Instant::now());
+                if let Some((lasted, attempts)) = outage {
+                    tracing::info!(session = slot.session_id().0, ?lasted, attempts, "ZooKeeper session opened again");
+                }
+                Ok(slot.clone())
+            }
+            Err(e) => {
+                let mut reconnect = self.reconnect.lock().unwrap_or_else(|e| e.into_inner());
+                if reconnect.failed(Instant::now()) {
+                    let since = reconnect.outage_since.map(|at| at.elapsed()).unwrap_or_default();
+                    tracing::warn!(hosts = %self.hosts, error = %e, unreachable_for = ?since, attempts = reconnect.failed_attempts,
+                        "cannot open a ZooKeeper session; retrying (every {:?} at most, logged once a minute)", RECONNECT_MAX);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// How many attempts to open a session failed since the last one that succeeded.
+    pub fn failed_reconnects(&self) -> u32 {
+        self.reconnect.lock().unwrap_or_else(|e| e.into_inner()).failed_attempts
     }
 }
 
@@ -202,5 +294,38 @@ impl MetadataStore for ZooKeeperStore {
 
     fn session_id(&self) -> i64 {
         self.client.try_read().map(|c| c.session_id().0).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_attempts_back_off_and_an_outage_is_logged_at_its_start_then_once_a_minute() {
+        let start = Instant::now();
+        let mut r = Reconnect::default();
+        assert!(r.may_try(start));
+        let mut now = start;
+        let mut pauses = Vec::new();
+        let mut logged = Vec::new();
+        for _ in 0..7 {
+            logged.push(r.failed(now));
+            let next = r.next_attempt.unwrap();
+            assert!(!r.may_try(next - Duration::from_millis(1)));
+            assert!(r.may_try(next));
+            pauses.push(next - now);
+            now = next;
+        }
+        let ms: Vec<u128> = pauses.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [250, 500, 1000, 2000, 4000, 4000, 4000]);
+        // 11.75 s of outage: logged at its start only.
+        assert_eq!(logged, [true, false, false, false, false, false, false]);
+        assert!(r.failed(start + Duration::from_secs(61)), "a minute later it is logged again");
+        assert!(!r.failed(start + Duration::from_secs(62)));
+        let (lasted, attempts) = r.succeeded(start + Duration::from_secs(70)).unwrap();
+        assert_eq!((lasted, attempts), (Duration::from_secs(70), 9));
+        assert!(r.may_try(start) && r.outage_since.is_none() && r.failed_attempts == 0);
+        assert_eq!(r.succeeded(start), None, "no outage, nothing to report");
     }
 }

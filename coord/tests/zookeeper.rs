@@ -73,3 +73,60 @@ async fn unreachable_ensemble_fails_fast_with_a_clear_error() {
     assert!(matches!(result, Err(Error::ConnectionLoss)), "{result:?}");
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+/// The ensemble goes away for a while. A broker has a retrying reader per partition and
+/// topic; here 50 readers retry as fast as they can for 3 s. While no session can be
+/// opened they fail at once, and the store tries to open one at most after each doubling
+/// pause (250 ms up to 4 s): a handful of attempts, not one per read (a 400-partition
+/// broker made ~1,000 a second and logged each). Once the ensemble is back, a read opens
+/// a new session within the longest pause and sees the data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ensemble_outage_fails_reads_fast_and_retries_sessions_with_backoff() {
+    let mut zk = ZooKeeper::start().unwrap();
+    let store = std::sync::Arc::new(
+        ZooKeeperStore::connect(&format!("{}/outage", zk.connect_string()), Duration::from_secs(2)).await.unwrap(),
+    );
+    store.create("/kept", b"1", CreateMode::Persistent).await.unwrap();
+    zk.kill().unwrap();
+
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut readers = Vec::new();
+    for _ in 0..50 {
+        let store = store.clone();
+        readers.push(tokio::spawn(async move {
+            let (mut reads, mut slowest) = (0u32, Duration::ZERO);
+            while tokio::time::Instant::now() < until {
+                let started = tokio::time::Instant::now();
+                let read = store.get("/kept").await;
+                slowest = slowest.max(started.elapsed());
+                assert!(matches!(read, Err(Error::ConnectionLoss | Error::SessionExpired)), "{read:?}");
+                reads += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (reads, slowest)
+        }));
+    }
+    let (mut reads, mut slowest) = (0, Duration::ZERO);
+    for reader in readers {
+        let (n, s) = reader.await.unwrap();
+        reads += n;
+        slowest = slowest.max(s);
+    }
+    let attempts = store.failed_reconnects();
+    assert!(reads > 1_000, "the readers made only {reads} reads: the failures are not fast");
+    assert!(slowest < Duration::from_secs(3), "a read took {slowest:?} to fail");
+    assert!((1..=6).contains(&attempts), "{attempts} attempts to open a session for {reads} failed reads in 3 s");
+
+    zk.restart().unwrap();
+    let back = async {
+        loop {
+            if let Ok(Some((data, _))) = store.get("/kept").await {
+                return data;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let data = tokio::time::timeout(Duration::from_secs(15), back).await.expect("a session once the ensemble is back");
+    assert_eq!(data, b"1");
+    assert_eq!(store.failed_reconnects(), 0);
+}

@@ -103,18 +103,38 @@ impl ZooKeeper {
                 dir.path().join("data").display()
             ),
         )?;
-        let log = std::fs::File::create(dir.path().join("zookeeper.log"))?;
-        let process = Command::new("java")
+        let process = Self::spawn(dir.path())?;
+        let mut server = Self { process, port, _dir: dir };
+        server.wait_until_serving(Duration::from_secs(30))?;
+        Ok(server)
+    }
+
+    /// The server process on the config and data in `dir`, its output appended to the log.
+    fn spawn(dir: &Path) -> Result<Child> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("zookeeper.log"))?;
+        Command::new("java")
             .args(["-Xmx256m", "-cp", ZOOKEEPER_CLASSPATH, "org.apache.zookeeper.server.ZooKeeperServerMain"])
-            .arg(&config)
+            .arg(dir.join("zoo.cfg"))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .context("could not start java for ZooKeeper")?;
-        let mut server = Self { process, port, _dir: dir };
-        server.wait_until_serving(Duration::from_secs(30))?;
-        Ok(server)
+            .context("could not start java for ZooKeeper")
+    }
+
+    /// SIGKILL: the ensemble is gone, connections to it refused, until
+    /// [`ZooKeeper::restart`]; its data stays.
+    pub fn kill(&mut self) -> Result<()> {
+        self.process.kill()?;
+        self.process.wait()?;
+        Ok(())
+    }
+
+    /// Starts the server again after [`ZooKeeper::kill`], on the same port and data
+    /// (sessions older than their timeout have expired), and waits until it serves.
+    pub fn restart(&mut self) -> Result<()> {
+        self.process = Self::spawn(self._dir.path())?;
+        self.wait_until_serving(Duration::from_secs(30))
     }
 
     /// `127.0.0.1:PORT`, without a chroot.
