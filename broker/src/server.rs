@@ -429,23 +429,45 @@ fn registration_endpoints(plan: &[ListenerInfo]) -> Vec<String> {
 }
 
 /// Deletes `/brokers/ids/<id>` (a missing node is fine).
-async fn deregister(store: &dyn MetadataStore, broker_id: i32) {
-    match store.delete(&paths::broker(broker_id), None).await {
-        Ok(()) | Err(fjord_coord::Error::NoNode { .. }) => {}
-        Err(e) => tracing::warn!(error = %e, "could not remove this broker's registration"),
+async fn deregister(store: &dyn MetadataStore, broker_id: i32) -> bool {
+    match tokio::time::timeout(DEREGISTER_TIMEOUT, store.delete(&paths::broker(broker_id), None)).await {
+        Ok(Ok(()) | Err(fjord_coord::Error::NoNode { .. })) => true,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not remove this broker's registration");
+            !e.is_store_unreachable()
+        }
+        Err(_) => {
+            tracing::warn!(timeout = ?DEREGISTER_TIMEOUT, "could not remove this broker's registration: the metadata store did not answer");
+            false
+        }
     }
 }
+
+/// How long a stopping broker waits for the metadata store to remove its registration:
+/// a store that cannot be reached held a shutdown ~10 s on this one call (and the node
+/// goes with the session anyway).
+const DEREGISTER_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Kafka's controlled shutdown: deregister, so the controller moves this broker's
 /// leaderships to other ISR members as for a failure (or marks them offline when there
 /// is none), and keep serving until no partition state names this broker leader, at
-/// most `timeout`.
+/// most `timeout`; at once when the metadata store cannot be reached.
 async fn controlled_shutdown(store: &dyn MetadataStore, view: &ClusterView, timeout: Duration) {
     let me = view.broker_id();
     let started = tokio::time::Instant::now();
     let leading = view.led_by(me).len();
     tracing::info!(broker_id = me, leading, "controlled shutdown: deregistering and waiting for leadership to move");
-    deregister(store, me).await;
+    if !deregister(store, me).await {
+        // No controller can move anything this broker would see: waiting only held a
+        // broker without its ZooKeeper 30 s on SIGTERM. Its leaderships move (or go
+        // offline) when its session expires, as after a crash.
+        tracing::warn!(
+            broker_id = me,
+            leading,
+            "controlled shutdown: the metadata store cannot be reached; stopping without waiting for leadership to move"
+        );
+        return;
+    }
     if view.wait_for(timeout, |v| v.led_by(me).is_empty()).await {
         tracing::info!(
             broker_id = me,
