@@ -428,7 +428,8 @@ fn registration_endpoints(plan: &[ListenerInfo]) -> Vec<String> {
     plan.iter().map(|l| format!("{} ({})", l.endpoint(), l.protocol)).collect()
 }
 
-/// Deletes `/brokers/ids/<id>` (a missing node is fine).
+/// Deletes `/brokers/ids/<id>` (a missing node is fine); false when the metadata store
+/// cannot be reached or did not answer within [`DEREGISTER_TIMEOUT`].
 async fn deregister(store: &dyn MetadataStore, broker_id: i32) -> bool {
     match tokio::time::timeout(DEREGISTER_TIMEOUT, store.delete(&paths::broker(broker_id), None)).await {
         Ok(Ok(()) | Err(fjord_coord::Error::NoNode { .. })) => true,

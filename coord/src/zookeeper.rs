@@ -61,11 +61,11 @@ impl Reconnect {
     /// (up to [`RECONNECT_MAX`]). Returns whether to log it: the first failure of an
     /// outage, then once every [`OUTAGE_LOG_EVERY`].
     fn failed(&mut self, now: Instant) -> bool {
-        let since = *self.outage_since.get_or_insert(now);
+        self.outage_since.get_or_insert(now);
         let pause = RECONNECT_FIRST.saturating_mul(1 << self.failed_attempts.min(8)).min(RECONNECT_MAX);
         self.failed_attempts += 1;
         self.next_attempt = Some(now + pause);
-        let log = self.last_logged.is_none_or(|at| now.duration_since(at) >= OUTAGE_LOG_EVERY) || now == since;
+        let log = self.last_logged.is_none_or(|at| now.duration_since(at) >= OUTAGE_LOG_EVERY);
         if log {
             self.last_logged = Some(now);
         }
