@@ -11,7 +11,6 @@ mod common;
 
 use std::time::Duration;
 
-use fjord_auth::{AccessControlEntry, AclBinding, Operation, PatternType, Permission, Principal, ResourcePattern, ResourceType};
 use fjord_testkit::Cluster;
 
 const CAROL_PASSWORD: &str = "carol-secret";
@@ -115,17 +114,7 @@ async fn kafka_python_over_sasl_ssl_with_plain_and_scram_under_acls() {
     for topic in ["granted", "visible", "refused"] {
         cluster.create_topic(topic, 1, &[], Duration::from_secs(30)).await.unwrap();
     }
-    let allow = |resource_type, name: &str, pattern_type, operation| AclBinding {
-        pattern: ResourcePattern::new(resource_type, name, pattern_type).unwrap(),
-        entry: AccessControlEntry::new(Principal::user("carol"), "*", operation, Permission::Allow).unwrap(),
-    };
-    let acls = [
-        allow(ResourceType::Topic, "granted", PatternType::Literal, Operation::Write),
-        allow(ResourceType::Topic, "granted", PatternType::Literal, Operation::Read),
-        allow(ResourceType::Topic, "visible", PatternType::Literal, Operation::Describe),
-        allow(ResourceType::Group, "carol-", PatternType::Prefixed, Operation::Read),
-    ];
-    fjord_auth::store::create_acls(&**cluster.store(), &acls).await.unwrap();
+    common::grant_carol(&cluster).await;
     let ca = cluster.secure().unwrap().ca.to_str().unwrap().to_owned();
     common::run_python(SCRIPT, &[&cluster.bootstrap(), &ca, CAROL_PASSWORD], Duration::from_secs(300)).await;
 }

@@ -14,7 +14,6 @@ mod common;
 use std::time::Duration;
 
 use common::TestBroker;
-use fjord_auth::{AccessControlEntry, AclBinding, Operation, PatternType, Permission, Principal, ResourcePattern, ResourceType};
 use fjord_testkit::Cluster;
 
 /// What every script starts with: the client, `step` (an awaited call that must not
@@ -298,17 +297,7 @@ async fn kafkajs_over_sasl_ssl_with_plain_and_scram_under_acls() {
     for topic in ["granted", "visible"] {
         cluster.create_topic(topic, 1, &[], Duration::from_secs(30)).await.unwrap();
     }
-    let allow = |resource_type, name: &str, pattern_type, operation| AclBinding {
-        pattern: ResourcePattern::new(resource_type, name, pattern_type).unwrap(),
-        entry: AccessControlEntry::new(Principal::user("carol"), "*", operation, Permission::Allow).unwrap(),
-    };
-    let acls = [
-        allow(ResourceType::Topic, "granted", PatternType::Literal, Operation::Write),
-        allow(ResourceType::Topic, "granted", PatternType::Literal, Operation::Read),
-        allow(ResourceType::Topic, "visible", PatternType::Literal, Operation::Describe),
-        allow(ResourceType::Group, "carol-", PatternType::Prefixed, Operation::Read),
-    ];
-    fjord_auth::store::create_acls(&**cluster.store(), &acls).await.unwrap();
+    common::grant_carol(&cluster).await;
     let ca = cluster.secure().unwrap().ca.to_str().unwrap().to_owned();
     run_node(SECURITY_SCRIPT, &[&cluster.bootstrap(), &ca, PASSWORD]).await;
 }

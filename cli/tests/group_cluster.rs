@@ -30,16 +30,10 @@ async fn coordinator_of(cluster: &Cluster, group: &str) -> anyhow::Result<Option
     Ok(holder["broker_id"].as_i64().map(|id| id as i32))
 }
 
-/// (partition, offset) → how many times the group consumed it.
-type Seen = Arc<Mutex<HashMap<(i32, i64), usize>>>;
-
-async fn wait_consumed(seen: &Seen, n: usize, what: &str) {
-    wait_until(WAIT, what, || async { Ok((seen.lock().unwrap().len() >= n).then_some(())) }).await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets() {
-    let mut cluster = Cluster::builder()
+/// Three broker processes that rebalance groups without delay, [`TOPIC`] on them, a
+/// client config for them and an acks=all producer.
+async fn three_brokers_with_the_topic() -> (Cluster, ClientConfig, Producer) {
+    let cluster = Cluster::builder()
         .brokers(3)
         .processes(env!("CARGO_BIN_EXE_fjord"))
         .config("group.initial.rebalance.delay.ms", 100)
@@ -57,6 +51,19 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
     })
     .await
     .unwrap();
+    (cluster, client, producer)
+}
+
+/// (partition, offset) → how many times the group consumed it.
+type Seen = Arc<Mutex<HashMap<(i32, i64), usize>>>;
+
+async fn wait_consumed(seen: &Seen, n: usize, what: &str) {
+    wait_until(WAIT, what, || async { Ok((seen.lock().unwrap().len() >= n).then_some(())) }).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets() {
+    let (mut cluster, client, producer) = three_brokers_with_the_topic().await;
     produce_round(&producer, TOPIC, PARTITIONS, 20, 0).await.unwrap();
 
     let seen: Seen = Arc::default();
@@ -233,24 +240,7 @@ setInterval(() => { if (seen.size !== said) { said = seen.size; console.log(`see
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kafkajs_group_moves_to_a_new_coordinator_and_commits_there() {
     const GROUP: &str = "kjs";
-    let mut cluster = Cluster::builder()
-        .brokers(3)
-        .processes(env!("CARGO_BIN_EXE_fjord"))
-        .config("group.initial.rebalance.delay.ms", 100)
-        .config("group.min.session.timeout.ms", 1000)
-        .start()
-        .await
-        .unwrap();
-    let client = ClientConfig { connect_timeout: Duration::from_secs(2), ..ClientConfig::new(&cluster.bootstrap()) };
-    cluster.create_topic(TOPIC, PARTITIONS, &[], WAIT).await.unwrap();
-    let producer = Producer::connect(ProducerConfig {
-        client: client.clone(),
-        acks: Acks::All,
-        delivery_timeout: Duration::from_secs(20),
-        ..ProducerConfig::default()
-    })
-    .await
-    .unwrap();
+    let (mut cluster, client, producer) = three_brokers_with_the_topic().await;
     let admin = fjord_client::GroupAdmin::connect(client.clone()).await.unwrap();
     let committed_to = |end: i64| {
         let admin = &admin;

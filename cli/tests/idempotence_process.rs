@@ -142,10 +142,17 @@ async fn an_idempotent_stream_survives_kill_9_of_its_leader_on_three_brokers() {
 /// (SIGKILL) when the script says `restart`, and the controller elects another one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confluent_kafka_idempotent_producer_survives_kill_9_of_its_leader_on_three_brokers() {
+    leader_killed_mid_stream("idempotent", |bootstrap| ClientScript::python(IDEMPOTENT_SCRIPT, &[bootstrap])).await;
+}
+
+/// Three brokers, `topic` (one partition, `min.insync.replicas=2`), the script `spawn`
+/// starts with the bootstrap: its partition leader is killed (SIGKILL) when it says
+/// `restart`; it must end with `ok`, and another broker leads the partition.
+async fn leader_killed_mid_stream(topic: &str, spawn: impl FnOnce(&str) -> anyhow::Result<ClientScript>) {
     let mut cluster = fjord_testkit::Cluster::builder().brokers(3).processes(env!("CARGO_BIN_EXE_fjord")).start().await.unwrap();
-    cluster.create_topic("idempotent", 1, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
-    let leader = cluster.wait_for_leader("idempotent", 0, Duration::from_secs(30)).await.unwrap();
-    let mut script = ClientScript::python(IDEMPOTENT_SCRIPT, &[&cluster.bootstrap()]).unwrap();
+    cluster.create_topic(topic, 1, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
+    let leader = cluster.wait_for_leader(topic, 0, Duration::from_secs(30)).await.unwrap();
+    let mut script = spawn(&cluster.bootstrap()).unwrap();
     let mut restarted = false;
     let run = async {
         while let Some(line) = script.next_line().await.unwrap() {
@@ -157,8 +164,8 @@ async fn confluent_kafka_idempotent_producer_survives_kill_9_of_its_leader_on_th
         script.finish().await.unwrap()
     };
     let output = tokio::time::timeout(Duration::from_secs(240), run).await.expect("the script finished");
-    assert!(restarted && output.ok(), "idempotent confluent-kafka run failed {}", output.transcript());
-    assert_ne!(cluster.wait_for_leader("idempotent", 0, Duration::from_secs(30)).await.unwrap(), leader);
+    assert!(restarted && output.ok(), "the idempotent run failed {}", output.transcript());
+    assert_ne!(cluster.wait_for_leader(topic, 0, Duration::from_secs(30)).await.unwrap(), leader);
 }
 
 /// KafkaJS's idempotent producer (the protocol written again in JavaScript) streams
@@ -199,21 +206,5 @@ const n = 20000, per = 100;
 /// script says `restart`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafkajs_idempotent_producer_survives_kill_9_of_its_leader_on_three_brokers() {
-    let mut cluster = fjord_testkit::Cluster::builder().brokers(3).processes(env!("CARGO_BIN_EXE_fjord")).start().await.unwrap();
-    cluster.create_topic("kafkajs", 1, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
-    let leader = cluster.wait_for_leader("kafkajs", 0, Duration::from_secs(30)).await.unwrap();
-    let mut script = ClientScript::node(KAFKAJS_SCRIPT, &[&cluster.bootstrap()]).unwrap();
-    let mut restarted = false;
-    let run = async {
-        while let Some(line) = script.next_line().await.unwrap() {
-            if line == "restart" {
-                cluster.kill(leader).await.unwrap();
-                restarted = true;
-            }
-        }
-        script.finish().await.unwrap()
-    };
-    let output = tokio::time::timeout(Duration::from_secs(240), run).await.expect("the script finished");
-    assert!(restarted && output.ok(), "idempotent KafkaJS run failed {}", output.transcript());
-    assert_ne!(cluster.wait_for_leader("kafkajs", 0, Duration::from_secs(30)).await.unwrap(), leader);
+    leader_killed_mid_stream("kafkajs", |bootstrap| ClientScript::node(KAFKAJS_SCRIPT, &[bootstrap])).await;
 }

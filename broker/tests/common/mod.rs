@@ -322,3 +322,22 @@ pub(crate) async fn kcat(args: &[&str], stdin: Option<&[u8]>) -> anyhow::Result<
 
 #[allow(unused_imports)] // only the TLS tests use it
 pub(crate) use fjord_testkit::Certs;
+
+/// The ACLs of the SASL tests' user `carol`: Write and Read on topic `granted`, only
+/// Describe on `visible`, Read on the groups named `carol-*`; nothing on anything else.
+pub(crate) async fn grant_carol(cluster: &fjord_testkit::Cluster) {
+    use fjord_auth::{
+        AccessControlEntry, AclBinding, Operation, PatternType, Permission, Principal, ResourcePattern, ResourceType,
+    };
+    let allow = |resource_type, name: &str, pattern_type, operation| AclBinding {
+        pattern: ResourcePattern::new(resource_type, name, pattern_type).unwrap(),
+        entry: AccessControlEntry::new(Principal::user("carol"), "*", operation, Permission::Allow).unwrap(),
+    };
+    let acls = [
+        allow(ResourceType::Topic, "granted", PatternType::Literal, Operation::Write),
+        allow(ResourceType::Topic, "granted", PatternType::Literal, Operation::Read),
+        allow(ResourceType::Topic, "visible", PatternType::Literal, Operation::Describe),
+        allow(ResourceType::Group, "carol-", PatternType::Prefixed, Operation::Read),
+    ];
+    fjord_auth::store::create_acls(&**cluster.store(), &acls).await.unwrap();
+}
