@@ -273,20 +273,22 @@ async fn run_node(script: &str, args: &[&str]) {
     assert!(output.ok(), "the KafkaJS script failed {}", output.transcript());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafkajs_produces_consumes_in_a_rebalancing_group_and_administers() {
+/// `script` against a fresh single broker.
+async fn on_one_broker(script: &str) {
     let dir = tempfile::tempdir().unwrap();
     let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
-    run_node(CLIENTS_SCRIPT, &[&broker.bootstrap()]).await;
+    run_node(script, &[&broker.bootstrap()]).await;
     broker.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafkajs_produces_consumes_in_a_rebalancing_group_and_administers() {
+    on_one_broker(CLIENTS_SCRIPT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafkajs_transactions_commit_abort_send_offsets_and_fence_a_zombie() {
-    let dir = tempfile::tempdir().unwrap();
-    let broker = TestBroker::start_in(dir.path().join("data"), |_| {}).await.unwrap();
-    run_node(TRANSACTIONS_SCRIPT, &[&broker.bootstrap()]).await;
-    broker.stop().await.unwrap();
+    on_one_broker(TRANSACTIONS_SCRIPT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,11 +18,6 @@ const PARTITIONS: i32 = 6;
 const GROUP: &str = "g";
 const WAIT: Duration = Duration::from_secs(30);
 
-/// The broker named by the group's coordinator node, if any.
-async fn coordinator(cluster: &Cluster) -> anyhow::Result<Option<i32>> {
-    coordinator_of(cluster, GROUP).await
-}
-
 /// The broker named by `group`'s coordinator node, if any.
 async fn coordinator_of(cluster: &Cluster, group: &str) -> anyhow::Result<Option<i32>> {
     let Some((data, _)) = cluster.store().get(&paths::group_coordinator(group)).await? else { return Ok(None) };
@@ -130,7 +125,7 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
         }));
     }
     wait_consumed(&seen, 20 * PARTITIONS as usize, "the first round consumed").await;
-    let old = wait_until(WAIT, "a coordinator node", || coordinator(&cluster)).await.unwrap();
+    let old = wait_until(WAIT, "a coordinator node", || coordinator_of(&cluster, GROUP)).await.unwrap();
 
     // Stop committing, read a second round: those records are consumed but not committed.
     commit.store(false, Ordering::Release);
@@ -154,12 +149,12 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
         eprintln!("{TOPIC}-{p} after the kill: {state:?}");
     }
     let moved = wait_until(WAIT, "another broker's coordinator node", || async {
-        Ok(coordinator(&cluster).await?.filter(|&id| id != old))
+        Ok(coordinator_of(&cluster, GROUP).await?.filter(|&id| id != old))
     })
     .await;
     let new = match moved {
         Ok(new) => new,
-        Err(e) => panic!("{e:#}; the coordinator node now names {:?}", coordinator(&cluster).await),
+        Err(e) => panic!("{e:#}; the coordinator node now names {:?}", coordinator_of(&cluster, GROUP).await),
     };
     eprintln!("coordinator moved from broker {old} to broker {new}");
     commit.store(true, Ordering::Release);
@@ -209,12 +204,12 @@ async fn the_group_moves_to_a_new_coordinator_and_resumes_from_committed_offsets
     }
 }
 
-/// Two KafkaJS members of `kjs` (auto-commit after each batch); each time the set of
-/// (partition, offset) it consumed grows, at most every 100 ms, prints `seen N`. A
-/// line on stdin ends it: the members leave and it prints `ok`.
+/// Two KafkaJS members of the group named by the third argument (auto-commit after each
+/// batch); each time the set of (partition, offset) it consumed grows, at most every
+/// 100 ms, prints `seen N`. A line on stdin ends it: the members leave and it prints `ok`.
 const KAFKAJS_GROUP_SCRIPT: &str = r#"
 const { Kafka, logLevel } = require('kafkajs');
-const [bootstrap, topic] = process.argv.slice(1);
+const [bootstrap, topic, group] = process.argv.slice(1);
 const kafka = new Kafka({ clientId: 'fjord-kafkajs-group', brokers: bootstrap.split(','), logLevel: logLevel.ERROR,
                           retry: { retries: 30, initialRetryTime: 100, maxRetryTime: 2000 } });
 const seen = new Set();
@@ -223,7 +218,7 @@ setInterval(() => { if (seen.size !== said) { said = seen.size; console.log(`see
 (async () => {
     const members = [];
     for (let i = 0; i < 2; i++) {
-        const consumer = kafka.consumer({ groupId: 'kjs', sessionTimeout: 6000, heartbeatInterval: 300, maxWaitTimeInMs: 100 });
+        const consumer = kafka.consumer({ groupId: group, sessionTimeout: 6000, heartbeatInterval: 300, maxWaitTimeInMs: 100 });
         await consumer.connect();
         await consumer.subscribe({ topic, fromBeginning: true });
         await consumer.run({ eachMessage: async ({ partition, message }) => { seen.add(`${partition}/${message.offset}`); } });
@@ -239,17 +234,18 @@ setInterval(() => { if (seen.size !== said) { said = seen.size; console.log(`see
 /// after, and commits to the end of every partition on the new coordinator.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kafkajs_group_moves_to_a_new_coordinator_and_commits_there() {
-    const GROUP: &str = "kjs";
+    const KAFKAJS_GROUP: &str = "kjs";
     let (mut cluster, client, producer) = three_brokers_with_the_topic().await;
     let admin = fjord_client::GroupAdmin::connect(client.clone()).await.unwrap();
     let committed_to = |end: i64| {
         let admin = &admin;
         move || async move {
-            let c = admin.committed_offsets(GROUP).await?;
+            let c = admin.committed_offsets(KAFKAJS_GROUP).await?;
             Ok((c.len() == PARTITIONS as usize && c.values().all(|&o| o == end)).then_some(()))
         }
     };
-    let mut script = fjord_testkit::ClientScript::node(KAFKAJS_GROUP_SCRIPT, &[&cluster.bootstrap(), TOPIC]).unwrap();
+    let mut script =
+        fjord_testkit::ClientScript::node(KAFKAJS_GROUP_SCRIPT, &[&cluster.bootstrap(), TOPIC, KAFKAJS_GROUP]).unwrap();
     let mut seen_at_least = async |n: usize, what: &str| {
         let read = async {
             while let Some(line) = script.next_line().await.unwrap() {
@@ -267,11 +263,11 @@ async fn a_kafkajs_group_moves_to_a_new_coordinator_and_commits_there() {
     produce_round(&producer, TOPIC, PARTITIONS, 20, 0).await.unwrap();
     seen_at_least(20 * PARTITIONS as usize, "the first round").await;
     wait_until(WAIT, "the first round committed", committed_to(20)).await.unwrap();
-    let old = wait_until(WAIT, "a coordinator node", || coordinator_of(&cluster, GROUP)).await.unwrap();
+    let old = wait_until(WAIT, "a coordinator node", || coordinator_of(&cluster, KAFKAJS_GROUP)).await.unwrap();
 
     cluster.kill(old).await.unwrap();
     let new = wait_until(WAIT, "another broker's coordinator node", || async {
-        Ok(coordinator_of(&cluster, GROUP).await?.filter(|&id| id != old))
+        Ok(coordinator_of(&cluster, KAFKAJS_GROUP).await?.filter(|&id| id != old))
     })
     .await
     .unwrap();

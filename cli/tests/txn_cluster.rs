@@ -17,7 +17,8 @@
 //!   SIGKILL of the transaction coordinator.
 //!
 //! The interpreter is `$FJORD_TEST_PYTHON` (set by `cargo xtask test`), else the
-//! workspace's `target/venv/bin/python`.
+//! workspace's `target/venv/bin/python`; KafkaJS comes from `$FJORD_TEST_NODE_MODULES`,
+//! else `target/node/node_modules`.
 
 use std::time::Duration;
 
@@ -299,19 +300,20 @@ enum Victim {
 }
 
 async fn consume_transform_produce_across_kill_9(victim: Victim) {
-    let cluster = cluster().await;
-    let script = spawn(CTP, &cluster.bootstrap());
-    across_kill_9(cluster, script, ("ctp", "ctp-tx"), victim).await;
+    across_kill_9(("ctp", "ctp-tx"), victim, |bootstrap| spawn(CTP, bootstrap)).await;
 }
 
-/// Drives a consume-transform-produce `script` (from `{prefix}-in` to `{prefix}-out`,
-/// transactional id `txn_id`): at `ready` picks the victim and answers, at `kill` kills
-/// it (SIGKILL), at `restart` starts it again; the script must end with `ok`.
-async fn across_kill_9(mut cluster: Cluster, mut script: ClientScript, (prefix, txn_id): (&str, &str), victim: Victim) {
+/// Three brokers and a consume-transform-produce script that `spawn` starts with their
+/// bootstrap once its topics exist (`{prefix}-in`, `{prefix}-out`; transactional id
+/// `txn_id`): at `ready` picks the victim and answers, at `kill` kills it (SIGKILL), at
+/// `restart` starts it again; the script must end with `ok`.
+async fn across_kill_9((prefix, txn_id): (&str, &str), victim: Victim, spawn: impl FnOnce(&str) -> ClientScript) {
+    let mut cluster = cluster().await;
     let output = format!("{prefix}-out");
     for (topic, partitions) in [(format!("{prefix}-in"), 1), (output.clone(), 3)] {
         cluster.create_topic(&topic, partitions, &[("min.insync.replicas", "2")], Duration::from_secs(30)).await.unwrap();
     }
+    let mut script = spawn(&cluster.bootstrap());
     let run = async {
         let mut killed = None;
         while let Some(line) = script.next_line().await.unwrap() {
@@ -509,9 +511,10 @@ const checkTime = where => assert(Date.now() < deadline, `stuck in ${where}`);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafkajs_consume_transform_produce_is_exactly_once_across_kill_9_of_the_transaction_coordinator() {
-    let cluster = cluster().await;
-    let script = ClientScript::node(KAFKAJS_CTP, &[&cluster.bootstrap()]).unwrap();
-    across_kill_9(cluster, script, ("kjs", "kjs-ctp-tx"), Victim::TxnCoordinator).await;
+    across_kill_9(("kjs", "kjs-ctp-tx"), Victim::TxnCoordinator, |bootstrap| {
+        ClientScript::node(KAFKAJS_CTP, &[bootstrap]).unwrap()
+    })
+    .await;
 }
 
 /// `send_offsets_to_transaction` by a producer whose group coordinator was killed and has

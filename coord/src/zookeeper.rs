@@ -154,7 +154,7 @@ impl ZooKeeperStore {
                 if reconnect.failed(Instant::now()) {
                     let since = reconnect.outage_since.map(|at| at.elapsed()).unwrap_or_default();
                     tracing::warn!(hosts = %self.hosts, error = %e, unreachable_for = ?since, attempts = reconnect.failed_attempts,
-                        "cannot open a ZooKeeper session; retrying (every {:?} at most, logged once a minute)", RECONNECT_MAX);
+                        "cannot open a ZooKeeper session; retrying after pauses of up to {:?} (logged once a minute)", RECONNECT_MAX);
                 }
                 Err(e)
             }

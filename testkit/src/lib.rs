@@ -66,7 +66,7 @@ pub(crate) const ZOOKEEPER_CLASSPATH: &str = "/etc/zookeeper/conf:/usr/share/jav
 pub struct ZooKeeper {
     process: Child,
     port: u16,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl ZooKeeper {
@@ -104,7 +104,7 @@ impl ZooKeeper {
             ),
         )?;
         let process = Self::spawn(dir.path())?;
-        let mut server = Self { process, port, _dir: dir };
+        let mut server = Self { process, port, dir };
         server.wait_until_serving(Duration::from_secs(30))?;
         Ok(server)
     }
@@ -133,7 +133,7 @@ impl ZooKeeper {
     /// Starts the server again after [`ZooKeeper::kill`], on the same port and data
     /// (sessions older than their timeout have expired), and waits until it serves.
     pub fn restart(&mut self) -> Result<()> {
-        self.process = Self::spawn(self._dir.path())?;
+        self.process = Self::spawn(self.dir.path())?;
         self.wait_until_serving(Duration::from_secs(30))
     }
 
@@ -169,7 +169,7 @@ impl ZooKeeper {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(status) = self.process.try_wait()? {
-                let log = std::fs::read_to_string(self._dir.path().join("zookeeper.log")).unwrap_or_default();
+                let log = std::fs::read_to_string(self.dir.path().join("zookeeper.log")).unwrap_or_default();
                 bail!("ZooKeeper exited with {status} before serving:\n{log}");
             }
             if self.four_letter("srvr").map(|r| r.contains("Mode:")).unwrap_or(false) {

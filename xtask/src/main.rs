@@ -120,18 +120,17 @@ fn provision() -> Result<()> {
 
 /// KafkaJS into `prefix`, unless that version is there.
 fn provision_kafkajs(prefix: &Path) -> Result<()> {
-    let version = KAFKAJS_VERSION;
     let manifest = prefix.join("node_modules/kafkajs/package.json");
     let installed = std::fs::read_to_string(&manifest).unwrap_or_default();
-    if installed.contains(&format!("\"version\": \"{version}\"")) {
+    if installed.contains(&format!("\"version\": \"{KAFKAJS_VERSION}\"")) {
         return Ok(());
     }
-    eprintln!("xtask: installing KafkaJS {version} in {}", prefix.display());
+    eprintln!("xtask: installing KafkaJS {KAFKAJS_VERSION} in {}", prefix.display());
     std::fs::create_dir_all(prefix)?;
     run(Command::new("npm")
         .args(["install", "--no-audit", "--no-fund", "--no-save", "--loglevel=error", "--prefix"])
         .arg(prefix)
-        .arg(format!("kafkajs@{version}")))
+        .arg(format!("kafkajs@{KAFKAJS_VERSION}")))
     .context("npm install of KafkaJS failed")
 }
 
