@@ -170,10 +170,41 @@ impl StandaloneBuilder {
 
     /// Binds every listener, writes users and ACLs, starts the broker and returns once it
     /// has registered (it serves from then on).
-    pub async fn start(self) -> anyhow::Result<StandaloneBroker> {
-        if let Some(e) = self.invalid {
+    ///
+    /// On a data dir given with [`StandaloneBuilder::data_dir`] (a restart), a lock of the
+    /// dir found held is waited out for up to 10 s. The broker this test stopped released
+    /// it, but a process another test of this binary spawned at that moment holds a copy
+    /// of the lock's descriptor from its fork until its exec (milliseconds on a loaded
+    /// machine); a broker process restarting has no such sibling.
+    pub async fn start(mut self) -> anyhow::Result<StandaloneBroker> {
+        if let Some(e) = self.invalid.take() {
             return Err(e);
         }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.attempt().start_once().await {
+                Err(e) if self.data_dir.is_some() && is_lock_held(&e) && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    /// A copy of this description for one attempt at starting.
+    fn attempt(&self) -> Self {
+        Self {
+            config: self.config.clone(),
+            invalid: None,
+            data_dir: self.data_dir.clone(),
+            users: self.users.clone(),
+            acls: self.acls.clone(),
+            audit_tier: self.audit_tier,
+            store: self.store.clone(),
+        }
+    }
+
+    async fn start_once(self) -> anyhow::Result<StandaloneBroker> {
         let mut config = self.config;
         let (data_dir, temp) = match self.data_dir {
             Some(dir) => (dir, None),
@@ -217,6 +248,15 @@ impl StandaloneBuilder {
     }
 }
 
+/// Whether starting failed only because the metadata store's or the logs' lock of the data
+/// dir was held.
+fn is_lock_held(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        matches!(cause.downcast_ref::<fjord_coord::Error>(), Some(fjord_coord::Error::InUse { .. }))
+            || matches!(cause.downcast_ref::<fjord_log::Error>(), Some(fjord_log::Error::InUse { .. }))
+    })
+}
+
 impl StandaloneBroker {
     /// Waits for the broker's registration, its last step before serving; a broker that
     /// stopped instead reports why.
@@ -249,4 +289,30 @@ pub async fn scrape_metrics(addr: SocketAddr) -> anyhow::Result<String> {
     let mut response = String::new();
     tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_to_string(&mut response)).await??;
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A restart finds the data dir's locks held for a moment (as by a process spawned
+    /// beside it, between its fork and exec): it waits them out instead of failing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_waits_out_a_lock_held_for_a_moment() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let broker = StandaloneBroker::builder().data_dir(&data).start().await.unwrap();
+        broker.stop().await.unwrap();
+        for lock in [data.join(fjord_broker::server::METADATA_DIR).join("lock"), data.join(fjord_log::LOCK_FILE)] {
+            let held = std::fs::OpenOptions::new().write(true).open(&lock).unwrap();
+            held.try_lock().unwrap();
+            let release = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                drop(held);
+            });
+            let broker = StandaloneBroker::builder().data_dir(&data).start().await.unwrap();
+            release.join().unwrap();
+            broker.stop().await.unwrap();
+        }
+    }
 }
