@@ -113,7 +113,7 @@ impl Producer {
             (Some(id), _) => {
                 let txn = crate::transaction::TransactionalId { id: id.clone(), timeout: config.transaction_timeout };
                 let deadline = std::time::Instant::now() + config.delivery_timeout;
-                let (id, epoch) = txn.init_producer_id(&cluster, deadline).await?;
+                let (id, epoch) = txn.init_producer_id(&cluster, deadline, None).await?;
                 Some(ProducerIdentity::new(id, epoch))
             }
             (None, true) => Some(init_producer_id(&cluster, config.delivery_timeout).await?),

@@ -103,13 +103,21 @@ where
 
 impl TransactionalId {
     /// InitProducerId: the id's producer id and a new epoch (which fences older producers
-    /// of the id and aborts a transaction they left open).
-    pub(crate) async fn init_producer_id(&self, cluster: &Cluster, deadline: Instant) -> Result<(i64, i16)> {
+    /// of the id and aborts a transaction they left open). `current` is the id and epoch
+    /// the caller has, if any: the coordinator bumps only that epoch, and answers
+    /// PRODUCER_FENCED when a newer producer has the id (KIP-360).
+    pub(crate) async fn init_producer_id(
+        &self,
+        cluster: &Cluster,
+        deadline: Instant,
+        current: Option<(i64, i16)>,
+    ) -> Result<(i64, i16)> {
+        let (producer_id, producer_epoch) = current.unwrap_or((-1, -1));
         let request = InitProducerIdRequest::default()
             .with_transactional_id(Some(kafka_protocol::messages::TransactionalId(s(&self.id))))
             .with_transaction_timeout_ms(i32::try_from(self.timeout.as_millis()).unwrap_or(i32::MAX))
-            .with_producer_id(ProducerId(-1))
-            .with_producer_epoch(-1);
+            .with_producer_id(ProducerId(producer_id))
+            .with_producer_epoch(producer_epoch);
         with_coordinator(cluster, &self.id, 1, deadline, |conn| {
             let request = request.clone();
             async move {

@@ -744,7 +744,7 @@ async fn records_of_a_fenced_producer_fail_and_its_commit_fails() {
     let e = lost.await.unwrap_err();
     assert!(e.to_string().contains("ProducerFenced") || e.to_string().contains("InvalidProducerEpoch"), "{e}");
     let e = zombie.commit_transaction().await.unwrap_err();
-    assert!(e.to_string().contains("could not join the transaction"), "{e}");
+    assert!(e.to_string().contains("ProducerFenced") || e.to_string().contains("InvalidProducerEpoch"), "{e}");
     fresh.begin_transaction().unwrap();
     let kept = fresh.send(record("txn-fenced", 2)).await.unwrap();
     fresh.commit_transaction().await.unwrap();
@@ -756,6 +756,45 @@ async fn records_of_a_fenced_producer_fail_and_its_commit_fails() {
     assert_eq!(got[0].value.as_deref(), record("txn-fenced", 2).value.as_deref());
     // Nothing else comes: the zombie's record was never written.
     assert!(c.poll(Duration::from_millis(500)).await.unwrap().is_empty());
+}
+
+/// A zombie whose next batch goes to a partition already in its transaction (so no
+/// AddPartitionsToTxn asks the coordinator first) is refused by the partition leader once
+/// a newer producer of its transactional id aborted that transaction. It must not take the
+/// id back: an InitProducerId from it would bump the epoch again and fence the newer
+/// producer, whose commit would then fail. It stays fenced instead, every later call
+/// failing with the fencing error, and the newer producer commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_refused_by_a_partition_leader_stays_fenced_and_fences_nobody() {
+    let broker = StandaloneBroker::start_with(|c| c.set("transaction.state.log.num.partitions", "1").unwrap())
+        .await
+        .expect("broker starts");
+    create_topic(&broker.addr, "txn-zombie", 1, &[]).await;
+    let fenced = |e: &fjord_client::Error| {
+        let text = e.to_string();
+        assert!(text.contains("ProducerFenced") || text.contains("InvalidProducerEpoch"), "{text}");
+    };
+    let zombie = producer(&broker.addr, |c| c.transactional_id = Some("zombie".into())).await;
+    zombie.begin_transaction().unwrap();
+    zombie.send(record("txn-zombie", 1)).await.unwrap().await.unwrap();
+    let fresh = producer(&broker.addr, |c| c.transactional_id = Some("zombie".into())).await;
+    fenced(&zombie.send(record("txn-zombie", 2)).await.unwrap().await.unwrap_err());
+    // Time for whatever the zombie does after the refusal, before the newer producer's
+    // transaction.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    fenced(&zombie.commit_transaction().await.unwrap_err());
+    fenced(&zombie.abort_transaction().await.unwrap_err());
+    fenced(&zombie.begin_transaction().unwrap_err());
+
+    fresh.begin_transaction().unwrap();
+    let kept = fresh.send(record("txn-zombie", 3)).await.unwrap();
+    fresh.commit_transaction().await.unwrap();
+    kept.await.unwrap();
+    let mut c = read_committed_consumer(&broker.addr).await;
+    c.assign([TopicPartition::new("txn-zombie", 0)]).await.unwrap();
+    let got = consume_n(&mut c, 1).await;
+    assert_eq!(got[0].value.as_deref(), record("txn-zombie", 3).value.as_deref());
+    assert!(c.poll(Duration::from_millis(500)).await.unwrap().is_empty(), "only the newer producer's record is committed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -69,6 +69,9 @@ pub(super) struct State {
     pub(super) identity: Option<ProducerIdentity>,
     /// A stamped batch failed for good: bump the producer epoch before sending more.
     pub(super) reset_pending: bool,
+    /// A newer producer of the transactional id fenced this one (see [`Inner::fence`]):
+    /// every later call fails with this error.
+    pub(super) fenced: Option<Error>,
     /// A transactional producer's open transaction.
     pub(super) transaction: super::transaction::Transaction,
     /// Transactions begun so far: the open one's number, which a partition's
@@ -423,6 +426,9 @@ impl Producer {
             return Err(Error::ProducerClosed);
         }
         let transactional = inner.config.transactional_id.is_some();
+        if let Some(e) = &state.fenced {
+            return Err(e.clone());
+        }
         if transactional && !state.transaction.open {
             return Err(Error::TransactionState("send outside a transaction: call begin_transaction first".into()));
         }

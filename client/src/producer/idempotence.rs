@@ -9,6 +9,7 @@ use kafka_protocol::messages::{InitProducerIdRequest, ProducerId};
 
 use super::accumulator::{ReadyBatch, State};
 use super::batch::Outcome;
+use super::transaction::is_fencing;
 use super::Inner;
 use crate::cluster::Cluster;
 use crate::error::{Error, Result};
@@ -123,7 +124,7 @@ pub(super) async fn init_producer_id(cluster: &Cluster, timeout: Duration) -> Re
 pub(super) async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
     let current = {
         let state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
-        if !state.reset_pending || state.in_flight.values().any(|&n| n > 0) {
+        if !state.reset_pending || state.fenced.is_some() || state.in_flight.values().any(|&n| n > 0) {
             return None;
         }
         state.identity
@@ -131,13 +132,19 @@ pub(super) async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
     let identity = match current.filter(|c| c.epoch < i16::MAX - 1) {
         // A transactional producer's epochs are its coordinator's: a new one from it
         // aborts the open transaction there, which can then only be aborted here too.
+        // It names the epoch it has (KIP-360), so that a producer a newer one fenced
+        // meanwhile is told so (PRODUCER_FENCED) instead of fencing that one in turn.
         _ if inner.config.transactional_id.is_some() => {
             let txn = inner.transactional_id().expect("invariant: checked just above");
             let deadline = Instant::now() + inner.config.delivery_timeout;
-            match txn.init_producer_id(&inner.cluster, deadline).await {
+            match txn.init_producer_id(&inner.cluster, deadline, current.map(|c| (c.id, c.epoch))).await {
                 Ok((id, epoch)) => {
                     inner.state.lock().unwrap_or_else(|e| e.into_inner()).transaction.failed = true;
                     ProducerIdentity { id, epoch }
+                }
+                Err(e) if is_fencing(&e) => {
+                    inner.fence(&e);
+                    return None;
                 }
                 Err(e) => return Some(Err(e)),
             }

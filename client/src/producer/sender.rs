@@ -13,6 +13,7 @@ use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use super::accumulator::{OpenBatch, ReadyBatch, State, TopicsExt};
 use super::batch::{split_batch, Completion, Outcome};
 use super::idempotence::{add_sequence, reset_if_due, sequence_ahead, OutcomeKind, MAX_IN_FLIGHT_IDEMPOTENT};
+use super::transaction::is_fencing;
 use super::{request, Acks, Inner, ProducerConfig};
 use crate::connection::BodyParts;
 use crate::error::{Error, ResponseError, Result};
@@ -32,6 +33,10 @@ impl Inner {
     /// leaves a hole in the sequence, which a new producer epoch closes.
     pub(super) fn complete(&self, batch: &ReadyBatch, outcome: Outcome) {
         let succeeded = !matches!(outcome, Outcome::Failed(_));
+        let fencing = match &outcome {
+            Outcome::Failed(e) if self.config.transactional_id.is_some() && is_fencing(e) => Some(e.clone()),
+            _ => None,
+        };
         let outcome_kind = if matches!(outcome, Outcome::PerRecord(_)) { OutcomeKind::Split } else { OutcomeKind::Whole };
         if let Some(audit) = self.config.audit.as_ref().filter(|_| !batch.audit.is_empty()) {
             let acked: Vec<i64> = match &outcome {
@@ -76,13 +81,17 @@ impl Inner {
                 }
             }
             // A hole in an older epoch's numbers needs no bump: the partition leaves
-            // that epoch anyway once nothing of it may be stored.
-            if !succeeded && Some(stamp.identity) == current {
+            // that epoch anyway once nothing of it may be stored. Nor does a fenced
+            // producer's: it sends nothing more.
+            if !succeeded && Some(stamp.identity) == current && fencing.is_none() && state.fenced.is_none() {
                 state.reset_pending = true;
                 self.wake_sender.notify_one();
             }
         }
         drop(state);
+        if let Some(e) = fencing {
+            self.fence(&e);
+        }
         self.batch_done.notify_waiters();
     }
 

@@ -14,13 +14,18 @@
 //! and sending goes on meanwhile. Batches carry the transactional bit. Commit flushes,
 //! then ends the transaction (EndTxn); a record that failed for good, or a partition that
 //! could not join, makes the commit fail, and the transaction can only be aborted.
+//!
+//! A producer that a newer one of its transactional id fenced (PRODUCER_FENCED or
+//! INVALID_PRODUCER_EPOCH from any broker) is done, as Kafka's after a
+//! `ProducerFencedException`: every later call fails with that error. It never asks for
+//! a new epoch, which would fence the newer producer in turn.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::batch::Outcome;
 use super::{Inner, Producer};
-use crate::error::{Error, Result};
+use crate::error::{Error, ResponseError, Result};
 use crate::transaction::TransactionalId;
 use crate::TopicPartition;
 
@@ -47,7 +52,40 @@ pub(super) struct Transaction {
     pub(super) audit: Vec<(String, Vec<i64>)>,
 }
 
+/// Whether a broker's answer says a newer producer of the transactional id took over.
+pub(super) fn is_fencing(e: &Error) -> bool {
+    matches!(e, Error::Kafka { code: ResponseError::ProducerFenced | ResponseError::InvalidProducerEpoch, .. })
+}
+
 impl Inner {
+    /// Fences this producer for good with `error` (see [`is_fencing`]): later calls fail
+    /// with it, records not sent yet fail with it now, and no epoch bump follows.
+    pub(super) fn fence(&self, error: &Error) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.fenced.is_none() {
+            tracing::warn!(%error, "fenced by a newer producer of the transactional id: this producer can only be closed");
+            state.fenced = Some(error.clone());
+        }
+        state.reset_pending = false;
+        let codec = self.config.compression;
+        let mut unsent = Vec::new();
+        for topic in state.topics.values_mut() {
+            for (p, queue) in topic.partitions.iter_mut().enumerate() {
+                unsent.extend(queue.take_unsent(&topic.name, p as i32, codec));
+            }
+        }
+        drop(state);
+        for batch in &unsent {
+            self.complete(batch, Outcome::Failed(error.clone()));
+        }
+        self.wake_sender.notify_one();
+    }
+
+    /// The error this producer was fenced with, if it was.
+    fn fenced(&self) -> Result<()> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).fenced.clone().map_or(Ok(()), Err)
+    }
+
     pub(super) fn transactional_id(&self) -> Option<TransactionalId> {
         self.config
             .transactional_id
@@ -99,14 +137,33 @@ impl Inner {
             for batch in &failed {
                 self.complete(batch, Outcome::Failed(e.clone()));
             }
+            if is_fencing(&e) {
+                self.fence(&e);
+            }
         }
         self.wake_sender.notify_one();
     }
 }
 
 impl Producer {
+    /// The transactional id, unless the producer has none or was fenced.
     fn transactional(&self) -> Result<TransactionalId> {
-        self.inner.transactional_id().ok_or_else(|| Error::TransactionState("the producer has no transactional.id".into()))
+        let txn = self
+            .inner
+            .transactional_id()
+            .ok_or_else(|| Error::TransactionState("the producer has no transactional.id".into()))?;
+        self.inner.fenced()?;
+        Ok(txn)
+    }
+
+    /// `result` of a request to a coordinator, fencing the producer when it says to.
+    fn fenced_by<T>(&self, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result {
+            if is_fencing(e) {
+                self.inner.fence(e);
+            }
+        }
+        result
     }
 
     /// Starts a transaction: the records sent from now on commit or abort together.
@@ -129,7 +186,8 @@ impl Producer {
         if !self.inner.state.lock().unwrap_or_else(|e| e.into_inner()).transaction.open {
             return Err(Error::TransactionState("send_offsets_to_transaction outside a transaction".into()));
         }
-        txn.send_offsets(&self.inner.cluster, self.inner.producer()?, group_id, offsets, self.inner.deadline()).await?;
+        let sent = txn.send_offsets(&self.inner.cluster, self.inner.producer()?, group_id, offsets, self.inner.deadline()).await;
+        self.fenced_by(sent)?;
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner()).transaction.offsets = true;
         Ok(())
     }
@@ -151,6 +209,8 @@ impl Producer {
             return Err(Error::TransactionState("no transaction is open".into()));
         }
         self.flush().await;
+        // Fenced while its records went out.
+        self.inner.fenced()?;
         let (failed, refused, begun) = {
             let state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
             let t = &state.transaction;
@@ -165,7 +225,7 @@ impl Producer {
         // Nothing to end at the coordinator: the transaction never began there (nothing
         // was written), or it was aborted there when the producer took a new epoch.
         let result = match begun && !failed {
-            true => txn.end(&self.inner.cluster, self.inner.producer()?, commit, self.inner.deadline()).await,
+            true => self.fenced_by(txn.end(&self.inner.cluster, self.inner.producer()?, commit, self.inner.deadline()).await),
             false => Ok(()),
         };
         if result.is_ok() || !commit {
