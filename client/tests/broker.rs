@@ -797,6 +797,42 @@ async fn a_zombie_refused_by_a_partition_leader_stays_fenced_and_fences_nobody()
     assert!(c.poll(Duration::from_millis(500)).await.unwrap().is_empty(), "only the newer producer's record is committed");
 }
 
+/// A transaction the coordinator aborted at its timeout (bumping the producer's epoch) is
+/// not a newer producer: the next batch is refused (INVALID_PRODUCER_EPOCH), the commit
+/// fails, and after the abort the producer claims the bumped epoch (KIP-588) and its next
+/// transaction commits; only that one reaches a read_committed reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_whose_transaction_timed_out_aborts_and_goes_on() {
+    let broker = StandaloneBroker::start_with(|c| {
+        c.set("transaction.state.log.num.partitions", "1").unwrap();
+        c.set("transaction.abort.timed.out.transaction.cleanup.interval.ms", "100").unwrap();
+    })
+    .await
+    .expect("broker starts");
+    create_topic(&broker.addr, "txn-timeout", 1, &[]).await;
+    let p = producer(&broker.addr, |c| {
+        c.transactional_id = Some("slow".into());
+        c.transaction_timeout = Duration::from_secs(1);
+    })
+    .await;
+    p.begin_transaction().unwrap();
+    p.send(record("txn-timeout", 1)).await.unwrap().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let e = p.send(record("txn-timeout", 2)).await.unwrap().await.unwrap_err();
+    assert!(e.to_string().contains("InvalidProducerEpoch"), "{e}");
+    assert!(p.commit_transaction().await.is_err(), "the transaction was aborted");
+    p.abort_transaction().await.unwrap();
+    p.begin_transaction().unwrap();
+    let kept = p.send(record("txn-timeout", 3)).await.unwrap();
+    p.commit_transaction().await.unwrap();
+    kept.await.unwrap();
+    let mut c = read_committed_consumer(&broker.addr).await;
+    c.assign([TopicPartition::new("txn-timeout", 0)]).await.unwrap();
+    let got = consume_n(&mut c, 1).await;
+    assert_eq!(got[0].value.as_deref(), record("txn-timeout", 3).value.as_deref());
+    assert!(c.poll(Duration::from_millis(500)).await.unwrap().is_empty(), "the timed-out transaction stays aborted");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polls_with_tiny_timeouts_get_every_record_exactly_once() {
     // The broker advertises a proxy: the consumer's first fetch has to open a new

@@ -201,7 +201,15 @@ impl TxnMetadata {
             if retried && matches!(self.state, TxnState::Empty) {
                 return Ok(InitPlan::Retry);
             }
-            if !current {
+            // KIP-588: the epoch this producer had was bumped when its transaction was
+            // aborted (at its timeout), and no newer producer took the id since (its
+            // InitProducerId would have bumped again): it claims the bumped epoch and
+            // goes on, instead of being told it is fenced.
+            let aborted_under_it = producer_id == self.producer_id
+                && epoch == self.last_producer_epoch
+                && self.last_producer_epoch >= 0
+                && self.state == TxnState::CompleteAbort;
+            if !current && !aborted_under_it {
                 return Err(ResponseError::ProducerFenced);
             }
         }
@@ -516,6 +524,23 @@ mod tests {
         // Once aborted, the new producer's retry bumps again to an epoch of its own.
         let InitPlan::Bump(next) = target.complete(5_100).unwrap().plan_init(request, 5_200).unwrap() else { panic!() };
         assert_eq!(next.producer_epoch, 2);
+    }
+
+    #[test]
+    fn a_producer_whose_transaction_was_aborted_under_it_takes_the_bumped_epoch() {
+        let with = |expected| InitRequest { timeout_ms: 60_000, expected: Some(expected) };
+        // Aborted at its timeout: the epoch went 0 -> 1, and the producer, still at 0,
+        // claims it (KIP-588).
+        let aborted = ongoing().fenced_abort(5_000).complete(5_100).unwrap();
+        let InitPlan::Bump(recovered) = aborted.plan_init(with((7, 0)), 6_000).unwrap() else { panic!() };
+        assert_eq!((recovered.producer_epoch, recovered.state), (2, TxnState::Empty));
+        // Once a newer producer took the id (its InitProducerId bumped again), the old
+        // epoch is fenced for good.
+        let newer = InitRequest { timeout_ms: 60_000, expected: None };
+        let InitPlan::Bump(taken) = aborted.plan_init(newer, 6_000).unwrap() else { panic!() };
+        assert_eq!(taken.plan_init(with((7, 0)), 7_000), Err(ResponseError::ProducerFenced));
+        // Nor any other epoch.
+        assert_eq!(aborted.plan_init(with((7, 5)), 6_000), Err(ResponseError::ProducerFenced));
     }
 
     #[test]

@@ -15,10 +15,10 @@
 //! then ends the transaction (EndTxn); a record that failed for good, or a partition that
 //! could not join, makes the commit fail, and the transaction can only be aborted.
 //!
-//! A producer that a newer one of its transactional id fenced (PRODUCER_FENCED or
-//! INVALID_PRODUCER_EPOCH from any broker) is done, as Kafka's after a
-//! `ProducerFencedException`: every later call fails with that error. It never asks for
-//! a new epoch, which would fence the newer producer in turn.
+//! A producer that a newer one of its transactional id fenced (PRODUCER_FENCED) is done,
+//! as Kafka's after a `ProducerFencedException`: every later call fails with that error.
+//! It never asks for a new epoch without naming its own, which would fence the newer
+//! producer in turn.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,9 +52,13 @@ pub(super) struct Transaction {
     pub(super) audit: Vec<(String, Vec<i64>)>,
 }
 
-/// Whether a broker's answer says a newer producer of the transactional id took over.
+/// Whether a broker's answer says a newer producer of the transactional id took over:
+/// PRODUCER_FENCED, from its coordinator. A partition leader's INVALID_PRODUCER_EPOCH
+/// only fails the batch, as in Kafka since KIP-588: the epoch bump that follows (an
+/// InitProducerId naming this producer's epoch) lets the coordinator tell a transaction
+/// aborted at its timeout, which the producer survives, from a newer producer.
 pub(super) fn is_fencing(e: &Error) -> bool {
-    matches!(e, Error::Kafka { code: ResponseError::ProducerFenced | ResponseError::InvalidProducerEpoch, .. })
+    matches!(e, Error::Kafka { code: ResponseError::ProducerFenced, .. })
 }
 
 impl Inner {
