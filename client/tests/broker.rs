@@ -12,7 +12,7 @@ use fjord_client::{
     Acks, Admin, ClientConfig, Compression, Consumer, ConsumerConfig, ConsumerRecord, Error, IsolationLevel, NewTopic,
     OffsetReset, OffsetSpec, Producer, ProducerConfig, ProducerRecord, ResponseError, SeekTo, TopicPartition, TransactionAdmin,
 };
-use fjord_testkit::StandaloneBroker;
+use fjord_testkit::{wait_until, StandaloneBroker};
 use tokio::net::{TcpListener, TcpStream};
 
 /// Starts a broker; `advertise` makes it hand out another address (a proxy's) in metadata.
@@ -59,6 +59,24 @@ async fn consumer(addr: &str) -> Consumer {
 async fn read_committed_consumer(addr: &str) -> Consumer {
     let config = ConsumerConfig { isolation_level: IsolationLevel::ReadCommitted, ..consumer_config(addr) };
     Consumer::connect(config).await.unwrap()
+}
+
+/// Reads `partitions` of `topic` read_committed from the start: `expected` is the one
+/// record there, and nothing else comes.
+async fn assert_only_committed(addr: &str, topic: &str, partitions: i32, expected: &ProducerRecord) {
+    let mut c = read_committed_consumer(addr).await;
+    c.assign((0..partitions).map(|p| TopicPartition::new(topic, p))).await.unwrap();
+    let got = consume_n(&mut c, 1).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].value.as_deref(), expected.value.as_deref());
+    assert!(c.poll(Duration::from_millis(500)).await.unwrap().is_empty(), "only {expected:?} is committed");
+}
+
+/// Asserts that `e` is a transactional producer's fencing (by its coordinator or a
+/// partition leader).
+fn assert_fenced(e: &Error) {
+    let text = e.to_string();
+    assert!(text.contains("ProducerFenced") || text.contains("InvalidProducerEpoch"), "{text}");
 }
 
 /// Consumes until `n` records arrived (or fails after 20 s).
@@ -741,21 +759,14 @@ async fn records_of_a_fenced_producer_fail_and_its_commit_fails() {
     let fresh = producer(&broker.addr, |c| c.transactional_id = Some("fenced".into())).await;
     zombie.begin_transaction().unwrap();
     let lost = zombie.send(record("txn-fenced", 1)).await.unwrap();
-    let e = lost.await.unwrap_err();
-    assert!(e.to_string().contains("ProducerFenced") || e.to_string().contains("InvalidProducerEpoch"), "{e}");
-    let e = zombie.commit_transaction().await.unwrap_err();
-    assert!(e.to_string().contains("ProducerFenced") || e.to_string().contains("InvalidProducerEpoch"), "{e}");
+    assert_fenced(&lost.await.unwrap_err());
+    assert_fenced(&zombie.commit_transaction().await.unwrap_err());
     fresh.begin_transaction().unwrap();
     let kept = fresh.send(record("txn-fenced", 2)).await.unwrap();
     fresh.commit_transaction().await.unwrap();
     kept.await.unwrap();
-    let mut c = read_committed_consumer(&broker.addr).await;
-    c.assign((0..2).map(|p| TopicPartition::new("txn-fenced", p))).await.unwrap();
-    let got = consume_n(&mut c, 1).await;
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].value.as_deref(), record("txn-fenced", 2).value.as_deref());
     // Nothing else comes: the zombie's record was never written.
-    assert!(c.poll(Duration::from_millis(500)).await.unwrap().is_empty());
+    assert_only_committed(&broker.addr, "txn-fenced", 2, &record("txn-fenced", 2)).await;
 }
 
 /// A zombie whose next batch goes to a partition already in its transaction (so no
@@ -770,41 +781,31 @@ async fn a_zombie_refused_by_a_partition_leader_stays_fenced_and_fences_nobody()
         .await
         .expect("broker starts");
     create_topic(&broker.addr, "txn-zombie", 1, &[]).await;
-    let fenced = |e: &fjord_client::Error| {
-        let text = e.to_string();
-        assert!(text.contains("ProducerFenced") || text.contains("InvalidProducerEpoch"), "{text}");
-    };
     let zombie = producer(&broker.addr, |c| c.transactional_id = Some("zombie".into())).await;
     zombie.begin_transaction().unwrap();
     zombie.send(record("txn-zombie", 1)).await.unwrap().await.unwrap();
     let fresh = producer(&broker.addr, |c| c.transactional_id = Some("zombie".into())).await;
-    fenced(&zombie.send(record("txn-zombie", 2)).await.unwrap().await.unwrap_err());
+    assert_fenced(&zombie.send(record("txn-zombie", 2)).await.unwrap().await.unwrap_err());
     // The refusal is followed by an epoch bump naming the zombie's epoch, which the
     // coordinator refuses: until then its commit fails as that of a failed transaction
     // (and leaves it open), from then on as fenced. Only then does the newer producer go
     // on, so that a bump taking the id back would have happened before its commit.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let refused = wait_until(Duration::from_secs(20), "the zombie told it is fenced", || async {
         let e = zombie.commit_transaction().await.unwrap_err();
-        if !e.to_string().contains("a record of the transaction failed") {
-            fenced(&e);
-            break;
-        }
-        assert!(Instant::now() < deadline, "the zombie was not told it is fenced within 20 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    fenced(&zombie.abort_transaction().await.unwrap_err());
-    fenced(&zombie.begin_transaction().unwrap_err());
+        Ok((!e.to_string().contains("a record of the transaction failed")).then_some(e))
+    })
+    .await
+    .unwrap();
+    assert_fenced(&refused);
+    assert_fenced(&zombie.abort_transaction().await.unwrap_err());
+    assert_fenced(&zombie.begin_transaction().unwrap_err());
 
     fresh.begin_transaction().unwrap();
     let kept = fresh.send(record("txn-zombie", 3)).await.unwrap();
     fresh.commit_transaction().await.unwrap();
     kept.await.unwrap();
-    let mut c = read_committed_consumer(&broker.addr).await;
-    c.assign([TopicPartition::new("txn-zombie", 0)]).await.unwrap();
-    let got = consume_n(&mut c, 1).await;
-    assert_eq!(got[0].value.as_deref(), record("txn-zombie", 3).value.as_deref());
-    assert!(c.poll(Duration::from_millis(500)).await.unwrap().is_empty(), "only the newer producer's record is committed");
+    // Only the newer producer's record.
+    assert_only_committed(&broker.addr, "txn-zombie", 1, &record("txn-zombie", 3)).await;
 }
 
 /// A transaction the coordinator aborted at its timeout (bumping the producer's epoch) is
@@ -828,11 +829,13 @@ async fn a_producer_whose_transaction_timed_out_aborts_and_goes_on() {
     p.begin_transaction().unwrap();
     p.send(record("txn-timeout", 1)).await.unwrap().await.unwrap();
     let admin = TransactionAdmin::connect(client(&broker.addr)).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while admin.describe_transaction("slow").await.unwrap().state != "CompleteAbort" {
-        assert!(Instant::now() < deadline, "the transaction was not aborted at its timeout within 20 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let reaches = |state: &'static str| {
+        let admin = &admin;
+        wait_until(Duration::from_secs(20), state, move || async move {
+            Ok((admin.describe_transaction("slow").await.unwrap().state == state).then_some(()))
+        })
+    };
+    reaches("CompleteAbort").await.expect("the transaction is aborted at its timeout");
     let e = p.send(record("txn-timeout", 2)).await.unwrap().await.unwrap_err();
     assert!(e.to_string().contains("InvalidProducerEpoch"), "{e}");
     assert!(p.commit_transaction().await.is_err(), "the transaction was aborted");
@@ -840,19 +843,13 @@ async fn a_producer_whose_transaction_timed_out_aborts_and_goes_on() {
     // The producer's epoch bump (KIP-588's claim) runs in its sender, and abort does not
     // wait for it yet: a transaction begun before it is done may be refused (noted in
     // #20). The coordinator shows it done: the id is Empty again, at the new epoch.
-    while admin.describe_transaction("slow").await.unwrap().state != "Empty" {
-        assert!(Instant::now() < deadline, "the producer did not take a new epoch within 20 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    reaches("Empty").await.expect("the producer takes a new epoch");
     p.begin_transaction().unwrap();
     let kept = p.send(record("txn-timeout", 3)).await.unwrap();
     p.commit_transaction().await.unwrap();
     kept.await.unwrap();
-    let mut c = read_committed_consumer(&broker.addr).await;
-    c.assign([TopicPartition::new("txn-timeout", 0)]).await.unwrap();
-    let got = consume_n(&mut c, 1).await;
-    assert_eq!(got[0].value.as_deref(), record("txn-timeout", 3).value.as_deref());
-    assert!(c.poll(Duration::from_millis(500)).await.unwrap().is_empty(), "the timed-out transaction stays aborted");
+    // The timed-out transaction stays aborted.
+    assert_only_committed(&broker.addr, "txn-timeout", 1, &record("txn-timeout", 3)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

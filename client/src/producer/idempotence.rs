@@ -124,7 +124,7 @@ pub(super) async fn init_producer_id(cluster: &Cluster, timeout: Duration) -> Re
 pub(super) async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
     let current = {
         let state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
-        if !state.reset_pending || state.fenced.is_some() || state.in_flight.values().any(|&n| n > 0) {
+        if !state.reset_pending || state.in_flight.values().any(|&n| n > 0) {
             return None;
         }
         state.identity
