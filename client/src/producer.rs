@@ -99,7 +99,8 @@ struct Inner {
     memory: Arc<Semaphore>,
     state: Mutex<State>,
     wake_sender: Notify,
-    /// Signalled whenever a batch completes (flush waits on it).
+    /// Signalled whenever a batch completes (flush waits on it), an epoch bump ends, or
+    /// the producer is fenced (commit and abort wait for a pending bump).
     batch_done: Notify,
 }
 

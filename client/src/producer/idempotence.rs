@@ -184,6 +184,8 @@ pub(super) async fn reset_if_due(inner: &Arc<Inner>) -> Option<Result<()>> {
     for batch in &aborted {
         inner.complete(batch, Outcome::Failed(error.clone()));
     }
+    // A commit or abort waits for the new epoch (`Inner::new_epoch_taken`).
+    inner.batch_done.notify_waiters();
     Some(Ok(()))
 }
 

@@ -206,7 +206,8 @@ struct Drained {
 /// Takes every batch that may be sent now, grouped by leader, respecting the in-flight
 /// limit and one batch per partition per request. A transactional producer's batches of
 /// a partition that has not joined the open transaction stay; the partition is listed to
-/// join it, unless an AddPartitionsToTxn is under way (its end makes another pass).
+/// join it, unless an AddPartitionsToTxn is under way (its end makes another pass) or an
+/// epoch bump is due (the partition joins in the new epoch).
 fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::Metadata, refresh_due: &mut bool) -> Drained {
     let now = Instant::now();
     let mut expired = Vec::new();
@@ -229,7 +230,8 @@ fn drain(config: &ProducerConfig, state: &mut State, metadata: &crate::cluster::
                 expired.extend(queue.open.take().and_then(|o| o.close(&topic.name, p as i32, config.compression).ok()));
             }
             if transactional && queue.enlisted != *transactions {
-                if !transaction.enlisting && (queue.open.is_some() || !queue.ready.is_empty()) {
+                // Not while an epoch bump is due: the partition joins in the new epoch.
+                if !stalled && !transaction.enlisting && (queue.open.is_some() || !queue.ready.is_empty()) {
                     to_enlist.push(crate::TopicPartition::new(topic.name.to_string(), p as i32));
                 }
                 continue;

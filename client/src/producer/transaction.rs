@@ -83,6 +83,35 @@ impl Inner {
             self.complete(batch, Outcome::Failed(error.clone()));
         }
         self.wake_sender.notify_one();
+        // A commit or abort waiting for an epoch bump learns that none comes.
+        self.batch_done.notify_waiters();
+    }
+
+    /// Waits until no epoch bump is pending (see [`super::idempotence::reset_if_due`]),
+    /// for at most the delivery timeout. Fails when the producer was fenced meanwhile, or
+    /// when time runs out: the transaction stays open, to be aborted again.
+    async fn new_epoch_taken(&self) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + self.config.delivery_timeout;
+        loop {
+            let done = self.batch_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            {
+                let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(e) = &state.fenced {
+                    return Err(e.clone());
+                }
+                if !state.reset_pending {
+                    return Ok(());
+                }
+            }
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                return Err(Error::TransactionState(format!(
+                    "no new producer epoch after a failed record within {:?}: abort again",
+                    self.config.delivery_timeout
+                )));
+            }
+        }
     }
 
     /// The error this producer was fenced with, if it was.
@@ -213,8 +242,10 @@ impl Producer {
             return Err(Error::TransactionState("no transaction is open".into()));
         }
         self.flush().await;
-        // Fenced while its records went out.
-        self.inner.fenced()?;
+        // A record that failed for good has the sender take a new epoch, which aborts the
+        // transaction at the coordinator; the next transaction must begin in that epoch,
+        // or its partitions would join under the old one and be refused as fenced.
+        self.inner.new_epoch_taken().await?;
         let (failed, refused, begun) = {
             let state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
             let t = &state.transaction;
