@@ -126,6 +126,10 @@ pub struct BrokerConfig {
     pub controlled_shutdown_timeout: Duration,
     /// `socket.request.max.bytes`: larger frames close the connection; default 100 MiB.
     pub socket_request_max_bytes: usize,
+    /// `queued.max.request.bytes`: the bytes of requests held at once across all
+    /// connections (`crate::request_memory`); `None` (-1) is unbounded. Default 512 MiB,
+    /// where Kafka's is unbounded: a broker's memory stays bounded whatever clients send.
+    pub queued_max_request_bytes: Option<usize>,
     /// `max.connections`: connections beyond this are closed as they come in (logged
     /// once a minute, counted in metrics); default 10,000.
     pub max_connections: usize,
@@ -264,6 +268,7 @@ impl Default for BrokerConfig {
             controlled_shutdown: true,
             controlled_shutdown_timeout: Duration::from_secs(30),
             socket_request_max_bytes: 100 * 1024 * 1024,
+            queued_max_request_bytes: Some(512 * 1024 * 1024),
             max_connections: 10_000,
             fetch_zero_copy: true,
             retention_check_interval: Duration::from_secs(300),
@@ -430,6 +435,17 @@ impl BrokerConfig {
             "controlled.shutdown.timeout.ms" => self.controlled_shutdown_timeout = millis()?,
             "socket.request.max.bytes" => {
                 self.socket_request_max_bytes = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?
+            }
+            "queued.max.request.bytes" => {
+                self.queued_max_request_bytes = match int()? {
+                    -1 => None,
+                    n => Some(
+                        usize::try_from(n)
+                            .ok()
+                            .filter(|n| *n >= 1024)
+                            .ok_or_else(|| invalid("must be -1 (unbounded) or at least 1024"))?,
+                    ),
+                }
             }
             "max.connections" => self.max_connections = usize::try_from(int()?).map_err(|_| invalid("must not be negative"))?,
             "max.connections.per.ip" => {
@@ -1025,6 +1041,19 @@ mod tests {
         config.set("max.connections.per.ip", "3").unwrap();
         assert_eq!((config.connections_max_idle, config.max_connections_per_ip), (Duration::from_secs(5), 3));
         assert!(config.set("max.connections.per.ip", "-1").is_err());
+    }
+
+    #[test]
+    fn request_memory_bound() {
+        let mut config = BrokerConfig::default();
+        assert_eq!(config.queued_max_request_bytes, Some(512 << 20), "bounded by default, unlike Kafka");
+        config.set("queued.max.request.bytes", "-1").unwrap();
+        assert_eq!(config.queued_max_request_bytes, None);
+        config.set("queued.max.request.bytes", "1048576").unwrap();
+        assert_eq!(config.queued_max_request_bytes, Some(1 << 20));
+        for bad in ["0", "-2", "1023", "lots"] {
+            assert!(config.set("queued.max.request.bytes", bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

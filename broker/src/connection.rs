@@ -12,7 +12,10 @@
 //! client has authenticated, `connection.authentication.timeout.ms` from the accept.
 //! Until then only ApiVersions and the SASL requests are answered, and a frame may be at
 //! most `sasl.server.max.receive.size`: an unauthenticated client cannot make the broker
-//! read (or allocate) a 100 MiB request.
+//! read (or allocate) a 100 MiB request. Large frames also take their size from the
+//! broker-wide `queued.max.request.bytes` before their body is read
+//! ([`crate::request_memory`]): when it is spent, connections stop reading until requests
+//! end.
 
 use std::io;
 use std::net::SocketAddr;
@@ -28,7 +31,7 @@ use nix::sys::socket::MsgFlags;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, WriteHalf};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +41,7 @@ use crate::handler::Broker;
 use crate::listener::ListenerInfo;
 use crate::metrics::ConnectionEvent;
 use crate::quota::QuotaKind;
+use crate::request_memory::RequestMemory;
 use crate::response::{Chunk, Reply, Response};
 use crate::sasl::{Mechanism, SaslState};
 use crate::{Error, Result};
@@ -285,12 +289,15 @@ async fn read_requests<R: AsyncRead + Unpin>(
         } else {
             (config.sasl_server_max_receive_size, idle.min(authentication_deadline.saturating_duration_since(Instant::now())))
         };
-        let frame = match tokio::time::timeout(wait, read_frame(&mut read, &mut buf, max)).await {
+        let memory = &broker.request_memory;
+        let frame = match tokio::time::timeout(wait, read_frame(&mut read, &mut buf, max, memory)).await {
             Ok(frame) => frame?,
             Err(_) if authenticated => return Err(Error::ConnectionIdle { idle }),
             Err(_) => return Err(Error::Unauthenticated { reason: format!("not authenticated within {wait:?}") }),
         };
-        let Some(frame) = frame else { break };
+        // `held` is the frame's share of `queued.max.request.bytes`, given back once the
+        // request is handled.
+        let Some((frame, held)) = frame else { break };
         if matches!(session.sasl, SaslState::Authenticating { raw: true, .. }) {
             // After a v0 SaslHandshake the tokens come bare, each answered bare.
             let Some(token) = broker.sasl_raw_token(&frame, session).await else {
@@ -322,7 +329,9 @@ async fn read_requests<R: AsyncRead + Unpin>(
         let started = Instant::now();
         session.waited = Duration::ZERO;
         let metered = broker.request_quota_applies(&decoded, session);
-        if let Some(response) = broker.handle(decoded, session).await {
+        let response = broker.handle(decoded, session).await;
+        drop(held);
+        if let Some(response) = response {
             if responses.send(response).await.is_err() {
                 break; // the writer failed: the client is gone
             }
@@ -377,7 +386,15 @@ async fn linger<R: AsyncRead + Unpin>(read: &mut R, buf: &mut BytesMut, limit: D
 }
 
 /// Reads one `i32 length | body` frame; `None` at a clean end of stream.
-async fn read_frame<R: AsyncRead + Unpin>(read: &mut R, buf: &mut BytesMut, max: usize) -> Result<Option<Bytes>> {
+/// Reads one frame, with the memory it holds (see [`RequestMemory`]), taken before the
+/// buffer grows to the frame's size.
+async fn read_frame<R: AsyncRead + Unpin>(
+    read: &mut R,
+    buf: &mut BytesMut,
+    max: usize,
+    memory: &RequestMemory,
+) -> Result<Option<(Bytes, Option<OwnedSemaphorePermit>)>> {
+    let mut held: Option<Option<OwnedSemaphorePermit>> = None;
     loop {
         if buf.len() >= 4 {
             let size = i32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
@@ -385,9 +402,12 @@ async fn read_frame<R: AsyncRead + Unpin>(read: &mut R, buf: &mut BytesMut, max:
                 Ok(size) if size <= max => size,
                 _ => return Err(Error::FrameTooLarge { size: i64::from(size), max }),
             };
+            if held.is_none() {
+                held = Some(memory.reserve(size).await);
+            }
             if buf.len() >= 4 + size {
                 buf.advance(4);
-                return Ok(Some(buf.split_to(size).freeze()));
+                return Ok(Some((buf.split_to(size).freeze(), held.flatten())));
             }
             buf.reserve(4 + size - buf.len());
         }

@@ -68,6 +68,8 @@ pub(crate) struct Broker {
     pub(crate) listeners: Vec<crate::listener::ListenerInfo>,
     /// Connections open now, for `max.connections` and `max.connections.per.ip`.
     pub(crate) connections: crate::listener::ConnectionLimits,
+    /// The bytes of requests held now, bounded by `queued.max.request.bytes`.
+    pub(crate) request_memory: crate::request_memory::RequestMemory,
     /// TLS of the SSL and SASL_SSL listeners, when there are any.
     pub(crate) tls: Option<crate::tls::TlsServer>,
     /// The live ACL snapshot when `authorizer.enable`; `None` allows everything.

@@ -81,6 +81,7 @@ mod periodic;
 mod quota;
 mod replica_health;
 mod replication;
+mod request_memory;
 mod response;
 mod sasl;
 pub mod server;

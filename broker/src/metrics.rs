@@ -36,6 +36,7 @@ use crate::fetch_response::FetchResponseData;
 use crate::group::GroupStats;
 use crate::handler::Broker;
 use crate::quota::QuotaKind;
+use crate::request_memory::RequestMemoryStats;
 
 /// API keys counted one by one; larger (unknown) keys share one counter.
 const API_KEYS: usize = 128;
@@ -143,8 +144,24 @@ impl Metrics {
 
     /// The exposition text: these counters, the group coordinator's figures, then the
     /// logs' gauges.
-    fn render(&self, logs: &LogDirs, groups: GroupStats) -> String {
+    fn render(&self, logs: &LogDirs, groups: GroupStats, memory: RequestMemoryStats) -> String {
         let mut out = String::with_capacity(4096);
+        family(
+            &mut out,
+            "fjord_broker_request_memory_bytes",
+            Kind::Gauge,
+            "Bytes of requests held now against queued.max.request.bytes (frames over 64 KiB).",
+        );
+        sample(&mut out, "fjord_broker_request_memory_bytes", "", memory.held);
+        family(&mut out, "fjord_broker_request_memory_limit_bytes", Kind::Gauge, "queued.max.request.bytes (0: unbounded).");
+        sample(&mut out, "fjord_broker_request_memory_limit_bytes", "", memory.limit);
+        family(
+            &mut out,
+            "fjord_broker_request_memory_waits_total",
+            Kind::Counter,
+            "Requests whose connection stopped reading until queued.max.request.bytes had room.",
+        );
+        sample(&mut out, "fjord_broker_request_memory_waits_total", "", memory.waits);
         family(&mut out, "fjord_broker_groups_in_memory", Kind::Gauge, "Consumer groups this broker coordinates held in memory.");
         sample(&mut out, "fjord_broker_groups_in_memory", "", groups.in_memory);
         family(
@@ -402,7 +419,7 @@ impl fjord_metrics::endpoint::Pages for BrokerPages {
     fn page(&self, path: &str) -> Option<fjord_metrics::endpoint::Page> {
         (path == "/metrics").then(|| fjord_metrics::endpoint::Page {
             content_type: fjord_metrics::endpoint::PROMETHEUS,
-            body: self.0.metrics.render(self.0.topics.logs(), self.0.groups.stats()),
+            body: self.0.metrics.render(self.0.topics.logs(), self.0.groups.stats(), self.0.request_memory.stats()),
         })
     }
 }
@@ -424,7 +441,11 @@ mod tests {
         metrics.throttled(QuotaKind::Produce, std::time::Duration::from_millis(1500));
         metrics.throttled(QuotaKind::Produce, std::time::Duration::ZERO);
         logs.get_or_create(&fjord_record::TopicPartition::new("t\"x", 0), fjord_log::LogConfig::default()).unwrap();
-        let text = metrics.render(&logs, GroupStats { in_memory: 7, ticked: 2, offsets_expired: 11 });
+        let memory = RequestMemoryStats { held: 3 << 20, limit: 512 << 20, waits: 4 };
+        let text = metrics.render(&logs, GroupStats { in_memory: 7, ticked: 2, offsets_expired: 11 }, memory);
+        assert!(text.contains("fjord_broker_request_memory_bytes 3145728\n"), "{text}");
+        assert!(text.contains("fjord_broker_request_memory_limit_bytes 536870912\n"), "{text}");
+        assert!(text.contains("fjord_broker_request_memory_waits_total 4\n"), "{text}");
         assert!(text.contains("fjord_broker_requests_total{api=\"Produce\"} 2\n"), "{text}");
         assert!(text.contains("fjord_broker_requests_total{api=\"unknown\"} 1\n"), "{text}");
         assert!(

@@ -274,6 +274,7 @@ pub async fn run_listeners(
         });
     }
     let observer = config.observer.clone();
+    let request_memory = crate::request_memory::RequestMemory::new(config.queued_max_request_bytes);
     let broker = Arc::new(Broker {
         config,
         cluster_id,
@@ -286,6 +287,7 @@ pub async fn run_listeners(
         controllership,
         listeners: plan.clone(),
         connections: ConnectionLimits::default(),
+        request_memory,
         tls,
         acls,
         quotas,

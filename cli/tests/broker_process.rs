@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, start_broker, wait_until_listening};
+use common::{free_port, metrics, start_broker, wait_until_listening};
 
 fn kcat(args: &[&str], stdin: Option<&str>) -> String {
     let mut child = Command::new("kcat")
@@ -192,4 +192,80 @@ fn broker_refuses_bad_flags_with_a_clear_error() {
         .unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("metrics.listen"), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// Resident memory of process `pid`, in bytes.
+fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS in /proc/PID/status");
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// Connects and sends a frame that claims `size` bytes, then all of its body but the last
+/// byte, giving up on a write the broker does not take within a second; returns the open
+/// connection and the bytes the broker took.
+fn half_send(addr: SocketAddr, size: usize) -> (std::net::TcpStream, usize) {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
+    stream.write_all(&(size as i32).to_be_bytes()).unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    let mut sent = 0;
+    while sent < size - 1 {
+        let n = chunk.len().min(size - 1 - sent);
+        match stream.write(&chunk[..n]) {
+            Ok(n) => sent += n,
+            Err(_) => break, // timed out: the broker stopped reading this connection
+        }
+    }
+    (stream, sent)
+}
+
+#[test]
+fn a_flood_of_large_half_sent_requests_leaves_the_broker_memory_bounded() {
+    // 24 clients each send a 32 MiB frame but its last byte: 768 MiB a broker would hold
+    // if it read them all (it did before queued.max.request.bytes), against a bound of
+    // 64 MiB here. Small requests go on meanwhile, and once the clients give up, large
+    // ones are read again.
+    const MIB: usize = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, metrics_port) = (free_port(), free_port());
+    let bootstrap = format!("127.0.0.1:{port}");
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
+    let env = [("FJORD_QUEUED_MAX_REQUEST_BYTES", "67108864"), ("FJORD_METRICS_LISTEN", metrics_listen.as_str())];
+    let broker = start_broker(port, &dir.path().join("data"), &env);
+    produce(&bootstrap, "steady", 0..10);
+    let before = resident_bytes(broker.id());
+
+    let addr: SocketAddr = bootstrap.parse().unwrap();
+    let flood: Vec<_> = (0..24).map(|_| std::thread::spawn(move || half_send(addr, 32 * MIB))).collect();
+    let flood: Vec<_> = flood.into_iter().map(|t| t.join().unwrap()).collect();
+    let taken: usize = flood.iter().map(|(_, sent)| sent).sum();
+    let grown = resident_bytes(broker.id()).saturating_sub(before);
+    assert!(
+        grown < 192 * MIB as u64,
+        "the broker grew by {} MiB holding a flood of {} MiB (bound 64 MiB)",
+        grown / MIB as u64,
+        taken / MIB
+    );
+    let page = metrics(metrics_port);
+    let held = page.lines().find_map(|l| l.strip_prefix("fjord_broker_request_memory_bytes ")).unwrap();
+    assert!(held.parse::<u64>().unwrap() <= 64 * MIB as u64, "held {held}");
+    assert!(!page.contains("fjord_broker_request_memory_waits_total 0\n"), "no frame waited:\n{page}");
+
+    // Small requests (kcat's metadata, produce and fetch) are answered while the flood waits.
+    produce(&bootstrap, "steady", 10..20);
+    assert_eq!(consume_all(&bootstrap, "steady"), expected(0..20));
+
+    // The flood goes; its memory comes back, and a large request (a 512 KiB record, over
+    // the 64 KiB below which frames are not counted) goes through.
+    drop(flood);
+    let big = format!("{}\n", "x".repeat(MIB / 2));
+    kcat(&["-b", &bootstrap, "-P", "-t", "steady", "-p", "0", "-X", "acks=all"], Some(&big));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !metrics(metrics_port).contains("fjord_broker_request_memory_bytes 0\n") {
+        assert!(Instant::now() < deadline, "the flood's memory did not come back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let last = kcat(&["-b", &bootstrap, "-C", "-t", "steady", "-p", "0", "-o", "-1", "-e", "-q", "-f", "%S\n"], None);
+    assert_eq!(last.trim(), (MIB / 2).to_string(), "the large record is stored whole");
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{free_port, start_broker, FjordProcess};
+use common::{free_port, metrics, start_broker, FjordProcess};
 use fjord_client::{Acks, Admin, ClientConfig, NewTopic, Producer, ProducerConfig, ProducerRecord};
 
 fn client(port: u16) -> ClientConfig {
@@ -65,15 +65,6 @@ fn describe(port: u16, topic: &str) -> String {
     let (ok, out, err) = fjord(&["topics", "--bootstrap", &format!("127.0.0.1:{port}"), "describe", topic]);
     assert!(ok, "{err}");
     out
-}
-
-fn metrics(port: u16) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text
 }
 
 fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {

@@ -265,6 +265,7 @@ pub(crate) fn broker_configs(c: &BrokerConfig, partitions_per_broker: usize) -> 
             ("max.partitions.per.request", c.max_partitions_per_request.to_string(), TYPE_INT),
             ("max.partitions.per.broker", per_broker, TYPE_INT),
             ("socket.request.max.bytes", c.socket_request_max_bytes.to_string(), TYPE_INT),
+            ("queued.max.request.bytes", c.queued_max_request_bytes.map_or("-1".into(), |n| n.to_string()), TYPE_LONG),
             ("log.dirs", c.log_dirs().iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(","), TYPE_STRING),
             // Clients read it to learn whether sessions expire (librdkafka's test 0142).
             ("connections.max.reauth.ms", c.connections_max_reauth.as_millis().to_string(), TYPE_LONG),

@@ -118,3 +118,13 @@ pub(crate) fn stdout(output: &std::process::Output) -> String {
     assert!(output.status.success(), "fjord failed: {}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// The metrics page of a `fjord` process serving them on `127.0.0.1:port`.
+pub(crate) fn metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
