@@ -186,9 +186,55 @@ pub(crate) enum Decoded {
     },
 }
 
+/// A request frame whose header is read and whose body the guard walked (`Body`), not
+/// decoded yet: the caller reserves what decoding it costs first
+/// (`crate::request_memory`). Frames needing no decoding are `Ready`.
+pub(crate) enum Checked {
+    Ready(Decoded),
+    Body {
+        header: RequestHeader,
+        key: ApiKey,
+        version: i16,
+        body: Bytes,
+        size: usize,
+        /// Array elements and tagged fields in the body (`guard::check_body`).
+        elements: u64,
+    },
+}
+
+impl Checked {
+    /// Array elements and tagged fields to decode.
+    pub(crate) fn elements(&self) -> u64 {
+        match self {
+            Checked::Ready(_) => 0,
+            Checked::Body { elements, .. } => *elements,
+        }
+    }
+
+    /// Decodes the body.
+    pub(crate) fn decode(self) -> Result<Decoded, String> {
+        match self {
+            Checked::Ready(decoded) => Ok(decoded),
+            Checked::Body { header, key, version, mut body, size, .. } => {
+                let request = RequestKind::decode(key, &mut body, version)
+                    .map_err(|e| format!("bad {key:?} v{version} request body: {e}"))?;
+                Ok(Decoded::Request { header, version, request: Box::new(request), size })
+            }
+        }
+    }
+}
+
 /// Decodes one request frame body (without the length prefix). An error means the
 /// bytes are not a Kafka request; the caller closes the connection.
-pub(crate) fn decode_request(mut frame: Bytes) -> Result<Decoded, String> {
+#[cfg(test)]
+pub(crate) fn decode_request(frame: Bytes) -> Result<Decoded, String> {
+    check_request(frame)?.decode()
+}
+
+/// Reads one request frame's header (without the length prefix) and walks its body. An
+/// error means the bytes are not a Kafka request, or one too large to decode; the caller
+/// closes the connection.
+pub(crate) fn check_request(mut frame: Bytes) -> Result<Checked, String> {
     if frame.len() < 8 {
         return Err(format!("request of {} bytes is shorter than a request header", frame.len()));
     }
@@ -198,19 +244,18 @@ pub(crate) fn decode_request(mut frame: Bytes) -> Result<Decoded, String> {
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
     let legacy_produce = api_key == ApiKey::Produce as i16 && LEGACY_PRODUCE.contains(&version);
     if !is_supported(api_key, version) {
-        return Ok(Decoded::Unsupported { correlation_id, api_key, version });
+        return Ok(Checked::Ready(Decoded::Unsupported { correlation_id, api_key, version }));
     }
     let key = ApiKey::try_from(api_key).map_err(|_| format!("unknown api key {api_key}"))?;
     let header_version = key.request_header_version(version);
     let header = RequestHeader::decode(&mut frame, header_version).map_err(|e| format!("bad request header: {e}"))?;
     if legacy_produce {
-        return Ok(Decoded::LegacyProduce { header, version, body: frame });
+        return Ok(Checked::Ready(Decoded::LegacyProduce { header, version, body: frame }));
     }
     // The codec crate pre-allocates arrays by their claimed length; see `guard`.
-    crate::guard::check_body(key, version, &frame).map_err(|e| format!("bad {key:?} v{version} request body: {e}"))?;
-    let request =
-        RequestKind::decode(key, &mut frame, version).map_err(|e| format!("bad {key:?} v{version} request body: {e}"))?;
-    Ok(Decoded::Request { header, version, request: Box::new(request), size })
+    let elements =
+        crate::guard::check_body(key, version, &frame).map_err(|e| format!("bad {key:?} v{version} request body: {e}"))?;
+    Ok(Checked::Body { header, key, version, body: frame, size, elements })
 }
 
 /// Frames a typed response: length, response header (v0 or flexible v1), body.

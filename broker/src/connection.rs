@@ -13,9 +13,9 @@
 //! Until then only ApiVersions and the SASL requests are answered, and a frame may be at
 //! most `sasl.server.max.receive.size`: an unauthenticated client cannot make the broker
 //! read (or allocate) a 100 MiB request. Large frames also take their size from the
-//! broker-wide `queued.max.request.bytes` before their body is read
-//! ([`crate::request_memory`]): when it is spent, connections stop reading until requests
-//! end.
+//! broker-wide `queued.max.request.bytes` before their body is read, and requests of many
+//! elements their decoded size before they are decoded ([`crate::request_memory`]): when
+//! it is spent, connections wait until requests end.
 
 use std::io;
 use std::net::SocketAddr;
@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::codec::decode_request;
+use crate::codec::check_request;
 use crate::handler::Broker;
 use crate::listener::ListenerInfo;
 use crate::metrics::ConnectionEvent;
@@ -325,12 +325,14 @@ async fn read_requests<R: AsyncRead + Unpin>(
                 return Err(Error::SessionExpired { api });
             }
         }
-        let decoded = decode_request(frame).map_err(Error::Protocol)?;
+        let checked = check_request(frame).map_err(Error::Protocol)?;
+        let held_decoded = memory.reserve_decoded(checked.elements()).await;
+        let decoded = checked.decode().map_err(Error::Protocol)?;
         let started = Instant::now();
         session.waited = Duration::ZERO;
         let metered = broker.request_quota_applies(&decoded, session);
         let response = broker.handle(decoded, session).await;
-        drop(held);
+        drop((held, held_decoded));
         if let Some(response) = response {
             if responses.send(response).await.is_err() {
                 break; // the writer failed: the client is gone

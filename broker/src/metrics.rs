@@ -150,16 +150,22 @@ impl Metrics {
             &mut out,
             "fjord_broker_request_memory_bytes",
             Kind::Gauge,
-            "Bytes of requests held now against queued.max.request.bytes (frames over 64 KiB).",
+            "Memory of requests held now against queued.max.request.bytes: frames over 64 KiB, and the estimated decoded size of requests of many elements.",
         );
-        sample(&mut out, "fjord_broker_request_memory_bytes", "", memory.held);
-        family(&mut out, "fjord_broker_request_memory_limit_bytes", Kind::Gauge, "queued.max.request.bytes (0: unbounded).");
+        sample(&mut out, "fjord_broker_request_memory_bytes", "pool=\"frames\"", memory.frames);
+        sample(&mut out, "fjord_broker_request_memory_bytes", "pool=\"decoded\"", memory.decoded);
+        family(
+            &mut out,
+            "fjord_broker_request_memory_limit_bytes",
+            Kind::Gauge,
+            "queued.max.request.bytes, the bound of each pool (0: unbounded).",
+        );
         sample(&mut out, "fjord_broker_request_memory_limit_bytes", "", memory.limit);
         family(
             &mut out,
             "fjord_broker_request_memory_waits_total",
             Kind::Counter,
-            "Requests whose connection stopped reading until queued.max.request.bytes had room.",
+            "Requests that waited for room in queued.max.request.bytes.",
         );
         sample(&mut out, "fjord_broker_request_memory_waits_total", "", memory.waits);
         family(&mut out, "fjord_broker_groups_in_memory", Kind::Gauge, "Consumer groups this broker coordinates held in memory.");
@@ -441,9 +447,10 @@ mod tests {
         metrics.throttled(QuotaKind::Produce, std::time::Duration::from_millis(1500));
         metrics.throttled(QuotaKind::Produce, std::time::Duration::ZERO);
         logs.get_or_create(&fjord_record::TopicPartition::new("t\"x", 0), fjord_log::LogConfig::default()).unwrap();
-        let memory = RequestMemoryStats { held: 3 << 20, limit: 512 << 20, waits: 4 };
+        let memory = RequestMemoryStats { frames: 3 << 20, decoded: 1 << 20, limit: 512 << 20, waits: 4 };
         let text = metrics.render(&logs, GroupStats { in_memory: 7, ticked: 2, offsets_expired: 11 }, memory);
-        assert!(text.contains("fjord_broker_request_memory_bytes 3145728\n"), "{text}");
+        assert!(text.contains("fjord_broker_request_memory_bytes{pool=\"frames\"} 3145728\n"), "{text}");
+        assert!(text.contains("fjord_broker_request_memory_bytes{pool=\"decoded\"} 1048576\n"), "{text}");
         assert!(text.contains("fjord_broker_request_memory_limit_bytes 536870912\n"), "{text}");
         assert!(text.contains("fjord_broker_request_memory_waits_total 4\n"), "{text}");
         assert!(text.contains("fjord_broker_requests_total{api=\"Produce\"} 2\n"), "{text}");

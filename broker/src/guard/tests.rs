@@ -442,13 +442,36 @@ fn accepts_what_the_codec_encodes_for_every_advertised_version() {
         let min = if key == ApiKey::Produce { *LEGACY_PRODUCE.end() + 1 } else { min };
         for v in min..=max {
             let body = sample(key, v);
-            assert_eq!(check_body(key, v, &body), Ok(()), "{key:?} v{v}");
+            assert!(check_body(key, v, &body).is_ok(), "{key:?} v{v}");
             // Every strict prefix ends inside some field.
             for cut in 0..body.len() {
                 assert!(check_body(key, v, &body[..cut]).is_err(), "{key:?} v{v} prefix of {cut} bytes");
             }
         }
     }
+}
+
+#[test]
+fn counts_elements_and_refuses_more_than_a_million() {
+    // Metadata v1: `n` empty topic names, two bytes each.
+    let names = |n: i32| {
+        let mut body = n.to_be_bytes().to_vec();
+        body.resize(4 + 2 * n as usize, 0);
+        body
+    };
+    assert_eq!(check_body(ApiKey::Metadata, 1, &names(3)), Ok(3));
+    assert_eq!(check_body(ApiKey::Metadata, 1, &names(1_000_000)), Ok(MAX_REQUEST_ELEMENTS));
+    assert!(check_body(ApiKey::Metadata, 1, &names(1_000_001)).is_err());
+    // Tagged fields count too (Metadata v9: no topics, then 1,000,001 empty tagged fields).
+    let mut body = vec![0x00, 0x01, 0x00, 0x00]; // null topics, auto-create, two flags
+    let mut count = 1_000_001u32;
+    while count >= 0x80 {
+        body.push((count as u8) | 0x80);
+        count >>= 7;
+    }
+    body.push(count as u8);
+    body.resize(body.len() + 2 * 1_000_001, 0); // each: tag 0, size 0
+    assert!(check_body(ApiKey::Metadata, 9, &body).is_err());
 }
 
 #[test]
