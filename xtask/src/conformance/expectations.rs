@@ -78,11 +78,13 @@ pub(super) enum Core {
     /// `core-dev`: on `fjord dev` only. A test of single-broker behaviour that takes long
     /// (0030, 50 s) is run once, so CI's three-broker pass stays on what three brokers change.
     Dev,
+    /// `cluster-only core REASON`: on three brokers only, the one mode it can pass in.
+    Cluster,
 }
 
 /// `xtask/conformance.txt`: `NNNN [sasl_ssl] pass [core|core-dev] [timeout=SECONDS]`,
-/// `NNNN [sasl_ssl] known-fail REASON`, `... cluster-only REASON` or `... skip REASON`,
-/// `#` comments.
+/// `NNNN [sasl_ssl] known-fail REASON`, `... cluster-only [core] REASON` or `... skip
+/// REASON`, `#` comments.
 pub(super) fn read_expectations(path: &Path) -> Result<BTreeMap<String, Expectation>> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = BTreeMap::new();
@@ -93,7 +95,7 @@ pub(super) fn read_expectations(path: &Path) -> Result<BTreeMap<String, Expectat
         }
         let wrong = || {
             anyhow::anyhow!(
-                "{}:{}: `NNNN [sasl_ssl] pass [core|core-dev] [timeout=SECONDS]`, `known-fail REASON`, `cluster-only REASON` or `skip REASON`, not {line:?}",
+                "{}:{}: `NNNN [sasl_ssl] pass [core|core-dev] [timeout=SECONDS]`, `known-fail REASON`, `cluster-only [core] REASON` or `skip REASON`, not {line:?}",
                 path.display(),
                 n + 1
             )
@@ -126,7 +128,15 @@ pub(super) fn read_expectations(path: &Path) -> Result<BTreeMap<String, Expectat
             }
             "known-fail" if !rest.is_empty() => with(Expected::KnownFail(rest.to_owned())),
             "skip" if !rest.is_empty() => with(Expected::Skip(rest.to_owned())),
-            "cluster-only" if !rest.is_empty() => with(Expected::ClusterOnly(rest.to_owned())),
+            "cluster-only" if !rest.is_empty() => match rest.split_once(' ').map(|(flag, reason)| (flag, reason.trim())) {
+                // The core set is one plaintext run (CI's), and a line says why.
+                Some(("core", reason)) if security == Security::Plaintext && !reason.is_empty() => {
+                    Expectation { core: Core::Cluster, ..with(Expected::ClusterOnly(reason.to_owned())) }
+                }
+                Some(("core", _)) => return Err(wrong()),
+                _ if rest == "core" => return Err(wrong()),
+                _ => with(Expected::ClusterOnly(rest.to_owned())),
+            },
             _ => return Err(wrong()),
         };
         out.insert(test.to_owned(), entry);
@@ -134,10 +144,16 @@ pub(super) fn read_expectations(path: &Path) -> Result<BTreeMap<String, Expectat
     Ok(out)
 }
 
-/// The core set in one mode: the `pass core` tests, and on `fjord dev` the `pass core-dev`
-/// ones too (what `cargo xtask test` runs).
+/// The core set in one mode: the `pass core` tests, on `fjord dev` the `pass core-dev`
+/// ones too, and on three brokers the `cluster-only core` ones (what `cargo xtask test`
+/// runs).
 pub(super) fn core(expectations: &BTreeMap<String, Expectation>, cluster: bool) -> Vec<String> {
-    let wanted = |core: Core| core == Core::Both || (core == Core::Dev && !cluster);
+    let wanted = |core: Core| match core {
+        Core::No => false,
+        Core::Both => true,
+        Core::Dev => !cluster,
+        Core::Cluster => cluster,
+    };
     expectations.iter().filter(|(_, e)| wanted(e.core)).map(|(t, _)| t.clone()).collect()
 }
 
@@ -152,7 +168,7 @@ mod tests {
         let file = dir.join("e.txt");
         fs::write(
             &file,
-            "# comment\n0001 pass core\n0002 pass\n0030 pass core-dev\n0113 pass timeout=900\n0081 known-fail #22: CreatePartitions\n",
+            "# comment\n0001 pass core\n0002 pass\n0030 pass core-dev\n0113 pass timeout=900\n0081 known-fail #22: CreatePartitions\n0103 cluster-only core replication factor 3\n",
         )
             .unwrap();
         let read = read_expectations(&file).unwrap();
@@ -175,8 +191,16 @@ mod tests {
                 security: Security::Plaintext,
             }
         );
+        assert_eq!(read["0103"].core, Core::Cluster);
+        assert_eq!(read["0103"].expected, Expected::ClusterOnly("replication factor 3".into()));
         assert_eq!(core(&read, false), vec!["0001".to_string(), "0030".to_string()]);
-        assert_eq!(core(&read, true), vec!["0001".to_string()], "core-dev stays out of the three-broker run");
+        assert_eq!(
+            core(&read, true),
+            vec!["0001".to_string(), "0103".to_string()],
+            "core-dev stays out of the three-broker run; cluster-only core is only in it"
+        );
+        fs::write(&file, "0103 cluster-only core\n").unwrap();
+        assert!(read_expectations(&file).is_err(), "cluster-only core needs its reason");
         fs::write(&file, "0003 known-fail\n").unwrap();
         assert!(read_expectations(&file).is_err(), "a known-fail needs its reason");
         fs::write(&file, "0003 flaky\n").unwrap();
@@ -200,7 +224,12 @@ mod tests {
         assert_eq!(read["0135"].expected, Expected::Pass);
         assert_eq!(read["0142"].expected, Expected::Skip("no KIP-368".into()));
         assert_eq!(read["0001"].security, Security::Plaintext);
-        for bad in ["0135 sasl_ssl\n", "0135 sasl_ssl pass core\n", "0135 sasl_ssl known-fail\n"] {
+        for bad in [
+            "0135 sasl_ssl\n",
+            "0135 sasl_ssl pass core\n",
+            "0135 sasl_ssl known-fail\n",
+            "0135 sasl_ssl cluster-only core rf 3\n",
+        ] {
             fs::write(&file, bad).unwrap();
             assert!(read_expectations(&file).is_err(), "{bad:?}");
         }
