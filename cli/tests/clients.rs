@@ -326,3 +326,44 @@ async fn bench_open_loop_keeps_the_rate_and_reports_broker_cpu() {
     assert!(!out.status.success(), "an unreadable broker pid is an error");
     assert!(String::from_utf8_lossy(&out.stderr).contains("process 4294967295"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_with_a_group_resumes_after_what_it_printed() {
+    let b = start_broker().await;
+    fjord(&["topics", "--bootstrap", &b.addr, "create", "--topic", "g", "--partitions", "3"], "").await;
+    let input: String = (0..30).map(|i| format!("record {i}\n")).collect();
+    fjord(&["produce", "--bootstrap", &b.addr, "--topic", "g"], &input).await;
+    // Each run a member of group "readers": the second starts where the first's printing
+    // stopped (it commits what it printed, not what it polled), so together they print
+    // every record once. `timeout`: a second run finding nothing would wait forever.
+    let fjord_bin = env!("CARGO_BIN_EXE_fjord");
+    let member = |max: &'static str| {
+        let addr = b.addr.clone();
+        async move {
+            let args = ["30", fjord_bin, "consume", "--bootstrap", &addr, "--topic", "g", "--group", "readers"];
+            let out = run("timeout", &[&args[..], &["--from", "beginning", "--max-messages", max]].concat(), "").await;
+            assert!(out.status.success(), "fjord consume --group failed: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        }
+    };
+    let first = member("10").await;
+    let second = member("20").await;
+    assert_eq!(first.lines().count(), 10, "{first}");
+    let mut all: Vec<String> = first.lines().chain(second.lines()).map(String::from).collect();
+    all.sort();
+    let mut expected: Vec<String> = (0..30).map(|i| format!("record {i}")).collect();
+    expected.sort();
+    assert_eq!(all, expected, "every record once across the two runs");
+    // The group's committed offsets cover the topic: kcat, joining the group, starts at
+    // them (at the beginning, were there none) and finds nothing to read.
+    let committed = kcat(&["-b", &b.addr, "-q", "-e", "-X", "auto.offset.reset=earliest", "-G", "readers", "g"], "").await;
+    assert_eq!(committed, "", "nothing left after the committed offsets");
+
+    // A position other than beginning/end makes no sense for a group; --partition conflicts.
+    let out = run(fjord_bin, &["consume", "--bootstrap", &b.addr, "--topic", "g", "--group", "x", "--from", "5"], "").await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("beginning or end"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(fjord_bin, &["consume", "--bootstrap", &b.addr, "--topic", "g", "--group", "x", "--partition", "0"], "").await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--partition"), "{}", String::from_utf8_lossy(&out.stderr));
+}
