@@ -266,6 +266,16 @@ pub enum PatternTypeFilter {
 }
 
 impl PatternTypeFilter {
+    /// Kafka's wire code.
+    pub fn code(self) -> i8 {
+        match self {
+            Self::Any => 1,
+            Self::Match => 2,
+            Self::Literal => 3,
+            Self::Prefixed => 4,
+        }
+    }
+
     /// Kafka's wire code; `None` for UNKNOWN (0) and unknown codes.
     pub fn from_code(code: i8) -> Option<Self> {
         match code {

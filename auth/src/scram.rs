@@ -179,6 +179,18 @@ impl ScramCredential {
         Ok(Self::from_salted_password(mechanism, &salted, salt, iterations))
     }
 
+    /// What a client sends to set `password` through a broker (Kafka's
+    /// AlterUserScramCredentials upsertion): a fresh random salt and the salted password
+    /// `Hi(password, salt, iterations)`, never the password itself. The salted password
+    /// is password-equivalent: keep it out of logs.
+    pub fn client_salted_password(mechanism: ScramMechanism, password: &str, iterations: u32) -> Result<(Vec<u8>, Vec<u8>)> {
+        check_iterations(iterations)?;
+        let mut salt = vec![0u8; SALT_LEN];
+        rand::fill(&mut salt[..]);
+        let salted = mechanism.salted_password(password.as_bytes(), &salt, iterations);
+        Ok((salt, salted))
+    }
+
     /// The credential of a salted password a client derived itself (Kafka's
     /// AlterUserScramCredentials sends `SaltedPassword`, salt and iterations, never the
     /// password). Checks the iteration range, a non-empty salt and the hash length.

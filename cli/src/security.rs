@@ -1,8 +1,11 @@
-//! `fjord users add|list|delete` and `fjord acls add|list|remove`, working directly on
-//! the metadata store, as Kafka's `kafka-configs --zookeeper` and `kafka-acls` can: on
-//! ZooKeeper (`--zookeeper HOST:PORT[/chroot]`, brokers may be running) or on the
-//! embedded store of a stopped broker (`--data-dir`, its log dir). Brokers' ACL watchers
-//! pick changes up within a second or two.
+//! `fjord users add|list|delete` and `fjord acls add|list|remove`: through a running
+//! broker (`--bootstrap`, with `--command-config` for a secured one, as Kafka's
+//! `kafka-configs --bootstrap-server` and `kafka-acls --bootstrap-server`: the caller
+//! needs Alter, or Describe, on the cluster), or directly on the metadata store, as
+//! Kafka's `--zookeeper` tools could: on ZooKeeper (`--zookeeper HOST:PORT[/chroot]`,
+//! brokers may be running) or on the embedded store of a stopped broker (`--data-dir`, its
+//! log dir), which is how the first admin user of a secured cluster is made. Brokers' ACL
+//! watchers pick changes up within a second or two.
 //!
 //! A password never comes from the command line (it would show in `ps` and shell
 //! history): `--password-stdin` reads the first line of stdin, `--password-file` a
@@ -18,11 +21,16 @@ use fjord_auth::acl::{AccessControlEntryFilter, PatternTypeFilter, ResourcePatte
 use fjord_auth::scram::{ScramCredential, ScramMechanism, MIN_ITERATIONS};
 use fjord_auth::{store, AccessControlEntry, AclBinding, AclBindingFilter, Operation, PatternType, Permission, Principal};
 use fjord_auth::{ResourcePattern, ResourceType};
+use fjord_client::Admin;
 use fjord_coord::Store;
 
-/// Where the metadata store is.
+/// Where the users and ACLs are: a broker, or the metadata store.
 #[derive(Args, Debug)]
 pub(crate) struct StoreArgs {
+    /// Go through this broker (HOST:PORT) instead of the metadata store; with
+    /// --command-config for a secured cluster.
+    #[command(flatten)]
+    connect: crate::tools::ConnectArgs,
     /// ZooKeeper connect string, `host:port[,host:port...][/chroot]` (chroot `/fjord` by
     /// default), as the brokers' `zookeeper.connect`.
     #[arg(long, env = "FJORD_ZOOKEEPER_CONNECT", global = true)]
@@ -33,7 +41,24 @@ pub(crate) struct StoreArgs {
     data_dir: PathBuf,
 }
 
+/// What a users or acls command works on.
+enum Target {
+    Broker(Admin),
+    Store(Store),
+}
+
 impl StoreArgs {
+    /// The broker when `--bootstrap` or `--command-config` is given, else the store.
+    async fn target(&self) -> anyhow::Result<Target> {
+        if self.connect.bootstrap.is_none() && self.connect.command_config.is_none() {
+            return Ok(Target::Store(self.open().await?));
+        }
+        if self.zookeeper.is_some() {
+            bail!("--bootstrap goes through a broker, --zookeeper to the store: give one");
+        }
+        Ok(Target::Broker(Admin::connect(self.connect.client()?).await?))
+    }
+
     async fn open(&self) -> anyhow::Result<Store> {
         if let Some(connect) = &self.zookeeper {
             return fjord_coord::open(Some(connect), Path::new("")).await.with_context(|| format!("ZooKeeper {connect}"));
@@ -92,7 +117,7 @@ fn parse_mechanism(s: &str) -> Result<ScramMechanism, String> {
 }
 
 pub(crate) async fn users(args: UsersArgs) -> anyhow::Result<()> {
-    let store = args.store.open().await?;
+    let target = args.store.target().await?;
     match args.action {
         UsersAction::Add { name, mechanisms, iterations, password_stdin: _, password_file } => {
             let password = match password_file {
@@ -100,27 +125,46 @@ pub(crate) async fn users(args: UsersArgs) -> anyhow::Result<()> {
                 None => password_from_stdin()?,
             };
             for mechanism in mechanisms {
-                let credential = ScramCredential::generate(mechanism, &password, iterations)?;
-                store::set_credential(&*store, &name, mechanism, &credential).await?;
+                match &target {
+                    Target::Broker(admin) => admin.set_scram_password(&name, mechanism, &password, iterations).await?,
+                    Target::Store(store) => {
+                        let credential = ScramCredential::generate(mechanism, &password, iterations)?;
+                        store::set_credential(&**store, &name, mechanism, &credential).await?;
+                    }
+                }
                 println!("{name}\t{mechanism}\t{iterations}");
             }
         }
         UsersAction::List => {
-            for (user, credentials) in store::list_users(&*store).await? {
+            for (user, credentials) in list_users(&target).await? {
                 for (mechanism, iterations) in credentials {
                     println!("{user}\t{mechanism}\t{iterations}");
                 }
             }
         }
         UsersAction::Delete { name, mechanisms } => {
-            let deleted = if mechanisms.is_empty() {
-                store::delete_user(&*store, &name).await?
-            } else {
-                let mut any = false;
-                for mechanism in mechanisms {
-                    any |= store::delete_credential(&*store, &name, mechanism).await?;
+            let deleted = match &target {
+                Target::Broker(admin) => {
+                    let has: Vec<ScramMechanism> = list_users(&target)
+                        .await?
+                        .into_iter()
+                        .filter(|(user, _)| *user == name)
+                        .flat_map(|(_, credentials)| credentials.into_iter().map(|(m, _)| m))
+                        .filter(|m| mechanisms.is_empty() || mechanisms.contains(m))
+                        .collect();
+                    for &mechanism in &has {
+                        admin.delete_scram_credential(&name, mechanism).await?;
+                    }
+                    !has.is_empty()
                 }
-                any
+                Target::Store(store) if mechanisms.is_empty() => store::delete_user(&**store, &name).await?,
+                Target::Store(store) => {
+                    let mut any = false;
+                    for mechanism in mechanisms {
+                        any |= store::delete_credential(&**store, &name, mechanism).await?;
+                    }
+                    any
+                }
             };
             if !deleted {
                 bail!("user {name} has no such credentials");
@@ -128,6 +172,18 @@ pub(crate) async fn users(args: UsersArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Every user with SCRAM credentials: its mechanisms and iterations.
+async fn list_users(target: &Target) -> anyhow::Result<Vec<(String, Vec<(ScramMechanism, u32)>)>> {
+    Ok(match target {
+        Target::Broker(admin) => admin.describe_scram_users().await?.into_iter().map(|u| (u.name, u.credentials)).collect(),
+        Target::Store(store) => store::list_users(&**store)
+            .await?
+            .into_iter()
+            .map(|(user, credentials)| (user, credentials.into_iter().collect()))
+            .collect(),
+    })
 }
 
 fn password_from_stdin() -> anyhow::Result<String> {
@@ -267,7 +323,7 @@ fn pattern_type(prefixed: bool) -> PatternType {
 }
 
 pub(crate) async fn acls(args: AclsArgs) -> anyhow::Result<()> {
-    let store = args.store.open().await?;
+    let target = args.store.target().await?;
     match args.action {
         AclsAction::Add { principals, operations, resource, prefixed, deny, host } => {
             let (resource_type, name) =
@@ -281,7 +337,10 @@ pub(crate) async fn acls(args: AclsArgs) -> anyhow::Result<()> {
                     bindings.push(AclBinding { pattern: pattern.clone(), entry });
                 }
             }
-            store::create_acls(&*store, &bindings).await?;
+            match &target {
+                Target::Broker(admin) => admin.create_acls(&bindings).await?,
+                Target::Store(store) => store::create_acls(&**store, &bindings).await?,
+            }
             for binding in bindings {
                 println!("{binding}");
             }
@@ -296,11 +355,21 @@ pub(crate) async fn acls(args: AclsArgs) -> anyhow::Result<()> {
                 },
                 entry: AccessControlEntryFilter { principal, ..Default::default() },
             };
-            let acls = store::read_acls(&*store).await?;
-            for (pattern, entries) in acls.iter().filter(|(p, _)| filter.pattern.matches(p)) {
-                for entry in entries.iter().filter(|e| filter.entry.matches(e)) {
-                    println!("{}", AclBinding { pattern: pattern.clone(), entry: entry.clone() });
+            let bindings = match &target {
+                Target::Broker(admin) => admin.describe_acls(&filter).await?,
+                Target::Store(store) => {
+                    let acls = store::read_acls(&**store).await?;
+                    let selected = acls.iter().filter(|(p, _)| filter.pattern.matches(p)).flat_map(|(pattern, entries)| {
+                        entries
+                            .iter()
+                            .filter(|e| filter.entry.matches(e))
+                            .map(|entry| AclBinding { pattern: pattern.clone(), entry: entry.clone() })
+                    });
+                    selected.collect()
                 }
+            };
+            for binding in bindings {
+                println!("{binding}");
             }
         }
         AclsAction::Remove { principals, operations, resource, prefixed, deny, host } => {
@@ -331,7 +400,10 @@ pub(crate) async fn acls(args: AclsArgs) -> anyhow::Result<()> {
                     })
                 })
                 .collect();
-            let deleted = store::delete_acls(&*store, &filters).await?;
+            let deleted = match &target {
+                Target::Broker(admin) => admin.delete_acls(&filters).await?,
+                Target::Store(store) => store::delete_acls(&**store, &filters).await?,
+            };
             let count: usize = deleted.iter().map(Vec::len).sum();
             for binding in deleted.into_iter().flatten() {
                 println!("removed {binding}");

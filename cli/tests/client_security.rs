@@ -322,3 +322,42 @@ async fn mirror_takes_separate_source_and_target_security() {
     source.stop().await;
     target.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_and_acls_change_through_a_running_broker() {
+    // As kafka-configs and kafka-acls with --bootstrap-server: the broker keeps running,
+    // and the user made through it can log in at once.
+    let broker = SecureBroker::start().await;
+    let admin = broker.properties("alice.properties", PASSWORD);
+    let admin = admin.to_str().unwrap();
+    let bob = broker.properties_as("bob.properties", "bob", "bob-pw");
+    let bob = bob.to_str().unwrap();
+    let out = fjord(&["topics", "list", "--command-config", bob], "").await;
+    assert!(!out.status.success(), "bob does not exist yet");
+
+    ok(&["users", "add", "bob", "--password-stdin", "--iterations", "8192", "--command-config", admin], "bob-pw\n").await;
+    let users = ok(&["users", "list", "--command-config", admin], "").await;
+    assert_eq!(users, "alice\tSCRAM-SHA-256\t4096\nbob\tSCRAM-SHA-256\t8192\n");
+    ok(&["topics", "list", "--command-config", bob], "").await;
+
+    let granted = ok(
+        &["acls", "add", "--principal", "User:bob", "--operation", "Read", "--topic", "orders", "--command-config", admin],
+        "",
+    )
+    .await;
+    assert_eq!(granted, "Allow User:bob Read from * on Topic:LITERAL:orders\n");
+    let listed = ok(&["acls", "list", "--principal", "User:bob", "--command-config", admin], "").await;
+    assert_eq!(listed, granted);
+    let removed = ok(&["acls", "remove", "--topic", "orders", "--command-config", admin], "").await;
+    assert_eq!(removed, format!("removed {granted}"));
+    assert_eq!(ok(&["acls", "list", "--command-config", admin], "").await, "");
+
+    ok(&["users", "delete", "bob", "--command-config", admin], "").await;
+    let out = fjord(&["topics", "list", "--command-config", bob], "").await;
+    assert!(!out.status.success(), "bob's credential is gone");
+    let out = fjord(&["users", "delete", "nobody", "--command-config", admin], "").await;
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such credentials"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = fjord(&["users", "list", "--command-config", admin, "--zookeeper", "127.0.0.1:1"], "").await;
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give one"), "{}", String::from_utf8_lossy(&out.stderr));
+    broker.stop().await;
+}

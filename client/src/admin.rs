@@ -220,7 +220,7 @@ pub struct ClientQuota {
 
 /// Administration client.
 pub struct Admin {
-    cluster: Arc<Cluster>,
+    pub(crate) cluster: Arc<Cluster>,
 }
 
 impl Admin {

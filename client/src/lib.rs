@@ -33,6 +33,7 @@
 pub mod admin;
 pub mod assignor;
 pub mod audit;
+mod auth_admin;
 pub mod cluster;
 mod connection;
 pub mod consumer;
@@ -48,6 +49,7 @@ pub use admin::{
     QuotaName, ReplicaLogDir,
 };
 pub use audit::AuditHook;
+pub use auth_admin::ScramUser;
 pub use cluster::{ClientConfig, ConnectionProbe, Metadata, PartitionMetadata, TopicMetadata};
 pub use consumer::{Consumer, ConsumerConfig, ConsumerRecord, IsolationLevel, OffsetReset, SeekTo};
 pub use error::{Error, ResponseError, Result};
