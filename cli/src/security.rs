@@ -27,10 +27,14 @@ use fjord_coord::Store;
 /// Where the users and ACLs are: a broker, or the metadata store.
 #[derive(Args, Debug)]
 pub(crate) struct StoreArgs {
-    /// Go through this broker (HOST:PORT) instead of the metadata store; with
-    /// --command-config for a secured cluster.
-    #[command(flatten)]
-    connect: crate::tools::ConnectArgs,
+    /// Go through this broker, HOST:PORT[,HOST:PORT...], instead of the metadata store
+    /// (Kafka's --bootstrap-server).
+    #[arg(long, visible_alias = "bootstrap-server", global = true)]
+    bootstrap: Option<String>,
+    /// Kafka client properties file for the broker (`bootstrap.servers`,
+    /// `security.protocol`, `sasl.*`, `ssl.*`): goes through the broker it names.
+    #[arg(long, global = true, value_name = "FILE")]
+    command_config: Option<PathBuf>,
     /// ZooKeeper connect string, `host:port[,host:port...][/chroot]` (chroot `/fjord` by
     /// default), as the brokers' `zookeeper.connect`.
     #[arg(long, env = "FJORD_ZOOKEEPER_CONNECT", global = true)]
@@ -50,13 +54,18 @@ enum Target {
 impl StoreArgs {
     /// The broker when `--bootstrap` or `--command-config` is given, else the store.
     async fn target(&self) -> anyhow::Result<Target> {
-        if self.connect.bootstrap.is_none() && self.connect.command_config.is_none() {
+        if self.bootstrap.is_none() && self.command_config.is_none() {
             return Ok(Target::Store(self.open().await?));
         }
         if self.zookeeper.is_some() {
             bail!("--bootstrap goes through a broker, --zookeeper to the store: give one");
         }
-        Ok(Target::Broker(Admin::connect(self.connect.client()?).await?))
+        let connect = crate::tools::ConnectArgs {
+            bootstrap: self.bootstrap.clone(),
+            command_config: self.command_config.clone(),
+            connect_timeout_ms: 5000,
+        };
+        Ok(Target::Broker(Admin::connect(connect.client()?).await?))
     }
 
     async fn open(&self) -> anyhow::Result<Store> {
