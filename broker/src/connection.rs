@@ -387,9 +387,8 @@ async fn linger<R: AsyncRead + Unpin>(read: &mut R, buf: &mut BytesMut, limit: D
     }
 }
 
-/// Reads one `i32 length | body` frame; `None` at a clean end of stream.
-/// Reads one frame, with the memory it holds (see [`RequestMemory`]), taken before the
-/// buffer grows to the frame's size.
+/// Reads one `i32 length | body` frame with the memory it holds (see [`RequestMemory`]),
+/// taken before the buffer grows to the frame's size; `None` at a clean end of stream.
 async fn read_frame<R: AsyncRead + Unpin>(
     read: &mut R,
     buf: &mut BytesMut,
