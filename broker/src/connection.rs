@@ -282,6 +282,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
     let config = &broker.config;
     let idle = config.connections_max_idle;
     let authentication_deadline = accepted + config.authentication_timeout;
+    let memory = &broker.request_memory;
     loop {
         let authenticated = session.authenticated;
         let (max, wait) = if authenticated {
@@ -289,7 +290,6 @@ async fn read_requests<R: AsyncRead + Unpin>(
         } else {
             (config.sasl_server_max_receive_size, idle.min(authentication_deadline.saturating_duration_since(Instant::now())))
         };
-        let memory = &broker.request_memory;
         let frame = match tokio::time::timeout(wait, read_frame(&mut read, &mut buf, max, memory)).await {
             Ok(frame) => frame?,
             Err(_) if authenticated => return Err(Error::ConnectionIdle { idle }),

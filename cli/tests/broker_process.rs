@@ -194,6 +194,15 @@ fn broker_refuses_bad_flags_with_a_clear_error() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("metrics.listen"), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
+/// `fjord broker` with its data under `dir`, `queued.max.request.bytes` at 64 MiB and its
+/// metrics served; (the process, its Kafka port, its metrics port).
+fn start_bounded_broker(dir: &std::path::Path) -> (common::FjordProcess, u16, u16) {
+    let (port, metrics_port) = (free_port(), free_port());
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
+    let env = [("FJORD_QUEUED_MAX_REQUEST_BYTES", "67108864"), ("FJORD_METRICS_LISTEN", metrics_listen.as_str())];
+    (start_broker(port, &dir.join("data"), &env), port, metrics_port)
+}
+
 /// Resident memory of process `pid`, in bytes.
 fn resident_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -228,11 +237,8 @@ fn a_flood_of_large_half_sent_requests_leaves_the_broker_memory_bounded() {
     // ones are read again.
     const MIB: usize = 1 << 20;
     let dir = tempfile::tempdir().unwrap();
-    let (port, metrics_port) = (free_port(), free_port());
+    let (broker, port, metrics_port) = start_bounded_broker(dir.path());
     let bootstrap = format!("127.0.0.1:{port}");
-    let metrics_listen = format!("127.0.0.1:{metrics_port}");
-    let env = [("FJORD_QUEUED_MAX_REQUEST_BYTES", "67108864"), ("FJORD_METRICS_LISTEN", metrics_listen.as_str())];
-    let broker = start_broker(port, &dir.path().join("data"), &env);
     produce(&bootstrap, "steady", 0..10);
     let before = resident_bytes(broker.id());
 
@@ -300,10 +306,7 @@ fn requests_of_many_small_elements_are_decoded_within_the_memory_bound() {
     // broker's two threads decoded two at a time).
     const MIB: u64 = 1 << 20;
     let dir = tempfile::tempdir().unwrap();
-    let (port, metrics_port) = (free_port(), free_port());
-    let metrics_listen = format!("127.0.0.1:{metrics_port}");
-    let env = [("FJORD_QUEUED_MAX_REQUEST_BYTES", "67108864"), ("FJORD_METRICS_LISTEN", metrics_listen.as_str())];
-    let broker = start_broker(port, &dir.path().join("data"), &env);
+    let (broker, port, metrics_port) = start_bounded_broker(dir.path());
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let before = resident_bytes(broker.id());
     let pid = broker.id();

@@ -64,22 +64,18 @@ fn binding(
     })
 }
 
-/// The filter fields shared by DescribeAcls and DeleteAcls: resource type, name, pattern
-/// type, principal, host, operation, permission.
-type FilterFields = (i8, Option<StrBytes>, i8, Option<StrBytes>, Option<StrBytes>, i8, i8);
-
-fn filter_fields(filter: &AclBindingFilter) -> FilterFields {
+/// `filter` on the wire. DescribeAcls carries the same seven fields at its top level.
+fn wire_filter(filter: &AclBindingFilter) -> DeleteAclsFilter {
     let AclBindingFilter { pattern: ResourcePatternFilter { resource_type, name, pattern_type }, entry } = filter;
     let AccessControlEntryFilter { principal, host, operation, permission } = entry;
-    (
-        resource_type.map_or(ANY, ResourceType::code),
-        name.as_deref().map(text),
-        pattern_type.code(),
-        principal.as_ref().map(|p| text(&p.to_string())),
-        host.as_deref().map(text),
-        operation.map_or(ANY, Operation::code),
-        permission.map_or(ANY, Permission::code),
-    )
+    DeleteAclsFilter::default()
+        .with_resource_type_filter(resource_type.map_or(ANY, ResourceType::code))
+        .with_resource_name_filter(name.as_deref().map(text))
+        .with_pattern_type_filter(pattern_type.code())
+        .with_principal_filter(principal.as_ref().map(|p| text(&p.to_string())))
+        .with_host_filter(host.as_deref().map(text))
+        .with_operation(operation.map_or(ANY, Operation::code))
+        .with_permission_type(permission.map_or(ANY, Permission::code))
 }
 
 impl Admin {
@@ -115,15 +111,15 @@ impl Admin {
     pub async fn describe_acls(&self, filter: &AclBindingFilter) -> Result<Vec<AclBinding>> {
         let conn = self.cluster.controller().await?;
         let version = conn.version::<DescribeAclsRequest>(3)?;
-        let (resource_type, name, pattern_type, principal, host, operation, permission) = filter_fields(filter);
+        let f = wire_filter(filter);
         let request = DescribeAclsRequest::default()
-            .with_resource_type_filter(resource_type)
-            .with_resource_name_filter(name)
-            .with_pattern_type_filter(pattern_type)
-            .with_principal_filter(principal)
-            .with_host_filter(host)
-            .with_operation(operation)
-            .with_permission_type(permission);
+            .with_resource_type_filter(f.resource_type_filter)
+            .with_resource_name_filter(f.resource_name_filter)
+            .with_pattern_type_filter(f.pattern_type_filter)
+            .with_principal_filter(f.principal_filter)
+            .with_host_filter(f.host_filter)
+            .with_operation(f.operation)
+            .with_permission_type(f.permission_type);
         let response = conn.request_at(&request, version).await?;
         Error::check_kafka(response.error_code, "describe ACLs", response.error_message.map(|m| m.to_string()))?;
         let mut out = Vec::new();
@@ -146,20 +142,7 @@ impl Admin {
     pub async fn delete_acls(&self, filters: &[AclBindingFilter]) -> Result<Vec<Vec<AclBinding>>> {
         let conn = self.cluster.controller().await?;
         let version = conn.version::<DeleteAclsRequest>(3)?;
-        let filters = filters
-            .iter()
-            .map(|f| {
-                let (resource_type, name, pattern_type, principal, host, operation, permission) = filter_fields(f);
-                DeleteAclsFilter::default()
-                    .with_resource_type_filter(resource_type)
-                    .with_resource_name_filter(name)
-                    .with_pattern_type_filter(pattern_type)
-                    .with_principal_filter(principal)
-                    .with_host_filter(host)
-                    .with_operation(operation)
-                    .with_permission_type(permission)
-            })
-            .collect();
+        let filters = filters.iter().map(wire_filter).collect();
         let response = conn.request_at(&DeleteAclsRequest::default().with_filters(filters), version).await?;
         let mut out = Vec::new();
         for result in &response.filter_results {

@@ -138,15 +138,7 @@ impl Producer {
         let inner = &self.inner;
         inner.state.lock().unwrap_or_else(|e| e.into_inner()).flushing += 1;
         inner.wake_sender.notify_one();
-        loop {
-            let done = inner.batch_done.notified();
-            tokio::pin!(done);
-            done.as_mut().enable();
-            if inner.state.lock().unwrap_or_else(|e| e.into_inner()).incomplete == 0 {
-                break;
-            }
-            done.await;
-        }
+        inner.until(|state| (state.incomplete == 0).then_some(())).await;
         inner.state.lock().unwrap_or_else(|e| e.into_inner()).flushing -= 1;
     }
 
@@ -176,6 +168,20 @@ impl Producer {
 }
 
 impl Inner {
+    /// Waits until `ready` gives a value, looking at the state again each time
+    /// `batch_done` is signalled (listening before looking: no signal is missed).
+    async fn until<T>(&self, mut ready: impl FnMut(&State) -> Option<T>) -> T {
+        loop {
+            let done = self.batch_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if let Some(value) = ready(&self.state.lock().unwrap_or_else(|e| e.into_inner())) {
+                return value;
+            }
+            done.await;
+        }
+    }
+
     async fn partition_count(&self, topic: &str) -> Result<i32> {
         let t = self.cluster.topic(topic).await?;
         match t.partitions.len() {

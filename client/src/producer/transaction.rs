@@ -91,27 +91,18 @@ impl Inner {
     /// for at most the delivery timeout. Fails when the producer was fenced meanwhile, or
     /// when time runs out: the transaction stays open, to be aborted again.
     async fn new_epoch_taken(&self) -> Result<()> {
+        let taken = self.until(|state| match (&state.fenced, state.reset_pending) {
+            (Some(e), _) => Some(Err(e.clone())),
+            (None, false) => Some(Ok(())),
+            (None, true) => None,
+        });
         let deadline = tokio::time::Instant::now() + self.config.delivery_timeout;
-        loop {
-            let done = self.batch_done.notified();
-            tokio::pin!(done);
-            done.as_mut().enable();
-            {
-                let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(e) = &state.fenced {
-                    return Err(e.clone());
-                }
-                if !state.reset_pending {
-                    return Ok(());
-                }
-            }
-            if tokio::time::timeout_at(deadline, done).await.is_err() {
-                return Err(Error::TransactionState(format!(
-                    "no new producer epoch after a failed record within {:?}: abort again",
-                    self.config.delivery_timeout
-                )));
-            }
-        }
+        tokio::time::timeout_at(deadline, taken).await.unwrap_or_else(|_| {
+            Err(Error::TransactionState(format!(
+                "no new producer epoch after a failed record within {:?}: abort again",
+                self.config.delivery_timeout
+            )))
+        })
     }
 
     /// The error this producer was fenced with, if it was.
