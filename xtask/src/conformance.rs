@@ -211,7 +211,7 @@ fn run_tests(root: &Path, suite: &Path, expectations: &BTreeMap<String, Expectat
         Security::Plaintext => None,
         Security::SaslSsl => Some(TlsFixtures::make(&work.join("tls"))?),
     };
-    let brokers: Box<dyn Brokers> = if options.cluster {
+    let mut brokers: Box<dyn Brokers> = if options.cluster {
         Box::new(ClusterBrokers::start(root, &work, &options.scenario, security.as_ref())?)
     } else {
         Box::new(DevBroker::start(root, &work, &options.scenario, security.as_ref())?)
@@ -239,6 +239,7 @@ fn run_tests(root: &Path, suite: &Path, expectations: &BTreeMap<String, Expectat
     fs::write(&file_store_conf, format!("{client_conf}topic.offset.store.path={}\n", offsets.display()))?;
     let kafka_path = kafka_shims(root, &work)?;
     let mut outcomes = Vec::new();
+    let mut diagnosis = None;
     for test in &tests {
         let conf = if test == FILE_OFFSET_STORE_TEST { &file_store_conf } else { &conf };
         let env = Env { conf, kafka_path: &kafka_path, bootstrap: &bootstrap, extra: &test_env };
@@ -256,10 +257,27 @@ fn run_tests(root: &Path, suite: &Path, expectations: &BTreeMap<String, Expectat
             outcome.seconds,
             outcome.first_failure
         );
+        let failed = outcome.result == Verdict::Fail;
         outcomes.push(outcome);
+        // CI keeps only the output: at the first failure, what the run's servers and the
+        // machine were doing goes into the run's error, printed last. Once a server has exited, the tests left could
+        // only fail for that, so the run stops there.
+        if failed && diagnosis.is_none() {
+            let found = diagnose(&mut *brokers, &work);
+            let stop = found.server_exited;
+            diagnosis = Some(found.text);
+            if stop {
+                break;
+            }
+        }
     }
+    let not_run = tests.len() - outcomes.len();
     drop(brokers);
-    let (mut table, surprises) = report(&outcomes, expectations, options.cluster);
+    let (mut table, mut surprises) = report(&outcomes, expectations, options.cluster);
+    if not_run > 0 {
+        surprises.push(format!("{not_run} tests not run: a server of the run had exited"));
+    }
+    surprises.extend(diagnosis.map(|d| format!("at the first failure, {d}")));
     table.insert_str(0, &format!("librdkafka {RDKAFKA_SYS} tests against {}\n\n", options.describe()));
     println!("{table}");
     fs::write(work.join("report.md"), &table)?;
@@ -360,6 +378,60 @@ fn run_one(suite: &Path, env: &Env<'_>, test: &str, timeout: Duration, options: 
     Ok(Outcome { test: test.to_owned(), result, seconds, first_failure })
 }
 
+/// What [`diagnose`] found.
+struct Diagnosis {
+    text: String,
+    server_exited: bool,
+}
+
+/// The run's servers (which exited and how, the end of their logs) and the machine's
+/// disk, memory, sockets and out-of-memory kills, as lines for the output.
+fn diagnose(brokers: &mut dyn Brokers, work: &Path) -> Diagnosis {
+    let mut text = String::from("the run's servers and the machine:\n");
+    let mut server_exited = false;
+    for mut server in brokers.servers() {
+        let log = fs::read(&server.log).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+        let lines: Vec<String> = log.lines().map(strip_colors).collect();
+        let (head, shown) = match server.exited() {
+            Some(status) => {
+                server_exited = true;
+                (format!("{} EXITED ({status}); its log ends", server.what), last(&lines, 20, |_| true))
+            }
+            None => (
+                format!("{} runs; its last warnings and errors", server.what),
+                last(&lines, 8, |l| ["WARN", "ERROR", "panicked", "Exception"].iter().any(|w| l.contains(w))),
+            ),
+        };
+        text.push_str(&format!("  {head} ({}):\n", server.log.display()));
+        for line in shown {
+            text.push_str(&format!("    {line}\n"));
+        }
+    }
+    let work = work.display();
+    let commands = [
+        format!("df -h {work}"),
+        "free -m | head -n 2".into(),
+        "ss -s | head -n 2".into(),
+        "dmesg 2>/dev/null | grep -iE 'out of memory|killed process' | tail -n 3".into(),
+    ];
+    for command in commands {
+        let output = Command::new("sh").args(["-c", &command]).output();
+        let shown = output.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_else(|e| format!("{e}"));
+        text.push_str(&format!("  $ {command}\n"));
+        for line in shown.lines().filter(|l| !l.trim().is_empty()) {
+            text.push_str(&format!("    {line}\n"));
+        }
+    }
+    Diagnosis { text, server_exited }
+}
+
+/// The last `n` of `lines` that `keep` keeps.
+fn last(lines: &[String], n: usize, keep: impl Fn(&str) -> bool) -> Vec<&str> {
+    let mut kept: Vec<&str> = lines.iter().rev().map(String::as_str).filter(|l| keep(l)).take(n).collect();
+    kept.reverse();
+    kept
+}
+
 /// When the runner's summary lists test `test`'s variants and every one of them as
 /// SKIPPED (`| 0053_stats | SKIPPED | 0.000s | RapidJSON >=1.1.0 not available`): the
 /// reasons it gives, `;`-joined.
@@ -396,7 +468,8 @@ fn first_failure(output: &str) -> String {
             return format!("{place}: {}", strip_colors(message).trim());
         }
     }
-    "failed without an assertion message (see the log)".into()
+    let last_line = output.lines().map(strip_colors).rfind(|l| !l.trim().is_empty()).unwrap_or_default();
+    format!("failed without an assertion message; its output ends: {}", last_line.trim())
 }
 
 fn strip_colors(s: &str) -> String {
@@ -483,7 +556,7 @@ mod tests {
             first_failure(output),
             "0011-produce_batch.c:120:test_single_partition(): record_fail: Expected 10 failed, got 100"
         );
-        assert_eq!(first_failure("nothing"), "failed without an assertion message (see the log)");
+        assert_eq!(first_failure("one\ntwo\n\n"), "failed without an assertion message; its output ends: two");
     }
 
     #[test]

@@ -51,8 +51,17 @@ const PYTHON_IMPORTS: &str = "import confluent_kafka, confluent_kafka.schema_reg
 const KAFKAJS_VERSION: &str = "2.2.4";
 const NODE_PREFIX: &str = "target/node";
 
-fn main() -> Result<()> {
+fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // The error and its causes, without the backtrace anyhow's Debug adds under
+    // RUST_BACKTRACE: CI shows the end of the output, which should be what failed.
+    if let Err(e) = dispatch(&args) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn dispatch(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("provision") => provision(),

@@ -5,7 +5,7 @@ use std::fs;
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -25,6 +25,23 @@ pub(super) trait Brokers {
     fn bootstrap(&self) -> &str;
     /// The SASL_SSL listeners, when the brokers were started with [`TlsFixtures`].
     fn sasl_ssl_bootstrap(&self) -> &str;
+    /// The processes the run started, each with what it is and its log: what a failing
+    /// run looks at first (did one of them exit, what did it log last).
+    fn servers(&mut self) -> Vec<Server<'_>>;
+}
+
+/// One process a run started, as [`Brokers::servers`] lists it.
+pub(super) struct Server<'a> {
+    pub(super) what: String,
+    pub(super) child: &'a mut Child,
+    pub(super) log: PathBuf,
+}
+
+impl Server<'_> {
+    /// How the process ended, when it has.
+    pub(super) fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
 }
 
 /// A loopback port for a server this run starts, held until xtask exits by a socket
@@ -48,6 +65,7 @@ pub(super) fn free_port() -> Result<u16> {
 /// `fjord dev` on free ports, stopped when dropped.
 pub(super) struct DevBroker {
     child: Child,
+    log: PathBuf,
     bootstrap: String,
     sasl_ssl_bootstrap: String,
     _data: TempDir,
@@ -67,7 +85,8 @@ impl DevBroker {
             sasl_ssl_bootstrap = format!("127.0.0.1:{}", port()?);
             settings = tls.broker_settings(&plaintext, &sasl_ssl_bootstrap);
         }
-        let log = fs::File::create(work.join("fjord-dev.log"))?;
+        let log_path = work.join("fjord-dev.log");
+        let log = fs::File::create(&log_path)?;
         let mut command = Command::new(root.join("target/debug/fjord"));
         for (key, value) in &settings {
             command.env(format!("FJORD_{}", key.to_ascii_uppercase().replace('.', "_")), value);
@@ -92,11 +111,11 @@ impl DevBroker {
             .stderr(log)
             .spawn()
             .context("starting fjord dev")?;
-        let mut dev = Self { child, bootstrap: plaintext, sasl_ssl_bootstrap, _data: data };
+        let mut dev = Self { child, log: log_path, bootstrap: plaintext, sasl_ssl_bootstrap, _data: data };
         let deadline = Instant::now() + Duration::from_secs(60);
         while TcpStream::connect(&dev.bootstrap).is_err() {
             if let Some(status) = dev.child.try_wait()? {
-                bail!("fjord dev exited ({status}); see {}", work.join("fjord-dev.log").display());
+                bail!("fjord dev exited ({status}); see {}", dev.log.display());
             }
             if Instant::now() > deadline {
                 bail!("fjord dev did not listen on {} within 60 s", dev.bootstrap);
@@ -114,6 +133,10 @@ impl Brokers for DevBroker {
 
     fn sasl_ssl_bootstrap(&self) -> &str {
         &self.sasl_ssl_bootstrap
+    }
+
+    fn servers(&mut self) -> Vec<Server<'_>> {
+        vec![Server { what: "fjord dev".into(), child: &mut self.child, log: self.log.clone() }]
     }
 }
 
@@ -148,6 +171,8 @@ pub(super) const CLUSTER_BROKERS: i32 = 3;
 pub(super) struct ClusterBrokers {
     zookeeper: Child,
     brokers: Vec<Child>,
+    /// ZooKeeper's log, then each broker's.
+    logs: Vec<PathBuf>,
     bootstrap: String,
     sasl_ssl_bootstrap: String,
     _data: TempDir,
@@ -169,7 +194,8 @@ impl ClusterBrokers {
                 data.0.join("zookeeper").display()
             ),
         )?;
-        let zk_log = fs::File::create(work.join("zookeeper.log"))?;
+        let zk_log_path = work.join("zookeeper.log");
+        let zk_log = fs::File::create(&zk_log_path)?;
         let zookeeper = Command::new("java")
             .args(["-Xmx256m", "-cp", ZOOKEEPER_CLASSPATH, "org.apache.zookeeper.server.ZooKeeperServerMain"])
             .arg(&zk_config)
@@ -178,9 +204,15 @@ impl ClusterBrokers {
             .stderr(zk_log)
             .spawn()
             .context("starting ZooKeeper (java)")?;
-        let mut cluster =
-            Self { zookeeper, brokers: Vec::new(), bootstrap: String::new(), sasl_ssl_bootstrap: String::new(), _data: data };
-        wait_zookeeper(zk_port, &mut cluster.zookeeper, &work.join("zookeeper.log"))?;
+        let mut cluster = Self {
+            zookeeper,
+            brokers: Vec::new(),
+            logs: vec![zk_log_path.clone()],
+            bootstrap: String::new(),
+            sasl_ssl_bootstrap: String::new(),
+            _data: data,
+        };
+        wait_zookeeper(zk_port, &mut cluster.zookeeper, &zk_log_path)?;
         let zookeeper_connect = format!("127.0.0.1:{zk_port}/fjord");
         if security.is_some() {
             add_scram_user(root, &["--zookeeper".as_ref(), zookeeper_connect.as_ref()])?;
@@ -226,6 +258,7 @@ impl ClusterBrokers {
                 .spawn()
                 .context("starting fjord broker")?;
             cluster.brokers.push(child);
+            cluster.logs.push(log_path.clone());
             addresses.push((addr, log_path));
         }
         for (i, (addr, log)) in addresses.iter().enumerate() {
@@ -255,6 +288,12 @@ impl Brokers for ClusterBrokers {
 
     fn sasl_ssl_bootstrap(&self) -> &str {
         &self.sasl_ssl_bootstrap
+    }
+
+    fn servers(&mut self) -> Vec<Server<'_>> {
+        let names = std::iter::once("ZooKeeper".to_owned()).chain((1..=CLUSTER_BROKERS).map(|id| format!("broker {id}")));
+        let children = std::iter::once(&mut self.zookeeper).chain(self.brokers.iter_mut());
+        names.zip(children).zip(&self.logs).map(|((what, child), log)| Server { what, child, log: log.clone() }).collect()
     }
 }
 
