@@ -18,6 +18,9 @@
 //!   (`-selected` for a `--tests` run), with the
 //!   table in `report.md`, each test's output in `logs/` and the brokers' logs, so runs
 //!   of different modes can go on side by side.
+//! - At a run's first failure, [`diagnose`] looks at the run's servers and the machine;
+//!   a server that exited ends the run (the tests left could only fail for that). What
+//!   it found goes into the run's error, which `cargo xtask test` prints last.
 //! - `xtask/conformance.txt` says what each test is expected to do: `pass`, or
 //!   `known-fail` with the issue or reason. The run fails when a `pass` test fails, and
 //!   when a `known-fail` test passes (so the file is updated and stays true).
