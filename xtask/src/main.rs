@@ -85,6 +85,9 @@ fn test(extra: &[String]) -> Result<()> {
     let root = root();
     let whole_run = extra.is_empty();
     if whole_run {
+        // The build and the brokers' data need ~25 GB; a run on a nearly full disk fails
+        // late and far from the cause, so the output starts with what there was.
+        let _ = Command::new("df").args(["-h"]).arg(&root).status();
         // Seconds, so it goes first: a formatting slip fails before the long test run.
         run(cargo(&root).args(["fmt", "--all", "--check"])).context("code is not formatted: run `cargo fmt --all`")?;
     }
