@@ -1,4 +1,5 @@
-//! A structural walk over a request body before the codec crate decodes it.
+//! A structural walk over a request body before the codec crate decodes it (the walking
+//! primitives are `fjord_record::walk`, shared with the client's walk over answers).
 //!
 //! Why: `kafka-protocol` 0.18 decodes an array by reading its count and calling
 //! `Vec::with_capacity(count)` before reading any element. A frame of a few bytes that
@@ -11,9 +12,8 @@
 //! The schemas mirror the codec crate's generated decoders; the tests walk requests
 //! that the crate itself encoded, for every advertised version, so a mismatch shows.
 
+use fjord_record::walk::{Walk, Walker};
 use kafka_protocol::messages::ApiKey;
-
-type Walk<T = ()> = Result<T, &'static str>;
 
 /// The most array elements and tagged fields one request may hold. Each becomes a
 /// value of ~100 bytes once decoded, and about as much again in the answer: a Metadata
@@ -22,129 +22,6 @@ type Walk<T = ()> = Result<T, &'static str>;
 /// keeps one request to ~250 MiB; `queued.max.request.bytes` bounds how many such run
 /// at once (`crate::request_memory`).
 pub(crate) const MAX_REQUEST_ELEMENTS: u64 = 1_000_000;
-
-struct Walker<'a> {
-    buf: &'a [u8],
-    flexible: bool,
-    /// Array elements and tagged fields walked so far.
-    elements: u64,
-}
-
-impl Walker<'_> {
-    fn skip(&mut self, n: usize) -> Walk {
-        if n > self.buf.len() {
-            return Err("field runs past the end of the request");
-        }
-        self.buf = &self.buf[n..];
-        Ok(())
-    }
-
-    fn take<const N: usize>(&mut self) -> Walk<[u8; N]> {
-        let bytes: [u8; N] = self.buf.get(..N).ok_or("field runs past the end of the request")?.try_into().unwrap_or([0; N]);
-        self.buf = &self.buf[N..];
-        Ok(bytes)
-    }
-
-    fn int8(&mut self) -> Walk {
-        self.skip(1)
-    }
-    fn int16(&mut self) -> Walk {
-        self.skip(2)
-    }
-    fn int32(&mut self) -> Walk {
-        self.skip(4)
-    }
-    fn int64(&mut self) -> Walk {
-        self.skip(8)
-    }
-    fn uuid(&mut self) -> Walk {
-        self.skip(16)
-    }
-
-    fn unsigned_varint(&mut self) -> Walk<u32> {
-        let mut value = 0u32;
-        for shift in (0..35).step_by(7) {
-            let [byte] = self.take::<1>()?;
-            value |= u32::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Ok(value);
-            }
-        }
-        Err("varint longer than 5 bytes")
-    }
-
-    /// A (nullable) string or byte string: compact or classic, `len_bytes` wide when classic.
-    fn sized(&mut self, classic_len_bytes: usize) -> Walk {
-        let len = if self.flexible {
-            match self.unsigned_varint()? {
-                0 => return Ok(()), // null
-                n => i64::from(n) - 1,
-            }
-        } else if classic_len_bytes == 2 {
-            i64::from(i16::from_be_bytes(self.take::<2>()?))
-        } else {
-            i64::from(i32::from_be_bytes(self.take::<4>()?))
-        };
-        if len < 0 {
-            return Ok(()); // null; the decoder rejects other negative lengths itself
-        }
-        self.skip(usize::try_from(len).map_err(|_| "length out of range")?)
-    }
-
-    fn string(&mut self) -> Walk {
-        self.sized(2)
-    }
-    fn bytes(&mut self) -> Walk {
-        self.sized(4)
-    }
-
-    /// Counts `n` more elements against [`MAX_REQUEST_ELEMENTS`].
-    fn count(&mut self, n: u64) -> Walk {
-        self.elements += n;
-        if self.elements > MAX_REQUEST_ELEMENTS {
-            return Err("more than 1,000,000 array elements in one request");
-        }
-        Ok(())
-    }
-
-    /// An array whose elements `each` walks; the count may not exceed the bytes left.
-    fn array(&mut self, mut each: impl FnMut(&mut Self) -> Walk) -> Walk {
-        let count = if self.flexible {
-            match self.unsigned_varint()? {
-                0 => return Ok(()),
-                n => i64::from(n) - 1,
-            }
-        } else {
-            match i32::from_be_bytes(self.take::<4>()?) {
-                -1 => return Ok(()),
-                n if n < 0 => return Err("negative array length"),
-                n => i64::from(n),
-            }
-        };
-        if count > self.buf.len() as i64 {
-            return Err("array claims more elements than the request has bytes");
-        }
-        self.count(count as u64)?;
-        for _ in 0..count {
-            each(self)?;
-        }
-        Ok(())
-    }
-
-    /// The tagged fields of a flexible struct: skipped by their declared sizes.
-    fn tagged_fields(&mut self) -> Walk {
-        if self.flexible {
-            let count = self.unsigned_varint()?;
-            self.count(u64::from(count))?;
-            for _ in 0..count {
-                self.unsigned_varint()?;
-                let size = self.unsigned_varint()?;
-                self.skip(size as usize)?;
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Walks the body (after the header) of a request of an advertised API and version.
 /// `Err` says why the body is malformed or too large; `Ok` means decoding it allocates no
@@ -195,7 +72,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk<u64> {
         ApiKey::DescribeClientQuotas | ApiKey::AlterClientQuotas => v >= 1,
         _ => return Err("no schema for this api"),
     };
-    let w = &mut Walker { buf: body, flexible, elements: 0 };
+    let w = &mut Walker::new(body, flexible, MAX_REQUEST_ELEMENTS);
     match api_key {
         ApiKey::Produce => {
             w.string()?; // transactional id
@@ -570,8 +447,8 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk<u64> {
                 w.tagged_fields()
             })?;
             w.int32()?; // response partition limit
-            let [cursor] = w.take::<1>()?; // a nullable struct: 1 when present
-            if cursor == 1 {
+                        // The cursor, a nullable struct: its marker byte is 1 when present.
+            if w.byte()? == 1 {
                 w.string()?; // topic
                 w.int32()?; // partition
                 w.tagged_fields()?;
@@ -809,7 +686,7 @@ pub(crate) fn check_body(api_key: ApiKey, v: i16, body: &[u8]) -> Walk<u64> {
         _ => unreachable!("flexible versions are listed for every api walked above"),
     }
     w.tagged_fields()?;
-    Ok(w.elements)
+    Ok(w.elements())
 }
 
 /// DescribeAcls' body and each DeleteAcls filter (v1+: the pattern type is always there).

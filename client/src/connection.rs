@@ -32,6 +32,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
+use crate::guard;
 use crate::security::{self, Prepared};
 
 /// Largest response frame accepted; a length beyond this means a corrupt stream.
@@ -382,7 +383,9 @@ fn aborted(addr: &str) -> Error {
     Error::io(addr, std::io::ErrorKind::ConnectionAborted.into())
 }
 
+/// Decodes an answer, once the guard has checked that decoding it cannot abort the process.
 fn decode<R: Request>(addr: &str, body: &mut Bytes, version: i16) -> Result<R::Response> {
+    guard::check_response(R::KEY, version, body).map_err(|reason| guard::refused(addr, R::KEY, version, reason))?;
     R::Response::decode(body, version).map_err(|e| Error::Protocol {
         broker: addr.to_string(),
         detail: format!("cannot decode {} v{version}: {e}", api_name(R::KEY)),

@@ -7,6 +7,8 @@
 //!   ([`ResponseError`]).
 //! - `connection`: one pipelined TCP connection per broker (requests in order, responses
 //!   matched FIFO, coalesced writes).
+//! - `guard`: a structural walk over each answer before it is decoded, so that a hostile
+//!   or broken broker's answer is refused instead of aborting the process.
 //! - [`security`]: `security.protocol`, `sasl.*`, `ssl.*`; each connection's TLS handshake
 //!   and SASL exchange before its first request.
 //! - [`cluster`]: bootstrap, the metadata cache and its refresh rules, the connection pool.
@@ -39,6 +41,7 @@ mod connection;
 pub mod consumer;
 pub mod error;
 pub mod group;
+mod guard;
 pub mod partitioner;
 pub mod producer;
 pub mod security;

@@ -23,6 +23,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::error::{Error, Result};
+use crate::guard;
 
 /// Largest SASL response accepted; real ones are a few hundred bytes.
 const MAX_SASL_FRAME: usize = 64 * 1024;
@@ -378,6 +379,7 @@ impl<S: Stream + ?Sized> Exchange<'_, S> {
         if header.correlation_id != correlation_id {
             return Err(protocol(addr, format!("correlation id {}, expected {correlation_id}", header.correlation_id)));
         }
+        guard::check_response(R::KEY, version, &frame).map_err(|reason| guard::refused(addr, R::KEY, version, reason))?;
         let response = R::Response::decode(&mut frame, version)
             .map_err(|e| protocol(addr, format!("cannot decode api {} v{version}: {e}", R::KEY)))?;
         if frame.has_remaining() {

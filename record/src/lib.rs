@@ -12,6 +12,9 @@
 //! - [`compression`]: the gzip, snappy (xerial), lz4 (frame) and zstd codecs, bounded
 //!   decompression, and the records section of a possibly compressed batch.
 //! - [`varint`]: the zig-zag varints used inside records.
+//! - [`walk`]: a structural walk over a Kafka message body, so that the broker (over
+//!   requests) and the client (over answers) refuse a message whose array counts would
+//!   make the codec crate's decoder abort the process on allocation.
 //!
 //! # Invariants
 //! A batch that [`BatchHeader::parse`] accepted has a consistent length, magic 2 and a
@@ -25,6 +28,7 @@ pub mod compression;
 pub mod control;
 pub mod records;
 pub mod varint;
+pub mod walk;
 
 pub use batch::{BatchHeader, Compression, TimestampType, BATCH_OVERHEAD, NO_PRODUCER_ID};
 pub use builder::BatchBuilder;

@@ -489,7 +489,7 @@ fn refuses_arrays_longer_than_the_request() {
     body.push(b't');
     body.extend(i32::MAX.to_be_bytes());
     body.push(0);
-    assert_eq!(check_body(ApiKey::AlterConfigs, 0, &body), Err("array claims more elements than the request has bytes"));
+    assert_eq!(check_body(ApiKey::AlterConfigs, 0, &body), Err("array claims more elements than the message has bytes"));
     // IncrementalAlterConfigs v1 (flexible): a compact resources count of u32::MAX - 1.
     assert!(check_body(ApiKey::IncrementalAlterConfigs, 1, &[0xff, 0xff, 0xff, 0xff, 0x0f, 0]).is_err());
 }
