@@ -9,9 +9,12 @@
 //! (every element takes at least one byte), and more elements in one message than its
 //! caller allows. A body that walks is safe to decode.
 //!
-//! This module holds only the primitives (the wire types of the Kafka protocol); the
-//! schemas, one per API and version, live with the side that decodes them: the broker's
-//! request schemas, the client's response schemas. It knows nothing of any codec crate.
+//! This module holds the primitives (the wire types of the Kafka protocol); the schemas,
+//! one per API and version, live with the side that decodes them: the broker's request
+//! schemas, the client's response schemas. The exception is the consumer protocol's
+//! embedded messages ([`consumer_subscription`], [`consumer_assignment`]), which travel
+//! as opaque bytes inside the group APIs and which both sides decode. It knows nothing of
+//! any codec crate.
 
 /// The result of a walking step: `Err` says why the message is malformed or too large.
 pub type Walk<T = ()> = Result<T, &'static str>;
@@ -197,6 +200,50 @@ impl<'a> Walker<'a> {
     }
 }
 
+/// Walks a consumer-protocol subscription (a `consumer` group member's JoinGroup
+/// protocol metadata, after its 2-byte version prefix) as the decoder reads it at
+/// `version` (0 to 3; later versions only append fields, which the decoder leaves unread
+/// and so does the walk). The broker and the group's leader decode these bytes, which any
+/// member of the group wrote, so they are walked before.
+pub fn consumer_subscription(body: &[u8], version: i16, max_elements: u64) -> Walk {
+    if !(0..=3).contains(&version) {
+        return Err("no consumer subscription of this version");
+    }
+    let w = &mut Walker::new(body, false, max_elements);
+    w.array(Walker::string)?; // topics
+    w.bytes()?; // user data
+    if version >= 1 {
+        consumer_topic_partitions(w)?; // owned partitions
+    }
+    if version >= 2 {
+        w.int32()?; // generation id
+    }
+    if version >= 3 {
+        w.string()?; // rack id
+    }
+    Ok(())
+}
+
+/// Walks a consumer-protocol assignment (in a SyncGroup request or answer, and in
+/// DescribeGroups answers, after its 2-byte version prefix) as the decoder reads it at
+/// `version` (0 to 3): the group leader, another client, wrote it.
+pub fn consumer_assignment(body: &[u8], version: i16, max_elements: u64) -> Walk {
+    if !(0..=3).contains(&version) {
+        return Err("no consumer assignment of this version");
+    }
+    let w = &mut Walker::new(body, false, max_elements);
+    consumer_topic_partitions(w)?; // assigned partitions
+    w.bytes() // user data
+}
+
+/// Topics, each with its partition numbers: the consumer protocol's one nested array.
+fn consumer_topic_partitions(w: &mut Walker<'_>) -> Walk {
+    w.array(|w| {
+        w.string()?; // topic
+        w.array(Walker::int32) // partitions
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,6 +281,29 @@ mod tests {
         assert_eq!((w.string(), w.string(), w.bytes(), w.remaining()), (Ok(()), Ok(()), Ok(()), 0));
         assert_eq!(Walker::new(&[0, 3, b'a'], false, 0).string(), Err("field runs past the end of the message"));
         assert_eq!(Walker::new(&[0x80; 6], true, 0).unsigned_varint(), Err("varint longer than 5 bytes"));
+    }
+
+    #[test]
+    fn consumer_protocol_arrays_may_not_claim_more_than_their_bytes() {
+        // A v1 subscription: topics ["t"], null user data, owned partitions [("t", [0, 1])].
+        let mut subscription = vec![0, 0, 0, 1, 0, 1, b't', 0xff, 0xff, 0xff, 0xff];
+        subscription.extend([0, 0, 0, 1, 0, 1, b't', 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(consumer_subscription(&subscription, 1, 10), Ok(()));
+        assert_eq!(
+            consumer_subscription(&subscription, 1, 3),
+            Err("more array elements and tagged fields than one message may hold")
+        );
+        // Read as v0, the owned partitions are left unread, as the decoder leaves them.
+        assert_eq!(consumer_subscription(&subscription, 0, 10), Ok(()));
+        assert!(consumer_subscription(&subscription, 2, 10).is_err(), "no generation id");
+        // Topics claiming 2^31-1 entries.
+        let hostile = [0x7f, 0xff, 0xff, 0xff, 0, 0];
+        assert_eq!(consumer_subscription(&hostile, 0, 10), Err("array claims more elements than the message has bytes"));
+        // An assignment: [("t", [2^31-1 partitions])], then user data.
+        let hostile = [0, 0, 0, 1, 0, 1, b't', 0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0];
+        assert_eq!(consumer_assignment(&hostile, 0, 10), Err("array claims more elements than the message has bytes"));
+        assert_eq!(consumer_assignment(&[0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff], 3, 10), Ok(()));
+        assert_eq!(consumer_assignment(&[], 4, 10), Err("no consumer assignment of this version"));
     }
 
     #[test]

@@ -231,6 +231,9 @@ fn decode_assignment(bytes: &Bytes) -> Option<Vec<(String, i32)>> {
     }
     let version = i16::from_be_bytes([buf[0], buf[1]]);
     let _ = bytes::Buf::get_i16(&mut buf);
+    // The group leader, a client, wrote these bytes: walked first, or an array count
+    // could abort the broker.
+    fjord_record::walk::consumer_assignment(&buf, version.clamp(0, 3), crate::guard::MAX_REQUEST_ELEMENTS).ok()?;
     let assignment = consumer_protocol_assignment::ConsumerProtocolAssignment::decode(&mut buf, version.clamp(0, 3)).ok()?;
     Some(
         assignment
@@ -333,5 +336,14 @@ mod tests {
         // Not written by group_node: taken as it is.
         assert_eq!(group_id_of("100%"), "100%");
         assert_eq!(group_id_of("%zz"), "%zz");
+    }
+
+    #[test]
+    fn an_assignment_claiming_more_partitions_than_its_bytes_is_skipped_not_allocated() {
+        // v1: topics claiming 2^31-1 entries (of ~60 bytes each once decoded), in a few bytes.
+        let hostile = Bytes::from_static(&[0, 1, 0x7f, 0xff, 0xff, 0xff, 0, 1, b't', 0, 0, 0, 0]);
+        assert_eq!(decode_assignment(&hostile), None);
+        let fine = Bytes::from_static(&[0, 1, 0, 0, 0, 1, 0, 1, b't', 0, 0, 0, 1, 0, 0, 0, 3, 0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(decode_assignment(&fine), Some(vec![("t".to_string(), 3)]));
     }
 }

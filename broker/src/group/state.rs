@@ -711,6 +711,8 @@ fn subscription_topics(metadata: &Bytes) -> Option<Vec<String>> {
         return None;
     }
     let _version = bytes::Buf::get_i16(&mut buf);
+    // A client wrote these bytes: walked first, or an array count could abort the broker.
+    fjord_record::walk::consumer_subscription(&buf, 0, crate::guard::MAX_REQUEST_ELEMENTS).ok()?;
     let subscription = ConsumerProtocolSubscription::decode(&mut buf, 0).ok()?;
     Some(subscription.topics.iter().map(|t| t.to_string()).collect())
 }
@@ -1053,5 +1055,13 @@ mod tests {
         let (outcome, _) = group.join(request(""), now, Duration::ZERO);
         let JoinOutcome::Now(freed) = outcome else { panic!() };
         assert_eq!(freed.error, ResponseError::MemberIdRequired.code(), "a member left: room for one");
+    }
+
+    #[test]
+    fn a_subscription_claiming_more_topics_than_its_bytes_is_undecodable_not_allocated() {
+        // Version 1, then topics claiming 2^31-1 names in a few bytes.
+        let hostile = Bytes::from_static(&[0, 1, 0x7f, 0xff, 0xff, 0xff, 0, 1, b't']);
+        assert_eq!(subscription_topics(&hostile), None);
+        assert_eq!(subscription_topics(&subscription(&["a", "b"])), Some(vec!["a".to_string(), "b".to_string()]));
     }
 }
