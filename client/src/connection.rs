@@ -240,7 +240,9 @@ impl Connection {
     /// The highest version of `R` both sides speak, at most `preferred`.
     pub(crate) fn version<R: Request>(&self, preferred: i16) -> Result<i16> {
         let ours = R::VERSIONS;
-        let max = preferred.min(ours.max);
+        // Never above the versions whose answers the guard walks.
+        let walked = guard::highest_walked(R::KEY).unwrap_or(-1);
+        let max = preferred.min(ours.max).min(walked);
         let unsupported =
             || Error::UnsupportedVersion { broker: self.addr.to_string(), api: api_name(R::KEY), min: ours.min, max };
         let &(broker_min, broker_max) = self.versions.get(&R::KEY).ok_or_else(unsupported)?;

@@ -14,8 +14,9 @@
 //!
 //! The schemas mirror the codec crate's generated decoders; the tests walk answers that
 //! the crate itself encoded, populated, at every version listed in [`WALKED`], so a
-//! mismatch shows. Raising a version the client asks for means extending its walk here
-//! first: an answer at a version without a walk is refused, not decoded unchecked.
+//! mismatch shows. The client never asks a version above the walked ones
+//! ([`highest_walked`]); an answer at a version without a walk is refused, not decoded
+//! unchecked.
 
 use fjord_record::walk::{Walk, Walker};
 use kafka_protocol::messages::ApiKey;
@@ -79,6 +80,14 @@ pub(crate) const WALKED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::SaslHandshake, 0, 1),
     (ApiKey::SaslAuthenticate, 0, 1),
 ];
+
+/// The highest version of API `key` whose answer is walked (`None`: no walk at all).
+/// `Connection::version` never picks a higher one, so a version raised at a call site
+/// without its walk here stays at the last walked version instead of being refused.
+pub(crate) fn highest_walked(api_key: i16) -> Option<i16> {
+    let key = ApiKey::try_from(api_key).ok()?;
+    WALKED.iter().filter(|&&(walked, _, _)| walked == key).map(|&(_, _, max)| max).max()
+}
 
 /// Checks the body (after the response header) of an answer to a request of API
 /// `api_key` at `version`: `Ok` means decoding it allocates no more than its bytes

@@ -1001,3 +1001,11 @@ fn a_refusal_names_the_api_the_version_and_the_reason() {
         .to_string()
     );
 }
+
+#[test]
+fn the_client_asks_no_version_above_the_walked_ones() {
+    assert_eq!(highest_walked(ApiKey::Metadata as i16), Some(12));
+    assert_eq!(highest_walked(ApiKey::ApiVersions as i16), Some(0));
+    assert_eq!(highest_walked(ApiKey::Vote as i16), None, "an API the client never sends");
+    assert_eq!(highest_walked(i16::MAX), None);
+}
