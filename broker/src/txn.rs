@@ -63,7 +63,7 @@ pub(crate) const GROUP_MARKER_TOPIC: &str = "__consumer_offsets";
 /// FindCoordinator's key type of a transactional id.
 pub(crate) const KEY_TYPE_TRANSACTION: i8 = 1;
 /// WriteTxnMarkers version the coordinator sends (the first flexible one).
-const MARKER_VERSION: i16 = 1;
+pub(crate) const MARKER_VERSION: i16 = 1;
 /// The most bytes of ids in one append of tombstones when the coordinator forgets ids
 /// for its limit (an id may be up to 32 KiB; the append stays well under a batch's limit).
 const TOMBSTONES_BYTES: usize = 256 * 1024;

@@ -15,6 +15,8 @@
 //! - [`walk`]: a structural walk over a Kafka message body, so that the broker (over
 //!   requests) and the client (over answers) refuse a message whose array counts would
 //!   make the codec crate's decoder abort the process on allocation.
+//! - [`answers`]: the schemas of the answers a broker sends, walked with [`walk`]: one
+//!   copy for the client's connections and the broker's connections to its peers.
 //!
 //! # Invariants
 //! A batch that [`BatchHeader::parse`] accepted has a consistent length, magic 2 and a
@@ -22,6 +24,7 @@
 //! has not been checked that way.
 #![warn(missing_docs)]
 
+pub mod answers;
 pub mod batch;
 pub mod builder;
 pub mod compression;

@@ -11,7 +11,8 @@
 //!
 //! This module holds the primitives (the wire types of the Kafka protocol); the schemas,
 //! one per API and version, live with the side that decodes them: the broker's request
-//! schemas, the client's response schemas. The exception is the consumer protocol's
+//! schemas in the broker, the answers' schemas in [`crate::answers`] (decoded by the
+//! client and by the broker's peer connections both). The exception is the consumer protocol's
 //! embedded messages ([`consumer_subscription`], [`consumer_assignment`]), which travel
 //! as opaque bytes inside the group APIs and which both sides decode. It knows nothing of
 //! any codec crate.

@@ -39,9 +39,9 @@ use crate::replication::throttle::{ReplicationThrottles, Side};
 use crate::replication::ReplicationConfig;
 
 /// Fetch v12: the last version that names topics by name (as this broker serves).
-const FETCH_VERSION: i16 = 12;
+pub(super) const FETCH_VERSION: i16 = 12;
 /// OffsetForLeaderEpoch v4 (flexible).
-const OFFSET_FOR_LEADER_EPOCH_VERSION: i16 = 4;
+pub(super) const OFFSET_FOR_LEADER_EPOCH_VERSION: i16 = 4;
 
 /// What every fetcher task shares.
 pub(crate) struct FetchContext {

@@ -9,6 +9,11 @@
 //! plugs in through `crate::observer`), and a replica fetcher needs none of the client's machinery
 //! (pipelining, metadata, retries): it sends one Fetch or OffsetForLeaderEpoch, waits for
 //! the answer, and on any failure drops the connection and backs off.
+//!
+//! Every answer is walked ([`fjord_record::answers`], the schemas the client walks with)
+//! before the codec crate decodes it: the codec allocates an array's claimed length
+//! before reading its elements, so one broken or hostile peer answering "2^31 elements"
+//! in a few bytes would otherwise abort this broker, and every partition it leads with it.
 
 use std::time::Duration;
 
@@ -16,7 +21,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fjord_auth::ScramClient;
-use kafka_protocol::messages::{RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslHandshakeRequest};
+use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslHandshakeRequest};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -26,6 +31,9 @@ use crate::sasl::Mechanism;
 
 /// Largest response frame accepted from a peer; beyond this the stream is corrupt.
 const MAX_FRAME: usize = 1 << 30;
+
+/// The SaslHandshake and SaslAuthenticate version of the inter-broker SASL exchange.
+const SASL_VERSION: i16 = 1;
 
 /// Why a request to a peer failed; the fetcher logs it and reconnects.
 #[derive(Debug, thiserror::Error)]
@@ -132,7 +140,7 @@ impl Peer {
         let addr = self.addr.clone();
         let failed = |detail: String| PeerError::Protocol { addr: addr.clone(), detail };
         let handshake = SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str(sasl.mechanism.name()));
-        let answer = self.call(&handshake, 1, timeout).await?;
+        let answer = self.call(&handshake, SASL_VERSION, timeout).await?;
         if answer.error_code != 0 {
             return Err(failed(format!("SaslHandshake {} answered error {}", sasl.mechanism.name(), answer.error_code)));
         }
@@ -150,15 +158,15 @@ impl Peer {
         match sasl.mechanism {
             Mechanism::Plain => {
                 let token = format!("\0{}\0{}", sasl.username, sasl.password).into_bytes();
-                let response = self.call(&step(token), 1, timeout).await?;
+                let response = self.call(&step(token), SASL_VERSION, timeout).await?;
                 check(&response)?;
             }
             Mechanism::Scram(m) => {
                 let (mut client, first) = ScramClient::new(m, &sasl.username, &sasl.password);
-                let response = self.call(&step(first), 1, timeout).await?;
+                let response = self.call(&step(first), SASL_VERSION, timeout).await?;
                 check(&response)?;
                 let last = client.client_final(&response.auth_bytes).map_err(|e| failed(e.to_string()))?;
-                let response = self.call(&step(last), 1, timeout).await?;
+                let response = self.call(&step(last), SASL_VERSION, timeout).await?;
                 check(&response)?;
                 client.verify_server_final(&response.auth_bytes).map_err(|e| failed(format!("server-final: {e}")))?;
             }
@@ -216,6 +224,10 @@ impl Peer {
         if header.correlation_id != self.correlation_id {
             return Err(protocol(format!("correlation id {}, expected {}", header.correlation_id, self.correlation_id)));
         }
+        // Walk the body before decoding it (see the module's comment); a version without
+        // a walk is refused too, never decoded unchecked.
+        fjord_record::answers::walk_answer(R::KEY, version, &frame, fjord_record::answers::MAX_RESPONSE_ELEMENTS)
+            .map_err(|reason| protocol(format!("refused the {} v{version} answer: {reason}", api_name(R::KEY))))?;
         let response = R::Response::decode(&mut frame, version)
             .map_err(|e| protocol(format!("cannot decode api {} v{version}: {e}", R::KEY)))?;
         if frame.has_remaining() {
@@ -224,3 +236,11 @@ impl Peer {
         Ok(response)
     }
 }
+
+/// An API's name for messages ("Fetch"), or its number when the codec does not know it.
+fn api_name(key: i16) -> String {
+    ApiKey::try_from(key).map_or_else(|()| format!("api {key}"), |key| format!("{key:?}"))
+}
+
+#[cfg(test)]
+mod tests;

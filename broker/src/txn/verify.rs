@@ -36,7 +36,7 @@ pub(crate) const OFFSETS_PARTITIONS: i32 = 50;
 
 /// The version of the AddPartitionsToTxn a group coordinator sends: the first with
 /// `verify_only` (its "not in the transaction" is INVALID_TXN_STATE).
-const VERIFY_VERSION: i16 = 4;
+pub(crate) const VERIFY_VERSION: i16 = 4;
 
 /// Bound on the coordinator's answer; a coordinator that does not answer is retried by
 /// the client (COORDINATOR_LOAD_IN_PROGRESS, as Kafka maps a failed verification).

@@ -7,6 +7,20 @@ use uuid::Uuid;
 
 use super::*;
 
+/// The walk with the answers' element limit, as the client and the broker run it.
+fn check_response(api: i16, v: i16, body: &[u8]) -> Walk {
+    walk_answer(api, v, body, MAX_RESPONSE_ELEMENTS).map(|_| ())
+}
+
+fn walk(api: i16, v: i16, body: &[u8], max_elements: u64) -> Walk<Walker<'_>> {
+    walk_answer(api, v, body, max_elements)
+}
+
+/// Each row of [`WALKED`] as the codec crate's key, checking the numeric keys' names.
+fn walked() -> impl Iterator<Item = (ApiKey, i16, i16)> {
+    WALKED.iter().map(|&(api, min, max)| (ApiKey::try_from(api).unwrap_or_else(|()| panic!("api {api}")), min, max))
+}
+
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_owned())
 }
@@ -365,9 +379,50 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
                             .with_partition_error_code(48),
                     ])
             };
-            AddPartitionsToTxnResponse::default()
+            if v >= 4 {
+                // The broker-to-broker form: results by transaction.
+                let transaction = |id: &str| {
+                    add_partitions_to_txn_response::AddPartitionsToTxnResult::default()
+                        .with_transactional_id(TransactionalId(s(id)))
+                        .with_topic_results(vec![
+                            topic_of("topic-a"),
+                            topic_of("topic-b").with_unknown_tagged_fields(unknown_tags()),
+                        ])
+                };
+                AddPartitionsToTxnResponse::default()
+                    .with_throttle_time_ms(1)
+                    .with_error_code(51)
+                    .with_results_by_transaction(vec![transaction("txn-a"), transaction("txn-b")])
+                    .with_unknown_tagged_fields(unknown_tags())
+                    .encode(&mut buf, v)
+            } else {
+                AddPartitionsToTxnResponse::default()
+                    .with_throttle_time_ms(1)
+                    .with_results_by_topic_v3_and_below(vec![topic_of("topic-a"), topic_of("topic-b")])
+                    .encode(&mut buf, v)
+            }
+        }
+        ApiKey::OffsetForLeaderEpoch => {
+            let topic_of = |name: &str| {
+                let partition = |index: i32| {
+                    offset_for_leader_epoch_response::EpochEndOffset::default()
+                        .with_error_code(74)
+                        .with_partition(index)
+                        .with_leader_epoch(70005)
+                        .with_end_offset(1 << 40)
+                };
+                let topic = offset_for_leader_epoch_response::OffsetForLeaderTopicResult::default()
+                    .with_topic(topic(name))
+                    .with_partitions(vec![partition(700), partition(701)]);
+                if v >= 4 {
+                    topic.with_unknown_tagged_fields(unknown_tags())
+                } else {
+                    topic
+                }
+            };
+            OffsetForLeaderEpochResponse::default()
                 .with_throttle_time_ms(1)
-                .with_results_by_topic_v3_and_below(vec![topic_of("topic-a"), topic_of("topic-b")])
+                .with_topics(vec![topic_of("topic-a"), topic_of("topic-b")])
                 .encode(&mut buf, v)
         }
         ApiKey::AddOffsetsToTxn => {
@@ -797,8 +852,8 @@ fn sample(key: ApiKey, v: i16) -> Vec<u8> {
     buf.to_vec()
 }
 
-/// The codec crate's version range of each API's requests (the client never sends below
-/// its lowest), to check [`WALKED`] against.
+/// The codec crate's version range of each API's requests (neither the client nor the
+/// broker sends below its lowest), to check [`WALKED`] against.
 fn codec_versions(key: ApiKey) -> (i16, i16) {
     macro_rules! versions {
         ($($api:ident => $request:ty,)*) => {
@@ -851,13 +906,67 @@ fn codec_versions(key: ApiKey) -> (i16, i16) {
         AlterUserScramCredentials => AlterUserScramCredentialsRequest,
         SaslHandshake => SaslHandshakeRequest,
         SaslAuthenticate => SaslAuthenticateRequest,
+        OffsetForLeaderEpoch => OffsetForLeaderEpochRequest,
     }
 }
 
 #[test]
+fn the_numeric_keys_are_the_codecs() {
+    let named = [
+        (key::PRODUCE, ApiKey::Produce),
+        (key::FETCH, ApiKey::Fetch),
+        (key::LIST_OFFSETS, ApiKey::ListOffsets),
+        (key::METADATA, ApiKey::Metadata),
+        (key::OFFSET_COMMIT, ApiKey::OffsetCommit),
+        (key::OFFSET_FETCH, ApiKey::OffsetFetch),
+        (key::FIND_COORDINATOR, ApiKey::FindCoordinator),
+        (key::JOIN_GROUP, ApiKey::JoinGroup),
+        (key::HEARTBEAT, ApiKey::Heartbeat),
+        (key::LEAVE_GROUP, ApiKey::LeaveGroup),
+        (key::SYNC_GROUP, ApiKey::SyncGroup),
+        (key::DESCRIBE_GROUPS, ApiKey::DescribeGroups),
+        (key::LIST_GROUPS, ApiKey::ListGroups),
+        (key::SASL_HANDSHAKE, ApiKey::SaslHandshake),
+        (key::API_VERSIONS, ApiKey::ApiVersions),
+        (key::CREATE_TOPICS, ApiKey::CreateTopics),
+        (key::DELETE_TOPICS, ApiKey::DeleteTopics),
+        (key::DELETE_RECORDS, ApiKey::DeleteRecords),
+        (key::INIT_PRODUCER_ID, ApiKey::InitProducerId),
+        (key::OFFSET_FOR_LEADER_EPOCH, ApiKey::OffsetForLeaderEpoch),
+        (key::ADD_PARTITIONS_TO_TXN, ApiKey::AddPartitionsToTxn),
+        (key::ADD_OFFSETS_TO_TXN, ApiKey::AddOffsetsToTxn),
+        (key::END_TXN, ApiKey::EndTxn),
+        (key::WRITE_TXN_MARKERS, ApiKey::WriteTxnMarkers),
+        (key::TXN_OFFSET_COMMIT, ApiKey::TxnOffsetCommit),
+        (key::DESCRIBE_ACLS, ApiKey::DescribeAcls),
+        (key::CREATE_ACLS, ApiKey::CreateAcls),
+        (key::DELETE_ACLS, ApiKey::DeleteAcls),
+        (key::DESCRIBE_CONFIGS, ApiKey::DescribeConfigs),
+        (key::ALTER_REPLICA_LOG_DIRS, ApiKey::AlterReplicaLogDirs),
+        (key::DESCRIBE_LOG_DIRS, ApiKey::DescribeLogDirs),
+        (key::SASL_AUTHENTICATE, ApiKey::SaslAuthenticate),
+        (key::CREATE_PARTITIONS, ApiKey::CreatePartitions),
+        (key::INCREMENTAL_ALTER_CONFIGS, ApiKey::IncrementalAlterConfigs),
+        (key::ALTER_PARTITION_REASSIGNMENTS, ApiKey::AlterPartitionReassignments),
+        (key::LIST_PARTITION_REASSIGNMENTS, ApiKey::ListPartitionReassignments),
+        (key::DESCRIBE_CLIENT_QUOTAS, ApiKey::DescribeClientQuotas),
+        (key::ALTER_CLIENT_QUOTAS, ApiKey::AlterClientQuotas),
+        (key::DESCRIBE_USER_SCRAM_CREDENTIALS, ApiKey::DescribeUserScramCredentials),
+        (key::ALTER_USER_SCRAM_CREDENTIALS, ApiKey::AlterUserScramCredentials),
+        (key::DESCRIBE_PRODUCERS, ApiKey::DescribeProducers),
+        (key::DESCRIBE_TRANSACTIONS, ApiKey::DescribeTransactions),
+        (key::LIST_TRANSACTIONS, ApiKey::ListTransactions),
+    ];
+    for (number, key) in named {
+        assert_eq!(number, key as i16, "{key:?}");
+    }
+    assert_eq!(named.len(), WALKED.len(), "one name per walked API");
+}
+
+#[test]
 fn walked_versions_start_at_the_codecs_lowest() {
-    assert_eq!(WALKED.len(), 42, "one row per API the client sends");
-    for &(key, min, max) in WALKED {
+    assert_eq!(WALKED.len(), 43, "one row per API the client or a broker's peer connection sends");
+    for (key, min, max) in walked() {
         let (codec_min, codec_max) = codec_versions(key);
         assert_eq!(min, codec_min, "{key:?}: the client may send any version from the codec's lowest");
         assert!(min <= max && max <= codec_max, "{key:?} v{min}..=v{max}");
@@ -865,8 +974,8 @@ fn walked_versions_start_at_the_codecs_lowest() {
 }
 
 #[test]
-fn walks_every_answer_the_client_may_receive_to_its_last_byte() {
-    for &(key, min, max) in WALKED {
+fn walks_every_answer_the_client_or_a_peer_may_receive_to_its_last_byte() {
+    for (key, min, max) in walked() {
         for v in min..=max {
             let body = sample(key, v);
             let walker = walk(key as i16, v, &body, MAX_RESPONSE_ELEMENTS).unwrap_or_else(|e| panic!("{key:?} v{v}: {e}"));
@@ -906,6 +1015,12 @@ fn the_samples_decode_as_the_codec_reads_them() {
     }
     for v in 2..=7 {
         assert_eq!(decodes::<CreateTopicsResponse>(sample(ApiKey::CreateTopics, v), v), 0);
+    }
+    for v in 0..=5 {
+        assert_eq!(decodes::<AddPartitionsToTxnResponse>(sample(ApiKey::AddPartitionsToTxn, v), v), 0);
+    }
+    for v in 2..=4 {
+        assert_eq!(decodes::<OffsetForLeaderEpochResponse>(sample(ApiKey::OffsetForLeaderEpoch, v), v), 0);
     }
 }
 
@@ -985,27 +1100,15 @@ fn enforces_the_element_limit() {
 fn refuses_versions_and_apis_without_a_walk() {
     assert_eq!(check_response(ApiKey::Metadata as i16, 13, &[]), Err("no walk for this API version"));
     assert_eq!(check_response(ApiKey::ApiVersions as i16, 3, &[]), Err("no walk for this API version"));
-    assert_eq!(check_response(ApiKey::Vote as i16, 0, &[]), Err("no walk for this API version"));
+    assert_eq!(check_response(ApiKey::Vote as i16, 0, &[]), Err("no walk for this API"));
     assert_eq!(check_response(i16::MAX, 0, &[]), Err("no walk for this API"));
 }
 
 #[test]
-fn a_refusal_names_the_api_the_version_and_the_reason() {
-    let error = refused("broker:9092", ApiKey::ApiVersions as i16, 0, "array claims more elements than the message has bytes");
-    assert_eq!(
-        error.to_string(),
-        Error::Protocol {
-            broker: "broker:9092".into(),
-            detail: "refused the ApiVersions v0 answer: array claims more elements than the message has bytes".into()
-        }
-        .to_string()
-    );
-}
-
-#[test]
-fn the_client_asks_no_version_above_the_walked_ones() {
+fn the_highest_walked_versions() {
     assert_eq!(highest_walked(ApiKey::Metadata as i16), Some(12));
     assert_eq!(highest_walked(ApiKey::ApiVersions as i16), Some(0));
-    assert_eq!(highest_walked(ApiKey::Vote as i16), None, "an API the client never sends");
+    assert_eq!(highest_walked(ApiKey::AddPartitionsToTxn as i16), Some(5));
+    assert_eq!(highest_walked(ApiKey::Vote as i16), None, "an API neither side sends");
     assert_eq!(highest_walked(i16::MAX), None);
 }
