@@ -1,5 +1,6 @@
-//! The record format shared by the log, the broker and the clients: Kafka's
-//! RecordBatch v2 ("magic 2"), exactly as it travels on the wire and lies on disk.
+//! The wire formats shared by the log, the broker and the clients: Kafka's RecordBatch
+//! v2 ("magic 2"), exactly as it travels on the wire and lies on disk, and the walk
+//! that checks a protocol message's structure before a codec decodes it.
 //!
 //! # Layout
 //! - [`batch`]: a validated, zero-copy view of one batch header ([`BatchHeader`]),
