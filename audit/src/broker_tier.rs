@@ -22,7 +22,7 @@
 //! What a held transaction can miss: its counts live in this broker's memory, so when
 //! the marker is written by another leader (leadership moved mid-transaction) or after a
 //! restart, its committed records are not counted by this tier (the report shows the
-//! broker tier short for that window); counts held past [`UNDECIDED_HORIZON`] are dropped
+//! broker tier short for that window); counts held past `UNDECIDED_HORIZON` are dropped
 //! with a warning.
 //!
 //! Wiring (what `fjord dev` and `fjord broker` do): [`BrokerTier::install`] on the

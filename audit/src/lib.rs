@@ -28,7 +28,7 @@
 //!   [`PendingCounts`] for tiers that count only committed data.
 //! - [`report`]: [`collect`] reads `_audit` and [`compare`]s tiers into a [`Report`]
 //!   with a [`Verdict`] per topic and window.
-//! - [`render`]: text, JSON and self-contained HTML (inline SVG) output.
+//! - [`render`](mod@render): text, JSON and self-contained HTML (inline SVG) output.
 //! - [`time`]: UTC calendar arithmetic, formatting and parsing (the loader uses it too).
 
 pub mod broker_tier;

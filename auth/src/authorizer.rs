@@ -98,7 +98,7 @@ fn type_slot(resource_type: ResourceType) -> usize {
 }
 
 /// An immutable ACL set and settings; cheap to query from every request. Changes build a
-/// new one ([`Authorizer::with_acls`]); [`crate::store::AclWatcher`] swaps it in.
+/// new one ([`Authorizer::with_acls`]); [`crate::AclWatcher`] swaps it in.
 #[derive(Debug, Default)]
 pub struct Authorizer {
     config: AuthorizerConfig,

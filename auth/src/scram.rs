@@ -478,7 +478,7 @@ impl ScramServer {
 
 /// The client side of one SCRAM exchange, for Fjord's own connections (a broker's
 /// replica fetchers on a SASL inter-broker listener):
-/// [`client_first`](Self::client_first), then [`client_final`](Self::client_final) with
+/// [`new`](Self::new), which gives client-first, then [`client_final`](Self::client_final) with
 /// server-first, then [`verify_server_final`](Self::verify_server_final).
 pub struct ScramClient {
     mechanism: ScramMechanism,

@@ -106,7 +106,7 @@ pub struct TxnConfig {
     /// `transactional.id.max.per.partition` (Fjord's): how many transactional ids one
     /// partition of `__transaction_state` keeps. Past it a new id makes the coordinator
     /// forget the longest idle ids, down to nine tenths (see
-    /// [`Broker::make_room_for_txn_id`]), so a client making up ids (or one taking a
+    /// `Broker::make_room_for_txn_id`), so a client making up ids (or one taking a
     /// fresh id per run) cannot grow the coordinator's memory for the week of
     /// `transactional.id.expiration.ms`.
     pub max_ids_per_partition: usize,

@@ -1,5 +1,5 @@
 //! `fjord audit report|watch`: flags → [`fjord_audit::ReportConfig`], then
-//! [`fjord_audit::collect`] and [`fjord_audit::render`].
+//! [`fjord_audit::collect`] and [`fjord_audit::render()`].
 
 use std::io::Write;
 use std::time::Duration;

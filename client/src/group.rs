@@ -6,7 +6,7 @@
 //! member is first handed an id with MEMBER_ID_REQUIRED and joins again), and the
 //! leader the coordinator picked computes the assignment from every member's
 //! `ConsumerProtocolSubscription` with the agreed [`crate::assignor`]; SyncGroup hands
-//! each member its `ConsumerProtocolAssignment`. Fetching is the plain [`Consumer`],
+//! each member its `ConsumerProtocolAssignment`. Fetching is the plain [`crate::Consumer`],
 //! started at the committed offsets (OffsetFetch), or per `auto.offset.reset` where
 //! the group committed nothing.
 //!

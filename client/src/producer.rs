@@ -1,6 +1,6 @@
 //! The asynchronous producer.
 //!
-//! `send` appends a record to its partition's open batch (a [`BatchBuilder`], so a record
+//! `send` appends a record to its partition's open batch (a [`BatchBuilder`](fjord_record::BatchBuilder), so a record
 //! is encoded exactly once, straight into the bytes that go on the wire) and returns a
 //! [`DeliveryFuture`]. A batch is closed when it reaches `batch.size`, when it has waited
 //! `linger.ms`, or on `flush`/`close`. One sender task drains closed batches into produce

@@ -13,13 +13,13 @@
 //! A descriptor is an `Arc<File>`: a reader (a Fetch response being sent with sendfile)
 //! holds its own clone, so eviction only drops the cache's reference and the file stays
 //! valid until the response is sent. A segment finds its cached descriptor through a
-//! `Weak` in its [`FileSlot`], so a hit takes no global lock.
+//! `Weak` in its `FileSlot`, so a hit takes no global lock.
 //!
 //! Opening by path is only correct while the path names the segment's own file: a
 //! cleaned segment takes over the names of the segments it replaces, and a truncation
 //! can create a new segment under an old name. So the slot's lock is held while the path
 //! is resolved and opened, and the writer renames a segment's files away (to
-//! `*.deleted`) under the same locks ([`crate::segment::Segment::rename_deleted`]): a
+//! `*.deleted`) under the same locks (`crate::segment::Segment::rename_deleted`): a
 //! reader opens either the old name before the rename or the `.deleted` name after it,
 //! never the new file.
 

@@ -165,7 +165,7 @@ impl Caller {
     }
 }
 
-/// The console's routes, all under `/ui/` ([`layout::BASE`]); merge them into the serving
+/// The console's routes, all under `/ui/` (`layout::BASE`); merge them into the serving
 /// router (`nest` would serve the overview at `/ui` but not at `/ui/`). `/ui` redirects to
 /// `/ui/`.
 pub fn router(console: Arc<Console>) -> Router {

@@ -7,7 +7,7 @@
 //! nothing acts on a view from the dead session.
 //!
 //! While the ensemble cannot be reached, opening a session is tried at most once per
-//! [`Reconnect`] pause (doubling from 250 ms to 4 s); operations in between fail at once
+//! `Reconnect` pause (doubling from 250 ms to 4 s); operations in between fail at once
 //! with [`Error::ConnectionLoss`]. A broker has a retrying reader per partition and
 //! topic: each opening its own session, a 400-partition broker without its ZooKeeper
 //! made ~1,000 connection attempts and logged ~2,000 lines a second. The outage is

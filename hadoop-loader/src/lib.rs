@@ -8,7 +8,7 @@
 //! holds every record between committed offsets exactly once. No consumer group is used.
 //!
 //! # Layout
-//! - [`fs`]: the small [`FileSystem`](fs::FileSystem) trait (create, write, rename, list,
+//! - [`fs`]: the small [`FileSystem`] trait (create, write, rename, list,
 //!   mkdirs, delete, read) with the local `file://` backend and [`fs::hdfs`] on `hdfs-native`;
 //!   [`fs::open`] picks one by URL scheme.
 //! - [`layout`]: where things go in the destination, UTC hour arithmetic, file names.

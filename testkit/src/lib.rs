@@ -199,7 +199,7 @@ impl Drop for ZooKeeper {
 }
 
 /// A loopback port for a server the test starts, held for the rest of this process by a
-/// socket bound to it but not listening ([`reserve_port`]). Picked and let go at once, a
+/// socket bound to it but not listening (`reserve_port`). Picked and let go at once, a
 /// port can be handed to any other socket on the machine before its server binds it
 /// (CI saw a broker's port taken so); held, Linux gives it to no port-0 bind and no
 /// outgoing connection, while servers still bind it (tokio's, std's and Java NIO's

@@ -12,7 +12,7 @@ use crate::{lock, Result};
 impl Log {
     /// Damaged segments: the `.log` file and byte position of the first batch found
     /// not whole and valid (by a read, recovery or the scrubber). Reads at and past it
-    /// fail with [`Error::CorruptSegment`] until [`Log::truncate_to`] cuts it away.
+    /// fail with [`crate::Error::CorruptSegment`] until [`Log::truncate_to`] cuts it away.
     pub fn damage(&self) -> Vec<(PathBuf, u64)> {
         self.view().values().filter_map(|s| Some((s.path(LOG_SUFFIX), s.damage_at()?))).collect()
     }

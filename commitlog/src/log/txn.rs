@@ -222,7 +222,7 @@ impl Log {
     /// The aborted transactions a read_committed fetch of the records in
     /// `[fetch_offset, upper)` must be told about: those with a marker at or after
     /// `fetch_offset` and a first offset below `upper`, from the `.txnindex` of the
-    /// segment holding `fetch_offset` and the ones after it (see [`crate::txn_index`]).
+    /// segment holding `fetch_offset` and the ones after it (see `crate::txn_index`).
     pub fn aborted_transactions(&self, fetch_offset: Offset, upper: Offset) -> Result<Vec<AbortedTxn>> {
         let view = self.view();
         let mut out = Vec::new();

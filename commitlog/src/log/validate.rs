@@ -56,7 +56,7 @@ fn validate_each(
     Ok(out)
 }
 
-/// What [`Log::append_visiting`] shows a caller of each record: the batch's header (as
+/// What [`crate::Log::append_visiting`] shows a caller of each record: the batch's header (as
 /// parsed; its offsets are not assigned yet) and the record's framing.
 pub type RecordVisitor<'a> = &'a mut dyn FnMut(&BatchHeader, &RecordFrame<'_>);
 
