@@ -274,6 +274,12 @@ pub(crate) fn encode_response(correlation_id: i32, api_key: ApiKey, version: i16
     Response::from(buf.freeze())
 }
 
+/// Kafka's name of an API key (`Produce`, `Fetch`, ...), or its number when the codec
+/// does not know it: for metrics labels, logs and error messages.
+pub(crate) fn api_name(key: i16) -> String {
+    ApiKey::try_from(key).map_or_else(|_| key.to_string(), |k| format!("{k:?}"))
+}
+
 /// The answer to a request this broker cannot decode by version: the correlation id and
 /// an error code, which is how every response schema that starts with `error_code`
 /// (ApiVersions v0 among them) reads an error.

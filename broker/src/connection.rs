@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::codec::check_request;
+use crate::codec::{self, check_request};
 use crate::handler::Broker;
 use crate::listener::ListenerInfo;
 use crate::metrics::ConnectionEvent;
@@ -314,14 +314,14 @@ async fn read_requests<R: AsyncRead + Unpin>(
         if !authenticated && frame.len() >= 2 {
             let api_key = i16::from_be_bytes([frame[0], frame[1]]);
             if !allowed_before_authentication(api_key) {
-                let api = ApiKey::try_from(api_key).map_or_else(|_| api_key.to_string(), |k| format!("{k:?}"));
+                let api = codec::api_name(api_key);
                 return Err(Error::Unauthenticated { reason: format!("{api} request before authentication") });
             }
         }
         if frame.len() >= 2 && session_expired(session.session_expiry, Instant::now()) {
             let api_key = i16::from_be_bytes([frame[0], frame[1]]);
             if !allowed_after_expiry(api_key) {
-                let api = ApiKey::try_from(api_key).map_or_else(|_| api_key.to_string(), |k| format!("{k:?}"));
+                let api = codec::api_name(api_key);
                 return Err(Error::SessionExpired { api });
             }
         }

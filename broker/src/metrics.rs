@@ -29,9 +29,10 @@ use std::sync::{Arc, Mutex};
 
 use fjord_log::{CleanStats, Log, LogDirs};
 use fjord_metrics::{escape, family, sample, Kind};
-use kafka_protocol::messages::{ApiKey, ResponseKind};
+use kafka_protocol::messages::ResponseKind;
 use kafka_protocol::ResponseError;
 
+use crate::codec::api_name;
 use crate::fetch_response::FetchResponseData;
 use crate::group::GroupStats;
 use crate::handler::Broker;
@@ -413,11 +414,6 @@ pub(crate) fn fetch_errors(data: &FetchResponseData) -> impl Iterator<Item = i16
     std::iter::once(data.error_code).chain(data.topics.iter().flat_map(|t| &t.partitions).map(|p| p.error_code))
 }
 
-/// Kafka's name of an API key (`Produce`, `Fetch`, ...), or its number.
-fn api_name(key: i16) -> String {
-    ApiKey::try_from(key).map_or_else(|_| key.to_string(), |k| format!("{k:?}"))
-}
-
 /// The broker's page for [`fjord_metrics::endpoint`]: `/metrics`, rendered per scrape.
 pub(crate) struct BrokerPages(pub(crate) Arc<Broker>);
 
@@ -433,6 +429,7 @@ impl fjord_metrics::endpoint::Pages for BrokerPages {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kafka_protocol::messages::ApiKey;
 
     #[test]
     fn counters_render_by_api_and_error() {

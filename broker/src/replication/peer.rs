@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fjord_auth::ScramClient;
-use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslHandshakeRequest};
+use kafka_protocol::messages::{RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslHandshakeRequest};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -227,7 +227,7 @@ impl Peer {
         // Walk the body before decoding it (see the module's comment); a version without
         // a walk is refused too, never decoded unchecked.
         fjord_record::answers::walk_answer(R::KEY, version, &frame, fjord_record::answers::MAX_RESPONSE_ELEMENTS)
-            .map_err(|reason| protocol(format!("refused the {} v{version} answer: {reason}", api_name(R::KEY))))?;
+            .map_err(|reason| protocol(format!("refused the {} v{version} answer: {reason}", crate::codec::api_name(R::KEY))))?;
         let response = R::Response::decode(&mut frame, version)
             .map_err(|e| protocol(format!("cannot decode api {} v{version}: {e}", R::KEY)))?;
         if frame.has_remaining() {
@@ -235,11 +235,6 @@ impl Peer {
         }
         Ok(response)
     }
-}
-
-/// An API's name for messages ("Fetch"), or its number when the codec does not know it.
-fn api_name(key: i16) -> String {
-    ApiKey::try_from(key).map_or_else(|()| format!("api {key}"), |key| format!("{key:?}"))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use kafka_protocol::protocol::Encodable;
 use tokio::net::TcpListener;
 
 use super::*;
+use crate::codec::api_name;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
