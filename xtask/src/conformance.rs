@@ -263,8 +263,8 @@ fn run_tests(root: &Path, suite: &Path, expectations: &BTreeMap<String, Expectat
         let failed = outcome.result == Verdict::Fail;
         outcomes.push(outcome);
         // CI keeps only the output: at the first failure, what the run's servers and the
-        // machine were doing goes into the run's error, printed last. Once a server has exited, the tests left could
-        // only fail for that, so the run stops there.
+        // machine were doing goes into the run's error, printed last. Once a server has
+        // exited, the tests left could only fail for that, so the run stops there.
         if failed && diagnosis.is_none() {
             let found = diagnose(&mut *brokers, &work);
             let stop = found.server_exited;
@@ -412,7 +412,7 @@ fn diagnose(brokers: &mut dyn Brokers, work: &Path) -> Diagnosis {
     }
     let work = work.display();
     let commands = [
-        format!("df -h {work}"),
+        format!("df -h '{work}'"),
         "free -m | head -n 2".into(),
         "ss -s | head -n 2".into(),
         "dmesg 2>/dev/null | grep -iE 'out of memory|killed process' | tail -n 3".into(),
